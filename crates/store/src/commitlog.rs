@@ -1,0 +1,551 @@
+//! The CommitLog: one append stream of entries over fixed-size mapped
+//! segments named by their start offset (20 digits).
+//!
+//! Concurrency: [`CommitLog`] is shared; readers call [`CommitLog::read`] from
+//! any thread and see only bytes below `write_pos`, which the writer stores
+//! with `Release` once an entry (and its dispatch) is complete. The single
+//! [`CommitLogWriter`] lives inside the store's writer mutex. Flushes may run
+//! on any thread; `flush_lock` makes them take turns.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+
+use crate::error::{Result, StoreError};
+use crate::mapped::MappedFile;
+use crate::record::BLANK_MAGIC;
+use crate::{file_name, parse_file_name};
+
+/// One segment file.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    pub start: u64,
+    pub file: Arc<MappedFile>,
+}
+
+impl Segment {
+    pub fn end(&self) -> u64 {
+        self.start + self.file.len() as u64
+    }
+}
+
+/// The shared, read side of the CommitLog.
+#[derive(Debug)]
+pub struct CommitLog {
+    dir: PathBuf,
+    segments: RwLock<Vec<Segment>>,
+    write_pos: AtomicU64,
+    flushed_pos: AtomicU64,
+    flush_lock: Mutex<()>,
+}
+
+impl CommitLog {
+    /// Opens the segments in `dir`: names must be 20-digit offsets and each
+    /// segment must start where the previous one ends.
+    pub fn load(dir: &Path) -> Result<CommitLog> {
+        std::fs::create_dir_all(dir).map_err(StoreError::io("create dir", dir))?;
+        let mut found = Vec::new();
+        for item in std::fs::read_dir(dir).map_err(StoreError::io("read dir", dir))? {
+            let item = item.map_err(StoreError::io("read dir", dir))?;
+            let path = item.path();
+            let start = parse_file_name(&item.file_name())
+                .ok_or_else(|| StoreError::bad_file(&path, "not a CommitLog segment name (20 digits)"))?;
+            let len = item.metadata().map_err(StoreError::io("stat", &path))?.len();
+            found.push((start, len, path));
+        }
+        found.sort();
+        // An empty last file is a pre-allocation cut short by a crash.
+        if let Some((_, 0, path)) = found.last() {
+            std::fs::remove_file(path).map_err(StoreError::io("remove", path))?;
+            found.pop();
+        }
+        let mut segments = Vec::with_capacity(found.len());
+        for (i, (start, len, path)) in found.iter().enumerate() {
+            if *len < 4096 {
+                return Err(StoreError::bad_file(path, format!("segment of {len} bytes is too small")));
+            }
+            if let Some((pstart, plen, _)) = i.checked_sub(1).map(|p| &found[p]) {
+                if pstart + plen != *start {
+                    return Err(StoreError::bad_file(
+                        path,
+                        format!("segment starts at {start} but the previous one ends at {}", pstart + plen),
+                    ));
+                }
+            }
+            let file = MappedFile::open(path).map_err(StoreError::io("map", path))?;
+            segments.push(Segment {
+                start: *start,
+                file: Arc::new(file),
+            });
+        }
+        let start = segments.first().map_or(0, |s| s.start);
+        Ok(CommitLog {
+            dir: dir.to_path_buf(),
+            segments: RwLock::new(segments),
+            write_pos: AtomicU64::new(start),
+            flushed_pos: AtomicU64::new(start),
+            flush_lock: Mutex::new(()),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn segs(&self) -> std::sync::RwLockReadGuard<'_, Vec<Segment>> {
+        self.segments.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A snapshot of the segment list.
+    pub fn segments(&self) -> Vec<Segment> {
+        self.segs().clone()
+    }
+
+    /// End of published data.
+    pub fn write_pos(&self) -> u64 {
+        self.write_pos.load(Ordering::Acquire)
+    }
+
+    /// End of data known to be on disk.
+    pub fn flushed_pos(&self) -> u64 {
+        self.flushed_pos.load(Ordering::Acquire)
+    }
+
+    /// First offset still on disk.
+    pub fn min_offset(&self) -> u64 {
+        self.segs().first().map_or_else(|| self.write_pos(), |s| s.start)
+    }
+
+    pub(crate) fn publish(&self, pos: u64) {
+        self.write_pos.store(pos, Ordering::Release);
+    }
+
+    pub(crate) fn set_recovered(&self, end: u64) {
+        self.write_pos.store(end, Ordering::Release);
+        self.flushed_pos.store(end, Ordering::Release);
+    }
+
+    fn segment_of(segs: &[Segment], phys: u64) -> Option<&Segment> {
+        let i = segs.partition_point(|s| s.start <= phys).checked_sub(1)?;
+        segs.get(i).filter(|s| phys < s.end())
+    }
+
+    /// A zero-copy view of `[phys, phys + len)`, if published and still on
+    /// disk. The range must lie in one segment (entries never span two).
+    pub fn read(&self, phys: u64, len: usize) -> Option<Bytes> {
+        if phys + len as u64 > self.write_pos() {
+            return None;
+        }
+        let segs = self.segs();
+        let seg = Self::segment_of(&segs, phys)?;
+        let rel = (phys - seg.start) as usize;
+        if rel + len > seg.file.len() {
+            return None;
+        }
+        Some(seg.file.view(rel, len))
+    }
+
+    /// Reads the entry starting at `phys` (its size from its first 4 bytes).
+    pub fn read_entry_at(&self, phys: u64, max_size: usize) -> Option<Bytes> {
+        let head = self.read(phys, 8)?;
+        let size = u32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize;
+        if !(8..=max_size).contains(&size) {
+            return None;
+        }
+        self.read(phys, size)
+    }
+
+    /// Flushes everything below `target` to disk. Concurrent callers take
+    /// turns; a caller whose target is already covered returns at once.
+    pub fn flush_to(&self, target: u64) -> Result<()> {
+        let _g = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let from = self.flushed_pos();
+        if target <= from {
+            return Ok(());
+        }
+        let segs = self.segments();
+        for seg in segs.iter().filter(|s| s.end() > from && s.start < target) {
+            let a = from.max(seg.start) - seg.start;
+            let b = target.min(seg.end()) - seg.start;
+            seg.file
+                .flush_range(a as usize, (b - a) as usize)
+                .map_err(StoreError::io("flush", seg.file.path()))?;
+        }
+        self.flushed_pos.store(target, Ordering::Release);
+        Ok(())
+    }
+
+    pub(crate) fn push_segment(&self, seg: Segment) {
+        self.segments.write().unwrap_or_else(|p| p.into_inner()).push(seg);
+    }
+
+    /// Removes segments after the one holding `end` (recovery truncation).
+    pub(crate) fn drop_segments_after(&self, end: u64) -> Result<()> {
+        let mut segs = self.segments.write().unwrap_or_else(|p| p.into_inner());
+        while segs.len() > 1 && segs.last().is_some_and(|s| s.start > end) {
+            if let Some(s) = segs.pop() {
+                std::fs::remove_file(s.file.path()).map_err(StoreError::io("remove", s.file.path()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the oldest segment if `pred` allows it (never the last one).
+    pub(crate) fn delete_oldest_if(&self, pred: impl Fn(&Segment) -> bool) -> Result<Option<Segment>> {
+        let mut segs = self.segments.write().unwrap_or_else(|p| p.into_inner());
+        if segs.len() < 2 || !pred(&segs[0]) {
+            return Ok(None);
+        }
+        let s = segs.remove(0);
+        drop(segs);
+        std::fs::remove_file(s.file.path()).map_err(StoreError::io("remove", s.file.path()))?;
+        Ok(Some(s))
+    }
+}
+
+/// Prepares the next segment ahead of time on its own thread: creates the
+/// file at full size and pre-faults its pages so the writer never pays the
+/// first-touch cost (~0.4 GB/s on fresh pages versus ~5 GB/s on touched ones).
+struct Allocator {
+    state: Arc<(Mutex<AllocState>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+#[derive(Default)]
+struct AllocState {
+    want: Option<(u64, u64)>,
+    ready: Option<(u64, Arc<MappedFile>)>,
+    prefault: Option<Arc<MappedFile>>,
+    stop: bool,
+}
+
+impl Allocator {
+    fn start(dir: PathBuf) -> Result<Allocator> {
+        let state = Arc::new((Mutex::new(AllocState::default()), Condvar::new()));
+        let st = Arc::clone(&state);
+        let thread = std::thread::Builder::new()
+            .name("rokka-segment-alloc".into())
+            .spawn(move || allocator_loop(&dir, &st))
+            .map_err(StoreError::io("spawn", "rokka-segment-alloc"))?;
+        Ok(Allocator {
+            state,
+            thread: Some(thread),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, AllocState> {
+        self.state.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn request(&self, start: u64, len: u64) {
+        self.lock().want = Some((start, len));
+        self.state.1.notify_all();
+    }
+
+    fn prefault(&self, file: Arc<MappedFile>) {
+        self.lock().prefault = Some(file);
+        self.state.1.notify_all();
+    }
+
+    /// The prepared segment at `start`, waiting for it if it is being made.
+    fn take(&self, start: u64) -> Option<Arc<MappedFile>> {
+        let mut st = self.lock();
+        loop {
+            if let Some((s, _)) = &st.ready {
+                if *s == start {
+                    return st.ready.take().map(|(_, f)| f);
+                }
+            }
+            if st.want.is_some_and(|(s, _)| s == start) {
+                st = self.state.1.wait(st).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            return None;
+        }
+    }
+}
+
+impl Drop for Allocator {
+    fn drop(&mut self) {
+        self.lock().stop = true;
+        self.state.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar)) {
+    loop {
+        let (want, pf) = {
+            let mut s = st.0.lock().unwrap_or_else(|p| p.into_inner());
+            while !s.stop && s.prefault.is_none() && s.want.is_none_or(|(w, _)| s.ready.as_ref().is_some_and(|(r, _)| *r == w)) {
+                s = st.1.wait(s).unwrap_or_else(|p| p.into_inner());
+            }
+            if s.stop {
+                return;
+            }
+            let pf = s.prefault.take();
+            let want = s.want.filter(|(w, _)| !s.ready.as_ref().is_some_and(|(r, _)| r == w));
+            (want, pf)
+        };
+        if let Some(f) = pf {
+            if let Err(e) = f.prefault() {
+                tracing::warn!(path = %f.path().display(), error = %e, "pre-faulting segment failed");
+            }
+        }
+        if let Some((start, len)) = want {
+            let path = dir.join(file_name(start));
+            match MappedFile::create(&path, len) {
+                Ok(f) => {
+                    if let Err(e) = f.prefault() {
+                        tracing::warn!(path = %path.display(), error = %e, "pre-faulting segment failed");
+                    }
+                    let mut s = st.0.lock().unwrap_or_else(|p| p.into_inner());
+                    if s.want == Some((start, len)) {
+                        s.want = None;
+                        s.ready = Some((start, Arc::new(f)));
+                    }
+                    st.1.notify_all();
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "pre-allocating segment failed");
+                    let mut s = st.0.lock().unwrap_or_else(|p| p.into_inner());
+                    if s.want == Some((start, len)) {
+                        s.want = None;
+                    }
+                    st.1.notify_all();
+                }
+            }
+        }
+    }
+}
+
+/// The single writer of the CommitLog.
+pub struct CommitLogWriter {
+    log: Arc<CommitLog>,
+    segment_bytes: u64,
+    active: Option<Segment>,
+    /// Write position inside `active`.
+    wrote: usize,
+    allocator: Option<Allocator>,
+}
+
+impl CommitLogWriter {
+    /// Continues writing at `end` (the recovered end of data).
+    pub fn new(log: Arc<CommitLog>, end: u64, segment_bytes: u64, preallocate: bool) -> Result<CommitLogWriter> {
+        let active = log.segs().last().cloned();
+        let allocator = if preallocate {
+            Some(Allocator::start(log.dir.clone())?)
+        } else {
+            None
+        };
+        let mut w = CommitLogWriter {
+            log,
+            segment_bytes,
+            wrote: 0,
+            active: None,
+            allocator,
+        };
+        if let Some(seg) = active {
+            w.wrote = (end - seg.start) as usize;
+            if let Some(a) = &w.allocator {
+                a.prefault(Arc::clone(&seg.file));
+                a.request(seg.end(), segment_bytes);
+            }
+            w.active = Some(seg);
+        }
+        Ok(w)
+    }
+
+    /// The offset the next entry will get (before any roll).
+    pub fn position(&self) -> u64 {
+        self.active.as_ref().map_or(0, |s| s.start + self.wrote as u64)
+    }
+
+    fn next_segment(&mut self, start: u64) -> Result<Segment> {
+        let file = match self.allocator.as_ref().and_then(|a| a.take(start)) {
+            Some(f) => f,
+            None => {
+                let path = self.log.dir.join(file_name(start));
+                Arc::new(MappedFile::create(&path, self.segment_bytes).map_err(StoreError::io("create", &path))?)
+            }
+        };
+        if let Some(a) = &self.allocator {
+            a.request(start + file.len() as u64, self.segment_bytes);
+        }
+        let seg = Segment { start, file };
+        self.log.push_segment(seg.clone());
+        Ok(seg)
+    }
+
+    /// Reserves `size` bytes for one entry, rolling to a new segment (after a
+    /// BLANK filler) when it does not fit with 8 bytes to spare, and lets
+    /// `encode` fill them given the entry's offset. Returns that offset.
+    /// Nothing is visible to readers until [`CommitLog::publish`].
+    pub fn append(&mut self, size: usize, encode: impl FnOnce(&mut [u8], u64)) -> Result<u64> {
+        let fits = |seg: &Segment, wrote: usize| wrote + size + 8 <= seg.file.len();
+        let need_roll = match &self.active {
+            Some(seg) => !fits(seg, self.wrote),
+            None => true,
+        };
+        if need_roll {
+            let start = match &self.active {
+                Some(seg) => {
+                    let remaining = seg.file.len() - self.wrote;
+                    let mut blank = [0u8; 8];
+                    blank[0..4].copy_from_slice(&(remaining as u32).to_be_bytes());
+                    blank[4..8].copy_from_slice(&BLANK_MAGIC.to_be_bytes());
+                    seg.file.write_at(self.wrote, &blank);
+                    seg.end()
+                }
+                None => self.log.write_pos(),
+            };
+            let seg = self.next_segment(start)?;
+            if !fits(&seg, 0) {
+                return Err(StoreError::MessageTooLarge {
+                    size,
+                    limit: seg.file.len() - 8,
+                });
+            }
+            self.active = Some(seg);
+            self.wrote = 0;
+        }
+        let Some(seg) = &self.active else {
+            return Err(StoreError::ShutDown);
+        };
+        let phys = seg.start + self.wrote as u64;
+        seg.file.with_region_mut(self.wrote, size, |buf| encode(buf, phys));
+        self.wrote += size;
+        Ok(phys)
+    }
+}
+
+/// How a scan of the CommitLog ended.
+#[derive(Debug)]
+pub struct ScanEnd {
+    /// End of the last valid entry.
+    pub end: u64,
+    /// Why the scan stopped before the end of the last segment, if it did.
+    pub stopped_by: Option<(PathBuf, u64, String)>,
+}
+
+/// Walks entries from `from` (an entry boundary), checking sizes, magic, CRC
+/// and that each entry records its own offset, and calls `visit` for each
+/// valid one. Stops at the first zero or invalid entry.
+pub fn scan(
+    log: &CommitLog,
+    from: u64,
+    max_entry: usize,
+    mut visit: impl FnMut(&crate::record::Entry, &Bytes) -> Result<()>,
+) -> Result<ScanEnd> {
+    let segs = log.segments();
+    let Some(first) = segs.iter().position(|s| from < s.end()) else {
+        return Ok(ScanEnd {
+            end: from,
+            stopped_by: None,
+        });
+    };
+    let mut pos = from;
+    for seg in &segs[first..] {
+        if pos < seg.start {
+            pos = seg.start;
+        }
+        let len = seg.file.len();
+        loop {
+            let rel = (pos - seg.start) as usize;
+            if rel + 8 > len {
+                break;
+            }
+            let size = seg.file.read_u32(rel) as usize;
+            let magic = seg.file.read_u32(rel + 4);
+            if size == 0 && magic == 0 {
+                return Ok(ScanEnd {
+                    end: pos,
+                    stopped_by: None,
+                });
+            }
+            if magic == BLANK_MAGIC {
+                if size == len - rel {
+                    pos = seg.end();
+                    break;
+                }
+                return Ok(stop(pos, seg, "BLANK filler with a wrong size"));
+            }
+            if size < 8 || size > max_entry || rel + size + 8 > len {
+                return Ok(stop(pos, seg, &format!("entry size {size} out of range")));
+            }
+            let bytes = seg.file.view(rel, size);
+            match crate::record::decode_checked(&bytes) {
+                Ok(e) if e.phys_offset() == pos => {
+                    visit(&e, &bytes)?;
+                    pos += size as u64;
+                }
+                Ok(e) => {
+                    return Ok(stop(pos, seg, &format!("entry records offset {} (stale data)", e.phys_offset())));
+                }
+                Err(err) => return Ok(stop(pos, seg, &err.to_string())),
+            }
+        }
+    }
+    Ok(ScanEnd {
+        end: pos,
+        stopped_by: None,
+    })
+}
+
+fn stop(pos: u64, seg: &Segment, why: &str) -> ScanEnd {
+    ScanEnd {
+        end: pos,
+        stopped_by: Some((seg.file.path().to_path_buf(), pos, why.to_string())),
+    }
+}
+
+/// Whether a valid entry starts at `phys` (used to tell a torn tail from
+/// damage in the middle of the log).
+pub fn valid_entry_at(log: &CommitLog, phys: u64, max_entry: usize) -> bool {
+    let segs = log.segments();
+    let Some(seg) = CommitLog::segment_of(&segs, phys) else {
+        return false;
+    };
+    let rel = (phys - seg.start) as usize;
+    if rel + 8 > seg.file.len() {
+        return false;
+    }
+    let size = seg.file.read_u32(rel) as usize;
+    if size < 8 || size > max_entry || rel + size > seg.file.len() {
+        return false;
+    }
+    let bytes = seg.file.view(rel, size);
+    matches!(crate::record::decode_checked(&bytes), Ok(e) if e.phys_offset() == phys)
+}
+
+/// Zeroes the segment holding `end` from `end` onwards and flushes it.
+pub fn zero_tail(log: &CommitLog, end: u64) -> Result<()> {
+    let segs = log.segments();
+    let Some(seg) = CommitLog::segment_of(&segs, end) else {
+        return Ok(());
+    };
+    let rel = (end - seg.start) as usize;
+    // Zero the whole rest of the segment (skipping chunks that are zero
+    // already): stale bytes left past the new end could otherwise be taken
+    // for entries once new writes reach them.
+    const CHUNK: usize = 64 * 1024;
+    let mut at = rel;
+    let zeros = vec![0u8; CHUNK];
+    let mut buf = vec![0u8; CHUNK];
+    while at < seg.file.len() {
+        let n = CHUNK.min(seg.file.len() - at);
+        seg.file.read_into(at, &mut buf[..n]);
+        if buf[..n].iter().any(|b| *b != 0) {
+            seg.file.write_at(at, &zeros[..n]);
+        }
+        at += n;
+    }
+    seg.file
+        .flush_range(rel, at - rel)
+        .map_err(StoreError::io("flush", seg.file.path()))
+}

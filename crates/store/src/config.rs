@@ -1,0 +1,143 @@
+//! Store configuration: every key has a default and is documented in
+//! `config/rokka.toml` under `[store]`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+
+/// When an append counts as durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlushMode {
+    /// Appends return once written to the mapped segment; a background task
+    /// flushes every `flush_interval_ms`.
+    Async,
+    /// `wait_durable` returns only after an fdatasync that covers the append;
+    /// concurrent appends share one sync (group commit).
+    Sync,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// Root of all store files.
+    pub data_dir: PathBuf,
+    /// Size of each CommitLog segment in bytes.
+    pub commitlog_segment_bytes: u64,
+    /// Entries per ConsumeQueue file (48 bytes each).
+    pub consume_queue_entries_per_file: u32,
+    /// Build the IndexFile (keys and unique message ids).
+    pub index_enabled: bool,
+    /// Hash slots per IndexFile.
+    pub index_slots: u32,
+    /// Index entries per IndexFile.
+    pub index_entries: u32,
+    /// `async` or `sync`.
+    pub flush_mode: FlushMode,
+    /// Async mode: how often the CommitLog is flushed.
+    pub flush_interval_ms: u64,
+    /// Sync mode: how long an append waits for its flush before FlushTimeout.
+    pub sync_flush_timeout_ms: u64,
+    /// How often ConsumeQueues and index are flushed and the checkpoint written.
+    pub checkpoint_interval_ms: u64,
+    /// Largest message body (or Kafka batch) accepted.
+    pub max_message_bytes: u32,
+    /// Prepare the next CommitLog segment ahead of time and pre-fault its pages.
+    pub preallocate: bool,
+    /// Segments whose last write is older than this are deleted.
+    pub retention_hours: u64,
+    /// Cap on the CommitLog's total size; oldest segments go first (0 = none).
+    pub retention_max_bytes: u64,
+    /// Above this use of the data directory's file system, the oldest segments
+    /// are deleted even if not expired (0 = off).
+    pub disk_max_used_percent: u8,
+    /// How often retention runs.
+    pub retention_check_interval_ms: u64,
+    /// Address written into every record as its store host; message ids derive
+    /// from it. Should be the broker's advertised address.
+    pub store_host: SocketAddr,
+    /// How often changed consumer offsets are persisted.
+    pub offsets_flush_interval_ms: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            data_dir: PathBuf::from("./data"),
+            commitlog_segment_bytes: 1 << 30,
+            consume_queue_entries_per_file: 300_000,
+            index_enabled: true,
+            index_slots: 5_000_000,
+            index_entries: 20_000_000,
+            flush_mode: FlushMode::Async,
+            flush_interval_ms: 500,
+            sync_flush_timeout_ms: 5_000,
+            checkpoint_interval_ms: 1_000,
+            max_message_bytes: 4 * 1024 * 1024,
+            preallocate: true,
+            retention_hours: 72,
+            retention_max_bytes: 0,
+            disk_max_used_percent: 85,
+            retention_check_interval_ms: 10_000,
+            store_host: SocketAddr::from(([127, 0, 0, 1], 10911)),
+            offsets_flush_interval_ms: 5_000,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// Checks values that serde's types alone cannot.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        let min_segment = u64::from(self.max_message_bytes) + 64 * 1024;
+        if self.commitlog_segment_bytes < min_segment {
+            return Err(StoreError::Config(format!(
+                "commitlog_segment_bytes ({}) must be at least max_message_bytes + 64 KiB ({min_segment})",
+                self.commitlog_segment_bytes
+            )));
+        }
+        if self.commitlog_segment_bytes > i64::MAX as u64 / 2 {
+            return Err(StoreError::Config("commitlog_segment_bytes is too large".into()));
+        }
+        if self.consume_queue_entries_per_file < 2 {
+            return Err(StoreError::Config("consume_queue_entries_per_file must be at least 2".into()));
+        }
+        if self.index_enabled && (self.index_slots == 0 || self.index_entries < 2) {
+            return Err(StoreError::Config("index_slots must be > 0 and index_entries >= 2".into()));
+        }
+        if self.disk_max_used_percent > 100 {
+            return Err(StoreError::Config("disk_max_used_percent must be 0..=100".into()));
+        }
+        for (name, v) in [
+            ("flush_interval_ms", self.flush_interval_ms),
+            ("checkpoint_interval_ms", self.checkpoint_interval_ms),
+            ("retention_check_interval_ms", self.retention_check_interval_ms),
+            ("offsets_flush_interval_ms", self.offsets_flush_interval_ms),
+        ] {
+            if v == 0 {
+                return Err(StoreError::Config(format!("{name} must be > 0")));
+            }
+        }
+        Ok(())
+    }
+
+    /// A configuration for tests: small files, quick timers.
+    pub fn for_tests(data_dir: impl Into<PathBuf>) -> Self {
+        StoreConfig {
+            data_dir: data_dir.into(),
+            commitlog_segment_bytes: 4 * 1024 * 1024 + 64 * 1024,
+            consume_queue_entries_per_file: 1024,
+            index_slots: 4096,
+            index_entries: 16_384,
+            flush_interval_ms: 50,
+            checkpoint_interval_ms: 100,
+            max_message_bytes: 4 * 1024 * 1024,
+            retention_check_interval_ms: 60_000,
+            offsets_flush_interval_ms: 100,
+            preallocate: false,
+            ..StoreConfig::default()
+        }
+    }
+}

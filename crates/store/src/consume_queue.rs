@@ -1,0 +1,540 @@
+//! `ConsumeQueue`: the per-(topic, queue) index of the CommitLog.
+//!
+//! Each entry is 48 bytes and describes one CommitLog entry that covers `count`
+//! consecutive logical offsets starting at `base` (1 for a RocketMQ message, N
+//! for a Kafka batch), in the spirit of RocketMQ 5's BatchConsumeQueue:
+//!
+//! ```text
+//! 0  phys offset  u64     24 tag code     i64
+//! 8  size         u32     32 store time   i64
+//! 12 count        u32     40 msg time     i64 (running max: born / create time)
+//! 16 base offset  u64
+//! ```
+//!
+//! Files hold `entries_per_file` entries and are named by the index of their
+//! first entry (20 digits). Logical offsets are contiguous from the queue's
+//! first offset; offset → entry is a binary search on `base` (O(log n)).
+//!
+//! Concurrency: the store's writer (under the store-wide writer lock) is the
+//! only caller of `append`, `truncate_*` and `delete_files_below`; readers call
+//! the lookups from any thread. Readers see only entries below `entries`,
+//! which the writer stores with `Release` after writing them.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::error::{Result, StoreError};
+use crate::mapped::MappedFile;
+use crate::{file_name, parse_file_name};
+
+/// Size of one entry.
+pub const ENTRY_SIZE: usize = 48;
+
+/// One ConsumeQueue entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CqEntry {
+    pub phys_offset: u64,
+    pub size: u32,
+    pub count: u32,
+    pub base_offset: u64,
+    pub tag_code: i64,
+    pub store_timestamp: i64,
+    pub msg_timestamp: i64,
+}
+
+impl CqEntry {
+    fn encode(&self) -> [u8; ENTRY_SIZE] {
+        let mut b = [0u8; ENTRY_SIZE];
+        b[0..8].copy_from_slice(&self.phys_offset.to_be_bytes());
+        b[8..12].copy_from_slice(&self.size.to_be_bytes());
+        b[12..16].copy_from_slice(&self.count.to_be_bytes());
+        b[16..24].copy_from_slice(&self.base_offset.to_be_bytes());
+        b[24..32].copy_from_slice(&self.tag_code.to_be_bytes());
+        b[32..40].copy_from_slice(&self.store_timestamp.to_be_bytes());
+        b[40..48].copy_from_slice(&self.msg_timestamp.to_be_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; ENTRY_SIZE]) -> CqEntry {
+        let u64_at = |i: usize| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[i..i + 8]);
+            u64::from_be_bytes(a)
+        };
+        CqEntry {
+            phys_offset: u64_at(0),
+            size: u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
+            count: u32::from_be_bytes([b[12], b[13], b[14], b[15]]),
+            base_offset: u64_at(16),
+            tag_code: u64_at(24) as i64,
+            store_timestamp: u64_at(32) as i64,
+            msg_timestamp: u64_at(40) as i64,
+        }
+    }
+
+    /// The offset after this entry.
+    pub fn end_offset(&self) -> u64 {
+        self.base_offset + u64::from(self.count)
+    }
+
+    /// Whether `next` may follow `self` in one queue.
+    fn precedes(&self, next: &CqEntry) -> bool {
+        next.size > 0
+            && next.count > 0
+            && next.base_offset == self.end_offset()
+            && next.phys_offset >= self.phys_offset + u64::from(self.size)
+    }
+}
+
+struct Files {
+    /// Entry index of `list[0]`'s first entry.
+    base_entry: u64,
+    list: Vec<Arc<MappedFile>>,
+}
+
+/// The ConsumeQueue of one (topic, queue).
+pub struct ConsumeQueue {
+    topic: Arc<str>,
+    queue_id: u32,
+    dir: PathBuf,
+    entries_per_file: u64,
+    files: RwLock<Files>,
+    /// Entries written (index of the next entry).
+    entries: AtomicU64,
+    /// First entry still backed by the CommitLog.
+    min_entry: AtomicU64,
+    /// Next logical offset (= Kafka log end offset).
+    max_offset: AtomicU64,
+    /// First readable logical offset (= Kafka log start offset).
+    min_offset: AtomicU64,
+    /// Entries known to be on disk.
+    flushed_entries: AtomicU64,
+    /// Running max of message timestamps (writer only).
+    last_msg_ts: AtomicI64,
+}
+
+impl std::fmt::Debug for ConsumeQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumeQueue")
+            .field("topic", &self.topic)
+            .field("queue_id", &self.queue_id)
+            .field("min_offset", &self.min_offset())
+            .field("max_offset", &self.max_offset())
+            .finish()
+    }
+}
+
+impl ConsumeQueue {
+    /// A new, empty queue (its directory is created on first append).
+    pub fn new(root: &Path, topic: Arc<str>, queue_id: u32, entries_per_file: u32) -> ConsumeQueue {
+        ConsumeQueue {
+            dir: root.join(&*topic).join(queue_id.to_string()),
+            topic,
+            queue_id,
+            entries_per_file: u64::from(entries_per_file),
+            files: RwLock::new(Files {
+                base_entry: 0,
+                list: Vec::new(),
+            }),
+            entries: AtomicU64::new(0),
+            min_entry: AtomicU64::new(0),
+            max_offset: AtomicU64::new(0),
+            min_offset: AtomicU64::new(0),
+            flushed_entries: AtomicU64::new(0),
+            last_msg_ts: AtomicI64::new(i64::MIN),
+        }
+    }
+
+    /// Loads a queue from its directory: checks file names and sizes, then
+    /// finds the last valid entry (a zero or inconsistent entry ends the queue).
+    pub fn load(root: &Path, topic: Arc<str>, queue_id: u32, entries_per_file: u32) -> Result<ConsumeQueue> {
+        let cq = ConsumeQueue::new(root, topic, queue_id, entries_per_file);
+        let epf = cq.entries_per_file;
+        let file_len = epf * ENTRY_SIZE as u64;
+        let mut names = Vec::new();
+        for item in std::fs::read_dir(&cq.dir).map_err(StoreError::io("read dir", &cq.dir))? {
+            let item = item.map_err(StoreError::io("read dir", &cq.dir))?;
+            let path = item.path();
+            let idx = parse_file_name(&item.file_name())
+                .ok_or_else(|| StoreError::bad_file(&path, "not a ConsumeQueue file name (20 digits)"))?;
+            let len = item.metadata().map_err(StoreError::io("stat", &path))?.len();
+            if len != file_len {
+                return Err(StoreError::bad_file(
+                    &path,
+                    format!("ConsumeQueue file has {len} bytes, expected {file_len} (consume_queue_entries_per_file changed?)"),
+                ));
+            }
+            if idx % epf != 0 {
+                return Err(StoreError::bad_file(&path, "ConsumeQueue file name is not a multiple of entries per file"));
+            }
+            names.push((idx, path));
+        }
+        names.sort();
+        for w in names.windows(2) {
+            if w[1].0 != w[0].0 + epf {
+                return Err(StoreError::bad_file(&w[1].1, "gap in ConsumeQueue files"));
+            }
+        }
+        let Some(first) = names.first() else {
+            return Ok(cq);
+        };
+        let base_entry = first.0;
+        let mut list = Vec::with_capacity(names.len());
+        for (_, path) in &names {
+            list.push(Arc::new(MappedFile::open(path).map_err(StoreError::io("map", path))?));
+        }
+        // Count valid entries: every file but the last is full; scan the last.
+        let last_base = base_entry + (list.len() as u64 - 1) * epf;
+        let last = &list[list.len() - 1];
+        let mut prev: Option<CqEntry> = if list.len() > 1 {
+            Some(read_entry(&list[list.len() - 2], epf - 1))
+        } else {
+            None
+        };
+        let mut n = 0;
+        while n < epf {
+            let e = read_entry(last, n);
+            let ok = match &prev {
+                Some(p) => p.precedes(&e),
+                None => e.size > 0 && e.count > 0,
+            };
+            if !ok {
+                break;
+            }
+            prev = Some(e);
+            n += 1;
+        }
+        let entries = last_base + n;
+        {
+            let mut f = cq.files.write().unwrap_or_else(|p| p.into_inner());
+            f.base_entry = base_entry;
+            f.list = list;
+        }
+        cq.entries.store(entries, Ordering::Release);
+        cq.min_entry.store(base_entry, Ordering::Release);
+        cq.flushed_entries.store(entries, Ordering::Release);
+        if entries > base_entry {
+            if let Some(first) = cq.entry(base_entry) {
+                cq.min_offset.store(first.base_offset, Ordering::Release);
+            }
+            if let Some(p) = prev {
+                cq.max_offset.store(p.end_offset(), Ordering::Release);
+                cq.last_msg_ts.store(p.msg_timestamp, Ordering::Relaxed);
+            }
+        }
+        Ok(cq)
+    }
+
+    pub fn topic(&self) -> &Arc<str> {
+        &self.topic
+    }
+
+    pub fn queue_id(&self) -> u32 {
+        self.queue_id
+    }
+
+    /// Next logical offset to be written (log end offset).
+    pub fn max_offset(&self) -> u64 {
+        self.max_offset.load(Ordering::Acquire)
+    }
+
+    /// First readable logical offset (log start offset).
+    pub fn min_offset(&self) -> u64 {
+        self.min_offset.load(Ordering::Acquire)
+    }
+
+    /// Number of entries written.
+    pub fn entry_count(&self) -> u64 {
+        self.entries.load(Ordering::Acquire)
+    }
+
+    fn files(&self) -> std::sync::RwLockReadGuard<'_, Files> {
+        self.files.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The entry at index `idx`, if it is published and not deleted.
+    pub fn entry(&self, idx: u64) -> Option<CqEntry> {
+        if idx >= self.entries.load(Ordering::Acquire) {
+            return None;
+        }
+        let f = self.files();
+        self.entry_in(&f, idx)
+    }
+
+    fn entry_in(&self, f: &Files, idx: u64) -> Option<CqEntry> {
+        let rel = idx.checked_sub(f.base_entry)?;
+        let file = f.list.get((rel / self.entries_per_file) as usize)?;
+        Some(read_entry(file, rel % self.entries_per_file))
+    }
+
+    /// Binary search over published, live entries: the first index in
+    /// `[min_entry, entries)` for which `pred` is false, given `pred` is true
+    /// on a prefix.
+    fn partition_point(&self, pred: impl Fn(&CqEntry) -> bool) -> u64 {
+        let end = self.entries.load(Ordering::Acquire);
+        let f = self.files();
+        let (mut lo, mut hi) = (self.min_entry.load(Ordering::Acquire).max(f.base_entry), end);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.entry_in(&f, mid) {
+                Some(e) if pred(&e) => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        lo
+    }
+
+    /// Index of the entry that holds logical offset `offset`, if live.
+    pub fn find(&self, offset: u64) -> Option<u64> {
+        if offset < self.min_offset() || offset >= self.max_offset() {
+            return None;
+        }
+        let idx = self.partition_point(|e| e.base_offset <= offset);
+        idx.checked_sub(1)
+    }
+
+    /// First offset whose store time is ≥ `ts` (max offset when none).
+    pub fn offset_by_store_time(&self, ts: i64) -> u64 {
+        let idx = self.partition_point(|e| e.store_timestamp < ts);
+        self.entry(idx).map_or(self.max_offset(), |e| e.base_offset)
+    }
+
+    /// First entry whose message time (running max) is ≥ `ts`: its base offset
+    /// and the entry, or `None` when no message is that recent.
+    pub fn entry_by_msg_time(&self, ts: i64) -> Option<CqEntry> {
+        let idx = self.partition_point(|e| e.msg_timestamp < ts);
+        self.entry(idx)
+    }
+
+    /// Appends one entry (writer only). `msg_timestamp` is folded into the
+    /// running max so time lookups can binary-search.
+    pub fn append(&self, mut e: CqEntry) -> Result<()> {
+        let idx = self.entries.load(Ordering::Relaxed);
+        let prev_ts = self.last_msg_ts.load(Ordering::Relaxed);
+        e.msg_timestamp = e.msg_timestamp.max(prev_ts);
+        let file = {
+            let rel_file = {
+                let f = self.files();
+                let rel = idx - f.base_entry;
+                let n = (rel / self.entries_per_file) as usize;
+                f.list.get(n).cloned()
+            };
+            match rel_file {
+                Some(file) => file,
+                None => self.create_file(idx)?,
+            }
+        };
+        let pos = ((idx % self.entries_per_file) as usize) * ENTRY_SIZE;
+        file.write_at(pos, &e.encode());
+        self.last_msg_ts.store(e.msg_timestamp, Ordering::Relaxed);
+        if idx == self.min_entry.load(Ordering::Relaxed) {
+            self.min_offset.store(e.base_offset, Ordering::Release);
+        }
+        self.entries.store(idx + 1, Ordering::Release);
+        self.max_offset.store(e.end_offset(), Ordering::Release);
+        Ok(())
+    }
+
+    fn create_file(&self, idx: u64) -> Result<Arc<MappedFile>> {
+        std::fs::create_dir_all(&self.dir).map_err(StoreError::io("create dir", &self.dir))?;
+        let first = idx - idx % self.entries_per_file;
+        let path = self.dir.join(file_name(first));
+        let file = Arc::new(
+            MappedFile::create(&path, self.entries_per_file * ENTRY_SIZE as u64).map_err(StoreError::io("create", &path))?,
+        );
+        let mut f = self.files.write().unwrap_or_else(|p| p.into_inner());
+        if f.list.is_empty() {
+            f.base_entry = first;
+        }
+        f.list.push(Arc::clone(&file));
+        Ok(file)
+    }
+
+    /// Flushes entries written since the last flush.
+    pub fn flush(&self) -> Result<()> {
+        let end = self.entries.load(Ordering::Acquire);
+        let start = self.flushed_entries.load(Ordering::Acquire);
+        if end <= start {
+            return Ok(());
+        }
+        let f = self.files();
+        let mut idx = start.max(f.base_entry);
+        while idx < end {
+            let rel = idx - f.base_entry;
+            let Some(file) = f.list.get((rel / self.entries_per_file) as usize) else {
+                break;
+            };
+            let in_file = rel % self.entries_per_file;
+            let n = (self.entries_per_file - in_file).min(end - idx);
+            file.flush_range(in_file as usize * ENTRY_SIZE, n as usize * ENTRY_SIZE)
+                .map_err(StoreError::io("flush", file.path()))?;
+            idx += n;
+        }
+        self.flushed_entries.store(end, Ordering::Release);
+        Ok(())
+    }
+
+    /// Drops every entry whose CommitLog entry starts at or after `phys`
+    /// (recovery, before readers exist): zeroes them on disk and removes files
+    /// that held only such entries.
+    pub fn truncate_from_phys(&self, phys: u64) -> Result<()> {
+        let keep = self.partition_point(|e| e.phys_offset < phys);
+        self.truncate_to_entries(keep)
+    }
+
+    fn truncate_to_entries(&self, keep: u64) -> Result<()> {
+        let end = self.entries.load(Ordering::Acquire);
+        if keep >= end {
+            return Ok(());
+        }
+        let mut f = self.files.write().unwrap_or_else(|p| p.into_inner());
+        let needed = if keep <= f.base_entry {
+            0
+        } else {
+            (keep - f.base_entry).div_ceil(self.entries_per_file) as usize
+        };
+        // Keep at least the first file so the queue remembers where it starts.
+        let keep_files = needed.max(1).min(f.list.len());
+        for file in f.list.drain(keep_files..) {
+            std::fs::remove_file(file.path()).map_err(StoreError::io("remove", file.path()))?;
+        }
+        if let Some(last) = f.list.last() {
+            let last_first = f.base_entry + (f.list.len() as u64 - 1) * self.entries_per_file;
+            let from = keep.saturating_sub(last_first).min(self.entries_per_file);
+            let zero_len = (self.entries_per_file - from) as usize * ENTRY_SIZE;
+            if zero_len > 0 {
+                last.write_at(from as usize * ENTRY_SIZE, &vec![0u8; zero_len]);
+                last.flush_range(from as usize * ENTRY_SIZE, zero_len)
+                    .map_err(StoreError::io("flush", last.path()))?;
+            }
+        }
+        let keep = keep.max(f.base_entry);
+        drop(f);
+        self.entries.store(keep, Ordering::Release);
+        self.flushed_entries.store(keep, Ordering::Release);
+        let prev = if keep > 0 { self.entry(keep - 1) } else { None };
+        match prev {
+            Some(p) if keep > self.min_entry.load(Ordering::Acquire) => {
+                self.max_offset.store(p.end_offset(), Ordering::Release);
+                self.last_msg_ts.store(p.msg_timestamp, Ordering::Relaxed);
+            }
+            _ => {
+                // Nothing left: the queue restarts empty at its old start.
+                let start = self.min_offset();
+                self.max_offset.store(start, Ordering::Release);
+                self.last_msg_ts.store(i64::MIN, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the queue's start past entries whose CommitLog data is gone
+    /// (below `commitlog_min`) and deletes files holding only such entries.
+    /// The last file is always kept so the queue keeps its end offset.
+    pub fn advance_min(&self, commitlog_min: u64) -> Result<()> {
+        let first_live = self.partition_point(|e| e.phys_offset < commitlog_min);
+        if first_live <= self.min_entry.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let new_min_offset = match self.entry(first_live) {
+            Some(e) => e.base_offset,
+            None => self.max_offset(),
+        };
+        self.min_entry.store(first_live, Ordering::Release);
+        self.min_offset.store(new_min_offset, Ordering::Release);
+        let mut f = self.files.write().unwrap_or_else(|p| p.into_inner());
+        while f.list.len() > 1 && f.base_entry + self.entries_per_file <= first_live {
+            let file = f.list.remove(0);
+            f.base_entry += self.entries_per_file;
+            std::fs::remove_file(file.path()).map_err(StoreError::io("remove", file.path()))?;
+        }
+        Ok(())
+    }
+
+    /// Deletes all files of this queue (it will be rebuilt by recovery).
+    pub fn destroy(&self) -> Result<()> {
+        let mut f = self.files.write().unwrap_or_else(|p| p.into_inner());
+        f.list.clear();
+        f.base_entry = 0;
+        drop(f);
+        if self.dir.exists() {
+            std::fs::remove_dir_all(&self.dir).map_err(StoreError::io("remove", &self.dir))?;
+        }
+        for a in [&self.entries, &self.min_entry, &self.max_offset, &self.min_offset, &self.flushed_entries] {
+            a.store(0, Ordering::Release);
+        }
+        self.last_msg_ts.store(i64::MIN, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+fn read_entry(file: &MappedFile, n: u64) -> CqEntry {
+    let mut b = [0u8; ENTRY_SIZE];
+    file.read_into(n as usize * ENTRY_SIZE, &mut b);
+    CqEntry::decode(&b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(base: u64, count: u32, phys: u64, ts: i64) -> CqEntry {
+        CqEntry {
+            phys_offset: phys,
+            size: 100,
+            count,
+            base_offset: base,
+            tag_code: 0,
+            store_timestamp: ts,
+            msg_timestamp: ts,
+        }
+    }
+
+    #[test]
+    fn append_find_reload_truncate() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(StoreError::io("tmp", "/tmp"))?;
+        let topic: Arc<str> = Arc::from("t");
+        let cq = ConsumeQueue::new(dir.path(), Arc::clone(&topic), 0, 4);
+        let mut base = 0;
+        for i in 0..10u64 {
+            let count = if i % 3 == 0 { 5 } else { 1 };
+            cq.append(e(base, count, i * 100, 1000 + i as i64))?;
+            base += u64::from(count);
+        }
+        assert_eq!(cq.max_offset(), base);
+        assert_eq!(cq.find(0), Some(0));
+        assert_eq!(cq.find(4), Some(0));
+        assert_eq!(cq.find(5), Some(1));
+        assert_eq!(cq.find(base - 1), Some(9));
+        assert_eq!(cq.find(base), None);
+        assert_eq!(cq.offset_by_store_time(1003), cq.entry(3).map_or(0, |e| e.base_offset));
+        assert_eq!(cq.offset_by_store_time(99_999), base);
+        cq.flush()?;
+        drop(cq);
+        let cq = ConsumeQueue::load(dir.path(), Arc::clone(&topic), 0, 4)?;
+        assert_eq!(cq.entry_count(), 10);
+        assert_eq!(cq.max_offset(), base);
+        cq.truncate_from_phys(500)?;
+        assert_eq!(cq.entry_count(), 5);
+        assert_eq!(cq.entry(4).map(|e| e.phys_offset), Some(400));
+        drop(cq);
+        let cq = ConsumeQueue::load(dir.path(), Arc::clone(&topic), 0, 4)?;
+        assert_eq!(cq.entry_count(), 5);
+        cq.advance_min(250)?;
+        assert_eq!(cq.min_offset(), cq.entry(3).map_or(0, |e| e.base_offset));
+        assert_eq!(cq.find(0), None);
+        Ok(())
+    }
+
+    #[test]
+    fn foreign_file_is_named() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(StoreError::io("tmp", "/tmp"))?;
+        let qdir = dir.path().join("t").join("0");
+        std::fs::create_dir_all(&qdir).map_err(StoreError::io("mkdir", &qdir))?;
+        std::fs::write(qdir.join("notes.txt"), b"x").map_err(StoreError::io("write", &qdir))?;
+        let err = ConsumeQueue::load(dir.path(), Arc::from("t"), 0, 4).err();
+        assert!(matches!(err, Some(StoreError::BadFile { ref path, .. }) if path.ends_with("notes.txt")));
+        Ok(())
+    }
+}

@@ -1,0 +1,38 @@
+//! Store metrics, registered once so the append path only bumps atomics.
+//! Names are documented in `docs/metrics.md`.
+
+use metrics::{counter, gauge, histogram, Counter, Gauge, Histogram};
+
+pub struct StoreMetrics {
+    pub appends_message: Counter,
+    pub appends_kafka: Counter,
+    pub append_bytes: Counter,
+    pub flush_seconds: Histogram,
+    pub segments: Gauge,
+    pub recovery_seconds: Gauge,
+    pub segments_deleted: Counter,
+    pub flush_timeouts: Counter,
+    pub commitlog_bytes: Gauge,
+}
+
+impl StoreMetrics {
+    pub fn new() -> StoreMetrics {
+        StoreMetrics {
+            appends_message: counter!("rokka_store_appends_total", "kind" => "message"),
+            appends_kafka: counter!("rokka_store_appends_total", "kind" => "kafka_batch"),
+            append_bytes: counter!("rokka_store_append_bytes_total"),
+            flush_seconds: histogram!("rokka_store_flush_seconds"),
+            segments: gauge!("rokka_store_commitlog_segments"),
+            recovery_seconds: gauge!("rokka_store_recovery_seconds"),
+            segments_deleted: counter!("rokka_store_segments_deleted_total"),
+            flush_timeouts: counter!("rokka_store_flush_timeouts_total"),
+            commitlog_bytes: gauge!("rokka_store_commitlog_bytes"),
+        }
+    }
+}
+
+impl Default for StoreMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

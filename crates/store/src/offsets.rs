@@ -1,0 +1,206 @@
+//! The committed-offset table shared by both protocols:
+//! (group, topic, queue) → next offset to consume + a metadata string.
+//!
+//! Kept in memory behind a mutex and persisted as JSON with
+//! [`write_atomically`](crate::checkpoint::write_atomically) (temp file, fsync,
+//! rename), so a crash leaves the previous or the new table, never a torn one.
+//! Persisting happens every `offsets_flush_interval_ms` when something
+//! changed, on [`ConsumerOffsets::persist`], and at shutdown.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::write_atomically;
+use crate::error::{Result, StoreError};
+
+/// A committed position.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommittedOffset {
+    /// Next offset to consume.
+    pub offset: u64,
+    /// Client metadata (Kafka's commit metadata; empty for RocketMQ).
+    #[serde(default)]
+    pub metadata: String,
+    /// When it was committed (ms since the epoch).
+    #[serde(default)]
+    pub commit_timestamp: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+struct Key {
+    group: String,
+    topic: String,
+    queue: u32,
+}
+
+#[derive(Serialize, Deserialize)]
+struct FileForm {
+    version: u32,
+    offsets: Vec<Row>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Row {
+    #[serde(flatten)]
+    key: Key,
+    #[serde(flatten)]
+    value: CommittedOffset,
+}
+
+/// The table.
+#[derive(Debug)]
+pub struct ConsumerOffsets {
+    path: PathBuf,
+    table: Mutex<BTreeMap<Key, CommittedOffset>>,
+    dirty: AtomicBool,
+}
+
+impl ConsumerOffsets {
+    /// Loads `path` (absent = empty table; unreadable = an error naming it).
+    pub fn load(path: &Path) -> Result<ConsumerOffsets> {
+        let table = match std::fs::read(path) {
+            Ok(b) => {
+                let f: FileForm = serde_json::from_slice(&b)
+                    .map_err(|e| StoreError::bad_file(path, format!("consumer offsets are not valid JSON: {e}")))?;
+                if f.version != 1 {
+                    return Err(StoreError::bad_file(path, format!("unknown version {}", f.version)));
+                }
+                f.offsets.into_iter().map(|r| (r.key, r.value)).collect()
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => {
+                return Err(StoreError::Io {
+                    op: "read",
+                    path: path.to_path_buf(),
+                    source: e,
+                })
+            }
+        };
+        Ok(ConsumerOffsets {
+            path: path.to_path_buf(),
+            table: Mutex::new(table),
+            dirty: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Key, CommittedOffset>> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn key(group: &str, topic: &str, queue: u32) -> Key {
+        Key {
+            group: group.to_string(),
+            topic: topic.to_string(),
+            queue,
+        }
+    }
+
+    /// Records `offset` as the next offset `group` consumes from (topic, queue).
+    pub fn commit(&self, group: &str, topic: &str, queue: u32, offset: u64, metadata: &str) {
+        let v = CommittedOffset {
+            offset,
+            metadata: metadata.to_string(),
+            commit_timestamp: crate::now_ms(),
+        };
+        self.lock().insert(Self::key(group, topic, queue), v);
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// The committed offset, if any.
+    pub fn get(&self, group: &str, topic: &str, queue: u32) -> Option<CommittedOffset> {
+        self.lock().get(&Self::key(group, topic, queue)).cloned()
+    }
+
+    /// Every (topic, queue) → offset of `group`.
+    pub fn group_offsets(&self, group: &str) -> Vec<(String, u32, CommittedOffset)> {
+        self.lock()
+            .iter()
+            .filter(|(k, _)| k.group == group)
+            .map(|(k, v)| (k.topic.clone(), k.queue, v.clone()))
+            .collect()
+    }
+
+    /// Names of all groups with committed offsets.
+    pub fn groups(&self) -> Vec<String> {
+        let mut g: Vec<String> = self.lock().keys().map(|k| k.group.clone()).collect();
+        g.dedup();
+        g
+    }
+
+    /// Deletes one offset; returns whether it existed.
+    pub fn delete(&self, group: &str, topic: &str, queue: u32) -> bool {
+        let had = self.lock().remove(&Self::key(group, topic, queue)).is_some();
+        if had {
+            self.dirty.store(true, Ordering::Release);
+        }
+        had
+    }
+
+    /// Deletes every offset of `group`; returns how many.
+    pub fn delete_group(&self, group: &str) -> usize {
+        let mut t = self.lock();
+        let before = t.len();
+        t.retain(|k, _| k.group != group);
+        let n = before - t.len();
+        if n > 0 {
+            self.dirty.store(true, Ordering::Release);
+        }
+        n
+    }
+
+    /// Writes the table if it changed since the last write.
+    pub fn persist_if_dirty(&self) -> Result<()> {
+        if self.dirty.swap(false, Ordering::AcqRel) {
+            if let Err(e) = self.persist() {
+                self.dirty.store(true, Ordering::Release);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the table now.
+    pub fn persist(&self) -> Result<()> {
+        let rows: Vec<Row> = self
+            .lock()
+            .iter()
+            .map(|(k, v)| Row {
+                key: k.clone(),
+                value: v.clone(),
+            })
+            .collect();
+        let json = serde_json::to_vec_pretty(&FileForm { version: 1, offsets: rows })
+            .map_err(|e| StoreError::bad_file(&self.path, format!("encoding offsets: {e}")))?;
+        write_atomically(&self.path, &json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_persist_reload() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(StoreError::io("tmp", "/tmp"))?;
+        let p = dir.path().join("offsets.json");
+        let t = ConsumerOffsets::load(&p)?;
+        t.commit("g1", "t", 0, 10, "m");
+        t.commit("g1", "t", 1, 20, "");
+        t.commit("g2", "t", 0, 5, "");
+        t.persist_if_dirty()?;
+        let t2 = ConsumerOffsets::load(&p)?;
+        assert_eq!(t2.get("g1", "t", 0).map(|o| (o.offset, o.metadata)), Some((10, "m".into())));
+        assert_eq!(t2.group_offsets("g1").len(), 2);
+        assert_eq!(t2.groups(), vec!["g1".to_string(), "g2".to_string()]);
+        assert_eq!(t2.delete_group("g1"), 2);
+        assert!(t2.get("g1", "t", 1).is_none());
+        std::fs::write(&p, b"{not json").map_err(StoreError::io("write", &p))?;
+        let err = ConsumerOffsets::load(&p).err();
+        assert!(matches!(err, Some(StoreError::BadFile { .. })));
+        Ok(())
+    }
+}

@@ -1,0 +1,360 @@
+//! Opening the store: checking the data directory, then either trusting a
+//! clean checkpoint (no scan) or recovering after an unclean stop.
+//!
+//! After an unclean stop (abort marker present, or no usable checkpoint):
+//! 1. ConsumeQueues lose entries at or past the checkpoint's safe offset, and
+//!    the index goes back to its checkpointed state (both were on disk up to
+//!    there).
+//! 2. The CommitLog is scanned from the safe offset (from its start when the
+//!    checkpoint is missing or damaged), checking size, magic, CRC and each
+//!    entry's own offset; every valid entry is re-dispatched.
+//! 3. A torn or corrupt tail past the safe offset is zeroed. Damage *below*
+//!    the safe offset, or valid data after the damage, is not a torn write:
+//!    the store refuses to start with an error naming the file, rather than
+//!    drop acknowledged data.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use crate::checkpoint::{Checkpoint, Loaded};
+use crate::commitlog::{self, CommitLog, CommitLogWriter};
+use crate::config::StoreConfig;
+use crate::consume_queue::ConsumeQueue;
+use crate::error::{Result, StoreError};
+use crate::index::IndexService;
+use crate::metrics::StoreMetrics;
+use crate::offsets::ConsumerOffsets;
+use crate::record::{DispatchInfo, Entry};
+use crate::store::{FlushSync, Inner, MessageStore, Writer};
+use crate::validate_topic;
+
+/// Names the store may find at the top of its data directory.
+const KNOWN_TOP_LEVEL: &[&str] = &[
+    "commitlog",
+    "consumequeue",
+    "index",
+    "checkpoint",
+    "checkpoint.tmp",
+    "abort",
+    "lock",
+    "offsets.json",
+    "offsets.tmp",
+    "config",
+];
+
+pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
+    config.validate()?;
+    let started = Instant::now();
+    let dir = config.data_dir.clone();
+    std::fs::create_dir_all(&dir).map_err(StoreError::io("create dir", &dir))?;
+    let lock_file = lock(&dir)?;
+    check_top_level(&dir)?;
+
+    let abort = dir.join("abort");
+    let had_abort = abort.exists();
+    let cp = match Checkpoint::load(&dir.join("checkpoint"))? {
+        Loaded::Ok(c) => Some(c),
+        Loaded::Missing => None,
+        Loaded::Damaged(why) => {
+            tracing::warn!(path = %dir.join("checkpoint").display(), why, "checkpoint damaged: falling back to a full scan");
+            None
+        }
+    };
+    let log = Arc::new(CommitLog::load(&dir.join("commitlog"))?);
+    let mut queues = load_queues(&dir.join("consumequeue"), config.consume_queue_entries_per_file)?;
+    let mut index = if config.index_enabled {
+        Some(IndexService::load(&dir.join("index"), config.index_slots, config.index_entries)?)
+    } else {
+        None
+    };
+    let max_entry = config.max_message_bytes as usize + 64 * 1024;
+
+    let clean_end = match &cp {
+        Some(c) if c.clean && !had_abort => verify_clean_end(&log, c, max_entry),
+        _ => None,
+    };
+    let end = match clean_end {
+        Some(end) => {
+            tracing::info!(end, "clean shutdown: no recovery scan");
+            end
+        }
+        None => recover(
+            &log,
+            &mut queues,
+            (&dir.join("consumequeue"), config.consume_queue_entries_per_file),
+            index.as_mut(),
+            cp.as_ref(),
+            max_entry,
+        )?,
+    };
+    log.set_recovered(end);
+    let min = log.min_offset();
+    for q in queues.values().flat_map(|m| m.values()) {
+        q.advance_min(min)?;
+    }
+
+    let writer = Writer {
+        cl: CommitLogWriter::new(Arc::clone(&log), end, config.commitlog_segment_bytes, config.preallocate)?,
+        queues: queues.clone(),
+        last_store_ts: 0,
+        last_record: cp.as_ref().map_or(0, |c| c.last_record_offset),
+    };
+    let offsets = ConsumerOffsets::load(&dir.join("offsets.json"))?;
+    let metrics = StoreMetrics::new();
+    let (flushed_tx, _) = watch::channel(end);
+    let inner = Arc::new(Inner {
+        dir: dir.clone(),
+        log,
+        writer: Mutex::new(writer),
+        queues: RwLock::new(queues),
+        index: index.map(Mutex::new),
+        offsets,
+        flush: FlushSync {
+            requested: Mutex::new(end),
+            wake_flusher: Condvar::new(),
+            done: Condvar::new(),
+            flushed: flushed_tx,
+        },
+        stop: AtomicBool::new(false),
+        sleep: (Mutex::new(()), Condvar::new()),
+        metrics,
+        closed: AtomicBool::new(false),
+        _lock_file: lock_file,
+        config,
+    });
+    // Everything recovered is now on disk; record that before accepting writes,
+    // then mark the store as running.
+    crate::tasks::checkpoint(&inner, false)?;
+    let mut f = File::create(&abort).map_err(StoreError::io("create", &abort))?;
+    writeln!(f, "{}", std::process::id()).map_err(StoreError::io("write", &abort))?;
+    f.sync_all().map_err(StoreError::io("fsync", &abort))?;
+    File::open(&dir).and_then(|d| d.sync_all()).map_err(StoreError::io("fsync", &dir))?;
+
+    let threads = crate::tasks::spawn(&inner)?;
+    let secs = started.elapsed().as_secs_f64();
+    inner.metrics.recovery_seconds.set(secs);
+    inner.metrics.segments.set(inner.log.segments().len() as f64);
+    tracing::info!(dir = %dir.display(), end, seconds = secs, "store open");
+    Ok(MessageStore {
+        inner,
+        threads: Mutex::new(threads),
+    })
+}
+
+fn lock(dir: &Path) -> Result<File> {
+    let path = dir.join("lock");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(StoreError::io("open", &path))?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Locked(dir.to_path_buf())),
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Io {
+            op: "lock",
+            path,
+            source: e,
+        }),
+    }
+}
+
+fn check_top_level(dir: &Path) -> Result<()> {
+    for item in std::fs::read_dir(dir).map_err(StoreError::io("read dir", dir))? {
+        let item = item.map_err(StoreError::io("read dir", dir))?;
+        let name = item.file_name();
+        if !name.to_str().is_some_and(|n| KNOWN_TOP_LEVEL.contains(&n)) {
+            return Err(StoreError::bad_file(item.path(), "not a file the store writes"));
+        }
+    }
+    Ok(())
+}
+
+type QueueMap = HashMap<Arc<str>, HashMap<u32, Arc<ConsumeQueue>>>;
+
+fn load_queues(root: &Path, entries_per_file: u32) -> Result<QueueMap> {
+    let mut map: QueueMap = HashMap::new();
+    if !root.exists() {
+        return Ok(map);
+    }
+    for t in std::fs::read_dir(root).map_err(StoreError::io("read dir", root))? {
+        let t = t.map_err(StoreError::io("read dir", root))?;
+        let tpath = t.path();
+        let topic = t
+            .file_name()
+            .to_str()
+            .filter(|n| validate_topic(n).is_ok() && tpath.is_dir())
+            .map(Arc::<str>::from)
+            .ok_or_else(|| StoreError::bad_file(&tpath, "not a topic directory"))?;
+        for q in std::fs::read_dir(&tpath).map_err(StoreError::io("read dir", &tpath))? {
+            let q = q.map_err(StoreError::io("read dir", &tpath))?;
+            let qpath = q.path();
+            let queue_id: u32 = q
+                .file_name()
+                .to_str()
+                .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && qpath.is_dir())
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| StoreError::bad_file(&qpath, "not a queue directory"))?;
+            let cq = ConsumeQueue::load(root, Arc::clone(&topic), queue_id, entries_per_file)?;
+            map.entry(Arc::clone(&topic)).or_default().insert(queue_id, Arc::new(cq));
+        }
+    }
+    Ok(map)
+}
+
+/// After a clean stop: the last record must be intact and end exactly at the
+/// checkpointed end. Returns that end, or `None` to fall back to a scan.
+fn verify_clean_end(log: &CommitLog, cp: &Checkpoint, max_entry: usize) -> Option<u64> {
+    let segs = log.segments();
+    let Some(last) = segs.last() else {
+        return (cp.safe_offset == 0).then_some(0);
+    };
+    if cp.safe_offset < segs[0].start || cp.safe_offset > last.end() {
+        return None;
+    }
+    if cp.safe_offset == segs[0].start && cp.last_record_offset == 0 {
+        return Some(cp.safe_offset);
+    }
+    let ok = commitlog::valid_entry_at(log, cp.last_record_offset, max_entry) && {
+        let segs = log.segments();
+        let seg = segs.iter().find(|s| s.start <= cp.last_record_offset && cp.last_record_offset < s.end());
+        seg.is_some_and(|s| {
+            let size = s.file.read_u32((cp.last_record_offset - s.start) as usize) as u64;
+            let end = cp.last_record_offset + size;
+            // The clean end is right after the last record, or the next
+            // segment's start when that record was followed by a BLANK.
+            end == cp.safe_offset || (cp.safe_offset == s.end() && end < s.end())
+        })
+    };
+    if ok {
+        Some(cp.safe_offset)
+    } else {
+        tracing::warn!(
+            last_record = cp.last_record_offset,
+            end = cp.safe_offset,
+            "clean checkpoint does not match the CommitLog: scanning"
+        );
+        None
+    }
+}
+
+fn recover(
+    log: &CommitLog,
+    queues: &mut QueueMap,
+    (cq_root, entries_per_file): (&Path, u32),
+    mut index: Option<&mut IndexService>,
+    cp: Option<&Checkpoint>,
+    max_entry: usize,
+) -> Result<u64> {
+    let segs = log.segments();
+    let (Some(first), Some(last)) = (segs.first(), segs.last()) else {
+        // No CommitLog at all: nothing to rebuild from.
+        for q in queues.values().flat_map(|m| m.values()) {
+            q.truncate_from_phys(0)?;
+        }
+        if let Some(idx) = index.as_deref_mut() {
+            idx.restore(None)?;
+        }
+        return Ok(0);
+    };
+    let safe = cp.map(|c| c.safe_offset);
+    let start = safe.unwrap_or(first.start).max(first.start);
+    if start > last.end() {
+        return Err(StoreError::bad_file(
+            last.file.path(),
+            format!("checkpoint says {start} bytes are durable but the CommitLog ends at {}", last.end()),
+        ));
+    }
+    tracing::warn!(from = start, full_scan = safe.is_none(), "unclean shutdown: recovering");
+    for q in queues.values().flat_map(|m| m.values()) {
+        q.truncate_from_phys(start)?;
+    }
+    if let Some(idx) = index.as_deref_mut() {
+        idx.restore(cp.and_then(|c| c.index))?;
+    }
+    let mut redispatched = 0u64;
+    let scan_end = commitlog::scan(log, start, max_entry, |entry, _| {
+        let info = DispatchInfo::from_entry(entry);
+        let (topic, props) = match entry {
+            Entry::Message(m) => (m.topic_str(), Some(&m.properties[..])),
+            Entry::KafkaBatch(k) => (k.topic_str(), None),
+        };
+        if validate_topic(topic).is_err() {
+            return Err(StoreError::bad_file(
+                log.dir(),
+                format!("record at {} names an invalid topic {topic:?}", info.phys_offset),
+            ));
+        }
+        // A queue created just before the crash may have no directory yet.
+        let q = Arc::clone(
+            queues
+                .entry(Arc::from(topic))
+                .or_default()
+                .entry(info.queue_id)
+                .or_insert_with(|| Arc::new(ConsumeQueue::new(cq_root, Arc::from(topic), info.queue_id, entries_per_file))),
+        );
+        if info.consumable && q.entry_count() > 0 && info.queue_offset != q.max_offset() {
+            return Err(StoreError::bad_file(
+                log.dir(),
+                format!(
+                    "record at {} has offset {} in {topic}/{} but its ConsumeQueue ends at {}",
+                    info.phys_offset,
+                    info.queue_offset,
+                    info.queue_id,
+                    q.max_offset()
+                ),
+            ));
+        }
+        if info.consumable {
+            q.append(crate::consume_queue::CqEntry {
+                phys_offset: info.phys_offset,
+                size: info.size,
+                count: info.count,
+                base_offset: info.queue_offset,
+                tag_code: info.tag_code,
+                store_timestamp: info.store_timestamp,
+                msg_timestamp: info.msg_timestamp,
+            })?;
+        }
+        if let (Some(idx), Some(props), true) = (index.as_deref_mut(), props, info.indexable) {
+            for (t, key) in crate::record::index_keys(topic, props) {
+                idx.put(t, key, info.phys_offset, info.store_timestamp)?;
+            }
+        }
+        redispatched += 1;
+        Ok(())
+    })?;
+    let end = scan_end.end;
+    if let Some((path, pos, why)) = &scan_end.stopped_by {
+        if safe.is_some_and(|s| *pos < s) {
+            return Err(StoreError::bad_file(
+                path,
+                format!("damaged entry at CommitLog offset {pos} ({why}), below the durable checkpoint offset; refusing to drop data"),
+            ));
+        }
+    }
+    // Data past the end in a later segment means a hole, not a torn tail.
+    for seg in log.segments().iter().filter(|s| s.start > end) {
+        if commitlog::valid_entry_at(log, seg.start, max_entry) {
+            return Err(StoreError::bad_file(
+                seg.file.path(),
+                format!("valid entries follow damaged or missing data at CommitLog offset {end}; refusing to drop them"),
+            ));
+        }
+    }
+    if let Some((path, pos, why)) = &scan_end.stopped_by {
+        tracing::warn!(path = %path.display(), offset = pos, why, "truncating torn CommitLog tail");
+    }
+    commitlog::zero_tail(log, end)?;
+    log.drop_segments_after(end)?;
+    tracing::info!(end, redispatched, "recovery scan done");
+    Ok(end)
+}

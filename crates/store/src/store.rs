@@ -1,0 +1,688 @@
+//! `MessageStore`: append with synchronous dispatch, reads, queries, flush
+//! waits and shutdown. Opening (recovery) lives in `recovery.rs`, the
+//! background threads in `tasks.rs`.
+//!
+//! Concurrency: appends serialize on `writer` (one CommitLog writer, queue
+//! offsets assigned under it); the index has its own mutex, always taken after
+//! `writer`. Reads take no store-wide lock: they follow atomically published
+//! positions (see `mapped.rs`). Durability waits block on `flush` only.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use crate::checkpoint::Checkpoint;
+use crate::commitlog::{CommitLog, CommitLogWriter};
+use crate::config::{FlushMode, StoreConfig};
+use crate::consume_queue::{ConsumeQueue, CqEntry};
+use crate::error::{Result, StoreError};
+use crate::index::IndexService;
+use crate::metrics::StoreMetrics;
+use crate::offsets::ConsumerOffsets;
+use crate::record::{self, kafka, message, properties, DispatchInfo, Entry, MessageInput};
+use crate::{now_ms, validate_topic};
+
+/// Where an append landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendResult {
+    /// First logical offset taken (0 for prepared transaction records).
+    pub queue_offset: u64,
+    /// Logical offsets taken (1 per message, N per Kafka batch, 0 for
+    /// prepared / rolled-back transaction records).
+    pub count: u32,
+    /// CommitLog offset of the entry (the message id's offset part).
+    pub phys_offset: u64,
+    pub size: u32,
+    pub store_timestamp: i64,
+    /// CommitLog end after this entry: pass to [`MessageStore::wait_durable`].
+    pub end_offset: u64,
+}
+
+/// Outcome of a queue read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadStatus {
+    /// At least one entry returned.
+    Found,
+    /// The offset is the queue's end: nothing yet.
+    NoNewMessages,
+    /// The offset is below the queue's first offset (deleted by retention):
+    /// continue at `min_offset`.
+    OffsetMoved,
+    /// The offset is past the queue's end.
+    OffsetOverflow,
+    /// No such topic or queue.
+    NoSuchQueue,
+}
+
+/// One entry returned by a read: a RocketMQ message or a Kafka batch.
+#[derive(Debug, Clone)]
+pub struct ReadEntry {
+    pub cq: CqEntry,
+    /// The whole stored entry, a view of the mapped segment (no copy).
+    pub data: Bytes,
+}
+
+impl ReadEntry {
+    pub fn decode(&self) -> std::result::Result<Entry, record::DecodeError> {
+        record::decode_entry(&self.data)
+    }
+}
+
+/// Result of [`MessageStore::read`].
+#[derive(Debug, Clone)]
+pub struct QueueRead {
+    pub status: ReadStatus,
+    pub entries: Vec<ReadEntry>,
+    /// Where the next read should start.
+    pub next_offset: u64,
+    pub min_offset: u64,
+    pub max_offset: u64,
+}
+
+type QueueMap = HashMap<Arc<str>, HashMap<u32, Arc<ConsumeQueue>>>;
+
+pub(crate) struct Writer {
+    pub cl: CommitLogWriter,
+    pub queues: QueueMap,
+    pub last_store_ts: i64,
+    pub last_record: u64,
+}
+
+/// Sync-flush bookkeeping: waiters ask, the flusher thread syncs and tells.
+pub(crate) struct FlushSync {
+    pub requested: Mutex<u64>,
+    pub wake_flusher: Condvar,
+    pub done: Condvar,
+    pub flushed: watch::Sender<u64>,
+}
+
+pub(crate) struct Inner {
+    pub config: StoreConfig,
+    pub dir: PathBuf,
+    pub log: Arc<CommitLog>,
+    pub writer: Mutex<Writer>,
+    pub queues: RwLock<QueueMap>,
+    pub index: Option<Mutex<IndexService>>,
+    pub offsets: ConsumerOffsets,
+    pub flush: FlushSync,
+    pub stop: AtomicBool,
+    pub sleep: (Mutex<()>, Condvar),
+    pub metrics: StoreMetrics,
+    pub closed: AtomicBool,
+    pub _lock_file: File,
+}
+
+/// The store. See the crate docs.
+pub struct MessageStore {
+    pub(crate) inner: Arc<Inner>,
+    pub(crate) threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for MessageStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MessageStore").field("dir", &self.inner.dir).finish()
+    }
+}
+
+impl Inner {
+    pub(crate) fn writer(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn all_queues(&self) -> Vec<Arc<ConsumeQueue>> {
+        let q = self.queues.read().unwrap_or_else(|p| p.into_inner());
+        q.values().flat_map(|m| m.values().cloned()).collect()
+    }
+
+    fn max_entry(&self) -> usize {
+        self.config.max_message_bytes as usize + 64 * 1024
+    }
+
+    /// The queue for (topic, queue), created on first use (writer only).
+    pub(crate) fn queue_for(&self, w: &mut Writer, topic: &str, queue_id: u32) -> Arc<ConsumeQueue> {
+        if let Some(q) = w.queues.get(topic).and_then(|m| m.get(&queue_id)) {
+            return Arc::clone(q);
+        }
+        let topic: Arc<str> = match w.queues.get_key_value(topic) {
+            Some((k, _)) => Arc::clone(k),
+            None => Arc::from(topic),
+        };
+        let q = Arc::new(ConsumeQueue::new(
+            &self.dir.join("consumequeue"),
+            Arc::clone(&topic),
+            queue_id,
+            self.config.consume_queue_entries_per_file,
+        ));
+        w.queues.entry(Arc::clone(&topic)).or_default().insert(queue_id, Arc::clone(&q));
+        self.queues
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(topic)
+            .or_default()
+            .insert(queue_id, Arc::clone(&q));
+        q
+    }
+
+    /// Writes the ConsumeQueue entry and index keys of one entry.
+    pub(crate) fn dispatch(
+        &self,
+        q: &ConsumeQueue,
+        info: &DispatchInfo,
+        topic: &str,
+        props: Option<&[u8]>,
+    ) -> Result<()> {
+        if info.consumable {
+            q.append(CqEntry {
+                phys_offset: info.phys_offset,
+                size: info.size,
+                count: info.count,
+                base_offset: info.queue_offset,
+                tag_code: info.tag_code,
+                store_timestamp: info.store_timestamp,
+                msg_timestamp: info.msg_timestamp,
+            })?;
+        }
+        if let (Some(index), Some(props), true) = (&self.index, props, info.indexable) {
+            let mut idx = index.lock().unwrap_or_else(|p| p.into_inner());
+            for (t, key) in record::index_keys(topic, props) {
+                idx.put(t, key, info.phys_offset, info.store_timestamp)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MessageStore {
+    /// Opens (and if needed recovers) the store in `config.data_dir`.
+    pub fn open(config: StoreConfig) -> Result<MessageStore> {
+        crate::recovery::open(config)
+    }
+
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
+    /// The committed-offset table.
+    pub fn offsets(&self) -> &ConsumerOffsets {
+        &self.inner.offsets
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            Err(StoreError::ShutDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn validate_message(&self, m: &MessageInput<'_>) -> Result<()> {
+        validate_topic(m.topic)?;
+        let limit = self.inner.config.max_message_bytes as usize;
+        if m.body.len() > limit {
+            return Err(StoreError::MessageTooLarge {
+                size: m.body.len(),
+                limit,
+            });
+        }
+        if m.properties.len() > i16::MAX as usize {
+            return Err(StoreError::PropertiesTooLarge(m.properties.len()));
+        }
+        Ok(())
+    }
+
+    /// Appends one RocketMQ message. It is readable when this returns; call
+    /// [`MessageStore::wait_durable`] for sync-flush durability.
+    pub fn append_message(&self, m: &MessageInput<'_>) -> Result<AppendResult> {
+        let mut r = self.append_messages(std::slice::from_ref(m))?;
+        r.pop().ok_or(StoreError::ShutDown)
+    }
+
+    /// Appends messages in order under one lock (a RocketMQ batch send); each
+    /// takes its own record and offset.
+    pub fn append_messages(&self, msgs: &[MessageInput<'_>]) -> Result<Vec<AppendResult>> {
+        self.check_open()?;
+        for m in msgs {
+            self.validate_message(m)?;
+        }
+        let inner = &*self.inner;
+        let store_host = inner.config.store_host;
+        let mut out = Vec::with_capacity(msgs.len());
+        let mut bytes = 0u64;
+        {
+            let mut w = inner.writer();
+            let store_ts = now_ms().max(w.last_store_ts);
+            w.last_store_ts = store_ts;
+            for m in msgs {
+                let q = inner.queue_for(&mut w, m.topic, m.queue_id);
+                let consumable = m.is_consumable();
+                let queue_offset = if consumable { q.max_offset() } else { 0 };
+                let size = message::encoded_len(m, &store_host);
+                let body_crc = message::body_crc(m.body);
+                let phys = w.cl.append(size, |buf, phys| {
+                    let at = message::Placement {
+                        queue_offset,
+                        phys_offset: phys,
+                        store_timestamp: store_ts,
+                        body_crc,
+                    };
+                    message::encode(buf, m, &store_host, at);
+                })?;
+                w.last_record = phys;
+                let end = w.cl.position();
+                inner.log.publish(end);
+                let info = DispatchInfo {
+                    queue_id: m.queue_id,
+                    queue_offset,
+                    count: u32::from(consumable),
+                    phys_offset: phys,
+                    size: size as u32,
+                    tag_code: properties::tag_code(m.properties),
+                    store_timestamp: store_ts,
+                    msg_timestamp: m.born_timestamp,
+                    consumable,
+                    indexable: message::is_indexable(m.sys_flag),
+                };
+                inner.dispatch(&q, &info, m.topic, Some(m.properties))?;
+                bytes += size as u64;
+                out.push(AppendResult {
+                    queue_offset,
+                    count: info.count,
+                    phys_offset: phys,
+                    size: size as u32,
+                    store_timestamp: store_ts,
+                    end_offset: end,
+                });
+            }
+        }
+        inner.metrics.appends_message.increment(msgs.len() as u64);
+        inner.metrics.append_bytes.increment(bytes);
+        Ok(out)
+    }
+
+    /// Appends one Kafka record batch (magic 2) whole; it takes
+    /// `lastOffsetDelta + 1` offsets and is stored with its base offset set to
+    /// the first. The caller has checked the batch CRC.
+    pub fn append_kafka_batch(&self, topic: &str, queue_id: u32, batch: &[u8]) -> Result<AppendResult> {
+        self.check_open()?;
+        validate_topic(topic)?;
+        let limit = self.inner.config.max_message_bytes as usize;
+        if batch.len() > limit {
+            return Err(StoreError::MessageTooLarge {
+                size: batch.len(),
+                limit,
+            });
+        }
+        let info = kafka::BatchInfo::parse(batch).map_err(|_| StoreError::InvalidBatch("not a magic-2 record batch"))?;
+        let inner = &*self.inner;
+        let size = kafka::encoded_len(topic, batch.len());
+        let result = {
+            let mut w = inner.writer();
+            let store_ts = now_ms().max(w.last_store_ts);
+            w.last_store_ts = store_ts;
+            let q = inner.queue_for(&mut w, topic, queue_id);
+            let queue_offset = q.max_offset();
+            let count = info.offset_count();
+            let phys = w.cl.append(size, |buf, phys| {
+                let at = kafka::KafkaPlacement {
+                    queue_id,
+                    queue_offset,
+                    phys_offset: phys,
+                    store_timestamp: store_ts,
+                    count,
+                };
+                kafka::encode(buf, topic, batch, at);
+            })?;
+            w.last_record = phys;
+            let end = w.cl.position();
+            inner.log.publish(end);
+            let d = DispatchInfo {
+                queue_id,
+                queue_offset,
+                count,
+                phys_offset: phys,
+                size: size as u32,
+                tag_code: 0,
+                store_timestamp: store_ts,
+                msg_timestamp: record::kafka_msg_timestamp(Some(&info), store_ts),
+                consumable: true,
+                indexable: true,
+            };
+            inner.dispatch(&q, &d, topic, None)?;
+            AppendResult {
+                queue_offset,
+                count,
+                phys_offset: phys,
+                size: size as u32,
+                store_timestamp: store_ts,
+                end_offset: end,
+            }
+        };
+        inner.metrics.appends_kafka.increment(1);
+        inner.metrics.append_bytes.increment(size as u64);
+        Ok(result)
+    }
+
+    /// Blocks until the CommitLog is on disk up to `end_offset` (sync flush
+    /// mode); returns at once in async mode.
+    pub fn wait_durable(&self, end_offset: u64) -> Result<()> {
+        let inner = &*self.inner;
+        if inner.config.flush_mode == FlushMode::Async || inner.log.flushed_pos() >= end_offset {
+            return Ok(());
+        }
+        let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
+        let deadline = Instant::now() + timeout;
+        let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+        if *req < end_offset {
+            *req = end_offset;
+        }
+        inner.flush.wake_flusher.notify_one();
+        while inner.log.flushed_pos() < end_offset {
+            if inner.stop.load(Ordering::Acquire) {
+                return Err(StoreError::ShutDown);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                inner.metrics.flush_timeouts.increment(1);
+                return Err(StoreError::FlushTimeout(inner.config.sync_flush_timeout_ms));
+            }
+            req = inner
+                .flush
+                .done
+                .wait_timeout(req, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Async form of [`MessageStore::wait_durable`].
+    pub async fn durable(&self, end_offset: u64) -> Result<()> {
+        let inner = &*self.inner;
+        if inner.config.flush_mode == FlushMode::Async || inner.log.flushed_pos() >= end_offset {
+            return Ok(());
+        }
+        let mut rx = inner.flush.flushed.subscribe();
+        {
+            let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+            if *req < end_offset {
+                *req = end_offset;
+            }
+            inner.flush.wake_flusher.notify_one();
+        }
+        let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
+        let waited = tokio::time::timeout(timeout, async { rx.wait_for(|f| *f >= end_offset).await.map(|_| ()) }).await;
+        match waited {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(StoreError::ShutDown),
+            Err(_) => {
+                inner.metrics.flush_timeouts.increment(1);
+                Err(StoreError::FlushTimeout(inner.config.sync_flush_timeout_ms))
+            }
+        }
+    }
+
+    /// The ConsumeQueue of (topic, queue), if it exists.
+    pub fn queue(&self, topic: &str, queue_id: u32) -> Option<Arc<ConsumeQueue>> {
+        let q = self.inner.queues.read().unwrap_or_else(|p| p.into_inner());
+        q.get(topic).and_then(|m| m.get(&queue_id)).cloned()
+    }
+
+    /// Topics that have at least one queue, sorted.
+    pub fn topics(&self) -> Vec<String> {
+        let q = self.inner.queues.read().unwrap_or_else(|p| p.into_inner());
+        let mut t: Vec<String> = q.keys().map(|k| k.to_string()).collect();
+        t.sort();
+        t
+    }
+
+    /// Queue ids of `topic`, sorted.
+    pub fn queue_ids(&self, topic: &str) -> Vec<u32> {
+        let q = self.inner.queues.read().unwrap_or_else(|p| p.into_inner());
+        let mut ids: Vec<u32> = q.get(topic).map(|m| m.keys().copied().collect()).unwrap_or_default();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// First readable offset of a queue (0 if it does not exist).
+    pub fn min_offset(&self, topic: &str, queue_id: u32) -> u64 {
+        self.queue(topic, queue_id).map_or(0, |q| q.min_offset())
+    }
+
+    /// Next offset to be written in a queue (0 if it does not exist).
+    pub fn max_offset(&self, topic: &str, queue_id: u32) -> u64 {
+        self.queue(topic, queue_id).map_or(0, |q| q.max_offset())
+    }
+
+    /// First offset stored at or after `ts` (store time); the max offset when
+    /// nothing is that recent.
+    pub fn offset_by_store_time(&self, topic: &str, queue_id: u32, ts: i64) -> u64 {
+        self.queue(topic, queue_id).map_or(0, |q| q.offset_by_store_time(ts))
+    }
+
+    /// Reads up to `max_offsets` offsets (whole entries; at least one entry
+    /// even if larger than `max_bytes`) from `offset`.
+    pub fn read(&self, topic: &str, queue_id: u32, offset: u64, max_offsets: u32, max_bytes: usize) -> QueueRead {
+        let Some(q) = self.queue(topic, queue_id) else {
+            return QueueRead {
+                status: ReadStatus::NoSuchQueue,
+                entries: Vec::new(),
+                next_offset: 0,
+                min_offset: 0,
+                max_offset: 0,
+            };
+        };
+        let (min, max) = (q.min_offset(), q.max_offset());
+        let status_only = |status, next| QueueRead {
+            status,
+            entries: Vec::new(),
+            next_offset: next,
+            min_offset: min,
+            max_offset: max,
+        };
+        if offset < min {
+            return status_only(ReadStatus::OffsetMoved, min);
+        }
+        if offset == max {
+            return status_only(ReadStatus::NoNewMessages, max);
+        }
+        if offset > max {
+            return status_only(ReadStatus::OffsetOverflow, max);
+        }
+        let Some(mut idx) = q.find(offset) else {
+            // Retention moved the start between our two loads.
+            return status_only(ReadStatus::OffsetMoved, q.min_offset());
+        };
+        let mut cqs = Vec::new();
+        let (mut offsets, mut bytes) = (0u64, 0usize);
+        while let Some(e) = q.entry(idx) {
+            if !cqs.is_empty() && (offsets >= u64::from(max_offsets) || bytes + e.size as usize > max_bytes) {
+                break;
+            }
+            offsets += e.end_offset() - offset.max(e.base_offset);
+            bytes += e.size as usize;
+            cqs.push(e);
+            idx += 1;
+        }
+        let entries = self.views(&cqs);
+        if entries.is_empty() {
+            return status_only(ReadStatus::OffsetMoved, q.min_offset());
+        }
+        let next = entries.last().map_or(offset, |e| e.cq.end_offset());
+        QueueRead {
+            status: ReadStatus::Found,
+            entries,
+            next_offset: next,
+            min_offset: min,
+            max_offset: max,
+        }
+    }
+
+    /// Maps CQ entries to views, one view per run of entries in one segment.
+    fn views(&self, cqs: &[CqEntry]) -> Vec<ReadEntry> {
+        let mut out = Vec::with_capacity(cqs.len());
+        let mut i = 0;
+        while i < cqs.len() {
+            let start = cqs[i].phys_offset;
+            let mut j = i;
+            let mut end = start + u64::from(cqs[i].size);
+            // Extend the run while entries are contiguous in the CommitLog.
+            while j + 1 < cqs.len() && cqs[j + 1].phys_offset == end {
+                j += 1;
+                end += u64::from(cqs[j].size);
+            }
+            let run = self.inner.log.read(start, (end - start) as usize).or_else(|| {
+                // The run crossed a segment end: fall back to one view each.
+                if j > i {
+                    j = i;
+                    end = start + u64::from(cqs[i].size);
+                    self.inner.log.read(start, cqs[i].size as usize)
+                } else {
+                    None
+                }
+            });
+            let Some(run) = run else {
+                break;
+            };
+            for e in &cqs[i..=j] {
+                let a = (e.phys_offset - start) as usize;
+                out.push(ReadEntry {
+                    cq: *e,
+                    data: run.slice(a..a + e.size as usize),
+                });
+            }
+            i = j + 1;
+        }
+        out
+    }
+
+    /// The stored entry at CommitLog offset `phys` (VIEW_MESSAGE_BY_ID), if
+    /// an entry really starts there.
+    pub fn read_at(&self, phys: u64) -> Option<Bytes> {
+        let b = self.inner.log.read_entry_at(phys, self.inner.max_entry())?;
+        match record::decode_entry(&b) {
+            Ok(e) if e.phys_offset() == phys => Some(b),
+            _ => None,
+        }
+    }
+
+    /// Messages of `topic` whose KEYS contain `key` or whose UNIQ_KEY is
+    /// `key`, stored within `[begin_ts, end_ts]`, at most `max`, oldest first.
+    pub fn query_by_key(&self, topic: &str, key: &str, max: usize, begin_ts: i64, end_ts: i64) -> Vec<Bytes> {
+        let Some(index) = &self.inner.index else {
+            return Vec::new();
+        };
+        let mut candidates = {
+            let idx = index.lock().unwrap_or_else(|p| p.into_inner());
+            idx.query(topic, key.as_bytes(), max, begin_ts, end_ts)
+        };
+        candidates.sort_unstable();
+        candidates.dedup();
+        let mut out = Vec::new();
+        for phys in candidates {
+            let Some(b) = self.read_at(phys) else { continue };
+            let Ok(Entry::Message(m)) = record::decode_entry(&b) else {
+                continue;
+            };
+            let matches = m.topic_str() == topic
+                && record::index_keys(topic, &m.properties).any(|(_, k)| k == key.as_bytes());
+            if matches {
+                out.push(b);
+            }
+        }
+        out
+    }
+
+    /// CommitLog bounds: (first offset on disk, end of data, flushed end).
+    pub fn commitlog_offsets(&self) -> (u64, u64, u64) {
+        let log = &self.inner.log;
+        (log.min_offset(), log.write_pos(), log.flushed_pos())
+    }
+
+    /// Number of CommitLog segments.
+    pub fn segment_count(&self) -> usize {
+        self.inner.log.segments().len()
+    }
+
+    /// Runs one retention pass now (normally periodic).
+    pub fn run_retention(&self) -> Result<usize> {
+        crate::tasks::retention(&self.inner)
+    }
+
+    /// Flushes everything and writes a checkpoint now (normally periodic).
+    pub fn checkpoint(&self) -> Result<()> {
+        crate::tasks::checkpoint(&self.inner, false).map(|_| ())
+    }
+
+    /// Clean shutdown: stops background work, flushes everything, writes a
+    /// clean checkpoint and removes the abort marker, so the next open needs
+    /// no scan. Appends after this fail with `ShutDown`.
+    pub fn close(&self) -> Result<()> {
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        self.stop_threads();
+        let inner = &*self.inner;
+        let cp = crate::tasks::checkpoint(inner, true)?;
+        inner.offsets.persist()?;
+        let abort = inner.dir.join("abort");
+        if let Err(e) = std::fs::remove_file(&abort) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Err(StoreError::Io {
+                    op: "remove",
+                    path: abort,
+                    source: e,
+                });
+            }
+        }
+        tracing::info!(end = cp.safe_offset, "store closed cleanly");
+        Ok(())
+    }
+
+    fn stop_threads(&self) {
+        let inner = &*self.inner;
+        inner.stop.store(true, Ordering::Release);
+        {
+            let _g = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+            inner.flush.wake_flusher.notify_all();
+            inner.flush.done.notify_all();
+        }
+        {
+            let _g = inner.sleep.0.lock().unwrap_or_else(|p| p.into_inner());
+            inner.sleep.1.notify_all();
+        }
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for MessageStore {
+    /// Dropping without [`MessageStore::close`] stops the background threads
+    /// but leaves the abort marker: the next open recovers as after a crash.
+    fn drop(&mut self) {
+        self.stop_threads();
+    }
+}
+
+/// Used by checkpoint: a consistent (end, index mark, last record) snapshot.
+pub(crate) fn snapshot(inner: &Inner) -> (u64, Option<crate::index::IndexMark>, u64) {
+    let w = inner.writer();
+    let end = inner.log.write_pos();
+    let mark = inner
+        .index
+        .as_ref()
+        .and_then(|i| i.lock().unwrap_or_else(|p| p.into_inner()).mark());
+    (end, mark, w.last_record)
+}
+
+pub(crate) fn write_checkpoint(inner: &Inner, cp: &Checkpoint) -> Result<()> {
+    cp.store(&inner.dir.join("checkpoint"))
+}

@@ -1,0 +1,197 @@
+//! The store's background threads and the periodic jobs they run:
+//!
+//! * `rokka-flush` — async mode: flushes the CommitLog every
+//!   `flush_interval_ms`. Sync mode: group commit — sleeps until a waiter asks
+//!   (or 10 ms pass), syncs everything written so far in one msync, and wakes
+//!   every waiter it covered.
+//! * `rokka-store-tasks` — checkpoint (ConsumeQueues, index, checkpoint file)
+//!   every `checkpoint_interval_ms`, retention every
+//!   `retention_check_interval_ms`, consumer offsets every
+//!   `offsets_flush_interval_ms`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::checkpoint::Checkpoint;
+use crate::config::FlushMode;
+use crate::error::{Result, StoreError};
+use crate::store::{snapshot, write_checkpoint, Inner};
+
+pub(crate) fn spawn(inner: &Arc<Inner>) -> Result<Vec<std::thread::JoinHandle<()>>> {
+    let a = Arc::clone(inner);
+    let flusher = std::thread::Builder::new()
+        .name("rokka-flush".into())
+        .spawn(move || flush_loop(&a))
+        .map_err(StoreError::io("spawn", "rokka-flush"))?;
+    let b = Arc::clone(inner);
+    let tasks = std::thread::Builder::new()
+        .name("rokka-store-tasks".into())
+        .spawn(move || task_loop(&b))
+        .map_err(StoreError::io("spawn", "rokka-store-tasks"))?;
+    Ok(vec![flusher, tasks])
+}
+
+fn flush_commitlog(inner: &Inner) {
+    let target = inner.log.write_pos();
+    if target <= inner.log.flushed_pos() {
+        return;
+    }
+    let t = Instant::now();
+    match inner.log.flush_to(target) {
+        Ok(()) => inner.metrics.flush_seconds.record(t.elapsed().as_secs_f64()),
+        Err(e) => tracing::error!(error = %e, "CommitLog flush failed"),
+    }
+}
+
+fn flush_loop(inner: &Inner) {
+    let interval = Duration::from_millis(inner.config.flush_interval_ms);
+    while !inner.stop.load(Ordering::Acquire) {
+        match inner.config.flush_mode {
+            FlushMode::Async => {
+                sleep(inner, interval);
+                flush_commitlog(inner);
+            }
+            FlushMode::Sync => {
+                {
+                    let req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+                    if *req <= inner.log.flushed_pos() && !inner.stop.load(Ordering::Acquire) {
+                        let _ = inner
+                            .flush
+                            .wake_flusher
+                            .wait_timeout(req, Duration::from_millis(10))
+                            .unwrap_or_else(|p| p.into_inner());
+                    }
+                }
+                flush_commitlog(inner);
+                let flushed = inner.log.flushed_pos();
+                let _g = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+                inner.flush.flushed.send_replace(flushed);
+                inner.flush.done.notify_all();
+            }
+        }
+    }
+}
+
+/// Sleeps up to `d`, waking early on shutdown.
+fn sleep(inner: &Inner, d: Duration) {
+    let g = inner.sleep.0.lock().unwrap_or_else(|p| p.into_inner());
+    if inner.stop.load(Ordering::Acquire) {
+        return;
+    }
+    let _ = inner.sleep.1.wait_timeout(g, d).unwrap_or_else(|p| p.into_inner());
+}
+
+fn task_loop(inner: &Inner) {
+    let cfg = &inner.config;
+    let every = |ms: u64| Duration::from_millis(ms);
+    let mut next_cp = Instant::now() + every(cfg.checkpoint_interval_ms);
+    let mut next_ret = Instant::now() + every(cfg.retention_check_interval_ms);
+    let mut next_off = Instant::now() + every(cfg.offsets_flush_interval_ms);
+    while !inner.stop.load(Ordering::Acquire) {
+        let wake = next_cp.min(next_ret).min(next_off);
+        sleep(inner, wake.saturating_duration_since(Instant::now()));
+        if inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let now = Instant::now();
+        if now >= next_cp {
+            if let Err(e) = checkpoint(inner, false) {
+                tracing::error!(error = %e, "checkpoint failed");
+            }
+            next_cp = now + every(cfg.checkpoint_interval_ms);
+        }
+        if now >= next_ret {
+            if let Err(e) = retention(inner) {
+                tracing::error!(error = %e, "retention failed");
+            }
+            next_ret = now + every(cfg.retention_check_interval_ms);
+        }
+        if now >= next_off {
+            if let Err(e) = inner.offsets.persist_if_dirty() {
+                tracing::error!(error = %e, "persisting consumer offsets failed");
+            }
+            next_off = now + every(cfg.offsets_flush_interval_ms);
+        }
+    }
+}
+
+/// Flushes the CommitLog, every ConsumeQueue and the index up to a consistent
+/// point and records it in the checkpoint file.
+pub(crate) fn checkpoint(inner: &Inner, clean: bool) -> Result<Checkpoint> {
+    let (end, mark, last_record) = snapshot(inner);
+    let t = Instant::now();
+    inner.log.flush_to(end)?;
+    inner.metrics.flush_seconds.record(t.elapsed().as_secs_f64());
+    for q in inner.all_queues() {
+        q.flush()?;
+    }
+    if let Some(index) = &inner.index {
+        // msync outside the index lock so appends are not held up; everything
+        // up to `mark` was written before the snapshot.
+        let file = index.lock().unwrap_or_else(|p| p.into_inner()).active_file();
+        if let Some(f) = file {
+            f.flush_range(0, f.len()).map_err(StoreError::io("flush", f.path()))?;
+        }
+    }
+    let cp = Checkpoint {
+        safe_offset: end,
+        clean,
+        last_record_offset: last_record,
+        index: mark,
+    };
+    write_checkpoint(inner, &cp)?;
+    let segs = inner.log.segments();
+    inner.metrics.segments.set(segs.len() as f64);
+    inner
+        .metrics
+        .commitlog_bytes
+        .set(segs.iter().map(|s| s.file.len() as f64).sum::<f64>());
+    Ok(cp)
+}
+
+/// Deletes whole expired segments, oldest first (never the active one), then
+/// moves ConsumeQueue starts forward and drops index files below the new
+/// CommitLog start. Returns how many segments were deleted.
+pub(crate) fn retention(inner: &Inner) -> Result<usize> {
+    let cfg = &inner.config;
+    let max_age = Duration::from_secs(cfg.retention_hours.saturating_mul(3600));
+    let mut deleted = 0;
+    // Bounded per pass, as RocketMQ's deleteFileBatchMax.
+    while deleted < 10 {
+        let total: u64 = inner.log.segments().iter().map(|s| s.file.len() as u64).sum();
+        let over_size = cfg.retention_max_bytes > 0 && total > cfg.retention_max_bytes;
+        let disk_full = cfg.disk_max_used_percent > 0
+            && crate::sys::disk_used_percent(&inner.dir).is_some_and(|p| p > f64::from(cfg.disk_max_used_percent));
+        let gone = inner.log.delete_oldest_if(|seg| {
+            let expired = std::fs::metadata(seg.file.path())
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|m| SystemTime::now().duration_since(m).ok())
+                .is_some_and(|age| age >= max_age);
+            expired || over_size || disk_full
+        })?;
+        match gone {
+            Some(seg) => {
+                tracing::info!(path = %seg.file.path().display(), over_size, disk_full, "deleted CommitLog segment");
+                inner.metrics.segments_deleted.increment(1);
+                deleted += 1;
+            }
+            None => break,
+        }
+    }
+    if deleted > 0 {
+        let min = inner.log.min_offset();
+        {
+            let _w = inner.writer();
+            for q in inner.all_queues() {
+                q.advance_min(min)?;
+            }
+        }
+        if let Some(index) = &inner.index {
+            index.lock().unwrap_or_else(|p| p.into_inner()).delete_below(min)?;
+        }
+        inner.metrics.segments.set(inner.log.segments().len() as f64);
+    }
+    Ok(deleted)
+}
