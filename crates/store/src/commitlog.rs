@@ -523,6 +523,39 @@ pub fn valid_entry_at(log: &CommitLog, phys: u64, max_entry: usize) -> bool {
     matches!(crate::record::decode_checked(&bytes), Ok(e) if e.phys_offset() == phys)
 }
 
+/// Whether a valid entry starts right after the (damaged) entry at `pos`,
+/// judging by the size it declares.
+pub fn valid_entry_follows(log: &CommitLog, pos: u64, max_entry: usize) -> bool {
+    let segs = log.segments();
+    let Some(seg) = CommitLog::segment_of(&segs, pos) else {
+        return false;
+    };
+    let rel = (pos - seg.start) as usize;
+    if rel + 8 > seg.file.len() {
+        return false;
+    }
+    let size = seg.file.read_u32(rel) as u64;
+    (8..=max_entry as u64).contains(&size) && valid_entry_at(log, pos + size, max_entry)
+}
+
+/// Copies the bytes of the segment holding `pos` from `pos` to its last
+/// non-zero byte into `dir/<pos as 20 digits>`, before recovery cuts them.
+pub fn save_tail(log: &CommitLog, pos: u64, dir: &Path) -> Result<PathBuf> {
+    let segs = log.segments();
+    let path = dir.join(file_name(pos));
+    let Some(seg) = CommitLog::segment_of(&segs, pos) else {
+        return Ok(path);
+    };
+    let rel = (pos - seg.start) as usize;
+    let mut tail = vec![0u8; seg.file.len() - rel];
+    seg.file.read_into(rel, &mut tail);
+    let keep = tail.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
+    tail.truncate(keep);
+    std::fs::create_dir_all(dir).map_err(StoreError::io("create dir", dir))?;
+    crate::checkpoint::write_atomically(&path, &tail)?;
+    Ok(path)
+}
+
 /// Zeroes the segment holding `end` from `end` onwards and flushes it.
 pub fn zero_tail(log: &CommitLog, end: u64) -> Result<()> {
     let segs = log.segments();

@@ -34,7 +34,7 @@ pub use consume_queue::CqEntry;
 pub use error::{Result, StoreError};
 pub use offsets::{CommittedOffset, ConsumerOffsets};
 pub use record::{decode_entry, Entry, KafkaBatchView, MessageInput, MessageView};
-pub use store::{AppendResult, MessageStore, QueueRead, ReadEntry, ReadStatus};
+pub use store::{AppendResult, MessageStore, QueueRead, ReadEntry, ReadStatus, RecoveryReport};
 
 use std::ffi::OsStr;
 

@@ -32,7 +32,7 @@ use crate::index::IndexService;
 use crate::metrics::StoreMetrics;
 use crate::offsets::ConsumerOffsets;
 use crate::record::{DispatchInfo, Entry};
-use crate::store::{FlushSync, Inner, MessageStore, Writer};
+use crate::store::{FlushSync, Inner, MessageStore, RecoveryReport, Writer};
 use crate::validate_topic;
 
 /// Names the store may find at the top of its data directory.
@@ -47,6 +47,7 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "offsets.json",
     "offsets.tmp",
     "config",
+    "lost+found",
 ];
 
 pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
@@ -80,10 +81,10 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         Some(c) if c.clean && !had_abort => verify_clean_end(&log, c, max_entry),
         _ => None,
     };
-    let end = match clean_end {
+    let (end, report) = match clean_end {
         Some(end) => {
             tracing::info!(end, "clean shutdown: no recovery scan");
-            end
+            (end, RecoveryReport { clean: true, ..RecoveryReport::default() })
         }
         None => recover(
             &log,
@@ -127,6 +128,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         metrics,
         closed: AtomicBool::new(false),
         _lock_file: lock_file,
+        recovery: report,
         config,
     });
     // Everything recovered is now on disk; record that before accepting writes,
@@ -253,7 +255,7 @@ fn recover(
     mut index: Option<&mut IndexService>,
     cp: Option<&Checkpoint>,
     max_entry: usize,
-) -> Result<u64> {
+) -> Result<(u64, RecoveryReport)> {
     let segs = log.segments();
     let (Some(first), Some(last)) = (segs.first(), segs.last()) else {
         // No CommitLog at all: nothing to rebuild from.
@@ -263,7 +265,7 @@ fn recover(
         if let Some(idx) = index.as_deref_mut() {
             idx.restore(None)?;
         }
-        return Ok(0);
+        return Ok((0, RecoveryReport::default()));
     };
     let safe = cp.map(|c| c.safe_offset);
     let start = safe.unwrap_or(first.start).max(first.start);
@@ -333,14 +335,6 @@ fn recover(
         Ok(())
     })?;
     let end = scan_end.end;
-    if let Some((path, pos, why)) = &scan_end.stopped_by {
-        if safe.is_some_and(|s| *pos < s) {
-            return Err(StoreError::bad_file(
-                path,
-                format!("damaged entry at CommitLog offset {pos} ({why}), below the durable checkpoint offset; refusing to drop data"),
-            ));
-        }
-    }
     // Data past the end in a later segment means a hole, not a torn tail.
     for seg in log.segments().iter().filter(|s| s.start > end) {
         if commitlog::valid_entry_at(log, seg.start, max_entry) {
@@ -351,10 +345,41 @@ fn recover(
         }
     }
     if let Some((path, pos, why)) = &scan_end.stopped_by {
-        tracing::warn!(path = %path.display(), offset = pos, why, "truncating torn CommitLog tail");
+        if commitlog::valid_entry_follows(log, *pos, max_entry) {
+            // Not a plain torn tail: a damaged entry with intact ones after it.
+            if safe.is_none() {
+                return Err(StoreError::bad_file(
+                    path,
+                    format!(
+                        "damaged entry at CommitLog offset {pos} ({why}) is followed by valid entries and there is \
+                         no usable checkpoint to tell a torn write from damage; refusing to drop them"
+                    ),
+                ));
+            }
+            // Past the checkpoint these were never known durable (a crash can
+            // write pages out of order), so the log is cut here as Kafka and
+            // RocketMQ do — but the cut bytes are kept, not silently dropped.
+            let saved = commitlog::save_tail(log, *pos, &log.dir().join("../lost+found"))?;
+            tracing::error!(
+                path = %path.display(),
+                offset = pos,
+                why,
+                saved = %saved.display(),
+                "damaged entry followed by valid ones past the checkpoint: cut the log there, kept the cut bytes"
+            );
+        } else {
+            tracing::warn!(path = %path.display(), offset = pos, why, "truncating torn CommitLog tail");
+        }
     }
     commitlog::zero_tail(log, end)?;
     log.drop_segments_after(end)?;
     tracing::info!(end, redispatched, "recovery scan done");
-    Ok(end)
+    let report = RecoveryReport {
+        clean: false,
+        scanned_from: Some(start),
+        full_scan: safe.is_none(),
+        redispatched,
+        truncated_at: scan_end.stopped_by.map(|(_, pos, _)| pos),
+    };
+    Ok((end, report))
 }

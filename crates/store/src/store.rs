@@ -103,6 +103,21 @@ pub(crate) struct FlushSync {
     pub flushed: watch::Sender<u64>,
 }
 
+/// What the last open found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// The previous stop was clean and verified: no scan.
+    pub clean: bool,
+    /// Where the CommitLog scan started, if one ran.
+    pub scanned_from: Option<u64>,
+    /// The scan started at the CommitLog's beginning (no usable checkpoint).
+    pub full_scan: bool,
+    /// Entries re-dispatched to ConsumeQueues and the index.
+    pub redispatched: u64,
+    /// Where a torn or corrupt tail was cut, if one was.
+    pub truncated_at: Option<u64>,
+}
+
 pub(crate) struct Inner {
     pub config: StoreConfig,
     pub dir: PathBuf,
@@ -117,6 +132,7 @@ pub(crate) struct Inner {
     pub metrics: StoreMetrics,
     pub closed: AtomicBool,
     pub _lock_file: File,
+    pub recovery: RecoveryReport,
 }
 
 /// The store. See the crate docs.
@@ -207,6 +223,11 @@ impl MessageStore {
 
     pub fn config(&self) -> &StoreConfig {
         &self.inner.config
+    }
+
+    /// What opening the store found and did.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        &self.inner.recovery
     }
 
     /// The committed-offset table.

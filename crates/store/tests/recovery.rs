@@ -1,0 +1,289 @@
+//! Recovery after unclean stops, torn and corrupt tails, damaged or foreign
+//! files. An unclean stop is simulated by dropping the store without
+//! `close()`: the abort marker stays, as after a crash, and page-cache data
+//! is on "disk" as it would be after a process kill.
+
+mod common;
+
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use rokka_store::{AppendResult, MessageStore, StoreConfig, StoreError};
+
+/// No periodic checkpoint: everything appended after open is past the safe
+/// offset, as data written since the last checkpoint is at a crash.
+fn config(dir: &Path) -> StoreConfig {
+    let mut c = small_config(dir);
+    c.checkpoint_interval_ms = 3_600_000;
+    c
+}
+
+fn segment_of(dir: &Path, cfg: &StoreConfig, phys: u64) -> (PathBuf, u64) {
+    let start = phys - phys % cfg.commitlog_segment_bytes;
+    (dir.join("commitlog").join(format!("{start:020}")), phys - start)
+}
+
+fn write_at(path: &Path, pos: u64, data: &[u8]) -> std::io::Result<()> {
+    OpenOptions::new().write(true).open(path)?.write_all_at(data, pos)
+}
+
+fn read_at(path: &Path, pos: u64, len: usize) -> std::io::Result<Vec<u8>> {
+    let mut b = vec![0u8; len];
+    OpenOptions::new().read(true).open(path)?.read_exact_at(&mut b, pos)?;
+    Ok(b)
+}
+
+/// Appends `n` messages to one queue and "crashes".
+fn fill_and_crash(dir: &Path, n: u64) -> Result<Vec<AppendResult>, StoreError> {
+    let store = MessageStore::open(config(dir))?;
+    let rs = (0..n).map(|i| append(&store, "R", 0, 7, i)).collect::<Result<Vec<_>, _>>()?;
+    drop(store);
+    Ok(rs)
+}
+
+fn assert_recovered_to(dir: &Path, n: u64) -> TestResult {
+    let store = MessageStore::open(config(dir))?;
+    let all = read_all(&store, "R", 0);
+    assert_eq!(all.len() as u64, n, "messages after recovery");
+    for (k, (off, b)) in all.iter().enumerate() {
+        assert_eq!(*off, k as u64, "offsets contiguous");
+        assert_eq!(*b, body(7, k as u64), "body {k} byte-exact");
+    }
+    // The store keeps working: the next append takes the next offset, and
+    // key lookups of surviving messages still work.
+    let r = append(&store, "R", 0, 7, n)?;
+    assert_eq!(r.queue_offset, n);
+    if n > 0 {
+        assert_eq!(store.query_by_key("R", &format!("key-{}", n - 1), 4, 0, i64::MAX).len(), 1);
+    }
+    store.close()?;
+    drop(store);
+    // And the repaired store reopens cleanly with the new message.
+    let store = MessageStore::open(config(dir))?;
+    assert!(store.recovery_report().clean);
+    assert_eq!(read_all(&store, "R", 0).len() as u64, n + 1);
+    Ok(())
+}
+
+#[test]
+fn unclean_stop_keeps_everything_written() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    fill_and_crash(dir.path(), 500)?;
+    let store = MessageStore::open(config(dir.path()))?;
+    let rep = store.recovery_report().clone();
+    assert!(!rep.clean);
+    assert_eq!(rep.redispatched, 500);
+    assert_eq!(rep.truncated_at, None);
+    drop(store);
+    assert_recovered_to(dir.path(), 500)
+}
+
+#[test]
+fn clean_stop_needs_no_scan() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(config(dir.path()))?;
+    for i in 0..300 {
+        append(&store, "R", 0, 7, i)?;
+    }
+    store.close()?;
+    drop(store);
+    let store = MessageStore::open(config(dir.path()))?;
+    assert!(store.recovery_report().clean);
+    assert_eq!(store.recovery_report().scanned_from, None);
+    assert_eq!(read_all(&store, "R", 0).len(), 300);
+    Ok(())
+}
+
+#[test]
+fn record_cut_in_half_recovers_to_the_last_good_record() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path());
+    let rs = fill_and_crash(dir.path(), 300)?;
+    let last = rs[299];
+    let (seg, pos) = segment_of(dir.path(), &cfg, last.phys_offset);
+    let half = u64::from(last.size) / 2;
+    write_at(&seg, pos + half, &vec![0u8; last.size as usize - half as usize])?;
+    assert_recovered_to(dir.path(), 299)
+}
+
+#[test]
+fn segment_file_cut_mid_record_recovers() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path());
+    let rs = fill_and_crash(dir.path(), 300)?;
+    let last = rs[299];
+    let (seg, pos) = segment_of(dir.path(), &cfg, last.phys_offset);
+    OpenOptions::new().write(true).open(&seg)?.set_len(pos + u64::from(last.size) / 2)?;
+    // Later (pre-allocated, empty) segments would otherwise follow the cut.
+    for e in std::fs::read_dir(dir.path().join("commitlog"))? {
+        let p = e?.path();
+        if p > seg {
+            std::fs::remove_file(p)?;
+        }
+    }
+    assert_recovered_to(dir.path(), 299)
+}
+
+#[test]
+fn flipped_byte_in_last_record_recovers_to_the_one_before() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path());
+    let rs = fill_and_crash(dir.path(), 300)?;
+    let last = rs[299];
+    let (seg, pos) = segment_of(dir.path(), &cfg, last.phys_offset);
+    // A byte in the body (the header is 91 bytes for IPv4).
+    let at = pos + 95;
+    let b = read_at(&seg, at, 1)?;
+    write_at(&seg, at, &[b[0] ^ 0x5A])?;
+    assert_recovered_to(dir.path(), 299)
+}
+
+#[test]
+fn zero_filled_tail_recovers_to_the_last_good_record() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path());
+    let rs = fill_and_crash(dir.path(), 300)?;
+    // The last three records' pages never reached the disk.
+    let from = rs[297];
+    let (seg, pos) = segment_of(dir.path(), &cfg, from.phys_offset);
+    let (seg_end, _) = segment_of(dir.path(), &cfg, rs[299].phys_offset);
+    assert_eq!(seg, seg_end, "test assumes one segment");
+    let len = rs[299].phys_offset + u64::from(rs[299].size) - from.phys_offset;
+    write_at(&seg, pos, &vec![0u8; len as usize])?;
+    assert_recovered_to(dir.path(), 297)
+}
+
+#[test]
+fn garbage_in_consume_queue_tail_is_rebuilt() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    fill_and_crash(dir.path(), 100)?;
+    // Torn ConsumeQueue entries past the checkpoint.
+    let cq = dir.path().join("consumequeue/R/0/00000000000000000000");
+    write_at(&cq, 48 * 60, &[0xAB; 48 * 10])?;
+    assert_recovered_to(dir.path(), 100)
+}
+
+#[test]
+fn lost_consume_queues_and_index_are_rebuilt_from_the_commitlog() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    fill_and_crash(dir.path(), 400)?;
+    std::fs::remove_dir_all(dir.path().join("consumequeue"))?;
+    std::fs::remove_dir_all(dir.path().join("index"))?;
+    std::fs::remove_file(dir.path().join("checkpoint"))?;
+    let store = MessageStore::open(config(dir.path()))?;
+    assert!(store.recovery_report().full_scan);
+    drop(store);
+    assert_recovered_to(dir.path(), 400)
+}
+
+#[test]
+fn damaged_checkpoint_falls_back_to_a_full_scan() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(config(dir.path()))?;
+    for i in 0..200 {
+        append(&store, "R", 0, 7, i)?;
+    }
+    store.close()?;
+    drop(store);
+    write_at(&dir.path().join("checkpoint"), 10, &[0xFF, 0xEE])?;
+    let store = MessageStore::open(config(dir.path()))?;
+    let rep = store.recovery_report().clone();
+    assert!(!rep.clean && rep.full_scan);
+    drop(store);
+    assert_recovered_to(dir.path(), 200)
+}
+
+#[test]
+fn damaged_middle_record_past_the_checkpoint_cuts_the_log_and_keeps_the_rest() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path());
+    let rs = fill_and_crash(dir.path(), 200)?;
+    let (seg, pos) = segment_of(dir.path(), &cfg, rs[150].phys_offset);
+    let b = read_at(&seg, pos + 95, 1)?;
+    write_at(&seg, pos + 95, &[b[0] ^ 1])?;
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(store.recovery_report().truncated_at, Some(rs[150].phys_offset));
+    assert_eq!(store.max_offset("R", 0), 150);
+    drop(store);
+    // The cut bytes (the damaged record and the 49 after it) are kept.
+    let saved = dir.path().join("lost+found").join(format!("{:020}", rs[150].phys_offset));
+    let kept = std::fs::read(&saved)?;
+    let expect = rs[199].phys_offset + u64::from(rs[199].size) - rs[150].phys_offset;
+    assert_eq!(kept.len() as u64, expect);
+    assert_recovered_to(dir.path(), 150)
+}
+
+#[test]
+fn damaged_middle_record_without_a_checkpoint_is_an_error_naming_the_file() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path());
+    let rs = fill_and_crash(dir.path(), 100)?;
+    std::fs::remove_file(dir.path().join("checkpoint"))?;
+    let (seg, pos) = segment_of(dir.path(), &cfg, rs[10].phys_offset);
+    let b = read_at(&seg, pos + 95, 1)?;
+    write_at(&seg, pos + 95, &[b[0] ^ 1])?;
+    match MessageStore::open(cfg) {
+        Err(StoreError::BadFile { path, reason }) => {
+            assert_eq!(path, seg);
+            assert!(reason.contains("refusing"), "{reason}");
+        }
+        other => panic!("expected BadFile, got {other:?}"),
+    }
+    // Nothing was changed: undoing the damage lets the store open with everything.
+    write_at(&seg, pos + 95, &b)?;
+    assert_recovered_to(dir.path(), 100)
+}
+
+#[test]
+fn foreign_files_are_errors_naming_them() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    fill_and_crash(dir.path(), 10)?;
+    let stray = dir.path().join("commitlog").join("notes.txt");
+    std::fs::write(&stray, b"hello")?;
+    match MessageStore::open(config(dir.path())) {
+        Err(StoreError::BadFile { path, .. }) => assert_eq!(path, stray),
+        other => panic!("expected BadFile, got {other:?}"),
+    }
+    std::fs::remove_file(&stray)?;
+    let stray = dir.path().join("something-else");
+    std::fs::write(&stray, b"x")?;
+    match MessageStore::open(config(dir.path())) {
+        Err(e @ StoreError::BadFile { .. }) => assert!(e.to_string().contains("something-else"), "{e}"),
+        other => panic!("expected BadFile, got {other:?}"),
+    }
+    std::fs::remove_file(&stray)?;
+    // A segment whose name does not match its neighbours' sizes.
+    let bogus = dir.path().join("commitlog").join(format!("{:020}", 12345));
+    std::fs::write(&bogus, vec![0u8; 8192])?;
+    assert!(matches!(MessageStore::open(config(dir.path())), Err(StoreError::BadFile { .. })));
+    std::fs::remove_file(&bogus)?;
+    assert_recovered_to(dir.path(), 10)
+}
+
+#[test]
+fn kafka_batches_recover_too() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(config(dir.path()))?;
+    let mut offsets = Vec::new();
+    for i in 0..50u64 {
+        let values: Vec<Vec<u8>> = (0..(i % 5 + 1)).map(|j| body(i, j)).collect();
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        let b = rokka_store::record::kafka::build_test_batch(&refs, 1000 + i as i64);
+        offsets.push(store.append_kafka_batch("KB", 1, &b)?);
+    }
+    let max = store.max_offset("KB", 1);
+    drop(store);
+    // Flip a byte inside the last batch's records: its CRC-32C catches it.
+    let cfg = config(dir.path());
+    let last = offsets[49];
+    let (seg, pos) = segment_of(dir.path(), &cfg, last.phys_offset);
+    let at = pos + u64::from(last.size) - 2;
+    let b = read_at(&seg, at, 1)?;
+    write_at(&seg, at, &[b[0] ^ 0x10])?;
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(store.max_offset("KB", 1), max - u64::from(last.count));
+    assert_eq!(store.recovery_report().truncated_at, Some(last.phys_offset));
+    Ok(())
+}

@@ -1,0 +1,250 @@
+//! In-process tests of the store's public API: append, read, batches,
+//! queries, reopen, sync flush.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use rokka_store::record::kafka::build_test_batch;
+use rokka_store::record::properties;
+use rokka_store::{msgid, Entry, FlushMode, MessageInput, MessageStore, ReadStatus, StoreError};
+
+#[test]
+fn append_read_roll_and_reopen_cleanly() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    for i in 0..2000u64 {
+        let r = append(&store, "T", (i % 3) as u32, 1, i)?;
+        assert_eq!(r.queue_offset, i / 3);
+        // Readable as soon as the append returns.
+        let got = store.read("T", (i % 3) as u32, r.queue_offset, 1, 1 << 20);
+        assert_eq!(got.status, ReadStatus::Found);
+    }
+    assert!(store.segment_count() > 3, "segments rolled: {}", store.segment_count());
+    let before: Vec<_> = (0..3).map(|q| read_all(&store, "T", q)).collect();
+    assert_eq!(before.iter().map(Vec::len).sum::<usize>(), 2000);
+    for q in 0..3u32 {
+        for (k, (off, b)) in before[q as usize].iter().enumerate() {
+            assert_eq!(*off, k as u64);
+            assert_eq!(*b, body(1, k as u64 * 3 + u64::from(q)));
+        }
+    }
+    store.close()?;
+    drop(store);
+    // The abort marker is gone after a clean close.
+    assert!(!dir.path().join("abort").exists());
+    let store = MessageStore::open(cfg)?;
+    let after: Vec<_> = (0..3).map(|q| read_all(&store, "T", q)).collect();
+    assert_eq!(before, after);
+    // Appends continue at the right offsets.
+    let r = append(&store, "T", 0, 1, 9999)?;
+    assert_eq!(r.queue_offset, 667);
+    Ok(())
+}
+
+#[test]
+fn read_statuses_and_limits() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(dir.path()))?;
+    assert_eq!(store.read("none", 0, 0, 10, 1000).status, ReadStatus::NoSuchQueue);
+    for i in 0..10 {
+        append(&store, "T", 0, 2, i)?;
+    }
+    assert_eq!(store.read("T", 0, 10, 10, 1 << 20).status, ReadStatus::NoNewMessages);
+    assert_eq!(store.read("T", 0, 11, 10, 1 << 20).status, ReadStatus::OffsetOverflow);
+    let r = store.read("T", 0, 2, 3, 1 << 20);
+    assert_eq!(r.entries.len(), 3);
+    assert_eq!(r.next_offset, 5);
+    assert_eq!((r.min_offset, r.max_offset), (0, 10));
+    // max_bytes smaller than one message still returns one.
+    let r = store.read("T", 0, 0, 10, 1);
+    assert_eq!(r.entries.len(), 1);
+    Ok(())
+}
+
+#[test]
+fn kafka_batches_take_count_offsets_and_interleave_with_messages() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    let b1 = build_test_batch(&[b"a", b"b", b"c"], 1_000);
+    let r1 = store.append_kafka_batch("K", 0, &b1)?;
+    assert_eq!((r1.queue_offset, r1.count), (0, 3));
+    let r2 = append(&store, "K", 0, 3, 0)?;
+    assert_eq!(r2.queue_offset, 3);
+    let b2 = build_test_batch(&[b"d", b"e"], 2_000);
+    let r3 = store.append_kafka_batch("K", 0, &b2)?;
+    assert_eq!((r3.queue_offset, r3.count), (4, 2));
+    assert_eq!(store.max_offset("K", 0), 6);
+    // A read from the middle of a batch returns the whole batch.
+    let r = store.read("K", 0, 1, 100, 1 << 20);
+    assert_eq!(r.entries.len(), 3);
+    assert_eq!(r.entries[0].cq.base_offset, 0);
+    match r.entries[2].decode()? {
+        Entry::KafkaBatch(k) => {
+            assert_eq!(k.info()?.base_offset, 4);
+            assert_eq!(&k.batch[8..], &b2[8..]);
+            assert!(rokka_store::record::kafka::batch_crc_ok(&k.batch));
+        }
+        other => panic!("expected a Kafka batch, got {other:?}"),
+    }
+    assert_eq!(store.read("K", 0, 5, 1, 1 << 20).entries[0].cq.base_offset, 4);
+    // Not a batch: refused.
+    assert!(matches!(store.append_kafka_batch("K", 0, b"short"), Err(StoreError::InvalidBatch(_))));
+    store.close()?;
+    drop(store);
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(store.max_offset("K", 0), 6);
+    assert_eq!(store.read("K", 0, 5, 1, 1 << 20).entries[0].cq.base_offset, 4);
+    Ok(())
+}
+
+#[test]
+fn query_by_key_and_message_id() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(dir.path()))?;
+    let mut phys = Vec::new();
+    for i in 0..50 {
+        phys.push(append(&store, "Q", 0, 4, i)?.phys_offset);
+    }
+    let hits = store.query_by_key("Q", "key-7", 32, 0, i64::MAX);
+    assert_eq!(hits.len(), 1);
+    let Entry::Message(m) = rokka_store::decode_entry(&hits[0])? else {
+        panic!("not a message")
+    };
+    assert_eq!(m.body.to_vec(), body(4, 7));
+    assert_eq!(store.query_by_key("Q", "all", 32, 0, i64::MAX).len(), 32);
+    assert_eq!(store.query_by_key("Q", "UNIQ0000000000000009", 32, 0, i64::MAX).len(), 1);
+    assert!(store.query_by_key("Other", "key-7", 32, 0, i64::MAX).is_empty());
+    assert!(store.query_by_key("Q", "key-7", 32, 0, 1000).is_empty());
+    // Offset message ids resolve to the record.
+    let id = msgid::message_id(store.config().store_host, phys[9]);
+    let (host, p) = msgid::parse_message_id(&id).ok_or("bad id")?;
+    assert_eq!(host, store.config().store_host);
+    let rec = store.read_at(p).ok_or("no record")?;
+    let Entry::Message(m) = rokka_store::decode_entry(&rec)? else {
+        panic!("not a message")
+    };
+    assert_eq!(m.body.to_vec(), body(4, 9));
+    // An offset inside a record is not a record.
+    assert!(store.read_at(phys[9] + 1).is_none());
+    Ok(())
+}
+
+#[test]
+fn bad_input_is_refused_cleanly() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(dir.path()))?;
+    let big = vec![0u8; 64 * 1024 + 1];
+    let err = store.append_message(&MessageInput::new("T", 0, &big, b"")).err();
+    assert!(matches!(err, Some(StoreError::MessageTooLarge { .. })));
+    let err = store.append_message(&MessageInput::new("../x", 0, b"a", b"")).err();
+    assert!(matches!(err, Some(StoreError::InvalidTopic(_))));
+    let props = "x".repeat(40_000);
+    let err = store.append_message(&MessageInput::new("T", 0, b"a", props.as_bytes())).err();
+    assert!(matches!(err, Some(StoreError::PropertiesTooLarge(_))));
+    // A second open of the same directory is refused.
+    let err = MessageStore::open(small_config(dir.path())).err();
+    assert!(matches!(err, Some(StoreError::Locked(_))));
+    store.close()?;
+    assert!(matches!(append(&store, "T", 0, 0, 0), Err(StoreError::ShutDown)));
+    Ok(())
+}
+
+#[test]
+fn prepared_transactions_take_no_offset() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(dir.path()))?;
+    let mut m = MessageInput::new("TX", 0, b"half", b"");
+    m.sys_flag = rokka_store::record::message::sysflag::TRANSACTION_PREPARED;
+    let r = store.append_message(&m)?;
+    assert_eq!((r.queue_offset, r.count), (0, 0));
+    assert_eq!(store.max_offset("TX", 0), 0);
+    assert!(store.read_at(r.phys_offset).is_some());
+    Ok(())
+}
+
+#[test]
+fn sync_flush_group_commit_with_concurrent_appenders() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.flush_mode = FlushMode::Sync;
+    let store = Arc::new(MessageStore::open(cfg)?);
+    let threads: Vec<_> = (0..8u32)
+        .map(|t| {
+            let s = Arc::clone(&store);
+            std::thread::spawn(move || -> rokka_store::Result<()> {
+                for i in 0..200u64 {
+                    let r = append(&s, "S", t, 5, i)?;
+                    s.wait_durable(r.end_offset)?;
+                    let (_, _, flushed) = s.commitlog_offsets();
+                    assert!(flushed >= r.end_offset);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().map_err(|_| "appender panicked")??;
+    }
+    for t in 0..8 {
+        assert_eq!(store.max_offset("S", t), 200);
+    }
+    // The async form, from a runtime.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let r = append(&store, "S", 0, 5, 1000)?;
+    rt.block_on(store.durable(r.end_offset))?;
+    assert!(store.commitlog_offsets().2 >= r.end_offset);
+    Ok(())
+}
+
+#[test]
+fn consumer_offsets_survive_restart() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    store.offsets().commit("g", "T", 3, 42, "meta");
+    store.close()?;
+    drop(store);
+    let store = MessageStore::open(cfg)?;
+    let o = store.offsets().get("g", "T", 3).ok_or("offset lost")?;
+    assert_eq!((o.offset, o.metadata.as_str()), (42, "meta"));
+    Ok(())
+}
+
+#[test]
+fn tag_codes_are_stored_in_the_consume_queue() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(dir.path()))?;
+    let p = properties::encode([("TAGS", "TagA")]);
+    store.append_message(&MessageInput::new("T", 0, b"x", p.as_bytes()))?;
+    store.append_message(&MessageInput::new("T", 0, b"y", b""))?;
+    let r = store.read("T", 0, 0, 10, 1 << 20);
+    assert_eq!(r.entries[0].cq.tag_code, i64::from(properties::java_string_hash(b"TagA")));
+    assert_eq!(r.entries[1].cq.tag_code, 0);
+    Ok(())
+}
+
+#[test]
+fn time_lookups() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(dir.path()))?;
+    let mut m = MessageInput::new("TS", 0, b"a", b"");
+    m.born_timestamp = 100;
+    store.append_message(&m)?;
+    let t1 = rokka_store::now_ms();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let t2 = rokka_store::now_ms();
+    m.born_timestamp = 200;
+    store.append_message(&m)?;
+    assert_eq!(store.offset_by_store_time("TS", 0, 0), 0);
+    assert_eq!(store.offset_by_store_time("TS", 0, t2), 1);
+    assert!(store.offset_by_store_time("TS", 0, t1) <= 1);
+    assert_eq!(store.offset_by_store_time("TS", 0, i64::MAX), 2);
+    let q = store.queue("TS", 0).ok_or("no queue")?;
+    assert_eq!(q.entry_by_msg_time(150).map(|e| e.base_offset), Some(1));
+    assert_eq!(q.entry_by_msg_time(201), None);
+    Ok(())
+}
