@@ -252,7 +252,7 @@ impl MessageStore {
                 limit,
             });
         }
-        if m.properties.len() > i16::MAX as usize {
+        if m.properties.len() + message::PROP_CRC_LEN > i16::MAX as usize {
             return Err(StoreError::PropertiesTooLarge(m.properties.len()));
         }
         Ok(())
@@ -274,24 +274,29 @@ impl MessageStore {
         }
         let inner = &*self.inner;
         let store_host = inner.config.store_host;
+        // RocketMQ's record-CRC property on every record: recovery checks
+        // every byte of a record, not only its body.
+        let record_crc = true;
+        // CRCs outside the lock, so concurrent producers compute them in parallel.
+        let crcs: Vec<u32> = msgs.iter().map(|m| crc32fast::hash(m.body)).collect();
         let mut out = Vec::with_capacity(msgs.len());
         let mut bytes = 0u64;
         {
             let mut w = inner.writer();
             let store_ts = now_ms().max(w.last_store_ts);
             w.last_store_ts = store_ts;
-            for m in msgs {
+            for (m, body_crc32) in msgs.iter().zip(crcs) {
                 let q = inner.queue_for(&mut w, m.topic, m.queue_id);
                 let consumable = m.is_consumable();
                 let queue_offset = if consumable { q.max_offset() } else { 0 };
-                let size = message::encoded_len(m, &store_host);
-                let body_crc = message::body_crc(m.body);
+                let size = message::encoded_len(m, &store_host, record_crc);
                 let phys = w.cl.append(size, |buf, phys| {
                     let at = message::Placement {
                         queue_offset,
                         phys_offset: phys,
                         store_timestamp: store_ts,
-                        body_crc,
+                        body_crc32,
+                        record_crc,
                     };
                     message::encode(buf, m, &store_host, at);
                 })?;

@@ -30,6 +30,40 @@ pub fn body_crc(body: &[u8]) -> u32 {
     crc32fast::hash(body) & 0x7FFF_FFFF
 }
 
+/// The property RocketMQ appends when `enabledAppendPropCRC` is on: a CRC-32
+/// of the whole record but these 20 bytes, as 10 digits, least significant
+/// first (`MessageDecoder#createCrc32`). Rokka writes it on every record so
+/// that recovery checks every byte, not only the body.
+pub const PROP_CRC_NAME: &[u8] = b"__CRC32#";
+/// Bytes the record-CRC property takes at the end of the properties.
+pub const PROP_CRC_LEN: usize = 20;
+
+fn write_prop_crc(out: &mut [u8], crc: u32) {
+    out[..8].copy_from_slice(PROP_CRC_NAME);
+    out[8] = properties::NAME_VALUE_SEPARATOR;
+    let mut v = crc;
+    for d in out[9..19].iter_mut() {
+        *d = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    out[19] = properties::PROPERTY_SEPARATOR;
+}
+
+fn read_prop_crc(props: &[u8]) -> Option<u32> {
+    let tail = props.get(props.len().checked_sub(PROP_CRC_LEN)?..)?;
+    if &tail[..8] != PROP_CRC_NAME || tail[8] != properties::NAME_VALUE_SEPARATOR || tail[19] != properties::PROPERTY_SEPARATOR {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for d in tail[9..19].iter().rev() {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        v = v * 10 + u64::from(d - b'0');
+    }
+    u32::try_from(v).ok()
+}
+
 /// A message as a producer hands it to the store.
 #[derive(Debug, Clone)]
 pub struct MessageInput<'a> {
@@ -97,8 +131,9 @@ fn topic_len_width(topic: &str) -> usize {
     }
 }
 
-/// Total stored size of `m` with the given store host.
-pub fn encoded_len(m: &MessageInput<'_>, store_host: &SocketAddr) -> usize {
+/// Total stored size of `m` with the given store host (and the record-CRC
+/// property when `record_crc`).
+pub fn encoded_len(m: &MessageInput<'_>, store_host: &SocketAddr, record_crc: bool) -> usize {
     4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8
         + host_len(&m.born_host)
         + 8
@@ -111,6 +146,7 @@ pub fn encoded_len(m: &MessageInput<'_>, store_host: &SocketAddr) -> usize {
         + m.topic.len()
         + 2
         + m.properties.len()
+        + if record_crc { PROP_CRC_LEN } else { 0 }
 }
 
 /// Values fixed by the store at append time.
@@ -119,7 +155,11 @@ pub struct Placement {
     pub queue_offset: u64,
     pub phys_offset: u64,
     pub store_timestamp: i64,
-    pub body_crc: u32,
+    /// Full IEEE CRC-32 of the body (`crc32fast::hash`), computed before the
+    /// append lock is taken.
+    pub body_crc32: u32,
+    /// Append the record-CRC property (the store always does; tests may not).
+    pub record_crc: bool,
 }
 
 struct Cursor<'b> {
@@ -155,7 +195,7 @@ pub fn encode(buf: &mut [u8], m: &MessageInput<'_>, store_host: &SocketAddr, at:
     let mut c = Cursor { buf, pos: 0 };
     c.put(&(total as u32).to_be_bytes());
     c.put(&(if v2 { MAGIC_V2 } else { MAGIC_V1 }).to_be_bytes());
-    c.put(&at.body_crc.to_be_bytes());
+    c.put(&(at.body_crc32 & 0x7FFF_FFFF).to_be_bytes());
     c.put(&m.queue_id.to_be_bytes());
     c.put(&m.flag.to_be_bytes());
     c.put(&at.queue_offset.to_be_bytes());
@@ -175,8 +215,21 @@ pub fn encode(buf: &mut [u8], m: &MessageInput<'_>, store_host: &SocketAddr, at:
         c.put(&[m.topic.len() as u8]);
     }
     c.put(m.topic.as_bytes());
-    c.put(&(m.properties.len() as u16).to_be_bytes());
+    let props_len = m.properties.len() + if at.record_crc { PROP_CRC_LEN } else { 0 };
+    c.put(&(props_len as u16).to_be_bytes());
     c.put(m.properties);
+    if at.record_crc {
+        // CRC of everything before the property, reusing the body's CRC.
+        let body_at = total - PROP_CRC_LEN - m.properties.len() - 2 - m.topic.len() - (if v2 { 2 } else { 1 }) - m.body.len();
+        let body_end = body_at + m.body.len();
+        let mut h = crc32fast::Hasher::new();
+        h.update(&c.buf[..body_at]);
+        h.combine(&crc32fast::Hasher::new_with_initial_len(at.body_crc32, m.body.len() as u64));
+        h.update(&c.buf[body_end..total - PROP_CRC_LEN]);
+        let crc = h.finalize() & 0x7FFF_FFFF;
+        write_prop_crc(&mut c.buf[total - PROP_CRC_LEN..], crc);
+        c.pos = total;
+    }
     debug_assert_eq!(c.pos, total);
 }
 
@@ -217,6 +270,27 @@ impl MessageView {
     /// Whether the stored body CRC matches the body.
     pub fn crc_ok(&self) -> bool {
         body_crc(&self.body) == self.body_crc
+    }
+
+    /// Checks the body CRC and the record-CRC property over the whole record
+    /// (`rec` = the record's bytes). Every record Rokka writes carries that
+    /// property, so one without it is damaged.
+    pub fn record_crc_ok(&self, rec: &[u8]) -> bool {
+        if !self.crc_ok() {
+            return false;
+        }
+        match read_prop_crc(&self.properties) {
+            Some(want) => (crc32fast::hash(&rec[..rec.len() - PROP_CRC_LEN]) & 0x7FFF_FFFF) == want,
+            None => false,
+        }
+    }
+
+    /// Properties without the record-CRC property (what clients set).
+    pub fn user_properties(&self) -> Bytes {
+        match read_prop_crc(&self.properties) {
+            Some(_) => self.properties.slice(..self.properties.len() - PROP_CRC_LEN),
+            None => self.properties.clone(),
+        }
     }
 }
 
@@ -338,20 +412,35 @@ mod tests {
             m.born_host = born;
             m.flag = 7;
             m.reconsume_times = 2;
-            let len = encoded_len(&m, &store);
+            let len = encoded_len(&m, &store, true);
             let mut buf = vec![0u8; len];
             let at = Placement {
                 queue_offset: 42,
                 phys_offset: 1000,
                 store_timestamp: 1_700_000_000_000,
-                body_crc: body_crc(m.body),
+                body_crc32: crc32fast::hash(m.body),
+                record_crc: true,
             };
             encode(&mut buf, &m, &store, at);
             if born.is_ipv4() {
-                // 91 + body + topic + props for IPv4 and v1 magic.
-                assert_eq!(len, 91 + 10 + 9 + props.len());
+                // 91 + body + topic + props for IPv4 and v1 magic, + 20 for the CRC property.
+                assert_eq!(len, 91 + 10 + 9 + props.len() + 20);
             }
-            let v = decode(&Bytes::from(buf))?;
+            let rec = Bytes::from(buf.clone());
+            let v = decode(&rec)?;
+            assert!(v.record_crc_ok(&rec));
+            assert_eq!(&v.user_properties()[..], props.as_bytes());
+            // Every byte is covered by a CRC (or breaks the layout).
+            for i in 0..buf.len() {
+                let mut bad = buf.clone();
+                bad[i] ^= 0x04;
+                let bad = Bytes::from(bad);
+                let caught = match decode(&bad) {
+                    Ok(v) => !v.record_crc_ok(&bad),
+                    Err(_) => true,
+                };
+                assert!(caught, "flip at byte {i} not detected");
+            }
             assert_eq!(&v.body[..], b"hello body");
             assert_eq!(v.topic_str(), "TopicTest");
             assert_eq!(v.queue_id, 3);
@@ -372,12 +461,13 @@ mod tests {
         let topic = "%RETRY%".to_string() + &"g".repeat(200);
         let m = MessageInput::new(&topic, 0, b"x", b"");
         let store: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 1));
-        let mut buf = vec![0u8; encoded_len(&m, &store)];
+        let mut buf = vec![0u8; encoded_len(&m, &store, false)];
         let at = Placement {
             queue_offset: 0,
             phys_offset: 0,
             store_timestamp: 1,
-            body_crc: body_crc(b"x"),
+            body_crc32: crc32fast::hash(b"x"),
+            record_crc: false,
         };
         encode(&mut buf, &m, &store, at);
         let v = decode(&Bytes::from(buf))?;
@@ -390,12 +480,13 @@ mod tests {
     fn truncated_records_are_errors_not_panics() {
         let m = MessageInput::new("T", 0, b"abc", b"");
         let store = SocketAddr::from(([127, 0, 0, 1], 1));
-        let mut buf = vec![0u8; encoded_len(&m, &store)];
+        let mut buf = vec![0u8; encoded_len(&m, &store, true)];
         let at = Placement {
             queue_offset: 0,
             phys_offset: 0,
             store_timestamp: 1,
-            body_crc: 0,
+            body_crc32: 0,
+            record_crc: true,
         };
         encode(&mut buf, &m, &store, at);
         for cut in 0..buf.len() {

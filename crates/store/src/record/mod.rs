@@ -68,7 +68,7 @@ pub fn decode_entry(rec: &Bytes) -> Result<Entry, DecodeError> {
 pub fn decode_checked(rec: &Bytes) -> Result<Entry, DecodeError> {
     let e = decode_entry(rec)?;
     let ok = match &e {
-        Entry::Message(m) => m.crc_ok(),
+        Entry::Message(m) => m.record_crc_ok(rec),
         Entry::KafkaBatch(k) => k.crc_ok(rec),
     };
     if ok {
