@@ -1,1 +1,127 @@
-fn main(){}
+//! `rokka`: the message gateway binary. With no arguments it serves with the
+//! embedded defaults (data under `./data`, listeners on 127.0.0.1).
+
+mod config;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use rokka_store::MessageStore;
+use tracing_subscriber::EnvFilter;
+
+use crate::config::Config;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rokka",
+    version,
+    about = "Kafka and RocketMQ protocols over one store"
+)]
+struct Args {
+    /// TOML config file (every key optional; see config/rokka.toml).
+    #[arg(short, long, env = "ROKKA_CONFIG")]
+    config: Option<PathBuf>,
+    /// Overrides `store.data_dir`.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+/// Buckets for `*_seconds` histograms: 10 µs .. 10 s.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 10.0,
+];
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut cfg = match &args.config {
+        Some(path) => match Config::load(path) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("rokka: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => Config::default(),
+    };
+    if let Some(dir) = args.data_dir {
+        cfg.store.data_dir = dir;
+    }
+    if args.print_config {
+        match toml::to_string_pretty(&cfg) {
+            Ok(s) => {
+                print!("{s}");
+                return ExitCode::SUCCESS;
+            }
+            Err(e) => {
+                eprintln!("rokka: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let filter = EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new(&cfg.log.level));
+    let filter = match filter {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("rokka: invalid log.level {:?}: {e}", cfg.log.level);
+            return ExitCode::from(2);
+        }
+    };
+    tracing_subscriber::fmt().with_env_filter(filter).init();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(cfg)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "rokka stopped");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
+    if cfg.metrics.enabled {
+        PrometheusBuilder::new()
+            .with_http_listener(cfg.metrics.listen)
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?
+            .install()
+            .map_err(|e| format!("metrics exporter on {}: {e}", cfg.metrics.listen))?;
+        tracing::info!(listen = %cfg.metrics.listen, "Prometheus metrics at /metrics");
+    }
+    let store_cfg = cfg.store.clone();
+    let store =
+        Arc::new(tokio::task::spawn_blocking(move || MessageStore::open(store_cfg)).await??);
+    tracing::info!(data_dir = %cfg.store.data_dir.display(), "rokka is up");
+
+    shutdown_signal().await?;
+    tracing::info!("shutting down");
+    let s = Arc::clone(&store);
+    tokio::task::spawn_blocking(move || s.close()).await??;
+    Ok(())
+}
+
+async fn shutdown_signal() -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = int.recv() => tracing::info!("SIGINT"),
+    }
+    Ok(())
+}

@@ -47,7 +47,10 @@ struct IndexFile {
 
 /// Hash of `topic#key` as Java's `abs(("topic#key").hashCode())`.
 pub fn key_hash(topic: &str, key: &[u8]) -> u32 {
-    let h = java_hash_extend(java_hash_extend(java_hash_extend(0, topic.as_bytes()), b"#"), key);
+    let h = java_hash_extend(
+        java_hash_extend(java_hash_extend(0, topic.as_bytes()), b"#"),
+        key,
+    );
     if h == i32::MIN {
         0
     } else {
@@ -62,7 +65,8 @@ impl IndexFile {
 
     fn create(dir: &Path, name: u64, slots: u32, entries: u32) -> Result<IndexFile> {
         let path = dir.join(file_name(name));
-        let file = MappedFile::create(&path, Self::size(slots, entries)).map_err(StoreError::io("create", &path))?;
+        let file = MappedFile::create(&path, Self::size(slots, entries))
+            .map_err(StoreError::io("create", &path))?;
         let mut f = IndexFile {
             name,
             file: Arc::new(file),
@@ -98,7 +102,10 @@ impl IndexFile {
             count: file.read_u32(36),
         };
         if h.count == 0 || h.count > entries {
-            return Err(StoreError::bad_file(path, format!("IndexFile header count {} out of range", h.count)));
+            return Err(StoreError::bad_file(
+                path,
+                format!("IndexFile header count {} out of range", h.count),
+            ));
         }
         Ok(IndexFile {
             name,
@@ -265,7 +272,10 @@ impl IndexService {
 
     /// Offset below which every record is indexed (idempotent re-dispatch).
     pub fn end_phys(&self) -> Option<u64> {
-        self.files.last().filter(|f| f.h.count > 1).map(|f| f.h.end_phys)
+        self.files
+            .last()
+            .filter(|f| f.h.count > 1)
+            .map(|f| f.h.end_phys)
     }
 
     /// After an unclean stop: go back to the state recorded at the checkpoint
@@ -312,7 +322,14 @@ impl IndexService {
 
     /// CommitLog offsets of records that may have `key` in `topic`, stored in
     /// `[begin_ts, end_ts]`, newest first, at most `max`.
-    pub fn query(&self, topic: &str, key: &[u8], max: usize, begin_ts: i64, end_ts: i64) -> Vec<u64> {
+    pub fn query(
+        &self,
+        topic: &str,
+        key: &[u8],
+        max: usize,
+        begin_ts: i64,
+        end_ts: i64,
+    ) -> Vec<u64> {
         let max = max.min(MAX_QUERY_RESULTS);
         let hash = key_hash(topic, key);
         let mut out = Vec::new();
@@ -378,7 +395,12 @@ mod tests {
         let mut idx = IndexService::load(dir.path(), 7, 5)?;
         // 5 entries per file, entry 0 unused: 4 keys per file.
         for i in 0..10u64 {
-            idx.put("t", format!("k{}", i % 3).as_bytes(), i * 100, 1_000_000 + i as i64 * 1000)?;
+            idx.put(
+                "t",
+                format!("k{}", i % 3).as_bytes(),
+                i * 100,
+                1_000_000 + i as i64 * 1000,
+            )?;
         }
         assert_eq!(idx.file_count(), 3);
         let mut got = idx.query("t", b"k1", 64, 0, i64::MAX);

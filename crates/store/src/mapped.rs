@@ -111,7 +111,11 @@ impl MappedFile {
         // SAFETY: bounds checked above; the region is unpublished (module docs),
         // so no shared reference to it exists while we write.
         unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.as_mut_ptr().add(pos), data.len());
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.map.as_mut_ptr().add(pos),
+                data.len(),
+            );
         }
     }
 

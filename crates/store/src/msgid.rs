@@ -17,7 +17,7 @@ pub fn message_id(host: SocketAddr, phys: u64) -> String {
 
 /// Splits a message id into store host and CommitLog offset.
 pub fn parse_message_id(id: &str) -> Option<(SocketAddr, u64)> {
-    if !id.is_ascii() || id.len() % 2 != 0 {
+    if !id.is_ascii() || !id.len().is_multiple_of(2) {
         return None;
     }
     let raw: Option<Vec<u8>> = (0..id.len())

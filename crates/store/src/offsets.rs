@@ -64,10 +64,14 @@ impl ConsumerOffsets {
     pub fn load(path: &Path) -> Result<ConsumerOffsets> {
         let table = match std::fs::read(path) {
             Ok(b) => {
-                let f: FileForm = serde_json::from_slice(&b)
-                    .map_err(|e| StoreError::bad_file(path, format!("consumer offsets are not valid JSON: {e}")))?;
+                let f: FileForm = serde_json::from_slice(&b).map_err(|e| {
+                    StoreError::bad_file(path, format!("consumer offsets are not valid JSON: {e}"))
+                })?;
                 if f.version != 1 {
-                    return Err(StoreError::bad_file(path, format!("unknown version {}", f.version)));
+                    return Err(StoreError::bad_file(
+                        path,
+                        format!("unknown version {}", f.version),
+                    ));
                 }
                 f.offsets.into_iter().map(|r| (r.key, r.value)).collect()
             }
@@ -133,7 +137,10 @@ impl ConsumerOffsets {
 
     /// Deletes one offset; returns whether it existed.
     pub fn delete(&self, group: &str, topic: &str, queue: u32) -> bool {
-        let had = self.lock().remove(&Self::key(group, topic, queue)).is_some();
+        let had = self
+            .lock()
+            .remove(&Self::key(group, topic, queue))
+            .is_some();
         if had {
             self.dirty.store(true, Ordering::Release);
         }
@@ -173,8 +180,11 @@ impl ConsumerOffsets {
                 value: v.clone(),
             })
             .collect();
-        let json = serde_json::to_vec_pretty(&FileForm { version: 1, offsets: rows })
-            .map_err(|e| StoreError::bad_file(&self.path, format!("encoding offsets: {e}")))?;
+        let json = serde_json::to_vec_pretty(&FileForm {
+            version: 1,
+            offsets: rows,
+        })
+        .map_err(|e| StoreError::bad_file(&self.path, format!("encoding offsets: {e}")))?;
         write_atomically(&self.path, &json)
     }
 }
@@ -193,7 +203,10 @@ mod tests {
         t.commit("g2", "t", 0, 5, "");
         t.persist_if_dirty()?;
         let t2 = ConsumerOffsets::load(&p)?;
-        assert_eq!(t2.get("g1", "t", 0).map(|o| (o.offset, o.metadata)), Some((10, "m".into())));
+        assert_eq!(
+            t2.get("g1", "t", 0).map(|o| (o.offset, o.metadata)),
+            Some((10, "m".into()))
+        );
         assert_eq!(t2.group_offsets("g1").len(), 2);
         assert_eq!(t2.groups(), vec!["g1".to_string(), "g2".to_string()]);
         assert_eq!(t2.delete_group("g1"), 2);

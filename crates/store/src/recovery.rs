@@ -69,9 +69,16 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         }
     };
     let log = Arc::new(CommitLog::load(&dir.join("commitlog"))?);
-    let mut queues = load_queues(&dir.join("consumequeue"), config.consume_queue_entries_per_file)?;
+    let mut queues = load_queues(
+        &dir.join("consumequeue"),
+        config.consume_queue_entries_per_file,
+    )?;
     let mut index = if config.index_enabled {
-        Some(IndexService::load(&dir.join("index"), config.index_slots, config.index_entries)?)
+        Some(IndexService::load(
+            &dir.join("index"),
+            config.index_slots,
+            config.index_entries,
+        )?)
     } else {
         None
     };
@@ -84,12 +91,21 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     let (end, report) = match clean_end {
         Some(end) => {
             tracing::info!(end, "clean shutdown: no recovery scan");
-            (end, RecoveryReport { clean: true, ..RecoveryReport::default() })
+            (
+                end,
+                RecoveryReport {
+                    clean: true,
+                    ..RecoveryReport::default()
+                },
+            )
         }
         None => recover(
             &log,
             &mut queues,
-            (&dir.join("consumequeue"), config.consume_queue_entries_per_file),
+            (
+                &dir.join("consumequeue"),
+                config.consume_queue_entries_per_file,
+            ),
             index.as_mut(),
             cp.as_ref(),
             max_entry,
@@ -102,7 +118,12 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     }
 
     let writer = Writer {
-        cl: CommitLogWriter::new(Arc::clone(&log), end, config.commitlog_segment_bytes, config.preallocate)?,
+        cl: CommitLogWriter::new(
+            Arc::clone(&log),
+            end,
+            config.commitlog_segment_bytes,
+            config.preallocate,
+        )?,
         queues: queues.clone(),
         last_store_ts: 0,
         last_record: cp.as_ref().map_or(0, |c| c.last_record_offset),
@@ -137,12 +158,17 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     let mut f = File::create(&abort).map_err(StoreError::io("create", &abort))?;
     writeln!(f, "{}", std::process::id()).map_err(StoreError::io("write", &abort))?;
     f.sync_all().map_err(StoreError::io("fsync", &abort))?;
-    File::open(&dir).and_then(|d| d.sync_all()).map_err(StoreError::io("fsync", &dir))?;
+    File::open(&dir)
+        .and_then(|d| d.sync_all())
+        .map_err(StoreError::io("fsync", &dir))?;
 
     let threads = crate::tasks::spawn(&inner)?;
     let secs = started.elapsed().as_secs_f64();
     inner.metrics.recovery_seconds.set(secs);
-    inner.metrics.segments.set(inner.log.segments().len() as f64);
+    inner
+        .metrics
+        .segments
+        .set(inner.log.segments().len() as f64);
     tracing::info!(dir = %dir.display(), end, seconds = secs, "store open");
     Ok(MessageStore {
         inner,
@@ -174,7 +200,10 @@ fn check_top_level(dir: &Path) -> Result<()> {
         let item = item.map_err(StoreError::io("read dir", dir))?;
         let name = item.file_name();
         if !name.to_str().is_some_and(|n| KNOWN_TOP_LEVEL.contains(&n)) {
-            return Err(StoreError::bad_file(item.path(), "not a file the store writes"));
+            return Err(StoreError::bad_file(
+                item.path(),
+                "not a file the store writes",
+            ));
         }
     }
     Ok(())
@@ -202,11 +231,15 @@ fn load_queues(root: &Path, entries_per_file: u32) -> Result<QueueMap> {
             let queue_id: u32 = q
                 .file_name()
                 .to_str()
-                .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && qpath.is_dir())
+                .filter(|n| {
+                    !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && qpath.is_dir()
+                })
                 .and_then(|n| n.parse().ok())
                 .ok_or_else(|| StoreError::bad_file(&qpath, "not a queue directory"))?;
             let cq = ConsumeQueue::load(root, Arc::clone(&topic), queue_id, entries_per_file)?;
-            map.entry(Arc::clone(&topic)).or_default().insert(queue_id, Arc::new(cq));
+            map.entry(Arc::clone(&topic))
+                .or_default()
+                .insert(queue_id, Arc::new(cq));
         }
     }
     Ok(map)
@@ -227,7 +260,9 @@ fn verify_clean_end(log: &CommitLog, cp: &Checkpoint, max_entry: usize) -> Optio
     }
     let ok = commitlog::valid_entry_at(log, cp.last_record_offset, max_entry) && {
         let segs = log.segments();
-        let seg = segs.iter().find(|s| s.start <= cp.last_record_offset && cp.last_record_offset < s.end());
+        let seg = segs
+            .iter()
+            .find(|s| s.start <= cp.last_record_offset && cp.last_record_offset < s.end());
         seg.is_some_and(|s| {
             let size = s.file.read_u32((cp.last_record_offset - s.start) as usize) as u64;
             let end = cp.last_record_offset + size;
@@ -272,10 +307,17 @@ fn recover(
     if start > last.end() {
         return Err(StoreError::bad_file(
             last.file.path(),
-            format!("checkpoint says {start} bytes are durable but the CommitLog ends at {}", last.end()),
+            format!(
+                "checkpoint says {start} bytes are durable but the CommitLog ends at {}",
+                last.end()
+            ),
         ));
     }
-    tracing::warn!(from = start, full_scan = safe.is_none(), "unclean shutdown: recovering");
+    tracing::warn!(
+        from = start,
+        full_scan = safe.is_none(),
+        "unclean shutdown: recovering"
+    );
     for q in queues.values().flat_map(|m| m.values()) {
         q.truncate_from_phys(start)?;
     }
@@ -292,7 +334,10 @@ fn recover(
         if validate_topic(topic).is_err() {
             return Err(StoreError::bad_file(
                 log.dir(),
-                format!("record at {} names an invalid topic {topic:?}", info.phys_offset),
+                format!(
+                    "record at {} names an invalid topic {topic:?}",
+                    info.phys_offset
+                ),
             ));
         }
         // A queue created just before the crash may have no directory yet.
@@ -301,7 +346,14 @@ fn recover(
                 .entry(Arc::from(topic))
                 .or_default()
                 .entry(info.queue_id)
-                .or_insert_with(|| Arc::new(ConsumeQueue::new(cq_root, Arc::from(topic), info.queue_id, entries_per_file))),
+                .or_insert_with(|| {
+                    Arc::new(ConsumeQueue::new(
+                        cq_root,
+                        Arc::from(topic),
+                        info.queue_id,
+                        entries_per_file,
+                    ))
+                }),
         );
         if info.consumable && q.entry_count() > 0 && info.queue_offset != q.max_offset() {
             return Err(StoreError::bad_file(

@@ -143,7 +143,9 @@ pub struct MessageStore {
 
 impl std::fmt::Debug for MessageStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MessageStore").field("dir", &self.inner.dir).finish()
+        f.debug_struct("MessageStore")
+            .field("dir", &self.inner.dir)
+            .finish()
     }
 }
 
@@ -162,7 +164,12 @@ impl Inner {
     }
 
     /// The queue for (topic, queue), created on first use (writer only).
-    pub(crate) fn queue_for(&self, w: &mut Writer, topic: &str, queue_id: u32) -> Arc<ConsumeQueue> {
+    pub(crate) fn queue_for(
+        &self,
+        w: &mut Writer,
+        topic: &str,
+        queue_id: u32,
+    ) -> Arc<ConsumeQueue> {
         if let Some(q) = w.queues.get(topic).and_then(|m| m.get(&queue_id)) {
             return Arc::clone(q);
         }
@@ -176,7 +183,10 @@ impl Inner {
             queue_id,
             self.config.consume_queue_entries_per_file,
         ));
-        w.queues.entry(Arc::clone(&topic)).or_default().insert(queue_id, Arc::clone(&q));
+        w.queues
+            .entry(Arc::clone(&topic))
+            .or_default()
+            .insert(queue_id, Arc::clone(&q));
         self.queues
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -335,7 +345,12 @@ impl MessageStore {
     /// Appends one Kafka record batch (magic 2) whole; it takes
     /// `lastOffsetDelta + 1` offsets and is stored with its base offset set to
     /// the first. The caller has checked the batch CRC.
-    pub fn append_kafka_batch(&self, topic: &str, queue_id: u32, batch: &[u8]) -> Result<AppendResult> {
+    pub fn append_kafka_batch(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        batch: &[u8],
+    ) -> Result<AppendResult> {
         self.check_open()?;
         validate_topic(topic)?;
         let limit = self.inner.config.max_message_bytes as usize;
@@ -345,7 +360,8 @@ impl MessageStore {
                 limit,
             });
         }
-        let info = kafka::BatchInfo::parse(batch).map_err(|_| StoreError::InvalidBatch("not a magic-2 record batch"))?;
+        let info = kafka::BatchInfo::parse(batch)
+            .map_err(|_| StoreError::InvalidBatch("not a magic-2 record batch"))?;
         let inner = &*self.inner;
         let size = kafka::encoded_len(topic, batch.len());
         let result = {
@@ -404,7 +420,11 @@ impl MessageStore {
         }
         let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
         let deadline = Instant::now() + timeout;
-        let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+        let mut req = inner
+            .flush
+            .requested
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if *req < end_offset {
             *req = end_offset;
         }
@@ -436,14 +456,21 @@ impl MessageStore {
         }
         let mut rx = inner.flush.flushed.subscribe();
         {
-            let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+            let mut req = inner
+                .flush
+                .requested
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             if *req < end_offset {
                 *req = end_offset;
             }
             inner.flush.wake_flusher.notify_one();
         }
         let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
-        let waited = tokio::time::timeout(timeout, async { rx.wait_for(|f| *f >= end_offset).await.map(|_| ()) }).await;
+        let waited = tokio::time::timeout(timeout, async {
+            rx.wait_for(|f| *f >= end_offset).await.map(|_| ())
+        })
+        .await;
         match waited {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(StoreError::ShutDown),
@@ -471,7 +498,10 @@ impl MessageStore {
     /// Queue ids of `topic`, sorted.
     pub fn queue_ids(&self, topic: &str) -> Vec<u32> {
         let q = self.inner.queues.read().unwrap_or_else(|p| p.into_inner());
-        let mut ids: Vec<u32> = q.get(topic).map(|m| m.keys().copied().collect()).unwrap_or_default();
+        let mut ids: Vec<u32> = q
+            .get(topic)
+            .map(|m| m.keys().copied().collect())
+            .unwrap_or_default();
         ids.sort_unstable();
         ids
     }
@@ -489,12 +519,20 @@ impl MessageStore {
     /// First offset stored at or after `ts` (store time); the max offset when
     /// nothing is that recent.
     pub fn offset_by_store_time(&self, topic: &str, queue_id: u32, ts: i64) -> u64 {
-        self.queue(topic, queue_id).map_or(0, |q| q.offset_by_store_time(ts))
+        self.queue(topic, queue_id)
+            .map_or(0, |q| q.offset_by_store_time(ts))
     }
 
     /// Reads up to `max_offsets` offsets (whole entries; at least one entry
     /// even if larger than `max_bytes`) from `offset`.
-    pub fn read(&self, topic: &str, queue_id: u32, offset: u64, max_offsets: u32, max_bytes: usize) -> QueueRead {
+    pub fn read(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_offsets: u32,
+        max_bytes: usize,
+    ) -> QueueRead {
         let Some(q) = self.queue(topic, queue_id) else {
             return QueueRead {
                 status: ReadStatus::NoSuchQueue,
@@ -528,7 +566,9 @@ impl MessageStore {
         let mut cqs = Vec::new();
         let (mut offsets, mut bytes) = (0u64, 0usize);
         while let Some(e) = q.entry(idx) {
-            if !cqs.is_empty() && (offsets >= u64::from(max_offsets) || bytes + e.size as usize > max_bytes) {
+            if !cqs.is_empty()
+                && (offsets >= u64::from(max_offsets) || bytes + e.size as usize > max_bytes)
+            {
                 break;
             }
             offsets += e.end_offset() - offset.max(e.base_offset);
@@ -563,16 +603,20 @@ impl MessageStore {
                 j += 1;
                 end += u64::from(cqs[j].size);
             }
-            let run = self.inner.log.read(start, (end - start) as usize).or_else(|| {
-                // The run crossed a segment end: fall back to one view each.
-                if j > i {
-                    j = i;
-                    end = start + u64::from(cqs[i].size);
-                    self.inner.log.read(start, cqs[i].size as usize)
-                } else {
-                    None
-                }
-            });
+            let run = self
+                .inner
+                .log
+                .read(start, (end - start) as usize)
+                .or_else(|| {
+                    // The run crossed a segment end: fall back to one view each.
+                    if j > i {
+                        j = i;
+                        end = start + u64::from(cqs[i].size);
+                        self.inner.log.read(start, cqs[i].size as usize)
+                    } else {
+                        None
+                    }
+                });
             let Some(run) = run else {
                 break;
             };
@@ -600,7 +644,14 @@ impl MessageStore {
 
     /// Messages of `topic` whose KEYS contain `key` or whose UNIQ_KEY is
     /// `key`, stored within `[begin_ts, end_ts]`, at most `max`, oldest first.
-    pub fn query_by_key(&self, topic: &str, key: &str, max: usize, begin_ts: i64, end_ts: i64) -> Vec<Bytes> {
+    pub fn query_by_key(
+        &self,
+        topic: &str,
+        key: &str,
+        max: usize,
+        begin_ts: i64,
+        end_ts: i64,
+    ) -> Vec<Bytes> {
         let Some(index) = &self.inner.index else {
             return Vec::new();
         };
@@ -612,7 +663,9 @@ impl MessageStore {
         candidates.dedup();
         let mut out = Vec::new();
         for phys in candidates {
-            let Some(b) = self.read_at(phys) else { continue };
+            let Some(b) = self.read_at(phys) else {
+                continue;
+            };
             let Ok(Entry::Message(m)) = record::decode_entry(&b) else {
                 continue;
             };
@@ -675,7 +728,11 @@ impl MessageStore {
         let inner = &*self.inner;
         inner.stop.store(true, Ordering::Release);
         {
-            let _g = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+            let _g = inner
+                .flush
+                .requested
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
             inner.flush.wake_flusher.notify_all();
             inner.flush.done.notify_all();
         }

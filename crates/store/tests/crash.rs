@@ -78,7 +78,12 @@ fn sigkill_during_sync_appends_loses_no_acknowledged_message() -> TestResult {
     let mut total_acks = 0usize;
     for cycle in 0..CYCLES {
         let mut child = Command::new(&exe)
-            .args(["--exact", "crash_child_entry", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "crash_child_entry",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("ROKKA_CRASH_CHILD", dir.path())
             .env("ROKKA_CRASH_CYCLE", cycle.to_string())
             .stdout(Stdio::piped())
@@ -97,7 +102,11 @@ fn sigkill_during_sync_appends_loses_no_acknowledged_message() -> TestResult {
             lines
         });
         // Kill at a random moment: sometimes during recovery, mostly mid-append.
-        let wait_ms = if cycle % 6 == 5 { rng.gen_range(1..15) } else { rng.gen_range(30..250) };
+        let wait_ms = if cycle % 6 == 5 {
+            rng.gen_range(1..15)
+        } else {
+            rng.gen_range(30..250)
+        };
         std::thread::sleep(Duration::from_millis(wait_ms));
         child.kill()?; // SIGKILL
         child.wait()?;
@@ -119,19 +128,29 @@ fn sigkill_during_sync_appends_loses_no_acknowledged_message() -> TestResult {
         for q in 0..QUEUES {
             let all = read_all(&store, "C", q);
             for (k, (off, _)) in all.iter().enumerate() {
-                assert_eq!(*off, k as u64, "cycle {cycle}: offsets of queue {q} contiguous");
+                assert_eq!(
+                    *off, k as u64,
+                    "cycle {cycle}: offsets of queue {q} contiguous"
+                );
             }
             let by_off: HashMap<u64, &Vec<u8>> = all.iter().map(|(o, b)| (*o, b)).collect();
             for ((aq, off), (seed, i)) in acked.iter().filter(|((aq, _), _)| *aq == q) {
                 let got = by_off
                     .get(off)
                     .unwrap_or_else(|| panic!("cycle {cycle}: acknowledged {aq}/{off} lost"));
-                assert_eq!(**got, body(*seed, *i), "cycle {cycle}: {aq}/{off} not byte-exact");
+                assert_eq!(
+                    **got,
+                    body(*seed, *i),
+                    "cycle {cycle}: {aq}/{off} not byte-exact"
+                );
             }
         }
         drop(store); // unclean again: the next child recovers too
     }
-    assert!(total_acks > 1000, "too few acknowledged appends to mean anything: {total_acks}");
+    assert!(
+        total_acks > 1000,
+        "too few acknowledged appends to mean anything: {total_acks}"
+    );
     eprintln!("crash test: {CYCLES} kills, {total_acks} acknowledged appends verified");
     Ok(())
 }

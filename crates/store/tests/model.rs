@@ -15,14 +15,22 @@ use rokka_store::{Entry, MessageInput, MessageStore, ReadStatus, StoreConfig};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Append { queue: u32, len: usize },
-    Batch { queue: u32, n: usize },
+    Append {
+        queue: u32,
+        len: usize,
+    },
+    Batch {
+        queue: u32,
+        n: usize,
+    },
     Checkpoint,
     Reopen,
     Crash,
     /// Crash, then zero the last `cut` bytes written since the last
     /// checkpoint, as a torn write would.
-    CrashTorn { cut: u64 },
+    CrashTorn {
+        cut: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -65,7 +73,10 @@ fn zero_range(dir: &Path, seg_bytes: u64, from: u64, to: u64) -> std::io::Result
         let path = dir.join("commitlog").join(format!("{start:020}"));
         let n = (start + seg_bytes).min(to) - at;
         if path.exists() {
-            OpenOptions::new().write(true).open(&path)?.write_all_at(&vec![0u8; n as usize], at - start)?;
+            OpenOptions::new()
+                .write(true)
+                .open(&path)?
+                .write_all_at(&vec![0u8; n as usize], at - start)?;
         }
         at += n;
     }
@@ -188,7 +199,11 @@ fn run(ops: Vec<Op>) -> TestResult {
             let got = read_queue(s, q as u32);
             check(&got, want, &format!("contents of queue {q}"))?;
             let max = want.last().map_or(0, |e| e.offset + u64::from(e.count));
-            check(&s.max_offset("M", q as u32), &max, &format!("max offset of queue {q}"))?;
+            check(
+                &s.max_offset("M", q as u32),
+                &max,
+                &format!("max offset of queue {q}"),
+            )?;
         }
     }
     Ok(())

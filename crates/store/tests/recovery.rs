@@ -22,23 +22,34 @@ fn config(dir: &Path) -> StoreConfig {
 
 fn segment_of(dir: &Path, cfg: &StoreConfig, phys: u64) -> (PathBuf, u64) {
     let start = phys - phys % cfg.commitlog_segment_bytes;
-    (dir.join("commitlog").join(format!("{start:020}")), phys - start)
+    (
+        dir.join("commitlog").join(format!("{start:020}")),
+        phys - start,
+    )
 }
 
 fn write_at(path: &Path, pos: u64, data: &[u8]) -> std::io::Result<()> {
-    OpenOptions::new().write(true).open(path)?.write_all_at(data, pos)
+    OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .write_all_at(data, pos)
 }
 
 fn read_at(path: &Path, pos: u64, len: usize) -> std::io::Result<Vec<u8>> {
     let mut b = vec![0u8; len];
-    OpenOptions::new().read(true).open(path)?.read_exact_at(&mut b, pos)?;
+    OpenOptions::new()
+        .read(true)
+        .open(path)?
+        .read_exact_at(&mut b, pos)?;
     Ok(b)
 }
 
 /// Appends `n` messages to one queue and "crashes".
 fn fill_and_crash(dir: &Path, n: u64) -> Result<Vec<AppendResult>, StoreError> {
     let store = MessageStore::open(config(dir))?;
-    let rs = (0..n).map(|i| append(&store, "R", 0, 7, i)).collect::<Result<Vec<_>, _>>()?;
+    let rs = (0..n)
+        .map(|i| append(&store, "R", 0, 7, i))
+        .collect::<Result<Vec<_>, _>>()?;
     drop(store);
     Ok(rs)
 }
@@ -56,7 +67,12 @@ fn assert_recovered_to(dir: &Path, n: u64) -> TestResult {
     let r = append(&store, "R", 0, 7, n)?;
     assert_eq!(r.queue_offset, n);
     if n > 0 {
-        assert_eq!(store.query_by_key("R", &format!("key-{}", n - 1), 4, 0, i64::MAX).len(), 1);
+        assert_eq!(
+            store
+                .query_by_key("R", &format!("key-{}", n - 1), 4, 0, i64::MAX)
+                .len(),
+            1
+        );
     }
     store.close()?;
     drop(store);
@@ -104,7 +120,11 @@ fn record_cut_in_half_recovers_to_the_last_good_record() -> TestResult {
     let last = rs[299];
     let (seg, pos) = segment_of(dir.path(), &cfg, last.phys_offset);
     let half = u64::from(last.size) / 2;
-    write_at(&seg, pos + half, &vec![0u8; last.size as usize - half as usize])?;
+    write_at(
+        &seg,
+        pos + half,
+        &vec![0u8; last.size as usize - half as usize],
+    )?;
     assert_recovered_to(dir.path(), 299)
 }
 
@@ -115,7 +135,10 @@ fn segment_file_cut_mid_record_recovers() -> TestResult {
     let rs = fill_and_crash(dir.path(), 300)?;
     let last = rs[299];
     let (seg, pos) = segment_of(dir.path(), &cfg, last.phys_offset);
-    OpenOptions::new().write(true).open(&seg)?.set_len(pos + u64::from(last.size) / 2)?;
+    OpenOptions::new()
+        .write(true)
+        .open(&seg)?
+        .set_len(pos + u64::from(last.size) / 2)?;
     // Later (pre-allocated, empty) segments would otherwise follow the cut.
     for e in std::fs::read_dir(dir.path().join("commitlog"))? {
         let p = e?.path();
@@ -204,11 +227,17 @@ fn damaged_middle_record_past_the_checkpoint_cuts_the_log_and_keeps_the_rest() -
     let b = read_at(&seg, pos + 95, 1)?;
     write_at(&seg, pos + 95, &[b[0] ^ 1])?;
     let store = MessageStore::open(cfg)?;
-    assert_eq!(store.recovery_report().truncated_at, Some(rs[150].phys_offset));
+    assert_eq!(
+        store.recovery_report().truncated_at,
+        Some(rs[150].phys_offset)
+    );
     assert_eq!(store.max_offset("R", 0), 150);
     drop(store);
     // The cut bytes (the damaged record and the 49 after it) are kept.
-    let saved = dir.path().join("lost+found").join(format!("{:020}", rs[150].phys_offset));
+    let saved = dir
+        .path()
+        .join("lost+found")
+        .join(format!("{:020}", rs[150].phys_offset));
     let kept = std::fs::read(&saved)?;
     let expect = rs[199].phys_offset + u64::from(rs[199].size) - rs[150].phys_offset;
     assert_eq!(kept.len() as u64, expect);
@@ -250,14 +279,19 @@ fn foreign_files_are_errors_naming_them() -> TestResult {
     let stray = dir.path().join("something-else");
     std::fs::write(&stray, b"x")?;
     match MessageStore::open(config(dir.path())) {
-        Err(e @ StoreError::BadFile { .. }) => assert!(e.to_string().contains("something-else"), "{e}"),
+        Err(e @ StoreError::BadFile { .. }) => {
+            assert!(e.to_string().contains("something-else"), "{e}")
+        }
         other => panic!("expected BadFile, got {other:?}"),
     }
     std::fs::remove_file(&stray)?;
     // A segment whose name does not match its neighbours' sizes.
     let bogus = dir.path().join("commitlog").join(format!("{:020}", 12345));
     std::fs::write(&bogus, vec![0u8; 8192])?;
-    assert!(matches!(MessageStore::open(config(dir.path())), Err(StoreError::BadFile { .. })));
+    assert!(matches!(
+        MessageStore::open(config(dir.path())),
+        Err(StoreError::BadFile { .. })
+    ));
     std::fs::remove_file(&bogus)?;
     assert_recovered_to(dir.path(), 10)
 }

@@ -16,7 +16,10 @@ fn age_segments(dir: &std::path::Path, keep_newest: usize) -> std::io::Result<us
     let old = SystemTime::now() - Duration::from_secs(100 * 3600);
     let n = segs.len().saturating_sub(keep_newest);
     for p in &segs[..n] {
-        std::fs::File::options().write(true).open(p)?.set_modified(old)?;
+        std::fs::File::options()
+            .write(true)
+            .open(p)?
+            .set_modified(old)?;
     }
     Ok(n)
 }
@@ -71,7 +74,10 @@ fn expired_segments_are_deleted_and_reads_below_start_say_offset_moved() -> Test
     let store = MessageStore::open(cfg)?;
     let min0 = store.min_offset("T", 0);
     assert!(min0 > 0);
-    assert_eq!(store.read("T", 0, min0 - 1, 1, 1 << 20).status, ReadStatus::OffsetMoved);
+    assert_eq!(
+        store.read("T", 0, min0 - 1, 1, 1 << 20).status,
+        ReadStatus::OffsetMoved
+    );
     assert_eq!(store.max_offset("T", 0), 1500);
     Ok(())
 }
@@ -89,7 +95,10 @@ fn size_cap_deletes_oldest_segments_but_never_the_active_one() -> TestResult {
     let deleted = store.run_retention()?;
     assert!(deleted > 0);
     assert_eq!(store.segment_count(), before - deleted);
-    assert!(store.segment_count() as u64 * cfg.commitlog_segment_bytes <= cfg.retention_max_bytes + cfg.commitlog_segment_bytes);
+    assert!(
+        store.segment_count() as u64 * cfg.commitlog_segment_bytes
+            <= cfg.retention_max_bytes + cfg.commitlog_segment_bytes
+    );
     // A queue drained by retention keeps its end offset; new appends continue.
     let r = append(&store, "T", 0, 9, 2000)?;
     assert_eq!(r.queue_offset, 2000);

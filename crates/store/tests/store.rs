@@ -22,7 +22,11 @@ fn append_read_roll_and_reopen_cleanly() -> TestResult {
         let got = store.read("T", (i % 3) as u32, r.queue_offset, 1, 1 << 20);
         assert_eq!(got.status, ReadStatus::Found);
     }
-    assert!(store.segment_count() > 3, "segments rolled: {}", store.segment_count());
+    assert!(
+        store.segment_count() > 3,
+        "segments rolled: {}",
+        store.segment_count()
+    );
     let before: Vec<_> = (0..3).map(|q| read_all(&store, "T", q)).collect();
     assert_eq!(before.iter().map(Vec::len).sum::<usize>(), 2000);
     for q in 0..3u32 {
@@ -48,12 +52,21 @@ fn append_read_roll_and_reopen_cleanly() -> TestResult {
 fn read_statuses_and_limits() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = MessageStore::open(small_config(dir.path()))?;
-    assert_eq!(store.read("none", 0, 0, 10, 1000).status, ReadStatus::NoSuchQueue);
+    assert_eq!(
+        store.read("none", 0, 0, 10, 1000).status,
+        ReadStatus::NoSuchQueue
+    );
     for i in 0..10 {
         append(&store, "T", 0, 2, i)?;
     }
-    assert_eq!(store.read("T", 0, 10, 10, 1 << 20).status, ReadStatus::NoNewMessages);
-    assert_eq!(store.read("T", 0, 11, 10, 1 << 20).status, ReadStatus::OffsetOverflow);
+    assert_eq!(
+        store.read("T", 0, 10, 10, 1 << 20).status,
+        ReadStatus::NoNewMessages
+    );
+    assert_eq!(
+        store.read("T", 0, 11, 10, 1 << 20).status,
+        ReadStatus::OffsetOverflow
+    );
     let r = store.read("T", 0, 2, 3, 1 << 20);
     assert_eq!(r.entries.len(), 3);
     assert_eq!(r.next_offset, 5);
@@ -90,14 +103,23 @@ fn kafka_batches_take_count_offsets_and_interleave_with_messages() -> TestResult
         }
         other => panic!("expected a Kafka batch, got {other:?}"),
     }
-    assert_eq!(store.read("K", 0, 5, 1, 1 << 20).entries[0].cq.base_offset, 4);
+    assert_eq!(
+        store.read("K", 0, 5, 1, 1 << 20).entries[0].cq.base_offset,
+        4
+    );
     // Not a batch: refused.
-    assert!(matches!(store.append_kafka_batch("K", 0, b"short"), Err(StoreError::InvalidBatch(_))));
+    assert!(matches!(
+        store.append_kafka_batch("K", 0, b"short"),
+        Err(StoreError::InvalidBatch(_))
+    ));
     store.close()?;
     drop(store);
     let store = MessageStore::open(cfg)?;
     assert_eq!(store.max_offset("K", 0), 6);
-    assert_eq!(store.read("K", 0, 5, 1, 1 << 20).entries[0].cq.base_offset, 4);
+    assert_eq!(
+        store.read("K", 0, 5, 1, 1 << 20).entries[0].cq.base_offset,
+        4
+    );
     Ok(())
 }
 
@@ -116,8 +138,15 @@ fn query_by_key_and_message_id() -> TestResult {
     };
     assert_eq!(m.body.to_vec(), body(4, 7));
     assert_eq!(store.query_by_key("Q", "all", 32, 0, i64::MAX).len(), 32);
-    assert_eq!(store.query_by_key("Q", "UNIQ0000000000000009", 32, 0, i64::MAX).len(), 1);
-    assert!(store.query_by_key("Other", "key-7", 32, 0, i64::MAX).is_empty());
+    assert_eq!(
+        store
+            .query_by_key("Q", "UNIQ0000000000000009", 32, 0, i64::MAX)
+            .len(),
+        1
+    );
+    assert!(store
+        .query_by_key("Other", "key-7", 32, 0, i64::MAX)
+        .is_empty());
     assert!(store.query_by_key("Q", "key-7", 32, 0, 1000).is_empty());
     // Offset message ids resolve to the record.
     let id = msgid::message_id(store.config().store_host, phys[9]);
@@ -138,18 +167,27 @@ fn bad_input_is_refused_cleanly() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = MessageStore::open(small_config(dir.path()))?;
     let big = vec![0u8; 64 * 1024 + 1];
-    let err = store.append_message(&MessageInput::new("T", 0, &big, b"")).err();
+    let err = store
+        .append_message(&MessageInput::new("T", 0, &big, b""))
+        .err();
     assert!(matches!(err, Some(StoreError::MessageTooLarge { .. })));
-    let err = store.append_message(&MessageInput::new("../x", 0, b"a", b"")).err();
+    let err = store
+        .append_message(&MessageInput::new("../x", 0, b"a", b""))
+        .err();
     assert!(matches!(err, Some(StoreError::InvalidTopic(_))));
     let props = "x".repeat(40_000);
-    let err = store.append_message(&MessageInput::new("T", 0, b"a", props.as_bytes())).err();
+    let err = store
+        .append_message(&MessageInput::new("T", 0, b"a", props.as_bytes()))
+        .err();
     assert!(matches!(err, Some(StoreError::PropertiesTooLarge(_))));
     // A second open of the same directory is refused.
     let err = MessageStore::open(small_config(dir.path())).err();
     assert!(matches!(err, Some(StoreError::Locked(_))));
     store.close()?;
-    assert!(matches!(append(&store, "T", 0, 0, 0), Err(StoreError::ShutDown)));
+    assert!(matches!(
+        append(&store, "T", 0, 0, 0),
+        Err(StoreError::ShutDown)
+    ));
     Ok(())
 }
 
@@ -193,7 +231,9 @@ fn sync_flush_group_commit_with_concurrent_appenders() -> TestResult {
         assert_eq!(store.max_offset("S", t), 200);
     }
     // The async form, from a runtime.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let r = append(&store, "S", 0, 5, 1000)?;
     rt.block_on(store.durable(r.end_offset))?;
     assert!(store.commitlog_offsets().2 >= r.end_offset);
@@ -222,7 +262,10 @@ fn tag_codes_are_stored_in_the_consume_queue() -> TestResult {
     store.append_message(&MessageInput::new("T", 0, b"x", p.as_bytes()))?;
     store.append_message(&MessageInput::new("T", 0, b"y", b""))?;
     let r = store.read("T", 0, 0, 10, 1 << 20);
-    assert_eq!(r.entries[0].cq.tag_code, i64::from(properties::java_string_hash(b"TagA")));
+    assert_eq!(
+        r.entries[0].cq.tag_code,
+        i64::from(properties::java_string_hash(b"TagA"))
+    );
     assert_eq!(r.entries[1].cq.tag_code, 0);
     Ok(())
 }

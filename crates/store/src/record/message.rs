@@ -51,7 +51,10 @@ fn write_prop_crc(out: &mut [u8], crc: u32) {
 
 fn read_prop_crc(props: &[u8]) -> Option<u32> {
     let tail = props.get(props.len().checked_sub(PROP_CRC_LEN)?..)?;
-    if &tail[..8] != PROP_CRC_NAME || tail[8] != properties::NAME_VALUE_SEPARATOR || tail[19] != properties::PROPERTY_SEPARATOR {
+    if &tail[..8] != PROP_CRC_NAME
+        || tail[8] != properties::NAME_VALUE_SEPARATOR
+        || tail[19] != properties::PROPERTY_SEPARATOR
+    {
         return None;
     }
     let mut v: u64 = 0;
@@ -134,7 +137,14 @@ fn topic_len_width(topic: &str) -> usize {
 /// Total stored size of `m` with the given store host (and the record-CRC
 /// property when `record_crc`).
 pub fn encoded_len(m: &MessageInput<'_>, store_host: &SocketAddr, record_crc: bool) -> usize {
-    4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8
+    4 + 4
+        + 4
+        + 4
+        + 4
+        + 8
+        + 8
+        + 4
+        + 8
         + host_len(&m.born_host)
         + 8
         + host_len(store_host)
@@ -220,11 +230,20 @@ pub fn encode(buf: &mut [u8], m: &MessageInput<'_>, store_host: &SocketAddr, at:
     c.put(m.properties);
     if at.record_crc {
         // CRC of everything before the property, reusing the body's CRC.
-        let body_at = total - PROP_CRC_LEN - m.properties.len() - 2 - m.topic.len() - (if v2 { 2 } else { 1 }) - m.body.len();
+        let body_at = total
+            - PROP_CRC_LEN
+            - m.properties.len()
+            - 2
+            - m.topic.len()
+            - (if v2 { 2 } else { 1 })
+            - m.body.len();
         let body_end = body_at + m.body.len();
         let mut h = crc32fast::Hasher::new();
         h.update(&c.buf[..body_at]);
-        h.combine(&crc32fast::Hasher::new_with_initial_len(at.body_crc32, m.body.len() as u64));
+        h.combine(&crc32fast::Hasher::new_with_initial_len(
+            at.body_crc32,
+            m.body.len() as u64,
+        ));
         h.update(&c.buf[body_end..total - PROP_CRC_LEN]);
         let crc = h.finalize() & 0x7FFF_FFFF;
         write_prop_crc(&mut c.buf[total - PROP_CRC_LEN..], crc);
@@ -288,7 +307,9 @@ impl MessageView {
     /// Properties without the record-CRC property (what clients set).
     pub fn user_properties(&self) -> Bytes {
         match read_prop_crc(&self.properties) {
-            Some(_) => self.properties.slice(..self.properties.len() - PROP_CRC_LEN),
+            Some(_) => self
+                .properties
+                .slice(..self.properties.len() - PROP_CRC_LEN),
             None => self.properties.clone(),
         }
     }

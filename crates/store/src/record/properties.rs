@@ -17,17 +17,17 @@ pub const UNIQ_KEY: &str = "UNIQ_KEY";
 /// trailing bytes (a name without a separator) are ignored, as the Java
 /// decoder does.
 pub fn iter(props: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
-    props
-        .split(|b| *b == PROPERTY_SEPARATOR)
-        .filter_map(|kv| {
-            let i = kv.iter().position(|b| *b == NAME_VALUE_SEPARATOR)?;
-            Some((&kv[..i], &kv[i + 1..]))
-        })
+    props.split(|b| *b == PROPERTY_SEPARATOR).filter_map(|kv| {
+        let i = kv.iter().position(|b| *b == NAME_VALUE_SEPARATOR)?;
+        Some((&kv[..i], &kv[i + 1..]))
+    })
 }
 
 /// The value of property `name`, if present.
 pub fn get<'a>(props: &'a [u8], name: &str) -> Option<&'a [u8]> {
-    iter(props).find(|(k, _)| *k == name.as_bytes()).map(|(_, v)| v)
+    iter(props)
+        .find(|(k, _)| *k == name.as_bytes())
+        .map(|(_, v)| v)
 }
 
 /// Encodes `(name, value)` pairs into a property block.

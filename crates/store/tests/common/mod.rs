@@ -22,13 +22,19 @@ pub fn body(seed: u64, i: u64) -> Vec<u8> {
 
 pub fn props(i: u64) -> String {
     properties::encode([
-        ("TAGS", if i % 2 == 0 { "even" } else { "odd" }),
+        ("TAGS", if i.is_multiple_of(2) { "even" } else { "odd" }),
         ("KEYS", &format!("key-{i} all")),
         ("UNIQ_KEY", &format!("UNIQ{i:016}")),
     ])
 }
 
-pub fn append(store: &MessageStore, topic: &str, queue: u32, seed: u64, i: u64) -> rokka_store::Result<rokka_store::AppendResult> {
+pub fn append(
+    store: &MessageStore,
+    topic: &str,
+    queue: u32,
+    seed: u64,
+    i: u64,
+) -> rokka_store::Result<rokka_store::AppendResult> {
     let b = body(seed, i);
     let p = props(i);
     store.append_message(&MessageInput::new(topic, queue, &b, p.as_bytes()))

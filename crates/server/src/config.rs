@@ -1,0 +1,170 @@
+//! The `rokka` configuration: TOML, every key optional with the default shown
+//! in `config/rokka.toml`; an unknown or mistyped key is an error naming it.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use rokka_store::StoreConfig;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    pub log: LogConfig,
+    pub metrics: MetricsConfig,
+    pub store: StoreConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// Log filter (tracing `EnvFilter` syntax); `RUST_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: "info".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Serve Prometheus metrics.
+    pub enabled: bool,
+    /// Address of the `/metrics` endpoint.
+    pub listen: SocketAddr,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9100)),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {message}")]
+    Parse { path: String, message: String },
+}
+
+impl Config {
+    /// Parses TOML text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        cfg.store.validate().map_err(|e| ConfigError::Parse {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::parse(&text, &path.display().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SHIPPED: &str = include_str!("../../../config/rokka.toml");
+
+    #[test]
+    fn shipped_file_equals_code_defaults() -> Result<(), ConfigError> {
+        assert_eq!(
+            Config::parse(SHIPPED, "config/rokka.toml")?,
+            Config::default()
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn shipped_file_lists_every_key() -> Result<(), Box<dyn std::error::Error>> {
+        // Every key the code knows appears (uncommented) in the shipped file.
+        let defaults = toml::Value::try_from(Config::default())?;
+        let shipped: toml::Value = toml::from_str(SHIPPED)?;
+        let (toml::Value::Table(d), toml::Value::Table(s)) = (defaults, shipped) else {
+            panic!("not tables");
+        };
+        for (section, keys) in &d {
+            let toml::Value::Table(keys) = keys else {
+                continue;
+            };
+            for key in keys.keys() {
+                let present = s.get(section).and_then(|t| t.get(key)).is_some();
+                assert!(present, "config/rokka.toml lacks [{section}] {key}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn empty_file_is_all_defaults() -> Result<(), ConfigError> {
+        assert_eq!(Config::parse("", "empty")?, Config::default());
+        Ok(())
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::parse("[store]\nflush_intervl_ms = 5\n", "t.toml")
+            .map(|_| ())
+            .err();
+        let msg = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(msg.contains("flush_intervl_ms"), "{msg}");
+        let err = Config::parse("[nope]\n", "t.toml").map(|_| ()).err();
+        assert!(err
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+            .contains("nope"));
+    }
+
+    #[test]
+    fn mistyped_value_is_named() {
+        let err = Config::parse("[store]\nflush_interval_ms = \"fast\"\n", "t.toml")
+            .map(|_| ())
+            .err();
+        let msg = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            msg.contains("flush_interval_ms") && msg.contains("t.toml"),
+            "{msg}"
+        );
+        let err = Config::parse("[store]\nflush_mode = \"sometimes\"\n", "t.toml")
+            .map(|_| ())
+            .err();
+        assert!(err
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+            .contains("sometimes"));
+    }
+
+    #[test]
+    fn invalid_values_are_refused() {
+        let err = Config::parse("[store]\ncommitlog_segment_bytes = 1024\n", "t.toml")
+            .map(|_| ())
+            .err();
+        assert!(err
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+            .contains("commitlog_segment_bytes"));
+    }
+}
