@@ -1,1 +1,279 @@
-fn main() {}
+//! Store benchmarks (a bench binary, not criterion: each case is a long,
+//! bounded run whose throughput is the number we want).
+//!
+//! ```sh
+//! cargo bench -p rokka-store --bench store            # all cases
+//! cargo bench -p rokka-store --bench store -- sync    # cases whose name contains "sync"
+//! ```
+//! Data goes to `$ROKKA_BENCH_DIR` (default `target/bench-data`), deleted after
+//! each case. Results are in docs/benchmarks.md.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rokka_store::record::kafka::build_test_batch;
+use rokka_store::record::properties;
+use rokka_store::{FlushMode, MessageInput, MessageStore, ReadStatus, StoreConfig};
+
+type R = Result<(), Box<dyn std::error::Error>>;
+
+fn bench_dir(name: &str) -> PathBuf {
+    let root = std::env::var_os("ROKKA_BENCH_DIR")
+        .map_or_else(|| PathBuf::from("../../target/bench-data"), PathBuf::from);
+    let d = root.join(name);
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn config(name: &str, mode: FlushMode) -> StoreConfig {
+    StoreConfig {
+        data_dir: bench_dir(name),
+        flush_mode: mode,
+        ..StoreConfig::default()
+    }
+}
+
+/// Opens a store and waits until its first segment and the next one are
+/// created and pre-faulted, so appends run into prepared segments.
+fn open_prepared(cfg: StoreConfig) -> Result<MessageStore, Box<dyn std::error::Error>> {
+    let store = MessageStore::open(cfg)?;
+    store.append_message(&MessageInput::new("warmup", 0, b"x", b""))?;
+    let seg = store.config().commitlog_segment_bytes;
+    let dir = store.config().data_dir.join("commitlog");
+    // The allocator creates the next segment and pre-faults both; wait for its file.
+    let next = dir.join(format!("{seg:020}"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !next.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Pre-faulting 2 GiB at ~0.4 GB/s; give it time to finish.
+    std::thread::sleep(Duration::from_secs(6));
+    Ok(store)
+}
+
+fn report(name: &str, msgs: u64, payload: u64, stored: u64, t: Duration) {
+    let s = t.as_secs_f64();
+    println!(
+        "{name:<34} {:>10.0} msg/s  {:>8.1} MB/s payload  {:>8.1} MB/s stored  ({msgs} msgs in {s:.2} s)",
+        msgs as f64 / s,
+        payload as f64 / s / 1e6,
+        stored as f64 / s / 1e6,
+    );
+}
+
+fn append_async(size: usize, count: u64) -> R {
+    let name = format!("append_async_{size}B");
+    let store = open_prepared(config(&name, FlushMode::Async))?;
+    let body = vec![0x5Au8; size];
+    let props = properties::encode([("UNIQ_KEY", "0123456789ABCDEF0123456789ABCDEF")]);
+    let (_, start_end, _) = store.commitlog_offsets();
+    let t = Instant::now();
+    for i in 0..count {
+        let m = MessageInput::new("bench", (i % 8) as u32, &body, props.as_bytes());
+        store.append_message(&m)?;
+    }
+    let el = t.elapsed();
+    let (_, end, _) = store.commitlog_offsets();
+    report(&name, count, count * size as u64, end - start_end, el);
+    store.close()?;
+    let _ = std::fs::remove_dir_all(&store.config().data_dir);
+    Ok(())
+}
+
+fn append_kafka(records: usize, size: usize, count: u64) -> R {
+    let name = format!("append_kafka_{records}x{size}B");
+    let store = open_prepared(config(&name, FlushMode::Async))?;
+    let value = vec![0x5Au8; size];
+    let values: Vec<&[u8]> = (0..records).map(|_| value.as_slice()).collect();
+    let batch = build_test_batch(&values, 1_700_000_000_000);
+    let (_, start_end, _) = store.commitlog_offsets();
+    let t = Instant::now();
+    for i in 0..count {
+        store.append_kafka_batch("kbench", (i % 8) as u32, &batch)?;
+    }
+    let el = t.elapsed();
+    let (_, end, _) = store.commitlog_offsets();
+    let msgs = count * records as u64;
+    report(&name, msgs, msgs * size as u64, end - start_end, el);
+    store.close()?;
+    let _ = std::fs::remove_dir_all(&store.config().data_dir);
+    Ok(())
+}
+
+fn append_sync(size: usize, threads: u64, duration: Duration) -> R {
+    let name = format!("append_sync_{size}B_{threads}thr");
+    let store = Arc::new(open_prepared(config(&name, FlushMode::Sync))?);
+    let done = Arc::new(AtomicU64::new(0));
+    let (_, start_end, _) = store.commitlog_offsets();
+    let syncs_before = store.flush_count();
+    let t = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|th| {
+            let store = Arc::clone(&store);
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || -> rokka_store::Result<()> {
+                let body = vec![0x5Au8; size];
+                let deadline = Instant::now() + duration;
+                while Instant::now() < deadline {
+                    let r = store.append_message(&MessageInput::new(
+                        "sbench",
+                        (th % 8) as u32,
+                        &body,
+                        b"",
+                    ))?;
+                    store.wait_durable(r.end_offset)?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().map_err(|_| "appender panicked")??;
+    }
+    let el = t.elapsed();
+    let n = done.load(Ordering::Relaxed);
+    let (_, end, _) = store.commitlog_offsets();
+    report(&name, n, n * size as u64, end - start_end, el);
+    let syncs = store.flush_count() - syncs_before;
+    println!(
+        "{:<34} {syncs} group commits, {:.1} appends each",
+        "",
+        n as f64 / syncs.max(1) as f64
+    );
+    store.close()?;
+    let _ = std::fs::remove_dir_all(&store.config().data_dir);
+    Ok(())
+}
+
+/// The production shape: `tasks` tokio tasks on a 2-worker runtime, each
+/// appending and awaiting `durable()`.
+fn append_sync_async(size: usize, tasks: u64, duration: Duration) -> R {
+    let name = format!("append_sync_{size}B_{tasks}tasks");
+    let store = Arc::new(open_prepared(config(&name, FlushMode::Sync))?);
+    let done = Arc::new(AtomicU64::new(0));
+    let (_, start_end, _) = store.commitlog_offsets();
+    let syncs_before = store.flush_count();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let t = Instant::now();
+    rt.block_on(async {
+        let mut handles = Vec::new();
+        for th in 0..tasks {
+            let store = Arc::clone(&store);
+            let done = Arc::clone(&done);
+            handles.push(tokio::spawn(async move {
+                let body = vec![0x5Au8; size];
+                let deadline = Instant::now() + duration;
+                while Instant::now() < deadline {
+                    let r = store.append_message(&MessageInput::new(
+                        "sbench",
+                        (th % 8) as u32,
+                        &body,
+                        b"",
+                    ))?;
+                    store.durable(r.end_offset).await?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<(), rokka_store::StoreError>(())
+            }));
+        }
+        for h in handles {
+            h.await.map_err(|_| rokka_store::StoreError::ShutDown)??;
+        }
+        Ok::<(), rokka_store::StoreError>(())
+    })?;
+    let el = t.elapsed();
+    let n = done.load(Ordering::Relaxed);
+    let (_, end, _) = store.commitlog_offsets();
+    report(&name, n, n * size as u64, end - start_end, el);
+    let syncs = store.flush_count() - syncs_before;
+    println!(
+        "{:<34} {syncs} group commits, {:.1} appends each",
+        "",
+        n as f64 / syncs.max(1) as f64
+    );
+    store.close()?;
+    let _ = std::fs::remove_dir_all(&store.config().data_dir);
+    Ok(())
+}
+
+fn read_sequential(size: usize, count: u64) -> R {
+    let name = format!("read_seq_{size}B");
+    let store = open_prepared(config(&name, FlushMode::Async))?;
+    let body = vec![0x5Au8; size];
+    for _ in 0..count {
+        store.append_message(&MessageInput::new("rbench", 0, &body, b""))?;
+    }
+    let mut sink = vec![0u8; 1 << 20];
+    for copy in [false, true] {
+        let t = Instant::now();
+        let (mut off, mut msgs, mut payload, mut stored) = (0u64, 0u64, 0u64, 0u64);
+        loop {
+            let r = store.read("rbench", 0, off, 1024, 1 << 20);
+            if r.status != ReadStatus::Found {
+                break;
+            }
+            for e in &r.entries {
+                let rokka_store::Entry::Message(m) = e.decode()? else {
+                    return Err("not a message".into());
+                };
+                payload += m.body.len() as u64;
+                stored += e.data.len() as u64;
+                if copy {
+                    // What a socket write costs at least: one copy of the bytes.
+                    let n = e.data.len().min(sink.len());
+                    sink[..n].copy_from_slice(&e.data[..n]);
+                }
+                msgs += 1;
+            }
+            off = r.next_offset;
+        }
+        let el = t.elapsed();
+        std::hint::black_box(&sink);
+        report(
+            &format!("{name}{}", if copy { "_copy" } else { "_views" }),
+            msgs,
+            payload,
+            stored,
+            el,
+        );
+    }
+    store.close()?;
+    let _ = std::fs::remove_dir_all(&store.config().data_dir);
+    Ok(())
+}
+
+fn main() -> R {
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let want = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
+    if want("append_async") {
+        append_async(100, 4_000_000)?;
+        append_async(1024, 900_000)?;
+    }
+    if want("append_kafka") {
+        append_kafka(16, 1024, 50_000)?;
+        append_kafka(100, 100, 40_000)?;
+    }
+    if want("append_sync") {
+        for threads in [1, 8, 64] {
+            append_sync(1024, threads, Duration::from_secs(4))?;
+        }
+        append_sync(100, 64, Duration::from_secs(4))?;
+        for tasks in [64, 256] {
+            append_sync_async(1024, tasks, Duration::from_secs(4))?;
+        }
+    }
+    if want("read_seq") {
+        read_sequential(1024, 900_000)?;
+        read_sequential(100, 3_000_000)?;
+    }
+    Ok(())
+}

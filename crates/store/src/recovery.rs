@@ -32,7 +32,7 @@ use crate::index::IndexService;
 use crate::metrics::StoreMetrics;
 use crate::offsets::ConsumerOffsets;
 use crate::record::{DispatchInfo, Entry};
-use crate::store::{FlushSync, Inner, MessageStore, RecoveryReport, Writer};
+use crate::store::{FlushRequests, FlushSync, Inner, MessageStore, RecoveryReport, Writer};
 use crate::validate_topic;
 
 /// Names the store may find at the top of its data directory.
@@ -139,7 +139,10 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         index: index.map(Mutex::new),
         offsets,
         flush: FlushSync {
-            requested: Mutex::new(end),
+            requested: Mutex::new(FlushRequests {
+                target: end,
+                arrivals: 0,
+            }),
             wake_flusher: Condvar::new(),
             done: Condvar::new(),
             flushed: flushed_tx,

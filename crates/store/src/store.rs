@@ -97,7 +97,7 @@ pub(crate) struct Writer {
 
 /// Sync-flush bookkeeping: waiters ask, the flusher thread syncs and tells.
 pub(crate) struct FlushSync {
-    pub requested: Mutex<u64>,
+    pub requested: Mutex<FlushRequests>,
     pub wake_flusher: Condvar,
     pub done: Condvar,
     pub flushed: watch::Sender<u64>,
@@ -116,6 +116,22 @@ pub struct RecoveryReport {
     pub redispatched: u64,
     /// Where a torn or corrupt tail was cut, if one was.
     pub truncated_at: Option<u64>,
+}
+
+/// What waiters have asked the flusher for.
+#[derive(Debug, Default)]
+pub(crate) struct FlushRequests {
+    /// Highest CommitLog offset a waiter needs durable.
+    pub target: u64,
+    /// Waiters that asked since the flusher last started a sync.
+    pub arrivals: u64,
+}
+
+impl FlushRequests {
+    fn ask(&mut self, end_offset: u64) {
+        self.target = self.target.max(end_offset);
+        self.arrivals += 1;
+    }
 }
 
 pub(crate) struct Inner {
@@ -425,9 +441,7 @@ impl MessageStore {
             .requested
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if *req < end_offset {
-            *req = end_offset;
-        }
+        req.ask(end_offset);
         inner.flush.wake_flusher.notify_one();
         while inner.log.flushed_pos() < end_offset {
             if inner.stop.load(Ordering::Acquire) {
@@ -461,9 +475,7 @@ impl MessageStore {
                 .requested
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            if *req < end_offset {
-                *req = end_offset;
-            }
+            req.ask(end_offset);
             inner.flush.wake_flusher.notify_one();
         }
         let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
@@ -682,6 +694,12 @@ impl MessageStore {
     pub fn commitlog_offsets(&self) -> (u64, u64, u64) {
         let log = &self.inner.log;
         (log.min_offset(), log.write_pos(), log.flushed_pos())
+    }
+
+    /// CommitLog flushes that wrote data since open (in sync mode, one per
+    /// group commit).
+    pub fn flush_count(&self) -> u64 {
+        self.inner.log.flush_count()
     }
 
     /// Number of CommitLog segments.

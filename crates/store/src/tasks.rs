@@ -49,6 +49,8 @@ fn flush_commitlog(inner: &Inner) {
 
 fn flush_loop(inner: &Inner) {
     let interval = Duration::from_millis(inner.config.flush_interval_ms);
+    // Waiters served by the previous sync: how many to expect in the next.
+    let mut prev_batch = 0u64;
     while !inner.stop.load(Ordering::Acquire) {
         match inner.config.flush_mode {
             FlushMode::Async => {
@@ -57,18 +59,44 @@ fn flush_loop(inner: &Inner) {
             }
             FlushMode::Sync => {
                 {
-                    let req = inner
+                    let mut req = inner
                         .flush
                         .requested
                         .lock()
                         .unwrap_or_else(|p| p.into_inner());
-                    if *req <= inner.log.flushed_pos() && !inner.stop.load(Ordering::Acquire) {
-                        let _ = inner
+                    if req.target <= inner.log.flushed_pos() && !inner.stop.load(Ordering::Acquire)
+                    {
+                        req = inner
                             .flush
                             .wake_flusher
                             .wait_timeout(req, Duration::from_millis(10))
-                            .unwrap_or_else(|p| p.into_inner());
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
                     }
+                    // Group commit: while fewer waiters have arrived than the
+                    // last sync served, give the others a moment to join, so
+                    // concurrent producers share one sync instead of taking
+                    // turns. A lone producer (batch of 1) never waits here.
+                    let deadline = Instant::now() + GATHER_WINDOW;
+                    while req.arrivals > 0
+                        && req.arrivals < prev_batch
+                        && !inner.stop.load(Ordering::Acquire)
+                    {
+                        let now = Instant::now();
+                        if now >= deadline {
+                            break;
+                        }
+                        req = inner
+                            .flush
+                            .wake_flusher
+                            .wait_timeout(req, deadline - now)
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0;
+                    }
+                    if req.arrivals > 0 {
+                        prev_batch = req.arrivals;
+                    }
+                    req.arrivals = 0;
                 }
                 flush_commitlog(inner);
                 let flushed = inner.log.flushed_pos();
@@ -83,6 +111,9 @@ fn flush_loop(inner: &Inner) {
         }
     }
 }
+
+/// Longest a sync waits for expected producers to join it.
+const GATHER_WINDOW: Duration = Duration::from_micros(200);
 
 /// Sleeps up to `d`, waking early on shutdown.
 fn sleep(inner: &Inner, d: Duration) {
