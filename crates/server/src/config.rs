@@ -4,6 +4,8 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
+use rokka_broker::BrokerConfig;
+use rokka_kafka::KafkaConfig;
 use rokka_store::StoreConfig;
 use serde::{Deserialize, Serialize};
 
@@ -13,6 +15,8 @@ pub struct Config {
     pub log: LogConfig,
     pub metrics: MetricsConfig,
     pub store: StoreConfig,
+    pub broker: BrokerConfig,
+    pub kafka: KafkaConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

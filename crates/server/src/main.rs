@@ -9,7 +9,10 @@ use std::sync::Arc;
 
 use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use rokka_broker::Broker;
+use rokka_kafka::Kafka;
 use rokka_store::MessageStore;
+use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
 use crate::config::Config;
@@ -106,10 +109,30 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
     let store_cfg = cfg.store.clone();
     let store =
         Arc::new(tokio::task::spawn_blocking(move || MessageStore::open(store_cfg)).await??);
+    let broker = Arc::new(Broker::new(Arc::clone(&store), cfg.broker.clone())?);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut listeners = Vec::new();
+    if cfg.kafka.enabled {
+        let listener = TcpListener::bind(cfg.kafka.listen)
+            .await
+            .map_err(|e| format!("Kafka listener on {}: {e}", cfg.kafka.listen))?;
+        let bound = listener.local_addr()?;
+        let kafka = Arc::new(Kafka::new(Arc::clone(&broker), cfg.kafka.clone(), bound));
+        tracing::info!(listen = %bound, advertised = %format!("{}:{}", kafka.advertised_host, kafka.advertised_port), "Kafka listener");
+        listeners.push(tokio::spawn(rokka_kafka::serve(
+            listener,
+            kafka,
+            stop_rx.clone(),
+        )));
+    }
     tracing::info!(data_dir = %cfg.store.data_dir.display(), "rokka is up");
 
     shutdown_signal().await?;
     tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    for l in listeners {
+        let _ = l.await;
+    }
     let s = Arc::clone(&store);
     tokio::task::spawn_blocking(move || s.close()).await??;
     Ok(())

@@ -386,7 +386,7 @@ impl CommitLogWriter {
         segment_bytes: u64,
         preallocate: bool,
     ) -> Result<CommitLogWriter> {
-        let active = log.segs().last().cloned();
+        let active = log.segs().iter().rev().find(|s| s.start <= end).cloned();
         let allocator = if preallocate {
             Some(Allocator::start(log.dir.clone())?)
         } else {

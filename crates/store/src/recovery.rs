@@ -111,6 +111,10 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
             max_entry,
         )?,
     };
+    // Pre-allocated segments past the end (empty by construction: recovery
+    // checked that no valid entry starts them) are dropped; the allocator
+    // makes them again.
+    log.drop_segments_after(end)?;
     log.set_recovered(end);
     let min = log.min_offset();
     for q in queues.values().flat_map(|m| m.values()) {

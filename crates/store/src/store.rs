@@ -499,6 +499,36 @@ impl MessageStore {
         q.get(topic).and_then(|m| m.get(&queue_id)).cloned()
     }
 
+    /// Deletes every queue of `topic`: its ConsumeQueues go at once, its
+    /// CommitLog records stay until retention but can no longer be read. A
+    /// checkpoint is written so recovery does not bring the queues back.
+    /// Returns whether the topic had queues.
+    pub fn delete_topic(&self, topic: &str) -> Result<bool> {
+        self.check_open()?;
+        let removed = {
+            let mut w = self.inner.writer();
+            let removed = w.queues.remove(topic);
+            self.inner
+                .queues
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(topic);
+            removed
+        };
+        let Some(removed) = removed else {
+            return Ok(false);
+        };
+        for q in removed.values() {
+            q.destroy()?;
+        }
+        let dir = self.inner.dir.join("consumequeue").join(topic);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(StoreError::io("remove", &dir))?;
+        }
+        crate::tasks::checkpoint(&self.inner, false)?;
+        Ok(true)
+    }
+
     /// Topics that have at least one queue, sorted.
     pub fn topics(&self) -> Vec<String> {
         let q = self.inner.queues.read().unwrap_or_else(|p| p.into_inner());

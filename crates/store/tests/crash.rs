@@ -26,6 +26,7 @@ fn config(dir: &std::path::Path) -> StoreConfig {
     let mut c = small_config(dir);
     c.flush_mode = FlushMode::Sync;
     c.checkpoint_interval_ms = 37;
+    c.preallocate = true;
     c
 }
 

@@ -1,0 +1,24 @@
+//! `[broker]` configuration (documented in `config/rokka.toml`).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// Create a topic the first time a producer or metadata request names it.
+    pub auto_create_topics: bool,
+    /// Partitions (queues) of a topic created without a count.
+    pub default_partitions: u32,
+    /// Most partitions (queues) one topic may have.
+    pub max_partitions: u32,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            auto_create_topics: true,
+            default_partitions: 1,
+            max_partitions: 1024,
+        }
+    }
+}

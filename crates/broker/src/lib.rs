@@ -1,0 +1,205 @@
+//! Message semantics over the store, shared by both protocol frontends:
+//! the topic table (creation, auto-creation policy, partition counts) and
+//! appends that wake the long polls waiting on their queue.
+//!
+//! Frontends call this layer; neither reaches into the store's files.
+
+pub mod arrivals;
+pub mod config;
+pub mod error;
+pub mod topics;
+
+use std::sync::Arc;
+
+use rokka_store::{AppendResult, MessageInput, MessageStore};
+
+pub use arrivals::Arrivals;
+pub use config::BrokerConfig;
+pub use error::{BrokerError, Result};
+pub use topics::{TopicInfo, TopicTable};
+
+/// The broker: store + topic table + wake-ups.
+#[derive(Debug)]
+pub struct Broker {
+    store: Arc<MessageStore>,
+    topics: TopicTable,
+    arrivals: Arrivals,
+    config: BrokerConfig,
+}
+
+impl Broker {
+    /// Loads the topic table and adopts topics the store has but the table
+    /// lacks (e.g. written before the table existed), with their queue count.
+    pub fn new(store: Arc<MessageStore>, config: BrokerConfig) -> Result<Broker> {
+        let topics = TopicTable::load(&store.config().data_dir)?;
+        for t in store.topics() {
+            if topics.get(&t).is_none() {
+                let n = store.queue_ids(&t).last().map_or(1, |q| q + 1);
+                topics.create(&t, n)?;
+            }
+        }
+        Ok(Broker {
+            store,
+            topics,
+            arrivals: Arrivals::default(),
+            config,
+        })
+    }
+
+    pub fn store(&self) -> &Arc<MessageStore> {
+        &self.store
+    }
+
+    pub fn topics(&self) -> &TopicTable {
+        &self.topics
+    }
+
+    pub fn arrivals(&self) -> &Arrivals {
+        &self.arrivals
+    }
+
+    pub fn config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    /// Creates a topic; `TopicExists` if it is there already.
+    pub fn create_topic(&self, name: &str, partitions: u32) -> Result<TopicInfo> {
+        rokka_store::validate_topic(name)?;
+        if partitions == 0 || partitions > self.config.max_partitions {
+            return Err(BrokerError::InvalidPartitions(format!(
+                "{partitions} is outside 1..={}",
+                self.config.max_partitions
+            )));
+        }
+        if !self.topics.create(name, partitions)? {
+            return Err(BrokerError::TopicExists(name.to_string()));
+        }
+        tracing::info!(topic = name, partitions, "topic created");
+        self.topics
+            .get(name)
+            .ok_or_else(|| BrokerError::UnknownTopic(name.to_string()))
+    }
+
+    /// The topic, created with `partitions` (or the default) when
+    /// auto-creation is on and `allow_create`; `None` otherwise.
+    pub fn topic_or_create(
+        &self,
+        name: &str,
+        allow_create: bool,
+        partitions: Option<u32>,
+    ) -> Result<Option<TopicInfo>> {
+        if let Some(t) = self.topics.get(name) {
+            return Ok(Some(t));
+        }
+        if !(allow_create && self.config.auto_create_topics) {
+            return Ok(None);
+        }
+        let n = partitions
+            .unwrap_or(self.config.default_partitions)
+            .clamp(1, self.config.max_partitions);
+        match self.create_topic(name, n) {
+            Ok(t) => Ok(Some(t)),
+            Err(BrokerError::TopicExists(_)) => Ok(self.topics.get(name)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes a topic and its queues.
+    pub fn delete_topic(&self, name: &str) -> Result<()> {
+        if !self.topics.remove(name)? {
+            return Err(BrokerError::UnknownTopic(name.to_string()));
+        }
+        self.store.delete_topic(name)?;
+        tracing::info!(topic = name, "topic deleted");
+        Ok(())
+    }
+
+    /// Raises a topic's partition count.
+    pub fn add_partitions(&self, name: &str, partitions: u32) -> Result<()> {
+        if partitions > self.config.max_partitions {
+            return Err(BrokerError::InvalidPartitions(format!(
+                "{partitions} is above max_partitions {}",
+                self.config.max_partitions
+            )));
+        }
+        self.topics.set_partitions(name, partitions)
+    }
+
+    fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {
+        match self.topics.get(topic) {
+            Some(t) if partition < t.partitions => Ok(()),
+            Some(_) => Err(BrokerError::UnknownPartition {
+                topic: topic.to_string(),
+                partition,
+            }),
+            None => Err(BrokerError::UnknownTopic(topic.to_string())),
+        }
+    }
+
+    /// Appends one Kafka record batch and wakes readers of its queue.
+    pub fn append_kafka_batch(
+        &self,
+        topic: &str,
+        partition: u32,
+        batch: &[u8],
+    ) -> Result<AppendResult> {
+        self.check_partition(topic, partition)?;
+        let r = self.store.append_kafka_batch(topic, partition, batch)?;
+        self.arrivals.notify(topic, partition);
+        Ok(r)
+    }
+
+    /// Appends RocketMQ messages (all to existing queues) and wakes readers.
+    pub fn append_messages(&self, msgs: &[MessageInput<'_>]) -> Result<Vec<AppendResult>> {
+        for m in msgs {
+            self.check_partition(m.topic, m.queue_id)?;
+        }
+        let r = self.store.append_messages(msgs)?;
+        for m in msgs {
+            self.arrivals.notify(m.topic, m.queue_id);
+        }
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rokka_store::StoreConfig;
+
+    fn broker(dir: &std::path::Path) -> Result<Broker> {
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
+        Broker::new(store, BrokerConfig::default())
+    }
+
+    #[test]
+    fn topics_persist_and_auto_create_follows_policy() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        {
+            let b = broker(dir.path())?;
+            let t = b.create_topic("orders", 6)?;
+            assert_eq!(t.partitions, 6);
+            assert!(matches!(
+                b.create_topic("orders", 6),
+                Err(BrokerError::TopicExists(_))
+            ));
+            assert!(b.topic_or_create("auto", false, None)?.is_none());
+            assert_eq!(
+                b.topic_or_create("auto", true, None)?.map(|t| t.partitions),
+                Some(1)
+            );
+            assert!(matches!(
+                b.append_kafka_batch("orders", 6, b"x"),
+                Err(BrokerError::UnknownPartition { .. })
+            ));
+            b.add_partitions("orders", 8)?;
+            b.store().close()?;
+        }
+        let b = broker(dir.path())?;
+        assert_eq!(b.topics().get("orders").map(|t| t.partitions), Some(8));
+        assert!(b.topics().get("auto").is_some());
+        b.delete_topic("auto")?;
+        assert!(b.topics().get("auto").is_none());
+        Ok(())
+    }
+}

@@ -1,0 +1,105 @@
+//! ListOffsets: earliest (-2) = log start, latest (-1) = log end offset (the
+//! next offset to be written), max timestamp (-3), or the first offset whose
+//! record timestamp is at or after a given time.
+
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
+use kafka_protocol::records::RecordBatchDecoder;
+use rokka_store::{Entry, MessageStore};
+
+use crate::errors;
+use crate::Kafka;
+
+const LATEST: i64 = -1;
+const EARLIEST: i64 = -2;
+const MAX_TIMESTAMP: i64 = -3;
+
+/// (offset, timestamp) of the first record at or after `ts`, or (-1, -1).
+fn by_time(store: &MessageStore, topic: &str, q: u32, ts: i64) -> (i64, i64) {
+    let Some(cq) = store.queue(topic, q) else {
+        return (-1, -1);
+    };
+    let min = cq.min_offset();
+    // The CQ's message time is a running max: the first entry reaching `ts`
+    // holds the answer or precedes it; look inside batches for the record.
+    let Some(mut idx) = cq.find(
+        cq.entry_by_msg_time(ts)
+            .map_or(u64::MAX, |e| e.base_offset)
+            .max(min),
+    ) else {
+        return (-1, -1);
+    };
+    while let Some(e) = cq.entry(idx) {
+        let read = store.read(topic, q, e.base_offset.max(min), 1, 1);
+        let Some(entry) = read.entries.first() else {
+            break;
+        };
+        match entry.decode() {
+            Ok(Entry::Message(m)) if m.born_timestamp >= ts => {
+                return (m.queue_offset as i64, m.born_timestamp)
+            }
+            Ok(Entry::KafkaBatch(b)) => {
+                let mut buf = b.batch.clone();
+                if let Ok(set) = RecordBatchDecoder::decode(&mut buf) {
+                    if let Some(r) = set.records.iter().find(|r| r.timestamp >= ts) {
+                        return (r.offset, r.timestamp);
+                    }
+                }
+            }
+            _ => {}
+        }
+        idx += 1;
+    }
+    (-1, -1)
+}
+
+pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
+    let broker = k.broker.as_ref();
+    let store = broker.store();
+    let topics = r
+        .topics
+        .into_iter()
+        .map(|t| {
+            let name = t.name.0.to_string();
+            let info = broker.topics().get(&name);
+            let partitions = t
+                .partitions
+                .into_iter()
+                .map(|p| {
+                    let resp = ListOffsetsPartitionResponse::default()
+                        .with_partition_index(p.partition_index)
+                        .with_timestamp(-1)
+                        .with_offset(-1);
+                    let known = info.as_ref().is_some_and(|i| {
+                        p.partition_index >= 0 && (p.partition_index as u32) < i.partitions
+                    });
+                    if !known {
+                        return resp.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
+                    }
+                    let q = p.partition_index as u32;
+                    let (offset, ts) = match p.timestamp {
+                        LATEST => (store.max_offset(&name, q) as i64, -1),
+                        EARLIEST => (store.min_offset(&name, q) as i64, -1),
+                        MAX_TIMESTAMP => match store
+                            .queue(&name, q)
+                            .and_then(|cq| cq.entry(cq.entry_count().wrapping_sub(1)))
+                        {
+                            Some(e) => (e.base_offset as i64, e.msg_timestamp),
+                            None => (-1, -1),
+                        },
+                        ts => by_time(store, &name, q, ts),
+                    };
+                    resp.with_offset(offset)
+                        .with_timestamp(ts)
+                        .with_leader_epoch(if version >= 4 { 0 } else { -1 })
+                })
+                .collect();
+            ListOffsetsTopicResponse::default()
+                .with_name(t.name)
+                .with_partitions(partitions)
+        })
+        .collect();
+    ListOffsetsResponse::default().with_topics(topics)
+}

@@ -1,0 +1,78 @@
+//! Metadata: one broker (this one) leads every partition. Topics named in
+//! the request are auto-created when the client allows it and the broker's
+//! `auto_create_topics` is on.
+
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, TopicName};
+use rokka_broker::TopicInfo;
+
+use super::str_bytes;
+use crate::errors;
+use crate::Kafka;
+
+pub fn topic_entry(k: &Kafka, name: &str, info: &TopicInfo, version: i16) -> MetadataResponseTopic {
+    let node = BrokerId(k.config.node_id);
+    let partitions = (0..info.partitions as i32)
+        .map(|p| {
+            MetadataResponsePartition::default()
+                .with_partition_index(p)
+                .with_leader_id(node)
+                .with_leader_epoch(if version >= 7 { 0 } else { -1 })
+                .with_replica_nodes(vec![node])
+                .with_isr_nodes(vec![node])
+        })
+        .collect();
+    MetadataResponseTopic::default()
+        .with_name(Some(TopicName(str_bytes(name))))
+        .with_topic_id(if version >= 10 {
+            uuid::Uuid::from_bytes(info.topic_id)
+        } else {
+            uuid::Uuid::nil()
+        })
+        .with_partitions(partitions)
+}
+
+pub fn handle(k: &Kafka, r: MetadataRequest, version: i16) -> MetadataResponse {
+    let broker = k.broker.as_ref();
+    // Before v4 there is no flag and creation is always allowed.
+    let allow_create = version < 4 || r.allow_auto_topic_creation;
+    let topics = match r.topics {
+        // v0: an empty list means all topics; v1+: null means all.
+        Some(list) if !(version == 0 && list.is_empty()) => list
+            .into_iter()
+            .map(|t| {
+                let name = t.name.map(|n| n.0.to_string()).unwrap_or_default();
+                match broker.topic_or_create(&name, allow_create, None) {
+                    Ok(Some(info)) => topic_entry(k, &name, &info, version),
+                    Ok(None) => MetadataResponseTopic::default()
+                        .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)
+                        .with_name(Some(TopicName(str_bytes(&name)))),
+                    Err(e) => MetadataResponseTopic::default()
+                        .with_error_code(match e {
+                            rokka_broker::BrokerError::Store(
+                                rokka_store::StoreError::InvalidTopic(_),
+                            ) => errors::INVALID_TOPIC_EXCEPTION,
+                            other => errors::code(&other),
+                        })
+                        .with_name(Some(TopicName(str_bytes(&name)))),
+                }
+            })
+            .collect(),
+        _ => broker
+            .topics()
+            .all()
+            .iter()
+            .map(|(name, info)| topic_entry(k, name, info, version))
+            .collect(),
+    };
+    MetadataResponse::default()
+        .with_brokers(vec![MetadataResponseBroker::default()
+            .with_node_id(BrokerId(k.config.node_id))
+            .with_host(str_bytes(&k.advertised_host))
+            .with_port(k.advertised_port)])
+        .with_cluster_id((version >= 2).then(|| str_bytes(&k.config.cluster_id)))
+        .with_controller_id(BrokerId(if version >= 1 { k.config.node_id } else { -1 }))
+        .with_topics(topics)
+}

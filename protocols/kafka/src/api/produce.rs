@@ -1,0 +1,132 @@
+//! Produce: each partition's records are split into magic-2 batches, each
+//! checked (length, magic, CRC-32C) and stored whole with assigned offsets.
+//! acks=0 gets no response; acks=-1 waits for the flush in sync mode.
+
+use bytes::Bytes;
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use rokka_store::record::kafka::{batch_crc_ok, BatchInfo};
+
+use crate::errors;
+use crate::Kafka;
+
+/// Splits a records blob into batches, validating each; an error code for
+/// the first bad one.
+fn split_batches(records: &Bytes) -> Result<Vec<Bytes>, i16> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    while at < records.len() {
+        if records.len() - at < 17 {
+            return Err(errors::CORRUPT_MESSAGE);
+        }
+        let len = i32::from_be_bytes([
+            records[at + 8],
+            records[at + 9],
+            records[at + 10],
+            records[at + 11],
+        ]);
+        if len < 49 {
+            return Err(errors::CORRUPT_MESSAGE);
+        }
+        let end = at + 12 + len as usize;
+        if end > records.len() {
+            return Err(errors::CORRUPT_MESSAGE);
+        }
+        if records[at + 16] != 2 {
+            return Err(errors::UNSUPPORTED_FOR_MESSAGE_FORMAT);
+        }
+        let batch = records.slice(at..end);
+        if BatchInfo::parse(&batch).is_err() || !batch_crc_ok(&batch) {
+            return Err(errors::CORRUPT_MESSAGE);
+        }
+        out.push(batch);
+        at = end;
+    }
+    if out.is_empty() {
+        return Err(errors::CORRUPT_MESSAGE);
+    }
+    Ok(out)
+}
+
+pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<ProduceResponse> {
+    let broker = k.broker.as_ref();
+    let store = broker.store();
+    let mut durable_up_to = 0u64;
+    let mut responses = Vec::with_capacity(r.topic_data.len());
+    for t in r.topic_data {
+        let topic = t.name.0.to_string();
+        let exists = broker.topics().get(&topic).is_some();
+        let mut parts = Vec::with_capacity(t.partition_data.len());
+        for p in t.partition_data {
+            let mut resp = PartitionProduceResponse::default()
+                .with_index(p.index)
+                .with_base_offset(-1)
+                .with_log_append_time_ms(-1)
+                .with_log_start_offset(-1);
+            let result = if !exists || p.index < 0 {
+                Err(errors::UNKNOWN_TOPIC_OR_PARTITION)
+            } else {
+                match p.records.as_ref().map(split_batches) {
+                    None => Err(errors::CORRUPT_MESSAGE),
+                    Some(Err(code)) => Err(code),
+                    Some(Ok(batches)) => {
+                        let mut base = None;
+                        let mut err = None;
+                        for b in &batches {
+                            match broker.append_kafka_batch(&topic, p.index as u32, b) {
+                                Ok(a) => {
+                                    base.get_or_insert(a.queue_offset as i64);
+                                    durable_up_to = durable_up_to.max(a.end_offset);
+                                }
+                                Err(e) => {
+                                    err = Some(errors::code(&e));
+                                    break;
+                                }
+                            }
+                        }
+                        match (err, base) {
+                            (Some(code), _) => Err(code),
+                            (None, Some(b)) => Ok(b),
+                            (None, None) => Err(errors::CORRUPT_MESSAGE),
+                        }
+                    }
+                }
+            };
+            match result {
+                Ok(base) => {
+                    resp.base_offset = base;
+                    if version >= 5 {
+                        resp.log_start_offset = store.min_offset(&topic, p.index as u32) as i64;
+                    }
+                }
+                Err(code) => {
+                    metrics::counter!("rokka_kafka_errors_total", "api" => "Produce", "code" => code.to_string())
+                        .increment(1);
+                    resp.error_code = code;
+                }
+            }
+            parts.push(resp);
+        }
+        responses.push(
+            TopicProduceResponse::default()
+                .with_name(t.name)
+                .with_partition_responses(parts),
+        );
+    }
+    if r.acks == 0 {
+        return None;
+    }
+    if r.acks == -1 && durable_up_to > 0 {
+        if let Err(e) = store.durable(durable_up_to).await {
+            let code = errors::store_code(&e);
+            for t in &mut responses {
+                for p in &mut t.partition_responses {
+                    if p.error_code == errors::NONE {
+                        p.error_code = code;
+                    }
+                }
+            }
+        }
+    }
+    Some(ProduceResponse::default().with_responses(responses))
+}

@@ -1,0 +1,146 @@
+//! CreateTopics / DeleteTopics / CreatePartitions.
+
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
+use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
+use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::{
+    CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse,
+    DeleteTopicsRequest, DeleteTopicsResponse, TopicName,
+};
+use rokka_broker::BrokerError;
+
+use super::str_bytes;
+use crate::errors;
+use crate::Kafka;
+
+fn err_code(e: &BrokerError) -> i16 {
+    match e {
+        BrokerError::Store(rokka_store::StoreError::InvalidTopic(_)) => {
+            errors::INVALID_TOPIC_EXCEPTION
+        }
+        other => errors::code(other),
+    }
+}
+
+pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsResponse {
+    let broker = k.broker.as_ref();
+    let topics = r
+        .topics
+        .into_iter()
+        .map(|t| {
+            let name = t.name.0.to_string();
+            let partitions = if t.num_partitions == -1 {
+                broker.config().default_partitions as i32
+            } else {
+                t.num_partitions
+            };
+            let mut res = CreatableTopicResult::default().with_name(t.name.clone());
+            if version >= 5 {
+                res.num_partitions = partitions;
+                res.replication_factor = 1;
+            }
+            let outcome = if !(t.replication_factor == -1 || t.replication_factor == 1) {
+                Err((
+                    errors::INVALID_REPLICATION_FACTOR,
+                    "replication factor must be 1 on a single broker".to_string(),
+                ))
+            } else if partitions <= 0 {
+                Err((
+                    errors::INVALID_PARTITIONS,
+                    format!("{partitions} partitions"),
+                ))
+            } else if r.validate_only {
+                match (
+                    rokka_store::validate_topic(&name),
+                    broker.topics().get(&name),
+                ) {
+                    (Err(e), _) => Err((errors::INVALID_TOPIC_EXCEPTION, e.to_string())),
+                    (_, Some(_)) => Err((
+                        errors::TOPIC_ALREADY_EXISTS,
+                        format!("topic {name} already exists"),
+                    )),
+                    _ => Ok(None),
+                }
+            } else {
+                broker
+                    .create_topic(&name, partitions as u32)
+                    .map(Some)
+                    .map_err(|e| (err_code(&e), e.to_string()))
+            };
+            match outcome {
+                Ok(Some(info)) if version >= 7 => {
+                    res.topic_id = uuid::Uuid::from_bytes(info.topic_id)
+                }
+                Ok(_) => {}
+                Err((code, msg)) => {
+                    res.error_code = code;
+                    res.error_message = Some(str_bytes(&msg));
+                    res.num_partitions = -1;
+                    res.replication_factor = -1;
+                }
+            }
+            res
+        })
+        .collect();
+    CreateTopicsResponse::default().with_topics(topics)
+}
+
+pub fn delete(k: &Kafka, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsResponse {
+    let names: Vec<TopicName> = if version >= 6 {
+        r.topics.into_iter().filter_map(|t| t.name).collect()
+    } else {
+        r.topic_names
+    };
+    let responses = names
+        .into_iter()
+        .map(|n| {
+            let code = match k.broker.delete_topic(n.0.as_str()) {
+                Ok(()) => errors::NONE,
+                Err(e) => err_code(&e),
+            };
+            DeletableTopicResult::default()
+                .with_name(Some(n))
+                .with_error_code(code)
+        })
+        .collect();
+    DeleteTopicsResponse::default().with_responses(responses)
+}
+
+pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartitionsResponse {
+    let results = r
+        .topics
+        .into_iter()
+        .map(|t| {
+            let res = if r.validate_only {
+                match k.broker.topics().get(t.name.0.as_str()) {
+                    None => Err((
+                        errors::UNKNOWN_TOPIC_OR_PARTITION,
+                        "unknown topic".to_string(),
+                    )),
+                    Some(i) if t.count as u32 <= i.partitions => Err((
+                        errors::INVALID_PARTITIONS,
+                        "the new count must be larger".to_string(),
+                    )),
+                    Some(_) => Ok(()),
+                }
+            } else if t.count <= 0 {
+                Err((
+                    errors::INVALID_PARTITIONS,
+                    "count must be positive".to_string(),
+                ))
+            } else {
+                k.broker
+                    .add_partitions(t.name.0.as_str(), t.count as u32)
+                    .map_err(|e| (err_code(&e), e.to_string()))
+            };
+            let out = CreatePartitionsTopicResult::default().with_name(t.name);
+            match res {
+                Ok(()) => out,
+                Err((code, msg)) => out
+                    .with_error_code(code)
+                    .with_error_message(Some(str_bytes(&msg))),
+            }
+        })
+        .collect();
+    CreatePartitionsResponse::default().with_results(results)
+}

@@ -1,0 +1,39 @@
+//! `[kafka]` configuration (documented in `config/rokka.toml`).
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Serve the Kafka protocol.
+    pub enabled: bool,
+    /// Address the Kafka listener binds.
+    pub listen: SocketAddr,
+    /// Host clients are told to connect to (Metadata, FindCoordinator);
+    /// empty = the listen address's IP.
+    pub advertised_host: String,
+    /// Port clients are told to connect to; 0 = the listen port.
+    pub advertised_port: u16,
+    /// Largest request frame accepted; a larger one closes the connection.
+    pub max_request_bytes: u32,
+    /// Cluster id reported in Metadata and DescribeCluster.
+    pub cluster_id: String,
+    /// This broker's node id.
+    pub node_id: i32,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            enabled: true,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9092)),
+            advertised_host: String::new(),
+            advertised_port: 0,
+            max_request_bytes: 100 * 1024 * 1024,
+            cluster_id: "rokka-cluster".into(),
+            node_id: 0,
+        }
+    }
+}

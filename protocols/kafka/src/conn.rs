@@ -1,0 +1,149 @@
+//! One Kafka connection: length-prefixed frames in, responses out, in
+//! request order (Kafka clients rely on it). Malformed or oversized frames
+//! close this connection with one log line; others are unaffected.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
+use kafka_protocol::protocol::{Decodable, Encodable};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::{api, versions, Kafka};
+
+/// Why a connection is closed instead of answered.
+#[derive(Debug)]
+pub struct Close(pub String);
+
+pub async fn run(
+    stream: TcpStream,
+    peer: SocketAddr,
+    k: Arc<Kafka>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    metrics::gauge!("rokka_kafka_connections").increment(1.0);
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(64 * 1024, rd);
+    let max = k.config.max_request_bytes as usize;
+    loop {
+        let len = tokio::select! {
+            r = rd.read_i32() => match r {
+                Ok(n) => n,
+                Err(_) => break, // peer closed
+            },
+            _ = shutdown.changed() => break,
+        };
+        if len < 8 || len as usize > max {
+            tracing::warn!(%peer, len, max, "Kafka frame length out of range: closing connection");
+            break;
+        }
+        let mut buf = BytesMut::zeroed(len as usize);
+        if rd.read_exact(&mut buf).await.is_err() {
+            break;
+        }
+        match handle(&k, buf.freeze()).await {
+            Ok(Some(resp)) => {
+                if wr.write_all(&resp).await.is_err() {
+                    break;
+                }
+            }
+            Ok(None) => {}
+            Err(Close(why)) => {
+                tracing::warn!(%peer, why, "closing Kafka connection");
+                break;
+            }
+        }
+    }
+    metrics::gauge!("rokka_kafka_connections").decrement(1.0);
+}
+
+fn api_name(key: ApiKey) -> &'static str {
+    // Debug names are stable and short ("Produce", "Fetch", ...).
+    match key {
+        ApiKey::Produce => "Produce",
+        ApiKey::Fetch => "Fetch",
+        ApiKey::ListOffsets => "ListOffsets",
+        ApiKey::Metadata => "Metadata",
+        ApiKey::OffsetCommit => "OffsetCommit",
+        ApiKey::OffsetFetch => "OffsetFetch",
+        ApiKey::FindCoordinator => "FindCoordinator",
+        ApiKey::JoinGroup => "JoinGroup",
+        ApiKey::Heartbeat => "Heartbeat",
+        ApiKey::LeaveGroup => "LeaveGroup",
+        ApiKey::SyncGroup => "SyncGroup",
+        ApiKey::DescribeGroups => "DescribeGroups",
+        ApiKey::ListGroups => "ListGroups",
+        ApiKey::ApiVersions => "ApiVersions",
+        ApiKey::CreateTopics => "CreateTopics",
+        ApiKey::DeleteTopics => "DeleteTopics",
+        ApiKey::CreatePartitions => "CreatePartitions",
+        _ => "other",
+    }
+}
+
+/// Decodes, dispatches and encodes one request. `Ok(None)` = no response
+/// (acks=0 produce).
+pub async fn handle(k: &Kafka, mut frame: Bytes) -> Result<Option<Bytes>, Close> {
+    let key_raw = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    let Ok(key) = ApiKey::try_from(key_raw) else {
+        return Err(Close(format!("unknown API key {key_raw}")));
+    };
+    let name = api_name(key);
+    metrics::counter!("rokka_kafka_requests_total", "api" => name).increment(1);
+    if !versions::served(key, version) {
+        metrics::counter!("rokka_kafka_errors_total", "api" => name, "code" => "35").increment(1);
+        return match api::unsupported_version_response(key, version) {
+            Some(resp) => encode_response(key, version, correlation_id, &resp).map(Some),
+            None => Err(Close(format!(
+                "{key:?} v{version} is not supported and has no error response form"
+            ))),
+        };
+    }
+    let started = std::time::Instant::now();
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let header = RequestHeader::decode(&mut frame, key.request_header_version(version))?;
+        let req = RequestKind::decode(key, &mut frame, version)?;
+        Ok::<_, anyhow::Error>((header, req))
+    }));
+    let (header, req) = match decoded {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => return Err(Close(format!("malformed {key:?} v{version}: {e}"))),
+        Err(_) => {
+            return Err(Close(format!(
+                "malformed {key:?} v{version} (decoder panicked)"
+            )))
+        }
+    };
+    let resp = api::dispatch(k, &header, req, version).await?;
+    metrics::histogram!("rokka_kafka_request_seconds", "api" => name)
+        .record(started.elapsed().as_secs_f64());
+    match resp {
+        Some(r) => encode_response(key, version, correlation_id, &r).map(Some),
+        None => Ok(None),
+    }
+}
+
+pub fn encode_response(
+    key: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    resp: &ResponseKind,
+) -> Result<Bytes, Close> {
+    let mut out = BytesMut::with_capacity(256);
+    out.put_i32(0);
+    let header = ResponseHeader::default().with_correlation_id(correlation_id);
+    header
+        .encode(&mut out, key.response_header_version(version))
+        .map_err(|e| Close(format!("encoding response header: {e}")))?;
+    resp.encode(&mut out, version)
+        .map_err(|e| Close(format!("encoding {key:?} v{version} response: {e}")))?;
+    let n = (out.len() - 4) as i32;
+    out[0..4].copy_from_slice(&n.to_be_bytes());
+    Ok(out.freeze())
+}

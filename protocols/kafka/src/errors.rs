@@ -1,0 +1,61 @@
+//! Kafka error codes, and the one place internal errors become them.
+
+use rokka_broker::BrokerError;
+use rokka_store::StoreError;
+
+pub const NONE: i16 = 0;
+pub const OFFSET_OUT_OF_RANGE: i16 = 1;
+pub const CORRUPT_MESSAGE: i16 = 2;
+pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+pub const MESSAGE_TOO_LARGE: i16 = 10;
+pub const REQUEST_TIMED_OUT: i16 = 7;
+pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+pub const INVALID_TOPIC_EXCEPTION: i16 = 17;
+pub const NOT_ENOUGH_REPLICAS: i16 = 19;
+pub const ILLEGAL_GENERATION: i16 = 22;
+pub const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
+pub const INVALID_GROUP_ID: i16 = 24;
+pub const UNKNOWN_MEMBER_ID: i16 = 25;
+pub const INVALID_SESSION_TIMEOUT: i16 = 26;
+pub const REBALANCE_IN_PROGRESS: i16 = 27;
+pub const UNSUPPORTED_VERSION: i16 = 35;
+pub const TOPIC_ALREADY_EXISTS: i16 = 36;
+pub const INVALID_PARTITIONS: i16 = 37;
+pub const INVALID_REPLICATION_FACTOR: i16 = 38;
+pub const INVALID_REQUEST: i16 = 42;
+pub const UNSUPPORTED_FOR_MESSAGE_FORMAT: i16 = 43;
+pub const KAFKA_STORAGE_ERROR: i16 = 56;
+pub const NON_EMPTY_GROUP: i16 = 68;
+pub const GROUP_ID_NOT_FOUND: i16 = 69;
+pub const MEMBER_ID_REQUIRED: i16 = 79;
+pub const FENCED_INSTANCE_ID: i16 = 82;
+pub const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
+pub const UNKNOWN_SERVER_ERROR: i16 = -1;
+
+/// The Kafka error code for a broker error.
+pub fn code(e: &BrokerError) -> i16 {
+    match e {
+        BrokerError::Store(s) => store_code(s),
+        BrokerError::UnknownTopic(_) | BrokerError::UnknownPartition { .. } => {
+            UNKNOWN_TOPIC_OR_PARTITION
+        }
+        BrokerError::TopicExists(_) => TOPIC_ALREADY_EXISTS,
+        BrokerError::InvalidPartitions(_) => INVALID_PARTITIONS,
+        BrokerError::Io(..) | BrokerError::BadFile { .. } => KAFKA_STORAGE_ERROR,
+    }
+}
+
+pub fn store_code(e: &StoreError) -> i16 {
+    match e {
+        StoreError::MessageTooLarge { .. } => MESSAGE_TOO_LARGE,
+        StoreError::InvalidTopic(_) => INVALID_TOPIC_EXCEPTION,
+        StoreError::InvalidBatch(_) => CORRUPT_MESSAGE,
+        StoreError::PropertiesTooLarge(_) => INVALID_REQUEST,
+        StoreError::FlushTimeout(_) => REQUEST_TIMED_OUT,
+        StoreError::ShutDown => NOT_ENOUGH_REPLICAS,
+        StoreError::Io { .. }
+        | StoreError::BadFile { .. }
+        | StoreError::Locked(_)
+        | StoreError::Config(_) => KAFKA_STORAGE_ERROR,
+    }
+}

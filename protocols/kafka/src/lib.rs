@@ -1,0 +1,69 @@
+//! The Kafka listener. `conn` owns a socket and its framing; `dispatch`
+//! turns a frame into a typed request (kafka-protocol) and calls the handler
+//! of its API in `api/`; handlers never see bytes. Errors become Kafka error
+//! codes in `errors` only.
+
+pub mod api;
+pub mod config;
+mod conn;
+pub mod errors;
+pub mod versions;
+
+use std::sync::Arc;
+
+use rokka_broker::Broker;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+pub use config::KafkaConfig;
+
+/// Shared state of the Kafka frontend.
+#[derive(Debug)]
+pub struct Kafka {
+    pub broker: Arc<Broker>,
+    pub config: KafkaConfig,
+    /// Host and port put in Metadata and FindCoordinator responses.
+    pub advertised_host: String,
+    pub advertised_port: i32,
+}
+
+impl Kafka {
+    pub fn new(broker: Arc<Broker>, config: KafkaConfig, bound: std::net::SocketAddr) -> Kafka {
+        let advertised_host = if config.advertised_host.is_empty() {
+            bound.ip().to_string()
+        } else {
+            config.advertised_host.clone()
+        };
+        let advertised_port = if config.advertised_port == 0 {
+            i32::from(bound.port())
+        } else {
+            i32::from(config.advertised_port)
+        };
+        Kafka {
+            broker,
+            config,
+            advertised_host,
+            advertised_port,
+        }
+    }
+}
+
+/// Accepts connections until `shutdown` turns true.
+pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let k = Arc::clone(&kafka);
+                    let sd = shutdown.clone();
+                    tokio::spawn(async move { conn::run(stream, peer, k, sd).await });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            _ = shutdown.changed() => break,
+        }
+    }
+}

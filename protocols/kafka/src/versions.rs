@@ -1,0 +1,72 @@
+//! The ApiVersions table: exactly the APIs and versions Rokka implements.
+//! A client picks the highest version both sides list, so a version is only
+//! listed here once its handler implements every field of it.
+
+use kafka_protocol::messages::ApiKey;
+
+/// (api, min, max) advertised.
+pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
+    // Produce from v0 as Kafka 4 does (KAFKA-18659: librdkafka only
+    // compresses when v0 is listed); v0–v2 requests are refused.
+    (ApiKey::Produce, 0, 9),
+    (ApiKey::Fetch, 4, 12),
+    (ApiKey::ListOffsets, 1, 7),
+    (ApiKey::Metadata, 0, 12),
+    (ApiKey::OffsetCommit, 2, 8),
+    (ApiKey::OffsetFetch, 1, 7),
+    (ApiKey::FindCoordinator, 0, 4),
+    (ApiKey::ApiVersions, 0, 3),
+    (ApiKey::CreateTopics, 2, 5),
+    (ApiKey::DeleteTopics, 1, 5),
+    (ApiKey::CreatePartitions, 0, 3),
+];
+
+/// Versions of `key` Rokka serves, if any.
+pub fn range(key: ApiKey) -> Option<(i16, i16)> {
+    SUPPORTED
+        .iter()
+        .find(|(k, _, _)| *k == key)
+        .map(|(_, a, b)| (*a, *b))
+}
+
+/// Whether a request of `key` at `version` is served.
+pub fn served(key: ApiKey, version: i16) -> bool {
+    match range(key) {
+        // Listed for librdkafka's sake, not served (pre-2.1 message formats).
+        Some(_) if key == ApiKey::Produce && version < 3 => false,
+        Some((min, max)) => (min..=max).contains(&version),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_advertised_version_is_one_kafka_protocol_can_encode() {
+        for (key, min, max) in SUPPORTED {
+            let v = key.valid_versions();
+            assert!(
+                v.min <= *min && *max <= v.max,
+                "{key:?} {min}..={max} outside {v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn kip_896_baseline_is_covered() {
+        // Kafka 4 clients need at least these minimum versions served.
+        for (key, min) in [
+            (ApiKey::Produce, 3),
+            (ApiKey::Fetch, 4),
+            (ApiKey::ListOffsets, 1),
+            (ApiKey::Metadata, 0),
+            (ApiKey::OffsetCommit, 2),
+            (ApiKey::OffsetFetch, 1),
+        ] {
+            assert!(served(key, min), "{key:?} v{min}");
+        }
+        assert!(!served(ApiKey::Produce, 2));
+    }
+}
