@@ -58,8 +58,7 @@ mod tests {
         a.register("t", 0, &n1);
         a.register("t", 1, &n2);
         a.notify("t", 0);
-        let woke1 =
-            tokio::time::timeout(std::time::Duration::from_millis(100), n1.notified()).await;
+        let woke1 = tokio::time::timeout(std::time::Duration::from_millis(100), n1.notified()).await;
         let woke2 = tokio::time::timeout(std::time::Duration::from_millis(50), n2.notified()).await;
         assert!(woke1.is_ok());
         assert!(woke2.is_err());

@@ -7,6 +7,7 @@
 pub mod arrivals;
 pub mod config;
 pub mod error;
+pub mod producers;
 pub mod topics;
 
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use rokka_store::{AppendResult, MessageInput, MessageStore};
 pub use arrivals::Arrivals;
 pub use config::BrokerConfig;
 pub use error::{BrokerError, Result};
+pub use producers::{ProducerStates, SequenceCheck};
 pub use topics::{TopicInfo, TopicTable};
 
 /// The broker: store + topic table + wake-ups.
@@ -24,6 +26,7 @@ pub struct Broker {
     store: Arc<MessageStore>,
     topics: TopicTable,
     arrivals: Arrivals,
+    producers: ProducerStates,
     config: BrokerConfig,
 }
 
@@ -42,6 +45,7 @@ impl Broker {
             store,
             topics,
             arrivals: Arrivals::default(),
+            producers: ProducerStates::default(),
             config,
         })
     }
@@ -137,16 +141,42 @@ impl Broker {
     }
 
     /// Appends one Kafka record batch and wakes readers of its queue.
-    pub fn append_kafka_batch(
-        &self,
-        topic: &str,
-        partition: u32,
-        batch: &[u8],
-    ) -> Result<AppendResult> {
+    pub fn append_kafka_batch(&self, topic: &str, partition: u32, batch: &[u8]) -> Result<AppendResult> {
         self.check_partition(topic, partition)?;
         let r = self.store.append_kafka_batch(topic, partition, batch)?;
         self.arrivals.notify(topic, partition);
         Ok(r)
+    }
+
+    pub fn producers(&self) -> &ProducerStates {
+        &self.producers
+    }
+
+    /// Appends a batch after the idempotent-producer sequence check: a
+    /// duplicate returns its original base offset without appending.
+    /// Returns the verdict, the base offset (None when refused) and the
+    /// CommitLog end to wait on for durability (0 when nothing was appended).
+    pub fn append_kafka_batch_checked(
+        &self,
+        topic: &str,
+        partition: u32,
+        batch: &[u8],
+    ) -> Result<(SequenceCheck, Option<u64>, u64)> {
+        self.check_partition(topic, partition)?;
+        let info = rokka_store::record::kafka::BatchInfo::parse(batch)
+            .map_err(|_| BrokerError::Store(rokka_store::StoreError::InvalidBatch("not a magic-2 record batch")))?;
+        let mut end = 0;
+        let (verdict, base) = self
+            .producers
+            .check_and_append(&self.store, topic, partition, &info, || {
+                let r = self.store.append_kafka_batch(topic, partition, batch)?;
+                end = r.end_offset;
+                Ok::<u64, BrokerError>(r.queue_offset)
+            })?;
+        if end > 0 {
+            self.arrivals.notify(topic, partition);
+        }
+        Ok((verdict, base, end))
     }
 
     /// Appends RocketMQ messages (all to existing queues) and wakes readers.
@@ -179,15 +209,9 @@ mod tests {
             let b = broker(dir.path())?;
             let t = b.create_topic("orders", 6)?;
             assert_eq!(t.partitions, 6);
-            assert!(matches!(
-                b.create_topic("orders", 6),
-                Err(BrokerError::TopicExists(_))
-            ));
+            assert!(matches!(b.create_topic("orders", 6), Err(BrokerError::TopicExists(_))));
             assert!(b.topic_or_create("auto", false, None)?.is_none());
-            assert_eq!(
-                b.topic_or_create("auto", true, None)?.map(|t| t.partitions),
-                Some(1)
-            );
+            assert_eq!(b.topic_or_create("auto", true, None)?.map(|t| t.partitions), Some(1));
             assert!(matches!(
                 b.append_kafka_batch("orders", 6, b"x"),
                 Err(BrokerError::UnknownPartition { .. })

@@ -70,11 +70,7 @@ impl TopicTable {
     }
 
     pub fn get(&self, name: &str) -> Option<TopicInfo> {
-        self.topics
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .cloned()
+        self.topics.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
     }
 
     pub fn all(&self) -> Vec<(String, TopicInfo)> {

@@ -28,9 +28,7 @@ pub struct LogConfig {
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig {
-            level: "info".into(),
-        }
+        LogConfig { level: "info".into() }
     }
 }
 
@@ -95,10 +93,7 @@ mod tests {
 
     #[test]
     fn shipped_file_equals_code_defaults() -> Result<(), ConfigError> {
-        assert_eq!(
-            Config::parse(SHIPPED, "config/rokka.toml")?,
-            Config::default()
-        );
+        assert_eq!(Config::parse(SHIPPED, "config/rokka.toml")?, Config::default());
         Ok(())
     }
 
@@ -136,10 +131,7 @@ mod tests {
         let msg = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(msg.contains("flush_intervl_ms"), "{msg}");
         let err = Config::parse("[nope]\n", "t.toml").map(|_| ()).err();
-        assert!(err
-            .map(|e| e.to_string())
-            .unwrap_or_default()
-            .contains("nope"));
+        assert!(err.map(|e| e.to_string()).unwrap_or_default().contains("nope"));
     }
 
     #[test]
@@ -148,17 +140,11 @@ mod tests {
             .map(|_| ())
             .err();
         let msg = err.map(|e| e.to_string()).unwrap_or_default();
-        assert!(
-            msg.contains("flush_interval_ms") && msg.contains("t.toml"),
-            "{msg}"
-        );
+        assert!(msg.contains("flush_interval_ms") && msg.contains("t.toml"), "{msg}");
         let err = Config::parse("[store]\nflush_mode = \"sometimes\"\n", "t.toml")
             .map(|_| ())
             .err();
-        assert!(err
-            .map(|e| e.to_string())
-            .unwrap_or_default()
-            .contains("sometimes"));
+        assert!(err.map(|e| e.to_string()).unwrap_or_default().contains("sometimes"));
     }
 
     #[test]

@@ -18,11 +18,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::Config;
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "rokka",
-    version,
-    about = "Kafka and RocketMQ protocols over one store"
-)]
+#[command(name = "rokka", version, about = "Kafka and RocketMQ protocols over one store")]
 struct Args {
     /// TOML config file (every key optional; see config/rokka.toml).
     #[arg(short, long, env = "ROKKA_CONFIG")]
@@ -37,8 +33,7 @@ struct Args {
 
 /// Buckets for `*_seconds` histograms: 10 µs .. 10 s.
 const SECONDS_BUCKETS: &[f64] = &[
-    0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 10.0,
+    0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 
 fn main() -> ExitCode {
@@ -78,10 +73,7 @@ fn main() -> ExitCode {
     };
     tracing_subscriber::fmt().with_env_filter(filter).init();
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the runtime");
@@ -107,8 +99,7 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
         tracing::info!(listen = %cfg.metrics.listen, "Prometheus metrics at /metrics");
     }
     let store_cfg = cfg.store.clone();
-    let store =
-        Arc::new(tokio::task::spawn_blocking(move || MessageStore::open(store_cfg)).await??);
+    let store = Arc::new(tokio::task::spawn_blocking(move || MessageStore::open(store_cfg)).await??);
     let broker = Arc::new(Broker::new(Arc::clone(&store), cfg.broker.clone())?);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut listeners = Vec::new();
@@ -119,11 +110,7 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
         let bound = listener.local_addr()?;
         let kafka = Arc::new(Kafka::new(Arc::clone(&broker), cfg.kafka.clone(), bound));
         tracing::info!(listen = %bound, advertised = %format!("{}:{}", kafka.advertised_host, kafka.advertised_port), "Kafka listener");
-        listeners.push(tokio::spawn(rokka_kafka::serve(
-            listener,
-            kafka,
-            stop_rx.clone(),
-        )));
+        listeners.push(tokio::spawn(rokka_kafka::serve(listener, kafka, stop_rx.clone())));
     }
     tracing::info!(data_dir = %cfg.store.data_dir.display(), "rokka is up");
 

@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 fn free_port() -> std::io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 fn get_metrics(port: u16) -> Option<String> {
@@ -45,8 +43,7 @@ fn serves_metrics_and_stops_cleanly_on_sigterm() -> TestResult {
         .spawn()?;
     let deadline = Instant::now() + Duration::from_secs(20);
     let body = loop {
-        if let Some(b) = get_metrics(port).filter(|b| b.contains("rokka_store_commitlog_segments"))
-        {
+        if let Some(b) = get_metrics(port).filter(|b| b.contains("rokka_store_commitlog_segments")) {
             break b;
         }
         if Instant::now() > deadline {
@@ -57,9 +54,7 @@ fn serves_metrics_and_stops_cleanly_on_sigterm() -> TestResult {
     };
     assert!(body.contains("rokka_store_recovery_seconds"), "{body}");
     assert!(dir.path().join("data/abort").exists());
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()?;
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(20);
     let exit = loop {
@@ -73,10 +68,7 @@ fn serves_metrics_and_stops_cleanly_on_sigterm() -> TestResult {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(exit.success(), "exit status {exit}");
-    assert!(
-        !dir.path().join("data/abort").exists(),
-        "abort marker left behind"
-    );
+    assert!(!dir.path().join("data/abort").exists(), "abort marker left behind");
     assert!(dir.path().join("data/checkpoint").exists());
     Ok(())
 }
@@ -92,9 +84,6 @@ fn bad_config_is_refused_naming_the_key() -> TestResult {
         .output()?;
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("flush_mode") && err.contains("bad.toml"),
-        "{err}"
-    );
+    assert!(err.contains("flush_mode") && err.contains("bad.toml"), "{err}");
     Ok(())
 }

@@ -20,8 +20,8 @@ use rokka_store::{FlushMode, MessageInput, MessageStore, ReadStatus, StoreConfig
 type R = Result<(), Box<dyn std::error::Error>>;
 
 fn bench_dir(name: &str) -> PathBuf {
-    let root = std::env::var_os("ROKKA_BENCH_DIR")
-        .map_or_else(|| PathBuf::from("../../target/bench-data"), PathBuf::from);
+    let root =
+        std::env::var_os("ROKKA_BENCH_DIR").map_or_else(|| PathBuf::from("../../target/bench-data"), PathBuf::from);
     let d = root.join(name);
     let _ = std::fs::remove_dir_all(&d);
     d
@@ -117,12 +117,7 @@ fn append_sync(size: usize, threads: u64, duration: Duration) -> R {
                 let body = vec![0x5Au8; size];
                 let deadline = Instant::now() + duration;
                 while Instant::now() < deadline {
-                    let r = store.append_message(&MessageInput::new(
-                        "sbench",
-                        (th % 8) as u32,
-                        &body,
-                        b"",
-                    ))?;
+                    let r = store.append_message(&MessageInput::new("sbench", (th % 8) as u32, &body, b""))?;
                     store.wait_durable(r.end_offset)?;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
@@ -170,12 +165,7 @@ fn append_sync_async(size: usize, tasks: u64, duration: Duration) -> R {
                 let body = vec![0x5Au8; size];
                 let deadline = Instant::now() + duration;
                 while Instant::now() < deadline {
-                    let r = store.append_message(&MessageInput::new(
-                        "sbench",
-                        (th % 8) as u32,
-                        &body,
-                        b"",
-                    ))?;
+                    let r = store.append_message(&MessageInput::new("sbench", (th % 8) as u32, &body, b""))?;
                     store.durable(r.end_offset).await?;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
@@ -249,10 +239,7 @@ fn read_sequential(size: usize, count: u64) -> R {
 }
 
 fn main() -> R {
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
+    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let want = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
     if want("append_async") {
         append_async(100, 4_000_000)?;

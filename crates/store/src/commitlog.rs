@@ -53,13 +53,9 @@ impl CommitLog {
         for item in std::fs::read_dir(dir).map_err(StoreError::io("read dir", dir))? {
             let item = item.map_err(StoreError::io("read dir", dir))?;
             let path = item.path();
-            let start = parse_file_name(&item.file_name()).ok_or_else(|| {
-                StoreError::bad_file(&path, "not a CommitLog segment name (20 digits)")
-            })?;
-            let len = item
-                .metadata()
-                .map_err(StoreError::io("stat", &path))?
-                .len();
+            let start = parse_file_name(&item.file_name())
+                .ok_or_else(|| StoreError::bad_file(&path, "not a CommitLog segment name (20 digits)"))?;
+            let len = item.metadata().map_err(StoreError::io("stat", &path))?.len();
             found.push((start, len, path));
         }
         found.sort();
@@ -129,9 +125,7 @@ impl CommitLog {
 
     /// First offset still on disk.
     pub fn min_offset(&self) -> u64 {
-        self.segs()
-            .first()
-            .map_or_else(|| self.write_pos(), |s| s.start)
+        self.segs().first().map_or_else(|| self.write_pos(), |s| s.start)
     }
 
     pub(crate) fn publish(&self, pos: u64) {
@@ -200,10 +194,7 @@ impl CommitLog {
     }
 
     pub(crate) fn push_segment(&self, seg: Segment) {
-        self.segments
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(seg);
+        self.segments.write().unwrap_or_else(|p| p.into_inner()).push(seg);
     }
 
     /// Removes segments after the one holding `end` (recovery truncation).
@@ -211,18 +202,14 @@ impl CommitLog {
         let mut segs = self.segments.write().unwrap_or_else(|p| p.into_inner());
         while segs.len() > 1 && segs.last().is_some_and(|s| s.start > end) {
             if let Some(s) = segs.pop() {
-                std::fs::remove_file(s.file.path())
-                    .map_err(StoreError::io("remove", s.file.path()))?;
+                std::fs::remove_file(s.file.path()).map_err(StoreError::io("remove", s.file.path()))?;
             }
         }
         Ok(())
     }
 
     /// Deletes the oldest segment if `pred` allows it (never the last one).
-    pub(crate) fn delete_oldest_if(
-        &self,
-        pred: impl Fn(&Segment) -> bool,
-    ) -> Result<Option<Segment>> {
+    pub(crate) fn delete_oldest_if(&self, pred: impl Fn(&Segment) -> bool) -> Result<Option<Segment>> {
         let mut segs = self.segments.write().unwrap_or_else(|p| p.into_inner());
         if segs.len() < 2 || !pred(&segs[0]) {
             return Ok(None);
@@ -321,9 +308,7 @@ fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar)) {
                 return;
             }
             let pf = s.prefault.take();
-            let want = s
-                .want
-                .filter(|(w, _)| s.ready.as_ref().is_none_or(|(r, _)| r != w));
+            let want = s.want.filter(|(w, _)| s.ready.as_ref().is_none_or(|(r, _)| r != w));
             (want, pf)
         };
         if let Some(f) = pf {
@@ -380,12 +365,7 @@ pub struct CommitLogWriter {
 
 impl CommitLogWriter {
     /// Continues writing at `end` (the recovered end of data).
-    pub fn new(
-        log: Arc<CommitLog>,
-        end: u64,
-        segment_bytes: u64,
-        preallocate: bool,
-    ) -> Result<CommitLogWriter> {
+    pub fn new(log: Arc<CommitLog>, end: u64, segment_bytes: u64, preallocate: bool) -> Result<CommitLogWriter> {
         let active = log.segs().iter().rev().find(|s| s.start <= end).cloned();
         let allocator = if preallocate {
             Some(Allocator::start(log.dir.clone())?)
@@ -412,9 +392,7 @@ impl CommitLogWriter {
 
     /// The offset the next entry will get (before any roll).
     pub fn position(&self) -> u64 {
-        self.active
-            .as_ref()
-            .map_or(0, |s| s.start + self.wrote as u64)
+        self.active.as_ref().map_or(0, |s| s.start + self.wrote as u64)
     }
 
     fn next_segment(&mut self, start: u64) -> Result<Segment> {
@@ -422,10 +400,8 @@ impl CommitLogWriter {
             Some(f) => f,
             None => {
                 let path = self.log.dir.join(file_name(start));
-                let f = Arc::new(
-                    MappedFile::create(&path, self.segment_bytes)
-                        .map_err(StoreError::io("create", &path))?,
-                );
+                let f =
+                    Arc::new(MappedFile::create(&path, self.segment_bytes).map_err(StoreError::io("create", &path))?);
                 if let Some(a) = &self.allocator {
                     a.prefault(Arc::clone(&f));
                 }
@@ -476,8 +452,7 @@ impl CommitLogWriter {
             return Err(StoreError::ShutDown);
         };
         let phys = seg.start + self.wrote as u64;
-        seg.file
-            .with_region_mut(self.wrote, size, |buf| encode(buf, phys));
+        seg.file.with_region_mut(self.wrote, size, |buf| encode(buf, phys));
         self.wrote += size;
         Ok(phys)
     }

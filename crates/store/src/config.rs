@@ -99,9 +99,7 @@ impl StoreConfig {
             )));
         }
         if self.commitlog_segment_bytes > i64::MAX as u64 / 2 {
-            return Err(StoreError::Config(
-                "commitlog_segment_bytes is too large".into(),
-            ));
+            return Err(StoreError::Config("commitlog_segment_bytes is too large".into()));
         }
         if self.consume_queue_entries_per_file < 2 {
             return Err(StoreError::Config(
@@ -114,17 +112,12 @@ impl StoreConfig {
             ));
         }
         if self.disk_max_used_percent > 100 {
-            return Err(StoreError::Config(
-                "disk_max_used_percent must be 0..=100".into(),
-            ));
+            return Err(StoreError::Config("disk_max_used_percent must be 0..=100".into()));
         }
         for (name, v) in [
             ("flush_interval_ms", self.flush_interval_ms),
             ("checkpoint_interval_ms", self.checkpoint_interval_ms),
-            (
-                "retention_check_interval_ms",
-                self.retention_check_interval_ms,
-            ),
+            ("retention_check_interval_ms", self.retention_check_interval_ms),
             ("offsets_flush_interval_ms", self.offsets_flush_interval_ms),
         ] {
             if v == 0 {

@@ -148,12 +148,7 @@ impl ConsumeQueue {
 
     /// Loads a queue from its directory: checks file names and sizes, then
     /// finds the last valid entry (a zero or inconsistent entry ends the queue).
-    pub fn load(
-        root: &Path,
-        topic: Arc<str>,
-        queue_id: u32,
-        entries_per_file: u32,
-    ) -> Result<ConsumeQueue> {
+    pub fn load(root: &Path, topic: Arc<str>, queue_id: u32, entries_per_file: u32) -> Result<ConsumeQueue> {
         let cq = ConsumeQueue::new(root, topic, queue_id, entries_per_file);
         let epf = cq.entries_per_file;
         let file_len = epf * ENTRY_SIZE as u64;
@@ -161,13 +156,9 @@ impl ConsumeQueue {
         for item in std::fs::read_dir(&cq.dir).map_err(StoreError::io("read dir", &cq.dir))? {
             let item = item.map_err(StoreError::io("read dir", &cq.dir))?;
             let path = item.path();
-            let idx = parse_file_name(&item.file_name()).ok_or_else(|| {
-                StoreError::bad_file(&path, "not a ConsumeQueue file name (20 digits)")
-            })?;
-            let len = item
-                .metadata()
-                .map_err(StoreError::io("stat", &path))?
-                .len();
+            let idx = parse_file_name(&item.file_name())
+                .ok_or_else(|| StoreError::bad_file(&path, "not a ConsumeQueue file name (20 digits)"))?;
+            let len = item.metadata().map_err(StoreError::io("stat", &path))?.len();
             if len != file_len {
                 return Err(StoreError::bad_file(
                     &path,
@@ -194,9 +185,7 @@ impl ConsumeQueue {
         let base_entry = first.0;
         let mut list = Vec::with_capacity(names.len());
         for (_, path) in &names {
-            list.push(Arc::new(
-                MappedFile::open(path).map_err(StoreError::io("map", path))?,
-            ));
+            list.push(Arc::new(MappedFile::open(path).map_err(StoreError::io("map", path))?));
         }
         // Count valid entries: every file but the last is full; scan the last.
         let last_base = base_entry + (list.len() as u64 - 1) * epf;
@@ -288,10 +277,7 @@ impl ConsumeQueue {
     fn partition_point(&self, pred: impl Fn(&CqEntry) -> bool) -> u64 {
         let end = self.entries.load(Ordering::Acquire);
         let f = self.files();
-        let (mut lo, mut hi) = (
-            self.min_entry.load(Ordering::Acquire).max(f.base_entry),
-            end,
-        );
+        let (mut lo, mut hi) = (self.min_entry.load(Ordering::Acquire).max(f.base_entry), end);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match self.entry_in(&f, mid) {
@@ -532,10 +518,7 @@ mod tests {
         assert_eq!(cq.find(5), Some(1));
         assert_eq!(cq.find(base - 1), Some(9));
         assert_eq!(cq.find(base), None);
-        assert_eq!(
-            cq.offset_by_store_time(1003),
-            cq.entry(3).map_or(0, |e| e.base_offset)
-        );
+        assert_eq!(cq.offset_by_store_time(1003), cq.entry(3).map_or(0, |e| e.base_offset));
         assert_eq!(cq.offset_by_store_time(99_999), base);
         cq.flush()?;
         drop(cq);
@@ -561,9 +544,7 @@ mod tests {
         std::fs::create_dir_all(&qdir).map_err(StoreError::io("mkdir", &qdir))?;
         std::fs::write(qdir.join("notes.txt"), b"x").map_err(StoreError::io("write", &qdir))?;
         let err = ConsumeQueue::load(dir.path(), Arc::from("t"), 0, 4).err();
-        assert!(
-            matches!(err, Some(StoreError::BadFile { ref path, .. }) if path.ends_with("notes.txt"))
-        );
+        assert!(matches!(err, Some(StoreError::BadFile { ref path, .. }) if path.ends_with("notes.txt")));
         Ok(())
     }
 }

@@ -45,10 +45,7 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    pub(crate) fn io(
-        op: &'static str,
-        path: impl Into<PathBuf>,
-    ) -> impl FnOnce(std::io::Error) -> StoreError {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> StoreError {
         let path = path.into();
         move |source| StoreError::Io { op, path, source }
     }

@@ -47,10 +47,7 @@ struct IndexFile {
 
 /// Hash of `topic#key` as Java's `abs(("topic#key").hashCode())`.
 pub fn key_hash(topic: &str, key: &[u8]) -> u32 {
-    let h = java_hash_extend(
-        java_hash_extend(java_hash_extend(0, topic.as_bytes()), b"#"),
-        key,
-    );
+    let h = java_hash_extend(java_hash_extend(java_hash_extend(0, topic.as_bytes()), b"#"), key);
     if h == i32::MIN {
         0
     } else {
@@ -65,8 +62,7 @@ impl IndexFile {
 
     fn create(dir: &Path, name: u64, slots: u32, entries: u32) -> Result<IndexFile> {
         let path = dir.join(file_name(name));
-        let file = MappedFile::create(&path, Self::size(slots, entries))
-            .map_err(StoreError::io("create", &path))?;
+        let file = MappedFile::create(&path, Self::size(slots, entries)).map_err(StoreError::io("create", &path))?;
         let mut f = IndexFile {
             name,
             file: Arc::new(file),
@@ -272,10 +268,7 @@ impl IndexService {
 
     /// Offset below which every record is indexed (idempotent re-dispatch).
     pub fn end_phys(&self) -> Option<u64> {
-        self.files
-            .last()
-            .filter(|f| f.h.count > 1)
-            .map(|f| f.h.end_phys)
+        self.files.last().filter(|f| f.h.count > 1).map(|f| f.h.end_phys)
     }
 
     /// After an unclean stop: go back to the state recorded at the checkpoint
@@ -322,14 +315,7 @@ impl IndexService {
 
     /// CommitLog offsets of records that may have `key` in `topic`, stored in
     /// `[begin_ts, end_ts]`, newest first, at most `max`.
-    pub fn query(
-        &self,
-        topic: &str,
-        key: &[u8],
-        max: usize,
-        begin_ts: i64,
-        end_ts: i64,
-    ) -> Vec<u64> {
+    pub fn query(&self, topic: &str, key: &[u8], max: usize, begin_ts: i64, end_ts: i64) -> Vec<u64> {
         let max = max.min(MAX_QUERY_RESULTS);
         let hash = key_hash(topic, key);
         let mut out = Vec::new();

@@ -87,10 +87,7 @@ mod tests {
     #[test]
     fn names_and_topics() {
         assert_eq!(file_name(1_073_741_824), "00000000001073741824");
-        assert_eq!(
-            parse_file_name(OsStr::new("00000000001073741824")),
-            Some(1_073_741_824)
-        );
+        assert_eq!(parse_file_name(OsStr::new("00000000001073741824")), Some(1_073_741_824));
         assert_eq!(parse_file_name(OsStr::new("0000000000107374182")), None);
         assert_eq!(parse_file_name(OsStr::new("0000000000107374182x")), None);
         assert!(validate_topic("TopicTest").is_ok());

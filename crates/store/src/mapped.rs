@@ -65,8 +65,8 @@ impl MappedFile {
     }
 
     fn map(path: PathBuf, file: File, len: u64) -> io::Result<MappedFile> {
-        let len_usize = usize::try_from(len)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file too large to map"))?;
+        let len_usize =
+            usize::try_from(len).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "file too large to map"))?;
         if len_usize == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -111,11 +111,7 @@ impl MappedFile {
         // SAFETY: bounds checked above; the region is unpublished (module docs),
         // so no shared reference to it exists while we write.
         unsafe {
-            std::ptr::copy_nonoverlapping(
-                data.as_ptr(),
-                self.map.as_mut_ptr().add(pos),
-                data.len(),
-            );
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.map.as_mut_ptr().add(pos), data.len());
         }
     }
 

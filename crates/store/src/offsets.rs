@@ -64,14 +64,10 @@ impl ConsumerOffsets {
     pub fn load(path: &Path) -> Result<ConsumerOffsets> {
         let table = match std::fs::read(path) {
             Ok(b) => {
-                let f: FileForm = serde_json::from_slice(&b).map_err(|e| {
-                    StoreError::bad_file(path, format!("consumer offsets are not valid JSON: {e}"))
-                })?;
+                let f: FileForm = serde_json::from_slice(&b)
+                    .map_err(|e| StoreError::bad_file(path, format!("consumer offsets are not valid JSON: {e}")))?;
                 if f.version != 1 {
-                    return Err(StoreError::bad_file(
-                        path,
-                        format!("unknown version {}", f.version),
-                    ));
+                    return Err(StoreError::bad_file(path, format!("unknown version {}", f.version)));
                 }
                 f.offsets.into_iter().map(|r| (r.key, r.value)).collect()
             }
@@ -137,10 +133,7 @@ impl ConsumerOffsets {
 
     /// Deletes one offset; returns whether it existed.
     pub fn delete(&self, group: &str, topic: &str, queue: u32) -> bool {
-        let had = self
-            .lock()
-            .remove(&Self::key(group, topic, queue))
-            .is_some();
+        let had = self.lock().remove(&Self::key(group, topic, queue)).is_some();
         if had {
             self.dirty.store(true, Ordering::Release);
         }

@@ -69,10 +69,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         }
     };
     let log = Arc::new(CommitLog::load(&dir.join("commitlog"))?);
-    let mut queues = load_queues(
-        &dir.join("consumequeue"),
-        config.consume_queue_entries_per_file,
-    )?;
+    let mut queues = load_queues(&dir.join("consumequeue"), config.consume_queue_entries_per_file)?;
     let mut index = if config.index_enabled {
         Some(IndexService::load(
             &dir.join("index"),
@@ -102,10 +99,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         None => recover(
             &log,
             &mut queues,
-            (
-                &dir.join("consumequeue"),
-                config.consume_queue_entries_per_file,
-            ),
+            (&dir.join("consumequeue"), config.consume_queue_entries_per_file),
             index.as_mut(),
             cp.as_ref(),
             max_entry,
@@ -172,10 +166,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     let threads = crate::tasks::spawn(&inner)?;
     let secs = started.elapsed().as_secs_f64();
     inner.metrics.recovery_seconds.set(secs);
-    inner
-        .metrics
-        .segments
-        .set(inner.log.segments().len() as f64);
+    inner.metrics.segments.set(inner.log.segments().len() as f64);
     tracing::info!(dir = %dir.display(), end, seconds = secs, "store open");
     Ok(MessageStore {
         inner,
@@ -207,10 +198,7 @@ fn check_top_level(dir: &Path) -> Result<()> {
         let item = item.map_err(StoreError::io("read dir", dir))?;
         let name = item.file_name();
         if !name.to_str().is_some_and(|n| KNOWN_TOP_LEVEL.contains(&n)) {
-            return Err(StoreError::bad_file(
-                item.path(),
-                "not a file the store writes",
-            ));
+            return Err(StoreError::bad_file(item.path(), "not a file the store writes"));
         }
     }
     Ok(())
@@ -238,9 +226,7 @@ fn load_queues(root: &Path, entries_per_file: u32) -> Result<QueueMap> {
             let queue_id: u32 = q
                 .file_name()
                 .to_str()
-                .filter(|n| {
-                    !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && qpath.is_dir()
-                })
+                .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && qpath.is_dir())
                 .and_then(|n| n.parse().ok())
                 .ok_or_else(|| StoreError::bad_file(&qpath, "not a queue directory"))?;
             let cq = ConsumeQueue::load(root, Arc::clone(&topic), queue_id, entries_per_file)?;
@@ -320,11 +306,7 @@ fn recover(
             ),
         ));
     }
-    tracing::warn!(
-        from = start,
-        full_scan = safe.is_none(),
-        "unclean shutdown: recovering"
-    );
+    tracing::warn!(from = start, full_scan = safe.is_none(), "unclean shutdown: recovering");
     for q in queues.values().flat_map(|m| m.values()) {
         q.truncate_from_phys(start)?;
     }
@@ -341,10 +323,7 @@ fn recover(
         if validate_topic(topic).is_err() {
             return Err(StoreError::bad_file(
                 log.dir(),
-                format!(
-                    "record at {} names an invalid topic {topic:?}",
-                    info.phys_offset
-                ),
+                format!("record at {} names an invalid topic {topic:?}", info.phys_offset),
             ));
         }
         // A queue created just before the crash may have no directory yet.
@@ -399,7 +378,9 @@ fn recover(
         if commitlog::valid_entry_at(log, seg.start, max_entry) {
             return Err(StoreError::bad_file(
                 seg.file.path(),
-                format!("valid entries follow damaged or missing data at CommitLog offset {end}; refusing to drop them"),
+                format!(
+                    "valid entries follow damaged or missing data at CommitLog offset {end}; refusing to drop them"
+                ),
             ));
         }
     }

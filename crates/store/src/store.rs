@@ -159,9 +159,7 @@ pub struct MessageStore {
 
 impl std::fmt::Debug for MessageStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MessageStore")
-            .field("dir", &self.inner.dir)
-            .finish()
+        f.debug_struct("MessageStore").field("dir", &self.inner.dir).finish()
     }
 }
 
@@ -180,12 +178,7 @@ impl Inner {
     }
 
     /// The queue for (topic, queue), created on first use (writer only).
-    pub(crate) fn queue_for(
-        &self,
-        w: &mut Writer,
-        topic: &str,
-        queue_id: u32,
-    ) -> Arc<ConsumeQueue> {
+    pub(crate) fn queue_for(&self, w: &mut Writer, topic: &str, queue_id: u32) -> Arc<ConsumeQueue> {
         if let Some(q) = w.queues.get(topic).and_then(|m| m.get(&queue_id)) {
             return Arc::clone(q);
         }
@@ -361,12 +354,7 @@ impl MessageStore {
     /// Appends one Kafka record batch (magic 2) whole; it takes
     /// `lastOffsetDelta + 1` offsets and is stored with its base offset set to
     /// the first. The caller has checked the batch CRC.
-    pub fn append_kafka_batch(
-        &self,
-        topic: &str,
-        queue_id: u32,
-        batch: &[u8],
-    ) -> Result<AppendResult> {
+    pub fn append_kafka_batch(&self, topic: &str, queue_id: u32, batch: &[u8]) -> Result<AppendResult> {
         self.check_open()?;
         validate_topic(topic)?;
         let limit = self.inner.config.max_message_bytes as usize;
@@ -376,8 +364,8 @@ impl MessageStore {
                 limit,
             });
         }
-        let info = kafka::BatchInfo::parse(batch)
-            .map_err(|_| StoreError::InvalidBatch("not a magic-2 record batch"))?;
+        let info =
+            kafka::BatchInfo::parse(batch).map_err(|_| StoreError::InvalidBatch("not a magic-2 record batch"))?;
         let inner = &*self.inner;
         let size = kafka::encoded_len(topic, batch.len());
         let result = {
@@ -436,11 +424,7 @@ impl MessageStore {
         }
         let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
         let deadline = Instant::now() + timeout;
-        let mut req = inner
-            .flush
-            .requested
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
         req.ask(end_offset);
         inner.flush.wake_flusher.notify_one();
         while inner.log.flushed_pos() < end_offset {
@@ -470,19 +454,12 @@ impl MessageStore {
         }
         let mut rx = inner.flush.flushed.subscribe();
         {
-            let mut req = inner
-                .flush
-                .requested
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
             req.ask(end_offset);
             inner.flush.wake_flusher.notify_one();
         }
         let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
-        let waited = tokio::time::timeout(timeout, async {
-            rx.wait_for(|f| *f >= end_offset).await.map(|_| ())
-        })
-        .await;
+        let waited = tokio::time::timeout(timeout, async { rx.wait_for(|f| *f >= end_offset).await.map(|_| ()) }).await;
         match waited {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(StoreError::ShutDown),
@@ -540,10 +517,7 @@ impl MessageStore {
     /// Queue ids of `topic`, sorted.
     pub fn queue_ids(&self, topic: &str) -> Vec<u32> {
         let q = self.inner.queues.read().unwrap_or_else(|p| p.into_inner());
-        let mut ids: Vec<u32> = q
-            .get(topic)
-            .map(|m| m.keys().copied().collect())
-            .unwrap_or_default();
+        let mut ids: Vec<u32> = q.get(topic).map(|m| m.keys().copied().collect()).unwrap_or_default();
         ids.sort_unstable();
         ids
     }
@@ -561,20 +535,12 @@ impl MessageStore {
     /// First offset stored at or after `ts` (store time); the max offset when
     /// nothing is that recent.
     pub fn offset_by_store_time(&self, topic: &str, queue_id: u32, ts: i64) -> u64 {
-        self.queue(topic, queue_id)
-            .map_or(0, |q| q.offset_by_store_time(ts))
+        self.queue(topic, queue_id).map_or(0, |q| q.offset_by_store_time(ts))
     }
 
     /// Reads up to `max_offsets` offsets (whole entries; at least one entry
     /// even if larger than `max_bytes`) from `offset`.
-    pub fn read(
-        &self,
-        topic: &str,
-        queue_id: u32,
-        offset: u64,
-        max_offsets: u32,
-        max_bytes: usize,
-    ) -> QueueRead {
+    pub fn read(&self, topic: &str, queue_id: u32, offset: u64, max_offsets: u32, max_bytes: usize) -> QueueRead {
         let Some(q) = self.queue(topic, queue_id) else {
             return QueueRead {
                 status: ReadStatus::NoSuchQueue,
@@ -608,9 +574,7 @@ impl MessageStore {
         let mut cqs = Vec::new();
         let (mut offsets, mut bytes) = (0u64, 0usize);
         while let Some(e) = q.entry(idx) {
-            if !cqs.is_empty()
-                && (offsets >= u64::from(max_offsets) || bytes + e.size as usize > max_bytes)
-            {
+            if !cqs.is_empty() && (offsets >= u64::from(max_offsets) || bytes + e.size as usize > max_bytes) {
                 break;
             }
             offsets += e.end_offset() - offset.max(e.base_offset);
@@ -645,20 +609,16 @@ impl MessageStore {
                 j += 1;
                 end += u64::from(cqs[j].size);
             }
-            let run = self
-                .inner
-                .log
-                .read(start, (end - start) as usize)
-                .or_else(|| {
-                    // The run crossed a segment end: fall back to one view each.
-                    if j > i {
-                        j = i;
-                        end = start + u64::from(cqs[i].size);
-                        self.inner.log.read(start, cqs[i].size as usize)
-                    } else {
-                        None
-                    }
-                });
+            let run = self.inner.log.read(start, (end - start) as usize).or_else(|| {
+                // The run crossed a segment end: fall back to one view each.
+                if j > i {
+                    j = i;
+                    end = start + u64::from(cqs[i].size);
+                    self.inner.log.read(start, cqs[i].size as usize)
+                } else {
+                    None
+                }
+            });
             let Some(run) = run else {
                 break;
             };
@@ -686,14 +646,7 @@ impl MessageStore {
 
     /// Messages of `topic` whose KEYS contain `key` or whose UNIQ_KEY is
     /// `key`, stored within `[begin_ts, end_ts]`, at most `max`, oldest first.
-    pub fn query_by_key(
-        &self,
-        topic: &str,
-        key: &str,
-        max: usize,
-        begin_ts: i64,
-        end_ts: i64,
-    ) -> Vec<Bytes> {
+    pub fn query_by_key(&self, topic: &str, key: &str, max: usize, begin_ts: i64, end_ts: i64) -> Vec<Bytes> {
         let Some(index) = &self.inner.index else {
             return Vec::new();
         };
@@ -711,8 +664,8 @@ impl MessageStore {
             let Ok(Entry::Message(m)) = record::decode_entry(&b) else {
                 continue;
             };
-            let matches = m.topic_str() == topic
-                && record::index_keys(topic, &m.properties).any(|(_, k)| k == key.as_bytes());
+            let matches =
+                m.topic_str() == topic && record::index_keys(topic, &m.properties).any(|(_, k)| k == key.as_bytes());
             if matches {
                 out.push(b);
             }
@@ -776,11 +729,7 @@ impl MessageStore {
         let inner = &*self.inner;
         inner.stop.store(true, Ordering::Release);
         {
-            let _g = inner
-                .flush
-                .requested
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let _g = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
             inner.flush.wake_flusher.notify_all();
             inner.flush.done.notify_all();
         }

@@ -39,10 +39,7 @@ fn flush_commitlog(inner: &Inner) {
     }
     let t = Instant::now();
     match inner.log.flush_to(target) {
-        Ok(()) => inner
-            .metrics
-            .flush_seconds
-            .record(t.elapsed().as_secs_f64()),
+        Ok(()) => inner.metrics.flush_seconds.record(t.elapsed().as_secs_f64()),
         Err(e) => tracing::error!(error = %e, "CommitLog flush failed"),
     }
 }
@@ -59,13 +56,8 @@ fn flush_loop(inner: &Inner) {
             }
             FlushMode::Sync => {
                 {
-                    let mut req = inner
-                        .flush
-                        .requested
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner());
-                    if req.target <= inner.log.flushed_pos() && !inner.stop.load(Ordering::Acquire)
-                    {
+                    let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+                    if req.target <= inner.log.flushed_pos() && !inner.stop.load(Ordering::Acquire) {
                         req = inner
                             .flush
                             .wake_flusher
@@ -78,10 +70,7 @@ fn flush_loop(inner: &Inner) {
                     // concurrent producers share one sync instead of taking
                     // turns. A lone producer (batch of 1) never waits here.
                     let deadline = Instant::now() + GATHER_WINDOW;
-                    while req.arrivals > 0
-                        && req.arrivals < prev_batch
-                        && !inner.stop.load(Ordering::Acquire)
-                    {
+                    while req.arrivals > 0 && req.arrivals < prev_batch && !inner.stop.load(Ordering::Acquire) {
                         let now = Instant::now();
                         if now >= deadline {
                             break;
@@ -100,11 +89,7 @@ fn flush_loop(inner: &Inner) {
                 }
                 flush_commitlog(inner);
                 let flushed = inner.log.flushed_pos();
-                let _g = inner
-                    .flush
-                    .requested
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
+                let _g = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
                 inner.flush.flushed.send_replace(flushed);
                 inner.flush.done.notify_all();
             }
@@ -121,11 +106,7 @@ fn sleep(inner: &Inner, d: Duration) {
     if inner.stop.load(Ordering::Acquire) {
         return;
     }
-    let _ = inner
-        .sleep
-        .1
-        .wait_timeout(g, d)
-        .unwrap_or_else(|p| p.into_inner());
+    let _ = inner.sleep.1.wait_timeout(g, d).unwrap_or_else(|p| p.into_inner());
 }
 
 fn task_loop(inner: &Inner) {
@@ -168,23 +149,16 @@ pub(crate) fn checkpoint(inner: &Inner, clean: bool) -> Result<Checkpoint> {
     let (end, mark, last_record) = snapshot(inner);
     let t = Instant::now();
     inner.log.flush_to(end)?;
-    inner
-        .metrics
-        .flush_seconds
-        .record(t.elapsed().as_secs_f64());
+    inner.metrics.flush_seconds.record(t.elapsed().as_secs_f64());
     for q in inner.all_queues() {
         q.flush()?;
     }
     if let Some(index) = &inner.index {
         // msync outside the index lock so appends are not held up; everything
         // up to `mark` was written before the snapshot.
-        let file = index
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .active_file();
+        let file = index.lock().unwrap_or_else(|p| p.into_inner()).active_file();
         if let Some(f) = file {
-            f.flush_range(0, f.len())
-                .map_err(StoreError::io("flush", f.path()))?;
+            f.flush_range(0, f.len()).map_err(StoreError::io("flush", f.path()))?;
         }
     }
     let cp = Checkpoint {
@@ -212,16 +186,10 @@ pub(crate) fn retention(inner: &Inner) -> Result<usize> {
     let mut deleted = 0;
     // Bounded per pass, as RocketMQ's deleteFileBatchMax.
     while deleted < 10 {
-        let total: u64 = inner
-            .log
-            .segments()
-            .iter()
-            .map(|s| s.file.len() as u64)
-            .sum();
+        let total: u64 = inner.log.segments().iter().map(|s| s.file.len() as u64).sum();
         let over_size = cfg.retention_max_bytes > 0 && total > cfg.retention_max_bytes;
         let disk_full = cfg.disk_max_used_percent > 0
-            && crate::sys::disk_used_percent(&inner.dir)
-                .is_some_and(|p| p > f64::from(cfg.disk_max_used_percent));
+            && crate::sys::disk_used_percent(&inner.dir).is_some_and(|p| p > f64::from(cfg.disk_max_used_percent));
         let gone = inner.log.delete_oldest_if(|seg| {
             let expired = std::fs::metadata(seg.file.path())
                 .and_then(|m| m.modified())
@@ -248,15 +216,9 @@ pub(crate) fn retention(inner: &Inner) -> Result<usize> {
             }
         }
         if let Some(index) = &inner.index {
-            index
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .delete_below(min)?;
+            index.lock().unwrap_or_else(|p| p.into_inner()).delete_below(min)?;
         }
-        inner
-            .metrics
-            .segments
-            .set(inner.log.segments().len() as f64);
+        inner.metrics.segments.set(inner.log.segments().len() as f64);
     }
     Ok(deleted)
 }

@@ -79,12 +79,7 @@ fn sigkill_during_sync_appends_loses_no_acknowledged_message() -> TestResult {
     let mut total_acks = 0usize;
     for cycle in 0..CYCLES {
         let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                "crash_child_entry",
-                "--nocapture",
-                "--test-threads=1",
-            ])
+            .args(["--exact", "crash_child_entry", "--nocapture", "--test-threads=1"])
             .env("ROKKA_CRASH_CHILD", dir.path())
             .env("ROKKA_CRASH_CYCLE", cycle.to_string())
             .stdout(Stdio::piped())
@@ -129,21 +124,14 @@ fn sigkill_during_sync_appends_loses_no_acknowledged_message() -> TestResult {
         for q in 0..QUEUES {
             let all = read_all(&store, "C", q);
             for (k, (off, _)) in all.iter().enumerate() {
-                assert_eq!(
-                    *off, k as u64,
-                    "cycle {cycle}: offsets of queue {q} contiguous"
-                );
+                assert_eq!(*off, k as u64, "cycle {cycle}: offsets of queue {q} contiguous");
             }
             let by_off: HashMap<u64, &Vec<u8>> = all.iter().map(|(o, b)| (*o, b)).collect();
             for ((aq, off), (seed, i)) in acked.iter().filter(|((aq, _), _)| *aq == q) {
                 let got = by_off
                     .get(off)
                     .unwrap_or_else(|| panic!("cycle {cycle}: acknowledged {aq}/{off} lost"));
-                assert_eq!(
-                    **got,
-                    body(*seed, *i),
-                    "cycle {cycle}: {aq}/{off} not byte-exact"
-                );
+                assert_eq!(**got, body(*seed, *i), "cycle {cycle}: {aq}/{off} not byte-exact");
             }
         }
         drop(store); // unclean again: the next child recovers too

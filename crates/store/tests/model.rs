@@ -199,11 +199,7 @@ fn run(ops: Vec<Op>) -> TestResult {
             let got = read_queue(s, q as u32);
             check(&got, want, &format!("contents of queue {q}"))?;
             let max = want.last().map_or(0, |e| e.offset + u64::from(e.count));
-            check(
-                &s.max_offset("M", q as u32),
-                &max,
-                &format!("max offset of queue {q}"),
-            )?;
+            check(&s.max_offset("M", q as u32), &max, &format!("max offset of queue {q}"))?;
         }
     }
     Ok(())

@@ -22,25 +22,16 @@ fn config(dir: &Path) -> StoreConfig {
 
 fn segment_of(dir: &Path, cfg: &StoreConfig, phys: u64) -> (PathBuf, u64) {
     let start = phys - phys % cfg.commitlog_segment_bytes;
-    (
-        dir.join("commitlog").join(format!("{start:020}")),
-        phys - start,
-    )
+    (dir.join("commitlog").join(format!("{start:020}")), phys - start)
 }
 
 fn write_at(path: &Path, pos: u64, data: &[u8]) -> std::io::Result<()> {
-    OpenOptions::new()
-        .write(true)
-        .open(path)?
-        .write_all_at(data, pos)
+    OpenOptions::new().write(true).open(path)?.write_all_at(data, pos)
 }
 
 fn read_at(path: &Path, pos: u64, len: usize) -> std::io::Result<Vec<u8>> {
     let mut b = vec![0u8; len];
-    OpenOptions::new()
-        .read(true)
-        .open(path)?
-        .read_exact_at(&mut b, pos)?;
+    OpenOptions::new().read(true).open(path)?.read_exact_at(&mut b, pos)?;
     Ok(b)
 }
 
@@ -68,9 +59,7 @@ fn assert_recovered_to(dir: &Path, n: u64) -> TestResult {
     assert_eq!(r.queue_offset, n);
     if n > 0 {
         assert_eq!(
-            store
-                .query_by_key("R", &format!("key-{}", n - 1), 4, 0, i64::MAX)
-                .len(),
+            store.query_by_key("R", &format!("key-{}", n - 1), 4, 0, i64::MAX).len(),
             1
         );
     }
@@ -120,11 +109,7 @@ fn record_cut_in_half_recovers_to_the_last_good_record() -> TestResult {
     let last = rs[299];
     let (seg, pos) = segment_of(dir.path(), &cfg, last.phys_offset);
     let half = u64::from(last.size) / 2;
-    write_at(
-        &seg,
-        pos + half,
-        &vec![0u8; last.size as usize - half as usize],
-    )?;
+    write_at(&seg, pos + half, &vec![0u8; last.size as usize - half as usize])?;
     assert_recovered_to(dir.path(), 299)
 }
 
@@ -227,10 +212,7 @@ fn damaged_middle_record_past_the_checkpoint_cuts_the_log_and_keeps_the_rest() -
     let b = read_at(&seg, pos + 95, 1)?;
     write_at(&seg, pos + 95, &[b[0] ^ 1])?;
     let store = MessageStore::open(cfg)?;
-    assert_eq!(
-        store.recovery_report().truncated_at,
-        Some(rs[150].phys_offset)
-    );
+    assert_eq!(store.recovery_report().truncated_at, Some(rs[150].phys_offset));
     assert_eq!(store.max_offset("R", 0), 150);
     drop(store);
     // The cut bytes (the damaged record and the 49 after it) are kept.

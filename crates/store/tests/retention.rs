@@ -16,10 +16,7 @@ fn age_segments(dir: &std::path::Path, keep_newest: usize) -> std::io::Result<us
     let old = SystemTime::now() - Duration::from_secs(100 * 3600);
     let n = segs.len().saturating_sub(keep_newest);
     for p in &segs[..n] {
-        std::fs::File::options()
-            .write(true)
-            .open(p)?
-            .set_modified(old)?;
+        std::fs::File::options().write(true).open(p)?.set_modified(old)?;
     }
     Ok(n)
 }
@@ -74,10 +71,7 @@ fn expired_segments_are_deleted_and_reads_below_start_say_offset_moved() -> Test
     let store = MessageStore::open(cfg)?;
     let min0 = store.min_offset("T", 0);
     assert!(min0 > 0);
-    assert_eq!(
-        store.read("T", 0, min0 - 1, 1, 1 << 20).status,
-        ReadStatus::OffsetMoved
-    );
+    assert_eq!(store.read("T", 0, min0 - 1, 1, 1 << 20).status, ReadStatus::OffsetMoved);
     assert_eq!(store.max_offset("T", 0), 1500);
     Ok(())
 }

@@ -22,11 +22,7 @@ fn append_read_roll_and_reopen_cleanly() -> TestResult {
         let got = store.read("T", (i % 3) as u32, r.queue_offset, 1, 1 << 20);
         assert_eq!(got.status, ReadStatus::Found);
     }
-    assert!(
-        store.segment_count() > 3,
-        "segments rolled: {}",
-        store.segment_count()
-    );
+    assert!(store.segment_count() > 3, "segments rolled: {}", store.segment_count());
     let before: Vec<_> = (0..3).map(|q| read_all(&store, "T", q)).collect();
     assert_eq!(before.iter().map(Vec::len).sum::<usize>(), 2000);
     for q in 0..3u32 {
@@ -52,21 +48,12 @@ fn append_read_roll_and_reopen_cleanly() -> TestResult {
 fn read_statuses_and_limits() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = MessageStore::open(small_config(dir.path()))?;
-    assert_eq!(
-        store.read("none", 0, 0, 10, 1000).status,
-        ReadStatus::NoSuchQueue
-    );
+    assert_eq!(store.read("none", 0, 0, 10, 1000).status, ReadStatus::NoSuchQueue);
     for i in 0..10 {
         append(&store, "T", 0, 2, i)?;
     }
-    assert_eq!(
-        store.read("T", 0, 10, 10, 1 << 20).status,
-        ReadStatus::NoNewMessages
-    );
-    assert_eq!(
-        store.read("T", 0, 11, 10, 1 << 20).status,
-        ReadStatus::OffsetOverflow
-    );
+    assert_eq!(store.read("T", 0, 10, 10, 1 << 20).status, ReadStatus::NoNewMessages);
+    assert_eq!(store.read("T", 0, 11, 10, 1 << 20).status, ReadStatus::OffsetOverflow);
     let r = store.read("T", 0, 2, 3, 1 << 20);
     assert_eq!(r.entries.len(), 3);
     assert_eq!(r.next_offset, 5);
@@ -103,10 +90,7 @@ fn kafka_batches_take_count_offsets_and_interleave_with_messages() -> TestResult
         }
         other => panic!("expected a Kafka batch, got {other:?}"),
     }
-    assert_eq!(
-        store.read("K", 0, 5, 1, 1 << 20).entries[0].cq.base_offset,
-        4
-    );
+    assert_eq!(store.read("K", 0, 5, 1, 1 << 20).entries[0].cq.base_offset, 4);
     // Not a batch: refused.
     assert!(matches!(
         store.append_kafka_batch("K", 0, b"short"),
@@ -116,10 +100,7 @@ fn kafka_batches_take_count_offsets_and_interleave_with_messages() -> TestResult
     drop(store);
     let store = MessageStore::open(cfg)?;
     assert_eq!(store.max_offset("K", 0), 6);
-    assert_eq!(
-        store.read("K", 0, 5, 1, 1 << 20).entries[0].cq.base_offset,
-        4
-    );
+    assert_eq!(store.read("K", 0, 5, 1, 1 << 20).entries[0].cq.base_offset, 4);
     Ok(())
 }
 
@@ -139,14 +120,10 @@ fn query_by_key_and_message_id() -> TestResult {
     assert_eq!(m.body.to_vec(), body(4, 7));
     assert_eq!(store.query_by_key("Q", "all", 32, 0, i64::MAX).len(), 32);
     assert_eq!(
-        store
-            .query_by_key("Q", "UNIQ0000000000000009", 32, 0, i64::MAX)
-            .len(),
+        store.query_by_key("Q", "UNIQ0000000000000009", 32, 0, i64::MAX).len(),
         1
     );
-    assert!(store
-        .query_by_key("Other", "key-7", 32, 0, i64::MAX)
-        .is_empty());
+    assert!(store.query_by_key("Other", "key-7", 32, 0, i64::MAX).is_empty());
     assert!(store.query_by_key("Q", "key-7", 32, 0, 1000).is_empty());
     // Offset message ids resolve to the record.
     let id = msgid::message_id(store.config().store_host, phys[9]);
@@ -167,13 +144,9 @@ fn bad_input_is_refused_cleanly() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = MessageStore::open(small_config(dir.path()))?;
     let big = vec![0u8; 64 * 1024 + 1];
-    let err = store
-        .append_message(&MessageInput::new("T", 0, &big, b""))
-        .err();
+    let err = store.append_message(&MessageInput::new("T", 0, &big, b"")).err();
     assert!(matches!(err, Some(StoreError::MessageTooLarge { .. })));
-    let err = store
-        .append_message(&MessageInput::new("../x", 0, b"a", b""))
-        .err();
+    let err = store.append_message(&MessageInput::new("../x", 0, b"a", b"")).err();
     assert!(matches!(err, Some(StoreError::InvalidTopic(_))));
     let props = "x".repeat(40_000);
     let err = store
@@ -184,10 +157,7 @@ fn bad_input_is_refused_cleanly() -> TestResult {
     let err = MessageStore::open(small_config(dir.path())).err();
     assert!(matches!(err, Some(StoreError::Locked(_))));
     store.close()?;
-    assert!(matches!(
-        append(&store, "T", 0, 0, 0),
-        Err(StoreError::ShutDown)
-    ));
+    assert!(matches!(append(&store, "T", 0, 0, 0), Err(StoreError::ShutDown)));
     Ok(())
 }
 
@@ -231,9 +201,7 @@ fn sync_flush_group_commit_with_concurrent_appenders() -> TestResult {
         assert_eq!(store.max_offset("S", t), 200);
     }
     // The async form, from a runtime.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let r = append(&store, "S", 0, 5, 1000)?;
     rt.block_on(store.durable(r.end_offset))?;
     assert!(store.commitlog_offsets().2 >= r.end_offset);
@@ -303,10 +271,7 @@ fn deleted_topics_stay_deleted_across_restarts() -> TestResult {
     }
     assert!(store.delete_topic("gone")?);
     assert!(!store.delete_topic("gone")?);
-    assert_eq!(
-        store.read("gone", 0, 0, 10, 1 << 20).status,
-        ReadStatus::NoSuchQueue
-    );
+    assert_eq!(store.read("gone", 0, 0, 10, 1 << 20).status, ReadStatus::NoSuchQueue);
     // Re-created, it starts again at 0.
     assert_eq!(append(&store, "gone", 0, 1, 100)?.queue_offset, 0);
     assert!(store.delete_topic("gone")?);

@@ -18,12 +18,7 @@ use crate::{api, versions, Kafka};
 #[derive(Debug)]
 pub struct Close(pub String);
 
-pub async fn run(
-    stream: TcpStream,
-    peer: SocketAddr,
-    k: Arc<Kafka>,
-    mut shutdown: watch::Receiver<bool>,
-) {
+pub async fn run(stream: TcpStream, peer: SocketAddr, k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
     metrics::gauge!("rokka_kafka_connections").increment(1.0);
     let (rd, mut wr) = stream.into_split();
@@ -99,7 +94,12 @@ pub async fn handle(k: &Kafka, mut frame: Bytes) -> Result<Option<Bytes>, Close>
     if !versions::served(key, version) {
         metrics::counter!("rokka_kafka_errors_total", "api" => name, "code" => "35").increment(1);
         return match api::unsupported_version_response(key, version) {
-            Some(resp) => encode_response(key, version, correlation_id, &resp).map(Some),
+            // An ApiVersions request of an unknown version is answered in v0
+            // (KIP-511), which every client can read; others in their own.
+            Some(resp) => {
+                let v = if key == ApiKey::ApiVersions { 0 } else { version };
+                encode_response(key, v, correlation_id, &resp).map(Some)
+            }
             None => Err(Close(format!(
                 "{key:?} v{version} is not supported and has no error response form"
             ))),
@@ -114,27 +114,17 @@ pub async fn handle(k: &Kafka, mut frame: Bytes) -> Result<Option<Bytes>, Close>
     let (header, req) = match decoded {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => return Err(Close(format!("malformed {key:?} v{version}: {e}"))),
-        Err(_) => {
-            return Err(Close(format!(
-                "malformed {key:?} v{version} (decoder panicked)"
-            )))
-        }
+        Err(_) => return Err(Close(format!("malformed {key:?} v{version} (decoder panicked)"))),
     };
     let resp = api::dispatch(k, &header, req, version).await?;
-    metrics::histogram!("rokka_kafka_request_seconds", "api" => name)
-        .record(started.elapsed().as_secs_f64());
+    metrics::histogram!("rokka_kafka_request_seconds", "api" => name).record(started.elapsed().as_secs_f64());
     match resp {
         Some(r) => encode_response(key, version, correlation_id, &r).map(Some),
         None => Ok(None),
     }
 }
 
-pub fn encode_response(
-    key: ApiKey,
-    version: i16,
-    correlation_id: i32,
-    resp: &ResponseKind,
-) -> Result<Bytes, Close> {
+pub fn encode_response(key: ApiKey, version: i16, correlation_id: i32, resp: &ResponseKind) -> Result<Bytes, Close> {
     let mut out = BytesMut::with_capacity(256);
     out.put_i32(0);
     let header = ResponseHeader::default().with_correlation_id(correlation_id);

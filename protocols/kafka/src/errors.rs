@@ -24,6 +24,8 @@ pub const INVALID_PARTITIONS: i16 = 37;
 pub const INVALID_REPLICATION_FACTOR: i16 = 38;
 pub const INVALID_REQUEST: i16 = 42;
 pub const UNSUPPORTED_FOR_MESSAGE_FORMAT: i16 = 43;
+pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
+pub const INVALID_PRODUCER_EPOCH: i16 = 47;
 pub const KAFKA_STORAGE_ERROR: i16 = 56;
 pub const NON_EMPTY_GROUP: i16 = 68;
 pub const GROUP_ID_NOT_FOUND: i16 = 69;
@@ -36,9 +38,7 @@ pub const UNKNOWN_SERVER_ERROR: i16 = -1;
 pub fn code(e: &BrokerError) -> i16 {
     match e {
         BrokerError::Store(s) => store_code(s),
-        BrokerError::UnknownTopic(_) | BrokerError::UnknownPartition { .. } => {
-            UNKNOWN_TOPIC_OR_PARTITION
-        }
+        BrokerError::UnknownTopic(_) | BrokerError::UnknownPartition { .. } => UNKNOWN_TOPIC_OR_PARTITION,
         BrokerError::TopicExists(_) => TOPIC_ALREADY_EXISTS,
         BrokerError::InvalidPartitions(_) => INVALID_PARTITIONS,
         BrokerError::Io(..) | BrokerError::BadFile { .. } => KAFKA_STORAGE_ERROR,
@@ -53,9 +53,8 @@ pub fn store_code(e: &StoreError) -> i16 {
         StoreError::PropertiesTooLarge(_) => INVALID_REQUEST,
         StoreError::FlushTimeout(_) => REQUEST_TIMED_OUT,
         StoreError::ShutDown => NOT_ENOUGH_REPLICAS,
-        StoreError::Io { .. }
-        | StoreError::BadFile { .. }
-        | StoreError::Locked(_)
-        | StoreError::Config(_) => KAFKA_STORAGE_ERROR,
+        StoreError::Io { .. } | StoreError::BadFile { .. } | StoreError::Locked(_) | StoreError::Config(_) => {
+            KAFKA_STORAGE_ERROR
+        }
     }
 }

@@ -55,9 +55,7 @@ impl BatchInfo {
         if batch.len() < BATCH_HEADER_LEN {
             return Err(DecodeError::Truncated);
         }
-        let be32 = |at: usize| {
-            u32::from_be_bytes([batch[at], batch[at + 1], batch[at + 2], batch[at + 3]])
-        };
+        let be32 = |at: usize| u32::from_be_bytes([batch[at], batch[at + 1], batch[at + 2], batch[at + 3]]);
         let be64 = |at: usize| {
             let mut a = [0u8; 8];
             a.copy_from_slice(&batch[at..at + 8]);

@@ -293,9 +293,7 @@ impl MessageView {
     /// Properties without the record-CRC property (what clients set).
     pub fn user_properties(&self) -> Bytes {
         match read_prop_crc(&self.properties) {
-            Some(_) => self
-                .properties
-                .slice(..self.properties.len() - PROP_CRC_LEN),
+            Some(_) => self.properties.slice(..self.properties.len() - PROP_CRC_LEN),
             None => self.properties.clone(),
         }
     }
@@ -409,10 +407,7 @@ mod tests {
     #[test]
     fn encode_decode_roundtrip_v4_and_v6() -> Result<(), DecodeError> {
         let props = properties::encode([("TAGS", "a"), ("KEYS", "k")]);
-        for (born, store) in [
-            ("10.0.0.1:5000", "127.0.0.1:10911"),
-            ("[::1]:6000", "[fe80::1]:10911"),
-        ] {
+        for (born, store) in [("10.0.0.1:5000", "127.0.0.1:10911"), ("[::1]:6000", "[fe80::1]:10911")] {
             let born: SocketAddr = born.parse().map_err(|_| DecodeError::Truncated)?;
             let store: SocketAddr = store.parse().map_err(|_| DecodeError::Truncated)?;
             let mut m = MessageInput::new("TopicTest", 3, b"hello body", props.as_bytes());

@@ -143,15 +143,10 @@ pub(crate) fn kafka_msg_timestamp(info: Option<&BatchInfo>, store_timestamp: i64
 
 /// Index keys of a message: `topic#UNIQ_KEY` and `topic#k` for each token of
 /// KEYS.
-pub(crate) fn index_keys<'a>(
-    topic: &'a str,
-    props: &'a [u8],
-) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
+pub(crate) fn index_keys<'a>(topic: &'a str, props: &'a [u8]) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
     let uniq = properties::get(props, properties::UNIQ_KEY).into_iter();
     let keys = properties::get(props, properties::KEYS)
         .into_iter()
         .flat_map(|k| k.split(|b| *b == b' '));
-    uniq.chain(keys)
-        .filter(|k| !k.is_empty())
-        .map(move |k| (topic, k))
+    uniq.chain(keys).filter(|k| !k.is_empty()).map(move |k| (topic, k))
 }

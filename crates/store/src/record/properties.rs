@@ -25,9 +25,7 @@ pub fn iter(props: &[u8]) -> impl Iterator<Item = (&[u8], &[u8])> {
 
 /// The value of property `name`, if present.
 pub fn get<'a>(props: &'a [u8], name: &str) -> Option<&'a [u8]> {
-    iter(props)
-        .find(|(k, _)| *k == name.as_bytes())
-        .map(|(_, v)| v)
+    iter(props).find(|(k, _)| *k == name.as_bytes()).map(|(_, v)| v)
 }
 
 /// Encodes `(name, value)` pairs into a property block.

@@ -23,11 +23,9 @@ pub async fn handle(k: &Kafka, r: FetchRequest, version: i16) -> FetchResponse {
         let waiter = Arc::new(Notify::new());
         for t in &r.topics {
             for p in &t.partitions {
-                k.broker.arrivals().register(
-                    t.topic.0.as_str(),
-                    p.partition.max(0) as u32,
-                    &waiter,
-                );
+                k.broker
+                    .arrivals()
+                    .register(t.topic.0.as_str(), p.partition.max(0) as u32, &waiter);
             }
         }
         let (resp, bytes, any_error) = collect(k, &r, version);
@@ -105,9 +103,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchResponse, usize, 
                         total += records.len();
                         pd.records = Some(records);
                     }
-                    ReadStatus::NoNewMessages | ReadStatus::NoSuchQueue => {
-                        pd.records = Some(Bytes::new())
-                    }
+                    ReadStatus::NoNewMessages | ReadStatus::NoSuchQueue => pd.records = Some(Bytes::new()),
                     ReadStatus::OffsetMoved | ReadStatus::OffsetOverflow => {
                         pd.error_code = errors::OFFSET_OUT_OF_RANGE;
                         any_error = true;
@@ -122,11 +118,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchResponse, usize, 
                 .with_partitions(parts),
         );
     }
-    (
-        FetchResponse::default().with_responses(topics),
-        total,
-        any_error,
-    )
+    (FetchResponse::default().with_responses(topics), total, any_error)
 }
 
 /// Concatenates stored batches (RocketMQ messages converted to one-record

@@ -2,9 +2,7 @@
 //! next offset to be written), max timestamp (-3), or the first offset whose
 //! record timestamp is at or after a given time.
 
-use kafka_protocol::messages::list_offsets_response::{
-    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
-};
+use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 use kafka_protocol::records::RecordBatchDecoder;
 use rokka_store::{Entry, MessageStore};
@@ -24,11 +22,7 @@ fn by_time(store: &MessageStore, topic: &str, q: u32, ts: i64) -> (i64, i64) {
     let min = cq.min_offset();
     // The CQ's message time is a running max: the first entry reaching `ts`
     // holds the answer or precedes it; look inside batches for the record.
-    let Some(mut idx) = cq.find(
-        cq.entry_by_msg_time(ts)
-            .map_or(u64::MAX, |e| e.base_offset)
-            .max(min),
-    ) else {
+    let Some(mut idx) = cq.find(cq.entry_by_msg_time(ts).map_or(u64::MAX, |e| e.base_offset).max(min)) else {
         return (-1, -1);
     };
     while let Some(e) = cq.entry(idx) {
@@ -37,9 +31,7 @@ fn by_time(store: &MessageStore, topic: &str, q: u32, ts: i64) -> (i64, i64) {
             break;
         };
         match entry.decode() {
-            Ok(Entry::Message(m)) if m.born_timestamp >= ts => {
-                return (m.queue_offset as i64, m.born_timestamp)
-            }
+            Ok(Entry::Message(m)) if m.born_timestamp >= ts => return (m.queue_offset as i64, m.born_timestamp),
             Ok(Entry::KafkaBatch(b)) => {
                 let mut buf = b.batch.clone();
                 if let Ok(set) = RecordBatchDecoder::decode(&mut buf) {
@@ -72,9 +64,9 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                         .with_partition_index(p.partition_index)
                         .with_timestamp(-1)
                         .with_offset(-1);
-                    let known = info.as_ref().is_some_and(|i| {
-                        p.partition_index >= 0 && (p.partition_index as u32) < i.partitions
-                    });
+                    let known = info
+                        .as_ref()
+                        .is_some_and(|i| p.partition_index >= 0 && (p.partition_index as u32) < i.partitions);
                     if !known {
                         return resp.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
                     }

@@ -51,9 +51,9 @@ pub fn handle(k: &Kafka, r: MetadataRequest, version: i16) -> MetadataResponse {
                         .with_name(Some(TopicName(str_bytes(&name)))),
                     Err(e) => MetadataResponseTopic::default()
                         .with_error_code(match e {
-                            rokka_broker::BrokerError::Store(
-                                rokka_store::StoreError::InvalidTopic(_),
-                            ) => errors::INVALID_TOPIC_EXCEPTION,
+                            rokka_broker::BrokerError::Store(rokka_store::StoreError::InvalidTopic(_)) => {
+                                errors::INVALID_TOPIC_EXCEPTION
+                            }
                             other => errors::code(&other),
                         })
                         .with_name(Some(TopicName(str_bytes(&name)))),

@@ -3,6 +3,7 @@
 mod api_versions;
 mod fetch;
 mod find_coordinator;
+mod init_producer_id;
 mod list_offsets;
 mod metadata;
 mod offsets;
@@ -27,28 +28,21 @@ pub async fn dispatch(
 ) -> Result<Option<ResponseKind>, Close> {
     let _ = header;
     Ok(Some(match req {
-        RequestKind::ApiVersions(_) => {
-            ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE))
-        }
+        RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE)),
         RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(k, r, version)),
         RequestKind::Produce(r) => match produce::handle(k, r, version).await {
             Some(resp) => ResponseKind::Produce(resp),
             None => return Ok(None),
         },
         RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::handle(k, r, version).await),
-        RequestKind::ListOffsets(r) => {
-            ResponseKind::ListOffsets(list_offsets::handle(k, r, version))
-        }
-        RequestKind::FindCoordinator(r) => {
-            ResponseKind::FindCoordinator(find_coordinator::handle(k, r, version))
-        }
+        RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(k, r, version)),
+        RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(find_coordinator::handle(k, r, version)),
+        RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(init_producer_id::handle(k, r)),
         RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(offsets::commit(k, r)),
         RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(offsets::fetch(k, r, version)),
         RequestKind::CreateTopics(r) => ResponseKind::CreateTopics(topics::create(k, r, version)),
         RequestKind::DeleteTopics(r) => ResponseKind::DeleteTopics(topics::delete(k, r, version)),
-        RequestKind::CreatePartitions(r) => {
-            ResponseKind::CreatePartitions(topics::create_partitions(k, r))
-        }
+        RequestKind::CreatePartitions(r) => ResponseKind::CreatePartitions(topics::create_partitions(k, r)),
         other => return Err(Close(format!("no handler for {other:?}"))),
     }))
 }
@@ -63,41 +57,20 @@ pub fn unsupported_version_response(key: ApiKey, version: i16) -> Option<Respons
     if version < valid.min || version > valid.max {
         // Not even encodable at that version: only ApiVersions has a rule
         // for this (answer in v0).
-        return (key == ApiKey::ApiVersions)
-            .then(|| ResponseKind::ApiVersions(api_versions::handle(E)));
+        return (key == ApiKey::ApiVersions).then(|| ResponseKind::ApiVersions(api_versions::handle(E)));
     }
     Some(match key {
         ApiKey::ApiVersions => ResponseKind::ApiVersions(api_versions::handle(E)),
-        ApiKey::FindCoordinator => {
-            ResponseKind::FindCoordinator(FindCoordinatorResponse::default().with_error_code(E))
-        }
-        ApiKey::JoinGroup => {
-            ResponseKind::JoinGroup(JoinGroupResponse::default().with_error_code(E))
-        }
-        ApiKey::SyncGroup => {
-            ResponseKind::SyncGroup(SyncGroupResponse::default().with_error_code(E))
-        }
-        ApiKey::Heartbeat => {
-            ResponseKind::Heartbeat(HeartbeatResponse::default().with_error_code(E))
-        }
-        ApiKey::LeaveGroup => {
-            ResponseKind::LeaveGroup(LeaveGroupResponse::default().with_error_code(E))
-        }
-        ApiKey::ListGroups => {
-            ResponseKind::ListGroups(ListGroupsResponse::default().with_error_code(E))
-        }
-        ApiKey::InitProducerId => {
-            ResponseKind::InitProducerId(InitProducerIdResponse::default().with_error_code(E))
-        }
-        ApiKey::SaslHandshake => {
-            ResponseKind::SaslHandshake(SaslHandshakeResponse::default().with_error_code(E))
-        }
-        ApiKey::DescribeCluster => {
-            ResponseKind::DescribeCluster(DescribeClusterResponse::default().with_error_code(E))
-        }
-        ApiKey::Fetch if version >= 7 => {
-            ResponseKind::Fetch(FetchResponse::default().with_error_code(E))
-        }
+        ApiKey::FindCoordinator => ResponseKind::FindCoordinator(FindCoordinatorResponse::default().with_error_code(E)),
+        ApiKey::JoinGroup => ResponseKind::JoinGroup(JoinGroupResponse::default().with_error_code(E)),
+        ApiKey::SyncGroup => ResponseKind::SyncGroup(SyncGroupResponse::default().with_error_code(E)),
+        ApiKey::Heartbeat => ResponseKind::Heartbeat(HeartbeatResponse::default().with_error_code(E)),
+        ApiKey::LeaveGroup => ResponseKind::LeaveGroup(LeaveGroupResponse::default().with_error_code(E)),
+        ApiKey::ListGroups => ResponseKind::ListGroups(ListGroupsResponse::default().with_error_code(E)),
+        ApiKey::InitProducerId => ResponseKind::InitProducerId(InitProducerIdResponse::default().with_error_code(E)),
+        ApiKey::SaslHandshake => ResponseKind::SaslHandshake(SaslHandshakeResponse::default().with_error_code(E)),
+        ApiKey::DescribeCluster => ResponseKind::DescribeCluster(DescribeClusterResponse::default().with_error_code(E)),
+        ApiKey::Fetch if version >= 7 => ResponseKind::Fetch(FetchResponse::default().with_error_code(E)),
         ApiKey::OffsetFetch if version >= 2 => {
             ResponseKind::OffsetFetch(OffsetFetchResponse::default().with_error_code(E))
         }

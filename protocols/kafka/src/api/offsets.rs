@@ -1,11 +1,9 @@
 //! OffsetCommit / OffsetFetch on the shared committed-offset table.
 
-use kafka_protocol::messages::offset_commit_response::{
-    OffsetCommitResponsePartition, OffsetCommitResponseTopic,
-};
+use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
 use kafka_protocol::messages::offset_fetch_response::{
-    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
-    OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions, OffsetFetchResponseTopic,
+    OffsetFetchResponseTopics,
 };
 use kafka_protocol::messages::{
     OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, TopicName,
@@ -29,22 +27,16 @@ pub fn commit(k: &Kafka, r: OffsetCommitRequest) -> OffsetCommitResponse {
                 .into_iter()
                 .map(|p| {
                     let ok = group.is_empty()
-                        || known.as_ref().is_none_or(|i| {
-                            p.partition_index < 0 || p.partition_index as u32 >= i.partitions
-                        });
+                        || known
+                            .as_ref()
+                            .is_none_or(|i| p.partition_index < 0 || p.partition_index as u32 >= i.partitions);
                     let code = if group.is_empty() {
                         errors::INVALID_GROUP_ID
                     } else if ok || p.committed_offset < 0 {
                         errors::UNKNOWN_TOPIC_OR_PARTITION
                     } else {
                         let meta = p.committed_metadata.as_ref().map_or("", |m| m.as_str());
-                        offsets.commit(
-                            &group,
-                            &name,
-                            p.partition_index as u32,
-                            p.committed_offset as u64,
-                            meta,
-                        );
+                        offsets.commit(&group, &name, p.partition_index as u32, p.committed_offset as u64, meta);
                         errors::NONE
                     };
                     OffsetCommitResponsePartition::default()
@@ -61,23 +53,14 @@ pub fn commit(k: &Kafka, r: OffsetCommitRequest) -> OffsetCommitResponse {
 }
 
 fn committed(k: &Kafka, group: &str, topic: &str, partition: i32) -> (i64, Option<String>) {
-    match k
-        .broker
-        .store()
-        .offsets()
-        .get(group, topic, partition.max(0) as u32)
-    {
+    match k.broker.store().offsets().get(group, topic, partition.max(0) as u32) {
         Some(o) if partition >= 0 => (o.offset as i64, Some(o.metadata)),
         _ => (-1, Some(String::new())),
     }
 }
 
 /// (topic, partitions) requested, or every committed one when `None`.
-fn wanted(
-    k: &Kafka,
-    group: &str,
-    topics: Option<Vec<(String, Vec<i32>)>>,
-) -> Vec<(String, Vec<i32>)> {
+fn wanted(k: &Kafka, group: &str, topics: Option<Vec<(String, Vec<i32>)>>) -> Vec<(String, Vec<i32>)> {
     match topics {
         Some(t) => t,
         None => {

@@ -5,6 +5,7 @@
 use bytes::Bytes;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use rokka_broker::SequenceCheck;
 use rokka_store::record::kafka::{batch_crc_ok, BatchInfo};
 
 use crate::errors;
@@ -19,12 +20,7 @@ fn split_batches(records: &Bytes) -> Result<Vec<Bytes>, i16> {
         if records.len() - at < 17 {
             return Err(errors::CORRUPT_MESSAGE);
         }
-        let len = i32::from_be_bytes([
-            records[at + 8],
-            records[at + 9],
-            records[at + 10],
-            records[at + 11],
-        ]);
+        let len = i32::from_be_bytes([records[at + 8], records[at + 9], records[at + 10], records[at + 11]]);
         if len < 49 {
             return Err(errors::CORRUPT_MESSAGE);
         }
@@ -73,10 +69,21 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                         let mut base = None;
                         let mut err = None;
                         for b in &batches {
-                            match broker.append_kafka_batch(&topic, p.index as u32, b) {
-                                Ok(a) => {
-                                    base.get_or_insert(a.queue_offset as i64);
-                                    durable_up_to = durable_up_to.max(a.end_offset);
+                            match broker.append_kafka_batch_checked(&topic, p.index as u32, b) {
+                                Ok((verdict, Some(offset), end)) => {
+                                    if verdict == SequenceCheck::Duplicate(offset) {
+                                        metrics::counter!("rokka_kafka_duplicate_batches_total").increment(1);
+                                    }
+                                    base.get_or_insert(offset as i64);
+                                    durable_up_to = durable_up_to.max(end);
+                                }
+                                Ok((SequenceCheck::FencedEpoch, None, _)) => {
+                                    err = Some(errors::INVALID_PRODUCER_EPOCH);
+                                    break;
+                                }
+                                Ok((_, None, _)) => {
+                                    err = Some(errors::OUT_OF_ORDER_SEQUENCE_NUMBER);
+                                    break;
                                 }
                                 Err(e) => {
                                     err = Some(errors::code(&e));

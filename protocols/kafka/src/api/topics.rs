@@ -4,8 +4,8 @@ use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicR
 use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::{
-    CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse,
-    DeleteTopicsRequest, DeleteTopicsResponse, TopicName,
+    CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
+    DeleteTopicsResponse, TopicName,
 };
 use rokka_broker::BrokerError;
 
@@ -15,9 +15,7 @@ use crate::Kafka;
 
 fn err_code(e: &BrokerError) -> i16 {
     match e {
-        BrokerError::Store(rokka_store::StoreError::InvalidTopic(_)) => {
-            errors::INVALID_TOPIC_EXCEPTION
-        }
+        BrokerError::Store(rokka_store::StoreError::InvalidTopic(_)) => errors::INVALID_TOPIC_EXCEPTION,
         other => errors::code(other),
     }
 }
@@ -45,20 +43,11 @@ pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsRe
                     "replication factor must be 1 on a single broker".to_string(),
                 ))
             } else if partitions <= 0 {
-                Err((
-                    errors::INVALID_PARTITIONS,
-                    format!("{partitions} partitions"),
-                ))
+                Err((errors::INVALID_PARTITIONS, format!("{partitions} partitions")))
             } else if r.validate_only {
-                match (
-                    rokka_store::validate_topic(&name),
-                    broker.topics().get(&name),
-                ) {
+                match (rokka_store::validate_topic(&name), broker.topics().get(&name)) {
                     (Err(e), _) => Err((errors::INVALID_TOPIC_EXCEPTION, e.to_string())),
-                    (_, Some(_)) => Err((
-                        errors::TOPIC_ALREADY_EXISTS,
-                        format!("topic {name} already exists"),
-                    )),
+                    (_, Some(_)) => Err((errors::TOPIC_ALREADY_EXISTS, format!("topic {name} already exists"))),
                     _ => Ok(None),
                 }
             } else {
@@ -68,9 +57,7 @@ pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsRe
                     .map_err(|e| (err_code(&e), e.to_string()))
             };
             match outcome {
-                Ok(Some(info)) if version >= 7 => {
-                    res.topic_id = uuid::Uuid::from_bytes(info.topic_id)
-                }
+                Ok(Some(info)) if version >= 7 => res.topic_id = uuid::Uuid::from_bytes(info.topic_id),
                 Ok(_) => {}
                 Err((code, msg)) => {
                     res.error_code = code;
@@ -98,9 +85,7 @@ pub fn delete(k: &Kafka, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsRe
                 Ok(()) => errors::NONE,
                 Err(e) => err_code(&e),
             };
-            DeletableTopicResult::default()
-                .with_name(Some(n))
-                .with_error_code(code)
+            DeletableTopicResult::default().with_name(Some(n)).with_error_code(code)
         })
         .collect();
     DeleteTopicsResponse::default().with_responses(responses)
@@ -113,21 +98,14 @@ pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartiti
         .map(|t| {
             let res = if r.validate_only {
                 match k.broker.topics().get(t.name.0.as_str()) {
-                    None => Err((
-                        errors::UNKNOWN_TOPIC_OR_PARTITION,
-                        "unknown topic".to_string(),
-                    )),
-                    Some(i) if t.count as u32 <= i.partitions => Err((
-                        errors::INVALID_PARTITIONS,
-                        "the new count must be larger".to_string(),
-                    )),
+                    None => Err((errors::UNKNOWN_TOPIC_OR_PARTITION, "unknown topic".to_string())),
+                    Some(i) if t.count as u32 <= i.partitions => {
+                        Err((errors::INVALID_PARTITIONS, "the new count must be larger".to_string()))
+                    }
                     Some(_) => Ok(()),
                 }
             } else if t.count <= 0 {
-                Err((
-                    errors::INVALID_PARTITIONS,
-                    "count must be positive".to_string(),
-                ))
+                Err((errors::INVALID_PARTITIONS, "count must be positive".to_string()))
             } else {
                 k.broker
                     .add_partitions(t.name.0.as_str(), t.count as u32)
@@ -136,9 +114,7 @@ pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartiti
             let out = CreatePartitionsTopicResult::default().with_name(t.name);
             match res {
                 Ok(()) => out,
-                Err((code, msg)) => out
-                    .with_error_code(code)
-                    .with_error_message(Some(str_bytes(&msg))),
+                Err((code, msg)) => out.with_error_code(code).with_error_message(Some(str_bytes(&msg))),
             }
         })
         .collect();

@@ -1,0 +1,268 @@
+//! In-process tests with our own codec (in addition to the real clients in
+//! compat-tests/kafka): idempotent-producer sequence checks, bad input.
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use rokka_broker::{Broker, BrokerConfig};
+use rokka_kafka::{Kafka, KafkaConfig};
+use rokka_store::{MessageStore, StoreConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+async fn start(
+    dir: &std::path::Path,
+) -> Result<(std::net::SocketAddr, tokio::sync::watch::Sender<bool>), Box<dyn std::error::Error>> {
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let kafka = Arc::new(Kafka::new(broker, KafkaConfig::default(), addr));
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(rokka_kafka::serve(listener, kafka, rx));
+    Ok((addr, tx))
+}
+
+async fn call<Req: Encodable, Resp: Decodable>(
+    s: &mut TcpStream,
+    key: ApiKey,
+    version: i16,
+    req: &Req,
+) -> Result<Resp, Box<dyn std::error::Error>> {
+    let mut buf = BytesMut::new();
+    buf.put_i32(0);
+    RequestHeader::default()
+        .with_request_api_key(key as i16)
+        .with_request_api_version(version)
+        .with_correlation_id(7)
+        .with_client_id(Some(StrBytes::from_static_str("wire-test")))
+        .encode(&mut buf, key.request_header_version(version))?;
+    req.encode(&mut buf, version)?;
+    let n = (buf.len() - 4) as i32;
+    buf[0..4].copy_from_slice(&n.to_be_bytes());
+    s.write_all(&buf).await?;
+    let len = s.read_i32().await? as usize;
+    let mut resp = vec![0u8; len];
+    s.read_exact(&mut resp).await?;
+    let mut b = Bytes::from(resp);
+    let h = ResponseHeader::decode(&mut b, key.response_header_version(version))?;
+    assert_eq!(h.correlation_id, 7);
+    Ok(Resp::decode(&mut b, version)?)
+}
+
+fn batch(producer_id: i64, epoch: i16, base_seq: i32, values: &[&[u8]]) -> Bytes {
+    let mut b = rokka_store::record::kafka::build_test_batch(values, 1_000);
+    b[43..51].copy_from_slice(&producer_id.to_be_bytes());
+    b[51..53].copy_from_slice(&epoch.to_be_bytes());
+    b[53..57].copy_from_slice(&base_seq.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    Bytes::from(b)
+}
+
+fn produce_req(topic: &str, records: Bytes) -> ProduceRequest {
+    ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_string(topic.into())))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(0)
+                .with_records(Some(records))])])
+}
+
+fn partition(resp: &ProduceResponse) -> (i16, i64) {
+    let p = &resp.responses[0].partition_responses[0];
+    (p.error_code, p.base_offset)
+}
+
+#[tokio::test]
+async fn idempotent_producer_duplicates_and_gaps() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut s = TcpStream::connect(addr).await?;
+    let _: MetadataResponse = call(
+        &mut s,
+        ApiKey::Metadata,
+        9,
+        &MetadataRequest::default()
+            .with_topics(Some(vec![
+                kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_static_str("idem")))),
+            ]))
+            .with_allow_auto_topic_creation(true),
+    )
+    .await?;
+    let init: InitProducerIdResponse = call(
+        &mut s,
+        ApiKey::InitProducerId,
+        4,
+        &InitProducerIdRequest::default()
+            .with_transactional_id(None)
+            .with_transaction_timeout_ms(60000),
+    )
+    .await?;
+    assert_eq!(init.error_code, 0);
+    let pid = init.producer_id.0;
+    let r: ProduceResponse = call(
+        &mut s,
+        ApiKey::Produce,
+        9,
+        &produce_req("idem", batch(pid, 0, 0, &[b"a", b"b"])),
+    )
+    .await?;
+    assert_eq!(partition(&r), (0, 0));
+    let r: ProduceResponse = call(
+        &mut s,
+        ApiKey::Produce,
+        9,
+        &produce_req("idem", batch(pid, 0, 2, &[b"c"])),
+    )
+    .await?;
+    assert_eq!(partition(&r), (0, 2));
+    // A retry of the first batch: acknowledged with its offset, not appended.
+    let r: ProduceResponse = call(
+        &mut s,
+        ApiKey::Produce,
+        9,
+        &produce_req("idem", batch(pid, 0, 0, &[b"a", b"b"])),
+    )
+    .await?;
+    assert_eq!(partition(&r), (0, 0));
+    // A gap in sequences.
+    let r: ProduceResponse = call(
+        &mut s,
+        ApiKey::Produce,
+        9,
+        &produce_req("idem", batch(pid, 0, 9, &[b"z"])),
+    )
+    .await?;
+    assert_eq!(partition(&r).0, rokka_kafka::errors::OUT_OF_ORDER_SEQUENCE_NUMBER);
+    // A new epoch starts again at 0; the old epoch is fenced.
+    let r: ProduceResponse = call(
+        &mut s,
+        ApiKey::Produce,
+        9,
+        &produce_req("idem", batch(pid, 1, 0, &[b"d"])),
+    )
+    .await?;
+    assert_eq!(partition(&r), (0, 3));
+    let r: ProduceResponse = call(
+        &mut s,
+        ApiKey::Produce,
+        9,
+        &produce_req("idem", batch(pid, 0, 3, &[b"e"])),
+    )
+    .await?;
+    assert_eq!(partition(&r).0, rokka_kafka::errors::INVALID_PRODUCER_EPOCH);
+    // Exactly 4 records were stored.
+    let lo: ListOffsetsResponse = call(
+        &mut s,
+        ApiKey::ListOffsets,
+        7,
+        &ListOffsetsRequest::default().with_topics(vec![
+            kafka_protocol::messages::list_offsets_request::ListOffsetsTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("idem")))
+                .with_partitions(vec![
+                    kafka_protocol::messages::list_offsets_request::ListOffsetsPartition::default()
+                        .with_partition_index(0)
+                        .with_timestamp(-1),
+                ]),
+        ]),
+    )
+    .await?;
+    assert_eq!(lo.topics[0].partitions[0].offset, 4);
+    Ok(())
+}
+
+#[tokio::test]
+async fn corrupt_batches_are_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut s = TcpStream::connect(addr).await?;
+    let _: CreateTopicsResponse = call(
+        &mut s,
+        ApiKey::CreateTopics,
+        5,
+        &CreateTopicsRequest::default().with_topics(vec![
+            kafka_protocol::messages::create_topics_request::CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("c")))
+                .with_num_partitions(1)
+                .with_replication_factor(1),
+        ]),
+    )
+    .await?;
+    let mut bad = batch(-1, -1, -1, &[b"x"]).to_vec();
+    let last = bad.len() - 1;
+    bad[last] ^= 1;
+    let r: ProduceResponse = call(&mut s, ApiKey::Produce, 9, &produce_req("c", Bytes::from(bad))).await?;
+    assert_eq!(partition(&r).0, rokka_kafka::errors::CORRUPT_MESSAGE);
+    let r: ProduceResponse = call(
+        &mut s,
+        ApiKey::Produce,
+        9,
+        &produce_req("c", Bytes::from_static(b"garbage")),
+    )
+    .await?;
+    assert_eq!(partition(&r).0, rokka_kafka::errors::CORRUPT_MESSAGE);
+    let r: ProduceResponse = call(
+        &mut s,
+        ApiKey::Produce,
+        9,
+        &produce_req("nope", batch(-1, -1, -1, &[b"x"])),
+    )
+    .await?;
+    assert_eq!(partition(&r).0, rokka_kafka::errors::UNKNOWN_TOPIC_OR_PARTITION);
+    Ok(())
+}
+
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut b)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+#[tokio::test]
+async fn bad_frames_close_only_their_connection() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut good = TcpStream::connect(addr).await?;
+    // Oversized length.
+    let mut s = TcpStream::connect(addr).await?;
+    s.write_all(&i32::MAX.to_be_bytes()).await?;
+    assert!(closed(&mut s).await);
+    // Unknown API key.
+    let mut s = TcpStream::connect(addr).await?;
+    s.write_all(&[0, 0, 0, 8, 0x7f, 0x00, 0, 0, 0, 0, 0, 1]).await?;
+    assert!(closed(&mut s).await);
+    // Truncated body of a known API.
+    let mut s = TcpStream::connect(addr).await?;
+    s.write_all(&[0, 0, 0, 10, 0, 3, 0, 9, 0, 0, 0, 1, 0xff, 0xff]).await?;
+    assert!(closed(&mut s).await);
+    // An unsupported ApiVersions version gets a v0 error response.
+    let mut s = TcpStream::connect(addr).await?;
+    s.write_all(&[0, 0, 0, 10, 0, 18, 0, 99, 0, 0, 0, 5, 0, 0]).await?;
+    let len = s.read_i32().await? as usize;
+    let mut b = vec![0u8; len];
+    s.read_exact(&mut b).await?;
+    assert_eq!(&b[0..4], &5i32.to_be_bytes());
+    assert_eq!(
+        i16::from_be_bytes([b[4], b[5]]),
+        rokka_kafka::errors::UNSUPPORTED_VERSION
+    );
+    // The well-behaved connection still works.
+    let v: ApiVersionsResponse = call(&mut good, ApiKey::ApiVersions, 3, &ApiVersionsRequest::default()).await?;
+    assert_eq!(v.error_code, 0);
+    assert!(v
+        .api_keys
+        .iter()
+        .any(|k| k.api_key == ApiKey::Produce as i16 && k.max_version >= 9));
+    Ok(())
+}
