@@ -76,6 +76,7 @@ fn api_name(key: ApiKey) -> &'static str {
         ApiKey::CreateTopics => "CreateTopics",
         ApiKey::DeleteTopics => "DeleteTopics",
         ApiKey::CreatePartitions => "CreatePartitions",
+        ApiKey::InitProducerId => "InitProducerId",
         _ => "other",
     }
 }
