@@ -1,0 +1,896 @@
+//! The classic group coordinator. See the crate docs for the states; each
+//! method below says which states accept its event and what it causes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::types::*;
+
+/// `[group]` configuration (documented in `config/rokka.toml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GroupConfig {
+    /// Delay before the first rebalance of an empty group completes, so
+    /// members starting together land in one generation
+    /// (Kafka group.initial.rebalance.delay.ms).
+    pub initial_rebalance_delay_ms: u64,
+    /// Smallest session timeout a member may ask for.
+    pub min_session_timeout_ms: u64,
+    /// Largest session timeout a member may ask for.
+    pub max_session_timeout_ms: u64,
+    /// Offsets of a group that stayed empty this long are deleted
+    /// (Kafka offsets.retention.minutes, in ms).
+    pub offsets_retention_ms: u64,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        GroupConfig {
+            initial_rebalance_delay_ms: 3_000,
+            min_session_timeout_ms: 6_000,
+            max_session_timeout_ms: 1_800_000,
+            offsets_retention_ms: 7 * 24 * 3600 * 1000,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Member {
+    id: String,
+    instance_id: Option<String>,
+    client_id: String,
+    client_host: String,
+    session_timeout_ms: u64,
+    rebalance_timeout_ms: u64,
+    protocols: Vec<(String, Bytes)>,
+    assignment: Bytes,
+    last_heartbeat: u64,
+    awaiting_join: Option<Token>,
+    awaiting_sync: Option<Token>,
+}
+
+impl Member {
+    fn metadata(&self, protocol: &str) -> Bytes {
+        self.protocols
+            .iter()
+            .find(|(n, _)| n == protocol)
+            .map(|(_, m)| m.clone())
+            .unwrap_or_default()
+    }
+}
+
+#[derive(Debug)]
+struct Group {
+    name: String,
+    state: GroupState,
+    generation: i32,
+    protocol_type: Option<String>,
+    protocol: Option<String>,
+    leader: Option<String>,
+    /// Insertion order matters for leader choice: keep a sequence number.
+    members: BTreeMap<String, Member>,
+    join_order: Vec<String>,
+    /// Member ids handed out with MEMBER_ID_REQUIRED → deadline to rejoin.
+    pending: HashMap<String, u64>,
+    /// When the current PreparingRebalance must complete regardless.
+    rebalance_deadline: u64,
+    /// Initial-delay state while it applies: (deadline, cap, whether a
+    /// member joined since the deadline was set).
+    initial_delay: Option<(u64, u64, bool)>,
+    /// Since when the group has been Empty.
+    empty_since: u64,
+    /// The configured initial rebalance delay (for extensions).
+    initial_delay_ms: u64,
+}
+
+impl Group {
+    fn new(name: &str, now: u64) -> Group {
+        Group {
+            name: name.to_string(),
+            state: GroupState::Empty,
+            generation: 0,
+            protocol_type: None,
+            protocol: None,
+            leader: None,
+            members: BTreeMap::new(),
+            join_order: Vec::new(),
+            pending: HashMap::new(),
+            rebalance_deadline: 0,
+            initial_delay: None,
+            empty_since: now,
+            initial_delay_ms: 0,
+        }
+    }
+
+    fn supports(&self, req: &JoinRequest) -> bool {
+        if self.members.is_empty() {
+            return !req.protocol_type.is_empty() && !req.protocols.is_empty();
+        }
+        if self.protocol_type.as_deref() != Some(req.protocol_type.as_str()) {
+            return false;
+        }
+        // Some protocol every member (and the joiner) supports.
+        req.protocols.iter().any(|(p, _)| {
+            self.members
+                .values()
+                .filter(|m| m.id != req.member_id)
+                .all(|m| m.protocols.iter().any(|(q, _)| q == p))
+        })
+    }
+
+    fn select_protocol(&self) -> Option<String> {
+        let mut candidates: Vec<&String> = match self.members.values().next() {
+            Some(m) => m.protocols.iter().map(|(p, _)| p).collect(),
+            None => return None,
+        };
+        candidates.retain(|p| self.members.values().all(|m| m.protocols.iter().any(|(q, _)| q == *p)));
+        // Each member votes for its first supported candidate.
+        let mut votes: Vec<(&String, usize)> = candidates.iter().map(|c| (*c, 0)).collect();
+        for m in self.members.values() {
+            if let Some((p, _)) = m.protocols.iter().find(|(p, _)| candidates.contains(&p)) {
+                if let Some(v) = votes.iter_mut().find(|(c, _)| *c == p) {
+                    v.1 += 1;
+                }
+            }
+        }
+        let best = votes.iter().map(|(_, n)| *n).max()?;
+        votes.iter().find(|(_, n)| *n == best).map(|(c, _)| (*c).clone())
+    }
+
+    fn join_response(&self, member_id: &str) -> JoinResponse {
+        let leader = self.leader.clone().unwrap_or_default();
+        let protocol = self.protocol.clone().unwrap_or_default();
+        let members = if member_id == leader {
+            self.join_order
+                .iter()
+                .filter_map(|id| self.members.get(id))
+                .map(|m| (m.id.clone(), m.instance_id.clone(), m.metadata(&protocol)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        JoinResponse {
+            error: code::NONE,
+            generation: self.generation,
+            protocol_type: self.protocol_type.clone(),
+            protocol_name: self.protocol.clone(),
+            leader,
+            member_id: member_id.to_string(),
+            members,
+        }
+    }
+
+    fn remove_member(&mut self, id: &str) -> Option<Member> {
+        let m = self.members.remove(id)?;
+        self.join_order.retain(|x| x != id);
+        if self.leader.as_deref() == Some(id) {
+            // Promote a member that already rejoined, else any.
+            self.leader = self
+                .join_order
+                .iter()
+                .find(|x| self.members.get(*x).is_some_and(|m| m.awaiting_join.is_some()))
+                .or_else(|| self.join_order.first())
+                .cloned();
+        }
+        Some(m)
+    }
+
+    fn max_rebalance_timeout(&self) -> u64 {
+        self.members.values().map(|m| m.rebalance_timeout_ms).max().unwrap_or(0)
+    }
+}
+
+/// The coordinator of every group. Not thread-safe by itself: the frontend
+/// holds it behind one mutex and routes the returned replies.
+#[derive(Debug)]
+pub struct GroupCoordinator {
+    config: GroupConfig,
+    groups: HashMap<String, Group>,
+    id_salt: u64,
+    id_seq: u64,
+}
+
+impl GroupCoordinator {
+    pub fn new(config: GroupConfig) -> GroupCoordinator {
+        GroupCoordinator {
+            config,
+            groups: HashMap::new(),
+            id_salt: rand::random(),
+            id_seq: 0,
+        }
+    }
+
+    pub fn config(&self) -> &GroupConfig {
+        &self.config
+    }
+
+    fn new_member_id(&mut self, client_id: &str) -> String {
+        self.id_seq += 1;
+        let x = self.id_salt ^ self.id_seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        format!("{client_id}-{:016x}-{:016x}", x, self.id_seq)
+    }
+
+    /// JoinGroup. Accepted in every state but Dead; parks the request (its
+    /// reply comes from this or a later event) unless answered at once.
+    pub fn join(&mut self, req: JoinRequest, token: Token, now: u64) -> Vec<Reply> {
+        let error = |e: i16, member_id: &str| {
+            vec![Reply::Join(
+                token,
+                JoinResponse {
+                    error: e,
+                    generation: -1,
+                    member_id: member_id.to_string(),
+                    ..JoinResponse::default()
+                },
+            )]
+        };
+        if req.group.is_empty() {
+            return error(code::INVALID_GROUP_ID, &req.member_id);
+        }
+        if req.session_timeout_ms < self.config.min_session_timeout_ms
+            || req.session_timeout_ms > self.config.max_session_timeout_ms
+        {
+            return error(code::INVALID_SESSION_TIMEOUT, &req.member_id);
+        }
+        if !self.groups.contains_key(&req.group) {
+            if !req.member_id.is_empty() {
+                return error(code::UNKNOWN_MEMBER_ID, &req.member_id);
+            }
+            self.groups.insert(req.group.clone(), Group::new(&req.group, now));
+        }
+        let new_id = if req.member_id.is_empty() {
+            Some(self.new_member_id(&req.client_id))
+        } else {
+            None
+        };
+        let Some(g) = self.groups.get_mut(&req.group) else {
+            return error(code::COORDINATOR_NOT_AVAILABLE, &req.member_id);
+        };
+        if g.state == GroupState::Dead {
+            return error(code::COORDINATOR_NOT_AVAILABLE, &req.member_id);
+        }
+        if !g.supports(&req) {
+            return error(code::INCONSISTENT_GROUP_PROTOCOL, &req.member_id);
+        }
+        let mut out = Vec::new();
+        if let Some(new_id) = new_id {
+            // A static member rejoining replaces its old member id.
+            if let Some(inst) = &req.instance_id {
+                let old = g
+                    .members
+                    .values()
+                    .find(|m| m.instance_id.as_ref() == Some(inst))
+                    .map(|m| m.id.clone());
+                if let Some(old_id) = old {
+                    return Self::replace_static(g, &old_id, new_id, req, token, now, &self.config);
+                }
+            } else if req.require_known_member_id {
+                g.pending.insert(new_id.clone(), now + req.session_timeout_ms);
+                return error(code::MEMBER_ID_REQUIRED, &new_id);
+            }
+            Self::add_member(g, new_id, &req, token, now);
+            Self::prepare_rebalance(g, now, &self.config, &mut out);
+            Self::try_complete_join(g, now, &mut out);
+            return out;
+        }
+        // A known (or pending) member id.
+        if !g.members.contains_key(&req.member_id) {
+            if g.pending.remove(&req.member_id).is_some() {
+                let id = req.member_id.clone();
+                Self::add_member(g, id, &req, token, now);
+                Self::prepare_rebalance(g, now, &self.config, &mut out);
+                Self::try_complete_join(g, now, &mut out);
+                return out;
+            }
+            return error(code::UNKNOWN_MEMBER_ID, &req.member_id);
+        }
+        if let (Some(inst), Some(m)) = (&req.instance_id, g.members.get(&req.member_id)) {
+            if m.instance_id.as_ref() != Some(inst) {
+                return error(code::FENCED_INSTANCE_ID, &req.member_id);
+            }
+        }
+        let same_metadata = g
+            .members
+            .get(&req.member_id)
+            .is_some_and(|m| m.protocols == req.protocols);
+        let is_leader = g.leader.as_deref() == Some(req.member_id.as_str());
+        match g.state {
+            GroupState::PreparingRebalance => {
+                Self::update_member(g, &req, token, now);
+                Self::try_complete_join(g, now, &mut out);
+            }
+            GroupState::CompletingRebalance if same_metadata => {
+                out.push(Reply::Join(token, g.join_response(&req.member_id)));
+            }
+            GroupState::Stable if same_metadata && !is_leader => {
+                out.push(Reply::Join(token, g.join_response(&req.member_id)));
+            }
+            GroupState::CompletingRebalance | GroupState::Stable | GroupState::Empty => {
+                Self::update_member(g, &req, token, now);
+                Self::prepare_rebalance(g, now, &self.config, &mut out);
+                Self::try_complete_join(g, now, &mut out);
+            }
+            GroupState::Dead => return error(code::COORDINATOR_NOT_AVAILABLE, &req.member_id),
+        }
+        out
+    }
+
+    fn replace_static(
+        g: &mut Group,
+        old_id: &str,
+        new_id: String,
+        req: JoinRequest,
+        token: Token,
+        now: u64,
+        config: &GroupConfig,
+    ) -> Vec<Reply> {
+        let mut out = Vec::new();
+        let Some(mut m) = g.members.remove(old_id) else {
+            return out;
+        };
+        // Requests still parked under the old id are fenced.
+        if let Some(t) = m.awaiting_join.take() {
+            out.push(Reply::Join(
+                t,
+                JoinResponse {
+                    error: code::FENCED_INSTANCE_ID,
+                    generation: -1,
+                    member_id: old_id.to_string(),
+                    ..JoinResponse::default()
+                },
+            ));
+        }
+        if let Some(t) = m.awaiting_sync.take() {
+            out.push(Reply::Sync(
+                t,
+                SyncResponse {
+                    error: code::FENCED_INSTANCE_ID,
+                    ..SyncResponse::default()
+                },
+            ));
+        }
+        let same_metadata = m.protocols == req.protocols;
+        m.id = new_id.clone();
+        m.last_heartbeat = now;
+        m.session_timeout_ms = req.session_timeout_ms;
+        m.rebalance_timeout_ms = req.rebalance_timeout_ms;
+        for id in g.join_order.iter_mut() {
+            if id == old_id {
+                *id = new_id.clone();
+            }
+        }
+        if g.leader.as_deref() == Some(old_id) {
+            g.leader = Some(new_id.clone());
+        }
+        g.members.insert(new_id.clone(), m);
+        if g.state == GroupState::Stable && same_metadata {
+            // KIP-345: no rebalance; the new id gets the current generation.
+            out.push(Reply::Join(token, g.join_response(&new_id)));
+            return out;
+        }
+        Self::update_member(
+            g,
+            &JoinRequest {
+                member_id: new_id,
+                ..req
+            },
+            token,
+            now,
+        );
+        Self::prepare_rebalance(g, now, config, &mut out);
+        Self::try_complete_join(g, now, &mut out);
+        out
+    }
+
+    fn add_member(g: &mut Group, id: String, req: &JoinRequest, token: Token, now: u64) {
+        if g.members.is_empty() {
+            g.protocol_type = Some(req.protocol_type.clone());
+        }
+        if g.leader.is_none() {
+            g.leader = Some(id.clone());
+        }
+        g.join_order.push(id.clone());
+        g.members.insert(
+            id.clone(),
+            Member {
+                id,
+                instance_id: req.instance_id.clone(),
+                client_id: req.client_id.clone(),
+                client_host: req.client_host.clone(),
+                session_timeout_ms: req.session_timeout_ms,
+                rebalance_timeout_ms: req.rebalance_timeout_ms,
+                protocols: req.protocols.clone(),
+                assignment: Bytes::new(),
+                last_heartbeat: now,
+                awaiting_join: Some(token),
+                awaiting_sync: None,
+            },
+        );
+        // Noted so the initial delay is extended once more (Kafka's
+        // DelayedInitialJoin).
+        if let Some((deadline, cap, _)) = g.initial_delay {
+            g.initial_delay = Some((deadline, cap, true));
+        }
+    }
+
+    fn update_member(g: &mut Group, req: &JoinRequest, token: Token, now: u64) {
+        if let Some(m) = g.members.get_mut(&req.member_id) {
+            m.protocols = req.protocols.clone();
+            m.session_timeout_ms = req.session_timeout_ms;
+            m.rebalance_timeout_ms = req.rebalance_timeout_ms;
+            m.client_id = req.client_id.clone();
+            m.client_host = req.client_host.clone();
+            m.awaiting_join = Some(token);
+            m.last_heartbeat = now;
+        }
+    }
+
+    /// Enters PreparingRebalance (from Empty, Stable or CompletingRebalance).
+    fn prepare_rebalance(g: &mut Group, now: u64, config: &GroupConfig, out: &mut Vec<Reply>) {
+        match g.state {
+            GroupState::PreparingRebalance | GroupState::Dead => return,
+            GroupState::CompletingRebalance => {
+                // Followers waiting for the leader's assignment must rejoin.
+                for m in g.members.values_mut() {
+                    if let Some(t) = m.awaiting_sync.take() {
+                        out.push(Reply::Sync(
+                            t,
+                            SyncResponse {
+                                error: code::REBALANCE_IN_PROGRESS,
+                                ..SyncResponse::default()
+                            },
+                        ));
+                    }
+                }
+            }
+            GroupState::Empty => {
+                let delay = config.initial_rebalance_delay_ms;
+                g.initial_delay_ms = delay;
+                if delay > 0 {
+                    let cap = now + g.max_rebalance_timeout().max(delay);
+                    g.initial_delay = Some((now + delay, cap, false));
+                }
+            }
+            GroupState::Stable => {}
+        }
+        g.state = GroupState::PreparingRebalance;
+        g.rebalance_deadline = now + g.max_rebalance_timeout();
+    }
+
+    /// Completes the join phase when every member has rejoined (and the
+    /// initial delay, if any, is over) or the rebalance timeout passed.
+    fn try_complete_join(g: &mut Group, now: u64, out: &mut Vec<Reply>) {
+        if g.state != GroupState::PreparingRebalance {
+            return;
+        }
+        if let Some((deadline, cap, joined)) = g.initial_delay {
+            if now < deadline {
+                return;
+            }
+            // Members kept arriving during the delay: wait one more delay,
+            // within the rebalance timeout.
+            if joined && now < cap {
+                let next = (now + g.initial_delay_ms).min(cap);
+                g.initial_delay = Some((next, cap, false));
+                return;
+            }
+        }
+        let all_joined = g.members.values().all(|m| m.awaiting_join.is_some());
+        if !(all_joined && g.pending.is_empty()) && now < g.rebalance_deadline {
+            return;
+        }
+        g.initial_delay = None;
+        // Members that did not rejoin in time are dropped.
+        let missing: Vec<String> = g
+            .members
+            .values()
+            .filter(|m| m.awaiting_join.is_none())
+            .map(|m| m.id.clone())
+            .collect();
+        for id in missing {
+            g.remove_member(&id);
+        }
+        g.pending.clear();
+        g.generation += 1;
+        if g.members.is_empty() {
+            g.state = GroupState::Empty;
+            g.protocol = None;
+            g.protocol_type = None;
+            g.leader = None;
+            g.empty_since = now;
+            return;
+        }
+        g.protocol = g.select_protocol();
+        if g.leader.as_ref().is_none_or(|l| !g.members.contains_key(l)) {
+            g.leader = g.join_order.first().cloned();
+        }
+        g.state = GroupState::CompletingRebalance;
+        let ids: Vec<String> = g.join_order.clone();
+        for id in ids {
+            let resp = g.join_response(&id);
+            if let Some(m) = g.members.get_mut(&id) {
+                m.last_heartbeat = now;
+                m.assignment = Bytes::new();
+                if let Some(t) = m.awaiting_join.take() {
+                    out.push(Reply::Join(t, resp));
+                }
+            }
+        }
+    }
+
+    /// SyncGroup. Parked in CompletingRebalance until the leader's arrives;
+    /// answered at once in Stable; REBALANCE_IN_PROGRESS while preparing.
+    pub fn sync(&mut self, req: SyncRequest, token: Token, now: u64) -> Vec<Reply> {
+        let error = |e: i16| {
+            vec![Reply::Sync(
+                token,
+                SyncResponse {
+                    error: e,
+                    ..SyncResponse::default()
+                },
+            )]
+        };
+        let Some(g) = self.groups.get_mut(&req.group) else {
+            return error(code::UNKNOWN_MEMBER_ID);
+        };
+        if g.state == GroupState::Dead {
+            return error(code::COORDINATOR_NOT_AVAILABLE);
+        }
+        let Some(m) = g.members.get(&req.member_id) else {
+            return error(unknown_or_fenced(g, req.instance_id.as_deref()));
+        };
+        if req.instance_id.is_some() && m.instance_id != req.instance_id {
+            return error(code::FENCED_INSTANCE_ID);
+        }
+        if req.generation != g.generation {
+            return error(code::ILLEGAL_GENERATION);
+        }
+        if req
+            .protocol_type
+            .as_ref()
+            .is_some_and(|p| g.protocol_type.as_ref() != Some(p))
+            || req
+                .protocol_name
+                .as_ref()
+                .is_some_and(|p| g.protocol.as_ref() != Some(p))
+        {
+            return error(code::INCONSISTENT_GROUP_PROTOCOL);
+        }
+        let ok = |g: &Group, assignment: Bytes| SyncResponse {
+            error: code::NONE,
+            protocol_type: g.protocol_type.clone(),
+            protocol_name: g.protocol.clone(),
+            assignment,
+        };
+        match g.state {
+            GroupState::PreparingRebalance => error(code::REBALANCE_IN_PROGRESS),
+            GroupState::Stable => {
+                let a = m.assignment.clone();
+                if let Some(m) = g.members.get_mut(&req.member_id) {
+                    m.last_heartbeat = now;
+                }
+                vec![Reply::Sync(token, ok(g, a))]
+            }
+            GroupState::CompletingRebalance => {
+                if let Some(m) = g.members.get_mut(&req.member_id) {
+                    m.awaiting_sync = Some(token);
+                    m.last_heartbeat = now;
+                }
+                if g.leader.as_deref() != Some(req.member_id.as_str()) {
+                    return Vec::new();
+                }
+                let assignments: HashMap<String, Bytes> = req.assignments.into_iter().collect();
+                for m in g.members.values_mut() {
+                    m.assignment = assignments.get(&m.id).cloned().unwrap_or_default();
+                }
+                g.state = GroupState::Stable;
+                let mut out = Vec::new();
+                let ids: Vec<String> = g.members.keys().cloned().collect();
+                for id in ids {
+                    let resp = g.members.get(&id).map(|m| ok(g, m.assignment.clone()));
+                    if let (Some(m), Some(resp)) = (g.members.get_mut(&id), resp) {
+                        if let Some(t) = m.awaiting_sync.take() {
+                            out.push(Reply::Sync(t, resp));
+                        }
+                    }
+                }
+                out
+            }
+            GroupState::Empty | GroupState::Dead => error(code::UNKNOWN_MEMBER_ID),
+        }
+    }
+
+    /// Heartbeat: an error code, answered at once.
+    pub fn heartbeat(
+        &mut self,
+        group: &str,
+        member_id: &str,
+        instance_id: Option<&str>,
+        generation: i32,
+        now: u64,
+    ) -> i16 {
+        let Some(g) = self.groups.get_mut(group) else {
+            return code::UNKNOWN_MEMBER_ID;
+        };
+        if g.state == GroupState::Dead {
+            return code::COORDINATOR_NOT_AVAILABLE;
+        }
+        if !g.members.contains_key(member_id) {
+            return unknown_or_fenced(g, instance_id);
+        }
+        let Some(m) = g.members.get_mut(member_id) else {
+            return code::UNKNOWN_MEMBER_ID;
+        };
+        if instance_id.is_some() && m.instance_id.as_deref() != instance_id {
+            return code::FENCED_INSTANCE_ID;
+        }
+        if generation != g.generation {
+            return code::ILLEGAL_GENERATION;
+        }
+        m.last_heartbeat = now;
+        match g.state {
+            GroupState::PreparingRebalance => code::REBALANCE_IN_PROGRESS,
+            GroupState::CompletingRebalance | GroupState::Stable => code::NONE,
+            GroupState::Empty | GroupState::Dead => code::UNKNOWN_MEMBER_ID,
+        }
+    }
+
+    /// LeaveGroup for a batch of (member id, instance id): an error per
+    /// member, a group error, and the replies the departures release.
+    pub fn leave(
+        &mut self,
+        group: &str,
+        members: &[(String, Option<String>)],
+        now: u64,
+    ) -> (i16, Vec<i16>, Vec<Reply>) {
+        let Some(g) = self.groups.get_mut(group) else {
+            return (
+                code::UNKNOWN_MEMBER_ID,
+                vec![code::UNKNOWN_MEMBER_ID; members.len()],
+                Vec::new(),
+            );
+        };
+        if g.state == GroupState::Dead {
+            return (
+                code::COORDINATOR_NOT_AVAILABLE,
+                vec![code::COORDINATOR_NOT_AVAILABLE; members.len()],
+                Vec::new(),
+            );
+        }
+        let mut codes = Vec::with_capacity(members.len());
+        let mut out = Vec::new();
+        let mut any = false;
+        for (member_id, instance_id) in members {
+            // A static member may leave by instance id alone.
+            let id = match instance_id {
+                Some(inst) => g
+                    .members
+                    .values()
+                    .find(|m| m.instance_id.as_ref() == Some(inst))
+                    .map(|m| m.id.clone()),
+                None => Some(member_id.clone()).filter(|id| g.members.contains_key(id)),
+            };
+            let fenced =
+                instance_id.is_some() && !member_id.is_empty() && id.as_deref().is_some_and(|i| i != member_id);
+            match id {
+                Some(_) if fenced => codes.push(code::FENCED_INSTANCE_ID),
+                Some(id) => {
+                    Self::drop_member(g, &id, &mut out);
+                    codes.push(code::NONE);
+                    any = true;
+                }
+                None => {
+                    if g.pending.remove(member_id).is_some() {
+                        codes.push(code::NONE);
+                    } else {
+                        codes.push(code::UNKNOWN_MEMBER_ID);
+                    }
+                }
+            }
+        }
+        if any {
+            Self::after_departure(g, now, &self.config, &mut out);
+        }
+        (code::NONE, codes, out)
+    }
+
+    fn drop_member(g: &mut Group, id: &str, out: &mut Vec<Reply>) {
+        if let Some(mut m) = g.remove_member(id) {
+            if let Some(t) = m.awaiting_join.take() {
+                out.push(Reply::Join(
+                    t,
+                    JoinResponse {
+                        error: code::UNKNOWN_MEMBER_ID,
+                        generation: -1,
+                        member_id: id.to_string(),
+                        ..JoinResponse::default()
+                    },
+                ));
+            }
+            if let Some(t) = m.awaiting_sync.take() {
+                out.push(Reply::Sync(
+                    t,
+                    SyncResponse {
+                        error: code::UNKNOWN_MEMBER_ID,
+                        ..SyncResponse::default()
+                    },
+                ));
+            }
+        }
+    }
+
+    fn after_departure(g: &mut Group, now: u64, config: &GroupConfig, out: &mut Vec<Reply>) {
+        match g.state {
+            GroupState::Stable | GroupState::CompletingRebalance => {
+                Self::prepare_rebalance(g, now, config, out);
+                if g.members.is_empty() {
+                    // Last member gone: straight to a new, empty generation.
+                    g.rebalance_deadline = now;
+                }
+                Self::try_complete_join(g, now, out);
+            }
+            GroupState::PreparingRebalance => Self::try_complete_join(g, now, out),
+            GroupState::Empty | GroupState::Dead => {}
+        }
+    }
+
+    /// Time passes: expires members whose session ran out (members parked in
+    /// a join or sync are kept alive), expires unused pending member ids,
+    /// completes rebalances whose delay or timeout passed.
+    pub fn tick(&mut self, now: u64) -> Vec<Reply> {
+        let mut out = Vec::new();
+        let config = self.config.clone();
+        for g in self.groups.values_mut() {
+            g.pending.retain(|_, deadline| *deadline > now);
+            let expired: Vec<String> = g
+                .members
+                .values()
+                .filter(|m| m.awaiting_join.is_none() && m.awaiting_sync.is_none())
+                .filter(|m| m.last_heartbeat + m.session_timeout_ms <= now)
+                .map(|m| m.id.clone())
+                .collect();
+            if !expired.is_empty() {
+                for id in &expired {
+                    Self::drop_member(g, id, &mut out);
+                }
+                Self::after_departure(g, now, &config, &mut out);
+            }
+            Self::try_complete_join(g, now, &mut out);
+        }
+        out
+    }
+
+    /// Groups that have been Empty longer than the offsets retention: the
+    /// caller deletes their offsets; they are forgotten here.
+    pub fn expire_empty_groups(&mut self, now: u64) -> Vec<String> {
+        let retention = self.config.offsets_retention_ms;
+        let gone: Vec<String> = self
+            .groups
+            .values()
+            .filter(|g| g.state == GroupState::Empty && g.empty_since + retention <= now)
+            .map(|g| g.name.clone())
+            .collect();
+        for n in &gone {
+            self.groups.remove(n);
+        }
+        gone
+    }
+
+    /// Whether an OffsetCommit from (member, generation) is accepted: an
+    /// error code. A commit with no member id and generation -1 (admin or
+    /// standalone consumer) is accepted while the group has no members.
+    pub fn validate_commit(&self, group: &str, member_id: &str, instance_id: Option<&str>, generation: i32) -> i16 {
+        let Some(g) = self.groups.get(group) else {
+            return if member_id.is_empty() && generation < 0 {
+                code::NONE
+            } else {
+                code::UNKNOWN_MEMBER_ID
+            };
+        };
+        match g.state {
+            GroupState::Dead => code::COORDINATOR_NOT_AVAILABLE,
+            GroupState::Empty => {
+                if member_id.is_empty() && generation < 0 {
+                    code::NONE
+                } else {
+                    code::UNKNOWN_MEMBER_ID
+                }
+            }
+            _ if member_id.is_empty() && generation < 0 => {
+                // Kafka accepts these only for groups without members.
+                code::UNKNOWN_MEMBER_ID
+            }
+            state => {
+                let Some(m) = g.members.get(member_id) else {
+                    return unknown_or_fenced(g, instance_id);
+                };
+                if instance_id.is_some() && m.instance_id.as_deref() != instance_id {
+                    return code::FENCED_INSTANCE_ID;
+                }
+                if generation != g.generation {
+                    return code::ILLEGAL_GENERATION;
+                }
+                if state == GroupState::CompletingRebalance {
+                    return code::REBALANCE_IN_PROGRESS;
+                }
+                code::NONE
+            }
+        }
+    }
+
+    /// (name, state, protocol type) of every known group.
+    pub fn list(&self) -> Vec<(String, GroupState, String)> {
+        let mut v: Vec<_> = self
+            .groups
+            .values()
+            .map(|g| (g.name.clone(), g.state, g.protocol_type.clone().unwrap_or_default()))
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    pub fn describe(&self, group: &str) -> Option<GroupView> {
+        let g = self.groups.get(group)?;
+        let protocol = g.protocol.clone().unwrap_or_default();
+        Some(GroupView {
+            name: g.name.clone(),
+            state: g.state,
+            generation: g.generation,
+            protocol_type: g.protocol_type.clone().unwrap_or_default(),
+            protocol: if g.state == GroupState::Stable {
+                protocol.clone()
+            } else {
+                String::new()
+            },
+            leader: g.leader.clone().unwrap_or_default(),
+            members: g
+                .join_order
+                .iter()
+                .filter_map(|id| g.members.get(id))
+                .map(|m| MemberView {
+                    member_id: m.id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    metadata: m.metadata(&protocol),
+                    assignment: m.assignment.clone(),
+                })
+                .collect(),
+        })
+    }
+
+    pub fn state(&self, group: &str) -> Option<GroupState> {
+        self.groups.get(group).map(|g| g.state)
+    }
+
+    /// DeleteGroups: only groups without members. NONE when deleted (or
+    /// unknown here but `has_offsets`), else NON_EMPTY_GROUP /
+    /// GROUP_ID_NOT_FOUND. The caller deletes the offsets.
+    pub fn delete(&mut self, group: &str, has_offsets: bool) -> i16 {
+        match self.groups.get(group).map(|g| g.state) {
+            Some(GroupState::Empty) | Some(GroupState::Dead) => {
+                self.groups.remove(group);
+                code::NONE
+            }
+            Some(_) => code::NON_EMPTY_GROUP,
+            None if has_offsets => code::NONE,
+            None => code::GROUP_ID_NOT_FOUND,
+        }
+    }
+
+    /// Number of members of `group`.
+    pub fn member_count(&self, group: &str) -> usize {
+        self.groups.get(group).map_or(0, |g| g.members.len())
+    }
+}
+
+/// A request from an unknown member id: FENCED_INSTANCE_ID when its
+/// instance id now belongs to another member (a replaced static member).
+fn unknown_or_fenced(g: &Group, instance_id: Option<&str>) -> i16 {
+    match instance_id {
+        Some(inst) if g.members.values().any(|m| m.instance_id.as_deref() == Some(inst)) => code::FENCED_INSTANCE_ID,
+        _ => code::UNKNOWN_MEMBER_ID,
+    }
+}

@@ -1,0 +1,381 @@
+//! The coordinator as tables of (state, event) → (state, replies).
+
+use bytes::Bytes;
+
+use crate::types::code::*;
+use crate::*;
+
+const SESSION: u64 = 10_000;
+const REBALANCE: u64 = 30_000;
+
+struct H {
+    c: GroupCoordinator,
+    now: u64,
+    next_token: Token,
+}
+
+impl H {
+    fn new() -> H {
+        H {
+            c: GroupCoordinator::new(GroupConfig::default()),
+            now: 1_000_000,
+            next_token: 1,
+        }
+    }
+
+    fn token(&mut self) -> Token {
+        self.next_token += 1;
+        self.next_token
+    }
+
+    fn join_req(member: &str, protocols: &[(&str, &str)], instance: Option<&str>) -> JoinRequest {
+        JoinRequest {
+            group: "g".into(),
+            member_id: member.into(),
+            instance_id: instance.map(String::from),
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            session_timeout_ms: SESSION,
+            rebalance_timeout_ms: REBALANCE,
+            protocol_type: "consumer".into(),
+            protocols: protocols
+                .iter()
+                .map(|(n, m)| (n.to_string(), Bytes::from(m.to_string())))
+                .collect(),
+            require_known_member_id: true,
+        }
+    }
+
+    fn join(&mut self, member: &str) -> (Token, Vec<Reply>) {
+        self.join_with(Self::join_req(member, &[("range", "meta")], None))
+    }
+
+    fn join_with(&mut self, req: JoinRequest) -> (Token, Vec<Reply>) {
+        let t = self.token();
+        let r = self.c.join(req, t, self.now);
+        (t, r)
+    }
+
+    /// First join (MEMBER_ID_REQUIRED) then the real join; returns the id.
+    fn new_member(&mut self) -> (String, Token, Vec<Reply>) {
+        let (_, r) = self.join("");
+        let Reply::Join(_, resp) = &r[0] else { panic!("{r:?}") };
+        assert_eq!(resp.error, MEMBER_ID_REQUIRED);
+        let id = resp.member_id.clone();
+        let (t, r) = self.join(&id);
+        (id, t, r)
+    }
+
+    fn sync(&mut self, member: &str, generation: i32, assignments: &[(&str, &str)]) -> (Token, Vec<Reply>) {
+        let t = self.token();
+        let r = self.c.sync(
+            SyncRequest {
+                group: "g".into(),
+                member_id: member.into(),
+                instance_id: None,
+                generation,
+                protocol_type: Some("consumer".into()),
+                protocol_name: Some("range".into()),
+                assignments: assignments
+                    .iter()
+                    .map(|(m, a)| (m.to_string(), Bytes::from(a.to_string())))
+                    .collect(),
+            },
+            t,
+            self.now,
+        );
+        (t, r)
+    }
+
+    /// Lets time pass in 100 ms ticks, as the frontend's timer does.
+    fn advance(&mut self, ms: u64) -> Vec<Reply> {
+        let end = self.now + ms;
+        let mut out = Vec::new();
+        while self.now < end {
+            self.now = (self.now + 100).min(end);
+            out.extend(self.c.tick(self.now));
+        }
+        out
+    }
+
+    fn state(&self) -> GroupState {
+        self.c.state("g").unwrap_or(GroupState::Dead)
+    }
+}
+
+fn join_reply(r: &[Reply], t: Token) -> JoinResponse {
+    r.iter()
+        .find_map(|x| match x {
+            Reply::Join(tt, j) if *tt == t => Some(j.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no join reply for {t} in {r:?}"))
+}
+
+fn sync_reply(r: &[Reply], t: Token) -> SyncResponse {
+    r.iter()
+        .find_map(|x| match x {
+            Reply::Sync(tt, s) if *tt == t => Some(s.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no sync reply for {t} in {r:?}"))
+}
+
+/// A one-member group in Stable at generation 1.
+fn stable_one() -> (H, String) {
+    let mut h = H::new();
+    let (a, ta, r) = h.new_member();
+    assert!(r.is_empty(), "parked during the initial delay");
+    let r = h.advance(3_000);
+    assert_eq!(join_reply(&r, ta).generation, 1);
+    let (ts, r) = h.sync(&a, 1, &[(&a, "A")]);
+    assert_eq!(sync_reply(&r, ts).assignment, Bytes::from("A"));
+    assert_eq!(h.state(), GroupState::Stable);
+    (h, a)
+}
+
+#[test]
+fn empty_first_join_needs_a_member_id_then_waits_the_initial_delay() {
+    let mut h = H::new();
+    let (_, r) = h.join("");
+    let resp = join_reply(&r, h.next_token);
+    assert_eq!(resp.error, MEMBER_ID_REQUIRED);
+    assert!(resp.member_id.starts_with("c-"));
+    assert_eq!(h.state(), GroupState::Empty);
+    let (t, r) = h.join(&resp.member_id);
+    assert!(r.is_empty());
+    assert_eq!(h.state(), GroupState::PreparingRebalance);
+    assert!(h.advance(2_999).is_empty());
+    let r = h.advance(1);
+    let j = join_reply(&r, t);
+    assert_eq!(
+        (j.error, j.generation, j.leader.as_str()),
+        (NONE, 1, resp.member_id.as_str())
+    );
+    assert_eq!(j.members.len(), 1, "the leader sees all members");
+    assert_eq!(h.state(), GroupState::CompletingRebalance);
+}
+
+#[test]
+fn join_and_sync_table() {
+    let (mut h, a) = stable_one();
+    // (state Stable, follower join) → PreparingRebalance; no initial delay.
+    let (b, tb, r) = h.new_member();
+    assert!(r.is_empty());
+    assert_eq!(h.state(), GroupState::PreparingRebalance);
+    // (PreparingRebalance, heartbeat) → REBALANCE_IN_PROGRESS
+    assert_eq!(h.c.heartbeat("g", &a, None, 1, h.now), REBALANCE_IN_PROGRESS);
+    // (PreparingRebalance, sync) → REBALANCE_IN_PROGRESS
+    let (ts, r) = h.sync(&a, 1, &[]);
+    assert_eq!(sync_reply(&r, ts).error, REBALANCE_IN_PROGRESS);
+    // (PreparingRebalance, last rejoin) → CompletingRebalance, all answered.
+    let (ta, r) = h.join(&a);
+    let ja = join_reply(&r, ta);
+    let jb = join_reply(&r, tb);
+    assert_eq!((ja.generation, jb.generation), (2, 2));
+    assert_eq!(ja.leader, a);
+    assert_eq!(ja.members.len(), 2);
+    assert!(jb.members.is_empty());
+    assert_eq!(h.state(), GroupState::CompletingRebalance);
+    // (CompletingRebalance, heartbeat) → NONE
+    assert_eq!(h.c.heartbeat("g", &b, None, 2, h.now), NONE);
+    // (CompletingRebalance, old generation) → ILLEGAL_GENERATION
+    assert_eq!(h.c.heartbeat("g", &b, None, 1, h.now), ILLEGAL_GENERATION);
+    // (CompletingRebalance, commit) → REBALANCE_IN_PROGRESS
+    assert_eq!(h.c.validate_commit("g", &b, None, 2), REBALANCE_IN_PROGRESS);
+    // (CompletingRebalance, follower sync) → parked
+    let (tsb, r) = h.sync(&b, 2, &[]);
+    assert!(r.is_empty());
+    // (CompletingRebalance, leader sync) → Stable, everyone answered.
+    let (tsa, r) = h.sync(&a, 2, &[(&a, "PA"), (&b, "PB")]);
+    assert_eq!(sync_reply(&r, tsa).assignment, Bytes::from("PA"));
+    assert_eq!(sync_reply(&r, tsb).assignment, Bytes::from("PB"));
+    assert_eq!(h.state(), GroupState::Stable);
+    // (Stable, follower join with same metadata) → current generation, no rebalance.
+    let (t, r) = h.join(&b);
+    assert_eq!(join_reply(&r, t).generation, 2);
+    assert_eq!(h.state(), GroupState::Stable);
+    // (Stable, commit from current generation) → NONE; wrong generation → ILLEGAL_GENERATION.
+    assert_eq!(h.c.validate_commit("g", &a, None, 2), NONE);
+    assert_eq!(h.c.validate_commit("g", &a, None, 1), ILLEGAL_GENERATION);
+    assert_eq!(h.c.validate_commit("g", "", None, -1), UNKNOWN_MEMBER_ID);
+    // (Stable, sync) → current assignment.
+    let (t, r) = h.sync(&b, 2, &[]);
+    assert_eq!(sync_reply(&r, t).assignment, Bytes::from("PB"));
+    // (Stable, leader join) → rebalance.
+    let (_, r) = h.join(&a);
+    assert!(r.is_empty());
+    assert_eq!(h.state(), GroupState::PreparingRebalance);
+}
+
+#[test]
+fn session_timeout_expires_a_silent_member_and_the_survivor_takes_over() {
+    let (mut h, a) = stable_one();
+    let (b, tb, _) = h.new_member();
+    let (ta, r) = h.join(&a);
+    assert_eq!(join_reply(&r, ta).generation, 2);
+    join_reply(&r, tb);
+    let (_, _) = h.sync(&b, 2, &[]);
+    let (_, r) = h.sync(&a, 2, &[(&a, "x"), (&b, "y")]);
+    assert_eq!(r.len(), 2);
+    // a keeps heartbeating, b goes silent: after its session timeout b is
+    // gone and a rebalance starts.
+    let silent_since = h.now;
+    while h.state() == GroupState::Stable {
+        assert_eq!(h.c.heartbeat("g", &a, None, 2, h.now), NONE, "at {}", h.now);
+        h.advance(1_000);
+        assert!(h.now - silent_since <= SESSION + 1_000, "b never expired");
+    }
+    assert!(h.now - silent_since >= SESSION);
+    assert_eq!(h.state(), GroupState::PreparingRebalance, "b expired");
+    assert_eq!(h.c.heartbeat("g", &b, None, 2, h.now), UNKNOWN_MEMBER_ID);
+    assert_eq!(h.c.heartbeat("g", &a, None, 2, h.now), REBALANCE_IN_PROGRESS);
+    let (ta, r) = h.join(&a);
+    let j = join_reply(&r, ta);
+    assert_eq!((j.generation, j.members.len()), (3, 1));
+}
+
+#[test]
+fn rebalance_timeout_drops_members_that_do_not_rejoin() {
+    let (mut h, a) = stable_one();
+    let (_b, tb, _) = h.new_member();
+    // a heartbeats (told to rejoin) but never rejoins; b's parked join keeps
+    // b alive. At the rebalance timeout a is dropped.
+    let mut r = Vec::new();
+    for _ in 0..(REBALANCE / 1_000) {
+        assert!(r.is_empty(), "completed early");
+        assert_eq!(h.c.heartbeat("g", &a, None, 1, h.now), REBALANCE_IN_PROGRESS);
+        r = h.advance(1_000);
+    }
+    let j = join_reply(&r, tb);
+    assert_eq!((j.generation, j.members.len()), (2, 1), "a was dropped");
+    assert_eq!(h.c.heartbeat("g", &a, None, 1, h.now), UNKNOWN_MEMBER_ID);
+}
+
+#[test]
+fn leaving_members_rebalance_and_the_last_one_empties_the_group() {
+    let (mut h, a) = stable_one();
+    let (code_, codes, r) = h.c.leave("g", &[(a.clone(), None), ("ghost".into(), None)], h.now);
+    assert_eq!(code_, NONE);
+    assert_eq!(codes, vec![NONE, UNKNOWN_MEMBER_ID]);
+    assert!(r.is_empty());
+    assert_eq!(h.state(), GroupState::Empty);
+    assert_eq!(h.c.heartbeat("g", &a, None, 1, h.now), UNKNOWN_MEMBER_ID);
+    assert_eq!(
+        h.c.validate_commit("g", "", None, -1),
+        NONE,
+        "admin commits to an empty group"
+    );
+    assert_eq!(h.c.validate_commit("g", &a, None, 1), UNKNOWN_MEMBER_ID);
+    assert_eq!(h.c.delete("g", true), NONE);
+    assert_eq!(h.c.state("g"), None);
+}
+
+#[test]
+fn non_empty_groups_cannot_be_deleted() {
+    let (mut h, _a) = stable_one();
+    assert_eq!(h.c.delete("g", true), NON_EMPTY_GROUP);
+    assert_eq!(h.c.delete("nope", false), GROUP_ID_NOT_FOUND);
+}
+
+#[test]
+fn bad_joins() {
+    let mut h = H::new();
+    let mut req = H::join_req("", &[("range", "m")], None);
+    req.session_timeout_ms = 1_000;
+    let (t, r) = h.join_with(req);
+    assert_eq!(join_reply(&r, t).error, INVALID_SESSION_TIMEOUT);
+    let (t, r) = h.join("someone");
+    assert_eq!(join_reply(&r, t).error, UNKNOWN_MEMBER_ID);
+    let (_h2, _) = (0, 0);
+    let (mut h, _a) = stable_one();
+    let mut req = H::join_req("", &[("roundrobin", "m")], None);
+    req.require_known_member_id = false;
+    let (t, r) = h.join_with(req);
+    assert_eq!(join_reply(&r, t).error, INCONSISTENT_GROUP_PROTOCOL);
+}
+
+#[test]
+fn protocol_is_chosen_by_vote_among_common_ones() {
+    let mut h = H::new();
+    let mut first = H::join_req("", &[("cooperative-sticky", "x"), ("range", "y")], None);
+    first.require_known_member_id = false;
+    let (t1, _) = h.join_with(first);
+    let mut second = H::join_req("", &[("range", "y"), ("cooperative-sticky", "x")], None);
+    second.require_known_member_id = false;
+    let (t2, _) = h.join_with(second.clone());
+    let mut third = second;
+    third.protocols = vec![("range".into(), Bytes::from("z"))];
+    let (t3, _) = h.join_with(third);
+    let r = h.advance(10_000);
+    for t in [t1, t2, t3] {
+        assert_eq!(join_reply(&r, t).protocol_name.as_deref(), Some("range"));
+    }
+}
+
+#[test]
+fn initial_delay_is_extended_while_members_arrive() {
+    let mut h = H::new();
+    let (_a, ta, _) = h.new_member();
+    assert!(h.advance(2_000).is_empty());
+    let (_b, tb, _) = h.new_member();
+    // The first delay ends at +3 s; b arrived during it, so one more delay.
+    assert!(h.advance(1_000).is_empty());
+    assert!(h.advance(2_999).is_empty());
+    let r = h.advance(1);
+    assert_eq!(join_reply(&r, ta).generation, 1);
+    assert_eq!(join_reply(&r, tb).generation, 1);
+}
+
+#[test]
+fn static_member_rejoin_keeps_generation_and_fences_the_old_id() {
+    let mut h = H::new();
+    let (t, _) = h.join_with(H::join_req("", &[("range", "m")], Some("inst-1")));
+    let r = h.advance(3_000);
+    let j = join_reply(&r, t);
+    let old = j.member_id.clone();
+    let (ts, r) = h.sync(&old, 1, &[(&old, "A")]);
+    sync_reply(&r, ts);
+    assert_eq!(h.state(), GroupState::Stable);
+    // Restarted with the same instance id and no member id.
+    let (t, r) = h.join_with(H::join_req("", &[("range", "m")], Some("inst-1")));
+    let j = join_reply(&r, t);
+    assert_eq!(j.error, NONE);
+    assert_eq!(j.generation, 1, "no rebalance");
+    assert_ne!(j.member_id, old);
+    assert_eq!(h.state(), GroupState::Stable);
+    assert_eq!(h.c.heartbeat("g", &old, Some("inst-1"), 1, h.now), FENCED_INSTANCE_ID);
+    assert_eq!(h.c.heartbeat("g", &j.member_id, Some("inst-1"), 1, h.now), NONE);
+}
+
+#[test]
+fn v3_joins_get_a_member_id_at_once() {
+    let mut h = H::new();
+    let mut req = H::join_req("", &[("range", "m")], None);
+    req.require_known_member_id = false;
+    let (t, r) = h.join_with(req);
+    assert!(r.is_empty());
+    let r = h.advance(3_000);
+    let j = join_reply(&r, t);
+    assert_eq!(j.error, NONE);
+    assert!(!j.member_id.is_empty());
+}
+
+#[test]
+fn pending_member_ids_expire() {
+    let mut h = H::new();
+    let (_, r) = h.join("");
+    let id = join_reply(&r, h.next_token).member_id;
+    h.advance(SESSION + 1);
+    let (t, r) = h.join(&id);
+    assert_eq!(join_reply(&r, t).error, UNKNOWN_MEMBER_ID);
+}
+
+#[test]
+fn empty_groups_expire_after_retention() {
+    let (mut h, a) = stable_one();
+    h.c.leave("g", &[(a, None)], h.now);
+    assert!(h.c.expire_empty_groups(h.now + 1000).is_empty());
+    let later = h.now + GroupConfig::default().offsets_retention_ms;
+    assert_eq!(h.c.expire_empty_groups(later), vec!["g".to_string()]);
+}
