@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use rokka_broker::BrokerConfig;
+use rokka_group::GroupConfig;
 use rokka_kafka::KafkaConfig;
 use rokka_store::StoreConfig;
 use serde::{Deserialize, Serialize};
@@ -16,6 +17,7 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub store: StoreConfig,
     pub broker: BrokerConfig,
+    pub group: GroupConfig,
     pub kafka: KafkaConfig,
 }
 

@@ -108,7 +108,12 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
             .await
             .map_err(|e| format!("Kafka listener on {}: {e}", cfg.kafka.listen))?;
         let bound = listener.local_addr()?;
-        let kafka = Arc::new(Kafka::new(Arc::clone(&broker), cfg.kafka.clone(), bound));
+        let kafka = Arc::new(Kafka::new(
+            Arc::clone(&broker),
+            cfg.kafka.clone(),
+            cfg.group.clone(),
+            bound,
+        ));
         tracing::info!(listen = %bound, advertised = %format!("{}:{}", kafka.advertised_host, kafka.advertised_port), "Kafka listener");
         listeners.push(tokio::spawn(rokka_kafka::serve(listener, kafka, stop_rx.clone())));
     }

@@ -40,7 +40,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, k: Arc<Kafka>, mut shutdow
         if rd.read_exact(&mut buf).await.is_err() {
             break;
         }
-        match handle(&k, buf.freeze()).await {
+        match handle(&k, buf.freeze(), peer).await {
             Ok(Some(resp)) => {
                 if wr.write_all(&resp).await.is_err() {
                     break;
@@ -77,13 +77,14 @@ fn api_name(key: ApiKey) -> &'static str {
         ApiKey::DeleteTopics => "DeleteTopics",
         ApiKey::CreatePartitions => "CreatePartitions",
         ApiKey::InitProducerId => "InitProducerId",
+        ApiKey::DeleteGroups => "DeleteGroups",
         _ => "other",
     }
 }
 
 /// Decodes, dispatches and encodes one request. `Ok(None)` = no response
 /// (acks=0 produce).
-pub async fn handle(k: &Kafka, mut frame: Bytes) -> Result<Option<Bytes>, Close> {
+pub async fn handle(k: &Kafka, mut frame: Bytes, peer: SocketAddr) -> Result<Option<Bytes>, Close> {
     let key_raw = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
@@ -117,7 +118,7 @@ pub async fn handle(k: &Kafka, mut frame: Bytes) -> Result<Option<Bytes>, Close>
         Ok(Err(e)) => return Err(Close(format!("malformed {key:?} v{version}: {e}"))),
         Err(_) => return Err(Close(format!("malformed {key:?} v{version} (decoder panicked)"))),
     };
-    let resp = api::dispatch(k, &header, req, version).await?;
+    let resp = api::dispatch(k, &header, req, version, peer).await?;
     metrics::histogram!("rokka_kafka_request_seconds", "api" => name).record(started.elapsed().as_secs_f64());
     match resp {
         Some(r) => encode_response(key, version, correlation_id, &r).map(Some),

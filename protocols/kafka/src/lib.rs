@@ -7,6 +7,7 @@ pub mod api;
 pub mod config;
 mod conn;
 pub mod errors;
+pub mod groups;
 pub mod versions;
 
 use std::sync::Arc;
@@ -25,10 +26,16 @@ pub struct Kafka {
     /// Host and port put in Metadata and FindCoordinator responses.
     pub advertised_host: String,
     pub advertised_port: i32,
+    pub groups: Arc<groups::Groups>,
 }
 
 impl Kafka {
-    pub fn new(broker: Arc<Broker>, config: KafkaConfig, bound: std::net::SocketAddr) -> Kafka {
+    pub fn new(
+        broker: Arc<Broker>,
+        config: KafkaConfig,
+        group: rokka_group::GroupConfig,
+        bound: std::net::SocketAddr,
+    ) -> Kafka {
         let advertised_host = if config.advertised_host.is_empty() {
             bound.ip().to_string()
         } else {
@@ -44,12 +51,15 @@ impl Kafka {
             config,
             advertised_host,
             advertised_port,
+            groups: Arc::new(groups::Groups::new(group)),
         }
     }
 }
 
 /// Accepts connections until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
+    let offsets: Arc<dyn groups::OffsetsHandle> = kafka.broker.store().clone();
+    tokio::spawn(Arc::clone(&kafka.groups).run_ticker(offsets, shutdown.clone()));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {

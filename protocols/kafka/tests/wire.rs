@@ -22,7 +22,12 @@ async fn start(
     let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let kafka = Arc::new(Kafka::new(broker, KafkaConfig::default(), addr));
+    let kafka = Arc::new(Kafka::new(
+        broker,
+        KafkaConfig::default(),
+        rokka_group::GroupConfig::default(),
+        addr,
+    ));
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(rokka_kafka::serve(listener, kafka, rx));
     Ok((addr, tx))

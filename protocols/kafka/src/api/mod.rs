@@ -3,6 +3,7 @@
 mod api_versions;
 mod fetch;
 mod find_coordinator;
+mod groups;
 mod init_producer_id;
 mod list_offsets;
 mod metadata;
@@ -25,8 +26,9 @@ pub async fn dispatch(
     header: &RequestHeader,
     req: RequestKind,
     version: i16,
+    peer: std::net::SocketAddr,
 ) -> Result<Option<ResponseKind>, Close> {
-    let _ = header;
+    let client_id = header.client_id.as_ref().map_or("", |c| c.as_str());
     Ok(Some(match req {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE)),
         RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(k, r, version)),
@@ -38,7 +40,14 @@ pub async fn dispatch(
         RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(k, r, version)),
         RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(find_coordinator::handle(k, r, version)),
         RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(init_producer_id::handle(k, r)),
-        RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(offsets::commit(k, r)),
+        RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(offsets::commit(k, r, version)),
+        RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(groups::join(k, r, version, client_id, peer).await),
+        RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(groups::sync(k, r, version).await),
+        RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(groups::heartbeat(k, r)),
+        RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(groups::leave(k, r, version)),
+        RequestKind::ListGroups(r) => ResponseKind::ListGroups(groups::list(k, r, version)),
+        RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(groups::describe(k, r, version)),
+        RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(groups::delete(k, r)),
         RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(offsets::fetch(k, r, version)),
         RequestKind::CreateTopics(r) => ResponseKind::CreateTopics(topics::create(k, r, version)),
         RequestKind::DeleteTopics(r) => ResponseKind::DeleteTopics(topics::delete(k, r, version)),

@@ -13,8 +13,18 @@ use super::str_bytes;
 use crate::errors;
 use crate::Kafka;
 
-pub fn commit(k: &Kafka, r: OffsetCommitRequest) -> OffsetCommitResponse {
+pub fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitResponse {
     let group = r.group_id.0.to_string();
+    // v0/v1 are not served; from v2 the generation and member are checked.
+    let _ = version;
+    let member_check = k.groups.with(|c| {
+        c.validate_commit(
+            &group,
+            r.member_id.as_str(),
+            r.group_instance_id.as_ref().map(|s| s.as_str()),
+            r.generation_id_or_member_epoch,
+        )
+    });
     let offsets = k.broker.store().offsets();
     let topics = r
         .topics
@@ -32,6 +42,8 @@ pub fn commit(k: &Kafka, r: OffsetCommitRequest) -> OffsetCommitResponse {
                             .is_none_or(|i| p.partition_index < 0 || p.partition_index as u32 >= i.partitions);
                     let code = if group.is_empty() {
                         errors::INVALID_GROUP_ID
+                    } else if member_check != errors::NONE {
+                        member_check
                     } else if ok || p.committed_offset < 0 {
                         errors::UNKNOWN_TOPIC_OR_PARTITION
                     } else {

@@ -1,0 +1,189 @@
+"""Consumer groups with real clients: JoinGroup/SyncGroup/Heartbeat/
+LeaveGroup through librdkafka and kafka-python; clean leave, SIGKILL
+detected by session timeout, commit and resume across a restart."""
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaConsumer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Member:
+    """A group member in a child process; its stdout lines are parsed."""
+
+    def __init__(self, rokka, group, topic):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "group_member.py"), rokka.bootstrap, group, topic],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self.assigned = None
+        self.msgs = []
+        self.events = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            ev = json.loads(line)
+            if "assigned" in ev:
+                self.assigned = ev["assigned"]
+            else:
+                self.msgs.append((ev["p"], ev["o"], ev["msg"]))
+            self.events.put(ev)
+
+    def leave(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+def wait_for(cond, timeout=40, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def owned_exactly_once(members, n):
+    parts = [p for m in members for p in (m.assigned or [])]
+    return sorted(parts) == list(range(n))
+
+
+def make_topic(rokka, topic, n):
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(topic, num_partitions=n, replication_factor=1)])[topic].result(10)
+
+
+def produce(rokka, topic, n, tag, partitions=6):
+    p = Producer({"bootstrap.servers": rokka.bootstrap})
+    for i in range(n):
+        p.produce(topic, f"{tag}-{i}".encode(), partition=i % partitions)
+    assert p.flush(30) == 0
+
+
+def test_three_members_over_six_partitions_leave_and_kill(rokka, topic):
+    make_topic(rokka, topic, 6)
+    group = f"g-{topic}"
+    members = [Member(rokka, group, topic) for _ in range(3)]
+    try:
+        wait_for(lambda: owned_exactly_once(members, 6) and all(len(m.assigned) == 2 for m in members), what="3-way split")
+        produce(rokka, topic, 60, "a")
+        wait_for(lambda: sum(len(m.msgs) for m in members) == 60, what="first 60 consumed")
+        # One leaves cleanly (LeaveGroup): the two survivors take over.
+        members[0].leave()
+        survivors = members[1:]
+        wait_for(lambda: owned_exactly_once(survivors, 6), what="2-way split after leave")
+        produce(rokka, topic, 60, "b")
+        wait_for(lambda: sum(1 for m in survivors for x in m.msgs if x[2].startswith("b-")) == 60, what="b consumed")
+        # One is SIGKILLed: detected by session timeout (6 s), the last takes all.
+        t0 = time.time()
+        survivors[0].kill()
+        last = survivors[1]
+        wait_for(lambda: last.assigned == list(range(6)), timeout=60, what="last member owns all")
+        assert time.time() - t0 >= 4, "a killed member is noticed by its session timeout, not at once"
+        produce(rokka, topic, 60, "c")
+        wait_for(lambda: sum(1 for x in last.msgs if x[2].startswith("c-")) == 60, what="c consumed")
+        # Nothing consumed twice within a generation: every (partition, offset) once per member.
+        for m in members:
+            assert len(set((p, o) for p, o, _ in m.msgs)) == len(m.msgs)
+    finally:
+        for m in members:
+            if m.proc.poll() is None:
+                m.kill()
+
+
+def test_commit_and_resume_after_restart(rokka, topic):
+    make_topic(rokka, topic, 2)
+    produce(rokka, topic, 100, "m", partitions=2)
+    group = f"resume-{topic}"
+    conf = {"bootstrap.servers": rokka.bootstrap, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False}
+    c = Consumer(conf)
+    c.subscribe([topic])
+    got = []
+    deadline = time.time() + 40
+    while len(got) < 50 and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m)
+    assert len(got) >= 50
+    c.commit(asynchronous=False)
+    committed = {tp.partition: tp.offset for tp in c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)}
+    c.close()
+    rokka.restart()
+    c = Consumer(conf)
+    c.subscribe([topic])
+    rest = []
+    deadline = time.time() + 40
+    while len(got) + len(rest) < 100 and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            rest.append(m)
+    c.close()
+    for m in rest:
+        assert m.offset() >= committed[m.partition()], "resumed at the committed offset"
+    assert sorted(m.value() for m in got + rest) == sorted(f"m-{i}".encode() for i in range(100))
+
+
+def test_kafka_python_group_consumer(rokka, topic):
+    make_topic(rokka, topic, 3)
+    produce(rokka, topic, 30, "kp", partitions=3)
+    c = KafkaConsumer(
+        topic,
+        bootstrap_servers=rokka.bootstrap,
+        group_id=f"kp-{topic}",
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=15000,
+        enable_auto_commit=False,
+    )
+    got = []
+    for m in c:
+        got.append(m)
+        if len(got) == 30:
+            break
+    c.commit()
+    assert sorted(m.value for m in got) == sorted(f"kp-{i}".encode() for i in range(30))
+    assert sorted(c.assignment(), key=lambda tp: tp.partition) == [
+        __import__("kafka").TopicPartition(topic, p) for p in range(3)
+    ]
+    c.close()
+    # The committed offsets are visible to another client.
+    k = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": f"kp-{topic}"})
+    offs = k.committed([TopicPartition(topic, p) for p in range(3)], timeout=10)
+    assert [tp.offset for tp in offs] == [10, 10, 10]
+    k.close()
+
+
+def test_list_describe_delete_groups(rokka, topic):
+    make_topic(rokka, topic, 1)
+    group = f"admin-{topic}"
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    wait_for(lambda: c.poll(0.2) is None and len(c.assignment()) == 1, what="assignment")
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    listed = a.list_consumer_groups().result(10)
+    assert group in [g.group_id for g in listed.valid]
+    d = a.describe_consumer_groups([group])[group].result(10)
+    assert str(d.state).endswith("STABLE")
+    assert len(d.members) == 1
+    # A group with members cannot be deleted.
+    try:
+        a.delete_consumer_groups([group])[group].result(10)
+        raise AssertionError("deleted a non-empty group")
+    except Exception as e:
+        assert "NON_EMPTY_GROUP" in str(e) or "not empty" in str(e).lower(), e
+    c.close()
+    a.delete_consumer_groups([group])[group].result(10)

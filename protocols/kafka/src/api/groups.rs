@@ -1,0 +1,250 @@
+//! JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ListGroups, DescribeGroups,
+//! DeleteGroups: request ↔ coordinator translation. Groups that only have
+//! committed offsets (assign-mode consumers, RocketMQ groups) show as Empty.
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::leave_group_response::MemberResponse;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use rokka_group::{GroupState, JoinRequest, SyncRequest};
+
+use super::str_bytes;
+use crate::Kafka;
+
+fn opt(s: &Option<StrBytes>) -> Option<String> {
+    s.as_ref().map(|x| x.to_string())
+}
+
+pub async fn join(
+    k: &Kafka,
+    r: JoinGroupRequest,
+    version: i16,
+    client_id: &str,
+    peer: SocketAddr,
+) -> JoinGroupResponse {
+    let session = r.session_timeout_ms.max(0) as u64;
+    let req = JoinRequest {
+        group: r.group_id.0.to_string(),
+        member_id: r.member_id.to_string(),
+        instance_id: opt(&r.group_instance_id),
+        client_id: client_id.to_string(),
+        client_host: format!("/{}", peer.ip()),
+        session_timeout_ms: session,
+        rebalance_timeout_ms: if version >= 1 {
+            r.rebalance_timeout_ms.max(0) as u64
+        } else {
+            session
+        },
+        protocol_type: r.protocol_type.to_string(),
+        protocols: r
+            .protocols
+            .into_iter()
+            .map(|p| (p.name.to_string(), p.metadata))
+            .collect(),
+        require_known_member_id: version >= 4,
+    };
+    let resp = k.groups.join(req).await;
+    let members = resp
+        .members
+        .into_iter()
+        .map(|(id, inst, meta)| {
+            JoinGroupResponseMember::default()
+                .with_member_id(str_bytes(&id))
+                .with_group_instance_id(if version >= 5 {
+                    inst.map(|i| str_bytes(&i))
+                } else {
+                    None
+                })
+                .with_metadata(meta)
+        })
+        .collect();
+    let mut out = JoinGroupResponse::default()
+        .with_error_code(resp.error)
+        .with_generation_id(resp.generation)
+        .with_protocol_name(Some(str_bytes(&resp.protocol_name.unwrap_or_default())))
+        .with_leader(str_bytes(&resp.leader))
+        .with_member_id(str_bytes(&resp.member_id))
+        .with_members(members);
+    if version >= 7 {
+        out.protocol_type = resp.protocol_type.map(|p| str_bytes(&p));
+    }
+    out
+}
+
+pub async fn sync(k: &Kafka, r: SyncGroupRequest, version: i16) -> SyncGroupResponse {
+    let req = SyncRequest {
+        group: r.group_id.0.to_string(),
+        member_id: r.member_id.to_string(),
+        instance_id: opt(&r.group_instance_id),
+        generation: r.generation_id,
+        protocol_type: opt(&r.protocol_type),
+        protocol_name: opt(&r.protocol_name),
+        assignments: r
+            .assignments
+            .into_iter()
+            .map(|a| (a.member_id.to_string(), a.assignment))
+            .collect(),
+    };
+    let resp = k.groups.sync(req).await;
+    let mut out = SyncGroupResponse::default()
+        .with_error_code(resp.error)
+        .with_assignment(resp.assignment);
+    if version >= 5 {
+        out.protocol_type = resp.protocol_type.map(|p| str_bytes(&p));
+        out.protocol_name = resp.protocol_name.map(|p| str_bytes(&p));
+    }
+    out
+}
+
+pub fn heartbeat(k: &Kafka, r: HeartbeatRequest) -> HeartbeatResponse {
+    let code = k.groups.heartbeat(
+        r.group_id.0.as_str(),
+        r.member_id.as_str(),
+        r.group_instance_id.as_ref().map(|s| s.as_str()),
+        r.generation_id,
+    );
+    HeartbeatResponse::default().with_error_code(code)
+}
+
+pub fn leave(k: &Kafka, r: LeaveGroupRequest, version: i16) -> LeaveGroupResponse {
+    let group = r.group_id.0.to_string();
+    if version < 3 {
+        let (code, codes) = k.groups.leave(&group, &[(r.member_id.to_string(), None)]);
+        let c = if code != 0 {
+            code
+        } else {
+            codes.first().copied().unwrap_or(0)
+        };
+        return LeaveGroupResponse::default().with_error_code(c);
+    }
+    let members: Vec<(String, Option<String>)> = r
+        .members
+        .iter()
+        .map(|m| (m.member_id.to_string(), opt(&m.group_instance_id)))
+        .collect();
+    let (code, codes) = k.groups.leave(&group, &members);
+    let responses = r
+        .members
+        .into_iter()
+        .zip(codes)
+        .map(|(m, c)| {
+            MemberResponse::default()
+                .with_member_id(m.member_id)
+                .with_group_instance_id(m.group_instance_id)
+                .with_error_code(c)
+        })
+        .collect();
+    LeaveGroupResponse::default()
+        .with_error_code(code)
+        .with_members(responses)
+}
+
+/// Every group: the coordinator's, plus groups known only by their offsets.
+fn all_groups(k: &Kafka) -> Vec<(String, String, String)> {
+    let mut out: Vec<(String, String, String)> = k
+        .groups
+        .with(|c| c.list())
+        .into_iter()
+        .map(|(n, s, p)| (n, s.name().to_string(), p))
+        .collect();
+    for g in k.broker.store().offsets().groups() {
+        if !out.iter().any(|(n, _, _)| *n == g) {
+            out.push((g, "Empty".into(), "consumer".into()));
+        }
+    }
+    out.sort();
+    out
+}
+
+pub fn list(k: &Kafka, r: ListGroupsRequest, version: i16) -> ListGroupsResponse {
+    let groups = all_groups(k)
+        .into_iter()
+        .filter(|(_, state, _)| {
+            r.states_filter.is_empty() || r.states_filter.iter().any(|f| f.as_str().eq_ignore_ascii_case(state))
+        })
+        .map(|(name, state, ptype)| {
+            let g = ListedGroup::default()
+                .with_group_id(GroupId(str_bytes(&name)))
+                .with_protocol_type(str_bytes(&ptype));
+            if version >= 4 {
+                g.with_group_state(str_bytes(&state))
+            } else {
+                g
+            }
+        })
+        .collect();
+    ListGroupsResponse::default().with_groups(groups)
+}
+
+pub fn describe(k: &Kafka, r: DescribeGroupsRequest, version: i16) -> DescribeGroupsResponse {
+    let groups = r
+        .groups
+        .into_iter()
+        .map(|gid| {
+            let name = gid.0.to_string();
+            let view = k.groups.with(|c| c.describe(&name));
+            let mut d = DescribedGroup::default().with_group_id(gid);
+            match view {
+                Some(v) => {
+                    d.group_state = str_bytes(v.state.name());
+                    d.protocol_type = str_bytes(&v.protocol_type);
+                    d.protocol_data = str_bytes(&v.protocol);
+                    d.members = v
+                        .members
+                        .into_iter()
+                        .map(|m| {
+                            DescribedGroupMember::default()
+                                .with_member_id(str_bytes(&m.member_id))
+                                .with_group_instance_id(if version >= 4 {
+                                    m.instance_id.map(|i| str_bytes(&i))
+                                } else {
+                                    None
+                                })
+                                .with_client_id(str_bytes(&m.client_id))
+                                .with_client_host(str_bytes(&m.client_host))
+                                .with_member_metadata(if v.state == GroupState::Stable {
+                                    m.metadata
+                                } else {
+                                    Bytes::new()
+                                })
+                                .with_member_assignment(m.assignment)
+                        })
+                        .collect();
+                }
+                None if k.broker.store().offsets().group_offsets(&name).is_empty() => {
+                    d.group_state = str_bytes("Dead");
+                }
+                None => {
+                    d.group_state = str_bytes("Empty");
+                    d.protocol_type = str_bytes("consumer");
+                }
+            }
+            d
+        })
+        .collect();
+    DescribeGroupsResponse::default().with_groups(groups)
+}
+
+pub fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
+    let results = r
+        .groups_names
+        .into_iter()
+        .map(|gid| {
+            let name = gid.0.to_string();
+            let offsets = k.broker.store().offsets();
+            let has = !offsets.group_offsets(&name).is_empty();
+            let code = k.groups.with(|c| c.delete(&name, has));
+            if code == 0 {
+                offsets.delete_group(&name);
+            }
+            DeletableGroupResult::default().with_group_id(gid).with_error_code(code)
+        })
+        .collect();
+    DeleteGroupsResponse::default().with_results(results)
+}
