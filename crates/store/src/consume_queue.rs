@@ -445,8 +445,9 @@ impl ConsumeQueue {
             Some(e) => e.base_offset,
             None => self.max_offset(),
         };
-        self.min_entry.store(first_live, Ordering::Release);
-        self.min_offset.store(new_min_offset, Ordering::Release);
+        self.min_entry.fetch_max(first_live, Ordering::AcqRel);
+        // Never below a start set by DeleteRecords.
+        self.min_offset.fetch_max(new_min_offset, Ordering::AcqRel);
         let mut f = self.files.write().unwrap_or_else(|p| p.into_inner());
         while f.list.len() > 1 && f.base_entry + self.entries_per_file <= first_live {
             let file = f.list.remove(0);
@@ -454,6 +455,20 @@ impl ConsumeQueue {
             std::fs::remove_file(file.path()).map_err(StoreError::io("remove", file.path()))?;
         }
         Ok(())
+    }
+
+    /// Raises the first readable offset to `offset` (Kafka DeleteRecords),
+    /// which may fall inside a batch entry. Never lowers it; clamped to the
+    /// end. Returns the new first offset.
+    pub fn raise_min_offset(&self, offset: u64) -> u64 {
+        let target = offset.min(self.max_offset());
+        if let Some(idx) = self.find(target) {
+            self.min_entry.fetch_max(idx, Ordering::AcqRel);
+        } else if target >= self.max_offset() {
+            self.min_entry.fetch_max(self.entry_count(), Ordering::AcqRel);
+        }
+        self.min_offset.fetch_max(target, Ordering::AcqRel);
+        self.min_offset()
     }
 
     /// Deletes all files of this queue (it will be rebuilt by recovery).

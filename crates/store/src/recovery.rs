@@ -46,6 +46,8 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "lock",
     "offsets.json",
     "offsets.tmp",
+    "log_starts.json",
+    "log_starts.tmp",
     "config",
     "lost+found",
 ];
@@ -115,6 +117,19 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         q.advance_min(min)?;
     }
 
+    let log_starts = load_log_starts(&dir.join("log_starts.json"))?;
+    for (key, start) in &log_starts {
+        if let Some((t, q)) = key.rsplit_once('/') {
+            if let Some(cq) = q
+                .parse::<u32>()
+                .ok()
+                .and_then(|q| queues.get(t).and_then(|m| m.get(&q)))
+            {
+                cq.raise_min_offset(*start);
+            }
+        }
+    }
+
     let writer = Writer {
         cl: CommitLogWriter::new(
             Arc::clone(&log),
@@ -151,6 +166,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         closed: AtomicBool::new(false),
         _lock_file: lock_file,
         recovery: report,
+        log_starts: Mutex::new(log_starts),
         config,
     });
     // Everything recovered is now on disk; record that before accepting writes,
@@ -422,4 +438,16 @@ fn recover(
         truncated_at: scan_end.stopped_by.map(|(_, pos, _)| pos),
     };
     Ok((end, report))
+}
+
+fn load_log_starts(path: &Path) -> Result<std::collections::BTreeMap<String, u64>> {
+    match std::fs::read(path) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| StoreError::bad_file(path, format!("not valid JSON: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Default::default()),
+        Err(e) => Err(StoreError::Io {
+            op: "read",
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
 }

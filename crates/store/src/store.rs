@@ -149,6 +149,8 @@ pub(crate) struct Inner {
     pub closed: AtomicBool,
     pub _lock_file: File,
     pub recovery: RecoveryReport,
+    /// Queue starts raised by DeleteRecords, "topic/queue" → offset.
+    pub log_starts: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 /// The store. See the crate docs.
@@ -504,6 +506,26 @@ impl MessageStore {
         }
         crate::tasks::checkpoint(&self.inner, false)?;
         Ok(true)
+    }
+
+    /// Makes offsets below `offset` of (topic, queue) unreadable (Kafka
+    /// DeleteRecords): the queue's first offset becomes `offset` (clamped to
+    /// the end), persisted in `log_starts.json`. Returns the new first offset.
+    pub fn delete_records(&self, topic: &str, queue_id: u32, offset: u64) -> Result<u64> {
+        self.check_open()?;
+        let Some(q) = self.queue(topic, queue_id) else {
+            return Ok(0);
+        };
+        let start = {
+            let _w = self.inner.writer();
+            q.raise_min_offset(offset)
+        };
+        let mut starts = self.inner.log_starts.lock().unwrap_or_else(|p| p.into_inner());
+        starts.insert(format!("{topic}/{queue_id}"), start);
+        let json = serde_json::to_vec_pretty(&*starts)
+            .map_err(|e| StoreError::bad_file(self.inner.dir.join("log_starts.json"), e.to_string()))?;
+        crate::checkpoint::write_atomically(&self.inner.dir.join("log_starts.json"), &json)?;
+        Ok(start)
     }
 
     /// Topics that have at least one queue, sorted.

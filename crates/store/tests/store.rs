@@ -309,3 +309,28 @@ fn preallocated_segments_survive_clean_and_unclean_restarts() -> TestResult {
     }
     Ok(())
 }
+
+#[test]
+fn delete_records_raises_the_start_and_survives_restarts() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    for i in 0..10 {
+        append(&store, "D", 0, 1, i)?;
+    }
+    let b = build_test_batch(&[b"a", b"b", b"c"], 5);
+    store.append_kafka_batch("D", 0, &b)?; // offsets 10..13
+    assert_eq!(store.delete_records("D", 0, 4)?, 4);
+    assert_eq!(store.read("D", 0, 3, 10, 1 << 20).status, ReadStatus::OffsetMoved);
+    assert_eq!(store.read("D", 0, 4, 1, 1 << 20).entries[0].cq.base_offset, 4);
+    // Inside a batch: the start is mid-batch, the read returns the batch.
+    assert_eq!(store.delete_records("D", 0, 11)?, 11);
+    assert_eq!(store.delete_records("D", 0, 2)?, 11, "never lowered");
+    let r = store.read("D", 0, 11, 10, 1 << 20);
+    assert_eq!(r.entries[0].cq.base_offset, 10);
+    drop(store);
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(store.min_offset("D", 0), 11);
+    assert_eq!(store.delete_records("D", 0, 99)?, 13, "clamped to the end");
+    Ok(())
+}

@@ -78,6 +78,10 @@ fn api_name(key: ApiKey) -> &'static str {
         ApiKey::CreatePartitions => "CreatePartitions",
         ApiKey::InitProducerId => "InitProducerId",
         ApiKey::DeleteGroups => "DeleteGroups",
+        ApiKey::DescribeConfigs => "DescribeConfigs",
+        ApiKey::DescribeCluster => "DescribeCluster",
+        ApiKey::DeleteRecords => "DeleteRecords",
+        ApiKey::OffsetDelete => "OffsetDelete",
         _ => "other",
     }
 }

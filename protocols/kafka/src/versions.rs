@@ -27,6 +27,10 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListGroups, 0, 4),
     (ApiKey::DescribeGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::DescribeCluster, 0, 1),
+    (ApiKey::DeleteRecords, 0, 2),
+    (ApiKey::OffsetDelete, 0, 0),
 ];
 
 /// Versions of `key` Rokka serves, if any.

@@ -1,5 +1,6 @@
 //! One module per Kafka API; `dispatch` routes a decoded request to it.
 
+mod admin;
 mod api_versions;
 mod fetch;
 mod find_coordinator;
@@ -48,6 +49,10 @@ pub async fn dispatch(
         RequestKind::ListGroups(r) => ResponseKind::ListGroups(groups::list(k, r, version)),
         RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(groups::describe(k, r, version)),
         RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(groups::delete(k, r)),
+        RequestKind::DescribeConfigs(r) => ResponseKind::DescribeConfigs(admin::describe_configs(k, r, version)),
+        RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(k, r)),
+        RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(k, r)),
+        RequestKind::OffsetDelete(r) => ResponseKind::OffsetDelete(admin::offset_delete(k, r)),
         RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(offsets::fetch(k, r, version)),
         RequestKind::CreateTopics(r) => ResponseKind::CreateTopics(topics::create(k, r, version)),
         RequestKind::DeleteTopics(r) => ResponseKind::DeleteTopics(topics::delete(k, r, version)),

@@ -1,0 +1,70 @@
+"""Admin APIs with real clients: DescribeConfigs, DescribeCluster,
+DeleteRecords (confluent-kafka and kafka-python), OffsetDelete and group
+offsets (kafka-python)."""
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from kafka import KafkaAdminClient
+from kafka import TopicPartition as KTP
+
+
+def fill(rokka, topic, n, partitions=1):
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(10)
+    p = Producer({"bootstrap.servers": rokka.bootstrap})
+    for i in range(n):
+        p.produce(topic, f"{i}".encode(), partition=i % partitions)
+    assert p.flush(20) == 0
+    return a
+
+
+def test_describe_configs_and_cluster(rokka, topic):
+    a = fill(rokka, topic, 1)
+    res = ConfigResource(ResourceType.TOPIC, topic)
+    configs = a.describe_configs([res])[res].result(10)
+    assert configs["cleanup.policy"].value == "delete"
+    assert int(configs["retention.ms"].value) == 72 * 3600 * 1000
+    b = ConfigResource(ResourceType.BROKER, "0")
+    assert a.describe_configs([b])[b].result(10)["num.partitions"].value == "1"
+    cluster = a.describe_cluster().result(10)
+    assert cluster.cluster_id == "rokka-cluster"
+    assert [n.id for n in cluster.nodes] == [0]
+
+
+def test_delete_records_moves_the_log_start(rokka, topic):
+    a = fill(rokka, topic, 20)
+    res = a.delete_records([TopicPartition(topic, 0, 5)])
+    assert res[TopicPartition(topic, 0, 5)].result(10).low_watermark == 5
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": "dr", "auto.offset.reset": "earliest"})
+    assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (5, 20)
+    c.assign([TopicPartition(topic, 0, 0)])  # below the start: reset to earliest (5)
+    got = []
+    deadline = time.time() + 20
+    while len(got) < 15 and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(int(m.value()))
+    c.close()
+    assert got == list(range(5, 20))
+    # kafka-python too.
+    k = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
+    out = k.delete_records({KTP(topic, 0): 8})
+    assert list(out.values())[0]["low_watermark"] == 8
+    k.close()
+
+
+def test_group_offsets_alter_list_delete(rokka, topic):
+    fill(rokka, topic, 10, partitions=2)
+    group = f"offs-{topic}"
+    k = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
+    from kafka.structs import OffsetAndMetadata
+
+    k.alter_group_offsets(group, {KTP(topic, 0): OffsetAndMetadata(3, "m", -1), KTP(topic, 1): OffsetAndMetadata(4, "", -1)})
+    offs = k.list_group_offsets(group)[group]
+    assert {tp.partition: om.offset for tp, om in offs.items()} == {0: 3, 1: 4}
+    k.delete_group_offsets(group, [KTP(topic, 0)])
+    offs = k.list_group_offsets(group)[group]
+    assert {tp.partition: om.offset for tp, om in offs.items() if om.offset >= 0} == {1: 4}
+    k.close()
