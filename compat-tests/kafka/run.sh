@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kafka compatibility suite: real clients (confluent-kafka/librdkafka,
-# kafka-python, Debian's kcat) against a rokka started per test module on
+# kafka-python, kafkajs, Debian's kcat) against a rokka started per test module on
 # free loopback ports. Installs its own clients.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -24,4 +24,8 @@ if [[ -z ${ROKKA_BIN:-} ]]; then
   export ROKKA_BIN="$root/target/debug/rokka"
 fi
 cd "$here"
-exec "$venv/bin/python" -m pytest -q --timeout 120 -p no:cacheprovider "$@"
+"$venv/bin/python" -m pytest -q --timeout 120 -p no:cacheprovider "$@"
+
+# kafkajs, with node's own test runner.
+(cd "$here/js" && npm ci --no-audit --no-fund --silent)
+timeout 600 node --test --test-concurrency=1 "$here/js/"
