@@ -26,6 +26,9 @@ fi
 cd "$here"
 "$venv/bin/python" -m pytest -q --timeout 120 -p no:cacheprovider "$@"
 
+# kafka-python's own integration suite: allow-listed tests must pass.
+"$venv/bin/python" "$here/suites/run_suite.py" kafka-python
+
 # kafkajs, with node's own test runner.
 (cd "$here/js" && npm ci --no-audit --no-fund --silent)
 timeout 600 node --test --test-concurrency=1 "$here/js/"

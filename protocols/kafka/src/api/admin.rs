@@ -46,7 +46,10 @@ fn topic_configs(k: &Kafka) -> Vec<(&'static str, String, i8)> {
 fn broker_configs(k: &Kafka) -> Vec<(&'static str, String, i8)> {
     let s = k.broker.store().config();
     let b = k.broker.config();
+    let listener = format!("PLAINTEXT://{}:{}", k.advertised_host, k.advertised_port);
     vec![
+        ("advertised.listeners", listener, TYPE_STRING),
+        ("listeners", format!("PLAINTEXT://{}", k.config.listen), TYPE_STRING),
         (
             "auto.create.topics.enable",
             b.auto_create_topics.to_string(),
