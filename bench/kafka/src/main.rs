@@ -28,10 +28,23 @@ struct Args {
     /// Skip the consume phase.
     #[arg(long)]
     produce_only: bool,
+    /// Only the raw fetch phase (data produced by an earlier run).
+    #[arg(long)]
+    raw_fetch_only: bool,
+    /// Messages produced (unmeasured) before the measured run, then a pause:
+    /// lets the broker prepare its first segments, so the run measures the
+    /// steady state.
+    #[arg(long, default_value_t = 100_000)]
+    warmup: u64,
+    #[arg(long, default_value_t = 10)]
+    warmup_pause_s: u64,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = Args::parse();
+    if a.raw_fetch_only {
+        return raw_fetch(&a);
+    }
     let payload = vec![0x61u8; a.size];
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", &a.brokers)
@@ -44,6 +57,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .set("enable.idempotence", "false")
         .set("compression.codec", "none")
         .create()?;
+    if a.warmup > 0 {
+        for i in 0..a.warmup {
+            let p = (i % a.partitions as u64) as i32;
+            while producer
+                .send(BaseRecord::<(), [u8]>::to(&format!("{}-warmup", a.topic)).payload(&payload).partition(p))
+                .is_err()
+            {
+                producer.poll(Duration::from_millis(1));
+            }
+        }
+        producer.flush(Duration::from_secs(60))?;
+        std::thread::sleep(Duration::from_secs(a.warmup_pause_s));
+    }
     let t = Instant::now();
     let mut sent = 0u64;
     while sent < a.messages {
@@ -75,6 +101,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if a.produce_only {
         return Ok(());
     }
+    // Let the broker finish preparing segments so consumption is measured alone.
+    std::thread::sleep(Duration::from_secs(a.warmup_pause_s));
+    raw_fetch(&a)?;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &a.brokers)
         .set("group.id", "rokka-bench")
@@ -106,6 +135,94 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         got as f64 / el,
         bytes as f64 / el / 1e6,
         got,
+        el
+    );
+    Ok(())
+}
+
+/// Consumes with hand-written Fetch v4 requests, counting records from the
+/// batch headers without decoding them: measures the broker's fetch path
+/// where librdkafka's per-message poll would be the bottleneck.
+fn raw_fetch(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(&a.brokers)?;
+    s.set_nodelay(true)?;
+    let mut offsets = vec![0i64; a.partitions as usize];
+    let (mut records, mut bytes) = (0u64, 0u64);
+    let t = Instant::now();
+    let mut buf = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while records < a.messages && Instant::now() < deadline {
+        let mut req = Vec::new();
+        req.extend_from_slice(&1i16.to_be_bytes()); // Fetch
+        req.extend_from_slice(&4i16.to_be_bytes()); // v4
+        req.extend_from_slice(&1i32.to_be_bytes());
+        req.extend_from_slice(&5i16.to_be_bytes());
+        req.extend_from_slice(b"bench");
+        req.extend_from_slice(&(-1i32).to_be_bytes()); // replica
+        req.extend_from_slice(&500i32.to_be_bytes()); // max wait
+        req.extend_from_slice(&1i32.to_be_bytes()); // min bytes
+        req.extend_from_slice(&(64i32 << 20).to_be_bytes()); // max bytes
+        req.push(0); // isolation
+        req.extend_from_slice(&1i32.to_be_bytes());
+        req.extend_from_slice(&(a.topic.len() as i16).to_be_bytes());
+        req.extend_from_slice(a.topic.as_bytes());
+        req.extend_from_slice(&a.partitions.to_be_bytes());
+        for (p, off) in offsets.iter().enumerate() {
+            req.extend_from_slice(&(p as i32).to_be_bytes());
+            req.extend_from_slice(&off.to_be_bytes());
+            req.extend_from_slice(&(16i32 << 20).to_be_bytes());
+        }
+        s.write_all(&(req.len() as i32).to_be_bytes())?;
+        s.write_all(&req)?;
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len)?;
+        buf.resize(i32::from_be_bytes(len) as usize, 0);
+        s.read_exact(&mut buf)?;
+        let rd = |at: usize, n: usize| -> Result<i64, Box<dyn std::error::Error>> {
+            let b = buf.get(at..at + n).ok_or("short response")?;
+            Ok(b.iter().fold(0i64, |acc, x| (acc << 8) | i64::from(*x)) << (64 - 8 * n) >> (64 - 8 * n))
+        };
+        // correlation(4) throttle(4) topics(4) topic name(2+n) partitions(4)
+        let mut at = 12;
+        let tlen = rd(at, 2)? as usize;
+        at += 2 + tlen;
+        let nparts = rd(at, 4)?;
+        at += 4;
+        for _ in 0..nparts {
+            let p = rd(at, 4)? as usize;
+            at += 4 + 2 + 8 + 8; // partition, error, hw, lso
+            let aborted = rd(at, 4)?;
+            at += 4 + if aborted > 0 { aborted as usize * 16 } else { 0 };
+            let rlen = rd(at, 4)?;
+            at += 4;
+            let end = at + rlen.max(0) as usize;
+            bytes += rlen.max(0) as u64;
+            let mut b = at;
+            while b + 61 <= end {
+                let base = rd(b, 8)?;
+                let blen = rd(b + 8, 4)? as usize;
+                if b + 12 + blen > end {
+                    break; // partial batch at the end
+                }
+                let last_delta = rd(b + 23, 4)?;
+                let count = rd(b + 57, 4)?;
+                if base + last_delta >= offsets[p] {
+                    records += count as u64;
+                }
+                offsets[p] = offsets[p].max(base + last_delta + 1);
+                b += 12 + blen;
+            }
+            at = end;
+        }
+    }
+    let el = t.elapsed().as_secs_f64();
+    println!(
+        "raw-fetch size={} {:.0} msg/s {:.1} MB/s of batches ({} msgs in {:.2} s)",
+        a.size,
+        records as f64 / el,
+        bytes as f64 / el / 1e6,
+        records,
         el
     );
     Ok(())

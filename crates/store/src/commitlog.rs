@@ -238,12 +238,12 @@ struct AllocState {
 }
 
 impl Allocator {
-    fn start(dir: PathBuf) -> Result<Allocator> {
+    fn start(dir: PathBuf, write_back: bool) -> Result<Allocator> {
         let state = Arc::new((Mutex::new(AllocState::default()), Condvar::new()));
         let st = Arc::clone(&state);
         let thread = std::thread::Builder::new()
             .name("rokka-segment-alloc".into())
-            .spawn(move || allocator_loop(&dir, &st))
+            .spawn(move || allocator_loop(&dir, &st, write_back))
             .map_err(StoreError::io("spawn", "rokka-segment-alloc"))?;
         Ok(Allocator {
             state,
@@ -293,7 +293,7 @@ impl Drop for Allocator {
     }
 }
 
-fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar)) {
+fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar), write_back: bool) {
     loop {
         let (want, pf) = {
             let mut s = st.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -312,13 +312,13 @@ fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar)) {
             (want, pf)
         };
         if let Some(f) = pf {
-            prepare(&f);
+            prepare(&f, write_back);
         }
         if let Some((start, len)) = want {
             let path = dir.join(file_name(start));
             match MappedFile::create(&path, len) {
                 Ok(f) => {
-                    prepare(&f);
+                    prepare(&f, write_back);
                     let mut s = st.0.lock().unwrap_or_else(|p| p.into_inner());
                     if s.want == Some((start, len)) {
                         s.want = None;
@@ -339,14 +339,18 @@ fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar)) {
     }
 }
 
-/// Pre-faults every page of a segment for writing and writes it back once,
-/// so the file's blocks are allocated and written before the writer gets
-/// there. Without the write-back, every sync-mode flush of a fresh region
-/// would also allocate blocks (a file-system journal commit per flush);
-/// without the pre-fault, the writer pays the first-touch page fault.
-fn prepare(f: &MappedFile) {
+/// Pre-faults every page of a segment for writing, so the writer never pays
+/// the first-touch fault. In sync flush mode it also writes the segment back
+/// once, so its blocks are allocated before the writer gets there: otherwise
+/// every sync flush of a fresh region would also allocate blocks (a journal
+/// commit per flush). Async mode skips that write-back (it would double the
+/// segment's disk writes for nothing).
+fn prepare(f: &MappedFile, write_back: bool) {
     let t = std::time::Instant::now();
-    if let Err(e) = f.prefault().and_then(|()| f.flush_range(0, f.len())) {
+    let done = f
+        .prefault()
+        .and_then(|()| if write_back { f.flush_range(0, f.len()) } else { Ok(()) });
+    if let Err(e) = done {
         tracing::warn!(path = %f.path().display(), error = %e, "preparing segment failed");
         return;
     }
@@ -365,10 +369,16 @@ pub struct CommitLogWriter {
 
 impl CommitLogWriter {
     /// Continues writing at `end` (the recovered end of data).
-    pub fn new(log: Arc<CommitLog>, end: u64, segment_bytes: u64, preallocate: bool) -> Result<CommitLogWriter> {
+    pub fn new(
+        log: Arc<CommitLog>,
+        end: u64,
+        segment_bytes: u64,
+        preallocate: bool,
+        write_back: bool,
+    ) -> Result<CommitLogWriter> {
         let active = log.segs().iter().rev().find(|s| s.start <= end).cloned();
         let allocator = if preallocate {
-            Some(Allocator::start(log.dir.clone())?)
+            Some(Allocator::start(log.dir.clone(), write_back)?)
         } else {
             None
         };

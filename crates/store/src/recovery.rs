@@ -136,6 +136,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
             end,
             config.commitlog_segment_bytes,
             config.preallocate,
+            config.flush_mode == crate::config::FlushMode::Sync,
         )?,
         queues: queues.clone(),
         last_store_ts: 0,

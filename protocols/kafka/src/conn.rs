@@ -41,8 +41,15 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, k: Arc<Kafka>, mut shutdow
             break;
         }
         match handle(&k, buf.freeze(), peer).await {
-            Ok(Some(resp)) => {
-                if wr.write_all(&resp).await.is_err() {
+            Ok(Some(chunks)) => {
+                let mut failed = false;
+                for c in &chunks {
+                    if wr.write_all(c).await.is_err() {
+                        failed = true;
+                        break;
+                    }
+                }
+                if failed {
                     break;
                 }
             }
@@ -88,7 +95,7 @@ fn api_name(key: ApiKey) -> &'static str {
 
 /// Decodes, dispatches and encodes one request. `Ok(None)` = no response
 /// (acks=0 produce).
-pub async fn handle(k: &Kafka, mut frame: Bytes, peer: SocketAddr) -> Result<Option<Bytes>, Close> {
+pub async fn handle(k: &Kafka, mut frame: Bytes, peer: SocketAddr) -> Result<Option<Vec<Bytes>>, Close> {
     let key_raw = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
@@ -104,7 +111,7 @@ pub async fn handle(k: &Kafka, mut frame: Bytes, peer: SocketAddr) -> Result<Opt
             // (KIP-511), which every client can read; others in their own.
             Some(resp) => {
                 let v = if key == ApiKey::ApiVersions { 0 } else { version };
-                encode_response(key, v, correlation_id, &resp).map(Some)
+                encode_response(key, v, correlation_id, &resp).map(|b| Some(vec![b]))
             }
             None => Err(Close(format!(
                 "{key:?} v{version} is not supported and has no error response form"
@@ -125,7 +132,8 @@ pub async fn handle(k: &Kafka, mut frame: Bytes, peer: SocketAddr) -> Result<Opt
     let resp = api::dispatch(k, &header, req, version, peer).await?;
     metrics::histogram!("rokka_kafka_request_seconds", "api" => name).record(started.elapsed().as_secs_f64());
     match resp {
-        Some(r) => encode_response(key, version, correlation_id, &r).map(Some),
+        Some(api::Response::Kind(r)) => encode_response(key, version, correlation_id, &r).map(|b| Some(vec![b])),
+        Some(api::Response::Fetch(f)) => Ok(Some(api::encode_fetch(&f, version, correlation_id))),
         None => Ok(None),
     }
 }

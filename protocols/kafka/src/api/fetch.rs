@@ -14,7 +14,17 @@ use tokio::sync::Notify;
 use crate::errors;
 use crate::Kafka;
 
-pub async fn handle(k: &Kafka, r: FetchRequest, version: i16) -> FetchResponse {
+/// A fetch response whose records are kept as the stored batches (views of
+/// the segments), written to the socket without being copied into one buffer.
+#[derive(Debug)]
+pub struct FetchReply {
+    /// Everything but the records (each partition's `records` is `None`).
+    pub resp: FetchResponse,
+    /// Per partition, in response order: the batches to send (empty = none).
+    pub records: Vec<Vec<Bytes>>,
+}
+
+pub async fn handle(k: &Kafka, r: FetchRequest, version: i16) -> FetchReply {
     let deadline = Instant::now() + Duration::from_millis(r.max_wait_ms.max(0) as u64);
     let min_bytes = r.min_bytes.max(0) as usize;
     loop {
@@ -40,7 +50,7 @@ pub async fn handle(k: &Kafka, r: FetchRequest, version: i16) -> FetchResponse {
     }
 }
 
-fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchResponse, usize, bool) {
+fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, bool) {
     let broker = k.broker.as_ref();
     let store = broker.store();
     let mut total = 0usize;
@@ -51,6 +61,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchResponse, usize, 
     };
     let mut any_error = false;
     let mut topics = Vec::with_capacity(r.topics.len());
+    let mut all_records: Vec<Vec<Bytes>> = Vec::new();
     for t in &r.topics {
         let name = t.topic.0.as_str();
         let info = broker.topics().get(name);
@@ -70,6 +81,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchResponse, usize, 
                 pd.error_code = errors::UNKNOWN_TOPIC_OR_PARTITION;
                 any_error = true;
                 parts.push(pd);
+                all_records.push(Vec::new());
                 continue;
             }
             let q = p.partition as u32;
@@ -91,19 +103,19 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchResponse, usize, 
             if version >= 5 {
                 pd.log_start_offset = min as i64;
             }
+            let mut pieces = Vec::new();
             match read {
                 Err(()) => {
                     pd.error_code = errors::OFFSET_OUT_OF_RANGE;
                     any_error = true;
                 }
-                Ok(None) => pd.records = Some(Bytes::new()),
+                Ok(None) => {}
                 Ok(Some(read)) => match read.status {
                     ReadStatus::Found => {
-                        let records = batches(&read.entries, part_max.max(1), total == 0);
-                        total += records.len();
-                        pd.records = Some(records);
+                        pieces = batches(&read.entries, part_max.max(1), total == 0);
+                        total += pieces.iter().map(Bytes::len).sum::<usize>();
                     }
-                    ReadStatus::NoNewMessages | ReadStatus::NoSuchQueue => pd.records = Some(Bytes::new()),
+                    ReadStatus::NoNewMessages | ReadStatus::NoSuchQueue => {}
                     ReadStatus::OffsetMoved | ReadStatus::OffsetOverflow => {
                         pd.error_code = errors::OFFSET_OUT_OF_RANGE;
                         any_error = true;
@@ -111,6 +123,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchResponse, usize, 
                 },
             }
             parts.push(pd);
+            all_records.push(pieces);
         }
         topics.push(
             FetchableTopicResponse::default()
@@ -118,33 +131,34 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchResponse, usize, 
                 .with_partitions(parts),
         );
     }
-    (FetchResponse::default().with_responses(topics), total, any_error)
+    let reply = FetchReply {
+        resp: FetchResponse::default().with_responses(topics),
+        records: all_records,
+    };
+    (reply, total, any_error)
 }
 
-/// Concatenates stored batches (RocketMQ messages converted to one-record
-/// batches) up to `limit` bytes; the first always goes in when `first`.
-fn batches(entries: &[rokka_store::ReadEntry], limit: usize, first: bool) -> Bytes {
-    if entries.len() == 1 {
-        if let Ok(Entry::KafkaBatch(b)) = entries[0].decode() {
-            return b.batch; // a view of the segment: no copy at all
-        }
-    }
-    let mut out = BytesMut::new();
+/// The stored batches to send (RocketMQ messages converted to one-record
+/// batches), up to `limit` bytes; the first always goes in when `first`.
+fn batches(entries: &[rokka_store::ReadEntry], limit: usize, first: bool) -> Vec<Bytes> {
+    let mut out = Vec::with_capacity(entries.len());
+    let mut len = 0usize;
     for e in entries {
         let piece = match e.decode() {
-            Ok(Entry::KafkaBatch(b)) => b.batch,
+            Ok(Entry::KafkaBatch(b)) => b.batch, // a view of the segment: no copy
             Ok(Entry::Message(m)) => message_batch(&m),
             Err(err) => {
                 tracing::error!(phys = e.cq.phys_offset, error = %err, "undecodable entry in fetch");
                 break;
             }
         };
-        if out.len() + piece.len() > limit && !(first && out.is_empty()) {
+        if len + piece.len() > limit && !(first && out.is_empty()) {
             break;
         }
-        out.put_slice(&piece);
+        len += piece.len();
+        out.push(piece);
     }
-    out.freeze()
+    out
 }
 
 fn varint(out: &mut BytesMut, v: i64) {
@@ -196,4 +210,185 @@ fn message_batch(m: &rokka_store::MessageView) -> Bytes {
     let crc = crc32c::crc32c(&b[21..]);
     b[17..21].copy_from_slice(&crc.to_be_bytes());
     b.freeze()
+}
+
+/// Encodes a whole Fetch response frame (length prefix, header, body) for
+/// versions 4–12 as pieces: small fields and batches are gathered into
+/// buffers, large batches are passed through as the segment views they are.
+/// Byte-identical to kafka-protocol's encoding (tested below).
+pub fn encode(reply: &FetchReply, version: i16, correlation_id: i32) -> Vec<Bytes> {
+    const INLINE: usize = 16 * 1024;
+    let flexible = version >= 12;
+    let mut out: Vec<Bytes> = Vec::new();
+    let mut cur = BytesMut::with_capacity(1024);
+    let mut total = 0usize;
+    fn uvarint(b: &mut BytesMut, mut v: u64) {
+        while v >= 0x80 {
+            b.put_u8((v as u8) | 0x80);
+            v >>= 7;
+        }
+        b.put_u8(v as u8);
+    }
+    let array_len = |b: &mut BytesMut, n: usize| {
+        if flexible {
+            uvarint(b, n as u64 + 1);
+        } else {
+            b.put_i32(n as i32);
+        }
+    };
+    cur.put_i32(0); // length, patched below
+    cur.put_i32(correlation_id);
+    if flexible {
+        uvarint(&mut cur, 0); // header tagged fields
+    }
+    let r = &reply.resp;
+    cur.put_i32(r.throttle_time_ms);
+    if version >= 7 {
+        cur.put_i16(r.error_code);
+        cur.put_i32(r.session_id);
+    }
+    array_len(&mut cur, r.responses.len());
+    let mut idx = 0;
+    for t in &r.responses {
+        let name = t.topic.0.as_bytes();
+        if flexible {
+            uvarint(&mut cur, name.len() as u64 + 1);
+        } else {
+            cur.put_i16(name.len() as i16);
+        }
+        cur.put_slice(name);
+        array_len(&mut cur, t.partitions.len());
+        for p in &t.partitions {
+            cur.put_i32(p.partition_index);
+            cur.put_i16(p.error_code);
+            cur.put_i64(p.high_watermark);
+            cur.put_i64(p.last_stable_offset);
+            if version >= 5 {
+                cur.put_i64(p.log_start_offset);
+            }
+            match &p.aborted_transactions {
+                None if flexible => uvarint(&mut cur, 0),
+                None => cur.put_i32(-1),
+                Some(a) => {
+                    array_len(&mut cur, a.len());
+                    for x in a {
+                        cur.put_i64(x.producer_id.0);
+                        cur.put_i64(x.first_offset);
+                        if flexible {
+                            uvarint(&mut cur, 0);
+                        }
+                    }
+                }
+            }
+            if version >= 11 {
+                cur.put_i32(p.preferred_read_replica.0);
+            }
+            let pieces = reply.records.get(idx).map(Vec::as_slice).unwrap_or(&[]);
+            idx += 1;
+            let len: usize = pieces.iter().map(Bytes::len).sum();
+            if flexible {
+                uvarint(&mut cur, len as u64 + 1);
+            } else {
+                cur.put_i32(len as i32);
+            }
+            for piece in pieces {
+                if piece.len() < INLINE {
+                    cur.put_slice(piece);
+                } else {
+                    total += cur.len();
+                    out.push(std::mem::replace(&mut cur, BytesMut::with_capacity(1024)).freeze());
+                    total += piece.len();
+                    out.push(piece.clone());
+                }
+            }
+            if flexible {
+                uvarint(&mut cur, 0); // partition tagged fields
+            }
+        }
+        if flexible {
+            uvarint(&mut cur, 0); // topic tagged fields
+        }
+    }
+    if flexible {
+        uvarint(&mut cur, 0); // body tagged fields
+    }
+    total += cur.len();
+    out.push(cur.freeze());
+    let n = (total - 4) as i32;
+    if let Some(first) = out.first_mut() {
+        let mut b = BytesMut::from(&first[..]);
+        b[0..4].copy_from_slice(&n.to_be_bytes());
+        *first = b.freeze();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::fetch_response::AbortedTransaction;
+    use kafka_protocol::messages::{ProducerId, ResponseHeader, TopicName};
+    use kafka_protocol::protocol::{Encodable, StrBytes};
+
+    #[test]
+    fn matches_kafka_protocol_encoding() {
+        let big = Bytes::from(vec![7u8; 40_000]);
+        let small = Bytes::from_static(b"small-batch");
+        let reply = |records: bool| {
+            let pd = |i: i32| {
+                PartitionData::default()
+                    .with_partition_index(i)
+                    .with_high_watermark(100 + i as i64)
+                    .with_last_stable_offset(90)
+                    .with_preferred_read_replica(BrokerId(-1))
+                    .with_aborted_transactions(Some(vec![AbortedTransaction::default()
+                        .with_producer_id(ProducerId(5))
+                        .with_first_offset(6)]))
+            };
+            let mut parts = vec![pd(0), pd(1), pd(2)];
+            if records {
+                parts[0].records = Some([small.clone(), big.clone()].concat().into());
+                parts[1].records = Some(Bytes::new());
+                parts[2].records = Some(small.clone());
+            }
+            FetchResponse::default()
+                .with_session_id(0)
+                .with_responses(vec![FetchableTopicResponse::default()
+                    .with_topic(TopicName(StrBytes::from_static_str("topic")))
+                    .with_partitions(parts)])
+        };
+        for version in [4i16, 5, 7, 11, 12] {
+            let mut want = BytesMut::new();
+            want.put_i32(0);
+            ResponseHeader::default()
+                .with_correlation_id(42)
+                .encode(&mut want, if version >= 12 { 1 } else { 0 })
+                .unwrap_or_else(|e| panic!("{e}"));
+            let mut expected = reply(true);
+            if version < 5 {
+                for p in &mut expected.responses[0].partitions {
+                    p.log_start_offset = -1;
+                }
+            }
+            expected.encode(&mut want, version).unwrap_or_else(|e| panic!("{e}"));
+            let n = (want.len() - 4) as i32;
+            want[0..4].copy_from_slice(&n.to_be_bytes());
+            let mut r = reply(false);
+            if version < 5 {
+                for p in &mut r.responses[0].partitions {
+                    p.log_start_offset = -1;
+                }
+            }
+            let got = encode(
+                &FetchReply {
+                    resp: r,
+                    records: vec![vec![small.clone(), big.clone()], vec![], vec![small.clone()]],
+                },
+                version,
+                42,
+            );
+            assert!(got.len() >= 3, "the big batch is passed through");
+            assert_eq!(got.concat(), want.to_vec(), "v{version}");
+        }
+    }
 }

@@ -18,6 +18,16 @@ use kafka_protocol::protocol::StrBytes;
 use crate::conn::Close;
 use crate::Kafka;
 
+/// What a handler answers.
+#[derive(Debug)]
+pub enum Response {
+    Kind(ResponseKind),
+    /// A fetch, encoded by `fetch::encode` so its batches are not copied.
+    Fetch(fetch::FetchReply),
+}
+
+pub use fetch::encode as encode_fetch;
+
 pub(crate) fn str_bytes(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_string())
 }
@@ -28,16 +38,18 @@ pub async fn dispatch(
     req: RequestKind,
     version: i16,
     peer: std::net::SocketAddr,
-) -> Result<Option<ResponseKind>, Close> {
+) -> Result<Option<Response>, Close> {
     let client_id = header.client_id.as_ref().map_or("", |c| c.as_str());
-    Ok(Some(match req {
+    if let RequestKind::Fetch(r) = req {
+        return Ok(Some(Response::Fetch(fetch::handle(k, r, version).await)));
+    }
+    Ok(Some(Response::Kind(match req {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE)),
         RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(k, r, version)),
         RequestKind::Produce(r) => match produce::handle(k, r, version).await {
             Some(resp) => ResponseKind::Produce(resp),
             None => return Ok(None),
         },
-        RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::handle(k, r, version).await),
         RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(k, r, version)),
         RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(find_coordinator::handle(k, r, version)),
         RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(init_producer_id::handle(k, r)),
@@ -58,7 +70,7 @@ pub async fn dispatch(
         RequestKind::DeleteTopics(r) => ResponseKind::DeleteTopics(topics::delete(k, r, version)),
         RequestKind::CreatePartitions(r) => ResponseKind::CreatePartitions(topics::create_partitions(k, r)),
         other => return Err(Close(format!("no handler for {other:?}"))),
-    }))
+    })))
 }
 
 /// The response to a request whose version Rokka does not serve, for APIs
