@@ -1,0 +1,153 @@
+//! The remoting command: what a frame's header and body carry.
+
+use bytes::Bytes;
+
+/// Bit 0 of `flag`: this is a response.
+pub const FLAG_RESPONSE: i32 = 1;
+/// Bit 1 of `flag`: the request wants no response.
+pub const FLAG_ONEWAY: i32 = 2;
+
+/// How the header is serialized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SerializeType {
+    #[default]
+    Json,
+    RocketMq,
+}
+
+/// The sender's language (`LanguageCode.java`: names and byte codes 0..13).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LanguageCode {
+    #[default]
+    Java,
+    Cpp,
+    Dotnet,
+    Python,
+    Delphi,
+    Erlang,
+    Ruby,
+    Other,
+    Http,
+    Go,
+    Php,
+    Oms,
+    Rust,
+    NodeJs,
+}
+
+const LANGUAGES: [(LanguageCode, &str); 14] = [
+    (LanguageCode::Java, "JAVA"),
+    (LanguageCode::Cpp, "CPP"),
+    (LanguageCode::Dotnet, "DOTNET"),
+    (LanguageCode::Python, "PYTHON"),
+    (LanguageCode::Delphi, "DELPHI"),
+    (LanguageCode::Erlang, "ERLANG"),
+    (LanguageCode::Ruby, "RUBY"),
+    (LanguageCode::Other, "OTHER"),
+    (LanguageCode::Http, "HTTP"),
+    (LanguageCode::Go, "GO"),
+    (LanguageCode::Php, "PHP"),
+    (LanguageCode::Oms, "OMS"),
+    (LanguageCode::Rust, "RUST"),
+    (LanguageCode::NodeJs, "NODE_JS"),
+];
+
+impl LanguageCode {
+    pub fn code(self) -> u8 {
+        LANGUAGES.iter().position(|(l, _)| *l == self).unwrap_or(7) as u8
+    }
+
+    pub fn name(self) -> &'static str {
+        LANGUAGES.iter().find(|(l, _)| *l == self).map_or("OTHER", |(_, n)| n)
+    }
+
+    /// Unknown codes are OTHER, as the digest advises.
+    pub fn from_code(c: u8) -> LanguageCode {
+        LANGUAGES.get(c as usize).map_or(LanguageCode::Other, |(l, _)| *l)
+    }
+
+    pub fn from_name(n: &str) -> LanguageCode {
+        LANGUAGES
+            .iter()
+            .find(|(_, name)| *name == n)
+            .map_or(LanguageCode::Other, |(l, _)| *l)
+    }
+}
+
+/// `extFields`: string → string in the sender's order (kept, so a binary
+/// header re-encodes to the same bytes).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExtFields(pub Vec<(String, String)>);
+
+impl ExtFields {
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    /// Sets `key`, replacing an existing value.
+    pub fn set(&mut self, key: &str, value: impl Into<String>) {
+        let value = value.into();
+        match self.0.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = value,
+            None => self.0.push((key.to_string(), value)),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// One request or response.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RemotingCommand {
+    /// Request code, or response code in a response.
+    pub code: i32,
+    pub language: LanguageCode,
+    /// The sender's `MQVersion` ordinal.
+    pub version: i32,
+    /// Request id; a response echoes it.
+    pub opaque: i32,
+    pub flag: i32,
+    pub remark: Option<String>,
+    pub ext_fields: ExtFields,
+    pub serialize_type: SerializeType,
+    pub body: Bytes,
+}
+
+impl RemotingCommand {
+    /// A request.
+    pub fn request(code: i32, opaque: i32) -> RemotingCommand {
+        RemotingCommand {
+            code,
+            opaque,
+            ..RemotingCommand::default()
+        }
+    }
+
+    pub fn is_response(&self) -> bool {
+        self.flag & FLAG_RESPONSE != 0
+    }
+
+    pub fn is_oneway(&self) -> bool {
+        self.flag & FLAG_ONEWAY != 0
+    }
+
+    /// The response skeleton for this request: same opaque and serialize
+    /// type, the response flag, `version` = ours.
+    pub fn response(&self, code: i32, version: i32) -> RemotingCommand {
+        RemotingCommand {
+            code,
+            language: LanguageCode::Java,
+            version,
+            opaque: self.opaque,
+            flag: FLAG_RESPONSE,
+            serialize_type: self.serialize_type,
+            ..RemotingCommand::default()
+        }
+    }
+}
