@@ -42,8 +42,9 @@ SUITES = {
         },
         "dirs": ["servers/4.0.0/kafka-bin"],
         "env": lambda r: {"KAFKA_URI": f"PLAINTEXT://{r.bootstrap}", "KAFKA_VERSION": "4.0.0"},
-        # Kafka's own test fixtures lower the minimum session timeout.
-        "rokka": "[group]\nmin_session_timeout_ms = 1000\n",
+        # As Kafka's own test fixtures: a lower minimum session timeout and no
+        # initial rebalance delay (the tests poll groups with short deadlines).
+        "rokka": "[group]\nmin_session_timeout_ms = 1000\ninitial_rebalance_delay_ms = 0\n",
     },
 }
 
