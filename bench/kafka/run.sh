@@ -26,6 +26,8 @@ flush_mode = "$mode"
 default_partitions = 4
 [kafka]
 listen = "127.0.0.1:$port"
+[rocketmq]
+enabled = false
 EOT
   "$root/target/release/rokka" --config "$dir/rokka.toml" & local pid=$!
   sleep 1

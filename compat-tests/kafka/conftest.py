@@ -20,6 +20,8 @@ class Rokka:
         self.workdir = workdir
         self.kafka_port = free_port()
         self.metrics_port = free_port()
+        self.namesrv_port = free_port()
+        self.broker_port = free_port()
         self.bootstrap = f"127.0.0.1:{self.kafka_port}"
         self.config = os.path.join(workdir, "rokka.toml")
         with open(self.config, "w") as f:
@@ -35,6 +37,9 @@ commitlog_segment_bytes = 67108864
 preallocate = false
 [kafka]
 listen = "127.0.0.1:{self.kafka_port}"
+[rocketmq]
+namesrv_listen = "127.0.0.1:{self.namesrv_port}"
+broker_listen = "127.0.0.1:{self.broker_port}"
 """
             )
         self.proc = None

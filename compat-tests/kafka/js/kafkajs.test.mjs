@@ -42,6 +42,8 @@ before(async () => {
   const dir = mkdtempSync(join(tmpdir(), 'rokka-kafkajs-'));
   const port = await freePort();
   const metrics = await freePort();
+  const namesrv = await freePort();
+  const rmqBroker = await freePort();
   writeFileSync(join(dir, 'rokka.toml'), `
 [metrics]
 listen = "127.0.0.1:${metrics}"
@@ -51,6 +53,9 @@ commitlog_segment_bytes = 67108864
 preallocate = false
 [kafka]
 listen = "127.0.0.1:${port}"
+[rocketmq]
+namesrv_listen = "127.0.0.1:${namesrv}"
+broker_listen = "127.0.0.1:${rmqBroker}"
 `);
   proc = spawn(process.env.ROKKA_BIN, ['--config', join(dir, 'rokka.toml')], { stdio: 'ignore' });
   await waitListening(port);

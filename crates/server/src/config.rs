@@ -7,6 +7,7 @@ use std::path::Path;
 use rokka_broker::BrokerConfig;
 use rokka_group::GroupConfig;
 use rokka_kafka::KafkaConfig;
+use rokka_remoting::RocketMqConfig;
 use rokka_store::StoreConfig;
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +20,7 @@ pub struct Config {
     pub broker: BrokerConfig,
     pub group: GroupConfig,
     pub kafka: KafkaConfig,
+    pub rocketmq: RocketMqConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

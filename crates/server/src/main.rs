@@ -11,6 +11,7 @@ use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use rokka_broker::Broker;
 use rokka_kafka::Kafka;
+use rokka_remoting::RocketMq;
 use rokka_store::MessageStore;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
@@ -116,6 +117,41 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
         ));
         tracing::info!(listen = %bound, advertised = %format!("{}:{}", kafka.advertised_host, kafka.advertised_port), "Kafka listener");
         listeners.push(tokio::spawn(rokka_kafka::serve(listener, kafka, stop_rx.clone())));
+    }
+    if cfg.rocketmq.enabled {
+        let broker_l = TcpListener::bind(cfg.rocketmq.broker_listen)
+            .await
+            .map_err(|e| format!("RocketMQ broker listener on {}: {e}", cfg.rocketmq.broker_listen))?;
+        let namesrv_l = TcpListener::bind(cfg.rocketmq.namesrv_listen)
+            .await
+            .map_err(|e| format!("RocketMQ name server listener on {}: {e}", cfg.rocketmq.namesrv_listen))?;
+        let rmq = Arc::new(RocketMq::new(
+            Arc::clone(&broker),
+            cfg.rocketmq.clone(),
+            broker_l.local_addr()?,
+        ));
+        tracing::info!(namesrv = %namesrv_l.local_addr()?, broker = %broker_l.local_addr()?, "RocketMQ listeners");
+        listeners.push(tokio::spawn(rokka_remoting::serve(
+            broker_l,
+            Arc::clone(&rmq),
+            stop_rx.clone(),
+        )));
+        listeners.push(tokio::spawn(rokka_remoting::serve(
+            namesrv_l,
+            Arc::clone(&rmq),
+            stop_rx.clone(),
+        )));
+        let r = Arc::clone(&rmq);
+        let mut sd = stop_rx.clone();
+        listeners.push(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => r.expire_clients(),
+                    _ = sd.changed() => return,
+                }
+            }
+        }));
     }
     tracing::info!(data_dir = %cfg.store.data_dir.display(), "rokka is up");
 

@@ -27,11 +27,13 @@ fn get_metrics(port: u16) -> Option<String> {
 fn serves_metrics_and_stops_cleanly_on_sigterm() -> TestResult {
     let dir = tempfile::tempdir()?;
     let port = free_port()?;
+    let (kafka, namesrv, broker) = (free_port()?, free_port()?, free_port()?);
     let cfg = dir.path().join("rokka.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[store]\ndata_dir = \"{}\"\ncommitlog_segment_bytes = 8388608\npreallocate = false\n",
+            "[metrics]\nlisten = \"127.0.0.1:{port}\"\n[store]\ndata_dir = \"{}\"\ncommitlog_segment_bytes = 8388608\npreallocate = false\n\
+             [kafka]\nlisten = \"127.0.0.1:{kafka}\"\n[rocketmq]\nnamesrv_listen = \"127.0.0.1:{namesrv}\"\nbroker_listen = \"127.0.0.1:{broker}\"\n",
             dir.path().join("data").display()
         ),
     )?;

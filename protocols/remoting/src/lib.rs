@@ -1,5 +1,7 @@
-//! RocketMQ remoting: the frame codec (`shared/protocols/rocketmq-remoting.md`
-//! §1). No I/O and no tokio: bytes in, [`RemotingCommand`]s out, and back.
+//! RocketMQ remoting. The frame codec (`codec`, `command`;
+//! `shared/protocols/rocketmq-remoting.md` §1) does no I/O: bytes in,
+//! [`RemotingCommand`]s out, and back. `server` runs the listeners and
+//! `processor` answers the name-server and broker requests.
 //!
 //! A frame is `length:u32 | headerWord:u32 | header | body`, where the top
 //! byte of the header word is the serialize type (0 JSON, 1 ROCKETMQ binary)
@@ -8,9 +10,16 @@
 //! trailing newline after the JSON header) and strict where a mistake would
 //! misframe the stream (lengths).
 
+mod clients;
 mod codec;
 pub mod codes;
 mod command;
+pub mod config;
+pub mod processor;
+pub mod server;
 
 pub use codec::{decode, encode, FrameError, DEFAULT_MAX_FRAME};
 pub use command::{ExtFields, LanguageCode, RemotingCommand, SerializeType, FLAG_ONEWAY, FLAG_RESPONSE};
+pub use config::RocketMqConfig;
+pub use processor::RocketMq;
+pub use server::serve;

@@ -1,0 +1,65 @@
+//! Clients known from HEART_BEAT: consumer groups with their members and
+//! subscriptions, producer groups, and each client's connection (for
+//! NOTIFY_CONSUMER_IDS_CHANGED).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::server::Conn;
+
+/// A subscription as a heartbeat carries it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    pub expression: String,
+    pub expression_type: String,
+}
+
+#[derive(Debug)]
+pub struct Client {
+    pub conn: Conn,
+    pub last_seen_ms: u64,
+    pub consumer_groups: BTreeSet<String>,
+    pub producer_groups: BTreeSet<String>,
+}
+
+#[derive(Debug, Default)]
+pub struct Group {
+    pub members: BTreeSet<String>,
+    /// topic → subscription (last heartbeat wins).
+    pub subscriptions: BTreeMap<String, Subscription>,
+    pub clustering: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Clients {
+    pub clients: HashMap<String, Client>,
+    pub groups: BTreeMap<String, Group>,
+}
+
+impl Clients {
+    /// Groups whose membership changed when `client_id` left.
+    pub fn remove_client(&mut self, client_id: &str) -> Vec<String> {
+        let mut changed = Vec::new();
+        if self.clients.remove(client_id).is_some() {
+            for (name, g) in self.groups.iter_mut() {
+                if g.members.remove(client_id) {
+                    changed.push(name.clone());
+                }
+            }
+        }
+        changed
+    }
+
+    /// Connections of a group's members.
+    pub fn member_conns(&self, group: &str) -> Vec<Conn> {
+        self.groups
+            .get(group)
+            .map(|g| {
+                g.members
+                    .iter()
+                    .filter_map(|m| self.clients.get(m))
+                    .map(|c| c.conn.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,47 @@
+//! `[rocketmq]` configuration (documented in `config/rokka.toml`).
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RocketMqConfig {
+    /// Serve the RocketMQ remoting protocol (name server and broker).
+    pub enabled: bool,
+    /// Name server listen address.
+    pub namesrv_listen: SocketAddr,
+    /// Broker listen address.
+    pub broker_listen: SocketAddr,
+    /// Broker address given to clients in routes ("" = the broker listen address).
+    pub advertised_addr: String,
+    /// Broker name in routes.
+    pub broker_name: String,
+    /// Cluster name in routes.
+    pub cluster_name: String,
+    /// Largest frame accepted; a larger one closes the connection.
+    pub max_frame_bytes: u32,
+    /// Queues of a topic auto-created by a producer, at most (the client asks for 4).
+    pub max_auto_create_queues: u32,
+    /// A client that sent no heartbeat for this long is dropped.
+    pub client_timeout_ms: u64,
+    /// The `version` this server reports (MQVersion ordinal; ≥ 401 for JSON route bodies).
+    pub server_version: i32,
+}
+
+impl Default for RocketMqConfig {
+    fn default() -> Self {
+        RocketMqConfig {
+            enabled: true,
+            namesrv_listen: SocketAddr::from(([127, 0, 0, 1], 9876)),
+            broker_listen: SocketAddr::from(([127, 0, 0, 1], 10911)),
+            advertised_addr: String::new(),
+            broker_name: "broker-a".into(),
+            cluster_name: "DefaultCluster".into(),
+            max_frame_bytes: 16 * 1024 * 1024,
+            max_auto_create_queues: 8,
+            client_timeout_ms: 120_000,
+            server_version: 479,
+        }
+    }
+}

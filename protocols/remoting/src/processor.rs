@@ -1,0 +1,726 @@
+//! Request processing for the name server and broker ports: one function per
+//! request family; the only place errors become RocketMQ response codes.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use rokka_broker::Broker;
+use rokka_store::record::properties;
+use rokka_store::{msgid, Entry, MessageInput, ReadStatus};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use crate::clients::{Client, Clients, Subscription};
+use crate::codes::{request as rq, response as rs};
+use crate::command::{RemotingCommand, FLAG_ONEWAY};
+use crate::config::RocketMqConfig;
+use crate::server::Conn;
+
+/// The RocketMQ frontend: state shared by both ports.
+#[derive(Debug)]
+pub struct RocketMq {
+    broker: Arc<Broker>,
+    config: RocketMqConfig,
+    advertised: String,
+    clients: Mutex<Clients>,
+    epoch: Instant,
+}
+
+fn ext<'a>(cmd: &'a RemotingCommand, long: &str, short: &str) -> Option<&'a str> {
+    cmd.ext_fields.get(long).or_else(|| cmd.ext_fields.get(short))
+}
+
+fn ext_i64(cmd: &RemotingCommand, long: &str, short: &str) -> Option<i64> {
+    ext(cmd, long, short).and_then(|v| v.trim().parse().ok())
+}
+
+fn ext_bool(cmd: &RemotingCommand, long: &str, short: &str) -> bool {
+    matches!(ext(cmd, long, short), Some("true") | Some("1"))
+}
+
+/// Tag codes of a TAG expression: `*`/empty = all (None); tokens are split
+/// on `||` and trimmed before hashing (some clients send untrimmed codes).
+pub fn tag_codes(expr: &str) -> Option<Vec<i32>> {
+    let e = expr.trim();
+    if e.is_empty() || e == "*" {
+        return None;
+    }
+    Some(
+        e.split("||")
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| properties::java_string_hash(t.as_bytes()))
+            .collect(),
+    )
+}
+
+impl RocketMq {
+    pub fn new(broker: Arc<Broker>, config: RocketMqConfig, broker_bound: SocketAddr) -> RocketMq {
+        let advertised = if config.advertised_addr.is_empty() {
+            broker_bound.to_string()
+        } else {
+            config.advertised_addr.clone()
+        };
+        RocketMq {
+            broker,
+            config,
+            advertised,
+            clients: Mutex::new(Clients::default()),
+            epoch: Instant::now(),
+        }
+    }
+
+    pub fn config(&self) -> &RocketMqConfig {
+        &self.config
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, Clients> {
+        self.clients.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn reply(&self, req: &RemotingCommand, code: i32, remark: Option<String>) -> RemotingCommand {
+        let mut r = req.response(code, self.config.server_version);
+        r.remark = remark;
+        r
+    }
+
+    /// Handles one request; `None` for oneway requests.
+    pub async fn process(&self, cmd: RemotingCommand, conn: &Conn) -> Option<RemotingCommand> {
+        let started = Instant::now();
+        let code = cmd.code;
+        metrics::counter!("rokka_rocketmq_requests_total", "code" => code.to_string()).increment(1);
+        let oneway = cmd.flag & FLAG_ONEWAY != 0;
+        let resp = match code {
+            rq::GET_ROUTEINFO_BY_TOPIC => self.route(&cmd),
+            rq::GET_BROKER_CLUSTER_INFO => self.cluster_info(&cmd),
+            rq::GET_ALL_TOPIC_LIST_FROM_NAMESERVER => self.topic_list(&cmd),
+            rq::GET_KVLIST_BY_NAMESPACE => self.reply(&cmd, rs::QUERY_NOT_FOUND, Some("no KV config".into())),
+            rq::HEART_BEAT => self.heartbeat(&cmd, conn),
+            rq::UNREGISTER_CLIENT => self.unregister(&cmd),
+            rq::GET_CONSUMER_LIST_BY_GROUP => self.consumer_list(&cmd),
+            rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => self.send(&cmd, conn),
+            rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => self.pull(&cmd).await,
+            rq::QUERY_CONSUMER_OFFSET => self.query_offset(&cmd),
+            rq::UPDATE_CONSUMER_OFFSET => self.update_offset(&cmd),
+            rq::GET_MAX_OFFSET
+            | rq::GET_MIN_OFFSET
+            | rq::SEARCH_OFFSET_BY_TIMESTAMP
+            | rq::GET_EARLIEST_MSG_STORETIME => self.offset_queries(&cmd),
+            rq::UPDATE_AND_CREATE_TOPIC => self.create_topic(&cmd),
+            rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
+            other => self.reply(
+                &cmd,
+                rs::REQUEST_CODE_NOT_SUPPORTED,
+                Some(format!(" request type {other} not supported")),
+            ),
+        };
+        metrics::histogram!("rokka_rocketmq_request_seconds", "code" => code.to_string())
+            .record(started.elapsed().as_secs_f64());
+        (!oneway).then_some(resp)
+    }
+
+    fn json_body(&self, req: &RemotingCommand, v: Value) -> RemotingCommand {
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        r.body = Bytes::from(v.to_string());
+        r
+    }
+
+    fn broker_data(&self) -> Value {
+        json!({
+            "cluster": self.config.cluster_name,
+            "brokerName": self.config.broker_name,
+            "brokerAddrs": {"0": self.advertised},
+            "enableActingMaster": false,
+        })
+    }
+
+    fn route(&self, req: &RemotingCommand) -> RemotingCommand {
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        let queues = if topic == "TBW102" && self.broker.config().auto_create_topics {
+            // The auto-create template: producers of unknown topics use its route.
+            Some((self.config.max_auto_create_queues, 7))
+        } else if let Some(t) = self.broker.topics().get(topic) {
+            Some((t.partitions, 6))
+        } else if topic.starts_with("%RETRY%") {
+            // Consumers refresh their retry topic's route; it is made on demand.
+            self.broker
+                .topic_or_create(topic, true, Some(1))
+                .ok()
+                .flatten()
+                .map(|t| (t.partitions, 6))
+        } else {
+            None
+        };
+        let Some((n, perm)) = queues else {
+            return self.reply(
+                req,
+                rs::TOPIC_NOT_EXIST,
+                Some(format!("No topic route info in name server for the topic: {topic}")),
+            );
+        };
+        self.json_body(
+            req,
+            json!({
+                "brokerDatas": [self.broker_data()],
+                "filterServerTable": {},
+                "queueDatas": [{
+                    "brokerName": self.config.broker_name,
+                    "perm": perm,
+                    "readQueueNums": n,
+                    "writeQueueNums": n,
+                    "topicSysFlag": 0,
+                    "topicSynFlag": 0,
+                }],
+            }),
+        )
+    }
+
+    fn cluster_info(&self, req: &RemotingCommand) -> RemotingCommand {
+        let name = &self.config.broker_name;
+        self.json_body(
+            req,
+            json!({
+                "brokerAddrTable": {name.as_str(): self.broker_data()},
+                "clusterAddrTable": {self.config.cluster_name.as_str(): [name]},
+            }),
+        )
+    }
+
+    fn topic_list(&self, req: &RemotingCommand) -> RemotingCommand {
+        let topics: Vec<String> = self.broker.topics().all().into_iter().map(|(n, _)| n).collect();
+        self.json_body(req, json!({"topicList": topics}))
+    }
+
+    fn heartbeat(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
+        let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("heartbeat body is not JSON".into()));
+        };
+        let Some(client_id) = body.get("clientID").and_then(Value::as_str).map(String::from) else {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("heartbeat without clientID".into()));
+        };
+        let now = self.now_ms();
+        let mut changed = Vec::new();
+        {
+            let mut c = self.clients();
+            let entry = c.clients.entry(client_id.clone()).or_insert_with(|| Client {
+                conn: conn.clone(),
+                last_seen_ms: now,
+                consumer_groups: Default::default(),
+                producer_groups: Default::default(),
+            });
+            entry.conn = conn.clone();
+            entry.last_seen_ms = now;
+            for p in body
+                .get("producerDataSet")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(g) = p.get("groupName").and_then(Value::as_str) {
+                    entry.producer_groups.insert(g.to_string());
+                }
+            }
+            let mut joined = Vec::new();
+            for cd in body
+                .get("consumerDataSet")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let Some(g) = cd.get("groupName").and_then(Value::as_str) else {
+                    continue;
+                };
+                entry.consumer_groups.insert(g.to_string());
+                joined.push(cd.clone());
+            }
+            for cd in joined {
+                let g = cd
+                    .get("groupName")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                let group = c.groups.entry(g.clone()).or_default();
+                let model = cd.get("messageModel");
+                group.clustering = !matches!(model, Some(Value::String(s)) if s == "BROADCASTING")
+                    && !matches!(model, Some(Value::Number(n)) if n.as_i64() == Some(0));
+                let mut subs_changed = false;
+                for s in cd
+                    .get("subscriptionDataSet")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let Some(topic) = s.get("topic").and_then(Value::as_str) else {
+                        continue;
+                    };
+                    let sub = Subscription {
+                        expression: s.get("subString").and_then(Value::as_str).unwrap_or("*").to_string(),
+                        expression_type: s
+                            .get("expressionType")
+                            .and_then(Value::as_str)
+                            .unwrap_or("TAG")
+                            .to_string(),
+                    };
+                    if group.subscriptions.get(topic) != Some(&sub) {
+                        group.subscriptions.insert(topic.to_string(), sub);
+                        subs_changed = true;
+                    }
+                }
+                let joined_now = group.members.insert(client_id.clone());
+                if (joined_now || subs_changed) && group.clustering {
+                    changed.push(g);
+                }
+            }
+        }
+        for g in changed {
+            self.notify_ids_changed(&g);
+        }
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        r.ext_fields.set("IS_SUPPORT_HEART_BEAT_V2", "false");
+        r.ext_fields.set("IS_SUB_CHANGE", "true");
+        r
+    }
+
+    /// Tells every member of `group` to rebalance (oneway, on its own connection).
+    fn notify_ids_changed(&self, group: &str) {
+        let conns = self.clients().member_conns(group);
+        for c in conns {
+            let mut n = RemotingCommand::request(rq::NOTIFY_CONSUMER_IDS_CHANGED, c.next_opaque());
+            n.flag = FLAG_ONEWAY;
+            n.version = self.config.server_version;
+            n.ext_fields.set("consumerGroup", group);
+            if c.send(n) {
+                metrics::counter!("rokka_rocketmq_consumer_ids_changed_total").increment(1);
+            }
+        }
+    }
+
+    fn unregister(&self, req: &RemotingCommand) -> RemotingCommand {
+        let Some(client_id) = req.ext_fields.get("clientID") else {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("clientID missing".into()));
+        };
+        let changed = {
+            let mut c = self.clients();
+            match req.ext_fields.get("consumerGroup") {
+                Some(g) if !g.is_empty() => {
+                    let mut changed = Vec::new();
+                    if c.groups.get_mut(g).is_some_and(|grp| grp.members.remove(client_id)) {
+                        changed.push(g.to_string());
+                    }
+                    if let Some(cl) = c.clients.get_mut(client_id) {
+                        cl.consumer_groups.remove(g);
+                    }
+                    changed
+                }
+                _ => Vec::new(),
+            }
+        };
+        for g in changed {
+            self.notify_ids_changed(&g);
+        }
+        self.reply(req, rs::SUCCESS, None)
+    }
+
+    /// A closed connection drops the clients that used it.
+    pub fn connection_closed(&self, conn: &Conn) {
+        let changed = {
+            let mut c = self.clients();
+            let gone: Vec<String> = c
+                .clients
+                .iter()
+                .filter(|(_, cl)| cl.conn.peer == conn.peer && cl.conn.is_closed())
+                .map(|(id, _)| id.clone())
+                .collect();
+            let mut changed = Vec::new();
+            for id in gone {
+                changed.extend(c.remove_client(&id));
+            }
+            changed
+        };
+        for g in changed {
+            self.notify_ids_changed(&g);
+        }
+    }
+
+    /// Drops clients silent for longer than `client_timeout_ms`.
+    pub fn expire_clients(&self) {
+        let now = self.now_ms();
+        let timeout = self.config.client_timeout_ms;
+        let changed = {
+            let mut c = self.clients();
+            let gone: Vec<String> = c
+                .clients
+                .iter()
+                .filter(|(_, cl)| cl.last_seen_ms + timeout < now)
+                .map(|(id, _)| id.clone())
+                .collect();
+            let mut changed = Vec::new();
+            for id in gone {
+                tracing::info!(client = id, "RocketMQ client expired");
+                changed.extend(c.remove_client(&id));
+            }
+            changed
+        };
+        for g in changed {
+            self.notify_ids_changed(&g);
+        }
+    }
+
+    fn consumer_list(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
+        let ids: Vec<String> = self
+            .clients()
+            .groups
+            .get(group)
+            .map(|g| g.members.iter().cloned().collect())
+            .unwrap_or_default();
+        if ids.is_empty() {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!("no consumer for this group, {group}")),
+            );
+        }
+        self.json_body(req, json!({"consumerIdList": ids}))
+    }
+
+    fn send(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
+        let Some(topic) = ext(req, "topic", "b").map(String::from) else {
+            return self.reply(req, rs::MESSAGE_ILLEGAL, Some("topic missing".into()));
+        };
+        let want_queues = ext_i64(req, "defaultTopicQueueNums", "d")
+            .unwrap_or(4)
+            .clamp(1, i64::from(self.config.max_auto_create_queues)) as u32;
+        let info = match self.broker.topic_or_create(&topic, true, Some(want_queues)) {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                return self.reply(
+                    req,
+                    rs::TOPIC_NOT_EXIST,
+                    Some(format!("topic[{topic}] not exist, apply first please!")),
+                )
+            }
+            Err(e) => return self.reply(req, rs::MESSAGE_ILLEGAL, Some(e.to_string())),
+        };
+        let mut queue = ext_i64(req, "queueId", "e").unwrap_or(-1);
+        if queue < 0 {
+            queue = i64::from(rand::random::<u32>() % info.partitions.max(1));
+        }
+        if queue >= i64::from(info.partitions) {
+            return self.reply(req, 29, Some(format!("queueId {queue} out of range for {topic}")));
+        }
+        let sys_flag = ext_i64(req, "sysFlag", "f").unwrap_or(0) as i32;
+        let born = ext_i64(req, "bornTimestamp", "g").unwrap_or_else(rokka_store::now_ms);
+        let flag = ext_i64(req, "flag", "h").unwrap_or(0) as i32;
+        let props = ext(req, "properties", "i").unwrap_or_default().to_string();
+        let reconsume = ext_i64(req, "reconsumeTimes", "j").unwrap_or(0) as i32;
+        let batch = req.code == rq::SEND_BATCH_MESSAGE || ext_bool(req, "batch", "m");
+        // Owned parts of each message, then borrowed inputs.
+        let parts: Vec<(i32, Bytes, String)> = if batch {
+            match split_batch(&req.body) {
+                Some(p) => p,
+                None => return self.reply(req, rs::MESSAGE_ILLEGAL, Some("malformed batch body".into())),
+            }
+        } else {
+            vec![(flag, req.body.clone(), props)]
+        };
+        let inputs: Vec<MessageInput<'_>> = parts
+            .iter()
+            .map(|(f, body, p)| MessageInput {
+                topic: &topic,
+                queue_id: queue as u32,
+                flag: *f,
+                body,
+                properties: p.as_bytes(),
+                sys_flag: if batch { 0 } else { sys_flag },
+                born_timestamp: born,
+                born_host: conn.peer,
+                reconsume_times: reconsume,
+                prepared_transaction_offset: 0,
+            })
+            .collect();
+        let results = match self.broker.append_messages(&inputs) {
+            Ok(r) => r,
+            Err(e) => {
+                let code = match &e {
+                    rokka_broker::BrokerError::Store(
+                        rokka_store::StoreError::MessageTooLarge { .. }
+                        | rokka_store::StoreError::PropertiesTooLarge(_),
+                    ) => rs::MESSAGE_ILLEGAL,
+                    _ => rs::SYSTEM_ERROR,
+                };
+                return self.reply(req, code, Some(e.to_string()));
+            }
+        };
+        metrics::counter!("rokka_rocketmq_messages_in_total", "topic" => topic.clone()).increment(results.len() as u64);
+        let host: SocketAddr = self
+            .advertised
+            .parse()
+            .unwrap_or_else(|_| self.broker.store().config().store_host);
+        let ids: Vec<String> = results.iter().map(|r| msgid::message_id(host, r.phys_offset)).collect();
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        r.ext_fields.set("msgId", ids.join(","));
+        r.ext_fields.set("queueId", queue.to_string());
+        r.ext_fields
+            .set("queueOffset", results.first().map_or(0, |x| x.queue_offset).to_string());
+        if let Some(u) = properties::get(parts[0].2.as_bytes(), properties::UNIQ_KEY) {
+            r.ext_fields
+                .set("transactionId", String::from_utf8_lossy(u).into_owned());
+        }
+        r.ext_fields.set("MSG_REGION", "DefaultRegion");
+        r.ext_fields.set("TRACE_ON", "true");
+        r
+    }
+
+    async fn pull(&self, req: &RemotingCommand) -> RemotingCommand {
+        let topic = req.ext_fields.get("topic").unwrap_or_default().to_string();
+        let group = req.ext_fields.get("consumerGroup").unwrap_or_default().to_string();
+        let queue = ext_i64(req, "queueId", "queueId").unwrap_or(-1);
+        let offset = ext_i64(req, "queueOffset", "queueOffset").unwrap_or(0).max(0) as u64;
+        let max_msgs = ext_i64(req, "maxMsgNums", "maxMsgNums").unwrap_or(32).clamp(1, 1024) as u32;
+        let sys_flag = ext_i64(req, "sysFlag", "sysFlag").unwrap_or(0);
+        let suspend_ms = ext_i64(req, "suspendTimeoutMillis", "suspendTimeoutMillis")
+            .unwrap_or(15_000)
+            .clamp(0, 60_000) as u64;
+        let Some(info) = self.broker.topics().get(&topic) else {
+            return self.reply(req, rs::TOPIC_NOT_EXIST, Some(format!("topic[{topic}] not exist")));
+        };
+        if queue < 0 || queue >= i64::from(info.partitions) {
+            return self.reply(req, 29, Some(format!("queueId {queue} out of range")));
+        }
+        let q = queue as u32;
+        if sys_flag & 0x1 != 0 {
+            if let Some(c) = ext_i64(req, "commitOffset", "commitOffset").filter(|c| *c >= 0) {
+                self.broker.store().offsets().commit(&group, &topic, q, c as u64, "");
+            }
+        }
+        // The filter: from the request when it carries one, else the heartbeat's.
+        let expr = if sys_flag & 0x4 != 0 {
+            req.ext_fields.get("subscription").unwrap_or("*").to_string()
+        } else {
+            self.clients()
+                .groups
+                .get(&group)
+                .and_then(|g| g.subscriptions.get(&topic))
+                .map_or_else(|| "*".to_string(), |s| s.expression.clone())
+        };
+        let codes = tag_codes(&expr);
+        let deadline = Instant::now() + Duration::from_millis(suspend_ms);
+        let mut offset = offset;
+        loop {
+            let waiter = Arc::new(Notify::new());
+            if sys_flag & 0x2 != 0 {
+                self.broker.arrivals().register(&topic, q, &waiter);
+            }
+            let (resp, next) = self.pull_once(req, &topic, q, offset, max_msgs, codes.as_deref());
+            let now = Instant::now();
+            if resp.code != rs::PULL_NOT_FOUND || sys_flag & 0x2 == 0 || now >= deadline {
+                if resp.code == rs::PULL_RETRY_IMMEDIATELY && sys_flag & 0x2 != 0 && now < deadline {
+                    // Everything scanned was filtered out: keep going from there.
+                    offset = next;
+                    continue;
+                }
+                return resp;
+            }
+            metrics::gauge!("rokka_rocketmq_pulls_held").increment(1.0);
+            let _ = tokio::time::timeout(deadline - now, waiter.notified()).await;
+            metrics::gauge!("rokka_rocketmq_pulls_held").decrement(1.0);
+        }
+    }
+
+    /// One pull attempt: the response and its nextBeginOffset.
+    fn pull_once(
+        &self,
+        req: &RemotingCommand,
+        topic: &str,
+        q: u32,
+        offset: u64,
+        max_msgs: u32,
+        codes: Option<&[i32]>,
+    ) -> (RemotingCommand, u64) {
+        let store = self.broker.store();
+        let read = store.read(topic, q, offset, max_msgs, 4 * 1024 * 1024);
+        let (min, max) = (read.min_offset, read.max_offset);
+        let (code, next, body) = match read.status {
+            ReadStatus::Found => {
+                let mut body = BytesMut::new();
+                let mut n = 0;
+                for e in &read.entries {
+                    let matches = codes.is_none_or(|c| c.contains(&(e.cq.tag_code as i32)));
+                    // Kafka batches are converted for RocketMQ readers by the
+                    // cross-protocol layer; until then they are skipped.
+                    if matches && matches!(e.decode(), Ok(Entry::Message(_))) {
+                        body.put_slice(&e.data);
+                        n += 1;
+                    }
+                }
+                if n == 0 {
+                    (rs::PULL_RETRY_IMMEDIATELY, read.next_offset, Bytes::new())
+                } else {
+                    metrics::counter!("rokka_rocketmq_messages_out_total", "topic" => topic.to_string()).increment(n);
+                    (rs::SUCCESS, read.next_offset, body.freeze())
+                }
+            }
+            ReadStatus::NoNewMessages => (rs::PULL_NOT_FOUND, offset, Bytes::new()),
+            ReadStatus::NoSuchQueue if offset == 0 => (rs::PULL_NOT_FOUND, 0, Bytes::new()),
+            ReadStatus::NoSuchQueue => (rs::PULL_OFFSET_MOVED, 0, Bytes::new()),
+            ReadStatus::OffsetMoved => (rs::PULL_OFFSET_MOVED, min, Bytes::new()),
+            ReadStatus::OffsetOverflow => (rs::PULL_OFFSET_MOVED, max, Bytes::new()),
+        };
+        let mut r = self.reply(req, code, None);
+        r.ext_fields.set("suggestWhichBrokerId", "0");
+        r.ext_fields.set("nextBeginOffset", next.to_string());
+        r.ext_fields.set("minOffset", min.to_string());
+        r.ext_fields.set("maxOffset", max.to_string());
+        r.body = body;
+        (r, next)
+    }
+
+    fn query_offset(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        let queue = ext_i64(req, "queueId", "queueId").unwrap_or(-1).max(0) as u32;
+        match self.broker.store().offsets().get(group, topic, queue) {
+            Some(o) => {
+                let mut r = self.reply(req, rs::SUCCESS, None);
+                r.ext_fields.set("offset", o.offset.to_string());
+                r
+            }
+            None if ext_bool(req, "setZeroIfNotFound", "setZeroIfNotFound")
+                && self.broker.store().min_offset(topic, queue) == 0 =>
+            {
+                let mut r = self.reply(req, rs::SUCCESS, None);
+                r.ext_fields.set("offset", "0");
+                r
+            }
+            None => self.reply(
+                req,
+                rs::QUERY_NOT_FOUND,
+                Some("Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first".into()),
+            ),
+        }
+    }
+
+    fn update_offset(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        let queue = ext_i64(req, "queueId", "queueId").unwrap_or(-1);
+        let offset = ext_i64(req, "commitOffset", "commitOffset").unwrap_or(-1);
+        if group.is_empty() || queue < 0 || offset < 0 {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("bad offset update".into()));
+        }
+        if self.broker.topics().get(topic).is_none() {
+            return self.reply(req, rs::TOPIC_NOT_EXIST, Some(format!("topic[{topic}] not exist")));
+        }
+        self.broker
+            .store()
+            .offsets()
+            .commit(group, topic, queue as u32, offset as u64, "");
+        self.reply(req, rs::SUCCESS, None)
+    }
+
+    fn offset_queries(&self, req: &RemotingCommand) -> RemotingCommand {
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        let queue = ext_i64(req, "queueId", "queueId").unwrap_or(0).max(0) as u32;
+        let store = self.broker.store();
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        match req.code {
+            rq::GET_MAX_OFFSET => r.ext_fields.set("offset", store.max_offset(topic, queue).to_string()),
+            rq::GET_MIN_OFFSET => r.ext_fields.set("offset", store.min_offset(topic, queue).to_string()),
+            rq::SEARCH_OFFSET_BY_TIMESTAMP => {
+                let ts = ext_i64(req, "timestamp", "timestamp").unwrap_or(0);
+                let upper = req
+                    .ext_fields
+                    .get("boundaryType")
+                    .is_some_and(|b| b.eq_ignore_ascii_case("UPPER"));
+                let lower = store.offset_by_store_time(topic, queue, ts);
+                let off = if upper {
+                    // Last offset stored at or before ts.
+                    let after = store.offset_by_store_time(topic, queue, ts.saturating_add(1));
+                    after.saturating_sub(1).max(store.min_offset(topic, queue))
+                } else {
+                    lower
+                };
+                r.ext_fields.set("offset", off.to_string());
+            }
+            _ => {
+                let min = store.min_offset(topic, queue);
+                let read = store.read(topic, queue, min, 1, 1);
+                let ts = read.entries.first().map_or(0, |e| e.cq.store_timestamp);
+                r.ext_fields.set("timestamp", ts.to_string());
+            }
+        }
+        r
+    }
+
+    fn create_topic(&self, req: &RemotingCommand) -> RemotingCommand {
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        let n = ext_i64(req, "writeQueueNums", "writeQueueNums")
+            .or_else(|| ext_i64(req, "readQueueNums", "readQueueNums"))
+            .unwrap_or(8)
+            .max(1) as u32;
+        match self.broker.create_topic(topic, n) {
+            Ok(_) => self.reply(req, rs::SUCCESS, None),
+            Err(rokka_broker::BrokerError::TopicExists(_)) => {
+                let current = self.broker.topics().get(topic).map_or(n, |t| t.partitions);
+                if n > current {
+                    if let Err(e) = self.broker.add_partitions(topic, n) {
+                        return self.reply(req, 29, Some(e.to_string()));
+                    }
+                }
+                self.reply(req, rs::SUCCESS, None)
+            }
+            Err(e) => self.reply(req, 29, Some(e.to_string())),
+        }
+    }
+
+    fn all_topic_config(&self, req: &RemotingCommand) -> RemotingCommand {
+        let mut table = serde_json::Map::new();
+        for (name, t) in self.broker.topics().all() {
+            table.insert(
+                name.clone(),
+                json!({"topicName": name, "readQueueNums": t.partitions, "writeQueueNums": t.partitions,
+                       "perm": 6, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": false, "attributes": {}}),
+            );
+        }
+        self.json_body(
+            req,
+            json!({"topicConfigTable": table, "dataVersion": {"counter": 0, "stateVersion": 0, "timestamp": 0}}),
+        )
+    }
+}
+
+/// Splits a SEND_BATCH_MESSAGE body (§4.4) into (flag, body, properties).
+pub fn split_batch(body: &[u8]) -> Option<Vec<(i32, Bytes, String)>> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    let be32 = |b: &[u8], i: usize| b.get(i..i + 4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]]));
+    while at < body.len() {
+        let total = be32(body, at)? as usize;
+        let flag = be32(body, at + 12)?;
+        let blen = be32(body, at + 16)?;
+        if blen < 0 || total < 22 {
+            return None;
+        }
+        let b0 = at + 20;
+        let b1 = b0.checked_add(blen as usize)?;
+        let msg = Bytes::copy_from_slice(body.get(b0..b1)?);
+        let plen = body.get(b1..b1 + 2).map(|x| i16::from_be_bytes([x[0], x[1]]))?;
+        if plen < 0 {
+            return None;
+        }
+        let props = body.get(b1 + 2..b1 + 2 + plen as usize)?;
+        out.push((flag, msg, String::from_utf8_lossy(props).into_owned()));
+        if at + total > body.len() || total != 22 + blen as usize + plen as usize {
+            return None;
+        }
+        at += total;
+    }
+    (!out.is_empty()).then_some(out)
+}

@@ -1,0 +1,376 @@
+//! In-process tests of the name server and broker with our own codec (in
+//! addition to the real-client suite): route, heartbeat, send, pull with
+//! long polling and tag filter, offsets, unknown codes, bad frames.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use rokka_broker::{Broker, BrokerConfig};
+use rokka_remoting::codes::{request as rq, response as rs};
+use rokka_remoting::*;
+use rokka_store::record::properties;
+use rokka_store::{Entry, MessageStore, StoreConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+struct Client {
+    s: TcpStream,
+    buf: BytesMut,
+    opaque: i32,
+}
+
+impl Client {
+    async fn connect(addr: std::net::SocketAddr) -> Result<Client, Box<dyn std::error::Error>> {
+        Ok(Client {
+            s: TcpStream::connect(addr).await?,
+            buf: BytesMut::new(),
+            opaque: 0,
+        })
+    }
+
+    async fn send(&mut self, mut cmd: RemotingCommand) -> Result<i32, Box<dyn std::error::Error>> {
+        self.opaque += 1;
+        cmd.opaque = self.opaque;
+        let mut out = BytesMut::new();
+        encode(&cmd, &mut out);
+        self.s.write_all(&out).await?;
+        Ok(cmd.opaque)
+    }
+
+    async fn recv(&mut self) -> Result<RemotingCommand, Box<dyn std::error::Error>> {
+        loop {
+            if let Some(c) = decode(&mut self.buf, DEFAULT_MAX_FRAME)? {
+                return Ok(c);
+            }
+            if self.s.read_buf(&mut self.buf).await? == 0 {
+                return Err("closed".into());
+            }
+        }
+    }
+
+    /// Sends and waits for the response with the same opaque (skipping
+    /// server-initiated requests).
+    async fn call(&mut self, cmd: RemotingCommand) -> Result<RemotingCommand, Box<dyn std::error::Error>> {
+        let op = self.send(cmd).await?;
+        loop {
+            let r = self.recv().await?;
+            if r.is_response() && r.opaque == op {
+                return Ok(r);
+            }
+        }
+    }
+}
+
+fn req(code: i32, ext: &[(&str, &str)]) -> RemotingCommand {
+    let mut c = RemotingCommand::request(code, 0);
+    c.version = 453;
+    for (k, v) in ext {
+        c.ext_fields.set(k, *v);
+    }
+    c
+}
+
+async fn start(
+    dir: &std::path::Path,
+) -> Result<(std::net::SocketAddr, tokio::sync::watch::Sender<bool>), Box<dyn std::error::Error>> {
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let rmq = Arc::new(RocketMq::new(broker, RocketMqConfig::default(), addr));
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, rmq, rx));
+    Ok((addr, tx))
+}
+
+fn send_req(topic: &str, queue: i32, body: &str, tags: &str, v2: bool) -> RemotingCommand {
+    let props = properties::encode([("TAGS", tags), ("KEYS", "k1"), ("UNIQ_KEY", "ABCDEF0123")]);
+    let queue = queue.to_string();
+    let mut c = if v2 {
+        req(
+            rq::SEND_MESSAGE_V2,
+            &[
+                ("a", "pg"),
+                ("b", topic),
+                ("c", "TBW102"),
+                ("d", "4"),
+                ("e", &queue),
+                ("f", "0"),
+                ("g", "1700000000000"),
+                ("h", "0"),
+                ("i", &props),
+            ],
+        )
+    } else {
+        req(
+            rq::SEND_MESSAGE,
+            &[
+                ("producerGroup", "pg"),
+                ("topic", topic),
+                ("defaultTopic", "TBW102"),
+                ("defaultTopicQueueNums", "4"),
+                ("queueId", &queue),
+                ("sysFlag", "0"),
+                ("bornTimestamp", "1700000000000"),
+                ("flag", "0"),
+                ("properties", &props),
+            ],
+        )
+    };
+    c.body = Bytes::from(body.to_string());
+    c
+}
+
+fn pull_req(topic: &str, queue: u32, offset: u64, sub: &str, suspend_ms: u64) -> RemotingCommand {
+    let (q, o, s) = (queue.to_string(), offset.to_string(), suspend_ms.to_string());
+    req(
+        rq::PULL_MESSAGE,
+        &[
+            ("consumerGroup", "cg"),
+            ("topic", topic),
+            ("queueId", &q),
+            ("queueOffset", &o),
+            ("maxMsgNums", "32"),
+            ("sysFlag", "6"),
+            ("commitOffset", "0"),
+            ("suspendTimeoutMillis", &s),
+            ("subscription", sub),
+            ("subVersion", "0"),
+            ("expressionType", "TAG"),
+        ],
+    )
+}
+
+fn bodies(r: &RemotingCommand) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + 4 <= r.body.len() {
+        let n = u32::from_be_bytes([r.body[at], r.body[at + 1], r.body[at + 2], r.body[at + 3]]) as usize;
+        let rec = r.body.slice(at..at + n);
+        if let Ok(Entry::Message(m)) = rokka_store::decode_entry(&rec) {
+            out.push(String::from_utf8_lossy(&m.body).into_owned());
+        }
+        at += n;
+    }
+    out
+}
+
+#[tokio::test]
+async fn route_send_pull_offsets() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut c = Client::connect(addr).await?;
+    let r = c.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "T1")])).await?;
+    assert_eq!(r.code, rs::TOPIC_NOT_EXIST);
+    let r = c.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "TBW102")])).await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    // Sends auto-create the topic with the client's queue count.
+    for (i, v2) in [(0, false), (1, true), (2, true)] {
+        let r = c
+            .call(send_req(
+                "T1",
+                1,
+                &format!("m{i}"),
+                if i == 1 { "TagB" } else { "TagA" },
+                v2,
+            ))
+            .await?;
+        assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+        assert_eq!(r.ext_fields.get("queueOffset"), Some(i.to_string().as_str()));
+        assert_eq!(r.ext_fields.get("queueId"), Some("1"));
+        assert_eq!(r.ext_fields.get("msgId").map(str::len), Some(32));
+        assert_eq!(r.ext_fields.get("MSG_REGION"), Some("DefaultRegion"));
+        assert_eq!(r.ext_fields.get("TRACE_ON"), Some("true"));
+    }
+    let r = c.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "T1")])).await?;
+    let route: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(route["queueDatas"][0]["readQueueNums"], 4);
+    assert_eq!(route["brokerDatas"][0]["brokerAddrs"]["0"], addr.to_string());
+    // Pull everything, then with a tag filter (untrimmed tokens are trimmed).
+    let r = c.call(pull_req("T1", 1, 0, "*", 0)).await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    assert_eq!(bodies(&r), vec!["m0", "m1", "m2"]);
+    assert_eq!(r.ext_fields.get("nextBeginOffset"), Some("3"));
+    assert_eq!(r.ext_fields.get("maxOffset"), Some("3"));
+    assert_eq!(r.ext_fields.get("minOffset"), Some("0"));
+    assert_eq!(r.ext_fields.get("suggestWhichBrokerId"), Some("0"));
+    let r = c.call(pull_req("T1", 1, 0, "TagA ||TagC", 0)).await?;
+    assert_eq!(bodies(&r), vec!["m0", "m2"]);
+    // Caught up: PULL_NOT_FOUND after the hold; past the end: OFFSET_MOVED.
+    let r = c.call(pull_req("T1", 1, 3, "*", 0)).await?;
+    assert_eq!(r.code, rs::PULL_NOT_FOUND);
+    let r = c.call(pull_req("T1", 1, 9, "*", 0)).await?;
+    assert_eq!(r.code, rs::PULL_OFFSET_MOVED);
+    assert_eq!(r.ext_fields.get("nextBeginOffset"), Some("3"));
+    // Offsets.
+    let r = c
+        .call(req(
+            rq::QUERY_CONSUMER_OFFSET,
+            &[("consumerGroup", "g9"), ("topic", "T1"), ("queueId", "1")],
+        ))
+        .await?;
+    assert_eq!(r.code, rs::QUERY_NOT_FOUND);
+    let mut up = req(
+        rq::UPDATE_CONSUMER_OFFSET,
+        &[
+            ("consumerGroup", "g9"),
+            ("topic", "T1"),
+            ("queueId", "1"),
+            ("commitOffset", "2"),
+        ],
+    );
+    up.flag = FLAG_ONEWAY;
+    c.send(up).await?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = c
+            .call(req(
+                rq::QUERY_CONSUMER_OFFSET,
+                &[("consumerGroup", "g9"), ("topic", "T1"), ("queueId", "1")],
+            ))
+            .await?;
+        if r.code == rs::SUCCESS {
+            assert_eq!(r.ext_fields.get("offset"), Some("2"));
+            break;
+        }
+        assert!(Instant::now() < deadline, "oneway offset update never applied");
+    }
+    let r = c
+        .call(req(rq::GET_MAX_OFFSET, &[("topic", "T1"), ("queueId", "1")]))
+        .await?;
+    assert_eq!(r.ext_fields.get("offset"), Some("3"));
+    // Unknown codes are answered, the connection stays usable.
+    let r = c.call(req(9999, &[])).await?;
+    assert_eq!(r.code, rs::REQUEST_CODE_NOT_SUPPORTED);
+    let r = c
+        .call(req(rq::GET_MIN_OFFSET, &[("topic", "T1"), ("queueId", "1")]))
+        .await?;
+    assert_eq!(r.ext_fields.get("offset"), Some("0"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn long_poll_wakes_on_append_and_heartbeat_registers_consumers() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut admin = Client::connect(addr).await?;
+    let r = admin
+        .call(req(
+            rq::UPDATE_AND_CREATE_TOPIC,
+            &[
+                ("topic", "LP"),
+                ("readQueueNums", "2"),
+                ("writeQueueNums", "2"),
+                ("perm", "6"),
+            ],
+        ))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    // A consumer heartbeat, then the consumer list.
+    let mut consumer = Client::connect(addr).await?;
+    let mut hb = req(rq::HEART_BEAT, &[]);
+    hb.body = Bytes::from(
+        r#"{"clientID":"c1","producerDataSet":[],"consumerDataSet":[{"groupName":"cg","consumeType":"CONSUME_PASSIVELY","messageModel":"CLUSTERING","consumeFromWhere":"CONSUME_FROM_LAST_OFFSET","subscriptionDataSet":[{"topic":"LP","subString":"*","expressionType":"TAG"}]}]}"#,
+    );
+    let r = consumer.call(hb.clone()).await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    let r = admin
+        .call(req(rq::GET_CONSUMER_LIST_BY_GROUP, &[("consumerGroup", "cg")]))
+        .await?;
+    let list: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(list["consumerIdList"], serde_json::json!(["c1"]));
+    // A second member joining notifies the first on its own connection.
+    let mut second = Client::connect(addr).await?;
+    hb.body = Bytes::from(String::from_utf8_lossy(&hb.body).replace("\"c1\"", "\"c2\""));
+    second.call(hb).await?;
+    let notify = tokio::time::timeout(Duration::from_secs(5), consumer.recv()).await??;
+    assert_eq!(notify.code, rq::NOTIFY_CONSUMER_IDS_CHANGED);
+    assert!(notify.is_oneway());
+    assert_eq!(notify.ext_fields.get("consumerGroup"), Some("cg"));
+    // A held pull (up to 10 s) is answered as soon as a message lands.
+    let op = consumer.send(pull_req("LP", 0, 0, "*", 10_000)).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = Instant::now();
+    let r = admin.call(send_req("LP", 0, "wake", "TagA", true)).await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    let resp = loop {
+        let r = tokio::time::timeout(Duration::from_secs(5), consumer.recv()).await??;
+        if r.is_response() && r.opaque == op {
+            break r;
+        }
+    };
+    assert_eq!(resp.code, rs::SUCCESS);
+    assert_eq!(bodies(&resp), vec!["wake"]);
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "woken by the append, not the timeout"
+    );
+    // An append to another queue does not wake it: the hold runs out.
+    let t0 = Instant::now();
+    let op = consumer.send(pull_req("LP", 0, 1, "*", 1_000)).await?;
+    admin.call(send_req("LP", 1, "other", "TagA", true)).await?;
+    let resp = loop {
+        let r = tokio::time::timeout(Duration::from_secs(5), consumer.recv()).await??;
+        if r.is_response() && r.opaque == op {
+            break r;
+        }
+    };
+    assert_eq!(resp.code, rs::PULL_NOT_FOUND);
+    assert!(t0.elapsed() >= Duration::from_millis(900));
+    Ok(())
+}
+
+#[tokio::test]
+async fn batch_send_and_bad_frames() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut c = Client::connect(addr).await?;
+    let mut body = Vec::new();
+    for i in 0..3 {
+        let b = format!("batch-{i}");
+        let p = properties::encode([("UNIQ_KEY", "U1"), ("TAGS", "T")]);
+        let total = 22 + b.len() + p.len();
+        body.extend_from_slice(&(total as i32).to_be_bytes());
+        body.extend_from_slice(&0i32.to_be_bytes());
+        body.extend_from_slice(&0i32.to_be_bytes());
+        body.extend_from_slice(&7i32.to_be_bytes());
+        body.extend_from_slice(&(b.len() as i32).to_be_bytes());
+        body.extend_from_slice(b.as_bytes());
+        body.extend_from_slice(&(p.len() as i16).to_be_bytes());
+        body.extend_from_slice(p.as_bytes());
+    }
+    let mut s = req(
+        rq::SEND_BATCH_MESSAGE,
+        &[
+            ("a", "pg"),
+            ("b", "B"),
+            ("c", "TBW102"),
+            ("d", "4"),
+            ("e", "0"),
+            ("f", "0"),
+            ("g", "1"),
+            ("h", "0"),
+            ("m", "true"),
+        ],
+    );
+    s.body = Bytes::from(body);
+    let r = c.call(s).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert_eq!(r.ext_fields.get("msgId").map(|m| m.split(',').count()), Some(3));
+    let r = c.call(pull_req("B", 0, 0, "*", 0)).await?;
+    assert_eq!(bodies(&r), vec!["batch-0", "batch-1", "batch-2"]);
+    // An oversized frame closes that connection only.
+    let mut bad = TcpStream::connect(addr).await?;
+    bad.write_all(&0x7fff_ffffu32.to_be_bytes()).await?;
+    let mut b = [0u8; 1];
+    let n = tokio::time::timeout(Duration::from_secs(5), bad.read(&mut b)).await?;
+    assert!(matches!(n, Ok(0) | Err(_)));
+    let r = c
+        .call(req(rq::GET_MAX_OFFSET, &[("topic", "B"), ("queueId", "0")]))
+        .await?;
+    assert_eq!(r.ext_fields.get("offset"), Some("3"));
+    Ok(())
+}
