@@ -3,21 +3,20 @@
 use rokka_broker::BrokerError;
 use rokka_store::StoreError;
 
-pub const NONE: i16 = 0;
+/// The group coordinator's codes are Kafka's; one definition, in crates/group.
+pub use rokka_group::code::{
+    COORDINATOR_NOT_AVAILABLE, FENCED_INSTANCE_ID, GROUP_ID_NOT_FOUND, ILLEGAL_GENERATION, INCONSISTENT_GROUP_PROTOCOL,
+    INVALID_GROUP_ID, INVALID_SESSION_TIMEOUT, MEMBER_ID_REQUIRED, NONE, NON_EMPTY_GROUP, REBALANCE_IN_PROGRESS,
+    UNKNOWN_MEMBER_ID,
+};
+
 pub const OFFSET_OUT_OF_RANGE: i16 = 1;
 pub const CORRUPT_MESSAGE: i16 = 2;
 pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
 pub const MESSAGE_TOO_LARGE: i16 = 10;
 pub const REQUEST_TIMED_OUT: i16 = 7;
-pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
 pub const INVALID_TOPIC_EXCEPTION: i16 = 17;
 pub const NOT_ENOUGH_REPLICAS: i16 = 19;
-pub const ILLEGAL_GENERATION: i16 = 22;
-pub const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
-pub const INVALID_GROUP_ID: i16 = 24;
-pub const UNKNOWN_MEMBER_ID: i16 = 25;
-pub const INVALID_SESSION_TIMEOUT: i16 = 26;
-pub const REBALANCE_IN_PROGRESS: i16 = 27;
 pub const UNSUPPORTED_VERSION: i16 = 35;
 pub const TOPIC_ALREADY_EXISTS: i16 = 36;
 pub const INVALID_PARTITIONS: i16 = 37;
@@ -27,10 +26,6 @@ pub const UNSUPPORTED_FOR_MESSAGE_FORMAT: i16 = 43;
 pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
 pub const INVALID_PRODUCER_EPOCH: i16 = 47;
 pub const KAFKA_STORAGE_ERROR: i16 = 56;
-pub const NON_EMPTY_GROUP: i16 = 68;
-pub const GROUP_ID_NOT_FOUND: i16 = 69;
-pub const MEMBER_ID_REQUIRED: i16 = 79;
-pub const FENCED_INSTANCE_ID: i16 = 82;
 pub const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
 pub const UNKNOWN_SERVER_ERROR: i16 = -1;
 
