@@ -14,7 +14,7 @@ fi
 free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 
 passed=0; failed=0
-for scenario in send-consume tag-filter; do
+for scenario in send-consume tag-filter send-kinds; do
   dir=$(mktemp -d)
   ns=$(free_port); br=$(free_port); kp=$(free_port); mp=$(free_port)
   cat > "$dir/rokka.toml" <<EOT

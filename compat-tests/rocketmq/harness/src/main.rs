@@ -3,7 +3,9 @@
 //! mismatch. Scenarios: `send-consume` (sync sends with tags, then a push
 //! consumer reads every message back byte-exact), `tag-filter` (a
 //! `TagA || TagB` subscription gets exactly those tags; this client hashes
-//! the untrimmed tokens, so the broker must derive codes from the expression).
+//! the untrimmed tokens, so the broker must derive codes from the expression),
+//! `send-kinds` (sync, async with callback, oneway and batch sends, all read
+//! back).
 
 #![recursion_limit = "512"]
 
@@ -13,8 +15,7 @@ use std::time::{Duration, Instant};
 
 use rocketmq_client_rust::{
     ClientError, ClientResult, ClientRuntime, ClientRuntimeConfig, ConsumeConcurrentlyContext,
-    ConsumeConcurrentlyStatus, DefaultMQProducer, DefaultMQPushConsumer, MQPushConsumer,
-    MessageListenerConcurrently,
+    ConsumeConcurrentlyStatus, DefaultMQProducer, DefaultMQPushConsumer, MQPushConsumer, MessageListenerConcurrently,
 };
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
@@ -24,7 +25,11 @@ use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 struct Collect(Arc<Mutex<BTreeSet<Vec<u8>>>>);
 
 impl MessageListenerConcurrently for Collect {
-    fn consume_message(&self, msgs: &[&MessageExt], _c: &ConsumeConcurrentlyContext) -> ClientResult<ConsumeConcurrentlyStatus> {
+    fn consume_message(
+        &self,
+        msgs: &[&MessageExt],
+        _c: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
         let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
         for m in msgs {
             if let Some(b) = m.body() {
@@ -47,12 +52,18 @@ async fn main() -> ClientResult<()> {
     .map_err(|e| ClientError::internal("plan runtime", e))?
     .build()
     .map_err(|e| ClientError::internal("build runtime", e))?;
-    let telemetry = rocketmq_observability::install_global(&rocketmq_observability::TelemetryBootstrapConfig::default())
-        .map_err(|e| ClientError::internal("telemetry", e))?;
-    let rt = ClientRuntime::try_new(owner.root_context().component("client"), ClientRuntimeConfig::default(), telemetry.handle())?;
+    let telemetry =
+        rocketmq_observability::install_global(&rocketmq_observability::TelemetryBootstrapConfig::default())
+            .map_err(|e| ClientError::internal("telemetry", e))?;
+    let rt = ClientRuntime::try_new(
+        owner.root_context().component("client"),
+        ClientRuntimeConfig::default(),
+        telemetry.handle(),
+    )?;
     let ok = match scenario.as_str() {
         "send-consume" => send_consume(&rt, &namesrv).await?,
         "tag-filter" => tag_filter(&rt, &namesrv).await?,
+        "send-kinds" => send_kinds(&rt, &namesrv).await?,
         other => {
             eprintln!("unknown scenario {other}");
             false
@@ -118,7 +129,11 @@ async fn tag_filter(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
     for i in 0..N {
         let tag = ["TagA", "TagB", "TagC"][i % 3];
         let body = format!("{tag}-{i}").into_bytes();
-        let msg = Message::builder().topic(topic).tags(tag).body_slice(&body).build_unchecked();
+        let msg = Message::builder()
+            .topic(topic)
+            .tags(tag)
+            .body_slice(&body)
+            .build_unchecked();
         producer.send_with_timeout(msg, 5000).await?;
         if tag != "TagC" {
             wanted.insert(body);
@@ -144,4 +159,98 @@ async fn tag_filter(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
     let got = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
     println!("tag filter: {} received, {} wanted", got.len(), wanted.len());
     Ok(got == wanted)
+}
+
+async fn consume_all(
+    rt: &Arc<ClientRuntime>,
+    namesrv: &str,
+    group: &str,
+    topic: &str,
+    want: usize,
+) -> ClientResult<BTreeSet<Vec<u8>>> {
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let mut consumer = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .consumer_group(group.to_string())
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .build();
+    consumer.subscribe(topic, "*").await?;
+    consumer.register_message_listener_concurrently(Collect(Arc::clone(&seen)));
+    consumer.start().await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && seen.lock().unwrap_or_else(|p| p.into_inner()).len() < want {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    consumer.shutdown().await;
+    let got = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    Ok(got)
+}
+
+async fn send_kinds(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    let topic = "CompatSendKinds";
+    let mut producer = DefaultMQProducer::builder(Arc::clone(rt))
+        .producer_group("compat-pg-kinds".to_string())
+        .name_server_addr(namesrv.to_string())
+        .build();
+    producer.start().await?;
+    let msg = |kind: &str, i: usize| {
+        let body = format!("{kind}-{i}").into_bytes();
+        (
+            Message::builder()
+                .topic(topic)
+                .tags(kind)
+                .body_slice(&body)
+                .build_unchecked(),
+            body,
+        )
+    };
+    let mut sent = BTreeSet::new();
+    for i in 0..50 {
+        let (m, b) = msg("sync", i);
+        producer.send_with_timeout(m, 5000).await?;
+        sent.insert(b);
+    }
+    let acked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for i in 0..50 {
+        let (m, b) = msg("async", i);
+        let a = Arc::clone(&acked);
+        producer
+            .send_with_callback(
+                m,
+                move |r: Option<&rocketmq_client_rust::SendResult>, e: Option<&ClientError>| {
+                    if r.is_some() && e.is_none() {
+                        a.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                },
+            )
+            .await?;
+        sent.insert(b);
+    }
+    for i in 0..50 {
+        let (m, b) = msg("oneway", i);
+        producer.send_oneway(m).await?;
+        sent.insert(b);
+    }
+    for batch in 0..5 {
+        let mut msgs = Vec::new();
+        for j in 0..10 {
+            let (m, b) = msg("batch", batch * 10 + j);
+            msgs.push(m);
+            sent.insert(b);
+        }
+        producer.send_batch(msgs).await?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while acked.load(std::sync::atomic::Ordering::Relaxed) < 50 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let async_ok = acked.load(std::sync::atomic::Ordering::Relaxed);
+    producer.shutdown().await;
+    let got = consume_all(rt, namesrv, "compat-cg-kinds", topic, sent.len()).await?;
+    println!(
+        "send kinds: async callbacks {async_ok}/50, consumed {} of {}",
+        got.len(),
+        sent.len()
+    );
+    Ok(async_ok == 50 && got == sent)
 }
