@@ -95,24 +95,7 @@ async fn send_consume(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bo
     }
     producer.shutdown().await;
     println!("sent {N}");
-    let seen = Arc::new(Mutex::new(BTreeSet::new()));
-    let mut consumer = DefaultMQPushConsumer::builder(Arc::clone(rt))
-        .consumer_group("compat-cg".to_string())
-        .name_server_addr(namesrv.to_string())
-        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
-        .build();
-    consumer.subscribe(topic, "*").await?;
-    consumer.register_message_listener_concurrently(Collect(Arc::clone(&seen)));
-    consumer.start().await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline {
-        if seen.lock().unwrap_or_else(|p| p.into_inner()).len() >= N {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    consumer.shutdown().await;
-    let got = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let got = consume_all(rt, namesrv, "compat-cg", topic, "*", N).await?;
     println!("consumed {} distinct of {N}", got.len());
     Ok(got == sent)
 }
@@ -140,32 +123,21 @@ async fn tag_filter(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
         }
     }
     producer.shutdown().await;
-    let seen = Arc::new(Mutex::new(BTreeSet::new()));
-    let mut consumer = DefaultMQPushConsumer::builder(Arc::clone(rt))
-        .consumer_group("compat-cg-tags".to_string())
-        .name_server_addr(namesrv.to_string())
-        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
-        .build();
-    consumer.subscribe(topic, "TagA || TagB").await?;
-    consumer.register_message_listener_concurrently(Collect(Arc::clone(&seen)));
-    consumer.start().await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline && seen.lock().unwrap_or_else(|p| p.into_inner()).len() < wanted.len() {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let got = consume_all(rt, namesrv, "compat-cg-tags", topic, "TagA || TagB", wanted.len()).await?;
     // A little longer: a TagC delivery would show up now.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    consumer.shutdown().await;
-    let got = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
     println!("tag filter: {} received, {} wanted", got.len(), wanted.len());
     Ok(got == wanted)
 }
 
+/// A push consumer from the first offset with `expr`, until `want` distinct
+/// bodies arrived or 60 s passed.
 async fn consume_all(
     rt: &Arc<ClientRuntime>,
     namesrv: &str,
     group: &str,
     topic: &str,
+    expr: &str,
     want: usize,
 ) -> ClientResult<BTreeSet<Vec<u8>>> {
     let seen = Arc::new(Mutex::new(BTreeSet::new()));
@@ -174,7 +146,7 @@ async fn consume_all(
         .name_server_addr(namesrv.to_string())
         .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
         .build();
-    consumer.subscribe(topic, "*").await?;
+    consumer.subscribe(topic, expr).await?;
     consumer.register_message_listener_concurrently(Collect(Arc::clone(&seen)));
     consumer.start().await?;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -246,7 +218,7 @@ async fn send_kinds(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
     }
     let async_ok = acked.load(std::sync::atomic::Ordering::Relaxed);
     producer.shutdown().await;
-    let got = consume_all(rt, namesrv, "compat-cg-kinds", topic, sent.len()).await?;
+    let got = consume_all(rt, namesrv, "compat-cg-kinds", topic, "*", sent.len()).await?;
     println!(
         "send kinds: async callbacks {async_ok}/50, consumed {} of {}",
         got.len(),
