@@ -26,7 +26,7 @@ enum Op {
     Checkpoint,
     Reopen,
     Crash,
-    /// Crash, then zero the last `cut` bytes written since the last
+    /// Crash, then damage the last `cut` bytes written since the last
     /// checkpoint, as a torn write would.
     CrashTorn {
         cut: u64,
@@ -66,17 +66,23 @@ fn config(dir: &Path) -> StoreConfig {
     c
 }
 
-fn zero_range(dir: &Path, seg_bytes: u64, from: u64, to: u64) -> std::io::Result<()> {
+/// Damages `[from, to)` of the CommitLog as a torn write would, making sure
+/// every byte changes (zeroing would leave bytes that were already zero —
+/// e.g. a Kafka record's trailing header count — intact).
+fn tear_range(dir: &Path, seg_bytes: u64, from: u64, to: u64) -> std::io::Result<()> {
     let mut at = from;
     while at < to {
         let start = at - at % seg_bytes;
         let path = dir.join("commitlog").join(format!("{start:020}"));
         let n = (start + seg_bytes).min(to) - at;
         if path.exists() {
-            OpenOptions::new()
-                .write(true)
-                .open(&path)?
-                .write_all_at(&vec![0u8; n as usize], at - start)?;
+            let f = OpenOptions::new().read(true).write(true).open(&path)?;
+            let mut buf = vec![0u8; n as usize];
+            f.read_exact_at(&mut buf, at - start)?;
+            for b in &mut buf {
+                *b ^= 0xA5;
+            }
+            f.write_all_at(&buf, at - start)?;
         }
         at += n;
     }
@@ -185,7 +191,7 @@ fn run(ops: Vec<Op>) -> TestResult {
                 let end = s.commitlog_offsets().1;
                 drop(store.take());
                 let from = end.saturating_sub(cut).max(safe);
-                zero_range(dir.path(), cfg.commitlog_segment_bytes, from, end)?;
+                tear_range(dir.path(), cfg.commitlog_segment_bytes, from, end)?;
                 for q in &mut model {
                     q.retain(|e| e.end <= from);
                 }
