@@ -97,7 +97,12 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, boo
             } else {
                 Ok(Some(store.read(name, q, offset, u32::MAX, part_max.max(1))))
             };
-            let (min, max) = (store.min_offset(name, q), store.max_offset(name, q));
+            // The read already looked the queue up; only a read that did not
+            // happen needs the bounds fetched on their own.
+            let (min, max) = match &read {
+                Ok(Some(r)) if r.status != ReadStatus::NoSuchQueue => (r.min_offset, r.max_offset),
+                _ => (store.min_offset(name, q), store.max_offset(name, q)),
+            };
             pd.high_watermark = max as i64;
             pd.last_stable_offset = max as i64;
             if version >= 5 {
