@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::RwLock;
 
 use serde::{Deserialize, Serialize};
@@ -30,6 +31,9 @@ struct FileForm {
 pub struct TopicTable {
     path: PathBuf,
     topics: RwLock<BTreeMap<String, TopicInfo>>,
+    /// Bumped on every change (the RocketMQ broker re-registers with its name
+    /// server when it moves).
+    version: AtomicU64,
 }
 
 impl TopicTable {
@@ -50,6 +54,7 @@ impl TopicTable {
         Ok(TopicTable {
             path,
             topics: RwLock::new(topics),
+            version: AtomicU64::new(1),
         })
     }
 
@@ -67,6 +72,15 @@ impl TopicTable {
         })?;
         rokka_store::checkpoint::write_atomically(&self.path, &json)?;
         Ok(())
+    }
+
+    /// Changes so far (starts at 1).
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    fn changed(&self) {
+        self.version.fetch_add(1, Ordering::AcqRel);
     }
 
     pub fn get(&self, name: &str) -> Option<TopicInfo> {
@@ -98,6 +112,7 @@ impl TopicTable {
             },
         );
         self.persist(&t)?;
+        self.changed();
         Ok(true)
     }
 
@@ -114,7 +129,9 @@ impl TopicTable {
             )));
         }
         info.partitions = partitions;
-        self.persist(&t)
+        self.persist(&t)?;
+        self.changed();
+        Ok(())
     }
 
     /// Removes `name`; whether it existed.
@@ -123,6 +140,7 @@ impl TopicTable {
         let had = t.remove(name).is_some();
         if had {
             self.persist(&t)?;
+            self.changed();
         }
         Ok(had)
     }

@@ -11,7 +11,7 @@ use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use rokka_broker::Broker;
 use rokka_kafka::Kafka;
-use rokka_remoting::RocketMq;
+use rokka_remoting::{NameServer, RocketMq};
 use rokka_store::MessageStore;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
@@ -27,6 +27,10 @@ struct Args {
     /// Overrides `store.data_dir`.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Run only the RocketMQ name server (no store, no Kafka, no broker);
+    /// brokers register with it through `rocketmq.namesrv_addr`.
+    #[arg(long)]
+    namesrv_only: bool,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
@@ -51,6 +55,22 @@ fn main() -> ExitCode {
     };
     if let Some(dir) = args.data_dir {
         cfg.store.data_dir = dir;
+    }
+    if args.namesrv_only {
+        cfg.kafka.enabled = false;
+        cfg.rocketmq.enabled = true;
+        cfg.rocketmq.broker_enabled = false;
+        cfg.rocketmq.namesrv_enabled = true;
+    }
+    if cfg.rocketmq.enabled
+        && cfg.rocketmq.broker_enabled
+        && !cfg.rocketmq.namesrv_enabled
+        && cfg.rocketmq.namesrv_addr.trim().is_empty()
+    {
+        eprintln!(
+            "rokka: rocketmq.broker_enabled needs a name server: set rocketmq.namesrv_enabled or rocketmq.namesrv_addr"
+        );
+        return ExitCode::from(2);
     }
     if args.print_config {
         match toml::to_string_pretty(&cfg) {
@@ -99,18 +119,28 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|e| format!("metrics exporter on {}: {e}", cfg.metrics.listen))?;
         tracing::info!(listen = %cfg.metrics.listen, "Prometheus metrics at /metrics");
     }
-    let store_cfg = cfg.store.clone();
-    let store = Arc::new(tokio::task::spawn_blocking(move || MessageStore::open(store_cfg)).await??);
-    let broker = Arc::new(Broker::new(Arc::clone(&store), cfg.broker.clone())?);
+    let rocketmq_broker = cfg.rocketmq.enabled && cfg.rocketmq.broker_enabled;
+    let store = if cfg.kafka.enabled || rocketmq_broker {
+        let store_cfg = cfg.store.clone();
+        Some(Arc::new(
+            tokio::task::spawn_blocking(move || MessageStore::open(store_cfg)).await??,
+        ))
+    } else {
+        None
+    };
+    let broker = match &store {
+        Some(s) => Some(Arc::new(Broker::new(Arc::clone(s), cfg.broker.clone())?)),
+        None => None,
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut listeners = Vec::new();
-    if cfg.kafka.enabled {
+    if let (true, Some(broker)) = (cfg.kafka.enabled, &broker) {
         let listener = TcpListener::bind(cfg.kafka.listen)
             .await
             .map_err(|e| format!("Kafka listener on {}: {e}", cfg.kafka.listen))?;
         let bound = listener.local_addr()?;
         let kafka = Arc::new(Kafka::new(
-            Arc::clone(&broker),
+            Arc::clone(broker),
             cfg.kafka.clone(),
             cfg.group.clone(),
             bound,
@@ -119,39 +149,65 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
         listeners.push(tokio::spawn(rokka_kafka::serve(listener, kafka, stop_rx.clone())));
     }
     if cfg.rocketmq.enabled {
-        let broker_l = TcpListener::bind(cfg.rocketmq.broker_listen)
-            .await
-            .map_err(|e| format!("RocketMQ broker listener on {}: {e}", cfg.rocketmq.broker_listen))?;
-        let namesrv_l = TcpListener::bind(cfg.rocketmq.namesrv_listen)
-            .await
-            .map_err(|e| format!("RocketMQ name server listener on {}: {e}", cfg.rocketmq.namesrv_listen))?;
-        let rmq = Arc::new(RocketMq::new(
-            Arc::clone(&broker),
-            cfg.rocketmq.clone(),
-            broker_l.local_addr()?,
-        ));
-        tracing::info!(namesrv = %namesrv_l.local_addr()?, broker = %broker_l.local_addr()?, "RocketMQ listeners");
-        listeners.push(tokio::spawn(rokka_remoting::serve(
-            broker_l,
-            Arc::clone(&rmq),
-            stop_rx.clone(),
-        )));
-        listeners.push(tokio::spawn(rokka_remoting::serve(
-            namesrv_l,
-            Arc::clone(&rmq),
-            stop_rx.clone(),
-        )));
-        let r = Arc::clone(&rmq);
-        let mut sd = stop_rx.clone();
-        listeners.push(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => r.expire_clients(),
-                    _ = sd.changed() => return,
-                }
+        let rmq = match (&broker, rocketmq_broker) {
+            (Some(broker), true) => {
+                let l = TcpListener::bind(cfg.rocketmq.broker_listen)
+                    .await
+                    .map_err(|e| format!("RocketMQ broker listener on {}: {e}", cfg.rocketmq.broker_listen))?;
+                let rmq = Arc::new(RocketMq::new(Arc::clone(broker), cfg.rocketmq.clone(), l.local_addr()?));
+                tracing::info!(broker = %l.local_addr()?, "RocketMQ broker listener");
+                listeners.push(tokio::spawn(rokka_remoting::serve(
+                    l,
+                    Arc::clone(&rmq),
+                    stop_rx.clone(),
+                )));
+                let r = Arc::clone(&rmq);
+                let mut sd = stop_rx.clone();
+                listeners.push(tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(std::time::Duration::from_secs(10));
+                    loop {
+                        tokio::select! {
+                            _ = tick.tick() => r.expire_clients(),
+                            _ = sd.changed() => return,
+                        }
+                    }
+                }));
+                Some(rmq)
             }
-        }));
+            _ => None,
+        };
+        let embedded = cfg.rocketmq.namesrv_addr.trim().is_empty();
+        let ns = if cfg.rocketmq.namesrv_enabled {
+            let l = TcpListener::bind(cfg.rocketmq.namesrv_listen)
+                .await
+                .map_err(|e| format!("RocketMQ name server listener on {}: {e}", cfg.rocketmq.namesrv_listen))?;
+            let local = rmq.clone().filter(|_| embedded);
+            let ns = Arc::new(NameServer::new(cfg.rocketmq.clone(), local));
+            tracing::info!(namesrv = %l.local_addr()?, "RocketMQ name server listener");
+            listeners.push(tokio::spawn(rokka_remoting::serve(l, Arc::clone(&ns), stop_rx.clone())));
+            let n = Arc::clone(&ns);
+            let mut sd = stop_rx.clone();
+            listeners.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => n.expire_brokers(),
+                        _ = sd.changed() => return,
+                    }
+                }
+            }));
+            Some(ns)
+        } else {
+            None
+        };
+        if let Some(rmq) = rmq {
+            let local_ns = ns.filter(|_| embedded);
+            listeners.push(tokio::spawn(rokka_remoting::registrar::run(
+                rmq,
+                local_ns,
+                stop_rx.clone(),
+            )));
+        }
     }
     tracing::info!(data_dir = %cfg.store.data_dir.display(), "rokka is up");
 
@@ -161,8 +217,9 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
     for l in listeners {
         let _ = l.await;
     }
-    let s = Arc::clone(&store);
-    tokio::task::spawn_blocking(move || s.close()).await??;
+    if let Some(s) = store {
+        tokio::task::spawn_blocking(move || s.close()).await??;
+    }
     Ok(())
 }
 

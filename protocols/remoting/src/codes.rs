@@ -28,7 +28,9 @@ pub mod request {
     pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
     pub const GET_BROKER_CLUSTER_INFO: i32 = 106;
     pub const GET_ALL_TOPIC_LIST_FROM_NAMESERVER: i32 = 206;
+    pub const DELETE_TOPIC_IN_NAMESRV: i32 = 216;
     pub const GET_KVLIST_BY_NAMESPACE: i32 = 219;
+    pub const GET_TOPICS_BY_CLUSTER: i32 = 224;
     pub const SEND_MESSAGE_V2: i32 = 310;
     pub const SEND_BATCH_MESSAGE: i32 = 320;
     pub const LITE_PULL_MESSAGE: i32 = 361;

@@ -25,6 +25,17 @@ pub struct RocketMqConfig {
     pub max_auto_create_queues: u32,
     /// A client that sent no heartbeat for this long is dropped.
     pub client_timeout_ms: u64,
+    /// Serve the name-server port.
+    pub namesrv_enabled: bool,
+    /// Serve the broker port (false with `namesrv_enabled` = a name server alone, as `rokka --namesrv-only`).
+    pub broker_enabled: bool,
+    /// External name servers the broker registers with ("host:port;host:port"); "" = the embedded one.
+    pub namesrv_addr: String,
+    /// The broker registers every this often (and at once when its topics change).
+    pub register_interval_ms: u64,
+    /// The name server drops a broker that has not registered for this long
+    /// (unless its registration names another `heartbeatTimeoutMillis`).
+    pub broker_timeout_ms: u64,
     /// The `version` this server reports (MQVersion ordinal; ≥ 401 for JSON route bodies).
     pub server_version: i32,
 }
@@ -41,6 +52,11 @@ impl Default for RocketMqConfig {
             max_frame_bytes: 16 * 1024 * 1024,
             max_auto_create_queues: 8,
             client_timeout_ms: 120_000,
+            namesrv_enabled: true,
+            broker_enabled: true,
+            namesrv_addr: String::new(),
+            register_interval_ms: 30_000,
+            broker_timeout_ms: 120_000,
             server_version: 479,
         }
     }

@@ -15,11 +15,14 @@ mod codec;
 pub mod codes;
 mod command;
 pub mod config;
+pub mod namesrv;
 pub mod processor;
+pub mod registrar;
 pub mod server;
 
 pub use codec::{decode, encode, FrameError, DEFAULT_MAX_FRAME};
 pub use command::{ExtFields, LanguageCode, RemotingCommand, SerializeType, FLAG_ONEWAY, FLAG_RESPONSE};
 pub use config::RocketMqConfig;
+pub use namesrv::NameServer;
 pub use processor::RocketMq;
-pub use server::serve;
+pub use server::{serve, Service};

@@ -16,7 +16,8 @@ use crate::clients::{Client, Clients, Subscription};
 use crate::codes::{request as rq, response as rs};
 use crate::command::{RemotingCommand, FLAG_ONEWAY};
 use crate::config::RocketMqConfig;
-use crate::server::Conn;
+use crate::namesrv::{Registration, TopicConf};
+use crate::server::{Conn, Service};
 
 /// The RocketMQ frontend: state shared by both ports.
 #[derive(Debug)]
@@ -90,17 +91,56 @@ impl RocketMq {
         r
     }
 
+    /// Changes of the topic table so far (a new registration is due when it moves).
+    pub fn topic_version(&self) -> u64 {
+        self.broker.topics().version()
+    }
+
+    /// This broker's REGISTER_BROKER content: every topic, plus the TBW102
+    /// auto-create template when auto-creation is on.
+    pub fn registration(&self) -> Registration {
+        let version = self.topic_version();
+        let mut topics: Vec<TopicConf> = self
+            .broker
+            .topics()
+            .all()
+            .into_iter()
+            .map(|(name, t)| TopicConf {
+                name,
+                read_queues: t.partitions,
+                write_queues: t.partitions,
+                perm: 6,
+                sys_flag: 0,
+            })
+            .collect();
+        if self.broker.config().auto_create_topics {
+            topics.push(TopicConf {
+                name: "TBW102".into(),
+                read_queues: self.config.max_auto_create_queues,
+                write_queues: self.config.max_auto_create_queues,
+                perm: 7,
+                sys_flag: 0,
+            });
+        }
+        Registration {
+            cluster: self.config.cluster_name.clone(),
+            broker_name: self.config.broker_name.clone(),
+            broker_addr: self.advertised.clone(),
+            broker_id: 0,
+            ha_addr: String::new(),
+            timeout_ms: Some(self.config.broker_timeout_ms),
+            data_version: version,
+            topics,
+        }
+    }
+
     /// Handles one request; `None` for oneway requests.
-    pub async fn process(&self, cmd: RemotingCommand, conn: &Conn) -> Option<RemotingCommand> {
+    async fn handle(&self, cmd: RemotingCommand, conn: &Conn) -> Option<RemotingCommand> {
         let started = Instant::now();
         let code = cmd.code;
         metrics::counter!("rokka_rocketmq_requests_total", "code" => code.to_string()).increment(1);
         let oneway = cmd.flag & FLAG_ONEWAY != 0;
         let resp = match code {
-            rq::GET_ROUTEINFO_BY_TOPIC => self.route(&cmd),
-            rq::GET_BROKER_CLUSTER_INFO => self.cluster_info(&cmd),
-            rq::GET_ALL_TOPIC_LIST_FROM_NAMESERVER => self.topic_list(&cmd),
-            rq::GET_KVLIST_BY_NAMESPACE => self.reply(&cmd, rs::QUERY_NOT_FOUND, Some("no KV config".into())),
             rq::HEART_BEAT => self.heartbeat(&cmd, conn),
             rq::UNREGISTER_CLIENT => self.unregister(&cmd),
             rq::GET_CONSUMER_LIST_BY_GROUP => self.consumer_list(&cmd),
@@ -131,72 +171,6 @@ impl RocketMq {
         r
     }
 
-    fn broker_data(&self) -> Value {
-        json!({
-            "cluster": self.config.cluster_name,
-            "brokerName": self.config.broker_name,
-            "brokerAddrs": {"0": self.advertised},
-            "enableActingMaster": false,
-        })
-    }
-
-    fn route(&self, req: &RemotingCommand) -> RemotingCommand {
-        let topic = req.ext_fields.get("topic").unwrap_or_default();
-        let queues = if topic == "TBW102" && self.broker.config().auto_create_topics {
-            // The auto-create template: producers of unknown topics use its route.
-            Some((self.config.max_auto_create_queues, 7))
-        } else if let Some(t) = self.broker.topics().get(topic) {
-            Some((t.partitions, 6))
-        } else if topic.starts_with("%RETRY%") {
-            // Consumers refresh their retry topic's route; it is made on demand.
-            self.broker
-                .topic_or_create(topic, true, Some(1))
-                .ok()
-                .flatten()
-                .map(|t| (t.partitions, 6))
-        } else {
-            None
-        };
-        let Some((n, perm)) = queues else {
-            return self.reply(
-                req,
-                rs::TOPIC_NOT_EXIST,
-                Some(format!("No topic route info in name server for the topic: {topic}")),
-            );
-        };
-        self.json_body(
-            req,
-            json!({
-                "brokerDatas": [self.broker_data()],
-                "filterServerTable": {},
-                "queueDatas": [{
-                    "brokerName": self.config.broker_name,
-                    "perm": perm,
-                    "readQueueNums": n,
-                    "writeQueueNums": n,
-                    "topicSysFlag": 0,
-                    "topicSynFlag": 0,
-                }],
-            }),
-        )
-    }
-
-    fn cluster_info(&self, req: &RemotingCommand) -> RemotingCommand {
-        let name = &self.config.broker_name;
-        self.json_body(
-            req,
-            json!({
-                "brokerAddrTable": {name.as_str(): self.broker_data()},
-                "clusterAddrTable": {self.config.cluster_name.as_str(): [name]},
-            }),
-        )
-    }
-
-    fn topic_list(&self, req: &RemotingCommand) -> RemotingCommand {
-        let topics: Vec<String> = self.broker.topics().all().into_iter().map(|(n, _)| n).collect();
-        self.json_body(req, json!({"topicList": topics}))
-    }
-
     fn heartbeat(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
             return self.reply(req, rs::SYSTEM_ERROR, Some("heartbeat body is not JSON".into()));
@@ -206,6 +180,7 @@ impl RocketMq {
         };
         let now = self.now_ms();
         let mut changed = Vec::new();
+        let mut retry_topics = Vec::new();
         {
             let mut c = self.clients();
             let entry = c.clients.entry(client_id.clone()).or_insert_with(|| Client {
@@ -273,8 +248,21 @@ impl RocketMq {
                     }
                 }
                 let joined_now = group.members.insert(client_id.clone());
+                if group.clustering {
+                    retry_topics.push(format!("%RETRY%{g}"));
+                }
                 if (joined_now || subs_changed) && group.clustering {
                     changed.push(g);
+                }
+            }
+        }
+        // As RocketMQ's broker does on a consumer heartbeat: the group's retry
+        // topic (one queue) exists from then on, and so is in the routes.
+        for t in retry_topics {
+            if self.broker.topics().get(&t).is_none() {
+                match self.broker.create_topic(&t, 1) {
+                    Ok(_) | Err(rokka_broker::BrokerError::TopicExists(_)) => {}
+                    Err(e) => tracing::warn!(topic = t, error = %e, "cannot create the retry topic"),
                 }
             }
         }
@@ -328,7 +316,7 @@ impl RocketMq {
     }
 
     /// A closed connection drops the clients that used it.
-    pub fn connection_closed(&self, conn: &Conn) {
+    fn drop_connection(&self, conn: &Conn) {
         let changed = {
             let mut c = self.clients();
             let gone: Vec<String> = c
@@ -693,6 +681,24 @@ impl RocketMq {
             req,
             json!({"topicConfigTable": table, "dataVersion": {"counter": 0, "stateVersion": 0, "timestamp": 0}}),
         )
+    }
+}
+
+impl Service for RocketMq {
+    fn process(
+        &self,
+        cmd: RemotingCommand,
+        conn: &Conn,
+    ) -> impl std::future::Future<Output = Option<RemotingCommand>> + Send {
+        self.handle(cmd, conn)
+    }
+
+    fn max_frame_bytes(&self) -> usize {
+        self.config.max_frame_bytes as usize
+    }
+
+    fn connection_closed(&self, conn: &Conn) {
+        self.drop_connection(conn);
     }
 }
 

@@ -3,6 +3,7 @@
 //! pulls on one connection, so requests must not wait for each other); one
 //! task writes responses and server-initiated requests in arrival order.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
@@ -14,7 +15,16 @@ use tokio::sync::{mpsc, watch};
 
 use crate::codec::{decode, encode};
 use crate::command::RemotingCommand;
-use crate::processor::RocketMq;
+
+/// What answers the requests of one port (the broker's or the name server's).
+pub trait Service: Send + Sync + 'static {
+    /// Handles one request; `None` for oneway requests.
+    fn process(&self, cmd: RemotingCommand, conn: &Conn) -> impl Future<Output = Option<RemotingCommand>> + Send;
+    /// Largest frame accepted on this port.
+    fn max_frame_bytes(&self) -> usize;
+    /// A connection closed (its clients or brokers are gone).
+    fn connection_closed(&self, conn: &Conn);
+}
 
 /// A connection's outbound side, for responses and for requests the server
 /// sends to the client (NOTIFY_CONSUMER_IDS_CHANGED).
@@ -42,7 +52,7 @@ impl Conn {
 }
 
 /// Accepts connections until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, rmq: Arc<RocketMq>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve<S: Service>(listener: TcpListener, rmq: Arc<S>, mut shutdown: watch::Receiver<bool>) {
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -61,7 +71,7 @@ pub async fn serve(listener: TcpListener, rmq: Arc<RocketMq>, mut shutdown: watc
     }
 }
 
-async fn run(stream: TcpStream, peer: SocketAddr, rmq: Arc<RocketMq>, mut shutdown: watch::Receiver<bool>) {
+async fn run<S: Service>(stream: TcpStream, peer: SocketAddr, rmq: Arc<S>, mut shutdown: watch::Receiver<bool>) {
     let _ = stream.set_nodelay(true);
     metrics::gauge!("rokka_rocketmq_connections").increment(1.0);
     let (mut rd, mut wr) = stream.into_split();
@@ -85,7 +95,7 @@ async fn run(stream: TcpStream, peer: SocketAddr, rmq: Arc<RocketMq>, mut shutdo
             out.clear();
         }
     });
-    let max = rmq.config().max_frame_bytes as usize;
+    let max = rmq.max_frame_bytes();
     let mut buf = BytesMut::with_capacity(64 * 1024);
     'conn: loop {
         loop {

@@ -73,16 +73,35 @@ fn req(code: i32, ext: &[(&str, &str)]) -> RemotingCommand {
     c
 }
 
-async fn start(
+/// A broker and its embedded name server on free ports: (broker, name server, stop).
+async fn start_both(
     dir: &std::path::Path,
-) -> Result<(std::net::SocketAddr, tokio::sync::watch::Sender<bool>), Box<dyn std::error::Error>> {
+) -> Result<
+    (
+        std::net::SocketAddr,
+        std::net::SocketAddr,
+        tokio::sync::watch::Sender<bool>,
+    ),
+    Box<dyn std::error::Error>,
+> {
     let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
     let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
     let l = TcpListener::bind("127.0.0.1:0").await?;
     let addr = l.local_addr()?;
+    let nl = TcpListener::bind("127.0.0.1:0").await?;
+    let ns_addr = nl.local_addr()?;
     let rmq = Arc::new(RocketMq::new(broker, RocketMqConfig::default(), addr));
+    let ns = Arc::new(NameServer::new(RocketMqConfig::default(), Some(Arc::clone(&rmq))));
     let (tx, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(serve(l, rmq, rx));
+    tokio::spawn(serve(l, rmq, rx.clone()));
+    tokio::spawn(serve(nl, ns, rx));
+    Ok((addr, ns_addr, tx))
+}
+
+async fn start(
+    dir: &std::path::Path,
+) -> Result<(std::net::SocketAddr, tokio::sync::watch::Sender<bool>), Box<dyn std::error::Error>> {
+    let (addr, _, tx) = start_both(dir).await?;
     Ok((addr, tx))
 }
 
@@ -161,11 +180,15 @@ fn bodies(r: &RemotingCommand) -> Vec<String> {
 #[tokio::test]
 async fn route_send_pull_offsets() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let (addr, _stop) = start(dir.path()).await?;
+    let (addr, ns_addr, _stop) = start_both(dir.path()).await?;
     let mut c = Client::connect(addr).await?;
-    let r = c.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "T1")])).await?;
+    let mut ns = Client::connect(ns_addr).await?;
+    let r = ns.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "T1")])).await?;
     assert_eq!(r.code, rs::TOPIC_NOT_EXIST);
+    // Route requests belong to the name server port.
     let r = c.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "TBW102")])).await?;
+    assert_eq!(r.code, rs::REQUEST_CODE_NOT_SUPPORTED);
+    let r = ns.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "TBW102")])).await?;
     assert_eq!(r.code, rs::SUCCESS);
     // Sends auto-create the topic with the client's queue count.
     for (i, v2) in [(0, false), (1, true), (2, true)] {
@@ -185,7 +208,9 @@ async fn route_send_pull_offsets() -> TestResult {
         assert_eq!(r.ext_fields.get("MSG_REGION"), Some("DefaultRegion"));
         assert_eq!(r.ext_fields.get("TRACE_ON"), Some("true"));
     }
-    let r = c.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "T1")])).await?;
+    // The topic the send created is routed at once (the embedded broker
+    // re-registers before a route is read when its topics changed).
+    let r = ns.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "T1")])).await?;
     let route: serde_json::Value = serde_json::from_slice(&r.body)?;
     assert_eq!(route["queueDatas"][0]["readQueueNums"], 4);
     assert_eq!(route["brokerDatas"][0]["brokerAddrs"]["0"], addr.to_string());
@@ -372,5 +397,67 @@ async fn batch_send_and_bad_frames() -> TestResult {
         .call(req(rq::GET_MAX_OFFSET, &[("topic", "B"), ("queueId", "0")]))
         .await?;
     assert_eq!(r.ext_fields.get("offset"), Some("3"));
+    Ok(())
+}
+
+/// A name server alone and a broker registering with it over TCP: the route
+/// appears with the broker's topics, follows a new topic, and goes when the
+/// broker stops (UNREGISTER_BROKER).
+#[tokio::test]
+async fn external_name_server_registration() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let nl = TcpListener::bind("127.0.0.1:0").await?;
+    let ns_addr = nl.local_addr()?;
+    let ns = Arc::new(NameServer::new(RocketMqConfig::default(), None));
+    let (ns_stop, ns_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(nl, ns, ns_rx));
+
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    broker.create_topic("Ext", 3)?;
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let cfg = RocketMqConfig {
+        namesrv_addr: ns_addr.to_string(),
+        broker_name: "broker-x".into(),
+        ..RocketMqConfig::default()
+    };
+    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), cfg, addr));
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, Arc::clone(&rmq), rx.clone()));
+    let registrar = tokio::spawn(registrar::run(rmq, None, rx));
+
+    let mut ns = Client::connect(ns_addr).await?;
+    let route_of = |topic: &'static str| req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", topic)]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut r = ns.call(route_of("Ext")).await?;
+    while r.code != rs::SUCCESS && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        r = ns.call(route_of("Ext")).await?;
+    }
+    assert_eq!(r.code, rs::SUCCESS, "the broker never registered");
+    let route: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(route["queueDatas"][0]["readQueueNums"], 3);
+    assert_eq!(route["brokerDatas"][0]["brokerName"], "broker-x");
+    assert_eq!(route["brokerDatas"][0]["brokerAddrs"]["0"], addr.to_string());
+    let r = ns.call(req(rq::GET_BROKER_CLUSTER_INFO, &[])).await?;
+    let info: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(info["clusterAddrTable"]["DefaultCluster"][0], "broker-x");
+
+    // A topic made later is registered without waiting for the 30 s period.
+    broker.create_topic("Later", 2)?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut r = ns.call(route_of("Later")).await?;
+    while r.code != rs::SUCCESS && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        r = ns.call(route_of("Later")).await?;
+    }
+    assert_eq!(r.code, rs::SUCCESS, "a new topic was not registered");
+
+    let _ = stop.send(true);
+    registrar.await?;
+    let r = ns.call(route_of("Ext")).await?;
+    assert_eq!(r.code, rs::TOPIC_NOT_EXIST, "the stopped broker is still routed");
+    let _ = ns_stop.send(true);
     Ok(())
 }

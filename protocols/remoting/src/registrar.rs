@@ -1,0 +1,159 @@
+//! The broker's side of the name server: REGISTER_BROKER every
+//! `register_interval_ms` and as soon as the topic table changes,
+//! UNREGISTER_BROKER at shutdown. With no `namesrv_addr` the broker registers
+//! with the name server in its own process by a direct call.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::codec::{decode, encode};
+use crate::codes::{request as rq, response as rs};
+use crate::command::RemotingCommand;
+use crate::namesrv::NameServer;
+use crate::processor::RocketMq;
+
+/// A kept connection to one name server: it reads a broker whose
+/// registering connection closed as gone, so the connection stays open
+/// between registrations and is remade after an error.
+pub struct NsConn {
+    addr: String,
+    stream: Option<TcpStream>,
+    buf: BytesMut,
+}
+
+impl NsConn {
+    pub fn new(addr: &str) -> NsConn {
+        NsConn {
+            addr: addr.to_string(),
+            stream: None,
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// Sends one request and waits for its response.
+    pub async fn call(&mut self, cmd: RemotingCommand, timeout: Duration) -> Result<RemotingCommand, String> {
+        let res = tokio::time::timeout(timeout, self.exchange(&cmd))
+            .await
+            .unwrap_or_else(|_| Err(format!("{}: no answer within {timeout:?}", self.addr)));
+        if res.is_err() {
+            self.stream = None;
+        }
+        res
+    }
+
+    async fn exchange(&mut self, cmd: &RemotingCommand) -> Result<RemotingCommand, String> {
+        let addr = &self.addr;
+        if self.stream.is_none() {
+            let s = TcpStream::connect(addr)
+                .await
+                .map_err(|e| format!("connect {addr}: {e}"))?;
+            let _ = s.set_nodelay(true);
+            self.stream = Some(s);
+            self.buf.clear();
+        }
+        let Some(s) = self.stream.as_mut() else {
+            return Err(format!("{addr}: not connected"));
+        };
+        let mut out = BytesMut::new();
+        encode(cmd, &mut out);
+        s.write_all(&out).await.map_err(|e| format!("write to {addr}: {e}"))?;
+        loop {
+            while let Some(r) = decode(&mut self.buf, crate::DEFAULT_MAX_FRAME).map_err(|e| format!("{addr}: {e}"))? {
+                if r.is_response() && r.opaque == cmd.opaque {
+                    return Ok(r);
+                }
+            }
+            if s.read_buf(&mut self.buf)
+                .await
+                .map_err(|e| format!("read from {addr}: {e}"))?
+                == 0
+            {
+                return Err(format!("{addr} closed the connection"));
+            }
+        }
+    }
+}
+
+/// The `namesrv_addr` list.
+pub fn namesrv_addrs(config: &str) -> Vec<String> {
+    config
+        .split(';')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// Keeps the broker registered until `shutdown`.
+pub async fn run(rmq: Arc<RocketMq>, embedded: Option<Arc<NameServer>>, mut shutdown: watch::Receiver<bool>) {
+    let interval = Duration::from_millis(rmq.config().register_interval_ms.max(1000));
+    let addrs = namesrv_addrs(&rmq.config().namesrv_addr);
+    let version = rmq.config().server_version;
+    let mut registered_version = None;
+    let mut due = Instant::now();
+    let mut failing = vec![false; addrs.len()];
+    let mut conns: Vec<NsConn> = addrs.iter().map(|a| NsConn::new(a)).collect();
+    let mut opaque = 0i32;
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => break,
+        }
+        let v = rmq.topic_version();
+        if Instant::now() < due && registered_version == Some(v) {
+            continue;
+        }
+        due = Instant::now() + interval;
+        registered_version = Some(v);
+        if let Some(ns) = &embedded {
+            ns.register_local(true);
+            continue;
+        }
+        let reg = rmq.registration();
+        for (i, (addr, conn)) in addrs.iter().zip(conns.iter_mut()).enumerate() {
+            opaque = opaque.wrapping_add(1);
+            let res = conn.call(reg.to_command(opaque, version), Duration::from_secs(3)).await;
+            metrics::counter!("rokka_rocketmq_broker_registrations_total").increment(1);
+            match res {
+                Ok(r) if r.code == rs::SUCCESS => {
+                    if failing[i] {
+                        tracing::info!(namesrv = addr, "registered with the name server again");
+                    }
+                    failing[i] = false;
+                }
+                Ok(r) => {
+                    if !failing[i] {
+                        tracing::warn!(namesrv = addr, code = r.code, remark = ?r.remark, "name server refused the registration");
+                    }
+                    failing[i] = true;
+                    due = due.min(Instant::now() + Duration::from_secs(2));
+                }
+                Err(e) => {
+                    if !failing[i] {
+                        tracing::warn!(namesrv = addr, error = e, "cannot register with the name server");
+                    }
+                    failing[i] = true;
+                    due = due.min(Instant::now() + Duration::from_secs(2));
+                }
+            }
+        }
+    }
+    let reg = rmq.registration();
+    for (addr, conn) in addrs.iter().zip(conns.iter_mut()) {
+        let mut c = RemotingCommand::request(rq::UNREGISTER_BROKER, opaque.wrapping_add(1));
+        c.version = version;
+        c.ext_fields.set("brokerName", reg.broker_name.as_str());
+        c.ext_fields.set("brokerAddr", reg.broker_addr.as_str());
+        c.ext_fields.set("clusterName", reg.cluster.as_str());
+        c.ext_fields.set("brokerId", "0");
+        if let Err(e) = conn.call(c, Duration::from_secs(2)).await {
+            tracing::warn!(namesrv = addr, error = e, "UNREGISTER_BROKER failed");
+        }
+    }
+}
