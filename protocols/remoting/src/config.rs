@@ -36,6 +36,8 @@ pub struct RocketMqConfig {
     /// The name server drops a broker that has not registered for this long
     /// (unless its registration names another `heartbeatTimeoutMillis`).
     pub broker_timeout_ms: u64,
+    /// An orderly consumer's queue lock lapses when not renewed for this long.
+    pub lock_expiry_ms: u64,
     /// The `version` this server reports (MQVersion ordinal; ≥ 401 for JSON route bodies).
     pub server_version: i32,
 }
@@ -57,6 +59,7 @@ impl Default for RocketMqConfig {
             namesrv_addr: String::new(),
             register_interval_ms: 30_000,
             broker_timeout_ms: 120_000,
+            lock_expiry_ms: 60_000,
             server_version: 479,
         }
     }

@@ -26,6 +26,8 @@ pub struct RocketMq {
     config: RocketMqConfig,
     advertised: String,
     clients: Mutex<Clients>,
+    /// Orderly-consumption queue locks: (group, topic, queue) → (client id, taken at ms).
+    locks: Mutex<std::collections::HashMap<(String, String, i64), (String, u64)>>,
     epoch: Instant,
 }
 
@@ -69,6 +71,7 @@ impl RocketMq {
             config,
             advertised,
             clients: Mutex::new(Clients::default()),
+            locks: Mutex::new(Default::default()),
             epoch: Instant::now(),
         }
     }
@@ -154,6 +157,7 @@ impl RocketMq {
             | rq::GET_EARLIEST_MSG_STORETIME => self.offset_queries(&cmd),
             rq::UPDATE_AND_CREATE_TOPIC => self.create_topic(&cmd),
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
+            rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd),
             other => self.reply(
                 &cmd,
                 rs::REQUEST_CODE_NOT_SUPPORTED,
@@ -666,6 +670,54 @@ impl RocketMq {
             }
             Err(e) => self.reply(req, 29, Some(e.to_string())),
         }
+    }
+
+    /// LOCK_BATCH_MQ / UNLOCK_BATCH_MQ (digest §2.8): a queue is granted when
+    /// free, already held by the asker, or its holder's lock is older than
+    /// `lock_expiry_ms`; granting renews it. Unlock frees the asker's locks.
+    fn lock_batch(&self, req: &RemotingCommand) -> RemotingCommand {
+        let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("lock body is not JSON".into()));
+        };
+        let group = body["consumerGroup"].as_str().unwrap_or_default().to_string();
+        let client = body["clientId"].as_str().unwrap_or_default().to_string();
+        if group.is_empty() || client.is_empty() {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("consumerGroup and clientId are required".into()));
+        }
+        let now = self.now_ms();
+        let expiry = self.config.lock_expiry_ms;
+        let mut granted = Vec::new();
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        for mq in body["mqSet"].as_array().into_iter().flatten() {
+            let topic = mq["topic"].as_str().unwrap_or_default().to_string();
+            let Some(queue) = mq["queueId"].as_i64() else {
+                continue;
+            };
+            let key = (group.clone(), topic, queue);
+            if req.code == rq::UNLOCK_BATCH_MQ {
+                if locks.get(&key).is_some_and(|(holder, _)| *holder == client) {
+                    locks.remove(&key);
+                }
+                continue;
+            }
+            let free = match locks.get(&key) {
+                None => true,
+                Some((holder, at)) => *holder == client || at.saturating_add(expiry) < now,
+            };
+            if free {
+                if locks.get(&key).is_some_and(|(holder, _)| *holder != client) {
+                    tracing::info!(group, client, queue, "queue lock taken over after expiry");
+                }
+                locks.insert(key, (client.clone(), now));
+                granted.push(mq.clone());
+            }
+        }
+        metrics::gauge!("rokka_rocketmq_queue_locks").set(locks.len() as f64);
+        drop(locks);
+        if req.code == rq::UNLOCK_BATCH_MQ {
+            return self.reply(req, rs::SUCCESS, None);
+        }
+        self.json_body(req, json!({"lockOKMQSet": granted}))
     }
 
     fn all_topic_config(&self, req: &RemotingCommand) -> RemotingCommand {

@@ -105,6 +105,11 @@ async fn run<S: Service>(stream: TcpStream, peer: SocketAddr, rmq: Arc<S>, mut s
                         // Answers to our NOTIFY / CHECK requests: nothing to do.
                         continue;
                     }
+                    let serialize = match cmd.serialize_type {
+                        crate::command::SerializeType::Json => "json",
+                        crate::command::SerializeType::RocketMq => "rocketmq",
+                    };
+                    metrics::counter!("rokka_rocketmq_frames_total", "serialize" => serialize).increment(1);
                     let r = Arc::clone(&rmq);
                     let c = conn.clone();
                     tokio::spawn(async move {

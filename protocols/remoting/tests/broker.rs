@@ -461,3 +461,49 @@ async fn external_name_server_registration() -> TestResult {
     let _ = ns_stop.send(true);
     Ok(())
 }
+
+fn lock_req(code: i32, client: &str, queues: &[i64]) -> RemotingCommand {
+    let mq: Vec<serde_json::Value> = queues
+        .iter()
+        .map(|q| serde_json::json!({"topic": "L", "brokerName": "broker-a", "queueId": q}))
+        .collect();
+    let mut c = req(code, &[]);
+    c.body = Bytes::from(
+        serde_json::json!({"consumerGroup": "og", "clientId": client, "onlyThisBroker": false, "mqSet": mq}).to_string(),
+    );
+    c
+}
+
+fn locked(r: &RemotingCommand) -> Result<Vec<i64>, Box<dyn std::error::Error>> {
+    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+    let mut q: Vec<i64> = v["lockOKMQSet"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["queueId"].as_i64())
+        .collect();
+    q.sort_unstable();
+    Ok(q)
+}
+
+/// Orderly consumption locks: one holder per queue, renewals, unlock.
+#[tokio::test]
+async fn queue_locks_grant_one_holder() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut c = Client::connect(addr).await?;
+    let r = c.call(lock_req(rq::LOCK_BATCH_MQ, "a", &[0, 1])).await?;
+    assert_eq!(locked(&r)?, vec![0, 1]);
+    let r = c.call(lock_req(rq::LOCK_BATCH_MQ, "b", &[1, 2])).await?;
+    assert_eq!(locked(&r)?, vec![2], "queue 1 is a's");
+    let r = c.call(lock_req(rq::LOCK_BATCH_MQ, "a", &[0, 1, 2])).await?;
+    assert_eq!(locked(&r)?, vec![0, 1], "a renews its own, not b's");
+    let r = c.call(lock_req(rq::UNLOCK_BATCH_MQ, "a", &[1])).await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    let r = c.call(lock_req(rq::LOCK_BATCH_MQ, "b", &[1])).await?;
+    assert_eq!(locked(&r)?, vec![1]);
+    let mut bad = req(rq::LOCK_BATCH_MQ, &[]);
+    bad.body = Bytes::from_static(b"not json");
+    assert_eq!(c.call(bad).await?.code, rs::SYSTEM_ERROR);
+    Ok(())
+}

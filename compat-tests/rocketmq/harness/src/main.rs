@@ -5,7 +5,14 @@
 //! `TagA || TagB` subscription gets exactly those tags; this client hashes
 //! the untrimmed tokens, so the broker must derive codes from the expression),
 //! `send-kinds` (sync, async with callback, oneway and batch sends, all read
-//! back).
+//! back), `ordered` (queue-selector sends; an orderly consumer sees every
+//! order's messages in its queue in send order, with keys and properties),
+//! `group` (two, then three push consumers of one group split the queues,
+//! then one leaves: nothing lost, nothing consumed twice), `lite-pull`
+//! (a lite-pull consumer reads all and resumes at its committed offsets),
+//! `resume-1`/`resume-2` (run around a rokka restart: the group resumes at
+//! its committed offsets), `broadcast` (two broadcasting consumers each get
+//! everything).
 
 #![recursion_limit = "512"]
 
@@ -14,9 +21,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rocketmq_client_rust::{
-    ClientError, ClientResult, ClientRuntime, ClientRuntimeConfig, ConsumeConcurrentlyContext,
-    ConsumeConcurrentlyStatus, DefaultMQProducer, DefaultMQPushConsumer, MQPushConsumer, MessageListenerConcurrently,
+    ClientConfig, ClientError, ClientResult, ClientRuntime, ClientRuntimeConfig, ConsumeConcurrentlyContext,
+    ConsumeConcurrentlyStatus, ConsumeOrderlyContext, ConsumeOrderlyStatus, DefaultLitePullConsumer,
+    DefaultMQProducer, DefaultMQPushConsumer, MQPushConsumer, MessageListenerConcurrently, MessageListenerOrderly,
 };
+use rocketmq_model::common::message::message_queue::MessageQueue;
+use rocketmq_protocol::protocol::heartbeat::message_model::MessageModel;
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
 use rocketmq_model::common::message::message_single::Message;
@@ -45,10 +55,24 @@ async fn main() -> ClientResult<()> {
     let args: Vec<String> = std::env::args().collect();
     let namesrv = args.get(1).cloned().unwrap_or_else(|| "127.0.0.1:9876".into());
     let scenario = args.get(2).cloned().unwrap_or_else(|| "send-consume".into());
-    let owner = RuntimeOwner::plan(RuntimeConfig {
+    // The listener runs on the client's metadata-io blocking lane, by default
+    // 2 × cores wide with an 8 × cores queue: fewer than the 20 consume tasks
+    // a push consumer starts, and a task that finds the lane full fails
+    // ("runtime.capacity.exhausted"; a broadcasting consumer then drops the
+    // message). Widen it.
+    let mut runtime_config = RuntimeConfig {
         thread_name: "rokka-compat".into(),
+        max_blocking_threads: 160,
         ..Default::default()
-    })
+    };
+    for lane in [
+        &mut runtime_config.blocking_lane_policies.metadata_io,
+        &mut runtime_config.blocking_lane_policies.storage_io,
+    ] {
+        lane.max_concurrency = 64;
+        lane.max_queue_depth = 8192;
+    }
+    let owner = RuntimeOwner::plan(runtime_config)
     .map_err(|e| ClientError::internal("plan runtime", e))?
     .build()
     .map_err(|e| ClientError::internal("build runtime", e))?;
@@ -64,13 +88,19 @@ async fn main() -> ClientResult<()> {
         "send-consume" => send_consume(&rt, &namesrv).await?,
         "tag-filter" => tag_filter(&rt, &namesrv).await?,
         "send-kinds" => send_kinds(&rt, &namesrv).await?,
+        "ordered" => ordered(&rt, &namesrv).await?,
+        "group" => group(&rt, &namesrv).await?,
+        "lite-pull" => lite_pull(&rt, &namesrv).await?,
+        "resume-1" => resume(&rt, &namesrv, 1).await?,
+        "resume-2" => resume(&rt, &namesrv, 2).await?,
+        "broadcast" => broadcast(&rt, &namesrv).await?,
         other => {
-            eprintln!("unknown scenario {other}");
+            eprintln!("compat: unknown scenario {other}");
             false
         }
     };
     let _ = rt.shutdown().await;
-    println!("RESULT {scenario} {}", if ok { "ok" } else { "FAILED" });
+    println!("compat: RESULT {scenario} {}", if ok { "ok" } else { "FAILED" });
     std::process::exit(if ok { 0 } else { 1 });
 }
 
@@ -94,9 +124,9 @@ async fn send_consume(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bo
         sent.insert(body);
     }
     producer.shutdown().await;
-    println!("sent {N}");
+    println!("compat: sent {N}");
     let got = consume_all(rt, namesrv, "compat-cg", topic, "*", N).await?;
-    println!("consumed {} distinct of {N}", got.len());
+    println!("compat: consumed {} distinct of {N}", got.len());
     Ok(got == sent)
 }
 
@@ -126,7 +156,7 @@ async fn tag_filter(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
     let got = consume_all(rt, namesrv, "compat-cg-tags", topic, "TagA || TagB", wanted.len()).await?;
     // A little longer: a TagC delivery would show up now.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    println!("tag filter: {} received, {} wanted", got.len(), wanted.len());
+    println!("compat: tag filter: {} received, {} wanted", got.len(), wanted.len());
     Ok(got == wanted)
 }
 
@@ -225,4 +255,350 @@ async fn send_kinds(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
         sent.len()
     );
     Ok(async_ok == 50 && got == sent)
+}
+
+async fn producer(rt: &Arc<ClientRuntime>, namesrv: &str, group: &str, queues: u32) -> ClientResult<DefaultMQProducer> {
+    let mut p = DefaultMQProducer::builder(Arc::clone(rt))
+        .producer_group(group.to_string())
+        .name_server_addr(namesrv.to_string())
+        .default_topic_queue_nums(queues)
+        .build();
+    p.start().await?;
+    Ok(p)
+}
+
+/// Sends `bodies` to `topic` synchronously.
+async fn send_all(p: &DefaultMQProducer, topic: &str, bodies: &[Vec<u8>]) -> ClientResult<()> {
+    for b in bodies {
+        let msg = Message::builder().topic(topic).tags("T").body_slice(b).build_unchecked();
+        p.send_with_timeout(msg, 5000).await?;
+    }
+    Ok(())
+}
+
+fn bodies(prefix: &str, n: usize) -> Vec<Vec<u8>> {
+    (0..n).map(|i| format!("{prefix}-{i}").into_bytes()).collect()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What an orderly listener saw: (queue id, body, keys, `seq` property).
+type Seen = Arc<Mutex<Vec<(i32, Vec<u8>, Option<Vec<String>>, Option<String>)>>>;
+
+struct Orderly(Seen);
+
+impl MessageListenerOrderly for Orderly {
+    fn consume_message(
+        &self,
+        msgs: &[&MessageExt],
+        _ctx: &mut ConsumeOrderlyContext,
+    ) -> ClientResult<ConsumeOrderlyStatus> {
+        let mut g = lock(&self.0);
+        for m in msgs {
+            g.push((
+                m.queue_id(),
+                m.body().map(|b| b.to_vec()).unwrap_or_default(),
+                m.keys(),
+                m.property("seq").map(String::from),
+            ));
+        }
+        Ok(ConsumeOrderlyStatus::Success)
+    }
+}
+
+async fn ordered(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    const ORDERS: u64 = 4;
+    const PER: usize = 40;
+    let topic = "CompatOrdered";
+    let p = producer(rt, namesrv, "compat-pg-ordered", 4).await?;
+    let mut queue_of: std::collections::BTreeMap<u64, BTreeSet<i32>> = Default::default();
+    for seq in 0..PER {
+        for id in 0..ORDERS {
+            let body = format!("order-{id}-seq-{seq:03}");
+            let msg = Message::builder()
+                .topic(topic)
+                .tags("Ord")
+                .key(format!("order-{id}"))
+                .raw_property("seq", seq.to_string())?
+                .body_slice(body.as_bytes())
+                .build_unchecked();
+            let r = p
+                .send_with_selector_timeout(
+                    msg,
+                    |mqs: &[MessageQueue], _m: &Message, id: &u64| {
+                        (!mqs.is_empty()).then(|| mqs[(*id as usize) % mqs.len()].clone())
+                    },
+                    id,
+                    5000,
+                )
+                .await?;
+            let q = r.and_then(|r| r.message_queue).map_or(-1, |mq| mq.queue_id());
+            queue_of.entry(id).or_default().insert(q);
+        }
+    }
+    let mut p = p;
+    p.shutdown().await;
+    let one_queue_each = queue_of.values().all(|qs| qs.len() == 1 && !qs.contains(&-1));
+    let distinct: BTreeSet<i32> = queue_of.values().flatten().copied().collect();
+    println!("compat: ordered: queues per order {queue_of:?}");
+
+    let seen: Seen = Arc::default();
+    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .consumer_group("compat-cg-ordered".to_string())
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .build();
+    c.subscribe(topic, "*").await?;
+    c.register_message_listener_orderly(Orderly(Arc::clone(&seen)));
+    c.start().await?;
+    let want = ORDERS as usize * PER;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && lock(&seen).len() < want {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    c.shutdown().await;
+    let seen = lock(&seen).clone();
+    let mut ok = one_queue_each && distinct.len() == ORDERS as usize && seen.len() == want;
+    for id in 0..ORDERS {
+        let prefix = format!("order-{id}-");
+        let mine: Vec<_> = seen.iter().filter(|s| s.1.starts_with(prefix.as_bytes())).collect();
+        let in_order = mine.iter().enumerate().all(|(seq, (q, body, keys, prop))| {
+            *body == format!("order-{id}-seq-{seq:03}").into_bytes()
+                && queue_of.get(&id).is_some_and(|qs| qs.contains(q))
+                && keys.as_deref() == Some(&[format!("order-{id}")][..])
+                && prop.as_deref() == Some(seq.to_string().as_str())
+        });
+        if !in_order || mine.len() != PER {
+            println!("compat: ordered: order {id}: {} messages, in order: {in_order}", mine.len());
+            ok = false;
+        }
+    }
+    println!("compat: ordered: consumed {} of {want}", seen.len());
+    Ok(ok)
+}
+
+/// A clustering push consumer recording every body it consumes (duplicates kept).
+async fn member(
+    rt: &Arc<ClientRuntime>,
+    namesrv: &str,
+    group: &str,
+    topic: &str,
+) -> ClientResult<(DefaultMQPushConsumer, Arc<Mutex<Vec<Vec<u8>>>>)> {
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let mut cfg = ClientConfig::default();
+    cfg.set_persist_consumer_offset_interval(1000);
+    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .client_config(cfg)
+        .consumer_group(group.to_string())
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .await_termination_millis_when_shutdown(5000)
+        .build();
+    c.subscribe(topic, "*").await?;
+    c.register_message_listener_concurrently(Record(Arc::clone(&got)));
+    c.start().await?;
+    Ok((c, got))
+}
+
+struct Record(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl MessageListenerConcurrently for Record {
+    fn consume_message(
+        &self,
+        msgs: &[&MessageExt],
+        _c: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        let mut g = lock(&self.0);
+        for m in msgs {
+            g.push(m.body().map(|b| b.to_vec()).unwrap_or_default());
+        }
+        Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+    }
+}
+
+/// Waits until the members together hold `want` distinct bodies (60 s at most).
+async fn wait_union(members: &[&Arc<Mutex<Vec<Vec<u8>>>>], want: usize) -> BTreeSet<Vec<u8>> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let all: BTreeSet<Vec<u8>> = members.iter().flat_map(|m| lock(m).clone()).collect();
+        if all.len() >= want || Instant::now() >= deadline {
+            return all;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn group(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    const N: usize = 120;
+    let topic = "CompatGroup";
+    let g = "compat-cg-group";
+    let mut p = producer(rt, namesrv, "compat-pg-group", 6).await?;
+    let b1 = bodies("first", N);
+    send_all(&p, topic, &b1).await?;
+    let started = Instant::now();
+    let (a, ga) = member(rt, namesrv, g, topic).await?;
+    let (b, gb) = member(rt, namesrv, g, topic).await?;
+    let all = wait_union(&[&ga, &gb], N).await;
+    let (a1, b1n) = (lock(&ga).len(), lock(&gb).len());
+    println!("compat: group phase 1 (two members): a {a1}, b {b1n}, distinct {}", all.len());
+    let mut ok = all.len() == N && a1 > 0 && b1n > 0;
+
+    // Offsets reach the broker from the first persist run (10 s after start) on.
+    tokio::time::sleep(Duration::from_secs(12).saturating_sub(started.elapsed())).await;
+    let (c, gc) = member(rt, namesrv, g, topic).await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = [lock(&ga).len(), lock(&gb).len(), lock(&gc).len()];
+    send_all(&p, topic, &bodies("second", N)).await?;
+    let all = wait_union(&[&ga, &gb, &gc], 2 * N).await;
+    let phase2 = [
+        lock(&ga).len() - before[0],
+        lock(&gb).len() - before[1],
+        lock(&gc).len() - before[2],
+    ];
+    println!("compat: group phase 2 (three members): {phase2:?}, distinct {}", all.len());
+    ok &= all.len() == 2 * N && phase2.iter().all(|n| *n > 0);
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut a = a;
+    a.shutdown().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = [lock(&gb).len(), lock(&gc).len()];
+    send_all(&p, topic, &bodies("third", N)).await?;
+    p.shutdown().await;
+    let all = wait_union(&[&ga, &gb, &gc], 3 * N).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let phase3 = [lock(&gb).len() - before[0], lock(&gc).len() - before[1]];
+    println!("compat: group phase 3 (a left): b and c {phase3:?}, distinct {}", all.len());
+    ok &= all.len() == 3 * N && phase3.iter().sum::<usize>() == N;
+    let total = lock(&ga).len() + lock(&gb).len() + lock(&gc).len();
+    println!("compat: group: {total} deliveries of {} messages", 3 * N);
+    ok &= total == 3 * N;
+    let (mut b, mut c) = (b, c);
+    b.shutdown().await;
+    c.shutdown().await;
+    Ok(ok)
+}
+
+async fn lite_pull(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    const N: usize = 300;
+    let topic = "CompatLitePull";
+    let mut p = producer(rt, namesrv, "compat-pg-lite", 4).await?;
+    let first = bodies("lite", N);
+    for chunk in first.chunks(50) {
+        let msgs: Vec<Message> = chunk
+            .iter()
+            .map(|b| Message::builder().topic(topic).tags("L").body_slice(b).build_unchecked())
+            .collect();
+        p.send_batch(msgs).await?;
+    }
+    let poll_until = |c: &DefaultLitePullConsumer, want: usize, extra: Duration| {
+        let c = c.clone();
+        async move {
+            let mut got = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while got.len() < want && Instant::now() < deadline {
+                for m in c.poll_with_timeout(1000).await {
+                    got.push(m.body().map(|b| b.to_vec()).unwrap_or_default());
+                }
+            }
+            let deadline = Instant::now() + extra;
+            while Instant::now() < deadline {
+                for m in c.poll_with_timeout(500).await {
+                    got.push(m.body().map(|b| b.to_vec()).unwrap_or_default());
+                }
+            }
+            got
+        }
+    };
+    let lite = |_: ()| {
+        DefaultLitePullConsumer::builder(Arc::clone(rt))
+            .consumer_group("compat-lite")
+            .name_server_addr(namesrv.to_string())
+            .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+            .pull_batch_size(32)
+            .auto_commit(false)
+            .build()
+    };
+    let c1 = lite(())?;
+    c1.subscribe_with_expression(topic, "*").await?;
+    c1.start().await?;
+    let got = poll_until(&c1, N, Duration::from_secs(1)).await;
+    c1.commit_all().await?;
+    c1.shutdown().await;
+    let distinct: BTreeSet<Vec<u8>> = got.iter().cloned().collect();
+    let want: BTreeSet<Vec<u8>> = first.iter().cloned().collect();
+    println!("compat: lite pull: {} polled, {} distinct of {N}", got.len(), distinct.len());
+    let mut ok = got.len() == N && distinct == want;
+
+    let later = bodies("later", 20);
+    send_all(&p, topic, &later).await?;
+    p.shutdown().await;
+    let c2 = lite(())?;
+    c2.subscribe_with_expression(topic, "*").await?;
+    c2.start().await?;
+    let got = poll_until(&c2, later.len(), Duration::from_secs(2)).await;
+    c2.shutdown().await;
+    println!("compat: lite pull after commit: {} polled (want the 20 new ones only)", got.len());
+    ok &= got.iter().cloned().collect::<BTreeSet<_>>() == later.iter().cloned().collect() && got.len() == later.len();
+    Ok(ok)
+}
+
+/// Phase 1 consumes 100 messages and shuts down (offsets persisted); rokka
+/// restarts; phase 2 sends 50 more and must get exactly those.
+async fn resume(rt: &Arc<ClientRuntime>, namesrv: &str, phase: u32) -> ClientResult<bool> {
+    let topic = "CompatResume";
+    let g = "compat-cg-resume";
+    let mut p = producer(rt, namesrv, "compat-pg-resume", 4).await?;
+    let sent = bodies(if phase == 1 { "before" } else { "after" }, if phase == 1 { 100 } else { 50 });
+    send_all(&p, topic, &sent).await?;
+    p.shutdown().await;
+    let (mut c, got) = member(rt, namesrv, g, topic).await?;
+    let all = wait_union(&[&got], sent.len()).await;
+    // Long enough for strays (old messages would show up now) and for the
+    // first offset persist run.
+    tokio::time::sleep(Duration::from_secs(if phase == 1 { 11 } else { 3 })).await;
+    c.shutdown().await;
+    let got = lock(&got).clone();
+    let want: BTreeSet<Vec<u8>> = sent.into_iter().collect();
+    println!("compat: resume phase {phase}: {} deliveries, {} distinct", got.len(), all.len());
+    Ok(got.len() == want.len() && got.into_iter().collect::<BTreeSet<_>>() == want)
+}
+
+async fn broadcast(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    const N: usize = 100;
+    let topic = "CompatBroadcast";
+    let mut p = producer(rt, namesrv, "compat-pg-bc", 4).await?;
+    let sent = bodies("bc", N);
+    send_all(&p, topic, &sent).await?;
+    p.shutdown().await;
+    let mut consumers = Vec::new();
+    for name in ["bc-1", "bc-2"] {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let mut cfg = ClientConfig::default();
+        cfg.set_instance_name(name.into());
+        let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+            .client_config(cfg)
+            .consumer_group("compat-cg-bc".to_string())
+            .name_server_addr(namesrv.to_string())
+            .message_model(MessageModel::Broadcasting)
+            .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+            .build();
+        c.subscribe(topic, "*").await?;
+        c.register_message_listener_concurrently(Record(Arc::clone(&got)));
+        c.start().await?;
+        consumers.push((c, got));
+    }
+    let mut ok = true;
+    for (_, got) in &consumers {
+        let all = wait_union(&[got], N).await;
+        ok &= all == sent.iter().cloned().collect();
+    }
+    for (mut c, got) in consumers {
+        c.shutdown().await;
+        println!("compat: broadcast: a consumer got {} deliveries", lock(&got).len());
+    }
+    Ok(ok)
 }
