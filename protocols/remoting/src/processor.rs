@@ -451,6 +451,8 @@ impl RocketMq {
             }
         };
         metrics::counter!("rokka_rocketmq_messages_in_total", "topic" => topic.clone()).increment(results.len() as u64);
+        let bytes: usize = parts.iter().map(|(_, b, p)| b.len() + p.len()).sum();
+        metrics::counter!("rokka_rocketmq_bytes_in_total", "topic" => topic.clone()).increment(bytes as u64);
         let host: SocketAddr = self
             .advertised
             .parse()
@@ -556,6 +558,8 @@ impl RocketMq {
                     (rs::PULL_RETRY_IMMEDIATELY, read.next_offset, Bytes::new())
                 } else {
                     metrics::counter!("rokka_rocketmq_messages_out_total", "topic" => topic.to_string()).increment(n);
+                    metrics::counter!("rokka_rocketmq_bytes_out_total", "topic" => topic.to_string())
+                        .increment(body.len() as u64);
                     (rs::SUCCESS, read.next_offset, body.freeze())
                 }
             }
@@ -682,7 +686,11 @@ impl RocketMq {
         let group = body["consumerGroup"].as_str().unwrap_or_default().to_string();
         let client = body["clientId"].as_str().unwrap_or_default().to_string();
         if group.is_empty() || client.is_empty() {
-            return self.reply(req, rs::SYSTEM_ERROR, Some("consumerGroup and clientId are required".into()));
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some("consumerGroup and clientId are required".into()),
+            );
         }
         let now = self.now_ms();
         let expiry = self.config.lock_expiry_ms;

@@ -469,7 +469,8 @@ fn lock_req(code: i32, client: &str, queues: &[i64]) -> RemotingCommand {
         .collect();
     let mut c = req(code, &[]);
     c.body = Bytes::from(
-        serde_json::json!({"consumerGroup": "og", "clientId": client, "onlyThisBroker": false, "mqSet": mq}).to_string(),
+        serde_json::json!({"consumerGroup": "og", "clientId": client, "onlyThisBroker": false, "mqSet": mq})
+            .to_string(),
     );
     c
 }
