@@ -19,7 +19,10 @@ use crate::config::RocketMqConfig;
 use crate::namesrv::{Registration, TopicConf};
 use crate::server::{Conn, Service};
 
-/// The RocketMQ frontend: state shared by both ports.
+/// (group, topic, queue id) → (holding client id, last granted at ms).
+type QueueLocks = std::collections::HashMap<(String, String, i64), (String, u64)>;
+
+/// The RocketMQ broker: state shared by its connections.
 #[derive(Debug)]
 pub struct RocketMq {
     broker: Arc<Broker>,
@@ -27,7 +30,7 @@ pub struct RocketMq {
     advertised: String,
     clients: Mutex<Clients>,
     /// Orderly-consumption queue locks: (group, topic, queue) → (client id, taken at ms).
-    locks: Mutex<std::collections::HashMap<(String, String, i64), (String, u64)>>,
+    locks: Mutex<QueueLocks>,
     epoch: Instant,
 }
 
