@@ -46,6 +46,7 @@ pub mod response {
     pub const PULL_RETRY_IMMEDIATELY: i32 = 20;
     pub const PULL_OFFSET_MOVED: i32 = 21;
     pub const QUERY_NOT_FOUND: i32 = 22;
+    pub const FLUSH_DISK_TIMEOUT: i32 = 10;
     pub const MESSAGE_ILLEGAL: i32 = 13;
     pub const SERVICE_NOT_AVAILABLE: i32 = 14;
 }

@@ -496,6 +496,10 @@ impl Service for NameServer {
         self.config.max_frame_bytes as usize
     }
 
+    fn inline(&self, _cmd: &RemotingCommand) -> bool {
+        true
+    }
+
     fn connection_closed(&self, conn: &Conn) {
         for addr in self.table().channel_closed(conn.peer) {
             tracing::info!(addr, "broker's name-server connection closed: unregistered");

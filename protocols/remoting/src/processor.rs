@@ -150,7 +150,19 @@ impl RocketMq {
             rq::HEART_BEAT => self.heartbeat(&cmd, conn),
             rq::UNREGISTER_CLIENT => self.unregister(&cmd),
             rq::GET_CONSUMER_LIST_BY_GROUP => self.consumer_list(&cmd),
-            rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => self.send(&cmd, conn),
+            rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => {
+                let (mut r, end) = self.send(&cmd, conn);
+                // Sync flush: answer once the messages are on disk; on a
+                // flush timeout they are stored but the client is told
+                // FLUSH_DISK_TIMEOUT (its SendStatus), as RocketMQ does.
+                if r.code == rs::SUCCESS && end > 0 {
+                    if let Err(e) = self.broker.store().durable(end).await {
+                        r.code = rs::FLUSH_DISK_TIMEOUT;
+                        r.remark = Some(e.to_string());
+                    }
+                }
+                r
+            }
             rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => self.pull(&cmd).await,
             rq::QUERY_CONSUMER_OFFSET => self.query_offset(&cmd),
             rq::UPDATE_CONSUMER_OFFSET => self.update_offset(&cmd),
@@ -385,9 +397,18 @@ impl RocketMq {
         self.json_body(req, json!({"consumerIdList": ids}))
     }
 
-    fn send(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
+    /// Stores the messages of a send; the response and the CommitLog end to
+    /// be durable before it goes out (0 on error).
+    fn send(&self, req: &RemotingCommand, conn: &Conn) -> (RemotingCommand, u64) {
+        match self.send_inner(req, conn) {
+            Ok(ok) => ok,
+            Err(r) => (r, 0),
+        }
+    }
+
+    fn send_inner(&self, req: &RemotingCommand, conn: &Conn) -> Result<(RemotingCommand, u64), RemotingCommand> {
         let Some(topic) = ext(req, "topic", "b").map(String::from) else {
-            return self.reply(req, rs::MESSAGE_ILLEGAL, Some("topic missing".into()));
+            return Err(self.reply(req, rs::MESSAGE_ILLEGAL, Some("topic missing".into())));
         };
         let want_queues = ext_i64(req, "defaultTopicQueueNums", "d")
             .unwrap_or(4)
@@ -395,20 +416,20 @@ impl RocketMq {
         let info = match self.broker.topic_or_create(&topic, true, Some(want_queues)) {
             Ok(Some(t)) => t,
             Ok(None) => {
-                return self.reply(
+                return Err(self.reply(
                     req,
                     rs::TOPIC_NOT_EXIST,
                     Some(format!("topic[{topic}] not exist, apply first please!")),
-                )
+                ))
             }
-            Err(e) => return self.reply(req, rs::MESSAGE_ILLEGAL, Some(e.to_string())),
+            Err(e) => return Err(self.reply(req, rs::MESSAGE_ILLEGAL, Some(e.to_string()))),
         };
         let mut queue = ext_i64(req, "queueId", "e").unwrap_or(-1);
         if queue < 0 {
             queue = i64::from(rand::random::<u32>() % info.partitions.max(1));
         }
         if queue >= i64::from(info.partitions) {
-            return self.reply(req, 29, Some(format!("queueId {queue} out of range for {topic}")));
+            return Err(self.reply(req, 29, Some(format!("queueId {queue} out of range for {topic}"))));
         }
         let sys_flag = ext_i64(req, "sysFlag", "f").unwrap_or(0) as i32;
         let born = ext_i64(req, "bornTimestamp", "g").unwrap_or_else(rokka_store::now_ms);
@@ -420,7 +441,7 @@ impl RocketMq {
         let parts: Vec<(i32, Bytes, String)> = if batch {
             match split_batch(&req.body) {
                 Some(p) => p,
-                None => return self.reply(req, rs::MESSAGE_ILLEGAL, Some("malformed batch body".into())),
+                None => return Err(self.reply(req, rs::MESSAGE_ILLEGAL, Some("malformed batch body".into()))),
             }
         } else {
             vec![(flag, req.body.clone(), props)]
@@ -450,7 +471,7 @@ impl RocketMq {
                     ) => rs::MESSAGE_ILLEGAL,
                     _ => rs::SYSTEM_ERROR,
                 };
-                return self.reply(req, code, Some(e.to_string()));
+                return Err(self.reply(req, code, Some(e.to_string())));
             }
         };
         metrics::counter!("rokka_rocketmq_messages_in_total", "topic" => topic.clone()).increment(results.len() as u64);
@@ -472,7 +493,8 @@ impl RocketMq {
         }
         r.ext_fields.set("MSG_REGION", "DefaultRegion");
         r.ext_fields.set("TRACE_ON", "true");
-        r
+        let end = results.iter().map(|x| x.end_offset).max().unwrap_or(0);
+        Ok((r, end))
     }
 
     async fn pull(&self, req: &RemotingCommand) -> RemotingCommand {
@@ -762,6 +784,18 @@ impl Service for RocketMq {
 
     fn connection_closed(&self, conn: &Conn) {
         self.drop_connection(conn);
+    }
+
+    /// Pulls may be held by long polling and sends wait for the flush in
+    /// sync mode; everything else finishes at once.
+    fn inline(&self, cmd: &RemotingCommand) -> bool {
+        match cmd.code {
+            rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => false,
+            rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => {
+                self.broker.store().config().flush_mode == rokka_store::FlushMode::Async
+            }
+            _ => true,
+        }
     }
 }
 

@@ -24,6 +24,11 @@ pub trait Service: Send + Sync + 'static {
     fn max_frame_bytes(&self) -> usize;
     /// A connection closed (its clients or brokers are gone).
     fn connection_closed(&self, conn: &Conn);
+    /// Whether `cmd` completes without waiting (then it runs on the reading
+    /// task, in order, without a task of its own).
+    fn inline(&self, _cmd: &RemotingCommand) -> bool {
+        false
+    }
 }
 
 /// A connection's outbound side, for responses and for requests the server
@@ -110,6 +115,12 @@ async fn run<S: Service>(stream: TcpStream, peer: SocketAddr, rmq: Arc<S>, mut s
                         crate::command::SerializeType::RocketMq => "rocketmq",
                     };
                     metrics::counter!("rokka_rocketmq_frames_total", "serialize" => serialize).increment(1);
+                    if rmq.inline(&cmd) {
+                        if let Some(resp) = rmq.process(cmd, &conn).await {
+                            conn.send(resp);
+                        }
+                        continue;
+                    }
                     let r = Arc::clone(&rmq);
                     let c = conn.clone();
                     tokio::spawn(async move {

@@ -22,14 +22,14 @@ use std::time::{Duration, Instant};
 
 use rocketmq_client_rust::{
     ClientConfig, ClientError, ClientResult, ClientRuntime, ClientRuntimeConfig, ConsumeConcurrentlyContext,
-    ConsumeConcurrentlyStatus, ConsumeOrderlyContext, ConsumeOrderlyStatus, DefaultLitePullConsumer,
-    DefaultMQProducer, DefaultMQPushConsumer, MQPushConsumer, MessageListenerConcurrently, MessageListenerOrderly,
+    ConsumeConcurrentlyStatus, ConsumeOrderlyContext, ConsumeOrderlyStatus, DefaultLitePullConsumer, DefaultMQProducer,
+    DefaultMQPushConsumer, MQPushConsumer, MessageListenerConcurrently, MessageListenerOrderly,
 };
-use rocketmq_model::common::message::message_queue::MessageQueue;
-use rocketmq_protocol::protocol::heartbeat::message_model::MessageModel;
 use rocketmq_model::common::consumer::consume_from_where::ConsumeFromWhere;
 use rocketmq_model::common::message::message_ext::MessageExt;
+use rocketmq_model::common::message::message_queue::MessageQueue;
 use rocketmq_model::common::message::message_single::Message;
+use rocketmq_protocol::protocol::heartbeat::message_model::MessageModel;
 use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 
 struct Collect(Arc<Mutex<BTreeSet<Vec<u8>>>>);
@@ -73,9 +73,9 @@ async fn main() -> ClientResult<()> {
         lane.max_queue_depth = 8192;
     }
     let owner = RuntimeOwner::plan(runtime_config)
-    .map_err(|e| ClientError::internal("plan runtime", e))?
-    .build()
-    .map_err(|e| ClientError::internal("build runtime", e))?;
+        .map_err(|e| ClientError::internal("plan runtime", e))?
+        .build()
+        .map_err(|e| ClientError::internal("build runtime", e))?;
     let telemetry =
         rocketmq_observability::install_global(&rocketmq_observability::TelemetryBootstrapConfig::default())
             .map_err(|e| ClientError::internal("telemetry", e))?;
@@ -94,6 +94,10 @@ async fn main() -> ClientResult<()> {
         "resume-1" => resume(&rt, &namesrv, 1).await?,
         "resume-2" => resume(&rt, &namesrv, 2).await?,
         "broadcast" => broadcast(&rt, &namesrv).await?,
+        "bench" => {
+            let scale = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1.0);
+            bench(&rt, &namesrv, scale, args.get(4).map_or("all", String::as_str)).await?
+        }
         other => {
             eprintln!("compat: unknown scenario {other}");
             false
@@ -270,7 +274,11 @@ async fn producer(rt: &Arc<ClientRuntime>, namesrv: &str, group: &str, queues: u
 /// Sends `bodies` to `topic` synchronously.
 async fn send_all(p: &DefaultMQProducer, topic: &str, bodies: &[Vec<u8>]) -> ClientResult<()> {
     for b in bodies {
-        let msg = Message::builder().topic(topic).tags("T").body_slice(b).build_unchecked();
+        let msg = Message::builder()
+            .topic(topic)
+            .tags("T")
+            .body_slice(b)
+            .build_unchecked();
         p.send_with_timeout(msg, 5000).await?;
     }
     Ok(())
@@ -372,7 +380,10 @@ async fn ordered(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
                 && prop.as_deref() == Some(seq.to_string().as_str())
         });
         if !in_order || mine.len() != PER {
-            println!("compat: ordered: order {id}: {} messages, in order: {in_order}", mine.len());
+            println!(
+                "compat: ordered: order {id}: {} messages, in order: {in_order}",
+                mine.len()
+            );
             ok = false;
         }
     }
@@ -443,7 +454,10 @@ async fn group(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
     let (b, gb) = member(rt, namesrv, g, topic).await?;
     let all = wait_union(&[&ga, &gb], N).await;
     let (a1, b1n) = (lock(&ga).len(), lock(&gb).len());
-    println!("compat: group phase 1 (two members): a {a1}, b {b1n}, distinct {}", all.len());
+    println!(
+        "compat: group phase 1 (two members): a {a1}, b {b1n}, distinct {}",
+        all.len()
+    );
     let mut ok = all.len() == N && a1 > 0 && b1n > 0;
 
     // Offsets reach the broker from the first persist run (10 s after start) on.
@@ -458,7 +472,10 @@ async fn group(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
         lock(&gb).len() - before[1],
         lock(&gc).len() - before[2],
     ];
-    println!("compat: group phase 2 (three members): {phase2:?}, distinct {}", all.len());
+    println!(
+        "compat: group phase 2 (three members): {phase2:?}, distinct {}",
+        all.len()
+    );
     ok &= all.len() == 2 * N && phase2.iter().all(|n| *n > 0);
 
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -471,7 +488,10 @@ async fn group(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
     let all = wait_union(&[&ga, &gb, &gc], 3 * N).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let phase3 = [lock(&gb).len() - before[0], lock(&gc).len() - before[1]];
-    println!("compat: group phase 3 (a left): b and c {phase3:?}, distinct {}", all.len());
+    println!(
+        "compat: group phase 3 (a left): b and c {phase3:?}, distinct {}",
+        all.len()
+    );
     ok &= all.len() == 3 * N && phase3.iter().sum::<usize>() == N;
     let total = lock(&ga).len() + lock(&gb).len() + lock(&gc).len();
     println!("compat: group: {total} deliveries of {} messages", 3 * N);
@@ -490,7 +510,13 @@ async fn lite_pull(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool>
     for chunk in first.chunks(50) {
         let msgs: Vec<Message> = chunk
             .iter()
-            .map(|b| Message::builder().topic(topic).tags("L").body_slice(b).build_unchecked())
+            .map(|b| {
+                Message::builder()
+                    .topic(topic)
+                    .tags("L")
+                    .body_slice(b)
+                    .build_unchecked()
+            })
             .collect();
         p.send_batch(msgs).await?;
     }
@@ -530,7 +556,11 @@ async fn lite_pull(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool>
     c1.shutdown().await;
     let distinct: BTreeSet<Vec<u8>> = got.iter().cloned().collect();
     let want: BTreeSet<Vec<u8>> = first.iter().cloned().collect();
-    println!("compat: lite pull: {} polled, {} distinct of {N}", got.len(), distinct.len());
+    println!(
+        "compat: lite pull: {} polled, {} distinct of {N}",
+        got.len(),
+        distinct.len()
+    );
     let mut ok = got.len() == N && distinct == want;
 
     let later = bodies("later", 20);
@@ -541,7 +571,10 @@ async fn lite_pull(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool>
     c2.start().await?;
     let got = poll_until(&c2, later.len(), Duration::from_secs(2)).await;
     c2.shutdown().await;
-    println!("compat: lite pull after commit: {} polled (want the 20 new ones only)", got.len());
+    println!(
+        "compat: lite pull after commit: {} polled (want the 20 new ones only)",
+        got.len()
+    );
     ok &= got.iter().cloned().collect::<BTreeSet<_>>() == later.iter().cloned().collect() && got.len() == later.len();
     Ok(ok)
 }
@@ -552,7 +585,10 @@ async fn resume(rt: &Arc<ClientRuntime>, namesrv: &str, phase: u32) -> ClientRes
     let topic = "CompatResume";
     let g = "compat-cg-resume";
     let mut p = producer(rt, namesrv, "compat-pg-resume", 4).await?;
-    let sent = bodies(if phase == 1 { "before" } else { "after" }, if phase == 1 { 100 } else { 50 });
+    let sent = bodies(
+        if phase == 1 { "before" } else { "after" },
+        if phase == 1 { 100 } else { 50 },
+    );
     send_all(&p, topic, &sent).await?;
     p.shutdown().await;
     let (mut c, got) = member(rt, namesrv, g, topic).await?;
@@ -563,7 +599,11 @@ async fn resume(rt: &Arc<ClientRuntime>, namesrv: &str, phase: u32) -> ClientRes
     c.shutdown().await;
     let got = lock(&got).clone();
     let want: BTreeSet<Vec<u8>> = sent.into_iter().collect();
-    println!("compat: resume phase {phase}: {} deliveries, {} distinct", got.len(), all.len());
+    println!(
+        "compat: resume phase {phase}: {} deliveries, {} distinct",
+        got.len(),
+        all.len()
+    );
     Ok(got.len() == want.len() && got.into_iter().collect::<BTreeSet<_>>() == want)
 }
 
@@ -601,4 +641,162 @@ async fn broadcast(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool>
         println!("compat: broadcast: a consumer got {} deliveries", lock(&got).len());
     }
     Ok(ok)
+}
+
+fn rate(label: &str, n: usize, bytes: usize, t: Duration) {
+    let secs = t.as_secs_f64().max(1e-9);
+    println!(
+        "compat: bench {label}: {n} msgs in {secs:.2} s = {:.0} msg/s, {:.1} MB/s",
+        n as f64 / secs,
+        (n * bytes) as f64 / secs / 1e6
+    );
+}
+
+/// Sends `n` messages of `size` bytes from `tasks` concurrent tasks over one
+/// producer; `kind` is sync, oneway or batch (64 per batch).
+async fn bench_send(
+    p: &Arc<DefaultMQProducer>,
+    topic: &str,
+    kind: &str,
+    size: usize,
+    n: usize,
+    tasks: usize,
+) -> ClientResult<()> {
+    let body = vec![b'x'; size];
+    let started = Instant::now();
+    let mut handles = Vec::new();
+    for _ in 0..tasks {
+        let p = Arc::clone(p);
+        let (body, topic, kind) = (body.clone(), topic.to_string(), kind.to_string());
+        handles.push(tokio::spawn(async move {
+            let per = n / tasks;
+            let mut sent = 0;
+            let mut lat = Vec::new();
+            while sent < per {
+                let m = || {
+                    Message::builder()
+                        .topic(topic.as_str())
+                        .body_slice(&body)
+                        .build_unchecked()
+                };
+                match kind.as_str() {
+                    "batch" => {
+                        let k = 64.min(per - sent);
+                        p.send_batch((0..k).map(|_| m()).collect::<Vec<_>>()).await?;
+                        sent += k;
+                    }
+                    "oneway" => {
+                        p.send_oneway(m()).await?;
+                        sent += 1;
+                    }
+                    _ => {
+                        let t = Instant::now();
+                        p.send_with_timeout(m(), 10_000).await?;
+                        lat.push(t.elapsed());
+                        sent += 1;
+                    }
+                }
+            }
+            ClientResult::Ok(lat)
+        }));
+    }
+    let mut lat = Vec::new();
+    for h in handles {
+        lat.extend(h.await.map_err(|e| ClientError::internal("bench task", e))??);
+    }
+    rate(
+        &format!("{kind} send {size} B x{tasks}"),
+        n / tasks * tasks,
+        size,
+        started.elapsed(),
+    );
+    if !lat.is_empty() {
+        lat.sort_unstable();
+        let q = |f: f64| lat[((lat.len() - 1) as f64 * f) as usize].as_micros();
+        println!(
+            "compat: bench   latency µs: p50 {} p99 {} p99.9 {} max {}",
+            q(0.5),
+            q(0.99),
+            q(0.999),
+            q(1.0)
+        );
+    }
+    Ok(())
+}
+
+/// The bench: sends of each kind, then push and lite-pull consumption of the
+/// batch topic. `scale` multiplies every message count.
+async fn bench(rt: &Arc<ClientRuntime>, namesrv: &str, scale: f64, stages: &str) -> ClientResult<bool> {
+    let on = |s: &str| stages == "all" || stages.split(',').any(|x| x == s);
+    let n = |base: usize| ((base as f64 * scale) as usize).max(64);
+    let mut p = DefaultMQProducer::builder(Arc::clone(rt))
+        .producer_group("bench-pg".to_string())
+        .name_server_addr(namesrv.to_string())
+        .default_topic_queue_nums(8)
+        .build();
+    p.start().await?;
+    let p = Arc::new(p);
+    if on("sync") {
+        bench_send(&p, "BenchSync100", "sync", 100, n(60_000), 8).await?;
+        bench_send(&p, "BenchSync1k", "sync", 1024, n(60_000), 8).await?;
+        bench_send(&p, "BenchSync100", "sync", 100, n(30_000), 1).await?;
+    }
+    let batch_n = n(640_000);
+    bench_send(&p, "BenchBatch", "batch", 100, batch_n, 4).await?;
+    if on("oneway") {
+        bench_send(&p, "BenchOneway", "oneway", 100, n(300_000), 4).await?;
+    }
+    if !on("consume") {
+        return Ok(true);
+    }
+
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .consumer_group("bench-push".to_string())
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .consume_message_batch_max_size(32)
+        .build();
+    c.subscribe("BenchBatch", "*").await?;
+    c.register_message_listener_concurrently(Count(Arc::clone(&got)));
+    c.start().await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while lock(&got).len() < batch_n && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pushed = lock(&got).len();
+    rate("push consume 100 B", pushed, 100, started.elapsed());
+    c.shutdown().await;
+
+    let started = Instant::now();
+    let lite = DefaultLitePullConsumer::builder(Arc::clone(rt))
+        .consumer_group("bench-lite")
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .pull_batch_size(256)
+        .build()?;
+    lite.subscribe_with_expression("BenchBatch", "*").await?;
+    lite.start().await?;
+    let mut pulled = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while pulled < batch_n && Instant::now() < deadline {
+        pulled += lite.poll_with_timeout_zero_copy(1000).await.len();
+    }
+    rate("lite-pull consume 100 B", pulled, 100, started.elapsed());
+    lite.shutdown().await;
+    Ok(pushed >= batch_n && pulled >= batch_n)
+}
+
+struct Count(Arc<Mutex<Vec<()>>>);
+
+impl MessageListenerConcurrently for Count {
+    fn consume_message(
+        &self,
+        msgs: &[&MessageExt],
+        _c: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        lock(&self.0).extend(msgs.iter().map(|_| ()));
+        Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+    }
 }

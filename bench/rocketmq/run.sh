@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# RocketMQ benchmark with the real client (rocketmq-client-rust 1.0.0, the
+# compat harness's `bench` scenario) against a release rokka with async
+# flush on free loopback ports. Usage: bash bench/rocketmq/run.sh [scale] [stages]
+# (scale multiplies every message count; 1 = the numbers in docs/benchmarks.md;
+# stages: all, or a comma list of sync, oneway, consume — the batch stage always
+# runs, it fills the topic the consumers read).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+scale=${1:-1}
+stages=${2:-all}
+(cd "$root" && cargo build --release -q -p rokka-server --locked)
+(cd "$root/compat-tests/rocketmq/harness" && cargo build --release -q --locked)
+free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+dir=$(mktemp -d -p "$root/target")
+trap 'rm -rf "$dir"' EXIT
+ns=$(free_port); br=$(free_port); kp=$(free_port); mp=$(free_port)
+cat > "$dir/rokka.toml" <<EOT
+[log]
+level = "warn"
+[metrics]
+listen = "127.0.0.1:$mp"
+[store]
+data_dir = "$dir/data"
+flush_mode = "async"
+[kafka]
+listen = "127.0.0.1:$kp"
+[rocketmq]
+namesrv_listen = "127.0.0.1:$ns"
+broker_listen = "127.0.0.1:$br"
+EOT
+"$root/target/release/rokka" --config "$dir/rokka.toml" > "$dir/rokka.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$ns) 2>/dev/null && break; sleep 0.1; done
+rc=0
+timeout 900 "$root/compat-tests/rocketmq/harness/target/release/rokka-rocketmq-compat" "127.0.0.1:$ns" bench "$scale" "$stages" \
+  > "$dir/client.log" 2>&1 || rc=$?
+grep '^compat: ' "$dir/client.log" | sed 's/^compat: //'
+echo "rokka CPU: $(ps -o times= -p $pid) s"
+# Server-side handling time per request code (mean), to tell rokka's share
+# of a round trip from the client's.
+python3 - "$mp" <<'PY'
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+sums, counts = {}, {}
+for line in text.splitlines():
+    for kind, d in (("_sum{", sums), ("_count{", counts)):
+        if line.startswith("rokka_rocketmq_request_seconds" + kind):
+            code = line.split('code="')[1].split('"')[0]
+            d[code] = float(line.rsplit(" ", 1)[1])
+for code in sorted(counts, key=lambda c: -counts[c]):
+    if counts.get(code):
+        print(f"rokka handling code {code}: {counts[code]:.0f} requests, mean {sums[code] / counts[code] * 1e6:.1f} µs")
+PY
+kill -TERM $pid; wait $pid || true
+if [[ $rc != 0 ]]; then tail -20 "$dir/client.log"; fi
+exit $rc
