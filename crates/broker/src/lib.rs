@@ -6,6 +6,7 @@
 
 pub mod arrivals;
 pub mod config;
+pub mod convert;
 pub mod error;
 pub mod producers;
 pub mod topics;

@@ -28,6 +28,8 @@ pub struct RocketMq {
     broker: Arc<Broker>,
     config: RocketMqConfig,
     advertised: String,
+    /// The host in message ids and converted messages.
+    store_host: SocketAddr,
     clients: Mutex<Clients>,
     /// Orderly-consumption queue locks: (group, topic, queue) → (client id, taken at ms).
     locks: Mutex<QueueLocks>,
@@ -69,10 +71,12 @@ impl RocketMq {
         } else {
             config.advertised_addr.clone()
         };
+        let store_host = advertised.parse().unwrap_or(broker.store().config().store_host);
         RocketMq {
             broker,
             config,
             advertised,
+            store_host,
             clients: Mutex::new(Clients::default()),
             locks: Mutex::new(Default::default()),
             epoch: Instant::now(),
@@ -477,10 +481,7 @@ impl RocketMq {
         metrics::counter!("rokka_rocketmq_messages_in_total", "topic" => topic.clone()).increment(results.len() as u64);
         let bytes: usize = parts.iter().map(|(_, b, p)| b.len() + p.len()).sum();
         metrics::counter!("rokka_rocketmq_bytes_in_total", "topic" => topic.clone()).increment(bytes as u64);
-        let host: SocketAddr = self
-            .advertised
-            .parse()
-            .unwrap_or_else(|_| self.broker.store().config().store_host);
+        let host = self.store_host;
         let ids: Vec<String> = results.iter().map(|r| msgid::message_id(host, r.phys_offset)).collect();
         let mut r = self.reply(req, rs::SUCCESS, None);
         r.ext_fields.set("msgId", ids.join(","));
@@ -571,12 +572,35 @@ impl RocketMq {
                 let mut body = BytesMut::new();
                 let mut n = 0;
                 for e in &read.entries {
-                    let matches = codes.is_none_or(|c| c.contains(&(e.cq.tag_code as i32)));
-                    // Kafka batches are converted for RocketMQ readers by the
-                    // cross-protocol layer; until then they are skipped.
-                    if matches && matches!(e.decode(), Ok(Entry::Message(_))) {
-                        body.put_slice(&e.data);
-                        n += 1;
+                    match e.decode() {
+                        Ok(Entry::Message(_)) => {
+                            if codes.is_none_or(|c| c.contains(&(e.cq.tag_code as i32))) {
+                                body.put_slice(&e.data);
+                                n += 1;
+                            }
+                        }
+                        // A Kafka-produced batch crosses: its records become
+                        // messages (docs/mapping.md), filtered by their tag header.
+                        Ok(Entry::KafkaBatch(b)) => {
+                            match rokka_broker::convert::kafka_batch_to_rocketmq(
+                                &b,
+                                offset,
+                                codes,
+                                self.store_host,
+                                &mut body,
+                            ) {
+                                Ok(c) => n += c.messages,
+                                Err(err) => tracing::error!(
+                                    topic,
+                                    queue = q,
+                                    error = err,
+                                    "Kafka batch not convertible; skipped"
+                                ),
+                            }
+                        }
+                        Err(err) => {
+                            tracing::error!(topic, queue = q, phys = e.cq.phys_offset, error = %err, "undecodable entry in pull");
+                        }
                     }
                 }
                 if n == 0 {

@@ -94,6 +94,8 @@ async fn main() -> ClientResult<()> {
         "resume-1" => resume(&rt, &namesrv, 1).await?,
         "resume-2" => resume(&rt, &namesrv, 2).await?,
         "broadcast" => broadcast(&rt, &namesrv).await?,
+        "cross-produce" => cross_produce(&rt, &namesrv, &args[3..]).await?,
+        "cross-consume" => cross_consume(&rt, &namesrv, &args[3..]).await?,
         "bench" => {
             let scale = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1.0);
             bench(&rt, &namesrv, scale, args.get(4).map_or("all", String::as_str)).await?
@@ -799,4 +801,104 @@ impl MessageListenerConcurrently for Count {
         lock(&self.0).extend(msgs.iter().map(|_| ()));
         Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
     }
+}
+
+fn hexs(b: &[u8]) -> String {
+    if b.is_empty() {
+        return "-".into();
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `cross-produce <topic> <n>`: sync sends with keys, tags and user
+/// properties, for a Kafka consumer to check (compat-tests/cross).
+async fn cross_produce(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    let topic = args.first().map_or("Cross", String::as_str);
+    let n: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let mut p = producer(rt, namesrv, "cross-pg", 4).await?;
+    for i in 0..n {
+        let body = format!("rmq-{i}-é").into_bytes();
+        let msg = Message::builder()
+            .topic(topic)
+            .tags(if i % 2 == 0 { "TagX" } else { "TagY" })
+            .key(format!("key-{i}"))
+            .raw_property("p1", format!("v{i}"))?
+            .raw_property("unicode", format!("é{i}"))?
+            .body_slice(&body)
+            .build_unchecked();
+        p.send_with_timeout(msg, 5000).await?;
+    }
+    p.shutdown().await;
+    println!("compat: sent {n}");
+    Ok(true)
+}
+
+/// `cross-consume <topic> <group> <n> [expr]`: a clustering push consumer
+/// from the first offset until n messages arrived (then 3 s more, so extra
+/// deliveries show); prints one `compat: msg` line per delivery:
+/// queue offset born body keys tags properties (byte fields in hex, `-` if
+/// empty), then shuts down (committing its offsets).
+async fn cross_consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    let topic = args.first().map_or("Cross", String::as_str);
+    let group = args.get(1).map_or("cross-cg", String::as_str);
+    let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let expr = args.get(3).map_or("*", String::as_str);
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    struct Lines(Arc<Mutex<Vec<String>>>);
+    impl MessageListenerConcurrently for Lines {
+        fn consume_message(
+            &self,
+            msgs: &[&MessageExt],
+            _c: &ConsumeConcurrentlyContext,
+        ) -> ClientResult<ConsumeConcurrentlyStatus> {
+            let mut g = lock(&self.0);
+            for m in msgs {
+                let mut props: Vec<(String, String)> = m
+                    .properties()
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+                props.sort();
+                let mut p = Vec::new();
+                for (k, v) in props {
+                    p.extend_from_slice(k.as_bytes());
+                    p.push(1);
+                    p.extend_from_slice(v.as_bytes());
+                    p.push(2);
+                }
+                g.push(format!(
+                    "{} {} {} {} {} {} {}",
+                    m.queue_id(),
+                    m.queue_offset(),
+                    m.born_timestamp(),
+                    hexs(&m.body().map(|b| b.to_vec()).unwrap_or_default()),
+                    hexs(m.property("KEYS").unwrap_or_default().as_bytes()),
+                    hexs(m.property("TAGS").unwrap_or_default().as_bytes()),
+                    hexs(&p),
+                ));
+            }
+            Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+        }
+    }
+    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .consumer_group(group.to_string())
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .await_termination_millis_when_shutdown(5000)
+        .build();
+    c.subscribe(topic, expr).await?;
+    c.register_message_listener_concurrently(Lines(Arc::clone(&seen)));
+    c.start().await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && lock(&seen).len() < n {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.shutdown().await;
+    let lines = lock(&seen).clone();
+    for l in &lines {
+        println!("compat: msg {l}");
+    }
+    println!("compat: consumed {} (wanted {n})", lines.len());
+    Ok(lines.len() >= n)
 }

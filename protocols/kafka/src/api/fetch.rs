@@ -151,7 +151,7 @@ fn batches(entries: &[rokka_store::ReadEntry], limit: usize, first: bool) -> Vec
     for e in entries {
         let piece = match e.decode() {
             Ok(Entry::KafkaBatch(b)) => b.batch, // a view of the segment: no copy
-            Ok(Entry::Message(m)) => message_batch(&m),
+            Ok(Entry::Message(m)) => rokka_broker::convert::rocketmq_to_kafka_batch(&m),
             Err(err) => {
                 tracing::error!(phys = e.cq.phys_offset, error = %err, "undecodable entry in fetch");
                 break;
@@ -164,57 +164,6 @@ fn batches(entries: &[rokka_store::ReadEntry], limit: usize, first: bool) -> Vec
         out.push(piece);
     }
     out
-}
-
-fn varint(out: &mut BytesMut, v: i64) {
-    let mut z = ((v << 1) ^ (v >> 63)) as u64;
-    while z >= 0x80 {
-        out.put_u8((z as u8) | 0x80);
-        z >>= 7;
-    }
-    out.put_u8(z as u8);
-}
-
-/// A RocketMQ message as a one-record magic-2 batch: key from KEYS, value
-/// from the body, timestamp from the born time. (The full mapping, with
-/// headers, is the cross-protocol issue's; see docs/mapping.md when it lands.)
-fn message_batch(m: &rokka_store::MessageView) -> Bytes {
-    let key = m.property("KEYS").map(<[u8]>::to_vec);
-    let mut rec = BytesMut::new();
-    rec.put_u8(0);
-    varint(&mut rec, 0);
-    varint(&mut rec, 0);
-    match &key {
-        Some(k) => {
-            varint(&mut rec, k.len() as i64);
-            rec.put_slice(k);
-        }
-        None => varint(&mut rec, -1),
-    }
-    varint(&mut rec, m.body.len() as i64);
-    rec.put_slice(&m.body);
-    varint(&mut rec, 0);
-    let mut records = BytesMut::new();
-    varint(&mut records, rec.len() as i64);
-    records.put_slice(&rec);
-    let mut b = BytesMut::with_capacity(61 + records.len());
-    b.put_i64(m.queue_offset as i64);
-    b.put_i32((49 + records.len()) as i32);
-    b.put_i32(0);
-    b.put_u8(2);
-    b.put_u32(0);
-    b.put_i16(0);
-    b.put_i32(0);
-    b.put_i64(m.born_timestamp);
-    b.put_i64(m.born_timestamp);
-    b.put_i64(-1);
-    b.put_i16(-1);
-    b.put_i32(-1);
-    b.put_i32(1);
-    b.put_slice(&records);
-    let crc = crc32c::crc32c(&b[21..]);
-    b[17..21].copy_from_slice(&crc.to_be_bytes());
-    b.freeze()
 }
 
 /// Encodes a whole Fetch response frame (length prefix, header, body) for

@@ -1,0 +1,64 @@
+"""A rokka per test module, and the RocketMQ harness (rocketmq-client-rust)."""
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
+from rokka_fixture import Rokka  # noqa: E402
+
+HARNESS = os.environ.get(
+    "ROKKA_RMQ_HARNESS",
+    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "release", "rokka-rocketmq-compat"),
+)
+
+
+@pytest.fixture(scope="module")
+def rokka():
+    with tempfile.TemporaryDirectory(prefix="rokka-cross-") as d:
+        r = Rokka(d)
+        r.start()
+        try:
+            yield r
+        finally:
+            code = r.stop()
+            r.log.close()
+            assert code == 0, f"rokka exited with {code}; log in {d}/rokka.log"
+
+
+def _unhex(s):
+    return b"" if s == "-" else bytes.fromhex(s)
+
+
+class Delivery:
+    """One message as the RocketMQ push consumer saw it."""
+
+    def __init__(self, line):
+        q, off, born, body, keys, tags, props = line.split(" ")
+        self.queue, self.offset, self.born = int(q), int(off), int(born)
+        self.body, self.keys, self.tags = _unhex(body), _unhex(keys).decode(), _unhex(tags).decode()
+        self.props = {}
+        for kv in _unhex(props).split(b"\x02"):
+            if b"\x01" in kv:
+                k, v = kv.split(b"\x01", 1)
+                self.props[k.decode()] = v.decode()
+
+
+def harness(rokka, *args, timeout=150):
+    """Runs one harness scenario against `rokka`; its `compat:` lines."""
+    p = subprocess.run(
+        [HARNESS, f"127.0.0.1:{rokka.namesrv_port}", *[str(a) for a in args]],
+        capture_output=True,
+        timeout=timeout,
+        text=True,
+    )
+    lines = [l[len("compat: "):] for l in p.stdout.splitlines() if l.startswith("compat: ")]
+    assert p.returncode == 0, f"harness {args} failed: {lines[-5:]} {p.stderr[-2000:]}"
+    return lines
+
+
+def rocketmq_consume(rokka, topic, group, n, expr="*"):
+    lines = harness(rokka, "cross-consume", topic, group, n, expr)
+    return [Delivery(l[len("msg "):]) for l in lines if l.startswith("msg ")]

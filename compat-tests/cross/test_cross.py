@@ -1,0 +1,150 @@
+"""Messages and consumer groups crossing between Kafka clients (kafka-python,
+confluent-kafka) and the RocketMQ client (rocketmq-client-rust), one store."""
+import time
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.admin import NewTopic
+
+from conftest import harness, rocketmq_consume
+
+
+def create(rokka, topic, partitions=4):
+    admin = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
+    admin.create_topics([NewTopic(topic, partitions, 1)])
+    admin.close()
+
+
+def kafka_produce(rokka, topic, records, compression="gzip"):
+    p = KafkaProducer(bootstrap_servers=rokka.bootstrap, compression_type=compression, linger_ms=5)
+    for r in records:
+        p.send(topic, **r)
+    p.flush()
+    p.close()
+
+
+def test_kafka_records_reach_rocketmq_consumers(rokka):
+    topic = "CrossK2R"
+    create(rokka, topic)
+    records = []
+    for i in range(40):
+        records.append(
+            dict(
+                key=f"key-{i}".encode(),
+                value=f"val-{i}-é".encode() + bytes([0, 255]),
+                headers=[("h1", f"x-{i}".encode()), ("rocketmq.tags", b"TagA" if i % 2 == 0 else b"TagB")],
+                timestamp_ms=1_700_000_000_000 + i,
+                partition=i % 4,
+            )
+        )
+    kafka_produce(rokka, topic, records, compression="gzip")
+    got = rocketmq_consume(rokka, topic, "cross-k2r", 40)
+    assert len(got) == 40, "every record delivered once"
+    by_key = {d.keys: d for d in got}
+    for i, r in enumerate(records):
+        d = by_key[f"key-{i}"]
+        assert d.body == r["value"]
+        assert d.tags == ("TagA" if i % 2 == 0 else "TagB")
+        assert d.props["h1"] == f"x-{i}"
+        assert "rocketmq.tags" not in d.props
+        assert d.born == 1_700_000_000_000 + i
+        assert d.queue == i % 4
+    assert len({d.props["UNIQ_KEY"] for d in got}) == 40, "distinct message ids"
+
+    # A tag filter applies to crossed messages (by the tag header).
+    tagged = rocketmq_consume(rokka, topic, "cross-k2r-tags", 20, "TagA")
+    assert sorted(d.keys for d in tagged) == sorted(f"key-{i}" for i in range(0, 40, 2))
+
+
+def test_rocketmq_messages_reach_kafka_consumers(rokka):
+    topic = "CrossR2K"
+    started = int(time.time() * 1000)
+    harness(rokka, "cross-produce", topic, 30)
+    c = Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": "cross-r2k",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    c.subscribe([topic])
+    got = []
+    deadline = time.time() + 30
+    while len(got) < 30 and time.time() < deadline:
+        m = c.poll(1.0)
+        if m is not None and m.error() is None:
+            got.append(m)
+    c.close()
+    assert len(got) == 30
+    for m in got:
+        i = int(m.key().decode().split("-")[1])
+        assert m.key() == f"key-{i}".encode()
+        assert m.value() == f"rmq-{i}-é".encode()
+        headers = dict(m.headers())
+        assert headers == {
+            "p1": f"v{i}".encode(),
+            "unicode": f"é{i}".encode(),
+            "rocketmq.tags": b"TagX" if i % 2 == 0 else b"TagY",
+        }, headers
+        ts_type, ts = m.timestamp()
+        assert ts_type == 1 and started - 1000 <= ts <= int(time.time() * 1000)
+
+
+def test_a_group_moves_from_rocketmq_to_kafka_and_back(rokka):
+    topic, group = "CrossMigrate", "cross-migrate"
+    create(rokka, topic)
+    first = [dict(key=b"k", value=f"first-{i}".encode(), partition=i % 4) for i in range(30)]
+    kafka_produce(rokka, topic, first, compression=None)
+    got = rocketmq_consume(rokka, topic, group, 30)
+    assert sorted(d.body for d in got) == sorted(r["value"] for r in first)
+
+    # Kafka sees the RocketMQ group (ListGroups) and its committed offsets (OffsetFetch).
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    assert group in [g.group_id for g in a.list_consumer_groups().result(10).valid]
+    admin = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
+    committed = admin.list_group_offsets(group)[group]
+    assert sum(o.offset for tp, o in committed.items() if tp.topic == topic) == 30
+    admin.close()
+
+    # Kafka consumers in the same group continue where RocketMQ stopped.
+    second = [dict(value=f"second-{i}".encode(), partition=i % 4) for i in range(20)]
+    kafka_produce(rokka, topic, second, compression=None)
+    c = KafkaConsumer(
+        topic,
+        bootstrap_servers=rokka.bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    values = []
+    deadline = time.time() + 30
+    while len(values) < 20 and time.time() < deadline:
+        for recs in c.poll(timeout_ms=500).values():
+            values.extend(r.value for r in recs)
+    c.commit()
+    time.sleep(1)
+    for recs in c.poll(timeout_ms=1000).values():
+        values.extend(r.value for r in recs)
+    c.close()
+    assert sorted(values) == sorted(r["value"] for r in second), "nothing lost, nothing re-read"
+
+    # And back: RocketMQ consumers pull from the offsets Kafka committed.
+    third = [dict(value=f"third-{i}".encode(), partition=i % 4) for i in range(12)]
+    kafka_produce(rokka, topic, third, compression=None)
+    got = rocketmq_consume(rokka, topic, group, 12)
+    assert sorted(d.body for d in got) == sorted(r["value"] for r in third)
+
+
+def test_a_kafka_offset_reset_is_where_rocketmq_pulls_from(rokka):
+    topic, group = "CrossReset", "cross-reset"
+    create(rokka, topic, partitions=1)
+    kafka_produce(rokka, topic, [dict(value=f"m-{i}".encode(), partition=0) for i in range(10)], compression=None)
+    # An operator resets the group to offset 7 with a Kafka tool (commit on an
+    # empty group, as kafka-consumer-groups --reset-offsets does).
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 0, 7)], asynchronous=False)
+    c.close()
+    got = rocketmq_consume(rokka, topic, group, 3)
+    assert sorted(d.body for d in got) == [b"m-7", b"m-8", b"m-9"]

@@ -1,0 +1,483 @@
+//! Messages crossing between the protocols (docs/mapping.md): a stored Kafka
+//! record batch read by a RocketMQ pull becomes stored-message records (the
+//! pull body format), a stored RocketMQ message read by a Kafka fetch becomes
+//! a one-record v2 batch. Nothing is converted at append time: the cost is
+//! paid by cross reads only.
+//!
+//! | Kafka record | RocketMQ message |
+//! |---|---|
+//! | value (null → empty) | body |
+//! | key | `KEYS` (the whole string); a key that is not UTF-8 or holds 0x01/0x02 goes to `KAFKA_KEY_HEX` |
+//! | headers | user properties (1:1; unsafe or reserved names dropped, counted) |
+//! | header `rocketmq.tags` | `TAGS` (and so tag filters) |
+//! | timestamp | born timestamp (store timestamp = the batch's append time) |
+//! | offset | queue offset |
+
+use std::net::SocketAddr;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::records::RecordBatchDecoder;
+use rokka_store::record::message::{self as rmsg, MessageInput, Placement};
+use rokka_store::record::properties::{self, java_string_hash};
+use rokka_store::{KafkaBatchView, MessageView};
+
+/// The Kafka header carrying a RocketMQ message's tag, both ways.
+pub const TAGS_HEADER: &str = "rocketmq.tags";
+/// Property holding a Kafka key that `KEYS` cannot hold (lowercase hex).
+pub const KAFKA_KEY_HEX: &str = "KAFKA_KEY_HEX";
+
+/// RocketMQ's reserved property names (`MessageConst.STRING_HASH_SET` and
+/// the broker's bookkeeping): never Kafka headers, never taken from them.
+pub const SYSTEM_PROPERTIES: &[&str] = &[
+    "KEYS",
+    "TAGS",
+    "WAIT",
+    "DELAY",
+    "RETRY_TOPIC",
+    "REAL_TOPIC",
+    "REAL_QID",
+    "TRAN_MSG",
+    "PGROUP",
+    "MIN_OFFSET",
+    "MAX_OFFSET",
+    "BUYER_ID",
+    "ORIGIN_MESSAGE_ID",
+    "TRANSFER_FLAG",
+    "CORRECTION_FLAG",
+    "MQ2_FLAG",
+    "RECONSUME_TIME",
+    "MSG_REGION",
+    "TRACE_ON",
+    "UNIQ_KEY",
+    "EXTEND_UNIQ_INFO",
+    "MAX_RECONSUME_TIMES",
+    "CONSUME_START_TIME",
+    "INNER_NUM",
+    "INNER_BASE",
+    "DUP_INFO",
+    "CHECK_IMMUNITY_TIME_IN_SECONDS",
+    "TRAN_PREPARED_QUEUE_OFFSET",
+    "__transactionId__",
+    "TRANSACTION_CHECK_TIMES",
+    "INSTANCE_ID",
+    "CORRELATION_ID",
+    "REPLY_TO_CLIENT",
+    "TTL",
+    "ARRIVE_TIME",
+    "PUSH_REPLY_TIME",
+    "MSG_TYPE",
+    "CLUSTER",
+    "POP_CK",
+    "POP_CK_OFFSET",
+    "1ST_POP_TIME",
+    "INNER_MULTI_DISPATCH",
+    "INNER_MULTI_QUEUE_OFFSET",
+    "TRACE_CONTEXT",
+    "TIMER_DELAY_SEC",
+    "TIMER_DELAY_MS",
+    "TIMER_DELIVER_MS",
+    "TIMER_ENQUEUE_MS",
+    "TIMER_DEQUEUE_MS",
+    "TIMER_ROLL_TIMES",
+    "TIMER_OUT_MS",
+    "TIMER_DEL_UNIQKEY",
+    "TIMER_DELAY_LEVEL",
+    "__BORNHOST",
+    "BORN_TIMESTAMP",
+    "__CRC32#",
+    "DLQ_ORIGIN_TOPIC",
+    "DLQ_ORIGIN_MESSAGE_ID",
+    "__STARTDELIVERTIME",
+    KAFKA_KEY_HEX,
+];
+
+fn is_system(name: &[u8]) -> bool {
+    SYSTEM_PROPERTIES.iter().any(|s| s.as_bytes() == name)
+}
+
+/// What a conversion did, for the caller's metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Crossed {
+    /// Messages (records) produced.
+    pub messages: u64,
+    /// Bytes produced.
+    pub bytes: u64,
+    /// Headers or properties that could not cross (dropped).
+    pub dropped: u64,
+    /// Records filtered out by the tag filter.
+    pub filtered: u64,
+}
+
+fn record_metrics(direction: &'static str, c: &Crossed) {
+    metrics::counter!("rokka_cross_conversions_total", "direction" => direction).increment(c.messages);
+    metrics::counter!("rokka_cross_conversion_bytes_total", "direction" => direction).increment(c.bytes);
+    if c.dropped > 0 {
+        metrics::counter!("rokka_cross_dropped_fields_total", "direction" => direction).increment(c.dropped);
+    }
+}
+
+fn prop_safe(b: &[u8]) -> bool {
+    !b.contains(&properties::NAME_VALUE_SEPARATOR)
+        && !b.contains(&properties::PROPERTY_SEPARATOR)
+        && std::str::from_utf8(b).is_ok()
+}
+
+fn hex(b: &[u8]) -> String {
+    const D: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        s.push(D[(x >> 4) as usize] as char);
+        s.push(D[(x & 15) as usize] as char);
+    }
+    s
+}
+
+fn unhex(s: &[u8]) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    let v = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    s.chunks(2).map(|p| Some(v(p[0])? << 4 | v(p[1])?)).collect()
+}
+
+/// A record header's value by name (last one wins, as the map keeps it).
+fn header<'r>(r: &'r kafka_protocol::records::Record, name: &str) -> Option<&'r Bytes> {
+    r.headers
+        .iter()
+        .find(|(k, _)| k.as_bytes() == name.as_bytes())
+        .and_then(|(_, v)| v.as_ref())
+}
+
+fn push_prop(out: &mut Vec<u8>, k: &[u8], v: &[u8]) {
+    out.extend_from_slice(k);
+    out.push(properties::NAME_VALUE_SEPARATOR);
+    out.extend_from_slice(v);
+    out.push(properties::PROPERTY_SEPARATOR);
+}
+
+/// Appends to `out`, in the stored-message layout a pull body carries, every
+/// record of the Kafka batch `view` at or after `from`, whose tag passes
+/// `codes` (tag hash codes; `None` = all). Control records (transaction
+/// markers) are skipped. Errors when the batch cannot be decoded.
+pub fn kafka_batch_to_rocketmq(
+    view: &KafkaBatchView,
+    from: u64,
+    codes: Option<&[i32]>,
+    store_host: SocketAddr,
+    out: &mut BytesMut,
+) -> Result<Crossed, String> {
+    let mut buf = view.batch.clone();
+    let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| format!("Kafka batch at {}: {e}", view.phys_offset))?;
+    let topic = view.topic_str();
+    let mut c = Crossed::default();
+    let mut props = Vec::with_capacity(256);
+    for (i, r) in set.records.iter().enumerate() {
+        if r.control || r.offset < 0 || (r.offset as u64) < from {
+            continue;
+        }
+        props.clear();
+        let tag = header(r, TAGS_HEADER);
+        if let Some(codes) = codes {
+            let code = tag.map_or(0, |t| java_string_hash(t));
+            if tag.is_none() || !codes.contains(&code) {
+                c.filtered += 1;
+                continue;
+            }
+        }
+        if let Some(k) = &r.key {
+            if prop_safe(k) && !k.is_empty() {
+                push_prop(&mut props, properties::KEYS.as_bytes(), k);
+            } else {
+                push_prop(&mut props, KAFKA_KEY_HEX.as_bytes(), hex(k).as_bytes());
+            }
+        }
+        match tag {
+            Some(t) if prop_safe(t) && !t.is_empty() => push_prop(&mut props, properties::TAGS.as_bytes(), t),
+            Some(_) => c.dropped += 1,
+            None => {}
+        }
+        // A unique id per record: the batch's CommitLog offset and the
+        // record's index (the batch shares one physical offset).
+        let mut uniq = [0u8; 16];
+        uniq[..8].copy_from_slice(&view.phys_offset.to_be_bytes());
+        uniq[8..12].copy_from_slice(&(i as u32).to_be_bytes());
+        uniq[12..].copy_from_slice(b"KAFK");
+        push_prop(
+            &mut props,
+            properties::UNIQ_KEY.as_bytes(),
+            hex(&uniq).to_uppercase().as_bytes(),
+        );
+        for (name, value) in &r.headers {
+            let n = name.as_bytes();
+            if n == TAGS_HEADER.as_bytes() {
+                continue;
+            }
+            match value {
+                Some(v) if !n.is_empty() && !v.is_empty() && prop_safe(n) && prop_safe(v) && !is_system(n) => {
+                    push_prop(&mut props, n, v)
+                }
+                _ => c.dropped += 1,
+            }
+        }
+        let body: &[u8] = r.value.as_deref().unwrap_or(&[]);
+        let input = MessageInput {
+            topic,
+            queue_id: view.queue_id,
+            flag: 0,
+            body,
+            properties: &props,
+            sys_flag: 0,
+            born_timestamp: r.timestamp,
+            born_host: store_host,
+            reconsume_times: 0,
+            prepared_transaction_offset: 0,
+        };
+        let len = rmsg::encoded_len(&input, &store_host, false);
+        let at = out.len();
+        out.resize(at + len, 0);
+        rmsg::encode(
+            &mut out[at..],
+            &input,
+            &store_host,
+            Placement {
+                queue_offset: r.offset as u64,
+                phys_offset: view.phys_offset,
+                store_timestamp: view.store_timestamp,
+                body_crc32: crc32fast::hash(body),
+                record_crc: false,
+            },
+        );
+        c.messages += 1;
+        c.bytes += len as u64;
+    }
+    record_metrics("kafka_to_rocketmq", &c);
+    Ok(c)
+}
+
+fn varint(out: &mut BytesMut, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        out.put_u8((z as u8) | 0x80);
+        z >>= 7;
+    }
+    out.put_u8(z as u8);
+}
+
+fn put_bytes(out: &mut BytesMut, b: Option<&[u8]>) {
+    match b {
+        Some(b) => {
+            varint(out, b.len() as i64);
+            out.put_slice(b);
+        }
+        None => varint(out, -1),
+    }
+}
+
+/// A stored RocketMQ message as a one-record magic-2 batch at its queue
+/// offset: value = body, key = `KEYS` (or `KAFKA_KEY_HEX` decoded), headers =
+/// user properties plus `rocketmq.tags`, CreateTime = born timestamp.
+pub fn rocketmq_to_kafka_batch(m: &MessageView) -> Bytes {
+    let mut c = Crossed::default();
+    let mut key: Option<Vec<u8>> = None;
+    let mut headers: Vec<(&[u8], &[u8])> = Vec::new();
+    for (k, v) in properties::iter(&m.properties) {
+        if k == properties::KEYS.as_bytes() {
+            key.get_or_insert_with(|| v.to_vec());
+        } else if k == KAFKA_KEY_HEX.as_bytes() {
+            match unhex(v) {
+                Some(raw) => key = Some(raw),
+                None => c.dropped += 1,
+            }
+        } else if k == properties::TAGS.as_bytes() {
+            headers.push((TAGS_HEADER.as_bytes(), v));
+        } else if !is_system(k) && !k.is_empty() {
+            headers.push((k, v));
+        }
+    }
+    let mut rec = BytesMut::with_capacity(32 + m.body.len() + m.properties.len());
+    rec.put_u8(0); // attributes
+    varint(&mut rec, 0); // timestamp delta
+    varint(&mut rec, 0); // offset delta
+    put_bytes(&mut rec, key.as_deref());
+    put_bytes(&mut rec, Some(&m.body));
+    varint(&mut rec, headers.len() as i64);
+    for (k, v) in &headers {
+        put_bytes(&mut rec, Some(k));
+        put_bytes(&mut rec, Some(v));
+    }
+    let mut b = BytesMut::with_capacity(61 + 5 + rec.len());
+    b.put_i64(m.queue_offset as i64);
+    b.put_i32(0); // batch length, set below
+    b.put_i32(0); // partition leader epoch
+    b.put_u8(2);
+    b.put_u32(0); // CRC, set below
+    b.put_i16(0); // attributes: no compression, CreateTime
+    b.put_i32(0); // last offset delta
+    b.put_i64(m.born_timestamp);
+    b.put_i64(m.born_timestamp);
+    b.put_i64(-1); // producer id
+    b.put_i16(-1);
+    b.put_i32(-1);
+    b.put_i32(1); // records
+    varint(&mut b, rec.len() as i64);
+    b.put_slice(&rec);
+    let batch_len = (b.len() - 12) as i32;
+    b[8..12].copy_from_slice(&batch_len.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    c.messages = 1;
+    c.bytes = b.len() as u64;
+    record_metrics("rocketmq_to_kafka", &c);
+    b.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::indexmap::IndexMap;
+    use kafka_protocol::protocol::StrBytes;
+    use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+
+    fn record(offset: i64, key: Option<&[u8]>, value: Option<&[u8]>, headers: &[(&str, Option<&[u8]>)]) -> Record {
+        let mut h = IndexMap::new();
+        for (k, v) in headers {
+            h.insert(StrBytes::from_string(k.to_string()), v.map(Bytes::copy_from_slice));
+        }
+        Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset,
+            // The encoder splits batches where offset - sequence changes.
+            sequence: offset as i32,
+            timestamp: 1_700_000_000_000 + offset,
+            key: key.map(Bytes::copy_from_slice),
+            value: value.map(Bytes::copy_from_slice),
+            headers: h,
+        }
+    }
+
+    fn stored_batch(records: &[Record], compression: Compression) -> Result<KafkaBatchView, String> {
+        let mut raw = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut raw,
+            records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        let len = rokka_store::record::kafka::encoded_len("T", raw.len());
+        let mut entry = vec![0u8; len];
+        rokka_store::record::kafka::encode(
+            &mut entry,
+            "T",
+            &raw,
+            rokka_store::record::kafka::KafkaPlacement {
+                queue_id: 2,
+                queue_offset: 10,
+                phys_offset: 4096,
+                store_timestamp: 1_700_000_009_999,
+                count: records.len() as u32,
+            },
+        );
+        let _ = host;
+        rokka_store::record::kafka::decode(&Bytes::from(entry)).map_err(|e| e.to_string())
+    }
+
+    fn pulled(out: &BytesMut) -> Result<Vec<MessageView>, String> {
+        let mut v = Vec::new();
+        let all = Bytes::copy_from_slice(out);
+        let mut at = 0;
+        while at < all.len() {
+            let total = u32::from_be_bytes([all[at], all[at + 1], all[at + 2], all[at + 3]]) as usize;
+            v.push(rmsg::decode(&all.slice(at..at + total)).map_err(|e| format!("{e:?}"))?);
+            at += total;
+        }
+        Ok(v)
+    }
+
+    #[test]
+    fn kafka_records_become_messages_and_back() -> Result<(), String> {
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        for compression in [
+            Compression::None,
+            Compression::Gzip,
+            Compression::Zstd,
+            Compression::Lz4,
+            Compression::Snappy,
+        ] {
+            let recs = [
+                record(
+                    10,
+                    Some(b"order-1"),
+                    Some(b"v0"),
+                    &[("h1", Some(b"x")), (TAGS_HEADER, Some(b"TagA"))],
+                ),
+                record(11, Some(&[0xff, 0x01]), None, &[("bad", None), ("KEYS", Some(b"no"))]),
+                record(12, None, Some(b"v2"), &[("h2", Some("é".as_bytes()))]),
+            ];
+            let view = stored_batch(&recs, compression)?;
+            let mut out = BytesMut::new();
+            let c = kafka_batch_to_rocketmq(&view, 11, None, host, &mut out)?;
+            assert_eq!((c.messages, c.dropped), (2, 2), "{compression:?}");
+            let msgs = pulled(&out)?;
+            assert_eq!(msgs[0].queue_offset, 11);
+            assert_eq!(msgs[0].queue_id, 2);
+            assert!(msgs[0].body.is_empty(), "null value → empty body");
+            assert_eq!(msgs[0].property(KAFKA_KEY_HEX), Some(&b"ff01"[..]));
+            assert_eq!(msgs[0].property("KEYS"), None);
+            assert_eq!(&msgs[1].body[..], b"v2");
+            assert_eq!(msgs[1].born_timestamp, 1_700_000_000_012);
+            assert_eq!(msgs[1].store_timestamp, 1_700_000_009_999);
+            assert_eq!(msgs[1].property("h2"), Some("é".as_bytes()));
+            assert!(msgs[1].crc_ok());
+            assert_ne!(msgs[0].property("UNIQ_KEY"), msgs[1].property("UNIQ_KEY"));
+
+            // Back to Kafka: key, value, headers byte-exact.
+            let batch = rocketmq_to_kafka_batch(&msgs[0]);
+            let set = RecordBatchDecoder::decode(&mut batch.clone()).map_err(|e| e.to_string())?;
+            assert_eq!(set.records[0].key.as_deref(), Some(&[0xff, 0x01][..]));
+            assert_eq!(set.records[0].offset, 11);
+            let batch = rocketmq_to_kafka_batch(&msgs[1]);
+            let set = RecordBatchDecoder::decode(&mut batch.clone()).map_err(|e| e.to_string())?;
+            let r = &set.records[0];
+            assert_eq!((r.offset, r.timestamp), (12, 1_700_000_000_012));
+            assert_eq!(r.key, None);
+            assert_eq!(r.value.as_deref(), Some(&b"v2"[..]));
+            assert_eq!(r.headers.len(), 1);
+            assert_eq!(header(r, "h2").map(|b| &b[..]), Some("é".as_bytes()));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn tag_header_filters_and_crosses() -> Result<(), String> {
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        let recs = [
+            record(10, Some(b"k a"), Some(b"a"), &[(TAGS_HEADER, Some(b"TagA"))]),
+            record(11, None, Some(b"b"), &[(TAGS_HEADER, Some(b"TagB"))]),
+            record(12, None, Some(b"c"), &[]),
+        ];
+        let view = stored_batch(&recs, Compression::None)?;
+        let mut out = BytesMut::new();
+        let code = java_string_hash(b"TagA");
+        let c = kafka_batch_to_rocketmq(&view, 0, Some(&[code]), host, &mut out)?;
+        assert_eq!((c.messages, c.filtered), (1, 2));
+        let m = &pulled(&out)?[0];
+        assert_eq!(m.property("TAGS"), Some(&b"TagA"[..]));
+        assert_eq!(m.property("KEYS"), Some(&b"k a"[..]));
+        let set = RecordBatchDecoder::decode(&mut rocketmq_to_kafka_batch(m)).map_err(|e| e.to_string())?;
+        let r = &set.records[0];
+        assert_eq!(r.key.as_deref(), Some(&b"k a"[..]));
+        assert_eq!(header(r, TAGS_HEADER).map(|b| &b[..]), Some(&b"TagA"[..]));
+        assert!(header(r, "UNIQ_KEY").is_none(), "system properties stay internal");
+        Ok(())
+    }
+}
