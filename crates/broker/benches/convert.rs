@@ -1,0 +1,113 @@
+//! The cost of crossing: `cargo bench -p rokka-broker --bench convert`.
+//! Converts a stored Kafka batch (100 records of 100 B, with a key and two
+//! headers each; uncompressed and lz4) into pull-body messages, and stored
+//! RocketMQ messages into one-record Kafka batches; prints ns per message.
+
+use std::hint::black_box;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::indexmap::IndexMap;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+use rokka_broker::convert::{kafka_batch_to_rocketmq, rocketmq_to_kafka_batch};
+use rokka_store::record::{kafka, message, properties};
+
+fn stored_batch(compression: Compression) -> Result<rokka_store::KafkaBatchView, String> {
+    let records: Vec<Record> = (0..100)
+        .map(|i| {
+            let mut headers = IndexMap::new();
+            headers.insert(StrBytes::from_static_str("trace"), Some(Bytes::from(format!("t-{i}"))));
+            headers.insert(
+                StrBytes::from_static_str("rocketmq.tags"),
+                Some(Bytes::from_static(b"TagA")),
+            );
+            Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: i,
+                sequence: i as i32,
+                timestamp: 1_700_000_000_000 + i,
+                key: Some(Bytes::from(format!("key-{i}"))),
+                value: Some(Bytes::from(vec![b'v'; 100])),
+                headers,
+            }
+        })
+        .collect();
+    let mut raw = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut raw,
+        &records,
+        &RecordEncodeOptions {
+            version: 2,
+            compression,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let mut entry = vec![0u8; kafka::encoded_len("Bench", raw.len())];
+    kafka::encode(
+        &mut entry,
+        "Bench",
+        &raw,
+        kafka::KafkaPlacement {
+            queue_id: 0,
+            queue_offset: 0,
+            phys_offset: 0,
+            store_timestamp: 1_700_000_000_000,
+            count: 100,
+        },
+    );
+    kafka::decode(&Bytes::from(entry)).map_err(|e| e.to_string())
+}
+
+fn main() -> Result<(), String> {
+    let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+    for (name, c) in [("uncompressed", Compression::None), ("lz4", Compression::Lz4)] {
+        let view = stored_batch(c)?;
+        let rounds = 2_000;
+        let mut out = BytesMut::with_capacity(64 * 1024);
+        let t = Instant::now();
+        for _ in 0..rounds {
+            out.clear();
+            black_box(kafka_batch_to_rocketmq(&view, 0, None, host, &mut out)?);
+        }
+        let ns = t.elapsed().as_nanos() as f64 / (rounds * 100) as f64;
+        println!("Kafka batch ({name}, 100 x 100 B) -> RocketMQ messages: {ns:.0} ns/message");
+    }
+    let props = properties::encode([
+        ("KEYS", "key-1"),
+        ("TAGS", "TagA"),
+        ("trace", "t-1"),
+        ("UNIQ_KEY", "0A0B"),
+    ]);
+    let body = vec![b'v'; 100];
+    let input = message::MessageInput::new("Bench", 0, &body, props.as_bytes());
+    let mut rec = vec![0u8; message::encoded_len(&input, &host, true)];
+    message::encode(
+        &mut rec,
+        &input,
+        &host,
+        message::Placement {
+            queue_offset: 7,
+            phys_offset: 0,
+            store_timestamp: 1,
+            body_crc32: crc32fast::hash(&body),
+            record_crc: true,
+        },
+    );
+    let view = message::decode(&Bytes::from(rec)).map_err(|e| format!("{e:?}"))?;
+    let rounds = 200_000;
+    let t = Instant::now();
+    for _ in 0..rounds {
+        black_box(rocketmq_to_kafka_batch(black_box(&view)));
+    }
+    let ns = t.elapsed().as_nanos() as f64 / rounds as f64;
+    println!("RocketMQ message (100 B, 4 properties) -> Kafka batch: {ns:.0} ns/message");
+    Ok(())
+}
