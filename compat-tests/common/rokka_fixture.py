@@ -13,7 +13,7 @@ def free_port():
 
 
 class Rokka:
-    def __init__(self, workdir):
+    def __init__(self, workdir, metrics_extra=""):
         self.workdir = workdir
         self.kafka_port = free_port()
         self.metrics_port = free_port()
@@ -28,6 +28,7 @@ class Rokka:
 level = "info"
 [metrics]
 listen = "127.0.0.1:{self.metrics_port}"
+{metrics_extra}
 [store]
 data_dir = "{workdir}/data"
 commitlog_segment_bytes = 67108864

@@ -18,7 +18,7 @@ HARNESS = os.environ.get(
 @pytest.fixture(scope="module")
 def rokka():
     with tempfile.TemporaryDirectory(prefix="rokka-cross-") as d:
-        r = Rokka(d)
+        r = Rokka(d, metrics_extra="lag_interval_ms = 300")
         r.start()
         try:
             yield r

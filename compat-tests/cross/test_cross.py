@@ -10,6 +10,15 @@ from kafka.admin import NewTopic
 from conftest import harness, rocketmq_consume
 
 
+def metric_values(rokka):
+    out = {}
+    for line in rokka.metrics().splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
 def create(rokka, topic, partitions=4):
     admin = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
     admin.create_topics([NewTopic(topic, partitions, 1)])
@@ -111,6 +120,11 @@ def test_a_group_moves_from_rocketmq_to_kafka_and_back(rokka):
     # Kafka consumers in the same group continue where RocketMQ stopped.
     second = [dict(value=f"second-{i}".encode(), partition=i % 4) for i in range(20)]
     kafka_produce(rokka, topic, second, compression=None)
+    # Operators see the group's lag (20 not yet consumed) and the conversions.
+    time.sleep(1)
+    m = metric_values(rokka)
+    assert sum(v for k, v in m.items() if k.startswith("rokka_consumer_lag{") and f'group="{group}"' in k) == 20
+    assert m['rokka_cross_conversions_total{direction="kafka_to_rocketmq"}'] >= 30
     c = KafkaConsumer(
         topic,
         bootstrap_servers=rokka.bootstrap,

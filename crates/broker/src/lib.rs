@@ -181,6 +181,45 @@ impl Broker {
     }
 
     /// Appends RocketMQ messages (all to existing queues) and wakes readers.
+    /// Consumer lag of every committed (group, topic, queue): messages between
+    /// the committed offset and the queue's end. Kafka and RocketMQ groups
+    /// alike (one offset table). Topics that no longer exist are skipped.
+    pub fn consumer_lag(&self) -> Vec<(String, String, u32, u64)> {
+        self.store
+            .offsets()
+            .all()
+            .into_iter()
+            .filter(|(_, t, q, _)| self.topics.get(t).is_some_and(|i| *q < i.partitions))
+            .map(|(g, t, q, committed)| {
+                let end = self.store.max_offset(&t, q);
+                (g, t, q, end.saturating_sub(committed))
+            })
+            .collect()
+    }
+
+    /// Publishes [`Broker::consumer_lag`] as `rokka_consumer_lag` (per queue)
+    /// and `rokka_consumer_group_lag` (per group and topic); series that
+    /// vanished since `published` (deleted groups or topics) are set to 0.
+    pub fn publish_lag(&self, published: &mut std::collections::BTreeSet<(String, String, u32)>) {
+        let mut now = std::collections::BTreeSet::new();
+        let mut per_topic: std::collections::BTreeMap<(String, String), u64> = Default::default();
+        for (g, t, q, lag) in self.consumer_lag() {
+            metrics::gauge!("rokka_consumer_lag", "group" => g.clone(), "topic" => t.clone(), "queue" => q.to_string())
+                .set(lag as f64);
+            *per_topic.entry((g.clone(), t.clone())).or_default() += lag;
+            now.insert((g, t, q));
+        }
+        for (g, t, q) in published.difference(&now) {
+            metrics::gauge!("rokka_consumer_lag", "group" => g.clone(), "topic" => t.clone(), "queue" => q.to_string())
+                .set(0.0);
+            per_topic.entry((g.clone(), t.clone())).or_default();
+        }
+        for ((g, t), lag) in per_topic {
+            metrics::gauge!("rokka_consumer_group_lag", "group" => g, "topic" => t).set(lag as f64);
+        }
+        *published = now;
+    }
+
     pub fn append_messages(&self, msgs: &[MessageInput<'_>]) -> Result<Vec<AppendResult>> {
         for m in msgs {
             self.check_partition(m.topic, m.queue_id)?;
@@ -225,6 +264,36 @@ mod tests {
         assert!(b.topics().get("auto").is_some());
         b.delete_topic("auto")?;
         assert!(b.topics().get("auto").is_none());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod lag_tests {
+    use super::*;
+    use rokka_store::StoreConfig;
+
+    #[test]
+    fn lag_is_queue_end_minus_committed_for_any_group() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        b.create_topic("L", 2)?;
+        for i in 0..5u8 {
+            b.append_messages(&[MessageInput::new("L", 0, &[i], b"")])?;
+        }
+        store.offsets().commit("kafka-g", "L", 0, 2, "");
+        store.offsets().commit("rmq-g", "L", 1, 0, "");
+        store.offsets().commit("gone", "Nope", 0, 1, "");
+        let mut lag = b.consumer_lag();
+        lag.sort();
+        assert_eq!(
+            lag,
+            vec![("kafka-g".into(), "L".into(), 0, 3), ("rmq-g".into(), "L".into(), 1, 0)]
+        );
+        let mut published = std::collections::BTreeSet::new();
+        b.publish_lag(&mut published);
+        assert_eq!(published.len(), 2);
         Ok(())
     }
 }

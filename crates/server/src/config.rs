@@ -43,6 +43,8 @@ pub struct MetricsConfig {
     pub enabled: bool,
     /// Address of the `/metrics` endpoint.
     pub listen: SocketAddr,
+    /// How often consumer lag (`rokka_consumer_lag`) is recomputed.
+    pub lag_interval_ms: u64,
 }
 
 impl Default for MetricsConfig {
@@ -50,6 +52,7 @@ impl Default for MetricsConfig {
         MetricsConfig {
             enabled: true,
             listen: SocketAddr::from(([127, 0, 0, 1], 9100)),
+            lag_interval_ms: 10_000,
         }
     }
 }

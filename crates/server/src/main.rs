@@ -134,6 +134,21 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut listeners = Vec::new();
+    if let (true, Some(broker)) = (cfg.metrics.enabled, &broker) {
+        let b = Arc::clone(broker);
+        let mut sd = stop_rx.clone();
+        let every = std::time::Duration::from_millis(cfg.metrics.lag_interval_ms.max(100));
+        listeners.push(tokio::spawn(async move {
+            let mut published = std::collections::BTreeSet::new();
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => b.publish_lag(&mut published),
+                    _ = sd.changed() => return,
+                }
+            }
+        }));
+    }
     if let (true, Some(broker)) = (cfg.kafka.enabled, &broker) {
         let listener = TcpListener::bind(cfg.kafka.listen)
             .await

@@ -124,6 +124,14 @@ impl ConsumerOffsets {
             .collect()
     }
 
+    /// Every committed offset: (group, topic, queue, offset).
+    pub fn all(&self) -> Vec<(String, String, u32, u64)> {
+        self.lock()
+            .iter()
+            .map(|(k, v)| (k.group.clone(), k.topic.clone(), k.queue, v.offset))
+            .collect()
+    }
+
     /// Names of all groups with committed offsets.
     pub fn groups(&self) -> Vec<String> {
         let mut g: Vec<String> = self.lock().keys().map(|k| k.group.clone()).collect();
