@@ -8,6 +8,7 @@ pub mod arrivals;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod membership;
 pub mod producers;
 pub mod topics;
 
@@ -28,6 +29,7 @@ pub struct Broker {
     topics: TopicTable,
     arrivals: Arrivals,
     producers: ProducerStates,
+    membership: membership::Membership,
     config: BrokerConfig,
 }
 
@@ -47,8 +49,14 @@ impl Broker {
             topics,
             arrivals: Arrivals::default(),
             producers: ProducerStates::default(),
+            membership: membership::Membership::default(),
             config,
         })
+    }
+
+    /// Consumer-group members of both protocols (mixed groups).
+    pub fn membership(&self) -> &membership::Membership {
+        &self.membership
     }
 
     pub fn store(&self) -> &Arc<MessageStore> {

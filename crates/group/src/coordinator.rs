@@ -602,6 +602,19 @@ impl GroupCoordinator {
         }
     }
 
+    /// Starts a rebalance of a Stable or CompletingRebalance group: its
+    /// members learn it at their next heartbeat and rejoin. For membership
+    /// the coordinator does not see (RocketMQ clients of a mixed group).
+    pub fn force_rebalance(&mut self, group: &str, now: u64) -> Vec<Reply> {
+        let mut out = Vec::new();
+        if let Some(g) = self.groups.get_mut(group) {
+            if matches!(g.state, GroupState::Stable | GroupState::CompletingRebalance) {
+                Self::prepare_rebalance(g, now, &self.config, &mut out);
+            }
+        }
+        out
+    }
+
     /// Heartbeat: an error code, answered at once.
     pub fn heartbeat(
         &mut self,

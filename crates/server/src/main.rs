@@ -170,6 +170,7 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
                     .await
                     .map_err(|e| format!("RocketMQ broker listener on {}: {e}", cfg.rocketmq.broker_listen))?;
                 let rmq = Arc::new(RocketMq::new(Arc::clone(broker), cfg.rocketmq.clone(), l.local_addr()?));
+                rmq.start_mixed_listener();
                 tracing::info!(broker = %l.local_addr()?, "RocketMQ broker listener");
                 listeners.push(tokio::spawn(rokka_remoting::serve(
                     l,

@@ -90,6 +90,12 @@ impl Groups {
         }
     }
 
+    /// Rebalances `group` (members outside the coordinator changed).
+    pub fn force_rebalance(&self, group: &str, now: u64) {
+        let replies = self.with(|c| c.force_rebalance(group, now));
+        self.deliver(replies);
+    }
+
     pub fn heartbeat(&self, group: &str, member: &str, instance: Option<&str>, generation: i32) -> i16 {
         let now = self.now();
         self.with(|c| c.heartbeat(group, member, instance, generation, now))

@@ -8,6 +8,7 @@ pub mod config;
 mod conn;
 pub mod errors;
 pub mod groups;
+pub mod mixed;
 pub mod versions;
 
 use std::sync::Arc;
@@ -60,6 +61,7 @@ impl Kafka {
 pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
     let offsets: Arc<dyn groups::OffsetsHandle> = kafka.broker.store().clone();
     tokio::spawn(Arc::clone(&kafka.groups).run_ticker(offsets, shutdown.clone()));
+    tokio::spawn(mixed::run(Arc::clone(&kafka), shutdown.clone()));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {

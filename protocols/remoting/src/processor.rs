@@ -1,6 +1,7 @@
 //! Request processing for the name server and broker ports: one function per
 //! request family; the only place errors become RocketMQ response codes.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -167,7 +168,7 @@ impl RocketMq {
                 }
                 r
             }
-            rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => self.pull(&cmd).await,
+            rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => self.pull(&cmd, conn).await,
             rq::QUERY_CONSUMER_OFFSET => self.query_offset(&cmd),
             rq::UPDATE_CONSUMER_OFFSET => self.update_offset(&cmd),
             rq::GET_MAX_OFFSET
@@ -298,8 +299,41 @@ impl RocketMq {
         r
     }
 
-    /// Tells every member of `group` to rebalance (oneway, on its own connection).
+    /// The group's RocketMQ members and topics (clustering groups only).
+    fn rocketmq_side(&self, group: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+        let c = self.clients();
+        match c.groups.get(group) {
+            Some(g) if g.clustering => (
+                g.members.clone(),
+                g.subscriptions
+                    .keys()
+                    .filter(|t| !t.starts_with("%RETRY%"))
+                    .cloned()
+                    .collect(),
+            ),
+            _ => (BTreeSet::new(), BTreeSet::new()),
+        }
+    }
+
+    /// Tells the Kafka side of mixed groups, from now on, about membership
+    /// changes here.
+    pub fn start_mixed_listener(self: &Arc<Self>) {
+        let mut events = self.broker.membership().rocketmq_events();
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            while let Some(g) = events.recv().await {
+                tracing::info!(group = g, "Kafka members changed: notifying the RocketMQ members");
+                me.notify_ids_changed(&g);
+            }
+        });
+    }
+
+    /// Tells every member of `group` to rebalance (oneway, on its own
+    /// connection), after reporting the group's RocketMQ side to the shared
+    /// membership (which rebalances its Kafka members, if any).
     fn notify_ids_changed(&self, group: &str) {
+        let (members, topics) = self.rocketmq_side(group);
+        self.broker.membership().set_rocketmq(group, members, topics);
         let conns = self.clients().member_conns(group);
         for c in conns {
             let mut n = RemotingCommand::request(rq::NOTIFY_CONSUMER_IDS_CHANGED, c.next_opaque());
@@ -385,12 +419,17 @@ impl RocketMq {
 
     fn consumer_list(&self, req: &RemotingCommand) -> RemotingCommand {
         let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
-        let ids: Vec<String> = self
+        // A mixed group lists its Kafka members too: RocketMQ clients then
+        // leave those members' share of the queues alone.
+        let mut ids: BTreeSet<String> = self
             .clients()
             .groups
             .get(group)
             .map(|g| g.members.iter().cloned().collect())
             .unwrap_or_default();
+        if !ids.is_empty() {
+            ids.extend(self.broker.membership().get(group).kafka);
+        }
         if ids.is_empty() {
             return self.reply(
                 req,
@@ -498,7 +537,7 @@ impl RocketMq {
         Ok((r, end))
     }
 
-    async fn pull(&self, req: &RemotingCommand) -> RemotingCommand {
+    async fn pull(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let topic = req.ext_fields.get("topic").unwrap_or_default().to_string();
         let group = req.ext_fields.get("consumerGroup").unwrap_or_default().to_string();
         let queue = ext_i64(req, "queueId", "queueId").unwrap_or(-1);
@@ -515,6 +554,20 @@ impl RocketMq {
             return self.reply(req, 29, Some(format!("queueId {queue} out of range")));
         }
         let q = queue as u32;
+        if !self.owns(&group, &topic, q, info.partitions, conn) {
+            // A mixed group's queue allocated to another member (a Kafka one,
+            // or this client before a rebalance it has not done yet): no
+            // messages and no commit. Held a moment so the client does not spin.
+            metrics::counter!("rokka_mixed_group_foreign_pulls_total", "group" => group.clone()).increment(1);
+            tokio::time::sleep(Duration::from_millis(suspend_ms.min(1000))).await;
+            let store = self.broker.store();
+            let mut r = self.reply(req, rs::PULL_NOT_FOUND, None);
+            r.ext_fields.set("suggestWhichBrokerId", "0");
+            r.ext_fields.set("nextBeginOffset", offset.to_string());
+            r.ext_fields.set("minOffset", store.min_offset(&topic, q).to_string());
+            r.ext_fields.set("maxOffset", store.max_offset(&topic, q).to_string());
+            return r;
+        }
         if sys_flag & 0x1 != 0 {
             if let Some(c) = ext_i64(req, "commitOffset", "commitOffset").filter(|c| *c >= 0) {
                 self.broker.store().offsets().commit(&group, &topic, q, c as u64, "");
@@ -552,6 +605,27 @@ impl RocketMq {
             let _ = tokio::time::timeout(deadline - now, waiter.notified()).await;
             metrics::gauge!("rokka_rocketmq_pulls_held").decrement(1.0);
         }
+    }
+
+    /// Whether the client on `conn` may pull `queue` of `topic` for `group`:
+    /// always, unless the group is mixed; then only its own share by the
+    /// averaging allocation over all member ids (retry topics excepted).
+    fn owns(&self, group: &str, topic: &str, queue: u32, partitions: u32, conn: &Conn) -> bool {
+        if topic.starts_with("%RETRY%") {
+            return true;
+        }
+        let m = self.broker.membership().get(group);
+        if !m.is_mixed() {
+            return true;
+        }
+        let ids = m.all_ids();
+        let c = self.clients();
+        c.clients
+            .iter()
+            .filter(|(id, cl)| cl.conn.peer == conn.peer && m.rocketmq.contains(*id))
+            .any(|(id, _)| {
+                rokka_broker::membership::allocate_averagely(partitions as usize, &ids, id).contains(&(queue as usize))
+            })
     }
 
     /// One pull attempt: the response and its nextBeginOffset.

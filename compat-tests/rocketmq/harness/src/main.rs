@@ -96,6 +96,7 @@ async fn main() -> ClientResult<()> {
         "broadcast" => broadcast(&rt, &namesrv).await?,
         "cross-produce" => cross_produce(&rt, &namesrv, &args[3..]).await?,
         "cross-consume" => cross_consume(&rt, &namesrv, &args[3..]).await?,
+        "cross-member" => cross_member(&rt, &namesrv, &args[3..]).await?,
         "bench" => {
             let scale = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1.0);
             bench(&rt, &namesrv, scale, args.get(4).map_or("all", String::as_str)).await?
@@ -901,4 +902,22 @@ async fn cross_consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) 
     }
     println!("compat: consumed {} (wanted {n})", lines.len());
     Ok(lines.len() >= n)
+}
+
+/// `cross-member <topic> <group> <seconds>`: a clustering push consumer
+/// (offsets persisted every second) that runs for `seconds`, then shuts down
+/// cleanly and prints every body it consumed (`compat: got <hex>`).
+async fn cross_member(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    let topic = args.first().map_or("Cross", String::as_str);
+    let group = args.get(1).map_or("cross-cg", String::as_str);
+    let secs: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let (mut c, got) = member(rt, namesrv, group, topic).await?;
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    c.shutdown().await;
+    let got = lock(&got).clone();
+    for b in &got {
+        println!("compat: got {}", hexs(b));
+    }
+    println!("compat: member consumed {}", got.len());
+    Ok(true)
 }

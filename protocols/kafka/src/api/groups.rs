@@ -78,7 +78,7 @@ pub async fn join(
 }
 
 pub async fn sync(k: &Kafka, r: SyncGroupRequest, version: i16) -> SyncGroupResponse {
-    let req = SyncRequest {
+    let mut req = SyncRequest {
         group: r.group_id.0.to_string(),
         member_id: r.member_id.to_string(),
         instance_id: opt(&r.group_instance_id),
@@ -91,6 +91,13 @@ pub async fn sync(k: &Kafka, r: SyncGroupRequest, version: i16) -> SyncGroupResp
             .map(|a| (a.member_id.to_string(), a.assignment))
             .collect(),
     };
+    // A mixed group's leader assignment is replaced by Rokka's (the share of
+    // the queues the RocketMQ members leave to the Kafka members).
+    if !req.assignments.is_empty() {
+        if let Some(a) = crate::mixed::assignments(k, &req.group) {
+            req.assignments = a;
+        }
+    }
     let resp = k.groups.sync(req).await;
     let mut out = SyncGroupResponse::default()
         .with_error_code(resp.error)

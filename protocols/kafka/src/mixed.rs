@@ -1,0 +1,133 @@
+//! Kafka members of mixed consumer groups (groups that also have RocketMQ
+//! clients; `rokka_broker::membership`). The coordinator's members are
+//! reported to the shared membership every 100 ms; a change on the RocketMQ
+//! side rebalances the Kafka group; and the leader's SyncGroup assignment is
+//! replaced by Rokka's: each topic's sorted partitions allocated over all
+//! sorted member ids with RocketMQ's averaging strategy, the allocation the
+//! RocketMQ clients compute for themselves.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition;
+use kafka_protocol::messages::{ConsumerProtocolAssignment, ConsumerProtocolSubscription, TopicName};
+use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use rokka_broker::membership::allocate_averagely;
+use tokio::sync::watch;
+
+use crate::Kafka;
+
+/// Topics a member subscribes to, from its ConsumerProtocolSubscription.
+pub fn subscribed_topics(metadata: &Bytes) -> BTreeSet<String> {
+    let mut b = metadata.clone();
+    if b.len() < 2 {
+        return BTreeSet::new();
+    }
+    let version = i16::from_be_bytes([b[0], b[1]]);
+    let _ = bytes::Buf::get_i16(&mut b);
+    match ConsumerProtocolSubscription::decode(&mut b, version.clamp(0, 3)) {
+        Ok(s) => s.topics.iter().map(|t| t.to_string()).collect(),
+        Err(_) => BTreeSet::new(),
+    }
+}
+
+/// A ConsumerProtocolAssignment (version 0) of `parts`.
+pub fn encode_assignment(parts: &BTreeMap<String, Vec<i32>>) -> Bytes {
+    let a = ConsumerProtocolAssignment::default().with_assigned_partitions(
+        parts
+            .iter()
+            .map(|(t, p)| {
+                TopicPartition::default()
+                    .with_topic(TopicName(StrBytes::from_string(t.clone())))
+                    .with_partitions(p.clone())
+            })
+            .collect(),
+    );
+    let mut out = BytesMut::new();
+    out.put_i16(0);
+    if a.encode(&mut out, 0).is_err() {
+        return Bytes::new();
+    }
+    out.freeze()
+}
+
+/// Rokka's assignment for the Kafka members of a mixed group, or `None` when
+/// the group has no RocketMQ members (the leader's assignment stands).
+pub fn assignments(k: &Kafka, group: &str) -> Option<Vec<(String, Bytes)>> {
+    let rmq = k.broker.membership().get(group).rocketmq;
+    if rmq.is_empty() {
+        return None;
+    }
+    let view = k.groups.with(|c| c.describe(group))?;
+    let kafka: Vec<(String, BTreeSet<String>)> = view
+        .members
+        .iter()
+        .map(|m| (m.member_id.clone(), subscribed_topics(&m.metadata)))
+        .collect();
+    let ids: Vec<String> = rmq
+        .into_iter()
+        .chain(kafka.iter().map(|(id, _)| id.clone()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let out = kafka
+        .into_iter()
+        .map(|(id, topics)| {
+            let mut parts = BTreeMap::new();
+            for t in topics {
+                let n = k.broker.topics().get(&t).map_or(0, |i| i.partitions as usize);
+                let mine: Vec<i32> = allocate_averagely(n, &ids, &id).into_iter().map(|q| q as i32).collect();
+                parts.insert(t, mine);
+            }
+            let bytes = encode_assignment(&parts);
+            (id, bytes)
+        })
+        .collect();
+    metrics::counter!("rokka_mixed_group_assignments_total", "group" => group.to_string()).increment(1);
+    Some(out)
+}
+
+/// Reports the coordinator's members to the shared membership and rebalances
+/// groups whose RocketMQ side changed, until `shutdown`.
+pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
+    let mut events = k.broker.membership().kafka_events();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut known: HashMap<String, BTreeSet<String>> = HashMap::new();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            Some(g) = events.recv() => {
+                let now = k.groups.now();
+                tracing::info!(group = g, "RocketMQ members changed: rebalancing the Kafka members");
+                k.groups.force_rebalance(&g, now);
+                continue;
+            }
+            _ = shutdown.changed() => return,
+        }
+        let views: Vec<_> = k.groups.with(|c| {
+            c.list()
+                .into_iter()
+                .filter_map(|(name, _, _)| c.describe(&name))
+                .collect()
+        });
+        let mut seen = BTreeSet::new();
+        for v in views {
+            let ids: BTreeSet<String> = v.members.iter().map(|m| m.member_id.clone()).collect();
+            seen.insert(v.name.clone());
+            if known.get(&v.name) != Some(&ids) {
+                let topics: BTreeSet<String> = v.members.iter().flat_map(|m| subscribed_topics(&m.metadata)).collect();
+                k.broker.membership().set_kafka(&v.name, ids.clone(), topics);
+                known.insert(v.name, ids);
+            }
+        }
+        known.retain(|g, _| {
+            let keep = seen.contains(g);
+            if !keep {
+                k.broker.membership().set_kafka(g, BTreeSet::new(), BTreeSet::new());
+            }
+            keep
+        });
+    }
+}
