@@ -252,3 +252,46 @@ def test_rocketmq_consumers_replaced_one_by_one_by_kafka_consumers(rokka):
     assert dups <= len(sent) // 10, f"{dups} duplicates"
     # Rokka was the assignment authority for the Kafka members.
     assert 'rokka_mixed_group_assignments_total{group="cross-mixed"}' in rokka.metrics()
+
+
+def test_kafka_tools_see_rocketmq_members_and_conflicts_are_refused(rokka):
+    import subprocess
+
+    from conftest import HARNESS
+
+    topic, other, group = "CrossDescribe", "CrossOther", "cross-describe"
+    create(rokka, topic)
+    create(rokka, other)
+    member = subprocess.Popen(
+        [HARNESS, f"127.0.0.1:{rokka.namesrv_port}", "cross-member", topic, group, "12"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        time.sleep(4)
+        a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+        d = a.describe_consumer_groups([group])[group].result(10)
+        assert str(d.state).endswith("STABLE")
+        assert len(d.members) == 1 and "@" in d.members[0].member_id
+        parts = sorted(tp.partition for tp in d.members[0].assignment.topic_partitions)
+        assert parts == [0, 1, 2, 3], "the only member holds every queue"
+
+        # A Kafka member subscribing to another topic is refused.
+        c = KafkaConsumer(other, bootstrap_servers=rokka.bootstrap, group_id=group)
+        errors = []
+        deadline = time.time() + 6
+        while time.time() < deadline:
+            try:
+                c.poll(timeout_ms=300)
+            except Exception as e:  # kafka-python raises the JoinGroup error
+                errors.append(type(e).__name__)
+        assigned = c.assignment()
+        c.close()
+        assert not assigned
+        m = metric_values(rokka)
+        refused = sum(v for k, v in m.items() if k.startswith("rokka_mixed_group_conflicts_total{") and 'side="kafka"' in k)
+        assert refused >= 1, errors
+    finally:
+        out, _ = member.communicate(timeout=60)
+        assert member.returncode == 0, out[-2000:]

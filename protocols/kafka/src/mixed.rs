@@ -33,6 +33,50 @@ pub fn subscribed_topics(metadata: &Bytes) -> BTreeSet<String> {
     }
 }
 
+/// A ConsumerProtocolSubscription (version 0) of `topics`.
+pub fn encode_subscription(topics: &BTreeSet<String>) -> Bytes {
+    let s = ConsumerProtocolSubscription::default()
+        .with_topics(topics.iter().map(|t| StrBytes::from_string(t.clone())).collect());
+    let mut out = BytesMut::new();
+    out.put_i16(0);
+    if s.encode(&mut out, 0).is_err() {
+        return Bytes::new();
+    }
+    out.freeze()
+}
+
+/// The share of `member` among the sorted `ids`, per topic, as an assignment.
+pub fn share(k: &Kafka, topics: &BTreeSet<String>, ids: &[String], member: &str) -> Bytes {
+    let mut parts = BTreeMap::new();
+    for t in topics {
+        let n = k.broker.topics().get(t).map_or(0, |i| i.partitions as usize);
+        let mine: Vec<i32> = allocate_averagely(n, ids, member)
+            .into_iter()
+            .map(|q| q as i32)
+            .collect();
+        parts.insert(t.clone(), mine);
+    }
+    encode_assignment(&parts)
+}
+
+/// Whether a Kafka member subscribing to `topics` may join `group`: a group
+/// with RocketMQ members needs the same topics (clear error otherwise).
+pub fn conflicts(k: &Kafka, group: &str, topics: &BTreeSet<String>) -> bool {
+    let m = k.broker.membership().get(group);
+    let conflict = !m.rocketmq.is_empty() && !topics.is_empty() && *topics != m.rocketmq_topics;
+    if conflict {
+        metrics::counter!("rokka_mixed_group_conflicts_total", "group" => group.to_string(), "side" => "kafka")
+            .increment(1);
+        tracing::warn!(
+            group,
+            kafka = ?topics,
+            rocketmq = ?m.rocketmq_topics,
+            "Kafka member refused: its subscription differs from the group's RocketMQ members'"
+        );
+    }
+    conflict
+}
+
 /// A ConsumerProtocolAssignment (version 0) of `parts`.
 pub fn encode_assignment(parts: &BTreeMap<String, Vec<i32>>) -> Bytes {
     let a = ConsumerProtocolAssignment::default().with_assigned_partitions(
@@ -75,13 +119,7 @@ pub fn assignments(k: &Kafka, group: &str) -> Option<Vec<(String, Bytes)>> {
     let out = kafka
         .into_iter()
         .map(|(id, topics)| {
-            let mut parts = BTreeMap::new();
-            for t in topics {
-                let n = k.broker.topics().get(&t).map_or(0, |i| i.partitions as usize);
-                let mine: Vec<i32> = allocate_averagely(n, &ids, &id).into_iter().map(|q| q as i32).collect();
-                parts.insert(t, mine);
-            }
-            let bytes = encode_assignment(&parts);
+            let bytes = share(k, &topics, &ids, &id);
             (id, bytes)
         })
         .collect();

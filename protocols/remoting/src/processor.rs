@@ -205,6 +205,7 @@ impl RocketMq {
         let now = self.now_ms();
         let mut changed = Vec::new();
         let mut retry_topics = Vec::new();
+        let mut conflict: Option<String> = None;
         {
             let mut c = self.clients();
             let entry = c.clients.entry(client_id.clone()).or_insert_with(|| Client {
@@ -244,6 +245,34 @@ impl RocketMq {
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_string();
+                // A mixed group's members must agree on topics.
+                let topics: BTreeSet<String> = cd
+                    .get("subscriptionDataSet")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| s.get("topic").and_then(Value::as_str))
+                    .filter(|t| !t.starts_with("%RETRY%"))
+                    .map(String::from)
+                    .collect();
+                let kafka = self.broker.membership().get(&g);
+                if !kafka.kafka.is_empty() && topics != kafka.kafka_topics {
+                    metrics::counter!("rokka_mixed_group_conflicts_total", "group" => g.clone(), "side" => "rocketmq")
+                        .increment(1);
+                    let was = c.groups.get_mut(&g).is_some_and(|grp| grp.members.remove(&client_id));
+                    if was {
+                        changed.push(g.clone());
+                    }
+                    if conflict.is_none() {
+                        tracing::warn!(group = g, client = client_id, rocketmq = ?topics, kafka = ?kafka.kafka_topics,
+                            "RocketMQ consumer refused: its subscription differs from the group's Kafka members'");
+                    }
+                    conflict = Some(format!(
+                        "consumer group {g}: subscription {topics:?} conflicts with its Kafka members' {:?}",
+                        kafka.kafka_topics
+                    ));
+                    continue;
+                }
                 let group = c.groups.entry(g.clone()).or_default();
                 let model = cd.get("messageModel");
                 group.clustering = !matches!(model, Some(Value::String(s)) if s == "BROADCASTING")
@@ -292,6 +321,9 @@ impl RocketMq {
         }
         for g in changed {
             self.notify_ids_changed(&g);
+        }
+        if let Some(remark) = conflict {
+            return self.reply(req, rs::SYSTEM_ERROR, Some(remark));
         }
         let mut r = self.reply(req, rs::SUCCESS, None);
         r.ext_fields.set("IS_SUPPORT_HEART_BEAT_V2", "false");

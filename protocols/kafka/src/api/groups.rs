@@ -49,6 +49,17 @@ pub async fn join(
             .collect(),
         require_known_member_id: version >= 4,
     };
+    let topics = req
+        .protocols
+        .first()
+        .map(|(_, md)| crate::mixed::subscribed_topics(md))
+        .unwrap_or_default();
+    if req.protocol_type == "consumer" && crate::mixed::conflicts(k, &req.group, &topics) {
+        return JoinGroupResponse::default()
+            .with_error_code(crate::errors::INCONSISTENT_GROUP_PROTOCOL)
+            .with_generation_id(-1)
+            .with_member_id(str_bytes(&req.member_id));
+    }
     let resp = k.groups.join(req).await;
     let members = resp
         .members
@@ -232,10 +243,39 @@ pub fn describe(k: &Kafka, r: DescribeGroupsRequest, version: i16) -> DescribeGr
                     d.protocol_type = str_bytes("consumer");
                 }
             }
+            describe_rocketmq_members(k, &name, &mut d);
             d
         })
         .collect();
     DescribeGroupsResponse::default().with_groups(groups)
+}
+
+/// A group's RocketMQ clients as members (client id as member id, their
+/// topics as subscription, their averaging share as assignment); a group with
+/// only RocketMQ members shows as Stable with protocol `rocketmq-averagely`.
+fn describe_rocketmq_members(k: &Kafka, name: &str, d: &mut DescribedGroup) {
+    let m = k.broker.membership().get(name);
+    if m.rocketmq.is_empty() {
+        return;
+    }
+    let mut ids: std::collections::BTreeSet<String> = m.rocketmq.clone();
+    ids.extend(d.members.iter().map(|x| x.member_id.to_string()));
+    let ids: Vec<String> = ids.into_iter().collect();
+    if d.members.is_empty() {
+        d.group_state = str_bytes("Stable");
+        d.protocol_type = str_bytes("consumer");
+        d.protocol_data = str_bytes("rocketmq-averagely");
+    }
+    for id in &m.rocketmq {
+        d.members.push(
+            DescribedGroupMember::default()
+                .with_member_id(str_bytes(id))
+                .with_client_id(str_bytes(id))
+                .with_client_host(str_bytes(id.split('@').next().unwrap_or_default()))
+                .with_member_metadata(crate::mixed::encode_subscription(&m.rocketmq_topics))
+                .with_member_assignment(crate::mixed::share(k, &m.rocketmq_topics, &ids, id)),
+        );
+    }
 }
 
 pub fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
