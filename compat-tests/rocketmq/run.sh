@@ -64,7 +64,7 @@ verdict() {
 }
 
 # One scenario on a fresh embedded name server + broker.
-for scenario in send-consume tag-filter send-kinds ordered group lite-pull broadcast; do
+for scenario in send-consume tag-filter send-kinds ordered group lite-pull broadcast delay retry-dlq; do
   new_case; write_config; start_rokka
   rc=0; run_client "$scenario" env "rocketmq.client.localOffsetStoreDir=$dir/offsets" \
     "$harness" "127.0.0.1:$ns" "$scenario" || rc=1
@@ -104,6 +104,17 @@ if [[ $rc == 0 ]]; then
   stop_rokka "$pid"
 fi
 verdict $rc restart-resume; rm -rf "$dir"
+
+# Delayed messages survive a restart (durable delivery progress).
+new_case; write_config; start_rokka
+rc=0; run_client delay-restart-1 "$harness" "127.0.0.1:$ns" delay-restart-1 || rc=1
+stop_rokka "$pid"
+if [[ $rc == 0 ]]; then
+  start_rokka
+  run_client delay-restart-2 "$harness" "127.0.0.1:$ns" delay-restart-2 || rc=1
+  stop_rokka "$pid"
+fi
+verdict $rc delay-restart; rm -rf "$dir"
 
 # A name server alone (rokka --namesrv-only) and a broker registering with it.
 new_case

@@ -11,6 +11,8 @@ pub struct BrokerConfig {
     pub default_partitions: u32,
     /// Most partitions (queues) one topic may have.
     pub max_partitions: u32,
+    /// Delay of each RocketMQ delay level, 1 … n, in ms (`messageDelayLevel`).
+    pub delay_levels_ms: Vec<u64>,
 }
 
 impl Default for BrokerConfig {
@@ -19,6 +21,7 @@ impl Default for BrokerConfig {
             auto_create_topics: true,
             default_partitions: 1,
             max_partitions: 1024,
+            delay_levels_ms: crate::schedule::LEVELS_MS.iter().map(|l| *l as u64).collect(),
         }
     }
 }

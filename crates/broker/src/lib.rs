@@ -10,6 +10,7 @@ pub mod convert;
 pub mod error;
 pub mod membership;
 pub mod producers;
+pub mod schedule;
 pub mod topics;
 
 use std::sync::Arc;
@@ -37,6 +38,14 @@ impl Broker {
     /// Loads the topic table and adopts topics the store has but the table
     /// lacks (e.g. written before the table existed), with their queue count.
     pub fn new(store: Arc<MessageStore>, config: BrokerConfig) -> Result<Broker> {
+        if config.delay_levels_ms.is_empty()
+            || config.delay_levels_ms.len() > 255
+            || config.delay_levels_ms.contains(&0)
+        {
+            return Err(BrokerError::InvalidPartitions(
+                "broker.delay_levels_ms must list 1 to 255 delays, each above 0".into(),
+            ));
+        }
         let topics = TopicTable::load(&store.config().data_dir)?;
         for t in store.topics() {
             if topics.get(&t).is_none() {

@@ -134,6 +134,12 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut listeners = Vec::new();
+    if let Some(broker) = &broker {
+        listeners.push(tokio::spawn(rokka_broker::schedule::run(
+            Arc::clone(broker),
+            stop_rx.clone(),
+        )));
+    }
     if let (true, Some(broker)) = (cfg.metrics.enabled, &broker) {
         let b = Arc::clone(broker);
         let mut sd = stop_rx.clone();

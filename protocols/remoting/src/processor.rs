@@ -178,6 +178,7 @@ impl RocketMq {
             rq::UPDATE_AND_CREATE_TOPIC => self.create_topic(&cmd),
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
             rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd),
+            rq::CONSUMER_SEND_MSG_BACK => self.send_back(&cmd),
             other => self.reply(
                 &cmd,
                 rs::REQUEST_CODE_NOT_SUPPORTED,
@@ -536,7 +537,17 @@ impl RocketMq {
                 prepared_transaction_offset: 0,
             })
             .collect();
-        let results = match self.broker.append_messages(&inputs) {
+        // DELAY=n (single sends only, as RocketMQ): through the schedule topic.
+        let delay = if batch || topic == rokka_broker::schedule::SCHEDULE_TOPIC {
+            None
+        } else {
+            rokka_broker::schedule::delay_level(parts[0].2.as_bytes())
+        };
+        let appended = match delay {
+            Some(level) => self.broker.append_delayed(&inputs[0], level).map(|r| vec![r]),
+            None => self.broker.append_messages(&inputs),
+        };
+        let results = match appended {
             Ok(r) => r,
             Err(e) => {
                 let code = match &e {
@@ -828,6 +839,99 @@ impl RocketMq {
                 self.reply(req, rs::SUCCESS, None)
             }
             Err(e) => self.reply(req, 29, Some(e.to_string())),
+        }
+    }
+
+    /// CONSUMER_SEND_MSG_BACK: a message the consumer failed goes to
+    /// `%RETRY%<group>` with the delay level its reconsume count selects
+    /// (3 + times, or the level the consumer asked for), or to `%DLQ%<group>`
+    /// once it was reconsumed `maxReconsumeTimes` (default 16) times or the
+    /// consumer asked for a negative level. Both are ordinary topics.
+    fn send_back(&self, req: &RemotingCommand) -> RemotingCommand {
+        use rokka_broker::schedule::{without, DELAY, REAL_QID, REAL_TOPIC};
+        let group = req.ext_fields.get("group").unwrap_or_default().to_string();
+        let phys = ext_i64(req, "offset", "offset").unwrap_or(-1);
+        let delay_level = ext_i64(req, "delayLevel", "delayLevel").unwrap_or(0);
+        let max_times = ext_i64(req, "maxReconsumeTimes", "maxReconsumeTimes").unwrap_or(16);
+        let origin_id = req.ext_fields.get("originMsgId").unwrap_or_default().to_string();
+        if group.is_empty() || phys < 0 {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("group and offset are required".into()));
+        }
+        let Some(m) = self
+            .broker
+            .store()
+            .read_at(phys as u64)
+            .and_then(|rec| match rokka_store::decode_entry(&rec) {
+                Ok(Entry::Message(m)) => Some(m),
+                _ => None,
+            })
+        else {
+            // Kafka-produced records share their batch's offset: the client
+            // redelivers those itself (RocketMQ's fallback).
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!("look message by offset failed, {phys}")),
+            );
+        };
+        let user = m.user_properties();
+        let origin_topic = m
+            .property("RETRY_TOPIC")
+            .map(|t| String::from_utf8_lossy(t).into_owned())
+            .unwrap_or_else(|| m.topic_str().to_string());
+        let mut props = without(&user, &[DELAY, REAL_TOPIC, REAL_QID]);
+        let mut add = |k: &str, v: &str| {
+            props.extend_from_slice(k.as_bytes());
+            props.push(properties::NAME_VALUE_SEPARATOR);
+            props.extend_from_slice(v.as_bytes());
+            props.push(properties::PROPERTY_SEPARATOR);
+        };
+        if m.property("RETRY_TOPIC").is_none() {
+            add("RETRY_TOPIC", &origin_topic);
+        }
+        if m.property("ORIGIN_MESSAGE_ID").is_none() && !origin_id.is_empty() {
+            add("ORIGIN_MESSAGE_ID", &origin_id);
+        }
+        let times = m.reconsume_times;
+        let dlq = i64::from(times) >= max_times || delay_level < 0;
+        let topic = if dlq {
+            format!("%DLQ%{group}")
+        } else {
+            format!("%RETRY%{group}")
+        };
+        if self.broker.topics().get(&topic).is_none() {
+            match self.broker.create_topic(&topic, 1) {
+                Ok(_) | Err(rokka_broker::BrokerError::TopicExists(_)) => {}
+                Err(e) => return self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string())),
+            }
+        }
+        let input = MessageInput {
+            topic: &topic,
+            queue_id: 0,
+            flag: m.flag,
+            body: &m.body,
+            properties: &props,
+            sys_flag: m.sys_flag,
+            born_timestamp: m.born_timestamp,
+            born_host: m.born_host,
+            reconsume_times: times + 1,
+            prepared_transaction_offset: 0,
+        };
+        let res = if dlq {
+            metrics::counter!("rokka_rocketmq_dlq_messages_total", "group" => group.clone()).increment(1);
+            self.broker.append_messages(std::slice::from_ref(&input)).map(|_| ())
+        } else {
+            metrics::counter!("rokka_rocketmq_retries_total", "group" => group.clone()).increment(1);
+            let level = if delay_level > 0 {
+                delay_level as usize
+            } else {
+                3 + times.max(0) as usize
+            };
+            self.broker.append_delayed(&input, level).map(|_| ())
+        };
+        match res {
+            Ok(()) => self.reply(req, rs::SUCCESS, None),
+            Err(e) => self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string())),
         }
     }
 

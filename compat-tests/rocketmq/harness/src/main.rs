@@ -94,6 +94,10 @@ async fn main() -> ClientResult<()> {
         "resume-1" => resume(&rt, &namesrv, 1).await?,
         "resume-2" => resume(&rt, &namesrv, 2).await?,
         "broadcast" => broadcast(&rt, &namesrv).await?,
+        "delay" => delay(&rt, &namesrv).await?,
+        "delay-restart-1" => delay_restart(&rt, &namesrv, 1).await?,
+        "delay-restart-2" => delay_restart(&rt, &namesrv, 2).await?,
+        "retry-dlq" => retry_dlq(&rt, &namesrv).await?,
         "cross-produce" => cross_produce(&rt, &namesrv, &args[3..]).await?,
         "cross-consume" => cross_consume(&rt, &namesrv, &args[3..]).await?,
         "cross-member" => cross_member(&rt, &namesrv, &args[3..]).await?,
@@ -920,4 +924,190 @@ async fn cross_member(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -
     }
     println!("compat: member consumed {}", got.len());
     Ok(true)
+}
+
+/// `delay`: messages sent with delay levels 1, 2 and 3 (1 s, 5 s, 10 s)
+/// arrive that long after they were sent, within ±1 s.
+async fn delay(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    let topic = "CompatDelay";
+    let mut p = producer(rt, namesrv, "compat-pg-delay", 4).await?;
+    // The topic exists before the consumer subscribes.
+    send_all(&p, topic, &[b"warm-up".to_vec()]).await?;
+    let arrivals: Arc<Mutex<Vec<(Vec<u8>, Instant)>>> = Arc::default();
+    struct Arrive(Arc<Mutex<Vec<(Vec<u8>, Instant)>>>);
+    impl MessageListenerConcurrently for Arrive {
+        fn consume_message(
+            &self,
+            msgs: &[&MessageExt],
+            _c: &ConsumeConcurrentlyContext,
+        ) -> ClientResult<ConsumeConcurrentlyStatus> {
+            let now = Instant::now();
+            let mut g = lock(&self.0);
+            for m in msgs {
+                g.push((m.body().map(|b| b.to_vec()).unwrap_or_default(), now));
+            }
+            Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+        }
+    }
+    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .consumer_group("compat-cg-delay".to_string())
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .build();
+    c.subscribe(topic, "*").await?;
+    c.register_message_listener_concurrently(Arrive(Arc::clone(&arrivals)));
+    c.start().await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut sent_at = std::collections::BTreeMap::new();
+    for (level, secs) in [(1, 1u64), (2, 5), (3, 10)] {
+        for i in 0..3 {
+            let body = format!("delay-{level}-{i}").into_bytes();
+            let msg = Message::builder()
+                .topic(topic)
+                .tags("D")
+                .delay_level(level)
+                .body_slice(&body)
+                .build_unchecked();
+            p.send_with_timeout(msg, 5000).await?;
+            sent_at.insert(body, (Instant::now(), secs));
+        }
+    }
+    p.shutdown().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && lock(&arrivals).iter().filter(|(b, _)| sent_at.contains_key(b)).count() < 9 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.shutdown().await;
+    let mut ok = true;
+    let got = lock(&arrivals).clone();
+    for (body, (at, secs)) in &sent_at {
+        match got.iter().find(|(b, _)| b == body) {
+            Some((_, arrived)) => {
+                let took = arrived.duration_since(*at).as_secs_f64();
+                println!("compat: {} arrived after {took:.2} s (level {secs} s)", String::from_utf8_lossy(body));
+                ok &= (took - *secs as f64).abs() <= 1.0;
+            }
+            None => {
+                println!("compat: {} never arrived", String::from_utf8_lossy(body));
+                ok = false;
+            }
+        }
+    }
+    Ok(ok)
+}
+
+/// `retry-dlq`: a consumer with maxReconsumeTimes 1 fails every message:
+/// each comes back once from the retry topic (level 3, 10 s later) with its
+/// original topic and body, then goes to `%DLQ%<group>`, where another group
+/// reads it.
+async fn retry_dlq(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    const N: usize = 5;
+    let topic = "CompatRetry";
+    let group = "compat-cg-retry";
+    let mut p = producer(rt, namesrv, "compat-pg-retry", 4).await?;
+    let sent = bodies("retry", N);
+    send_all(&p, topic, &sent).await?;
+    p.shutdown().await;
+    let attempts: Arc<Mutex<Vec<(Vec<u8>, i32, String)>>> = Arc::default();
+    struct Fail(Arc<Mutex<Vec<(Vec<u8>, i32, String)>>>);
+    impl MessageListenerConcurrently for Fail {
+        fn consume_message(
+            &self,
+            msgs: &[&MessageExt],
+            _c: &ConsumeConcurrentlyContext,
+        ) -> ClientResult<ConsumeConcurrentlyStatus> {
+            let mut g = lock(&self.0);
+            for m in msgs {
+                g.push((
+                    m.body().map(|b| b.to_vec()).unwrap_or_default(),
+                    m.reconsume_times(),
+                    m.topic().to_string(),
+                ));
+            }
+            Ok(ConsumeConcurrentlyStatus::ReconsumeLater)
+        }
+    }
+    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .consumer_group(group.to_string())
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .max_reconsume_times(1)
+        .build();
+    c.subscribe(topic, "*").await?;
+    c.register_message_listener_concurrently(Fail(Arc::clone(&attempts)));
+    c.start().await?;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while Instant::now() < deadline && lock(&attempts).len() < 2 * N {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Long enough for a third delivery, which must not come.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.shutdown().await;
+    let attempts = lock(&attempts).clone();
+    let mut ok = attempts.len() == 2 * N;
+    for b in &sent {
+        let mine: Vec<_> = attempts.iter().filter(|(x, _, _)| x == b).collect();
+        let times: Vec<i32> = mine.iter().map(|(_, t, _)| *t).collect();
+        let topics: BTreeSet<&str> = mine.iter().map(|(_, _, t)| t.as_str()).collect();
+        ok &= times == vec![0, 1] && topics == BTreeSet::from([topic]);
+        println!("compat: {} attempts (reconsume times {times:?}, topics {topics:?})", String::from_utf8_lossy(b));
+    }
+    let dlq = consume_all(rt, namesrv, "compat-cg-dlq-reader", &format!("%DLQ%{group}"), "*", N).await?;
+    println!("compat: DLQ holds {} of {N}", dlq.len());
+    ok &= dlq == sent.iter().cloned().collect();
+    Ok(ok)
+}
+
+/// `delay-restart-1` sends 5 messages with level 3 (10 s) and exits; rokka
+/// restarts; `delay-restart-2` must get each exactly once, no earlier than
+/// 10 s after it was born.
+async fn delay_restart(rt: &Arc<ClientRuntime>, namesrv: &str, phase: u32) -> ClientResult<bool> {
+    let topic = "CompatDelayRestart";
+    if phase == 1 {
+        let mut p = producer(rt, namesrv, "compat-pg-delay-restart", 4).await?;
+        for i in 0..5 {
+            let msg = Message::builder()
+                .topic(topic)
+                .delay_level(3)
+                .body_slice(format!("later-{i}").as_bytes())
+                .build_unchecked();
+            p.send_with_timeout(msg, 5000).await?;
+        }
+        p.shutdown().await;
+        return Ok(true);
+    }
+    let got: Arc<Mutex<Vec<(Vec<u8>, i64)>>> = Arc::default();
+    struct Born(Arc<Mutex<Vec<(Vec<u8>, i64)>>>);
+    impl MessageListenerConcurrently for Born {
+        fn consume_message(
+            &self,
+            msgs: &[&MessageExt],
+            _c: &ConsumeConcurrentlyContext,
+        ) -> ClientResult<ConsumeConcurrentlyStatus> {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            let mut g = lock(&self.0);
+            for m in msgs {
+                g.push((m.body().map(|b| b.to_vec()).unwrap_or_default(), now - m.born_timestamp()));
+            }
+            Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+        }
+    }
+    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .consumer_group("compat-cg-delay-restart".to_string())
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .build();
+    c.subscribe(topic, "*").await?;
+    c.register_message_listener_concurrently(Born(Arc::clone(&got)));
+    c.start().await?;
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    c.shutdown().await;
+    let got = lock(&got).clone();
+    for (b, age) in &got {
+        println!("compat: {} delivered {age} ms after its birth", String::from_utf8_lossy(b));
+    }
+    let distinct: BTreeSet<&Vec<u8>> = got.iter().map(|(b, _)| b).collect();
+    Ok(got.len() == 5 && distinct.len() == 5 && got.iter().all(|(_, age)| *age >= 9_000))
 }

@@ -1,0 +1,235 @@
+//! Delay levels (RocketMQ's `messageDelayLevel`): a message with the `DELAY`
+//! property is stored in `SCHEDULE_TOPIC_XXXX`, one queue per level, with its
+//! real topic and queue in `REAL_TOPIC` / `REAL_QID`; a delivery task moves
+//! each message to its real queue once `store time + level delay` has passed,
+//! and records its progress per level in the consumer-offset table (group
+//! `%SCHEDULE%`), so a restart resumes there (at least once: what was
+//! delivered after the last offset persist is delivered again).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rokka_store::record::properties;
+use rokka_store::{Entry, MessageInput, MessageView};
+use tokio::sync::watch;
+
+use crate::{Broker, Result};
+
+pub const SCHEDULE_TOPIC: &str = "SCHEDULE_TOPIC_XXXX";
+/// The offset-table group holding each level's delivery progress.
+pub const PROGRESS_GROUP: &str = "%SCHEDULE%";
+/// Default delay of each level, 1 … 18 (RocketMQ's `1s 5s 10s 30s 1m … 2h`;
+/// `broker.delay_levels_ms` sets others).
+pub const LEVELS_MS: [i64; 18] = [
+    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000, 420_000, 480_000, 540_000,
+    600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
+];
+pub const REAL_TOPIC: &str = "REAL_TOPIC";
+pub const REAL_QID: &str = "REAL_QID";
+pub const DELAY: &str = "DELAY";
+
+/// The delay level a property block asks for: `DELAY` > 0 (the caller
+/// clamps it to the configured levels).
+pub fn delay_level(props: &[u8]) -> Option<usize> {
+    let v = properties::get(props, DELAY)?;
+    let n: i64 = std::str::from_utf8(v).ok()?.trim().parse().ok()?;
+    (n > 0).then(|| n.min(i64::from(u16::MAX)) as usize)
+}
+
+/// `props` without the properties named in `drop`.
+pub fn without(props: &[u8], drop: &[&str]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(props.len());
+    for (k, v) in properties::iter(props) {
+        if !drop.iter().any(|d| d.as_bytes() == k) {
+            out.extend_from_slice(k);
+            out.push(properties::NAME_VALUE_SEPARATOR);
+            out.extend_from_slice(v);
+            out.push(properties::PROPERTY_SEPARATOR);
+        }
+    }
+    out
+}
+
+fn with(mut props: Vec<u8>, k: &str, v: &str) -> Vec<u8> {
+    props.extend_from_slice(k.as_bytes());
+    props.push(properties::NAME_VALUE_SEPARATOR);
+    props.extend_from_slice(v.as_bytes());
+    props.push(properties::PROPERTY_SEPARATOR);
+    props
+}
+
+impl Broker {
+    /// Stores `m` in the schedule queue of `level` (1-based) instead of its
+    /// topic; it reaches `m.topic` / `m.queue_id` when the level's delay passed.
+    pub fn append_delayed(&self, m: &MessageInput<'_>, level: usize) -> Result<rokka_store::AppendResult> {
+        let levels = self.config.delay_levels_ms.len().max(1);
+        let level = level.clamp(1, levels);
+        if self
+            .topics
+            .get(SCHEDULE_TOPIC)
+            .is_none_or(|t| (t.partitions as usize) < levels)
+        {
+            let made = match self.topics.get(SCHEDULE_TOPIC) {
+                None => self.create_topic(SCHEDULE_TOPIC, levels as u32).map(|_| ()),
+                Some(_) => self.add_partitions(SCHEDULE_TOPIC, levels as u32).map(|_| ()),
+            };
+            match made {
+                Ok(_) | Err(crate::BrokerError::TopicExists(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let props = without(m.properties, &[REAL_TOPIC, REAL_QID, DELAY]);
+        let props = with(props, DELAY, &level.to_string());
+        let props = with(props, REAL_TOPIC, m.topic);
+        let props = with(props, REAL_QID, &m.queue_id.to_string());
+        let diverted = MessageInput {
+            topic: SCHEDULE_TOPIC,
+            queue_id: (level - 1) as u32,
+            properties: &props,
+            ..m.clone()
+        };
+        let r = self.append_messages(std::slice::from_ref(&diverted))?;
+        metrics::counter!("rokka_delayed_messages_total", "level" => level.to_string()).increment(1);
+        r.into_iter()
+            .next()
+            .ok_or_else(|| crate::BrokerError::InvalidPartitions("empty append".into()))
+    }
+
+    /// Delivers what is due in every level; the number delivered.
+    pub fn deliver_due(&self, now_ms: i64) -> usize {
+        if self.topics.get(SCHEDULE_TOPIC).is_none() {
+            return 0;
+        }
+        let mut delivered = 0;
+        for (level, delay) in self.config.delay_levels_ms.iter().enumerate() {
+            let delay = *delay as i64;
+            let q = level as u32;
+            let offsets = self.store.offsets();
+            let min = self.store.min_offset(SCHEDULE_TOPIC, q);
+            let mut at = offsets
+                .get(PROGRESS_GROUP, SCHEDULE_TOPIC, q)
+                .map_or(min, |o| o.offset)
+                .max(min);
+            let max = self.store.max_offset(SCHEDULE_TOPIC, q);
+            while at < max {
+                let read = self.store.read(SCHEDULE_TOPIC, q, at, 64, 1 << 20);
+                if read.entries.is_empty() {
+                    break;
+                }
+                let mut stop = false;
+                for e in &read.entries {
+                    let next = e.cq.base_offset + u64::from(e.cq.count.max(1));
+                    if let Ok(Entry::Message(m)) = e.decode() {
+                        if m.store_timestamp + delay > now_ms {
+                            stop = true;
+                            break;
+                        }
+                        if let Err(err) = self.deliver(&m) {
+                            tracing::warn!(level = level + 1, error = %err, "delayed message not delivered yet");
+                            stop = true;
+                            break;
+                        }
+                        delivered += 1;
+                    }
+                    at = next;
+                    offsets.commit(PROGRESS_GROUP, SCHEDULE_TOPIC, q, at, "");
+                }
+                if stop {
+                    break;
+                }
+            }
+            metrics::gauge!("rokka_delayed_messages_pending", "level" => (level + 1).to_string())
+                .set(max.saturating_sub(at) as f64);
+        }
+        delivered
+    }
+
+    fn deliver(&self, m: &MessageView) -> Result<()> {
+        let real = m
+            .property(REAL_TOPIC)
+            .and_then(|t| std::str::from_utf8(t).ok())
+            .unwrap_or_default()
+            .to_string();
+        let qid: u32 = m
+            .property(REAL_QID)
+            .and_then(|t| std::str::from_utf8(t).ok())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0);
+        if real.is_empty() {
+            return Ok(()); // nothing to deliver to: dropped, as RocketMQ does
+        }
+        let info = self.topic_or_create(&real, true, Some(qid + 1))?;
+        let partitions = info.map_or(0, |i| i.partitions);
+        let props = without(&m.user_properties(), &[REAL_TOPIC, REAL_QID, DELAY]);
+        let input = MessageInput {
+            topic: &real,
+            queue_id: if qid < partitions { qid } else { 0 },
+            flag: m.flag,
+            body: &m.body,
+            properties: &props,
+            sys_flag: m.sys_flag,
+            born_timestamp: m.born_timestamp,
+            born_host: m.born_host,
+            reconsume_times: m.reconsume_times,
+            prepared_transaction_offset: 0,
+        };
+        self.append_messages(std::slice::from_ref(&input))?;
+        Ok(())
+    }
+}
+
+/// Runs the delivery every 100 ms until `shutdown`.
+pub async fn run(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let b = Arc::clone(&broker);
+        let n = tokio::task::spawn_blocking(move || b.deliver_due(rokka_store::now_ms()))
+            .await
+            .unwrap_or(0);
+        if n > 0 {
+            tracing::debug!(delivered = n, "delayed messages delivered");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BrokerConfig;
+    use rokka_store::{MessageStore, StoreConfig};
+
+    #[test]
+    fn delayed_messages_reach_their_topic_after_their_level() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| crate::BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        b.create_topic("T", 2)?;
+        let props = properties::encode([("DELAY", "2"), ("KEYS", "k"), ("user", "u")]);
+        let mut m = MessageInput::new("T", 1, b"later", props.as_bytes());
+        m.born_timestamp = 42;
+        let r = b.append_delayed(&m, delay_level(props.as_bytes()).unwrap_or(0))?;
+        assert_eq!(store.max_offset("T", 1), 0, "not visible yet");
+        assert_eq!(b.deliver_due(r.store_timestamp + 4_999), 0);
+        assert_eq!(b.deliver_due(r.store_timestamp + 5_000), 1);
+        assert_eq!(b.deliver_due(r.store_timestamp + 9_000), 0, "delivered once");
+        let read = store.read("T", 1, 0, 10, 1 << 20);
+        let Ok(Entry::Message(got)) = read.entries[0].decode() else {
+            panic!("not a message");
+        };
+        assert_eq!(&got.body[..], b"later");
+        assert_eq!(got.born_timestamp, 42);
+        assert_eq!(got.property("user"), Some(&b"u"[..]));
+        assert_eq!(got.property(DELAY), None);
+        assert_eq!(got.property(REAL_TOPIC), None);
+        assert_eq!(
+            store.offsets().get(PROGRESS_GROUP, SCHEDULE_TOPIC, 1).map(|o| o.offset),
+            Some(1),
+            "progress is durable state"
+        );
+        Ok(())
+    }
+}
