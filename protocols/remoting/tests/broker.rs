@@ -508,3 +508,45 @@ async fn queue_locks_grant_one_holder() -> TestResult {
     assert_eq!(c.call(bad).await?.code, rs::SYSTEM_ERROR);
     Ok(())
 }
+
+/// QUERY_MESSAGE by KEYS token and by the client's unique id; VIEW_MESSAGE_BY_ID.
+#[tokio::test]
+async fn query_by_key_unique_id_and_offset() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut c = Client::connect(addr).await?;
+    let r = c.call(send_req("Q", 0, "hello", "T", true)).await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    let msg_id = r.ext_fields.get("msgId").unwrap_or_default().to_string();
+    let q = |key: &str, unique: bool| {
+        let mut ext = vec![
+            ("topic", "Q"),
+            ("key", key),
+            ("maxNum", "32"),
+            ("beginTimestamp", "0"),
+            ("endTimestamp", "99999999999999"),
+        ];
+        if unique {
+            ext.push(("_UNIQUE_KEY_QUERY", "true"));
+        }
+        req(rq::QUERY_MESSAGE, &ext)
+    };
+    let r = c.call(q("k1", false)).await?;
+    assert_eq!((r.code, bodies(&r)), (rs::SUCCESS, vec!["hello".to_string()]));
+    let r = c.call(q("ABCDEF0123", true)).await?;
+    assert_eq!((r.code, bodies(&r)), (rs::SUCCESS, vec!["hello".to_string()]));
+    let r = c.call(q("nope", false)).await?;
+    assert_eq!(r.code, rs::QUERY_NOT_FOUND);
+    // The offset message id's last 16 hex digits are the CommitLog offset.
+    let phys = i64::from_str_radix(&msg_id[msg_id.len() - 16..], 16)?;
+    let r = c
+        .call(req(
+            rq::VIEW_MESSAGE_BY_ID,
+            &[("topic", "Q"), ("offset", &phys.to_string())],
+        ))
+        .await?;
+    assert_eq!((r.code, bodies(&r)), (rs::SUCCESS, vec!["hello".to_string()]));
+    let r = c.call(req(rq::VIEW_MESSAGE_BY_ID, &[("offset", "999999")])).await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR);
+    Ok(())
+}

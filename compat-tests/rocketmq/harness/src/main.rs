@@ -95,6 +95,7 @@ async fn main() -> ClientResult<()> {
         "resume-2" => resume(&rt, &namesrv, 2).await?,
         "broadcast" => broadcast(&rt, &namesrv).await?,
         "delay" => delay(&rt, &namesrv).await?,
+        "query" => query(&rt, &namesrv).await?,
         "delay-restart-1" => delay_restart(&rt, &namesrv, 1).await?,
         "delay-restart-2" => delay_restart(&rt, &namesrv, 2).await?,
         "retry-dlq" => retry_dlq(&rt, &namesrv).await?,
@@ -1110,4 +1111,39 @@ async fn delay_restart(rt: &Arc<ClientRuntime>, namesrv: &str, phase: u32) -> Cl
     }
     let distinct: BTreeSet<&Vec<u8>> = got.iter().map(|(b, _)| b).collect();
     Ok(got.len() == 5 && distinct.len() == 5 && got.iter().all(|(_, age)| *age >= 9_000))
+}
+
+/// `query`: QUERY_MESSAGE by key (IndexFile) and VIEW_MESSAGE_BY_ID with the
+/// offset message id a send returned.
+async fn query(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    let topic = "CompatQuery";
+    let mut p = producer(rt, namesrv, "compat-pg-query", 4).await?;
+    let mut ids = Vec::new();
+    let begin = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    for i in 0..10 {
+        let msg = Message::builder()
+            .topic(topic)
+            .key(format!("order-{}", i % 3))
+            .body_slice(format!("q-{i}").as_bytes())
+            .build_unchecked();
+        let r = p.send_with_timeout(msg, 5000).await?;
+        ids.push(r.and_then(|r| r.offset_msg_id).unwrap_or_default());
+    }
+    let found = p.query_message(topic, "order-1", 32, begin.saturating_sub(1000), begin + 600_000).await?;
+    let mut bodies: Vec<String> = found
+        .message_list()
+        .iter()
+        .map(|m| String::from_utf8_lossy(&m.body().map(|b| b.to_vec()).unwrap_or_default()).into_owned())
+        .collect();
+    bodies.sort();
+    println!("compat: by key order-1: {bodies:?}");
+    let mut ok = bodies == vec!["q-1", "q-4", "q-7"];
+    let viewed = p.view_message(topic, &ids[5]).await?;
+    let body = viewed.body().map(|b| b.to_vec()).unwrap_or_default();
+    println!("compat: by id {}: {}", ids[5], String::from_utf8_lossy(&body));
+    ok &= body == b"q-5";
+    p.shutdown().await;
+    Ok(ok)
 }
