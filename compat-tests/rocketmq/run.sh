@@ -64,7 +64,7 @@ verdict() {
 }
 
 # One scenario on a fresh embedded name server + broker.
-for scenario in send-consume tag-filter send-kinds ordered group lite-pull broadcast delay retry-dlq query; do
+for scenario in send-consume tag-filter send-kinds ordered group lite-pull broadcast delay retry-dlq query orderly-group; do
   new_case; write_config; start_rokka
   rc=0; run_client "$scenario" env "rocketmq.client.localOffsetStoreDir=$dir/offsets" \
     "$harness" "127.0.0.1:$ns" "$scenario" || rc=1
@@ -104,6 +104,11 @@ if [[ $rc == 0 ]]; then
   stop_rokka "$pid"
 fi
 verdict $rc restart-resume; rm -rf "$dir"
+
+# Transactions: commit, rollback, and a check-back (short check timings).
+new_case; write_config "transaction_timeout_ms = 2000" "transaction_check_interval_ms = 500"; start_rokka
+rc=0; run_client transactions "$harness" "127.0.0.1:$ns" transactions || rc=1
+stop_rokka "$pid"; verdict $rc transactions; rm -rf "$dir"
 
 # Delayed messages survive a restart (durable delivery progress).
 new_case; write_config; start_rokka

@@ -12,6 +12,7 @@ pub mod membership;
 pub mod producers;
 pub mod schedule;
 pub mod topics;
+pub mod transaction;
 
 use std::sync::Arc;
 
@@ -31,6 +32,7 @@ pub struct Broker {
     arrivals: Arrivals,
     producers: ProducerStates,
     membership: membership::Membership,
+    transactions: transaction::Transactions,
     config: BrokerConfig,
 }
 
@@ -59,6 +61,7 @@ impl Broker {
             arrivals: Arrivals::default(),
             producers: ProducerStates::default(),
             membership: membership::Membership::default(),
+            transactions: transaction::Transactions::default(),
             config,
         })
     }

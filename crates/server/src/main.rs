@@ -177,6 +177,7 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
                     .map_err(|e| format!("RocketMQ broker listener on {}: {e}", cfg.rocketmq.broker_listen))?;
                 let rmq = Arc::new(RocketMq::new(Arc::clone(broker), cfg.rocketmq.clone(), l.local_addr()?));
                 rmq.start_mixed_listener();
+                listeners.push(tokio::spawn(Arc::clone(&rmq).run_transaction_checks(stop_rx.clone())));
                 tracing::info!(broker = %l.local_addr()?, "RocketMQ broker listener");
                 listeners.push(tokio::spawn(rokka_remoting::serve(
                     l,

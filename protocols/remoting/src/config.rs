@@ -38,6 +38,12 @@ pub struct RocketMqConfig {
     pub broker_timeout_ms: u64,
     /// An orderly consumer's queue lock lapses when not renewed for this long.
     pub lock_expiry_ms: u64,
+    /// A half (transactional) message unresolved this long is checked with its producer.
+    pub transaction_timeout_ms: u64,
+    /// How often unresolved half messages are looked for.
+    pub transaction_check_interval_ms: u64,
+    /// Checks per half message; after the last one it is discarded to TRANS_CHECK_MAX_TIME_TOPIC.
+    pub transaction_check_max: u32,
     /// The `version` this server reports (MQVersion ordinal; ≥ 401 for JSON route bodies).
     pub server_version: i32,
 }
@@ -60,6 +66,9 @@ impl Default for RocketMqConfig {
             register_interval_ms: 30_000,
             broker_timeout_ms: 120_000,
             lock_expiry_ms: 60_000,
+            transaction_timeout_ms: 6_000,
+            transaction_check_interval_ms: 30_000,
+            transaction_check_max: 15,
             server_version: 479,
         }
     }

@@ -180,6 +180,7 @@ impl RocketMq {
             rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd),
             rq::CONSUMER_SEND_MSG_BACK => self.send_back(&cmd),
             rq::QUERY_MESSAGE => self.query_message(&cmd),
+            rq::END_TRANSACTION => self.end_transaction(&cmd),
             rq::VIEW_MESSAGE_BY_ID => self.view_message(&cmd),
             other => self.reply(
                 &cmd,
@@ -545,7 +546,12 @@ impl RocketMq {
         } else {
             rokka_broker::schedule::delay_level(parts[0].2.as_bytes())
         };
+        // A prepared transaction message waits as a half message.
+        let prepared = !batch
+            && sys_flag & rokka_store::record::message::sysflag::TRANSACTION_MASK
+                == rokka_store::record::message::sysflag::TRANSACTION_PREPARED;
         let appended = match delay {
+            _ if prepared => self.broker.append_half(&inputs[0]).map(|r| vec![r]),
             Some(level) => self.broker.append_delayed(&inputs[0], level).map(|r| vec![r]),
             None => self.broker.append_messages(&inputs),
         };
@@ -841,6 +847,87 @@ impl RocketMq {
                 self.reply(req, rs::SUCCESS, None)
             }
             Err(e) => self.reply(req, 29, Some(e.to_string())),
+        }
+    }
+
+    /// END_TRANSACTION (usually oneway): 8 commits, 12 rolls back, 0 (unknown)
+    /// leaves the half message for a later check.
+    fn end_transaction(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("producerGroup").unwrap_or_default();
+        let half_offset = ext_i64(req, "tranStateTableOffset", "tranStateTableOffset").unwrap_or(-1);
+        let half_phys = ext_i64(req, "commitLogOffset", "commitLogOffset").unwrap_or(-1);
+        let kind = ext_i64(req, "commitOrRollback", "commitOrRollback").unwrap_or(0);
+        let commit = match kind {
+            8 => true,
+            12 => false,
+            _ => return self.reply(req, rs::SUCCESS, None),
+        };
+        if half_offset < 0 || half_phys < 0 {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some("tranStateTableOffset and commitLogOffset are required".into()),
+            );
+        }
+        match self
+            .broker
+            .end_transaction(group, half_offset as u64, half_phys as u64, commit)
+        {
+            Ok(_) => self.reply(req, rs::SUCCESS, None),
+            Err(e) => {
+                tracing::warn!(group, half_offset, error = %e, "END_TRANSACTION refused");
+                self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string()))
+            }
+        }
+    }
+
+    /// Sends CHECK_TRANSACTION_STATE for unresolved half messages, every
+    /// `transaction_check_interval_ms`, to a live producer of their group.
+    pub async fn run_transaction_checks(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let every = Duration::from_millis(self.config.transaction_check_interval_ms.max(100));
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let b = Arc::clone(&self.broker);
+            let (timeout, max) = (
+                self.config.transaction_timeout_ms as i64,
+                self.config.transaction_check_max,
+            );
+            let Ok(due) = tokio::task::spawn_blocking(move || b.due_checks(rokka_store::now_ms(), timeout, max)).await
+            else {
+                continue;
+            };
+            for d in due {
+                let conn = {
+                    let c = self.clients();
+                    c.clients
+                        .values()
+                        .find(|cl| cl.producer_groups.contains(&d.producer_group) && !cl.conn.is_closed())
+                        .map(|cl| cl.conn.clone())
+                };
+                let Some(conn) = conn else {
+                    tracing::debug!(group = d.producer_group, "no live producer to check a transaction with");
+                    continue;
+                };
+                let mut n = RemotingCommand::request(rq::CHECK_TRANSACTION_STATE, conn.next_opaque());
+                n.flag = FLAG_ONEWAY;
+                n.version = self.config.server_version;
+                n.ext_fields.set("topic", d.real_topic.as_str());
+                n.ext_fields.set("tranStateTableOffset", d.half_offset.to_string());
+                n.ext_fields.set("commitLogOffset", d.half_phys.to_string());
+                n.ext_fields.set("msgId", d.transaction_id.as_str());
+                n.ext_fields.set("transactionId", d.transaction_id.as_str());
+                n.ext_fields
+                    .set("offsetMsgId", msgid::message_id(self.store_host, d.half_phys));
+                n.ext_fields.set("bname", self.config.broker_name.as_str());
+                n.body = d.record;
+                if conn.send(n) {
+                    metrics::counter!("rokka_rocketmq_transaction_checks_total").increment(1);
+                }
+            }
         }
     }
 

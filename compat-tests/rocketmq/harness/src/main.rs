@@ -96,6 +96,8 @@ async fn main() -> ClientResult<()> {
         "broadcast" => broadcast(&rt, &namesrv).await?,
         "delay" => delay(&rt, &namesrv).await?,
         "query" => query(&rt, &namesrv).await?,
+        "orderly-group" => orderly_group(&rt, &namesrv).await?,
+        "transactions" => transactions(&rt, &namesrv).await?,
         "delay-restart-1" => delay_restart(&rt, &namesrv, 1).await?,
         "delay-restart-2" => delay_restart(&rt, &namesrv, 2).await?,
         "retry-dlq" => retry_dlq(&rt, &namesrv).await?,
@@ -985,7 +987,10 @@ async fn delay(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
         match got.iter().find(|(b, _)| b == body) {
             Some((_, arrived)) => {
                 let took = arrived.duration_since(*at).as_secs_f64();
-                println!("compat: {} arrived after {took:.2} s (level {secs} s)", String::from_utf8_lossy(body));
+                println!(
+                    "compat: {} arrived after {took:.2} s (level {secs} s)",
+                    String::from_utf8_lossy(body)
+                );
                 ok &= (took - *secs as f64).abs() <= 1.0;
             }
             None => {
@@ -1051,7 +1056,10 @@ async fn retry_dlq(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool>
         let times: Vec<i32> = mine.iter().map(|(_, t, _)| *t).collect();
         let topics: BTreeSet<&str> = mine.iter().map(|(_, _, t)| t.as_str()).collect();
         ok &= times == vec![0, 1] && topics == BTreeSet::from([topic]);
-        println!("compat: {} attempts (reconsume times {times:?}, topics {topics:?})", String::from_utf8_lossy(b));
+        println!(
+            "compat: {} attempts (reconsume times {times:?}, topics {topics:?})",
+            String::from_utf8_lossy(b)
+        );
     }
     let dlq = consume_all(rt, namesrv, "compat-cg-dlq-reader", &format!("%DLQ%{group}"), "*", N).await?;
     println!("compat: DLQ holds {} of {N}", dlq.len());
@@ -1090,7 +1098,10 @@ async fn delay_restart(rt: &Arc<ClientRuntime>, namesrv: &str, phase: u32) -> Cl
                 .map_or(0, |d| d.as_millis() as i64);
             let mut g = lock(&self.0);
             for m in msgs {
-                g.push((m.body().map(|b| b.to_vec()).unwrap_or_default(), now - m.born_timestamp()));
+                g.push((
+                    m.body().map(|b| b.to_vec()).unwrap_or_default(),
+                    now - m.born_timestamp(),
+                ));
             }
             Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
         }
@@ -1107,7 +1118,10 @@ async fn delay_restart(rt: &Arc<ClientRuntime>, namesrv: &str, phase: u32) -> Cl
     c.shutdown().await;
     let got = lock(&got).clone();
     for (b, age) in &got {
-        println!("compat: {} delivered {age} ms after its birth", String::from_utf8_lossy(b));
+        println!(
+            "compat: {} delivered {age} ms after its birth",
+            String::from_utf8_lossy(b)
+        );
     }
     let distinct: BTreeSet<&Vec<u8>> = got.iter().map(|(b, _)| b).collect();
     Ok(got.len() == 5 && distinct.len() == 5 && got.iter().all(|(_, age)| *age >= 9_000))
@@ -1131,7 +1145,9 @@ async fn query(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
         let r = p.send_with_timeout(msg, 5000).await?;
         ids.push(r.and_then(|r| r.offset_msg_id).unwrap_or_default());
     }
-    let found = p.query_message(topic, "order-1", 32, begin.saturating_sub(1000), begin + 600_000).await?;
+    let found = p
+        .query_message(topic, "order-1", 32, begin.saturating_sub(1000), begin + 600_000)
+        .await?;
     let mut bodies: Vec<String> = found
         .message_list()
         .iter()
@@ -1145,5 +1161,188 @@ async fn query(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
     println!("compat: by id {}: {}", ids[5], String::from_utf8_lossy(&body));
     ok &= body == b"q-5";
     p.shutdown().await;
+    Ok(ok)
+}
+
+/// Executions (body, state) and broker checks (body, state answered).
+#[derive(Default)]
+struct TxSeen {
+    executed: Mutex<Vec<(String, rocketmq_client_rust::LocalTransactionState)>>,
+    checked: Mutex<Vec<(String, rocketmq_client_rust::LocalTransactionState)>>,
+}
+
+struct TxListener(Arc<TxSeen>);
+
+impl rocketmq_client_rust::TransactionListener for TxListener {
+    fn execute_local_transaction(
+        &self,
+        msg: &dyn rocketmq_model::common::message::MessageTrait,
+        arg: Option<&(dyn std::any::Any + Send + Sync)>,
+    ) -> rocketmq_client_rust::LocalTransactionState {
+        use rocketmq_client_rust::LocalTransactionState as S;
+        let state = match arg.and_then(|a| a.downcast_ref::<&'static str>()).copied() {
+            Some("commit") => S::CommitMessage,
+            Some("rollback") => S::RollbackMessage,
+            _ => S::Unknown,
+        };
+        let body = msg
+            .get_body()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .unwrap_or_default();
+        lock(&self.0.executed).push((body, state));
+        state
+    }
+
+    /// The unknown one answers UNKNOWN at the first check, COMMIT at the next.
+    fn check_local_transaction(&self, msg: &MessageExt) -> rocketmq_client_rust::LocalTransactionState {
+        use rocketmq_client_rust::LocalTransactionState as S;
+        let body = msg
+            .body()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        let mut checked = lock(&self.0.checked);
+        let before = checked.iter().filter(|(b, _)| *b == body).count();
+        let state = if body == "tx-unknown" && before == 0 {
+            S::Unknown
+        } else if body.starts_with("tx-rollback") {
+            S::RollbackMessage
+        } else {
+            S::CommitMessage
+        };
+        checked.push((body, state));
+        state
+    }
+}
+
+/// `transactions` (rokka with short check timings): commit, rollback, and a
+/// transaction left UNKNOWN that the broker checks back: the producer answers
+/// UNKNOWN, then COMMIT. Consumers see exactly the two committed messages.
+async fn transactions(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    use rocketmq_client_rust::{LocalTransactionState as S, TransactionMQProducer};
+    let topic = "CompatTx";
+    let seen = Arc::new(TxSeen::default());
+    let mut producer = TransactionMQProducer::builder(Arc::clone(rt))
+        .producer_group("compat-tx-pg".to_string())
+        .name_server_addr(namesrv.to_string())
+        .transaction_listener(TxListener(Arc::clone(&seen)))
+        .check_thread_pool_min_size(1)
+        .check_thread_pool_max_size(4)
+        .check_request_hold_max(2000)
+        .build();
+    producer.start().await?;
+    let mut ok = true;
+    for (body, decide, expect) in [
+        ("tx-commit", "commit", S::CommitMessage),
+        ("tx-rollback", "rollback", S::RollbackMessage),
+        ("tx-unknown", "unknown", S::Unknown),
+    ] {
+        let msg = Message::builder()
+            .topic(topic)
+            .tags("TagTx")
+            .body_slice(body.as_bytes())
+            .build_unchecked();
+        let r = producer.send_message_in_transaction(msg, Some(decide)).await?;
+        println!("compat: tx {body}: {:?}", r.local_transaction_state);
+        ok &= r.local_transaction_state == Some(expect);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && lock(&seen.checked).len() < 2 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let checked = lock(&seen.checked).clone();
+    println!("compat: tx checks {checked:?}");
+    ok &= checked.len() >= 2
+        && checked[0] == ("tx-unknown".to_string(), S::Unknown)
+        && checked[1] == ("tx-unknown".to_string(), S::CommitMessage);
+    let got = consume_all(rt, namesrv, "compat-tx-cg", topic, "*", 2).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Checks stop once the transaction is resolved.
+    ok &= lock(&seen.checked).len() == checked.len();
+    producer.shutdown().await;
+    let want: BTreeSet<Vec<u8>> = [b"tx-commit".to_vec(), b"tx-unknown".to_vec()].into_iter().collect();
+    println!(
+        "compat: tx consumed {:?}",
+        got.iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect::<Vec<_>>()
+    );
+    Ok(ok && got == want)
+}
+
+/// `orderly-group`: two orderly consumers of one group (queue locks, LOCK_BATCH_MQ)
+/// share the queues; each order's messages reach one of them, in send order.
+async fn orderly_group(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    const ORDERS: u64 = 4;
+    const PER: usize = 30;
+    let topic = "CompatOrderlyGroup";
+    let p = producer(rt, namesrv, "compat-pg-orderly-group", 4).await?;
+    send_all(&p, topic, &[b"warm-up".to_vec()]).await?;
+    let mut members = Vec::new();
+    for _ in 0..2 {
+        let seen: Seen = Arc::default();
+        let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+            .consumer_group("compat-cg-orderly-group".to_string())
+            .name_server_addr(namesrv.to_string())
+            .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+            .build();
+        c.subscribe(topic, "*").await?;
+        c.register_message_listener_orderly(Orderly(Arc::clone(&seen)));
+        c.start().await?;
+        members.push((c, seen));
+    }
+    // Let both rebalance and lock their queues.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    for seq in 0..PER {
+        for id in 0..ORDERS {
+            let msg = Message::builder()
+                .topic(topic)
+                .key(format!("order-{id}"))
+                .raw_property("seq", seq.to_string())?
+                .body_slice(format!("order-{id}-seq-{seq:03}").as_bytes())
+                .build_unchecked();
+            p.send_with_selector_timeout(
+                msg,
+                |mqs: &[MessageQueue], _m: &Message, id: &u64| {
+                    (!mqs.is_empty()).then(|| mqs[(*id as usize) % mqs.len()].clone())
+                },
+                id,
+                5000,
+            )
+            .await?;
+        }
+    }
+    let mut p = p;
+    p.shutdown().await;
+    let total = || {
+        members
+            .iter()
+            .map(|(_, s)| lock(s).iter().filter(|x| x.1.starts_with(b"order-")).count())
+            .sum::<usize>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline && total() < ORDERS as usize * PER {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut ok = total() == ORDERS as usize * PER;
+    let mut per_member = Vec::new();
+    for (_, seen) in &members {
+        let seen = lock(seen).clone();
+        per_member.push(seen.iter().filter(|x| x.1.starts_with(b"order-")).count());
+        for id in 0..ORDERS {
+            let prefix = format!("order-{id}-");
+            let mine: Vec<_> = seen.iter().filter(|s| s.1.starts_with(prefix.as_bytes())).collect();
+            // An order is wholly in one member, in send order.
+            let in_order = mine
+                .iter()
+                .enumerate()
+                .all(|(seq, s)| s.1 == format!("order-{id}-seq-{seq:03}").into_bytes());
+            ok &= mine.is_empty() || (mine.len() == PER && in_order);
+        }
+    }
+    println!("compat: orderly group deliveries per member {per_member:?}");
+    ok &= per_member.iter().all(|n| *n > 0);
+    for (mut c, _) in members {
+        c.shutdown().await;
+    }
     Ok(ok)
 }

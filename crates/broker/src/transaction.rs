@@ -1,0 +1,422 @@
+//! RocketMQ transactional messages (digest §2.9, store doc §11): a half
+//! message waits invisibly in `RMQ_SYS_TRANS_HALF_TOPIC` (queue 0) with its
+//! real topic and queue in properties; END_TRANSACTION commits it (a new
+//! record in the real queue, sysFlag COMMIT) or rolls it back; either way an
+//! op record (`RMQ_SYS_TRANS_OP_HALF_TOPIC`, body `"<half offset>,"`) marks
+//! it resolved, so a restart — which rebuilds the resolved set from the op
+//! queue — never resolves it twice. Half messages unresolved after the
+//! timeout are offered for checks; after the last check they are discarded
+//! to `TRANS_CHECK_MAX_TIME_TOPIC`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use rokka_store::record::message::{self as rmsg, sysflag, Placement};
+use rokka_store::record::properties;
+use rokka_store::{Entry, MessageInput, MessageView};
+
+use crate::schedule::{without, REAL_QID, REAL_TOPIC};
+use crate::{Broker, BrokerError, Result};
+
+pub const HALF_TOPIC: &str = "RMQ_SYS_TRANS_HALF_TOPIC";
+pub const OP_TOPIC: &str = "RMQ_SYS_TRANS_OP_HALF_TOPIC";
+pub const CHECK_MAX_TOPIC: &str = "TRANS_CHECK_MAX_TIME_TOPIC";
+/// The offset-table group holding the half queue's scan progress.
+pub const PROGRESS_GROUP: &str = "CID_RMQ_SYS_TRANS";
+pub const TRANSACTION_ID: &str = "__transactionId__";
+
+/// Resolution state, rebuilt from the op queue at start.
+#[derive(Debug, Default)]
+pub struct Transactions {
+    state: Mutex<TxState>,
+}
+
+#[derive(Debug, Default)]
+struct TxState {
+    loaded: bool,
+    /// Half-queue offsets resolved (committed, rolled back or discarded).
+    resolved: BTreeSet<u64>,
+    /// Checks sent per half-queue offset (since start).
+    checks: HashMap<u64, u32>,
+}
+
+/// What END_TRANSACTION did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    Committed,
+    RolledBack,
+    /// Already resolved before (a repeated or late answer): nothing done.
+    AlreadyResolved,
+}
+
+/// A half message due for a check.
+#[derive(Debug, Clone)]
+pub struct DueCheck {
+    pub half_offset: u64,
+    pub half_phys: u64,
+    pub producer_group: String,
+    pub real_topic: String,
+    pub transaction_id: String,
+    /// The half message as CHECK_TRANSACTION_STATE carries it: a stored
+    /// record with the real topic and queue.
+    pub record: Bytes,
+}
+
+fn prop_str(m: &MessageView, k: &str) -> String {
+    m.property(k)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
+}
+
+impl Broker {
+    fn ensure_topic(&self, topic: &str) -> Result<()> {
+        if self.topics.get(topic).is_none() {
+            match self.create_topic(topic, 1) {
+                Ok(_) | Err(BrokerError::TopicExists(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn tx_state(&self) -> std::sync::MutexGuard<'_, TxState> {
+        let mut st = self.transactions.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !st.loaded {
+            st.loaded = true;
+            let mut at = self.store.min_offset(OP_TOPIC, 0);
+            let end = self.store.max_offset(OP_TOPIC, 0);
+            while at < end {
+                let read = self.store.read(OP_TOPIC, 0, at, 256, 1 << 20);
+                if read.entries.is_empty() {
+                    break;
+                }
+                for e in &read.entries {
+                    if let Ok(Entry::Message(m)) = e.decode() {
+                        for o in m.body.split(|b| *b == b',') {
+                            if let Some(o) = std::str::from_utf8(o).ok().and_then(|s| s.trim().parse().ok()) {
+                                st.resolved.insert(o);
+                            }
+                        }
+                    }
+                    at = e.cq.base_offset + u64::from(e.cq.count.max(1));
+                }
+            }
+        }
+        st
+    }
+
+    /// Stores a prepared message as a half message; its result carries the
+    /// half queue offset and CommitLog offset the producer ends it with.
+    pub fn append_half(&self, m: &MessageInput<'_>) -> Result<rokka_store::AppendResult> {
+        self.ensure_topic(HALF_TOPIC)?;
+        let uniq = properties::get(m.properties, properties::UNIQ_KEY).unwrap_or_default();
+        let mut props = without(m.properties, &[REAL_TOPIC, REAL_QID, TRANSACTION_ID]);
+        for (k, v) in [
+            (REAL_TOPIC, m.topic.as_bytes()),
+            (REAL_QID, m.queue_id.to_string().as_bytes()),
+            (TRANSACTION_ID, uniq),
+        ] {
+            props.extend_from_slice(k.as_bytes());
+            props.push(properties::NAME_VALUE_SEPARATOR);
+            props.extend_from_slice(v);
+            props.push(properties::PROPERTY_SEPARATOR);
+        }
+        let half = MessageInput {
+            topic: HALF_TOPIC,
+            queue_id: 0,
+            properties: &props,
+            sys_flag: m.sys_flag & !sysflag::TRANSACTION_MASK,
+            ..m.clone()
+        };
+        let r = self.append_messages(std::slice::from_ref(&half))?;
+        self.publish_pending(&self.tx_state());
+        r.into_iter()
+            .next()
+            .ok_or_else(|| BrokerError::InvalidPartitions("empty append".into()))
+    }
+
+    /// `rokka_rocketmq_half_messages_pending`: half messages not resolved.
+    fn publish_pending(&self, st: &TxState) {
+        let min = self.store.min_offset(HALF_TOPIC, 0);
+        let end = self.store.max_offset(HALF_TOPIC, 0);
+        let resolved = st.resolved.range(min..end).count() as u64;
+        metrics::gauge!("rokka_rocketmq_half_messages_pending").set(end.saturating_sub(min + resolved) as f64);
+    }
+
+    fn write_op(&self, half_offset: u64) -> Result<()> {
+        self.ensure_topic(OP_TOPIC)?;
+        let body = format!("{half_offset},");
+        let props = properties::encode([(properties::TAGS, "d")]);
+        let op = MessageInput::new(OP_TOPIC, 0, body.as_bytes(), props.as_bytes());
+        self.append_messages(std::slice::from_ref(&op))?;
+        Ok(())
+    }
+
+    /// END_TRANSACTION: commits or rolls back the half message at
+    /// (`half_offset`, `half_phys`) of producer group `group`.
+    pub fn end_transaction(&self, group: &str, half_offset: u64, half_phys: u64, commit: bool) -> Result<Ended> {
+        let mut st = self.tx_state();
+        if st.resolved.contains(&half_offset) {
+            return Ok(Ended::AlreadyResolved);
+        }
+        let m = match self.store.read_at(half_phys).map(|b| rokka_store::decode_entry(&b)) {
+            Some(Ok(Entry::Message(m))) if m.topic_str() == HALF_TOPIC && m.queue_offset == half_offset => m,
+            _ => {
+                return Err(BrokerError::InvalidPartitions(format!(
+                    "no half message at offset {half_offset} / {half_phys}"
+                )))
+            }
+        };
+        let pgroup = prop_str(&m, "PGROUP");
+        if !pgroup.is_empty() && pgroup != group {
+            return Err(BrokerError::InvalidPartitions(format!(
+                "the half message belongs to producer group {pgroup}, not {group}"
+            )));
+        }
+        if commit {
+            let real = prop_str(&m, REAL_TOPIC);
+            let qid: u32 = prop_str(&m, REAL_QID).parse().unwrap_or(0);
+            let info = self.topic_or_create(&real, true, Some(qid + 1))?;
+            let partitions = info.map_or(1, |i| i.partitions);
+            let props = without(&m.user_properties(), &[REAL_TOPIC, REAL_QID, "TRAN_MSG"]);
+            let input = MessageInput {
+                topic: &real,
+                queue_id: if qid < partitions { qid } else { 0 },
+                flag: m.flag,
+                body: &m.body,
+                properties: &props,
+                sys_flag: (m.sys_flag & !sysflag::TRANSACTION_MASK) | sysflag::TRANSACTION_COMMIT,
+                born_timestamp: m.born_timestamp,
+                born_host: m.born_host,
+                reconsume_times: m.reconsume_times,
+                prepared_transaction_offset: half_phys as i64,
+            };
+            self.append_messages(std::slice::from_ref(&input))?;
+        }
+        self.write_op(half_offset)?;
+        st.resolved.insert(half_offset);
+        st.checks.remove(&half_offset);
+        self.publish_pending(&st);
+        let outcome = if commit { "commit" } else { "rollback" };
+        metrics::counter!("rokka_rocketmq_transactions_total", "outcome" => outcome).increment(1);
+        Ok(if commit { Ended::Committed } else { Ended::RolledBack })
+    }
+
+    /// Half messages older than `timeout_ms` (or their
+    /// CHECK_IMMUNITY_TIME_IN_SECONDS) and still unresolved, each counted as
+    /// checked once more; those checked `max_checks` times already are
+    /// discarded to `TRANS_CHECK_MAX_TIME_TOPIC` instead.
+    pub fn due_checks(&self, now_ms: i64, timeout_ms: i64, max_checks: u32) -> Vec<DueCheck> {
+        if self.topics.get(HALF_TOPIC).is_none() {
+            return Vec::new();
+        }
+        let mut st = self.tx_state();
+        let offsets = self.store.offsets();
+        let min = self.store.min_offset(HALF_TOPIC, 0);
+        let start = offsets
+            .get(PROGRESS_GROUP, HALF_TOPIC, 0)
+            .map_or(min, |o| o.offset)
+            .max(min);
+        let end = self.store.max_offset(HALF_TOPIC, 0);
+        let mut due = Vec::new();
+        let mut discard = Vec::new();
+        let mut at = start;
+        let mut contiguous = true;
+        let mut progress = start;
+        'scan: while at < end {
+            let read = self.store.read(HALF_TOPIC, 0, at, 256, 1 << 20);
+            if read.entries.is_empty() {
+                break;
+            }
+            for e in &read.entries {
+                let off = e.cq.base_offset;
+                at = off + u64::from(e.cq.count.max(1));
+                if st.resolved.contains(&off) {
+                    if contiguous {
+                        progress = at;
+                    }
+                    continue;
+                }
+                contiguous = false;
+                let Ok(Entry::Message(m)) = e.decode() else {
+                    continue;
+                };
+                let immunity = prop_str(&m, "CHECK_IMMUNITY_TIME_IN_SECONDS")
+                    .parse::<i64>()
+                    .map_or(timeout_ms, |s| s * 1000);
+                if m.store_timestamp + immunity > now_ms {
+                    // Later halves are younger still.
+                    break 'scan;
+                }
+                let n = st.checks.entry(off).or_insert(0);
+                if *n >= max_checks {
+                    discard.push((off, m));
+                    continue;
+                }
+                *n += 1;
+                let real = prop_str(&m, REAL_TOPIC);
+                let qid: u32 = prop_str(&m, REAL_QID).parse().unwrap_or(0);
+                let props = m.user_properties();
+                let input = MessageInput {
+                    topic: &real,
+                    queue_id: qid,
+                    flag: m.flag,
+                    body: &m.body,
+                    properties: &props,
+                    sys_flag: m.sys_flag,
+                    born_timestamp: m.born_timestamp,
+                    born_host: m.born_host,
+                    reconsume_times: m.reconsume_times,
+                    prepared_transaction_offset: 0,
+                };
+                let host = self.store.config().store_host;
+                let mut rec = vec![0u8; rmsg::encoded_len(&input, &host, false)];
+                rmsg::encode(
+                    &mut rec,
+                    &input,
+                    &host,
+                    Placement {
+                        queue_offset: off,
+                        phys_offset: m.phys_offset,
+                        store_timestamp: m.store_timestamp,
+                        body_crc32: crc32fast::hash(&m.body),
+                        record_crc: false,
+                    },
+                );
+                due.push(DueCheck {
+                    half_offset: off,
+                    half_phys: m.phys_offset,
+                    producer_group: prop_str(&m, "PGROUP"),
+                    real_topic: real,
+                    transaction_id: prop_str(&m, TRANSACTION_ID),
+                    record: Bytes::from(rec),
+                });
+            }
+        }
+        self.publish_pending(&st);
+        drop(st);
+        for (off, m) in discard {
+            let props = m.user_properties();
+            let input = MessageInput {
+                topic: CHECK_MAX_TOPIC,
+                queue_id: 0,
+                flag: m.flag,
+                body: &m.body,
+                properties: &props,
+                sys_flag: m.sys_flag,
+                born_timestamp: m.born_timestamp,
+                born_host: m.born_host,
+                reconsume_times: m.reconsume_times,
+                prepared_transaction_offset: 0,
+            };
+            let kept = self
+                .ensure_topic(CHECK_MAX_TOPIC)
+                .and_then(|_| self.append_messages(std::slice::from_ref(&input)))
+                .and_then(|_| self.write_op(off));
+            match kept {
+                Ok(()) => {
+                    let mut st = self.tx_state();
+                    st.resolved.insert(off);
+                    st.checks.remove(&off);
+                    self.publish_pending(&st);
+                    metrics::counter!("rokka_rocketmq_transactions_total", "outcome" => "discarded").increment(1);
+                    tracing::warn!(
+                        half_offset = off,
+                        "transaction unresolved after its last check: discarded"
+                    );
+                }
+                Err(e) => tracing::warn!(half_offset = off, error = %e, "cannot discard a half message"),
+            }
+        }
+        if progress > start {
+            offsets.commit(PROGRESS_GROUP, HALF_TOPIC, 0, progress, "");
+        }
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::BrokerConfig;
+    use rokka_store::{MessageStore, StoreConfig};
+
+    fn half(b: &Broker, body: &[u8]) -> Result<rokka_store::AppendResult> {
+        let props = properties::encode([("TRAN_MSG", "true"), ("PGROUP", "pg"), ("UNIQ_KEY", "U1"), ("k", "v")]);
+        let mut m = MessageInput::new("Real", 1, body, props.as_bytes());
+        m.sys_flag = sysflag::TRANSACTION_PREPARED;
+        b.append_half(&m)
+    }
+
+    #[test]
+    fn commit_rollback_and_checks_survive_a_restart() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let cfg = StoreConfig::for_tests(dir.path());
+        let (c, r, u) = {
+            let store = Arc::new(MessageStore::open(cfg.clone())?);
+            let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+            b.create_topic("Real", 2)?;
+            let c = half(&b, b"commit-me")?;
+            let r = half(&b, b"roll-me-back")?;
+            let u = half(&b, b"unknown")?;
+            assert_eq!(store.max_offset("Real", 1), 0, "half messages are invisible");
+            assert_eq!(
+                b.end_transaction("pg", c.queue_offset, c.phys_offset, true)?,
+                Ended::Committed
+            );
+            assert_eq!(
+                b.end_transaction("pg", r.queue_offset, r.phys_offset, false)?,
+                Ended::RolledBack
+            );
+            assert!(
+                b.end_transaction("other", u.queue_offset, u.phys_offset, true).is_err(),
+                "wrong group"
+            );
+            assert_eq!(store.max_offset("Real", 1), 1);
+            // Only the unresolved one is checked, once the timeout passed.
+            assert!(b.due_checks(rokka_store::now_ms(), 60_000, 2).is_empty());
+            let due = b.due_checks(rokka_store::now_ms() + 61_000, 60_000, 2);
+            assert_eq!(due.len(), 1);
+            assert_eq!(due[0].half_offset, u.queue_offset);
+            assert_eq!(
+                (due[0].real_topic.as_str(), due[0].transaction_id.as_str()),
+                ("Real", "U1")
+            );
+            let rec = rokka_store::record::message::decode(&due[0].record)
+                .map_err(|e| BrokerError::InvalidPartitions(format!("{e:?}")))?;
+            assert_eq!(
+                (rec.topic_str(), rec.queue_id, &rec.body[..]),
+                ("Real", 1, &b"unknown"[..])
+            );
+            store.close()?;
+            (c, r, u)
+        };
+        // After a restart: nothing is resolved twice, the unknown one still is due.
+        let store = Arc::new(MessageStore::open(cfg)?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        assert_eq!(
+            b.end_transaction("pg", c.queue_offset, c.phys_offset, true)?,
+            Ended::AlreadyResolved
+        );
+        assert_eq!(
+            b.end_transaction("pg", r.queue_offset, r.phys_offset, true)?,
+            Ended::AlreadyResolved
+        );
+        assert_eq!(store.max_offset("Real", 1), 1, "the committed message is there once");
+        let later = rokka_store::now_ms() + 61_000;
+        assert_eq!(b.due_checks(later, 60_000, 2).len(), 1);
+        assert_eq!(b.due_checks(later, 60_000, 2).len(), 1);
+        // Checked twice: discarded, never checked again.
+        assert!(b.due_checks(later, 60_000, 2).is_empty());
+        assert_eq!(store.max_offset(CHECK_MAX_TOPIC, 0), 1);
+        assert!(b.due_checks(later, 60_000, 2).is_empty());
+        assert_eq!(
+            b.end_transaction("pg", u.queue_offset, u.phys_offset, true)?,
+            Ended::AlreadyResolved
+        );
+        Ok(())
+    }
+}
