@@ -64,7 +64,7 @@ verdict() {
 }
 
 # One scenario on a fresh embedded name server + broker.
-for scenario in send-consume tag-filter send-kinds ordered group lite-pull broadcast delay retry-dlq query orderly-group; do
+for scenario in send-consume tag-filter send-kinds ordered group lite-pull broadcast delay timer retry-dlq query orderly-group; do
   new_case; write_config; start_rokka
   rc=0; run_client "$scenario" env "rocketmq.client.localOffsetStoreDir=$dir/offsets" \
     "$harness" "127.0.0.1:$ns" "$scenario" || rc=1

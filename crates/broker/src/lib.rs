@@ -11,6 +11,7 @@ pub mod error;
 pub mod membership;
 pub mod producers;
 pub mod schedule;
+pub mod timer;
 pub mod topics;
 pub mod transaction;
 
@@ -33,6 +34,7 @@ pub struct Broker {
     producers: ProducerStates,
     membership: membership::Membership,
     transactions: transaction::Transactions,
+    timers: timer::Timers,
     config: BrokerConfig,
 }
 
@@ -62,6 +64,7 @@ impl Broker {
             producers: ProducerStates::default(),
             membership: membership::Membership::default(),
             transactions: transaction::Transactions::default(),
+            timers: timer::Timers::default(),
             config,
         })
     }

@@ -124,7 +124,7 @@ impl Broker {
                             stop = true;
                             break;
                         }
-                        if let Err(err) = self.deliver(&m) {
+                        if let Err(err) = self.deliver_view(&m) {
                             tracing::warn!(level = level + 1, error = %err, "delayed message not delivered yet");
                             stop = true;
                             break;
@@ -144,7 +144,8 @@ impl Broker {
         delivered
     }
 
-    fn deliver(&self, m: &MessageView) -> Result<()> {
+    /// Appends a waiting message to its real topic and queue.
+    pub(crate) fn deliver_view(&self, m: &MessageView) -> Result<()> {
         let real = m
             .property(REAL_TOPIC)
             .and_then(|t| std::str::from_utf8(t).ok())
@@ -187,9 +188,12 @@ pub async fn run(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
             _ = shutdown.changed() => return,
         }
         let b = Arc::clone(&broker);
-        let n = tokio::task::spawn_blocking(move || b.deliver_due(rokka_store::now_ms()))
-            .await
-            .unwrap_or(0);
+        let n = tokio::task::spawn_blocking(move || {
+            let now = rokka_store::now_ms();
+            b.deliver_due(now) + b.deliver_due_timers(now)
+        })
+        .await
+        .unwrap_or(0);
         if n > 0 {
             tracing::debug!(delivered = n, "delayed messages delivered");
         }

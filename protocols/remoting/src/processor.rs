@@ -550,8 +550,19 @@ impl RocketMq {
         let prepared = !batch
             && sys_flag & rokka_store::record::message::sysflag::TRANSACTION_MASK
                 == rokka_store::record::message::sysflag::TRANSACTION_PREPARED;
+        // Timer messages (TIMER_DELAY_SEC / _MS, TIMER_DELIVER_MS, __STARTDELIVERTIME).
+        let timer = if batch || prepared {
+            None
+        } else {
+            rokka_broker::timer::deliver_at(parts[0].2.as_bytes(), rokka_store::now_ms())
+                .filter(|due| *due > rokka_store::now_ms())
+        };
         let appended = match delay {
             _ if prepared => self.broker.append_half(&inputs[0]).map(|r| vec![r]),
+            _ if timer.is_some() => self
+                .broker
+                .append_timer(&inputs[0], timer.unwrap_or_default())
+                .map(|r| vec![r]),
             Some(level) => self.broker.append_delayed(&inputs[0], level).map(|r| vec![r]),
             None => self.broker.append_messages(&inputs),
         };

@@ -95,6 +95,7 @@ async fn main() -> ClientResult<()> {
         "resume-2" => resume(&rt, &namesrv, 2).await?,
         "broadcast" => broadcast(&rt, &namesrv).await?,
         "delay" => delay(&rt, &namesrv).await?,
+        "timer" => timer(&rt, &namesrv).await?,
         "query" => query(&rt, &namesrv).await?,
         "orderly-group" => orderly_group(&rt, &namesrv).await?,
         "transactions" => transactions(&rt, &namesrv).await?,
@@ -1343,6 +1344,85 @@ async fn orderly_group(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<b
     ok &= per_member.iter().all(|n| *n > 0);
     for (mut c, _) in members {
         c.shutdown().await;
+    }
+    Ok(ok)
+}
+
+/// `timer`: arbitrary delivery times — delay_secs(2), delay_millis(4000) and
+/// deliver_time_ms(now + 6 s) — arrive on time within ±1 s, the earliest
+/// first although sent last.
+async fn timer(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    let topic = "CompatTimer";
+    let mut p = producer(rt, namesrv, "compat-pg-timer", 4).await?;
+    send_all(&p, topic, &[b"warm-up".to_vec()]).await?;
+    let arrivals: Arc<Mutex<Vec<(Vec<u8>, Instant)>>> = Arc::default();
+    struct Arrive(Arc<Mutex<Vec<(Vec<u8>, Instant)>>>);
+    impl MessageListenerConcurrently for Arrive {
+        fn consume_message(
+            &self,
+            msgs: &[&MessageExt],
+            _c: &ConsumeConcurrentlyContext,
+        ) -> ClientResult<ConsumeConcurrentlyStatus> {
+            let now = Instant::now();
+            let mut g = lock(&self.0);
+            for m in msgs {
+                g.push((m.body().map(|b| b.to_vec()).unwrap_or_default(), now));
+            }
+            Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+        }
+    }
+    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .consumer_group("compat-cg-timer".to_string())
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .build();
+    c.subscribe(topic, "*").await?;
+    c.register_message_listener_concurrently(Arrive(Arc::clone(&arrivals)));
+    c.start().await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let epoch_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let mut sent_at = Vec::new();
+    for (name, secs) in [("at-6s", 6.0), ("millis-4s", 4.0), ("secs-2s", 2.0)] {
+        let b = Message::builder()
+            .topic(topic)
+            .tags("Timer")
+            .body_slice(name.as_bytes());
+        let msg = match name {
+            "at-6s" => b.deliver_time_ms(epoch_ms() + 6000),
+            "millis-4s" => b.delay_millis(4000),
+            _ => b.delay_secs(2),
+        }
+        .build_unchecked();
+        p.send_with_timeout(msg, 5000).await?;
+        sent_at.push((name.as_bytes().to_vec(), Instant::now(), secs));
+    }
+    p.shutdown().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while Instant::now() < deadline && lock(&arrivals).iter().filter(|(b, _)| b != b"warm-up").count() < 3 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.shutdown().await;
+    let got = lock(&arrivals).clone();
+    let mut ok = true;
+    for (body, at, secs) in &sent_at {
+        match got.iter().find(|(b, _)| b == body) {
+            Some((_, arrived)) => {
+                let took = arrived.duration_since(*at).as_secs_f64();
+                println!(
+                    "compat: {} arrived after {took:.2} s (wanted {secs} s)",
+                    String::from_utf8_lossy(body)
+                );
+                ok &= (took - secs).abs() <= 1.0;
+            }
+            None => {
+                println!("compat: {} never arrived", String::from_utf8_lossy(body));
+                ok = false;
+            }
+        }
     }
     Ok(ok)
 }
