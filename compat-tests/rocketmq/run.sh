@@ -110,6 +110,17 @@ new_case; write_config "transaction_timeout_ms = 2000" "transaction_check_interv
 rc=0; run_client transactions "$harness" "127.0.0.1:$ns" transactions || rc=1
 stop_rokka "$pid"; verdict $rc transactions; rm -rf "$dir"
 
+# A transaction left open across a restart is checked afterwards; nothing resolves twice.
+new_case; write_config "transaction_timeout_ms = 2000" "transaction_check_interval_ms = 500"; start_rokka
+rc=0; run_client tx-restart-1 "$harness" "127.0.0.1:$ns" tx-restart-1 || rc=1
+stop_rokka "$pid"
+if [[ $rc == 0 ]]; then
+  start_rokka
+  run_client tx-restart-2 "$harness" "127.0.0.1:$ns" tx-restart-2 || rc=1
+  stop_rokka "$pid"
+fi
+verdict $rc transaction-restart; rm -rf "$dir"
+
 # Delayed messages survive a restart (durable delivery progress).
 new_case; write_config; start_rokka
 rc=0; run_client delay-restart-1 "$harness" "127.0.0.1:$ns" delay-restart-1 || rc=1

@@ -99,6 +99,8 @@ async fn main() -> ClientResult<()> {
         "query" => query(&rt, &namesrv).await?,
         "orderly-group" => orderly_group(&rt, &namesrv).await?,
         "transactions" => transactions(&rt, &namesrv).await?,
+        "tx-restart-1" => tx_restart(&rt, &namesrv, 1).await?,
+        "tx-restart-2" => tx_restart(&rt, &namesrv, 2).await?,
         "delay-restart-1" => delay_restart(&rt, &namesrv, 1).await?,
         "delay-restart-2" => delay_restart(&rt, &namesrv, 2).await?,
         "retry-dlq" => retry_dlq(&rt, &namesrv).await?,
@@ -1425,4 +1427,76 @@ async fn timer(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
         }
     }
     Ok(ok)
+}
+
+/// `tx-restart-1` commits one transaction and leaves one UNKNOWN, then
+/// exits; rokka restarts; `tx-restart-2` starts a producer of the same group
+/// (committing one more) that answers the check with COMMIT: consumers get
+/// the three messages, each once.
+async fn tx_restart(rt: &Arc<ClientRuntime>, namesrv: &str, phase: u32) -> ClientResult<bool> {
+    use rocketmq_client_rust::TransactionMQProducer;
+    let topic = "CompatTxRestart";
+    let seen = Arc::new(TxSeen::default());
+    let mut producer = TransactionMQProducer::builder(Arc::clone(rt))
+        .producer_group("compat-tx-restart-pg".to_string())
+        .name_server_addr(namesrv.to_string())
+        .transaction_listener(TxListener(Arc::clone(&seen)))
+        .check_thread_pool_min_size(1)
+        .check_thread_pool_max_size(4)
+        .check_request_hold_max(2000)
+        .build();
+    producer.start().await?;
+    if phase == 1 {
+        for (body, decide) in [("txr-commit", "commit"), ("txr-later", "unknown")] {
+            let msg = Message::builder()
+                .topic(topic)
+                .body_slice(body.as_bytes())
+                .build_unchecked();
+            producer.send_message_in_transaction(msg, Some(decide)).await?;
+        }
+        producer.shutdown().await;
+        return Ok(true);
+    }
+    // A producer heartbeats only to brokers it has a route to: one send.
+    let msg = Message::builder()
+        .topic(topic)
+        .body_slice(b"txr-second-run")
+        .build_unchecked();
+    producer.send_message_in_transaction(msg, Some("commit")).await?;
+    // The listener answers UNKNOWN at the first check of "tx-unknown" only;
+    // "txr-later" commits at its first check.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline && lock(&seen.checked).is_empty() {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let seen_checks = lock(&seen.checked).clone();
+    println!("compat: checks after the restart {seen_checks:?}");
+    let got = Arc::new(Mutex::new(Vec::new()));
+    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .consumer_group("compat-cg-tx-restart".to_string())
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .build();
+    c.subscribe(topic, "*").await?;
+    c.register_message_listener_concurrently(Record(Arc::clone(&got)));
+    c.start().await?;
+    let all = wait_union(&[&got], 3).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.shutdown().await;
+    producer.shutdown().await;
+    let got = lock(&got).clone();
+    println!(
+        "compat: consumed {:?}",
+        got.iter()
+            .map(|b| String::from_utf8_lossy(b).into_owned())
+            .collect::<Vec<_>>()
+    );
+    let want: BTreeSet<Vec<u8>> = [
+        b"txr-commit".to_vec(),
+        b"txr-later".to_vec(),
+        b"txr-second-run".to_vec(),
+    ]
+    .into_iter()
+    .collect();
+    Ok(got.len() == 3 && all == want && seen_checks.iter().all(|(b, _)| b == "txr-later"))
 }
