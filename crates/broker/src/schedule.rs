@@ -162,18 +162,7 @@ impl Broker {
         let info = self.topic_or_create(&real, true, Some(qid + 1))?;
         let partitions = info.map_or(0, |i| i.partitions);
         let props = without(&m.user_properties(), &[REAL_TOPIC, REAL_QID, DELAY]);
-        let input = MessageInput {
-            topic: &real,
-            queue_id: if qid < partitions { qid } else { 0 },
-            flag: m.flag,
-            body: &m.body,
-            properties: &props,
-            sys_flag: m.sys_flag,
-            born_timestamp: m.born_timestamp,
-            born_host: m.born_host,
-            reconsume_times: m.reconsume_times,
-            prepared_transaction_offset: 0,
-        };
+        let input = m.as_input(&real, if qid < partitions { qid } else { 0 }, &props);
         self.append_messages(std::slice::from_ref(&input))?;
         Ok(())
     }

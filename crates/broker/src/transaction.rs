@@ -181,16 +181,9 @@ impl Broker {
             let partitions = info.map_or(1, |i| i.partitions);
             let props = without(&m.user_properties(), &[REAL_TOPIC, REAL_QID, "TRAN_MSG"]);
             let input = MessageInput {
-                topic: &real,
-                queue_id: if qid < partitions { qid } else { 0 },
-                flag: m.flag,
-                body: &m.body,
-                properties: &props,
                 sys_flag: (m.sys_flag & !sysflag::TRANSACTION_MASK) | sysflag::TRANSACTION_COMMIT,
-                born_timestamp: m.born_timestamp,
-                born_host: m.born_host,
-                reconsume_times: m.reconsume_times,
                 prepared_transaction_offset: half_phys as i64,
+                ..m.as_input(&real, if qid < partitions { qid } else { 0 }, &props)
             };
             self.append_messages(std::slice::from_ref(&input))?;
         }
@@ -258,18 +251,7 @@ impl Broker {
                 let real = prop_str(&m, REAL_TOPIC);
                 let qid: u32 = prop_str(&m, REAL_QID).parse().unwrap_or(0);
                 let props = m.user_properties();
-                let input = MessageInput {
-                    topic: &real,
-                    queue_id: qid,
-                    flag: m.flag,
-                    body: &m.body,
-                    properties: &props,
-                    sys_flag: m.sys_flag,
-                    born_timestamp: m.born_timestamp,
-                    born_host: m.born_host,
-                    reconsume_times: m.reconsume_times,
-                    prepared_transaction_offset: 0,
-                };
+                let input = m.as_input(&real, qid, &props);
                 let host = self.store.config().store_host;
                 let mut rec = vec![0u8; rmsg::encoded_len(&input, &host, false)];
                 rmsg::encode(
@@ -298,18 +280,7 @@ impl Broker {
         drop(st);
         for (off, m) in discard {
             let props = m.user_properties();
-            let input = MessageInput {
-                topic: CHECK_MAX_TOPIC,
-                queue_id: 0,
-                flag: m.flag,
-                body: &m.body,
-                properties: &props,
-                sys_flag: m.sys_flag,
-                born_timestamp: m.born_timestamp,
-                born_host: m.born_host,
-                reconsume_times: m.reconsume_times,
-                prepared_transaction_offset: 0,
-            };
+            let input = m.as_input(CHECK_MAX_TOPIC, 0, &props);
             let kept = self
                 .ensure_topic(CHECK_MAX_TOPIC)
                 .and_then(|_| self.append_messages(std::slice::from_ref(&input)))

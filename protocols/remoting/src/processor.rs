@@ -1082,16 +1082,8 @@ impl RocketMq {
             }
         }
         let input = MessageInput {
-            topic: &topic,
-            queue_id: 0,
-            flag: m.flag,
-            body: &m.body,
-            properties: &props,
-            sys_flag: m.sys_flag,
-            born_timestamp: m.born_timestamp,
-            born_host: m.born_host,
             reconsume_times: times + 1,
-            prepared_transaction_offset: 0,
+            ..m.as_input(&topic, 0, &props)
         };
         let res = if dlq {
             metrics::counter!("rokka_rocketmq_dlq_messages_total", "group" => group.clone()).increment(1);

@@ -940,21 +940,6 @@ async fn delay(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
     // The topic exists before the consumer subscribes.
     send_all(&p, topic, &[b"warm-up".to_vec()]).await?;
     let arrivals: Arc<Mutex<Vec<(Vec<u8>, Instant)>>> = Arc::default();
-    struct Arrive(Arc<Mutex<Vec<(Vec<u8>, Instant)>>>);
-    impl MessageListenerConcurrently for Arrive {
-        fn consume_message(
-            &self,
-            msgs: &[&MessageExt],
-            _c: &ConsumeConcurrentlyContext,
-        ) -> ClientResult<ConsumeConcurrentlyStatus> {
-            let now = Instant::now();
-            let mut g = lock(&self.0);
-            for m in msgs {
-                g.push((m.body().map(|b| b.to_vec()).unwrap_or_default(), now));
-            }
-            Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
-        }
-    }
     let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
         .consumer_group("compat-cg-delay".to_string())
         .name_server_addr(namesrv.to_string())
@@ -1358,21 +1343,6 @@ async fn timer(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
     let mut p = producer(rt, namesrv, "compat-pg-timer", 4).await?;
     send_all(&p, topic, &[b"warm-up".to_vec()]).await?;
     let arrivals: Arc<Mutex<Vec<(Vec<u8>, Instant)>>> = Arc::default();
-    struct Arrive(Arc<Mutex<Vec<(Vec<u8>, Instant)>>>);
-    impl MessageListenerConcurrently for Arrive {
-        fn consume_message(
-            &self,
-            msgs: &[&MessageExt],
-            _c: &ConsumeConcurrentlyContext,
-        ) -> ClientResult<ConsumeConcurrentlyStatus> {
-            let now = Instant::now();
-            let mut g = lock(&self.0);
-            for m in msgs {
-                g.push((m.body().map(|b| b.to_vec()).unwrap_or_default(), now));
-            }
-            Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
-        }
-    }
     let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
         .consumer_group("compat-cg-timer".to_string())
         .name_server_addr(namesrv.to_string())
@@ -1499,4 +1469,22 @@ async fn tx_restart(rt: &Arc<ClientRuntime>, namesrv: &str, phase: u32) -> Clien
     .into_iter()
     .collect();
     Ok(got.len() == 3 && all == want && seen_checks.iter().all(|(b, _)| b == "txr-later"))
+}
+
+/// Records each body with the instant it arrived.
+struct Arrive(Arc<Mutex<Vec<(Vec<u8>, Instant)>>>);
+
+impl MessageListenerConcurrently for Arrive {
+    fn consume_message(
+        &self,
+        msgs: &[&MessageExt],
+        _c: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        let now = Instant::now();
+        let mut g = lock(&self.0);
+        for m in msgs {
+            g.push((m.body().map(|b| b.to_vec()).unwrap_or_default(), now));
+        }
+        Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+    }
 }

@@ -290,6 +290,24 @@ impl MessageView {
         }
     }
 
+    /// This message again as an append input to `topic` / `queue_id` with
+    /// `properties` (re-deliveries: delays, retries, transactions), keeping
+    /// body, flag, sysFlag, born time and host, and reconsume times.
+    pub fn as_input<'a>(&'a self, topic: &'a str, queue_id: u32, properties: &'a [u8]) -> MessageInput<'a> {
+        MessageInput {
+            topic,
+            queue_id,
+            flag: self.flag,
+            body: &self.body,
+            properties,
+            sys_flag: self.sys_flag,
+            born_timestamp: self.born_timestamp,
+            born_host: self.born_host,
+            reconsume_times: self.reconsume_times,
+            prepared_transaction_offset: 0,
+        }
+    }
+
     /// Properties without the record-CRC property (what clients set).
     pub fn user_properties(&self) -> Bytes {
         match read_prop_crc(&self.properties) {
