@@ -132,7 +132,9 @@ pub fn assignments(k: &Kafka, group: &str) -> Option<Vec<(String, Bytes)>> {
 pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
     let mut events = k.broker.membership().kafka_events();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
-    let mut known: HashMap<String, BTreeSet<String>> = HashMap::new();
+    // Per group: member ids and their topics (known once the coordinator has
+    // selected the group's protocol; empty while the first join is pending).
+    let mut known: HashMap<String, (BTreeSet<String>, BTreeSet<String>)> = HashMap::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -153,11 +155,12 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
         let mut seen = BTreeSet::new();
         for v in views {
             let ids: BTreeSet<String> = v.members.iter().map(|m| m.member_id.clone()).collect();
+            let topics: BTreeSet<String> = v.members.iter().flat_map(|m| subscribed_topics(&m.metadata)).collect();
             seen.insert(v.name.clone());
-            if known.get(&v.name) != Some(&ids) {
-                let topics: BTreeSet<String> = v.members.iter().flat_map(|m| subscribed_topics(&m.metadata)).collect();
-                k.broker.membership().set_kafka(&v.name, ids.clone(), topics);
-                known.insert(v.name, ids);
+            let now = (ids, topics);
+            if known.get(&v.name) != Some(&now) {
+                k.broker.membership().set_kafka(&v.name, now.0.clone(), now.1.clone());
+                known.insert(v.name, now);
             }
         }
         known.retain(|g, _| {

@@ -260,7 +260,8 @@ impl RocketMq {
                     .map(String::from)
                     .collect();
                 let kafka = self.broker.membership().get(&g);
-                if !kafka.kafka.is_empty() && topics != kafka.kafka_topics {
+                // (Kafka members' topics are unknown until their first join completes.)
+                if !kafka.kafka.is_empty() && !kafka.kafka_topics.is_empty() && topics != kafka.kafka_topics {
                     metrics::counter!("rokka_mixed_group_conflicts_total", "group" => g.clone(), "side" => "rocketmq")
                         .increment(1);
                     let was = c.groups.get_mut(&g).is_some_and(|grp| grp.members.remove(&client_id));
