@@ -10,7 +10,7 @@ use rokka_broker::{Broker, BrokerConfig};
 use rokka_remoting::codes::{request as rq, response as rs};
 use rokka_remoting::*;
 use rokka_store::record::properties;
-use rokka_store::{Entry, MessageStore, StoreConfig};
+use rokka_store::{Entry, MessageInput, MessageStore, StoreConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -548,5 +548,59 @@ async fn query_by_key_unique_id_and_offset() -> TestResult {
     assert_eq!((r.code, bodies(&r)), (rs::SUCCESS, vec!["hello".to_string()]));
     let r = c.call(req(rq::VIEW_MESSAGE_BY_ID, &[("offset", "999999")])).await?;
     assert_eq!(r.code, rs::SYSTEM_ERROR);
+    Ok(())
+}
+
+/// A mixed group: Kafka members are listed to RocketMQ clients, a client
+/// subscribing to other topics than the Kafka members is refused (but not
+/// while the Kafka members' topics are still unknown), and a pull of a
+/// queue allocated to a Kafka member gets no messages.
+#[tokio::test]
+async fn mixed_group_lists_kafka_members_and_refuses_conflicts() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    broker.create_topic("MX", 2)?;
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), RocketMqConfig::default(), addr));
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, rmq, rx));
+    let set = |v: &[&str]| {
+        v.iter()
+            .map(|s| s.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let hb = |id: &str, topic: &str| {
+        let mut h = req(rq::HEART_BEAT, &[]);
+        h.body = Bytes::from(format!(
+            r#"{{"clientID":"{id}","producerDataSet":[],"consumerDataSet":[{{"groupName":"mg","messageModel":"CLUSTERING","subscriptionDataSet":[{{"topic":"{topic}","subString":"*"}}]}}]}}"#
+        ));
+        h
+    };
+    // Kafka member known, its topics not yet: no conflict.
+    broker.membership().set_kafka("mg", set(&["zz-kafka"]), set(&[]));
+    let mut a = Client::connect(addr).await?;
+    assert_eq!(a.call(hb("a-rmq", "MX")).await?.code, rs::SUCCESS);
+    broker.membership().set_kafka("mg", set(&["zz-kafka"]), set(&["MX"]));
+    let r = a
+        .call(req(rq::GET_CONSUMER_LIST_BY_GROUP, &[("consumerGroup", "mg")]))
+        .await?;
+    let list: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(list["consumerIdList"], serde_json::json!(["a-rmq", "zz-kafka"]));
+    // Two queues over [a-rmq, zz-kafka]: queue 1 is the Kafka member's.
+    broker.append_messages(&[MessageInput::new("MX", 1, b"kafka's", b"")])?;
+    let mut p = pull_req("MX", 1, 0, "*", 0);
+    p.ext_fields.set("consumerGroup", "mg");
+    let r = a.call(p).await?;
+    assert_eq!((r.code, bodies(&r).len()), (rs::PULL_NOT_FOUND, 0));
+    // A client subscribing to another topic is refused with a clear remark.
+    let mut b = Client::connect(addr).await?;
+    let r = b.call(hb("b-rmq", "Elsewhere")).await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR);
+    assert!(r
+        .remark
+        .unwrap_or_default()
+        .contains("conflicts with its Kafka members"));
     Ok(())
 }
