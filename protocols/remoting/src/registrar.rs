@@ -118,7 +118,12 @@ pub async fn run(rmq: Arc<RocketMq>, embedded: Option<Arc<NameServer>>, mut shut
         let reg = rmq.registration();
         for (i, (addr, conn)) in addrs.iter().zip(conns.iter_mut()).enumerate() {
             opaque = opaque.wrapping_add(1);
-            let res = conn.call(reg.to_command(opaque, version), Duration::from_secs(3)).await;
+            let res = conn
+                .call(
+                    crate::namesrv::wire::to_command(&reg, opaque, version),
+                    Duration::from_secs(3),
+                )
+                .await;
             metrics::counter!("rokka_rocketmq_broker_registrations_total").increment(1);
             match res {
                 Ok(r) if r.code == rs::SUCCESS => {
