@@ -86,22 +86,38 @@ def main():
         with open(rokka.config, "a") as f:
             f.write(spec["rokka"])
         rokka.start()
-        report = os.path.join(d, "junit.xml")
         env = {**os.environ, **spec["env"](rokka)}
-        subprocess.run(
-            [sys.executable, "-m", "pytest", spec["tests"], "-q", "-p", "no:cacheprovider", "--timeout", "60",
-             f"--junitxml={report}", "-o", "junit_family=xunit1"],
-            cwd=src,
-            env=env,
-        )
+
+        def run(selection, report):
+            subprocess.run(
+                [sys.executable, "-m", "pytest", *selection, "-q", "-p", "no:cacheprovider", "--timeout", "60",
+                 f"--junitxml={report}", "-o", "junit_family=xunit1"],
+                cwd=src,
+                env=env,
+            )
+            ok, bad = set(), set()
+            for case in ET.parse(report).getroot().iter("testcase"):
+                name = f"{case.get('classname')}::{case.get('name')}"
+                if case.find("skipped") is not None:
+                    continue
+                (bad if case.find("failure") is not None or case.find("error") is not None else ok).add(name)
+            return ok, bad
+
+        passed, failed = run([spec["tests"]], os.path.join(d, "junit.xml"))
+        # A third-party suite has its own races (kafka-python's bootstrap
+        # Metadata request can race a subscribe and then sleep 5 minutes):
+        # an allow-listed test that failed runs once more on its own, and a
+        # pass then is reported as flaky, not as a regression.
+        missing = sorted(allow - passed)
+        if missing:
+            ids = [f"{n.split('::')[0].replace('.', '/')}.py::{n.split('::', 1)[1]}" for n in missing]
+            again, _ = run(ids, os.path.join(d, "rerun.xml"))
+            for n in sorted(again & set(missing)):
+                print(f"flaky (failed, then passed on its rerun): {n}")
+            passed |= again
+            failed -= again
         code = rokka.stop()
         rokka.log.close()
-        passed, failed = set(), set()
-        for case in ET.parse(report).getroot().iter("testcase"):
-            name = f"{case.get('classname')}::{case.get('name')}"
-            if case.find("skipped") is not None:
-                continue
-            (failed if case.find("failure") is not None or case.find("error") is not None else passed).add(name)
     regressions = sorted(allow - passed)
     new = sorted(passed - allow)
     print(f"{args.suite}: {len(passed)} passed, {len(failed)} failed; allow-list {len(allow)}")
