@@ -11,7 +11,7 @@ use bytes::{Bytes, BytesMut};
 use kafka_protocol::indexmap::IndexMap;
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
-use rokka_broker::convert::{kafka_batch_to_rocketmq, rocketmq_to_kafka_batch};
+use rokka_broker::convert::{kafka_batch_to_rocketmq, rocketmq_to_kafka_batch, Crossed};
 use rokka_store::record::{kafka, message, properties};
 
 fn stored_batch(compression: Compression) -> Result<rokka_store::KafkaBatchView, String> {
@@ -105,7 +105,7 @@ fn main() -> Result<(), String> {
     let rounds = 200_000;
     let t = Instant::now();
     for _ in 0..rounds {
-        black_box(rocketmq_to_kafka_batch(black_box(&view)));
+        black_box(rocketmq_to_kafka_batch(black_box(&view), &mut Crossed::default()));
     }
     let ns = t.elapsed().as_nanos() as f64 / rounds as f64;
     println!("RocketMQ message (100 B, 4 properties) -> Kafka batch: {ns:.0} ns/message");

@@ -108,7 +108,9 @@ pub struct Crossed {
     pub filtered: u64,
 }
 
-fn record_metrics(direction: &'static str, c: &Crossed) {
+/// Counts conversions (callers converting message by message add up and
+/// record once per request).
+pub fn record_metrics(direction: &'static str, c: &Crossed) {
     metrics::counter!("rokka_cross_conversions_total", "direction" => direction).increment(c.messages);
     metrics::counter!("rokka_cross_conversion_bytes_total", "direction" => direction).increment(c.bytes);
     if c.dropped > 0 {
@@ -275,9 +277,9 @@ fn put_bytes(out: &mut BytesMut, b: Option<&[u8]>) {
 
 /// A stored RocketMQ message as a one-record magic-2 batch at its queue
 /// offset: value = body, key = `KEYS` (or `KAFKA_KEY_HEX` decoded), headers =
-/// user properties plus `rocketmq.tags`, CreateTime = born timestamp.
-pub fn rocketmq_to_kafka_batch(m: &MessageView) -> Bytes {
-    let mut c = Crossed::default();
+/// user properties plus `rocketmq.tags`, CreateTime = born timestamp. Adds
+/// to `c` (the caller records the metrics once per request).
+pub fn rocketmq_to_kafka_batch(m: &MessageView, c: &mut Crossed) -> Bytes {
     let mut key: Option<Vec<u8>> = None;
     let mut headers: Vec<(&[u8], &[u8])> = Vec::new();
     for (k, v) in properties::iter(&m.properties) {
@@ -325,9 +327,8 @@ pub fn rocketmq_to_kafka_batch(m: &MessageView) -> Bytes {
     b[8..12].copy_from_slice(&batch_len.to_be_bytes());
     let crc = crc32c::crc32c(&b[21..]);
     b[17..21].copy_from_slice(&crc.to_be_bytes());
-    c.messages = 1;
-    c.bytes = b.len() as u64;
-    record_metrics("rocketmq_to_kafka", &c);
+    c.messages += 1;
+    c.bytes += b.len() as u64;
     b.freeze()
 }
 
@@ -441,11 +442,11 @@ mod tests {
             assert_ne!(msgs[0].property("UNIQ_KEY"), msgs[1].property("UNIQ_KEY"));
 
             // Back to Kafka: key, value, headers byte-exact.
-            let batch = rocketmq_to_kafka_batch(&msgs[0]);
+            let batch = rocketmq_to_kafka_batch(&msgs[0], &mut Crossed::default());
             let set = RecordBatchDecoder::decode(&mut batch.clone()).map_err(|e| e.to_string())?;
             assert_eq!(set.records[0].key.as_deref(), Some(&[0xff, 0x01][..]));
             assert_eq!(set.records[0].offset, 11);
-            let batch = rocketmq_to_kafka_batch(&msgs[1]);
+            let batch = rocketmq_to_kafka_batch(&msgs[1], &mut Crossed::default());
             let set = RecordBatchDecoder::decode(&mut batch.clone()).map_err(|e| e.to_string())?;
             let r = &set.records[0];
             assert_eq!((r.offset, r.timestamp), (12, 1_700_000_000_012));
@@ -473,7 +474,8 @@ mod tests {
         let m = &pulled(&out)?[0];
         assert_eq!(m.property("TAGS"), Some(&b"TagA"[..]));
         assert_eq!(m.property("KEYS"), Some(&b"k a"[..]));
-        let set = RecordBatchDecoder::decode(&mut rocketmq_to_kafka_batch(m)).map_err(|e| e.to_string())?;
+        let set = RecordBatchDecoder::decode(&mut rocketmq_to_kafka_batch(m, &mut Crossed::default()))
+            .map_err(|e| e.to_string())?;
         let r = &set.records[0];
         assert_eq!(r.key.as_deref(), Some(&b"k a"[..]));
         assert_eq!(header(r, TAGS_HEADER).map(|b| &b[..]), Some(&b"TagA"[..]));

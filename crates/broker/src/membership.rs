@@ -35,6 +35,12 @@ impl GroupMembers {
     }
 }
 
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    RocketMq,
+    Kafka,
+}
+
 #[derive(Debug, Default)]
 pub struct Membership {
     groups: Mutex<HashMap<String, GroupMembers>>,
@@ -69,33 +75,26 @@ impl Membership {
 
     /// The RocketMQ side of `group` now; the Kafka side is told if it changed.
     pub fn set_rocketmq(&self, group: &str, members: BTreeSet<String>, topics: BTreeSet<String>) {
-        let notify = {
-            let mut g = self.lock();
-            let e = g.entry(group.to_string()).or_default();
-            let changed = e.rocketmq != members || e.rocketmq_topics != topics;
-            e.rocketmq = members;
-            e.rocketmq_topics = topics;
-            let notify = changed && !e.kafka.is_empty();
-            if e.rocketmq.is_empty() && e.kafka.is_empty() {
-                g.remove(group);
-            }
-            notify
-        };
-        metrics::gauge!("rokka_mixed_groups").set(self.mixed_count() as f64);
-        if notify {
-            Self::tell(&self.to_kafka, group);
-        }
+        self.set(group, Side::RocketMq, members, topics);
     }
 
     /// The Kafka side of `group` now; the RocketMQ side is told if it changed.
     pub fn set_kafka(&self, group: &str, members: BTreeSet<String>, topics: BTreeSet<String>) {
+        self.set(group, Side::Kafka, members, topics);
+    }
+
+    fn set(&self, group: &str, side: Side, members: BTreeSet<String>, topics: BTreeSet<String>) {
         let notify = {
             let mut g = self.lock();
             let e = g.entry(group.to_string()).or_default();
-            let changed = e.kafka != members || e.kafka_topics != topics;
-            e.kafka = members;
-            e.kafka_topics = topics;
-            let notify = changed && !e.rocketmq.is_empty();
+            let (mine, my_topics, other) = match side {
+                Side::RocketMq => (&mut e.rocketmq, &mut e.rocketmq_topics, &e.kafka),
+                Side::Kafka => (&mut e.kafka, &mut e.kafka_topics, &e.rocketmq),
+            };
+            let changed = *mine != members || *my_topics != topics;
+            *mine = members;
+            *my_topics = topics;
+            let notify = changed && !other.is_empty();
             if e.rocketmq.is_empty() && e.kafka.is_empty() {
                 g.remove(group);
             }
@@ -103,8 +102,19 @@ impl Membership {
         };
         metrics::gauge!("rokka_mixed_groups").set(self.mixed_count() as f64);
         if notify {
-            Self::tell(&self.to_rocketmq, group);
+            Self::tell(
+                match side {
+                    Side::RocketMq => &self.to_kafka,
+                    Side::Kafka => &self.to_rocketmq,
+                },
+                group,
+            );
         }
+    }
+
+    /// The group's members when it has both kinds (cloned only then: pulls ask).
+    pub fn mixed(&self, group: &str) -> Option<GroupMembers> {
+        self.lock().get(group).filter(|g| g.is_mixed()).cloned()
     }
 
     pub fn get(&self, group: &str) -> GroupMembers {

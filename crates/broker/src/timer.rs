@@ -38,7 +38,6 @@ struct TimerState {
     loaded: bool,
     /// (delivery time, queue offset, CommitLog offset) of waiting messages.
     heap: BinaryHeap<Reverse<(i64, u64, u64)>>,
-    delivered: BTreeSet<u64>,
 }
 
 /// The absolute delivery time `props` ask for, if any (`now_ms` = arrival).
@@ -101,7 +100,6 @@ impl Broker {
                     at = off + u64::from(e.cq.count.max(1));
                 }
             }
-            st.delivered = delivered;
         }
         st
     }
@@ -188,7 +186,6 @@ impl Broker {
                 break;
             }
             st.heap.pop();
-            st.delivered.insert(off);
             n += 1;
         }
         metrics::gauge!("rokka_timer_messages_pending").set(st.heap.len() as f64);

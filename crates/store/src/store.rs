@@ -73,6 +73,12 @@ impl ReadEntry {
     pub fn decode(&self) -> std::result::Result<Entry, record::DecodeError> {
         record::decode_entry(&self.data)
     }
+
+    /// Whether this entry is a stored Kafka batch (by its magic, without
+    /// decoding it).
+    pub fn is_kafka_batch(&self) -> bool {
+        self.data.get(4..8) == Some(&record::kafka::KAFKA_BATCH_MAGIC.to_be_bytes()[..])
+    }
 }
 
 /// Result of [`MessageStore::read`].

@@ -155,8 +155,13 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
         let mut seen = BTreeSet::new();
         for v in views {
             let ids: BTreeSet<String> = v.members.iter().map(|m| m.member_id.clone()).collect();
-            let topics: BTreeSet<String> = v.members.iter().flat_map(|m| subscribed_topics(&m.metadata)).collect();
             seen.insert(v.name.clone());
+            // Subscriptions are parsed only while they are unknown or the
+            // members changed (the ids are cheap to compare every tick).
+            if known.get(&v.name).is_some_and(|(k, t)| *k == ids && !t.is_empty()) {
+                continue;
+            }
+            let topics: BTreeSet<String> = v.members.iter().flat_map(|m| subscribed_topics(&m.metadata)).collect();
             let now = (ids, topics);
             if known.get(&v.name) != Some(&now) {
                 k.broker.membership().set_kafka(&v.name, now.0.clone(), now.1.clone());

@@ -280,33 +280,25 @@ impl Service for NameServer {
 mod tests {
     use super::*;
 
-    fn reg(name: &str, addr: &str, id: i64, topics: &[(&str, u32)]) -> Registration {
-        Registration {
-            cluster: "C".into(),
-            broker_name: name.into(),
-            broker_addr: addr.into(),
-            broker_id: id,
-            ha_addr: String::new(),
-            timeout_ms: None,
-            data_version: 1,
-            topics: topics
-                .iter()
-                .map(|(t, n)| TopicConf {
-                    name: t.to_string(),
-                    read_queues: *n,
-                    write_queues: *n,
-                    perm: 6,
-                    sys_flag: 0,
-                })
-                .collect(),
-        }
-    }
-
     #[test]
     fn registration_round_trips_through_the_wire_form() -> Result<(), String> {
-        let mut r = reg("b", "127.0.0.1:1", 0, &[("T", 4), ("U", 2)]);
-        r.timeout_ms = Some(5000);
-        r.data_version = 7;
+        let topic = |name: &str, n: u32| TopicConf {
+            name: name.into(),
+            read_queues: n,
+            write_queues: n,
+            perm: 6,
+            sys_flag: 0,
+        };
+        let r = Registration {
+            cluster: "C".into(),
+            broker_name: "b".into(),
+            broker_addr: "127.0.0.1:1".into(),
+            broker_id: 0,
+            ha_addr: String::new(),
+            timeout_ms: Some(5000),
+            data_version: 7,
+            topics: vec![topic("T", 4), topic("U", 2)],
+        };
         let cmd = wire::to_command(&r, 1, 479);
         let mut back = wire::from_command(&cmd)?;
         back.topics.sort_by(|a, b| a.name.cmp(&b.name));

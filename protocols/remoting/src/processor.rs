@@ -677,10 +677,9 @@ impl RocketMq {
         if topic.starts_with("%RETRY%") {
             return true;
         }
-        let m = self.broker.membership().get(group);
-        if !m.is_mixed() {
+        let Some(m) = self.broker.membership().mixed(group) else {
             return true;
-        }
+        };
         let ids = m.all_ids();
         let c = self.clients();
         c.clients
@@ -709,34 +708,31 @@ impl RocketMq {
                 let mut body = BytesMut::new();
                 let mut n = 0;
                 for e in &read.entries {
-                    match e.decode() {
-                        Ok(Entry::Message(_)) => {
-                            if codes.is_none_or(|c| c.contains(&(e.cq.tag_code as i32))) {
-                                body.put_slice(&e.data);
-                                n += 1;
-                            }
+                    if !e.is_kafka_batch() {
+                        // A stored RocketMQ message goes out as stored.
+                        if codes.is_none_or(|c| c.contains(&(e.cq.tag_code as i32))) {
+                            body.put_slice(&e.data);
+                            n += 1;
                         }
-                        // A Kafka-produced batch crosses: its records become
-                        // messages (docs/mapping.md), filtered by their tag header.
-                        Ok(Entry::KafkaBatch(b)) => {
-                            match rokka_broker::convert::kafka_batch_to_rocketmq(
-                                &b,
-                                offset,
-                                codes,
-                                self.store_host,
-                                &mut body,
-                            ) {
-                                Ok(c) => n += c.messages,
-                                Err(err) => tracing::error!(
-                                    topic,
-                                    queue = q,
-                                    error = err,
-                                    "Kafka batch not convertible; skipped"
-                                ),
-                            }
-                        }
+                        continue;
+                    }
+                    // A Kafka-produced batch crosses: its records become
+                    // messages (docs/mapping.md), filtered by their tag header.
+                    let converted = match e.decode() {
+                        Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq(
+                            &b,
+                            offset,
+                            codes,
+                            self.store_host,
+                            &mut body,
+                        ),
+                        Ok(_) => Err("not a Kafka batch".to_string()),
+                        Err(err) => Err(err.to_string()),
+                    };
+                    match converted {
+                        Ok(c) => n += c.messages,
                         Err(err) => {
-                            tracing::error!(topic, queue = q, phys = e.cq.phys_offset, error = %err, "undecodable entry in pull");
+                            tracing::error!(topic, queue = q, error = err, "Kafka batch not convertible; skipped")
                         }
                     }
                 }

@@ -148,10 +148,11 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, boo
 fn batches(entries: &[rokka_store::ReadEntry], limit: usize, first: bool) -> Vec<Bytes> {
     let mut out = Vec::with_capacity(entries.len());
     let mut len = 0usize;
+    let mut crossed = rokka_broker::convert::Crossed::default();
     for e in entries {
         let piece = match e.decode() {
             Ok(Entry::KafkaBatch(b)) => b.batch, // a view of the segment: no copy
-            Ok(Entry::Message(m)) => rokka_broker::convert::rocketmq_to_kafka_batch(&m),
+            Ok(Entry::Message(m)) => rokka_broker::convert::rocketmq_to_kafka_batch(&m, &mut crossed),
             Err(err) => {
                 tracing::error!(phys = e.cq.phys_offset, error = %err, "undecodable entry in fetch");
                 break;
@@ -162,6 +163,9 @@ fn batches(entries: &[rokka_store::ReadEntry], limit: usize, first: bool) -> Vec
         }
         len += piece.len();
         out.push(piece);
+    }
+    if crossed.messages > 0 {
+        rokka_broker::convert::record_metrics("rocketmq_to_kafka", &crossed);
     }
     out
 }
