@@ -35,7 +35,10 @@ pub struct Transactions {
 #[derive(Debug, Default)]
 struct TxState {
     loaded: bool,
-    /// Half-queue offsets resolved (committed, rolled back or discarded).
+    /// Every half-queue offset below this is resolved (the scan progress).
+    floor: u64,
+    /// Half-queue offsets at or above `floor` resolved (committed, rolled
+    /// back or discarded); pruned as the floor rises.
     resolved: BTreeSet<u64>,
     /// Checks sent per half-queue offset (since start).
     checks: HashMap<u64, u32>,
@@ -84,6 +87,11 @@ impl Broker {
         let mut st = self.transactions.state.lock().unwrap_or_else(|p| p.into_inner());
         if !st.loaded {
             st.loaded = true;
+            st.floor = self
+                .store
+                .offsets()
+                .get(PROGRESS_GROUP, HALF_TOPIC, 0)
+                .map_or(0, |o| o.offset);
             let mut at = self.store.min_offset(OP_TOPIC, 0);
             let end = self.store.max_offset(OP_TOPIC, 0);
             while at < end {
@@ -95,7 +103,9 @@ impl Broker {
                     if let Ok(Entry::Message(m)) = e.decode() {
                         for o in m.body.split(|b| *b == b',') {
                             if let Some(o) = std::str::from_utf8(o).ok().and_then(|s| s.trim().parse().ok()) {
-                                st.resolved.insert(o);
+                                if o >= st.floor {
+                                    st.resolved.insert(o);
+                                }
                             }
                         }
                     }
@@ -140,8 +150,9 @@ impl Broker {
     fn publish_pending(&self, st: &TxState) {
         let min = self.store.min_offset(HALF_TOPIC, 0);
         let end = self.store.max_offset(HALF_TOPIC, 0);
-        let resolved = st.resolved.range(min..end).count() as u64;
-        metrics::gauge!("rokka_rocketmq_half_messages_pending").set(end.saturating_sub(min + resolved) as f64);
+        let from = min.max(st.floor);
+        let resolved = st.resolved.range(from..end).count() as u64;
+        metrics::gauge!("rokka_rocketmq_half_messages_pending").set(end.saturating_sub(from + resolved) as f64);
     }
 
     fn write_op(&self, half_offset: u64) -> Result<()> {
@@ -157,7 +168,7 @@ impl Broker {
     /// (`half_offset`, `half_phys`) of producer group `group`.
     pub fn end_transaction(&self, group: &str, half_offset: u64, half_phys: u64, commit: bool) -> Result<Ended> {
         let mut st = self.tx_state();
-        if st.resolved.contains(&half_offset) {
+        if half_offset < st.floor || st.resolved.contains(&half_offset) {
             return Ok(Ended::AlreadyResolved);
         }
         let m = match self.store.read_at(half_phys).map(|b| rokka_store::decode_entry(&b)) {
@@ -225,7 +236,7 @@ impl Broker {
             for e in &read.entries {
                 let off = e.cq.base_offset;
                 at = off + u64::from(e.cq.count.max(1));
-                if st.resolved.contains(&off) {
+                if off < st.floor || st.resolved.contains(&off) {
                     if contiguous {
                         progress = at;
                     }
@@ -302,6 +313,10 @@ impl Broker {
         }
         if progress > start {
             offsets.commit(PROGRESS_GROUP, HALF_TOPIC, 0, progress, "");
+            let mut st = self.tx_state();
+            st.floor = st.floor.max(progress);
+            let floor = st.floor;
+            st.resolved = st.resolved.split_off(&floor);
         }
         due
     }
