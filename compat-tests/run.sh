@@ -1,27 +1,95 @@
 #!/usr/bin/env bash
 # The project's test command (README.md "Run the tests"; .ci/run calls it).
-# Installs what the tests need, builds once, runs every suite with bounded time.
-set -euo pipefail
+# Installs what the tests need, builds once, runs every step with bounded
+# time — all of them, even after a failure — and ends with a summary of
+# every step. Each step's output and every broker log are kept under
+# target/compat-results (ROKKA_RESULTS_DIR); the tails of failed steps and
+# of broker logs with errors are printed at the end.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+root=$(pwd)
+export ROKKA_RESULTS_DIR="${ROKKA_RESULTS_DIR:-$root/target/compat-results}"
+rm -rf "$ROKKA_RESULTS_DIR"
+mkdir -p "$ROKKA_RESULTS_DIR"
 
 step() { printf '\n==> %s\n' "$*"; }
+die() { echo "compat-tests/run.sh: $*" >&2; exit 2; }
 
-step "toolchain"
+# ---- what the tests need, installed or named clearly ---------------------
+step "prerequisites"
+if command -v sudo >/dev/null 2>&1 && [[ $(id -u) != 0 ]]; then SUDO=sudo; else SUDO=; fi
+missing=()
+command -v cc >/dev/null 2>&1 || missing+=(gcc)
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+if ((${#missing[@]})); then
+  echo "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq || die "apt-get update failed; install by hand: ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null \
+    || die "apt-get install failed; install by hand: ${missing[*]}"
+fi
+command -v python3 >/dev/null 2>&1 || die "python3 (3.9 or newer) is needed"
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+((node_major >= 18)) || die "Node.js 18 or newer is needed for kafkajs and node --test (found $(node --version 2>/dev/null || echo none))"
+cargo fmt --version >/dev/null 2>&1 || die "rustfmt is needed: rustup component add rustfmt"
+cargo clippy --version >/dev/null 2>&1 || die "clippy is needed: rustup component add clippy"
 cargo --version
 rustc --version
+echo "node $(node --version), npm $(npm --version), $(python3 --version), $(cmake --version | head -1)"
 
-step "format and lints"
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
+# ---- steps ---------------------------------------------------------------
+declare -a names=() codes=() secs=()
+# run_step NAME TIMEOUT CMD...: output to the terminal and to results/NAME.log.
+run_step() {
+  local name=$1 limit=$2; shift 2
+  step "$name"
+  local start=$SECONDS
+  timeout --kill-after=30 "$limit" "$@" 2>&1 | tee "$ROKKA_RESULTS_DIR/$name.log"
+  local code=${PIPESTATUS[0]}
+  [[ $code == 124 ]] && echo "$name: timed out after $limit s"
+  names+=("$name"); codes+=("$code"); secs+=($((SECONDS - start)))
+}
 
-step "workspace tests (unit, proptest, recovery, SIGKILL crash, retention, binary)"
-# Each suite stops itself; the timeout only guards against a hang.
-timeout 1200 cargo test --workspace --locked
-
-# Third-party client suites (compat-tests/<ecosystem>/) join here as the
-# protocol listeners land; each installs its own clients (venv, npm, apt).
+run_step fmt 300 cargo fmt --all -- --check
+run_step clippy 1500 cargo clippy --workspace --all-targets --locked -- -D warnings
+# Unit tests, proptest, recovery, the SIGKILL crash test, retention, the
+# binary end to end. Each stops itself; the timeout only guards a hang.
+run_step workspace-tests 1200 cargo test --workspace --locked
+# One debug build of rokka serves every suite.
+run_step build-rokka 900 cargo build -p rokka-server --locked
+export ROKKA_BIN="$root/target/debug/rokka"
+# Third-party client suites: each installs its own clients (venv, npm, apt).
 for suite in compat-tests/*/run.sh; do
   [[ -e $suite ]] || continue
-  step "compat suite $suite"
-  timeout 1800 bash "$suite"
+  run_step "suite-$(basename "$(dirname "$suite")")" 1800 bash "$suite"
 done
+
+# ---- summary -------------------------------------------------------------
+failed=0
+for i in "${!names[@]}"; do
+  if [[ ${codes[$i]} != 0 ]]; then
+    failed=$((failed + 1))
+    step "tail of failed step ${names[$i]} (full output: $ROKKA_RESULTS_DIR/${names[$i]}.log)"
+    tail -60 "$ROKKA_RESULTS_DIR/${names[$i]}.log"
+  fi
+done
+if ((failed)); then
+  # Broker logs that recorded an error or a panic, wherever a suite kept them.
+  while IFS= read -r log; do
+    step "broker log with errors: $log"
+    grep -n -E 'ERROR|panicked' "$log" | tail -20
+  done < <(grep -rl -E 'ERROR|panicked' --include=rokka.log "$ROKKA_RESULTS_DIR" 2>/dev/null | head -20)
+fi
+step "summary"
+for i in "${!names[@]}"; do
+  if [[ ${codes[$i]} == 0 ]]; then verdict=ok; else verdict="FAILED (exit ${codes[$i]})"; fi
+  printf '%-24s %-18s %5s s\n' "${names[$i]}" "$verdict" "${secs[$i]}"
+done
+for f in "$ROKKA_RESULTS_DIR"/*reruns*.txt; do
+  [[ -s $f ]] && { echo "reruns recorded in $f:"; cat "$f"; }
+done
+echo "results kept in $ROKKA_RESULTS_DIR"
+((failed == 0))

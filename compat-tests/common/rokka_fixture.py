@@ -1,64 +1,145 @@
-"""A rokka process on free loopback ports, for the Python compat suites."""
+"""A rokka process on loopback ports it picks itself, for the Python compat suites.
+
+rokka binds port 0 for every listener and writes the addresses it bound to a
+ports file (`--ports-file`); no port is guessed ahead, so two picks cannot
+collide and no other process can take a port between the pick and the bind.
+A restart binds the same ports again, so clients keep their addresses.
+
+Work directories live under the results directory (`ROKKA_RESULTS_DIR`,
+default `target/compat-results`), which CI prints on failure: the broker's
+log is kept, the data directory is removed once the fixture is done with it.
+"""
+import itertools
+import json
 import os
+import re
+import shutil
 import signal
-import socket
 import subprocess
 import time
 
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+RESULTS = os.environ.get("ROKKA_RESULTS_DIR", os.path.join(ROOT, "target", "compat-results"))
+_seq = itertools.count()
+
+
+def results_dir(suite, name):
+    """A fresh, kept directory for one broker's files: <results>/<suite>/<name>-<pid>-<n>."""
+    d = os.path.join(RESULTS, suite, f"{re.sub(r'[^A-Za-z0-9_.-]', '-', name)}-{os.getpid()}-{next(_seq)}")
+    os.makedirs(d, exist_ok=True)
+    return d
+
 
 def free_port():
+    """A port for a client-side listener of a test's own (not for rokka)."""
+    import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+LISTENERS = {
+    # ports-file key: the config line that binds it
+    "metrics": 'listen = "127.0.0.1:{}"  # metrics',
+    "kafka": 'listen = "127.0.0.1:{}"  # kafka',
+    "namesrv": 'namesrv_listen = "127.0.0.1:{}"',
+    "broker": 'broker_listen = "127.0.0.1:{}"',
+}
+
+
 class Rokka:
-    def __init__(self, workdir, metrics_extra=""):
+    def __init__(self, workdir, metrics_extra="", store_extra="", kafka_extra="", rocketmq_extra=""):
         self.workdir = workdir
-        self.kafka_port = free_port()
-        self.metrics_port = free_port()
-        self.namesrv_port = free_port()
-        self.broker_port = free_port()
-        self.bootstrap = f"127.0.0.1:{self.kafka_port}"
+        self.ports = {}
         self.config = os.path.join(workdir, "rokka.toml")
+        self.ports_file = os.path.join(workdir, "ports.json")
+        self.log_path = os.path.join(workdir, "rokka.log")
+        line = {k: v.format(0) for k, v in LISTENERS.items()}
         with open(self.config, "w") as f:
             f.write(
                 f"""
 [log]
 level = "info"
 [metrics]
-listen = "127.0.0.1:{self.metrics_port}"
+{line["metrics"]}
 {metrics_extra}
 [store]
 data_dir = "{workdir}/data"
 commitlog_segment_bytes = 67108864
 preallocate = false
+{store_extra}
 [kafka]
-listen = "127.0.0.1:{self.kafka_port}"
+{line["kafka"]}
+{kafka_extra}
 [rocketmq]
-namesrv_listen = "127.0.0.1:{self.namesrv_port}"
-broker_listen = "127.0.0.1:{self.broker_port}"
+{line["namesrv"]}
+{line["broker"]}
+{rocketmq_extra}
 """
             )
         self.proc = None
-        self.log = open(os.path.join(workdir, "rokka.log"), "ab")
+        self.log = open(self.log_path, "ab")
 
-    def start(self):
+    # The addresses of the last start (0 before the first).
+    @property
+    def kafka_port(self):
+        return self.ports.get("kafka", 0)
+
+    @property
+    def metrics_port(self):
+        return self.ports.get("metrics", 0)
+
+    @property
+    def namesrv_port(self):
+        return self.ports.get("namesrv", 0)
+
+    @property
+    def broker_port(self):
+        return self.ports.get("broker", 0)
+
+    @property
+    def bootstrap(self):
+        return f"127.0.0.1:{self.kafka_port}"
+
+    def _pin_ports(self):
+        """After a first start, later starts bind the same ports again."""
+        with open(self.config) as f:
+            text = f.read()
+        for key, port in self.ports.items():
+            text = text.replace(LISTENERS[key].format(0), LISTENERS[key].format(port))
+        with open(self.config, "w") as f:
+            f.write(text)
+
+    def start(self, timeout=30):
+        if self.ports:
+            self._pin_ports()
+        if os.path.exists(self.ports_file):
+            os.remove(self.ports_file)
+        self.log.write(f"--- rokka start {time.strftime('%H:%M:%S')}\n".encode())
+        self.log.flush()
         self.proc = subprocess.Popen(
-            [os.environ.get("ROKKA_BIN", "../../target/debug/rokka"), "--config", self.config],
+            [
+                os.environ.get("ROKKA_BIN", os.path.join(ROOT, "target", "debug", "rokka")),
+                "--config",
+                self.config,
+                "--ports-file",
+                self.ports_file,
+            ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.time() + 20
+        deadline = time.time() + timeout
         while time.time() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.kafka_port), timeout=0.5):
-                    return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"rokka exited with {self.proc.returncode}")
-                time.sleep(0.1)
-        raise RuntimeError("rokka did not start listening")
+            if os.path.exists(self.ports_file):
+                with open(self.ports_file) as f:
+                    bound = json.load(f)
+                self.ports = {k: int(v.rsplit(":", 1)[1]) for k, v in bound.items()}
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"rokka exited with {self.proc.returncode} at start; log: {self.log_path}")
+            time.sleep(0.05)
+        raise RuntimeError(f"rokka did not report its ports within {timeout} s; log: {self.log_path}")
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc and self.proc.poll() is None:
@@ -72,12 +153,34 @@ broker_listen = "127.0.0.1:{self.broker_port}"
         self.proc = None
         return code
 
+    def kill(self):
+        """SIGKILL, as a crash: returns once the process is gone."""
+        return self.stop(signal.SIGKILL)
+
     def restart(self):
-        assert self.stop() == 0
+        code = self.stop()
+        assert code == 0, f"rokka exited with {code}; log: {self.log_path}"
         self.start()
+
+    def close(self, keep_data=False):
+        """Stops rokka (if running), closes the log, removes the data unless asked to keep it."""
+        code = self.stop()
+        self.log.close()
+        if not keep_data:
+            shutil.rmtree(os.path.join(self.workdir, "data"), ignore_errors=True)
+        return code
 
     def metrics(self):
         import urllib.request
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
             return r.read().decode()
+
+    def metric_values(self):
+        """{'name{labels}': value} of every sample."""
+        out = {}
+        for line in self.metrics().splitlines():
+            if line and not line.startswith("#"):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out

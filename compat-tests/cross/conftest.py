@@ -2,12 +2,11 @@
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
-from rokka_fixture import Rokka  # noqa: E402
+from rokka_fixture import Rokka, results_dir  # noqa: E402
 
 HARNESS = os.environ.get(
     "ROKKA_RMQ_HARNESS",
@@ -16,16 +15,14 @@ HARNESS = os.environ.get(
 
 
 @pytest.fixture(scope="module")
-def rokka():
-    with tempfile.TemporaryDirectory(prefix="rokka-cross-") as d:
-        r = Rokka(d, metrics_extra="lag_interval_ms = 300")
-        r.start()
-        try:
-            yield r
-        finally:
-            code = r.stop()
-            r.log.close()
-            assert code == 0, f"rokka exited with {code}; log in {d}/rokka.log"
+def rokka(request):
+    r = Rokka(results_dir("cross", request.module.__name__), metrics_extra="lag_interval_ms = 300")
+    r.start()
+    try:
+        yield r
+    finally:
+        code = r.close()
+        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
 
 
 def _unhex(s):

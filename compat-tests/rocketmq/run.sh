@@ -11,15 +11,26 @@ if [[ -z ${ROKKA_BIN:-} ]]; then
   (cd "$root" && cargo build -q -p rokka-server --locked)
   ROKKA_BIN="$root/target/debug/rokka"
 fi
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$1) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+results="${ROKKA_RESULTS_DIR:-$root/target/compat-results}/rocketmq"
+mkdir -p "$results"
+wait_file() { for _ in $(seq 600); do [[ -s $1 ]] && return 0; kill -0 "$2" 2>/dev/null || return 1; sleep 0.05; done; return 1; }
+# port KEY: the port rokka reported for a listener (ports.json of the last start).
+port() { python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))[sys.argv[2]].rsplit(":",1)[1])' "$dir/ports.json" "$1"; }
 
-# new_case: a directory and ports; write_config [extra TOML lines]: its config.
+# new_case NAME: a kept directory under the results directory (rokka.log,
+# client.log; the data is removed when the case passes).
+case_n=0
 new_case() {
-  dir=$(mktemp -d)
-  ns=$(free_port); br=$(free_port); kp=$(free_port); mp=$(free_port)
+  case_n=$((case_n + 1))
+  dir="$results/$case_n-$1"
+  rm -rf "$dir"; mkdir -p "$dir"
+  ns=0; br=0; kp=0; mp=0
 }
+# write_config [extra TOML lines]: the case's config; port 0 until a first
+# start reported the ports, which later starts bind again (clients keep
+# their name-server address across a restart).
 write_config() {
+  extra=("$@")
   cat > "$dir/rokka.toml" <<EOT
 [metrics]
 listen = "127.0.0.1:$mp"
@@ -32,15 +43,32 @@ listen = "127.0.0.1:$kp"
 [rocketmq]
 namesrv_listen = "127.0.0.1:$ns"
 broker_listen = "127.0.0.1:$br"
-$(printf '%s\n' "$@")
+$(printf '%s\n' "${extra[@]}")
 EOT
 }
 start_rokka() {
-  "$ROKKA_BIN" --config "$dir/rokka.toml" "$@" >> "$dir/rokka.log" 2>&1 &
+  rm -f "$dir/ports.json"
+  echo "--- rokka start $(date +%T)" >> "$dir/rokka.log"
+  "$ROKKA_BIN" --config "$dir/rokka.toml" --ports-file "$dir/ports.json" "$@" >> "$dir/rokka.log" 2>&1 &
   pid=$!
-  wait_port "$ns"
+  if ! wait_file "$dir/ports.json" "$pid"; then
+    echo "FAILED - rokka did not start (log: $dir/rokka.log)"; tail -20 "$dir/rokka.log"; return 1
+  fi
+  if [[ $ns == 0 ]]; then
+    ns=$(port namesrv); br=$(port broker); kp=$(port kafka); mp=$(port metrics)
+    write_config "${extra[@]}"
+  fi
 }
-stop_rokka() { kill -TERM "$1" 2>/dev/null || true; wait "$1" || true; }
+# stop_rokka PID: SIGTERM and its exit status (a panic or a failed shutdown
+# is a failure of the case, not something to ignore).
+stop_rokka() {
+  kill -TERM "$1" 2>/dev/null || true
+  local code=0
+  wait "$1" || code=$?
+  if [[ $code != 0 ]]; then echo "FAILED - rokka exited with $code (log: $dir/rokka.log)"; tail -20 "$dir/rokka.log"; return 1; fi
+}
+# end_case RC: keep the logs, drop the data of a passing case.
+end_case() { verdict "$1" "$2"; if [[ $1 == 0 ]]; then rm -rf "$dir/data" "$dir/offsets"; fi; }
 
 passed=0; failed=0
 # run_client NAME ARGS...: the harness (the client logs INFO to stdout
@@ -54,29 +82,33 @@ run_client() {
     : > "$dir/client.log"
     return 0
   fi
-  echo "FAILED - rocketmq $name (client and rokka log tails follow)"
+  echo "FAILED - rocketmq $name (logs: $dir; client and rokka log tails follow)"
   grep -v 'INFO' "$dir/client.log" | tail -30 || true
   tail -20 "$dir/rokka.log"
   return 1
 }
 verdict() {
-  if [[ $1 == 0 ]]; then echo "ok - rocketmq $2"; passed=$((passed + 1)); else failed=$((failed + 1)); fi
+  if [[ $1 == 0 ]]; then echo "ok - rocketmq $2"; passed=$((passed + 1)); else echo "not ok - rocketmq $2"; failed=$((failed + 1)); fi
 }
 
 # One scenario on a fresh embedded name server + broker.
 for scenario in send-consume tag-filter send-kinds ordered group lite-pull broadcast delay timer retry-dlq query orderly-group; do
-  new_case; write_config; start_rokka
-  rc=0; run_client "$scenario" env "rocketmq.client.localOffsetStoreDir=$dir/offsets" \
-    "$harness" "127.0.0.1:$ns" "$scenario" || rc=1
-  stop_rokka "$pid"; verdict $rc "$scenario"; rm -rf "$dir"
+  new_case "$scenario"; write_config; rc=0; start_rokka || rc=1
+  if [[ $rc == 0 ]]; then
+    run_client "$scenario" env "rocketmq.client.localOffsetStoreDir=$dir/offsets" \
+      "$harness" "127.0.0.1:$ns" "$scenario" || rc=1
+    stop_rokka "$pid" || rc=1
+  fi
+  end_case $rc "$scenario"
 done
 
 # ROCKETMQ binary headers: the client is switched by its environment, and
 # rokka's frame counter shows the headers really were binary.
-new_case; write_config; start_rokka
-rc=0; run_client binary-headers env ROCKETMQ_SERIALIZE_TYPE=ROCKETMQ "$harness" "127.0.0.1:$ns" send-consume || rc=1
+new_case binary-headers; write_config; rc=0; start_rokka || rc=1
 if [[ $rc == 0 ]]; then
-  frames=$(python3 - "$mp" <<'EOF'
+  run_client binary-headers env ROCKETMQ_SERIALIZE_TYPE=ROCKETMQ "$harness" "127.0.0.1:$ns" send-consume || rc=1
+  if [[ $rc == 0 ]]; then
+    frames=$(python3 - "$mp" <<'EOF'
 import sys, urllib.request
 text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
 n = {"json": 0, "rocketmq": 0}
@@ -87,73 +119,80 @@ for line in text.splitlines():
                 n[k] += float(line.rsplit(" ", 1)[1])
 print(int(n["rocketmq"]), int(n["json"]))
 EOF
-  )
-  read -r bin json <<<"$frames"
-  echo "# binary-headers: $bin ROCKETMQ frames, $json JSON frames"
-  if [[ $bin -lt 100 || $json -ne 0 ]]; then echo "FAILED - rocketmq binary-headers: frames $frames"; rc=1; fi
+    )
+    read -r bin json <<<"$frames"
+    echo "# binary-headers: $bin ROCKETMQ frames, $json JSON frames"
+    if [[ $bin -lt 100 || $json -ne 0 ]]; then echo "FAILED - rocketmq binary-headers: frames $frames"; rc=1; fi
+  fi
+  stop_rokka "$pid" || rc=1
 fi
-stop_rokka "$pid"; verdict $rc binary-headers; rm -rf "$dir"
+end_case $rc binary-headers
+
+# two_phase NAME FIRST SECOND [config lines]: FIRST, a restart, then SECOND
+# on the same data (and the same ports).
+two_phase() {
+  local name=$1 first=$2 second=$3; shift 3
+  new_case "$name"; write_config "$@"; rc=0; start_rokka || rc=1
+  if [[ $rc == 0 ]]; then
+    run_client "$first" "$harness" "127.0.0.1:$ns" "$first" || rc=1
+    stop_rokka "$pid" || rc=1
+  fi
+  if [[ $rc == 0 ]]; then
+    start_rokka || rc=1
+    if [[ $rc == 0 ]]; then
+      run_client "$second" "$harness" "127.0.0.1:$ns" "$second" || rc=1
+      stop_rokka "$pid" || rc=1
+    fi
+  fi
+  end_case $rc "$name"
+}
 
 # Committed offsets survive a restart.
-new_case; write_config; start_rokka
-rc=0; run_client resume-1 "$harness" "127.0.0.1:$ns" resume-1 || rc=1
-stop_rokka "$pid"
-if [[ $rc == 0 ]]; then
-  start_rokka
-  run_client resume-2 "$harness" "127.0.0.1:$ns" resume-2 || rc=1
-  stop_rokka "$pid"
-fi
-verdict $rc restart-resume; rm -rf "$dir"
+two_phase restart-resume resume-1 resume-2
 
 # Transactions: commit, rollback, and a check-back (short check timings).
-new_case; write_config "transaction_timeout_ms = 2000" "transaction_check_interval_ms = 500"; start_rokka
-rc=0; run_client transactions "$harness" "127.0.0.1:$ns" transactions || rc=1
-stop_rokka "$pid"; verdict $rc transactions; rm -rf "$dir"
+new_case transactions; write_config "transaction_timeout_ms = 2000" "transaction_check_interval_ms = 500"
+rc=0; start_rokka || rc=1
+if [[ $rc == 0 ]]; then
+  run_client transactions "$harness" "127.0.0.1:$ns" transactions || rc=1
+  stop_rokka "$pid" || rc=1
+fi
+end_case $rc transactions
 
 # A transaction left open across a restart is checked afterwards; nothing resolves twice.
-new_case; write_config "transaction_timeout_ms = 2000" "transaction_check_interval_ms = 500"; start_rokka
-rc=0; run_client tx-restart-1 "$harness" "127.0.0.1:$ns" tx-restart-1 || rc=1
-stop_rokka "$pid"
-if [[ $rc == 0 ]]; then
-  start_rokka
-  run_client tx-restart-2 "$harness" "127.0.0.1:$ns" tx-restart-2 || rc=1
-  stop_rokka "$pid"
-fi
-verdict $rc transaction-restart; rm -rf "$dir"
+two_phase transaction-restart tx-restart-1 tx-restart-2 "transaction_timeout_ms = 2000" "transaction_check_interval_ms = 500"
 
 # Delayed messages survive a restart (durable delivery progress).
-new_case; write_config; start_rokka
-rc=0; run_client delay-restart-1 "$harness" "127.0.0.1:$ns" delay-restart-1 || rc=1
-stop_rokka "$pid"
-if [[ $rc == 0 ]]; then
-  start_rokka
-  run_client delay-restart-2 "$harness" "127.0.0.1:$ns" delay-restart-2 || rc=1
-  stop_rokka "$pid"
-fi
-verdict $rc delay-restart; rm -rf "$dir"
+two_phase delay-restart delay-restart-1 delay-restart-2
 
 # A name server alone (rokka --namesrv-only) and a broker registering with it.
-new_case
+new_case external-namesrv
 nsdir=$dir/ns; mkdir -p "$nsdir"
 cat > "$nsdir/rokka.toml" <<EOT
 [metrics]
 enabled = false
 [rocketmq]
-namesrv_listen = "127.0.0.1:$ns"
+namesrv_listen = "127.0.0.1:0"
 EOT
-"$ROKKA_BIN" --config "$nsdir/rokka.toml" --namesrv-only >> "$dir/rokka.log" 2>&1 &
+rc=0
+"$ROKKA_BIN" --config "$nsdir/rokka.toml" --namesrv-only --ports-file "$nsdir/ports.json" >> "$dir/rokka.log" 2>&1 &
 nspid=$!
-wait_port "$ns"
-write_config "namesrv_enabled = false" "namesrv_addr = \"127.0.0.1:$ns\""
-"$ROKKA_BIN" --config "$dir/rokka.toml" >> "$dir/rokka.log" 2>&1 &
-pid=$!
-wait_port "$br"
-rc=0; run_client external-namesrv "$harness" "127.0.0.1:$ns" send-consume || rc=1
-stop_rokka "$pid"; stop_rokka "$nspid"
+if wait_file "$nsdir/ports.json" "$nspid"; then
+  ns=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["namesrv"].rsplit(":",1)[1])' "$nsdir/ports.json")
+  write_config "namesrv_enabled = false" "namesrv_addr = \"127.0.0.1:$ns\""
+  start_rokka || rc=1
+  if [[ $rc == 0 ]]; then
+    run_client external-namesrv "$harness" "127.0.0.1:$ns" send-consume || rc=1
+    stop_rokka "$pid" || rc=1
+  fi
+else
+  echo "FAILED - the name server did not start (log: $dir/rokka.log)"; rc=1
+fi
+stop_rokka "$nspid" || rc=1
 if [[ $rc == 0 ]] && ! grep -q "broker unregistered" "$dir/rokka.log"; then
   echo "FAILED - rocketmq external-namesrv: the broker did not unregister at shutdown"; rc=1
 fi
-verdict $rc external-namesrv; rm -rf "$dir"
+end_case $rc external-namesrv
 
 echo "rocketmq: $passed passed, $failed failed"
 [[ $failed == 0 ]]

@@ -4,61 +4,49 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { createServer, connect } from 'node:net';
-import { tmpdir } from 'node:os';
+import { existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import kafkajs from 'kafkajs';
 
 const { Kafka, logLevel, CompressionTypes } = kafkajs;
 
-function freePort() {
-  return new Promise((resolve) => {
-    const s = createServer();
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-async function waitListening(port) {
-  const deadline = Date.now() + 20000;
+// rokka binds port 0 for every listener and writes the ports it got to a
+// ports file: no port is guessed ahead, so none can be taken in between.
+async function waitPorts(file, child) {
+  const deadline = Date.now() + 30000;
   while (Date.now() < deadline) {
-    const ok = await new Promise((resolve) => {
-      const c = connect(port, '127.0.0.1', () => { c.end(); resolve(true); });
-      c.on('error', () => resolve(false));
-    });
-    if (ok) return;
-    await new Promise((r) => setTimeout(r, 100));
+    if (existsSync(file)) return JSON.parse(readFileSync(file, 'utf8'));
+    if (child.exitCode !== null) throw new Error(`rokka exited with ${child.exitCode} at start`);
+    await new Promise((r) => setTimeout(r, 50));
   }
-  throw new Error('rokka did not start');
+  throw new Error('rokka did not report its ports');
 }
 
 let proc;
 let kafka;
 
 before(async () => {
-  const dir = mkdtempSync(join(tmpdir(), 'rokka-kafkajs-'));
-  const port = await freePort();
-  const metrics = await freePort();
-  const namesrv = await freePort();
-  const rmqBroker = await freePort();
+  const results = process.env.ROKKA_RESULTS_DIR || join(process.cwd(), '..', '..', '..', 'target', 'compat-results');
+  mkdirSync(join(results, 'kafka'), { recursive: true });
+  const dir = mkdtempSync(join(results, 'kafka', 'kafkajs-'));
   writeFileSync(join(dir, 'rokka.toml'), `
 [metrics]
-listen = "127.0.0.1:${metrics}"
+listen = "127.0.0.1:0"
 [store]
 data_dir = "${dir}/data"
 commitlog_segment_bytes = 67108864
 preallocate = false
 [kafka]
-listen = "127.0.0.1:${port}"
+listen = "127.0.0.1:0"
 [rocketmq]
-namesrv_listen = "127.0.0.1:${namesrv}"
-broker_listen = "127.0.0.1:${rmqBroker}"
+namesrv_listen = "127.0.0.1:0"
+broker_listen = "127.0.0.1:0"
 `);
-  proc = spawn(process.env.ROKKA_BIN, ['--config', join(dir, 'rokka.toml')], { stdio: 'ignore' });
-  await waitListening(port);
+  const log = openSync(join(dir, 'rokka.log'), 'a');
+  proc = spawn(process.env.ROKKA_BIN, ['--config', join(dir, 'rokka.toml'), '--ports-file', join(dir, 'ports.json')],
+    { stdio: ['ignore', log, log] });
+  const ports = await waitPorts(join(dir, 'ports.json'), proc);
+  const port = Number(ports.kafka.split(':').pop());
   kafka = new Kafka({ clientId: 'kafkajs-compat', brokers: [`127.0.0.1:${port}`], logLevel: logLevel.NOTHING });
 });
 

@@ -2,7 +2,9 @@
 //! embedded defaults (data under `./data`, listeners on 127.0.0.1).
 
 mod config;
+mod endpoint;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -34,6 +36,11 @@ struct Args {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
+    /// Once every listener is bound, write their addresses to this file as
+    /// JSON (`{"kafka": "127.0.0.1:9092", ...}`): with port 0 in the config,
+    /// the kernel picks free ports and this file tells which.
+    #[arg(long)]
+    ports_file: Option<PathBuf>,
 }
 
 /// Buckets for `*_seconds` histograms: 10 µs .. 10 s.
@@ -101,7 +108,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(cfg)) {
+    match runtime.block_on(serve(cfg, args.ports_file)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "rokka stopped");
@@ -110,14 +117,22 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
+async fn serve(cfg: Config, ports_file: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut listeners = Vec::new();
+    let mut bound = BTreeMap::new();
     if cfg.metrics.enabled {
-        PrometheusBuilder::new()
-            .with_http_listener(cfg.metrics.listen)
+        let handle = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?
-            .install()
-            .map_err(|e| format!("metrics exporter on {}: {e}", cfg.metrics.listen))?;
-        tracing::info!(listen = %cfg.metrics.listen, "Prometheus metrics at /metrics");
+            .install_recorder()
+            .map_err(|e| format!("metrics recorder: {e}"))?;
+        let l = TcpListener::bind(cfg.metrics.listen)
+            .await
+            .map_err(|e| format!("metrics endpoint on {}: {e}", cfg.metrics.listen))?;
+        let addr = l.local_addr()?;
+        bound.insert("metrics", addr);
+        tracing::info!(listen = %addr, "Prometheus metrics at /metrics");
+        listeners.push(tokio::spawn(endpoint::serve(l, handle, stop_rx.clone())));
     }
     let rocketmq_broker = cfg.rocketmq.enabled && cfg.rocketmq.broker_enabled;
     let store = if cfg.kafka.enabled || rocketmq_broker {
@@ -132,8 +147,6 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
         Some(s) => Some(Arc::new(Broker::new(Arc::clone(s), cfg.broker.clone())?)),
         None => None,
     };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut listeners = Vec::new();
     if let Some(broker) = &broker {
         listeners.push(tokio::spawn(rokka_broker::schedule::run(
             Arc::clone(broker),
@@ -159,14 +172,15 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
         let listener = TcpListener::bind(cfg.kafka.listen)
             .await
             .map_err(|e| format!("Kafka listener on {}: {e}", cfg.kafka.listen))?;
-        let bound = listener.local_addr()?;
+        let addr = listener.local_addr()?;
+        bound.insert("kafka", addr);
         let kafka = Arc::new(Kafka::new(
             Arc::clone(broker),
             cfg.kafka.clone(),
             cfg.group.clone(),
-            bound,
+            addr,
         ));
-        tracing::info!(listen = %bound, advertised = %format!("{}:{}", kafka.advertised_host, kafka.advertised_port), "Kafka listener");
+        tracing::info!(listen = %addr, advertised = %format!("{}:{}", kafka.advertised_host, kafka.advertised_port), "Kafka listener");
         listeners.push(tokio::spawn(rokka_kafka::serve(listener, kafka, stop_rx.clone())));
     }
     if cfg.rocketmq.enabled {
@@ -175,6 +189,7 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
                 let l = TcpListener::bind(cfg.rocketmq.broker_listen)
                     .await
                     .map_err(|e| format!("RocketMQ broker listener on {}: {e}", cfg.rocketmq.broker_listen))?;
+                bound.insert("broker", l.local_addr()?);
                 let rmq = Arc::new(RocketMq::new(Arc::clone(broker), cfg.rocketmq.clone(), l.local_addr()?));
                 rmq.start_mixed_listener();
                 listeners.push(tokio::spawn(Arc::clone(&rmq).run_transaction_checks(stop_rx.clone())));
@@ -204,6 +219,7 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
             let l = TcpListener::bind(cfg.rocketmq.namesrv_listen)
                 .await
                 .map_err(|e| format!("RocketMQ name server listener on {}: {e}", cfg.rocketmq.namesrv_listen))?;
+            bound.insert("namesrv", l.local_addr()?);
             let local = rmq.clone().filter(|_| embedded);
             let ns = Arc::new(NameServer::new(cfg.rocketmq.clone(), local));
             tracing::info!(namesrv = %l.local_addr()?, "RocketMQ name server listener");
@@ -231,6 +247,9 @@ async fn serve(cfg: Config) -> Result<(), Box<dyn std::error::Error>> {
                 stop_rx.clone(),
             )));
         }
+    }
+    if let Some(path) = &ports_file {
+        endpoint::write_ports_file(path, &bound).map_err(|e| format!("ports file {}: {e}", path.display()))?;
     }
     tracing::info!(data_dir = %cfg.store.data_dir.display(), "rokka is up");
 
