@@ -10,10 +10,10 @@ root="$(cd "$here/../.." && pwd)"
 (cd "$here" && cargo build --release -q)
 bench="$here/target/release/rokka-kafka-bench"
 
-run_case() { # flush_mode then bench args
+failures=0
+run_case() { # flush_mode then bench args; a failed driver or broker fails the run
   local mode=$1; shift
   local dir; dir=$(mktemp -d "$root/target/kbench.XXXX")
-  local port; port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
   cat > "$dir/rokka.toml" <<EOT
 [log]
 level = "warn"
@@ -25,15 +25,20 @@ flush_mode = "$mode"
 [broker]
 default_partitions = 4
 [kafka]
-listen = "127.0.0.1:$port"
+listen = "127.0.0.1:0"
 [rocketmq]
 enabled = false
 EOT
-  "$root/target/release/rokka" --config "$dir/rokka.toml" & local pid=$!
-  sleep 1
+  "$root/target/release/rokka" --config "$dir/rokka.toml" --ports-file "$dir/ports.json" & local pid=$!
+  for _ in $(seq 300); do [[ -s $dir/ports.json ]] && break; sleep 0.1; done
+  local kafka; kafka=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["kafka"])' "$dir/ports.json")
   echo "# flush_mode=$mode $*"
-  "$bench" --brokers "127.0.0.1:$port" --topic "b$RANDOM" "$@" || true
-  kill -TERM $pid; wait $pid || true
+  local rc=0
+  "$bench" --brokers "$kafka" --topic "b$RANDOM" "$@" || { rc=$?; echo "FAILED: the driver exited with $rc"; }
+  kill -TERM $pid
+  local code=0; wait $pid || code=$?
+  if [[ $code != 0 ]]; then echo "FAILED: rokka exited with $code"; rc=1; fi
+  if [[ $rc != 0 ]]; then failures=$((failures + 1)); fi
   rm -rf "$dir"
 }
 
@@ -42,3 +47,4 @@ run_case async --size 1024 --messages 1000000 --acks 1
 run_case async --size 100 --messages 2000000 --acks all
 run_case async --size 1024 --messages 1000000 --acks all
 run_case sync --size 1024 --messages 500000 --acks all --produce-only
+[[ $failures == 0 ]] || { echo "$failures benchmark case(s) failed"; exit 1; }

@@ -11,27 +11,27 @@ scale=${1:-1}
 stages=${2:-all}
 (cd "$root" && cargo build --release -q -p rokka-server --locked)
 (cd "$root/compat-tests/rocketmq/harness" && cargo build --release -q --locked)
-free_port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 dir=$(mktemp -d -p "$root/target")
 trap 'rm -rf "$dir"' EXIT
-ns=$(free_port); br=$(free_port); kp=$(free_port); mp=$(free_port)
 cat > "$dir/rokka.toml" <<EOT
 [log]
 level = "warn"
 [metrics]
-listen = "127.0.0.1:$mp"
+listen = "127.0.0.1:0"
 [store]
 data_dir = "$dir/data"
 flush_mode = "async"
 [kafka]
-listen = "127.0.0.1:$kp"
+listen = "127.0.0.1:0"
 [rocketmq]
-namesrv_listen = "127.0.0.1:$ns"
-broker_listen = "127.0.0.1:$br"
+namesrv_listen = "127.0.0.1:0"
+broker_listen = "127.0.0.1:0"
 EOT
-"$root/target/release/rokka" --config "$dir/rokka.toml" > "$dir/rokka.log" 2>&1 &
+"$root/target/release/rokka" --config "$dir/rokka.toml" --ports-file "$dir/ports.json" > "$dir/rokka.log" 2>&1 &
 pid=$!
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$ns) 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 300); do [[ -s $dir/ports.json ]] && break; sleep 0.1; done
+port() { python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))[sys.argv[2]].rsplit(":",1)[1])' "$dir/ports.json" "$1"; }
+ns=$(port namesrv); mp=$(port metrics)
 rc=0
 timeout 900 "$root/compat-tests/rocketmq/harness/target/release/rokka-rocketmq-compat" "127.0.0.1:$ns" bench "$scale" "$stages" \
   > "$dir/client.log" 2>&1 || rc=$?
@@ -52,6 +52,8 @@ for code in sorted(counts, key=lambda c: -counts[c]):
     if counts.get(code):
         print(f"rokka handling code {code}: {counts[code]:.0f} requests, mean {sums[code] / counts[code] * 1e6:.1f} µs")
 PY
-kill -TERM $pid; wait $pid || true
-if [[ $rc != 0 ]]; then tail -20 "$dir/client.log"; fi
+kill -TERM $pid
+code=0; wait $pid || code=$?
+if [[ $rc != 0 ]]; then echo "FAILED: the driver exited with $rc (or did not get every message back)"; tail -20 "$dir/client.log"; fi
+if [[ $code != 0 ]]; then echo "FAILED: rokka exited with $code"; tail -20 "$dir/rokka.log"; rc=1; fi
 exit $rc

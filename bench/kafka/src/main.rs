@@ -1,14 +1,37 @@
 //! Produce then consume `--messages` messages of `--size` bytes through
 //! librdkafka, printing msg/s and MB/s. The client is tuned so that it is not
 //! the bottleneck (large batches, lz4 off, many messages in flight).
+//! Exits non-zero when a delivery failed or not every message came back.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::client::ClientContext;
+use rdkafka::message::DeliveryResult;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{Message, Offset, TopicPartitionList};
+
+/// Counts delivery reports: a benchmark that lost messages measured nothing.
+#[derive(Default)]
+struct Deliveries {
+    ok: AtomicU64,
+    failed: AtomicU64,
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => self.ok.fetch_add(1, Ordering::Relaxed),
+            Err(_) => self.failed.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+}
 
 #[derive(Parser)]
 struct Args {
@@ -46,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return raw_fetch(&a);
     }
     let payload = vec![0x61u8; a.size];
-    let producer: BaseProducer = ClientConfig::new()
+    let producer: BaseProducer<Deliveries> = ClientConfig::new()
         .set("bootstrap.servers", &a.brokers)
         .set("acks", &a.acks)
         .set("linger.ms", "5")
@@ -56,7 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .set("queue.buffering.max.kbytes", "2097151")
         .set("enable.idempotence", "false")
         .set("compression.codec", "none")
-        .create()?;
+        .create_with_context(Deliveries::default())?;
     if a.warmup > 0 {
         for i in 0..a.warmup {
             let p = (i % a.partitions as u64) as i32;
@@ -89,6 +112,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     producer.flush(Duration::from_secs(120))?;
     let el = t.elapsed().as_secs_f64();
+    let (ok, failed) = (
+        producer.context().ok.load(Ordering::Relaxed),
+        producer.context().failed.load(Ordering::Relaxed),
+    );
+    if failed > 0 || ok != a.messages + a.warmup {
+        return Err(format!(
+            "{failed} deliveries failed, {ok} of {} acknowledged",
+            a.messages + a.warmup
+        )
+        .into());
+    }
     println!(
         "produce size={} acks={} {:.0} msg/s {:.1} MB/s ({} msgs in {:.2} s)",
         a.size,
@@ -137,6 +171,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         got,
         el
     );
+    if got < a.messages {
+        return Err(format!("consumed {got} of {} messages", a.messages).into());
+    }
     Ok(())
 }
 
@@ -225,5 +262,8 @@ fn raw_fetch(a: &Args) -> Result<(), Box<dyn std::error::Error>> {
         records,
         el
     );
+    if records < a.messages {
+        return Err(format!("raw fetch read {records} of {} records", a.messages).into());
+    }
     Ok(())
 }
