@@ -54,6 +54,8 @@ run_step() {
 }
 
 run_step fmt 300 cargo fmt --all -- --check
+# Patched crate copies are their published release plus their patch file.
+run_step vendored 300 bash third_party/verify.sh
 run_step clippy 1500 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Unit tests, proptest, recovery, the SIGKILL crash test, retention, the
 # binary end to end. Each stops itself; the timeout only guards a hang.

@@ -514,7 +514,16 @@ impl RecordBatchDecoder {
         version: i8,
         records: &mut Vec<Record>,
     ) -> Result<()> {
-        records.reserve(batch_decode_info.record_count as usize);
+        // ROKKA PATCH: record_count comes off the wire (upstream #156 bounds
+        // it the same way); every record takes at least one byte.
+        if batch_decode_info.record_count as usize > buf.remaining() {
+            bail!(
+                "record count {} exceeds the {} bytes left",
+                batch_decode_info.record_count,
+                buf.remaining()
+            );
+        }
+        records.reserve((batch_decode_info.record_count as usize).min(types::PREALLOC_CAP));
         for _ in 0..batch_decode_info.record_count {
             records.push(Record::decode_new(buf, batch_decode_info, version)?);
         }
@@ -893,7 +902,11 @@ impl Record {
         }
         let num_headers = num_headers as usize;
 
-        let mut headers = IndexMap::with_capacity(num_headers);
+        // ROKKA PATCH: num_headers comes off the wire.
+        if num_headers > bytes::Buf::remaining(buf) {
+            bail!("record header count {num_headers} exceeds the {} bytes left", bytes::Buf::remaining(buf));
+        }
+        let mut headers = IndexMap::with_capacity(num_headers.min(types::PREALLOC_CAP));
         for _ in 0..num_headers {
             // Key len
             let key_len: i32 = types::VarInt.decode(buf)?;

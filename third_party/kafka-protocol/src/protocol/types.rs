@@ -26,6 +26,11 @@ macro_rules! define_copy_impl {
     )
 }
 
+
+/// ROKKA PATCH: the most elements reserved ahead of decoding them; a longer
+/// collection grows as its elements actually decode.
+pub(crate) const PREALLOC_CAP: usize = 1024;
+
 /// A boolean value.
 #[derive(Debug, Copy, Clone, Default)]
 pub struct Boolean;
@@ -985,7 +990,14 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for Array<E> {
         match Int32.decode(buf)? {
             -1 => Ok(None),
             n if n >= 0 => {
-                let mut result = Vec::with_capacity(n as usize);
+                // ROKKA PATCH: the count comes off the wire; every element
+                // takes at least one byte, so a count above the bytes left is
+                // not a message, and nothing is reserved ahead of the
+                // elements beyond a small cap.
+                if n as usize > buf.remaining() {
+                    bail!("Array length {n} exceeds the {} bytes left", buf.remaining());
+                }
+                let mut result = Vec::with_capacity((n as usize).min(PREALLOC_CAP));
                 for _ in 0..n {
                     result.push(self.0.decode(buf)?);
                 }
@@ -1093,7 +1105,11 @@ impl<T, E: Decoder<T>> Decoder<Option<Vec<T>>> for CompactArray<E> {
         match UnsignedVarInt.decode(buf)? {
             0 => Ok(None),
             n => {
-                let mut result = Vec::with_capacity((n - 1) as usize);
+                // ROKKA PATCH: as for Array.
+                if (n - 1) as usize > buf.remaining() {
+                    bail!("CompactArray length {} exceeds the {} bytes left", n - 1, buf.remaining());
+                }
+                let mut result = Vec::with_capacity(((n - 1) as usize).min(PREALLOC_CAP));
                 for _ in 1..n {
                     result.push(self.0.decode(buf)?);
                 }
