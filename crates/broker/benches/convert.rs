@@ -75,7 +75,7 @@ fn main() -> Result<(), String> {
         let t = Instant::now();
         for _ in 0..rounds {
             out.clear();
-            black_box(kafka_batch_to_rocketmq(&view, 0, None, host, &mut out)?);
+            black_box(kafka_batch_to_rocketmq(&view, 0, None, host, 64 << 20, &mut out)?);
         }
         let ns = t.elapsed().as_nanos() as f64 / (rounds * 100) as f64;
         println!("Kafka batch ({name}, 100 x 100 B) -> RocketMQ messages: {ns:.0} ns/message");

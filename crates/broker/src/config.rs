@@ -13,6 +13,10 @@ pub struct BrokerConfig {
     pub max_partitions: u32,
     /// Delay of each RocketMQ delay level, 1 … n, in ms (`messageDelayLevel`).
     pub delay_levels_ms: Vec<u64>,
+    /// Most bytes one Kafka record batch may decompress to: a Produce whose
+    /// batch decompresses to more is refused (MESSAGE_TOO_LARGE), and a
+    /// stored batch is never opened past it.
+    pub max_batch_decompressed_bytes: u64,
 }
 
 impl Default for BrokerConfig {
@@ -22,6 +26,7 @@ impl Default for BrokerConfig {
             default_partitions: 1,
             max_partitions: 1024,
             delay_levels_ms: crate::schedule::LEVELS_MS.iter().map(|l| *l as u64).collect(),
+            max_batch_decompressed_bytes: 64 * 1024 * 1024,
         }
     }
 }

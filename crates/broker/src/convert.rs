@@ -16,7 +16,6 @@
 use std::net::SocketAddr;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use kafka_protocol::records::RecordBatchDecoder;
 use rokka_store::record::message::{self as rmsg, MessageInput, Placement};
 use rokka_store::record::properties::{self, java_string_hash};
 use rokka_store::{KafkaBatchView, MessageView};
@@ -160,16 +159,18 @@ fn push_prop(out: &mut Vec<u8>, k: &[u8], v: &[u8]) {
 /// Appends to `out`, in the stored-message layout a pull body carries, every
 /// record of the Kafka batch `view` at or after `from`, whose tag passes
 /// `codes` (tag hash codes; `None` = all). Control records (transaction
-/// markers) are skipped. Errors when the batch cannot be decoded.
+/// markers) are skipped. Errors when the batch cannot be decoded or
+/// decompresses to more than `max_decompressed` bytes.
 pub fn kafka_batch_to_rocketmq(
     view: &KafkaBatchView,
     from: u64,
     codes: Option<&[i32]>,
     store_host: SocketAddr,
+    max_decompressed: usize,
     out: &mut BytesMut,
 ) -> Result<Crossed, String> {
-    let mut buf = view.batch.clone();
-    let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| format!("Kafka batch at {}: {e}", view.phys_offset))?;
+    let set = crate::validate::decode(&view.batch, max_decompressed)
+        .map_err(|e| format!("Kafka batch at {}: {e}", view.phys_offset))?;
     let topic = view.topic_str();
     let mut c = Crossed::default();
     let mut props = Vec::with_capacity(256);
@@ -337,6 +338,7 @@ mod tests {
     use super::*;
     use kafka_protocol::indexmap::IndexMap;
     use kafka_protocol::protocol::StrBytes;
+    use kafka_protocol::records::RecordBatchDecoder;
     use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 
     fn record(offset: i64, key: Option<&[u8]>, value: Option<&[u8]>, headers: &[(&str, Option<&[u8]>)]) -> Record {
@@ -426,7 +428,7 @@ mod tests {
             ];
             let view = stored_batch(&recs, compression)?;
             let mut out = BytesMut::new();
-            let c = kafka_batch_to_rocketmq(&view, 11, None, host, &mut out)?;
+            let c = kafka_batch_to_rocketmq(&view, 11, None, host, 1 << 20, &mut out)?;
             assert_eq!((c.messages, c.dropped), (2, 2), "{compression:?}");
             let msgs = pulled(&out)?;
             assert_eq!(msgs[0].queue_offset, 11);
@@ -469,7 +471,7 @@ mod tests {
         let view = stored_batch(&recs, Compression::None)?;
         let mut out = BytesMut::new();
         let code = java_string_hash(b"TagA");
-        let c = kafka_batch_to_rocketmq(&view, 0, Some(&[code]), host, &mut out)?;
+        let c = kafka_batch_to_rocketmq(&view, 0, Some(&[code]), host, 1 << 20, &mut out)?;
         assert_eq!((c.messages, c.filtered), (1, 2));
         let m = &pulled(&out)?[0];
         assert_eq!(m.property("TAGS"), Some(&b"TagA"[..]));

@@ -14,6 +14,7 @@ pub mod schedule;
 pub mod timer;
 pub mod topics;
 pub mod transaction;
+pub mod validate;
 
 use std::sync::Arc;
 

@@ -57,16 +57,8 @@ async fn poke(addr: std::net::SocketAddr, frame: &[u8]) -> Result<(), Box<dyn st
     let mut s = TcpStream::connect(addr).await?;
     s.write_all(frame).await?;
     let mut sink = vec![0u8; 64 * 1024];
-    let outcome = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            match s.read(&mut sink).await {
-                Ok(0) | Err(_) => return "closed",
-                // An answer: enough for this test (its form is checked elsewhere).
-                Ok(_) => return "answered",
-            }
-        }
-    })
-    .await;
+    // Either an answer (its form is checked elsewhere) or a close.
+    let outcome = tokio::time::timeout(Duration::from_secs(10), s.read(&mut sink)).await;
     match outcome {
         Ok(_) => Ok(()),
         Err(_) => Err(format!(

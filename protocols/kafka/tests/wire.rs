@@ -223,6 +223,41 @@ async fn corrupt_batches_are_refused() -> TestResult {
     )
     .await?;
     assert_eq!(partition(&r).0, rokka_kafka::errors::UNKNOWN_TOPIC_OR_PARTITION);
+
+    // Valid CRCs over lies: a record count of 0x7FFFFFF0 (this batch, once
+    // stored, aborted every RocketMQ pull of its queue), a count that
+    // disagrees with lastOffsetDelta, a record length past its fields.
+    let lies: [(usize, &[u8]); 3] = [
+        (57, &0x7FFF_FFF0u32.to_be_bytes()),
+        (57, &2u32.to_be_bytes()),
+        (61, &[0x7e]),
+    ];
+    for (at, bytes) in lies {
+        let mut b = batch(-1, -1, -1, &[b"x"]).to_vec();
+        b[at..at + bytes.len()].copy_from_slice(bytes);
+        let crc = crc32c::crc32c(&b[21..]);
+        b[17..21].copy_from_slice(&crc.to_be_bytes());
+        let r: ProduceResponse = call(&mut s, ApiKey::Produce, 9, &produce_req("c", Bytes::from(b))).await?;
+        assert_eq!(
+            partition(&r).0,
+            rokka_kafka::errors::CORRUPT_MESSAGE,
+            "lie at byte {at}"
+        );
+    }
+    // Nothing of it was stored.
+    assert_eq!(
+        partition(
+            &call(
+                &mut s,
+                ApiKey::Produce,
+                9,
+                &produce_req("c", batch(-1, -1, -1, &[b"ok"]))
+            )
+            .await?
+        )
+        .1,
+        0
+    );
     Ok(())
 }
 

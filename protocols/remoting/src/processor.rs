@@ -724,6 +724,7 @@ impl RocketMq {
                             offset,
                             codes,
                             self.store_host,
+                            self.broker.config().max_batch_decompressed_bytes as usize,
                             &mut body,
                         ),
                         Ok(_) => Err("not a Kafka batch".to_string()),
@@ -992,6 +993,7 @@ impl RocketMq {
                     b.queue_offset,
                     None,
                     self.store_host,
+                    self.broker.config().max_batch_decompressed_bytes as usize,
                     &mut out,
                 ) {
                     Ok(_) if !out.is_empty() => {

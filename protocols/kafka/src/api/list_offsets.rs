@@ -4,7 +4,6 @@
 
 use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
-use kafka_protocol::records::RecordBatchDecoder;
 use rokka_store::{Entry, MessageStore};
 
 use crate::errors;
@@ -15,7 +14,7 @@ const EARLIEST: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
 
 /// (offset, timestamp) of the first record at or after `ts`, or (-1, -1).
-fn by_time(store: &MessageStore, topic: &str, q: u32, ts: i64) -> (i64, i64) {
+fn by_time(store: &MessageStore, topic: &str, q: u32, ts: i64, limit: usize) -> (i64, i64) {
     let Some(cq) = store.queue(topic, q) else {
         return (-1, -1);
     };
@@ -33,8 +32,7 @@ fn by_time(store: &MessageStore, topic: &str, q: u32, ts: i64) -> (i64, i64) {
         match entry.decode() {
             Ok(Entry::Message(m)) if m.born_timestamp >= ts => return (m.queue_offset as i64, m.born_timestamp),
             Ok(Entry::KafkaBatch(b)) => {
-                let mut buf = b.batch.clone();
-                if let Ok(set) = RecordBatchDecoder::decode(&mut buf) {
+                if let Ok(set) = rokka_broker::validate::decode(&b.batch, limit) {
                     if let Some(r) = set.records.iter().find(|r| r.timestamp >= ts) {
                         return (r.offset, r.timestamp);
                     }
@@ -81,7 +79,13 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                             Some(e) => (e.base_offset as i64, e.msg_timestamp),
                             None => (-1, -1),
                         },
-                        ts => by_time(store, &name, q, ts),
+                        ts => by_time(
+                            store,
+                            &name,
+                            q,
+                            ts,
+                            k.broker.config().max_batch_decompressed_bytes as usize,
+                        ),
                     };
                     resp.with_offset(offset)
                         .with_timestamp(ts)

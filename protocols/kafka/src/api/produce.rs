@@ -5,15 +5,15 @@
 use bytes::Bytes;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use rokka_broker::validate::{validate, BatchError};
 use rokka_broker::SequenceCheck;
-use rokka_store::record::kafka::{batch_crc_ok, BatchInfo};
 
 use crate::errors;
 use crate::Kafka;
 
-/// Splits a records blob into batches, validating each; an error code for
-/// the first bad one.
-fn split_batches(records: &Bytes) -> Result<Vec<Bytes>, i16> {
+/// Splits a records blob into batches, validating each completely
+/// (`rokka_broker::validate`); an error code for the first bad one.
+fn split_batches(records: &Bytes, max_decompressed: usize) -> Result<Vec<Bytes>, i16> {
     let mut out = Vec::new();
     let mut at = 0usize;
     while at < records.len() {
@@ -32,8 +32,17 @@ fn split_batches(records: &Bytes) -> Result<Vec<Bytes>, i16> {
             return Err(errors::UNSUPPORTED_FOR_MESSAGE_FORMAT);
         }
         let batch = records.slice(at..end);
-        if BatchInfo::parse(&batch).is_err() || !batch_crc_ok(&batch) {
-            return Err(errors::CORRUPT_MESSAGE);
+        match validate(&batch, max_decompressed) {
+            Ok(_) => {}
+            Err(BatchError::TooLarge(_)) => {
+                metrics::counter!("rokka_kafka_batches_refused_total", "reason" => "too_large").increment(1);
+                return Err(errors::MESSAGE_TOO_LARGE);
+            }
+            Err(e @ BatchError::Corrupt(_)) => {
+                metrics::counter!("rokka_kafka_batches_refused_total", "reason" => "corrupt").increment(1);
+                tracing::debug!(error = %e, "Produce batch refused");
+                return Err(errors::CORRUPT_MESSAGE);
+            }
         }
         out.push(batch);
         at = end;
@@ -48,6 +57,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
     let broker = k.broker.as_ref();
     let store = broker.store();
     let mut durable_up_to = 0u64;
+    let max_decompressed = broker.config().max_batch_decompressed_bytes as usize;
     let mut responses = Vec::with_capacity(r.topic_data.len());
     for t in r.topic_data {
         let topic = t.name.0.to_string();
@@ -62,7 +72,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
             let result = if !exists || p.index < 0 {
                 Err(errors::UNKNOWN_TOPIC_OR_PARTITION)
             } else {
-                match p.records.as_ref().map(split_batches) {
+                match p.records.as_ref().map(|r| split_batches(r, max_decompressed)) {
                     None => Err(errors::CORRUPT_MESSAGE),
                     Some(Err(code)) => Err(code),
                     Some(Ok(batches)) => {
