@@ -8,6 +8,7 @@ pub mod arrivals;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod limits;
 pub mod membership;
 pub mod producers;
 pub mod schedule;

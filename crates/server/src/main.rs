@@ -100,6 +100,19 @@ fn main() -> ExitCode {
         }
     };
     tracing_subscriber::fmt().with_env_filter(filter).init();
+    // Connections, segments and queue files are file descriptors: take the
+    // hard limit (a soft limit of 1024 is common), as Kafka's scripts ask
+    // operators to; the connection budgets then bound what clients use.
+    let fd_limit = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => {
+            tracing::info!(limit = n, "open file limit");
+            Some(n)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot raise the open file limit");
+            None
+        }
+    };
 
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -108,7 +121,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(serve(cfg, args.ports_file)) {
+    match runtime.block_on(serve(cfg, args.ports_file, fd_limit)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "rokka stopped");
@@ -117,7 +130,11 @@ fn main() -> ExitCode {
     }
 }
 
-async fn serve(cfg: Config, ports_file: Option<PathBuf>) -> Result<(), Box<dyn std::error::Error>> {
+async fn serve(
+    cfg: Config,
+    ports_file: Option<PathBuf>,
+    fd_limit: Option<u64>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut listeners = Vec::new();
     let mut bound = BTreeMap::new();
@@ -131,6 +148,9 @@ async fn serve(cfg: Config, ports_file: Option<PathBuf>) -> Result<(), Box<dyn s
             .map_err(|e| format!("metrics endpoint on {}: {e}", cfg.metrics.listen))?;
         let addr = l.local_addr()?;
         bound.insert("metrics", addr);
+        if let Some(n) = fd_limit {
+            metrics::gauge!("rokka_fd_limit").set(n as f64);
+        }
         tracing::info!(listen = %addr, "Prometheus metrics at /metrics");
         listeners.push(tokio::spawn(endpoint::serve(l, handle, stop_rx.clone())));
     }

@@ -22,6 +22,20 @@ pub struct KafkaConfig {
     pub cluster_id: String,
     /// This broker's node id.
     pub node_id: i32,
+    /// Most open connections on this listener (0 = no limit); more are
+    /// closed at accept.
+    pub max_connections: u32,
+    /// Most open connections from one source address (Kafka
+    /// `max.connections.per.ip`; 0 = no limit).
+    pub max_connections_per_ip: u32,
+    /// A connection that completes no request for this long is closed
+    /// (Kafka `connections.max.idle.ms`); a request must also arrive whole
+    /// within it.
+    pub idle_timeout_ms: u64,
+    /// Request bytes held in memory at once over all connections (Kafka
+    /// `queued.max.request.bytes`): a connection waits, not reading, until
+    /// its next frame fits.
+    pub max_inflight_request_bytes: u64,
 }
 
 impl Default for KafkaConfig {
@@ -34,6 +48,10 @@ impl Default for KafkaConfig {
             max_request_bytes: 100 * 1024 * 1024,
             cluster_id: "rokka-cluster".into(),
             node_id: 0,
+            max_connections: 10_000,
+            max_connections_per_ip: 2_000,
+            idle_timeout_ms: 600_000,
+            max_inflight_request_bytes: 256 * 1024 * 1024,
         }
     }
 }

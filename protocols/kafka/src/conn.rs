@@ -4,10 +4,12 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable};
+use rokka_broker::limits::ConnSlot;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -18,17 +20,33 @@ use crate::{api, versions, Kafka};
 #[derive(Debug)]
 pub struct Close(pub String);
 
-pub async fn run(stream: TcpStream, peer: SocketAddr, k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(
+    stream: TcpStream,
+    peer: SocketAddr,
+    k: Arc<Kafka>,
+    mut shutdown: watch::Receiver<bool>,
+    _slot: ConnSlot,
+) {
     let _ = stream.set_nodelay(true);
     metrics::gauge!("rokka_kafka_connections").increment(1.0);
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(64 * 1024, rd);
     let max = k.config.max_request_bytes as usize;
+    let idle = Duration::from_millis(k.config.idle_timeout_ms.max(1));
     loop {
+        // The idle clock runs from the last answered request to the end of
+        // the next whole frame: a client that sends nothing, or a frame a
+        // byte at a time, is closed after `idle_timeout_ms`.
+        let deadline = tokio::time::Instant::now() + idle;
         let len = tokio::select! {
-            r = rd.read_i32() => match r {
-                Ok(n) => n,
-                Err(_) => break, // peer closed
+            r = tokio::time::timeout_at(deadline, rd.read_i32()) => match r {
+                Ok(Ok(n)) => n,
+                Ok(Err(_)) => break, // peer closed
+                Err(_) => {
+                    metrics::counter!("rokka_connections_idle_closed_total", "listener" => "kafka").increment(1);
+                    tracing::debug!(%peer, "Kafka connection idle: closing");
+                    break;
+                }
             },
             _ = shutdown.changed() => break,
         };
@@ -36,11 +54,26 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, k: Arc<Kafka>, mut shutdow
             tracing::warn!(%peer, len, max, "Kafka frame length out of range: closing connection");
             break;
         }
-        let mut buf = BytesMut::zeroed(len as usize);
-        if rd.read_exact(&mut buf).await.is_err() {
-            break;
+        // Reserve the frame's bytes from the listener's budget first; while
+        // waiting this connection reads nothing (TCP pushes back).
+        let reserved = tokio::select! {
+            r = k.inflight.reserve(len as usize) => r,
+            _ = shutdown.changed() => break,
+        };
+        // Read the frame as it arrives: memory follows the bytes received,
+        // not the length the client declared.
+        let mut buf = Vec::with_capacity((len as usize).min(64 * 1024));
+        let read = tokio::time::timeout_at(deadline, (&mut rd).take(len as u64).read_to_end(&mut buf)).await;
+        match read {
+            Ok(Ok(n)) if n == len as usize => {}
+            Ok(_) => break, // closed mid-frame
+            Err(_) => {
+                metrics::counter!("rokka_connections_idle_closed_total", "listener" => "kafka").increment(1);
+                tracing::debug!(%peer, len, "Kafka frame not received within the idle timeout: closing");
+                break;
+            }
         }
-        match handle(&k, buf.freeze(), peer).await {
+        match handle(&k, Bytes::from(buf), peer).await {
             Ok(Some(chunks)) => {
                 let mut failed = false;
                 for c in &chunks {
@@ -59,6 +92,7 @@ pub async fn run(stream: TcpStream, peer: SocketAddr, k: Arc<Kafka>, mut shutdow
                 break;
             }
         }
+        drop(reserved);
     }
     metrics::gauge!("rokka_kafka_connections").decrement(1.0);
 }

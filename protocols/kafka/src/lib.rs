@@ -28,6 +28,10 @@ pub struct Kafka {
     pub advertised_host: String,
     pub advertised_port: i32,
     pub groups: Arc<groups::Groups>,
+    /// Connection counts (per listener, per source address).
+    pub conns: Arc<rokka_broker::limits::ConnLimits>,
+    /// Request bytes in memory over all connections.
+    pub inflight: rokka_broker::limits::ByteBudget,
 }
 
 impl Kafka {
@@ -47,7 +51,15 @@ impl Kafka {
         } else {
             i32::from(config.advertised_port)
         };
+        let conns = rokka_broker::limits::ConnLimits::new(
+            "kafka",
+            config.max_connections as usize,
+            config.max_connections_per_ip as usize,
+        );
+        let inflight = rokka_broker::limits::ByteBudget::new("kafka", config.max_inflight_request_bytes);
         Kafka {
+            conns,
+            inflight,
             broker,
             config,
             advertised_host,
@@ -65,11 +77,19 @@ pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let k = Arc::clone(&kafka);
-                    let sd = shutdown.clone();
-                    tokio::spawn(async move { conn::run(stream, peer, k, sd).await });
-                }
+                Ok((stream, peer)) => match kafka.conns.admit(peer.ip()) {
+                    Ok(slot) => {
+                        let k = Arc::clone(&kafka);
+                        let sd = shutdown.clone();
+                        tokio::spawn(async move { conn::run(stream, peer, k, sd, slot).await });
+                    }
+                    // Counted in rokka_connections_refused_total; a log line
+                    // per refusal would let a client flood the log.
+                    Err(why) => {
+                        tracing::debug!(%peer, reason = why.as_str(), "Kafka connection refused");
+                        drop(stream);
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -16,28 +16,30 @@ use rokka_store::{MessageStore, StoreConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-type TestResult = Result<(), Box<dyn std::error::Error>>;
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-async fn start(
+type Started = (std::net::SocketAddr, tokio::sync::watch::Sender<bool>);
+
+async fn start(dir: &std::path::Path) -> Result<Started, Box<dyn std::error::Error + Send + Sync>> {
+    start_with(dir, KafkaConfig::default()).await
+}
+
+async fn start_with(
     dir: &std::path::Path,
-) -> Result<(std::net::SocketAddr, tokio::sync::watch::Sender<bool>), Box<dyn std::error::Error>> {
+    cfg: KafkaConfig,
+) -> Result<Started, Box<dyn std::error::Error + Send + Sync>> {
     let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
     let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
-    let kafka = Arc::new(Kafka::new(
-        broker,
-        KafkaConfig::default(),
-        rokka_group::GroupConfig::default(),
-        addr,
-    ));
+    let kafka = Arc::new(Kafka::new(broker, cfg, rokka_group::GroupConfig::default(), addr));
     let (tx, rx) = tokio::sync::watch::channel(false);
     tokio::spawn(rokka_kafka::serve(listener, kafka, rx));
     Ok((addr, tx))
 }
 
 /// A frame: a well-formed request header for `key`/`version`, then `body`.
-fn frame(key: ApiKey, version: i16, body: &[u8]) -> Result<Bytes, Box<dyn std::error::Error>> {
+fn frame(key: ApiKey, version: i16, body: &[u8]) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
     let mut buf = BytesMut::new();
     buf.put_i32(0);
     RequestHeader::default()
@@ -53,7 +55,7 @@ fn frame(key: ApiKey, version: i16, body: &[u8]) -> Result<Bytes, Box<dyn std::e
 }
 
 /// Sends one frame and waits for an answer or a close (never a hang).
-async fn poke(addr: std::net::SocketAddr, frame: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
+async fn poke(addr: std::net::SocketAddr, frame: &[u8]) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let mut s = TcpStream::connect(addr).await?;
     s.write_all(frame).await?;
     let mut sink = vec![0u8; 64 * 1024];
@@ -149,4 +151,106 @@ async fn random_bodies_behind_every_api() -> TestResult {
         }
     }
     still_serving(addr).await
+}
+
+/// Whether the broker closes `s` within `within`.
+async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let mut b = [0u8; 4096];
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match tokio::time::timeout(left, s.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test]
+async fn idle_dribbling_and_surplus_connections_are_closed() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = KafkaConfig {
+        idle_timeout_ms: 400,
+        max_connections_per_ip: 4,
+        ..KafkaConfig::default()
+    };
+    let (addr, _stop) = start_with(dir.path(), cfg).await?;
+    let mut idle = TcpStream::connect(addr).await?;
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(5)).await,
+        "idle connection kept"
+    );
+    // A frame sent a byte every 100 ms never completes within the timeout.
+    let f = frame(ApiKey::ApiVersions, 0, &[])?;
+    let mut slow = TcpStream::connect(addr).await?;
+    let mut closed = false;
+    for b in f.iter().cycle().take(60) {
+        if slow.write_all(&[*b]).await.is_err() {
+            closed = true;
+            break;
+        }
+        let mut probe = [0u8; 64];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(100), slow.read(&mut probe)).await {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "a connection dribbling a frame was kept");
+    // A frame declaring 90 MB then sending nothing holds no 90 MB and is
+    // closed at the idle timeout.
+    let mut liar = TcpStream::connect(addr).await?;
+    liar.write_all(&(90i32 << 20).to_be_bytes()).await?;
+    liar.write_all(&f[4..]).await?;
+    assert!(
+        closed_within(&mut liar, Duration::from_secs(5)).await,
+        "half-sent frame kept"
+    );
+    // Four connections from one address; a fifth is refused.
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(addr).await?;
+        s.write_all(&f).await?;
+        let mut len = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut len)).await??;
+        let mut rest = vec![0u8; i32::from_be_bytes(len) as usize];
+        s.read_exact(&mut rest).await?;
+        held.push(s);
+    }
+    let mut fifth = TcpStream::connect(addr).await?;
+    assert!(
+        closed_within(&mut fifth, Duration::from_secs(5)).await,
+        "fifth connection from one address admitted"
+    );
+    drop(held);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while still_serving(addr).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "slots not released");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn request_bytes_in_flight_are_budgeted() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    // A budget of 1 MiB: a connection that declared a 1 MiB frame and sent
+    // half of it holds the budget; a second must wait, then proceeds once
+    // the first is closed.
+    let cfg = KafkaConfig {
+        max_inflight_request_bytes: 1 << 20,
+        ..KafkaConfig::default()
+    };
+    let (addr, _stop) = start_with(dir.path(), cfg).await?;
+    let mut first = TcpStream::connect(addr).await?;
+    first.write_all(&(1i32 << 20).to_be_bytes()).await?;
+    first.write_all(&vec![0u8; 512 << 10]).await?;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = tokio::spawn(async move { still_serving(addr).await.map_err(|e| e.to_string()) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "a request was read past the in-flight budget");
+    drop(first);
+    let r = tokio::time::timeout(Duration::from_secs(5), waiting).await??;
+    assert!(r.is_ok(), "{r:?}");
+    Ok(())
 }

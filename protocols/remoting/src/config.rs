@@ -46,6 +46,19 @@ pub struct RocketMqConfig {
     pub transaction_check_max: u32,
     /// The `version` this server reports (MQVersion ordinal; ≥ 401 for JSON route bodies).
     pub server_version: i32,
+    /// Most open connections on each listener (name server, broker; 0 = no
+    /// limit); more are closed at accept.
+    pub max_connections: u32,
+    /// Most open connections from one source address per listener (0 = no limit).
+    pub max_connections_per_ip: u32,
+    /// A connection that sends no complete frame for this long is closed
+    /// (RocketMQ `serverChannelMaxIdleTimeSeconds`: 120 s; clients heartbeat every 30 s).
+    pub idle_timeout_ms: u64,
+    /// Requests of one connection being handled or answered but not yet
+    /// written back; at the limit the connection is not read until one
+    /// answer has gone out (a client that never reads its answers stops
+    /// being read, instead of growing the broker).
+    pub max_inflight_requests_per_connection: u32,
 }
 
 impl Default for RocketMqConfig {
@@ -70,6 +83,10 @@ impl Default for RocketMqConfig {
             transaction_check_interval_ms: 30_000,
             transaction_check_max: 15,
             server_version: 479,
+            max_connections: 10_000,
+            max_connections_per_ip: 2_000,
+            idle_timeout_ms: 120_000,
+            max_inflight_requests_per_connection: 1024,
         }
     }
 }

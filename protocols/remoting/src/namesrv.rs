@@ -116,11 +116,13 @@ pub struct NameServer {
     local: Option<Arc<RocketMq>>,
     /// Topic-table version of the local broker's last registration.
     local_version: AtomicU64,
+    limits: crate::server::Limits,
 }
 
 impl NameServer {
     pub fn new(config: RocketMqConfig, local: Option<Arc<RocketMq>>) -> NameServer {
         NameServer {
+            limits: crate::server::Limits::new("rocketmq_namesrv", &config),
             config,
             table: Mutex::new(RouteTable::default()),
             epoch: Instant::now(),
@@ -263,6 +265,10 @@ impl Service for NameServer {
 
     fn max_frame_bytes(&self) -> usize {
         self.config.max_frame_bytes as usize
+    }
+
+    fn limits(&self) -> &crate::server::Limits {
+        &self.limits
     }
 
     fn inline(&self, _cmd: &RemotingCommand) -> bool {

@@ -35,6 +35,7 @@ pub struct RocketMq {
     /// Orderly-consumption queue locks: (group, topic, queue) → (client id, taken at ms).
     locks: Mutex<QueueLocks>,
     epoch: Instant,
+    limits: crate::server::Limits,
 }
 
 fn ext<'a>(cmd: &'a RemotingCommand, long: &str, short: &str) -> Option<&'a str> {
@@ -74,6 +75,7 @@ impl RocketMq {
         };
         let store_host = advertised.parse().unwrap_or(broker.store().config().store_host);
         RocketMq {
+            limits: crate::server::Limits::new("rocketmq_broker", &config),
             broker,
             config,
             advertised,
@@ -1181,6 +1183,10 @@ impl Service for RocketMq {
 
     fn max_frame_bytes(&self) -> usize {
         self.config.max_frame_bytes as usize
+    }
+
+    fn limits(&self) -> &crate::server::Limits {
+        &self.limits
     }
 
     fn connection_closed(&self, conn: &Conn) {

@@ -2,16 +2,22 @@
 //! each request as its own task (a client multiplexes many long-polling
 //! pulls on one connection, so requests must not wait for each other); one
 //! task writes responses and server-initiated requests in arrival order.
+//! Budgets: connections per listener and per source address, an idle
+//! timeout, and requests in flight per connection (a request's permit is
+//! held until its answer is written, so a client that never reads stops
+//! being read instead of growing the broker).
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::BytesMut;
+use rokka_broker::limits::{ConnLimits, ConnSlot};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::codec::{decode, encode};
 use crate::command::RemotingCommand;
@@ -22,6 +28,8 @@ pub trait Service: Send + Sync + 'static {
     fn process(&self, cmd: RemotingCommand, conn: &Conn) -> impl Future<Output = Option<RemotingCommand>> + Send;
     /// Largest frame accepted on this port.
     fn max_frame_bytes(&self) -> usize;
+    /// This port's connection budgets.
+    fn limits(&self) -> &Limits;
     /// A connection closed (its clients or brokers are gone).
     fn connection_closed(&self, conn: &Conn);
     /// Whether `cmd` completes without waiting (then it runs on the reading
@@ -31,19 +39,66 @@ pub trait Service: Send + Sync + 'static {
     }
 }
 
+/// The budgets of one remoting listener (`[rocketmq]` keys).
+#[derive(Debug)]
+pub struct Limits {
+    /// `rokka_connections_*{listener}` label.
+    pub listener: &'static str,
+    pub conns: Arc<ConnLimits>,
+    pub idle: Duration,
+    pub max_inflight: usize,
+    /// Answers queued to connections and not yet written, over the listener.
+    unwritten: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Limits {
+    pub fn new(listener: &'static str, config: &crate::RocketMqConfig) -> Limits {
+        Limits {
+            listener,
+            conns: ConnLimits::new(
+                listener,
+                config.max_connections as usize,
+                config.max_connections_per_ip as usize,
+            ),
+            idle: Duration::from_millis(config.idle_timeout_ms.max(1)),
+            max_inflight: config.max_inflight_requests_per_connection.max(1) as usize,
+            unwritten: Arc::default(),
+        }
+    }
+
+    /// Answers queued to this listener's connections and not yet written
+    /// (`rokka_rocketmq_unwritten_answers`); bounded by the in-flight limit
+    /// times the connections.
+    pub fn unwritten_answers(&self) -> usize {
+        self.unwritten.load(Ordering::Relaxed)
+    }
+}
+
+/// A queued command and, for an answer, its request's in-flight permit
+/// (released once the answer is written).
+type Outbound = (RemotingCommand, Option<OwnedSemaphorePermit>);
+
 /// A connection's outbound side, for responses and for requests the server
 /// sends to the client (NOTIFY_CONSUMER_IDS_CHANGED).
 #[derive(Debug, Clone)]
 pub struct Conn {
     pub peer: SocketAddr,
-    tx: mpsc::UnboundedSender<RemotingCommand>,
+    tx: mpsc::UnboundedSender<Outbound>,
     next_opaque: Arc<AtomicI32>,
+    unwritten: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Conn {
     /// Queues a command for this connection; false when it is closed.
+    /// (Server-initiated requests: few, and bounded by the connection's
+    /// clients and groups, so they need no permit.)
     pub fn send(&self, cmd: RemotingCommand) -> bool {
-        self.tx.send(cmd).is_ok()
+        self.tx.send((cmd, None)).is_ok()
+    }
+
+    fn answer(&self, cmd: RemotingCommand, permit: OwnedSemaphorePermit) -> bool {
+        self.unwritten.fetch_add(1, Ordering::Relaxed);
+        self.tx.send((cmd, Some(permit))).is_ok()
     }
 
     /// An opaque for a server-initiated request.
@@ -61,11 +116,19 @@ pub async fn serve<S: Service>(listener: TcpListener, rmq: Arc<S>, mut shutdown:
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let r = Arc::clone(&rmq);
-                    let sd = shutdown.clone();
-                    tokio::spawn(async move { run(stream, peer, r, sd).await });
-                }
+                Ok((stream, peer)) => match rmq.limits().conns.admit(peer.ip()) {
+                    Ok(slot) => {
+                        let r = Arc::clone(&rmq);
+                        let sd = shutdown.clone();
+                        tokio::spawn(async move { run(stream, peer, r, sd, slot).await });
+                    }
+                    // Counted in rokka_connections_refused_total; a log line
+                    // per refusal would let a client flood the log.
+                    Err(why) => {
+                        tracing::debug!(%peer, reason = why.as_str(), "RocketMQ connection refused");
+                        drop(stream);
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -76,36 +139,64 @@ pub async fn serve<S: Service>(listener: TcpListener, rmq: Arc<S>, mut shutdown:
     }
 }
 
-async fn run<S: Service>(stream: TcpStream, peer: SocketAddr, rmq: Arc<S>, mut shutdown: watch::Receiver<bool>) {
+async fn run<S: Service>(
+    stream: TcpStream,
+    peer: SocketAddr,
+    rmq: Arc<S>,
+    mut shutdown: watch::Receiver<bool>,
+    _slot: ConnSlot,
+) {
     let _ = stream.set_nodelay(true);
     metrics::gauge!("rokka_rocketmq_connections").increment(1.0);
     let (mut rd, mut wr) = stream.into_split();
-    let (tx, mut rx) = mpsc::unbounded_channel::<RemotingCommand>();
+    let (tx, mut rx) = mpsc::unbounded_channel::<Outbound>();
+    let limits = rmq.limits();
+    let listener = limits.listener;
+    let unwritten = Arc::clone(&limits.unwritten);
     let conn = Conn {
         peer,
         tx,
         next_opaque: Arc::new(AtomicI32::new(1)),
+        unwritten: Arc::clone(&unwritten),
     };
     let writer = tokio::spawn(async move {
         let mut out = BytesMut::new();
-        while let Some(cmd) = rx.recv().await {
+        let mut permits = Vec::new();
+        while let Some((cmd, permit)) = rx.recv().await {
             encode(&cmd, &mut out);
+            permits.extend(permit);
             // Gather whatever else is already queued into the same write.
-            while let Ok(more) = rx.try_recv() {
+            while let Ok((more, permit)) = rx.try_recv() {
                 encode(&more, &mut out);
+                permits.extend(permit);
             }
             if wr.write_all(&out).await.is_err() {
                 break;
             }
             out.clear();
+            // Written: these requests no longer count against the connection.
+            unwritten.fetch_sub(permits.len(), Ordering::Relaxed);
+            metrics::gauge!("rokka_rocketmq_unwritten_answers", "listener" => listener)
+                .set(unwritten.load(Ordering::Relaxed) as f64);
+            permits.clear();
+        }
+        // Closed with answers unwritten: they are dropped with the connection.
+        unwritten.fetch_sub(permits.len(), Ordering::Relaxed);
+        while let Ok((_, permit)) = rx.try_recv() {
+            if permit.is_some() {
+                unwritten.fetch_sub(1, Ordering::Relaxed);
+            }
         }
     });
+    let inflight = Arc::new(Semaphore::new(limits.max_inflight));
     let max = rmq.max_frame_bytes();
     let mut buf = BytesMut::with_capacity(64 * 1024);
+    let mut deadline = tokio::time::Instant::now() + limits.idle;
     'conn: loop {
         loop {
             match decode(&mut buf, max) {
                 Ok(Some(cmd)) => {
+                    deadline = tokio::time::Instant::now() + limits.idle;
                     if cmd.is_response() {
                         // Answers to our NOTIFY / CHECK requests: nothing to do.
                         continue;
@@ -115,9 +206,25 @@ async fn run<S: Service>(stream: TcpStream, peer: SocketAddr, rmq: Arc<S>, mut s
                         crate::command::SerializeType::RocketMq => "rocketmq",
                     };
                     metrics::counter!("rokka_rocketmq_frames_total", "serialize" => serialize).increment(1);
+                    // At the in-flight limit, wait (reading nothing) until an
+                    // answer has been written.
+                    let permit = match Arc::clone(&inflight).try_acquire_owned() {
+                        Ok(p) => p,
+                        Err(_) => {
+                            metrics::counter!("rokka_rocketmq_inflight_waits_total", "listener" => listener)
+                                .increment(1);
+                            tokio::select! {
+                                p = Arc::clone(&inflight).acquire_owned() => match p {
+                                    Ok(p) => p,
+                                    Err(_) => break 'conn,
+                                },
+                                _ = shutdown.changed() => break 'conn,
+                            }
+                        }
+                    };
                     if rmq.inline(&cmd) {
                         if let Some(resp) = rmq.process(cmd, &conn).await {
-                            conn.send(resp);
+                            conn.answer(resp, permit);
                         }
                         continue;
                     }
@@ -125,7 +232,7 @@ async fn run<S: Service>(stream: TcpStream, peer: SocketAddr, rmq: Arc<S>, mut s
                     let c = conn.clone();
                     tokio::spawn(async move {
                         if let Some(resp) = r.process(cmd, &c).await {
-                            c.send(resp);
+                            c.answer(resp, permit);
                         }
                     });
                 }
@@ -137,9 +244,16 @@ async fn run<S: Service>(stream: TcpStream, peer: SocketAddr, rmq: Arc<S>, mut s
             }
         }
         tokio::select! {
-            n = rd.read_buf(&mut buf) => match n {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
+            n = tokio::time::timeout_at(deadline, rd.read_buf(&mut buf)) => match n {
+                Ok(Ok(0)) | Ok(Err(_)) => break,
+                Ok(Ok(_)) => {}
+                Err(_) => {
+                    // No whole frame for idle_timeout_ms (nothing sent, or a
+                    // frame dribbled byte by byte).
+                    metrics::counter!("rokka_connections_idle_closed_total", "listener" => listener).increment(1);
+                    tracing::debug!(%peer, "RocketMQ connection idle: closing");
+                    break;
+                }
             },
             _ = shutdown.changed() => break,
         }

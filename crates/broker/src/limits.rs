@@ -1,0 +1,216 @@
+//! Budgets a client can make a listener spend: connections (per listener
+//! and per source address) and request bytes in flight. Each is a config
+//! key of its listener and a metric labelled with the listener's name.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Why a connection was refused at accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// The listener holds its `max_connections`.
+    ListenerFull,
+    /// This source address holds its `max_connections_per_ip`.
+    AddressFull,
+}
+
+impl Refused {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refused::ListenerFull => "listener_limit",
+            Refused::AddressFull => "per_ip_limit",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    total: usize,
+    /// Only addresses with a live connection: at most `total` entries.
+    by_ip: HashMap<IpAddr, usize>,
+}
+
+/// Connection counts of one listener.
+#[derive(Debug)]
+pub struct ConnLimits {
+    listener: &'static str,
+    max_total: usize,
+    max_per_ip: usize,
+    counts: Mutex<Counts>,
+}
+
+/// A live connection's place in its listener's counts; released on drop.
+#[derive(Debug)]
+pub struct ConnSlot {
+    limits: Arc<ConnLimits>,
+    ip: IpAddr,
+}
+
+impl ConnLimits {
+    /// `max_total` / `max_per_ip` of 0 mean no limit.
+    pub fn new(listener: &'static str, max_total: usize, max_per_ip: usize) -> Arc<ConnLimits> {
+        Arc::new(ConnLimits {
+            listener,
+            max_total: if max_total == 0 { usize::MAX } else { max_total },
+            max_per_ip: if max_per_ip == 0 { usize::MAX } else { max_per_ip },
+            counts: Mutex::new(Counts::default()),
+        })
+    }
+
+    /// Takes a slot for a connection from `ip`, or says why not (counted in
+    /// `rokka_connections_refused_total`).
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<ConnSlot, Refused> {
+        let mut c = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let refused = if c.total >= self.max_total {
+            Some(Refused::ListenerFull)
+        } else if c.by_ip.get(&ip).copied().unwrap_or(0) >= self.max_per_ip {
+            Some(Refused::AddressFull)
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            metrics::counter!("rokka_connections_refused_total", "listener" => self.listener, "reason" => why.as_str())
+                .increment(1);
+            return Err(why);
+        }
+        c.total += 1;
+        *c.by_ip.entry(ip).or_insert(0) += 1;
+        metrics::gauge!("rokka_connections_open", "listener" => self.listener).set(c.total as f64);
+        Ok(ConnSlot {
+            limits: Arc::clone(self),
+            ip,
+        })
+    }
+
+    /// Open connections.
+    pub fn open(&self) -> usize {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner).total
+    }
+
+    /// Source addresses with an open connection.
+    pub fn addresses(&self) -> usize {
+        self.counts.lock().unwrap_or_else(PoisonError::into_inner).by_ip.len()
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut c = self.limits.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.by_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                c.by_ip.remove(&self.ip);
+            }
+        }
+        metrics::gauge!("rokka_connections_open", "listener" => self.limits.listener).set(c.total as f64);
+    }
+}
+
+/// A listener-wide budget of request bytes held in memory at once (Kafka's
+/// `queued.max.request.bytes`): a connection reserves a frame's declared
+/// size before reading it and waits — not reading, so TCP pushes back on
+/// the client — until the budget has room.
+#[derive(Debug, Clone)]
+pub struct ByteBudget {
+    listener: &'static str,
+    sem: Arc<Semaphore>,
+    /// Permits are KiB, so a u32 request of permits covers any frame.
+    total_kib: usize,
+}
+
+/// Bytes reserved from a [`ByteBudget`]; returned on drop.
+#[derive(Debug)]
+pub struct Reserved {
+    _permit: Option<OwnedSemaphorePermit>,
+    listener: &'static str,
+    kib: usize,
+}
+
+impl ByteBudget {
+    /// A budget of `bytes` (0 = no limit).
+    pub fn new(listener: &'static str, bytes: u64) -> ByteBudget {
+        let total_kib = if bytes == 0 {
+            Semaphore::MAX_PERMITS
+        } else {
+            (bytes.div_ceil(1024) as usize).min(Semaphore::MAX_PERMITS)
+        };
+        ByteBudget {
+            listener,
+            sem: Arc::new(Semaphore::new(total_kib)),
+            total_kib,
+        }
+    }
+
+    /// Waits until `bytes` fit in the budget. A frame larger than the whole
+    /// budget waits for the whole budget (and holds it alone).
+    pub async fn reserve(&self, bytes: usize) -> Reserved {
+        let kib = bytes.div_ceil(1024).clamp(1, self.total_kib);
+        let permit = Arc::clone(&self.sem).acquire_many_owned(kib as u32).await.ok();
+        metrics::gauge!("rokka_inflight_request_bytes", "listener" => self.listener).increment((kib * 1024) as f64);
+        Reserved {
+            _permit: permit,
+            listener: self.listener,
+            kib,
+        }
+    }
+
+    /// KiB free now.
+    pub fn available_kib(&self) -> usize {
+        self.sem.available_permits()
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        metrics::gauge!("rokka_inflight_request_bytes", "listener" => self.listener)
+            .decrement((self.kib * 1024) as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_slots_are_counted_and_released() {
+        let l = ConnLimits::new("t", 3, 2);
+        let a: IpAddr = [10, 0, 0, 1].into();
+        let b: IpAddr = [10, 0, 0, 2].into();
+        let s1 = l.admit(a);
+        let s2 = l.admit(a);
+        assert!(s1.is_ok() && s2.is_ok());
+        assert_eq!(l.admit(a).err(), Some(Refused::AddressFull));
+        let s3 = l.admit(b);
+        assert!(s3.is_ok());
+        assert_eq!(l.admit(b).err(), Some(Refused::ListenerFull));
+        drop(s1);
+        assert_eq!(l.open(), 2);
+        let s4 = l.admit(b);
+        assert!(s4.is_ok());
+        drop((s2, s3, s4));
+        assert_eq!((l.open(), l.addresses()), (0, 0), "no entry outlives its connections");
+    }
+
+    #[tokio::test]
+    async fn byte_budget_waits_for_room() {
+        let b = ByteBudget::new("t", 10 * 1024);
+        let r1 = b.reserve(8 * 1024).await;
+        let b2 = b.clone();
+        let waiting = tokio::spawn(async move { b2.reserve(4 * 1024).await });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "over budget: waits");
+        drop(r1);
+        let r2 = tokio::time::timeout(std::time::Duration::from_secs(5), waiting).await;
+        assert!(matches!(r2, Ok(Ok(_))));
+        drop(r2);
+        // A frame larger than the budget takes the whole budget.
+        let big = b.reserve(1 << 30).await;
+        assert_eq!(b.available_kib(), 0);
+        drop(big);
+        assert_eq!(b.available_kib(), 10);
+    }
+}

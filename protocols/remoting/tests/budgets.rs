@@ -1,0 +1,215 @@
+//! What one RocketMQ client can make a listener spend: requests in flight
+//! per connection (a client that pipelines and never reads its answers
+//! stops being read), connections per source address, idle connections and
+//! frames dribbled a byte at a time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use rokka_broker::{Broker, BrokerConfig};
+use rokka_remoting::codes::request as rq;
+use rokka_remoting::*;
+use rokka_store::{MessageStore, StoreConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// A name server (no store needed) with `cfg`.
+type Started = (std::net::SocketAddr, Arc<NameServer>, tokio::sync::watch::Sender<bool>);
+
+async fn namesrv(cfg: RocketMqConfig) -> Result<Started, Box<dyn std::error::Error>> {
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let ns = Arc::new(NameServer::new(cfg, None));
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, Arc::clone(&ns), rx));
+    Ok((addr, ns, tx))
+}
+
+fn frame(code: i32, opaque: i32) -> BytesMut {
+    let mut c = RemotingCommand::request(code, 0);
+    c.opaque = opaque;
+    c.version = 453;
+    let mut out = BytesMut::new();
+    encode(&c, &mut out);
+    out
+}
+
+/// One request answered on a fresh connection within 5 s.
+async fn answered(addr: std::net::SocketAddr) -> TestResult {
+    let mut s = TcpStream::connect(addr).await?;
+    s.write_all(&frame(rq::GET_BROKER_CLUSTER_INFO, 1)).await?;
+    let mut buf = BytesMut::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(c) = decode(&mut buf, DEFAULT_MAX_FRAME)? {
+            assert!(c.is_response());
+            return Ok(());
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if tokio::time::timeout(left, s.read_buf(&mut buf)).await?? == 0 {
+            return Err("closed before answering".into());
+        }
+    }
+}
+
+/// Whether the server closes `s` within `within`.
+async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    let mut b = [0u8; 4096];
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Pipelines requests on one connection for `secs` without reading an
+/// answer; returns the most answers the listener held unwritten meanwhile.
+async fn hog(
+    addr: std::net::SocketAddr,
+    code: i32,
+    secs: u64,
+    unwritten: impl Fn() -> usize,
+) -> Result<usize, Box<dyn std::error::Error>> {
+    let one = frame(code, 7);
+    let mut chunk = BytesMut::new();
+    for _ in 0..1000 {
+        chunk.extend_from_slice(&one);
+    }
+    let chunk = chunk.freeze();
+    let mut s = TcpStream::connect(addr).await?;
+    let writing = tokio::spawn(async move {
+        loop {
+            if s.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut most = 0;
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        most = most.max(unwritten());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    writing.abort();
+    Ok(most)
+}
+
+#[tokio::test]
+async fn a_pipelining_client_that_never_reads_stops_being_read() -> TestResult {
+    let cfg = RocketMqConfig {
+        max_inflight_requests_per_connection: 16,
+        ..RocketMqConfig::default()
+    };
+    let (addr, ns, _stop) = namesrv(cfg).await?;
+    // Answers queued without bound would pile up here once the kernel's
+    // socket buffers are full (2.8 GB in 30 s in the finding).
+    let most = hog(addr, rq::GET_BROKER_CLUSTER_INFO, 4, || ns.limits().unwritten_answers()).await?;
+    assert!(
+        most <= 16,
+        "{most} answers held for a client that never reads (limit 16)"
+    );
+    // Others are served meanwhile.
+    answered(addr).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn connections_per_source_address_are_capped() -> TestResult {
+    let cfg = RocketMqConfig {
+        max_connections_per_ip: 3,
+        ..RocketMqConfig::default()
+    };
+    let (addr, _ns, _stop) = namesrv(cfg).await?;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let s = TcpStream::connect(addr).await?;
+        held.push(s);
+    }
+    // Make sure the three were admitted before the fourth arrives.
+    for s in &mut held {
+        s.write_all(&frame(rq::GET_BROKER_CLUSTER_INFO, 1)).await?;
+        let mut b = [0u8; 4];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut b)).await??;
+    }
+    let mut fourth = TcpStream::connect(addr).await?;
+    assert!(
+        closed_within(&mut fourth, Duration::from_secs(5)).await,
+        "fourth connection from one address admitted"
+    );
+    drop(held);
+    // Slots are released with their connections.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while answered(addr).await.is_err() {
+        assert!(Instant::now() < deadline, "slots not released");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn idle_and_dribbling_connections_are_closed() -> TestResult {
+    let cfg = RocketMqConfig {
+        idle_timeout_ms: 400,
+        ..RocketMqConfig::default()
+    };
+    let (addr, _ns, _stop) = namesrv(cfg).await?;
+    let mut idle = TcpStream::connect(addr).await?;
+    assert!(
+        closed_within(&mut idle, Duration::from_secs(5)).await,
+        "idle connection kept"
+    );
+    // Slowloris: one byte of a frame every 100 ms never completes a frame.
+    let mut slow = TcpStream::connect(addr).await?;
+    let f = frame(rq::GET_BROKER_CLUSTER_INFO, 1);
+    let started = Instant::now();
+    let mut closed = false;
+    for b in f.iter().cycle().take(100) {
+        if slow.write_all(&[*b]).await.is_err() {
+            closed = true;
+            break;
+        }
+        let mut probe = [0u8; 1];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(100), slow.read(&mut probe)).await {
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "a connection dribbling bytes was kept");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // A connection that keeps sending whole frames stays.
+    let mut busy = TcpStream::connect(addr).await?;
+    for i in 0..8 {
+        busy.write_all(&frame(rq::GET_BROKER_CLUSTER_INFO, i)).await?;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let mut b = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), busy.read_exact(&mut b)).await??;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_broker_connection_that_never_reads_pull_answers_stops_being_read() -> TestResult {
+    // The broker port too: heartbeats pipelined without reading.
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let cfg = RocketMqConfig {
+        max_inflight_requests_per_connection: 8,
+        ..RocketMqConfig::default()
+    };
+    let rmq = Arc::new(RocketMq::new(broker, cfg, addr));
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, Arc::clone(&rmq), rx));
+    let most = hog(addr, rq::GET_ALL_TOPIC_CONFIG, 4, || rmq.limits().unwritten_answers()).await?;
+    assert!(most <= 8, "{most} answers held for a client that never reads (limit 8)");
+    Ok(())
+}
