@@ -42,6 +42,9 @@ pub struct CommitLog {
     flush_lock: Mutex<()>,
     /// Number of flushes that wrote something (group commits in sync mode).
     flushes: AtomicU64,
+    /// The first failed write-back, if one failed: final (see
+    /// [`StoreError::StorageFailed`]).
+    failed: std::sync::OnceLock<String>,
 }
 
 impl CommitLog {
@@ -97,6 +100,7 @@ impl CommitLog {
             flushed_pos: AtomicU64::new(start),
             flush_lock: Mutex::new(()),
             flushes: AtomicU64::new(0),
+            failed: std::sync::OnceLock::new(),
         })
     }
 
@@ -167,10 +171,30 @@ impl CommitLog {
         self.read(phys, size)
     }
 
+    /// Why the CommitLog stopped taking writes, if a write-back failed.
+    pub fn failure(&self) -> Option<&str> {
+        self.failed.get().map(String::as_str)
+    }
+
+    /// Records a failed write-back as final (the first one wins) and returns
+    /// the error every later write gets.
+    pub(crate) fn fail(&self, why: String) -> StoreError {
+        if self.failed.set(why.clone()).is_ok() {
+            tracing::error!(error = %why, "storage failed: writes are refused until restart");
+            metrics::gauge!("rokka_store_failed").set(1.0);
+        }
+        StoreError::StorageFailed(self.failed.get().cloned().unwrap_or(why))
+    }
+
     /// Flushes everything below `target` to disk. Concurrent callers take
-    /// turns; a caller whose target is already covered returns at once.
+    /// turns; a caller whose target is already covered returns at once. A
+    /// failed write-back is final: this and every later flush fail, and
+    /// `flushed_pos` never passes what was written back before it.
     pub fn flush_to(&self, target: u64) -> Result<()> {
         let _g = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(why) = self.failure() {
+            return Err(StoreError::StorageFailed(why.to_string()));
+        }
         let from = self.flushed_pos();
         if target <= from {
             return Ok(());
@@ -179,9 +203,11 @@ impl CommitLog {
         for seg in segs.iter().filter(|s| s.end() > from && s.start < target) {
             let a = from.max(seg.start) - seg.start;
             let b = target.min(seg.end()) - seg.start;
-            seg.file
-                .flush_range(a as usize, (b - a) as usize)
-                .map_err(StoreError::io("flush", seg.file.path()))?;
+            if let Err(e) =
+                crate::fault::check("msync").and_then(|()| seg.file.flush_range(a as usize, (b - a) as usize))
+            {
+                return Err(self.fail(format!("msync {}: {e}", seg.file.path().display())));
+            }
         }
         self.flushed_pos.store(target, Ordering::Release);
         self.flushes.fetch_add(1, Ordering::Relaxed);
@@ -376,7 +402,15 @@ impl CommitLogWriter {
         preallocate: bool,
         write_back: bool,
     ) -> Result<CommitLogWriter> {
-        let active = log.segs().iter().rev().find(|s| s.start <= end).cloned();
+        // The segment holding `end`; none when `end` is exactly a segment's
+        // end (a crash after its BLANK filler, before the next segment was
+        // made): the next append then starts a new segment at `end`.
+        let active = log
+            .segs()
+            .iter()
+            .rev()
+            .find(|s| s.start <= end && end < s.end())
+            .cloned();
         let allocator = if preallocate {
             Some(Allocator::start(log.dir.clone(), write_back)?)
         } else {
@@ -402,7 +436,9 @@ impl CommitLogWriter {
 
     /// The offset the next entry will get (before any roll).
     pub fn position(&self) -> u64 {
-        self.active.as_ref().map_or(0, |s| s.start + self.wrote as u64)
+        self.active
+            .as_ref()
+            .map_or_else(|| self.log.write_pos(), |s| s.start + self.wrote as u64)
     }
 
     fn next_segment(&mut self, start: u64) -> Result<Segment> {

@@ -39,6 +39,12 @@ pub enum StoreError {
     /// The store was closed.
     #[error("store is shut down")]
     ShutDown,
+    /// A write-back to disk failed. The kernel may already have dropped the
+    /// pages it could not write, so a later sync that "succeeds" proves
+    /// nothing: the store refuses writes until restarted (recovery then
+    /// trusts only what is on disk), and never acknowledges past the failure.
+    #[error("storage failed ({0}); writes are refused until restart")]
+    StorageFailed(String),
     /// Invalid configuration value.
     #[error("invalid store config: {0}")]
     Config(String),

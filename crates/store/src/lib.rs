@@ -18,6 +18,7 @@ pub mod commitlog;
 pub mod config;
 pub mod consume_queue;
 pub mod error;
+pub mod fault;
 pub mod index;
 mod mapped;
 mod metrics;

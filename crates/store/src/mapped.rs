@@ -43,8 +43,14 @@ impl std::fmt::Debug for MappedFile {
 }
 
 impl MappedFile {
-    /// Creates (or reuses) `path` with exactly `len` bytes and maps it.
+    /// Creates (or reuses) `path` with exactly `len` bytes, its blocks
+    /// allocated, and maps it. Allocating up front turns a full disk into
+    /// an error here (ENOSPC) instead of a SIGBUS when a write through the
+    /// mapping reaches a hole the file system cannot fill. A new file's
+    /// directory entry is made durable (fsync of the directory).
     pub fn create(path: &Path, len: u64) -> io::Result<MappedFile> {
+        crate::fault::check("create")?;
+        let existed = path.exists();
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -52,7 +58,18 @@ impl MappedFile {
             .truncate(false)
             .open(path)?;
         if file.metadata()?.len() != len {
-            file.set_len(len)?;
+            if let Err(e) = allocate(&file, len) {
+                // Leave no half-made file behind for recovery to puzzle over.
+                if !existed {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(e);
+            }
+        }
+        if !existed {
+            if let Some(dir) = path.parent() {
+                File::open(dir)?.sync_all()?;
+            }
         }
         Self::map(path.to_path_buf(), file, len)
     }
@@ -179,6 +196,21 @@ impl MappedFile {
     pub fn prefault(&self) -> io::Result<()> {
         self.map.advise(Advice::PopulateWrite)
     }
+}
+
+/// Gives `file` exactly `len` bytes with every block allocated
+/// (`fallocate`); where the file system cannot allocate ahead (EOPNOTSUPP),
+/// a plain size change.
+fn allocate(file: &File, len: u64) -> io::Result<()> {
+    let cur = file.metadata()?.len();
+    if len > cur {
+        match rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), cur, len - cur) {
+            Ok(()) => return Ok(()),
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    file.set_len(len)
 }
 
 /// Owner of a [`Bytes`] view into a mapped file.

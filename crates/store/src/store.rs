@@ -176,6 +176,19 @@ impl Inner {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Checked under the writer lock by every append: a close that has
+    /// fenced the writer, or a failed write-back, refuses the append before
+    /// it takes an offset.
+    pub(crate) fn check_writable(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StoreError::ShutDown);
+        }
+        if let Some(why) = self.log.failure() {
+            return Err(StoreError::StorageFailed(why.to_string()));
+        }
+        Ok(())
+    }
+
     pub(crate) fn all_queues(&self) -> Vec<Arc<ConsumeQueue>> {
         let q = self.queues.read().unwrap_or_else(|p| p.into_inner());
         q.values().flat_map(|m| m.values().cloned()).collect()
@@ -245,6 +258,7 @@ impl Inner {
 impl MessageStore {
     /// Opens (and if needed recovers) the store in `config.data_dir`.
     pub fn open(config: StoreConfig) -> Result<MessageStore> {
+        crate::fault::init_from_env().map_err(StoreError::Config)?;
         crate::recovery::open(config)
     }
 
@@ -310,6 +324,7 @@ impl MessageStore {
         let mut bytes = 0u64;
         {
             let mut w = inner.writer();
+            inner.check_writable()?;
             let store_ts = now_ms().max(w.last_store_ts);
             w.last_store_ts = store_ts;
             for (m, body_crc32) in msgs.iter().zip(crcs) {
@@ -378,6 +393,7 @@ impl MessageStore {
         let size = kafka::encoded_len(topic, batch.len());
         let result = {
             let mut w = inner.writer();
+            inner.check_writable()?;
             let store_ts = now_ms().max(w.last_store_ts);
             w.last_store_ts = store_ts;
             let q = inner.queue_for(&mut w, topic, queue_id);
@@ -436,6 +452,9 @@ impl MessageStore {
         req.ask(end_offset);
         inner.flush.wake_flusher.notify_one();
         while inner.log.flushed_pos() < end_offset {
+            if let Some(why) = inner.log.failure() {
+                return Err(StoreError::StorageFailed(why.to_string()));
+            }
             if inner.stop.load(Ordering::Acquire) {
                 return Err(StoreError::ShutDown);
             }
@@ -467,7 +486,16 @@ impl MessageStore {
             inner.flush.wake_flusher.notify_one();
         }
         let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
-        let waited = tokio::time::timeout(timeout, async { rx.wait_for(|f| *f >= end_offset).await.map(|_| ()) }).await;
+        let log = &inner.log;
+        let waited = tokio::time::timeout(timeout, async {
+            rx.wait_for(|f| *f >= end_offset || log.failure().is_some())
+                .await
+                .map(|_| ())
+        })
+        .await;
+        if let Some(why) = log.failure().filter(|_| log.flushed_pos() < end_offset) {
+            return Err(StoreError::StorageFailed(why.to_string()));
+        }
         match waited {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(StoreError::ShutDown),
@@ -735,6 +763,11 @@ impl MessageStore {
         if self.inner.closed.swap(true, Ordering::AcqRel) {
             return Ok(());
         }
+        // Fence: an append that passed its first check holds the writer
+        // lock until it has published; every later one sees `closed` under
+        // the lock. The checkpoint below then covers every acknowledged
+        // record.
+        drop(self.inner.writer());
         self.stop_threads();
         let inner = &*self.inner;
         let cp = crate::tasks::checkpoint(inner, true)?;

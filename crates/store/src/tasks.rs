@@ -34,7 +34,9 @@ pub(crate) fn spawn(inner: &Arc<Inner>) -> Result<Vec<std::thread::JoinHandle<()
 
 fn flush_commitlog(inner: &Inner) {
     let target = inner.log.write_pos();
-    if target <= inner.log.flushed_pos() {
+    // After a failed write-back nothing more is flushed (logged once, by
+    // the failure itself).
+    if target <= inner.log.flushed_pos() || inner.log.failure().is_some() {
         return;
     }
     let t = Instant::now();
@@ -49,6 +51,16 @@ fn flush_loop(inner: &Inner) {
     // Waiters served by the previous sync: how many to expect in the next.
     let mut prev_batch = 0u64;
     while !inner.stop.load(Ordering::Acquire) {
+        if inner.log.failure().is_some() {
+            // Final: tell sync waiters (they fail at once) and idle.
+            {
+                let _g = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+                inner.flush.flushed.send_replace(inner.log.flushed_pos());
+                inner.flush.done.notify_all();
+            }
+            sleep(inner, Duration::from_millis(100));
+            continue;
+        }
         match inner.config.flush_mode {
             FlushMode::Async => {
                 sleep(inner, interval);
@@ -122,7 +134,7 @@ fn task_loop(inner: &Inner) {
             return;
         }
         let now = Instant::now();
-        if now >= next_cp {
+        if now >= next_cp && inner.log.failure().is_none() {
             if let Err(e) = checkpoint(inner, false) {
                 tracing::error!(error = %e, "checkpoint failed");
             }

@@ -48,8 +48,10 @@ pub fn store_code(e: &StoreError) -> i16 {
         StoreError::PropertiesTooLarge(_) => INVALID_REQUEST,
         StoreError::FlushTimeout(_) => REQUEST_TIMED_OUT,
         StoreError::ShutDown => NOT_ENOUGH_REPLICAS,
-        StoreError::Io { .. } | StoreError::BadFile { .. } | StoreError::Locked(_) | StoreError::Config(_) => {
-            KAFKA_STORAGE_ERROR
-        }
+        StoreError::Io { .. }
+        | StoreError::BadFile { .. }
+        | StoreError::Locked(_)
+        | StoreError::Config(_)
+        | StoreError::StorageFailed(_) => KAFKA_STORAGE_ERROR,
     }
 }

@@ -1,0 +1,227 @@
+//! Injected I/O failures (EIO on msync, ENOSPC and EMFILE on file creation),
+//! a crash between a segment's BLANK filler and the next segment, and a
+//! close racing appends. Faults are process-wide, so this file's tests take
+//! turns (`serial`) and each clears what it armed.
+
+mod common;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use rokka_store::config::FlushMode;
+use rokka_store::{fault, MessageStore, StoreConfig, StoreError};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    let g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    fault::clear();
+    g
+}
+
+fn sync_config(dir: &Path) -> StoreConfig {
+    let mut c = small_config(dir);
+    c.flush_mode = FlushMode::Sync;
+    c.checkpoint_interval_ms = 3_600_000;
+    c
+}
+
+#[test]
+fn a_failed_msync_is_final_and_nothing_past_it_is_acknowledged() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(sync_config(dir.path()))?;
+    let first = append(&store, "F", 0, 1, 0)?;
+    store.wait_durable(first.end_offset)?;
+    fault::inject("msync", libc::EIO, Some(1));
+    let second = append(&store, "F", 0, 1, 1)?;
+    match store.wait_durable(second.end_offset) {
+        Err(StoreError::StorageFailed(why)) => assert!(why.contains("msync"), "{why}"),
+        other => panic!("expected StorageFailed, got {other:?}"),
+    }
+    // The fault is used up; a retried sync would "succeed" now. It must not
+    // be tried: the failure is final.
+    assert!(matches!(
+        store.wait_durable(second.end_offset),
+        Err(StoreError::StorageFailed(_))
+    ));
+    assert!(matches!(
+        append(&store, "F", 0, 1, 2),
+        Err(StoreError::StorageFailed(_))
+    ));
+    let (_, _, flushed) = store.commitlog_offsets();
+    assert!(flushed < second.end_offset, "flushed {flushed} passed the failure");
+    // The async form too.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    assert!(matches!(
+        rt.block_on(store.durable(second.end_offset)),
+        Err(StoreError::StorageFailed(_))
+    ));
+    drop(store);
+    fault::clear();
+    // After a restart the store recovers from what is on disk and writes again.
+    let store = MessageStore::open(sync_config(dir.path()))?;
+    let all = read_all(&store, "F", 0);
+    assert!(
+        !all.is_empty() && all[0].1 == body(1, 0),
+        "the acknowledged message survives"
+    );
+    let r = append(&store, "F", 0, 1, 9)?;
+    store.wait_durable(r.end_offset)?;
+    Ok(())
+}
+
+#[test]
+fn a_full_disk_at_segment_creation_refuses_appends_without_losing_any() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    // The first append makes the segment and the queue's file.
+    let mut acked = vec![append(&store, "D", 0, 2, 0)?];
+    fault::inject("create", libc::ENOSPC, None);
+    // Fill the first segment until the roll needs a new file.
+    let mut refused = None;
+    for i in 1..10_000 {
+        match append(&store, "D", 0, 2, i) {
+            Ok(r) => acked.push(r),
+            Err(e) => {
+                refused = Some((i, e));
+                break;
+            }
+        }
+    }
+    let Some((failed_i, refused)) = refused else {
+        return Err("never refused".into());
+    };
+    let refused = Some(refused);
+    match refused {
+        Some(StoreError::Io { op, source, .. }) => {
+            assert_eq!(op, "create");
+            assert_eq!(source.raw_os_error(), Some(libc::ENOSPC));
+        }
+        other => panic!("expected an ENOSPC create error, got {other:?}"),
+    }
+    assert!(acked.len() > 100, "refused at the roll, not before: {}", acked.len());
+    // Still refused while the disk is full (the same message: a smaller one
+    // may still fit in the segment), and reads still work.
+    assert!(append(&store, "D", 0, 2, failed_i).is_err());
+    assert_eq!(read_all(&store, "D", 0).len(), acked.len());
+    // Space comes back: appends continue at the next offset.
+    fault::clear();
+    assert_eq!(failed_i, acked.len() as u64);
+    let r = append(&store, "D", 0, 2, failed_i)?;
+    assert_eq!(r.queue_offset, failed_i);
+    store.close()?;
+    drop(store);
+    let store = MessageStore::open(cfg)?;
+    let all = read_all(&store, "D", 0);
+    assert_eq!(all.len(), acked.len() + 1);
+    for (k, (off, b)) in all.iter().enumerate().take(acked.len()) {
+        assert_eq!((*off, b), (k as u64, &body(2, k as u64)));
+    }
+    Ok(())
+}
+
+#[test]
+fn emfile_creating_a_queue_file_fails_that_append_only() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(dir.path()))?;
+    append(&store, "Old", 0, 3, 0)?;
+    fault::inject("create", libc::EMFILE, Some(1));
+    match append(&store, "New", 0, 3, 0) {
+        Err(StoreError::Io { source, .. }) => assert_eq!(source.raw_os_error(), Some(libc::EMFILE)),
+        other => panic!("expected EMFILE, got {other:?}"),
+    }
+    // Other queues are unaffected, and the new one works once files can be made.
+    append(&store, "Old", 0, 3, 1)?;
+    let r = append(&store, "New", 0, 3, 1)?;
+    assert_eq!(r.queue_offset, 0, "the refused append took no offset");
+    assert_eq!(read_all(&store, "New", 0).len(), 1);
+    assert_eq!(read_all(&store, "Old", 0).len(), 2);
+    Ok(())
+}
+
+#[test]
+fn a_crash_after_a_blank_filler_before_the_next_segment_recovers_and_appends() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.checkpoint_interval_ms = 3_600_000;
+    let store = MessageStore::open(cfg.clone())?;
+    append(&store, "B", 0, 4, 0)?;
+    fault::inject("create", libc::ENOSPC, None);
+    let mut n = 1u64;
+    while append(&store, "B", 0, 4, n).is_ok() {
+        n += 1;
+    }
+    assert!(n > 100, "refused at the roll, not before: {n}");
+    // The BLANK filler is written; the next segment never was. Crash.
+    drop(store);
+    fault::clear();
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(read_all(&store, "B", 0).len() as u64, n);
+    let r = append(&store, "B", 0, 4, n)?;
+    assert_eq!(r.queue_offset, n);
+    assert_eq!(
+        r.phys_offset % small_config(dir.path()).commitlog_segment_bytes,
+        0,
+        "a new segment"
+    );
+    Ok(())
+}
+
+#[test]
+fn close_racing_appends_keeps_every_acknowledged_record() -> TestResult {
+    let _g = serial();
+    for round in 0..5 {
+        let dir = tempfile::tempdir()?;
+        let cfg = small_config(dir.path());
+        let store = Arc::new(MessageStore::open(cfg.clone())?);
+        let go = Arc::new(AtomicBool::new(true));
+        let mut threads = Vec::new();
+        for t in 0..4u32 {
+            let s = Arc::clone(&store);
+            let go = Arc::clone(&go);
+            threads.push(std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                let mut i = 0u64;
+                while go.load(Ordering::Relaxed) {
+                    match append(&s, "C", t, u64::from(t), i) {
+                        Ok(r) => acked.push(r.queue_offset),
+                        Err(StoreError::ShutDown) => break,
+                        Err(e) => panic!("append: {e}"),
+                    }
+                    i += 1;
+                }
+                acked
+            }));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(30 + round * 10));
+        store.close()?;
+        go.store(false, Ordering::Relaxed);
+        let acked: Vec<Vec<u64>> = threads
+            .into_iter()
+            .map(|t| t.join().map_err(|_| "appender panicked"))
+            .collect::<Result<_, _>>()?;
+        drop(store);
+        let store = MessageStore::open(cfg)?;
+        assert!(store.recovery_report().clean, "the close was clean");
+        for (t, offsets) in acked.iter().enumerate() {
+            let all = read_all(&store, "C", t as u32);
+            assert!(
+                all.len() >= offsets.len(),
+                "round {round} queue {t}: {} acknowledged, {} after restart",
+                offsets.len(),
+                all.len()
+            );
+            for (k, (off, b)) in all.iter().enumerate().take(offsets.len()) {
+                assert_eq!((*off, b), (k as u64, &body(t as u64, k as u64)));
+            }
+        }
+    }
+    Ok(())
+}
