@@ -61,6 +61,10 @@ pub struct StoreConfig {
     pub store_host: SocketAddr,
     /// How often changed consumer offsets are persisted.
     pub offsets_flush_interval_ms: u64,
+    /// Check every entry a read returns (CRC, and that it is the record its
+    /// ConsumeQueue entry points at: topic, queue, offset, position); a
+    /// damaged entry is never served.
+    pub verify_reads: bool,
 }
 
 impl Default for StoreConfig {
@@ -84,6 +88,7 @@ impl Default for StoreConfig {
             retention_check_interval_ms: 10_000,
             store_host: SocketAddr::from(([127, 0, 0, 1], 10911)),
             offsets_flush_interval_ms: 5_000,
+            verify_reads: true,
         }
     }
 }

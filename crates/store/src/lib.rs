@@ -20,6 +20,7 @@ pub mod consume_queue;
 pub mod error;
 pub mod fault;
 pub mod index;
+mod manifest;
 mod mapped;
 mod metrics;
 pub mod msgid;

@@ -13,6 +13,7 @@ pub struct StoreMetrics {
     pub segments_deleted: Counter,
     pub flush_timeouts: Counter,
     pub commitlog_bytes: Gauge,
+    pub damaged_entries: Counter,
 }
 
 impl StoreMetrics {
@@ -27,6 +28,7 @@ impl StoreMetrics {
             segments_deleted: counter!("rokka_store_segments_deleted_total"),
             flush_timeouts: counter!("rokka_store_flush_timeouts_total"),
             commitlog_bytes: gauge!("rokka_store_commitlog_bytes"),
+            damaged_entries: counter!("rokka_store_damaged_entries_total"),
         }
     }
 }

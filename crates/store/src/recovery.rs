@@ -48,6 +48,8 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "offsets.tmp",
     "log_starts.json",
     "log_starts.tmp",
+    crate::manifest::FILE,
+    "queues.tmp",
     "config",
     "lost+found",
 ];
@@ -71,6 +73,8 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         }
     };
     let log = Arc::new(CommitLog::load(&dir.join("commitlog"))?);
+    let manifest = crate::manifest::Manifest::load(&dir);
+    let deleted = manifest.as_ref().map(|m| m.deleted.clone()).unwrap_or_default();
     let mut queues = load_queues(&dir.join("consumequeue"), config.consume_queue_entries_per_file)?;
     let mut index = if config.index_enabled {
         Some(IndexService::load(
@@ -98,14 +102,54 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
                 },
             )
         }
-        None => recover(
+        None => {
+            // A clean checkpoint whose last record fails its check: the
+            // damage is inside what the checkpoint calls durable, so a scan
+            // from it would find nothing. Scan everything instead.
+            let clean_but_damaged = cp.as_ref().is_some_and(|c| c.clean && !had_abort);
+            if clean_but_damaged {
+                tracing::error!("the last record of a clean stop fails its check: full recovery scan");
+            }
+            recover(
+                &log,
+                &mut queues,
+                (&dir.join("consumequeue"), config.consume_queue_entries_per_file),
+                index.as_mut(),
+                cp.as_ref().filter(|_| !clean_but_damaged),
+                max_entry,
+                &deleted,
+            )?
+        }
+    };
+    // Every queue must reach the end the last checkpoint recorded for it;
+    // one that does not (zeroed entries, a deleted directory) would hide
+    // messages and hand out their offsets again: rebuild from the CommitLog.
+    let short = manifest.as_ref().map_or_else(Vec::new, |m| short_queues(m, &queues));
+    let (end, report) = if short.is_empty() {
+        (end, report)
+    } else {
+        for why in &short {
+            tracing::error!(problem = %why, "ConsumeQueue damaged or missing");
+        }
+        tracing::error!(queues = short.len(), "rebuilding every ConsumeQueue from the CommitLog");
+        let (end2, mut r) = recover(
             &log,
             &mut queues,
             (&dir.join("consumequeue"), config.consume_queue_entries_per_file),
             index.as_mut(),
-            cp.as_ref(),
+            None,
             max_entry,
-        )?,
+            &deleted,
+        )?;
+        r.queues_rebuilt = short.len() as u64;
+        let still = manifest.as_ref().map_or_else(Vec::new, |m| short_queues(m, &queues));
+        if let Some(why) = still.first() {
+            return Err(StoreError::bad_file(
+                dir.join(crate::manifest::FILE),
+                format!("after a rebuild from the CommitLog {why}: records are missing from the CommitLog itself"),
+            ));
+        }
+        (end2, r)
     };
     // Pre-allocated segments past the end (empty by construction: recovery
     // checked that no valid entry starts them) are dropped; the allocator
@@ -168,6 +212,8 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         _lock_file: lock_file,
         recovery: report,
         log_starts: Mutex::new(log_starts),
+        deleted: Mutex::new(deleted),
+        damage_logged_ms: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
         config,
     });
     // Everything recovered is now on disk; record that before accepting writes,
@@ -300,6 +346,7 @@ fn recover(
     mut index: Option<&mut IndexService>,
     cp: Option<&Checkpoint>,
     max_entry: usize,
+    deleted: &std::collections::BTreeMap<String, u64>,
 ) -> Result<(u64, RecoveryReport)> {
     let segs = log.segments();
     let (Some(first), Some(last)) = (segs.first(), segs.last()) else {
@@ -337,6 +384,10 @@ fn recover(
             Entry::Message(m) => (m.topic_str(), Some(&m.properties[..])),
             Entry::KafkaBatch(k) => (k.topic_str(), None),
         };
+        // A record of a topic deleted after it was written stays deleted.
+        if deleted.get(topic).is_some_and(|d| info.phys_offset < *d) {
+            return Ok(());
+        }
         if validate_topic(topic).is_err() {
             return Err(StoreError::bad_file(
                 log.dir(),
@@ -437,8 +488,31 @@ fn recover(
         full_scan: safe.is_none(),
         redispatched,
         truncated_at: scan_end.stopped_by.map(|(_, pos, _)| pos),
+        queues_rebuilt: 0,
     };
     Ok((end, report))
+}
+
+/// Queues that end before the manifest says they did at the last checkpoint.
+fn short_queues(m: &crate::manifest::Manifest, queues: &QueueMap) -> Vec<String> {
+    let mut out = Vec::new();
+    for (key, want) in &m.queues {
+        let Some((topic, q)) = crate::manifest::Manifest::parse_key(key) else {
+            continue;
+        };
+        if m.deleted.contains_key(topic) || *want == 0 {
+            continue;
+        }
+        match queues.get(topic).and_then(|qs| qs.get(&q)) {
+            None => out.push(format!("{key}: no ConsumeQueue, but it ended at offset {want}")),
+            Some(cq) if cq.max_offset() < *want => out.push(format!(
+                "{key}: ConsumeQueue ends at {} but ended at {want} at the last checkpoint",
+                cq.max_offset()
+            )),
+            Some(_) => {}
+        }
+    }
+    out
 }
 
 fn load_log_starts(path: &Path) -> Result<std::collections::BTreeMap<String, u64>> {

@@ -59,6 +59,11 @@ pub enum ReadStatus {
     OffsetOverflow,
     /// No such topic or queue.
     NoSuchQueue,
+    /// The entry at `next_offset` failed its check (CRC, or it is not the
+    /// record its ConsumeQueue entry points at): it is not served. Counted
+    /// in `rokka_store_damaged_entries_total`; `rokka store check` and a
+    /// restart's recovery repair what can be repaired.
+    Damaged,
 }
 
 /// One entry returned by a read: a RocketMQ message or a Kafka batch.
@@ -122,6 +127,9 @@ pub struct RecoveryReport {
     pub redispatched: u64,
     /// Where a torn or corrupt tail was cut, if one was.
     pub truncated_at: Option<u64>,
+    /// ConsumeQueues found shorter than the last checkpoint recorded (or
+    /// missing), after which every queue was rebuilt from the CommitLog.
+    pub queues_rebuilt: u64,
 }
 
 /// What waiters have asked the flusher for.
@@ -157,6 +165,10 @@ pub(crate) struct Inner {
     pub recovery: RecoveryReport,
     /// Queue starts raised by DeleteRecords, "topic/queue" → offset.
     pub log_starts: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Deleted topics → CommitLog end at deletion (queues.json).
+    pub deleted: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// When a damaged read was last logged (ms).
+    pub damage_logged_ms: std::sync::atomic::AtomicI64,
 }
 
 /// The store. See the crate docs.
@@ -518,25 +530,33 @@ impl MessageStore {
     /// Returns whether the topic had queues.
     pub fn delete_topic(&self, topic: &str) -> Result<bool> {
         self.check_open()?;
-        let removed = {
+        {
+            // Under the writer lock throughout: an append racing the delete
+            // either lands before it (and is deleted with the topic) or
+            // after it, in a queue made afresh whose files this does not
+            // remove.
             let mut w = self.inner.writer();
-            let removed = w.queues.remove(topic);
+            let Some(removed) = w.queues.remove(topic) else {
+                return Ok(false);
+            };
             self.inner
                 .queues
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(topic);
-            removed
-        };
-        let Some(removed) = removed else {
-            return Ok(false);
-        };
-        for q in removed.values() {
-            q.destroy()?;
-        }
-        let dir = self.inner.dir.join("consumequeue").join(topic);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(StoreError::io("remove", &dir))?;
+            // Records written so far stay deleted if queues are ever rebuilt.
+            self.inner
+                .deleted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(topic.to_string(), self.inner.log.write_pos());
+            for q in removed.values() {
+                q.destroy()?;
+            }
+            let dir = self.inner.dir.join("consumequeue").join(topic);
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).map_err(StoreError::io("remove", &dir))?;
+            }
         }
         crate::tasks::checkpoint(&self.inner, false)?;
         Ok(true)
@@ -638,7 +658,15 @@ impl MessageStore {
             cqs.push(e);
             idx += 1;
         }
-        let entries = self.views(&cqs);
+        let mut entries = self.views(&cqs);
+        if self.inner.config.verify_reads {
+            if let Some(bad) = entries.iter().position(|e| self.damaged(e, topic, queue_id)) {
+                entries.truncate(bad);
+                if entries.is_empty() {
+                    return status_only(ReadStatus::Damaged, cqs[0].base_offset.max(offset));
+                }
+            }
+        }
         if entries.is_empty() {
             return status_only(ReadStatus::OffsetMoved, q.min_offset());
         }
@@ -650,6 +678,42 @@ impl MessageStore {
             min_offset: min,
             max_offset: max,
         }
+    }
+
+    /// Whether a read entry fails its check: its CRC(s), or its own header
+    /// says it is another record than its ConsumeQueue entry points at.
+    /// Logged at most once a second (a client re-reading a damaged offset
+    /// must not flood the log).
+    fn damaged(&self, e: &ReadEntry, topic: &str, queue_id: u32) -> bool {
+        let why = match record::decode_checked(&e.data) {
+            Err(err) => err.to_string(),
+            Ok(r) if r.phys_offset() != e.cq.phys_offset => format!("records position {}", r.phys_offset()),
+            Ok(r) if r.queue_offset() != e.cq.base_offset => format!("records queue offset {}", r.queue_offset()),
+            Ok(r) if r.queue_id() != queue_id || r.topic_str() != topic => {
+                format!("belongs to {}/{}", r.topic_str(), r.queue_id())
+            }
+            Ok(_) => return false,
+        };
+        self.inner.metrics.damaged_entries.increment(1);
+        let now = now_ms();
+        let last = self.inner.damage_logged_ms.load(Ordering::Relaxed);
+        if now - last >= 1000
+            && self
+                .inner
+                .damage_logged_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::error!(
+                topic,
+                queue = queue_id,
+                offset = e.cq.base_offset,
+                position = e.cq.phys_offset,
+                why,
+                "damaged entry not served"
+            );
+        }
+        true
     }
 
     /// Maps CQ entries to views, one view per run of entries in one segment.
@@ -814,14 +878,23 @@ impl Drop for MessageStore {
 }
 
 /// Used by checkpoint: a consistent (end, index mark, last record) snapshot.
-pub(crate) fn snapshot(inner: &Inner) -> (u64, Option<crate::index::IndexMark>, u64) {
+pub(crate) fn snapshot(inner: &Inner) -> (u64, Option<crate::index::IndexMark>, u64, crate::manifest::Manifest) {
     let w = inner.writer();
     let end = inner.log.write_pos();
     let mark = inner
         .index
         .as_ref()
         .and_then(|i| i.lock().unwrap_or_else(|p| p.into_inner()).mark());
-    (end, mark, w.last_record)
+    let mut manifest = crate::manifest::Manifest::default();
+    for (topic, qs) in &w.queues {
+        for (q, cq) in qs {
+            manifest
+                .queues
+                .insert(crate::manifest::Manifest::key(topic, *q), cq.max_offset());
+        }
+    }
+    manifest.deleted = inner.deleted.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    (end, mark, w.last_record, manifest)
 }
 
 pub(crate) fn write_checkpoint(inner: &Inner, cp: &Checkpoint) -> Result<()> {

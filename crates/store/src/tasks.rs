@@ -158,7 +158,7 @@ fn task_loop(inner: &Inner) {
 /// Flushes the CommitLog, every ConsumeQueue and the index up to a consistent
 /// point and records it in the checkpoint file.
 pub(crate) fn checkpoint(inner: &Inner, clean: bool) -> Result<Checkpoint> {
-    let (end, mark, last_record) = snapshot(inner);
+    let (end, mark, last_record, mut manifest) = snapshot(inner);
     let t = Instant::now();
     inner.log.flush_to(end)?;
     inner.metrics.flush_seconds.record(t.elapsed().as_secs_f64());
@@ -180,6 +180,16 @@ pub(crate) fn checkpoint(inner: &Inner, clean: bool) -> Result<Checkpoint> {
         index: mark,
     };
     write_checkpoint(inner, &cp)?;
+    // Tombstones of deleted topics whose records retention has removed are
+    // no longer needed.
+    let min = inner.log.min_offset();
+    manifest.deleted.retain(|_, end| *end > min);
+    inner
+        .deleted
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|_, end| *end > min);
+    manifest.store(&inner.dir)?;
     let segs = inner.log.segments();
     inner.metrics.segments.set(segs.len() as f64);
     inner

@@ -753,6 +753,9 @@ impl RocketMq {
             ReadStatus::NoSuchQueue => (rs::PULL_OFFSET_MOVED, 0, Bytes::new()),
             ReadStatus::OffsetMoved => (rs::PULL_OFFSET_MOVED, min, Bytes::new()),
             ReadStatus::OffsetOverflow => (rs::PULL_OFFSET_MOVED, max, Bytes::new()),
+            // A damaged entry is never served: an error, which clients
+            // retry after their pull back-off (3 s), not at once.
+            ReadStatus::Damaged => (rs::SYSTEM_ERROR, offset, Bytes::new()),
         };
         let mut r = self.reply(req, code, None);
         r.ext_fields.set("suggestWhichBrokerId", "0");

@@ -49,6 +49,20 @@ impl Entry {
             Entry::KafkaBatch(k) => k.phys_offset,
         }
     }
+
+    pub fn queue_id(&self) -> u32 {
+        match self {
+            Entry::Message(m) => m.queue_id,
+            Entry::KafkaBatch(k) => k.queue_id,
+        }
+    }
+
+    pub fn topic_str(&self) -> &str {
+        match self {
+            Entry::Message(m) => m.topic_str(),
+            Entry::KafkaBatch(k) => k.topic_str(),
+        }
+    }
 }
 
 /// Decodes a whole entry of either kind.

@@ -125,6 +125,12 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, boo
                         pd.error_code = errors::OFFSET_OUT_OF_RANGE;
                         any_error = true;
                     }
+                    // Never served; the client retries (as on a broker
+                    // whose log directory failed) while operators repair.
+                    ReadStatus::Damaged => {
+                        pd.error_code = errors::KAFKA_STORAGE_ERROR;
+                        any_error = true;
+                    }
                 },
             }
             parts.push(pd);
