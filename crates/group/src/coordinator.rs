@@ -190,6 +190,10 @@ pub struct GroupCoordinator {
     groups: HashMap<String, Group>,
     id_salt: u64,
     id_seq: u64,
+    /// Parked JoinGroups answered because their member sent another.
+    superseded_joins: u64,
+    /// Parked SyncGroups answered because their member sent another.
+    superseded_syncs: u64,
 }
 
 impl GroupCoordinator {
@@ -199,7 +203,15 @@ impl GroupCoordinator {
             groups: HashMap::new(),
             id_salt: rand::random(),
             id_seq: 0,
+            superseded_joins: 0,
+            superseded_syncs: 0,
         }
+    }
+
+    /// (JoinGroups, SyncGroups) answered so far because the same member
+    /// sent another while they were parked.
+    pub fn superseded(&self) -> (u64, u64) {
+        (self.superseded_joins, self.superseded_syncs)
     }
 
     pub fn config(&self) -> &GroupConfig {
@@ -298,7 +310,7 @@ impl GroupCoordinator {
         let is_leader = g.leader.as_deref() == Some(req.member_id.as_str());
         match g.state {
             GroupState::PreparingRebalance => {
-                Self::update_member(g, &req, token, now);
+                self.superseded_joins += Self::update_member(g, &req, token, now, &mut out);
                 Self::try_complete_join(g, now, &mut out);
             }
             GroupState::CompletingRebalance if same_metadata => {
@@ -308,7 +320,7 @@ impl GroupCoordinator {
                 out.push(Reply::Join(token, g.join_response(&req.member_id)));
             }
             GroupState::CompletingRebalance | GroupState::Stable | GroupState::Empty => {
-                Self::update_member(g, &req, token, now);
+                self.superseded_joins += Self::update_member(g, &req, token, now, &mut out);
                 Self::prepare_rebalance(g, now, &self.config, &mut out);
                 Self::try_complete_join(g, now, &mut out);
             }
@@ -370,6 +382,7 @@ impl GroupCoordinator {
             out.push(Reply::Join(token, g.join_response(&new_id)));
             return out;
         }
+        // The old id's parked requests were fenced above: nothing to supersede.
         Self::update_member(
             g,
             &JoinRequest {
@@ -378,6 +391,7 @@ impl GroupCoordinator {
             },
             token,
             now,
+            &mut out,
         );
         Self::prepare_rebalance(g, now, config, &mut out);
         Self::try_complete_join(g, now, &mut out);
@@ -415,15 +429,26 @@ impl GroupCoordinator {
         }
     }
 
-    fn update_member(g: &mut Group, req: &JoinRequest, token: Token, now: u64) {
-        if let Some(m) = g.members.get_mut(&req.member_id) {
-            m.protocols = req.protocols.clone();
-            m.session_timeout_ms = req.session_timeout_ms;
-            m.rebalance_timeout_ms = req.rebalance_timeout_ms;
-            m.client_id = req.client_id.clone();
-            m.client_host = req.client_host.clone();
-            m.awaiting_join = Some(token);
-            m.last_heartbeat = now;
+    /// Takes a known member's (re)join: its new metadata, and `token` parked
+    /// as its join. A join it still had parked is superseded — answered now
+    /// (see [`superseded_join`]) rather than dropped unanswered. Returns how
+    /// many were (0 or 1).
+    fn update_member(g: &mut Group, req: &JoinRequest, token: Token, now: u64, out: &mut Vec<Reply>) -> u64 {
+        let Some(m) = g.members.get_mut(&req.member_id) else {
+            return 0;
+        };
+        m.protocols = req.protocols.clone();
+        m.session_timeout_ms = req.session_timeout_ms;
+        m.rebalance_timeout_ms = req.rebalance_timeout_ms;
+        m.client_id = req.client_id.clone();
+        m.client_host = req.client_host.clone();
+        m.last_heartbeat = now;
+        match m.awaiting_join.replace(token) {
+            Some(old) if old != token => {
+                out.push(superseded_join(old, &m.id));
+                1
+            }
+            _ => 0,
         }
     }
 
@@ -574,19 +599,23 @@ impl GroupCoordinator {
                 vec![Reply::Sync(token, ok(g, a))]
             }
             GroupState::CompletingRebalance => {
+                let mut out = Vec::new();
                 if let Some(m) = g.members.get_mut(&req.member_id) {
-                    m.awaiting_sync = Some(token);
+                    // A sync it still had parked is superseded: answered now.
+                    if let Some(old) = m.awaiting_sync.replace(token).filter(|old| *old != token) {
+                        out.push(superseded_sync(old));
+                        self.superseded_syncs += 1;
+                    }
                     m.last_heartbeat = now;
                 }
                 if g.leader.as_deref() != Some(req.member_id.as_str()) {
-                    return Vec::new();
+                    return out;
                 }
                 let assignments: HashMap<String, Bytes> = req.assignments.into_iter().collect();
                 for m in g.members.values_mut() {
                     m.assignment = assignments.get(&m.id).cloned().unwrap_or_default();
                 }
                 g.state = GroupState::Stable;
-                let mut out = Vec::new();
                 let ids: Vec<String> = g.members.keys().cloned().collect();
                 for id in ids {
                     let resp = g.members.get(&id).map(|m| ok(g, m.assignment.clone()));
@@ -897,6 +926,35 @@ impl GroupCoordinator {
     pub fn member_count(&self, group: &str) -> usize {
         self.groups.get(group).map_or(0, |g| g.members.len())
     }
+}
+
+/// The answer to a member's parked JoinGroup that its newer JoinGroup
+/// replaced: REBALANCE_IN_PROGRESS, which makes a client that still waits
+/// for it rejoin (Kafka answers a superseded join future the same way,
+/// KAFKA-20938; before that it dropped the future and the request hung until
+/// the client's timeout). The member keeps its id.
+fn superseded_join(token: Token, member_id: &str) -> Reply {
+    Reply::Join(
+        token,
+        JoinResponse {
+            error: code::REBALANCE_IN_PROGRESS,
+            generation: -1,
+            member_id: member_id.to_string(),
+            ..JoinResponse::default()
+        },
+    )
+}
+
+/// The answer to a member's parked SyncGroup that its newer SyncGroup
+/// replaced (see [`superseded_join`]).
+fn superseded_sync(token: Token) -> Reply {
+    Reply::Sync(
+        token,
+        SyncResponse {
+            error: code::REBALANCE_IN_PROGRESS,
+            ..SyncResponse::default()
+        },
+    )
 }
 
 /// A request from an unknown member id: FENCED_INSTANCE_ID when its

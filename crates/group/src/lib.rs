@@ -12,9 +12,12 @@
 //! * **PreparingRebalance** — collecting (re)joins. Joins are parked until
 //!   every known member has rejoined or the rebalance timeout passes (members
 //!   that did not rejoin are removed); heartbeats and syncs →
-//!   REBALANCE_IN_PROGRESS.
+//!   REBALANCE_IN_PROGRESS. A member's join while its earlier one is parked
+//!   takes its place, and the earlier one is answered REBALANCE_IN_PROGRESS.
 //! * **CompletingRebalance** — waiting for the leader's SyncGroup; follower
-//!   syncs are parked; heartbeats answered normally.
+//!   syncs are parked (a member's sync while its earlier one is parked
+//!   answers the earlier one REBALANCE_IN_PROGRESS); heartbeats answered
+//!   normally.
 //! * **Stable** — assignment in force; a leader join, a changed-metadata join,
 //!   a leave or a member failure starts a rebalance.
 //! * **Dead** — being removed (after DeleteGroups).

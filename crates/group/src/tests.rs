@@ -379,3 +379,86 @@ fn empty_groups_expire_after_retention() {
     let later = h.now + GroupConfig::default().offsets_retention_ms;
     assert_eq!(h.c.expire_empty_groups(later), vec!["g".to_string()]);
 }
+
+// A member that re-sends a request while its earlier one is parked (its
+// client timed out and reconnected, or two clients share a member id): the
+// earlier request is answered REBALANCE_IN_PROGRESS at once — the client
+// rejoins on it — as Kafka does since KAFKA-20938, instead of staying parked
+// (and holding its connection) until nothing ever answers it.
+
+#[test]
+fn a_rejoin_while_the_first_join_is_parked_answers_the_first() {
+    let (mut h, a) = stable_one();
+    // (Stable, new member) → PreparingRebalance; b's join is parked.
+    let (b, tb1, r) = h.new_member();
+    assert!(r.is_empty());
+    // (PreparingRebalance, b joins again) → the first join answered, the
+    // second parked in its place.
+    let (tb2, r) = h.join(&b);
+    let first = join_reply(&r, tb1);
+    assert_eq!(first.error, REBALANCE_IN_PROGRESS);
+    assert_eq!(first.member_id, b, "the member keeps its id");
+    assert!(!r.iter().any(|x| x.token() == tb2), "the retry is parked: {r:?}");
+    assert_eq!(h.state(), GroupState::PreparingRebalance);
+    // The rebalance still completes on the retry, and only the retry.
+    let (ta, r) = h.join(&a);
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert_eq!(join_reply(&r, ta).generation, 2);
+    assert_eq!(join_reply(&r, tb2).generation, 2);
+    assert_eq!(h.c.superseded(), (1, 0));
+}
+
+#[test]
+fn a_rejoin_during_the_initial_delay_answers_the_first() {
+    let mut h = H::new();
+    let (a, t1, r) = h.new_member();
+    assert!(r.is_empty(), "parked during the initial delay");
+    let (t2, r) = h.join(&a);
+    assert_eq!(join_reply(&r, t1).error, REBALANCE_IN_PROGRESS);
+    assert_eq!(r.len(), 1);
+    let r = h.advance(3_000);
+    assert_eq!(join_reply(&r, t2).generation, 1);
+    assert!(!r.iter().any(|x| x.token() == t1), "answered twice: {r:?}");
+}
+
+#[test]
+fn a_resent_sync_while_the_first_is_parked_answers_the_first() {
+    let (mut h, a) = stable_one();
+    let (b, tb, _) = h.new_member();
+    let (ta, r) = h.join(&a);
+    join_reply(&r, ta);
+    join_reply(&r, tb);
+    assert_eq!(h.state(), GroupState::CompletingRebalance);
+    // (CompletingRebalance, follower sync) → parked; again → the first answered.
+    let (ts1, r) = h.sync(&b, 2, &[]);
+    assert!(r.is_empty());
+    let (ts2, r) = h.sync(&b, 2, &[]);
+    assert_eq!(sync_reply(&r, ts1).error, REBALANCE_IN_PROGRESS);
+    assert_eq!(r.len(), 1, "the retry is parked: {r:?}");
+    // (CompletingRebalance, leader sync) → the retry gets its assignment.
+    let (tsa, r) = h.sync(&a, 2, &[(&a, "PA"), (&b, "PB")]);
+    assert_eq!(sync_reply(&r, tsa).assignment, Bytes::from("PA"));
+    assert_eq!(sync_reply(&r, ts2).assignment, Bytes::from("PB"));
+    assert_eq!(r.len(), 2, "{r:?}");
+    assert_eq!(h.state(), GroupState::Stable);
+    assert_eq!(h.c.superseded(), (0, 1));
+}
+
+/// Every parked request gets exactly one answer, whatever the order of
+/// retries, leaves and timeouts.
+#[test]
+fn every_parked_request_is_answered_once() {
+    let (mut h, a) = stable_one();
+    let (b, tb1, _) = h.new_member();
+    let (tb2, r1) = h.join(&b);
+    let (tb3, r2) = h.join(&b);
+    // a never rejoins: the rebalance timeout completes the join with b alone.
+    let r3 = h.advance(REBALANCE + 100);
+    let all: Vec<Reply> = r1.into_iter().chain(r2).chain(r3).collect();
+    for t in [tb1, tb2, tb3] {
+        assert_eq!(all.iter().filter(|x| x.token() == t).count(), 1, "token {t}: {all:?}");
+    }
+    assert_eq!(join_reply(&all, tb3).generation, 2);
+    assert_eq!(join_reply(&all, tb3).leader, b);
+    assert_eq!(h.c.heartbeat("g", &a, None, 1, h.now), UNKNOWN_MEMBER_ID);
+}

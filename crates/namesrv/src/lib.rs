@@ -8,8 +8,31 @@
 //! false`), a master's registration is authoritative for its topics: a topic
 //! missing from it is gone from that broker's routes (Rokka deletes topics
 //! through Kafka's DeleteTopics as well, and the route must follow).
+//!
+//! # What liveness is kept for
+//!
+//! One registration is one [`BrokerKey`]: (cluster, broker name, broker id,
+//! address). Its heartbeat time, timeout and registering connection live in
+//! the same slot as the address it publishes (broker name → broker id →
+//! member), so the address a route shows, the clock that expires it and the
+//! connection whose close drops it can never belong to different brokers.
+//! RocketMQ keeps liveness by (cluster, address) beside the name → id →
+//! address table instead, so a second broker name registered on the same
+//! address shares (and overwrites) the first one's liveness: the first one
+//! is then never expired, survives its own connection closing, and the
+//! second one's expiry or close takes the first one's liveness with it.
+//! Here each registration expires, closes and unregisters alone:
+//!
+//! * a (name, id) slot holds one address: a registration of the same name and
+//!   id from another address replaces it (a moved broker), and within one
+//!   broker name an address holds one id (RocketMQ's slave → master switch);
+//! * [`RouteTable::expire`] and [`RouteTable::channel_closed`] remove exactly
+//!   the registrations that went silent or whose connection closed;
+//! * [`RouteTable::unregister`] removes a registration only when all four
+//!   parts of its key match.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::net::SocketAddr;
 
 use serde_json::{json, Value};
@@ -37,19 +60,58 @@ pub struct Registration {
     pub topics: Vec<TopicConf>,
 }
 
+impl Registration {
+    /// The key this registration is live, expired and unregistered under.
+    pub fn key(&self) -> BrokerKey {
+        BrokerKey {
+            cluster: self.cluster.clone(),
+            broker_name: self.broker_name.clone(),
+            broker_id: self.broker_id,
+            broker_addr: self.broker_addr.clone(),
+        }
+    }
+}
+
+/// One registration's identity: what UNREGISTER_BROKER names, and what
+/// expiry and a closed connection report.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BrokerKey {
+    pub cluster: String,
+    pub broker_name: String,
+    /// 0 for a master, ≥ 1 for a slave.
+    pub broker_id: i64,
+    pub broker_addr: String,
+}
+
+impl fmt::Display for BrokerKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{}/{}@{}",
+            self.cluster, self.broker_name, self.broker_id, self.broker_addr
+        )
+    }
+}
+
+/// One registered broker process: the address published under its broker
+/// name and id, and the liveness of that very registration.
 #[derive(Debug)]
-struct BrokerEntry {
-    cluster: String,
-    addrs: BTreeMap<i64, String>,
+struct Member {
+    addr: String,
+    /// Time of the last registration (the heartbeat).
+    last_ms: u64,
+    /// Silent longer than this and it is dropped (`heartbeatTimeoutMillis`).
+    timeout_ms: u64,
+    /// The connection it last registered over; `None` for the broker in
+    /// this process, which registers without one.
+    peer: Option<SocketAddr>,
 }
 
 #[derive(Debug)]
-struct Live {
-    last_ms: u64,
-    timeout_ms: u64,
-    broker_name: String,
-    broker_id: i64,
-    peer: Option<SocketAddr>,
+struct BrokerEntry {
+    cluster: String,
+    /// broker id → its registration (0 = master).
+    members: BTreeMap<i64, Member>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,18 +122,20 @@ struct QueueData {
     sys_flag: u32,
 }
 
-/// The route table itself: no I/O, time passed in.
+/// The route table itself: no I/O, time passed in. Not thread-safe by
+/// itself: the name-server port holds it behind one mutex.
 #[derive(Debug, Default)]
 pub struct RouteTable {
+    /// broker name → its cluster and registered members.
     brokers: BTreeMap<String, BrokerEntry>,
+    /// cluster → broker names (kept equal to the brokers' own `cluster`).
     clusters: BTreeMap<String, BTreeSet<String>>,
-    live: HashMap<String, Live>,
     /// topic → broker name → queues.
     topics: BTreeMap<String, BTreeMap<String, QueueData>>,
 }
 
 impl RouteTable {
-    /// Applies a registration; true when the routes changed.
+    /// Applies a registration (and heartbeat); true when the routes changed.
     pub fn register(
         &mut self,
         r: &Registration,
@@ -79,29 +143,50 @@ impl RouteTable {
         default_timeout_ms: u64,
         peer: Option<SocketAddr>,
     ) -> bool {
+        let mut changed = false;
+        let moved_from = match self.brokers.get(&r.broker_name) {
+            Some(e) if e.cluster != r.cluster => Some(e.cluster.clone()),
+            _ => None,
+        };
+        if let Some(old) = moved_from {
+            self.leave_cluster(&old, &r.broker_name);
+            changed = true;
+        }
+        self.clusters
+            .entry(r.cluster.clone())
+            .or_default()
+            .insert(r.broker_name.clone());
         let entry = self
             .brokers
             .entry(r.broker_name.clone())
             .or_insert_with(|| BrokerEntry {
                 cluster: r.cluster.clone(),
-                addrs: BTreeMap::new(),
+                members: BTreeMap::new(),
             });
-        let mut changed = entry.addrs.insert(r.broker_id, r.broker_addr.clone()).as_ref() != Some(&r.broker_addr);
         entry.cluster = r.cluster.clone();
-        self.clusters
-            .entry(r.cluster.clone())
-            .or_default()
-            .insert(r.broker_name.clone());
-        self.live.insert(
-            r.broker_addr.clone(),
-            Live {
-                last_ms: now_ms,
-                timeout_ms: r.timeout_ms.unwrap_or(default_timeout_ms),
-                broker_name: r.broker_name.clone(),
-                broker_id: r.broker_id,
-                peer,
-            },
-        );
+        // Within one broker name an address holds one id: a slave turned
+        // master (or back) leaves its old id.
+        let before = entry.members.len();
+        let had_master = entry.members.contains_key(&0);
+        entry
+            .members
+            .retain(|id, m| *id == r.broker_id || m.addr != r.broker_addr);
+        changed |= entry.members.len() != before;
+        let lost_master = had_master && r.broker_id != 0 && !entry.members.contains_key(&0);
+        let member = Member {
+            addr: r.broker_addr.clone(),
+            last_ms: now_ms,
+            timeout_ms: r.timeout_ms.unwrap_or(default_timeout_ms),
+            peer,
+        };
+        if let Some(old) = entry.members.insert(r.broker_id, member) {
+            changed |= old.addr != r.broker_addr;
+        } else {
+            changed = true;
+        }
+        if lost_master {
+            changed |= self.drop_topics_of(&r.broker_name);
+        }
         if r.broker_id != 0 {
             // Only the master's topic configs make routes.
             return changed;
@@ -129,69 +214,92 @@ impl RouteTable {
         changed
     }
 
-    /// Removes one broker address (UNREGISTER_BROKER, expiry, closed channel).
-    pub fn unregister(&mut self, broker_name: &str, broker_addr: &str, broker_id: i64) {
-        self.live.remove(broker_addr);
+    /// UNREGISTER_BROKER: removes the registration with exactly this key;
+    /// false (and nothing changes) when no registration matches all of it.
+    pub fn unregister(&mut self, key: &BrokerKey) -> bool {
+        let matches = self.brokers.get(&key.broker_name).is_some_and(|e| {
+            e.cluster == key.cluster && e.members.get(&key.broker_id).is_some_and(|m| m.addr == key.broker_addr)
+        });
+        if matches {
+            self.remove_member(&key.broker_name, key.broker_id);
+        }
+        matches
+    }
+
+    /// Drops the registrations silent past their own timeout.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<BrokerKey> {
+        self.remove_where(|m| m.last_ms.saturating_add(m.timeout_ms) < now_ms)
+    }
+
+    /// Drops the registrations last made over a connection that closed.
+    pub fn channel_closed(&mut self, peer: SocketAddr) -> Vec<BrokerKey> {
+        self.remove_where(|m| m.peer == Some(peer))
+    }
+
+    fn remove_where(&mut self, gone: impl Fn(&Member) -> bool) -> Vec<BrokerKey> {
+        let keys: Vec<BrokerKey> = self
+            .brokers
+            .iter()
+            .flat_map(|(name, e)| {
+                e.members.iter().filter(|(_, m)| gone(m)).map(|(id, m)| BrokerKey {
+                    cluster: e.cluster.clone(),
+                    broker_name: name.clone(),
+                    broker_id: *id,
+                    broker_addr: m.addr.clone(),
+                })
+            })
+            .collect();
+        for k in &keys {
+            self.remove_member(&k.broker_name, k.broker_id);
+        }
+        keys
+    }
+
+    /// Removes one (broker name, id) registration and what hangs on it.
+    fn remove_member(&mut self, broker_name: &str, broker_id: i64) {
         let Some(entry) = self.brokers.get_mut(broker_name) else {
             return;
         };
-        if entry.addrs.get(&broker_id).map(String::as_str) == Some(broker_addr) {
-            entry.addrs.remove(&broker_id);
+        if entry.members.remove(&broker_id).is_none() {
+            return;
         }
-        if broker_id == 0 || entry.addrs.is_empty() {
+        let empty = entry.members.is_empty();
+        let cluster = entry.cluster.clone();
+        if broker_id == 0 || empty {
             // Without its master a broker's queues are not writable: drop them
             // (RocketMQ keeps slave-only read routes; Rokka has no slaves).
-            self.topics.retain(|_, per| {
-                per.remove(broker_name);
-                !per.is_empty()
-            });
+            self.drop_topics_of(broker_name);
         }
-        if entry.addrs.is_empty() {
-            let cluster = entry.cluster.clone();
+        if empty {
             self.brokers.remove(broker_name);
-            if let Some(c) = self.clusters.get_mut(&cluster) {
-                c.remove(broker_name);
-                if c.is_empty() {
-                    self.clusters.remove(&cluster);
-                }
+            self.leave_cluster(&cluster, broker_name);
+        }
+    }
+
+    fn drop_topics_of(&mut self, broker_name: &str) -> bool {
+        let mut dropped = false;
+        self.topics.retain(|_, per| {
+            dropped |= per.remove(broker_name).is_some();
+            !per.is_empty()
+        });
+        dropped
+    }
+
+    fn leave_cluster(&mut self, cluster: &str, broker_name: &str) {
+        if let Some(c) = self.clusters.get_mut(cluster) {
+            c.remove(broker_name);
+            if c.is_empty() {
+                self.clusters.remove(cluster);
             }
         }
-    }
-
-    /// Drops brokers silent past their timeout; their addresses.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<String> {
-        let gone: Vec<(String, String, i64)> = self
-            .live
-            .iter()
-            .filter(|(_, l)| l.last_ms.saturating_add(l.timeout_ms) < now_ms)
-            .map(|(a, l)| (a.clone(), l.broker_name.clone(), l.broker_id))
-            .collect();
-        for (addr, name, id) in &gone {
-            self.unregister(name, addr, *id);
-        }
-        gone.into_iter().map(|(a, _, _)| a).collect()
-    }
-
-    /// Drops the brokers that registered over a connection that closed.
-    pub fn channel_closed(&mut self, peer: SocketAddr) -> Vec<String> {
-        let gone: Vec<(String, String, i64)> = self
-            .live
-            .iter()
-            .filter(|(_, l)| l.peer == Some(peer))
-            .map(|(a, l)| (a.clone(), l.broker_name.clone(), l.broker_id))
-            .collect();
-        for (addr, name, id) in &gone {
-            self.unregister(name, addr, *id);
-        }
-        gone.into_iter().map(|(a, _, _)| a).collect()
     }
 
     fn broker_data(&self, name: &str) -> Option<Value> {
         let b = self.brokers.get(name)?;
         let addrs: serde_json::Map<String, Value> = b
-            .addrs
+            .members
             .iter()
-            .map(|(id, a)| (id.to_string(), Value::from(a.as_str())))
+            .map(|(id, m)| (id.to_string(), Value::from(m.addr.as_str())))
             .collect();
         Some(json!({"cluster": b.cluster, "brokerName": name, "brokerAddrs": addrs, "enableActingMaster": false}))
     }
@@ -237,73 +345,11 @@ impl RouteTable {
         self.topics.remove(topic).is_some()
     }
 
+    /// Live registrations: (broker name, id) pairs.
     pub fn broker_count(&self) -> usize {
-        self.live.len()
+        self.brokers.values().map(|e| e.members.len()).sum()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn reg(name: &str, addr: &str, id: i64, topics: &[(&str, u32)]) -> Registration {
-        Registration {
-            cluster: "C".into(),
-            broker_name: name.into(),
-            broker_addr: addr.into(),
-            broker_id: id,
-            ha_addr: String::new(),
-            timeout_ms: None,
-            data_version: 1,
-            topics: topics
-                .iter()
-                .map(|(t, n)| TopicConf {
-                    name: t.to_string(),
-                    read_queues: *n,
-                    write_queues: *n,
-                    perm: 6,
-                    sys_flag: 0,
-                })
-                .collect(),
-        }
-    }
-
-    #[test]
-    fn routes_follow_registrations_expiry_and_unregister() {
-        let mut t = RouteTable::default();
-        assert!(t.register(&reg("a", "h:1", 0, &[("T", 4)]), 0, 120_000, None));
-        assert!(t.register(&reg("b", "h:2", 0, &[("T", 2), ("U", 1)]), 0, 120_000, None));
-        let route = t.route("T").unwrap_or_default();
-        assert_eq!(route["queueDatas"].as_array().map(Vec::len), Some(2));
-        assert_eq!(route["brokerDatas"][0]["brokerAddrs"]["0"], "h:1");
-        assert_eq!(t.topic_list(Some("C")), vec!["T".to_string(), "U".to_string()]);
-        // Same registration again: nothing changed.
-        assert!(!t.register(&reg("a", "h:1", 0, &[("T", 4)]), 10, 120_000, None));
-        // b drops U from its registration.
-        assert!(t.register(&reg("b", "h:2", 0, &[("T", 2)]), 10, 120_000, None));
-        assert!(t.route("U").is_none());
-        // b goes silent: after 120 s only a serves T.
-        t.register(&reg("a", "h:1", 0, &[("T", 4)]), 100_000, 120_000, None);
-        assert_eq!(t.expire(120_011), vec!["h:2".to_string()]);
-        let route = t.route("T").unwrap_or_default();
-        assert_eq!(route["queueDatas"].as_array().map(Vec::len), Some(1));
-        assert_eq!(t.cluster_info()["clusterAddrTable"]["C"], json!(["a"]));
-        t.unregister("a", "h:1", 0);
-        assert!(t.route("T").is_none());
-        assert_eq!(t.broker_count(), 0);
-    }
-
-    #[test]
-    fn a_custom_heartbeat_timeout_and_a_closed_channel_drop_the_broker() {
-        let mut t = RouteTable::default();
-        let mut r = reg("a", "h:1", 0, &[("T", 4)]);
-        r.timeout_ms = Some(1000);
-        let peer: SocketAddr = ([127, 0, 0, 1], 5555).into();
-        t.register(&r, 0, 120_000, Some(peer));
-        assert!(t.expire(900).is_empty());
-        assert_eq!(t.expire(1001), vec!["h:1".to_string()]);
-        t.register(&r, 2000, 120_000, Some(peer));
-        assert_eq!(t.channel_closed(peer), vec!["h:1".to_string()]);
-        assert!(t.route("T").is_none());
-    }
-}
+mod tests;

@@ -1,6 +1,9 @@
 //! Glue between the async Kafka handlers and the pure group coordinator:
 //! parked JoinGroup/SyncGroup requests wait on a oneshot per token, and a
-//! 100 ms ticker drives session and rebalance timeouts.
+//! 100 ms ticker drives session and rebalance timeouts. The coordinator
+//! answers every token it parks exactly once (a member's retried join or sync
+//! answers the one it replaces); a request dropped before its answer takes
+//! its waiter out of the table with it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,19 +57,24 @@ impl Groups {
         }
     }
 
-    fn park(&self) -> (Token, oneshot::Receiver<Reply>) {
+    fn park(&self) -> Parked<'_> {
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.waiters.lock().unwrap_or_else(|p| p.into_inner()).insert(token, tx);
-        (token, rx)
+        Parked {
+            groups: self,
+            token,
+            rx,
+        }
     }
 
     pub async fn join(&self, req: JoinRequest) -> JoinResponse {
-        let (token, rx) = self.park();
+        let mut parked = self.park();
+        let token = parked.token;
         let now = self.now();
         let replies = self.with(|c| c.join(req, token, now));
         self.deliver(replies);
-        match rx.await {
+        match (&mut parked.rx).await {
             Ok(Reply::Join(_, r)) => r,
             _ => JoinResponse {
                 error: code::COORDINATOR_NOT_AVAILABLE,
@@ -77,11 +85,12 @@ impl Groups {
     }
 
     pub async fn sync(&self, req: SyncRequest) -> SyncResponse {
-        let (token, rx) = self.park();
+        let mut parked = self.park();
+        let token = parked.token;
         let now = self.now();
         let replies = self.with(|c| c.sync(req, token, now));
         self.deliver(replies);
-        match rx.await {
+        match (&mut parked.rx).await {
             Ok(Reply::Sync(_, r)) => r,
             _ => SyncResponse {
                 error: code::COORDINATOR_NOT_AVAILABLE,
@@ -137,6 +146,11 @@ impl Groups {
     }
 
     fn export_metrics(&self, last_gen: &mut HashMap<String, i32>) {
+        let (joins, syncs) = self.with(|c| c.superseded());
+        metrics::counter!("rokka_group_superseded_requests_total", "api" => "join").absolute(joins);
+        metrics::counter!("rokka_group_superseded_requests_total", "api" => "sync").absolute(syncs);
+        let parked = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).len();
+        metrics::gauge!("rokka_group_parked_requests").set(parked as f64);
         let views: Vec<_> = self.with(|c| {
             c.list()
                 .into_iter()
@@ -158,6 +172,25 @@ impl Groups {
     }
 }
 
+/// A parked JoinGroup/SyncGroup's side of its waiter. Dropped unanswered
+/// (the request's task went away), it removes its sender from the table.
+struct Parked<'a> {
+    groups: &'a Groups,
+    token: Token,
+    rx: oneshot::Receiver<Reply>,
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        // Already gone when the reply was delivered; a cheap no-op then.
+        self.groups
+            .waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.token);
+    }
+}
+
 /// Access to the committed-offset table (the store's).
 pub trait OffsetsHandle: Send + Sync + std::fmt::Debug {
     fn offsets(&self) -> &ConsumerOffsets;
@@ -166,5 +199,63 @@ pub trait OffsetsHandle: Send + Sync + std::fmt::Debug {
 impl OffsetsHandle for rokka_store::MessageStore {
     fn offsets(&self) -> &ConsumerOffsets {
         rokka_store::MessageStore::offsets(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+
+    use super::*;
+
+    fn join_req(member_id: &str) -> JoinRequest {
+        JoinRequest {
+            group: "g".into(),
+            member_id: member_id.into(),
+            instance_id: None,
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 30_000,
+            protocol_type: "consumer".into(),
+            protocols: vec![("range".into(), Bytes::from_static(b"m"))],
+            require_known_member_id: false,
+        }
+    }
+
+    fn waiting(g: &Groups) -> usize {
+        g.waiters.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// A join parked in the initial delay whose request goes away (its
+    /// connection closed) leaves no waiter behind; a retry of a parked join
+    /// gets the first one answered.
+    #[tokio::test]
+    async fn parked_requests_leave_no_waiter_behind() {
+        let g = Groups::new(GroupConfig::default());
+        let dropped = tokio::time::timeout(Duration::from_millis(50), g.join(join_req(""))).await;
+        assert!(dropped.is_err(), "parked during the initial delay");
+        assert_eq!(waiting(&g), 0, "a dropped request's waiter stayed");
+
+        let member = g
+            .with(|c| c.describe("g"))
+            .and_then(|v| v.members.first().map(|m| m.member_id.clone()));
+        let Some(member) = member else {
+            panic!("the first join added no member");
+        };
+        let first = g.join(join_req(&member));
+        let retry = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            g.join(join_req(&member)).await
+        };
+        let first = tokio::time::timeout(Duration::from_secs(1), first);
+        let (first, _) = tokio::join!(first, tokio::time::timeout(Duration::from_millis(100), retry));
+        match first {
+            Ok(r) => assert_eq!(r.error, code::REBALANCE_IN_PROGRESS),
+            Err(_) => panic!("the superseded join was never answered"),
+        }
+        assert_eq!(waiting(&g), 0);
     }
 }

@@ -2,6 +2,9 @@
 //! REGISTER_BROKER (brokers register every `register_interval_ms` and when
 //! their topics change; one silent for its `heartbeatTimeoutMillis`, default
 //! `broker_timeout_ms`, or whose registering connection closes is dropped).
+//! Each registration (cluster, broker name, broker id, address) is live,
+//! expires and is dropped on its own (see `rokka-namesrv`): two broker names
+//! on one address never share a heartbeat or a connection.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::Bytes;
-pub use rokka_namesrv::{Registration, RouteTable, TopicConf};
+pub use rokka_namesrv::{BrokerKey, Registration, RouteTable, TopicConf};
 use serde_json::{json, Value};
 
 use crate::codes::{request as rq, response as rs};
@@ -170,9 +173,35 @@ impl NameServer {
     pub fn expire_brokers(&self) {
         let now = self.now_ms();
         let mut t = self.table();
-        for addr in t.expire(now) {
-            tracing::warn!(addr, "broker expired: no registration within its heartbeat timeout");
+        for key in t.expire(now) {
+            tracing::warn!(
+                cluster = key.cluster,
+                broker = key.broker_name,
+                id = key.broker_id,
+                addr = key.broker_addr,
+                "broker expired: no registration within its heartbeat timeout"
+            );
             metrics::counter!("rokka_rocketmq_namesrv_brokers_expired_total").increment(1);
+        }
+        metrics::gauge!("rokka_rocketmq_namesrv_brokers").set(t.broker_count() as f64);
+    }
+
+    /// UNREGISTER_BROKER: drops the registration it names, all four parts
+    /// (a broker sharing the address under another name or id stays).
+    fn unregister(&self, cmd: &RemotingCommand) {
+        let f = |k: &str| cmd.ext_fields.get(k).unwrap_or_default().trim().to_string();
+        let key = BrokerKey {
+            cluster: f("clusterName"),
+            broker_name: f("brokerName"),
+            broker_id: f("brokerId").parse().unwrap_or(0),
+            broker_addr: f("brokerAddr"),
+        };
+        let mut t = self.table();
+        if t.unregister(&key) {
+            tracing::info!(%key, "broker unregistered");
+        } else {
+            tracing::info!(%key, "UNREGISTER_BROKER names no live registration; ignored");
+            metrics::counter!("rokka_rocketmq_namesrv_unregisters_ignored_total").increment(1);
         }
         metrics::gauge!("rokka_rocketmq_namesrv_brokers").set(t.broker_count() as f64);
     }
@@ -237,10 +266,7 @@ impl NameServer {
                 }
             },
             rq::UNREGISTER_BROKER => {
-                let f = |k: &str| cmd.ext_fields.get(k).unwrap_or_default().trim().to_string();
-                let id = f("brokerId").parse().unwrap_or(0);
-                self.table().unregister(&f("brokerName"), &f("brokerAddr"), id);
-                tracing::info!(broker = f("brokerName"), addr = f("brokerAddr"), "broker unregistered");
+                self.unregister(cmd);
                 self.reply(cmd, rs::SUCCESS, None)
             }
             other => self.reply(
@@ -276,9 +302,16 @@ impl Service for NameServer {
     }
 
     fn connection_closed(&self, conn: &Conn) {
-        for addr in self.table().channel_closed(conn.peer) {
-            tracing::info!(addr, "broker's name-server connection closed: unregistered");
+        let mut t = self.table();
+        let gone = t.channel_closed(conn.peer);
+        if gone.is_empty() {
+            return;
         }
+        for key in &gone {
+            tracing::info!(%key, peer = %conn.peer, "broker's name-server connection closed: unregistered");
+        }
+        metrics::counter!("rokka_rocketmq_namesrv_brokers_closed_total").increment(gone.len() as u64);
+        metrics::gauge!("rokka_rocketmq_namesrv_brokers").set(t.broker_count() as f64);
     }
 }
 
