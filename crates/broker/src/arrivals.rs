@@ -1,7 +1,9 @@
 //! Wake-ups for long polls: a waiter registers on the queues it reads, and an
 //! append to a queue wakes exactly the waiters registered on that queue.
+//! In sync-flush mode an append is not visible to readers until it is on
+//! disk, so the wake-up waits for the flush ([`Arrivals::deferred`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
 use tokio::sync::Notify;
@@ -12,20 +14,65 @@ type Waiters = Vec<Weak<Notify>>;
 #[derive(Debug, Default)]
 pub struct Arrivals {
     waiters: Mutex<HashMap<(String, u32), Waiters>>,
+    /// Sync flush: queues appended to since the last flush (at most one
+    /// entry per queue; drained by every flush).
+    pending: Option<Mutex<HashSet<(String, u32)>>>,
 }
 
 impl Arrivals {
+    /// Wake-ups that wait for [`Arrivals::flushed`] (sync flush).
+    pub fn deferred() -> Arrivals {
+        Arrivals {
+            waiters: Mutex::default(),
+            pending: Some(Mutex::default()),
+        }
+    }
+
+    /// The store flushed: wakes the waiters of queues appended to since.
+    pub fn flushed(&self) {
+        let Some(pending) = &self.pending else {
+            return;
+        };
+        let keys: Vec<(String, u32)> = pending.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+        for (t, q) in keys {
+            self.wake(&t, q);
+        }
+    }
+
     /// Registers `waiter` to be notified on the next append to (topic, queue).
     /// Registration is one-shot: re-register after each wake-up.
     pub fn register(&self, topic: &str, queue: u32, waiter: &Arc<Notify>) {
         let mut m = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        // Keys come from clients (any topic name a fetch lists): a key whose
+        // waiters have all gone is dropped once the map has doubled, so it
+        // holds about twice the queues someone is waiting on, not every
+        // name ever asked for.
+        if m.len() >= 1024 && m.len().is_power_of_two() {
+            m.retain(|_, l| {
+                l.retain(|w| w.strong_count() > 0);
+                !l.is_empty()
+            });
+        }
         let list = m.entry((topic.to_string(), queue)).or_default();
         list.retain(|w| w.strong_count() > 0);
         list.push(Arc::downgrade(waiter));
     }
 
-    /// Wakes the waiters of (topic, queue).
+    /// Wakes the waiters of (topic, queue) — after the next flush in sync mode.
     pub fn notify(&self, topic: &str, queue: u32) {
+        if let Some(pending) = &self.pending {
+            // Kept even with nobody waiting yet: a reader that registers
+            // before the flush must still be woken by it.
+            let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
+            if !p.contains(&(topic.to_string(), queue)) {
+                p.insert((topic.to_string(), queue));
+            }
+            return;
+        }
+        self.wake(topic, queue);
+    }
+
+    fn wake(&self, topic: &str, queue: u32) {
         let list = {
             let mut m = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
             if m.is_empty() {
@@ -63,5 +110,33 @@ mod tests {
         assert!(woke1.is_ok());
         assert!(woke2.is_err());
         assert_eq!(a.waiting_queues(), 1);
+    }
+
+    #[test]
+    fn keys_of_gone_waiters_do_not_accumulate() {
+        let a = Arrivals::default();
+        for i in 0..100_000u32 {
+            let n = Arc::new(Notify::new());
+            a.register(&format!("no-such-topic-{i}"), 0, &n);
+        }
+        assert!(a.waiting_queues() <= 2048, "{} keys kept", a.waiting_queues());
+    }
+
+    #[tokio::test]
+    async fn deferred_wake_ups_wait_for_the_flush() {
+        let a = Arrivals::deferred();
+        let n = Arc::new(Notify::new());
+        a.register("t", 0, &n);
+        a.notify("t", 0);
+        a.notify("t", 1);
+        let early = tokio::time::timeout(std::time::Duration::from_millis(50), n.notified()).await;
+        assert!(early.is_err(), "woken before the flush");
+        a.flushed();
+        let woke = tokio::time::timeout(std::time::Duration::from_millis(100), n.notified()).await;
+        assert!(woke.is_ok());
+        assert_eq!(
+            a.pending.as_ref().map(|p| p.lock().map(|s| s.len()).unwrap_or(9)),
+            Some(0)
+        );
     }
 }

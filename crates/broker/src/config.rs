@@ -17,6 +17,12 @@ pub struct BrokerConfig {
     /// batch decompresses to more is refused (MESSAGE_TOO_LARGE), and a
     /// stored batch is never opened past it.
     pub max_batch_decompressed_bytes: u64,
+    /// An idempotent producer's state for a partition not written for this
+    /// long is forgotten (Kafka `producer.id.expiration.ms`).
+    pub producer_id_expiration_ms: u64,
+    /// Most (producer, topic, partition) states kept; the least recently
+    /// written is forgotten first (a client can choose any producer id).
+    pub max_producer_states: u32,
 }
 
 impl Default for BrokerConfig {
@@ -27,6 +33,8 @@ impl Default for BrokerConfig {
             max_partitions: 1024,
             delay_levels_ms: crate::schedule::LEVELS_MS.iter().map(|l| *l as u64).collect(),
             max_batch_decompressed_bytes: 64 * 1024 * 1024,
+            producer_id_expiration_ms: 24 * 3600 * 1000,
+            max_producer_states: 100_000,
         }
     }
 }

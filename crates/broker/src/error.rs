@@ -20,4 +20,22 @@ pub enum BrokerError {
     InvalidPartitions(String),
 }
 
+impl BrokerError {
+    /// Whether retrying the same operation later may succeed (storage
+    /// trouble, shutdown), as opposed to an input that will always fail.
+    pub fn is_transient(&self) -> bool {
+        use rokka_store::StoreError as S;
+        match self {
+            BrokerError::Store(
+                S::MessageTooLarge { .. } | S::PropertiesTooLarge(_) | S::InvalidTopic(_) | S::InvalidBatch(_),
+            ) => false,
+            BrokerError::Store(_) | BrokerError::Io(..) | BrokerError::BadFile { .. } => true,
+            BrokerError::UnknownTopic(_)
+            | BrokerError::UnknownPartition { .. }
+            | BrokerError::TopicExists(_)
+            | BrokerError::InvalidPartitions(_) => false,
+        }
+    }
+}
+
 pub type Result<T, E = BrokerError> = std::result::Result<T, E>;

@@ -24,7 +24,7 @@ use rokka_store::{AppendResult, MessageInput, MessageStore};
 pub use arrivals::Arrivals;
 pub use config::BrokerConfig;
 pub use error::{BrokerError, Result};
-pub use producers::{ProducerStates, SequenceCheck};
+pub use producers::{ProducerLimits, ProducerStates, SequenceCheck};
 pub use topics::{TopicInfo, TopicTable};
 
 /// The broker: store + topic table + wake-ups.
@@ -32,7 +32,7 @@ pub use topics::{TopicInfo, TopicTable};
 pub struct Broker {
     store: Arc<MessageStore>,
     topics: TopicTable,
-    arrivals: Arrivals,
+    arrivals: Arc<Arrivals>,
     producers: ProducerStates,
     membership: membership::Membership,
     transactions: transaction::Transactions,
@@ -59,11 +59,27 @@ impl Broker {
                 topics.create(&t, n)?;
             }
         }
+        let arrivals = match store.config().flush_mode {
+            rokka_store::config::FlushMode::Async => Arc::new(Arrivals::default()),
+            rokka_store::config::FlushMode::Sync => {
+                let a = Arc::new(Arrivals::deferred());
+                let w = Arc::downgrade(&a);
+                store.set_flush_listener(move || {
+                    if let Some(a) = w.upgrade() {
+                        a.flushed();
+                    }
+                });
+                a
+            }
+        };
         Ok(Broker {
             store,
             topics,
-            arrivals: Arrivals::default(),
-            producers: ProducerStates::default(),
+            arrivals,
+            producers: ProducerStates::new(ProducerLimits {
+                expiration_ms: config.producer_id_expiration_ms,
+                max_states: config.max_producer_states as usize,
+            }),
             membership: membership::Membership::default(),
             transactions: transaction::Transactions::default(),
             timers: timer::Timers::default(),
@@ -201,6 +217,11 @@ impl Broker {
             })?;
         if end > 0 {
             self.arrivals.notify(topic, partition);
+        } else if matches!(verdict, SequenceCheck::Duplicate(_)) {
+            // A retry acknowledged with its original's offset waits, like
+            // the original, until that is durable: the original's own answer
+            // may not have gone out (or may have failed) yet.
+            end = self.store.commitlog_offsets().1;
         }
         Ok((verdict, base, end))
     }

@@ -5,8 +5,17 @@
 //!
 //! State is rebuilt lazily from the log: the first batch of a producer on a
 //! partition after a restart looks at that partition's newest batches.
+//!
+//! Producer ids are chosen by clients (any id ≥ 0 in a batch header makes a
+//! state), so the table has a budget ([`ProducerLimits`]): a state not
+//! written for `expiration_ms` is forgotten (Kafka's
+//! `producer.id.expiration.ms`, a day), and past `max_states` the least
+//! recently written one is forgotten first. Forgetting is safe: a producer
+//! whose state went is rebuilt from the log at its next batch like after a
+//! restart, and a producer the log no longer shows is accepted as new (as
+//! Kafka does since KIP-360).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 
@@ -29,6 +38,85 @@ struct CachedBatch {
 struct PartitionState {
     epoch: i16,
     batches: VecDeque<CachedBatch>,
+    /// Its key in [`Table::by_age`]: (last write, tie-break).
+    stamp: (u64, u64),
+}
+
+/// (producer id, topic, partition).
+type Key = (i64, String, u32);
+
+/// The budget of the producer-state table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerLimits {
+    /// A (producer, partition) state not written for this long is forgotten
+    /// (Kafka `producer.id.expiration.ms`).
+    pub expiration_ms: u64,
+    /// At most this many (producer, topic, partition) states; the least
+    /// recently written is forgotten first.
+    pub max_states: usize,
+}
+
+impl Default for ProducerLimits {
+    fn default() -> Self {
+        ProducerLimits {
+            expiration_ms: 24 * 3600 * 1000,
+            max_states: 100_000,
+        }
+    }
+}
+
+/// The states and their age order, under one lock.
+#[derive(Debug, Default)]
+struct Table {
+    states: HashMap<Key, PartitionState>,
+    /// Every state's stamp → its key, oldest first: expiry and eviction
+    /// take from the front without scanning the table.
+    by_age: BTreeMap<(u64, u64), Key>,
+    /// Tie-break of stamps written in the same millisecond.
+    seq: u64,
+}
+
+impl Table {
+    /// Moves `key`'s state to the young end of the age order.
+    fn touch(&mut self, key: &Key, now_ms: u64) {
+        self.seq += 1;
+        let stamp = (now_ms, self.seq);
+        if let Some(st) = self.states.get_mut(key) {
+            self.by_age.remove(&st.stamp);
+            st.stamp = stamp;
+            self.by_age.insert(stamp, key.clone());
+        }
+    }
+
+    fn insert(&mut self, key: Key, st: PartitionState, now_ms: u64) {
+        self.states.insert(key.clone(), st);
+        self.touch(&key, now_ms);
+    }
+
+    /// Forgets the oldest state; false when there is none.
+    fn pop_oldest(&mut self) -> bool {
+        match self.by_age.pop_first() {
+            Some((_, key)) => {
+                self.states.remove(&key);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets the states not written since `now_ms - expiration_ms`.
+    fn expire(&mut self, now_ms: u64, expiration_ms: u64) -> u64 {
+        let mut n = 0;
+        while self
+            .by_age
+            .first_key_value()
+            .is_some_and(|(&(last, _), _)| last.saturating_add(expiration_ms) <= now_ms)
+        {
+            self.pop_oldest();
+            n += 1;
+        }
+        n
+    }
 }
 
 /// What the sequence check says about a batch.
@@ -51,22 +139,40 @@ fn next_seq(seq: i32, n: u32) -> i32 {
 
 #[derive(Debug)]
 pub struct ProducerStates {
-    states: Mutex<HashMap<(i64, String, u32), PartitionState>>,
+    table: Mutex<Table>,
+    limits: ProducerLimits,
     next_id: AtomicI64,
 }
 
 impl Default for ProducerStates {
     fn default() -> Self {
-        // Ids unique across restarts without persisting a counter: start from
-        // the clock (ms × 1024), which moves faster than ids are handed out.
-        ProducerStates {
-            states: Mutex::new(HashMap::new()),
-            next_id: AtomicI64::new(rokka_store::now_ms() * 1024),
-        }
+        ProducerStates::new(ProducerLimits::default())
     }
 }
 
 impl ProducerStates {
+    pub fn new(limits: ProducerLimits) -> ProducerStates {
+        // Ids unique across restarts without persisting a counter: start from
+        // the clock (ms × 1024), which moves faster than ids are handed out.
+        ProducerStates {
+            table: Mutex::new(Table::default()),
+            limits: ProducerLimits {
+                max_states: limits.max_states.max(1),
+                ..limits
+            },
+            next_id: AtomicI64::new(rokka_store::now_ms() * 1024),
+        }
+    }
+
+    /// (producer, topic, partition) states held now.
+    pub fn len(&self) -> usize {
+        self.table.lock().unwrap_or_else(|p| p.into_inner()).states.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// A fresh producer id (InitProducerId without a transactional id).
     pub fn allocate_id(&self) -> i64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
@@ -83,16 +189,47 @@ impl ProducerStates {
         info: &BatchInfo,
         append: impl FnOnce() -> Result<u64, E>,
     ) -> Result<(SequenceCheck, Option<u64>), E> {
+        let now = u64::try_from(rokka_store::now_ms()).unwrap_or(0);
+        self.check_and_append_at(now, store, topic, partition, info, append)
+    }
+
+    /// [`ProducerStates::check_and_append`] at `now_ms`: expires, evicts and
+    /// stamps states on that clock.
+    pub fn check_and_append_at<E>(
+        &self,
+        now_ms: u64,
+        store: &MessageStore,
+        topic: &str,
+        partition: u32,
+        info: &BatchInfo,
+        append: impl FnOnce() -> Result<u64, E>,
+    ) -> Result<(SequenceCheck, Option<u64>), E> {
         if info.producer_id < 0 || info.base_sequence < 0 {
             return append().map(|o| (SequenceCheck::Append, Some(o)));
         }
-        let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
-        let key = (info.producer_id, topic.to_string(), partition);
-        if !states.contains_key(&key) {
-            let rebuilt = rebuild(store, topic, partition, info.producer_id);
-            states.insert(key.clone(), rebuilt);
+        let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let table = &mut *guard;
+        let expired = table.expire(now_ms, self.limits.expiration_ms);
+        if expired > 0 {
+            metrics::counter!("rokka_kafka_producer_states_dropped_total", "reason" => "expired").increment(expired);
         }
-        let st = states.entry(key).or_default();
+        let key = (info.producer_id, topic.to_string(), partition);
+        if !table.states.contains_key(&key) {
+            let mut evicted = 0;
+            while table.states.len() >= self.limits.max_states && table.pop_oldest() {
+                evicted += 1;
+            }
+            if evicted > 0 {
+                metrics::counter!("rokka_kafka_producer_states_dropped_total", "reason" => "capacity")
+                    .increment(evicted);
+            }
+            let rebuilt = rebuild(store, topic, partition, info.producer_id);
+            table.insert(key.clone(), rebuilt, now_ms);
+        }
+        metrics::gauge!("rokka_kafka_producer_states").set(table.states.len() as f64);
+        let Some(st) = table.states.get_mut(&key) else {
+            return append().map(|o| (SequenceCheck::Append, Some(o)));
+        };
         let n = info.record_count.max(1);
         let first = info.base_sequence;
         let last = next_seq(first, n - 1);
@@ -133,6 +270,7 @@ impl ProducerStates {
         while st.batches.len() > CACHED_BATCHES {
             st.batches.pop_front();
         }
+        table.touch(&key, now_ms);
         Ok((SequenceCheck::Append, Some(base)))
     }
 }
@@ -179,4 +317,136 @@ fn rebuild(store: &MessageStore, topic: &str, partition: u32, producer_id: i64) 
         }
     }
     st
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use rokka_store::StoreConfig;
+
+    use super::*;
+
+    fn batch(producer_id: i64, base_sequence: i32) -> BatchInfo {
+        BatchInfo {
+            base_offset: 0,
+            attributes: 0,
+            last_offset_delta: 0,
+            base_timestamp: 0,
+            max_timestamp: 0,
+            producer_id,
+            producer_epoch: 0,
+            base_sequence,
+            record_count: 1,
+            crc: 0,
+        }
+    }
+
+    /// A producer table over a store without the topic (nothing to rebuild
+    /// from): what it knows is only what it holds.
+    struct H {
+        _dir: tempfile::TempDir,
+        store: MessageStore,
+        p: ProducerStates,
+        next_offset: u64,
+    }
+
+    impl H {
+        fn new(limits: ProducerLimits) -> Result<H, Box<dyn std::error::Error>> {
+            let dir = tempfile::tempdir()?;
+            let store = MessageStore::open(StoreConfig::for_tests(dir.path()))?;
+            Ok(H {
+                _dir: dir,
+                store,
+                p: ProducerStates::new(limits),
+                next_offset: 0,
+            })
+        }
+
+        fn send(&mut self, now: u64, producer: i64, seq: i32) -> SequenceCheck {
+            let offset = self.next_offset;
+            let r = self
+                .p
+                .check_and_append_at(now, &self.store, "T", 0, &batch(producer, seq), || {
+                    Ok::<u64, Infallible>(offset)
+                });
+            match r {
+                Ok((v, _)) => {
+                    if v == SequenceCheck::Append {
+                        self.next_offset += 1;
+                    }
+                    v
+                }
+                Err(e) => match e {},
+            }
+        }
+    }
+
+    #[test]
+    fn sequences_are_checked_per_producer() -> Result<(), Box<dyn std::error::Error>> {
+        let mut h = H::new(ProducerLimits::default())?;
+        assert_eq!(h.send(0, 7, 0), SequenceCheck::Append);
+        assert_eq!(h.send(1, 7, 0), SequenceCheck::Duplicate(0));
+        assert_eq!(h.send(2, 7, 5), SequenceCheck::OutOfOrder);
+        assert_eq!(h.send(3, 7, 1), SequenceCheck::Append);
+        assert_eq!(h.p.len(), 1);
+        Ok(())
+    }
+
+    /// A producer silent past the expiration is forgotten; one that keeps
+    /// writing is not.
+    #[test]
+    fn states_of_silent_producers_expire() -> Result<(), Box<dyn std::error::Error>> {
+        let mut h = H::new(ProducerLimits {
+            expiration_ms: 1_000,
+            max_states: 100,
+        })?;
+        assert_eq!(h.send(0, 1, 0), SequenceCheck::Append);
+        assert_eq!(h.send(0, 2, 0), SequenceCheck::Append);
+        assert_eq!(h.send(900, 2, 1), SequenceCheck::Append);
+        assert_eq!(h.p.len(), 2);
+        // At 1 s producer 1 has been silent for its whole expiration.
+        assert_eq!(h.send(1_000, 2, 2), SequenceCheck::Append);
+        assert_eq!(h.p.len(), 1, "producer 1's state outlived its expiration");
+        // Forgotten (and not in the log): its next batch is a new producer's.
+        assert_eq!(h.send(1_001, 1, 5), SequenceCheck::Append);
+        assert_eq!(h.send(1_899, 2, 3), SequenceCheck::Append, "producer 2 kept writing");
+        Ok(())
+    }
+
+    /// Past the cap the least recently written state goes first; the
+    /// producers still writing keep their duplicate detection.
+    #[test]
+    fn the_number_of_states_is_capped_least_recently_written_first() -> Result<(), Box<dyn std::error::Error>> {
+        let mut h = H::new(ProducerLimits {
+            expiration_ms: u64::MAX,
+            max_states: 3,
+        })?;
+        for (t, producer) in (1..=3).enumerate() {
+            assert_eq!(h.send(t as u64, producer, 0), SequenceCheck::Append);
+        }
+        // Producer 1 writes again: producer 2 is now the least recent.
+        assert_eq!(h.send(10, 1, 1), SequenceCheck::Append);
+        // A flood of new producer ids never grows the table past the cap.
+        for producer in 100..1_100 {
+            assert_eq!(h.send(20, producer, 0), SequenceCheck::Append);
+            assert!(h.p.len() <= 3, "{} states", h.p.len());
+        }
+        assert_eq!(h.p.len(), 3);
+        let mut h = H::new(ProducerLimits {
+            expiration_ms: u64::MAX,
+            max_states: 3,
+        })?;
+        for (t, producer) in (1..=3).enumerate() {
+            h.send(t as u64, producer, 0);
+        }
+        h.send(10, 1, 1);
+        h.send(11, 4, 0);
+        // Producer 2 was evicted (its gap is now accepted as a new producer);
+        // producer 1's duplicate is still recognised.
+        assert_eq!(h.send(12, 1, 1), SequenceCheck::Duplicate(3));
+        assert_eq!(h.send(13, 3, 7), SequenceCheck::OutOfOrder, "producer 3 was kept");
+        assert_eq!(h.send(14, 2, 9), SequenceCheck::Append, "producer 2 was not evicted");
+        Ok(())
+    }
 }

@@ -288,6 +288,20 @@ impl ConsumeQueue {
         lo
     }
 
+    /// The end offset counting only entries whose record ends at or below
+    /// CommitLog offset `durable` (sync flush: what consumers may see).
+    pub fn visible_max(&self, durable: u64) -> u64 {
+        let max = self.max_offset();
+        let n = self.entries.load(Ordering::Acquire);
+        match self.entry(n.saturating_sub(1)) {
+            Some(last) if last.phys_offset + u64::from(last.size) <= durable => return max,
+            None => return max,
+            Some(_) => {}
+        }
+        let idx = self.partition_point(|e| e.phys_offset + u64::from(e.size) <= durable);
+        self.entry(idx).map_or(max, |e| e.base_offset.max(self.min_offset()))
+    }
+
     /// Index of the entry that holds logical offset `offset`, if live.
     pub fn find(&self, offset: u64) -> Option<u64> {
         if offset < self.min_offset() || offset >= self.max_offset() {

@@ -187,6 +187,32 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         last_record: cp.as_ref().map_or(0, |c| c.last_record_offset),
     };
     let offsets = ConsumerOffsets::load(&dir.join("offsets.json"))?;
+    // After a recovery that rebuilt anything (a crash can lose an async
+    // tail, a scan can cut a torn one), committed offsets and delay/timer
+    // progress (same table) past their queue's recovered end are pulled back
+    // to it, so consumers read what is written there next instead of
+    // skipping it. A clean start leaves them as committed (Kafka lets a
+    // client commit past the end; its reset policy handles that).
+    let mut clamped = 0u64;
+    let rebuilt = !report.clean || report.queues_rebuilt > 0;
+    for (group, topic, q, committed) in offsets.all().into_iter().filter(|_| rebuilt) {
+        let Some(end) = queues
+            .get(topic.as_str())
+            .and_then(|m| m.get(&q))
+            .map(|cq| cq.max_offset())
+        else {
+            continue;
+        };
+        if committed > end {
+            let meta = offsets.get(&group, &topic, q).map(|o| o.metadata).unwrap_or_default();
+            offsets.commit(&group, &topic, q, end, &meta);
+            clamped += 1;
+        }
+    }
+    if clamped > 0 {
+        tracing::warn!(clamped, "committed offsets past their queue's end pulled back to it");
+        metrics::counter!("rokka_store_offsets_clamped_total").increment(clamped);
+    }
     let metrics = StoreMetrics::new();
     let (flushed_tx, _) = watch::channel(end);
     let inner = Arc::new(Inner {
@@ -213,6 +239,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         recovery: report,
         log_starts: Mutex::new(log_starts),
         deleted: Mutex::new(deleted),
+        flush_listener: std::sync::OnceLock::new(),
         damage_logged_ms: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
         config,
     });

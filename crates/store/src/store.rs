@@ -167,6 +167,8 @@ pub(crate) struct Inner {
     pub log_starts: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Deleted topics → CommitLog end at deletion (queues.json).
     pub deleted: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Told when the flushed position moves (see `set_flush_listener`).
+    pub flush_listener: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// When a damaged read was last logged (ms).
     pub damage_logged_ms: std::sync::atomic::AtomicI64,
 }
@@ -603,9 +605,25 @@ impl MessageStore {
         self.queue(topic, queue_id).map_or(0, |q| q.min_offset())
     }
 
-    /// Next offset to be written in a queue (0 if it does not exist).
+    /// The end offset consumers see (0 if the queue does not exist): the
+    /// next offset to be written, or in sync-flush mode the end of what is
+    /// on disk — consumers never see a message a crash could still take.
     pub fn max_offset(&self, topic: &str, queue_id: u32) -> u64 {
-        self.queue(topic, queue_id).map_or(0, |q| q.max_offset())
+        self.queue(topic, queue_id).map_or(0, |q| self.visible_max(&q))
+    }
+
+    fn visible_max(&self, q: &ConsumeQueue) -> u64 {
+        match self.inner.config.flush_mode {
+            FlushMode::Async => q.max_offset(),
+            FlushMode::Sync => q.visible_max(self.inner.log.flushed_pos()),
+        }
+    }
+
+    /// Called by the flusher thread each time the flushed position moves
+    /// (sync mode: after each group commit), so readers waiting for
+    /// messages that just became visible can be woken.
+    pub fn set_flush_listener(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.inner.flush_listener.set(Box::new(f));
     }
 
     /// First offset stored at or after `ts` (store time); the max offset when
@@ -626,7 +644,7 @@ impl MessageStore {
                 max_offset: 0,
             };
         };
-        let (min, max) = (q.min_offset(), q.max_offset());
+        let (min, max) = (q.min_offset(), self.visible_max(&q));
         let status_only = |status, next| QueueRead {
             status,
             entries: Vec::new(),
@@ -650,6 +668,9 @@ impl MessageStore {
         let mut cqs = Vec::new();
         let (mut offsets, mut bytes) = (0u64, 0usize);
         while let Some(e) = q.entry(idx) {
+            if e.base_offset >= max {
+                break; // not yet on disk (sync flush)
+            }
             if !cqs.is_empty() && (offsets >= u64::from(max_offsets) || bytes + e.size as usize > max_bytes) {
                 break;
             }

@@ -99,11 +99,19 @@ fn flush_loop(inner: &Inner) {
                     }
                     req.arrivals = 0;
                 }
+                let before = inner.log.flushed_pos();
                 flush_commitlog(inner);
                 let flushed = inner.log.flushed_pos();
-                let _g = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
-                inner.flush.flushed.send_replace(flushed);
-                inner.flush.done.notify_all();
+                {
+                    let _g = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+                    inner.flush.flushed.send_replace(flushed);
+                    inner.flush.done.notify_all();
+                }
+                if flushed > before {
+                    if let Some(f) = inner.flush_listener.get() {
+                        f();
+                    }
+                }
             }
         }
     }

@@ -187,3 +187,28 @@ fn a_damaged_last_record_after_a_clean_stop_is_never_served() -> TestResult {
     }
     Ok(())
 }
+
+#[test]
+fn committed_offsets_past_the_recovered_end_are_pulled_back() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.checkpoint_interval_ms = 3_600_000;
+    let store = MessageStore::open(cfg.clone())?;
+    let rs: Vec<_> = (0..5)
+        .map(|i| append(&store, "O", 0, 13, i))
+        .collect::<Result<_, _>>()?;
+    // A consumer committed up to 5; the crash then tears the last record,
+    // so the recovered queue ends at 4.
+    store.offsets().commit("g", "O", 0, 5, "meta");
+    store.offsets().commit("h", "O", 0, 3, "");
+    store.offsets().persist()?;
+    drop(store);
+    let seg = dir.path().join("commitlog").join(format!("{:020}", 0));
+    zero(&seg, rs[4].phys_offset + 8, 16)?;
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(store.max_offset("O", 0), 4);
+    let got = |g: &str| store.offsets().get(g, "O", 0).map(|o| (o.offset, o.metadata));
+    assert_eq!(got("g"), Some((4, "meta".to_string())), "pulled back to the end");
+    assert_eq!(got("h"), Some((3, String::new())), "offsets within the log are kept");
+    Ok(())
+}

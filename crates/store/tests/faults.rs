@@ -225,3 +225,26 @@ fn close_racing_appends_keeps_every_acknowledged_record() -> TestResult {
     }
     Ok(())
 }
+
+#[test]
+fn in_sync_mode_readers_see_only_what_is_on_disk() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(sync_config(dir.path()))?;
+    let a = append(&store, "V", 0, 12, 0)?;
+    store.wait_durable(a.end_offset)?;
+    // Nothing more reaches the disk: B is appended but never durable.
+    fault::inject("msync", libc::EIO, None);
+    let _b = append(&store, "V", 0, 12, 1)?;
+    let _ = store.wait_durable(u64::MAX);
+    assert_eq!(store.max_offset("V", 0), 1, "the end consumers see");
+    let r = store.read("V", 0, 0, 10, 1 << 20);
+    assert_eq!(r.entries.len(), 1, "only the durable message");
+    assert_eq!(r.next_offset, 1);
+    assert_eq!(
+        store.read("V", 0, 1, 10, 1 << 20).status,
+        rokka_store::ReadStatus::NoNewMessages
+    );
+    fault::clear();
+    Ok(())
+}

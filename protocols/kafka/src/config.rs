@@ -36,6 +36,9 @@ pub struct KafkaConfig {
     /// `queued.max.request.bytes`): a connection waits, not reading, until
     /// its next frame fits.
     pub max_inflight_request_bytes: u64,
+    /// Most record bytes one Fetch response carries, whatever the client
+    /// asks (Kafka `fetch.max.bytes`); at least one batch is always sent.
+    pub max_fetch_bytes: u32,
 }
 
 impl Default for KafkaConfig {
@@ -52,6 +55,7 @@ impl Default for KafkaConfig {
             max_connections_per_ip: 2_000,
             idle_timeout_ms: 600_000,
             max_inflight_request_bytes: 256 * 1024 * 1024,
+            max_fetch_bytes: 57_671_680,
         }
     }
 }

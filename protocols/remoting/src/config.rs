@@ -59,6 +59,9 @@ pub struct RocketMqConfig {
     /// answer has gone out (a client that never reads its answers stops
     /// being read, instead of growing the broker).
     pub max_inflight_requests_per_connection: u32,
+    /// Most message bytes one pull answer carries (RocketMQ
+    /// `maxTransferBytesOnMessageInMemory`-like); at least one message.
+    pub max_pull_bytes: u32,
 }
 
 impl Default for RocketMqConfig {
@@ -87,6 +90,7 @@ impl Default for RocketMqConfig {
             max_connections_per_ip: 2_000,
             idle_timeout_ms: 120_000,
             max_inflight_requests_per_connection: 1024,
+            max_pull_bytes: 4 * 1024 * 1024,
         }
     }
 }

@@ -147,6 +147,19 @@ impl RocketMq {
         }
     }
 
+    /// `r` once everything appended so far is durable (sync flush); a
+    /// successful answer becomes FLUSH_DISK_TIMEOUT when it is not.
+    async fn durable_then(&self, mut r: RemotingCommand) -> RemotingCommand {
+        if r.code == rs::SUCCESS {
+            let end = self.broker.store().commitlog_offsets().1;
+            if let Err(e) = self.broker.store().durable(end).await {
+                r.code = rs::FLUSH_DISK_TIMEOUT;
+                r.remark = Some(e.to_string());
+            }
+        }
+        r
+    }
+
     /// Handles one request; `None` for oneway requests.
     async fn handle(&self, cmd: RemotingCommand, conn: &Conn) -> Option<RemotingCommand> {
         let started = Instant::now();
@@ -180,9 +193,12 @@ impl RocketMq {
             rq::UPDATE_AND_CREATE_TOPIC => self.create_topic(&cmd),
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
             rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd),
-            rq::CONSUMER_SEND_MSG_BACK => self.send_back(&cmd),
+            // What these append must be durable before the client is told
+            // (sync flush): the consumer moves its offset past a sent-back
+            // message, the producer forgets a resolved transaction.
+            rq::CONSUMER_SEND_MSG_BACK => self.durable_then(self.send_back(&cmd)).await,
             rq::QUERY_MESSAGE => self.query_message(&cmd),
-            rq::END_TRANSACTION => self.end_transaction(&cmd),
+            rq::END_TRANSACTION => self.durable_then(self.end_transaction(&cmd)).await,
             rq::VIEW_MESSAGE_BY_ID => self.view_message(&cmd),
             other => self.reply(
                 &cmd,
@@ -703,13 +719,22 @@ impl RocketMq {
         codes: Option<&[i32]>,
     ) -> (RemotingCommand, u64) {
         let store = self.broker.store();
-        let read = store.read(topic, q, offset, max_msgs, 4 * 1024 * 1024);
+        let cap = self.config.max_pull_bytes.max(1) as usize;
+        let read = store.read(topic, q, offset, max_msgs, cap);
         let (min, max) = (read.min_offset, read.max_offset);
         let (code, next, body) = match read.status {
             ReadStatus::Found => {
                 let mut body = BytesMut::new();
                 let mut n = 0;
+                let mut next = read.next_offset;
                 for e in &read.entries {
+                    // Kafka batches grow when they cross (decompressed, one
+                    // message each): stop once the answer holds the cap
+                    // (always at least one entry).
+                    if !body.is_empty() && body.len() >= cap {
+                        next = e.cq.base_offset.max(offset);
+                        break;
+                    }
                     if !e.is_kafka_batch() {
                         // A stored RocketMQ message goes out as stored.
                         if codes.is_none_or(|c| c.contains(&(e.cq.tag_code as i32))) {
@@ -740,12 +765,12 @@ impl RocketMq {
                     }
                 }
                 if n == 0 {
-                    (rs::PULL_RETRY_IMMEDIATELY, read.next_offset, Bytes::new())
+                    (rs::PULL_RETRY_IMMEDIATELY, next, Bytes::new())
                 } else {
                     metrics::counter!("rokka_rocketmq_messages_out_total", "topic" => topic.to_string()).increment(n);
                     metrics::counter!("rokka_rocketmq_bytes_out_total", "topic" => topic.to_string())
                         .increment(body.len() as u64);
-                    (rs::SUCCESS, read.next_offset, body.freeze())
+                    (rs::SUCCESS, next, body.freeze())
                 }
             }
             ReadStatus::NoNewMessages => (rs::PULL_NOT_FOUND, offset, Bytes::new()),

@@ -54,10 +54,14 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, boo
     let broker = k.broker.as_ref();
     let store = broker.store();
     let mut total = 0usize;
+    // The client's max_bytes, within the broker's own cap (Kafka
+    // fetch.max.bytes): one response never holds more than that (but at
+    // least one batch, as Kafka answers a batch larger than the limit).
+    let cap = k.config.max_fetch_bytes.max(1) as usize;
     let max_total = if r.max_bytes <= 0 {
-        usize::MAX
+        cap
     } else {
-        r.max_bytes as usize
+        (r.max_bytes as usize).min(cap)
     };
     let mut any_error = false;
     let mut topics = Vec::with_capacity(r.topics.len());
