@@ -27,6 +27,18 @@ pub use error::{BrokerError, Result};
 pub use producers::{ProducerLimits, ProducerStates, SequenceCheck};
 pub use topics::{TopicInfo, TopicTable};
 
+/// Runs `f`, which may block on the disk (file creation, fsync, a topic
+/// table write), without stalling the async tasks that share its worker
+/// thread: on a multi-threaded runtime the worker hands its other tasks
+/// off first (`block_in_place`); elsewhere (tests, a current-thread
+/// runtime) it simply runs.
+pub fn offload<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// The broker: store + topic table + wake-ups.
 #[derive(Debug)]
 pub struct Broker {

@@ -171,7 +171,7 @@ impl RocketMq {
             rq::UNREGISTER_CLIENT => self.unregister(&cmd),
             rq::GET_CONSUMER_LIST_BY_GROUP => self.consumer_list(&cmd),
             rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => {
-                let (mut r, end) = self.send(&cmd, conn);
+                let (mut r, end) = rokka_broker::offload(|| self.send(&cmd, conn));
                 // Sync flush: answer once the messages are on disk; on a
                 // flush timeout they are stored but the client is told
                 // FLUSH_DISK_TIMEOUT (its SendStatus), as RocketMQ does.
@@ -190,15 +190,18 @@ impl RocketMq {
             | rq::GET_MIN_OFFSET
             | rq::SEARCH_OFFSET_BY_TIMESTAMP
             | rq::GET_EARLIEST_MSG_STORETIME => self.offset_queries(&cmd),
-            rq::UPDATE_AND_CREATE_TOPIC => self.create_topic(&cmd),
+            rq::UPDATE_AND_CREATE_TOPIC => rokka_broker::offload(|| self.create_topic(&cmd)),
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
             rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd),
             // What these append must be durable before the client is told
             // (sync flush): the consumer moves its offset past a sent-back
             // message, the producer forgets a resolved transaction.
-            rq::CONSUMER_SEND_MSG_BACK => self.durable_then(self.send_back(&cmd)).await,
+            rq::CONSUMER_SEND_MSG_BACK => self.durable_then(rokka_broker::offload(|| self.send_back(&cmd))).await,
             rq::QUERY_MESSAGE => self.query_message(&cmd),
-            rq::END_TRANSACTION => self.durable_then(self.end_transaction(&cmd)).await,
+            rq::END_TRANSACTION => {
+                self.durable_then(rokka_broker::offload(|| self.end_transaction(&cmd)))
+                    .await
+            }
             rq::VIEW_MESSAGE_BY_ID => self.view_message(&cmd),
             other => self.reply(
                 &cmd,

@@ -44,7 +44,7 @@ pub fn handle(k: &Kafka, r: MetadataRequest, version: i16) -> MetadataResponse {
             .into_iter()
             .map(|t| {
                 let name = t.name.map(|n| n.0.to_string()).unwrap_or_default();
-                match broker.topic_or_create(&name, allow_create, None) {
+                match rokka_broker::offload(|| broker.topic_or_create(&name, allow_create, None)) {
                     Ok(Some(info)) => topic_entry(k, &name, &info, version),
                     Ok(None) => MetadataResponseTopic::default()
                         .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)

@@ -63,12 +63,20 @@ pub async fn dispatch(
         RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(groups::delete(k, r)),
         RequestKind::DescribeConfigs(r) => ResponseKind::DescribeConfigs(admin::describe_configs(k, r, version)),
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(k, r)),
-        RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(k, r)),
+        RequestKind::DeleteRecords(r) => {
+            ResponseKind::DeleteRecords(rokka_broker::offload(|| admin::delete_records(k, r)))
+        }
         RequestKind::OffsetDelete(r) => ResponseKind::OffsetDelete(admin::offset_delete(k, r)),
         RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(offsets::fetch(k, r, version)),
-        RequestKind::CreateTopics(r) => ResponseKind::CreateTopics(topics::create(k, r, version)),
-        RequestKind::DeleteTopics(r) => ResponseKind::DeleteTopics(topics::delete(k, r, version)),
-        RequestKind::CreatePartitions(r) => ResponseKind::CreatePartitions(topics::create_partitions(k, r)),
+        RequestKind::CreateTopics(r) => {
+            ResponseKind::CreateTopics(rokka_broker::offload(|| topics::create(k, r, version)))
+        }
+        RequestKind::DeleteTopics(r) => {
+            ResponseKind::DeleteTopics(rokka_broker::offload(|| topics::delete(k, r, version)))
+        }
+        RequestKind::CreatePartitions(r) => {
+            ResponseKind::CreatePartitions(rokka_broker::offload(|| topics::create_partitions(k, r)))
+        }
         other => return Err(Close(format!("no handler for {other:?}"))),
     })))
 }

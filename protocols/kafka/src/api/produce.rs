@@ -79,7 +79,8 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                         let mut base = None;
                         let mut err = None;
                         for b in &batches {
-                            match broker.append_kafka_batch_checked(&topic, p.index as u32, b) {
+                            match rokka_broker::offload(|| broker.append_kafka_batch_checked(&topic, p.index as u32, b))
+                            {
                                 Ok((verdict, Some(offset), end)) => {
                                     if verdict == SequenceCheck::Duplicate(offset) {
                                         metrics::counter!("rokka_kafka_duplicate_batches_total").increment(1);
