@@ -13,6 +13,7 @@
 //! The CommitLog is the only source of truth; ConsumeQueues and the index are
 //! rebuilt from it after a crash.
 
+pub mod check;
 pub mod checkpoint;
 pub mod commitlog;
 pub mod config;

@@ -264,7 +264,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     })
 }
 
-fn lock(dir: &Path) -> Result<File> {
+pub(crate) fn lock(dir: &Path) -> Result<File> {
     let path = dir.join("lock");
     let f = OpenOptions::new()
         .create(true)
