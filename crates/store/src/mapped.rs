@@ -29,8 +29,10 @@ pub struct MappedFile {
     path: PathBuf,
     map: MmapRaw,
     len: usize,
-    // Kept open so `sync_data` can be used and the file is not closed under the map.
-    _file: File,
+    // No file descriptor is kept: a mapping stays valid after its file is
+    // closed, and write-back goes through the mapping (msync). So the number
+    // of partitions and files is not the number of open descriptors (the
+    // mapping count, vm.max_map_count, is what grows).
 }
 
 impl std::fmt::Debug for MappedFile {
@@ -95,7 +97,6 @@ impl MappedFile {
             path,
             map,
             len: len_usize,
-            _file: file,
         })
     }
 
