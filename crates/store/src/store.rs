@@ -167,6 +167,9 @@ pub(crate) struct Inner {
     pub log_starts: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Deleted topics → CommitLog end at deletion (queues.json).
     pub deleted: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Checkpoints (periodic, explicit, at delete and close) take turns:
+    /// each writes the same temp files.
+    pub checkpoint_lock: Mutex<()>,
     /// Told when the flushed position moves (see `set_flush_listener`).
     pub flush_listener: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// When a damaged read was last logged (ms).

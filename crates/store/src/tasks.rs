@@ -166,6 +166,7 @@ fn task_loop(inner: &Inner) {
 /// Flushes the CommitLog, every ConsumeQueue and the index up to a consistent
 /// point and records it in the checkpoint file.
 pub(crate) fn checkpoint(inner: &Inner, clean: bool) -> Result<Checkpoint> {
+    let _turn = inner.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
     let (end, mark, last_record, mut manifest) = snapshot(inner);
     let t = Instant::now();
     inner.log.flush_to(end)?;
