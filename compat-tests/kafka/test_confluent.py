@@ -5,6 +5,10 @@ import time
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from kafka.net.compat import KafkaNetClient
+from kafka.protocol.consumer import FetchRequest
+from kafka.protocol.producer import InitProducerIdRequest, ProduceRequest
+from kafka.record.memory_records import MemoryRecords, MemoryRecordsBuilder
 
 
 def produce(rokka, topic, msgs, **conf):
@@ -63,9 +67,11 @@ def test_keys_headers_timestamps_byte_exact(rokka, topic):
         }
         for i in range(20)
     ]
-    produce(rokka, topic, msgs)
+    assert len(produce(rokka, topic, msgs)) == 20
     got = consume_all(rokka, topic, [0], 20)
-    for m, want in zip(got, msgs):
+    # Every message once and in order: a lost or repeated one breaks the sequence.
+    assert [m.offset() for m in got] == list(range(20)), f"{len(got)} of 20 delivered"
+    for m, want in zip(got, msgs, strict=True):
         assert m.key() == want["key"]
         assert m.value() == want["value"]
         assert m.headers() == want["headers"]
@@ -146,11 +152,136 @@ def test_long_poll_wakes_on_produce(rokka, topic):
     c.close()
 
 
+def metric_values(rokka):
+    """{'name{labels}': value} of every sample rokka exports."""
+    out = {}
+    for line in rokka.metrics().splitlines():
+        if line and not line.startswith("#"):
+            k, v = line.rsplit(" ", 1)
+            out[k] = float(v)
+    return out
+
+
+def metric_delta(before, after, prefix):
+    """How much the samples whose key starts with `prefix` grew."""
+    keys = {k for k in (*before, *after) if k.startswith(prefix)}
+    return sum(after.get(k, 0) - before.get(k, 0) for k in keys)
+
+
+class RawClient:
+    """kafka-python's network client, for requests as a producer's retry sends them."""
+
+    def __init__(self, rokka):
+        self.c = KafkaNetClient(bootstrap_servers=rokka.bootstrap)
+        self.c.check_version()
+        self.node = self.c.least_loaded_node()
+
+    def request(self, req):
+        return self.c.send_and_receive(self.node, req, timeout_ms=10000)
+
+    def init_producer_id(self):
+        r = self.request(InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=60000, max_version=2))
+        assert r.error_code == 0, r
+        return r.producer_id, r.producer_epoch
+
+    def produce(self, topic, batch):
+        T = ProduceRequest.TopicProduceData
+        req = ProduceRequest(
+            acks=-1,
+            timeout_ms=10000,
+            topic_data=[T(name=topic, partition_data=[T.PartitionProduceData(index=0, records=batch)])],
+            max_version=7,
+        )
+        p = self.request(req).responses[0].partition_responses[0]
+        return p.error_code, p.base_offset
+
+    def batches(self, topic):
+        """Every record batch of partition 0 as stored: (base offset, record count, producer id, epoch, base sequence, values)."""
+        T = FetchRequest.FetchTopic
+        out, offset, high = [], 0, None
+        while high is None or offset < high:
+            req = FetchRequest(
+                replica_id=-1, max_wait_ms=100, min_bytes=1, max_bytes=1 << 22, isolation_level=0,
+                topics=[T(topic=topic, partitions=[T.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=1 << 22)])],
+                max_version=10,
+            )
+            p = self.request(req).responses[0].partitions[0]
+            assert p.error_code == 0, p
+            high = p.high_watermark
+            records = MemoryRecords(p.records)
+            start = offset
+            while (b := records.next_batch()) is not None:
+                values = [r.value for r in b]
+                out.append((b.base_offset, len(values), b.producer_id, b.producer_epoch, b.base_sequence, values))
+                offset = b.base_offset + b.last_offset_delta + 1
+            assert offset > start, f"no batch at offset {offset} below the high watermark {high}"
+        return out
+
+    def close(self):
+        self.c.close()
+
+
+def idempotent_batch(pid, epoch, seq, values):
+    b = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20, producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+    for v in values:
+        b.append(timestamp=None, key=None, value=v)
+    b.close()
+    return bytes(b.buffer())
+
+
 def test_idempotent_producer(rokka, topic):
+    before = metric_values(rokka)
     msgs = [{"key": f"{i}".encode(), "value": f"v{i}".encode()} for i in range(2000)]
     delivered = produce(rokka, topic, msgs, **{"enable.idempotence": True, "linger.ms": 1, "batch.num.messages": 50})
     assert sorted(o for _, o in delivered) == list(range(2000))
     got = consume_all(rokka, topic, [0], 2000)
     assert [m.value() for m in got] == [m["value"] for m in msgs]
-    # The batches carry the producer id and sequences Rokka checked.
-    assert "rokka_kafka_requests_total{api=\"InitProducerId\"}" in rokka.metrics()
+    after = metric_values(rokka)
+    # librdkafka asked for a producer id, and no batch was refused (an
+    # out-of-order sequence or a fenced epoch would be a Produce error).
+    assert metric_delta(before, after, 'rokka_kafka_requests_total{api="InitProducerId"}') >= 1
+    assert metric_delta(before, after, 'rokka_kafka_errors_total{api="Produce"') == 0
+    # What is stored: every batch carries that producer id and epoch, and the
+    # sequences run 0..1999 without a gap or an overlap, one record per offset.
+    raw = RawClient(rokka)
+    try:
+        batches = raw.batches(topic)
+    finally:
+        raw.close()
+    assert len(batches) > 1, "librdkafka sent several batches (batch.num.messages = 50)"
+    assert len({(pid, epoch) for _, _, pid, epoch, _, _ in batches}) == 1
+    pid, epoch = batches[0][2], batches[0][3]
+    assert pid >= 0 and epoch >= 0, "an idempotent producer's batches carry its producer id"
+    expected = 0
+    for base, n, _, _, seq, _ in batches:
+        assert (base, seq) == (expected, expected), batches
+        expected += n
+    assert expected == 2000
+    assert [v for *_, values in batches for v in values] == [m["value"] for m in msgs]
+
+
+def test_idempotent_retry_is_acknowledged_not_appended(rokka, topic):
+    """A producer's retry of a batch Rokka already has (the ack was lost) gets
+    the original offset and is not stored twice; a gap in sequences is refused."""
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(10)
+    raw = RawClient(rokka)
+    try:
+        pid, epoch = raw.init_producer_id()
+        assert pid >= 0 and epoch == 0
+        before = metric_values(rokka)
+        first = idempotent_batch(pid, epoch, 0, [b"a0", b"a1", b"a2"])
+        assert raw.produce(topic, first) == (0, 0)
+        assert raw.produce(topic, first) == (0, 0), "a retry is acknowledged with its first offset"
+        mid = metric_values(rokka)
+        assert metric_delta(before, mid, "rokka_kafka_duplicate_batches_total") == 1
+        # Sequences 3 and 4 never arrived: 5 is out of order.
+        assert raw.produce(topic, idempotent_batch(pid, epoch, 5, [b"gap"]))[0] == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert raw.produce(topic, idempotent_batch(pid, epoch, 3, [b"b3", b"b4"])) == (0, 3)
+        after = metric_values(rokka)
+        assert metric_delta(mid, after, 'rokka_kafka_errors_total{api="Produce",code="45"}') == 1
+        stored = raw.batches(topic)
+    finally:
+        raw.close()
+    assert [(base, n, p, seq) for base, n, p, _, seq, _ in stored] == [(0, 3, pid, 0), (3, 2, pid, 3)]
+    assert [v for *_, values in stored for v in values] == [b"a0", b"a1", b"a2", b"b3", b"b4"]

@@ -8,7 +8,7 @@ import { existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, writeFileSy
 import { join } from 'node:path';
 import kafkajs from 'kafkajs';
 
-const { Kafka, logLevel, CompressionTypes } = kafkajs;
+const { AssignerProtocol, Kafka, logLevel, CompressionTypes } = kafkajs;
 
 // rokka binds port 0 for every listener and writes the ports it got to a
 // ports file: no port is guessed ahead, so none can be taken in between.
@@ -95,34 +95,82 @@ test('produce and consume with keys, headers, timestamps and gzip', async () => 
   await admin.disconnect();
 });
 
+// Polls `cond` every 100 ms until it holds; after `ms`, fails with `what()`.
+async function waitFor(cond, what, ms = 30000) {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline) {
+    if (await cond()) return;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`timed out waiting for ${what()}`);
+}
+
+const sorted = (xs) => [...xs].sort((a, b) => a - b);
+
 test('a group of two splits the partitions', async () => {
   const topic = 'kjs-group';
+  const groupId = 'kjs-g2';
   const admin = kafka.admin();
   await admin.connect();
   await admin.createTopics({ topics: [{ topic, numPartitions: 4 }] });
-  const producer = kafka.producer();
-  await producer.connect();
-  await producer.send({ topic, messages: Array.from({ length: 40 }, (_, i) => ({ value: `${i}`, partition: i % 4 })) });
-  await producer.disconnect();
-  const seen = new Map();
-  const consumers = [kafka.consumer({ groupId: 'kjs-g2' }), kafka.consumer({ groupId: 'kjs-g2' })];
+  const consumers = [kafka.consumer({ groupId }), kafka.consumer({ groupId })];
+  // Each member's partitions after its latest join (GROUP_JOIN events).
+  const assigned = [null, null];
   const partitionsOf = [new Set(), new Set()];
+  const deliveries = []; // [member, partition, value]
   await Promise.all(consumers.map(async (c, idx) => {
+    c.on(c.events.GROUP_JOIN, ({ payload }) => {
+      assigned[idx] = sorted(payload.memberAssignment[topic] ?? []);
+    });
     await c.connect();
     await c.subscribe({ topic, fromBeginning: true });
     await c.run({
       eachMessage: async ({ partition, message }) => {
         partitionsOf[idx].add(partition);
-        seen.set(message.value.toString(), (seen.get(message.value.toString()) ?? 0) + 1);
+        deliveries.push([idx, partition, message.value.toString()]);
       },
     });
   }));
-  const deadline = Date.now() + 40000;
-  while (seen.size < 40 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 200));
+  // Produce once the group is Stable with both members, each holding a
+  // share of the topic (as Rokka and both clients see it).
+  let described;
+  await waitFor(async () => {
+    const { groups: [g] } = await admin.describeGroups([groupId]);
+    described = {
+      state: g.state,
+      members: g.members.map((m) => sorted(AssignerProtocol.MemberAssignment.decode(m.memberAssignment)?.assignment[topic] ?? [])),
+    };
+    const split = (parts) => parts.length === 2 && parts.every((p) => p && p.length > 0)
+      && sorted(parts.flat()).join() === '0,1,2,3';
+    return described.state === 'Stable' && split(described.members) && split(assigned);
+  }, () => `a Stable group splitting the topic between both members: ${JSON.stringify({ described, assigned })}`, 40000);
+  const producer = kafka.producer();
+  await producer.connect();
+  await producer.send({ topic, messages: Array.from({ length: 40 }, (_, i) => ({ value: `${i}`, partition: i % 4 })) });
+  await producer.disconnect();
+  await waitFor(() => new Set(deliveries.map(([, , v]) => v)).size === 40,
+    () => `all 40 values delivered (${deliveries.length} deliveries)`, 40000);
   await Promise.all(consumers.map((c) => c.disconnect()));
-  assert.equal(seen.size, 40);
+
+  // Every value exactly once, from the partition it was produced to.
+  const counts = new Map();
+  for (const [, partition, v] of deliveries) {
+    counts.set(v, (counts.get(v) ?? 0) + 1);
+    assert.equal(partition, Number(v) % 4, `value ${v} came from partition ${partition}`);
+  }
+  assert.deepEqual(sorted([...counts.keys()].map(Number)), Array.from({ length: 40 }, (_, i) => i));
+  assert.deepEqual([...counts].filter(([, n]) => n !== 1), [], 'values delivered more than once');
+  // Both members consumed, from disjoint partition sets that cover the topic.
+  const [p0, p1] = partitionsOf.map(sorted);
+  assert.ok(p0.length > 0 && p1.length > 0, `both members consumed: ${JSON.stringify([p0, p1])}`);
+  assert.deepEqual(p0.filter((p) => p1.includes(p)), [], `disjoint partitions: ${JSON.stringify([p0, p1])}`);
+  assert.deepEqual(sorted([...p0, ...p1]), [0, 1, 2, 3]);
+  // The group committed every partition's end.
+  const offsets = await admin.fetchOffsets({ groupId, topics: [topic] });
+  assert.deepEqual(offsets[0].partitions.map((p) => [p.partition, p.offset]).sort(), [[0, '10'], [1, '10'], [2, '10'], [3, '10']]);
+
   const groups = await admin.listGroups();
-  assert.ok(groups.groups.some((g) => g.groupId === 'kjs-g2'));
+  assert.ok(groups.groups.some((g) => g.groupId === groupId));
   await admin.deleteTopics({ topics: [topic] });
   const topics = await admin.listTopics();
   assert.ok(!topics.includes(topic));
