@@ -192,9 +192,13 @@ fn append_sync_async(size: usize, tasks: u64, duration: Duration) -> R {
     Ok(())
 }
 
-fn read_sequential(size: usize, count: u64) -> R {
-    let name = format!("read_seq_{size}B");
-    let store = open_prepared(config(&name, FlushMode::Async))?;
+/// Reads back `count` messages of `size` bytes, with the read-time checks
+/// (`store.verify_reads`: CRCs and the record-against-queue check) on or off.
+fn read_sequential(size: usize, count: u64, verify: bool) -> R {
+    let name = format!("read_seq_{size}B{}", if verify { "_verified" } else { "_unverified" });
+    let mut cfg = config(&name, FlushMode::Async);
+    cfg.verify_reads = verify;
+    let store = open_prepared(cfg)?;
     let body = vec![0x5Au8; size];
     for _ in 0..count {
         store.append_message(&MessageInput::new("rbench", 0, &body, b""))?;
@@ -259,8 +263,11 @@ fn main() -> R {
         }
     }
     if want("read_seq") {
-        read_sequential(1024, 900_000)?;
-        read_sequential(100, 3_000_000)?;
+        // Same run, both ways: the cost of checking what is served.
+        for verify in [false, true] {
+            read_sequential(1024, 900_000, verify)?;
+        }
+        read_sequential(100, 3_000_000, true)?;
     }
     Ok(())
 }

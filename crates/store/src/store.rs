@@ -709,12 +709,12 @@ impl MessageStore {
     /// Logged at most once a second (a client re-reading a damaged offset
     /// must not flood the log).
     fn damaged(&self, e: &ReadEntry, topic: &str, queue_id: u32) -> bool {
-        let why = match record::decode_checked(&e.data) {
+        let why = match record::verify_entry(&e.data) {
             Err(err) => err.to_string(),
-            Ok(r) if r.phys_offset() != e.cq.phys_offset => format!("records position {}", r.phys_offset()),
-            Ok(r) if r.queue_offset() != e.cq.base_offset => format!("records queue offset {}", r.queue_offset()),
-            Ok(r) if r.queue_id() != queue_id || r.topic_str() != topic => {
-                format!("belongs to {}/{}", r.topic_str(), r.queue_id())
+            Ok(r) if r.phys_offset != e.cq.phys_offset => format!("records position {}", r.phys_offset),
+            Ok(r) if r.queue_offset != e.cq.base_offset => format!("records queue offset {}", r.queue_offset),
+            Ok(r) if r.queue_id != queue_id || r.topic != topic.as_bytes() => {
+                format!("belongs to {}/{}", String::from_utf8_lossy(r.topic), r.queue_id)
             }
             Ok(_) => return false,
         };

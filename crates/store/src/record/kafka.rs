@@ -173,6 +173,44 @@ impl KafkaBatchView {
     }
 }
 
+/// Checks a whole stored batch entry without building a view (the read
+/// path's check): size, magic, layout, our header CRC and the batch's own
+/// CRC-32C. Returns who the entry says it is.
+pub fn verify(rec: &[u8]) -> Result<super::message::Identity<'_>, DecodeError> {
+    if rec.len() < HEADER_LEN {
+        return Err(DecodeError::Truncated);
+    }
+    let be32 = |at: usize| u32::from_be_bytes([rec[at], rec[at + 1], rec[at + 2], rec[at + 3]]);
+    let be64 = |at: usize| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&rec[at..at + 8]);
+        u64::from_be_bytes(a)
+    };
+    if be32(0) as usize != rec.len() {
+        return Err(DecodeError::SizeMismatch);
+    }
+    if be32(4) != KAFKA_BATCH_MAGIC {
+        return Err(DecodeError::BadMagic(be32(4)));
+    }
+    let topic_len = usize::from(u16::from_be_bytes([rec[44], rec[45]]));
+    let t_end = HEADER_LEN + topic_len;
+    if rec.len() < t_end + BATCH_HEADER_LEN {
+        return Err(DecodeError::Truncated);
+    }
+    let batch = &rec[t_end..];
+    BatchInfo::parse(batch)?;
+    let span = t_end + BATCH_UNCHECKED - 12;
+    if crc32c::crc32c(&rec[12..12 + span]) != be32(8) || !batch_crc_ok(batch) {
+        return Err(DecodeError::Crc);
+    }
+    Ok(super::message::Identity {
+        phys_offset: be64(24),
+        queue_id: be32(12),
+        queue_offset: be64(16),
+        topic: &rec[HEADER_LEN..t_end],
+    })
+}
+
 /// Decodes a whole entry (`rec` holds exactly its total size).
 pub fn decode(rec: &Bytes) -> Result<KafkaBatchView, DecodeError> {
     if rec.len() < HEADER_LEN {

@@ -359,6 +359,67 @@ impl Reader<'_> {
 }
 
 /// Decodes a whole record (`rec` holds exactly TOTALSIZE bytes).
+/// Who a stored record says it is, read straight from its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity<'a> {
+    pub phys_offset: u64,
+    pub queue_id: u32,
+    pub queue_offset: u64,
+    pub topic: &'a [u8],
+}
+
+/// Checks a whole record without building a view (the read path's check):
+/// its size and magic, the layout of every length, and the record-CRC
+/// property over every other byte (which covers the body too). Returns who
+/// the record says it is.
+pub fn verify(rec: &[u8]) -> Result<Identity<'_>, DecodeError> {
+    let mut r = Reader { buf: rec, pos: 0 };
+    let total_size = r.u32()?;
+    if total_size as usize != rec.len() {
+        return Err(DecodeError::SizeMismatch);
+    }
+    let magic = r.u32()?;
+    if magic != MAGIC_V1 && magic != MAGIC_V2 {
+        return Err(DecodeError::BadMagic(magic));
+    }
+    let _body_crc = r.u32()?;
+    let queue_id = r.u32()?;
+    let _flag = r.i32()?;
+    let queue_offset = r.u64()?;
+    let phys_offset = r.u64()?;
+    let sys_flag = r.i32()?;
+    r.take(8)?; // born timestamp
+    r.take(if sys_flag & sysflag::BORNHOST_V6 != 0 { 20 } else { 8 })?;
+    r.take(8)?; // store timestamp
+    r.take(if sys_flag & sysflag::STOREHOST_V6 != 0 { 20 } else { 8 })?;
+    r.take(12)?; // reconsume times, prepared transaction offset
+    let body_len = r.u32()? as usize;
+    r.take(body_len)?;
+    let topic_len = if magic == MAGIC_V2 {
+        usize::from(u16::from_be_bytes(r.arr()?))
+    } else {
+        usize::from(r.arr::<1>()?[0])
+    };
+    let topic_at = r.pos;
+    r.take(topic_len)?;
+    let props_len = usize::from(u16::from_be_bytes(r.arr()?));
+    let props_at = r.pos;
+    r.take(props_len)?;
+    if r.pos != rec.len() {
+        return Err(DecodeError::SizeMismatch);
+    }
+    let want = read_prop_crc(&rec[props_at..props_at + props_len]).ok_or(DecodeError::Crc)?;
+    if crc32fast::hash(&rec[..rec.len() - PROP_CRC_LEN]) & 0x7FFF_FFFF != want {
+        return Err(DecodeError::Crc);
+    }
+    Ok(Identity {
+        phys_offset,
+        queue_id,
+        queue_offset,
+        topic: &rec[topic_at..topic_at + topic_len],
+    })
+}
+
 pub fn decode(rec: &Bytes) -> Result<MessageView, DecodeError> {
     let mut r = Reader { buf: rec, pos: 0 };
     let total_size = r.u32()?;

@@ -78,6 +78,19 @@ pub fn decode_entry(rec: &Bytes) -> Result<Entry, DecodeError> {
     }
 }
 
+/// Checks a whole entry of either kind without building a view (CRCs
+/// included) and returns who it says it is.
+pub fn verify_entry(rec: &[u8]) -> Result<message::Identity<'_>, DecodeError> {
+    if rec.len() < 8 {
+        return Err(DecodeError::Truncated);
+    }
+    if u32::from_be_bytes([rec[4], rec[5], rec[6], rec[7]]) == kafka::KAFKA_BATCH_MAGIC {
+        kafka::verify(rec)
+    } else {
+        message::verify(rec)
+    }
+}
+
 /// Decodes an entry and checks its CRC(s).
 pub fn decode_checked(rec: &Bytes) -> Result<Entry, DecodeError> {
     let e = decode_entry(rec)?;
