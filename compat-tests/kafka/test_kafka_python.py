@@ -64,3 +64,22 @@ def test_admin_create_and_delete(rokka, topic):
         time.sleep(0.1)
     assert topic not in a.list_topics()
     a.close()
+
+
+def test_offset_metadata_is_bounded(rokka, topic):
+    """Kafka's offset.metadata.max.bytes (4096): a longer metadata string is
+    refused with OFFSET_METADATA_TOO_LARGE and nothing is stored."""
+    from kafka.errors import OffsetMetadataTooLargeError
+    from kafka.structs import OffsetAndMetadata
+
+    admin = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
+    admin.create_topics([NewTopic(topic, 1, 1)])
+    admin.close()
+    c = KafkaConsumer(bootstrap_servers=rokka.bootstrap, group_id=f"{topic}-g", enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    c.assign([tp])
+    with pytest.raises(OffsetMetadataTooLargeError):
+        c.commit({tp: OffsetAndMetadata(3, "m" * 4097, -1)})
+    c.commit({tp: OffsetAndMetadata(2, "m" * 4096, -1)})
+    assert c.committed(tp) == 2
+    c.close()

@@ -45,6 +45,10 @@ pub struct MetricsConfig {
     pub listen: SocketAddr,
     /// How often consumer lag (`rokka_consumer_lag`) is recomputed.
     pub lag_interval_ms: u64,
+    /// A counter or histogram series not updated for this long is dropped
+    /// from /metrics (0 = never). Labels carry client-chosen names (topics,
+    /// groups), so without it every name ever seen stays a series.
+    pub idle_timeout_ms: u64,
 }
 
 impl Default for MetricsConfig {
@@ -53,6 +57,7 @@ impl Default for MetricsConfig {
             enabled: true,
             listen: SocketAddr::from(([127, 0, 0, 1], 9100)),
             lag_interval_ms: 10_000,
+            idle_timeout_ms: 3_600_000,
         }
     }
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_util::MetricKindMask;
 use rokka_broker::Broker;
 use rokka_kafka::Kafka;
 use rokka_remoting::{NameServer, RocketMq};
@@ -169,7 +170,10 @@ async fn serve(
     let mut listeners = Vec::new();
     let mut bound = BTreeMap::new();
     if cfg.metrics.enabled {
+        let idle =
+            (cfg.metrics.idle_timeout_ms > 0).then(|| std::time::Duration::from_millis(cfg.metrics.idle_timeout_ms));
         let handle = PrometheusBuilder::new()
+            .idle_timeout(MetricKindMask::COUNTER | MetricKindMask::HISTOGRAM, idle)
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?
             .install_recorder()
             .map_err(|e| format!("metrics recorder: {e}"))?;

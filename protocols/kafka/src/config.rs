@@ -39,6 +39,9 @@ pub struct KafkaConfig {
     /// Most record bytes one Fetch response carries, whatever the client
     /// asks (Kafka `fetch.max.bytes`); at least one batch is always sent.
     pub max_fetch_bytes: u32,
+    /// Longest metadata string an OffsetCommit may store (Kafka
+    /// `offset.metadata.max.bytes`); longer is OFFSET_METADATA_TOO_LARGE.
+    pub max_offset_metadata_bytes: u32,
 }
 
 impl Default for KafkaConfig {
@@ -56,6 +59,7 @@ impl Default for KafkaConfig {
             idle_timeout_ms: 600_000,
             max_inflight_request_bytes: 256 * 1024 * 1024,
             max_fetch_bytes: 57_671_680,
+            max_offset_metadata_bytes: 4096,
         }
     }
 }

@@ -127,9 +127,39 @@ fn api_name(key: ApiKey) -> &'static str {
     }
 }
 
+/// Decodes a whole request frame (API key, version, header, body) as
+/// [`handle`] does: an unknown key, an unserved version, malformed bytes or
+/// a decoder panic is an error. For the fuzz targets (`fuzz/`).
+pub fn decode_request(frame: Bytes) -> Result<(RequestHeader, RequestKind), String> {
+    let Some(&[k0, k1, v0, v1]) = frame.get(..4) else {
+        return Err(format!("frame of {} bytes has no request header", frame.len()));
+    };
+    let key_raw = i16::from_be_bytes([k0, k1]);
+    let version = i16::from_be_bytes([v0, v1]);
+    let key = ApiKey::try_from(key_raw).map_err(|_| format!("unknown API key {key_raw}"))?;
+    if !versions::served(key, version) {
+        return Err(format!("{key:?} v{version} is not served"));
+    }
+    decode_body(key, version, frame)
+}
+
+/// The request header and body of a frame of a served `key` and `version`.
+fn decode_body(key: ApiKey, version: i16, mut frame: Bytes) -> Result<(RequestHeader, RequestKind), String> {
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let header = RequestHeader::decode(&mut frame, key.request_header_version(version))?;
+        let req = RequestKind::decode(key, &mut frame, version)?;
+        Ok::<_, anyhow::Error>((header, req))
+    }));
+    match decoded {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("malformed {key:?} v{version}: {e}")),
+        Err(_) => Err(format!("malformed {key:?} v{version} (decoder panicked)")),
+    }
+}
+
 /// Decodes, dispatches and encodes one request. `Ok(None)` = no response
 /// (acks=0 produce).
-pub async fn handle(k: &Kafka, mut frame: Bytes, peer: SocketAddr) -> Result<Option<Vec<Bytes>>, Close> {
+pub async fn handle(k: &Kafka, frame: Bytes, peer: SocketAddr) -> Result<Option<Vec<Bytes>>, Close> {
     let key_raw = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
@@ -153,16 +183,7 @@ pub async fn handle(k: &Kafka, mut frame: Bytes, peer: SocketAddr) -> Result<Opt
         };
     }
     let started = std::time::Instant::now();
-    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let header = RequestHeader::decode(&mut frame, key.request_header_version(version))?;
-        let req = RequestKind::decode(key, &mut frame, version)?;
-        Ok::<_, anyhow::Error>((header, req))
-    }));
-    let (header, req) = match decoded {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) => return Err(Close(format!("malformed {key:?} v{version}: {e}"))),
-        Err(_) => return Err(Close(format!("malformed {key:?} v{version} (decoder panicked)"))),
-    };
+    let (header, req) = decode_body(key, version, frame).map_err(Close)?;
     let resp = api::dispatch(k, &header, req, version, peer).await?;
     metrics::histogram!("rokka_kafka_request_seconds", "api" => name).record(started.elapsed().as_secs_f64());
     match resp {

@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use config::KafkaConfig;
+pub use conn::decode_request;
 
 /// Shared state of the Kafka frontend.
 #[derive(Debug)]

@@ -50,3 +50,44 @@ pub mod response {
     pub const MESSAGE_ILLEGAL: i32 = 13;
     pub const SERVICE_NOT_AVAILABLE: i32 = 14;
 }
+
+/// The metric label for a request code: the number for codes Rokka knows,
+/// `other` for the rest (a client may send any i32; each would otherwise
+/// make a new time series).
+pub fn label(code: i32) -> &'static str {
+    match code {
+        10 => "10",
+        11 => "11",
+        12 => "12",
+        14 => "14",
+        15 => "15",
+        17 => "17",
+        21 => "21",
+        29 => "29",
+        30 => "30",
+        31 => "31",
+        32 => "32",
+        33 => "33",
+        34 => "34",
+        35 => "35",
+        36 => "36",
+        37 => "37",
+        38 => "38",
+        39 => "39",
+        40 => "40",
+        41 => "41",
+        42 => "42",
+        103 => "103",
+        104 => "104",
+        105 => "105",
+        106 => "106",
+        206 => "206",
+        216 => "216",
+        219 => "219",
+        224 => "224",
+        310 => "310",
+        320 => "320",
+        361 => "361",
+        _ => "other",
+    }
+}

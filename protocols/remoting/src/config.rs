@@ -62,6 +62,9 @@ pub struct RocketMqConfig {
     /// Most message bytes one pull answer carries (RocketMQ
     /// `maxTransferBytesOnMessageInMemory`-like); at least one message.
     pub max_pull_bytes: u32,
+    /// Most orderly-consumption queue locks held at once (keys come from
+    /// clients; expired locks are dropped first).
+    pub max_queue_locks: u32,
 }
 
 impl Default for RocketMqConfig {
@@ -91,6 +94,7 @@ impl Default for RocketMqConfig {
             idle_timeout_ms: 120_000,
             max_inflight_requests_per_connection: 1024,
             max_pull_bytes: 4 * 1024 * 1024,
+            max_queue_locks: 100_000,
         }
     }
 }

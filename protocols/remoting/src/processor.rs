@@ -164,7 +164,7 @@ impl RocketMq {
     async fn handle(&self, cmd: RemotingCommand, conn: &Conn) -> Option<RemotingCommand> {
         let started = Instant::now();
         let code = cmd.code;
-        metrics::counter!("rokka_rocketmq_requests_total", "code" => code.to_string()).increment(1);
+        metrics::counter!("rokka_rocketmq_requests_total", "code" => crate::codes::label(code)).increment(1);
         let oneway = cmd.flag & FLAG_ONEWAY != 0;
         let resp = match code {
             rq::HEART_BEAT => self.heartbeat(&cmd, conn),
@@ -209,7 +209,7 @@ impl RocketMq {
                 Some(format!(" request type {other} not supported")),
             ),
         };
-        metrics::histogram!("rokka_rocketmq_request_seconds", "code" => code.to_string())
+        metrics::histogram!("rokka_rocketmq_request_seconds", "code" => crate::codes::label(code))
             .record(started.elapsed().as_secs_f64());
         (!oneway).then_some(resp)
     }
@@ -221,12 +221,11 @@ impl RocketMq {
     }
 
     fn heartbeat(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
-        let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
-            return self.reply(req, rs::SYSTEM_ERROR, Some("heartbeat body is not JSON".into()));
+        let hb = match parse_heartbeat(&req.body) {
+            Ok(hb) => hb,
+            Err(why) => return self.reply(req, rs::SYSTEM_ERROR, Some(why.into())),
         };
-        let Some(client_id) = body.get("clientID").and_then(Value::as_str).map(String::from) else {
-            return self.reply(req, rs::SYSTEM_ERROR, Some("heartbeat without clientID".into()));
-        };
+        let client_id = hb.client_id;
         let now = self.now_ms();
         let mut changed = Vec::new();
         let mut retry_topics = Vec::new();
@@ -241,44 +240,19 @@ impl RocketMq {
             });
             entry.conn = conn.clone();
             entry.last_seen_ms = now;
-            for p in body
-                .get("producerDataSet")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                if let Some(g) = p.get("groupName").and_then(Value::as_str) {
-                    entry.producer_groups.insert(g.to_string());
-                }
-            }
-            let mut joined = Vec::new();
-            for cd in body
-                .get("consumerDataSet")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                let Some(g) = cd.get("groupName").and_then(Value::as_str) else {
-                    continue;
-                };
-                entry.consumer_groups.insert(g.to_string());
-                joined.push(cd.clone());
-            }
-            for cd in joined {
-                let g = cd
-                    .get("groupName")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
+            entry.producer_groups.extend(hb.producer_groups);
+            entry
+                .consumer_groups
+                .extend(hb.consumers.iter().map(|cd| cd.group.clone()));
+            for cd in hb.consumers {
+                let g = cd.group;
                 // A mixed group's members must agree on topics.
                 let topics: BTreeSet<String> = cd
-                    .get("subscriptionDataSet")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|s| s.get("topic").and_then(Value::as_str))
+                    .subscriptions
+                    .iter()
+                    .map(|(t, _, _)| t)
                     .filter(|t| !t.starts_with("%RETRY%"))
-                    .map(String::from)
+                    .cloned()
                     .collect();
                 let kafka = self.broker.membership().get(&g);
                 // (Kafka members' topics are unknown until their first join completes.)
@@ -300,29 +274,15 @@ impl RocketMq {
                     continue;
                 }
                 let group = c.groups.entry(g.clone()).or_default();
-                let model = cd.get("messageModel");
-                group.clustering = !matches!(model, Some(Value::String(s)) if s == "BROADCASTING")
-                    && !matches!(model, Some(Value::Number(n)) if n.as_i64() == Some(0));
+                group.clustering = cd.clustering;
                 let mut subs_changed = false;
-                for s in cd
-                    .get("subscriptionDataSet")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    let Some(topic) = s.get("topic").and_then(Value::as_str) else {
-                        continue;
-                    };
+                for (topic, expression, expression_type) in cd.subscriptions {
                     let sub = Subscription {
-                        expression: s.get("subString").and_then(Value::as_str).unwrap_or("*").to_string(),
-                        expression_type: s
-                            .get("expressionType")
-                            .and_then(Value::as_str)
-                            .unwrap_or("TAG")
-                            .to_string(),
+                        expression,
+                        expression_type,
                     };
-                    if group.subscriptions.get(topic) != Some(&sub) {
-                        group.subscriptions.insert(topic.to_string(), sub);
+                    if group.subscriptions.get(&topic) != Some(&sub) {
+                        group.subscriptions.insert(topic, sub);
                         subs_changed = true;
                     }
                 }
@@ -1139,27 +1099,26 @@ impl RocketMq {
     /// free, already held by the asker, or its holder's lock is older than
     /// `lock_expiry_ms`; granting renews it. Unlock frees the asker's locks.
     fn lock_batch(&self, req: &RemotingCommand) -> RemotingCommand {
-        let Ok(body) = serde_json::from_slice::<Value>(&req.body) else {
-            return self.reply(req, rs::SYSTEM_ERROR, Some("lock body is not JSON".into()));
+        let LockBatch { group, client, queues } = match parse_lock_batch(&req.body) {
+            Ok(b) => b,
+            Err(why) => return self.reply(req, rs::SYSTEM_ERROR, Some(why.into())),
         };
-        let group = body["consumerGroup"].as_str().unwrap_or_default().to_string();
-        let client = body["clientId"].as_str().unwrap_or_default().to_string();
-        if group.is_empty() || client.is_empty() {
-            return self.reply(
-                req,
-                rs::SYSTEM_ERROR,
-                Some("consumerGroup and clientId are required".into()),
-            );
-        }
         let now = self.now_ms();
         let expiry = self.config.lock_expiry_ms;
         let mut granted = Vec::new();
         let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        for mq in body["mqSet"].as_array().into_iter().flatten() {
-            let topic = mq["topic"].as_str().unwrap_or_default().to_string();
-            let Some(queue) = mq["queueId"].as_i64() else {
-                continue;
-            };
+        // Keys come from clients: expired locks go before new ones are
+        // taken, so the table holds live locks only (and at most
+        // max_queue_locks of them).
+        if req.code == rq::LOCK_BATCH_MQ {
+            locks.retain(|_, (_, at)| at.saturating_add(expiry) >= now);
+        }
+        let max_locks = self.config.max_queue_locks as usize;
+        for (topic, queue, mq) in queues {
+            if req.code == rq::LOCK_BATCH_MQ && locks.len() >= max_locks {
+                metrics::counter!("rokka_rocketmq_queue_locks_refused_total").increment(1);
+                break;
+            }
             let key = (group.clone(), topic, queue);
             if req.code == rq::UNLOCK_BATCH_MQ {
                 if locks.get(&key).is_some_and(|(holder, _)| *holder == client) {
@@ -1176,7 +1135,7 @@ impl RocketMq {
                     tracing::info!(group, client, queue, "queue lock taken over after expiry");
                 }
                 locks.insert(key, (client.clone(), now));
-                granted.push(mq.clone());
+                granted.push(mq);
             }
         }
         metrics::gauge!("rokka_rocketmq_queue_locks").set(locks.len() as f64);
@@ -1235,6 +1194,105 @@ impl Service for RocketMq {
             _ => true,
         }
     }
+}
+
+/// What the broker reads from a HEART_BEAT body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub client_id: String,
+    /// `producerDataSet[].groupName`.
+    pub producer_groups: Vec<String>,
+    /// `consumerDataSet[]` entries that name their group.
+    pub consumers: Vec<HeartbeatConsumer>,
+}
+
+/// One `consumerDataSet` entry of a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatConsumer {
+    pub group: String,
+    /// False for BROADCASTING (by name, or ordinal 0 as C++ clients send it).
+    pub clustering: bool,
+    /// (topic, expression, expression type) of each subscription naming a
+    /// topic; the expression defaults to `*`, the type to `TAG`.
+    pub subscriptions: Vec<(String, String, String)>,
+}
+
+/// The elements of the array `v[k]` (none when it is missing or not an array).
+fn json_list<'a>(v: &'a Value, k: &str) -> impl Iterator<Item = &'a Value> {
+    v.get(k).and_then(Value::as_array).into_iter().flatten()
+}
+
+/// Parses a HEART_BEAT body; the error is the response's remark.
+pub fn parse_heartbeat(body: &[u8]) -> Result<Heartbeat, &'static str> {
+    let body = serde_json::from_slice::<Value>(body).map_err(|_| "heartbeat body is not JSON")?;
+    let client_id = body
+        .get("clientID")
+        .and_then(Value::as_str)
+        .map(String::from)
+        .ok_or("heartbeat without clientID")?;
+    let producer_groups = json_list(&body, "producerDataSet")
+        .filter_map(|p| p.get("groupName").and_then(Value::as_str).map(String::from))
+        .collect();
+    let consumers = json_list(&body, "consumerDataSet")
+        .filter_map(|cd| {
+            let group = cd.get("groupName").and_then(Value::as_str)?.to_string();
+            let model = cd.get("messageModel");
+            let clustering = !matches!(model, Some(Value::String(s)) if s == "BROADCASTING")
+                && !matches!(model, Some(Value::Number(n)) if n.as_i64() == Some(0));
+            let subscriptions = json_list(cd, "subscriptionDataSet")
+                .filter_map(|s| {
+                    let topic = s.get("topic").and_then(Value::as_str)?.to_string();
+                    let expression = s.get("subString").and_then(Value::as_str).unwrap_or("*").to_string();
+                    let kind = s
+                        .get("expressionType")
+                        .and_then(Value::as_str)
+                        .unwrap_or("TAG")
+                        .to_string();
+                    Some((topic, expression, kind))
+                })
+                .collect();
+            Some(HeartbeatConsumer {
+                group,
+                clustering,
+                subscriptions,
+            })
+        })
+        .collect();
+    Ok(Heartbeat {
+        client_id,
+        producer_groups,
+        consumers,
+    })
+}
+
+/// A LOCK_BATCH_MQ / UNLOCK_BATCH_MQ body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LockBatch {
+    pub group: String,
+    pub client: String,
+    /// (topic, queue id, the queue as sent: echoed back when granted) of
+    /// each `mqSet` entry with a numeric queue id.
+    pub queues: Vec<(String, i64, Value)>,
+}
+
+/// Parses a lock or unlock body; the error is the response's remark.
+pub fn parse_lock_batch(body: &[u8]) -> Result<LockBatch, &'static str> {
+    let body = serde_json::from_slice::<Value>(body).map_err(|_| "lock body is not JSON")?;
+    let group = body["consumerGroup"].as_str().unwrap_or_default().to_string();
+    let client = body["clientId"].as_str().unwrap_or_default().to_string();
+    if group.is_empty() || client.is_empty() {
+        return Err("consumerGroup and clientId are required");
+    }
+    let queues = body["mqSet"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|mq| {
+            let queue = mq["queueId"].as_i64()?;
+            Some((mq["topic"].as_str().unwrap_or_default().to_string(), queue, mq.clone()))
+        })
+        .collect();
+    Ok(LockBatch { group, client, queues })
 }
 
 /// Splits a SEND_BATCH_MESSAGE body (§4.4) into (flag, body, properties).

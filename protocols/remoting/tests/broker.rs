@@ -509,6 +509,35 @@ async fn queue_locks_grant_one_holder() -> TestResult {
     Ok(())
 }
 
+/// The lock table holds live locks only, at most `max_queue_locks`: expired
+/// locks go before new ones are granted, and past the cap none is granted.
+#[tokio::test]
+async fn queue_locks_are_capped_and_expired_ones_dropped() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let cfg = RocketMqConfig {
+        max_queue_locks: 4,
+        lock_expiry_ms: 300,
+        ..RocketMqConfig::default()
+    };
+    let rmq = Arc::new(RocketMq::new(broker, cfg, addr));
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, rmq, rx));
+    let mut c = Client::connect(addr).await?;
+    let r = c.call(lock_req(rq::LOCK_BATCH_MQ, "a", &[0, 1, 2, 3, 4, 5])).await?;
+    assert_eq!(locked(&r)?, vec![0, 1, 2, 3], "at most four locks");
+    let r = c.call(lock_req(rq::LOCK_BATCH_MQ, "b", &[9])).await?;
+    assert!(locked(&r)?.is_empty(), "the table is full of live locks");
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    // a's locks expired: they are dropped, and b gets room.
+    let r = c.call(lock_req(rq::LOCK_BATCH_MQ, "b", &[9, 10, 11, 12, 13])).await?;
+    assert_eq!(locked(&r)?, vec![9, 10, 11, 12]);
+    Ok(())
+}
+
 /// QUERY_MESSAGE by KEYS token and by the client's unique id; VIEW_MESSAGE_BY_ID.
 #[tokio::test]
 async fn query_by_key_unique_id_and_offset() -> TestResult {

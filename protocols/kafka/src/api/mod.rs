@@ -27,6 +27,7 @@ pub enum Response {
 }
 
 pub use fetch::encode as encode_fetch;
+pub use produce::split_batches;
 
 pub(crate) fn str_bytes(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_string())

@@ -46,6 +46,14 @@ pub fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitRe
                         member_check
                     } else if ok || p.committed_offset < 0 {
                         errors::UNKNOWN_TOPIC_OR_PARTITION
+                    } else if p
+                        .committed_metadata
+                        .as_ref()
+                        .is_some_and(|m| m.len() > k.config.max_offset_metadata_bytes as usize)
+                    {
+                        // Kafka offset.metadata.max.bytes: the table is kept
+                        // in memory and on disk, so its values are bounded.
+                        errors::OFFSET_METADATA_TOO_LARGE
                     } else {
                         let meta = p.committed_metadata.as_ref().map_or("", |m| m.as_str());
                         offsets.commit(&group, &name, p.partition_index as u32, p.committed_offset as u64, meta);

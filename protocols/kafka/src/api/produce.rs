@@ -13,7 +13,7 @@ use crate::Kafka;
 
 /// Splits a records blob into batches, validating each completely
 /// (`rokka_broker::validate`); an error code for the first bad one.
-fn split_batches(records: &Bytes, max_decompressed: usize) -> Result<Vec<Bytes>, i16> {
+pub fn split_batches(records: &Bytes, max_decompressed: usize) -> Result<Vec<Bytes>, i16> {
     let mut out = Vec::new();
     let mut at = 0usize;
     while at < records.len() {
