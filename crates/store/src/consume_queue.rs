@@ -324,6 +324,22 @@ impl ConsumeQueue {
         self.entry(idx)
     }
 
+    /// Makes sure the file the next entry goes to exists (writer only), so
+    /// an append can fail here — before its record is written to the
+    /// CommitLog — rather than after it is published.
+    pub fn reserve(&self) -> Result<()> {
+        let idx = self.entries.load(Ordering::Relaxed);
+        let present = {
+            let f = self.files();
+            idx.checked_sub(f.base_entry)
+                .is_some_and(|rel| ((rel / self.entries_per_file) as usize) < f.list.len())
+        };
+        if !present {
+            self.create_file(idx)?;
+        }
+        Ok(())
+    }
+
     /// Appends one entry (writer only). `msg_timestamp` is folded into the
     /// running max so time lookups can binary-search.
     pub fn append(&self, mut e: CqEntry) -> Result<()> {

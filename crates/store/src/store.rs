@@ -347,6 +347,12 @@ impl MessageStore {
             for (m, body_crc32) in msgs.iter().zip(crcs) {
                 let q = inner.queue_for(&mut w, m.topic, m.queue_id);
                 let consumable = m.is_consumable();
+                if consumable {
+                    // A queue file that cannot be made fails the append
+                    // before its record exists (else recovery would find
+                    // a record whose offset was handed out again).
+                    q.reserve()?;
+                }
                 let queue_offset = if consumable { q.max_offset() } else { 0 };
                 let size = message::encoded_len(m, &store_host, record_crc);
                 let phys = w.cl.append(size, |buf, phys| {
@@ -414,6 +420,7 @@ impl MessageStore {
             let store_ts = now_ms().max(w.last_store_ts);
             w.last_store_ts = store_ts;
             let q = inner.queue_for(&mut w, topic, queue_id);
+            q.reserve()?;
             let queue_offset = q.max_offset();
             let count = info.offset_count();
             let phys = w.cl.append(size, |buf, phys| {

@@ -142,6 +142,13 @@ fn emfile_creating_a_queue_file_fails_that_append_only() -> TestResult {
     assert_eq!(r.queue_offset, 0, "the refused append took no offset");
     assert_eq!(read_all(&store, "New", 0).len(), 1);
     assert_eq!(read_all(&store, "Old", 0).len(), 2);
+    // And after a crash the store opens: no record of the refused append
+    // was written, so none claims offset 0 of New/0 a second time.
+    let cfg = store.config().clone();
+    drop(store);
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(read_all(&store, "New", 0).len(), 1);
+    assert_eq!(read_all(&store, "Old", 0).len(), 2);
     Ok(())
 }
 
