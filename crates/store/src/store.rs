@@ -265,7 +265,20 @@ impl Inner {
         if let (Some(index), Some(props), true) = (&self.index, props, info.indexable) {
             let mut idx = index.lock().unwrap_or_else(|p| p.into_inner());
             for (t, key) in record::index_keys(topic, props) {
-                idx.put(t, key, info.phys_offset, info.store_timestamp)?;
+                // The record is published and its offset given: an index
+                // that cannot take the key (a new index file that cannot be
+                // made) costs the key lookup, not the append. Counted and
+                // logged at most once a second.
+                if let Err(e) = idx.put(t, key, info.phys_offset, info.store_timestamp) {
+                    metrics::counter!("rokka_store_index_failures_total").increment(1);
+                    let now = now_ms();
+                    let last = self.damage_logged_ms.load(Ordering::Relaxed);
+                    if now - last >= 1000 {
+                        self.damage_logged_ms.store(now, Ordering::Relaxed);
+                        tracing::error!(error = %e, "index entry not written: key lookups miss this message");
+                    }
+                    break;
+                }
             }
         }
         Ok(())
