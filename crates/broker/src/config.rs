@@ -23,6 +23,9 @@ pub struct BrokerConfig {
     /// Most (producer, topic, partition) states kept; the least recently
     /// written is forgotten first (a client can choose any producer id).
     pub max_producer_states: u32,
+    /// Longest delay a timer message may ask for (RocketMQ
+    /// `timerMaxDelaySec`, 3 days); never more than the store's retention.
+    pub timer_max_delay_ms: u64,
 }
 
 impl Default for BrokerConfig {
@@ -35,6 +38,7 @@ impl Default for BrokerConfig {
             max_batch_decompressed_bytes: 64 * 1024 * 1024,
             producer_id_expiration_ms: 24 * 3600 * 1000,
             max_producer_states: 100_000,
+            timer_max_delay_ms: 3 * 24 * 3600 * 1000,
         }
     }
 }

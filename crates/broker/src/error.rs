@@ -18,6 +18,11 @@ pub enum BrokerError {
     TopicExists(String),
     #[error("invalid partition count: {0}")]
     InvalidPartitions(String),
+    /// A timer message due later than the broker keeps messages (RocketMQ
+    /// `timerMaxDelaySec`; Rokka also caps it at the retention period, so
+    /// no timer message is deleted before it is delivered).
+    #[error("timer message due in {due_in_ms} ms; at most {max_ms} ms is accepted")]
+    TimerTooFar { due_in_ms: i64, max_ms: i64 },
 }
 
 impl BrokerError {
@@ -33,7 +38,8 @@ impl BrokerError {
             BrokerError::UnknownTopic(_)
             | BrokerError::UnknownPartition { .. }
             | BrokerError::TopicExists(_)
-            | BrokerError::InvalidPartitions(_) => false,
+            | BrokerError::InvalidPartitions(_)
+            | BrokerError::TimerTooFar { .. } => false,
         }
     }
 }

@@ -106,6 +106,18 @@ impl Broker {
 
     /// Stores `m` to be delivered to its topic at `due` (ms since the epoch).
     pub fn append_timer(&self, m: &MessageInput<'_>, due: i64) -> Result<rokka_store::AppendResult> {
+        // Retention deletes whole segments by age: a timer message waiting
+        // past it would be deleted before its delivery. Refuse it instead.
+        let retention_ms = self.store.config().retention_hours.saturating_mul(3_600_000);
+        let max_ms = self
+            .config
+            .timer_max_delay_ms
+            .min(retention_ms.saturating_sub(3_600_000).max(60_000)) as i64;
+        let due_in_ms = due - rokka_store::now_ms();
+        if due_in_ms > max_ms {
+            metrics::counter!("rokka_timer_messages_refused_total").increment(1);
+            return Err(BrokerError::TimerTooFar { due_in_ms, max_ms });
+        }
         for t in [TIMER_TOPIC, TIMER_OP_TOPIC] {
             if self.topics.get(t).is_none() {
                 match self.create_topic(t, 1) {
@@ -200,6 +212,37 @@ mod tests {
     use super::*;
     use crate::BrokerConfig;
     use rokka_store::{MessageStore, StoreConfig};
+
+    #[test]
+    fn timer_messages_due_past_retention_are_refused() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let mut cfg = StoreConfig::for_tests(dir.path());
+        cfg.retention_hours = 24;
+        let store = Arc::new(MessageStore::open(cfg)?);
+        let b = Broker::new(store, BrokerConfig::default())?;
+        b.create_topic("T", 1)?;
+        let now = rokka_store::now_ms();
+        let m = MessageInput::new("T", 0, b"x", b"");
+        // Within retention (less an hour): kept for delivery.
+        b.append_timer(&m, now + 22 * 3_600_000)?;
+        // Due after the segment holding it would be deleted: refused, not
+        // silently dropped later.
+        match b.append_timer(&m, now + 24 * 3_600_000) {
+            Err(BrokerError::TimerTooFar { max_ms, .. }) => assert_eq!(max_ms, 23 * 3_600_000),
+            other => panic!("expected TimerTooFar, got {other:?}"),
+        }
+        // And never more than timer_max_delay_ms (3 days) whatever retention says.
+        let dir2 = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let mut cfg = StoreConfig::for_tests(dir2.path());
+        cfg.retention_hours = 24 * 30;
+        let b = Broker::new(Arc::new(MessageStore::open(cfg)?), BrokerConfig::default())?;
+        b.create_topic("T", 1)?;
+        assert!(matches!(
+            b.append_timer(&m, now + 4 * 24 * 3_600_000),
+            Err(BrokerError::TimerTooFar { .. })
+        ));
+        Ok(())
+    }
 
     #[test]
     fn timer_messages_arrive_in_time_order_once_across_a_restart() -> Result<()> {

@@ -38,6 +38,7 @@ pub fn code(e: &BrokerError) -> i16 {
         BrokerError::TopicExists(_) => TOPIC_ALREADY_EXISTS,
         BrokerError::InvalidPartitions(_) => INVALID_PARTITIONS,
         BrokerError::Io(..) | BrokerError::BadFile { .. } => KAFKA_STORAGE_ERROR,
+        BrokerError::TimerTooFar { .. } => INVALID_REQUEST,
     }
 }
 
