@@ -194,5 +194,67 @@ if [[ $rc == 0 ]] && ! grep -q "broker unregistered" "$dir/rokka.log"; then
 fi
 end_case $rc external-namesrv
 
+# A consumer that dies without shutting down: member A consumes a 4-queue
+# topic alone (an orderly A holds every queue's lock) and is killed with
+# SIGKILL, or stopped with SIGSTOP (hung: its connection stays open, its
+# heartbeats stop); member B joins the group and must take A's queues over
+# exactly when rokka lets go of A (at once when A's connection closed, after
+# client_timeout_ms of silence when it hung, after lock_expiry_ms for the
+# locks) and get every later message exactly once (the harness's `takeover`
+# says how each is measured). The members renew their locks every 2 s.
+# wait_line FILE REGEX PID SECONDS: until a line of FILE matches (false when
+# PID exits or SECONDS pass first).
+wait_line() {
+  local deadline=$((SECONDS + $4))
+  while ((SECONDS < deadline)); do
+    grep -qE "$2" "$1" 2>/dev/null && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.2
+  done
+  return 1
+}
+# takeover_case NAME VARIANT SIGNAL CLIENT_TIMEOUT_MS LOCK_EXPIRY_MS
+takeover_case() {
+  local name=$1 variant=$2 signal=$3 timeout_ms=$4 expiry_ms=$5
+  local lockenv=rocketmq.client.rebalance.lockInterval=2000 apid gone wrapper
+  new_case "$name"; write_config "client_timeout_ms = $timeout_ms" "lock_expiry_ms = $expiry_ms"
+  rc=0; start_rokka || rc=1
+  if [[ $rc == 0 ]]; then
+    # (A runs under a subshell that reaps it quietly: no "Killed" notice.)
+    (
+      env "$lockenv" "$harness" "127.0.0.1:$ns" dying-member "$variant" >> "$dir/member-a.log" 2>&1 &
+      echo $! > "$dir/member-a.pid"
+      wait
+    ) 2>/dev/null &
+    wrapper=$!
+    wait_file "$dir/member-a.pid" "$wrapper" || true
+    apid=$(cat "$dir/member-a.pid" 2>/dev/null || echo "$wrapper")
+    if wait_line "$dir/member-a.log" '^compat: ready' "$apid" 90; then
+      grep '^compat: ' "$dir/member-a.log" | sed "s/^compat: /#   A: /" || true
+      kill "-$signal" "$apid"; gone=$(date +%s%3N)
+      run_client "$name" env "$lockenv" "$harness" "127.0.0.1:$ns" takeover "$variant" "$gone" "$timeout_ms" "$expiry_ms" || rc=1
+    else
+      echo "FAILED - rocketmq $name: member A never got ready (logs: $dir)"
+      grep -v INFO "$dir/member-a.log" | tail -20 || true
+      rc=1
+    fi
+    kill -KILL "$apid" 2>/dev/null || true
+    wait "$wrapper" 2>/dev/null || true
+    stop_rokka "$pid" || rc=1
+  fi
+  if [[ $rc == 0 && $variant == hang ]]; then
+    # rokka expired the hung A once (and B, heartbeating, never).
+    n=$(sed 's/\x1b\[[0-9;]*m//g' "$dir/rokka.log" | grep -c 'RocketMQ client expired.*@takeover-a' || true)
+    nb=$(sed 's/\x1b\[[0-9;]*m//g' "$dir/rokka.log" | grep -c 'RocketMQ client expired.*@takeover-b' || true)
+    echo "#   rokka: expired A $n time(s), B $nb time(s)"
+    if [[ $n != 1 || $nb != 0 ]]; then echo "FAILED - rocketmq $name: want A expired once, B never"; rc=1; fi
+  fi
+  if [[ $rc == 0 ]]; then : > "$dir/member-a.log"; rm -f "$dir/member-a.pid"; fi
+  end_case $rc "$name"
+}
+takeover_case takeover-push push KILL 60000 60000
+takeover_case takeover-hang hang STOP 20000 60000
+takeover_case takeover-orderly orderly KILL 15000 30000
+
 echo "rocketmq: $passed passed, $failed failed"
 [[ $failed == 0 ]]

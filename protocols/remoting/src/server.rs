@@ -258,8 +258,12 @@ async fn run<S: Service>(
             _ = shutdown.changed() => break,
         }
     }
+    // The writer goes first: once it has dropped the channel's receiver the
+    // connection reads as closed (`Conn::is_closed`), which is how the
+    // service tells this connection's clients from a new one's.
+    writer.abort();
+    let _ = writer.await;
     rmq.connection_closed(&conn);
     drop(conn);
-    writer.abort();
     metrics::gauge!("rokka_rocketmq_connections").decrement(1.0);
 }

@@ -6,11 +6,36 @@ use bytes::{Bytes, BytesMut};
 use proptest::prelude::*;
 use rokka_remoting::*;
 
+/// Bytes from hex digits; an odd length or a non-hex digit is a bug in the
+/// test (or a damaged golden file), never something to skip.
 fn hex(s: &str) -> Vec<u8> {
-    (0..s.len())
-        .step_by(2)
-        .filter_map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok())
+    assert!(
+        s.len().is_multiple_of(2),
+        "odd number of hex digits ({}) in {s:?}",
+        s.len()
+    );
+    s.as_bytes()
+        .chunks(2)
+        .enumerate()
+        .map(|(i, pair)| {
+            let digit = |c: &u8| char::from(*c).to_digit(16);
+            match (pair.first().and_then(digit), pair.get(1).and_then(digit)) {
+                (Some(hi), Some(lo)) => (hi * 16 + lo) as u8,
+                _ => panic!("invalid hex digits {pair:?} at offset {} in {s:?}", 2 * i),
+            }
+        })
         .collect()
+}
+
+#[test]
+fn hex_helper_refuses_bad_digits() {
+    assert_eq!(hex("00ff7A"), vec![0x00, 0xff, 0x7a]);
+    for bad in ["0", "zz", "0g", "00 1", "+1", "-1", "é"] {
+        assert!(
+            std::panic::catch_unwind(|| hex(bad)).is_err(),
+            "hex({bad:?}) must panic"
+        );
+    }
 }
 
 fn one(bytes: &[u8]) -> RemotingCommand {
@@ -166,8 +191,42 @@ fn partial_frames_wait_and_bad_frames_are_errors() {
         decode(&mut b, DEFAULT_MAX_FRAME),
         Err(FrameError::HeaderPastEnd { .. })
     ));
-    let mut b = BytesMut::from(&hex("0000000600000002zz")[..]);
-    let _ = decode(&mut b, DEFAULT_MAX_FRAME);
+    // A JSON header (serialize type 0) that is not JSON ("zz"), JSON that is
+    // not an object ("[]"), an object without a code ("{}"): BadHeader, and
+    // the whole frame is taken off the buffer (the connection then closes).
+    for (frame, why) in [
+        ("00000006000000027a7a", "JSON header: "),
+        ("00000006000000025b5d", "JSON header is not an object"),
+        ("00000006000000027b7d", "JSON header without a code"),
+    ] {
+        let mut b = BytesMut::from(&hex(frame)[..]);
+        b.extend_from_slice(&hex("00000004"));
+        match decode(&mut b, DEFAULT_MAX_FRAME) {
+            Err(FrameError::BadHeader(m)) => assert!(m.starts_with(why), "{frame}: {m}"),
+            other => panic!("{frame}: want BadHeader({why}...), got {other:?}"),
+        }
+        assert_eq!(
+            &b[..],
+            &hex("00000004")[..],
+            "{frame}: exactly the bad frame is consumed"
+        );
+    }
+    // Binary headers (serialize type 1) cut short inside the code, and with a
+    // remark length running past the header.
+    let mut b = BytesMut::from(&hex("0000000501000001ff")[..]);
+    assert_eq!(
+        decode(&mut b, DEFAULT_MAX_FRAME),
+        Err(FrameError::BadHeader("binary header truncated in code".into()))
+    );
+    let mut b = BytesMut::from(
+        &hex(concat!(
+            "00000016", "01000012", "0022", "00", "0191", "00000001", "00000000", "00000005", "00"
+        ))[..],
+    );
+    assert_eq!(
+        decode(&mut b, DEFAULT_MAX_FRAME),
+        Err(FrameError::BadHeader("binary header truncated in remark".into()))
+    );
     let mut b = BytesMut::from(&hex("00000006020000000000")[..]);
     assert!(matches!(
         decode(&mut b, DEFAULT_MAX_FRAME),

@@ -12,11 +12,25 @@
 //! (a lite-pull consumer reads all and resumes at its committed offsets),
 //! `resume-1`/`resume-2` (run around a rokka restart: the group resumes at
 //! its committed offsets), `broadcast` (two broadcasting consumers each get
-//! everything).
+//! everything), `dying-member`/`takeover` (a consumer that dies without
+//! shutting down, and the one that takes its queues over).
+//!
+//! Deliveries are counted, not collected into sets: in the single-consumer
+//! scenarios (a fresh group, no rebalance) a duplicate is a broker bug, so
+//! every message must arrive exactly once; where redelivery is the point
+//! (retry-dlq) the exact number of attempts is checked.
+//!
+//! `COMPAT_FAULT=duplicate` (every delivery recorded twice), `drop` (the
+//! first delivery not recorded) or `tx-linger` (`tx-restart-1` keeps its
+//! producer 6 s, so the broker checks it before the restart) shows that a
+//! scenario's checks can fail.
 
 #![recursion_limit = "512"]
 
-use std::collections::BTreeSet;
+mod durability;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,23 +46,80 @@ use rocketmq_model::common::message::message_single::Message;
 use rocketmq_protocol::protocol::heartbeat::message_model::MessageModel;
 use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 
-struct Collect(Arc<Mutex<BTreeSet<Vec<u8>>>>);
+/// `COMPAT_FAULT` (unset in the suite), see above.
+fn fault() -> Option<String> {
+    std::env::var("COMPAT_FAULT").ok().filter(|f| !f.is_empty())
+}
 
-impl MessageListenerConcurrently for Collect {
-    fn consume_message(
-        &self,
-        msgs: &[&MessageExt],
-        _c: &ConsumeConcurrentlyContext,
-    ) -> ClientResult<ConsumeConcurrentlyStatus> {
-        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        for m in msgs {
-            if let Some(b) = m.body() {
-                seen.insert(b.to_vec());
-            }
+static DROPPED: AtomicBool = AtomicBool::new(false);
+
+/// Records one delivery (through `COMPAT_FAULT`, if set).
+fn record<T: Clone>(into: &mut Vec<T>, item: T) {
+    match fault().as_deref() {
+        Some("duplicate") => {
+            into.push(item.clone());
+            into.push(item);
         }
-        Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+        Some("drop") if !DROPPED.swap(true, Ordering::SeqCst) => {}
+        _ => into.push(item),
     }
 }
+
+fn show(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(b);
+    if s.chars().count() > 40 {
+        format!("{}…", s.chars().take(40).collect::<String>())
+    } else {
+        s.into_owned()
+    }
+}
+
+/// Whether `got` holds every body of `want` exactly once and nothing else;
+/// prints the tally and what is missing, duplicated or unexpected.
+fn exactly_once(label: &str, want: &[Vec<u8>], got: &[Vec<u8>]) -> bool {
+    let wanted: BTreeSet<&[u8]> = want.iter().map(Vec::as_slice).collect();
+    let mut n: BTreeMap<&[u8], usize> = BTreeMap::new();
+    for g in got {
+        *n.entry(g.as_slice()).or_default() += 1;
+    }
+    let missing: Vec<String> = wanted.iter().filter(|w| !n.contains_key(*w)).map(|w| show(w)).collect();
+    let twice: Vec<String> = n
+        .iter()
+        .filter(|(b, k)| wanted.contains(*b) && **k > 1)
+        .map(|(b, k)| format!("{} x{k}", show(b)))
+        .collect();
+    let unexpected: Vec<String> = n
+        .iter()
+        .filter(|(b, _)| !wanted.contains(*b))
+        .map(|(b, k)| format!("{} x{k}", show(b)))
+        .collect();
+    println!(
+        "compat: {label}: {} deliveries of {} messages: {} missing, {} delivered more than once, {} unexpected",
+        got.len(),
+        wanted.len(),
+        missing.len(),
+        twice.len(),
+        unexpected.len()
+    );
+    for (what, list) in [
+        ("missing", &missing),
+        ("more than once", &twice),
+        ("unexpected", &unexpected),
+    ] {
+        if !list.is_empty() {
+            println!(
+                "compat: {label}: {what}: {:?}{}",
+                &list[..list.len().min(10)],
+                if list.len() > 10 { " …" } else { "" }
+            );
+        }
+    }
+    wanted.len() == want.len() && missing.is_empty() && twice.is_empty() && unexpected.is_empty()
+}
+
+/// After the last wanted delivery, how long a consumer keeps running so that
+/// a duplicate or an unwanted message would show up.
+const SETTLE: Duration = Duration::from_secs(2);
 
 #[tokio::main]
 async fn main() -> ClientResult<()> {
@@ -104,9 +175,15 @@ async fn main() -> ClientResult<()> {
         "delay-restart-1" => delay_restart(&rt, &namesrv, 1).await?,
         "delay-restart-2" => delay_restart(&rt, &namesrv, 2).await?,
         "retry-dlq" => retry_dlq(&rt, &namesrv).await?,
+        "dying-member" => dying_member(&rt, &namesrv, &args[3..]).await?,
+        "takeover" => takeover(&rt, &namesrv, &args[3..]).await?,
         "cross-produce" => cross_produce(&rt, &namesrv, &args[3..]).await?,
         "cross-consume" => cross_consume(&rt, &namesrv, &args[3..]).await?,
         "cross-member" => cross_member(&rt, &namesrv, &args[3..]).await?,
+        "dur-send" => durability::send(&rt, &namesrv, &args[3..]).await?,
+        "dur-delayed" => durability::delayed(&rt, &namesrv, &args[3..]).await?,
+        "dur-consume" => durability::consume(&rt, &namesrv, &args[3..]).await?,
+        "dur-tx" => durability::tx(&rt, &namesrv, &args[3..]).await?,
         "bench" => {
             let scale = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1.0);
             bench(&rt, &namesrv, scale, args.get(4).map_or("all", String::as_str)).await?
@@ -129,7 +206,7 @@ async fn send_consume(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bo
         .name_server_addr(namesrv.to_string())
         .build();
     producer.start().await?;
-    let mut sent = BTreeSet::new();
+    let mut sent = Vec::new();
     for i in 0..N {
         let body = format!("compat-{i}-{}", "x".repeat(i % 50)).into_bytes();
         let msg = Message::builder()
@@ -138,13 +215,12 @@ async fn send_consume(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bo
             .body_slice(&body)
             .build_unchecked();
         producer.send_with_timeout(msg, 5000).await?;
-        sent.insert(body);
+        sent.push(body);
     }
     producer.shutdown().await;
     println!("compat: sent {N}");
     let got = consume_all(rt, namesrv, "compat-cg", topic, "*", N).await?;
-    println!("compat: consumed {} distinct of {N}", got.len());
-    Ok(got == sent)
+    Ok(exactly_once("send-consume", &sent, &got))
 }
 
 async fn tag_filter(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
@@ -155,7 +231,7 @@ async fn tag_filter(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
         .name_server_addr(namesrv.to_string())
         .build();
     producer.start().await?;
-    let mut wanted = BTreeSet::new();
+    let mut wanted = Vec::new();
     for i in 0..N {
         let tag = ["TagA", "TagB", "TagC"][i % 3];
         let body = format!("{tag}-{i}").into_bytes();
@@ -166,19 +242,19 @@ async fn tag_filter(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
             .build_unchecked();
         producer.send_with_timeout(msg, 5000).await?;
         if tag != "TagC" {
-            wanted.insert(body);
+            wanted.push(body);
         }
     }
     producer.shutdown().await;
+    // (consume_all keeps consuming for SETTLE after the last wanted one: a
+    // TagC delivery would show up then.)
     let got = consume_all(rt, namesrv, "compat-cg-tags", topic, "TagA || TagB", wanted.len()).await?;
-    // A little longer: a TagC delivery would show up now.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    println!("compat: tag filter: {} received, {} wanted", got.len(), wanted.len());
-    Ok(got == wanted)
+    Ok(exactly_once("tag filter (TagA || TagB)", &wanted, &got))
 }
 
 /// A push consumer from the first offset with `expr`, until `want` distinct
-/// bodies arrived or 60 s passed.
+/// bodies arrived (or 60 s passed), then SETTLE more: every delivery, in
+/// arrival order.
 async fn consume_all(
     rt: &Arc<ClientRuntime>,
     namesrv: &str,
@@ -186,22 +262,20 @@ async fn consume_all(
     topic: &str,
     expr: &str,
     want: usize,
-) -> ClientResult<BTreeSet<Vec<u8>>> {
-    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+) -> ClientResult<Vec<Vec<u8>>> {
+    let seen = Arc::new(Mutex::new(Vec::new()));
     let mut consumer = DefaultMQPushConsumer::builder(Arc::clone(rt))
         .consumer_group(group.to_string())
         .name_server_addr(namesrv.to_string())
         .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
         .build();
     consumer.subscribe(topic, expr).await?;
-    consumer.register_message_listener_concurrently(Collect(Arc::clone(&seen)));
+    consumer.register_message_listener_concurrently(Record(Arc::clone(&seen)));
     consumer.start().await?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while Instant::now() < deadline && seen.lock().unwrap_or_else(|p| p.into_inner()).len() < want {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_union(&[&seen], want).await;
+    tokio::time::sleep(SETTLE).await;
     consumer.shutdown().await;
-    let got = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let got = lock(&seen).clone();
     Ok(got)
 }
 
@@ -223,11 +297,11 @@ async fn send_kinds(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
             body,
         )
     };
-    let mut sent = BTreeSet::new();
+    let mut sent = Vec::new();
     for i in 0..50 {
         let (m, b) = msg("sync", i);
         producer.send_with_timeout(m, 5000).await?;
-        sent.insert(b);
+        sent.push(b);
     }
     let acked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     for i in 0..50 {
@@ -243,19 +317,19 @@ async fn send_kinds(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
                 },
             )
             .await?;
-        sent.insert(b);
+        sent.push(b);
     }
     for i in 0..50 {
         let (m, b) = msg("oneway", i);
         producer.send_oneway(m).await?;
-        sent.insert(b);
+        sent.push(b);
     }
     for batch in 0..5 {
         let mut msgs = Vec::new();
         for j in 0..10 {
             let (m, b) = msg("batch", batch * 10 + j);
             msgs.push(m);
-            sent.insert(b);
+            sent.push(b);
         }
         producer.send_batch(msgs).await?;
     }
@@ -266,12 +340,8 @@ async fn send_kinds(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
     let async_ok = acked.load(std::sync::atomic::Ordering::Relaxed);
     producer.shutdown().await;
     let got = consume_all(rt, namesrv, "compat-cg-kinds", topic, "*", sent.len()).await?;
-    println!(
-        "send kinds: async callbacks {async_ok}/50, consumed {} of {}",
-        got.len(),
-        sent.len()
-    );
-    Ok(async_ok == 50 && got == sent)
+    println!("compat: send kinds: async callbacks {async_ok}/50");
+    Ok(exactly_once("send kinds", &sent, &got) && async_ok == 50)
 }
 
 async fn producer(rt: &Arc<ClientRuntime>, namesrv: &str, group: &str, queues: u32) -> ClientResult<DefaultMQProducer> {
@@ -318,12 +388,15 @@ impl MessageListenerOrderly for Orderly {
     ) -> ClientResult<ConsumeOrderlyStatus> {
         let mut g = lock(&self.0);
         for m in msgs {
-            g.push((
-                m.queue_id(),
-                m.body().map(|b| b.to_vec()).unwrap_or_default(),
-                m.keys(),
-                m.property("seq").map(String::from),
-            ));
+            record(
+                &mut g,
+                (
+                    m.queue_id(),
+                    m.body().map(|b| b.to_vec()).unwrap_or_default(),
+                    m.keys(),
+                    m.property("seq").map(String::from),
+                ),
+            );
         }
         Ok(ConsumeOrderlyStatus::Success)
     }
@@ -437,7 +510,7 @@ impl MessageListenerConcurrently for Record {
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
         let mut g = lock(&self.0);
         for m in msgs {
-            g.push(m.body().map(|b| b.to_vec()).unwrap_or_default());
+            record(&mut g, m.body().map(|b| b.to_vec()).unwrap_or_default());
         }
         Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
     }
@@ -644,14 +717,14 @@ async fn broadcast(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool>
         c.start().await?;
         consumers.push((c, got));
     }
-    let mut ok = true;
     for (_, got) in &consumers {
-        let all = wait_union(&[got], N).await;
-        ok &= all == sent.iter().cloned().collect();
+        wait_union(&[got], N).await;
     }
-    for (mut c, got) in consumers {
+    tokio::time::sleep(SETTLE).await;
+    let mut ok = true;
+    for (i, (mut c, got)) in consumers.into_iter().enumerate() {
         c.shutdown().await;
-        println!("compat: broadcast: a consumer got {} deliveries", lock(&got).len());
+        ok &= exactly_once(&format!("broadcast consumer {}", i + 1), &sent, &lock(&got));
     }
     Ok(ok)
 }
@@ -968,9 +1041,14 @@ async fn delay(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
     while Instant::now() < deadline && lock(&arrivals).iter().filter(|(b, _)| sent_at.contains_key(b)).count() < 9 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    tokio::time::sleep(SETTLE).await;
     c.shutdown().await;
-    let mut ok = true;
     let got = lock(&arrivals).clone();
+    let want: Vec<Vec<u8>> = std::iter::once(b"warm-up".to_vec())
+        .chain(sent_at.keys().cloned())
+        .collect();
+    let bodies: Vec<Vec<u8>> = got.iter().map(|(b, _)| b.clone()).collect();
+    let mut ok = exactly_once("delay", &want, &bodies);
     for (body, (at, secs)) in &sent_at {
         match got.iter().find(|(b, _)| b == body) {
             Some((_, arrived)) => {
@@ -1012,11 +1090,14 @@ async fn retry_dlq(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool>
         ) -> ClientResult<ConsumeConcurrentlyStatus> {
             let mut g = lock(&self.0);
             for m in msgs {
-                g.push((
-                    m.body().map(|b| b.to_vec()).unwrap_or_default(),
-                    m.reconsume_times(),
-                    m.topic().to_string(),
-                ));
+                record(
+                    &mut g,
+                    (
+                        m.body().map(|b| b.to_vec()).unwrap_or_default(),
+                        m.reconsume_times(),
+                        m.topic().to_string(),
+                    ),
+                );
             }
             Ok(ConsumeConcurrentlyStatus::ReconsumeLater)
         }
@@ -1038,7 +1119,10 @@ async fn retry_dlq(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool>
     tokio::time::sleep(Duration::from_secs(2)).await;
     c.shutdown().await;
     let attempts = lock(&attempts).clone();
-    let mut ok = attempts.len() == 2 * N;
+    // Exactly maxReconsumeTimes + 1 = 2 attempts per message (the original,
+    // reconsume times 0, and one from the retry topic, 1), nothing else.
+    println!("compat: {} attempts in all (want {})", attempts.len(), 2 * N);
+    let mut ok = attempts.len() == 2 * N && attempts.iter().all(|(b, _, _)| sent.contains(b));
     for b in &sent {
         let mine: Vec<_> = attempts.iter().filter(|(x, _, _)| x == b).collect();
         let times: Vec<i32> = mine.iter().map(|(_, t, _)| *t).collect();
@@ -1049,9 +1133,9 @@ async fn retry_dlq(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool>
             String::from_utf8_lossy(b)
         );
     }
+    // Exactly one DLQ copy of each.
     let dlq = consume_all(rt, namesrv, "compat-cg-dlq-reader", &format!("%DLQ%{group}"), "*", N).await?;
-    println!("compat: DLQ holds {} of {N}", dlq.len());
-    ok &= dlq == sent.iter().cloned().collect();
+    ok &= exactly_once("DLQ", &sent, &dlq);
     Ok(ok)
 }
 
@@ -1177,11 +1261,12 @@ impl rocketmq_client_rust::TransactionListener for TxListener {
             .get_body()
             .map(|b| String::from_utf8_lossy(b).into_owned())
             .unwrap_or_default();
-        lock(&self.0.executed).push((body, state));
+        record(&mut lock(&self.0.executed), (body, state));
         state
     }
 
-    /// The unknown one answers UNKNOWN at the first check, COMMIT at the next.
+    /// "tx-unknown" answers UNKNOWN at its first check, COMMIT at the next;
+    /// a body with "rollback" in it ROLLBACK, any other COMMIT.
     fn check_local_transaction(&self, msg: &MessageExt) -> rocketmq_client_rust::LocalTransactionState {
         use rocketmq_client_rust::LocalTransactionState as S;
         let body = msg
@@ -1192,12 +1277,12 @@ impl rocketmq_client_rust::TransactionListener for TxListener {
         let before = checked.iter().filter(|(b, _)| *b == body).count();
         let state = if body == "tx-unknown" && before == 0 {
             S::Unknown
-        } else if body.starts_with("tx-rollback") {
+        } else if body.contains("rollback") {
             S::RollbackMessage
         } else {
             S::CommitMessage
         };
-        checked.push((body, state));
+        record(&mut checked, (body, state));
         state
     }
 }
@@ -1237,24 +1322,21 @@ async fn transactions(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bo
     while Instant::now() < deadline && lock(&seen.checked).len() < 2 {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let checked = lock(&seen.checked).clone();
-    println!("compat: tx checks {checked:?}");
-    ok &= checked.len() >= 2
-        && checked[0] == ("tx-unknown".to_string(), S::Unknown)
-        && checked[1] == ("tx-unknown".to_string(), S::CommitMessage);
     let got = consume_all(rt, namesrv, "compat-tx-cg", topic, "*", 2).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    // Checks stop once the transaction is resolved.
-    ok &= lock(&seen.checked).len() == checked.len();
     producer.shutdown().await;
-    let want: BTreeSet<Vec<u8>> = [b"tx-commit".to_vec(), b"tx-unknown".to_vec()].into_iter().collect();
-    println!(
-        "compat: tx consumed {:?}",
-        got.iter()
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-            .collect::<Vec<_>>()
-    );
-    Ok(ok && got == want)
+    // Exactly two checks, both of the open one (UNKNOWN, then COMMIT): none
+    // of the resolved ones, and none once it is resolved.
+    let checked = lock(&seen.checked).clone();
+    println!("compat: tx checks {checked:?}");
+    ok &= checked
+        == [
+            ("tx-unknown".to_string(), S::Unknown),
+            ("tx-unknown".to_string(), S::CommitMessage),
+        ];
+    // The two committed ones exactly once, the rolled back one never.
+    ok &= exactly_once("tx consumed", &[b"tx-commit".to_vec(), b"tx-unknown".to_vec()], &got);
+    Ok(ok)
 }
 
 /// `orderly-group`: two orderly consumers of one group (queue locks, LOCK_BATCH_MQ)
@@ -1377,9 +1459,14 @@ async fn timer(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
     while Instant::now() < deadline && lock(&arrivals).iter().filter(|(b, _)| b != b"warm-up").count() < 3 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    tokio::time::sleep(SETTLE).await;
     c.shutdown().await;
     let got = lock(&arrivals).clone();
-    let mut ok = true;
+    let want: Vec<Vec<u8>> = std::iter::once(b"warm-up".to_vec())
+        .chain(sent_at.iter().map(|(b, _, _)| b.clone()))
+        .collect();
+    let bodies: Vec<Vec<u8>> = got.iter().map(|(b, _)| b.clone()).collect();
+    let mut ok = exactly_once("timer", &want, &bodies);
     for (body, at, secs) in &sent_at {
         match got.iter().find(|(b, _)| b == body) {
             Some((_, arrived)) => {
@@ -1399,12 +1486,16 @@ async fn timer(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
     Ok(ok)
 }
 
-/// `tx-restart-1` commits one transaction and leaves one UNKNOWN, then
-/// exits; rokka restarts; `tx-restart-2` starts a producer of the same group
-/// (committing one more) that answers the check with COMMIT: consumers get
-/// the three messages, each once.
+/// `tx-restart-1` commits one transaction, rolls one back and leaves two
+/// UNKNOWN, then exits at once (no check can reach it: it must not see one);
+/// rokka restarts; `tx-restart-2` starts a producer of the same group, which
+/// must be checked for each open transaction exactly once, by the restarted
+/// broker (it answers COMMIT for "txr-later", ROLLBACK for
+/// "txr-later-rollback"; it commits one more, "txr-second-run", which also
+/// gives it the broker connection checks arrive on): a consumer gets every
+/// committed message exactly once and the rolled-back ones never.
 async fn tx_restart(rt: &Arc<ClientRuntime>, namesrv: &str, phase: u32) -> ClientResult<bool> {
-    use rocketmq_client_rust::TransactionMQProducer;
+    use rocketmq_client_rust::{LocalTransactionState as S, TransactionMQProducer};
     let topic = "CompatTxRestart";
     let seen = Arc::new(TxSeen::default());
     let mut producer = TransactionMQProducer::builder(Arc::clone(rt))
@@ -1417,58 +1508,72 @@ async fn tx_restart(rt: &Arc<ClientRuntime>, namesrv: &str, phase: u32) -> Clien
         .build();
     producer.start().await?;
     if phase == 1 {
-        for (body, decide) in [("txr-commit", "commit"), ("txr-later", "unknown")] {
+        let mut ok = true;
+        for (body, decide, expect) in [
+            ("txr-commit", "commit", S::CommitMessage),
+            ("txr-rollback", "rollback", S::RollbackMessage),
+            ("txr-later", "unknown", S::Unknown),
+            ("txr-later-rollback", "unknown", S::Unknown),
+        ] {
             let msg = Message::builder()
                 .topic(topic)
                 .body_slice(body.as_bytes())
                 .build_unchecked();
-            producer.send_message_in_transaction(msg, Some(decide)).await?;
+            let r = producer.send_message_in_transaction(msg, Some(decide)).await?;
+            println!("compat: tx {body}: {:?}", r.local_transaction_state);
+            ok &= r.local_transaction_state == Some(expect);
+        }
+        if fault().as_deref() == Some("tx-linger") {
+            tokio::time::sleep(Duration::from_secs(6)).await;
         }
         producer.shutdown().await;
-        return Ok(true);
+        let checks = lock(&seen.checked).clone();
+        println!("compat: checks before the restart {checks:?} (want none)");
+        return Ok(ok && checks.is_empty());
     }
-    // A producer heartbeats only to brokers it has a route to: one send.
     let msg = Message::builder()
         .topic(topic)
         .body_slice(b"txr-second-run")
         .build_unchecked();
-    producer.send_message_in_transaction(msg, Some("commit")).await?;
-    // The listener answers UNKNOWN at the first check of "tx-unknown" only;
-    // "txr-later" commits at its first check.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline && lock(&seen.checked).is_empty() {
+    let r = producer.send_message_in_transaction(msg, Some("commit")).await?;
+    let mut ok = r.local_transaction_state == Some(S::CommitMessage);
+    let want_checks = vec![
+        ("txr-later".to_string(), S::CommitMessage),
+        ("txr-later-rollback".to_string(), S::RollbackMessage),
+    ];
+    let sorted_checks = || {
+        let mut c = lock(&seen.checked).clone();
+        c.sort_by(|a, b| a.0.cmp(&b.0));
+        c
+    };
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    while Instant::now() < deadline && lock(&seen.checked).len() < want_checks.len() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let seen_checks = lock(&seen.checked).clone();
-    println!("compat: checks after the restart {seen_checks:?}");
-    let got = Arc::new(Mutex::new(Vec::new()));
-    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
-        .consumer_group("compat-cg-tx-restart".to_string())
-        .name_server_addr(namesrv.to_string())
-        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
-        .build();
-    c.subscribe(topic, "*").await?;
-    c.register_message_listener_concurrently(Record(Arc::clone(&got)));
-    c.start().await?;
-    let all = wait_union(&[&got], 3).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    c.shutdown().await;
-    producer.shutdown().await;
-    let got = lock(&got).clone();
     println!(
-        "compat: consumed {:?}",
-        got.iter()
-            .map(|b| String::from_utf8_lossy(b).into_owned())
-            .collect::<Vec<_>>()
+        "compat: checks after the restart (within {:.1} s): {:?}",
+        started.elapsed().as_secs_f64(),
+        sorted_checks()
     );
-    let want: BTreeSet<Vec<u8>> = [
-        b"txr-commit".to_vec(),
-        b"txr-later".to_vec(),
-        b"txr-second-run".to_vec(),
-    ]
-    .into_iter()
-    .collect();
-    Ok(got.len() == 3 && all == want && seen_checks.iter().all(|(b, _)| b == "txr-later"))
+    let got = consume_all(rt, namesrv, "compat-cg-tx-restart", topic, "*", 3).await?;
+    // Resolved transactions are never checked again (the broker checks every
+    // 500 ms here: several rounds have passed).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    producer.shutdown().await;
+    let checks = sorted_checks();
+    println!("compat: checks in all {checks:?} (want {want_checks:?}, each once)");
+    ok &= checks == want_checks;
+    ok &= exactly_once(
+        "tx-restart consumed",
+        &[
+            b"txr-commit".to_vec(),
+            b"txr-later".to_vec(),
+            b"txr-second-run".to_vec(),
+        ],
+        &got,
+    );
+    Ok(ok)
 }
 
 /// Records each body with the instant it arrived.
@@ -1483,8 +1588,360 @@ impl MessageListenerConcurrently for Arrive {
         let now = Instant::now();
         let mut g = lock(&self.0);
         for m in msgs {
-            g.push((m.body().map(|b| b.to_vec()).unwrap_or_default(), now));
+            record(&mut g, (m.body().map(|b| b.to_vec()).unwrap_or_default(), now));
         }
         Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
     }
+}
+
+/// Queues of the takeover topics.
+const TAKEOVER_QUEUES: usize = 4;
+/// Messages per queue before member A dies, and after.
+const TAKEOVER_PER_QUEUE: usize = 10;
+/// The members' heartbeat interval (the client's minimum).
+const HEARTBEAT_MS: u64 = 10_000;
+/// How often rokka looks for clients silent past `client_timeout_ms`
+/// (crates/server/src/main.rs).
+const EXPIRY_SWEEP_MS: u64 = 10_000;
+
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Deliveries with their queue and arrival time (epoch ms).
+type Timed = Arc<Mutex<Vec<(i32, Vec<u8>, u64)>>>;
+
+struct TimedListener(Timed);
+
+impl TimedListener {
+    fn note(&self, msgs: &[&MessageExt]) {
+        let now = epoch_ms();
+        let mut g = lock(&self.0);
+        for m in msgs {
+            record(
+                &mut g,
+                (m.queue_id(), m.body().map(|b| b.to_vec()).unwrap_or_default(), now),
+            );
+        }
+    }
+}
+
+impl MessageListenerConcurrently for TimedListener {
+    fn consume_message(
+        &self,
+        msgs: &[&MessageExt],
+        _c: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        self.note(msgs);
+        Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+    }
+}
+
+impl MessageListenerOrderly for TimedListener {
+    fn consume_message(
+        &self,
+        msgs: &[&MessageExt],
+        _ctx: &mut ConsumeOrderlyContext,
+    ) -> ClientResult<ConsumeOrderlyStatus> {
+        self.note(msgs);
+        Ok(ConsumeOrderlyStatus::Success)
+    }
+}
+
+/// The takeover variants: `push` (a push consumer killed with SIGKILL: its
+/// connection closes), `hang` (a push consumer stopped with SIGSTOP: its
+/// connection stays open, its heartbeats stop), `orderly` (an orderly
+/// consumer killed with SIGKILL while holding its queue locks).
+fn takeover_names(variant: &str) -> Option<(String, String)> {
+    matches!(variant, "push" | "hang" | "orderly").then(|| {
+        let v = variant[..1].to_uppercase() + &variant[1..];
+        (format!("CompatTakeover{v}"), format!("compat-cg-takeover-{variant}"))
+    })
+}
+
+/// A member of the variant's group, instance name `instance` (client id
+/// `<ip>@<instance>`), heartbeating every HEARTBEAT_MS, persisting offsets
+/// every second.
+async fn takeover_member(
+    rt: &Arc<ClientRuntime>,
+    namesrv: &str,
+    variant: &str,
+    instance: &str,
+    got: &Timed,
+) -> ClientResult<DefaultMQPushConsumer> {
+    let (topic, group) = takeover_names(variant).unwrap_or_default();
+    let mut cfg = ClientConfig::default();
+    cfg.set_instance_name(instance.into());
+    cfg.set_heartbeat_broker_interval(HEARTBEAT_MS as u32);
+    cfg.set_persist_consumer_offset_interval(1000);
+    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .client_config(cfg)
+        .consumer_group(group)
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .await_termination_millis_when_shutdown(5000)
+        .build();
+    c.subscribe(topic.as_str(), "*").await?;
+    if variant == "orderly" {
+        c.register_message_listener_orderly(TimedListener(Arc::clone(got)));
+    } else {
+        c.register_message_listener_concurrently(TimedListener(Arc::clone(got)));
+    }
+    c.start().await?;
+    Ok(c)
+}
+
+/// Sends `per_queue` messages to each queue of `topic` (queue i % queues,
+/// round after round; body `<prefix>-q<i>-<seq>`): the bodies in send order
+/// with the queue id each went to.
+async fn send_to_every_queue(
+    rt: &Arc<ClientRuntime>,
+    namesrv: &str,
+    group: &str,
+    topic: &str,
+    prefix: &str,
+    per_queue: usize,
+) -> ClientResult<Vec<(Vec<u8>, i32)>> {
+    let mut p = producer(rt, namesrv, group, TAKEOVER_QUEUES as u32).await?;
+    let mut sent = Vec::new();
+    for seq in 0..per_queue {
+        for q in 0..TAKEOVER_QUEUES as u64 {
+            let body = format!("{prefix}-q{q}-{seq:03}").into_bytes();
+            let msg = Message::builder().topic(topic).body_slice(&body).build_unchecked();
+            let r = p
+                .send_with_selector_timeout(
+                    msg,
+                    |mqs: &[MessageQueue], _m: &Message, q: &u64| {
+                        (!mqs.is_empty()).then(|| mqs[(*q as usize) % mqs.len()].clone())
+                    },
+                    q,
+                    5000,
+                )
+                .await?;
+            sent.push((body, r.and_then(|r| r.message_queue).map_or(-1, |mq| mq.queue_id())));
+        }
+    }
+    p.shutdown().await;
+    Ok(sent)
+}
+
+/// `dying-member <push|hang|orderly>`: member A. Sends TAKEOVER_PER_QUEUE
+/// messages to each of the topic's queues (creating it), consumes them all
+/// alone (an orderly consumer: holding every queue's lock), waits until its
+/// offsets have reached the broker (the client's first persist run is 10 s
+/// after its start), prints `compat: ready`, and then holds its queues until
+/// it is killed or stopped (exiting non-zero after 150 s if nobody did).
+async fn dying_member(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    let variant = args.first().map_or("", String::as_str);
+    let Some((topic, _)) = takeover_names(variant) else {
+        println!("compat: dying-member: unknown variant {variant:?}");
+        return Ok(false);
+    };
+    let started = Instant::now();
+    // (The topic exists before the consumer subscribes.)
+    let sent = send_to_every_queue(
+        rt,
+        namesrv,
+        &format!("compat-pg-takeover-{variant}-a"),
+        &topic,
+        "pre",
+        TAKEOVER_PER_QUEUE,
+    )
+    .await?;
+    let got: Timed = Arc::default();
+    let mut c = takeover_member(rt, namesrv, variant, "takeover-a", &got).await?;
+    let want = sent.len();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let distinct: BTreeSet<Vec<u8>> = lock(&got).iter().map(|(_, b, _)| b.clone()).collect();
+        if distinct.len() >= want || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Offsets reach the broker from the first persist run on; then a little
+    // longer (a duplicate would show up too).
+    let ready_at = Duration::from_secs(13).max(started.elapsed() + SETTLE);
+    tokio::time::sleep(ready_at.saturating_sub(started.elapsed())).await;
+    let got = lock(&got).clone();
+    let queues: BTreeSet<i32> = got.iter().map(|(q, _, _)| *q).collect();
+    let sent_queues: BTreeSet<i32> = sent.iter().map(|(_, q)| *q).collect();
+    let bodies: Vec<Vec<u8>> = got.iter().map(|(_, b, _)| b.clone()).collect();
+    let want_bodies: Vec<Vec<u8>> = sent.iter().map(|(b, _)| b.clone()).collect();
+    let ok = exactly_once(&format!("member A ({variant})"), &want_bodies, &bodies)
+        && queues.len() == TAKEOVER_QUEUES
+        && sent_queues == queues;
+    if !ok {
+        println!("compat: member A consumed from queues {queues:?}, sent to {sent_queues:?}");
+        c.shutdown().await;
+        return Ok(false);
+    }
+    println!(
+        "compat: ready: member A consumed {want} from queues {queues:?} and holds them until killed ({:.1} s after its start)",
+        started.elapsed().as_secs_f64()
+    );
+    tokio::time::sleep(Duration::from_secs(150)).await;
+    println!("compat: member A was never killed");
+    c.shutdown().await;
+    Ok(false)
+}
+
+/// `takeover <push|hang|orderly> <A gone at, epoch ms> <client_timeout_ms>
+/// [lock_expiry_ms]`: member B, started right after member A died (SIGKILL)
+/// or hung (SIGSTOP) without shutting down, in the same group. B sends
+/// TAKEOVER_PER_QUEUE messages to each queue and must consume each of them
+/// exactly once (and none of A's, whose offsets A committed), every queue's
+/// in send order, and take over A's queues exactly when the broker lets go
+/// of A:
+/// - `push`: A's connection closed, so the broker drops A at once (docs:
+///   clients expire "when their connection closes"); B owns every queue from
+///   its first rebalance: every queue delivers within a few seconds, long
+///   before `client_timeout_ms` could have expired A;
+/// - `hang`: A's connection stays open; the broker expires A once it has
+///   been silent for `client_timeout_ms` (its last heartbeat was at most
+///   HEARTBEAT_MS before it stopped; the sweep runs every EXPIRY_SWEEP_MS).
+///   Until then B owns half the queues (delivering at once), A's half
+///   delivers only from then on;
+/// - `orderly`: A held every queue's lock (renewed every
+///   `rocketmq.client.rebalance.lockInterval`); a lock not renewed for
+///   `lock_expiry_ms` can be taken over, no earlier: B delivers nothing from
+///   any queue before A's last renewal + `lock_expiry_ms`, and everything
+///   soon after.
+async fn takeover(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    let variant = args.first().map_or("", String::as_str);
+    let num = |i: usize| args.get(i).and_then(|s| s.parse::<u64>().ok());
+    let (Some((topic, _)), Some(gone), Some(client_timeout)) = (takeover_names(variant), num(1), num(2)) else {
+        println!("compat: usage: takeover <push|hang|orderly> <gone-at-ms> <client_timeout_ms> [lock_expiry_ms]");
+        return Ok(false);
+    };
+    let lock_expiry = num(3).unwrap_or(60_000);
+    let lock_interval: u64 = std::env::var("rocketmq.client.rebalance.lockInterval")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20_000);
+    // When A's queues may first deliver to B, and by when they must (ms
+    // after A died); 1 s of slack for the clocks of two processes and rokka.
+    let (earliest, latest) = match variant {
+        "push" => (0, 12_000),
+        "hang" => (
+            client_timeout.saturating_sub(HEARTBEAT_MS + 1000),
+            client_timeout + EXPIRY_SWEEP_MS + 6000,
+        ),
+        _ => (lock_expiry.saturating_sub(lock_interval + 1000), lock_expiry + 6000),
+    };
+    println!(
+        "compat: takeover ({variant}): B starts {} ms after A died; A's queues may deliver to B from +{:.1} s, must by +{:.1} s",
+        epoch_ms().saturating_sub(gone),
+        earliest as f64 / 1000.0,
+        latest as f64 / 1000.0
+    );
+    let got: Timed = Arc::default();
+    let mut c = takeover_member(rt, namesrv, variant, "takeover-b", &got).await?;
+    let sent = send_to_every_queue(
+        rt,
+        namesrv,
+        &format!("compat-pg-takeover-{variant}-b"),
+        &topic,
+        "post",
+        TAKEOVER_PER_QUEUE,
+    )
+    .await?;
+    let sent_done = epoch_ms();
+    let want = sent.len();
+    while epoch_ms() < gone + latest + 2000 {
+        let distinct: BTreeSet<Vec<u8>> = lock(&got).iter().map(|(_, b, _)| b.clone()).collect();
+        if distinct.len() >= want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(SETTLE).await;
+    c.shutdown().await;
+    let got = lock(&got).clone();
+
+    let bodies: Vec<Vec<u8>> = got.iter().map(|(_, b, _)| b.clone()).collect();
+    let want_bodies: Vec<Vec<u8>> = sent.iter().map(|(b, _)| b.clone()).collect();
+    let mut ok = exactly_once(&format!("member B ({variant})"), &want_bodies, &bodies);
+    // Each message from the queue it was sent to, each queue in send order.
+    let queue_of: BTreeMap<&[u8], i32> = sent.iter().map(|(b, q)| (b.as_slice(), *q)).collect();
+    let misplaced = got
+        .iter()
+        .filter(|(q, b, _)| queue_of.get(b.as_slice()).is_some_and(|sq| sq != q))
+        .count();
+    let queues: BTreeSet<i32> = sent.iter().map(|(_, q)| *q).collect();
+    if misplaced > 0 || queues.len() != TAKEOVER_QUEUES {
+        println!("compat: {misplaced} deliveries from another queue than sent to; sent to queues {queues:?}");
+        ok = false;
+    }
+    let mut early = Vec::new();
+    let mut late = Vec::new();
+    for q in &queues {
+        let mine: Vec<&(i32, Vec<u8>, u64)> = got.iter().filter(|(gq, _, _)| gq == q).collect();
+        let order: Vec<&Vec<u8>> = sent.iter().filter(|(_, sq)| sq == q).map(|(b, _)| b).collect();
+        let in_order = mine.iter().map(|(_, b, _)| b).eq(order.iter().copied());
+        let Some(first) = mine.iter().map(|(_, _, at)| *at).min() else {
+            println!(
+                "compat: queue {q}: nothing delivered to B by +{:.1} s",
+                latest as f64 / 1000.0
+            );
+            ok = false;
+            continue;
+        };
+        let after = first.saturating_sub(gone);
+        println!(
+            "compat: queue {q}: {} deliveries to B, the first +{:.1} s after A died",
+            mine.len(),
+            after as f64 / 1000.0,
+        );
+        // (A push consumer's concurrent listener may see a queue out of order.)
+        if variant == "orderly" && !in_order {
+            println!("compat: queue {q}: NOT in send order");
+            ok = false;
+        }
+        if after > latest {
+            println!("compat: queue {q}: taken over too late");
+            ok = false;
+        }
+        if after < earliest {
+            early.push(*q);
+        } else {
+            late.push(*q);
+        }
+    }
+    match variant {
+        // A is gone before B starts: no queue waits.
+        "push" => {
+            if queues.len() > early.len() + late.len() {
+                println!(
+                    "compat: push: the broker still counts the killed member A (B owns {:?} only): \
+                     it did not drop A when A's connection closed",
+                    late
+                );
+            }
+        }
+        // B's half at once (before A could have expired), A's half after.
+        "hang" => {
+            if early.len() != TAKEOVER_QUEUES / 2 || late.len() != TAKEOVER_QUEUES / 2 {
+                println!(
+                    "compat: hang: B's queues from the start {early:?}, taken over from A {late:?} (want {} each)",
+                    TAKEOVER_QUEUES / 2
+                );
+                ok = false;
+            }
+        }
+        // Every queue was locked by A.
+        _ => {
+            if !early.is_empty() {
+                println!("compat: orderly: queues {early:?} delivered to B before A's locks could have expired");
+                ok = false;
+            }
+        }
+    }
+    println!(
+        "compat: takeover ({variant}): B's sends done +{:.1} s after A died",
+        sent_done.saturating_sub(gone) as f64 / 1000.0
+    );
+    Ok(ok)
 }
