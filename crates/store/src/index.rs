@@ -77,6 +77,22 @@ impl IndexFile {
         Ok(f)
     }
 
+    /// Whether the file's header is all zero bytes (never written).
+    fn header_blank(path: &Path) -> Result<bool> {
+        use std::io::Read;
+        let mut b = [0u8; HEADER];
+        let mut f = std::fs::File::open(path).map_err(StoreError::io("open", path))?;
+        match f.read_exact(&mut b) {
+            Ok(()) => Ok(b.iter().all(|x| *x == 0)),
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(true),
+            Err(e) => Err(StoreError::Io {
+                op: "read",
+                path: path.to_path_buf(),
+                source: e,
+            }),
+        }
+    }
+
     fn open(path: &Path, name: u64, slots: u32, entries: u32) -> Result<IndexFile> {
         let file = MappedFile::open(path).map_err(StoreError::io("map", path))?;
         if file.len() as u64 != Self::size(slots, entries) {
@@ -247,7 +263,17 @@ impl IndexService {
         }
         names.sort();
         let mut files = Vec::new();
-        for (name, path) in names {
+        let last = names.len().saturating_sub(1);
+        for (i, (name, path)) in names.into_iter().enumerate() {
+            // The newest file with a header never written (a crash between
+            // its creation and its first header write): it holds nothing and
+            // no checkpoint can name it (a checkpoint flushes the header
+            // first). Removed; the next key makes it again.
+            if i == last && IndexFile::header_blank(&path)? {
+                tracing::warn!(path = %path.display(), "removing an IndexFile created just before a crash");
+                std::fs::remove_file(&path).map_err(StoreError::io("remove", &path))?;
+                continue;
+            }
             files.push(IndexFile::open(&path, name, slots, entries)?);
         }
         Ok(IndexService {

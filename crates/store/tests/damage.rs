@@ -212,3 +212,30 @@ fn committed_offsets_past_the_recovered_end_are_pulled_back() -> TestResult {
     assert_eq!(got("h"), Some((3, String::new())), "offsets within the log are kept");
     Ok(())
 }
+
+#[test]
+fn an_index_file_created_just_before_a_crash_is_dropped_not_fatal() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    for i in 0..10 {
+        append(&store, "I", 0, 14, i)?;
+    }
+    drop(store); // crash
+                 // A crash between creating the next IndexFile (allocated, all zeros) and
+                 // writing its header (the crash test hit this once in CI).
+    let idx = dir.path().join("index");
+    let size = std::fs::read_dir(&idx)?
+        .next()
+        .ok_or("no index file")??
+        .metadata()?
+        .len();
+    let f = std::fs::File::create(idx.join(format!("{:020}", 99_999_999u64)))?;
+    f.set_len(size)?;
+    drop(f);
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(read_all(&store, "I", 0).len(), 10);
+    assert_eq!(store.query_by_key("I", "key-3", 4, 0, i64::MAX).len(), 1);
+    assert!(!idx.join(format!("{:020}", 99_999_999u64)).exists());
+    Ok(())
+}
