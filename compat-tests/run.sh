@@ -60,6 +60,7 @@ run_step clippy 1500 cargo clippy --workspace --all-targets --locked -- -D warni
 # Unit tests, proptest, recovery, the SIGKILL crash test, retention, the
 # binary end to end. Each stops itself; the timeout only guards a hang.
 run_step workspace-tests 1200 cargo test --workspace --locked
+run_step fuzz 900 bash fuzz/run.sh all 20
 # One debug build of rokka serves every suite.
 run_step build-rokka 900 cargo build -p rokka-server --locked
 export ROKKA_BIN="$root/target/debug/rokka"

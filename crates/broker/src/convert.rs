@@ -293,8 +293,13 @@ pub fn rocketmq_to_kafka_batch(m: &MessageView, c: &mut Crossed) -> Bytes {
             }
         } else if k == properties::TAGS.as_bytes() {
             headers.push((TAGS_HEADER.as_bytes(), v));
-        } else if !is_system(k) && !k.is_empty() {
+        } else if is_system(k) || k.is_empty() {
+            // Bookkeeping: never a header.
+        } else if std::str::from_utf8(k).is_ok() {
             headers.push((k, v));
+        } else {
+            // A Kafka header key is a String: readers refuse other bytes.
+            c.dropped += 1;
         }
     }
     let mut rec = BytesMut::with_capacity(32 + m.body.len() + m.properties.len());
@@ -482,6 +487,33 @@ mod tests {
         assert_eq!(r.key.as_deref(), Some(&b"k a"[..]));
         assert_eq!(header(r, TAGS_HEADER).map(|b| &b[..]), Some(&b"TagA"[..]));
         assert!(header(r, "UNIQ_KEY").is_none(), "system properties stay internal");
+        Ok(())
+    }
+
+    #[test]
+    fn a_property_name_that_is_not_utf8_does_not_cross() -> Result<(), String> {
+        // Found by fuzz/ (kafka_batch_convert): the batch made for a Kafka
+        // fetch carried it as a header key, which readers refuse.
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        let props = b"\xff\x80\x01v\x02ok\x01w\x02";
+        let m = MessageInput::new("t", 0, b"body", props);
+        let mut rec = vec![0u8; rmsg::encoded_len(&m, &host, false)];
+        let at = Placement {
+            queue_offset: 5,
+            phys_offset: 0,
+            store_timestamp: 1,
+            body_crc32: crc32fast::hash(b"body"),
+            record_crc: false,
+        };
+        rmsg::encode(&mut rec, &m, &host, at);
+        let m = rmsg::decode(&Bytes::from(rec)).map_err(|e| e.to_string())?;
+        let mut c = Crossed::default();
+        let batch = rocketmq_to_kafka_batch(&m, &mut c);
+        assert_eq!(c.dropped, 1);
+        assert!(crate::validate::validate(&batch, 1 << 20).is_ok());
+        let set = RecordBatchDecoder::decode(&mut batch.clone()).map_err(|e| e.to_string())?;
+        assert_eq!(set.records[0].headers.len(), 1);
+        assert_eq!(header(&set.records[0], "ok").map(|b| &b[..]), Some(&b"w"[..]));
         Ok(())
     }
 }

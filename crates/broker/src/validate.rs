@@ -150,14 +150,27 @@ impl Cur<'_> {
             n => self.skip(n as usize),
         }
     }
+
+    /// A header key: a varint length then that many bytes of UTF-8 (a Kafka
+    /// `String`; readers, [`decode`] among them, take it as text).
+    fn header_key(&mut self) -> Result<(), BatchError> {
+        let n = self.varint32()?;
+        if n < 0 {
+            return Err(corrupt(format!("negative header key length {n}")));
+        }
+        let start = self.at;
+        self.skip(n as usize)?;
+        std::str::from_utf8(&self.b[start..self.at]).map_err(|_| corrupt("header key is not UTF-8"))?;
+        Ok(())
+    }
 }
 
 /// Checks one magic-2 batch completely, as Kafka's log validator does for
 /// what a producer sends: header lengths and CRC, a record count that
 /// matches both `lastOffsetDelta` and the records present, each record's
 /// declared length against its fields, offset deltas 0..n-1, key, value and
-/// header lengths, no trailing bytes; compressed records decompressed
-/// within `max_decompressed` bytes. Returns the parsed header.
+/// header lengths, header keys UTF-8, no trailing bytes; compressed records
+/// decompressed within `max_decompressed` bytes. Returns the parsed header.
 pub fn validate(batch: &[u8], max_decompressed: usize) -> Result<BatchInfo, BatchError> {
     let info = BatchInfo::parse(batch).map_err(|e| corrupt(e.to_string()))?;
     if !batch_crc_ok(batch) {
@@ -219,7 +232,7 @@ pub fn validate(batch: &[u8], max_decompressed: usize) -> Result<BatchInfo, Batc
             return Err(corrupt(format!("record {i}: header count {headers}")));
         }
         for _ in 0..headers {
-            r.bytes(false)?; // header key
+            r.header_key()?;
             r.bytes(true)?; // header value
         }
         if r.at != end {
@@ -342,6 +355,69 @@ mod tests {
         b[RECORDS_AT] += 2; // zig-zag: +1
         fix_crc(&mut b);
         assert!(matches!(validate(&b, 1 << 20), Err(BatchError::Corrupt(_))));
+        Ok(())
+    }
+
+    #[test]
+    fn a_header_key_that_is_not_utf8_is_refused() -> Result<(), String> {
+        // Found by fuzz/ (kafka_batch_convert): Produce stored such a batch,
+        // then every RocketMQ pull failed to convert it (the record decoder
+        // takes header keys as text) and skipped its records.
+        let mut headers = kafka_protocol::indexmap::IndexMap::new();
+        headers.insert(kafka_protocol::protocol::StrBytes::from_static_str("hk"), None);
+        let rec = Record {
+            transactional: false,
+            control: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: 0,
+            sequence: 0,
+            timestamp: 1_700_000_000_000,
+            key: None,
+            value: Some(Bytes::from_static(b"v")),
+            headers,
+            delete_horizon: false,
+        };
+        let mut out = BytesMut::new();
+        let opts = RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        };
+        RecordBatchEncoder::encode(&mut out, &[rec], &opts).map_err(|e| e.to_string())?;
+        let good = out.to_vec();
+        assert!(validate(&good, 1 << 20).is_ok());
+        assert!(decode(&Bytes::from(good.clone()), 1 << 20).is_ok());
+        let at = good
+            .windows(2)
+            .rposition(|w| w == b"hk")
+            .ok_or("header key not found")?;
+        let mut bad = good.clone();
+        bad[at] = 0xff;
+        fix_crc(&mut bad);
+        assert!(decode(&Bytes::from(bad.clone()), 1 << 20).is_err());
+        assert_eq!(
+            validate(&bad, 1 << 20),
+            Err(BatchError::Corrupt("header key is not UTF-8".into()))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn timestamps_and_offsets_off_the_wire_wrap_instead_of_panicking() -> Result<(), String> {
+        // Found by fuzz/ (kafka_batch_convert): a batch whose base timestamp
+        // plus a record's delta overflows passes Produce (as in Kafka), and
+        // the record decoder's `+` then panicked on every RocketMQ pull of
+        // it where overflow checks are on (patched in third_party/).
+        let mut b = batch(2, Compression::None, b"v")?;
+        b[27..35].copy_from_slice(&i64::MAX.to_be_bytes());
+        b[0..8].copy_from_slice(&i64::MAX.to_be_bytes());
+        fix_crc(&mut b);
+        assert!(validate(&b, 1 << 20).is_ok());
+        let set = decode(&Bytes::from(b), 1 << 20)?;
+        assert_eq!(set.records[1].timestamp, i64::MIN);
+        assert_eq!(set.records[1].offset, i64::MIN);
         Ok(())
     }
 

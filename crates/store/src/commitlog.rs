@@ -476,10 +476,17 @@ impl CommitLogWriter {
             let start = match &self.active {
                 Some(seg) => {
                     let remaining = seg.file.len() - self.wrote;
-                    let mut blank = [0u8; 8];
-                    blank[0..4].copy_from_slice(&(remaining as u32).to_be_bytes());
-                    blank[4..8].copy_from_slice(&BLANK_MAGIC.to_be_bytes());
-                    seg.file.write_at(self.wrote, &blank);
+                    // Appends always leave room for the filler, but a
+                    // recovered end can fall in a segment's last 7 bytes
+                    // (a checkpoint's end there, scanned past nothing):
+                    // those stay zero, which scans step over as they do a
+                    // filler.
+                    if remaining >= 8 {
+                        let mut blank = [0u8; 8];
+                        blank[0..4].copy_from_slice(&(remaining as u32).to_be_bytes());
+                        blank[4..8].copy_from_slice(&BLANK_MAGIC.to_be_bytes());
+                        seg.file.write_at(self.wrote, &blank);
+                    }
                     seg.end()
                 }
                 None => self.log.write_pos(),

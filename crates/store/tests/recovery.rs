@@ -303,3 +303,29 @@ fn kafka_batches_recover_too() -> TestResult {
     assert_eq!(store.recovery_report().truncated_at, Some(last.phys_offset));
     Ok(())
 }
+
+#[test]
+fn an_end_in_a_segments_last_bytes_still_takes_appends() -> TestResult {
+    // Found by fuzz/ (recovery): a checkpoint whose durable end lies 3 bytes
+    // before its segment's end (no room for a BLANK filler) recovered to
+    // that end, and then every append panicked writing the filler.
+    let dir = tempfile::tempdir()?;
+    let log = dir.path().join("commitlog");
+    std::fs::create_dir_all(&log)?;
+    std::fs::write(log.join(format!("{:020}", 65536)), vec![0u8; 4096])?;
+    rokka_store::checkpoint::Checkpoint {
+        safe_offset: 65536 + 4093,
+        clean: true,
+        last_record_offset: 65536,
+        index: None,
+    }
+    .store(&dir.path().join("checkpoint"))?;
+    std::fs::write(dir.path().join("abort"), "1\n")?;
+    let store = MessageStore::open(config(dir.path()))?;
+    let r = append(&store, "R", 0, 7, 0)?;
+    assert_eq!(r.phys_offset, 65536 + 4096, "the next segment takes it");
+    // A crash now: the scan from the checkpoint steps over the 3 bytes to
+    // the new segment; then appends, a clean stop and a clean reopen.
+    drop(store);
+    assert_recovered_to(dir.path(), 1)
+}

@@ -555,7 +555,8 @@ impl RocketMq {
                     rokka_broker::BrokerError::Store(
                         rokka_store::StoreError::MessageTooLarge { .. }
                         | rokka_store::StoreError::PropertiesTooLarge(_),
-                    ) => rs::MESSAGE_ILLEGAL,
+                    )
+                    | rokka_broker::BrokerError::TimerTooFar { .. } => rs::MESSAGE_ILLEGAL,
                     _ => rs::SYSTEM_ERROR,
                 };
                 return Err(self.reply(req, code, Some(e.to_string())));
@@ -1111,7 +1112,11 @@ impl RocketMq {
         // taken, so the table holds live locks only (and at most
         // max_queue_locks of them).
         if req.code == rq::LOCK_BATCH_MQ {
+            let before = locks.len();
             locks.retain(|_, (_, at)| at.saturating_add(expiry) >= now);
+            if locks.len() < before {
+                tracing::info!(group, expired = before - locks.len(), "expired queue locks released");
+            }
         }
         let max_locks = self.config.max_queue_locks as usize;
         for (topic, queue, mq) in queues {
@@ -1131,9 +1136,6 @@ impl RocketMq {
                 Some((holder, at)) => *holder == client || at.saturating_add(expiry) < now,
             };
             if free {
-                if locks.get(&key).is_some_and(|(holder, _)| *holder != client) {
-                    tracing::info!(group, client, queue, "queue lock taken over after expiry");
-                }
                 locks.insert(key, (client.clone(), now));
                 granted.push(mq);
             }
@@ -1301,7 +1303,8 @@ pub fn split_batch(body: &[u8]) -> Option<Vec<(i32, Bytes, String)>> {
     let mut at = 0usize;
     let be32 = |b: &[u8], i: usize| b.get(i..i + 4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]]));
     while at < body.len() {
-        let total = be32(body, at)? as usize;
+        // A negative TOTALSIZE is refused, not wrapped into a huge length.
+        let total = usize::try_from(be32(body, at)?).ok()?;
         let flag = be32(body, at + 12)?;
         let blen = be32(body, at + 16)?;
         if blen < 0 || total < 22 {
@@ -1316,10 +1319,92 @@ pub fn split_batch(body: &[u8]) -> Option<Vec<(i32, Bytes, String)>> {
         }
         let props = body.get(b1 + 2..b1 + 2 + plen as usize)?;
         out.push((flag, msg, String::from_utf8_lossy(props).into_owned()));
-        if at + total > body.len() || total != 22 + blen as usize + plen as usize {
+        if at.checked_add(total)? > body.len() || total != 22 + blen as usize + plen as usize {
             return None;
         }
         at += total;
     }
     (!out.is_empty()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One SEND_BATCH_MESSAGE element (§4.4) with `total` as its TOTALSIZE.
+    fn element(total: i32, body: &[u8], props: &[u8]) -> Vec<u8> {
+        let mut e = Vec::new();
+        e.extend_from_slice(&total.to_be_bytes());
+        e.extend_from_slice(&[0; 8]); // magic code, body CRC
+        e.extend_from_slice(&7i32.to_be_bytes()); // flag
+        e.extend_from_slice(&(body.len() as i32).to_be_bytes());
+        e.extend_from_slice(body);
+        e.extend_from_slice(&(props.len() as i16).to_be_bytes());
+        e.extend_from_slice(props);
+        e
+    }
+
+    #[test]
+    fn split_batch_refuses_a_negative_total_size() {
+        let good = |b: &[u8], p: &[u8]| element((22 + b.len() + p.len()) as i32, b, p);
+        let mut body = good(b"one", b"a\x01b\x02");
+        body.extend(good(b"two", b""));
+        let parts = split_batch(&body).unwrap_or_default();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(
+            (parts[0].0, &parts[0].1[..], parts[0].2.as_str()),
+            (7, &b"one"[..], "a\x01b\x02")
+        );
+        // Found by fuzz/ (rocketmq_frame): TOTALSIZE -1 became usize::MAX
+        // and `at + total` overflowed (a panic in debug builds).
+        assert_eq!(split_batch(&element(-1, b"", b"")), None);
+        let mut body = good(b"one", b"");
+        body.extend(element(-22, b"x", b""));
+        assert_eq!(split_batch(&body), None);
+    }
+
+    #[test]
+    fn heartbeat_and_lock_bodies_parse() {
+        let hb = br#"{"clientID":"c1","producerDataSet":[{"groupName":"p"},{}],
+            "consumerDataSet":[{"groupName":"g","messageModel":"BROADCASTING",
+            "subscriptionDataSet":[{"topic":"t","subString":"A||B"},{"subString":"x"}]},
+            {"groupName":"h","messageModel":1,"subscriptionDataSet":[{"topic":"u","expressionType":"SQL92"}]},
+            {"messageModel":0}]}"#;
+        let hb = parse_heartbeat(hb).map_err(String::from);
+        assert_eq!(
+            hb,
+            Ok(Heartbeat {
+                client_id: "c1".into(),
+                producer_groups: vec!["p".into()],
+                consumers: vec![
+                    HeartbeatConsumer {
+                        group: "g".into(),
+                        clustering: false,
+                        subscriptions: vec![("t".into(), "A||B".into(), "TAG".into())],
+                    },
+                    HeartbeatConsumer {
+                        group: "h".into(),
+                        clustering: true,
+                        subscriptions: vec![("u".into(), "*".into(), "SQL92".into())],
+                    },
+                ],
+            })
+        );
+        assert_eq!(parse_heartbeat(b"{}"), Err("heartbeat without clientID"));
+        assert_eq!(parse_heartbeat(b"{"), Err("heartbeat body is not JSON"));
+        let lock = br#"{"consumerGroup":"g","clientId":"c","mqSet":[{"topic":"t","queueId":3},{"topic":"t"}]}"#;
+        let lock = parse_lock_batch(lock).map_err(String::from);
+        assert_eq!(
+            lock.map(|l| (
+                l.group,
+                l.client,
+                l.queues.into_iter().map(|(t, q, _)| (t, q)).collect::<Vec<_>>()
+            )),
+            Ok(("g".into(), "c".into(), vec![("t".into(), 3)]))
+        );
+        assert_eq!(
+            parse_lock_batch(br#"{"consumerGroup":"g"}"#).map(|_| ()),
+            Err("consumerGroup and clientId are required")
+        );
+    }
 }

@@ -868,11 +868,14 @@ impl Record {
 
         // Timestamp delta
         let timestamp_delta: i64 = types::VarLong.decode(buf)?;
-        let timestamp = batch_decode_info.min_timestamp + timestamp_delta;
+        // ROKKA PATCH: base and delta come off the wire; their sum wraps as
+        // Java's does, instead of panicking where overflow checks are on.
+        let timestamp = batch_decode_info.min_timestamp.wrapping_add(timestamp_delta);
 
         // Offset delta
         let offset_delta: i32 = types::VarInt.decode(buf)?;
-        let offset = batch_decode_info.min_offset + offset_delta as i64;
+        // ROKKA PATCH: as for the timestamp.
+        let offset = batch_decode_info.min_offset.wrapping_add(offset_delta as i64);
         let sequence = batch_decode_info.base_sequence.wrapping_add(offset_delta);
 
         // Key
