@@ -391,6 +391,8 @@ pub struct CommitLogWriter {
     /// Write position inside `active`.
     wrote: usize,
     allocator: Option<Allocator>,
+    /// See [`CommitLogWriter::refuse_writes_above`].
+    refuse_above: u8,
 }
 
 impl CommitLogWriter {
@@ -422,6 +424,7 @@ impl CommitLogWriter {
             wrote: 0,
             active: None,
             allocator,
+            refuse_above: 0,
         };
         if let Some(seg) = active {
             w.wrote = (end - seg.start) as usize;
@@ -441,7 +444,24 @@ impl CommitLogWriter {
             .map_or_else(|| self.log.write_pos(), |s| s.start + self.wrote as u64)
     }
 
+    /// Appends that need a new segment are refused while the data
+    /// directory's file system is fuller than `percent` (0 = never).
+    pub fn refuse_writes_above(&mut self, percent: u8) {
+        self.refuse_above = percent;
+    }
+
     fn next_segment(&mut self, start: u64) -> Result<Segment> {
+        if self.refuse_above > 0 {
+            if let Some(used) = crate::sys::disk_used_percent(&self.log.dir) {
+                if used > f64::from(self.refuse_above) {
+                    metrics::counter!("rokka_store_disk_full_refusals_total").increment(1);
+                    return Err(StoreError::DiskFull {
+                        used,
+                        limit: self.refuse_above,
+                    });
+                }
+            }
+        }
         let file = match self.allocator.as_ref().and_then(|a| a.take(start)) {
             Some(f) => f,
             None => {

@@ -54,6 +54,11 @@ pub struct StoreConfig {
     /// Above this use of the data directory's file system, the oldest segments
     /// are deleted even if not expired (0 = off).
     pub disk_max_used_percent: u8,
+    /// Above this use of the data directory's file system no new CommitLog
+    /// segment is started, so appends are refused (DiskFull) before the disk
+    /// is full (0 = off). Above `disk_max_used_percent`, which retention
+    /// acts on first (RocketMQ's diskSpaceWarningLevelRatio, 90 %).
+    pub disk_refuse_writes_percent: u8,
     /// How often retention runs.
     pub retention_check_interval_ms: u64,
     /// Address written into every record as its store host; message ids derive
@@ -85,6 +90,7 @@ impl Default for StoreConfig {
             retention_hours: 72,
             retention_max_bytes: 0,
             disk_max_used_percent: 85,
+            disk_refuse_writes_percent: 95,
             retention_check_interval_ms: 10_000,
             store_host: SocketAddr::from(([127, 0, 0, 1], 10911)),
             offsets_flush_interval_ms: 5_000,
@@ -116,8 +122,10 @@ impl StoreConfig {
                 "index_slots must be > 0 and index_entries >= 2".into(),
             ));
         }
-        if self.disk_max_used_percent > 100 {
-            return Err(StoreError::Config("disk_max_used_percent must be 0..=100".into()));
+        if self.disk_max_used_percent > 100 || self.disk_refuse_writes_percent > 100 {
+            return Err(StoreError::Config(
+                "disk_max_used_percent and disk_refuse_writes_percent must be 0..=100".into(),
+            ));
         }
         for (name, v) in [
             ("flush_interval_ms", self.flush_interval_ms),

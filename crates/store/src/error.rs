@@ -45,6 +45,11 @@ pub enum StoreError {
     /// trusts only what is on disk), and never acknowledges past the failure.
     #[error("storage failed ({0}); writes are refused until restart")]
     StorageFailed(String),
+    /// The data directory's file system is fuller than
+    /// `disk_refuse_writes_percent`: no new segment is started (retention
+    /// frees space from `disk_max_used_percent` on).
+    #[error("disk {used:.1} % full, above disk_refuse_writes_percent {limit} %: writes refused until space is freed")]
+    DiskFull { used: f64, limit: u8 },
     /// Invalid configuration value.
     #[error("invalid store config: {0}")]
     Config(String),

@@ -174,14 +174,16 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         }
     }
 
+    let mut cl = CommitLogWriter::new(
+        Arc::clone(&log),
+        end,
+        config.commitlog_segment_bytes,
+        config.preallocate,
+        config.flush_mode == crate::config::FlushMode::Sync,
+    )?;
+    cl.refuse_writes_above(config.disk_refuse_writes_percent);
     let writer = Writer {
-        cl: CommitLogWriter::new(
-            Arc::clone(&log),
-            end,
-            config.commitlog_segment_bytes,
-            config.preallocate,
-            config.flush_mode == crate::config::FlushMode::Sync,
-        )?,
+        cl,
         queues: queues.clone(),
         last_store_ts: 0,
         last_record: cp.as_ref().map_or(0, |c| c.last_record_offset),

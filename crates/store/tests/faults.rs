@@ -255,3 +255,38 @@ fn in_sync_mode_readers_see_only_what_is_on_disk() -> TestResult {
     fault::clear();
     Ok(())
 }
+
+#[test]
+fn a_nearly_full_disk_refuses_new_segments_before_it_is_full() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    // The first segment exists...
+    let store = MessageStore::open(cfg.clone())?;
+    append(&store, "F", 0, 15, 0)?;
+    store.close()?;
+    drop(store);
+    // ...then the disk counts as nearly full: 1 %, which any disk this runs
+    // on is past.
+    cfg.disk_refuse_writes_percent = 1;
+    let store = MessageStore::open(cfg.clone())?;
+    let mut n = 1u64;
+    let refused = loop {
+        match append(&store, "F", 0, 15, n) {
+            Ok(_) => n += 1,
+            Err(e) => break e,
+        }
+        if n > 100_000 {
+            return Err("never refused".into());
+        }
+    };
+    assert!(matches!(refused, StoreError::DiskFull { limit: 1, .. }), "{refused}");
+    assert!(n > 100, "the first segment was used up first ({n})");
+    assert_eq!(read_all(&store, "F", 0).len() as u64, n, "reads go on");
+    drop(store);
+    // With the threshold back at its default, appends continue.
+    cfg.disk_refuse_writes_percent = 0;
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(append(&store, "F", 0, 15, n)?.queue_offset, n);
+    Ok(())
+}

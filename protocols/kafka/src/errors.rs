@@ -54,6 +54,7 @@ pub fn store_code(e: &StoreError) -> i16 {
         | StoreError::BadFile { .. }
         | StoreError::Locked(_)
         | StoreError::Config(_)
-        | StoreError::StorageFailed(_) => KAFKA_STORAGE_ERROR,
+        | StoreError::StorageFailed(_)
+        | StoreError::DiskFull { .. } => KAFKA_STORAGE_ERROR,
     }
 }
