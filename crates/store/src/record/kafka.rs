@@ -177,42 +177,33 @@ impl KafkaBatchView {
 /// path's check): size, magic, layout, our header CRC and the batch's own
 /// CRC-32C. Returns who the entry says it is.
 pub fn verify(rec: &[u8]) -> Result<super::message::Identity<'_>, DecodeError> {
-    if rec.len() < HEADER_LEN {
-        return Err(DecodeError::Truncated);
-    }
-    let be32 = |at: usize| u32::from_be_bytes([rec[at], rec[at + 1], rec[at + 2], rec[at + 3]]);
-    let be64 = |at: usize| {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&rec[at..at + 8]);
-        u64::from_be_bytes(a)
-    };
-    if be32(0) as usize != rec.len() {
-        return Err(DecodeError::SizeMismatch);
-    }
-    if be32(4) != KAFKA_BATCH_MAGIC {
-        return Err(DecodeError::BadMagic(be32(4)));
-    }
-    let topic_len = usize::from(u16::from_be_bytes([rec[44], rec[45]]));
-    let t_end = HEADER_LEN + topic_len;
-    if rec.len() < t_end + BATCH_HEADER_LEN {
-        return Err(DecodeError::Truncated);
-    }
-    let batch = &rec[t_end..];
-    BatchInfo::parse(batch)?;
-    let span = t_end + BATCH_UNCHECKED - 12;
-    if crc32c::crc32c(&rec[12..12 + span]) != be32(8) || !batch_crc_ok(batch) {
+    let l = layout(rec)?;
+    if crc32c::crc32c(&rec[12..12 + l.header_crc_span]) != l.header_crc || !batch_crc_ok(&rec[l.topic.end..]) {
         return Err(DecodeError::Crc);
     }
     Ok(super::message::Identity {
-        phys_offset: be64(24),
-        queue_id: be32(12),
-        queue_offset: be64(16),
-        topic: &rec[HEADER_LEN..t_end],
+        phys_offset: l.phys_offset,
+        queue_id: l.queue_id,
+        queue_offset: l.queue_offset,
+        topic: &rec[l.topic],
     })
 }
 
-/// Decodes a whole entry (`rec` holds exactly its total size).
-pub fn decode(rec: &Bytes) -> Result<KafkaBatchView, DecodeError> {
+/// An entry's fields and where its topic lies (the batch follows it):
+/// what both [`decode`] and [`verify`] read, parsed in one place.
+struct Layout {
+    total_size: u32,
+    header_crc: u32,
+    queue_id: u32,
+    queue_offset: u64,
+    phys_offset: u64,
+    store_timestamp: i64,
+    count: u32,
+    topic: std::ops::Range<usize>,
+    header_crc_span: usize,
+}
+
+fn layout(rec: &[u8]) -> Result<Layout, DecodeError> {
     if rec.len() < HEADER_LEN {
         return Err(DecodeError::Truncated);
     }
@@ -234,9 +225,8 @@ pub fn decode(rec: &Bytes) -> Result<KafkaBatchView, DecodeError> {
     if rec.len() < t_end + BATCH_HEADER_LEN {
         return Err(DecodeError::Truncated);
     }
-    let batch = rec.slice(t_end..);
-    BatchInfo::parse(&batch)?;
-    Ok(KafkaBatchView {
+    BatchInfo::parse(&rec[t_end..])?;
+    Ok(Layout {
         total_size,
         header_crc: be32(8),
         queue_id: be32(12),
@@ -244,9 +234,25 @@ pub fn decode(rec: &Bytes) -> Result<KafkaBatchView, DecodeError> {
         phys_offset: be64(24),
         store_timestamp: be64(32) as i64,
         count: be32(40),
-        topic: rec.slice(HEADER_LEN..t_end),
-        batch,
+        topic: HEADER_LEN..t_end,
         header_crc_span: t_end + BATCH_UNCHECKED - 12,
+    })
+}
+
+/// Decodes a whole entry (`rec` holds exactly its total size).
+pub fn decode(rec: &Bytes) -> Result<KafkaBatchView, DecodeError> {
+    let l = layout(rec)?;
+    Ok(KafkaBatchView {
+        total_size: l.total_size,
+        header_crc: l.header_crc,
+        queue_id: l.queue_id,
+        queue_offset: l.queue_offset,
+        phys_offset: l.phys_offset,
+        store_timestamp: l.store_timestamp,
+        count: l.count,
+        batch: rec.slice(l.topic.end..),
+        topic: rec.slice(l.topic),
+        header_crc_span: l.header_crc_span,
     })
 }
 

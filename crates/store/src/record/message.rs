@@ -358,7 +358,6 @@ impl Reader<'_> {
     }
 }
 
-/// Decodes a whole record (`rec` holds exactly TOTALSIZE bytes).
 /// Who a stored record says it is, read straight from its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity<'a> {
@@ -368,59 +367,29 @@ pub struct Identity<'a> {
     pub topic: &'a [u8],
 }
 
-/// Checks a whole record without building a view (the read path's check):
-/// its size and magic, the layout of every length, and the record-CRC
-/// property over every other byte (which covers the body too). Returns who
-/// the record says it is.
-pub fn verify(rec: &[u8]) -> Result<Identity<'_>, DecodeError> {
-    let mut r = Reader { buf: rec, pos: 0 };
-    let total_size = r.u32()?;
-    if total_size as usize != rec.len() {
-        return Err(DecodeError::SizeMismatch);
-    }
-    let magic = r.u32()?;
-    if magic != MAGIC_V1 && magic != MAGIC_V2 {
-        return Err(DecodeError::BadMagic(magic));
-    }
-    let _body_crc = r.u32()?;
-    let queue_id = r.u32()?;
-    let _flag = r.i32()?;
-    let queue_offset = r.u64()?;
-    let phys_offset = r.u64()?;
-    let sys_flag = r.i32()?;
-    r.take(8)?; // born timestamp
-    r.take(if sys_flag & sysflag::BORNHOST_V6 != 0 { 20 } else { 8 })?;
-    r.take(8)?; // store timestamp
-    r.take(if sys_flag & sysflag::STOREHOST_V6 != 0 { 20 } else { 8 })?;
-    r.take(12)?; // reconsume times, prepared transaction offset
-    let body_len = r.u32()? as usize;
-    r.take(body_len)?;
-    let topic_len = if magic == MAGIC_V2 {
-        usize::from(u16::from_be_bytes(r.arr()?))
-    } else {
-        usize::from(r.arr::<1>()?[0])
-    };
-    let topic_at = r.pos;
-    r.take(topic_len)?;
-    let props_len = usize::from(u16::from_be_bytes(r.arr()?));
-    let props_at = r.pos;
-    r.take(props_len)?;
-    if r.pos != rec.len() {
-        return Err(DecodeError::SizeMismatch);
-    }
-    let want = read_prop_crc(&rec[props_at..props_at + props_len]).ok_or(DecodeError::Crc)?;
-    if crc32fast::hash(&rec[..rec.len() - PROP_CRC_LEN]) & 0x7FFF_FFFF != want {
-        return Err(DecodeError::Crc);
-    }
-    Ok(Identity {
-        phys_offset,
-        queue_id,
-        queue_offset,
-        topic: &rec[topic_at..topic_at + topic_len],
-    })
+/// Every field of a record and where its variable parts lie: what both
+/// [`decode`] and [`verify`] read, parsed once, in one place.
+struct Layout {
+    total_size: u32,
+    magic: u32,
+    body_crc: u32,
+    queue_id: u32,
+    flag: i32,
+    queue_offset: u64,
+    phys_offset: u64,
+    sys_flag: i32,
+    born_timestamp: i64,
+    born_host: SocketAddr,
+    store_timestamp: i64,
+    store_host: SocketAddr,
+    reconsume_times: i32,
+    prepared_transaction_offset: i64,
+    body: std::ops::Range<usize>,
+    topic: std::ops::Range<usize>,
+    props: std::ops::Range<usize>,
 }
 
-pub fn decode(rec: &Bytes) -> Result<MessageView, DecodeError> {
+fn layout(rec: &[u8]) -> Result<Layout, DecodeError> {
     let mut r = Reader { buf: rec, pos: 0 };
     let total_size = r.u32()?;
     if total_size as usize != rec.len() {
@@ -458,6 +427,66 @@ pub fn decode(rec: &Bytes) -> Result<MessageView, DecodeError> {
     if r.pos != rec.len() {
         return Err(DecodeError::SizeMismatch);
     }
+    Ok(Layout {
+        total_size,
+        magic,
+        body_crc,
+        queue_id,
+        flag,
+        queue_offset,
+        phys_offset,
+        sys_flag,
+        born_timestamp,
+        born_host,
+        store_timestamp,
+        store_host,
+        reconsume_times,
+        prepared_transaction_offset,
+        body: body_at..body_at + body_len,
+        topic: topic_at..topic_at + topic_len,
+        props: props_at..props_at + props_len,
+    })
+}
+
+/// Checks a whole record without building a view (the read path's check):
+/// its size and magic, the layout of every length, and the record-CRC
+/// property over every other byte (which covers the body too). Returns who
+/// the record says it is.
+pub fn verify(rec: &[u8]) -> Result<Identity<'_>, DecodeError> {
+    let l = layout(rec)?;
+    let want = read_prop_crc(&rec[l.props.clone()]).ok_or(DecodeError::Crc)?;
+    if crc32fast::hash(&rec[..rec.len() - PROP_CRC_LEN]) & 0x7FFF_FFFF != want {
+        return Err(DecodeError::Crc);
+    }
+    Ok(Identity {
+        phys_offset: l.phys_offset,
+        queue_id: l.queue_id,
+        queue_offset: l.queue_offset,
+        topic: &rec[l.topic],
+    })
+}
+
+/// Decodes a whole record (`rec` holds exactly TOTALSIZE bytes).
+pub fn decode(rec: &Bytes) -> Result<MessageView, DecodeError> {
+    let Layout {
+        total_size,
+        magic,
+        body_crc,
+        queue_id,
+        flag,
+        queue_offset,
+        phys_offset,
+        sys_flag,
+        born_timestamp,
+        born_host,
+        store_timestamp,
+        store_host,
+        reconsume_times,
+        prepared_transaction_offset,
+        body,
+        topic,
+        props,
+    } = layout(rec)?;
     Ok(MessageView {
         total_size,
         magic,
@@ -473,9 +502,9 @@ pub fn decode(rec: &Bytes) -> Result<MessageView, DecodeError> {
         store_host,
         reconsume_times,
         prepared_transaction_offset,
-        body: rec.slice(body_at..body_at + body_len),
-        topic: rec.slice(topic_at..topic_at + topic_len),
-        properties: rec.slice(props_at..props_at + props_len),
+        body: rec.slice(body),
+        topic: rec.slice(topic),
+        properties: rec.slice(props),
     })
 }
 
