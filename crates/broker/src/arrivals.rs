@@ -16,7 +16,7 @@ pub struct Arrivals {
     waiters: Mutex<HashMap<(String, u32), Waiters>>,
     /// Sync flush: queues appended to since the last flush (at most one
     /// entry per queue; drained by every flush).
-    pending: Option<Mutex<HashSet<(String, u32)>>>,
+    pending: Option<Mutex<HashMap<String, HashSet<u32>>>>,
 }
 
 impl Arrivals {
@@ -33,9 +33,11 @@ impl Arrivals {
         let Some(pending) = &self.pending else {
             return;
         };
-        let keys: Vec<(String, u32)> = pending.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
-        for (t, q) in keys {
-            self.wake(&t, q);
+        let keys: Vec<(String, HashSet<u32>)> = pending.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+        for (t, qs) in keys {
+            for q in qs {
+                self.wake(&t, q);
+            }
         }
     }
 
@@ -63,9 +65,16 @@ impl Arrivals {
         if let Some(pending) = &self.pending {
             // Kept even with nobody waiting yet: a reader that registers
             // before the flush must still be woken by it.
+            // Looked up by &str: an append allocates nothing once its topic
+            // is in the set.
             let mut p = pending.lock().unwrap_or_else(|p| p.into_inner());
-            if !p.contains(&(topic.to_string(), queue)) {
-                p.insert((topic.to_string(), queue));
+            match p.get_mut(topic) {
+                Some(qs) => {
+                    qs.insert(queue);
+                }
+                None => {
+                    p.insert(topic.to_string(), HashSet::from([queue]));
+                }
             }
             return;
         }
