@@ -59,6 +59,12 @@ pub struct RocketMqConfig {
     /// answer has gone out (a client that never reads its answers stops
     /// being read, instead of growing the broker).
     pub max_inflight_requests_per_connection: u32,
+    /// Request bytes held in memory at once over all connections of each
+    /// listener (Kafka's `queued.max.request.bytes`; 0 = no limit): before
+    /// reading a frame a connection reserves its declared length and waits,
+    /// not reading, until it fits; the bytes return once the answer is
+    /// written.
+    pub max_inflight_request_bytes: u64,
     /// Most message bytes one pull answer carries (RocketMQ
     /// `maxTransferBytesOnMessageInMemory`-like); at least one message.
     pub max_pull_bytes: u32,
@@ -93,6 +99,7 @@ impl Default for RocketMqConfig {
             max_connections_per_ip: 2_000,
             idle_timeout_ms: 120_000,
             max_inflight_requests_per_connection: 1024,
+            max_inflight_request_bytes: 256 * 1024 * 1024,
             max_pull_bytes: 4 * 1024 * 1024,
             max_queue_locks: 100_000,
         }

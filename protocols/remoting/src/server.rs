@@ -5,7 +5,9 @@
 //! Budgets: connections per listener and per source address, an idle
 //! timeout, and requests in flight per connection (a request's permit is
 //! held until its answer is written, so a client that never reads stops
-//! being read instead of growing the broker).
+//! being read instead of growing the broker), and request bytes over the
+//! whole listener (a frame's declared length is reserved before it is read
+//! and returned once its answer is written).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use rokka_broker::limits::{ConnLimits, ConnSlot};
+use rokka_broker::limits::{ByteBudget, ConnLimits, ConnSlot, Reserved};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
@@ -47,6 +49,8 @@ pub struct Limits {
     pub conns: Arc<ConnLimits>,
     pub idle: Duration,
     pub max_inflight: usize,
+    /// Request bytes in memory over the listener.
+    pub bytes: ByteBudget,
     /// Answers queued to connections and not yet written, over the listener.
     unwritten: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -62,6 +66,7 @@ impl Limits {
             ),
             idle: Duration::from_millis(config.idle_timeout_ms.max(1)),
             max_inflight: config.max_inflight_requests_per_connection.max(1) as usize,
+            bytes: ByteBudget::new(listener, config.max_inflight_request_bytes),
             unwritten: Arc::default(),
         }
     }
@@ -74,9 +79,17 @@ impl Limits {
     }
 }
 
-/// A queued command and, for an answer, its request's in-flight permit
-/// (released once the answer is written).
-type Outbound = (RemotingCommand, Option<OwnedSemaphorePermit>);
+/// What a request holds until its answer is written: its place among the
+/// connection's requests in flight and its bytes in the listener's budget.
+#[derive(Debug)]
+pub struct Held {
+    _permit: OwnedSemaphorePermit,
+    _bytes: Reserved,
+}
+
+/// A queued command and, for an answer, what its request holds (released
+/// once the answer is written).
+type Outbound = (RemotingCommand, Option<Held>);
 
 /// A connection's outbound side, for responses and for requests the server
 /// sends to the client (NOTIFY_CONSUMER_IDS_CHANGED).
@@ -96,7 +109,7 @@ impl Conn {
         self.tx.send((cmd, None)).is_ok()
     }
 
-    fn answer(&self, cmd: RemotingCommand, permit: OwnedSemaphorePermit) -> bool {
+    fn answer(&self, cmd: RemotingCommand, permit: Held) -> bool {
         self.unwritten.fetch_add(1, Ordering::Relaxed);
         self.tx.send((cmd, Some(permit))).is_ok()
     }
@@ -109,6 +122,13 @@ impl Conn {
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
     }
+}
+
+/// The bytes a decoded request took on the wire, near enough for the
+/// budget (header fields plus body).
+fn frame_bytes(cmd: &RemotingCommand) -> usize {
+    let fields: usize = cmd.ext_fields.0.iter().map(|(k, v)| k.len() + v.len() + 8).sum();
+    8 + 64 + cmd.remark.as_ref().map_or(0, |r| r.len()) + fields + cmd.body.len()
 }
 
 /// Accepts connections until `shutdown` turns true.
@@ -192,11 +212,22 @@ async fn run<S: Service>(
     let max = rmq.max_frame_bytes();
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut deadline = tokio::time::Instant::now() + limits.idle;
+    // The budget reserved for the frame at the head of `buf`, taken before
+    // the rest of it is read.
+    let mut head: Option<Reserved> = None;
     'conn: loop {
         loop {
             match decode(&mut buf, max) {
                 Ok(Some(cmd)) => {
                     deadline = tokio::time::Instant::now() + limits.idle;
+                    let bytes = match head.take() {
+                        Some(r) => r,
+                        // Arrived whole in one read (at most a read buffer's worth).
+                        None => tokio::select! {
+                            r = limits.bytes.reserve(frame_bytes(&cmd)) => r,
+                            _ = shutdown.changed() => break 'conn,
+                        },
+                    };
                     if cmd.is_response() {
                         // Answers to our NOTIFY / CHECK requests: nothing to do.
                         continue;
@@ -222,9 +253,13 @@ async fn run<S: Service>(
                             }
                         }
                     };
+                    let held = Held {
+                        _permit: permit,
+                        _bytes: bytes,
+                    };
                     if rmq.inline(&cmd) {
                         if let Some(resp) = rmq.process(cmd, &conn).await {
-                            conn.answer(resp, permit);
+                            conn.answer(resp, held);
                         }
                         continue;
                     }
@@ -232,11 +267,29 @@ async fn run<S: Service>(
                     let c = conn.clone();
                     tokio::spawn(async move {
                         if let Some(resp) = r.process(cmd, &c).await {
-                            c.answer(resp, permit);
+                            c.answer(resp, held);
                         }
                     });
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    // Part of a frame is here: reserve its declared length
+                    // before reading the rest (waiting, not reading, while
+                    // the listener's budget is spent). decode() has checked
+                    // the length against max_frame_bytes.
+                    if head.is_none() && buf.len() >= 4 {
+                        let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+                        let wait = limits.bytes.available_kib() * 1024 < len + 4;
+                        if wait {
+                            metrics::counter!("rokka_inflight_request_bytes_waits_total", "listener" => listener)
+                                .increment(1);
+                        }
+                        head = tokio::select! {
+                            r = limits.bytes.reserve(len + 4) => Some(r),
+                            _ = shutdown.changed() => break 'conn,
+                        };
+                    }
+                    break;
+                }
                 Err(e) => {
                     tracing::warn!(%peer, error = %e, "bad RocketMQ frame: closing connection");
                     break 'conn;

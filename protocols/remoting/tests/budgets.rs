@@ -213,3 +213,85 @@ async fn a_broker_connection_that_never_reads_pull_answers_stops_being_read() ->
     assert!(most <= 8, "{most} answers held for a client that never reads (limit 8)");
     Ok(())
 }
+
+/// Reads one answer off `s` within `within`; false if none came.
+async fn one_answer(s: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = BytesMut::new();
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(Some(c)) = decode(&mut buf, DEFAULT_MAX_FRAME) {
+            return c.is_response();
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, s.read_buf(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            _ => return false,
+        }
+    }
+}
+
+fn frame_with_body(code: i32, opaque: i32, body: usize) -> BytesMut {
+    let mut c = RemotingCommand::request(code, 0);
+    c.opaque = opaque;
+    c.version = 453;
+    c.body = bytes::Bytes::from(vec![b'x'; body]);
+    let mut out = BytesMut::new();
+    encode(&c, &mut out);
+    out
+}
+
+#[tokio::test]
+async fn request_bytes_in_flight_are_capped_over_the_listener() -> TestResult {
+    let cfg = RocketMqConfig {
+        max_inflight_request_bytes: 1024 * 1024,
+        ..RocketMqConfig::default()
+    };
+    let (addr, ns, _stop) = namesrv(cfg).await?;
+    assert_eq!(ns.limits().bytes.available_kib(), 1024);
+    // A: declares a 900 KiB frame and sends only its first 64 KiB.
+    let big = frame_with_body(rq::GET_BROKER_CLUSTER_INFO, 1, 900 * 1024);
+    let mut a = TcpStream::connect(addr).await?;
+    a.write_all(&big[..64 * 1024]).await?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ns.limits().bytes.available_kib() > 1024 - 900 {
+        assert!(Instant::now() < deadline, "the declared frame was not reserved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Small requests still fit and are served.
+    answered(addr).await?;
+    // B: a 300 KiB frame does not fit beside it: not read, not answered
+    // (and, the budget being first come first served, requests after it wait too).
+    let mut b = TcpStream::connect(addr).await?;
+    b.write_all(&frame_with_body(rq::GET_BROKER_CLUSTER_INFO, 2, 300 * 1024))
+        .await?;
+    assert!(
+        !one_answer(&mut b, Duration::from_millis(600)).await,
+        "answered beyond the listener's request-byte budget"
+    );
+    // A completes: both are answered and the budget is whole again.
+    a.write_all(&big[64 * 1024..]).await?;
+    assert!(one_answer(&mut a, Duration::from_secs(5)).await, "A not answered");
+    assert!(
+        one_answer(&mut b, Duration::from_secs(5)).await,
+        "B not answered once room was made"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ns.limits().bytes.available_kib() != 1024 {
+        assert!(Instant::now() < deadline, "request bytes not returned after answering");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A connection closed mid-frame returns what it reserved.
+    let mut c = TcpStream::connect(addr).await?;
+    c.write_all(&big[..64 * 1024]).await?;
+    while ns.limits().bytes.available_kib() == 1024 {
+        assert!(Instant::now() < deadline + Duration::from_secs(5), "not reserved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ns.limits().bytes.available_kib() != 1024 {
+        assert!(Instant::now() < deadline, "a closed connection kept its reservation");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
