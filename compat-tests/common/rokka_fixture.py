@@ -49,7 +49,7 @@ LISTENERS = {
 
 
 class Rokka:
-    def __init__(self, workdir, metrics_extra="", store_extra="", kafka_extra="", rocketmq_extra=""):
+    def __init__(self, workdir, metrics_extra="", store_extra="", kafka_extra="", rocketmq_extra="", group_extra=""):
         self.workdir = workdir
         self.ports = {}
         self.config = os.path.join(workdir, "rokka.toml")
@@ -76,6 +76,8 @@ preallocate = false
 {line["namesrv"]}
 {line["broker"]}
 {rocketmq_extra}
+[group]
+{group_extra}
 """
             )
         self.proc = None

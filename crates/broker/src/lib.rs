@@ -12,6 +12,7 @@ pub mod limits;
 pub mod membership;
 pub mod producers;
 pub mod schedule;
+pub mod scrape;
 pub mod timer;
 pub mod topics;
 pub mod transaction;
@@ -49,6 +50,8 @@ pub struct Broker {
     membership: membership::Membership,
     transactions: transaction::Transactions,
     timers: timer::Timers,
+    /// The last [`Broker::consumer_lag`], rendered at each scrape.
+    lag: std::sync::Mutex<Vec<(String, String, u32, u64)>>,
     config: BrokerConfig,
 }
 
@@ -95,6 +98,7 @@ impl Broker {
             membership: membership::Membership::default(),
             transactions: transaction::Transactions::default(),
             timers: timer::Timers::default(),
+            lag: std::sync::Mutex::new(Vec::new()),
             config,
         })
     }
@@ -255,27 +259,12 @@ impl Broker {
             .collect()
     }
 
-    /// Publishes [`Broker::consumer_lag`] as `rokka_consumer_lag` (per queue)
-    /// and `rokka_consumer_group_lag` (per group and topic); series that
-    /// vanished since `published` (deleted groups or topics) are set to 0.
-    pub fn publish_lag(&self, published: &mut std::collections::BTreeSet<(String, String, u32)>) {
-        let mut now = std::collections::BTreeSet::new();
-        let mut per_topic: std::collections::BTreeMap<(String, String), u64> = Default::default();
-        for (g, t, q, lag) in self.consumer_lag() {
-            metrics::gauge!("rokka_consumer_lag", "group" => g.clone(), "topic" => t.clone(), "queue" => q.to_string())
-                .set(lag as f64);
-            *per_topic.entry((g.clone(), t.clone())).or_default() += lag;
-            now.insert((g, t, q));
-        }
-        for (g, t, q) in published.difference(&now) {
-            metrics::gauge!("rokka_consumer_lag", "group" => g.clone(), "topic" => t.clone(), "queue" => q.to_string())
-                .set(0.0);
-            per_topic.entry((g.clone(), t.clone())).or_default();
-        }
-        for ((g, t), lag) in per_topic {
-            metrics::gauge!("rokka_consumer_group_lag", "group" => g, "topic" => t).set(lag as f64);
-        }
-        *published = now;
+    /// Recomputes [`Broker::consumer_lag`] for the next scrapes
+    /// (`rokka_consumer_lag`, `rokka_consumer_group_lag`): a deleted group
+    /// or topic leaves no series behind.
+    pub fn refresh_lag(&self) {
+        let lag = self.consumer_lag();
+        *self.lag.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = lag;
     }
 
     pub fn append_messages(&self, msgs: &[MessageInput<'_>]) -> Result<Vec<AppendResult>> {
@@ -326,6 +315,30 @@ mod tests {
     }
 }
 
+impl scrape::Collect for Broker {
+    fn collect(&self, out: &mut Vec<scrape::Family>) {
+        let lag = self.lag.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut per_queue = scrape::Family::gauge(
+            "rokka_consumer_lag",
+            "queue end offset minus the group's committed offset (Kafka and RocketMQ groups)",
+        );
+        let mut per_topic: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
+        for (g, t, q, n) in lag.iter() {
+            per_queue.push(
+                vec![("group", g.clone()), ("topic", t.clone()), ("queue", q.to_string())],
+                *n as f64,
+            );
+            *per_topic.entry((g, t)).or_default() += n;
+        }
+        let mut sums = scrape::Family::gauge("rokka_consumer_group_lag", "consumer lag summed over a topic's queues");
+        for ((g, t), n) in per_topic {
+            sums.push(vec![("group", g.to_string()), ("topic", t.to_string())], n as f64);
+        }
+        out.push(per_queue);
+        out.push(sums);
+    }
+}
+
 #[cfg(test)]
 mod lag_tests {
     use super::*;
@@ -349,9 +362,20 @@ mod lag_tests {
             lag,
             vec![("kafka-g".into(), "L".into(), 0, 3), ("rmq-g".into(), "L".into(), 1, 0)]
         );
-        let mut published = std::collections::BTreeSet::new();
-        b.publish_lag(&mut published);
-        assert_eq!(published.len(), 2);
+        b.refresh_lag();
+        let mut fams = Vec::new();
+        scrape::Collect::collect(&b, &mut fams);
+        let per_queue: Vec<_> = fams[0].samples.iter().map(|(l, v)| (l[0].1.clone(), *v)).collect();
+        assert_eq!(fams[0].name, "rokka_consumer_lag");
+        assert_eq!(per_queue.len(), 2);
+        assert!(per_queue.contains(&("kafka-g".to_string(), 3.0)));
+        // A deleted group's series are gone at the next refresh.
+        store.offsets().delete_group("kafka-g");
+        b.refresh_lag();
+        let mut fams = Vec::new();
+        scrape::Collect::collect(&b, &mut fams);
+        assert_eq!(fams[0].samples.len(), 1);
+        assert_eq!(fams[1].samples.len(), 1, "per-topic sums follow");
         Ok(())
     }
 }

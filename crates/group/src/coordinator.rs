@@ -23,6 +23,15 @@ pub struct GroupConfig {
     /// Offsets of a group that stayed empty this long are deleted
     /// (Kafka offsets.retention.minutes, in ms).
     pub offsets_retention_ms: u64,
+    /// Most groups the coordinator holds (group names come from clients;
+    /// 0 = no limit). A JoinGroup that would create one more is answered
+    /// COORDINATOR_NOT_AVAILABLE, which clients retry; empty groups without
+    /// committed offsets are forgotten within seconds, so room comes back.
+    pub max_groups: u32,
+    /// Most members (with member ids handed out and not yet used) in one
+    /// group (Kafka group.max.size; 0 = no limit); a new member beyond it
+    /// gets GROUP_MAX_SIZE_REACHED.
+    pub max_group_size: u32,
 }
 
 impl Default for GroupConfig {
@@ -32,6 +41,8 @@ impl Default for GroupConfig {
             min_session_timeout_ms: 6_000,
             max_session_timeout_ms: 1_800_000,
             offsets_retention_ms: 7 * 24 * 3600 * 1000,
+            max_groups: 100_000,
+            max_group_size: 10_000,
         }
     }
 }
@@ -194,6 +205,9 @@ pub struct GroupCoordinator {
     superseded_joins: u64,
     /// Parked SyncGroups answered because their member sent another.
     superseded_syncs: u64,
+    /// JoinGroups refused by `max_groups` / `max_group_size`.
+    refused_groups: u64,
+    refused_members: u64,
 }
 
 impl GroupCoordinator {
@@ -205,7 +219,19 @@ impl GroupCoordinator {
             id_seq: 0,
             superseded_joins: 0,
             superseded_syncs: 0,
+            refused_groups: 0,
+            refused_members: 0,
         }
+    }
+
+    /// JoinGroups refused so far by (`max_groups`, `max_group_size`).
+    pub fn refused(&self) -> (u64, u64) {
+        (self.refused_groups, self.refused_members)
+    }
+
+    /// Groups held now.
+    pub fn group_count(&self) -> usize {
+        self.groups.len()
     }
 
     /// (JoinGroups, SyncGroups) answered so far because the same member
@@ -250,6 +276,11 @@ impl GroupCoordinator {
             if !req.member_id.is_empty() {
                 return error(code::UNKNOWN_MEMBER_ID, &req.member_id);
             }
+            let max = self.config.max_groups as usize;
+            if max > 0 && self.groups.len() >= max {
+                self.refused_groups += 1;
+                return error(code::COORDINATOR_NOT_AVAILABLE, &req.member_id);
+            }
             self.groups.insert(req.group.clone(), Group::new(&req.group, now));
         }
         let new_id = if req.member_id.is_empty() {
@@ -267,6 +298,21 @@ impl GroupCoordinator {
             return error(code::INCONSISTENT_GROUP_PROTOCOL, &req.member_id);
         }
         let mut out = Vec::new();
+        let max_size = self.config.max_group_size as usize;
+        let is_static_return = req
+            .instance_id
+            .as_ref()
+            .is_some_and(|inst| g.members.values().any(|m| m.instance_id.as_ref() == Some(inst)));
+        let is_new =
+            (new_id.is_some() && !is_static_return) || (new_id.is_none() && !g.members.contains_key(&req.member_id));
+        if is_new
+            && max_size > 0
+            && g.members.len() + g.pending.len() >= max_size
+            && !g.pending.contains_key(&req.member_id)
+        {
+            self.refused_members += 1;
+            return error(code::GROUP_MAX_SIZE_REACHED, &req.member_id);
+        }
         if let Some(new_id) = new_id {
             // A static member rejoining replaces its old member id.
             if let Some(inst) = &req.instance_id {
@@ -818,6 +864,17 @@ impl GroupCoordinator {
             self.groups.remove(n);
         }
         gone
+    }
+
+    /// Forgets Empty groups with no member id pending and no committed
+    /// offsets (`has_offsets` says which have): nothing of theirs is left to
+    /// keep (Kafka removes them at its next offsets-expiration pass).
+    /// Returns how many.
+    pub fn forget_unused_groups(&mut self, has_offsets: impl Fn(&str) -> bool) -> usize {
+        let before = self.groups.len();
+        self.groups
+            .retain(|name, g| !(g.state == GroupState::Empty && g.pending.is_empty() && !has_offsets(name)));
+        before - self.groups.len()
     }
 
     /// Whether an OffsetCommit from (member, generation) is accepted: an

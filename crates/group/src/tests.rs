@@ -380,6 +380,67 @@ fn empty_groups_expire_after_retention() {
     assert_eq!(h.c.expire_empty_groups(later), vec!["g".to_string()]);
 }
 
+#[test]
+fn a_group_beyond_max_group_size_refuses_new_members_only() {
+    let mut h = H::new();
+    h.c = GroupCoordinator::new(GroupConfig {
+        max_group_size: 2,
+        initial_rebalance_delay_ms: 0,
+        ..GroupConfig::default()
+    });
+    let (a, _, _) = h.new_member();
+    let (b, _, _) = h.new_member();
+    // A third id is not even handed out.
+    let (t, r) = h.join("");
+    assert_eq!(join_reply(&r, t).error, GROUP_MAX_SIZE_REACHED);
+    // Known members still rejoin.
+    let (t, r) = h.join(&a);
+    let errors: Vec<i16> = r
+        .iter()
+        .filter_map(|x| match x {
+            Reply::Join(tt, j) if *tt == t => Some(j.error),
+            _ => None,
+        })
+        .collect();
+    assert!(!errors.contains(&GROUP_MAX_SIZE_REACHED), "{errors:?}");
+    assert_eq!(h.c.member_count("g"), 2, "{b} and {a} stay");
+    assert_eq!(h.c.refused(), (0, 1));
+}
+
+#[test]
+fn max_groups_refuses_a_new_group_until_unused_ones_are_forgotten() {
+    let mut c = GroupCoordinator::new(GroupConfig {
+        max_groups: 2,
+        ..GroupConfig::default()
+    });
+    let mut req = H::join_req("", &[("range", "m")], None);
+    req.require_known_member_id = true;
+    for (i, g) in ["g1", "g2", "g3"].iter().enumerate() {
+        req.group = g.to_string();
+        let r = c.join(req.clone(), i as u64 + 1, 1_000);
+        let e = join_reply(&r, i as u64 + 1).error;
+        assert_eq!(
+            e,
+            if i < 2 {
+                MEMBER_ID_REQUIRED
+            } else {
+                COORDINATOR_NOT_AVAILABLE
+            },
+            "{g}"
+        );
+    }
+    assert_eq!(c.refused(), (1, 0));
+    // Pending ids keep their groups until they lapse; then a group without
+    // offsets is forgotten and one with offsets kept.
+    assert_eq!(c.forget_unused_groups(|_| false), 0);
+    let _ = c.tick(1_000 + SESSION + 1);
+    assert_eq!(c.forget_unused_groups(|g| g == "g1"), 1);
+    assert_eq!(c.group_count(), 1);
+    req.group = "g3".into();
+    let r = c.join(req, 9, 1_000 + SESSION + 2);
+    assert_eq!(join_reply(&r, 9).error, MEMBER_ID_REQUIRED);
+}
+
 // A member that re-sends a request while its earlier one is parked (its
 // client timed out and reconnected, or two clients share a member id): the
 // earlier request is answered REBALANCE_IN_PROGRESS at once — the client

@@ -15,6 +15,7 @@ pub mod code {
     pub const NON_EMPTY_GROUP: i16 = 68;
     pub const GROUP_ID_NOT_FOUND: i16 = 69;
     pub const MEMBER_ID_REQUIRED: i16 = 79;
+    pub const GROUP_MAX_SIZE_REACHED: i16 = 81;
     pub const FENCED_INSTANCE_ID: i16 = 82;
 }
 

@@ -13,6 +13,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use metrics_exporter_prometheus::PrometheusHandle;
+use rokka_broker::scrape::Collectors;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -24,7 +25,12 @@ const MAX_SCRAPES: usize = 16;
 
 /// Serves `GET /metrics` until `shutdown`, and runs the recorder's upkeep
 /// (histogram buckets are drained there) every 5 s.
-pub async fn serve(listener: TcpListener, handle: PrometheusHandle, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    handle: PrometheusHandle,
+    collectors: Collectors,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
     let mut upkeep = tokio::time::interval(Duration::from_secs(5));
     loop {
@@ -51,18 +57,27 @@ pub async fn serve(listener: TcpListener, handle: PrometheusHandle, mut shutdown
             _ = shutdown.changed() => return,
         };
         let h = handle.clone();
+        let c = collectors.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let service = hyper::service::service_fn(move |req| answer(req, h.clone()));
+            let service = hyper::service::service_fn(move |req| answer(req, h.clone(), c.clone()));
             let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
             let _ = tokio::time::timeout(SCRAPE_TIMEOUT, conn).await;
         });
     }
 }
 
-async fn answer(req: Request<Incoming>, handle: PrometheusHandle) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    req: Request<Incoming>,
+    handle: PrometheusHandle,
+    collectors: Collectors,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let (status, body) = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => (StatusCode::OK, handle.render()),
+        (&Method::GET, "/metrics") => {
+            let mut text = handle.render();
+            collectors.render(&mut text);
+            (StatusCode::OK, text)
+        }
         (&Method::GET, _) => (
             StatusCode::NOT_FOUND,
             "not found: the metrics are at /metrics\n".to_string(),

@@ -169,6 +169,7 @@ async fn serve(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut listeners = Vec::new();
     let mut bound = BTreeMap::new();
+    let collectors = rokka_broker::scrape::Collectors::default();
     if cfg.metrics.enabled {
         let idle =
             (cfg.metrics.idle_timeout_ms > 0).then(|| std::time::Duration::from_millis(cfg.metrics.idle_timeout_ms));
@@ -186,7 +187,12 @@ async fn serve(
             metrics::gauge!("rokka_fd_limit").set(n as f64);
         }
         tracing::info!(listen = %addr, "Prometheus metrics at /metrics");
-        listeners.push(tokio::spawn(endpoint::serve(l, handle, stop_rx.clone())));
+        listeners.push(tokio::spawn(endpoint::serve(
+            l,
+            handle,
+            collectors.clone(),
+            stop_rx.clone(),
+        )));
     }
     let rocketmq_broker = cfg.rocketmq.enabled && cfg.rocketmq.broker_enabled;
     let store = if cfg.kafka.enabled || rocketmq_broker {
@@ -208,15 +214,15 @@ async fn serve(
         )));
     }
     if let (true, Some(broker)) = (cfg.metrics.enabled, &broker) {
+        collectors.add(Arc::clone(broker) as Arc<dyn rokka_broker::scrape::Collect>);
         let b = Arc::clone(broker);
         let mut sd = stop_rx.clone();
         let every = std::time::Duration::from_millis(cfg.metrics.lag_interval_ms.max(100));
         listeners.push(tokio::spawn(async move {
-            let mut published = std::collections::BTreeSet::new();
             let mut tick = tokio::time::interval(every);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => b.publish_lag(&mut published),
+                    _ = tick.tick() => rokka_broker::offload(|| b.refresh_lag()),
                     _ = sd.changed() => return,
                 }
             }
@@ -234,6 +240,7 @@ async fn serve(
             cfg.group.clone(),
             addr,
         ));
+        collectors.add(Arc::clone(&kafka.groups) as Arc<dyn rokka_broker::scrape::Collect>);
         tracing::info!(listen = %addr, advertised = %format!("{}:{}", kafka.advertised_host, kafka.advertised_port), "Kafka listener");
         listeners.push(tokio::spawn(rokka_kafka::serve(listener, kafka, stop_rx.clone())));
     }

@@ -66,6 +66,11 @@ pub struct StoreConfig {
     pub store_host: SocketAddr,
     /// How often changed consumer offsets are persisted.
     pub offsets_flush_interval_ms: u64,
+    /// Most (group, topic, queue) committed offsets kept (0 = no limit):
+    /// group names come from clients, and the table is held in memory and
+    /// rewritten whole. A commit that would add an entry beyond it is
+    /// refused; commits to existing entries always succeed.
+    pub max_committed_offsets: u64,
     /// Check every entry a read returns (CRC, and that it is the record its
     /// ConsumeQueue entry points at: topic, queue, offset, position); a
     /// damaged entry is never served.
@@ -94,6 +99,7 @@ impl Default for StoreConfig {
             retention_check_interval_ms: 10_000,
             store_host: SocketAddr::from(([127, 0, 0, 1], 10911)),
             offsets_flush_interval_ms: 5_000,
+            max_committed_offsets: 1_000_000,
             verify_reads: true,
         }
     }

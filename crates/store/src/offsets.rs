@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -57,6 +57,8 @@ pub struct ConsumerOffsets {
     path: PathBuf,
     table: Mutex<BTreeMap<Key, CommittedOffset>>,
     dirty: AtomicBool,
+    /// Most entries a client commit may grow the table to.
+    max_entries: AtomicUsize,
 }
 
 impl ConsumerOffsets {
@@ -84,6 +86,7 @@ impl ConsumerOffsets {
             path: path.to_path_buf(),
             table: Mutex::new(table),
             dirty: AtomicBool::new(false),
+            max_entries: AtomicUsize::new(usize::MAX),
         })
     }
 
@@ -99,7 +102,43 @@ impl ConsumerOffsets {
         }
     }
 
-    /// Records `offset` as the next offset `group` consumes from (topic, queue).
+    /// Caps the entries [`ConsumerOffsets::commit_bounded`] may grow the
+    /// table to (0 = no limit).
+    pub fn set_max_entries(&self, n: u64) {
+        let n = if n == 0 {
+            usize::MAX
+        } else {
+            n.min(usize::MAX as u64) as usize
+        };
+        self.max_entries.store(n, Ordering::Relaxed);
+    }
+
+    /// A client's commit: as [`ConsumerOffsets::commit`], but refused
+    /// (false, counted in `rokka_offset_commits_refused_total`) when it
+    /// would add an entry to a table already holding `max_committed_offsets`.
+    pub fn commit_bounded(&self, group: &str, topic: &str, queue: u32, offset: u64, metadata: &str) -> bool {
+        let key = Self::key(group, topic, queue);
+        let v = CommittedOffset {
+            offset,
+            metadata: metadata.to_string(),
+            commit_timestamp: crate::now_ms(),
+        };
+        let mut t = self.lock();
+        if t.len() >= self.max_entries.load(Ordering::Relaxed) && !t.contains_key(&key) {
+            drop(t);
+            metrics::counter!("rokka_offset_commits_refused_total").increment(1);
+            return false;
+        }
+        t.insert(key, v);
+        metrics::gauge!("rokka_committed_offsets").set(t.len() as f64);
+        drop(t);
+        self.dirty.store(true, Ordering::Release);
+        true
+    }
+
+    /// Records `offset` as the next offset `group` consumes from (topic,
+    /// queue). For the broker's own progress entries; clients' commits go
+    /// through [`ConsumerOffsets::commit_bounded`].
     pub fn commit(&self, group: &str, topic: &str, queue: u32, offset: u64, metadata: &str) {
         let v = CommittedOffset {
             offset,
@@ -215,6 +254,22 @@ mod tests {
         std::fs::write(&p, b"{not json").map_err(StoreError::io("write", &p))?;
         let err = ConsumerOffsets::load(&p).err();
         assert!(matches!(err, Some(StoreError::BadFile { .. })));
+        Ok(())
+    }
+
+    #[test]
+    fn client_commits_cannot_grow_the_table_past_its_cap() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| StoreError::Config(e.to_string()))?;
+        let t = ConsumerOffsets::load(&dir.path().join("offsets.json"))?;
+        t.set_max_entries(2);
+        assert!(t.commit_bounded("g1", "t", 0, 1, ""));
+        assert!(t.commit_bounded("g2", "t", 0, 1, ""));
+        assert!(!t.commit_bounded("g3", "t", 0, 1, ""), "a third entry");
+        assert!(t.commit_bounded("g1", "t", 0, 5, ""), "an existing entry moves");
+        assert_eq!(t.get("g1", "t", 0).map(|c| c.offset), Some(5));
+        assert_eq!(t.get("g3", "t", 0), None);
+        t.delete_group("g2");
+        assert!(t.commit_bounded("g3", "t", 0, 1, ""), "room once a group is gone");
         Ok(())
     }
 }

@@ -189,6 +189,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         last_record: cp.as_ref().map_or(0, |c| c.last_record_offset),
     };
     let offsets = ConsumerOffsets::load(&dir.join("offsets.json"))?;
+    offsets.set_max_entries(config.max_committed_offsets);
     // After a recovery that rebuilt anything (a crash can lose an async
     // tail, a scan can cut a torn one), committed offsets and delay/timer
     // progress (same table) past their queue's recovered end are pulled back

@@ -135,6 +135,15 @@ impl Groups {
             if ticks.is_multiple_of(10) {
                 self.export_metrics(&mut last_gen);
             }
+            if ticks.is_multiple_of(100) {
+                // Empty groups with nothing committed: forgotten every 10 s,
+                // so max_groups is spent only on groups in use.
+                let committed: std::collections::HashSet<String> = offsets.offsets().groups().into_iter().collect();
+                let n = self.with(|c| c.forget_unused_groups(|g| committed.contains(g)));
+                if n > 0 {
+                    tracing::debug!(groups = n, "forgot empty groups without offsets");
+                }
+            }
             if ticks.is_multiple_of(600) {
                 let gone = self.with(|c| c.expire_empty_groups(now));
                 for g in gone {
@@ -149,6 +158,13 @@ impl Groups {
         let (joins, syncs) = self.with(|c| c.superseded());
         metrics::counter!("rokka_group_superseded_requests_total", "api" => "join").absolute(joins);
         metrics::counter!("rokka_group_superseded_requests_total", "api" => "sync").absolute(syncs);
+        let (groups, members, count) = self.with(|c| {
+            let (g, m) = c.refused();
+            (g, m, c.group_count())
+        });
+        metrics::counter!("rokka_group_joins_refused_total", "reason" => "max_groups").absolute(groups);
+        metrics::counter!("rokka_group_joins_refused_total", "reason" => "max_group_size").absolute(members);
+        metrics::gauge!("rokka_groups").set(count as f64);
         let parked = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).len();
         metrics::gauge!("rokka_group_parked_requests").set(parked as f64);
         let views: Vec<_> = self.with(|c| {
@@ -157,18 +173,39 @@ impl Groups {
                 .filter_map(|(name, _, _)| c.describe(&name))
                 .collect()
         });
+        // Only live groups are remembered: a forgotten group's counter
+        // series lapses with the recorder's idle timeout.
+        last_gen.retain(|name, _| views.iter().any(|v| &v.name == name));
         for v in views {
-            metrics::gauge!("rokka_group_members", "group" => v.name.clone()).set(v.members.len() as f64);
-            for s in ["Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"] {
-                let on = if v.state.name() == s { 1.0 } else { 0.0 };
-                metrics::gauge!("rokka_group_state", "group" => v.name.clone(), "state" => s).set(on);
-            }
             let prev = last_gen.insert(v.name.clone(), v.generation).unwrap_or(0);
             if v.generation > prev {
                 metrics::counter!("rokka_group_rebalances_total", "group" => v.name.clone())
                     .increment((v.generation - prev) as u64);
             }
         }
+    }
+}
+
+impl rokka_broker::scrape::Collect for Groups {
+    fn collect(&self, out: &mut Vec<rokka_broker::scrape::Family>) {
+        use rokka_broker::scrape::Family;
+        let views: Vec<_> = self.with(|c| {
+            c.list()
+                .into_iter()
+                .filter_map(|(name, _, _)| c.describe(&name))
+                .collect()
+        });
+        let mut members = Family::gauge("rokka_group_members", "members of the Kafka-protocol group");
+        let mut state = Family::gauge("rokka_group_state", "1 for the group's current state, 0 for the others");
+        for v in views {
+            members.push(vec![("group", v.name.clone())], v.members.len() as f64);
+            for s in ["Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"] {
+                let on = if v.state.name() == s { 1.0 } else { 0.0 };
+                state.push(vec![("group", v.name.clone()), ("state", s.to_string())], on);
+            }
+        }
+        out.push(members);
+        out.push(state);
     }
 }
 

@@ -36,17 +36,31 @@ pub struct Clients {
 }
 
 impl Clients {
-    /// Groups whose membership changed when `client_id` left.
+    /// Groups whose membership changed when `client_id` left (a group left
+    /// without members is forgotten: its name came from a client).
     pub fn remove_client(&mut self, client_id: &str) -> Vec<String> {
         let mut changed = Vec::new();
-        if self.clients.remove(client_id).is_some() {
-            for (name, g) in self.groups.iter_mut() {
-                if g.members.remove(client_id) {
+        if let Some(cl) = self.clients.remove(client_id) {
+            for name in &cl.consumer_groups {
+                if self.leave_group(name, client_id) {
                     changed.push(name.clone());
                 }
             }
         }
         changed
+    }
+
+    /// Takes `client_id` out of `group`; whether it was a member. A group
+    /// left without members is forgotten.
+    pub fn leave_group(&mut self, group: &str, client_id: &str) -> bool {
+        let Some(g) = self.groups.get_mut(group) else {
+            return false;
+        };
+        let was = g.members.remove(client_id);
+        if g.members.is_empty() {
+            self.groups.remove(group);
+        }
+        was
     }
 
     /// Connections of a group's members.

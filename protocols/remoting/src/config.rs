@@ -71,6 +71,12 @@ pub struct RocketMqConfig {
     /// Most orderly-consumption queue locks held at once (keys come from
     /// clients; expired locks are dropped first).
     pub max_queue_locks: u32,
+    /// Most RocketMQ clients (client ids from heartbeats) known at once
+    /// (0 = no limit); a heartbeat from a new one beyond it is refused.
+    pub max_clients: u32,
+    /// Most consumer groups with live members at once (0 = no limit); a
+    /// heartbeat naming a new group beyond it is refused for that group.
+    pub max_consumer_groups: u32,
 }
 
 impl Default for RocketMqConfig {
@@ -102,6 +108,8 @@ impl Default for RocketMqConfig {
             max_inflight_request_bytes: 256 * 1024 * 1024,
             max_pull_bytes: 4 * 1024 * 1024,
             max_queue_locks: 100_000,
+            max_clients: 100_000,
+            max_consumer_groups: 100_000,
         }
     }
 }

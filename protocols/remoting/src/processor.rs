@@ -230,8 +230,20 @@ impl RocketMq {
         let mut changed = Vec::new();
         let mut retry_topics = Vec::new();
         let mut conflict: Option<String> = None;
+        let max_clients = self.config.max_clients as usize;
+        let max_groups = self.config.max_consumer_groups as usize;
+        let mut refused: Option<String> = None;
         {
             let mut c = self.clients();
+            if max_clients > 0 && c.clients.len() >= max_clients && !c.clients.contains_key(&client_id) {
+                drop(c);
+                metrics::counter!("rokka_rocketmq_heartbeats_refused_total", "reason" => "max_clients").increment(1);
+                return self.reply(
+                    req,
+                    rs::SYSTEM_ERROR,
+                    Some(format!("too many clients (rocketmq.max_clients = {max_clients})")),
+                );
+            }
             let entry = c.clients.entry(client_id.clone()).or_insert_with(|| Client {
                 conn: conn.clone(),
                 last_seen_ms: now,
@@ -240,12 +252,22 @@ impl RocketMq {
             });
             entry.conn = conn.clone();
             entry.last_seen_ms = now;
-            entry.producer_groups.extend(hb.producer_groups);
-            entry
-                .consumer_groups
-                .extend(hb.consumers.iter().map(|cd| cd.group.clone()));
+            // Producer groups only label the client; at most as many as
+            // one heartbeat names (a later heartbeat replaces them).
+            entry.producer_groups = hb.producer_groups.into_iter().collect();
             for cd in hb.consumers {
                 let g = cd.group;
+                if max_groups > 0 && c.groups.len() >= max_groups && !c.groups.contains_key(&g) {
+                    metrics::counter!("rokka_rocketmq_heartbeats_refused_total", "reason" => "max_consumer_groups")
+                        .increment(1);
+                    refused = Some(format!(
+                        "consumer group {g} refused: too many consumer groups (rocketmq.max_consumer_groups = {max_groups})"
+                    ));
+                    continue;
+                }
+                if let Some(cl) = c.clients.get_mut(&client_id) {
+                    cl.consumer_groups.insert(g.clone());
+                }
                 // A mixed group's members must agree on topics.
                 let topics: BTreeSet<String> = cd
                     .subscriptions
@@ -259,7 +281,7 @@ impl RocketMq {
                 if !kafka.kafka.is_empty() && !kafka.kafka_topics.is_empty() && topics != kafka.kafka_topics {
                     metrics::counter!("rokka_mixed_group_conflicts_total", "group" => g.clone(), "side" => "rocketmq")
                         .increment(1);
-                    let was = c.groups.get_mut(&g).is_some_and(|grp| grp.members.remove(&client_id));
+                    let was = c.leave_group(&g, &client_id);
                     if was {
                         changed.push(g.clone());
                     }
@@ -308,7 +330,7 @@ impl RocketMq {
         for g in changed {
             self.notify_ids_changed(&g);
         }
-        if let Some(remark) = conflict {
+        if let Some(remark) = conflict.or(refused) {
             return self.reply(req, rs::SYSTEM_ERROR, Some(remark));
         }
         let mut r = self.reply(req, rs::SUCCESS, None);
@@ -373,7 +395,7 @@ impl RocketMq {
             match req.ext_fields.get("consumerGroup") {
                 Some(g) if !g.is_empty() => {
                     let mut changed = Vec::new();
-                    if c.groups.get_mut(g).is_some_and(|grp| grp.members.remove(client_id)) {
+                    if c.leave_group(g, client_id) {
                         changed.push(g.to_string());
                     }
                     if let Some(cl) = c.clients.get_mut(client_id) {
@@ -428,6 +450,8 @@ impl RocketMq {
                 tracing::info!(client = id, "RocketMQ client expired");
                 changed.extend(c.remove_client(&id));
             }
+            metrics::gauge!("rokka_rocketmq_clients").set(c.clients.len() as f64);
+            metrics::gauge!("rokka_rocketmq_consumer_groups").set(c.groups.len() as f64);
             changed
         };
         for g in changed {
@@ -615,7 +639,12 @@ impl RocketMq {
         }
         if sys_flag & 0x1 != 0 {
             if let Some(c) = ext_i64(req, "commitOffset", "commitOffset").filter(|c| *c >= 0) {
-                self.broker.store().offsets().commit(&group, &topic, q, c as u64, "");
+                // Refused past store.max_committed_offsets (counted); the pull is still served.
+                let _ = self
+                    .broker
+                    .store()
+                    .offsets()
+                    .commit_bounded(&group, &topic, q, c as u64, "");
             }
         }
         // The filter: from the request when it carries one, else the heartbeat's.
@@ -788,13 +817,31 @@ impl RocketMq {
         if group.is_empty() || queue < 0 || offset < 0 {
             return self.reply(req, rs::SYSTEM_ERROR, Some("bad offset update".into()));
         }
-        if self.broker.topics().get(topic).is_none() {
+        let Some(info) = self.broker.topics().get(topic) else {
             return self.reply(req, rs::TOPIC_NOT_EXIST, Some(format!("topic[{topic}] not exist")));
+        };
+        if queue as u64 >= u64::from(info.partitions) {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!(
+                    "queueId[{queue}] is illegal, topic:[{topic}] has {} queues",
+                    info.partitions
+                )),
+            );
         }
-        self.broker
+        let stored = self
+            .broker
             .store()
             .offsets()
-            .commit(group, topic, queue as u32, offset as u64, "");
+            .commit_bounded(group, topic, queue as u32, offset as u64, "");
+        if !stored {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some("the committed-offset table is full (store.max_committed_offsets)".into()),
+            );
+        }
         self.reply(req, rs::SUCCESS, None)
     }
 

@@ -633,3 +633,57 @@ async fn mixed_group_lists_kafka_members_and_refuses_conflicts() -> TestResult {
         .contains("conflicts with its Kafka members"));
     Ok(())
 }
+
+/// Heartbeats name clients and groups; both are capped, and a group whose
+/// last member left is forgotten (so its slot comes back).
+#[tokio::test]
+async fn heartbeat_clients_and_groups_are_capped() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let cfg = RocketMqConfig {
+        max_clients: 2,
+        max_consumer_groups: 2,
+        ..RocketMqConfig::default()
+    };
+    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), cfg, addr));
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, rmq, rx));
+    let hb = |id: &str, groups: &[&str]| {
+        let consumers: Vec<String> = groups
+            .iter()
+            .map(|g| format!(r#"{{"groupName":"{g}","messageModel":"CLUSTERING","subscriptionDataSet":[]}}"#))
+            .collect();
+        let mut h = req(rq::HEART_BEAT, &[]);
+        h.body = Bytes::from(format!(
+            r#"{{"clientID":"{id}","producerDataSet":[],"consumerDataSet":[{}]}}"#,
+            consumers.join(",")
+        ));
+        h
+    };
+    let mut c = Client::connect(addr).await?;
+    assert_eq!(c.call(hb("c1", &["g1", "g2"])).await?.code, rs::SUCCESS);
+    let r = c.call(hb("c2", &["g3"])).await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR, "a third group");
+    assert!(r.remark.as_deref().unwrap_or_default().contains("max_consumer_groups"));
+    let r = c.call(hb("c3", &[])).await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR, "a third client");
+    assert!(r.remark.as_deref().unwrap_or_default().contains("max_clients"));
+    // c1 leaves g2: the group is forgotten and g3 fits.
+    let r = c
+        .call(req(
+            rq::UNREGISTER_CLIENT,
+            &[("clientID", "c1"), ("consumerGroup", "g2")],
+        ))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    assert_eq!(c.call(hb("c2", &["g3"])).await?.code, rs::SUCCESS);
+    let r = c
+        .call(req(rq::GET_CONSUMER_LIST_BY_GROUP, &[("consumerGroup", "g3")]))
+        .await?;
+    let list: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(list["consumerIdList"], serde_json::json!(["c2"]));
+    Ok(())
+}

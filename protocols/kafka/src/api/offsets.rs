@@ -56,8 +56,15 @@ pub fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitRe
                         errors::OFFSET_METADATA_TOO_LARGE
                     } else {
                         let meta = p.committed_metadata.as_ref().map_or("", |m| m.as_str());
-                        offsets.commit(&group, &name, p.partition_index as u32, p.committed_offset as u64, meta);
-                        errors::NONE
+                        let (q, o) = (p.partition_index as u32, p.committed_offset as u64);
+                        if offsets.commit_bounded(&group, &name, q, o, meta) {
+                            errors::NONE
+                        } else {
+                            // store.max_committed_offsets: a non-retriable
+                            // answer (Kafka gives it when an offset commit
+                            // cannot be stored for its size).
+                            errors::INVALID_COMMIT_OFFSET_SIZE
+                        }
                     };
                     OffsetCommitResponsePartition::default()
                         .with_partition_index(p.partition_index)
