@@ -12,6 +12,7 @@ bench="$here/target/release/rokka-kafka-bench"
 
 failures=0
 run_case() { # flush_mode then bench args; a failed driver or broker fails the run
+  # (STORE_EXTRA: more [store] lines, e.g. "verify_reads = false")
   local mode=$1; shift
   local dir; dir=$(mktemp -d "$root/target/kbench.XXXX")
   cat > "$dir/rokka.toml" <<EOT
@@ -22,6 +23,7 @@ enabled = false
 [store]
 data_dir = "$dir/data"
 flush_mode = "$mode"
+${STORE_EXTRA:-}
 [broker]
 default_partitions = 4
 [kafka]
@@ -32,7 +34,7 @@ EOT
   "$root/target/release/rokka" --config "$dir/rokka.toml" --ports-file "$dir/ports.json" & local pid=$!
   for _ in $(seq 300); do [[ -s $dir/ports.json ]] && break; sleep 0.1; done
   local kafka; kafka=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["kafka"])' "$dir/ports.json")
-  echo "# flush_mode=$mode $*"
+  echo "# flush_mode=$mode ${STORE_EXTRA:-} $*"
   local rc=0
   "$bench" --brokers "$kafka" --topic "b$RANDOM" "$@" || { rc=$?; echo "FAILED: the driver exited with $rc"; }
   kill -TERM $pid
@@ -41,6 +43,19 @@ EOT
   if [[ $rc != 0 ]]; then failures=$((failures + 1)); fi
   rm -rf "$dir"
 }
+
+if [[ ${1:-} == verify ]]; then
+  # The read check's cost end to end: the same 1 KiB produce-then-fetch
+  # with store.verify_reads on and off, alternated so both see the same
+  # machine state.
+  for round in 1 2; do
+    for v in true false; do
+      STORE_EXTRA="verify_reads = $v" run_case async --size 1024 --messages 1000000 --acks 1
+    done
+  done
+  [[ $failures == 0 ]] || { echo "$failures benchmark case(s) failed"; exit 1; }
+  exit 0
+fi
 
 run_case async --size 100 --messages 4000000 --acks 1
 run_case async --size 1024 --messages 1000000 --acks 1

@@ -68,3 +68,31 @@ def test_group_offsets_alter_list_delete(rokka, topic):
     offs = k.list_group_offsets(group)[group]
     assert {tp.partition: om.offset for tp, om in offs.items() if om.offset >= 0} == {1: 4}
     k.close()
+
+
+def test_list_offsets_max_timestamp_is_the_record_with_the_highest_time(rokka, topic):
+    from confluent_kafka.admin import OffsetSpec
+
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(10)
+    # One batch (linger) of three records timed 100, 400, 250: the highest
+    # time is the middle record's, offset 1 — not the batch's base offset.
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "linger.ms": 500})
+    for ts in (100, 400, 250):
+        p.produce(topic, b"x", partition=0, timestamp=ts)
+    assert p.flush(20) == 0
+    tp = TopicPartition(topic, 0)
+    got = a.list_offsets({tp: OffsetSpec.max_timestamp()})[tp].result(10)
+    assert (got.offset, got.timestamp) == (1, 400)
+    # A later batch with lower times leaves the answer where it is; a
+    # higher one moves it.
+    for ts in (300, 50):
+        p.produce(topic, b"y", partition=0, timestamp=ts)
+    assert p.flush(20) == 0
+    got = a.list_offsets({tp: OffsetSpec.max_timestamp()})[tp].result(10)
+    assert (got.offset, got.timestamp) == (1, 400)
+    p.produce(topic, b"z", partition=0, timestamp=900)
+    assert p.flush(20) == 0
+    got = a.list_offsets({tp: OffsetSpec.max_timestamp()})[tp].result(10)
+    assert (got.offset, got.timestamp) == (5, 900)
+    assert a.list_offsets({tp: OffsetSpec.latest()})[tp].result(10).offset == 6

@@ -45,6 +45,40 @@ fn by_time(store: &MessageStore, topic: &str, q: u32, ts: i64, limit: usize) -> 
     (-1, -1)
 }
 
+/// (offset, timestamp) of the record with the highest timestamp, the
+/// first one on a tie (Kafka, KIP-734 and KAFKA-16310), or (-1, -1) when
+/// the partition holds none.
+fn max_timestamp(store: &MessageStore, topic: &str, q: u32, limit: usize) -> (i64, i64) {
+    let Some(cq) = store.queue(topic, q) else {
+        return (-1, -1);
+    };
+    let min = cq.min_offset();
+    let Some(last) = cq.entry(cq.entry_count().wrapping_sub(1)) else {
+        return (-1, -1);
+    };
+    // Message times in the ConsumeQueue are a running max: the first entry
+    // reaching the last one's value holds the record with the highest time.
+    let max = last.msg_timestamp;
+    let Some(e) = cq.entry_by_msg_time(max) else {
+        return (-1, -1);
+    };
+    let read = store.read(topic, q, e.base_offset.max(min), 1, 1);
+    match read.entries.first().map(|entry| entry.decode()) {
+        Some(Ok(Entry::Message(m))) => (m.queue_offset as i64, m.born_timestamp),
+        Some(Ok(Entry::KafkaBatch(b))) => match rokka_broker::validate::decode(&b.batch, limit) {
+            Ok(set) => {
+                let best = set.records.iter().map(|r| r.timestamp).max();
+                match set.records.iter().find(|r| Some(r.timestamp) == best) {
+                    Some(r) => (r.offset, r.timestamp),
+                    None => (-1, -1),
+                }
+            }
+            Err(_) => (e.base_offset as i64, max),
+        },
+        _ => (-1, -1),
+    }
+}
+
 pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
     let broker = k.broker.as_ref();
     let store = broker.store();
@@ -72,13 +106,9 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                     let (offset, ts) = match p.timestamp {
                         LATEST => (store.max_offset(&name, q) as i64, -1),
                         EARLIEST => (store.min_offset(&name, q) as i64, -1),
-                        MAX_TIMESTAMP => match store
-                            .queue(&name, q)
-                            .and_then(|cq| cq.entry(cq.entry_count().wrapping_sub(1)))
-                        {
-                            Some(e) => (e.base_offset as i64, e.msg_timestamp),
-                            None => (-1, -1),
-                        },
+                        MAX_TIMESTAMP => {
+                            max_timestamp(store, &name, q, k.broker.config().max_batch_decompressed_bytes as usize)
+                        }
                         ts => by_time(
                             store,
                             &name,
