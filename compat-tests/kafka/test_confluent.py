@@ -122,6 +122,14 @@ def test_commit_and_fetch_offsets(rokka, topic):
     c.commit(offsets=[TopicPartition(topic, 0, 7)], asynchronous=False)
     got = c.committed([TopicPartition(topic, 0)], timeout=10)
     assert got[0].offset == 7
+    # OffsetCommit v6+ carries the leader epoch of the record consumed last;
+    # OffsetFetch gives it back (librdkafka validates positions with it).
+    c.commit(offsets=[TopicPartition(topic, 0, 8, leader_epoch=0)], asynchronous=False)
+    got = c.committed([TopicPartition(topic, 0)], timeout=10)
+    assert (got[0].offset, got[0].leader_epoch) == (8, 0)
+    c.commit(offsets=[TopicPartition(topic, 0, 9)], asynchronous=False)
+    got = c.committed([TopicPartition(topic, 0)], timeout=10)
+    assert (got[0].offset, got[0].leader_epoch) == (9, None)
     c.close()
 
 

@@ -28,6 +28,14 @@ pub struct CommittedOffset {
     /// When it was committed (ms since the epoch).
     #[serde(default)]
     pub commit_timestamp: i64,
+    /// The leader epoch of the record consumed last, as the client sent it
+    /// (Kafka OffsetCommit v6+; -1 unknown, and for RocketMQ).
+    #[serde(default = "unknown_epoch")]
+    pub leader_epoch: i32,
+}
+
+fn unknown_epoch() -> i32 {
+    -1
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -116,12 +124,21 @@ impl ConsumerOffsets {
     /// A client's commit: as [`ConsumerOffsets::commit`], but refused
     /// (false, counted in `rokka_offset_commits_refused_total`) when it
     /// would add an entry to a table already holding `max_committed_offsets`.
-    pub fn commit_bounded(&self, group: &str, topic: &str, queue: u32, offset: u64, metadata: &str) -> bool {
+    pub fn commit_bounded(
+        &self,
+        group: &str,
+        topic: &str,
+        queue: u32,
+        offset: u64,
+        metadata: &str,
+        leader_epoch: i32,
+    ) -> bool {
         let key = Self::key(group, topic, queue);
         let v = CommittedOffset {
             offset,
             metadata: metadata.to_string(),
             commit_timestamp: crate::now_ms(),
+            leader_epoch,
         };
         let mut t = self.lock();
         if t.len() >= self.max_entries.load(Ordering::Relaxed) && !t.contains_key(&key) {
@@ -144,6 +161,7 @@ impl ConsumerOffsets {
             offset,
             metadata: metadata.to_string(),
             commit_timestamp: crate::now_ms(),
+            leader_epoch: -1,
         };
         self.lock().insert(Self::key(group, topic, queue), v);
         self.dirty.store(true, Ordering::Release);
@@ -262,14 +280,14 @@ mod tests {
         let dir = tempfile::tempdir().map_err(|e| StoreError::Config(e.to_string()))?;
         let t = ConsumerOffsets::load(&dir.path().join("offsets.json"))?;
         t.set_max_entries(2);
-        assert!(t.commit_bounded("g1", "t", 0, 1, ""));
-        assert!(t.commit_bounded("g2", "t", 0, 1, ""));
-        assert!(!t.commit_bounded("g3", "t", 0, 1, ""), "a third entry");
-        assert!(t.commit_bounded("g1", "t", 0, 5, ""), "an existing entry moves");
+        assert!(t.commit_bounded("g1", "t", 0, 1, "", -1));
+        assert!(t.commit_bounded("g2", "t", 0, 1, "", -1));
+        assert!(!t.commit_bounded("g3", "t", 0, 1, "", -1), "a third entry");
+        assert!(t.commit_bounded("g1", "t", 0, 5, "", -1), "an existing entry moves");
         assert_eq!(t.get("g1", "t", 0).map(|c| c.offset), Some(5));
         assert_eq!(t.get("g3", "t", 0), None);
         t.delete_group("g2");
-        assert!(t.commit_bounded("g3", "t", 0, 1, ""), "room once a group is gone");
+        assert!(t.commit_bounded("g3", "t", 0, 1, "", -1), "room once a group is gone");
         Ok(())
     }
 }

@@ -644,7 +644,7 @@ impl RocketMq {
                     .broker
                     .store()
                     .offsets()
-                    .commit_bounded(&group, &topic, q, c as u64, "");
+                    .commit_bounded(&group, &topic, q, c as u64, "", -1);
             }
         }
         // The filter: from the request when it carries one, else the heartbeat's.
@@ -834,7 +834,7 @@ impl RocketMq {
             .broker
             .store()
             .offsets()
-            .commit_bounded(group, topic, queue as u32, offset as u64, "");
+            .commit_bounded(group, topic, queue as u32, offset as u64, "", -1);
         if !stored {
             return self.reply(
                 req,

@@ -57,7 +57,7 @@ pub fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitRe
                     } else {
                         let meta = p.committed_metadata.as_ref().map_or("", |m| m.as_str());
                         let (q, o) = (p.partition_index as u32, p.committed_offset as u64);
-                        if offsets.commit_bounded(&group, &name, q, o, meta) {
+                        if offsets.commit_bounded(&group, &name, q, o, meta, p.committed_leader_epoch) {
                             errors::NONE
                         } else {
                             // store.max_committed_offsets: a non-retriable
@@ -79,10 +79,11 @@ pub fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitRe
     OffsetCommitResponse::default().with_topics(topics)
 }
 
-fn committed(k: &Kafka, group: &str, topic: &str, partition: i32) -> (i64, Option<String>) {
+/// (offset, metadata, leader epoch) committed, or (-1, "", -1).
+fn committed(k: &Kafka, group: &str, topic: &str, partition: i32) -> (i64, Option<String>, i32) {
     match k.broker.store().offsets().get(group, topic, partition.max(0) as u32) {
-        Some(o) if partition >= 0 => (o.offset as i64, Some(o.metadata)),
-        _ => (-1, Some(String::new())),
+        Some(o) if partition >= 0 => (o.offset as i64, Some(o.metadata), o.leader_epoch),
+        _ => (-1, Some(String::new()), -1),
     }
 }
 
@@ -118,11 +119,11 @@ pub fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetchRespo
                         let partitions = ps
                             .into_iter()
                             .map(|p| {
-                                let (off, meta) = committed(k, &group, &t, p);
+                                let (off, meta, epoch) = committed(k, &group, &t, p);
                                 OffsetFetchResponsePartitions::default()
                                     .with_partition_index(p)
                                     .with_committed_offset(off)
-                                    .with_committed_leader_epoch(-1)
+                                    .with_committed_leader_epoch(epoch)
                                     .with_metadata(meta.map(|m| str_bytes(&m)))
                             })
                             .collect();
@@ -150,11 +151,11 @@ pub fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetchRespo
             let partitions = ps
                 .into_iter()
                 .map(|p| {
-                    let (off, meta) = committed(k, &group, &t, p);
+                    let (off, meta, epoch) = committed(k, &group, &t, p);
                     OffsetFetchResponsePartition::default()
                         .with_partition_index(p)
                         .with_committed_offset(off)
-                        .with_committed_leader_epoch(-1)
+                        .with_committed_leader_epoch(epoch)
                         .with_metadata(meta.map(|m| str_bytes(&m)))
                 })
                 .collect();
