@@ -102,6 +102,19 @@ for scenario in send-consume tag-filter send-kinds ordered group lite-pull broad
   end_case $rc "$scenario"
 done
 
+# The C++-core client (PyPI rocketmq 0.4.4, librocketmq bundled): a new
+# push-consumer group on a topic that already holds messages reads them from
+# the start, as against Apache RocketMQ (QUERY_CONSUMER_OFFSET answers 0).
+venv="$root/target/compat-venv"
+[[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+"$venv/bin/pip" install -q --disable-pip-version-check rocketmq==0.4.4
+new_case cpp-new-group; write_config; rc=0; start_rokka || rc=1
+if [[ $rc == 0 ]]; then
+  (cd "$dir" && run_client cpp-new-group env HOME="$dir" "$venv/bin/python" "$here/cpp/cpp_client.py" "127.0.0.1:$ns") || rc=1
+  stop_rokka "$pid" || rc=1
+fi
+end_case $rc cpp-new-group
+
 # ROCKETMQ binary headers: the client is switched by its environment, and
 # rokka's frame counter shows the headers really were binary.
 new_case binary-headers; write_config; rc=0; start_rokka || rc=1

@@ -568,7 +568,8 @@ impl GroupCoordinator {
         if g.members.is_empty() {
             g.state = GroupState::Empty;
             g.protocol = None;
-            g.protocol_type = None;
+            // The protocol type stays (Kafka keeps it: ListGroups and
+            // DescribeGroups still say "consumer" for an emptied group).
             g.leader = None;
             g.empty_since = now;
             return;

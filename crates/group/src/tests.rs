@@ -372,6 +372,14 @@ fn pending_member_ids_expire() {
 }
 
 #[test]
+fn an_emptied_group_keeps_its_protocol_type() {
+    let (mut h, a) = stable_one();
+    h.c.leave("g", &[(a, None)], h.now);
+    assert_eq!(h.c.list(), vec![("g".to_string(), GroupState::Empty, "consumer".to_string())]);
+    assert_eq!(h.c.describe("g").map(|v| v.protocol_type), Some("consumer".to_string()));
+}
+
+#[test]
 fn empty_groups_expire_after_retention() {
     let (mut h, a) = stable_one();
     h.c.leave("g", &[(a, None)], h.now);

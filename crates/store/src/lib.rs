@@ -29,7 +29,7 @@ pub mod offsets;
 pub mod record;
 mod recovery;
 mod store;
-mod sys;
+pub mod sys;
 mod tasks;
 
 pub use config::{FlushMode, StoreConfig};

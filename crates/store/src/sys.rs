@@ -27,8 +27,24 @@ pub fn disk_used_percent(path: &Path) -> Option<f64> {
     Some(used * 100.0 / (used + avail))
 }
 
+/// Physical memory of this machine (`MemTotal` of /proc/meminfo), read once.
+pub fn total_memory_bytes() -> Option<u64> {
+    static TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *TOTAL.get_or_init(|| {
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn reads_the_machine_memory() {
+        assert!(super::total_memory_bytes().is_some_and(|b| b > 1 << 20));
+    }
+
     #[test]
     fn reports_a_percentage() {
         let p = super::disk_used_percent(std::path::Path::new("/"));

@@ -77,6 +77,11 @@ pub struct RocketMqConfig {
     /// Most consumer groups with live members at once (0 = no limit); a
     /// heartbeat naming a new group beyond it is refused for that group.
     pub max_consumer_groups: u32,
+    /// A consumer group with no committed offset on a queue that still
+    /// starts at 0 begins at 0 (QUERY_CONSUMER_OFFSET answers 0) while the
+    /// queue's first message lies within the newest this-% of physical
+    /// memory's worth of CommitLog (RocketMQ `accessMessageInMemoryMaxRatio`).
+    pub access_message_in_memory_max_ratio: u8,
 }
 
 impl Default for RocketMqConfig {
@@ -110,6 +115,7 @@ impl Default for RocketMqConfig {
             max_queue_locks: 100_000,
             max_clients: 100_000,
             max_consumer_groups: 100_000,
+            access_message_in_memory_max_ratio: 40,
         }
     }
 }

@@ -794,8 +794,14 @@ impl RocketMq {
                 r.ext_fields.set("offset", o.offset.to_string());
                 r
             }
-            None if ext_bool(req, "setZeroIfNotFound", "setZeroIfNotFound")
-                && self.broker.store().min_offset(topic, queue) == 0 =>
+            // Apache RocketMQ's rule (ConsumerManageProcessor): a group with
+            // nothing committed starts at 0 when the queue still starts at
+            // 0 and its first message is still in memory — how a new group
+            // on a young topic reads from the start under the default
+            // CONSUME_FROM_LAST_OFFSET — unless the client asked otherwise
+            // (setZeroIfNotFound=false; absent counts as true).
+            None if req.ext_fields.get("setZeroIfNotFound").is_none_or(|v| !v.eq_ignore_ascii_case("false"))
+                && self.first_message_in_memory(topic, queue) =>
             {
                 let mut r = self.reply(req, rs::SUCCESS, None);
                 r.ext_fields.set("offset", "0");
@@ -807,6 +813,24 @@ impl RocketMq {
                 Some("Not found, V3_0_6_SNAPSHOT maybe this group consumer boot first".into()),
             ),
         }
+    }
+
+    /// Whether `queue` still starts at offset 0 and that first message is
+    /// within the newest `access_message_in_memory_max_ratio` % of physical
+    /// memory's worth of CommitLog (Apache's `checkInMemByConsumeOffset`).
+    fn first_message_in_memory(&self, topic: &str, queue: u32) -> bool {
+        let store = self.broker.store();
+        if store.min_offset(topic, queue) != 0 {
+            return false;
+        }
+        let Some(first) = store.queue(topic, queue).and_then(|cq| cq.find(0).and_then(|i| cq.entry(i))) else {
+            return false;
+        };
+        let (_, end, _) = store.commitlog_offsets();
+        let memory = rokka_store::sys::total_memory_bytes().unwrap_or(8 << 30) as f64
+            * f64::from(self.config.access_message_in_memory_max_ratio.min(100))
+            / 100.0;
+        (end.saturating_sub(first.phys_offset) as f64) <= memory
     }
 
     fn update_offset(&self, req: &RemotingCommand) -> RemotingCommand {
