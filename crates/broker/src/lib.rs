@@ -14,6 +14,7 @@ pub mod producers;
 pub mod schedule;
 pub mod scrape;
 pub mod timer;
+pub mod topic_config;
 pub mod topics;
 pub mod transaction;
 pub mod validate;
@@ -126,6 +127,17 @@ impl Broker {
 
     /// Creates a topic; `TopicExists` if it is there already.
     pub fn create_topic(&self, name: &str, partitions: u32) -> Result<TopicInfo> {
+        self.create_topic_with(name, partitions, Default::default())
+    }
+
+    /// Creates a topic with config overrides (already validated by
+    /// [`topic_config::validate_all`]).
+    pub fn create_topic_with(
+        &self,
+        name: &str,
+        partitions: u32,
+        configs: std::collections::BTreeMap<String, String>,
+    ) -> Result<TopicInfo> {
         rokka_store::validate_topic(name)?;
         if partitions == 0 || partitions > self.config.max_partitions {
             return Err(BrokerError::InvalidPartitions(format!(
@@ -133,7 +145,7 @@ impl Broker {
                 self.config.max_partitions
             )));
         }
-        if !self.topics.create(name, partitions)? {
+        if !offload(|| self.topics.create_with(name, partitions, configs))? {
             return Err(BrokerError::TopicExists(name.to_string()));
         }
         tracing::info!(topic = name, partitions, "topic created");
@@ -174,6 +186,62 @@ impl Broker {
         self.store.delete_topic(name)?;
         tracing::info!(topic = name, "topic deleted");
         Ok(())
+    }
+
+    /// A topic's effective configs (its overrides over the store's).
+    pub fn topic_config(&self, name: &str) -> Option<topic_config::Effective> {
+        self.topics
+            .get(name)
+            .map(|i| topic_config::Effective::resolve(&i.configs, self.store.config()))
+    }
+
+    /// Replaces a topic's config overrides (validated already).
+    pub fn set_topic_configs(&self, name: &str, configs: std::collections::BTreeMap<String, String>) -> Result<()> {
+        offload(|| self.topics.set_configs(name, configs))?;
+        tracing::info!(topic = name, "topic configs changed");
+        Ok(())
+    }
+
+    /// Applies topics' own `retention.ms` / `retention.bytes` (those
+    /// stricter than the store's): each partition's log start moves past
+    /// what they exclude, as Kafka deletes a partition's old segments. The
+    /// space comes back when the shared CommitLog's segments expire.
+    /// Returns how many partitions moved.
+    pub fn apply_topic_retention(&self, now_ms: i64) -> usize {
+        let store_cfg = self.store.config();
+        let mut moved = 0;
+        for (name, info) in self.topics.all() {
+            if info.configs.is_empty() {
+                continue;
+            }
+            let eff = topic_config::Effective::resolve(&info.configs, store_cfg);
+            if !eff.own_retention(store_cfg) {
+                continue;
+            }
+            for q in 0..info.partitions {
+                let Some(cq) = self.store.queue(&name, q) else {
+                    continue;
+                };
+                let min = cq.min_offset();
+                let mut start = min;
+                if eff.retention_ms >= 0 {
+                    start = start.max(cq.offset_by_store_time(now_ms.saturating_sub(eff.retention_ms)));
+                }
+                if eff.retention_bytes >= 0 {
+                    start = start.max(start_within_bytes(&cq, eff.retention_bytes as u64));
+                }
+                if start > min {
+                    match self.store.delete_records(&name, q, start) {
+                        Ok(_) => {
+                            moved += 1;
+                            metrics::counter!("rokka_topic_retention_moves_total").increment(1);
+                        }
+                        Err(e) => tracing::warn!(topic = name, queue = q, error = %e, "topic retention failed"),
+                    }
+                }
+            }
+        }
+        moved
     }
 
     /// Raises a topic's partition count.
@@ -313,6 +381,26 @@ mod tests {
         assert!(b.topics().get("auto").is_none());
         Ok(())
     }
+}
+
+/// The first offset such that the entries from it to the end take at most
+/// `limit` bytes.
+fn start_within_bytes(cq: &rokka_store::consume_queue::ConsumeQueue, limit: u64) -> u64 {
+    let end = cq.max_offset();
+    let Some(first) = cq.find(cq.min_offset()) else {
+        return end;
+    };
+    let mut total = 0u64;
+    let mut idx = cq.entry_count();
+    while idx > first {
+        let Some(e) = cq.entry(idx - 1) else { break };
+        total += u64::from(e.size);
+        if total > limit {
+            return cq.entry(idx).map_or(end, |n| n.base_offset);
+        }
+        idx -= 1;
+    }
+    cq.min_offset()
 }
 
 impl scrape::Collect for Broker {

@@ -191,14 +191,23 @@ impl Broker {
 /// Runs the delivery every 100 ms until `shutdown`.
 pub async fn run(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let retention_every = broker.store().config().retention_check_interval_ms.max(100);
+    let mut next_retention = 0i64;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
         let b = Arc::clone(&broker);
+        let retention_due = rokka_store::now_ms() >= next_retention;
+        if retention_due {
+            next_retention = rokka_store::now_ms() + retention_every as i64;
+        }
         let n = tokio::task::spawn_blocking(move || {
             let now = rokka_store::now_ms();
+            if retention_due {
+                b.apply_topic_retention(now);
+            }
             b.deliver_due(now) + b.deliver_due_timers(now)
         })
         .await

@@ -19,6 +19,9 @@ pub struct TopicInfo {
     pub topic_id: [u8; 16],
     /// Creation time, ms since the epoch.
     pub created_ms: i64,
+    /// Kafka topic-config overrides (validated by [`crate::topic_config`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub configs: BTreeMap<String, String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -94,6 +97,12 @@ impl TopicTable {
 
     /// Creates `name` with `partitions`; `Ok(false)` if it already exists.
     pub fn create(&self, name: &str, partitions: u32) -> Result<bool> {
+        self.create_with(name, partitions, BTreeMap::new())
+    }
+
+    /// Creates `name` with `partitions` and config overrides; `Ok(false)`
+    /// if it already exists.
+    pub fn create_with(&self, name: &str, partitions: u32, configs: BTreeMap<String, String>) -> Result<bool> {
         let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
         if t.contains_key(name) {
             return Ok(false);
@@ -109,6 +118,7 @@ impl TopicTable {
                 partitions,
                 topic_id: id,
                 created_ms: rokka_store::now_ms(),
+                configs,
             },
         );
         self.persist(&t)?;
@@ -129,6 +139,18 @@ impl TopicTable {
             )));
         }
         info.partitions = partitions;
+        self.persist(&t)?;
+        self.changed();
+        Ok(())
+    }
+
+    /// Replaces `name`'s config overrides.
+    pub fn set_configs(&self, name: &str, configs: BTreeMap<String, String>) -> Result<()> {
+        let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
+        let info = t
+            .get_mut(name)
+            .ok_or_else(|| BrokerError::UnknownTopic(name.to_string()))?;
+        info.configs = configs;
         self.persist(&t)?;
         self.changed();
         Ok(())

@@ -256,6 +256,50 @@ pub fn decode(batch: &Bytes, max_decompressed: usize) -> Result<RecordSet, Strin
     RecordBatchDecoder::decode_with_custom_compression(&mut buf, Some(bounded)).map_err(|e| e.to_string())
 }
 
+/// The batch re-encoded with `codec` (Kafka's id: 0 none, 1 gzip, 2
+/// snappy, 3 lz4, 4 zstd), every record and batch field kept: what Kafka
+/// does when a topic's `compression.type` differs from the producer's.
+pub fn recompress(batch: &Bytes, codec: u8, max_decompressed: usize) -> Result<Bytes, BatchError> {
+    use kafka_protocol::records::{RecordBatchEncoder, RecordEncodeOptions};
+    let compression = match codec {
+        0 => Compression::None,
+        1 => Compression::Gzip,
+        2 => Compression::Snappy,
+        3 => Compression::Lz4,
+        4 => Compression::Zstd,
+        c => return Err(corrupt(format!("unknown compression codec {c}"))),
+    };
+    let set = decode(batch, max_decompressed).map_err(corrupt)?;
+    let mut out = bytes::BytesMut::with_capacity(batch.len());
+    RecordBatchEncoder::encode(
+        &mut out,
+        set.records.iter(),
+        &RecordEncodeOptions {
+            version: 2,
+            compression,
+        },
+    )
+    .map_err(|e| corrupt(format!("re-encoding: {e}")))?;
+    Ok(out.freeze())
+}
+
+/// The batch marked LogAppendTime at `now_ms` (timestamp-type bit and max
+/// timestamp set, CRC-32C recomputed), as Kafka stamps batches of a topic
+/// with `message.timestamp.type=LogAppendTime`; consumers then take every
+/// record's time from the batch.
+pub fn stamp_log_append_time(batch: &Bytes, now_ms: i64) -> Result<Bytes, BatchError> {
+    if batch.len() < 61 {
+        return Err(corrupt("batch shorter than its header"));
+    }
+    let mut b = batch.to_vec();
+    let attributes = u16::from_be_bytes([b[21], b[22]]) | 0x08;
+    b[21..23].copy_from_slice(&attributes.to_be_bytes());
+    b[35..43].copy_from_slice(&now_ms.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    Ok(Bytes::from(b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

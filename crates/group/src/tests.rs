@@ -375,7 +375,10 @@ fn pending_member_ids_expire() {
 fn an_emptied_group_keeps_its_protocol_type() {
     let (mut h, a) = stable_one();
     h.c.leave("g", &[(a, None)], h.now);
-    assert_eq!(h.c.list(), vec![("g".to_string(), GroupState::Empty, "consumer".to_string())]);
+    assert_eq!(
+        h.c.list(),
+        vec![("g".to_string(), GroupState::Empty, "consumer".to_string())]
+    );
     assert_eq!(h.c.describe("g").map(|v| v.protocol_type), Some("consumer".to_string()));
 }
 

@@ -120,6 +120,8 @@ fn api_name(key: ApiKey) -> &'static str {
         ApiKey::InitProducerId => "InitProducerId",
         ApiKey::DeleteGroups => "DeleteGroups",
         ApiKey::DescribeConfigs => "DescribeConfigs",
+        ApiKey::AlterConfigs => "AlterConfigs",
+        ApiKey::IncrementalAlterConfigs => "IncrementalAlterConfigs",
         ApiKey::DescribeCluster => "DescribeCluster",
         ApiKey::DeleteRecords => "DeleteRecords",
         ApiKey::OffsetDelete => "OffsetDelete",

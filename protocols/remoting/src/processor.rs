@@ -800,7 +800,10 @@ impl RocketMq {
             // on a young topic reads from the start under the default
             // CONSUME_FROM_LAST_OFFSET — unless the client asked otherwise
             // (setZeroIfNotFound=false; absent counts as true).
-            None if req.ext_fields.get("setZeroIfNotFound").is_none_or(|v| !v.eq_ignore_ascii_case("false"))
+            None if req
+                .ext_fields
+                .get("setZeroIfNotFound")
+                .is_none_or(|v| !v.eq_ignore_ascii_case("false"))
                 && self.first_message_in_memory(topic, queue) =>
             {
                 let mut r = self.reply(req, rs::SUCCESS, None);
@@ -823,7 +826,10 @@ impl RocketMq {
         if store.min_offset(topic, queue) != 0 {
             return false;
         }
-        let Some(first) = store.queue(topic, queue).and_then(|cq| cq.find(0).and_then(|i| cq.entry(i))) else {
+        let Some(first) = store
+            .queue(topic, queue)
+            .and_then(|cq| cq.find(0).and_then(|i| cq.entry(i)))
+        else {
             return false;
         };
         let (_, end, _) = store.commitlog_offsets();

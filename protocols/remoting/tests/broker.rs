@@ -230,14 +230,35 @@ async fn route_send_pull_offsets() -> TestResult {
     let r = c.call(pull_req("T1", 1, 9, "*", 0)).await?;
     assert_eq!(r.code, rs::PULL_OFFSET_MOVED);
     assert_eq!(r.ext_fields.get("nextBeginOffset"), Some("3"));
-    // Offsets.
+    // Offsets. Nothing committed: a queue that still starts at 0 with its
+    // first message in memory starts a new group at 0 (Apache's rule) unless
+    // the client says setZeroIfNotFound=false; an empty queue is not found.
     let r = c
         .call(req(
             rq::QUERY_CONSUMER_OFFSET,
             &[("consumerGroup", "g9"), ("topic", "T1"), ("queueId", "1")],
         ))
         .await?;
+    assert_eq!((r.code, r.ext_fields.get("offset")), (rs::SUCCESS, Some("0")));
+    let r = c
+        .call(req(
+            rq::QUERY_CONSUMER_OFFSET,
+            &[
+                ("consumerGroup", "g9"),
+                ("topic", "T1"),
+                ("queueId", "1"),
+                ("setZeroIfNotFound", "false"),
+            ],
+        ))
+        .await?;
     assert_eq!(r.code, rs::QUERY_NOT_FOUND);
+    let r = c
+        .call(req(
+            rq::QUERY_CONSUMER_OFFSET,
+            &[("consumerGroup", "g9"), ("topic", "T1"), ("queueId", "0")],
+        ))
+        .await?;
+    assert_eq!(r.code, rs::QUERY_NOT_FOUND, "queue 0 holds nothing");
     let mut up = req(
         rq::UPDATE_CONSUMER_OFFSET,
         &[

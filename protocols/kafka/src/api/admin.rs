@@ -1,10 +1,15 @@
-//! DescribeConfigs, DescribeCluster, DeleteRecords, OffsetDelete.
+//! DescribeConfigs, AlterConfigs, IncrementalAlterConfigs, DescribeCluster,
+//! DeleteRecords, OffsetDelete.
 
 use kafka_protocol::messages::delete_records_response::{DeleteRecordsPartitionResult, DeleteRecordsTopicResult};
 use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
-use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult};
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
+};
 use kafka_protocol::messages::offset_delete_response::{OffsetDeleteResponsePartition, OffsetDeleteResponseTopic};
 use kafka_protocol::messages::*;
+
+use rokka_broker::topic_config::{self, Kind, Source};
 
 use super::str_bytes;
 use crate::errors;
@@ -12,38 +17,61 @@ use crate::Kafka;
 
 const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
-const SOURCE_STATIC_BROKER: i8 = 4;
-const SOURCE_DEFAULT: i8 = 5;
-const TYPE_BOOLEAN: i8 = 1;
-const TYPE_STRING: i8 = 2;
-const TYPE_INT: i8 = 3;
-const TYPE_LONG: i8 = 5;
+const TYPE_BOOLEAN: Kind = Kind::Boolean;
+const TYPE_STRING: Kind = Kind::String;
+const TYPE_INT: Kind = Kind::Int;
 
-/// (name, value, type) of a topic's effective configuration. Rokka has no
-/// per-topic overrides yet, so every value is the store's and read-only.
-fn topic_configs(k: &Kafka) -> Vec<(&'static str, String, i8)> {
-    let s = k.broker.store().config();
-    vec![
-        ("cleanup.policy", "delete".into(), TYPE_STRING),
-        ("compression.type", "producer".into(), TYPE_STRING),
-        ("max.message.bytes", s.max_message_bytes.to_string(), TYPE_INT),
-        ("message.timestamp.type", "CreateTime".into(), TYPE_STRING),
-        ("min.insync.replicas", "1".into(), TYPE_INT),
-        (
-            "retention.bytes",
-            if s.retention_max_bytes == 0 {
-                "-1".into()
-            } else {
-                s.retention_max_bytes.to_string()
-            },
-            TYPE_LONG,
-        ),
-        ("retention.ms", (s.retention_hours * 3_600_000).to_string(), TYPE_LONG),
-        ("segment.bytes", s.commitlog_segment_bytes.to_string(), TYPE_INT),
-    ]
+/// One described config.
+#[derive(Debug, Clone)]
+pub struct ConfigEntry {
+    pub name: &'static str,
+    pub value: String,
+    pub source: Source,
+    pub kind: Kind,
+    pub read_only: bool,
+    /// (name, value, source), most specific first (DescribeConfigs v1+).
+    pub synonyms: Vec<(&'static str, String, Source)>,
 }
 
-fn broker_configs(k: &Kafka) -> Vec<(&'static str, String, i8)> {
+/// Every topic config with its effective value: the topic's override, else
+/// Rokka's static setting, else Kafka's default.
+pub fn topic_entries(
+    k: &Kafka,
+    overrides: &std::collections::BTreeMap<String, String>,
+    synonyms: bool,
+    _documentation: bool,
+) -> Vec<ConfigEntry> {
+    let store = k.broker.store().config();
+    topic_config::SPECS
+        .iter()
+        .map(|spec| {
+            let (dflt, dsource) = topic_config::default_of(spec.name, store);
+            let (value, source) = match overrides.get(spec.name) {
+                Some(v) => (v.clone(), Source::Topic),
+                None => (dflt.clone(), dsource),
+            };
+            let mut syn = Vec::new();
+            if synonyms {
+                if let Some(v) = overrides.get(spec.name) {
+                    syn.push((spec.name, v.clone(), Source::Topic));
+                }
+                if let Some(b) = spec.broker_name {
+                    syn.push((b, dflt, dsource));
+                }
+            }
+            ConfigEntry {
+                name: spec.name,
+                value,
+                source,
+                kind: spec.kind,
+                read_only: false,
+                synonyms: syn,
+            }
+        })
+        .collect()
+}
+
+fn broker_configs(k: &Kafka) -> Vec<(&'static str, String, Kind)> {
     let s = k.broker.store().config();
     let b = k.broker.config();
     let listener = format!("PLAINTEXT://{}:{}", k.advertised_host, k.advertised_port);
@@ -72,14 +100,30 @@ pub fn describe_configs(k: &Kafka, r: DescribeConfigsRequest, version: i16) -> D
             let mut out = DescribeConfigsResult::default()
                 .with_resource_type(res.resource_type)
                 .with_resource_name(res.resource_name.clone());
-            let (entries, source) = match res.resource_type {
-                RESOURCE_TOPIC if k.broker.topics().get(&name).is_some() => (topic_configs(k), SOURCE_DEFAULT),
-                RESOURCE_TOPIC => {
-                    out.error_code = errors::UNKNOWN_TOPIC_OR_PARTITION;
-                    out.error_message = Some(str_bytes(&format!("unknown topic {name}")));
-                    return out;
-                }
-                RESOURCE_BROKER => (broker_configs(k), SOURCE_STATIC_BROKER),
+            let entries = match res.resource_type {
+                RESOURCE_TOPIC => match k.broker.topics().get(&name) {
+                    Some(info) => topic_entries(k, &info.configs, r.include_synonyms, r.include_documentation),
+                    None => {
+                        out.error_code = errors::UNKNOWN_TOPIC_OR_PARTITION;
+                        out.error_message = Some(str_bytes(&format!("Topic {name} does not exist.")));
+                        return out;
+                    }
+                },
+                RESOURCE_BROKER => broker_configs(k)
+                    .into_iter()
+                    .map(|(n, v, t)| ConfigEntry {
+                        name: n,
+                        value: v.clone(),
+                        source: Source::StaticBroker,
+                        kind: t,
+                        read_only: true,
+                        synonyms: if r.include_synonyms {
+                            vec![(n, v, Source::StaticBroker)]
+                        } else {
+                            Vec::new()
+                        },
+                    })
+                    .collect(),
                 other => {
                     out.error_code = errors::INVALID_REQUEST;
                     out.error_message = Some(str_bytes(&format!("unsupported resource type {other}")));
@@ -88,28 +132,190 @@ pub fn describe_configs(k: &Kafka, r: DescribeConfigsRequest, version: i16) -> D
             };
             out.configs = entries
                 .into_iter()
-                .filter(|(n, _, _)| {
+                .filter(|e| {
                     res.configuration_keys
                         .as_ref()
-                        .is_none_or(|keys| keys.iter().any(|key| key.as_str() == *n))
+                        .is_none_or(|keys| keys.iter().any(|key| key.as_str() == e.name))
                 })
-                .map(|(n, v, t)| {
-                    let c = DescribeConfigsResourceResult::default()
-                        .with_name(str_bytes(n))
-                        .with_value(Some(str_bytes(&v)))
-                        .with_read_only(true)
-                        .with_config_source(source);
-                    if version >= 3 {
-                        c.with_config_type(t)
-                    } else {
-                        c
+                .map(|e| {
+                    let mut c = DescribeConfigsResourceResult::default()
+                        .with_name(str_bytes(e.name))
+                        .with_value(Some(str_bytes(&e.value)))
+                        .with_read_only(e.read_only)
+                        .with_config_source(e.source as i8);
+                    if version >= 1 {
+                        c.synonyms = e
+                            .synonyms
+                            .into_iter()
+                            .map(|(n, v, src)| {
+                                DescribeConfigsSynonym::default()
+                                    .with_name(str_bytes(n))
+                                    .with_value(Some(str_bytes(&v)))
+                                    .with_source(src as i8)
+                            })
+                            .collect();
                     }
+                    if version >= 3 {
+                        c.config_type = e.kind as i8;
+                    }
+                    c
                 })
                 .collect();
             out
         })
         .collect();
     DescribeConfigsResponse::default().with_results(results)
+}
+
+/// The resource an Alter names: a topic's current overrides, or why not.
+fn alter_target(
+    k: &Kafka,
+    resource_type: i8,
+    name: &str,
+) -> Result<std::collections::BTreeMap<String, String>, (i16, String)> {
+    match resource_type {
+        RESOURCE_TOPIC => k.broker.topics().get(name).map(|i| i.configs).ok_or((
+            errors::UNKNOWN_TOPIC_OR_PARTITION,
+            format!("Topic {name} does not exist."),
+        )),
+        RESOURCE_BROKER => Err((
+            errors::INVALID_REQUEST,
+            "Rokka's broker settings are static: change config/rokka.toml and restart".into(),
+        )),
+        other => Err((errors::INVALID_REQUEST, format!("unsupported resource type {other}"))),
+    }
+}
+
+fn alter_result(
+    k: &Kafka,
+    name: &str,
+    validate_only: bool,
+    next: Result<std::collections::BTreeMap<String, String>, (i16, String)>,
+) -> (i16, Option<String>) {
+    let stored = next.and_then(|configs| {
+        if validate_only {
+            return Ok(());
+        }
+        k.broker
+            .set_topic_configs(name, configs)
+            .map_err(|e| (errors::code(&e), e.to_string()))
+    });
+    match stored {
+        Ok(()) => (errors::NONE, None),
+        Err((code, msg)) => {
+            metrics::counter!("rokka_kafka_errors_total", "api" => "AlterConfigs", "code" => code.to_string())
+                .increment(1);
+            (code, Some(msg))
+        }
+    }
+}
+
+/// AlterConfigs: the given set replaces a topic's overrides whole.
+pub fn alter_configs(k: &Kafka, r: AlterConfigsRequest) -> AlterConfigsResponse {
+    let responses = r
+        .resources
+        .into_iter()
+        .map(|res| {
+            let name = res.resource_name.to_string();
+            let next = alter_target(k, res.resource_type, &name).and_then(|_| {
+                topic_config::validate_all(
+                    res.configs
+                        .iter()
+                        .map(|c| (c.name.as_str(), c.value.as_ref().map(|v| v.as_str()))),
+                )
+                .map_err(|e| (errors::INVALID_CONFIG, e))
+            });
+            let (code, msg) = alter_result(k, &name, r.validate_only, next);
+            alter_configs_response::AlterConfigsResourceResponse::default()
+                .with_error_code(code)
+                .with_error_message(msg.map(|m| str_bytes(&m)))
+                .with_resource_type(res.resource_type)
+                .with_resource_name(res.resource_name)
+        })
+        .collect();
+    AlterConfigsResponse::default().with_responses(responses)
+}
+
+const OP_SET: i8 = 0;
+const OP_DELETE: i8 = 1;
+const OP_APPEND: i8 = 2;
+const OP_SUBTRACT: i8 = 3;
+
+/// IncrementalAlterConfigs: SET, DELETE, and APPEND / SUBTRACT on list
+/// configs, applied to a topic's overrides in order.
+pub fn incremental_alter_configs(k: &Kafka, r: IncrementalAlterConfigsRequest) -> IncrementalAlterConfigsResponse {
+    let store = k.broker.store().config().clone();
+    let responses = r
+        .resources
+        .into_iter()
+        .map(|res| {
+            let name = res.resource_name.to_string();
+            let next = alter_target(k, res.resource_type, &name).and_then(|mut configs| {
+                for c in &res.configs {
+                    let key = c.name.as_str();
+                    let Some(spec) = topic_config::spec_of(key) else {
+                        return Err((errors::INVALID_CONFIG, format!("Unknown topic config name: {key}")));
+                    };
+                    let value = c.value.as_ref().map(|v| v.to_string());
+                    match c.config_operation {
+                        OP_SET => {
+                            let v = value
+                                .ok_or((errors::INVALID_REQUEST, format!("Null value not supported for: {key}")))?;
+                            let v = topic_config::validate(key, &v).map_err(|e| (errors::INVALID_CONFIG, e))?;
+                            configs.insert(key.to_string(), v);
+                        }
+                        OP_DELETE => {
+                            configs.remove(key);
+                        }
+                        OP_APPEND | OP_SUBTRACT => {
+                            if spec.kind != topic_config::Kind::List {
+                                return Err((
+                                    errors::INVALID_CONFIG,
+                                    format!("Config value append/subtract is not allowed for config key: {key}"),
+                                ));
+                            }
+                            let current = configs
+                                .get(key)
+                                .cloned()
+                                .unwrap_or_else(|| topic_config::default_of(key, &store).0);
+                            let mut items: Vec<String> = current
+                                .split(',')
+                                .map(str::trim)
+                                .filter(|s| !s.is_empty())
+                                .map(String::from)
+                                .collect();
+                            for v in value
+                                .unwrap_or_default()
+                                .split(',')
+                                .map(str::trim)
+                                .filter(|s| !s.is_empty())
+                            {
+                                if c.config_operation == OP_APPEND {
+                                    if !items.iter().any(|i| i == v) {
+                                        items.push(v.to_string());
+                                    }
+                                } else {
+                                    items.retain(|i| i != v);
+                                }
+                            }
+                            let v = topic_config::validate(key, &items.join(","))
+                                .map_err(|e| (errors::INVALID_CONFIG, e))?;
+                            configs.insert(key.to_string(), v);
+                        }
+                        other => return Err((errors::INVALID_REQUEST, format!("unknown config operation {other}"))),
+                    }
+                }
+                Ok(configs)
+            });
+            let (code, msg) = alter_result(k, &name, r.validate_only, next);
+            incremental_alter_configs_response::AlterConfigsResourceResponse::default()
+                .with_error_code(code)
+                .with_error_message(msg.map(|m| str_bytes(&m)))
+                .with_resource_type(res.resource_type)
+                .with_resource_name(res.resource_name)
+        })
+        .collect();
+    IncrementalAlterConfigsResponse::default().with_responses(responses)
 }
 
 pub fn describe_cluster(k: &Kafka, _r: DescribeClusterRequest) -> DescribeClusterResponse {

@@ -63,6 +63,12 @@ pub async fn dispatch(
         RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(groups::describe(k, r, version)),
         RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(groups::delete(k, r)),
         RequestKind::DescribeConfigs(r) => ResponseKind::DescribeConfigs(admin::describe_configs(k, r, version)),
+        RequestKind::AlterConfigs(r) => {
+            ResponseKind::AlterConfigs(rokka_broker::offload(|| admin::alter_configs(k, r)))
+        }
+        RequestKind::IncrementalAlterConfigs(r) => {
+            ResponseKind::IncrementalAlterConfigs(rokka_broker::offload(|| admin::incremental_alter_configs(k, r)))
+        }
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(k, r)),
         RequestKind::DeleteRecords(r) => {
             ResponseKind::DeleteRecords(rokka_broker::offload(|| admin::delete_records(k, r)))

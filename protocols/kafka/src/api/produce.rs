@@ -53,6 +53,45 @@ pub fn split_batches(records: &Bytes, max_decompressed: usize) -> Result<Vec<Byt
     Ok(out)
 }
 
+/// Applies the topic's configs to its batches as Kafka does on append:
+/// recompression to `compression.type`, the LogAppendTime stamp, and
+/// `max.message.bytes` on the batch as stored.
+fn shape(
+    batches: Vec<Bytes>,
+    cfg: Option<&rokka_broker::topic_config::Effective>,
+    max_decompressed: usize,
+    append_time: &mut i64,
+) -> Result<Vec<Bytes>, i16> {
+    let Some(cfg) = cfg else {
+        return Ok(batches);
+    };
+    let mut out = Vec::with_capacity(batches.len());
+    for b in batches {
+        let codec = (u16::from_be_bytes([b[21], b[22]]) & 0x07) as u8;
+        let control = u16::from_be_bytes([b[21], b[22]]) & 0x20 != 0;
+        let mut b = match cfg.compression {
+            Some(c) if c != codec && !control => {
+                rokka_broker::validate::recompress(&b, c, max_decompressed).map_err(|e| {
+                    tracing::debug!(error = %e, "recompression failed");
+                    errors::CORRUPT_MESSAGE
+                })?
+            }
+            _ => b,
+        };
+        if cfg.log_append_time {
+            let now = rokka_store::now_ms();
+            b = rokka_broker::validate::stamp_log_append_time(&b, now).map_err(|_| errors::CORRUPT_MESSAGE)?;
+            *append_time = now;
+        }
+        if b.len() as u64 > cfg.max_message_bytes {
+            metrics::counter!("rokka_kafka_batches_refused_total", "reason" => "max_message_bytes").increment(1);
+            return Err(errors::MESSAGE_TOO_LARGE);
+        }
+        out.push(b);
+    }
+    Ok(out)
+}
+
 pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<ProduceResponse> {
     let broker = k.broker.as_ref();
     let store = broker.store();
@@ -61,7 +100,8 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
     let mut responses = Vec::with_capacity(r.topic_data.len());
     for t in r.topic_data {
         let topic = t.name.0.to_string();
-        let exists = broker.topics().get(&topic).is_some();
+        let cfg = broker.topic_config(&topic);
+        let exists = cfg.is_some();
         let mut parts = Vec::with_capacity(t.partition_data.len());
         for p in t.partition_data {
             let mut resp = PartitionProduceResponse::default()
@@ -69,10 +109,20 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                 .with_base_offset(-1)
                 .with_log_append_time_ms(-1)
                 .with_log_start_offset(-1);
+            let mut append_time = -1;
             let result = if !exists || p.index < 0 {
                 Err(errors::UNKNOWN_TOPIC_OR_PARTITION)
+            } else if r.acks == -1 && cfg.as_ref().is_some_and(|c| c.min_insync_replicas > 1) {
+                // One replica per partition today: acks=all cannot meet
+                // a topic's min.insync.replicas above 1 (as Kafka refuses).
+                Err(errors::NOT_ENOUGH_REPLICAS)
             } else {
-                match p.records.as_ref().map(|r| split_batches(r, max_decompressed)) {
+                let shaped = p
+                    .records
+                    .as_ref()
+                    .map(|r| split_batches(r, max_decompressed))
+                    .map(|r| r.and_then(|b| shape(b, cfg.as_ref(), max_decompressed, &mut append_time)));
+                match shaped {
                     None => Err(errors::CORRUPT_MESSAGE),
                     Some(Err(code)) => Err(code),
                     Some(Ok(batches)) => {
@@ -113,6 +163,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
             match result {
                 Ok(base) => {
                     resp.base_offset = base;
+                    resp.log_append_time_ms = append_time;
                     if version >= 5 {
                         resp.log_start_offset = store.min_offset(&topic, p.index as u32) as i64;
                     }

@@ -1,13 +1,14 @@
 //! CreateTopics / DeleteTopics / CreatePartitions.
 
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
-use kafka_protocol::messages::create_topics_response::CreatableTopicResult;
+use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
 use kafka_protocol::messages::{
     CreatePartitionsRequest, CreatePartitionsResponse, CreateTopicsRequest, CreateTopicsResponse, DeleteTopicsRequest,
     DeleteTopicsResponse, TopicName,
 };
-use rokka_broker::BrokerError;
+use rokka_broker::{topic_config, BrokerError};
 
 use super::str_bytes;
 use crate::errors;
@@ -27,35 +28,37 @@ pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsRe
         .into_iter()
         .map(|t| {
             let name = t.name.0.to_string();
-            let partitions = if t.num_partitions == -1 {
-                broker.config().default_partitions as i32
-            } else {
-                t.num_partitions
-            };
             let mut res = CreatableTopicResult::default().with_name(t.name.clone());
-            if version >= 5 {
-                res.num_partitions = partitions;
-                res.replication_factor = 1;
-            }
-            let outcome = if !(t.replication_factor == -1 || t.replication_factor == 1) {
-                Err((
-                    errors::INVALID_REPLICATION_FACTOR,
-                    "replication factor must be 1 on a single broker".to_string(),
-                ))
-            } else if partitions <= 0 {
-                Err((errors::INVALID_PARTITIONS, format!("{partitions} partitions")))
-            } else if r.validate_only {
-                match (rokka_store::validate_topic(&name), broker.topics().get(&name)) {
-                    (Err(e), _) => Err((errors::INVALID_TOPIC_EXCEPTION, e.to_string())),
-                    (_, Some(_)) => Err((errors::TOPIC_ALREADY_EXISTS, format!("topic {name} already exists"))),
-                    _ => Ok(None),
+            let outcome = plan(k, &t).and_then(|(partitions, configs)| {
+                if version >= 5 {
+                    res.num_partitions = partitions as i32;
+                    res.replication_factor = 1;
+                    res.configs = Some(
+                        super::admin::topic_entries(k, &configs, false, false)
+                            .into_iter()
+                            .map(|e| {
+                                CreatableTopicConfigs::default()
+                                    .with_name(str_bytes(e.name))
+                                    .with_value(Some(str_bytes(&e.value)))
+                                    .with_read_only(false)
+                                    .with_config_source(e.source as i8)
+                            })
+                            .collect(),
+                    );
                 }
-            } else {
-                broker
-                    .create_topic(&name, partitions as u32)
-                    .map(Some)
-                    .map_err(|e| (err_code(&e), e.to_string()))
-            };
+                if r.validate_only {
+                    match (rokka_store::validate_topic(&name), broker.topics().get(&name)) {
+                        (Err(e), _) => Err((errors::INVALID_TOPIC_EXCEPTION, e.to_string())),
+                        (_, Some(_)) => Err((errors::TOPIC_ALREADY_EXISTS, format!("Topic '{name}' already exists."))),
+                        _ => Ok(None),
+                    }
+                } else {
+                    broker
+                        .create_topic_with(&name, partitions, configs)
+                        .map(Some)
+                        .map_err(|e| (err_code(&e), e.to_string()))
+                }
+            });
             match outcome {
                 Ok(Some(info)) if version >= 7 => res.topic_id = uuid::Uuid::from_bytes(info.topic_id),
                 Ok(_) => {}
@@ -64,12 +67,79 @@ pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsRe
                     res.error_message = Some(str_bytes(&msg));
                     res.num_partitions = -1;
                     res.replication_factor = -1;
+                    res.configs = None;
                 }
             }
             res
         })
         .collect();
     CreateTopicsResponse::default().with_topics(topics)
+}
+
+/// What a CreateTopics entry asks for, checked as Kafka checks it: the
+/// partition count (from `num_partitions` or the explicit assignment) and
+/// the validated config overrides.
+type Plan = (u32, std::collections::BTreeMap<String, String>);
+
+fn plan(k: &Kafka, t: &CreatableTopic) -> Result<Plan, (i16, String)> {
+    let broker = k.broker.as_ref();
+    let partitions = if !t.assignments.is_empty() {
+        if t.num_partitions != -1 || t.replication_factor != -1 {
+            return Err((
+                errors::INVALID_REQUEST,
+                "Both numPartitions or replicationFactor and replicasAssignments were set. Both cannot be used at the same time.".into(),
+            ));
+        }
+        let mut seen: Vec<i32> = t.assignments.iter().map(|a| a.partition_index).collect();
+        seen.sort_unstable();
+        if seen.iter().enumerate().any(|(i, p)| *p != i as i32) {
+            return Err((
+                errors::INVALID_REPLICA_ASSIGNMENT,
+                "Partitions should be a consecutive 0-based integer sequence".into(),
+            ));
+        }
+        for a in &t.assignments {
+            let ids: Vec<i32> = a.broker_ids.iter().map(|b| b.0).collect();
+            if ids != [k.config.node_id] {
+                return Err((
+                    errors::INVALID_REPLICA_ASSIGNMENT,
+                    format!(
+                        "partition {} is assigned to brokers {ids:?}; this broker set has one broker, {}",
+                        a.partition_index, k.config.node_id
+                    ),
+                ));
+            }
+        }
+        t.assignments.len() as i32
+    } else {
+        if !(t.replication_factor == -1 || t.replication_factor == 1) {
+            return Err((
+                errors::INVALID_REPLICATION_FACTOR,
+                format!(
+                    "Unable to replicate the partition {} time(s): this broker set has one broker.",
+                    t.replication_factor
+                ),
+            ));
+        }
+        if t.num_partitions == -1 {
+            broker.config().default_partitions as i32
+        } else {
+            t.num_partitions
+        }
+    };
+    if partitions <= 0 {
+        return Err((
+            errors::INVALID_PARTITIONS,
+            "Number of partitions must be larger than 0.".into(),
+        ));
+    }
+    let configs = topic_config::validate_all(
+        t.configs
+            .iter()
+            .map(|c| (c.name.as_str(), c.value.as_ref().map(|v| v.as_str()))),
+    )
+    .map_err(|e| (errors::INVALID_CONFIG, e))?;
+    Ok((partitions as u32, configs))
 }
 
 pub fn delete(k: &Kafka, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsResponse {

@@ -1,0 +1,391 @@
+//! Per-topic configuration (Kafka's topic configs): which names exist,
+//! which values are valid, what each is by default, and which of them
+//! Rokka acts on. Overrides are kept in the topic table (`topics.json`).
+//!
+//! Enforced: `retention.ms` and `retention.bytes` (the topic's log start
+//! moves past what they exclude; the shared CommitLog frees the space when
+//! its segments expire), `max.message.bytes` (a larger batch is
+//! MESSAGE_TOO_LARGE), `compression.type` (batches are recompressed to
+//! it), `message.timestamp.type` (LogAppendTime stamps each batch on
+//! append), `min.insync.replicas` (above the one replica a broker set has
+//! today, acks=all is NOT_ENOUGH_REPLICAS) and `cleanup.policy` (`delete`;
+//! `compact` is refused until compacted topics exist). Every other Kafka
+//! topic config is accepted and described, and has no effect: it tunes
+//! Kafka's own segment files or replication, which Rokka does not have.
+
+use std::collections::BTreeMap;
+
+use rokka_store::StoreConfig;
+
+/// How a config's value is typed (DescribeConfigs v3+ `config_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Boolean = 1,
+    String = 2,
+    Int = 3,
+    Short = 4,
+    Long = 5,
+    Double = 6,
+    List = 7,
+}
+
+/// Where a described value comes from (DescribeConfigs `config_source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// Set on the topic.
+    Topic = 1,
+    /// From `config/rokka.toml` (the broker's static configuration).
+    StaticBroker = 4,
+    /// Kafka's default.
+    Default = 5,
+}
+
+/// One topic config Rokka knows.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// The broker-level name of the same setting (DescribeConfigs synonyms).
+    pub broker_name: Option<&'static str>,
+    /// Whether Rokka acts on it (else it is only kept and described).
+    pub enforced: bool,
+}
+
+const fn spec(name: &'static str, kind: Kind, broker_name: Option<&'static str>, enforced: bool) -> Spec {
+    Spec {
+        name,
+        kind,
+        broker_name,
+        enforced,
+    }
+}
+
+/// Kafka 4's topic configs (`TopicConfig`), sorted by name.
+pub const SPECS: &[Spec] = &[
+    spec("cleanup.policy", Kind::List, Some("log.cleanup.policy"), true),
+    spec(
+        "compression.gzip.level",
+        Kind::Int,
+        Some("compression.gzip.level"),
+        false,
+    ),
+    spec("compression.lz4.level", Kind::Int, Some("compression.lz4.level"), false),
+    spec("compression.type", Kind::String, Some("compression.type"), true),
+    spec(
+        "compression.zstd.level",
+        Kind::Int,
+        Some("compression.zstd.level"),
+        false,
+    ),
+    spec(
+        "delete.retention.ms",
+        Kind::Long,
+        Some("log.cleaner.delete.retention.ms"),
+        false,
+    ),
+    spec(
+        "file.delete.delay.ms",
+        Kind::Long,
+        Some("log.segment.delete.delay.ms"),
+        false,
+    ),
+    spec("flush.messages", Kind::Long, Some("log.flush.interval.messages"), false),
+    spec("flush.ms", Kind::Long, Some("log.flush.interval.ms"), false),
+    spec("follower.replication.throttled.replicas", Kind::List, None, false),
+    spec(
+        "index.interval.bytes",
+        Kind::Int,
+        Some("log.index.interval.bytes"),
+        false,
+    ),
+    spec("leader.replication.throttled.replicas", Kind::List, None, false),
+    spec(
+        "local.retention.bytes",
+        Kind::Long,
+        Some("log.local.retention.bytes"),
+        false,
+    ),
+    spec("local.retention.ms", Kind::Long, Some("log.local.retention.ms"), false),
+    spec(
+        "max.compaction.lag.ms",
+        Kind::Long,
+        Some("log.cleaner.max.compaction.lag.ms"),
+        false,
+    ),
+    spec("max.message.bytes", Kind::Int, Some("message.max.bytes"), true),
+    spec("message.downconversion.enable", Kind::Boolean, None, false),
+    spec(
+        "message.timestamp.after.max.ms",
+        Kind::Long,
+        Some("log.message.timestamp.after.max.ms"),
+        false,
+    ),
+    spec(
+        "message.timestamp.before.max.ms",
+        Kind::Long,
+        Some("log.message.timestamp.before.max.ms"),
+        false,
+    ),
+    spec(
+        "message.timestamp.type",
+        Kind::String,
+        Some("log.message.timestamp.type"),
+        true,
+    ),
+    spec(
+        "min.cleanable.dirty.ratio",
+        Kind::Double,
+        Some("log.cleaner.min.cleanable.ratio"),
+        false,
+    ),
+    spec(
+        "min.compaction.lag.ms",
+        Kind::Long,
+        Some("log.cleaner.min.compaction.lag.ms"),
+        false,
+    ),
+    spec("min.insync.replicas", Kind::Int, Some("min.insync.replicas"), true),
+    spec("preallocate", Kind::Boolean, Some("log.preallocate"), false),
+    spec("remote.storage.enable", Kind::Boolean, None, false),
+    spec("retention.bytes", Kind::Long, Some("log.retention.bytes"), true),
+    spec("retention.ms", Kind::Long, Some("log.retention.ms"), true),
+    spec("segment.bytes", Kind::Int, Some("log.segment.bytes"), false),
+    spec(
+        "segment.index.bytes",
+        Kind::Int,
+        Some("log.index.size.max.bytes"),
+        false,
+    ),
+    spec("segment.jitter.ms", Kind::Long, Some("log.roll.jitter.ms"), false),
+    spec("segment.ms", Kind::Long, Some("log.roll.ms"), false),
+    spec(
+        "unclean.leader.election.enable",
+        Kind::Boolean,
+        Some("unclean.leader.election.enable"),
+        false,
+    ),
+];
+
+pub fn spec_of(name: &str) -> Option<&'static Spec> {
+    SPECS.iter().find(|s| s.name == name)
+}
+
+const CODECS: &[&str] = &["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"];
+
+/// Checks `value` for `name`; the value as stored (trimmed), or why not
+/// (Kafka answers INVALID_CONFIG with such a message).
+pub fn validate(name: &str, value: &str) -> Result<String, String> {
+    let Some(s) = spec_of(name) else {
+        return Err(format!("Unknown topic config name: {name}"));
+    };
+    let v = value.trim();
+    let bad = |why: &str| Err(format!("Invalid value {v} for configuration {name}: {why}"));
+    match s.kind {
+        Kind::Boolean => {
+            if !v.eq_ignore_ascii_case("true") && !v.eq_ignore_ascii_case("false") {
+                return bad("Expected value to be either true or false");
+            }
+            return Ok(v.to_ascii_lowercase());
+        }
+        Kind::Int | Kind::Short => {
+            let Ok(n) = v.parse::<i32>() else {
+                return bad("Not a number of type INT");
+            };
+            let min = match name {
+                "max.message.bytes" => 0,
+                "min.insync.replicas" | "segment.bytes" | "segment.index.bytes" => 1,
+                _ => 0,
+            };
+            if n < min {
+                return bad(&format!("Value must be at least {min}"));
+            }
+        }
+        Kind::Long => {
+            let Ok(n) = v.parse::<i64>() else {
+                return bad("Not a number of type LONG");
+            };
+            let min = match name {
+                "retention.ms" | "retention.bytes" | "local.retention.ms" | "local.retention.bytes" => -1,
+                _ => 0,
+            };
+            if n < min {
+                return bad(&format!("Value must be at least {min}"));
+            }
+        }
+        Kind::Double => {
+            if !v.parse::<f64>().is_ok_and(|d| (0.0..=1.0).contains(&d)) {
+                return bad("Value must be a number between 0 and 1");
+            }
+        }
+        Kind::String | Kind::List => {}
+    }
+    match name {
+        "compression.type" if !CODECS.contains(&v) => bad(&format!("String must be one of: {}", CODECS.join(", "))),
+        "message.timestamp.type" if v != "CreateTime" && v != "LogAppendTime" => {
+            bad("String must be one of: CreateTime, LogAppendTime")
+        }
+        "cleanup.policy" => {
+            let items: Vec<&str> = v.split(',').map(str::trim).collect();
+            if items.iter().any(|p| *p != "delete" && *p != "compact") || items.is_empty() {
+                return bad("String must be one of: compact, delete");
+            }
+            if items.contains(&"compact") {
+                // A compacted topic keeps the latest value per key however
+                // old: the shared CommitLog's retention would delete it.
+                return Err(format!(
+                    "Invalid value {v} for configuration {name}: compacted topics are not supported by Rokka yet"
+                ));
+            }
+            Ok(items.join(","))
+        }
+        _ => Ok(v.to_string()),
+    }
+}
+
+/// Validates every (name, value) of a request; the map to store or the
+/// first error.
+pub fn validate_all<'a>(
+    configs: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for (name, value) in configs {
+        let Some(value) = value else {
+            return Err(format!("Null value not supported for topic configs: {name}"));
+        };
+        out.insert(name.to_string(), validate(name, value)?);
+    }
+    Ok(out)
+}
+
+/// The value and source of `name` for a topic without an override:
+/// Rokka's static configuration where it has the setting, else Kafka's
+/// default.
+pub fn default_of(name: &str, store: &StoreConfig) -> (String, Source) {
+    let st = |v: String| (v, Source::StaticBroker);
+    let df = |v: &str| (v.to_string(), Source::Default);
+    match name {
+        "retention.ms" => st((store.retention_hours * 3_600_000).to_string()),
+        "retention.bytes" => st(if store.retention_max_bytes == 0 {
+            "-1".into()
+        } else {
+            store.retention_max_bytes.to_string()
+        }),
+        "max.message.bytes" => st(store.max_message_bytes.to_string()),
+        "segment.bytes" => st(store.commitlog_segment_bytes.to_string()),
+        "preallocate" => st(store.preallocate.to_string()),
+        "cleanup.policy" => df("delete"),
+        "compression.type" => df("producer"),
+        "compression.gzip.level" => df("-1"),
+        "compression.lz4.level" => df("9"),
+        "compression.zstd.level" => df("3"),
+        "delete.retention.ms" => df("86400000"),
+        "file.delete.delay.ms" => df("60000"),
+        "flush.messages" => df("9223372036854775807"),
+        "flush.ms" => df("9223372036854775807"),
+        "follower.replication.throttled.replicas" | "leader.replication.throttled.replicas" => df(""),
+        "index.interval.bytes" => df("4096"),
+        "local.retention.bytes" | "local.retention.ms" => df("-2"),
+        "max.compaction.lag.ms" => df("9223372036854775807"),
+        "message.downconversion.enable" => df("true"),
+        "message.timestamp.after.max.ms" | "message.timestamp.before.max.ms" => df("9223372036854775807"),
+        "message.timestamp.type" => df("CreateTime"),
+        "min.cleanable.dirty.ratio" => df("0.5"),
+        "min.compaction.lag.ms" => df("0"),
+        "min.insync.replicas" => df("1"),
+        "remote.storage.enable" => df("false"),
+        "segment.index.bytes" => df("10485760"),
+        "segment.jitter.ms" => df("0"),
+        "segment.ms" => df("604800000"),
+        "unclean.leader.election.enable" => df("false"),
+        _ => df(""),
+    }
+}
+
+/// A topic's effective configs, enforced ones resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Effective {
+    /// Records older than this are past the topic's log start (-1 = kept).
+    pub retention_ms: i64,
+    /// Bytes a partition keeps at most (-1 = no limit).
+    pub retention_bytes: i64,
+    pub max_message_bytes: u64,
+    /// None = keep the producer's codec; Some(0..=4) = Kafka's codec id.
+    pub compression: Option<u8>,
+    pub log_append_time: bool,
+    pub min_insync_replicas: i32,
+}
+
+impl Effective {
+    pub fn resolve(overrides: &BTreeMap<String, String>, store: &StoreConfig) -> Effective {
+        let get = |name: &str| {
+            overrides
+                .get(name)
+                .cloned()
+                .unwrap_or_else(|| default_of(name, store).0)
+        };
+        let int = |name: &str, dflt: i64| get(name).parse::<i64>().unwrap_or(dflt);
+        Effective {
+            retention_ms: int("retention.ms", -1),
+            retention_bytes: int("retention.bytes", -1),
+            max_message_bytes: int("max.message.bytes", store.max_message_bytes as i64).max(0) as u64,
+            compression: match get("compression.type").as_str() {
+                "uncompressed" => Some(0),
+                "gzip" => Some(1),
+                "snappy" => Some(2),
+                "lz4" => Some(3),
+                "zstd" => Some(4),
+                _ => None,
+            },
+            log_append_time: get("message.timestamp.type") == "LogAppendTime",
+            min_insync_replicas: int("min.insync.replicas", 1) as i32,
+        }
+    }
+
+    /// Whether a topic with these configs needs its own retention pass
+    /// (the store's applies to every topic already).
+    pub fn own_retention(&self, store: &StoreConfig) -> bool {
+        let global_ms = (store.retention_hours * 3_600_000) as i64;
+        (self.retention_ms >= 0 && self.retention_ms < global_ms) || self.retention_bytes >= 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_names_and_bad_values_are_refused_with_kafkas_words() {
+        assert_eq!(validate("retention.ms", " 1000 "), Ok("1000".into()));
+        assert!(validate("no.such.config", "1").is_err_and(|e| e.contains("Unknown topic config name")));
+        assert!(validate("retention.ms", "soon").is_err());
+        assert!(validate("retention.ms", "-2").is_err());
+        assert!(validate("compression.type", "brotli").is_err());
+        assert_eq!(validate("compression.type", "gzip"), Ok("gzip".into()));
+        assert!(validate("message.timestamp.type", "Whenever").is_err());
+        assert!(validate("cleanup.policy", "compact").is_err_and(|e| e.contains("not supported")));
+        assert_eq!(validate("cleanup.policy", "delete"), Ok("delete".into()));
+        assert!(validate("min.insync.replicas", "0").is_err());
+        assert_eq!(validate("preallocate", "TRUE"), Ok("true".into()));
+        assert!(validate_all([("max.message.bytes", None)]).is_err());
+    }
+
+    #[test]
+    fn effective_values_come_from_overrides_then_the_store() {
+        let store = StoreConfig::default();
+        let mut o = BTreeMap::new();
+        let e = Effective::resolve(&o, &store);
+        assert_eq!(e.retention_ms, 72 * 3_600_000);
+        assert_eq!(e.compression, None);
+        assert!(!e.own_retention(&store));
+        o.insert("retention.ms".to_string(), "60000".to_string());
+        o.insert("compression.type".to_string(), "zstd".to_string());
+        o.insert("message.timestamp.type".to_string(), "LogAppendTime".to_string());
+        let e = Effective::resolve(&o, &store);
+        assert_eq!(
+            (e.retention_ms, e.compression, e.log_append_time),
+            (60_000, Some(4), true)
+        );
+        assert!(e.own_retention(&store));
+        assert!(SPECS.windows(2).all(|w| w[0].name < w[1].name), "sorted");
+    }
+}
