@@ -26,6 +26,16 @@ pub struct BrokerConfig {
     /// Longest delay a timer message may ask for (RocketMQ
     /// `timerMaxDelaySec`, 3 days); never more than the store's retention.
     pub timer_max_delay_ms: u64,
+    /// Largest `transaction.timeout.ms` a Kafka transactional producer may
+    /// ask for (Kafka `transaction.max.timeout.ms`); more is
+    /// INVALID_TRANSACTION_TIMEOUT.
+    pub transaction_max_timeout_ms: u64,
+    /// A transactional id with no open transaction for this long is
+    /// forgotten (Kafka `transactional.id.expiration.ms`, 7 days).
+    pub transactional_id_expiration_ms: u64,
+    /// Most Kafka transactional ids held; InitProducerId for a new one
+    /// beyond it is answered COORDINATOR_NOT_AVAILABLE (clients retry).
+    pub max_transactional_ids: u32,
 }
 
 impl Default for BrokerConfig {
@@ -39,6 +49,9 @@ impl Default for BrokerConfig {
             producer_id_expiration_ms: 24 * 3600 * 1000,
             max_producer_states: 100_000,
             timer_max_delay_ms: 3 * 24 * 3600 * 1000,
+            transaction_max_timeout_ms: 900_000,
+            transactional_id_expiration_ms: 7 * 24 * 3600 * 1000,
+            max_transactional_ids: 100_000,
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod arrivals;
 pub mod config;
 pub mod convert;
 pub mod error;
+pub mod kafka_txn;
 pub mod limits;
 pub mod membership;
 pub mod producers;
@@ -51,6 +52,7 @@ pub struct Broker {
     membership: membership::Membership,
     transactions: transaction::Transactions,
     timers: timer::Timers,
+    kafka_txns: kafka_txn::KafkaTxns,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
     lag: std::sync::Mutex<Vec<(String, String, u32, u64)>>,
     config: BrokerConfig,
@@ -88,7 +90,16 @@ impl Broker {
                 a
             }
         };
-        Ok(Broker {
+        let kafka_txns = kafka_txn::KafkaTxns::open(
+            &store.config().data_dir,
+            kafka_txn::TxnConfig {
+                max_timeout_ms: config.transaction_max_timeout_ms as i64,
+                id_expiration_ms: config.transactional_id_expiration_ms as i64,
+                max_ids: config.max_transactional_ids as usize,
+            },
+        )?;
+        let b = Broker {
+            kafka_txns,
             store,
             topics,
             arrivals,
@@ -101,7 +112,9 @@ impl Broker {
             timers: timer::Timers::default(),
             lag: std::sync::Mutex::new(Vec::new()),
             config,
-        })
+        };
+        b.rebuild_open_transactions();
+        Ok(b)
     }
 
     /// Consumer-group members of both protocols (mixed groups).
@@ -184,6 +197,7 @@ impl Broker {
             return Err(BrokerError::UnknownTopic(name.to_string()));
         }
         self.store.delete_topic(name)?;
+        self.forget_topic_transactions(name);
         tracing::info!(topic = name, "topic deleted");
         Ok(())
     }

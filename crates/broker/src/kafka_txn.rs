@@ -1,0 +1,1091 @@
+//! Kafka transactions (KIP-98): the transaction coordinator and the
+//! per-partition transaction state the log needs.
+//!
+//! * **Coordinator state** per transactional id: producer id and epoch,
+//!   state (Empty → Ongoing → PrepareCommit/PrepareAbort →
+//!   CompleteCommit/CompleteAbort), the partitions and groups in the
+//!   transaction, offsets committed in it (TxnOffsetCommit, applied at
+//!   commit), timeout and start time. Kept in an append-only log,
+//!   `<data_dir>/config/kafka-transactions.log` (one JSON line per change,
+//!   fsynced before the change is answered; rewritten compact at open), as
+//!   Kafka keeps `__transaction_state`.
+//! * **Markers**: ending a transaction writes a control batch (COMMIT or
+//!   ABORT) into every partition of it; a transaction left in Prepare* by a
+//!   crash is completed at the next start.
+//! * **Per partition**: the first offset of each open transaction (the last
+//!   stable offset is the lowest of them, else the high watermark) and the
+//!   aborted transactions (producer id, first offset, marker offset) that
+//!   `read_committed` fetches are told about. Aborted entries are logged
+//!   before their markers are written; open transactions' first offsets are
+//!   found again after a restart by scanning from the transaction's start.
+//!
+//! Error answers are Kafka's codes (`code`): this module exists for the
+//! Kafka frontend, and the RocketMQ side only reads the stable offset and
+//! the aborted list.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use bytes::BytesMut;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{BrokerError, Result};
+use crate::Broker;
+
+/// Kafka error codes the coordinator answers with.
+pub mod code {
+    pub const NONE: i16 = 0;
+    pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
+    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    pub const INVALID_PRODUCER_EPOCH: i16 = 47;
+    pub const INVALID_TXN_STATE: i16 = 48;
+    pub const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
+    pub const INVALID_TRANSACTION_TIMEOUT: i16 = 50;
+    pub const CONCURRENT_TRANSACTIONS: i16 = 51;
+    pub const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
+    pub const OPERATION_NOT_ATTEMPTED: i16 = 55;
+    pub const KAFKA_STORAGE_ERROR: i16 = 56;
+    pub const PRODUCER_FENCED: i16 = 90;
+    pub const INVALID_REQUEST: i16 = 42;
+}
+
+/// A transaction's state (Kafka's `TransactionState` names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TxnState {
+    Empty,
+    Ongoing,
+    PrepareCommit,
+    PrepareAbort,
+    CompleteCommit,
+    CompleteAbort,
+}
+
+impl TxnState {
+    pub fn name(self) -> &'static str {
+        match self {
+            TxnState::Empty => "Empty",
+            TxnState::Ongoing => "Ongoing",
+            TxnState::PrepareCommit => "PrepareCommit",
+            TxnState::PrepareAbort => "PrepareAbort",
+            TxnState::CompleteCommit => "CompleteCommit",
+            TxnState::CompleteAbort => "CompleteAbort",
+        }
+    }
+
+    fn is_prepare(self) -> bool {
+        matches!(self, TxnState::PrepareCommit | TxnState::PrepareAbort)
+    }
+}
+
+/// An offset committed inside a transaction (applied when it commits).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingOffset {
+    pub group: String,
+    pub topic: String,
+    pub partition: u32,
+    pub offset: u64,
+    pub metadata: String,
+    pub leader_epoch: i32,
+}
+
+/// One transactional id's coordinator state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnMeta {
+    pub id: String,
+    pub producer_id: i64,
+    pub epoch: i16,
+    pub timeout_ms: i64,
+    pub state: TxnState,
+    pub partitions: BTreeSet<(String, u32)>,
+    pub groups: BTreeSet<String>,
+    pub offsets: Vec<PendingOffset>,
+    /// When the open transaction began (ms since the epoch; -1 none).
+    pub start_ms: i64,
+    pub update_ms: i64,
+}
+
+/// An aborted transaction on one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AbortedTxn {
+    pub producer_id: i64,
+    pub first_offset: u64,
+    /// The ABORT marker's offset (None until it is written).
+    pub last_offset: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+enum Line {
+    /// A transactional id's state now.
+    T(TxnMeta),
+    /// A transactional id forgotten (expired).
+    X(String),
+    /// An aborted transaction on (topic, partition).
+    A(String, u32, AbortedTxn),
+}
+
+/// Budgets and timeouts (`[kafka]` keys in `config/rokka.toml`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxnConfig {
+    /// Largest `transaction.timeout.ms` a producer may ask for (Kafka
+    /// `transaction.max.timeout.ms`).
+    pub max_timeout_ms: i64,
+    /// A transactional id idle (no open transaction) this long is forgotten
+    /// (Kafka `transactional.id.expiration.ms`).
+    pub id_expiration_ms: i64,
+    /// Most transactional ids held.
+    pub max_ids: usize,
+}
+
+impl Default for TxnConfig {
+    fn default() -> Self {
+        TxnConfig {
+            max_timeout_ms: 900_000,
+            id_expiration_ms: 7 * 24 * 3600 * 1000,
+            max_ids: 100_000,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct PartTxns {
+    /// Open transactions: producer id → first offset.
+    ongoing: BTreeMap<i64, u64>,
+    aborted: Vec<AbortedTxn>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    txns: HashMap<String, TxnMeta>,
+    by_pid: HashMap<i64, String>,
+}
+
+/// The coordinator and the per-partition transaction state.
+#[derive(Debug)]
+pub struct KafkaTxns {
+    inner: Mutex<Inner>,
+    parts: Mutex<HashMap<(String, u32), PartTxns>>,
+    log: Mutex<TxnLog>,
+    config: TxnConfig,
+}
+
+#[derive(Debug)]
+struct TxnLog {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+}
+
+impl TxnLog {
+    fn append(&mut self, lines: &[Line]) -> Result<()> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let mut buf = Vec::new();
+        for l in lines {
+            serde_json::to_writer(&mut buf, l).map_err(|e| BrokerError::BadFile {
+                path: self.path.clone(),
+                reason: e.to_string(),
+            })?;
+            buf.push(b'\n');
+        }
+        if self.file.is_none() {
+            if let Some(dir) = self.path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
+            }
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.path)
+                .map_err(|e| BrokerError::Io(self.path.clone(), e))?;
+            self.file = Some(f);
+        }
+        let path = self.path.clone();
+        let f = self.file.as_mut().ok_or_else(|| BrokerError::Io(path.clone(), std::io::ErrorKind::NotFound.into()))?;
+        f.write_all(&buf).map_err(|e| BrokerError::Io(path.clone(), e))?;
+        // Answered only once on disk, as Kafka's transaction log is.
+        f.sync_data().map_err(|e| BrokerError::Io(path, e))?;
+        Ok(())
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl KafkaTxns {
+    /// Loads the transaction log of `data_dir` (absent = none), rewriting
+    /// it compact.
+    pub fn open(data_dir: &Path, config: TxnConfig) -> Result<KafkaTxns> {
+        let path = data_dir.join("config").join("kafka-transactions.log");
+        let mut txns: HashMap<String, TxnMeta> = HashMap::new();
+        let mut aborted: HashMap<(String, u32), Vec<AbortedTxn>> = HashMap::new();
+        match std::fs::File::open(&path) {
+            Ok(f) => {
+                for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
+                    let line = line.map_err(|e| BrokerError::Io(path.clone(), e))?;
+                    if line.trim().is_empty() {
+                        continue;
+                    }
+                    match serde_json::from_str::<Line>(&line) {
+                        Ok(Line::T(m)) => {
+                            txns.insert(m.id.clone(), m);
+                        }
+                        Ok(Line::X(id)) => {
+                            txns.remove(&id);
+                        }
+                        Ok(Line::A(t, p, a)) => {
+                            let list = aborted.entry((t, p)).or_default();
+                            match list
+                                .iter_mut()
+                                .find(|x| x.producer_id == a.producer_id && x.first_offset == a.first_offset)
+                            {
+                                Some(x) => *x = a,
+                                None => list.push(a),
+                            }
+                        }
+                        // A torn last line (a crash mid-append): its change
+                        // was never answered. Anything else is damage.
+                        Err(e) => {
+                            tracing::warn!(path = %path.display(), line = n + 1, error = %e, "skipping an unreadable transaction-log line");
+                        }
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(BrokerError::Io(path, e)),
+        }
+        let by_pid = txns.values().map(|m| (m.producer_id, m.id.clone())).collect();
+        let parts = aborted
+            .into_iter()
+            .map(|(k, aborted)| {
+                (
+                    k,
+                    PartTxns {
+                        ongoing: BTreeMap::new(),
+                        aborted,
+                    },
+                )
+            })
+            .collect::<HashMap<_, _>>();
+        let me = KafkaTxns {
+            inner: Mutex::new(Inner { txns, by_pid }),
+            parts: Mutex::new(parts),
+            log: Mutex::new(TxnLog {
+                path: path.clone(),
+                file: None,
+            }),
+            config,
+        };
+        me.compact()?;
+        Ok(me)
+    }
+
+    /// Rewrites the log as one line per live id and aborted entry.
+    fn compact(&self) -> Result<()> {
+        let mut lines = Vec::new();
+        for m in lock(&self.inner).txns.values() {
+            lines.push(Line::T(m.clone()));
+        }
+        for ((t, p), pt) in lock(&self.parts).iter() {
+            for a in &pt.aborted {
+                lines.push(Line::A(t.clone(), *p, *a));
+            }
+        }
+        let mut log = lock(&self.log);
+        let tmp = log.path.with_extension("log.tmp");
+        if let Some(dir) = tmp.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
+        }
+        let mut buf = Vec::new();
+        for l in &lines {
+            serde_json::to_writer(&mut buf, l).map_err(|e| BrokerError::BadFile {
+                path: tmp.clone(),
+                reason: e.to_string(),
+            })?;
+            buf.push(b'\n');
+        }
+        rokka_store::checkpoint::write_atomically(&log.path, &buf)?;
+        log.file = None;
+        Ok(())
+    }
+
+    fn persist(&self, lines: &[Line]) -> Result<()> {
+        crate::offload(|| lock(&self.log).append(lines))
+    }
+
+    pub fn config(&self) -> &TxnConfig {
+        &self.config
+    }
+
+    /// Every transactional id's state (DescribeTransactions, ListTransactions).
+    pub fn all(&self) -> Vec<TxnMeta> {
+        let mut v: Vec<TxnMeta> = lock(&self.inner).txns.values().cloned().collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v
+    }
+
+    pub fn get(&self, id: &str) -> Option<TxnMeta> {
+        lock(&self.inner).txns.get(id).cloned()
+    }
+
+    /// The last stable offset of a partition whose high watermark is `hw`:
+    /// the first offset of its oldest open transaction, else `hw`.
+    pub fn last_stable_offset(&self, topic: &str, partition: u32, hw: u64) -> u64 {
+        let parts = lock(&self.parts);
+        match parts.get(&(topic.to_string(), partition)) {
+            Some(p) => p.ongoing.values().copied().min().map_or(hw, |f| f.min(hw)),
+            None => hw,
+        }
+    }
+
+    /// Aborted transactions of a partition overlapping offsets `from..to`
+    /// (what a read_committed fetch of that range is told).
+    pub fn aborted_in(&self, topic: &str, partition: u32, from: u64, to: u64) -> Vec<AbortedTxn> {
+        let parts = lock(&self.parts);
+        parts
+            .get(&(topic.to_string(), partition))
+            .map(|p| {
+                p.aborted
+                    .iter()
+                    .filter(|a| a.first_offset < to && a.last_offset.is_none_or(|l| l >= from))
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether `offset` of a batch by `producer_id` belongs to an aborted
+    /// transaction (RocketMQ consumers skip those records).
+    pub fn is_aborted(&self, topic: &str, partition: u32, producer_id: i64, offset: u64) -> bool {
+        let parts = lock(&self.parts);
+        parts.get(&(topic.to_string(), partition)).is_some_and(|p| {
+            p.aborted.iter().any(|a| {
+                a.producer_id == producer_id && a.first_offset <= offset && a.last_offset.is_none_or(|l| offset < l)
+            })
+        })
+    }
+
+    /// Drops aborted entries wholly below each partition's log start
+    /// (`start(topic, partition)`); returns how many went.
+    pub fn prune_aborted(&self, start: impl Fn(&str, u32) -> u64) -> usize {
+        let mut parts = lock(&self.parts);
+        let mut n = 0;
+        for ((t, p), pt) in parts.iter_mut() {
+            let s = start(t, *p);
+            let before = pt.aborted.len();
+            pt.aborted.retain(|a| a.last_offset.is_none_or(|l| l >= s));
+            n += before - pt.aborted.len();
+        }
+        n
+    }
+
+    fn forget_partition(&self, topic: &str) {
+        lock(&self.parts).retain(|(t, _), _| t != topic);
+    }
+}
+
+/// A transaction being ended: what the markers need.
+#[derive(Debug, Clone)]
+struct Ending {
+    meta: TxnMeta,
+    commit: bool,
+}
+
+/// What InitProducerId gives the producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Initialized {
+    pub producer_id: i64,
+    pub epoch: i16,
+}
+
+/// A control batch (COMMIT or ABORT marker) of `producer_id` / `epoch`.
+pub fn marker_batch(producer_id: i64, epoch: i16, commit: bool, now_ms: i64) -> Result<bytes::Bytes> {
+    use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+    let mut key = BytesMut::with_capacity(4);
+    key.extend_from_slice(&0i16.to_be_bytes());
+    key.extend_from_slice(&(i16::from(commit)).to_be_bytes());
+    let mut value = BytesMut::with_capacity(6);
+    value.extend_from_slice(&0i16.to_be_bytes());
+    value.extend_from_slice(&0i32.to_be_bytes()); // coordinator epoch
+    let r = Record {
+        transactional: true,
+        control: true,
+        delete_horizon: false,
+        partition_leader_epoch: 0,
+        producer_id,
+        producer_epoch: epoch,
+        timestamp_type: TimestampType::Creation,
+        offset: 0,
+        sequence: -1,
+        timestamp: now_ms,
+        key: Some(key.freeze()),
+        value: Some(value.freeze()),
+        headers: Default::default(),
+    };
+    let mut out = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut out,
+        std::iter::once(&r),
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        },
+    )
+    .map_err(|e| BrokerError::Store(rokka_store::StoreError::Config(format!("marker: {e}"))))?;
+    Ok(out.freeze())
+}
+
+impl Broker {
+    pub fn kafka_txns(&self) -> &KafkaTxns {
+        &self.kafka_txns
+    }
+
+    /// After a restart: finds the first offsets of transactions still open
+    /// (scanning each of their partitions from the transaction's start).
+    pub(crate) fn rebuild_open_transactions(&self) {
+        let open: Vec<TxnMeta> = lock(&self.kafka_txns.inner)
+            .txns
+            .values()
+            .filter(|m| m.state == TxnState::Ongoing)
+            .cloned()
+            .collect();
+        for m in open {
+            for (topic, partition) in &m.partitions {
+                if let Some(first) = self.first_batch_of(topic, *partition, m.producer_id, m.start_ms) {
+                    lock(&self.kafka_txns.parts)
+                        .entry((topic.clone(), *partition))
+                        .or_default()
+                        .ongoing
+                        .insert(m.producer_id, first);
+                }
+            }
+        }
+        let store = &self.store;
+        let pruned = self.kafka_txns.prune_aborted(|t, p| store.min_offset(t, p));
+        if pruned > 0 {
+            tracing::info!(entries = pruned, "aborted-transaction entries below the log start dropped");
+        }
+    }
+
+    /// The offset of `producer_id`'s first transactional batch in a
+    /// partition at or after `since_ms` (store time).
+    fn first_batch_of(&self, topic: &str, partition: u32, producer_id: i64, since_ms: i64) -> Option<u64> {
+        let cq = self.store.queue(topic, partition)?;
+        let mut offset = cq.offset_by_store_time(since_ms.saturating_sub(1_000)).max(cq.min_offset());
+        let end = cq.max_offset();
+        while offset < end {
+            let read = self.store.read(topic, partition, offset, 256, 4 << 20);
+            if read.entries.is_empty() {
+                break;
+            }
+            for e in &read.entries {
+                if let Ok(rokka_store::Entry::KafkaBatch(b)) = e.decode() {
+                    if let Ok(info) = rokka_store::record::kafka::BatchInfo::parse(&b.batch) {
+                        if info.producer_id == producer_id && info.attributes & 0x30 == 0x10 {
+                            return Some(b.queue_offset);
+                        }
+                    }
+                }
+            }
+            if read.next_offset <= offset {
+                break;
+            }
+            offset = read.next_offset;
+        }
+        None
+    }
+
+    /// Completes transactions a crash left in PrepareCommit / PrepareAbort.
+    pub async fn complete_prepared_transactions(&self) -> Result<()> {
+        let prepared: Vec<TxnMeta> = lock(&self.kafka_txns.inner)
+            .txns
+            .values()
+            .filter(|m| m.state.is_prepare())
+            .cloned()
+            .collect();
+        for meta in prepared {
+            let commit = meta.state == TxnState::PrepareCommit;
+            tracing::info!(transactional_id = meta.id, commit, "completing a transaction left prepared");
+            self.finish(Ending { meta, commit }).await?;
+        }
+        Ok(())
+    }
+
+    /// InitProducerId with a transactional id: a producer id and a new
+    /// epoch; an open transaction of an earlier incarnation is aborted first
+    /// (fencing it).
+    pub async fn txn_init_producer_id(
+        &self,
+        id: &str,
+        timeout_ms: i32,
+        expected: Option<(i64, i16)>,
+    ) -> std::result::Result<Initialized, i16> {
+        if timeout_ms <= 0 || i64::from(timeout_ms) > self.kafka_txns.config.max_timeout_ms {
+            return Err(code::INVALID_TRANSACTION_TIMEOUT);
+        }
+        let now = rokka_store::now_ms();
+        let (ending, line, out) = {
+            let mut inner = lock(&self.kafka_txns.inner);
+            let is_new = !inner.txns.contains_key(id);
+            if is_new && inner.txns.len() >= self.kafka_txns.config.max_ids {
+                metrics::counter!("rokka_kafka_transactional_ids_refused_total").increment(1);
+                return Err(code::COORDINATOR_NOT_AVAILABLE);
+            }
+            if is_new {
+                let pid = self.producers.allocate_id();
+                let m = TxnMeta {
+                    id: id.to_string(),
+                    producer_id: pid,
+                    epoch: 0,
+                    timeout_ms: i64::from(timeout_ms),
+                    state: TxnState::Empty,
+                    partitions: BTreeSet::new(),
+                    groups: BTreeSet::new(),
+                    offsets: Vec::new(),
+                    start_ms: -1,
+                    update_ms: now,
+                };
+                inner.by_pid.insert(pid, id.to_string());
+                inner.txns.insert(id.to_string(), m.clone());
+                (
+                    None,
+                    Line::T(m),
+                    Initialized {
+                        producer_id: pid,
+                        epoch: 0,
+                    },
+                )
+            } else {
+                let Some(m) = inner.txns.get(id).cloned() else {
+                    return Err(code::COORDINATOR_NOT_AVAILABLE);
+                };
+                if m.state.is_prepare() {
+                    return Err(code::CONCURRENT_TRANSACTIONS);
+                }
+                if let Some((pid, epoch)) = expected {
+                    // KIP-360: a producer re-initialising names itself.
+                    if pid != m.producer_id || epoch != m.epoch {
+                        return Err(code::PRODUCER_FENCED);
+                    }
+                }
+                let mut next = m.clone();
+                let (new_pid, new_epoch) = if m.epoch >= i16::MAX - 1 {
+                    (self.producers.allocate_id(), 0)
+                } else {
+                    (m.producer_id, m.epoch + 1)
+                };
+                let ending = if m.state == TxnState::Ongoing {
+                    // The earlier incarnation's transaction is aborted
+                    // under the new epoch, which fences it.
+                    next.epoch = m.epoch.saturating_add(1).min(i16::MAX - 1);
+                    next.state = TxnState::PrepareAbort;
+                    next.update_ms = now;
+                    Some(Ending {
+                        meta: next.clone(),
+                        commit: false,
+                    })
+                } else {
+                    next.producer_id = new_pid;
+                    next.epoch = new_epoch;
+                    next.state = TxnState::Empty;
+                    next.timeout_ms = i64::from(timeout_ms);
+                    next.update_ms = now;
+                    None
+                };
+                inner.by_pid.remove(&m.producer_id);
+                inner.by_pid.insert(next.producer_id, id.to_string());
+                inner.txns.insert(id.to_string(), next.clone());
+                (
+                    ending,
+                    Line::T(next.clone()),
+                    Initialized {
+                        producer_id: next.producer_id,
+                        epoch: next.epoch,
+                    },
+                )
+            }
+        };
+        if ending.is_none() {
+            self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+            return Ok(out);
+        }
+        if let Some(e) = ending {
+            self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+            self.finish(e).await.map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+            // The aborted transaction is complete: hand out the next epoch.
+            let (line, out) = {
+                let mut inner = lock(&self.kafka_txns.inner);
+                let Some(m) = inner.txns.get_mut(id) else {
+                    return Err(code::COORDINATOR_NOT_AVAILABLE);
+                };
+                if m.epoch >= i16::MAX - 1 {
+                    let old = m.producer_id;
+                    m.producer_id = self.producers.allocate_id();
+                    m.epoch = 0;
+                    let (pid, idc) = (m.producer_id, m.id.clone());
+                    inner.by_pid.remove(&old);
+                    inner.by_pid.insert(pid, idc);
+                } else {
+                    m.epoch += 1;
+                }
+                let m = inner.txns.get_mut(id).ok_or(code::COORDINATOR_NOT_AVAILABLE)?;
+                m.state = TxnState::Empty;
+                m.timeout_ms = i64::from(timeout_ms);
+                m.update_ms = rokka_store::now_ms();
+                (
+                    Line::T(m.clone()),
+                    Initialized {
+                        producer_id: m.producer_id,
+                        epoch: m.epoch,
+                    },
+                )
+            };
+            self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+            return Ok(out);
+        }
+        Ok(out)
+    }
+
+    /// Checks a request's (transactional id, producer id, epoch) against
+    /// the coordinator: the id's state, or Kafka's error.
+    fn txn_checked<'a>(
+        inner: &'a mut Inner,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+    ) -> std::result::Result<&'a mut TxnMeta, i16> {
+        let m = inner.txns.get_mut(id).ok_or(code::INVALID_PRODUCER_ID_MAPPING)?;
+        if m.producer_id != producer_id {
+            return Err(code::INVALID_PRODUCER_ID_MAPPING);
+        }
+        if epoch < m.epoch {
+            return Err(code::PRODUCER_FENCED);
+        }
+        if epoch > m.epoch {
+            return Err(code::INVALID_PRODUCER_EPOCH);
+        }
+        if m.state.is_prepare() {
+            return Err(code::CONCURRENT_TRANSACTIONS);
+        }
+        Ok(m)
+    }
+
+    /// AddPartitionsToTxn: per partition, NONE or why not (all or nothing,
+    /// as Kafka: one unknown partition makes the others OPERATION_NOT_ATTEMPTED).
+    pub fn txn_add_partitions(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        partitions: &[(String, i32)],
+    ) -> std::result::Result<Vec<i16>, i16> {
+        let unknown: Vec<bool> = partitions
+            .iter()
+            .map(|(t, p)| self.topics.get(t).is_none_or(|i| *p < 0 || *p as u32 >= i.partitions))
+            .collect();
+        let line = {
+            let mut inner = lock(&self.kafka_txns.inner);
+            let m = Self::txn_checked(&mut inner, id, producer_id, epoch)?;
+            if unknown.iter().any(|u| *u) {
+                return Ok(unknown
+                    .iter()
+                    .map(|u| {
+                        if *u {
+                            code::UNKNOWN_TOPIC_OR_PARTITION
+                        } else {
+                            code::OPERATION_NOT_ATTEMPTED
+                        }
+                    })
+                    .collect());
+            }
+            let before = (m.state, m.partitions.len());
+            let now = rokka_store::now_ms();
+            if m.state != TxnState::Ongoing {
+                m.state = TxnState::Ongoing;
+                m.start_ms = now;
+                m.partitions.clear();
+                m.groups.clear();
+                m.offsets.clear();
+            }
+            for (t, p) in partitions {
+                m.partitions.insert((t.clone(), *p as u32));
+            }
+            m.update_ms = now;
+            ((m.state, m.partitions.len()) != before).then(|| Line::T(m.clone()))
+        };
+        if let Some(line) = line {
+            self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+        }
+        Ok(vec![code::NONE; partitions.len()])
+    }
+
+    /// AddOffsetsToTxn: the group's offsets will commit with the transaction.
+    pub fn txn_add_offsets(&self, id: &str, producer_id: i64, epoch: i16, group: &str) -> std::result::Result<(), i16> {
+        let line = {
+            let mut inner = lock(&self.kafka_txns.inner);
+            let m = Self::txn_checked(&mut inner, id, producer_id, epoch)?;
+            let now = rokka_store::now_ms();
+            if m.state != TxnState::Ongoing {
+                m.state = TxnState::Ongoing;
+                m.start_ms = now;
+                m.partitions.clear();
+                m.groups.clear();
+                m.offsets.clear();
+            }
+            m.groups.insert(group.to_string());
+            m.update_ms = now;
+            Line::T(m.clone())
+        };
+        self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)
+    }
+
+    /// TxnOffsetCommit: offsets held until the transaction commits.
+    pub fn txn_commit_offsets(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        offsets: Vec<PendingOffset>,
+    ) -> std::result::Result<(), i16> {
+        let line = {
+            let mut inner = lock(&self.kafka_txns.inner);
+            let m = Self::txn_checked(&mut inner, id, producer_id, epoch)?;
+            if m.state != TxnState::Ongoing || offsets.iter().any(|o| !m.groups.contains(&o.group)) {
+                return Err(code::INVALID_TXN_STATE);
+            }
+            for o in offsets {
+                m.offsets
+                    .retain(|x| !(x.group == o.group && x.topic == o.topic && x.partition == o.partition));
+                m.offsets.push(o);
+            }
+            m.update_ms = rokka_store::now_ms();
+            Line::T(m.clone())
+        };
+        self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)
+    }
+
+    /// EndTxn: writes the markers, applies or drops the transaction's
+    /// offsets, and answers once all of it is durable.
+    pub async fn txn_end(&self, id: &str, producer_id: i64, epoch: i16, commit: bool) -> std::result::Result<(), i16> {
+        let (ending, line) = {
+            let mut inner = lock(&self.kafka_txns.inner);
+            let m = match Self::txn_checked(&mut inner, id, producer_id, epoch) {
+                Ok(m) => m,
+                Err(code::CONCURRENT_TRANSACTIONS) => return Err(code::CONCURRENT_TRANSACTIONS),
+                Err(e) => return Err(e),
+            };
+            match (m.state, commit) {
+                (TxnState::Ongoing, _) => {}
+                // A retry of an EndTxn already done.
+                (TxnState::CompleteCommit, true) | (TxnState::CompleteAbort, false) => return Ok(()),
+                // Nothing was added: nothing to end (Kafka answers so too
+                // for an abort; a commit of nothing is equally harmless).
+                (TxnState::Empty, _) => return Ok(()),
+                _ => return Err(code::INVALID_TXN_STATE),
+            }
+            m.state = if commit {
+                TxnState::PrepareCommit
+            } else {
+                TxnState::PrepareAbort
+            };
+            m.update_ms = rokka_store::now_ms();
+            (
+                Ending {
+                    meta: m.clone(),
+                    commit,
+                },
+                Line::T(m.clone()),
+            )
+        };
+        self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+        self.finish(ending).await.map_err(|e| {
+            tracing::warn!(transactional_id = id, error = %e, "ending a transaction failed");
+            code::KAFKA_STORAGE_ERROR
+        })
+    }
+
+    /// Writes the markers of a prepared transaction and completes it.
+    async fn finish(&self, e: Ending) -> Result<()> {
+        let m = &e.meta;
+        let now = rokka_store::now_ms();
+        // Aborted entries are on disk before any ABORT marker is.
+        let mut opened = Vec::new();
+        if !e.commit {
+            let mut parts = lock(&self.kafka_txns.parts);
+            for (t, p) in &m.partitions {
+                if let Some(first) = parts.get(&(t.clone(), *p)).and_then(|pt| pt.ongoing.get(&m.producer_id)).copied()
+                {
+                    let a = AbortedTxn {
+                        producer_id: m.producer_id,
+                        first_offset: first,
+                        last_offset: None,
+                    };
+                    let pt = parts.entry((t.clone(), *p)).or_default();
+                    if !pt.aborted.contains(&a) {
+                        pt.aborted.push(a);
+                    }
+                    opened.push(Line::A(t.clone(), *p, a));
+                }
+            }
+        }
+        self.kafka_txns.persist(&opened)?;
+        let marker = marker_batch(m.producer_id, m.epoch, e.commit, now)?;
+        let mut end = 0u64;
+        let mut closed = Vec::new();
+        for (t, p) in &m.partitions {
+            if self.topics.get(t).is_none_or(|i| *p >= i.partitions) {
+                continue; // deleted since
+            }
+            let r = crate::offload(|| self.store.append_kafka_batch(t, *p, &marker))?;
+            end = end.max(r.end_offset);
+            self.arrivals.notify(t, *p);
+            let mut parts = lock(&self.kafka_txns.parts);
+            let pt = parts.entry((t.clone(), *p)).or_default();
+            pt.ongoing.remove(&m.producer_id);
+            if !e.commit {
+                for a in pt.aborted.iter_mut() {
+                    if a.producer_id == m.producer_id && a.last_offset.is_none() {
+                        a.last_offset = Some(r.queue_offset);
+                        closed.push(Line::A(t.clone(), *p, *a));
+                    }
+                }
+            }
+        }
+        self.kafka_txns.persist(&closed)?;
+        if end > 0 {
+            self.store.durable(end).await?;
+        }
+        if e.commit {
+            let offsets = self.store.offsets();
+            for o in &m.offsets {
+                offsets.commit_bounded(&o.group, &o.topic, o.partition, o.offset, &o.metadata, o.leader_epoch);
+            }
+        }
+        let line = {
+            let mut inner = lock(&self.kafka_txns.inner);
+            let Some(cur) = inner.txns.get_mut(&m.id) else {
+                return Ok(());
+            };
+            cur.state = if e.commit {
+                TxnState::CompleteCommit
+            } else {
+                TxnState::CompleteAbort
+            };
+            cur.partitions.clear();
+            cur.groups.clear();
+            cur.offsets.clear();
+            cur.start_ms = -1;
+            cur.update_ms = rokka_store::now_ms();
+            Line::T(cur.clone())
+        };
+        self.kafka_txns.persist(&[line])?;
+        metrics::counter!("rokka_kafka_transactions_total", "result" => if e.commit { "commit" } else { "abort" })
+            .increment(1);
+        Ok(())
+    }
+
+    /// Aborts transactions open longer than their timeout, bumping the
+    /// epoch so their producer is fenced; forgets ids idle past
+    /// `id_expiration_ms`. Returns how many were aborted.
+    pub async fn txn_expire(&self, now_ms: i64) -> usize {
+        let (due, gone) = {
+            let mut inner = lock(&self.kafka_txns.inner);
+            let mut due = Vec::new();
+            for m in inner.txns.values_mut() {
+                if m.state == TxnState::Ongoing && m.start_ms >= 0 && now_ms - m.start_ms > m.timeout_ms {
+                    m.epoch = m.epoch.saturating_add(1).min(i16::MAX - 1);
+                    m.state = TxnState::PrepareAbort;
+                    m.update_ms = now_ms;
+                    due.push(m.clone());
+                }
+            }
+            let exp = self.kafka_txns.config.id_expiration_ms;
+            let gone: Vec<(String, i64)> = inner
+                .txns
+                .values()
+                .filter(|m| !matches!(m.state, TxnState::Ongoing) && !m.state.is_prepare())
+                .filter(|m| now_ms - m.update_ms > exp)
+                .map(|m| (m.id.clone(), m.producer_id))
+                .collect();
+            for (id, pid) in &gone {
+                inner.txns.remove(id);
+                inner.by_pid.remove(pid);
+            }
+            (due, gone)
+        };
+        if !gone.is_empty() {
+            let lines: Vec<Line> = gone.into_iter().map(|(id, _)| Line::X(id)).collect();
+            if let Err(e) = self.kafka_txns.persist(&lines) {
+                tracing::warn!(error = %e, "transaction log write failed");
+            }
+        }
+        let n = due.len();
+        for m in due {
+            tracing::info!(transactional_id = m.id, "transaction timed out: aborting");
+            metrics::counter!("rokka_kafka_transactions_timed_out_total").increment(1);
+            if let Err(e) = self.kafka_txns.persist(&[Line::T(m.clone())]) {
+                tracing::warn!(error = %e, "transaction log write failed");
+                continue;
+            }
+            if let Err(e) = self.finish(Ending { meta: m, commit: false }).await {
+                tracing::warn!(error = %e, "aborting a timed-out transaction failed");
+            }
+        }
+        metrics::gauge!("rokka_kafka_transactional_ids").set(lock(&self.kafka_txns.inner).txns.len() as f64);
+        n
+    }
+
+    /// Appends a transactional batch: its producer must hold the partition
+    /// in an open transaction under its current epoch. Records the
+    /// transaction's first offset in the partition.
+    pub fn append_transactional_batch(
+        &self,
+        topic: &str,
+        partition: u32,
+        batch: &[u8],
+        producer_id: i64,
+        epoch: i16,
+    ) -> std::result::Result<Result<(crate::SequenceCheck, Option<u64>, u64)>, i16> {
+        let inner = lock(&self.kafka_txns.inner);
+        let Some(id) = inner.by_pid.get(&producer_id) else {
+            return Err(code::INVALID_PRODUCER_ID_MAPPING);
+        };
+        let Some(m) = inner.txns.get(id) else {
+            return Err(code::INVALID_PRODUCER_ID_MAPPING);
+        };
+        if epoch < m.epoch {
+            return Err(code::INVALID_PRODUCER_EPOCH);
+        }
+        if m.state != TxnState::Ongoing || !m.partitions.contains(&(topic.to_string(), partition)) {
+            return Err(code::INVALID_TXN_STATE);
+        }
+        // Under the coordinator's lock: an EndTxn cannot slip its marker
+        // in between the check and the append.
+        let r = self.append_kafka_batch_checked(topic, partition, batch);
+        if let Ok((crate::SequenceCheck::Append, Some(base), _)) = &r {
+            lock(&self.kafka_txns.parts)
+                .entry((topic.to_string(), partition))
+                .or_default()
+                .ongoing
+                .entry(producer_id)
+                .or_insert(*base);
+        }
+        drop(inner);
+        Ok(r)
+    }
+
+    /// A deleted topic's transaction state goes with it.
+    pub(crate) fn forget_topic_transactions(&self, topic: &str) {
+        self.kafka_txns.forget_partition(topic);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BrokerConfig;
+    use rokka_store::{MessageStore, StoreConfig};
+    use std::sync::Arc;
+
+    fn broker(dir: &Path) -> Result<Broker> {
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
+        Broker::new(store, BrokerConfig::default())
+    }
+
+    fn batch(pid: i64, epoch: i16, seq: i32, values: &[&str]) -> Result<bytes::Bytes> {
+        use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+        let recs: Vec<Record> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| Record {
+                transactional: true,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: pid,
+                producer_epoch: epoch,
+                timestamp_type: TimestampType::Creation,
+                offset: i as i64,
+                sequence: seq + i as i32,
+                timestamp: 1_000,
+                key: None,
+                value: Some(bytes::Bytes::copy_from_slice(v.as_bytes())),
+                headers: Default::default(),
+            })
+            .collect();
+        let mut out = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut out,
+            recs.iter(),
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::None,
+            },
+        )
+        .map_err(|e| BrokerError::Store(rokka_store::StoreError::Config(e.to_string())))?;
+        Ok(out.freeze())
+    }
+
+    #[tokio::test]
+    async fn commit_abort_fence_and_restart() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let b = broker(dir.path())?;
+        b.create_topic("T", 1)?;
+        let id = b.txn_init_producer_id("tx", 60_000, None).await.map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        assert_eq!(id.epoch, 0);
+        let (pid, ep) = (id.producer_id, id.epoch);
+        // Producing before AddPartitionsToTxn is refused.
+        let early = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["x"])?, pid, ep);
+        assert_eq!(early.err(), Some(code::INVALID_TXN_STATE));
+        assert_eq!(b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)]), Ok(vec![0]));
+        let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["a", "b"])?, pid, ep);
+        assert!(matches!(r, Ok(Ok((_, Some(0), _)))));
+        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 2), 0, "open transaction holds the LSO");
+        b.txn_end("tx", pid, ep, false).await.map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        assert_eq!(b.store().max_offset("T", 0), 3, "two records and the ABORT marker");
+        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 3), 3);
+        let ab = b.kafka_txns().aborted_in("T", 0, 0, 3);
+        assert_eq!(ab, vec![AbortedTxn { producer_id: pid, first_offset: 0, last_offset: Some(2) }]);
+        assert!(b.kafka_txns().is_aborted("T", 0, pid, 1));
+        // Commit a second one, then fence it with a new incarnation.
+        b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)]).map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 2, &["c"])?, pid, ep);
+        assert!(matches!(r, Ok(Ok((_, Some(3), _)))));
+        b.txn_end("tx", pid, ep, true).await.map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        assert!(!b.kafka_txns().is_aborted("T", 0, pid, 3));
+        b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)]).map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 3, &["zombie"])?, pid, ep);
+        assert!(matches!(r, Ok(Ok((_, Some(5), _)))));
+        let next = b.txn_init_producer_id("tx", 60_000, None).await.map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        assert!(next.epoch > ep, "a new incarnation gets a higher epoch");
+        assert!(b.kafka_txns().is_aborted("T", 0, pid, 5), "the zombie's open transaction was aborted");
+        assert_eq!(b.txn_end("tx", pid, ep, true).await, Err(code::PRODUCER_FENCED));
+        let z = b.append_transactional_batch("T", 0, &batch(pid, ep, 4, &["late"])?, pid, ep);
+        assert_eq!(z.err(), Some(code::INVALID_PRODUCER_EPOCH));
+        // After a restart the state is as it was.
+        let state = b.kafka_txns().get("tx");
+        drop(b);
+        let b = broker(dir.path())?;
+        assert_eq!(b.kafka_txns().get("tx"), state);
+        assert!(b.kafka_txns().is_aborted("T", 0, pid, 0));
+        assert!(!b.kafka_txns().is_aborted("T", 0, pid, 3));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_timed_out_transaction_is_aborted_and_its_producer_fenced() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let b = broker(dir.path())?;
+        b.create_topic("T", 1)?;
+        let id = b.txn_init_producer_id("slow", 1_000, None).await.map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        let (pid, ep) = (id.producer_id, id.epoch);
+        b.txn_add_partitions("slow", pid, ep, &[("T".into(), 0)]).map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        let _ = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["a"])?, pid, ep);
+        assert_eq!(b.txn_expire(rokka_store::now_ms()).await, 0);
+        assert_eq!(b.txn_expire(rokka_store::now_ms() + 5_000).await, 1);
+        assert!(b.kafka_txns().is_aborted("T", 0, pid, 0));
+        assert_eq!(b.txn_end("slow", pid, ep, true).await, Err(code::PRODUCER_FENCED));
+        Ok(())
+    }
+}
