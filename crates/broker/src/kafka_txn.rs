@@ -201,7 +201,10 @@ impl TxnLog {
             self.file = Some(f);
         }
         let path = self.path.clone();
-        let f = self.file.as_mut().ok_or_else(|| BrokerError::Io(path.clone(), std::io::ErrorKind::NotFound.into()))?;
+        let f = self
+            .file
+            .as_mut()
+            .ok_or_else(|| BrokerError::Io(path.clone(), std::io::ErrorKind::NotFound.into()))?;
         f.write_all(&buf).map_err(|e| BrokerError::Io(path.clone(), e))?;
         // Answered only once on disk, as Kafka's transaction log is.
         f.sync_data().map_err(|e| BrokerError::Io(path, e))?;
@@ -464,7 +467,10 @@ impl Broker {
         let store = &self.store;
         let pruned = self.kafka_txns.prune_aborted(|t, p| store.min_offset(t, p));
         if pruned > 0 {
-            tracing::info!(entries = pruned, "aborted-transaction entries below the log start dropped");
+            tracing::info!(
+                entries = pruned,
+                "aborted-transaction entries below the log start dropped"
+            );
         }
     }
 
@@ -472,7 +478,9 @@ impl Broker {
     /// partition at or after `since_ms` (store time).
     fn first_batch_of(&self, topic: &str, partition: u32, producer_id: i64, since_ms: i64) -> Option<u64> {
         let cq = self.store.queue(topic, partition)?;
-        let mut offset = cq.offset_by_store_time(since_ms.saturating_sub(1_000)).max(cq.min_offset());
+        let mut offset = cq
+            .offset_by_store_time(since_ms.saturating_sub(1_000))
+            .max(cq.min_offset());
         let end = cq.max_offset();
         while offset < end {
             let read = self.store.read(topic, partition, offset, 256, 4 << 20);
@@ -506,7 +514,11 @@ impl Broker {
             .collect();
         for meta in prepared {
             let commit = meta.state == TxnState::PrepareCommit;
-            tracing::info!(transactional_id = meta.id, commit, "completing a transaction left prepared");
+            tracing::info!(
+                transactional_id = meta.id,
+                commit,
+                "completing a transaction left prepared"
+            );
             self.finish(Ending { meta, commit }).await?;
         }
         Ok(())
@@ -607,11 +619,15 @@ impl Broker {
             }
         };
         if ending.is_none() {
-            self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+            self.kafka_txns
+                .persist(&[line])
+                .map_err(|_| code::KAFKA_STORAGE_ERROR)?;
             return Ok(out);
         }
         if let Some(e) = ending {
-            self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+            self.kafka_txns
+                .persist(&[line])
+                .map_err(|_| code::KAFKA_STORAGE_ERROR)?;
             self.finish(e).await.map_err(|_| code::KAFKA_STORAGE_ERROR)?;
             // The aborted transaction is complete: hand out the next epoch.
             let (line, out) = {
@@ -641,7 +657,9 @@ impl Broker {
                     },
                 )
             };
-            self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+            self.kafka_txns
+                .persist(&[line])
+                .map_err(|_| code::KAFKA_STORAGE_ERROR)?;
             return Ok(out);
         }
         Ok(out)
@@ -715,7 +733,9 @@ impl Broker {
             ((m.state, m.partitions.len()) != before).then(|| Line::T(m.clone()))
         };
         if let Some(line) = line {
-            self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+            self.kafka_txns
+                .persist(&[line])
+                .map_err(|_| code::KAFKA_STORAGE_ERROR)?;
         }
         Ok(vec![code::NONE; partitions.len()])
     }
@@ -798,7 +818,9 @@ impl Broker {
                 Line::T(m.clone()),
             )
         };
-        self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+        self.kafka_txns
+            .persist(&[line])
+            .map_err(|_| code::KAFKA_STORAGE_ERROR)?;
         self.finish(ending).await.map_err(|e| {
             tracing::warn!(transactional_id = id, error = %e, "ending a transaction failed");
             code::KAFKA_STORAGE_ERROR
@@ -814,7 +836,10 @@ impl Broker {
         if !e.commit {
             let mut parts = lock(&self.kafka_txns.parts);
             for (t, p) in &m.partitions {
-                if let Some(first) = parts.get(&(t.clone(), *p)).and_then(|pt| pt.ongoing.get(&m.producer_id)).copied()
+                if let Some(first) = parts
+                    .get(&(t.clone(), *p))
+                    .and_then(|pt| pt.ongoing.get(&m.producer_id))
+                    .copied()
                 {
                     let a = AbortedTxn {
                         producer_id: m.producer_id,
@@ -1032,7 +1057,10 @@ mod tests {
         let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
         let b = broker(dir.path())?;
         b.create_topic("T", 1)?;
-        let id = b.txn_init_producer_id("tx", 60_000, None).await.map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        let id = b
+            .txn_init_producer_id("tx", 60_000, None)
+            .await
+            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
         assert_eq!(id.epoch, 0);
         let (pid, ep) = (id.producer_id, id.epoch);
         // Producing before AddPartitionsToTxn is refused.
@@ -1041,25 +1069,48 @@ mod tests {
         assert_eq!(b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)]), Ok(vec![0]));
         let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["a", "b"])?, pid, ep);
         assert!(matches!(r, Ok(Ok((_, Some(0), _)))));
-        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 2), 0, "open transaction holds the LSO");
-        b.txn_end("tx", pid, ep, false).await.map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        assert_eq!(
+            b.kafka_txns().last_stable_offset("T", 0, 2),
+            0,
+            "open transaction holds the LSO"
+        );
+        b.txn_end("tx", pid, ep, false)
+            .await
+            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
         assert_eq!(b.store().max_offset("T", 0), 3, "two records and the ABORT marker");
         assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 3), 3);
         let ab = b.kafka_txns().aborted_in("T", 0, 0, 3);
-        assert_eq!(ab, vec![AbortedTxn { producer_id: pid, first_offset: 0, last_offset: Some(2) }]);
+        assert_eq!(
+            ab,
+            vec![AbortedTxn {
+                producer_id: pid,
+                first_offset: 0,
+                last_offset: Some(2)
+            }]
+        );
         assert!(b.kafka_txns().is_aborted("T", 0, pid, 1));
         // Commit a second one, then fence it with a new incarnation.
-        b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)]).map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)])
+            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
         let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 2, &["c"])?, pid, ep);
         assert!(matches!(r, Ok(Ok((_, Some(3), _)))));
-        b.txn_end("tx", pid, ep, true).await.map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        b.txn_end("tx", pid, ep, true)
+            .await
+            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
         assert!(!b.kafka_txns().is_aborted("T", 0, pid, 3));
-        b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)]).map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)])
+            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
         let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 3, &["zombie"])?, pid, ep);
         assert!(matches!(r, Ok(Ok((_, Some(5), _)))));
-        let next = b.txn_init_producer_id("tx", 60_000, None).await.map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        let next = b
+            .txn_init_producer_id("tx", 60_000, None)
+            .await
+            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
         assert!(next.epoch > ep, "a new incarnation gets a higher epoch");
-        assert!(b.kafka_txns().is_aborted("T", 0, pid, 5), "the zombie's open transaction was aborted");
+        assert!(
+            b.kafka_txns().is_aborted("T", 0, pid, 5),
+            "the zombie's open transaction was aborted"
+        );
         assert_eq!(b.txn_end("tx", pid, ep, true).await, Err(code::PRODUCER_FENCED));
         let z = b.append_transactional_batch("T", 0, &batch(pid, ep, 4, &["late"])?, pid, ep);
         assert_eq!(z.err(), Some(code::INVALID_PRODUCER_EPOCH));
@@ -1078,9 +1129,13 @@ mod tests {
         let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
         let b = broker(dir.path())?;
         b.create_topic("T", 1)?;
-        let id = b.txn_init_producer_id("slow", 1_000, None).await.map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        let id = b
+            .txn_init_producer_id("slow", 1_000, None)
+            .await
+            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
         let (pid, ep) = (id.producer_id, id.epoch);
-        b.txn_add_partitions("slow", pid, ep, &[("T".into(), 0)]).map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        b.txn_add_partitions("slow", pid, ep, &[("T".into(), 0)])
+            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
         let _ = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["a"])?, pid, ep);
         assert_eq!(b.txn_expire(rokka_store::now_ms()).await, 0);
         assert_eq!(b.txn_expire(rokka_store::now_ms() + 5_000).await, 1);

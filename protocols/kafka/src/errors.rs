@@ -31,6 +31,7 @@ pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
 pub const INVALID_PRODUCER_EPOCH: i16 = 47;
 pub const KAFKA_STORAGE_ERROR: i16 = 56;
 pub const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
+pub const INVALID_RECORD: i16 = 87;
 pub const UNKNOWN_SERVER_ERROR: i16 = -1;
 
 /// The Kafka error code for a broker error.

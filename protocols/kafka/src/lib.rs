@@ -75,6 +75,7 @@ pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch
     let offsets: Arc<dyn groups::OffsetsHandle> = kafka.broker.store().clone();
     tokio::spawn(Arc::clone(&kafka.groups).run_ticker(offsets, shutdown.clone()));
     tokio::spawn(mixed::run(Arc::clone(&kafka), shutdown.clone()));
+    tokio::spawn(run_transactions(Arc::clone(&kafka.broker), shutdown.clone()));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -98,5 +99,21 @@ pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch
             },
             _ = shutdown.changed() => break,
         }
+    }
+}
+
+/// Completes transactions a crash left prepared, then aborts timed-out
+/// ones and forgets expired transactional ids every second.
+async fn run_transactions(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    if let Err(e) = broker.complete_prepared_transactions().await {
+        tracing::error!(error = %e, "completing prepared transactions failed");
+    }
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        broker.txn_expire(rokka_store::now_ms()).await;
     }
 }

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse};
+use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, ProducerId};
 use rokka_store::{Entry, ReadStatus};
 use tokio::sync::Notify;
 
@@ -64,6 +64,8 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, boo
         (r.max_bytes as usize).min(cap)
     };
     let mut any_error = false;
+    // READ_COMMITTED (isolation level 1): only offsets below the last stable one.
+    let read_committed = r.isolation_level == 1;
     let mut topics = Vec::with_capacity(r.topics.len());
     let mut all_records: Vec<Vec<Bytes>> = Vec::new();
     for t in &r.topics {
@@ -108,7 +110,10 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, boo
                 _ => (store.min_offset(name, q), store.max_offset(name, q)),
             };
             pd.high_watermark = max as i64;
-            pd.last_stable_offset = max as i64;
+            // Open Kafka transactions hold the last stable offset back; a
+            // read_committed fetch gets nothing at or past it.
+            let lso = broker.kafka_txns().last_stable_offset(name, q, max);
+            pd.last_stable_offset = lso as i64;
             if version >= 5 {
                 pd.log_start_offset = min as i64;
             }
@@ -121,7 +126,31 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, boo
                 Ok(None) => {}
                 Ok(Some(read)) => match read.status {
                     ReadStatus::Found => {
-                        pieces = batches(&read.entries, part_max.max(1), total == 0);
+                        let entries = if read_committed {
+                            let stable = read.entries.iter().take_while(|e| e.cq.base_offset < lso).count();
+                            &read.entries[..stable]
+                        } else {
+                            &read.entries[..]
+                        };
+                        pieces = batches(entries, part_max.max(1), total == 0);
+                        if read_committed {
+                            let end = entries
+                                .iter()
+                                .take(pieces.len())
+                                .last()
+                                .map_or(offset, |e| e.cq.base_offset + u64::from(e.cq.count.max(1)));
+                            let aborted = broker.kafka_txns().aborted_in(name, q, offset, end);
+                            pd.aborted_transactions = Some(
+                                aborted
+                                    .into_iter()
+                                    .map(|a| {
+                                        AbortedTransaction::default()
+                                            .with_producer_id(ProducerId(a.producer_id))
+                                            .with_first_offset(a.first_offset as i64)
+                                    })
+                                    .collect(),
+                            );
+                        }
                         total += pieces.iter().map(Bytes::len).sum::<usize>();
                     }
                     ReadStatus::NoNewMessages | ReadStatus::NoSuchQueue => {}

@@ -1,19 +1,28 @@
-//! InitProducerId for idempotent producers (no transactions): a fresh
-//! producer id, or the same id with a bumped epoch when a producer re-inits
-//! after a sequence error (KIP-360).
+//! InitProducerId: a fresh producer id for an idempotent producer (or the
+//! same id with a bumped epoch when it re-inits after a sequence error,
+//! KIP-360); for a transactional id, the transaction coordinator's producer
+//! id and next epoch, fencing earlier incarnations (`rokka_broker::kafka_txn`).
 
 use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId};
 
-use crate::errors;
 use crate::Kafka;
 
-pub fn handle(k: &Kafka, r: InitProducerIdRequest) -> InitProducerIdResponse {
-    if r.transactional_id.is_some() {
-        // Transactions are not implemented (and not advertised as such).
-        return InitProducerIdResponse::default()
-            .with_error_code(errors::INVALID_REQUEST)
-            .with_producer_id(ProducerId(-1))
-            .with_producer_epoch(-1);
+pub async fn handle(k: &Kafka, r: InitProducerIdRequest) -> InitProducerIdResponse {
+    if let Some(id) = r.transactional_id.as_ref() {
+        let expected = (r.producer_id.0 >= 0).then_some((r.producer_id.0, r.producer_epoch));
+        return match k
+            .broker
+            .txn_init_producer_id(id.as_str(), r.transaction_timeout_ms, expected)
+            .await
+        {
+            Ok(init) => InitProducerIdResponse::default()
+                .with_producer_id(ProducerId(init.producer_id))
+                .with_producer_epoch(init.epoch),
+            Err(code) => InitProducerIdResponse::default()
+                .with_error_code(code)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1),
+        };
     }
     let (id, epoch) = if r.producer_id.0 >= 0 && r.producer_epoch >= 0 {
         (r.producer_id.0, r.producer_epoch.checked_add(1).unwrap_or(0))

@@ -104,6 +104,11 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                     }
                     let q = p.partition_index as u32;
                     let (offset, ts) = match p.timestamp {
+                        // READ_COMMITTED sees the log up to the last stable offset.
+                        LATEST if r.isolation_level == 1 => {
+                            let hw = store.max_offset(&name, q);
+                            (broker.kafka_txns().last_stable_offset(&name, q, hw) as i64, -1)
+                        }
                         LATEST => (store.max_offset(&name, q) as i64, -1),
                         EARLIEST => (store.min_offset(&name, q) as i64, -1),
                         MAX_TIMESTAMP => {

@@ -11,6 +11,7 @@ mod metadata;
 mod offsets;
 mod produce;
 mod topics;
+mod txn;
 
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
@@ -53,7 +54,19 @@ pub async fn dispatch(
         },
         RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(k, r, version)),
         RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(find_coordinator::handle(k, r, version)),
-        RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(init_producer_id::handle(k, r)),
+        RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(init_producer_id::handle(k, r).await),
+        RequestKind::AddPartitionsToTxn(r) => {
+            ResponseKind::AddPartitionsToTxn(rokka_broker::offload(|| txn::add_partitions(k, r)))
+        }
+        RequestKind::AddOffsetsToTxn(r) => {
+            ResponseKind::AddOffsetsToTxn(rokka_broker::offload(|| txn::add_offsets(k, r)))
+        }
+        RequestKind::TxnOffsetCommit(r) => {
+            ResponseKind::TxnOffsetCommit(rokka_broker::offload(|| txn::offset_commit(k, r, version)))
+        }
+        RequestKind::EndTxn(r) => ResponseKind::EndTxn(txn::end(k, r).await),
+        RequestKind::DescribeTransactions(r) => ResponseKind::DescribeTransactions(txn::describe(k, r)),
+        RequestKind::ListTransactions(r) => ResponseKind::ListTransactions(txn::list(k, r)),
         RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(offsets::commit(k, r, version)),
         RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(groups::join(k, r, version, client_id, peer).await),
         RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(groups::sync(k, r, version).await),
@@ -109,6 +122,11 @@ pub fn unsupported_version_response(key: ApiKey, version: i16) -> Option<Respons
         ApiKey::LeaveGroup => ResponseKind::LeaveGroup(LeaveGroupResponse::default().with_error_code(E)),
         ApiKey::ListGroups => ResponseKind::ListGroups(ListGroupsResponse::default().with_error_code(E)),
         ApiKey::InitProducerId => ResponseKind::InitProducerId(InitProducerIdResponse::default().with_error_code(E)),
+        ApiKey::AddOffsetsToTxn => ResponseKind::AddOffsetsToTxn(AddOffsetsToTxnResponse::default().with_error_code(E)),
+        ApiKey::EndTxn => ResponseKind::EndTxn(EndTxnResponse::default().with_error_code(E)),
+        ApiKey::ListTransactions => {
+            ResponseKind::ListTransactions(ListTransactionsResponse::default().with_error_code(E))
+        }
         ApiKey::SaslHandshake => ResponseKind::SaslHandshake(SaslHandshakeResponse::default().with_error_code(E)),
         ApiKey::DescribeCluster => ResponseKind::DescribeCluster(DescribeClusterResponse::default().with_error_code(E)),
         ApiKey::Fetch if version >= 7 => ResponseKind::Fetch(FetchResponse::default().with_error_code(E)),

@@ -129,8 +129,28 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                         let mut base = None;
                         let mut err = None;
                         for b in &batches {
-                            match rokka_broker::offload(|| broker.append_kafka_batch_checked(&topic, p.index as u32, b))
-                            {
+                            let attributes = u16::from_be_bytes([b[21], b[22]]);
+                            if attributes & 0x20 != 0 {
+                                // Control batches are the coordinator's to write.
+                                err = Some(errors::INVALID_RECORD);
+                                break;
+                            }
+                            let appended = if attributes & 0x10 != 0 {
+                                let pid = i64::from_be_bytes([b[43], b[44], b[45], b[46], b[47], b[48], b[49], b[50]]);
+                                let epoch = i16::from_be_bytes([b[51], b[52]]);
+                                match rokka_broker::offload(|| {
+                                    broker.append_transactional_batch(&topic, p.index as u32, b, pid, epoch)
+                                }) {
+                                    Ok(r) => r,
+                                    Err(code) => {
+                                        err = Some(code);
+                                        break;
+                                    }
+                                }
+                            } else {
+                                rokka_broker::offload(|| broker.append_kafka_batch_checked(&topic, p.index as u32, b))
+                            };
+                            match appended {
                                 Ok((verdict, Some(offset), end)) => {
                                     if verdict == SequenceCheck::Duplicate(offset) {
                                         metrics::counter!("rokka_kafka_duplicate_batches_total").increment(1);

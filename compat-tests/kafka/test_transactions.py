@@ -1,0 +1,219 @@
+"""Kafka transactions with real clients: confluent-kafka (librdkafka) and
+kafka-python transactional producers — commit, abort, abort then commit,
+offsets sent to a transaction, a zombie fenced by a newer incarnation, a
+transaction held open — read by read_committed consumers (which must see
+exactly the committed records) and read_uncommitted ones (which see all)."""
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+def new_topic(rokka, partitions=2):
+    name = f"tx-{uuid.uuid4().hex[:10]}"
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[name].result(10)
+    return name
+
+
+def txn_producer(rokka, tid, **conf):
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "transactional.id": tid, "linger.ms": 5, **conf})
+    p.init_transactions(30)
+    return p
+
+
+def read_all(rokka, topic, partitions, isolation, expect=None, wait=8.0):
+    """Every record value of `topic` a consumer with `isolation` sees."""
+    c = Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": f"rd-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": isolation,
+            "enable.partition.eof": True,
+        }
+    )
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got, eof = [], set()
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        m = c.poll(0.2)
+        if m is None:
+            if expect is None and len(eof) == partitions:
+                break
+            continue
+        if m.error():
+            if m.error().code() == KafkaError._PARTITION_EOF:
+                eof.add(m.partition())
+                if expect is not None and len(got) >= expect and len(eof) == partitions:
+                    break
+                continue
+            raise AssertionError(m.error())
+        got.append(m.value().decode())
+    c.close()
+    return got
+
+
+def test_commit_abort_and_abort_then_commit(rokka):
+    topic = new_topic(rokka)
+    p = txn_producer(rokka, f"tid-{topic}")
+    p.begin_transaction()
+    for i in range(100):
+        p.produce(topic, f"c1-{i}".encode(), partition=i % 2)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    for i in range(50):
+        p.produce(topic, f"a1-{i}".encode(), partition=i % 2)
+    p.flush(10)
+    p.abort_transaction(30)
+    p.begin_transaction()
+    for i in range(30):
+        p.produce(topic, f"c2-{i}".encode(), partition=i % 2)
+    p.commit_transaction(30)
+    committed = sorted([f"c1-{i}" for i in range(100)] + [f"c2-{i}" for i in range(30)])
+    assert sorted(read_all(rokka, topic, 2, "read_committed", expect=130)) == committed
+    everything = read_all(rokka, topic, 2, "read_uncommitted", expect=180)
+    assert sorted(everything) == sorted(committed + [f"a1-{i}" for i in range(50)])
+
+
+def test_open_transaction_is_invisible_to_read_committed_until_it_commits(rokka):
+    topic = new_topic(rokka, partitions=1)
+    p = txn_producer(rokka, f"tid-{topic}")
+    p.begin_transaction()
+    for i in range(10):
+        p.produce(topic, f"open-{i}".encode(), partition=0)
+    p.flush(10)
+    assert read_all(rokka, topic, 1, "read_committed", wait=3) == []
+    assert len(read_all(rokka, topic, 1, "read_uncommitted", expect=10)) == 10
+    # ListOffsets "latest": the last stable offset for read_committed, the
+    # high watermark for read_uncommitted.
+    for isolation, want in (("read_committed", 0), ("read_uncommitted", 10)):
+        c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": "lso", "isolation.level": isolation})
+        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        c.close()
+        assert high == want, (isolation, high)
+    p.commit_transaction(30)
+    assert read_all(rokka, topic, 1, "read_committed", expect=10) == [f"open-{i}" for i in range(10)]
+
+
+def test_offsets_sent_to_a_transaction_commit_with_it(rokka):
+    src = new_topic(rokka, partitions=1)
+    dst = new_topic(rokka, partitions=1)
+    plain = Producer({"bootstrap.servers": rokka.bootstrap})
+    for i in range(20):
+        plain.produce(src, f"in-{i}".encode(), partition=0)
+    assert plain.flush(10) == 0
+    group = f"ctp-{src}"
+    c = Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    c.subscribe([src])
+    got = []
+    deadline = time.time() + 30
+    while len(got) < 20 and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m)
+    assert len(got) == 20
+    p = txn_producer(rokka, f"tid-{src}")
+    # Aborted first: neither output nor offsets count.
+    p.begin_transaction()
+    for m in got[:10]:
+        p.produce(dst, m.value().upper(), partition=0)
+    p.send_offsets_to_transaction([TopicPartition(src, 0, 10)], c.consumer_group_metadata(), 30)
+    p.abort_transaction(30)
+    assert c.committed([TopicPartition(src, 0)], timeout=10)[0].offset < 0
+    p.begin_transaction()
+    for m in got:
+        p.produce(dst, m.value().upper(), partition=0)
+    p.send_offsets_to_transaction([TopicPartition(src, 0, 20)], c.consumer_group_metadata(), 30)
+    p.commit_transaction(30)
+    assert c.committed([TopicPartition(src, 0)], timeout=10)[0].offset == 20
+    c.close()
+    assert read_all(rokka, dst, 1, "read_committed", expect=20) == [f"IN-{i}" for i in range(20)]
+
+
+def test_a_zombie_is_fenced_by_a_newer_incarnation(rokka):
+    topic = new_topic(rokka, partitions=1)
+    tid = f"tid-{topic}"
+    zombie = txn_producer(rokka, tid)
+    zombie.begin_transaction()
+    for i in range(5):
+        zombie.produce(topic, f"zombie-{i}".encode(), partition=0)
+    zombie.flush(10)
+    fresh = txn_producer(rokka, tid)  # aborts the zombie's open transaction
+    fresh.begin_transaction()
+    fresh.produce(topic, b"fresh", partition=0)
+    fresh.commit_transaction(30)
+    with pytest.raises(KafkaException) as e:
+        zombie.produce(topic, b"late", partition=0)
+        zombie.commit_transaction(15)
+    err = e.value.args[0]
+    assert err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH), err
+    assert read_all(rokka, topic, 1, "read_committed", expect=1) == ["fresh"]
+
+
+def test_kafka_python_transactions_and_read_committed(rokka):
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka import TopicPartition as KTP
+
+    topic = new_topic(rokka, partitions=1)
+    p = KafkaProducer(bootstrap_servers=rokka.bootstrap, transactional_id=f"kp-{topic}")
+    p.init_transactions()
+    p.begin_transaction()
+    for i in range(10):
+        p.send(topic, f"kc-{i}".encode(), partition=0)
+    p.commit_transaction()
+    p.begin_transaction()
+    for i in range(10):
+        p.send(topic, f"ka-{i}".encode(), partition=0)
+    p.flush()
+    p.abort_transaction()
+    p.close()
+    c = KafkaConsumer(bootstrap_servers=rokka.bootstrap, isolation_level="read_committed", auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=4000)
+    c.assign([KTP(topic, 0)])
+    got = [m.value.decode() for m in c]
+    c.close()
+    assert got == [f"kc-{i}" for i in range(10)]
+    # And librdkafka's read_committed consumer agrees.
+    assert read_all(rokka, topic, 1, "read_committed", expect=10) == got
+
+
+def test_describe_and_list_transactions(rokka):
+    """kafka-python's admin: ListTransactions and DescribeTransactions."""
+    from kafka import KafkaAdminClient
+
+    topic = new_topic(rokka, partitions=1)
+    tid = f"tid-{topic}"
+    p = txn_producer(rokka, tid)
+    p.begin_transaction()
+    p.produce(topic, b"x", partition=0)
+    p.flush(10)
+    k = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
+    try:
+        listed = [t for txns in k.list_transactions().values() for t in txns]
+        mine = [t for t in listed if t.transactional_id == tid]
+        assert len(mine) == 1 and mine[0].state.value == "Ongoing", listed
+        ongoing = k.list_transactions(state_filters=["Ongoing"])
+        assert tid in [t.transactional_id for txns in ongoing.values() for t in txns]
+        d = k.describe_transactions([tid])[tid]
+        assert d.state.value == "Ongoing", d
+        assert [(tp.topic, tp.partition) for tp in d.topic_partitions] == [(topic, 0)], d
+        assert d.transaction_start_time_ms > 0 and d.producer_epoch >= 0, d
+        p.commit_transaction(30)
+        d = k.describe_transactions([tid])[tid]
+        assert d.state.value == "CompleteCommit", d
+        with pytest.raises(Exception) as e:
+            k.describe_transactions(["no-such-transactional-id"])
+        assert "NotFound" in type(e.value).__name__ or "NOT_FOUND" in str(e.value).upper(), e.value
+    finally:
+        k.close()

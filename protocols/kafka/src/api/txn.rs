@@ -1,0 +1,246 @@
+//! The transaction APIs a transactional producer uses after InitProducerId
+//! (AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit, EndTxn) and the
+//! admin ones (DescribeTransactions, ListTransactions), over the broker's
+//! transaction coordinator (`rokka_broker::kafka_txn`).
+
+use kafka_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
+};
+use kafka_protocol::messages::describe_transactions_response::{TopicData, TransactionState};
+use kafka_protocol::messages::list_transactions_response::TransactionState as ListedState;
+use kafka_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::*;
+use rokka_broker::kafka_txn::{code, PendingOffset, TxnState as State};
+
+use super::str_bytes;
+use crate::errors;
+use crate::Kafka;
+
+pub fn add_partitions(k: &Kafka, r: AddPartitionsToTxnRequest) -> AddPartitionsToTxnResponse {
+    let wanted: Vec<(String, i32)> = r
+        .v3_and_below_topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(move |p| (t.name.0.to_string(), *p)))
+        .collect();
+    let codes = match k.broker.txn_add_partitions(
+        r.v3_and_below_transactional_id.as_str(),
+        r.v3_and_below_producer_id.0,
+        r.v3_and_below_producer_epoch,
+        &wanted,
+    ) {
+        Ok(codes) => codes,
+        Err(e) => vec![e; wanted.len()],
+    };
+    let mut at = 0;
+    let results = r
+        .v3_and_below_topics
+        .into_iter()
+        .map(|t| {
+            let parts = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let c = codes.get(at).copied().unwrap_or(code::INVALID_REQUEST);
+                    at += 1;
+                    AddPartitionsToTxnPartitionResult::default()
+                        .with_partition_index(*p)
+                        .with_partition_error_code(c)
+                })
+                .collect();
+            AddPartitionsToTxnTopicResult::default()
+                .with_name(t.name)
+                .with_results_by_partition(parts)
+        })
+        .collect();
+    AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results)
+}
+
+pub fn add_offsets(k: &Kafka, r: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse {
+    let c = match k.broker.txn_add_offsets(
+        r.transactional_id.as_str(),
+        r.producer_id.0,
+        r.producer_epoch,
+        r.group_id.as_str(),
+    ) {
+        Ok(()) => errors::NONE,
+        Err(e) => e,
+    };
+    AddOffsetsToTxnResponse::default().with_error_code(c)
+}
+
+pub fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -> TxnOffsetCommitResponse {
+    let group = r.group_id.to_string();
+    // v3 (KIP-447): a member of the group commits under its generation.
+    let member = if version >= 3 && !r.member_id.is_empty() {
+        k.groups.with(|c| {
+            c.validate_commit(
+                &group,
+                r.member_id.as_str(),
+                r.group_instance_id.as_ref().map(|s| s.as_str()),
+                r.generation_id,
+            )
+        })
+    } else {
+        errors::NONE
+    };
+    let max_meta = k.config.max_offset_metadata_bytes as usize;
+    let mut pending = Vec::new();
+    let mut bad: Vec<(String, i32, i16)> = Vec::new();
+    for t in &r.topics {
+        let name = t.name.0.to_string();
+        let info = k.broker.topics().get(&name);
+        for p in &t.partitions {
+            let known = info
+                .as_ref()
+                .is_some_and(|i| p.partition_index >= 0 && (p.partition_index as u32) < i.partitions);
+            let meta = p.committed_metadata.as_ref().map_or("", |m| m.as_str());
+            if !known || p.committed_offset < 0 {
+                bad.push((name.clone(), p.partition_index, errors::UNKNOWN_TOPIC_OR_PARTITION));
+            } else if meta.len() > max_meta {
+                bad.push((name.clone(), p.partition_index, errors::OFFSET_METADATA_TOO_LARGE));
+            } else {
+                pending.push(PendingOffset {
+                    group: group.clone(),
+                    topic: name.clone(),
+                    partition: p.partition_index as u32,
+                    offset: p.committed_offset as u64,
+                    metadata: meta.to_string(),
+                    leader_epoch: p.committed_leader_epoch,
+                });
+            }
+        }
+    }
+    let all = if member != errors::NONE {
+        member
+    } else {
+        match k
+            .broker
+            .txn_commit_offsets(r.transactional_id.as_str(), r.producer_id.0, r.producer_epoch, pending)
+        {
+            Ok(()) => errors::NONE,
+            Err(e) => e,
+        }
+    };
+    let topics = r
+        .topics
+        .into_iter()
+        .map(|t| {
+            let name = t.name.0.to_string();
+            let parts = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let c = bad
+                        .iter()
+                        .find(|(n, i, _)| *n == name && *i == p.partition_index)
+                        .map_or(all, |(_, _, c)| *c);
+                    TxnOffsetCommitResponsePartition::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(c)
+                })
+                .collect();
+            TxnOffsetCommitResponseTopic::default()
+                .with_name(t.name)
+                .with_partitions(parts)
+        })
+        .collect();
+    TxnOffsetCommitResponse::default().with_topics(topics)
+}
+
+pub async fn end(k: &Kafka, r: EndTxnRequest) -> EndTxnResponse {
+    let c = match k
+        .broker
+        .txn_end(
+            r.transactional_id.as_str(),
+            r.producer_id.0,
+            r.producer_epoch,
+            r.committed,
+        )
+        .await
+    {
+        Ok(()) => errors::NONE,
+        Err(e) => e,
+    };
+    EndTxnResponse::default()
+        .with_error_code(c)
+        .with_producer_id(ProducerId(-1))
+        .with_producer_epoch(-1)
+}
+
+pub fn describe(k: &Kafka, r: DescribeTransactionsRequest) -> DescribeTransactionsResponse {
+    let states = r
+        .transactional_ids
+        .into_iter()
+        .map(|id| match k.broker.kafka_txns().get(id.as_str()) {
+            Some(m) => {
+                let mut topics: Vec<TopicData> = Vec::new();
+                for (t, p) in &m.partitions {
+                    match topics.iter_mut().find(|x| x.topic.0.as_str() == t) {
+                        Some(x) => x.partitions.push(*p as i32),
+                        None => topics.push(
+                            TopicData::default()
+                                .with_topic(TopicName(str_bytes(t)))
+                                .with_partitions(vec![*p as i32]),
+                        ),
+                    }
+                }
+                TransactionState::default()
+                    .with_transactional_id(id)
+                    .with_transaction_state(str_bytes(m.state.name()))
+                    .with_transaction_timeout_ms(m.timeout_ms as i32)
+                    .with_transaction_start_time_ms(m.start_ms)
+                    .with_producer_id(ProducerId(m.producer_id))
+                    .with_producer_epoch(m.epoch)
+                    .with_topics(topics)
+            }
+            None => TransactionState::default()
+                .with_error_code(code::TRANSACTIONAL_ID_NOT_FOUND)
+                .with_transactional_id(id)
+                .with_transaction_state(str_bytes(""))
+                .with_transaction_start_time_ms(-1)
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1),
+        })
+        .collect();
+    DescribeTransactionsResponse::default().with_transaction_states(states)
+}
+
+const STATES: [State; 6] = [
+    State::Empty,
+    State::Ongoing,
+    State::PrepareCommit,
+    State::PrepareAbort,
+    State::CompleteCommit,
+    State::CompleteAbort,
+];
+
+pub fn list(k: &Kafka, r: ListTransactionsRequest) -> ListTransactionsResponse {
+    let unknown: Vec<_> = r
+        .state_filters
+        .iter()
+        .filter(|f| !STATES.iter().any(|s| s.name() == f.as_str()))
+        .cloned()
+        .collect();
+    let now = rokka_store::now_ms();
+    let states = k
+        .broker
+        .kafka_txns()
+        .all()
+        .into_iter()
+        .filter(|m| r.state_filters.is_empty() || r.state_filters.iter().any(|f| f.as_str() == m.state.name()))
+        .filter(|m| r.producer_id_filters.is_empty() || r.producer_id_filters.iter().any(|p| p.0 == m.producer_id))
+        // v1: only transactions open longer than duration_filter ms.
+        .filter(|m| r.duration_filter < 0 || (m.start_ms >= 0 && now - m.start_ms >= r.duration_filter))
+        .map(|m| {
+            ListedState::default()
+                .with_transactional_id(TransactionalId(str_bytes(&m.id)))
+                .with_producer_id(ProducerId(m.producer_id))
+                .with_transaction_state(str_bytes(m.state.name()))
+        })
+        .collect();
+    ListTransactionsResponse::default()
+        .with_unknown_state_filters(unknown)
+        .with_transaction_states(states)
+}
