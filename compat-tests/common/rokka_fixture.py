@@ -56,6 +56,8 @@ class Rokka:
         self.ports_file = os.path.join(workdir, "ports.json")
         self.log_path = os.path.join(workdir, "rokka.log")
         line = {k: v.format(0) for k, v in LISTENERS.items()}
+        # Only when asked: callers may append their own [group] table.
+        group_section = f"[group]\n{group_extra}" if group_extra else ""
         with open(self.config, "w") as f:
             f.write(
                 f"""
@@ -76,8 +78,7 @@ preallocate = false
 {line["namesrv"]}
 {line["broker"]}
 {rocketmq_extra}
-[group]
-{group_extra}
+{group_section}
 """
             )
         self.proc = None

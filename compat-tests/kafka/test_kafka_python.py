@@ -83,3 +83,20 @@ def test_offset_metadata_is_bounded(rokka, topic):
     c.commit({tp: OffsetAndMetadata(2, "m" * 4096, -1)})
     assert c.committed(tp) == 2
     c.close()
+
+
+def test_api_version_inference_finds_kafka_4(rokka, topic):
+    """kafka-python with api_version unset infers the broker's release from
+    the versions ApiVersions lists: Rokka answers as a Kafka 4.x broker."""
+    c = KafkaConsumer(bootstrap_servers=rokka.bootstrap, group_id=None)
+    try:
+        assert c.config["api_version"][:1] == (4,), c.config["api_version"]
+        # And the newest ListOffsets it then speaks works.
+        p = KafkaProducer(bootstrap_servers=rokka.bootstrap)
+        p.send(topic, b"x").get(timeout=10)
+        p.close()
+        tp = TopicPartition(topic, 0)
+        assert c.end_offsets([tp])[tp] == 1
+        assert c.beginning_offsets([tp])[tp] == 0
+    finally:
+        c.close()

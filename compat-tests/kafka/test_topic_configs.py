@@ -53,8 +53,10 @@ def test_create_with_configs_describes_them_as_set_on_the_topic(rokka):
     assert c["compression.type"].value == "gzip"
     assert c["compression.type"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
     assert c["retention.ms"].value == "3600000"
-    # Not set: the broker's (rokka.toml) value or Kafka's default.
-    assert c["max.message.bytes"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    # Not set: the broker's value — STATIC_BROKER_CONFIG where rokka.toml
+    # changed it (this suite's segment size), DEFAULT_CONFIG otherwise.
+    assert c["segment.bytes"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert c["max.message.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
     assert c["cleanup.policy"].value == "delete"
     assert c["cleanup.policy"].source == ConfigSource.DEFAULT_CONFIG.value
     # Synonyms: the topic's value first, then the broker setting it overrides.

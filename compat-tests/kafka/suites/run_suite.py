@@ -55,9 +55,11 @@ SUITES = {
         },
         "dirs": ["servers/4.0.0/kafka-bin"],
         "env": lambda r: {"KAFKA_URI": f"PLAINTEXT://{r.bootstrap}", "KAFKA_VERSION": "4.0.0"},
-        # As Kafka's own test fixtures: a lower minimum session timeout and no
-        # initial rebalance delay (the tests poll groups with short deadlines).
-        "rokka": "[group]\nmin_session_timeout_ms = 1000\ninitial_rebalance_delay_ms = 0\n",
+        # As kafka-python's own test broker (test/integration/fixtures.py):
+        # four partitions per auto-created topic (num.partitions), a lower
+        # minimum session timeout and no initial rebalance delay (the tests
+        # poll groups with short deadlines). Rokka keeps Kafka's defaults.
+        "rokka": "[group]\nmin_session_timeout_ms = 1000\ninitial_rebalance_delay_ms = 0\n[broker]\ndefault_partitions = 4\n",
     },
 }
 
@@ -162,7 +164,7 @@ def main():
 
         def run(selection, report):
             subprocess.run(
-                [sys.executable, "-m", "pytest", *selection, "-q", "-p", "no:cacheprovider", "--timeout", "60",
+                [sys.executable, "-m", "pytest", *selection, "-q", "-p", "no:cacheprovider", "--timeout", "60", "--timeout-method", "signal",
                  f"--junitxml={report}", "-o", "junit_family=xunit1"],
                 cwd=src,
                 env=env,

@@ -261,7 +261,19 @@ pub fn validate_all<'a>(
 /// Rokka's static configuration where it has the setting, else Kafka's
 /// default.
 pub fn default_of(name: &str, store: &StoreConfig) -> (String, Source) {
-    let st = |v: String| (v, Source::StaticBroker);
+    // A value the operator left at Rokka's default is reported as the
+    // default (as Kafka reports a setting absent from server.properties).
+    let dflt = StoreConfig::default();
+    let set = |changed: bool| if changed { Source::StaticBroker } else { Source::Default };
+    let source = match name {
+        "retention.ms" => set(store.retention_hours != dflt.retention_hours),
+        "retention.bytes" => set(store.retention_max_bytes != dflt.retention_max_bytes),
+        "max.message.bytes" => set(store.max_message_bytes != dflt.max_message_bytes),
+        "segment.bytes" => set(store.commitlog_segment_bytes != dflt.commitlog_segment_bytes),
+        "preallocate" => set(store.preallocate != dflt.preallocate),
+        _ => Source::Default,
+    };
+    let st = |v: String| (v, source);
     let df = |v: &str| (v.to_string(), Source::Default);
     match name {
         "retention.ms" => st((store.retention_hours * 3_600_000).to_string()),

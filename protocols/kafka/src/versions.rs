@@ -10,7 +10,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     // compresses when v0 is listed); v0–v2 requests are refused.
     (ApiKey::Produce, 0, 9),
     (ApiKey::Fetch, 4, 12),
-    (ApiKey::ListOffsets, 1, 7),
+    (ApiKey::ListOffsets, 1, 10),
     (ApiKey::Metadata, 0, 12),
     (ApiKey::OffsetCommit, 2, 8),
     (ApiKey::OffsetFetch, 1, 7),

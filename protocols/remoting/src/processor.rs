@@ -715,12 +715,25 @@ impl RocketMq {
         let cap = self.config.max_pull_bytes.max(1) as usize;
         let read = store.read(topic, q, offset, max_msgs, cap);
         let (min, max) = (read.min_offset, read.max_offset);
-        let (code, next, body) = match read.status {
+        // Kafka transactions: nothing at or past the last stable offset (an
+        // open transaction's records may still be aborted) is served, and
+        // aborted transactions' records never are (as read_committed).
+        let txns = self.broker.kafka_txns();
+        let lso = txns.last_stable_offset(topic, q, max);
+        let status = match read.status {
+            ReadStatus::Found if offset >= lso => ReadStatus::NoNewMessages,
+            s => s,
+        };
+        let (code, next, body) = match status {
             ReadStatus::Found => {
                 let mut body = BytesMut::new();
                 let mut n = 0;
                 let mut next = read.next_offset;
                 for e in &read.entries {
+                    if e.cq.base_offset >= lso {
+                        next = e.cq.base_offset.max(offset);
+                        break;
+                    }
                     // Kafka batches grow when they cross (decompressed, one
                     // message each): stop once the answer holds the cap
                     // (always at least one entry).
@@ -739,6 +752,7 @@ impl RocketMq {
                     // A Kafka-produced batch crosses: its records become
                     // messages (docs/mapping.md), filtered by their tag header.
                     let converted = match e.decode() {
+                        Ok(Entry::KafkaBatch(b)) if aborted_batch(txns, topic, q, &b) => Ok(Default::default()),
                         Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq(
                             &b,
                             offset,
@@ -1402,6 +1416,19 @@ pub fn split_batch(body: &[u8]) -> Option<Vec<(i32, Bytes, String)>> {
         at += total;
     }
     (!out.is_empty()).then_some(out)
+}
+
+/// Whether a stored Kafka batch belongs to an aborted Kafka transaction.
+fn aborted_batch(
+    txns: &rokka_broker::kafka_txn::KafkaTxns,
+    topic: &str,
+    q: u32,
+    b: &rokka_store::record::kafka::KafkaBatchView,
+) -> bool {
+    match rokka_store::record::kafka::BatchInfo::parse(&b.batch) {
+        Ok(info) if info.attributes & 0x10 != 0 => txns.is_aborted(topic, q, info.producer_id, b.queue_offset),
+        _ => false,
+    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,10 @@ use crate::Kafka;
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
 const MAX_TIMESTAMP: i64 = -3;
+/// v8+: the first offset still on local disk (all of it, here).
+const EARLIEST_LOCAL: i64 = -4;
+/// v9+: the last offset moved to tiered storage (none, here).
+const LATEST_TIERED: i64 = -5;
 
 /// (offset, timestamp) of the first record at or after `ts`, or (-1, -1).
 fn by_time(store: &MessageStore, topic: &str, q: u32, ts: i64, limit: usize) -> (i64, i64) {
@@ -110,7 +114,8 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                             (broker.kafka_txns().last_stable_offset(&name, q, hw) as i64, -1)
                         }
                         LATEST => (store.max_offset(&name, q) as i64, -1),
-                        EARLIEST => (store.min_offset(&name, q) as i64, -1),
+                        EARLIEST | EARLIEST_LOCAL => (store.min_offset(&name, q) as i64, -1),
+                        LATEST_TIERED => (-1, -1),
                         MAX_TIMESTAMP => {
                             max_timestamp(store, &name, q, k.broker.config().max_batch_decompressed_bytes as usize)
                         }
