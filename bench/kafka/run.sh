@@ -44,6 +44,16 @@ EOT
   rm -rf "$dir"
 }
 
+if [[ ${1:-} == txn ]]; then
+  # Transactional produce (commit every 1,000 messages) against idempotent
+  # produce of the same 1 KiB messages, alternated, two rounds.
+  for round in 1 2; do
+    run_case async --size 1024 --messages 500000 --acks all --idempotent
+    run_case async --size 1024 --messages 500000 --acks all --transactional-every 1000
+  done
+  [[ $failures == 0 ]] || { echo "$failures benchmark case(s) failed"; exit 1; }
+  exit 0
+fi
 if [[ ${1:-} == verify ]]; then
   # The read check's cost end to end: the same 1 KiB produce-then-fetch
   # with store.verify_reads on and off, alternated so both see the same

@@ -61,6 +61,12 @@ struct Args {
     warmup: u64,
     #[arg(long, default_value_t = 10)]
     warmup_pause_s: u64,
+    /// An idempotent producer (enable.idempotence).
+    #[arg(long)]
+    idempotent: bool,
+    /// A transactional producer committing every this many messages (0 = not transactional).
+    #[arg(long, default_value_t = 0)]
+    transactional_every: u64,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -69,7 +75,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return raw_fetch(&a);
     }
     let payload = vec![0x61u8; a.size];
-    let producer: BaseProducer<Deliveries> = ClientConfig::new()
+    let mut producer = ClientConfig::new();
+    producer
         .set("bootstrap.servers", &a.brokers)
         .set("acks", &a.acks)
         .set("linger.ms", "5")
@@ -77,10 +84,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .set("batch.num.messages", "100000")
         .set("queue.buffering.max.messages", "2000000")
         .set("queue.buffering.max.kbytes", "2097151")
-        .set("enable.idempotence", "false")
-        .set("compression.codec", "none")
-        .create_with_context(Deliveries::default())?;
+        .set("enable.idempotence", if a.idempotent || a.transactional_every > 0 { "true" } else { "false" })
+        .set("compression.codec", "none");
+    let txn = a.transactional_every > 0;
+    let mut config = producer;
+    if txn {
+        config.set("transactional.id", format!("bench-tx-{}", a.topic));
+    }
+    let producer: BaseProducer<Deliveries> = config.create_with_context(Deliveries::default())?;
+    if txn {
+        producer.init_transactions(Duration::from_secs(30))?;
+    }
     if a.warmup > 0 {
+        if txn {
+            producer.begin_transaction()?;
+        }
         for i in 0..a.warmup {
             let p = (i % a.partitions as u64) as i32;
             while producer
@@ -90,12 +108,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 producer.poll(Duration::from_millis(1));
             }
         }
+        if txn {
+            producer.commit_transaction(Duration::from_secs(60))?;
+        }
         producer.flush(Duration::from_secs(60))?;
         std::thread::sleep(Duration::from_secs(a.warmup_pause_s));
     }
     let t = Instant::now();
     let mut sent = 0u64;
+    let mut commits = 0u64;
+    if txn {
+        producer.begin_transaction()?;
+    }
     while sent < a.messages {
+        if txn && sent > 0 && sent % a.transactional_every == 0 {
+            // A commit waits for every message of the transaction: its cost
+            // is what this mode measures.
+            producer.commit_transaction(Duration::from_secs(60))?;
+            commits += 1;
+            producer.begin_transaction()?;
+        }
         let p = (sent % a.partitions as u64) as i32;
         match producer.send(BaseRecord::<(), [u8]>::to(&a.topic).payload(&payload).partition(p)) {
             Ok(()) => sent += 1,
@@ -110,6 +142,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             producer.poll(Duration::ZERO);
         }
     }
+    if txn {
+        producer.commit_transaction(Duration::from_secs(120))?;
+        commits += 1;
+    }
     producer.flush(Duration::from_secs(120))?;
     let el = t.elapsed().as_secs_f64();
     let (ok, failed) = (
@@ -123,8 +159,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .into());
     }
+    let mode = if txn {
+        format!(" transactional(commit every {}, {commits} commits)", a.transactional_every)
+    } else if a.idempotent {
+        " idempotent".to_string()
+    } else {
+        String::new()
+    };
     println!(
-        "produce size={} acks={} {:.0} msg/s {:.1} MB/s ({} msgs in {:.2} s)",
+        "produce{mode} size={} acks={} {:.0} msg/s {:.1} MB/s ({} msgs in {:.2} s)",
         a.size,
         a.acks,
         a.messages as f64 / el,

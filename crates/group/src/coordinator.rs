@@ -32,6 +32,12 @@ pub struct GroupConfig {
     /// group (Kafka group.max.size; 0 = no limit); a new member beyond it
     /// gets GROUP_MAX_SIZE_REACHED.
     pub max_group_size: u32,
+    /// A KIP-848 consumer-group member that sends no heartbeat for this
+    /// long is fenced (Kafka group.consumer.session.timeout.ms).
+    pub consumer_session_timeout_ms: u64,
+    /// How often KIP-848 members are told to heartbeat (Kafka
+    /// group.consumer.heartbeat.interval.ms).
+    pub consumer_heartbeat_interval_ms: u64,
 }
 
 impl Default for GroupConfig {
@@ -43,6 +49,8 @@ impl Default for GroupConfig {
             offsets_retention_ms: 7 * 24 * 3600 * 1000,
             max_groups: 100_000,
             max_group_size: 10_000,
+            consumer_session_timeout_ms: 45_000,
+            consumer_heartbeat_interval_ms: 5_000,
         }
     }
 }
@@ -208,6 +216,8 @@ pub struct GroupCoordinator {
     /// JoinGroups refused by `max_groups` / `max_group_size`.
     refused_groups: u64,
     refused_members: u64,
+    /// KIP-848 consumer groups (names exclusive with `groups`).
+    pub consumer: crate::consumer::ConsumerGroups,
 }
 
 impl GroupCoordinator {
@@ -221,7 +231,50 @@ impl GroupCoordinator {
             superseded_syncs: 0,
             refused_groups: 0,
             refused_members: 0,
+            consumer: crate::consumer::ConsumerGroups::default(),
         }
+    }
+
+    fn consumer_config(&self) -> crate::consumer::ConsumerConfig {
+        crate::consumer::ConsumerConfig {
+            session_timeout_ms: self.config.consumer_session_timeout_ms,
+            heartbeat_interval_ms: self.config.consumer_heartbeat_interval_ms,
+            max_size: self.config.max_group_size as usize,
+        }
+    }
+
+    /// ConsumerGroupHeartbeat (KIP-848). An empty classic group of the same
+    /// name becomes a consumer group; one with members is not one
+    /// (GROUP_ID_NOT_FOUND, as Kafka without online migration).
+    pub fn consumer_heartbeat(
+        &mut self,
+        req: crate::consumer::HeartbeatRequest,
+        now: u64,
+        topics: &dyn crate::consumer::Topics,
+    ) -> crate::consumer::HeartbeatResponse {
+        if let Some(g) = self.groups.get(&req.group) {
+            if g.members.is_empty() && g.pending.is_empty() {
+                self.groups.remove(&req.group);
+            } else {
+                return crate::consumer::HeartbeatResponse {
+                    error: code::GROUP_ID_NOT_FOUND,
+                    message: Some(format!("Group {} is not a consumer group.", req.group)),
+                    member_id: req.member_id,
+                    member_epoch: req.member_epoch,
+                    ..Default::default()
+                };
+            }
+        }
+        let max = self.config.max_groups as usize;
+        let may_create = max == 0 || self.group_count() < max;
+        let cfg = self.consumer_config();
+        let r = self.consumer.heartbeat(req, now, topics, &cfg, may_create);
+        if r.error == code::COORDINATOR_NOT_AVAILABLE {
+            self.refused_groups += 1;
+        } else if r.error == code::GROUP_MAX_SIZE_REACHED {
+            self.refused_members += 1;
+        }
+        r
     }
 
     /// JoinGroups refused so far by (`max_groups`, `max_group_size`).
@@ -229,9 +282,9 @@ impl GroupCoordinator {
         (self.refused_groups, self.refused_members)
     }
 
-    /// Groups held now.
+    /// Groups held now (classic and consumer).
     pub fn group_count(&self) -> usize {
-        self.groups.len()
+        self.groups.len() + self.consumer.groups.len()
     }
 
     /// (JoinGroups, SyncGroups) answered so far because the same member
@@ -272,12 +325,19 @@ impl GroupCoordinator {
         {
             return error(code::INVALID_SESSION_TIMEOUT, &req.member_id);
         }
+        if let Some(cg) = self.consumer.groups.get(&req.group) {
+            // A consumer group: a classic member may only take it over empty.
+            if !cg.members.is_empty() {
+                return error(code::INCONSISTENT_GROUP_PROTOCOL, &req.member_id);
+            }
+            self.consumer.groups.remove(&req.group);
+        }
         if !self.groups.contains_key(&req.group) {
             if !req.member_id.is_empty() {
                 return error(code::UNKNOWN_MEMBER_ID, &req.member_id);
             }
             let max = self.config.max_groups as usize;
-            if max > 0 && self.groups.len() >= max {
+            if max > 0 && self.group_count() >= max {
                 self.refused_groups += 1;
                 return error(code::COORDINATOR_NOT_AVAILABLE, &req.member_id);
             }
@@ -830,6 +890,8 @@ impl GroupCoordinator {
     /// completes rebalances whose delay or timeout passed.
     pub fn tick(&mut self, now: u64) -> Vec<Reply> {
         let mut out = Vec::new();
+        let cfg = self.consumer_config();
+        self.consumer.tick(now, &cfg);
         let config = self.config.clone();
         for g in self.groups.values_mut() {
             g.pending.retain(|_, deadline| *deadline > now);
@@ -875,13 +937,16 @@ impl GroupCoordinator {
         let before = self.groups.len();
         self.groups
             .retain(|name, g| !(g.state == GroupState::Empty && g.pending.is_empty() && !has_offsets(name)));
-        before - self.groups.len()
+        before - self.groups.len() + self.consumer.forget_unused(&has_offsets)
     }
 
     /// Whether an OffsetCommit from (member, generation) is accepted: an
     /// error code. A commit with no member id and generation -1 (admin or
     /// standalone consumer) is accepted while the group has no members.
     pub fn validate_commit(&self, group: &str, member_id: &str, instance_id: Option<&str>, generation: i32) -> i16 {
+        if let Some(c) = self.consumer.validate_commit(group, member_id, generation) {
+            return c;
+        }
         let Some(g) = self.groups.get(group) else {
             return if member_id.is_empty() && generation < 0 {
                 code::NONE
@@ -969,6 +1034,13 @@ impl GroupCoordinator {
     /// unknown here but `has_offsets`), else NON_EMPTY_GROUP /
     /// GROUP_ID_NOT_FOUND. The caller deletes the offsets.
     pub fn delete(&mut self, group: &str, has_offsets: bool) -> i16 {
+        if let Some(cg) = self.consumer.groups.get(group) {
+            if !cg.members.is_empty() {
+                return code::NON_EMPTY_GROUP;
+            }
+            self.consumer.groups.remove(group);
+            return code::NONE;
+        }
         match self.groups.get(group).map(|g| g.state) {
             Some(GroupState::Empty) | Some(GroupState::Dead) => {
                 self.groups.remove(group);

@@ -22,6 +22,7 @@
 //!   a leave or a member failure starts a rebalance.
 //! * **Dead** — being removed (after DeleteGroups).
 
+pub mod consumer;
 mod coordinator;
 mod types;
 

@@ -32,6 +32,7 @@ pub const INVALID_PRODUCER_EPOCH: i16 = 47;
 pub const KAFKA_STORAGE_ERROR: i16 = 56;
 pub const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
 pub const INVALID_RECORD: i16 = 87;
+pub const UNKNOWN_TOPIC_ID: i16 = 100;
 pub const UNKNOWN_SERVER_ERROR: i16 = -1;
 
 /// The Kafka error code for a broker error.

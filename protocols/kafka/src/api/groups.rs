@@ -164,16 +164,28 @@ pub fn leave(k: &Kafka, r: LeaveGroupRequest, version: i16) -> LeaveGroupRespons
 }
 
 /// Every group: the coordinator's, plus groups known only by their offsets.
-fn all_groups(k: &Kafka) -> Vec<(String, String, String)> {
-    let mut out: Vec<(String, String, String)> = k
-        .groups
-        .with(|c| c.list())
-        .into_iter()
-        .map(|(n, s, p)| (n, s.name().to_string(), p))
-        .collect();
+/// (name, state, protocol type, group type) of every group: classic and
+/// KIP-848 consumer groups, and groups known only by committed offsets.
+fn all_groups(k: &Kafka) -> Vec<(String, String, String, &'static str)> {
+    let mut out: Vec<(String, String, String, &'static str)> = k.groups.with(|c| {
+        let mut v: Vec<_> = c
+            .list()
+            .into_iter()
+            .map(|(n, s, p)| (n, s.name().to_string(), p, "classic"))
+            .collect();
+        v.extend(c.consumer.groups.values().map(|g| {
+            (
+                g.name.clone(),
+                g.state().to_string(),
+                "consumer".to_string(),
+                "consumer",
+            )
+        }));
+        v
+    });
     for g in k.broker.store().offsets().groups() {
-        if !out.iter().any(|(n, _, _)| *n == g) {
-            out.push((g, "Empty".into(), "consumer".into()));
+        if !out.iter().any(|(n, _, _, _)| *n == g) {
+            out.push((g, "Empty".into(), "consumer".into(), "classic"));
         }
     }
     out.sort();
@@ -183,18 +195,23 @@ fn all_groups(k: &Kafka) -> Vec<(String, String, String)> {
 pub fn list(k: &Kafka, r: ListGroupsRequest, version: i16) -> ListGroupsResponse {
     let groups = all_groups(k)
         .into_iter()
-        .filter(|(_, state, _)| {
+        .filter(|(_, state, _, _)| {
             r.states_filter.is_empty() || r.states_filter.iter().any(|f| f.as_str().eq_ignore_ascii_case(state))
         })
-        .map(|(name, state, ptype)| {
-            let g = ListedGroup::default()
+        .filter(|(_, _, _, kind)| {
+            r.types_filter.is_empty() || r.types_filter.iter().any(|f| f.as_str().eq_ignore_ascii_case(kind))
+        })
+        .map(|(name, state, ptype, kind)| {
+            let mut g = ListedGroup::default()
                 .with_group_id(GroupId(str_bytes(&name)))
                 .with_protocol_type(str_bytes(&ptype));
             if version >= 4 {
-                g.with_group_state(str_bytes(&state))
-            } else {
-                g
+                g = g.with_group_state(str_bytes(&state));
             }
+            if version >= 5 {
+                g = g.with_group_type(str_bytes(kind));
+            }
+            g
         })
         .collect();
     ListGroupsResponse::default().with_groups(groups)
@@ -206,8 +223,19 @@ pub fn describe(k: &Kafka, r: DescribeGroupsRequest, version: i16) -> DescribeGr
         .into_iter()
         .map(|gid| {
             let name = gid.0.to_string();
-            let view = k.groups.with(|c| c.describe(&name));
+            let (view, consumer) = k
+                .groups
+                .with(|c| (c.describe(&name), c.consumer.groups.contains_key(&name)));
             let mut d = DescribedGroup::default().with_group_id(gid);
+            if consumer {
+                // A KIP-848 group is described by ConsumerGroupDescribe.
+                d.error_code = rokka_group::code::GROUP_ID_NOT_FOUND;
+                d.group_state = str_bytes("Dead");
+                if version >= 6 {
+                    d.error_message = Some(str_bytes(&format!("Group {name} is not a classic group.")));
+                }
+                return d;
+            }
             match view {
                 Some(v) => {
                     d.group_state = str_bytes(v.state.name());

@@ -43,6 +43,17 @@ pub fn handle(k: &Kafka, r: MetadataRequest, version: i16) -> MetadataResponse {
         Some(list) if !(version == 0 && list.is_empty()) => list
             .into_iter()
             .map(|t| {
+                // v10+: a topic may be asked for by id alone (KIP-848
+                // consumers resolve their assignment's topic ids so).
+                if t.name.is_none() && !t.topic_id.is_nil() {
+                    let id = *t.topic_id.as_bytes();
+                    return match broker.topics().all().into_iter().find(|(_, i)| i.topic_id == id) {
+                        Some((name, info)) => topic_entry(k, &name, &info, version),
+                        None => MetadataResponseTopic::default()
+                            .with_error_code(errors::UNKNOWN_TOPIC_ID)
+                            .with_topic_id(t.topic_id),
+                    };
+                }
                 let name = t.name.map(|n| n.0.to_string()).unwrap_or_default();
                 match rokka_broker::offload(|| broker.topic_or_create(&name, allow_create, None)) {
                     Ok(Some(info)) => topic_entry(k, &name, &info, version),

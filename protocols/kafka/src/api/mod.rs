@@ -2,6 +2,7 @@
 
 mod admin;
 mod api_versions;
+mod consumer_group;
 mod fetch;
 mod find_coordinator;
 mod groups;
@@ -71,6 +72,10 @@ pub async fn dispatch(
         RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(groups::join(k, r, version, client_id, peer).await),
         RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(groups::sync(k, r, version).await),
         RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(groups::heartbeat(k, r)),
+        RequestKind::ConsumerGroupHeartbeat(r) => {
+            ResponseKind::ConsumerGroupHeartbeat(consumer_group::heartbeat(k, r, client_id, peer))
+        }
+        RequestKind::ConsumerGroupDescribe(r) => ResponseKind::ConsumerGroupDescribe(consumer_group::describe(k, r)),
         RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(groups::leave(k, r, version)),
         RequestKind::ListGroups(r) => ResponseKind::ListGroups(groups::list(k, r, version)),
         RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(groups::describe(k, r, version)),

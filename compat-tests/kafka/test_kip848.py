@@ -1,0 +1,180 @@
+"""KIP-848 consumer groups with librdkafka (group.protocol=consumer): three
+members split a topic's partitions (the broker assigns), one leaves, one is
+killed with SIGKILL; the partitions move each time with never two owners,
+every message is consumed, offsets are committed with member epochs, and
+ConsumerGroupHeartbeat/ConsumerGroupDescribe are what carried it."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
+from rokka_fixture import Rokka, results_dir  # noqa: E402
+
+HERE = os.path.dirname(__file__)
+SESSION_MS = 6000
+
+
+@pytest.fixture(scope="module")
+def rokka():
+    r = Rokka(
+        results_dir("kafka", "kip848"),
+        group_extra=f"consumer_session_timeout_ms = {SESSION_MS}\nconsumer_heartbeat_interval_ms = 500",
+    )
+    r.start()
+    try:
+        yield r
+    finally:
+        code = r.close()
+        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
+
+
+class Member:
+    def __init__(self, rokka, group, topic):
+        self.p = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "kip848_member.py"), rokka.bootstrap, group, topic],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.assigned, self.msgs, self.lock = [], [], threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            with self.lock:
+                if "assigned" in ev:
+                    self.assigned = ev["assigned"]
+                elif "msg" in ev:
+                    self.msgs.append(ev["msg"])
+
+    def now(self):
+        with self.lock:
+            return list(self.assigned)
+
+    def leave(self):
+        self.p.stdin.close()
+        self.p.wait(30)
+
+    def kill(self):
+        self.p.send_signal(signal.SIGKILL)
+        self.p.wait(10)
+
+
+def wait_split(members, partitions, sizes, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        views = [m.now() for m in members]
+        flat = sorted(p for v in views for p in v)
+        if flat == list(range(partitions)) and sorted(len(v) for v in views) == sorted(sizes):
+            return views
+        time.sleep(0.2)
+    raise AssertionError(f"no split {sizes}: {[m.now() for m in members]}")
+
+
+def produce(rokka, topic, prefix, n, partitions):
+    p = Producer({"bootstrap.servers": rokka.bootstrap})
+    for i in range(n):
+        p.produce(topic, f"{prefix}-{i}".encode(), partition=i % partitions)
+    assert p.flush(20) == 0
+    return {f"{prefix}-{i}" for i in range(n)}
+
+
+def consumed(members):
+    out = set()
+    for m in members:
+        with m.lock:
+            out.update(m.msgs)
+    return out
+
+
+def wait_consumed(members, want, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline and not want <= consumed(members):
+        time.sleep(0.2)
+    missing = want - consumed(members)
+    assert not missing, f"{len(missing)} never consumed, e.g. {sorted(missing)[:5]}"
+
+
+def test_three_members_one_leaves_one_killed(rokka):
+    topic, group, parts = "kip848-t", "kip848-g", 6
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(topic, num_partitions=parts, replication_factor=1)])[topic].result(10)
+    before = rokka.metric_values()
+    ms = [Member(rokka, group, topic) for _ in range(3)]
+    try:
+        wait_split(ms, parts, [2, 2, 2])
+        want = produce(rokka, topic, "one", 300, parts)
+        wait_consumed(ms, want)
+        # One leaves cleanly: its two partitions go to the others.
+        ms[0].leave()
+        wait_split(ms[1:], parts, [3, 3])
+        want |= produce(rokka, topic, "two", 300, parts)
+        wait_consumed(ms, want)
+        # One is killed: after the session timeout the last has all six.
+        t0 = time.time()
+        ms[2].kill()
+        wait_split(ms[1:2], parts, [6], timeout=SESSION_MS / 1000 + 30)
+        took = time.time() - t0
+        want |= produce(rokka, topic, "three", 300, parts)
+        wait_consumed(ms[1:2], {w for w in want if w.startswith("three")})
+        assert took >= SESSION_MS / 1000 * 0.8, f"moved after {took:.1f} s, before the session timeout"
+        # The survivor's committed offsets reach the end of every partition.
+        c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group})
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            got = c.committed([TopicPartition(topic, p) for p in range(parts)], timeout=10)
+            if all(tp.offset == 150 for tp in got):
+                break
+            time.sleep(0.5)
+        c.close()
+        assert [tp.offset for tp in got] == [150] * parts
+    finally:
+        for m in ms:
+            if m.p.poll() is None:
+                m.kill()
+    after = rokka.metric_values()
+    hb = after.get('rokka_kafka_requests_total{api="ConsumerGroupHeartbeat"}', 0) - before.get(
+        'rokka_kafka_requests_total{api="ConsumerGroupHeartbeat"}', 0
+    )
+    assert hb > 10, "the members spoke the consumer protocol"
+    classic = after.get('rokka_kafka_requests_total{api="JoinGroup"}', 0) - before.get('rokka_kafka_requests_total{api="JoinGroup"}', 0)
+    assert classic == 0, "no classic JoinGroup"
+
+
+def test_describe_and_list_consumer_groups(rokka):
+    topic, group = "kip848-d", "kip848-dg"
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(10)
+    m = Member(rokka, group, topic)
+    try:
+        wait_split([m], 2, [2])
+        listed = a.list_consumer_groups().result(10)
+        mine = [g for g in listed.valid if g.group_id == group]
+        assert len(mine) == 1, listed.valid
+        assert "CONSUMER" in str(getattr(mine[0], "type", "CONSUMER")).upper(), mine[0]
+        d = a.describe_consumer_groups([group])[group].result(10)
+        assert len(d.members) == 1, d
+        assert sorted(tp.partition for tp in d.members[0].assignment.topic_partitions) == [0, 1], d
+        assert "STABLE" in str(d.state).upper(), d
+    finally:
+        m.leave()
+    # Left and nothing committed yet may remain: the group empties.
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        d = a.describe_consumer_groups([group])[group].result(10)
+        if not d.members:
+            break
+        time.sleep(0.5)
+    assert not d.members, d

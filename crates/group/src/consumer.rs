@@ -1,0 +1,784 @@
+//! KIP-848 consumer groups ("the new consumer rebalance protocol"): the
+//! broker computes the assignment and members converge on it by
+//! heartbeats, one partition at a time, never two owners at once.
+//!
+//! * The **group epoch** moves whenever membership, a subscription or a
+//!   subscribed topic's partition count changes; the **target assignment**
+//!   (uniform or range assignor) is recomputed for it.
+//! * Each member has a **member epoch** and reconciles towards the target
+//!   (Kafka's `CurrentAssignmentBuilder`): partitions it must give up are
+//!   revoked first (it keeps its epoch, state UnrevokedPartitions, until a
+//!   heartbeat shows it no longer owns them); partitions another member
+//!   still owns wait (state UnreleasedPartitions) until released; then it
+//!   takes the target's epoch (state Stable).
+//! * A member silent for the session timeout, or not revoking within its
+//!   rebalance timeout, is fenced: removed, its partitions freed.
+//!
+//! Topics are named here; the frontend maps Kafka topic ids at the edge.
+//! Every method takes `now` (ms) and is pure state, like the classic
+//! coordinator.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::types::code;
+
+/// (topic, partition).
+pub type Tp = (String, u32);
+
+/// Error codes of the consumer protocol (Kafka's numbering).
+pub mod err {
+    pub const INVALID_REQUEST: i16 = 42;
+    pub const FENCED_MEMBER_EPOCH: i16 = 110;
+    pub const UNRELEASED_INSTANCE_ID: i16 = 111;
+    pub const UNSUPPORTED_ASSIGNOR: i16 = 112;
+    pub const STALE_MEMBER_EPOCH: i16 = 113;
+}
+
+/// The assignors served (the first is the default).
+pub const ASSIGNORS: [&str; 2] = ["uniform", "range"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    Stable,
+    UnrevokedPartitions,
+    UnreleasedPartitions,
+}
+
+impl MemberState {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemberState::Stable => "STABLE",
+            MemberState::UnrevokedPartitions => "UNREVOKED_PARTITIONS",
+            MemberState::UnreleasedPartitions => "UNRELEASED_PARTITIONS",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub id: String,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub epoch: i32,
+    pub previous_epoch: i32,
+    pub state: MemberState,
+    pub subscribed: BTreeSet<String>,
+    pub assignor: Option<String>,
+    pub rebalance_timeout_ms: u64,
+    /// What the member owns (or is told to own) now.
+    pub assigned: BTreeSet<Tp>,
+    /// What it must give up before others may take it.
+    pub revoking: BTreeSet<Tp>,
+    last_heartbeat: u64,
+    revoke_deadline: Option<u64>,
+    /// The assignment last sent, so an unchanged one is not resent.
+    sent: Option<BTreeSet<Tp>>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ConsumerGroup {
+    pub name: String,
+    pub epoch: i32,
+    pub assignment_epoch: i32,
+    pub assignor: String,
+    pub members: BTreeMap<String, Member>,
+    /// Target assignment of `assignment_epoch`.
+    pub target: BTreeMap<String, BTreeSet<Tp>>,
+    /// Partition counts of the subscribed topics the target was computed for.
+    topics: BTreeMap<String, u32>,
+}
+
+impl ConsumerGroup {
+    /// Kafka's `ConsumerGroupState` names.
+    pub fn state(&self) -> &'static str {
+        if self.members.is_empty() {
+            "Empty"
+        } else if self.assignment_epoch < self.epoch {
+            "Assigning"
+        } else if self
+            .members
+            .values()
+            .any(|m| m.epoch != self.assignment_epoch || m.state != MemberState::Stable)
+        {
+            "Reconciling"
+        } else {
+            "Stable"
+        }
+    }
+}
+
+/// A ConsumerGroupHeartbeat, topics by name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeartbeatRequest {
+    pub group: String,
+    pub member_id: String,
+    pub member_epoch: i32,
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    /// -1 = unchanged.
+    pub rebalance_timeout_ms: i32,
+    /// None = unchanged.
+    pub subscribed_topics: Option<Vec<String>>,
+    pub subscribed_regex: Option<String>,
+    pub server_assignor: Option<String>,
+    /// None = unchanged.
+    pub owned: Option<Vec<Tp>>,
+    pub client_id: String,
+    pub client_host: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HeartbeatResponse {
+    pub error: i16,
+    pub message: Option<String>,
+    pub member_id: String,
+    pub member_epoch: i32,
+    pub heartbeat_interval_ms: i32,
+    /// None = unchanged since the last response.
+    pub assignment: Option<Vec<Tp>>,
+}
+
+/// Timing and budgets (`[group]` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsumerConfig {
+    pub session_timeout_ms: u64,
+    pub heartbeat_interval_ms: u64,
+    pub max_size: usize,
+}
+
+/// Topic lookups the coordinator needs: partition count of a topic.
+pub trait Topics {
+    fn partitions(&self, topic: &str) -> Option<u32>;
+}
+
+impl<F: Fn(&str) -> Option<u32>> Topics for F {
+    fn partitions(&self, topic: &str) -> Option<u32> {
+        self(topic)
+    }
+}
+
+fn fail(error: i16, msg: &str, member_id: &str, epoch: i32) -> HeartbeatResponse {
+    HeartbeatResponse {
+        error,
+        message: Some(msg.to_string()),
+        member_id: member_id.to_string(),
+        member_epoch: epoch,
+        heartbeat_interval_ms: 0,
+        assignment: None,
+    }
+}
+
+/// The consumer groups and their heartbeat logic.
+#[derive(Debug, Default)]
+pub struct ConsumerGroups {
+    pub groups: BTreeMap<String, ConsumerGroup>,
+    id_seq: u64,
+}
+
+impl ConsumerGroups {
+    fn new_member_id(&mut self) -> String {
+        self.id_seq += 1;
+        let r: u64 = rand::random();
+        format!("{:016x}-{:08x}", r, self.id_seq)
+    }
+
+    /// One heartbeat. `may_create` says whether a new group may be made
+    /// (the caller checks names against classic groups and the budget).
+    pub fn heartbeat(
+        &mut self,
+        req: HeartbeatRequest,
+        now: u64,
+        topics: &dyn Topics,
+        config: &ConsumerConfig,
+        may_create: bool,
+    ) -> HeartbeatResponse {
+        if req.group.is_empty() {
+            return fail(
+                code::INVALID_GROUP_ID,
+                "GroupId can't be empty.",
+                &req.member_id,
+                req.member_epoch,
+            );
+        }
+        let joining = req.member_epoch == 0;
+        if joining {
+            if req.rebalance_timeout_ms == -1 {
+                return fail(
+                    err::INVALID_REQUEST,
+                    "RebalanceTimeoutMs must be provided in first request.",
+                    &req.member_id,
+                    0,
+                );
+            }
+            if req.subscribed_topics.is_none() && req.subscribed_regex.is_none() {
+                return fail(
+                    err::INVALID_REQUEST,
+                    "SubscribedTopicNames or SubscribedTopicRegex must be set in first request.",
+                    &req.member_id,
+                    0,
+                );
+            }
+            if req.owned.as_ref().is_none_or(|o| !o.is_empty()) {
+                return fail(
+                    err::INVALID_REQUEST,
+                    "TopicPartitions must be empty when (re-)joining.",
+                    &req.member_id,
+                    0,
+                );
+            }
+        } else if req.member_id.is_empty() {
+            return fail(err::INVALID_REQUEST, "MemberId can't be empty.", "", req.member_epoch);
+        }
+        if let Some(a) = &req.server_assignor {
+            if !ASSIGNORS.contains(&a.as_str()) {
+                return fail(
+                    err::UNSUPPORTED_ASSIGNOR,
+                    &format!("ServerAssignor {a} is not supported. Supported assignors: uniform, range."),
+                    &req.member_id,
+                    req.member_epoch,
+                );
+            }
+        }
+        // Leaving: -1 (dynamic), -2 (static, temporarily).
+        if req.member_epoch < 0 {
+            if let Some(g) = self.groups.get_mut(&req.group) {
+                if g.members.remove(&req.member_id).is_some() {
+                    g.epoch += 1;
+                    g.target.remove(&req.member_id);
+                }
+            }
+            return HeartbeatResponse {
+                member_id: req.member_id,
+                member_epoch: req.member_epoch,
+                ..HeartbeatResponse::default()
+            };
+        }
+        if !self.groups.contains_key(&req.group) {
+            if !joining {
+                return fail(
+                    code::UNKNOWN_MEMBER_ID,
+                    "unknown member",
+                    &req.member_id,
+                    req.member_epoch,
+                );
+            }
+            if !may_create {
+                return fail(code::COORDINATOR_NOT_AVAILABLE, "too many groups", &req.member_id, 0);
+            }
+            self.groups.insert(
+                req.group.clone(),
+                ConsumerGroup {
+                    name: req.group.clone(),
+                    assignor: ASSIGNORS[0].to_string(),
+                    ..ConsumerGroup::default()
+                },
+            );
+        }
+        let member_id = if req.member_id.is_empty() {
+            self.new_member_id()
+        } else {
+            req.member_id.clone()
+        };
+        let Some(g) = self.groups.get_mut(&req.group) else {
+            return fail(code::COORDINATOR_NOT_AVAILABLE, "group vanished", &member_id, 0);
+        };
+        // The member: new on epoch 0, else known with a matching epoch.
+        if joining {
+            if !g.members.contains_key(&member_id) && config.max_size > 0 && g.members.len() >= config.max_size {
+                return fail(
+                    code::GROUP_MAX_SIZE_REACHED,
+                    "The consumer group has reached its maximum capacity.",
+                    &member_id,
+                    0,
+                );
+            }
+            if let Some(inst) = &req.instance_id {
+                // A static member rejoining takes its instance id over.
+                let old: Vec<String> = g
+                    .members
+                    .values()
+                    .filter(|m| m.instance_id.as_ref() == Some(inst) && m.id != member_id)
+                    .map(|m| m.id.clone())
+                    .collect();
+                for o in old {
+                    g.members.remove(&o);
+                    g.target.remove(&o);
+                }
+            }
+            let rejoin = g.members.remove(&member_id).is_some();
+            g.members.insert(
+                member_id.clone(),
+                Member {
+                    id: member_id.clone(),
+                    instance_id: req.instance_id.clone(),
+                    rack_id: req.rack_id.clone(),
+                    client_id: req.client_id.clone(),
+                    client_host: req.client_host.clone(),
+                    epoch: 0,
+                    previous_epoch: 0,
+                    state: MemberState::Stable,
+                    subscribed: BTreeSet::new(),
+                    assignor: None,
+                    rebalance_timeout_ms: req.rebalance_timeout_ms.max(0) as u64,
+                    assigned: BTreeSet::new(),
+                    revoking: BTreeSet::new(),
+                    last_heartbeat: now,
+                    revoke_deadline: None,
+                    sent: None,
+                },
+            );
+            if rejoin {
+                g.target.remove(&member_id);
+            }
+        } else {
+            let Some(m) = g.members.get(&member_id) else {
+                return fail(
+                    code::UNKNOWN_MEMBER_ID,
+                    &format!("Member {member_id} is not a member of group {}.", req.group),
+                    &member_id,
+                    req.member_epoch,
+                );
+            };
+            let lost_response = req.member_epoch == m.previous_epoch
+                && req
+                    .owned
+                    .as_ref()
+                    .is_some_and(|o| o.iter().all(|tp| m.assigned.contains(tp)));
+            if req.member_epoch != m.epoch && !lost_response {
+                return fail(
+                    err::FENCED_MEMBER_EPOCH,
+                    &format!("The member epoch {} does not match {}.", req.member_epoch, m.epoch),
+                    &member_id,
+                    req.member_epoch,
+                );
+            }
+        }
+        // Anything that changes the group moves its epoch, once.
+        let mut bump = joining;
+        let Some(m) = g.members.get_mut(&member_id) else {
+            return fail(code::UNKNOWN_MEMBER_ID, "unknown member", &member_id, req.member_epoch);
+        };
+        m.last_heartbeat = now;
+        if req.rebalance_timeout_ms >= 0 {
+            m.rebalance_timeout_ms = req.rebalance_timeout_ms as u64;
+        }
+        if let Some(t) = &req.subscribed_topics {
+            let subs: BTreeSet<String> = t.iter().cloned().collect();
+            if subs != m.subscribed {
+                m.subscribed = subs;
+                bump = true;
+            }
+        }
+        if req.server_assignor.is_some() && req.server_assignor != m.assignor {
+            m.assignor.clone_from(&req.server_assignor);
+            bump = true;
+        }
+        // The group's subscribed topics as they are now.
+        let wanted: BTreeSet<String> = g.members.values().flat_map(|m| m.subscribed.iter().cloned()).collect();
+        let metadata: BTreeMap<String, u32> = wanted
+            .iter()
+            .filter_map(|t| topics.partitions(t).map(|n| (t.clone(), n)))
+            .collect();
+        if metadata != g.topics {
+            g.topics = metadata;
+            bump = true;
+        }
+        if bump {
+            g.epoch += 1;
+        }
+        if g.assignment_epoch < g.epoch {
+            // The assignor most members prefer, else the default.
+            let mut votes: BTreeMap<&str, usize> = BTreeMap::new();
+            for mm in g.members.values() {
+                if let Some(a) = &mm.assignor {
+                    *votes.entry(a.as_str()).or_default() += 1;
+                }
+            }
+            g.assignor = votes
+                .iter()
+                .max_by_key(|(_, n)| **n)
+                .map_or(ASSIGNORS[0], |(a, _)| *a)
+                .to_string();
+            let target = assign(&g.assignor, g, &g.target);
+            g.target = target;
+            g.assignment_epoch = g.epoch;
+        }
+        reconcile(g, &member_id, req.owned.as_deref(), now);
+        let Some(m) = g.members.get_mut(&member_id) else {
+            return fail(code::UNKNOWN_MEMBER_ID, "unknown member", &member_id, req.member_epoch);
+        };
+        let owned_differs = req
+            .owned
+            .as_ref()
+            .is_some_and(|o| o.iter().cloned().collect::<BTreeSet<Tp>>() != m.assigned);
+        let assignment = if joining || owned_differs || m.sent.as_ref() != Some(&m.assigned) {
+            m.sent = Some(m.assigned.clone());
+            Some(m.assigned.iter().cloned().collect())
+        } else {
+            None
+        };
+        HeartbeatResponse {
+            error: code::NONE,
+            message: None,
+            member_id,
+            member_epoch: m.epoch,
+            heartbeat_interval_ms: config.heartbeat_interval_ms as i32,
+            assignment,
+        }
+    }
+
+    /// Fences members whose session lapsed or who did not revoke within
+    /// their rebalance timeout. Returns how many went.
+    pub fn tick(&mut self, now: u64, config: &ConsumerConfig) -> usize {
+        let mut n = 0;
+        for g in self.groups.values_mut() {
+            let gone: Vec<String> = g
+                .members
+                .values()
+                .filter(|m| {
+                    m.last_heartbeat + config.session_timeout_ms <= now || m.revoke_deadline.is_some_and(|d| d <= now)
+                })
+                .map(|m| m.id.clone())
+                .collect();
+            for id in gone {
+                g.members.remove(&id);
+                g.target.remove(&id);
+                g.epoch += 1;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Empty groups with nothing committed (`has_offsets` says which have)
+    /// are forgotten.
+    pub fn forget_unused(&mut self, has_offsets: impl Fn(&str) -> bool) -> usize {
+        let before = self.groups.len();
+        self.groups.retain(|name, g| !g.members.is_empty() || has_offsets(name));
+        before - self.groups.len()
+    }
+
+    /// Whether an OffsetCommit by (member, epoch) is accepted here: an
+    /// error code, or None when `group` is not a consumer group.
+    pub fn validate_commit(&self, group: &str, member_id: &str, epoch: i32) -> Option<i16> {
+        let g = self.groups.get(group)?;
+        if member_id.is_empty() && epoch < 0 {
+            // An admin's or a standalone consumer's commit: only while empty.
+            return Some(if g.members.is_empty() {
+                code::NONE
+            } else {
+                code::UNKNOWN_MEMBER_ID
+            });
+        }
+        Some(match g.members.get(member_id) {
+            None => code::UNKNOWN_MEMBER_ID,
+            Some(m) if m.epoch != epoch => err::STALE_MEMBER_EPOCH,
+            Some(_) => code::NONE,
+        })
+    }
+}
+
+/// Moves member `id` towards its target (Kafka's CurrentAssignmentBuilder).
+fn reconcile(g: &mut ConsumerGroup, id: &str, owned: Option<&[Tp]>, now: u64) {
+    let target_epoch = g.assignment_epoch;
+    let target: BTreeSet<Tp> = g.target.get(id).cloned().unwrap_or_default();
+    // Partitions other members still hold (owned or being revoked).
+    let others: BTreeSet<Tp> = g
+        .members
+        .values()
+        .filter(|m| m.id != id)
+        .flat_map(|m| m.assigned.iter().chain(m.revoking.iter()).cloned())
+        .collect();
+    let Some(m) = g.members.get_mut(id) else { return };
+    if m.state == MemberState::UnrevokedPartitions {
+        // Still revoking until a heartbeat shows none of them owned.
+        let done = owned.is_some_and(|o| o.iter().all(|tp| !m.revoking.contains(tp)));
+        if !done {
+            return;
+        }
+        m.revoking.clear();
+        m.revoke_deadline = None;
+    }
+    if m.epoch == target_epoch && m.state == MemberState::Stable {
+        return;
+    }
+    let current = m.assigned.clone();
+    let revoke: BTreeSet<Tp> = current.difference(&target).cloned().collect();
+    if !revoke.is_empty() {
+        m.assigned = current.intersection(&target).cloned().collect();
+        m.revoking = revoke;
+        m.state = MemberState::UnrevokedPartitions;
+        m.revoke_deadline = Some(now + m.rebalance_timeout_ms.max(1));
+        return;
+    }
+    let mut next = current.clone();
+    let mut unreleased = false;
+    for tp in target.difference(&current) {
+        if others.contains(tp) {
+            unreleased = true;
+        } else {
+            next.insert(tp.clone());
+        }
+    }
+    m.previous_epoch = m.epoch;
+    m.epoch = target_epoch;
+    m.assigned = next;
+    m.state = if unreleased {
+        MemberState::UnreleasedPartitions
+    } else {
+        MemberState::Stable
+    };
+}
+
+/// The target assignment for the group's members and subscribed topics.
+fn assign(
+    assignor: &str,
+    g: &ConsumerGroup,
+    previous: &BTreeMap<String, BTreeSet<Tp>>,
+) -> BTreeMap<String, BTreeSet<Tp>> {
+    let mut out: BTreeMap<String, BTreeSet<Tp>> = g.members.keys().map(|id| (id.clone(), BTreeSet::new())).collect();
+    if g.members.is_empty() {
+        return out;
+    }
+    if assignor == "range" {
+        // Per topic: its subscribers sorted, contiguous ranges of partitions.
+        for (topic, n) in &g.topics {
+            let subs: Vec<&String> = g
+                .members
+                .values()
+                .filter(|m| m.subscribed.contains(topic))
+                .map(|m| &m.id)
+                .collect();
+            if subs.is_empty() {
+                continue;
+            }
+            let (per, extra) = (*n as usize / subs.len(), *n as usize % subs.len());
+            let mut p = 0u32;
+            for (i, id) in subs.iter().enumerate() {
+                let take = per + usize::from(i < extra);
+                for _ in 0..take {
+                    if let Some(set) = out.get_mut(*id) {
+                        set.insert((topic.clone(), p));
+                    }
+                    p += 1;
+                }
+            }
+        }
+        return out;
+    }
+    // Uniform: balanced and sticky. Every partition of a subscribed topic
+    // goes to a subscriber; previous owners keep theirs up to their share.
+    let all: Vec<Tp> = g
+        .topics
+        .iter()
+        .flat_map(|(t, n)| (0..*n).map(move |p| (t.clone(), p)))
+        .collect();
+    let eligible = |tp: &Tp| -> Vec<&String> {
+        g.members
+            .values()
+            .filter(|m| m.subscribed.contains(&tp.0))
+            .map(|m| &m.id)
+            .collect()
+    };
+    // Each member's share: its eligible partitions spread over their subscribers.
+    let mut share: BTreeMap<&String, f64> = BTreeMap::new();
+    for tp in &all {
+        let e = eligible(tp);
+        for id in &e {
+            *share.entry(*id).or_default() += 1.0 / e.len() as f64;
+        }
+    }
+    let cap = |id: &String| share.get(id).map_or(0, |s| s.ceil() as usize);
+    let mut unassigned = Vec::new();
+    for tp in &all {
+        let keeper = previous
+            .iter()
+            .find(|(id, set)| set.contains(tp) && g.members.get(*id).is_some_and(|m| m.subscribed.contains(&tp.0)))
+            .map(|(id, _)| id.clone());
+        match keeper {
+            Some(id) if out.get(&id).is_some_and(|s| s.len() < cap(&id)) => {
+                if let Some(s) = out.get_mut(&id) {
+                    s.insert(tp.clone());
+                }
+            }
+            _ => unassigned.push(tp.clone()),
+        }
+    }
+    for tp in unassigned {
+        let best = eligible(&tp)
+            .into_iter()
+            .min_by_key(|id| (out.get(*id).map_or(0, BTreeSet::len), (*id).clone()))
+            .cloned();
+        if let Some(id) = best {
+            if let Some(s) = out.get_mut(&id) {
+                s.insert(tp);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CFG: ConsumerConfig = ConsumerConfig {
+        session_timeout_ms: 45_000,
+        heartbeat_interval_ms: 5_000,
+        max_size: 100,
+    };
+
+    fn topics(t: &str) -> Option<u32> {
+        match t {
+            "t" => Some(6),
+            "u" => Some(2),
+            _ => None,
+        }
+    }
+
+    fn join(c: &mut ConsumerGroups, id: &str, subs: &[&str], now: u64) -> HeartbeatResponse {
+        c.heartbeat(
+            HeartbeatRequest {
+                group: "g".into(),
+                member_id: id.into(),
+                member_epoch: 0,
+                rebalance_timeout_ms: 30_000,
+                subscribed_topics: Some(subs.iter().map(|s| s.to_string()).collect()),
+                owned: Some(Vec::new()),
+                ..HeartbeatRequest::default()
+            },
+            now,
+            &topics,
+            &CFG,
+            true,
+        )
+    }
+
+    fn beat(c: &mut ConsumerGroups, id: &str, epoch: i32, owned: Option<Vec<Tp>>, now: u64) -> HeartbeatResponse {
+        c.heartbeat(
+            HeartbeatRequest {
+                group: "g".into(),
+                member_id: id.into(),
+                member_epoch: epoch,
+                rebalance_timeout_ms: -1,
+                owned,
+                ..HeartbeatRequest::default()
+            },
+            now,
+            &topics,
+            &CFG,
+            true,
+        )
+    }
+
+    fn owners(c: &ConsumerGroups) -> BTreeMap<Tp, Vec<String>> {
+        let mut o: BTreeMap<Tp, Vec<String>> = BTreeMap::new();
+        for m in c.groups["g"].members.values() {
+            for tp in m.assigned.iter().chain(m.revoking.iter()) {
+                o.entry(tp.clone()).or_default().push(m.id.clone());
+            }
+        }
+        o
+    }
+
+    #[test]
+    fn members_converge_without_two_owners_of_a_partition() {
+        let mut c = ConsumerGroups::default();
+        let a = join(&mut c, "a", &["t"], 0);
+        assert_eq!((a.error, a.member_epoch), (0, 1));
+        assert_eq!(a.assignment.as_ref().map(Vec::len), Some(6), "alone: all six");
+        // b joins: a must revoke three before b may have them.
+        let b = join(&mut c, "b", &["t"], 10);
+        assert_eq!(b.assignment, Some(Vec::new()), "nothing free yet");
+        assert_eq!(c.groups["g"].members["b"].state, MemberState::UnreleasedPartitions);
+        assert_eq!(b.member_epoch, 2);
+        let a2 = beat(&mut c, "a", 1, None, 20);
+        let keep = a2.assignment.unwrap_or_default();
+        assert_eq!(keep.len(), 3, "a keeps three, revokes three");
+        assert_eq!(a2.member_epoch, 1, "epoch held until revoked");
+        assert!(owners(&c).values().all(|o| o.len() == 1));
+        // b asks again: still unreleased.
+        let b2 = beat(&mut c, b.member_id.as_str(), b.member_epoch, Some(Vec::new()), 30);
+        assert!(b2.assignment.is_none() || b2.assignment == Some(Vec::new()));
+        // a reports the revocation done; then b gets the three.
+        let a3 = beat(&mut c, "a", 1, Some(keep.clone()), 40);
+        assert_eq!(a3.member_epoch, 2);
+        let b3 = beat(&mut c, "b", b.member_epoch, Some(Vec::new()), 50);
+        let got = b3.assignment.unwrap_or_default();
+        assert_eq!(got.len(), 3);
+        assert!(got.iter().all(|tp| !keep.contains(tp)));
+        assert_eq!(c.groups["g"].state(), "Stable");
+        // A stale epoch is fenced.
+        assert_eq!(beat(&mut c, "a", 1, None, 60).error, err::FENCED_MEMBER_EPOCH);
+    }
+
+    #[test]
+    fn a_silent_member_is_fenced_and_its_partitions_move() {
+        let mut c = ConsumerGroups::default();
+        join(&mut c, "a", &["t"], 0);
+        let b = join(&mut c, "b", &["t"], 0);
+        let a = beat(&mut c, "a", 1, None, 1);
+        beat(&mut c, "a", a.member_epoch, a.assignment.clone(), 2);
+        beat(&mut c, "b", b.member_epoch, Some(Vec::new()), 3);
+        // b stops; a keeps heartbeating.
+        let mut t = 3;
+        while t < 50_000 {
+            t += 5_000;
+            let e = c.groups["g"].members["a"].epoch;
+            let owned: Vec<Tp> = c.groups["g"].members["a"].assigned.iter().cloned().collect();
+            let r = beat(&mut c, "a", e, Some(owned), t);
+            assert_eq!(r.error, 0);
+            c.tick(t, &CFG);
+        }
+        assert!(!c.groups["g"].members.contains_key("b"), "b fenced");
+        let e = c.groups["g"].members["a"].epoch;
+        let owned: Vec<Tp> = c.groups["g"].members["a"].assigned.iter().cloned().collect();
+        let r = beat(&mut c, "a", e, Some(owned), t + 1);
+        assert_eq!(c.groups["g"].members["a"].assigned.len(), 6, "{r:?}");
+    }
+
+    #[test]
+    fn range_and_uniform_assign_every_partition_once() {
+        let mut g = ConsumerGroup::default();
+        for (id, subs) in [("m1", vec!["t", "u"]), ("m2", vec!["t"]), ("m3", vec!["t", "u"])] {
+            g.members.insert(
+                id.to_string(),
+                Member {
+                    id: id.to_string(),
+                    instance_id: None,
+                    rack_id: None,
+                    client_id: String::new(),
+                    client_host: String::new(),
+                    epoch: 0,
+                    previous_epoch: 0,
+                    state: MemberState::Stable,
+                    subscribed: subs.into_iter().map(String::from).collect(),
+                    assignor: None,
+                    rebalance_timeout_ms: 0,
+                    assigned: BTreeSet::new(),
+                    revoking: BTreeSet::new(),
+                    last_heartbeat: 0,
+                    revoke_deadline: None,
+                    sent: None,
+                },
+            );
+        }
+        g.topics = [("t".to_string(), 6), ("u".to_string(), 2)].into_iter().collect();
+        for a in ASSIGNORS {
+            let out = assign(a, &g, &BTreeMap::new());
+            let mut all: Vec<&Tp> = out.values().flatten().collect();
+            all.sort();
+            assert_eq!(all.len(), 8, "{a}: {out:?}");
+            all.dedup();
+            assert_eq!(all.len(), 8, "{a}: each once");
+            assert!(out["m2"].iter().all(|(t, _)| t == "t"), "{a}: m2 only gets its topic");
+            let sizes: Vec<usize> = out.values().map(BTreeSet::len).collect();
+            assert!(
+                sizes.iter().max().unwrap_or(&0) - sizes.iter().min().unwrap_or(&0) <= 1,
+                "{a}: balanced {sizes:?}"
+            );
+        }
+    }
+}

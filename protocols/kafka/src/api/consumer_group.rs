@@ -1,0 +1,178 @@
+//! KIP-848 consumer groups: ConsumerGroupHeartbeat and
+//! ConsumerGroupDescribe over `rokka_group::consumer` (the broker computes
+//! assignments; topic ids on the wire, names inside).
+
+use std::collections::HashMap;
+
+use kafka_protocol::messages::consumer_group_describe_response::{
+    Assignment as DescribedAssignment, DescribedGroup, Member, TopicPartitions as DescribedTps,
+};
+use kafka_protocol::messages::consumer_group_heartbeat_response::{Assignment, TopicPartitions};
+use kafka_protocol::messages::*;
+use rokka_group::consumer::{HeartbeatRequest, Tp};
+
+use super::str_bytes;
+use crate::errors;
+use crate::Kafka;
+
+/// Topic names ↔ ids of the topic table, for one request.
+struct Ids {
+    by_id: HashMap<uuid::Uuid, String>,
+    by_name: HashMap<String, (uuid::Uuid, u32)>,
+}
+
+impl Ids {
+    fn load(k: &Kafka) -> Ids {
+        let mut by_id = HashMap::new();
+        let mut by_name = HashMap::new();
+        for (name, info) in k.broker.topics().all() {
+            let id = uuid::Uuid::from_bytes(info.topic_id);
+            by_id.insert(id, name.clone());
+            by_name.insert(name, (id, info.partitions));
+        }
+        Ids { by_id, by_name }
+    }
+
+    fn group(&self, tps: &[Tp]) -> Vec<(uuid::Uuid, String, Vec<i32>)> {
+        let mut out: Vec<(uuid::Uuid, String, Vec<i32>)> = Vec::new();
+        for (t, p) in tps {
+            let Some((id, _)) = self.by_name.get(t) else { continue };
+            match out.iter_mut().find(|(_, n, _)| n == t) {
+                Some((_, _, ps)) => ps.push(*p as i32),
+                None => out.push((*id, t.clone(), vec![*p as i32])),
+            }
+        }
+        out
+    }
+}
+
+pub fn heartbeat(
+    k: &Kafka,
+    r: ConsumerGroupHeartbeatRequest,
+    client_id: &str,
+    peer: std::net::SocketAddr,
+) -> ConsumerGroupHeartbeatResponse {
+    let ids = Ids::load(k);
+    let owned = r.topic_partitions.as_ref().map(|tps| {
+        tps.iter()
+            .filter_map(|t| ids.by_id.get(&t.topic_id).map(|name| (name, &t.partitions)))
+            .flat_map(|(name, ps)| ps.iter().map(move |p| (name.clone(), (*p).max(0) as u32)))
+            .collect::<Vec<Tp>>()
+    });
+    let req = HeartbeatRequest {
+        group: r.group_id.to_string(),
+        member_id: r.member_id.to_string(),
+        member_epoch: r.member_epoch,
+        instance_id: r.instance_id.as_ref().map(|s| s.to_string()),
+        rack_id: r.rack_id.as_ref().map(|s| s.to_string()),
+        rebalance_timeout_ms: r.rebalance_timeout_ms,
+        subscribed_topics: r
+            .subscribed_topic_names
+            .as_ref()
+            .map(|ts| ts.iter().map(|t| t.0.to_string()).collect()),
+        subscribed_regex: r.subscribed_topic_regex.as_ref().map(|s| s.to_string()),
+        server_assignor: r.server_assignor.as_ref().map(|s| s.to_string()),
+        owned,
+        client_id: client_id.to_string(),
+        client_host: format!("/{}", peer.ip()),
+    };
+    let now = k.groups.now();
+    let partitions = |t: &str| ids.by_name.get(t).map(|(_, n)| *n);
+    let resp = k.groups.with(|c| c.consumer_heartbeat(req, now, &partitions));
+    if resp.error != errors::NONE {
+        metrics::counter!("rokka_kafka_errors_total", "api" => "ConsumerGroupHeartbeat", "code" => resp.error.to_string())
+            .increment(1);
+    }
+    let assignment = resp.assignment.as_ref().map(|tps| {
+        Assignment::default().with_topic_partitions(
+            ids.group(tps)
+                .into_iter()
+                .map(|(id, _, ps)| TopicPartitions::default().with_topic_id(id).with_partitions(ps))
+                .collect(),
+        )
+    });
+    ConsumerGroupHeartbeatResponse::default()
+        .with_error_code(resp.error)
+        .with_error_message(resp.message.as_deref().map(str_bytes))
+        .with_member_id((!resp.member_id.is_empty()).then(|| str_bytes(&resp.member_id)))
+        .with_member_epoch(resp.member_epoch)
+        .with_heartbeat_interval_ms(resp.heartbeat_interval_ms)
+        .with_assignment(assignment)
+}
+
+pub fn describe(k: &Kafka, r: ConsumerGroupDescribeRequest) -> ConsumerGroupDescribeResponse {
+    let ids = Ids::load(k);
+    let described = |tps: &[Tp]| {
+        DescribedAssignment::default().with_topic_partitions(
+            ids.group(tps)
+                .into_iter()
+                .map(|(id, name, ps)| {
+                    DescribedTps::default()
+                        .with_topic_id(id)
+                        .with_topic_name(TopicName(str_bytes(&name)))
+                        .with_partitions(ps)
+                })
+                .collect(),
+        )
+    };
+    let groups = r
+        .group_ids
+        .into_iter()
+        .map(|gid| {
+            let view = k.groups.with(|c| {
+                c.consumer.groups.get(gid.as_str()).map(|g| {
+                    let members: Vec<_> = g
+                        .members
+                        .values()
+                        .map(|m| {
+                            (
+                                m.clone(),
+                                g.target
+                                    .get(&m.id)
+                                    .map(|t| t.iter().cloned().collect::<Vec<Tp>>())
+                                    .unwrap_or_default(),
+                            )
+                        })
+                        .collect();
+                    (g.state(), g.epoch, g.assignment_epoch, g.assignor.clone(), members)
+                })
+            });
+            match view {
+                Some((state, epoch, assignment_epoch, assignor, members)) => DescribedGroup::default()
+                    .with_group_id(gid)
+                    .with_group_state(str_bytes(state))
+                    .with_group_epoch(epoch)
+                    .with_assignment_epoch(assignment_epoch)
+                    .with_assignor_name(str_bytes(&assignor))
+                    .with_authorized_operations(i32::MIN)
+                    .with_members(
+                        members
+                            .into_iter()
+                            .map(|(m, target)| {
+                                let assigned: Vec<Tp> = m.assigned.iter().cloned().collect();
+                                Member::default()
+                                    .with_member_id(str_bytes(&m.id))
+                                    .with_instance_id(m.instance_id.as_deref().map(str_bytes))
+                                    .with_rack_id(m.rack_id.as_deref().map(str_bytes))
+                                    .with_member_epoch(m.epoch)
+                                    .with_client_id(str_bytes(&m.client_id))
+                                    .with_client_host(str_bytes(&m.client_host))
+                                    .with_subscribed_topic_names(
+                                        m.subscribed.iter().map(|t| TopicName(str_bytes(t))).collect(),
+                                    )
+                                    .with_assignment(described(&assigned))
+                                    .with_target_assignment(described(&target))
+                                    .with_member_type(1)
+                            })
+                            .collect(),
+                    ),
+                None => DescribedGroup::default()
+                    .with_error_code(errors::GROUP_ID_NOT_FOUND)
+                    .with_error_message(Some(str_bytes(&format!("Group {} not found.", gid.as_str()))))
+                    .with_group_id(gid)
+                    .with_authorized_operations(i32::MIN),
+            }
+        })
+        .collect();
+    ConsumerGroupDescribeResponse::default().with_groups(groups)
+}
