@@ -13,8 +13,9 @@ as documented (issue 18, item 5):
   counted (rocketmq-client-rust next to a confluent-kafka member);
 - kafka.md, Produce: v0–2 refused — no error form, so the connection is
   closed (librdkafka told the broker is 0.9.0);
-- kafka.md, InitProducerId: transactional ids refused — INVALID_REQUEST
-  (confluent-kafka and kafka-python transactional producers);
+- kafka.md, Transactions: a transaction.timeout.ms above the broker's
+  maximum — INVALID_TRANSACTION_TIMEOUT, fatal at once (confluent-kafka and
+  kafka-python transactional producers);
 - kafka.md, CreateTopics: replication factor must be 1 —
   INVALID_REPLICATION_FACTOR (confluent-kafka and kafka-python admins);
 - rocketmq.md, name server: GET_ROUTEINFO_BY_TOPIC of an unknown topic → 17;
@@ -215,24 +216,34 @@ def test_produce_v0_to_v2_is_refused(rokka):
     assert watermarks(rokka, topic)[0] == (0, 0), "a refused produce stored something"
 
 
-def test_a_transactional_producer_is_refused(rokka):
-    p = Producer({"bootstrap.servers": rokka.bootstrap, "transactional.id": f"ref-tx-{uuid.uuid4()}"})
+def test_a_transaction_timeout_above_the_maximum_is_refused(rokka):
+    """transaction.timeout.ms above broker.transaction_max_timeout_ms (15 min)
+    is INVALID_TRANSACTION_TIMEOUT, a fatal error for the producer (not a
+    retriable one it would retry until its own timeout)."""
+    p = Producer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "transactional.id": f"ref-tx-{uuid.uuid4()}",
+            "transaction.timeout.ms": 1_000_000,
+        }
+    )
+    t0 = time.time()
     with pytest.raises(KafkaException) as e:
         p.init_transactions(20)
     err = e.value.args[0]
     print("confluent-kafka:", err.code(), err.str())
-    assert err.code() == KafkaError.INVALID_REQUEST, err
+    assert err.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT, err
+    assert time.time() - t0 < 15, "answered at once, not retried"
 
     from kafka import KafkaProducer
     from kafka.errors import KafkaError as KError
 
     k = KafkaProducer(bootstrap_servers=rokka.bootstrap, transactional_id=f"ref-tx-kp-{uuid.uuid4()}",
-                      max_block_ms=20000)
+                      transaction_timeout_ms=1_000_000, max_block_ms=20000)
     try:
         with pytest.raises(KError) as e:
             k.init_transactions()
-        # kafka-python wraps the response's error: "... InitProducerIdResponse: [Error 42] InvalidRequestError".
-        assert re.search(r"InitProducerId.*\[Error 42\] InvalidRequestError", str(e.value)), e.value
+        assert re.search(r"InvalidTransactionTimeout|Error 50", str(e.value) + type(e.value).__name__), e.value
     finally:
         k.close(timeout=5)
 

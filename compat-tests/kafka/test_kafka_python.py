@@ -100,3 +100,52 @@ def test_api_version_inference_finds_kafka_4(rokka, topic):
         assert c.beginning_offsets([tp])[tp] == 0
     finally:
         c.close()
+
+
+def test_offset_for_leader_epoch(rokka, topic):
+    """KIP-320: the end offset of leader epoch 0 (a partition's only epoch)
+    is the log end; a later epoch is undefined; a client whose current epoch
+    is newer than the broker's gets UNKNOWN_LEADER_EPOCH. kafka-python's
+    consumer validates a committed position with it."""
+    from kafka.net.compat import KafkaNetClient
+    from kafka.protocol.consumer import OffsetForLeaderEpochRequest
+    from kafka.structs import OffsetAndMetadata
+
+    p = KafkaProducer(bootstrap_servers=rokka.bootstrap)
+    for i in range(5):
+        p.send(topic, f"e{i}".encode(), partition=0).get(timeout=10)
+    p.close()
+    c = KafkaNetClient(bootstrap_servers=rokka.bootstrap)
+    try:
+        c.check_version()
+        node = c.least_loaded_node()
+        T = OffsetForLeaderEpochRequest.OffsetForLeaderTopic
+        P = T.OffsetForLeaderPartition
+
+        def ask(current, epoch):
+            req = OffsetForLeaderEpochRequest(
+                replica_id=-1,
+                topics=[T(topic=topic, partitions=[P(partition=0, current_leader_epoch=current, leader_epoch=epoch)])],
+                max_version=4,
+            )
+            r = c.send_and_receive(node, req, timeout_ms=10000).topics[0].partitions[0]
+            return r.error_code, r.leader_epoch, r.end_offset
+
+        assert ask(-1, 0) == (0, 0, 5)
+        assert ask(0, 0) == (0, 0, 5)
+        assert ask(-1, 7) == (0, -1, -1)
+        assert ask(3, 0)[0] == 75  # UNKNOWN_LEADER_EPOCH
+    finally:
+        c.close()
+    # A consumer resuming from an offset committed with leader epoch 0.
+    group = f"olep-{topic}"
+    k = KafkaConsumer(bootstrap_servers=rokka.bootstrap, group_id=group, enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    k.assign([tp])
+    k.commit({tp: OffsetAndMetadata(3, "", 0)})
+    k.close()
+    k = KafkaConsumer(bootstrap_servers=rokka.bootstrap, group_id=group, enable_auto_commit=False, consumer_timeout_ms=4000)
+    k.assign([tp])
+    got = [m.value for m in k]
+    k.close()
+    assert got == [b"e3", b"e4"]

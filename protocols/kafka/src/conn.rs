@@ -121,6 +121,7 @@ fn api_name(key: ApiKey) -> &'static str {
         ApiKey::DeleteGroups => "DeleteGroups",
         ApiKey::DescribeConfigs => "DescribeConfigs",
         ApiKey::AlterConfigs => "AlterConfigs",
+        ApiKey::OffsetForLeaderEpoch => "OffsetForLeaderEpoch",
         ApiKey::ConsumerGroupHeartbeat => "ConsumerGroupHeartbeat",
         ApiKey::ConsumerGroupDescribe => "ConsumerGroupDescribe",
         ApiKey::AddPartitionsToTxn => "AddPartitionsToTxn",

@@ -8,10 +8,11 @@ use kafka_protocol::messages::ApiKey;
 pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     // Produce from v0 as Kafka 4 does (KAFKA-18659: librdkafka only
     // compresses when v0 is listed); v0–v2 requests are refused.
-    (ApiKey::Produce, 0, 9),
-    (ApiKey::Fetch, 4, 12),
+    (ApiKey::Produce, 0, 12),
+    (ApiKey::Fetch, 4, 17),
     (ApiKey::ListOffsets, 1, 10),
     (ApiKey::Metadata, 0, 12),
+    (ApiKey::OffsetForLeaderEpoch, 2, 4),
     (ApiKey::OffsetCommit, 2, 9),
     (ApiKey::OffsetFetch, 1, 9),
     (ApiKey::FindCoordinator, 0, 4),

@@ -27,30 +27,42 @@ pub struct FetchReply {
 pub async fn handle(k: &Kafka, r: FetchRequest, version: i16) -> FetchReply {
     let deadline = Instant::now() + Duration::from_millis(r.max_wait_ms.max(0) as u64);
     let min_bytes = r.min_bytes.max(0) as usize;
+    // v13+ names topics by id: resolved once (an unknown id stays None).
+    let names: Vec<Option<String>> = if version >= 13 {
+        let all = k.broker.topics().all();
+        r.topics
+            .iter()
+            .map(|t| {
+                let id = *t.topic_id.as_bytes();
+                all.iter().find(|(_, i)| i.topic_id == id).map(|(n, _)| n.clone())
+            })
+            .collect()
+    } else {
+        r.topics.iter().map(|t| Some(t.topic.0.to_string())).collect()
+    };
     loop {
         // Register before reading so an append between the read and the wait
         // still wakes us.
         let waiter = Arc::new(Notify::new());
-        for t in &r.topics {
+        for (t, name) in r.topics.iter().zip(&names) {
+            let Some(name) = name else { continue };
             for p in &t.partitions {
-                k.broker
-                    .arrivals()
-                    .register(t.topic.0.as_str(), p.partition.max(0) as u32, &waiter);
+                k.broker.arrivals().register(name, p.partition.max(0) as u32, &waiter);
             }
         }
-        let (resp, bytes, any_error) = collect(k, &r, version);
+        let (resp, bytes, any_error) = collect(k, &r, version, &names);
         let now = Instant::now();
         if bytes >= min_bytes.max(1) || any_error || now >= deadline {
             return resp;
         }
         let _ = tokio::time::timeout(deadline - now, waiter.notified()).await;
         if Instant::now() >= deadline {
-            return collect(k, &r, version).0;
+            return collect(k, &r, version, &names).0;
         }
     }
 }
 
-fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, bool) {
+fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) -> (FetchReply, usize, bool) {
     let broker = k.broker.as_ref();
     let store = broker.store();
     let mut total = 0usize;
@@ -68,9 +80,10 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, boo
     let read_committed = r.isolation_level == 1;
     let mut topics = Vec::with_capacity(r.topics.len());
     let mut all_records: Vec<Vec<Bytes>> = Vec::new();
-    for t in &r.topics {
-        let name = t.topic.0.as_str();
-        let info = broker.topics().get(name);
+    for (t, name) in r.topics.iter().zip(names) {
+        let id_unknown = name.is_none();
+        let name = name.as_deref().unwrap_or("");
+        let info = if id_unknown { None } else { broker.topics().get(name) };
         let mut parts = Vec::with_capacity(t.partitions.len());
         for p in &t.partitions {
             let mut pd = PartitionData::default()
@@ -84,7 +97,11 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, boo
                 .as_ref()
                 .is_some_and(|i| p.partition >= 0 && (p.partition as u32) < i.partitions);
             if !known {
-                pd.error_code = errors::UNKNOWN_TOPIC_OR_PARTITION;
+                pd.error_code = if id_unknown {
+                    errors::UNKNOWN_TOPIC_ID
+                } else {
+                    errors::UNKNOWN_TOPIC_OR_PARTITION
+                };
                 any_error = true;
                 parts.push(pd);
                 all_records.push(Vec::new());
@@ -172,6 +189,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16) -> (FetchReply, usize, boo
         topics.push(
             FetchableTopicResponse::default()
                 .with_topic(t.topic.clone())
+                .with_topic_id(t.topic_id)
                 .with_partitions(parts),
         );
     }
@@ -210,7 +228,7 @@ fn batches(entries: &[rokka_store::ReadEntry], limit: usize, first: bool) -> Vec
 }
 
 /// Encodes a whole Fetch response frame (length prefix, header, body) for
-/// versions 4–12 as pieces: small fields and batches are gathered into
+/// versions 4–17 as pieces: small fields and batches are gathered into
 /// buffers, large batches are passed through as the segment views they are.
 /// Byte-identical to kafka-protocol's encoding (tested below).
 pub fn encode(reply: &FetchReply, version: i16, correlation_id: i32) -> Vec<Bytes> {
@@ -247,13 +265,17 @@ pub fn encode(reply: &FetchReply, version: i16, correlation_id: i32) -> Vec<Byte
     array_len(&mut cur, r.responses.len());
     let mut idx = 0;
     for t in &r.responses {
-        let name = t.topic.0.as_bytes();
-        if flexible {
-            uvarint(&mut cur, name.len() as u64 + 1);
+        if version >= 13 {
+            cur.put_slice(t.topic_id.as_bytes());
         } else {
-            cur.put_i16(name.len() as i16);
+            let name = t.topic.0.as_bytes();
+            if flexible {
+                uvarint(&mut cur, name.len() as u64 + 1);
+            } else {
+                cur.put_i16(name.len() as i16);
+            }
+            cur.put_slice(name);
         }
-        cur.put_slice(name);
         array_len(&mut cur, t.partitions.len());
         for p in &t.partitions {
             cur.put_i32(p.partition_index);
@@ -352,9 +374,10 @@ mod tests {
                 .with_session_id(0)
                 .with_responses(vec![FetchableTopicResponse::default()
                     .with_topic(TopicName(StrBytes::from_static_str("topic")))
+                    .with_topic_id(uuid::Uuid::from_bytes([9; 16]))
                     .with_partitions(parts)])
         };
-        for version in [4i16, 5, 7, 11, 12] {
+        for version in [4i16, 5, 7, 11, 12, 13, 15, 16, 17] {
             let mut want = BytesMut::new();
             want.put_i32(0);
             ResponseHeader::default()

@@ -7,6 +7,7 @@ mod fetch;
 mod find_coordinator;
 mod groups;
 mod init_producer_id;
+mod leader_epoch;
 mod list_offsets;
 mod metadata;
 mod offsets;
@@ -53,6 +54,7 @@ pub async fn dispatch(
             Some(resp) => ResponseKind::Produce(resp),
             None => return Ok(None),
         },
+        RequestKind::OffsetForLeaderEpoch(r) => ResponseKind::OffsetForLeaderEpoch(leader_epoch::handle(k, r)),
         RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(k, r, version)),
         RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(find_coordinator::handle(k, r, version)),
         RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(init_producer_id::handle(k, r).await),
