@@ -37,12 +37,11 @@ pub fn handle(k: &Kafka, r: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpoch
                         return out.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
                     }
                     // The client's view of the current epoch: newer than ours
-                    // is unknown here, older is fenced (-1: not checked).
+                    // is unknown here (-1: not checked). None is older than
+                    // epoch 0, so FENCED_LEADER_EPOCH cannot arise yet; it
+                    // will with leader changes (replicated broker sets).
                     if p.current_leader_epoch > EPOCH {
                         return out.with_error_code(errors::UNKNOWN_LEADER_EPOCH);
-                    }
-                    if p.current_leader_epoch >= 0 && p.current_leader_epoch < EPOCH {
-                        return out.with_error_code(errors::FENCED_LEADER_EPOCH);
                     }
                     let q = p.partition as u32;
                     match p.leader_epoch {
