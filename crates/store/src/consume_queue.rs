@@ -112,6 +112,9 @@ pub struct ConsumeQueue {
     flushed_entries: AtomicU64,
     /// Running max of message timestamps (writer only).
     last_msg_ts: AtomicI64,
+    /// Serialises file creation (done ahead, outside the store's writer
+    /// lock, by appenders; under it only when a file was not ready).
+    creating: std::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for ConsumeQueue {
@@ -143,6 +146,7 @@ impl ConsumeQueue {
             min_offset: AtomicU64::new(0),
             flushed_entries: AtomicU64::new(0),
             last_msg_ts: AtomicI64::new(i64::MIN),
+            creating: std::sync::Mutex::new(()),
         }
     }
 
@@ -187,7 +191,15 @@ impl ConsumeQueue {
         for (_, path) in &names {
             list.push(Arc::new(MappedFile::open(path).map_err(StoreError::io("map", path))?));
         }
-        // Count valid entries: every file but the last is full; scan the last.
+        // Files made ahead (`prepare`) and never written: the queue ends
+        // before them, in the previous file, which need not be full.
+        while list.len() > 1 && list.last().is_some_and(|f| read_entry(f, 0).size == 0) {
+            if let Some(f) = list.pop() {
+                std::fs::remove_file(f.path()).map_err(StoreError::io("remove", f.path()))?;
+            }
+        }
+        // Count valid entries: every file but the last is full (files are
+        // only written in order); scan the last.
         let last_base = base_entry + (list.len() as u64 - 1) * epf;
         let last = &list[list.len() - 1];
         let mut prev: Option<CqEntry> = if list.len() > 1 {
@@ -369,9 +381,55 @@ impl ConsumeQueue {
         Ok(())
     }
 
+    /// The file that entry `idx` goes to, if it exists.
+    fn file_for(&self, idx: u64) -> Option<Arc<MappedFile>> {
+        let f = self.files();
+        let rel = idx.checked_sub(f.base_entry)?;
+        f.list.get((rel / self.entries_per_file) as usize).cloned()
+    }
+
+    /// Makes the files the next appends need ahead of them: the current one,
+    /// and the next once the current is nine tenths full. Called by
+    /// appenders before they take the store's writer lock, so creating a
+    /// file (allocation, a directory fsync) never holds up other queues'
+    /// appends.
+    pub fn prepare(&self) -> Result<()> {
+        let idx = self.entries.load(Ordering::Acquire);
+        if self.file_for(idx).is_none() {
+            self.create_file(idx)?;
+        }
+        let epf = self.entries_per_file;
+        if idx % epf >= epf - epf / 10 {
+            let next = idx - idx % epf + epf;
+            if self.file_for(next).is_none() {
+                self.create_file(next)?;
+            }
+        }
+        Ok(())
+    }
+
     fn create_file(&self, idx: u64) -> Result<Arc<MappedFile>> {
-        std::fs::create_dir_all(&self.dir).map_err(StoreError::io("create dir", &self.dir))?;
+        let _one = self.creating.lock().unwrap_or_else(|p| p.into_inner());
         let first = idx - idx % self.entries_per_file;
+        {
+            // Made meanwhile by another appender: use it.
+            let f = self.files();
+            if let Some(existing) = first
+                .checked_sub(f.base_entry)
+                .and_then(|rel| f.list.get((rel / self.entries_per_file) as usize))
+            {
+                return Ok(Arc::clone(existing));
+            }
+            let expected = f.base_entry + f.list.len() as u64 * self.entries_per_file;
+            if !f.list.is_empty() && first != expected {
+                // Only the file right after the last may be made.
+                return Err(StoreError::Config(format!(
+                    "ConsumeQueue {}/{}: file for entry {first} is not next ({expected})",
+                    self.topic, self.queue_id
+                )));
+            }
+        }
+        std::fs::create_dir_all(&self.dir).map_err(StoreError::io("create dir", &self.dir))?;
         let path = self.dir.join(file_name(first));
         let file = Arc::new(
             MappedFile::create(&path, self.entries_per_file * ENTRY_SIZE as u64)

@@ -20,7 +20,9 @@ static FAULTS: Mutex<Vec<Fault>> = Mutex::new(Vec::new());
 #[derive(Debug, Clone)]
 struct Fault {
     step: String,
+    /// 0: no error, only the delay.
     errno: i32,
+    delay_ms: u64,
     /// Calls left to fail; `None` = every call.
     left: Option<u32>,
 }
@@ -31,6 +33,20 @@ pub fn inject(step: &str, errno: i32, times: Option<u32>) {
     f.push(Fault {
         step: step.to_string(),
         errno,
+        delay_ms: 0,
+        left: times,
+    });
+    ARMED.store(true, Ordering::Release);
+}
+
+/// Makes the next `times` calls of `step` take `ms` longer (then succeed):
+/// a slow disk, for tests of what waits on what.
+pub fn inject_delay(step: &str, ms: u64, times: Option<u32>) {
+    let mut f = FAULTS.lock().unwrap_or_else(|p| p.into_inner());
+    f.push(Fault {
+        step: step.to_string(),
+        errno: 0,
+        delay_ms: ms,
         left: times,
     });
     ARMED.store(true, Ordering::Release);
@@ -90,6 +106,12 @@ pub(crate) fn check(step: &str) -> io::Result<()> {
     };
     if let Some(n) = &mut f.left {
         *n -= 1;
+    }
+    if f.errno == 0 {
+        let ms = f.delay_ms;
+        drop(faults);
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        return Ok(());
     }
     Err(io::Error::from_raw_os_error(f.errno))
 }

@@ -217,6 +217,45 @@ impl Inner {
 
     /// The queue for (topic, queue), created on first use (writer only).
     pub(crate) fn queue_for(&self, w: &mut Writer, topic: &str, queue_id: u32) -> Arc<ConsumeQueue> {
+        self.queue_for_with(w, topic, queue_id, None)
+    }
+
+    /// Gets the files the next append to (topic, queue) needs ready before
+    /// the writer lock is taken (`ConsumeQueue::prepare`): a new queue is
+    /// made here, its first file included, and then entered under the lock.
+    pub(crate) fn prepare_queue(&self, topic: &str, queue_id: u32) -> Result<()> {
+        self.check_writable()?;
+        let existing = self
+            .queues
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(topic)
+            .and_then(|m| m.get(&queue_id))
+            .cloned();
+        match existing {
+            Some(q) => q.prepare(),
+            None => {
+                let q = ConsumeQueue::new(
+                    &self.dir.join("consumequeue"),
+                    Arc::from(topic),
+                    queue_id,
+                    self.config.consume_queue_entries_per_file,
+                );
+                q.prepare()?;
+                let mut w = self.writer();
+                self.queue_for_with(&mut w, topic, queue_id, Some(q));
+                Ok(())
+            }
+        }
+    }
+
+    fn queue_for_with(
+        &self,
+        w: &mut Writer,
+        topic: &str,
+        queue_id: u32,
+        made: Option<ConsumeQueue>,
+    ) -> Arc<ConsumeQueue> {
         if let Some(q) = w.queues.get(topic).and_then(|m| m.get(&queue_id)) {
             return Arc::clone(q);
         }
@@ -224,12 +263,14 @@ impl Inner {
             Some((k, _)) => Arc::clone(k),
             None => Arc::from(topic),
         };
-        let q = Arc::new(ConsumeQueue::new(
-            &self.dir.join("consumequeue"),
-            Arc::clone(&topic),
-            queue_id,
-            self.config.consume_queue_entries_per_file,
-        ));
+        let q = Arc::new(made.unwrap_or_else(|| {
+            ConsumeQueue::new(
+                &self.dir.join("consumequeue"),
+                Arc::clone(&topic),
+                queue_id,
+                self.config.consume_queue_entries_per_file,
+            )
+        }));
         w.queues
             .entry(Arc::clone(&topic))
             .or_default()
@@ -345,6 +386,10 @@ impl MessageStore {
         }
         let inner = &*self.inner;
         let store_host = inner.config.store_host;
+        // Queue files are made before the writer lock is taken.
+        for m in msgs.iter().filter(|m| m.is_consumable()) {
+            inner.prepare_queue(m.topic, m.queue_id)?;
+        }
         // RocketMQ's record-CRC property on every record: recovery checks
         // every byte of a record, not only its body.
         let record_crc = true;
@@ -427,6 +472,7 @@ impl MessageStore {
             kafka::BatchInfo::parse(batch).map_err(|_| StoreError::InvalidBatch("not a magic-2 record batch"))?;
         let inner = &*self.inner;
         let size = kafka::encoded_len(topic, batch.len());
+        inner.prepare_queue(topic, queue_id)?;
         let result = {
             let mut w = inner.writer();
             inner.check_writable()?;

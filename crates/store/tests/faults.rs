@@ -290,3 +290,35 @@ fn a_nearly_full_disk_refuses_new_segments_before_it_is_full() -> TestResult {
     assert_eq!(append(&store, "F", 0, 15, n)?.queue_offset, n);
     Ok(())
 }
+
+#[test]
+fn a_slow_queue_file_creation_does_not_hold_up_other_queues() -> TestResult {
+    // A new queue's first file is made before the writer lock is taken: a
+    // slow creation (here 2 s) delays that queue's first append only.
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(small_config(dir.path()))?);
+    append(&store, "Busy", 0, 1, 0)?;
+    fault::inject_delay("create", 2_000, Some(1));
+    let slow_done = Arc::new(AtomicBool::new(false));
+    let (s, d) = (Arc::clone(&store), Arc::clone(&slow_done));
+    let slow = std::thread::spawn(move || {
+        let r = append(&s, "Fresh", 0, 1, 0).map(|_| ());
+        d.store(true, Ordering::SeqCst);
+        r.map_err(|e| e.to_string())
+    });
+    // Wait until the slow creation is under way (its fault used up).
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    for i in 1..=20u64 {
+        append(&store, "Busy", 0, 1, i)?;
+    }
+    assert!(
+        !slow_done.load(Ordering::SeqCst),
+        "the other queue's appends waited for the slow file creation"
+    );
+    slow.join().map_err(|_| "slow append panicked")??;
+    assert_eq!(read_all(&store, "Fresh", 0).len(), 1);
+    assert_eq!(read_all(&store, "Busy", 0).len(), 21);
+    fault::clear();
+    Ok(())
+}
