@@ -178,3 +178,41 @@ def test_describe_and_list_consumer_groups(rokka):
             break
         time.sleep(0.5)
     assert not d.members, d
+
+
+def test_regular_expression_subscription(rokka):
+    """librdkafka sends a pattern subscription as SubscribedTopicRegex; the
+    broker matches it against the topic names, including topics created
+    later."""
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    for name, n in (("kip848re-a", 2), ("kip848re-b", 1), ("kip848other", 1)):
+        a.create_topics([NewTopic(name, num_partitions=n, replication_factor=1)])[name].result(10)
+    owned = set()
+    c = Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": "kip848-re",
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    c.subscribe(
+        ["^kip848re-.*"],
+        on_assign=lambda _c, ps: owned.update((p.topic, p.partition) for p in ps),
+        on_revoke=lambda _c, ps: owned.difference_update((p.topic, p.partition) for p in ps),
+    )
+    try:
+        want = {("kip848re-a", 0), ("kip848re-a", 1), ("kip848re-b", 0)}
+        deadline = time.time() + 30
+        while time.time() < deadline and owned != want:
+            c.poll(0.2)
+        assert owned == want, owned
+        a.create_topics([NewTopic("kip848re-c", num_partitions=1, replication_factor=1)])["kip848re-c"].result(10)
+        want.add(("kip848re-c", 0))
+        deadline = time.time() + 30
+        while time.time() < deadline and owned != want:
+            c.poll(0.2)
+        assert owned == want, owned
+    finally:
+        c.close()

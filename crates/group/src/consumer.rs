@@ -28,6 +28,7 @@ pub type Tp = (String, u32);
 /// Error codes of the consumer protocol (Kafka's numbering).
 pub mod err {
     pub const INVALID_REQUEST: i16 = 42;
+    pub const INVALID_REGULAR_EXPRESSION: i16 = 121;
     pub const FENCED_MEMBER_EPOCH: i16 = 110;
     pub const UNRELEASED_INSTANCE_ID: i16 = 111;
     pub const UNSUPPORTED_ASSIGNOR: i16 = 112;
@@ -64,7 +65,14 @@ pub struct Member {
     pub epoch: i32,
     pub previous_epoch: i32,
     pub state: MemberState,
+    /// Topics it consumes: the names it subscribed to and those its
+    /// regular expression matches now.
     pub subscribed: BTreeSet<String>,
+    /// The names it subscribed to.
+    pub names: BTreeSet<String>,
+    /// Its subscription's regular expression (anchored, as Kafka's RE2J
+    /// `matches`).
+    pub regex: Option<(String, regex::Regex)>,
     pub assignor: Option<String>,
     pub rebalance_timeout_ms: u64,
     /// What the member owns (or is told to own) now.
@@ -148,9 +156,13 @@ pub struct ConsumerConfig {
     pub max_size: usize,
 }
 
-/// Topic lookups the coordinator needs: partition count of a topic.
+/// Topic lookups the coordinator needs: a topic's partition count, and
+/// every topic's name (for regular-expression subscriptions).
 pub trait Topics {
     fn partitions(&self, topic: &str) -> Option<u32>;
+    fn names(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 impl<F: Fn(&str) -> Option<u32>> Topics for F {
@@ -241,6 +253,22 @@ impl ConsumerGroups {
                 );
             }
         }
+        // A subscription's regular expression must compile before anything
+        // changes (anchored: Kafka matches the whole topic name).
+        let compiled = match req.subscribed_regex.as_deref() {
+            Some(re) if !re.is_empty() => match regex::Regex::new(&format!("^(?:{re})$")) {
+                Ok(r) => Some((re.to_string(), r)),
+                Err(e) => {
+                    return fail(
+                        err::INVALID_REGULAR_EXPRESSION,
+                        &format!("SubscribedTopicRegex `{re}` is not a valid regular expression: {e}."),
+                        &req.member_id,
+                        req.member_epoch,
+                    )
+                }
+            },
+            _ => None,
+        };
         // Leaving: -1 (dynamic), -2 (static, temporarily).
         if req.member_epoch < 0 {
             if let Some(g) = self.groups.get_mut(&req.group) {
@@ -320,6 +348,8 @@ impl ConsumerGroups {
                     previous_epoch: 0,
                     state: MemberState::Stable,
                     subscribed: BTreeSet::new(),
+                    names: BTreeSet::new(),
+                    regex: None,
                     assignor: None,
                     rebalance_timeout_ms: req.rebalance_timeout_ms.max(0) as u64,
                     assigned: BTreeSet::new(),
@@ -365,12 +395,31 @@ impl ConsumerGroups {
             m.rebalance_timeout_ms = req.rebalance_timeout_ms as u64;
         }
         if let Some(t) = &req.subscribed_topics {
-            let subs: BTreeSet<String> = t.iter().cloned().collect();
-            if subs != m.subscribed {
-                m.subscribed = subs;
+            m.names = t.iter().cloned().collect();
+        }
+        if req.subscribed_regex.is_some() {
+            m.regex = compiled;
+        }
+        // Every member's topics now (a regular expression may match topics
+        // created since its last heartbeat).
+        let all_names = if g.members.values().any(|mm| mm.regex.is_some()) {
+            topics.names()
+        } else {
+            Vec::new()
+        };
+        for mm in g.members.values_mut() {
+            let mut subs = mm.names.clone();
+            if let Some((_, re)) = &mm.regex {
+                subs.extend(all_names.iter().filter(|n| re.is_match(n)).cloned());
+            }
+            if subs != mm.subscribed {
+                mm.subscribed = subs;
                 bump = true;
             }
         }
+        let Some(m) = g.members.get_mut(&member_id) else {
+            return fail(code::UNKNOWN_MEMBER_ID, "unknown member", &member_id, req.member_epoch);
+        };
         if req.server_assignor.is_some() && req.server_assignor != m.assignor {
             m.assignor.clone_from(&req.server_assignor);
             bump = true;
@@ -714,6 +763,56 @@ mod tests {
         assert_eq!(beat(&mut c, "a", 1, None, 60).error, err::FENCED_MEMBER_EPOCH);
     }
 
+    struct Named;
+    impl Topics for Named {
+        fn partitions(&self, t: &str) -> Option<u32> {
+            topics(t).or((t == "t2").then_some(1))
+        }
+        fn names(&self) -> Vec<String> {
+            vec!["t".into(), "u".into(), "t2".into()]
+        }
+    }
+
+    #[test]
+    fn a_regular_expression_subscribes_to_the_topics_it_matches_whole() {
+        let mut c = ConsumerGroups::default();
+        let r = c.heartbeat(
+            HeartbeatRequest {
+                group: "g".into(),
+                member_id: "a".into(),
+                member_epoch: 0,
+                rebalance_timeout_ms: 30_000,
+                subscribed_regex: Some("t.*".into()),
+                owned: Some(Vec::new()),
+                ..HeartbeatRequest::default()
+            },
+            0,
+            &Named,
+            &CFG,
+            true,
+        );
+        let mut got: Vec<String> = r.assignment.unwrap_or_default().into_iter().map(|(t, _)| t).collect();
+        got.dedup();
+        assert_eq!(got, vec!["t".to_string(), "t2".to_string()], "not u; t2 whole");
+        let bad = c.heartbeat(
+            HeartbeatRequest {
+                group: "g".into(),
+                member_id: "b".into(),
+                member_epoch: 0,
+                rebalance_timeout_ms: 30_000,
+                subscribed_regex: Some("(".into()),
+                owned: Some(Vec::new()),
+                ..HeartbeatRequest::default()
+            },
+            0,
+            &Named,
+            &CFG,
+            true,
+        );
+        assert_eq!(bad.error, err::INVALID_REGULAR_EXPRESSION);
+        assert!(!c.groups["g"].members.contains_key("b"), "refused before joining");
+    }
+
     #[test]
     fn a_silent_member_is_fenced_and_its_partitions_move() {
         let mut c = ConsumerGroups::default();
@@ -754,7 +853,9 @@ mod tests {
                     epoch: 0,
                     previous_epoch: 0,
                     state: MemberState::Stable,
-                    subscribed: subs.into_iter().map(String::from).collect(),
+                    subscribed: subs.iter().map(|s| s.to_string()).collect(),
+                    names: subs.into_iter().map(String::from).collect(),
+                    regex: None,
                     assignor: None,
                     rebalance_timeout_ms: 0,
                     assigned: BTreeSet::new(),

@@ -46,6 +46,16 @@ impl Ids {
     }
 }
 
+impl rokka_group::consumer::Topics for Ids {
+    fn partitions(&self, topic: &str) -> Option<u32> {
+        self.by_name.get(topic).map(|(_, n)| *n)
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.by_name.keys().cloned().collect()
+    }
+}
+
 pub fn heartbeat(
     k: &Kafka,
     r: ConsumerGroupHeartbeatRequest,
@@ -77,8 +87,7 @@ pub fn heartbeat(
         client_host: format!("/{}", peer.ip()),
     };
     let now = k.groups.now();
-    let partitions = |t: &str| ids.by_name.get(t).map(|(_, n)| *n);
-    let resp = k.groups.with(|c| c.consumer_heartbeat(req, now, &partitions));
+    let resp = k.groups.with(|c| c.consumer_heartbeat(req, now, &ids));
     if resp.error != errors::NONE {
         metrics::counter!("rokka_kafka_errors_total", "api" => "ConsumerGroupHeartbeat", "code" => resp.error.to_string())
             .increment(1);
