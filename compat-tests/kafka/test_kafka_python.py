@@ -149,3 +149,57 @@ def test_offset_for_leader_epoch(rokka, topic):
     got = [m.value for m in k]
     k.close()
     assert got == [b"e3", b"e4"]
+
+
+def test_incremental_fetch_sessions(rokka, topic):
+    """KIP-227 through kafka-python's protocol classes: a full fetch opens a
+    session; incremental fetches carry only partitions with something new;
+    a wrong epoch and an unknown session are refused; forgotten partitions
+    leave the session."""
+    from kafka.admin import KafkaAdminClient as Admin, NewTopic as NT
+    from kafka.net.compat import KafkaNetClient
+    from kafka.protocol.consumer import FetchRequest
+
+    a = Admin(bootstrap_servers=rokka.bootstrap)
+    a.create_topics([NT(topic, 2, 1)])
+    a.close()
+    c = KafkaNetClient(bootstrap_servers=rokka.bootstrap)
+    try:
+        c.check_version()
+        node = c.least_loaded_node()
+        T = FetchRequest.FetchTopic
+        P = T.FetchPartition
+        F = FetchRequest.ForgottenTopic
+
+        def fetch(session_id, epoch, parts, forgotten=()):
+            req = FetchRequest(
+                replica_id=-1, max_wait_ms=50, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+                session_id=session_id, session_epoch=epoch,
+                topics=[T(topic=topic, partitions=[P(partition=p, fetch_offset=o, partition_max_bytes=1 << 20) for p, o in parts])] if parts else [],
+                forgotten_topics_data=[F(topic=topic, partitions=list(forgotten))] if forgotten else [],
+                rack_id="",
+                max_version=12,
+            )
+            r = c.send_and_receive(node, req, timeout_ms=10000)
+            got = {p.partition_index: len(p.records or b"") for t in r.responses for p in t.partitions}
+            return r.error_code, r.session_id, got
+
+        err, sid, got = fetch(0, 0, [(0, 0), (1, 0)])
+        assert err == 0 and sid != 0 and sorted(got) == [0, 1], (err, sid, got)
+        assert fetch(sid, 1, [])[2] == {}, "nothing new: no partition"
+        p = KafkaProducer(bootstrap_servers=rokka.bootstrap)
+        for i in range(3):
+            p.send(topic, f"s{i}".encode(), partition=0).get(timeout=10)
+        p.close()
+        err, _, got = fetch(sid, 2, [])
+        assert err == 0 and list(got) == [0] and got[0] > 0, got
+        assert fetch(sid, 2, [])[0] == 71, "a replayed epoch"
+        assert fetch(sid + 1000, 1, [])[0] == 70, "an unknown session"
+        # p0 forgotten: its data no longer comes; p1 still tracked.
+        err, _, got = fetch(sid, 3, [], forgotten=[0])
+        assert err == 0 and got == {}, got
+        # Epoch -1 closes the session.
+        assert fetch(sid, -1, [(0, 0)])[1] == 0
+        assert fetch(sid, 4, [])[0] == 70
+    finally:
+        c.close()

@@ -42,6 +42,12 @@ pub struct KafkaConfig {
     /// Longest metadata string an OffsetCommit may store (Kafka
     /// `offset.metadata.max.bytes`); longer is OFFSET_METADATA_TOO_LARGE.
     pub max_offset_metadata_bytes: u32,
+    /// Incremental fetch sessions kept (Kafka
+    /// `max.incremental.fetch.session.cache.slots`; 0 = none: every fetch
+    /// is a full one). At the limit the least recently used goes.
+    pub max_fetch_sessions: u32,
+    /// A fetch session unused for this long is dropped.
+    pub fetch_session_idle_ms: u64,
 }
 
 impl Default for KafkaConfig {
@@ -60,6 +66,8 @@ impl Default for KafkaConfig {
             max_inflight_request_bytes: 256 * 1024 * 1024,
             max_fetch_bytes: 57_671_680,
             max_offset_metadata_bytes: 4096,
+            max_fetch_sessions: 1000,
+            fetch_session_idle_ms: 120_000,
         }
     }
 }

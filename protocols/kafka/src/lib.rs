@@ -9,6 +9,7 @@ mod conn;
 pub mod errors;
 pub mod groups;
 pub mod mixed;
+pub mod sessions;
 pub mod versions;
 
 use std::sync::Arc;
@@ -33,6 +34,8 @@ pub struct Kafka {
     pub conns: Arc<rokka_broker::limits::ConnLimits>,
     /// Request bytes in memory over all connections.
     pub inflight: rokka_broker::limits::ByteBudget,
+    /// Incremental fetch sessions (KIP-227).
+    pub fetch_sessions: sessions::FetchSessions,
 }
 
 impl Kafka {
@@ -58,9 +61,14 @@ impl Kafka {
             config.max_connections_per_ip as usize,
         );
         let inflight = rokka_broker::limits::ByteBudget::new("kafka", config.max_inflight_request_bytes);
+        let fetch_sessions = sessions::FetchSessions::new(
+            config.max_fetch_sessions as usize,
+            std::time::Duration::from_millis(config.fetch_session_idle_ms.max(1)),
+        );
         Kafka {
             conns,
             inflight,
+            fetch_sessions,
             broker,
             config,
             advertised_host,

@@ -24,7 +24,63 @@ pub struct FetchReply {
     pub records: Vec<Vec<Bytes>>,
 }
 
-pub async fn handle(k: &Kafka, r: FetchRequest, version: i16) -> FetchReply {
+pub async fn handle(k: &Kafka, mut r: FetchRequest, version: i16) -> FetchReply {
+    // KIP-227: an incremental request stands for its whole session.
+    let mode = match k.fetch_sessions.begin(&mut r, version) {
+        Ok(m) => m,
+        Err(code) => {
+            metrics::counter!("rokka_kafka_errors_total", "api" => "Fetch", "code" => code.to_string()).increment(1);
+            return FetchReply {
+                resp: FetchResponse::default().with_error_code(code).with_session_id(0),
+                records: Vec::new(),
+            };
+        }
+    };
+    let reply = fetch(k, &r, version).await;
+    in_session(k, reply, &mode, version)
+}
+
+/// Sets the response's session id and, in an incremental fetch, leaves
+/// out the partitions with nothing new.
+fn in_session(k: &Kafka, mut reply: FetchReply, mode: &crate::sessions::Mode, version: i16) -> FetchReply {
+    use crate::sessions::{FetchSessions, Mode};
+    let (id, filter) = match mode {
+        Mode::Sessionless => return reply,
+        Mode::New(id) => (*id, false),
+        Mode::Incremental(id) => (*id, true),
+    };
+    reply.resp.session_id = id;
+    if id == 0 {
+        return reply;
+    }
+    let mut records = std::mem::take(&mut reply.records).into_iter();
+    let mut kept_records = Vec::new();
+    for t in &mut reply.resp.responses {
+        let key = FetchSessions::topic_key(&t.topic, &t.topic_id, version);
+        let parts = std::mem::take(&mut t.partitions);
+        for p in parts {
+            let pieces = records.next().unwrap_or_default();
+            let send = k.fetch_sessions.must_send(
+                id,
+                &key,
+                p.partition_index,
+                p.high_watermark,
+                p.last_stable_offset,
+                p.log_start_offset,
+                !pieces.is_empty() || p.error_code != errors::NONE,
+            );
+            if send || !filter {
+                t.partitions.push(p);
+                kept_records.push(pieces);
+            }
+        }
+    }
+    reply.resp.responses.retain(|t| !t.partitions.is_empty());
+    reply.records = kept_records;
+    reply
+}
+
+async fn fetch(k: &Kafka, r: &FetchRequest, version: i16) -> FetchReply {
     let deadline = Instant::now() + Duration::from_millis(r.max_wait_ms.max(0) as u64);
     let min_bytes = r.min_bytes.max(0) as usize;
     // v13+ names topics by id: resolved once (an unknown id stays None).
@@ -50,14 +106,14 @@ pub async fn handle(k: &Kafka, r: FetchRequest, version: i16) -> FetchReply {
                 k.broker.arrivals().register(name, p.partition.max(0) as u32, &waiter);
             }
         }
-        let (resp, bytes, any_error) = collect(k, &r, version, &names);
+        let (resp, bytes, any_error) = collect(k, r, version, &names);
         let now = Instant::now();
         if bytes >= min_bytes.max(1) || any_error || now >= deadline {
             return resp;
         }
         let _ = tokio::time::timeout(deadline - now, waiter.notified()).await;
         if Instant::now() >= deadline {
-            return collect(k, &r, version, &names).0;
+            return collect(k, r, version, &names).0;
         }
     }
 }
