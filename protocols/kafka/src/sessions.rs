@@ -184,16 +184,16 @@ impl FetchSessions {
     /// Whether partition (topic, partition) of session `id` goes into this
     /// response (it has records or an error, or its offsets moved since it
     /// was last sent); records what is sent.
+    /// `offsets`: (high watermark, last stable offset, log start).
     pub fn must_send(
         &self,
         id: i32,
         topic_key: &str,
         partition: i32,
-        hw: i64,
-        lso: i64,
-        start: i64,
+        offsets: (i64, i64, i64),
         has_data: bool,
     ) -> bool {
+        let (hw, lso, start) = offsets;
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(s) = inner.sessions.get_mut(&id) else {
             return true;

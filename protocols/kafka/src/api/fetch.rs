@@ -64,9 +64,7 @@ fn in_session(k: &Kafka, mut reply: FetchReply, mode: &crate::sessions::Mode, ve
                 id,
                 &key,
                 p.partition_index,
-                p.high_watermark,
-                p.last_stable_offset,
-                p.log_start_offset,
+                (p.high_watermark, p.last_stable_offset, p.log_start_offset),
                 !pieces.is_empty() || p.error_code != errors::NONE,
             );
             if send || !filter {
