@@ -322,3 +322,38 @@ fn a_slow_queue_file_creation_does_not_hold_up_other_queues() -> TestResult {
     fault::clear();
     Ok(())
 }
+
+#[test]
+fn an_append_that_reaches_the_writer_after_close_is_refused_not_lost() -> TestResult {
+    // Deterministic form of the close race: an append is held (a slow
+    // queue-file creation, before the writer lock) while close() fences the
+    // writer and writes the final checkpoint. It must then be refused; if
+    // it were acknowledged, the next start would trust the checkpoint's end
+    // and lose it.
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(dir.path());
+    let store = Arc::new(MessageStore::open(cfg.clone())?);
+    append(&store, "Before", 0, 1, 0)?;
+    fault::inject_delay("create", 1_000, Some(1));
+    let s = Arc::clone(&store);
+    let held = std::thread::spawn(move || append(&s, "Late", 0, 9, 0).map(|r| r.queue_offset));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    store.close()?;
+    let outcome = held.join().map_err(|_| "append panicked")?;
+    fault::clear();
+    drop(store);
+    let store = MessageStore::open(cfg)?;
+    assert!(store.recovery_report().clean, "the close was clean");
+    match outcome {
+        Err(StoreError::ShutDown) => assert!(read_all(&store, "Late", 0).is_empty()),
+        Ok(off) => assert_eq!(
+            read_all(&store, "Late", 0).first().map(|(o, _)| *o),
+            Some(off),
+            "acknowledged before close, so it must be there"
+        ),
+        Err(e) => return Err(format!("unexpected: {e}").into()),
+    }
+    assert_eq!(read_all(&store, "Before", 0).len(), 1);
+    Ok(())
+}
