@@ -1013,6 +1013,11 @@ mod tests {
     use rokka_store::{MessageStore, StoreConfig};
     use std::sync::Arc;
 
+    /// A coordinator's Kafka error code as the test's error type.
+    fn kafka_err(c: i16) -> BrokerError {
+        BrokerError::InvalidPartitions(format!("Kafka error {c}"))
+    }
+
     fn broker(dir: &Path) -> Result<Broker> {
         let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
         Broker::new(store, BrokerConfig::default())
@@ -1057,10 +1062,7 @@ mod tests {
         let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
         let b = broker(dir.path())?;
         b.create_topic("T", 1)?;
-        let id = b
-            .txn_init_producer_id("tx", 60_000, None)
-            .await
-            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        let id = b.txn_init_producer_id("tx", 60_000, None).await.map_err(kafka_err)?;
         assert_eq!(id.epoch, 0);
         let (pid, ep) = (id.producer_id, id.epoch);
         // Producing before AddPartitionsToTxn is refused.
@@ -1074,9 +1076,7 @@ mod tests {
             0,
             "open transaction holds the LSO"
         );
-        b.txn_end("tx", pid, ep, false)
-            .await
-            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        b.txn_end("tx", pid, ep, false).await.map_err(kafka_err)?;
         assert_eq!(b.store().max_offset("T", 0), 3, "two records and the ABORT marker");
         assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 3), 3);
         let ab = b.kafka_txns().aborted_in("T", 0, 0, 3);
@@ -1091,21 +1091,16 @@ mod tests {
         assert!(b.kafka_txns().is_aborted("T", 0, pid, 1));
         // Commit a second one, then fence it with a new incarnation.
         b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)])
-            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+            .map_err(kafka_err)?;
         let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 2, &["c"])?, pid, ep);
         assert!(matches!(r, Ok(Ok((_, Some(3), _)))));
-        b.txn_end("tx", pid, ep, true)
-            .await
-            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        b.txn_end("tx", pid, ep, true).await.map_err(kafka_err)?;
         assert!(!b.kafka_txns().is_aborted("T", 0, pid, 3));
         b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)])
-            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+            .map_err(kafka_err)?;
         let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 3, &["zombie"])?, pid, ep);
         assert!(matches!(r, Ok(Ok((_, Some(5), _)))));
-        let next = b
-            .txn_init_producer_id("tx", 60_000, None)
-            .await
-            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        let next = b.txn_init_producer_id("tx", 60_000, None).await.map_err(kafka_err)?;
         assert!(next.epoch > ep, "a new incarnation gets a higher epoch");
         assert!(
             b.kafka_txns().is_aborted("T", 0, pid, 5),
@@ -1129,13 +1124,10 @@ mod tests {
         let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
         let b = broker(dir.path())?;
         b.create_topic("T", 1)?;
-        let id = b
-            .txn_init_producer_id("slow", 1_000, None)
-            .await
-            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+        let id = b.txn_init_producer_id("slow", 1_000, None).await.map_err(kafka_err)?;
         let (pid, ep) = (id.producer_id, id.epoch);
         b.txn_add_partitions("slow", pid, ep, &[("T".into(), 0)])
-            .map_err(|c| BrokerError::InvalidPartitions(format!("{c}")))?;
+            .map_err(kafka_err)?;
         let _ = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["a"])?, pid, ep);
         assert_eq!(b.txn_expire(rokka_store::now_ms()).await, 0);
         assert_eq!(b.txn_expire(rokka_store::now_ms() + 5_000).await, 1);
