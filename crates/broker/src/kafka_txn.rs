@@ -174,6 +174,8 @@ pub struct KafkaTxns {
 struct TxnLog {
     path: PathBuf,
     file: Option<std::fs::File>,
+    /// Lines in the file (since it was last compacted).
+    lines: u64,
 }
 
 impl TxnLog {
@@ -208,6 +210,7 @@ impl TxnLog {
         f.write_all(&buf).map_err(|e| BrokerError::Io(path.clone(), e))?;
         // Answered only once on disk, as Kafka's transaction log is.
         f.sync_data().map_err(|e| BrokerError::Io(path, e))?;
+        self.lines += lines.len() as u64;
         Ok(())
     }
 }
@@ -277,6 +280,7 @@ impl KafkaTxns {
             log: Mutex::new(TxnLog {
                 path: path.clone(),
                 file: None,
+                lines: 0,
             }),
             config,
         };
@@ -284,8 +288,11 @@ impl KafkaTxns {
         Ok(me)
     }
 
-    /// Rewrites the log as one line per live id and aborted entry.
+    /// Rewrites the log as one line per live id and aborted entry. The log
+    /// lock is held throughout, so a change persisted meanwhile lands after
+    /// the snapshot, in the new file.
     fn compact(&self) -> Result<()> {
+        let mut log = lock(&self.log);
         let mut lines = Vec::new();
         for m in lock(&self.inner).txns.values() {
             lines.push(Line::T(m.clone()));
@@ -295,22 +302,34 @@ impl KafkaTxns {
                 lines.push(Line::A(t.clone(), *p, *a));
             }
         }
-        let mut log = lock(&self.log);
-        let tmp = log.path.with_extension("log.tmp");
-        if let Some(dir) = tmp.parent() {
+        if let Some(dir) = log.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
         }
         let mut buf = Vec::new();
         for l in &lines {
             serde_json::to_writer(&mut buf, l).map_err(|e| BrokerError::BadFile {
-                path: tmp.clone(),
+                path: log.path.clone(),
                 reason: e.to_string(),
             })?;
             buf.push(b'\n');
         }
         rokka_store::checkpoint::write_atomically(&log.path, &buf)?;
         log.file = None;
+        log.lines = lines.len() as u64;
         Ok(())
+    }
+
+    /// Compacts the log once it holds many more lines than there are live
+    /// states (every transaction appends a few): the file stays bounded by
+    /// the ids and aborted entries held, not by the transactions run.
+    pub fn maybe_compact(&self) -> Result<bool> {
+        let live = lock(&self.inner).txns.len() + lock(&self.parts).values().map(|p| p.aborted.len()).sum::<usize>();
+        let written = lock(&self.log).lines;
+        if written <= 10_000 + 4 * live as u64 {
+            return Ok(false);
+        }
+        crate::offload(|| self.compact())?;
+        Ok(true)
     }
 
     fn persist(&self, lines: &[Line]) -> Result<()> {
@@ -958,6 +977,13 @@ impl Broker {
             }
         }
         metrics::gauge!("rokka_kafka_transactional_ids").set(lock(&self.kafka_txns.inner).txns.len() as f64);
+        // Aborted entries wholly below their partition's log start are
+        // never asked for again; the log is rewritten when it has grown.
+        let store = &self.store;
+        self.kafka_txns.prune_aborted(|t, p| store.min_offset(t, p));
+        if let Err(e) = self.kafka_txns.maybe_compact() {
+            tracing::warn!(error = %e, "compacting the transaction log failed");
+        }
         n
     }
 
@@ -1116,6 +1142,39 @@ mod tests {
         assert_eq!(b.kafka_txns().get("tx"), state);
         assert!(b.kafka_txns().is_aborted("T", 0, pid, 0));
         assert!(!b.kafka_txns().is_aborted("T", 0, pid, 3));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn the_transaction_log_stays_bounded_by_what_it_holds() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let b = broker(dir.path())?;
+        b.create_topic("T", 1)?;
+        let id = b.txn_init_producer_id("many", 60_000, None).await.map_err(kafka_err)?;
+        let (pid, ep) = (id.producer_id, id.epoch);
+        let path = dir.path().join("config").join("kafka-transactions.log");
+        for seq in 0..4_000 {
+            b.txn_add_partitions("many", pid, ep, &[("T".into(), 0)])
+                .map_err(kafka_err)?;
+            let _ = b.append_transactional_batch("T", 0, &batch(pid, ep, seq, &["v"])?, pid, ep);
+            b.txn_end("many", pid, ep, true).await.map_err(kafka_err)?;
+        }
+        let before = std::fs::read_to_string(&path)
+            .map_err(|e| BrokerError::Io(path.clone(), e))?
+            .lines()
+            .count();
+        assert!(before > 10_000, "{before} lines written");
+        b.txn_expire(rokka_store::now_ms()).await;
+        let after = std::fs::read_to_string(&path)
+            .map_err(|e| BrokerError::Io(path.clone(), e))?
+            .lines()
+            .count();
+        assert_eq!(after, 1, "one id, nothing aborted");
+        // And the compacted log reloads to the same state.
+        let state = b.kafka_txns().get("many");
+        drop(b);
+        let b = broker(dir.path())?;
+        assert_eq!(b.kafka_txns().get("many"), state);
         Ok(())
     }
 
