@@ -9,6 +9,7 @@ Work directories live under the results directory (`ROKKA_RESULTS_DIR`,
 default `target/compat-results`), which CI prints on failure: the broker's
 log is kept, the data directory is removed once the fixture is done with it.
 """
+import contextlib
 import itertools
 import json
 import os
@@ -21,6 +22,19 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 RESULTS = os.environ.get("ROKKA_RESULTS_DIR", os.path.join(ROOT, "target", "compat-results"))
 _seq = itertools.count()
+
+
+@contextlib.contextmanager
+def running(suite, name, **extras):
+    """A started Rokka for a test module (its work directory under the
+    suite's results); stopped after, and a non-zero exit fails the module."""
+    r = Rokka(results_dir(suite, name), **extras)
+    r.start()
+    try:
+        yield r
+    finally:
+        code = r.close()
+        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
 
 
 def results_dir(suite, name):

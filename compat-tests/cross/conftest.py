@@ -6,7 +6,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
-from rokka_fixture import Rokka, results_dir  # noqa: E402
+from rokka_fixture import Rokka, results_dir, running  # noqa: E402
 
 HARNESS = os.environ.get(
     "ROKKA_RMQ_HARNESS",
@@ -16,13 +16,8 @@ HARNESS = os.environ.get(
 
 @pytest.fixture(scope="module")
 def rokka(request):
-    r = Rokka(results_dir("cross", request.module.__name__), metrics_extra="lag_interval_ms = 300")
-    r.start()
-    try:
+    with running("cross", request.module.__name__, metrics_extra="lag_interval_ms = 300") as r:
         yield r
-    finally:
-        code = r.close()
-        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
 
 
 def _unhex(s):

@@ -39,7 +39,7 @@ from realclients import (
     wait_for,
     watermarks,
 )
-from rokka_fixture import Rokka, results_dir
+from rokka_fixture import Rokka, results_dir, running
 
 # store.offsets_flush_interval_ms of this module's rokka. A commit older than
 # this (plus the slack) at the moment of the crash must have survived it.
@@ -59,8 +59,9 @@ LATE_MS = 25000
 
 @pytest.fixture(scope="module")
 def rokka():
-    r = Rokka(
-        results_dir("cross", "test_durability"),
+    with running(
+        "cross",
+        "test_durability",
         store_extra=f'flush_mode = "sync"\noffsets_flush_interval_ms = {OFFSETS_FLUSH_MS}',
         # Quick transaction checks, and enough of them (each scan counts one,
         # live producer or not, as RocketMQ) for the open transaction to stay
@@ -69,13 +70,8 @@ def rokka():
         "transaction_check_max = 1000\n"
         f"[broker]\ndelay_levels_ms = [1000, 5000, {LATE_MS}]\n"
         "[group]\ninitial_rebalance_delay_ms = 0",
-    )
-    r.start()
-    try:
+    ) as r:
         yield r
-    finally:
-        code = r.close()
-        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
 
 
 def flushes(rokka):

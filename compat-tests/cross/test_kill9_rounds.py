@@ -19,13 +19,8 @@ ROUNDS = 5
 
 @pytest.fixture(scope="module")
 def rokka():
-    r = Rokka(results_dir("cross", "test_kill9_rounds"), store_extra='flush_mode = "sync"')
-    r.start()
-    try:
+    with running("cross", "test_kill9_rounds", store_extra='flush_mode = "sync"') as r:
         yield r
-    finally:
-        code = r.close()
-        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
 
 
 def test_kill9_rounds_lose_no_acknowledged_message(rokka):

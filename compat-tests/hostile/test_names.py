@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
-from rokka_fixture import Rokka, results_dir  # noqa: E402
+from rokka_fixture import Rokka, results_dir, running  # noqa: E402
 from test_hostile import HARNESS, kafka_frame, recv_exact, rmq_frame  # noqa: E402
 
 MAX_GROUPS = 200
@@ -26,18 +26,14 @@ MAX_RMQ_GROUPS = 60
 
 @pytest.fixture(scope="module")
 def rokka():
-    r = Rokka(
-        results_dir("hostile", "names"),
+    with running(
+        "hostile",
+        "names",
         store_extra=f"max_committed_offsets = {MAX_OFFSETS}",
         group_extra=f"max_groups = {MAX_GROUPS}\nmax_group_size = 5\ninitial_rebalance_delay_ms = 0",
         rocketmq_extra=f"max_clients = {MAX_RMQ_CLIENTS}\nmax_consumer_groups = {MAX_RMQ_GROUPS}",
-    )
-    r.start()
-    try:
+    ) as r:
         yield r
-    finally:
-        code = r.close()
-        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
 
 
 def kstr(s):

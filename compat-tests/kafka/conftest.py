@@ -5,17 +5,12 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
-from rokka_fixture import Rokka, free_port, results_dir  # noqa: E402,F401 (tests import free_port from here)
+from rokka_fixture import Rokka, free_port, results_dir, running  # noqa: E402,F401 (tests import free_port from here)
 
 @pytest.fixture(scope="module")
 def rokka(request):
-    r = Rokka(results_dir("kafka", request.module.__name__))
-    r.start()
-    try:
+    with running("kafka", request.module.__name__) as r:
         yield r
-    finally:
-        code = r.close()
-        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
 
 
 _n = [0]

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
-from rokka_fixture import Rokka, results_dir  # noqa: E402
+from rokka_fixture import Rokka, results_dir, running  # noqa: E402
 
 HERE = os.path.dirname(__file__)
 SESSION_MS = 6000
@@ -24,16 +24,12 @@ SESSION_MS = 6000
 
 @pytest.fixture(scope="module")
 def rokka():
-    r = Rokka(
-        results_dir("kafka", "kip848"),
+    with running(
+        "kafka",
+        "kip848",
         group_extra=f"consumer_session_timeout_ms = {SESSION_MS}\nconsumer_heartbeat_interval_ms = 500",
-    )
-    r.start()
-    try:
+    ) as r:
         yield r
-    finally:
-        code = r.close()
-        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
 
 
 class Member:

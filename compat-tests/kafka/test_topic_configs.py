@@ -22,18 +22,13 @@ from confluent_kafka.admin import (
 )
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
-from rokka_fixture import Rokka, results_dir  # noqa: E402
+from rokka_fixture import Rokka, results_dir, running  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def rokka():
-    r = Rokka(results_dir("kafka", "topic_configs"), store_extra="retention_check_interval_ms = 300")
-    r.start()
-    try:
+    with running("kafka", "topic_configs", store_extra="retention_check_interval_ms = 300") as r:
         yield r
-    finally:
-        code = r.close()
-        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
 
 
 def admin(rokka):
