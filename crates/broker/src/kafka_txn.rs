@@ -1044,6 +1044,19 @@ mod tests {
         BrokerError::InvalidPartitions(format!("Kafka error {c}"))
     }
 
+    /// A broker in a fresh directory with topic T (one partition).
+    fn fresh() -> Result<(tempfile::TempDir, Broker)> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let b = broker(dir.path())?;
+        b.create_topic("T", 1)?;
+        Ok((dir, b))
+    }
+
+    fn lines(path: &Path) -> Result<usize> {
+        let text = std::fs::read_to_string(path).map_err(|e| BrokerError::Io(path.to_path_buf(), e))?;
+        Ok(text.lines().count())
+    }
+
     fn broker(dir: &Path) -> Result<Broker> {
         let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
         Broker::new(store, BrokerConfig::default())
@@ -1085,9 +1098,7 @@ mod tests {
 
     #[tokio::test]
     async fn commit_abort_fence_and_restart() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
-        let b = broker(dir.path())?;
-        b.create_topic("T", 1)?;
+        let (dir, b) = fresh()?;
         let id = b.txn_init_producer_id("tx", 60_000, None).await.map_err(kafka_err)?;
         assert_eq!(id.epoch, 0);
         let (pid, ep) = (id.producer_id, id.epoch);
@@ -1147,9 +1158,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_transaction_log_stays_bounded_by_what_it_holds() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
-        let b = broker(dir.path())?;
-        b.create_topic("T", 1)?;
+        let (dir, b) = fresh()?;
         let id = b.txn_init_producer_id("many", 60_000, None).await.map_err(kafka_err)?;
         let (pid, ep) = (id.producer_id, id.epoch);
         let path = dir.path().join("config").join("kafka-transactions.log");
@@ -1159,16 +1168,10 @@ mod tests {
             let _ = b.append_transactional_batch("T", 0, &batch(pid, ep, seq, &["v"])?, pid, ep);
             b.txn_end("many", pid, ep, true).await.map_err(kafka_err)?;
         }
-        let before = std::fs::read_to_string(&path)
-            .map_err(|e| BrokerError::Io(path.clone(), e))?
-            .lines()
-            .count();
+        let before = lines(&path)?;
         assert!(before > 10_000, "{before} lines written");
         b.txn_expire(rokka_store::now_ms()).await;
-        let after = std::fs::read_to_string(&path)
-            .map_err(|e| BrokerError::Io(path.clone(), e))?
-            .lines()
-            .count();
+        let after = lines(&path)?;
         assert_eq!(after, 1, "one id, nothing aborted");
         // And the compacted log reloads to the same state.
         let state = b.kafka_txns().get("many");
@@ -1180,9 +1183,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_timed_out_transaction_is_aborted_and_its_producer_fenced() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
-        let b = broker(dir.path())?;
-        b.create_topic("T", 1)?;
+        let (_dir, b) = fresh()?;
         let id = b.txn_init_producer_id("slow", 1_000, None).await.map_err(kafka_err)?;
         let (pid, ep) = (id.producer_id, id.epoch);
         b.txn_add_partitions("slow", pid, ep, &[("T".into(), 0)])
