@@ -493,26 +493,36 @@ impl Broker {
         }
     }
 
-    /// The offset of `producer_id`'s first transactional batch in a
-    /// partition at or after `since_ms` (store time).
+    /// The offset of the first batch of `producer_id`'s open transaction in
+    /// a partition: its first transactional batch after its last marker,
+    /// scanning from shortly before `since_ms` (store time; the same
+    /// producer's earlier transactions may end just before it began).
     fn first_batch_of(&self, topic: &str, partition: u32, producer_id: i64, since_ms: i64) -> Option<u64> {
         let cq = self.store.queue(topic, partition)?;
         let mut offset = cq
-            .offset_by_store_time(since_ms.saturating_sub(1_000))
+            .offset_by_store_time(since_ms.saturating_sub(60_000))
             .max(cq.min_offset());
         let end = cq.max_offset();
+        let mut first = None;
         while offset < end {
             let read = self.store.read(topic, partition, offset, 256, 4 << 20);
             if read.entries.is_empty() {
                 break;
             }
             for e in &read.entries {
-                if let Ok(rokka_store::Entry::KafkaBatch(b)) = e.decode() {
-                    if let Ok(info) = rokka_store::record::kafka::BatchInfo::parse(&b.batch) {
-                        if info.producer_id == producer_id && info.attributes & 0x30 == 0x10 {
-                            return Some(b.queue_offset);
-                        }
-                    }
+                let Ok(rokka_store::Entry::KafkaBatch(b)) = e.decode() else {
+                    continue;
+                };
+                let Ok(info) = rokka_store::record::kafka::BatchInfo::parse(&b.batch) else {
+                    continue;
+                };
+                if info.producer_id != producer_id || info.attributes & 0x10 == 0 {
+                    continue;
+                }
+                if info.attributes & 0x20 != 0 {
+                    first = None; // a marker ends whatever came before
+                } else if first.is_none() {
+                    first = Some(b.queue_offset);
                 }
             }
             if read.next_offset <= offset {
@@ -520,7 +530,7 @@ impl Broker {
             }
             offset = read.next_offset;
         }
-        None
+        first
     }
 
     /// Completes transactions a crash left in PrepareCommit / PrepareAbort.
@@ -1146,11 +1156,21 @@ mod tests {
         assert_eq!(b.txn_end("tx", pid, ep, true).await, Err(code::PRODUCER_FENCED));
         let z = b.append_transactional_batch("T", 0, &batch(pid, ep, 4, &["late"])?, pid, ep);
         assert_eq!(z.err(), Some(code::INVALID_PRODUCER_EPOCH));
-        // After a restart the state is as it was.
+        // After a restart the state is as it was; an open transaction after
+        // committed ones holds the stable offset at its own first batch.
+        let (npid, nep) = (next.producer_id, next.epoch);
+        b.txn_add_partitions("tx", npid, nep, &[("T".into(), 0)])
+            .map_err(kafka_err)?;
+        let open = b.append_transactional_batch("T", 0, &batch(npid, nep, 0, &["o"])?, npid, nep);
+        let Ok(Ok((_, Some(open_at), _))) = open else {
+            return Err(BrokerError::InvalidPartitions(format!("{open:?}")));
+        };
         let state = b.kafka_txns().get("tx");
         drop(b);
         let b = broker(dir.path())?;
         assert_eq!(b.kafka_txns().get("tx"), state);
+        let hw = b.store().max_offset("T", 0);
+        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, hw), open_at);
         assert!(b.kafka_txns().is_aborted("T", 0, pid, 0));
         assert!(!b.kafka_txns().is_aborted("T", 0, pid, 3));
         Ok(())
