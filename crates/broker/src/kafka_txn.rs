@@ -51,6 +51,9 @@ pub mod code {
     pub const INVALID_REQUEST: i16 = 42;
 }
 
+/// Most consumer groups one transaction may add offsets for.
+pub const MAX_GROUPS_PER_TXN: usize = 64;
+
 /// A transaction's state (Kafka's `TransactionState` names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TxnState {
@@ -781,6 +784,11 @@ impl Broker {
                 m.partitions.clear();
                 m.groups.clear();
                 m.offsets.clear();
+            }
+            // A transaction's groups are kept and logged with it: bounded
+            // (Kafka's are, by the 50 partitions of __consumer_offsets).
+            if !m.groups.contains(group) && m.groups.len() >= MAX_GROUPS_PER_TXN {
+                return Err(code::INVALID_REQUEST);
             }
             m.groups.insert(group.to_string());
             m.update_ms = now;

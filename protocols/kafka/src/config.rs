@@ -48,6 +48,9 @@ pub struct KafkaConfig {
     pub max_fetch_sessions: u32,
     /// A fetch session unused for this long is dropped.
     pub fetch_session_idle_ms: u64,
+    /// Most partitions one fetch session may hold; a larger fetch goes
+    /// without a session.
+    pub max_fetch_session_partitions: u32,
 }
 
 impl Default for KafkaConfig {
@@ -68,6 +71,7 @@ impl Default for KafkaConfig {
             max_offset_metadata_bytes: 4096,
             max_fetch_sessions: 1000,
             fetch_session_idle_ms: 120_000,
+            max_fetch_session_partitions: 10_000,
         }
     }
 }

@@ -63,6 +63,7 @@ impl Kafka {
         let inflight = rokka_broker::limits::ByteBudget::new("kafka", config.max_inflight_request_bytes);
         let fetch_sessions = sessions::FetchSessions::new(
             config.max_fetch_sessions as usize,
+            config.max_fetch_session_partitions as usize,
             std::time::Duration::from_millis(config.fetch_session_idle_ms.max(1)),
         );
         Kafka {

@@ -57,6 +57,8 @@ pub enum Mode {
 #[derive(Debug)]
 pub struct FetchSessions {
     max: usize,
+    /// Most partitions one session may hold.
+    max_parts: usize,
     idle: Duration,
     inner: Mutex<Inner>,
 }
@@ -77,9 +79,10 @@ fn key(t: &FetchTopic, version: i16) -> String {
 }
 
 impl FetchSessions {
-    pub fn new(max: usize, idle: Duration) -> FetchSessions {
+    pub fn new(max: usize, max_parts: usize, idle: Duration) -> FetchSessions {
         FetchSessions {
             max,
+            max_parts: max_parts.max(1),
             idle,
             inner: Mutex::new(Inner {
                 sessions: HashMap::new(),
@@ -110,7 +113,10 @@ impl FetchSessions {
                 if r.session_id != 0 {
                     inner.sessions.remove(&r.session_id);
                 }
-                if self.max == 0 {
+                let asked: usize = r.topics.iter().map(|t| t.partitions.len()).sum();
+                if self.max == 0 || asked > self.max_parts {
+                    // No room, or too large a session: a full fetch without
+                    // one (session id 0), as Kafka answers when its cache is full.
                     return Ok(Mode::New(0));
                 }
                 while inner.sessions.len() >= self.max {
@@ -159,6 +165,14 @@ impl FetchSessions {
                 }
                 s.order.retain(|k| s.parts.contains_key(k));
                 upsert(s, r, version);
+                if s.parts.len() > self.max_parts {
+                    // Grown past its budget: the client starts over, and
+                    // its full fetch then goes without a session.
+                    let id = r.session_id;
+                    inner.sessions.remove(&id);
+                    metrics::counter!("rokka_kafka_fetch_sessions_evicted_total").increment(1);
+                    return Err(FETCH_SESSION_ID_NOT_FOUND);
+                }
                 // The fetch covers every partition of the session.
                 let mut topics: Vec<FetchTopic> = Vec::new();
                 for k in &s.order {
@@ -250,5 +264,62 @@ fn upsert(s: &mut Session, r: &FetchRequest, version: i16) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::protocol::StrBytes;
+
+    fn req(id: i32, epoch: i32, parts: &[i32]) -> FetchRequest {
+        let topics = if parts.is_empty() {
+            Vec::new()
+        } else {
+            vec![FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_static_str("t")))
+                .with_partitions(
+                    parts
+                        .iter()
+                        .map(|p| FetchPartition::default().with_partition(*p))
+                        .collect(),
+                )]
+        };
+        FetchRequest::default()
+            .with_session_id(id)
+            .with_session_epoch(epoch)
+            .with_topics(topics)
+    }
+
+    #[test]
+    fn sessions_are_bounded_in_number_and_size() {
+        let s = FetchSessions::new(2, 2, Duration::from_secs(60));
+        assert!(
+            matches!(s.begin(&mut req(0, 0, &[0, 1, 2]), 12), Ok(Mode::New(0))),
+            "too many partitions"
+        );
+        let Ok(Mode::New(a)) = s.begin(&mut req(0, 0, &[0]), 12) else {
+            panic!()
+        };
+        let Ok(Mode::New(b)) = s.begin(&mut req(0, 0, &[0]), 12) else {
+            panic!()
+        };
+        assert_ne!((a, b), (0, 0));
+        // A third session evicts the least recently used.
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(matches!(s.begin(&mut req(b, 1, &[]), 12), Ok(Mode::Incremental(_))));
+        let Ok(Mode::New(_c)) = s.begin(&mut req(0, 0, &[1]), 12) else {
+            panic!()
+        };
+        assert_eq!(s.len(), 2);
+        assert_eq!(
+            s.begin(&mut req(a, 1, &[]), 12).err(),
+            Some(FETCH_SESSION_ID_NOT_FOUND),
+            "a went"
+        );
+        // b grows past two partitions: dropped.
+        let mut r = req(b, 2, &[1, 2]);
+        assert_eq!(s.begin(&mut r, 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
+        assert_eq!(s.begin(&mut req(b, 3, &[]), 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
     }
 }
