@@ -44,6 +44,10 @@ enum Side {
 #[derive(Debug, Default)]
 pub struct Membership {
     groups: Mutex<HashMap<String, GroupMembers>>,
+    /// Groups with live Kafka KIP-848 (consumer-protocol) members: the
+    /// broker assigns their partitions, so RocketMQ clients, which allocate
+    /// queues themselves, cannot share them.
+    consumer_protocol: Mutex<BTreeSet<String>>,
     to_kafka: Mutex<Option<mpsc::UnboundedSender<String>>>,
     to_rocketmq: Mutex<Option<mpsc::UnboundedSender<String>>>,
 }
@@ -110,6 +114,27 @@ impl Membership {
                 group,
             );
         }
+    }
+
+    /// Replaces the set of groups with live KIP-848 members.
+    pub fn set_consumer_protocol_groups(&self, groups: BTreeSet<String>) {
+        *self.consumer_protocol.lock().unwrap_or_else(|p| p.into_inner()) = groups;
+    }
+
+    /// Marks one group as having KIP-848 members (at once, before the
+    /// next full refresh).
+    pub fn add_consumer_protocol_group(&self, group: &str) {
+        self.consumer_protocol
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(group.to_string());
+    }
+
+    pub fn is_consumer_protocol_group(&self, group: &str) -> bool {
+        self.consumer_protocol
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(group)
     }
 
     /// The group's members when it has both kinds (cloned only then: pulls ask).

@@ -119,7 +119,14 @@ impl Groups {
 
     /// Drives timeouts every 100 ms; deletes the offsets of groups that stayed
     /// empty past the retention, once a minute.
-    pub async fn run_ticker(self: Arc<Self>, offsets: Arc<dyn OffsetsHandle>, mut shutdown: watch::Receiver<bool>) {
+    /// `consumer_groups` is told, every second, which KIP-848 groups have
+    /// live members.
+    pub async fn run_ticker(
+        self: Arc<Self>,
+        offsets: Arc<dyn OffsetsHandle>,
+        consumer_groups: impl Fn(std::collections::BTreeSet<String>) + Send + 'static,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
         let mut interval = tokio::time::interval(Duration::from_millis(100));
         let mut last_gen: HashMap<String, i32> = HashMap::new();
         let mut ticks = 0u64;
@@ -134,6 +141,15 @@ impl Groups {
             ticks += 1;
             if ticks.is_multiple_of(10) {
                 self.export_metrics(&mut last_gen);
+                let live: std::collections::BTreeSet<String> = self.with(|c| {
+                    c.consumer
+                        .groups
+                        .values()
+                        .filter(|g| !g.members.is_empty())
+                        .map(|g| g.name.clone())
+                        .collect()
+                });
+                consumer_groups(live);
             }
             if ticks.is_multiple_of(100) {
                 // Empty groups with nothing committed: forgotten every 10 s,

@@ -82,7 +82,9 @@ impl Kafka {
 /// Accepts connections until `shutdown` turns true.
 pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
     let offsets: Arc<dyn groups::OffsetsHandle> = kafka.broker.store().clone();
-    tokio::spawn(Arc::clone(&kafka.groups).run_ticker(offsets, shutdown.clone()));
+    let broker = Arc::clone(&kafka.broker);
+    let consumer_groups = move |live| broker.membership().set_consumer_protocol_groups(live);
+    tokio::spawn(Arc::clone(&kafka.groups).run_ticker(offsets, consumer_groups, shutdown.clone()));
     tokio::spawn(mixed::run(Arc::clone(&kafka), shutdown.clone()));
     tokio::spawn(run_transactions(Arc::clone(&kafka.broker), shutdown.clone()));
     loop {

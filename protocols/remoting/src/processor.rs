@@ -265,6 +265,21 @@ impl RocketMq {
                     ));
                     continue;
                 }
+                if self.broker.membership().is_consumer_protocol_group(&g) {
+                    // Kafka KIP-848 members have the broker assign this
+                    // group's partitions; a RocketMQ client allocating
+                    // queues itself would consume them twice.
+                    metrics::counter!("rokka_mixed_group_conflicts_total", "group" => g.clone(), "side" => "rocketmq")
+                        .increment(1);
+                    let was = c.leave_group(&g, &client_id);
+                    if was {
+                        changed.push(g.clone());
+                    }
+                    conflict = Some(format!(
+                        "consumer group {g} has Kafka consumer-protocol (KIP-848) members; RocketMQ clients cannot join it"
+                    ));
+                    continue;
+                }
                 if let Some(cl) = c.clients.get_mut(&client_id) {
                     cl.consumer_groups.insert(g.clone());
                 }

@@ -708,3 +708,40 @@ async fn heartbeat_clients_and_groups_are_capped() -> TestResult {
     assert_eq!(list["consumerIdList"], serde_json::json!(["c2"]));
     Ok(())
 }
+
+/// A group with Kafka consumer-protocol (KIP-848) members has its
+/// partitions assigned by the broker: a RocketMQ client, which allocates
+/// queues itself, is refused rather than consume them a second time.
+#[tokio::test]
+async fn a_rocketmq_client_cannot_join_a_consumer_protocol_group() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), RocketMqConfig::default(), addr));
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, rmq, rx));
+    broker.membership().add_consumer_protocol_group("k848");
+    let mut c = Client::connect(addr).await?;
+    let mut hb = req(rq::HEART_BEAT, &[]);
+    hb.body = Bytes::from(
+        r#"{"clientID":"r1","producerDataSet":[],"consumerDataSet":[{"groupName":"k848","messageModel":"CLUSTERING","subscriptionDataSet":[]},{"groupName":"plain","messageModel":"CLUSTERING","subscriptionDataSet":[]}]}"#,
+    );
+    let r = c.call(hb).await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR);
+    assert!(
+        r.remark.as_deref().unwrap_or_default().contains("KIP-848"),
+        "{:?}",
+        r.remark
+    );
+    for (group, want) in [("k848", serde_json::json!([])), ("plain", serde_json::json!(["r1"]))] {
+        let r = c
+            .call(req(rq::GET_CONSUMER_LIST_BY_GROUP, &[("consumerGroup", group)]))
+            .await?;
+        let list: serde_json::Value =
+            serde_json::from_slice(&r.body).unwrap_or(serde_json::json!({"consumerIdList": []}));
+        assert_eq!(list["consumerIdList"], want, "{group}");
+    }
+    Ok(())
+}

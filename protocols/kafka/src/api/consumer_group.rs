@@ -87,7 +87,23 @@ pub fn heartbeat(
         client_host: format!("/{}", peer.ip()),
     };
     let now = k.groups.now();
+    let group = req.group.clone();
+    // RocketMQ clients allocate queues themselves; the consumer protocol
+    // has the broker assign them: the two cannot share a group.
+    if req.member_epoch == 0 && !k.broker.membership().get(&group).rocketmq.is_empty() {
+        metrics::counter!("rokka_mixed_group_conflicts_total", "group" => group.clone(), "side" => "kafka")
+            .increment(1);
+        return ConsumerGroupHeartbeatResponse::default()
+            .with_error_code(errors::GROUP_ID_NOT_FOUND)
+            .with_error_message(Some(str_bytes(&format!(
+                "Group {group} has RocketMQ members; a consumer-protocol (KIP-848) member cannot join it."
+            ))))
+            .with_member_epoch(0);
+    }
     let resp = k.groups.with(|c| c.consumer_heartbeat(req, now, &ids));
+    if resp.error == errors::NONE && resp.member_epoch > 0 {
+        k.broker.membership().add_consumer_protocol_group(&group);
+    }
     if resp.error != errors::NONE {
         metrics::counter!("rokka_kafka_errors_total", "api" => "ConsumerGroupHeartbeat", "code" => resp.error.to_string())
             .increment(1);
