@@ -27,6 +27,22 @@ pub fn disk_used_percent(path: &Path) -> Option<f64> {
     Some(used * 100.0 / (used + avail))
 }
 
+/// (total, available to unprivileged users) bytes of the file system
+/// holding `path`.
+pub fn disk_space(path: &Path) -> Option<(u64, u64)> {
+    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: as in disk_used_percent.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so the struct is initialised.
+    let st = unsafe { st.assume_init() };
+    let frsize = st.f_frsize as u64;
+    Some((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
+}
+
 /// Physical memory of this machine (`MemTotal` of /proc/meminfo), read once.
 pub fn total_memory_bytes() -> Option<u64> {
     static TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();

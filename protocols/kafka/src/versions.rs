@@ -40,6 +40,9 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::AlterConfigs, 0, 2),
     (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::DescribeCluster, 0, 1),
+    (ApiKey::DescribeTopicPartitions, 0, 0),
+    (ApiKey::DescribeLogDirs, 1, 4),
+    (ApiKey::AlterReplicaLogDirs, 1, 2),
     (ApiKey::DeleteRecords, 0, 2),
     (ApiKey::OffsetDelete, 0, 0),
 ];

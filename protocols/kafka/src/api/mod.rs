@@ -9,6 +9,7 @@ mod groups;
 mod init_producer_id;
 mod leader_epoch;
 mod list_offsets;
+mod log_dirs;
 mod metadata;
 mod offsets;
 mod produce;
@@ -88,6 +89,15 @@ pub async fn dispatch(
         }
         RequestKind::IncrementalAlterConfigs(r) => {
             ResponseKind::IncrementalAlterConfigs(rokka_broker::offload(|| admin::incremental_alter_configs(k, r)))
+        }
+        RequestKind::DescribeTopicPartitions(r) => {
+            ResponseKind::DescribeTopicPartitions(log_dirs::describe_topic_partitions(k, r))
+        }
+        RequestKind::DescribeLogDirs(r) => {
+            ResponseKind::DescribeLogDirs(rokka_broker::offload(|| log_dirs::describe_log_dirs(k, r)))
+        }
+        RequestKind::AlterReplicaLogDirs(r) => {
+            ResponseKind::AlterReplicaLogDirs(log_dirs::alter_replica_log_dirs(k, r))
         }
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(k, r)),
         RequestKind::DeleteRecords(r) => {

@@ -1,0 +1,190 @@
+//! DescribeTopicPartitions (KIP-966: Metadata's partitions, paged by a
+//! cursor), DescribeLogDirs and AlterReplicaLogDirs. A broker set keeps
+//! every partition in one log directory, the store's data directory.
+
+use kafka_protocol::messages::alter_replica_log_dirs_response::{
+    AlterReplicaLogDirPartitionResult, AlterReplicaLogDirTopicResult,
+};
+use kafka_protocol::messages::describe_log_dirs_response::{
+    DescribeLogDirsPartition, DescribeLogDirsResult, DescribeLogDirsTopic,
+};
+use kafka_protocol::messages::describe_topic_partitions_response::{
+    Cursor, DescribeTopicPartitionsResponsePartition, DescribeTopicPartitionsResponseTopic,
+};
+use kafka_protocol::messages::*;
+
+use super::str_bytes;
+use crate::errors;
+use crate::Kafka;
+
+/// Kafka's LOG_DIR_NOT_FOUND.
+const LOG_DIR_NOT_FOUND: i16 = 57;
+
+pub fn describe_topic_partitions(k: &Kafka, r: DescribeTopicPartitionsRequest) -> DescribeTopicPartitionsResponse {
+    let node = BrokerId(k.config.node_id);
+    let all = k.broker.topics().all();
+    // The topics asked for (all when none), by name, from the cursor on.
+    let mut names: Vec<String> = if r.topics.is_empty() {
+        all.iter().map(|(n, _)| n.clone()).collect()
+    } else {
+        r.topics.iter().map(|t| t.name.0.to_string()).collect()
+    };
+    names.sort();
+    names.dedup();
+    let (from_topic, from_partition) = match &r.cursor {
+        Some(c) => (c.topic_name.0.to_string(), c.partition_index.max(0)),
+        None => (String::new(), 0),
+    };
+    let mut left = if r.response_partition_limit > 0 {
+        r.response_partition_limit as usize
+    } else {
+        2000
+    };
+    let mut topics = Vec::new();
+    let mut next = None;
+    for name in names.into_iter().filter(|n| *n >= from_topic) {
+        let Some((_, info)) = all.iter().find(|(n, _)| *n == name) else {
+            topics.push(
+                DescribeTopicPartitionsResponseTopic::default()
+                    .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)
+                    .with_name(Some(TopicName(str_bytes(&name))))
+                    .with_topic_authorized_operations(i32::MIN),
+            );
+            continue;
+        };
+        let first = if name == from_topic { from_partition } else { 0 };
+        let mut partitions = Vec::new();
+        for p in first..info.partitions as i32 {
+            if left == 0 {
+                next = Some(
+                    Cursor::default()
+                        .with_topic_name(TopicName(str_bytes(&name)))
+                        .with_partition_index(p),
+                );
+                break;
+            }
+            left -= 1;
+            partitions.push(
+                DescribeTopicPartitionsResponsePartition::default()
+                    .with_partition_index(p)
+                    .with_leader_id(node)
+                    .with_leader_epoch(0)
+                    .with_replica_nodes(vec![node])
+                    .with_isr_nodes(vec![node])
+                    .with_eligible_leader_replicas(Some(Vec::new()))
+                    .with_last_known_elr(Some(Vec::new())),
+            );
+        }
+        topics.push(
+            DescribeTopicPartitionsResponseTopic::default()
+                .with_name(Some(TopicName(str_bytes(&name))))
+                .with_topic_id(uuid::Uuid::from_bytes(info.topic_id))
+                .with_partitions(partitions)
+                .with_topic_authorized_operations(i32::MIN),
+        );
+        if next.is_some() {
+            break;
+        }
+    }
+    DescribeTopicPartitionsResponse::default()
+        .with_topics(topics)
+        .with_next_cursor(next)
+}
+
+/// The store's data directory as the one log directory clients see.
+fn log_dir(k: &Kafka) -> String {
+    let dir = &k.broker.store().config().data_dir;
+    std::fs::canonicalize(dir)
+        .unwrap_or_else(|_| dir.clone())
+        .display()
+        .to_string()
+}
+
+/// Bytes a partition's entries take in the CommitLog.
+fn partition_bytes(k: &Kafka, topic: &str, q: u32) -> i64 {
+    let Some(cq) = k.broker.store().queue(topic, q) else {
+        return 0;
+    };
+    let Some(first) = cq.find(cq.min_offset()) else {
+        return 0;
+    };
+    (first..cq.entry_count())
+        .filter_map(|i| cq.entry(i))
+        .map(|e| i64::from(e.size))
+        .sum()
+}
+
+pub fn describe_log_dirs(k: &Kafka, r: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
+    let all = k.broker.topics().all();
+    let wanted: Vec<(String, Vec<i32>)> = match r.topics {
+        Some(ts) => ts.into_iter().map(|t| (t.topic.0.to_string(), t.partitions)).collect(),
+        None => all
+            .iter()
+            .map(|(n, i)| (n.clone(), (0..i.partitions as i32).collect()))
+            .collect(),
+    };
+    let topics = wanted
+        .into_iter()
+        .filter_map(|(name, parts)| {
+            let info = all.iter().find(|(n, _)| *n == name).map(|(_, i)| i)?;
+            let partitions = parts
+                .into_iter()
+                .filter(|p| *p >= 0 && (*p as u32) < info.partitions)
+                .map(|p| {
+                    DescribeLogDirsPartition::default()
+                        .with_partition_index(p)
+                        .with_partition_size(partition_bytes(k, &name, p as u32))
+                        .with_offset_lag(0)
+                })
+                .collect();
+            Some(
+                DescribeLogDirsTopic::default()
+                    .with_name(TopicName(str_bytes(&name)))
+                    .with_partitions(partitions),
+            )
+        })
+        .collect();
+    let (total, usable) = rokka_store::sys::disk_space(&k.broker.store().config().data_dir).unwrap_or((0, 0));
+    DescribeLogDirsResponse::default().with_results(vec![DescribeLogDirsResult::default()
+        .with_log_dir(str_bytes(&log_dir(k)))
+        .with_topics(topics)
+        .with_total_bytes(total as i64)
+        .with_usable_bytes(usable as i64)])
+}
+
+/// Moving a replica to the directory it is in is a no-op; there is no other.
+pub fn alter_replica_log_dirs(k: &Kafka, r: AlterReplicaLogDirsRequest) -> AlterReplicaLogDirsResponse {
+    let here = log_dir(k);
+    let mut results: Vec<AlterReplicaLogDirTopicResult> = Vec::new();
+    for d in r.dirs {
+        let same = std::fs::canonicalize(d.path.as_str())
+            .map(|p| p.display().to_string() == here)
+            .unwrap_or(false);
+        for t in d.topics {
+            let info = k.broker.topics().get(t.name.0.as_str());
+            let parts = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    let known = info.as_ref().is_some_and(|i| *p >= 0 && (*p as u32) < i.partitions);
+                    let code = if !known {
+                        errors::UNKNOWN_TOPIC_OR_PARTITION
+                    } else if same {
+                        errors::NONE
+                    } else {
+                        LOG_DIR_NOT_FOUND
+                    };
+                    AlterReplicaLogDirPartitionResult::default()
+                        .with_partition_index(*p)
+                        .with_error_code(code)
+                })
+                .collect();
+            results.push(
+                AlterReplicaLogDirTopicResult::default()
+                    .with_topic_name(t.name)
+                    .with_partitions(parts),
+            );
+        }
+    }
+    AlterReplicaLogDirsResponse::default().with_results(results)
+}
