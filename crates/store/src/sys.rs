@@ -29,6 +29,8 @@ pub fn disk_used_percent(path: &Path) -> Option<f64> {
 
 /// (total, available to unprivileged users) bytes of the file system
 /// holding `path`.
+// statvfs's field types differ between platforms (u32 on some 32-bit ones).
+#[allow(clippy::unnecessary_cast)]
 pub fn disk_space(path: &Path) -> Option<(u64, u64)> {
     let c = CString::new(path.as_os_str().as_bytes()).ok()?;
     let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
