@@ -13,6 +13,7 @@ mod log_dirs;
 mod metadata;
 mod offsets;
 mod produce;
+mod replicas;
 mod topics;
 mod txn;
 
@@ -98,6 +99,13 @@ pub async fn dispatch(
         }
         RequestKind::AlterReplicaLogDirs(r) => {
             ResponseKind::AlterReplicaLogDirs(log_dirs::alter_replica_log_dirs(k, r))
+        }
+        RequestKind::ElectLeaders(r) => ResponseKind::ElectLeaders(replicas::elect_leaders(k, r)),
+        RequestKind::AlterPartitionReassignments(r) => {
+            ResponseKind::AlterPartitionReassignments(replicas::alter_reassignments(k, r))
+        }
+        RequestKind::ListPartitionReassignments(r) => {
+            ResponseKind::ListPartitionReassignments(replicas::list_reassignments(k, r))
         }
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(k, r)),
         RequestKind::DeleteRecords(r) => {
