@@ -242,3 +242,35 @@ def test_transactions_survive_a_broker_crash(rokka):
     p.commit_transaction(60)
     want = sorted([f"before-{i}" for i in range(20)] + [f"open-{i}" for i in range(10)])
     assert sorted(read_all(rokka, topic, 2, "read_committed", expect=30)) == want
+
+
+def test_describe_producers_shows_the_open_transaction(rokka):
+    """kafka-python's describe_producers (DescribeProducers): the
+    transactional producer on the partition and where its open transaction
+    began — what `kafka-transactions.sh find-hanging` reads."""
+    from kafka import KafkaAdminClient
+    from kafka import TopicPartition as KTP
+
+    topic = new_topic(rokka, partitions=1)
+    p = txn_producer(rokka, f"tid-{topic}")
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic, f"c{i}".encode(), partition=0)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.produce(topic, b"open", partition=0)
+    p.flush(10)
+    k = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
+    try:
+        state = k.describe_producers([KTP(topic, 0)])[KTP(topic, 0)]
+        producers = list(state.active_producers)
+        assert len(producers) == 1, state
+        pr = producers[0]
+        # Three records and the COMMIT marker came first: the open one starts at 4.
+        assert pr.current_transaction_start_offset == 4, pr
+        assert pr.last_sequence >= 3 and pr.producer_epoch >= 0, pr
+        p.commit_transaction(30)
+        state = k.describe_producers([KTP(topic, 0)])[KTP(topic, 0)]
+        assert [x.current_transaction_start_offset for x in state.active_producers] == [-1], state
+    finally:
+        k.close()

@@ -380,6 +380,14 @@ impl KafkaTxns {
             .unwrap_or_default()
     }
 
+    /// The first offset of `producer_id`'s open transaction on a
+    /// partition, if it has one there.
+    pub fn open_first_offset(&self, topic: &str, partition: u32, producer_id: i64) -> Option<u64> {
+        lock(&self.parts)
+            .get(&(topic.to_string(), partition))
+            .and_then(|p| p.ongoing.get(&producer_id).copied())
+    }
+
     /// Whether `offset` of a batch by `producer_id` belongs to an aborted
     /// transaction (RocketMQ consumers skip those records).
     pub fn is_aborted(&self, topic: &str, partition: u32, producer_id: i64, offset: u64) -> bool {

@@ -173,6 +173,23 @@ impl ProducerStates {
         self.len() == 0
     }
 
+    /// The producers with state on (topic, partition): (producer id,
+    /// epoch, last sequence, last write in ms), by producer id.
+    pub fn on_partition(&self, topic: &str, partition: u32) -> Vec<(i64, i16, i32, u64)> {
+        let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<(i64, i16, i32, u64)> = t
+            .states
+            .iter()
+            .filter(|((_, tp, q), _)| tp == topic && *q == partition)
+            .map(|((pid, _, _), st)| {
+                let last = st.batches.back().map_or(-1, |b| b.last_seq);
+                (*pid, st.epoch, last, st.stamp.0)
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// A fresh producer id (InitProducerId without a transactional id).
     pub fn allocate_id(&self) -> i64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)

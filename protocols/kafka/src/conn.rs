@@ -136,6 +136,7 @@ fn api_name(key: ApiKey) -> &'static str {
         ApiKey::EndTxn => "EndTxn",
         ApiKey::DescribeTransactions => "DescribeTransactions",
         ApiKey::ListTransactions => "ListTransactions",
+        ApiKey::DescribeProducers => "DescribeProducers",
         ApiKey::IncrementalAlterConfigs => "IncrementalAlterConfigs",
         ApiKey::DescribeCluster => "DescribeCluster",
         ApiKey::DeleteRecords => "DeleteRecords",

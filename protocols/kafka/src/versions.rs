@@ -27,6 +27,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::TxnOffsetCommit, 0, 3),
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::ListTransactions, 0, 1),
+    (ApiKey::DescribeProducers, 0, 0),
     (ApiKey::JoinGroup, 0, 7),
     (ApiKey::SyncGroup, 0, 5),
     (ApiKey::Heartbeat, 0, 4),

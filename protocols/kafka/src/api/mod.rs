@@ -72,6 +72,7 @@ pub async fn dispatch(
         RequestKind::EndTxn(r) => ResponseKind::EndTxn(txn::end(k, r).await),
         RequestKind::DescribeTransactions(r) => ResponseKind::DescribeTransactions(txn::describe(k, r)),
         RequestKind::ListTransactions(r) => ResponseKind::ListTransactions(txn::list(k, r)),
+        RequestKind::DescribeProducers(r) => ResponseKind::DescribeProducers(txn::describe_producers(k, r)),
         RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(offsets::commit(k, r, version)),
         RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(groups::join(k, r, version, client_id, peer).await),
         RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(groups::sync(k, r, version).await),

@@ -244,3 +244,52 @@ pub fn list(k: &Kafka, r: ListTransactionsRequest) -> ListTransactionsResponse {
         .with_unknown_state_filters(unknown)
         .with_transaction_states(states)
 }
+
+/// DescribeProducers: the idempotent and transactional producers with state
+/// on each partition, and the start of their open transaction (what
+/// `kafka-transactions.sh find-hanging` looks at).
+pub fn describe_producers(k: &Kafka, r: DescribeProducersRequest) -> DescribeProducersResponse {
+    use kafka_protocol::messages::describe_producers_response::{PartitionResponse, ProducerState, TopicResponse};
+    let topics = r
+        .topics
+        .into_iter()
+        .map(|t| {
+            let name = t.name.0.to_string();
+            let info = k.broker.topics().get(&name);
+            let partitions = t
+                .partition_indexes
+                .into_iter()
+                .map(|p| {
+                    let known = info.as_ref().is_some_and(|i| p >= 0 && (p as u32) < i.partitions);
+                    if !known {
+                        return PartitionResponse::default()
+                            .with_partition_index(p)
+                            .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
+                    }
+                    let q = p as u32;
+                    let active = k
+                        .broker
+                        .producers()
+                        .on_partition(&name, q)
+                        .into_iter()
+                        .map(|(pid, epoch, last_seq, last_ms)| {
+                            let open = k.broker.kafka_txns().open_first_offset(&name, q, pid);
+                            ProducerState::default()
+                                .with_producer_id(ProducerId(pid))
+                                .with_producer_epoch(i32::from(epoch))
+                                .with_last_sequence(last_seq)
+                                .with_last_timestamp(last_ms as i64)
+                                .with_coordinator_epoch(if open.is_some() { 0 } else { -1 })
+                                .with_current_txn_start_offset(open.map_or(-1, |o| o as i64))
+                        })
+                        .collect();
+                    PartitionResponse::default()
+                        .with_partition_index(p)
+                        .with_active_producers(active)
+                })
+                .collect();
+            TopicResponse::default().with_name(t.name).with_partitions(partitions)
+        })
+        .collect();
+    DescribeProducersResponse::default().with_topics(topics)
+}
