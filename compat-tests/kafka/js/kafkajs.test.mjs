@@ -1,6 +1,8 @@
 // kafkajs 2.2.4 against a rokka started on free loopback ports:
 // produce/consume with keys, headers and timestamps, GZIP, a consumer group
-// of two that splits partitions and commits, admin create/list/delete.
+// of two that splits partitions and commits, admin create/list/delete,
+// transactions (commit, abort) read by read-committed and read-uncommitted
+// consumers.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
@@ -174,5 +176,40 @@ test('a group of two splits the partitions', async () => {
   await admin.deleteTopics({ topics: [topic] });
   const topics = await admin.listTopics();
   assert.ok(!topics.includes(topic));
+  await admin.disconnect();
+});
+
+test('transactions: commit and abort, read_committed sees only the committed', async () => {
+  const topic = 'kjs-txn';
+  const admin = kafka.admin();
+  await admin.connect();
+  await admin.createTopics({ topics: [{ topic, numPartitions: 2 }] });
+  const producer = kafka.producer({ transactionalId: 'kjs-txn-id', idempotent: true, maxInFlightRequests: 1 });
+  await producer.connect();
+  const send = async (prefix, n, commit) => {
+    const tx = await producer.transaction();
+    await tx.send({ topic, messages: Array.from({ length: n }, (_, i) => ({ value: `${prefix}${i}`, partition: i % 2 })) });
+    if (commit) await tx.commit(); else await tx.abort();
+  };
+  await send('c', 10, true);
+  await send('a', 7, false);
+  await send('d', 5, true);
+  await producer.disconnect();
+  const read = async (readUncommitted, want) => {
+    const consumer = kafka.consumer({ groupId: `kjs-txn-${readUncommitted}`, readUncommitted });
+    await consumer.connect();
+    await consumer.subscribe({ topic, fromBeginning: true });
+    const got = [];
+    await consumer.run({ eachMessage: async ({ message }) => { got.push(message.value.toString()); } });
+    await waitFor(() => got.length >= want, () => `${want} records (${got.length})`, 30000);
+    await new Promise((r) => setTimeout(r, 1000)); // nothing more arrives
+    await consumer.disconnect();
+    return got.sort();
+  };
+  const committed = [...Array.from({ length: 10 }, (_, i) => `c${i}`), ...Array.from({ length: 5 }, (_, i) => `d${i}`)].sort();
+  assert.deepEqual(await read(false, 15), committed);
+  const all = await read(true, 22);
+  assert.equal(all.length, 22);
+  assert.deepEqual(all.filter((v) => v.startsWith('a')).length, 7);
   await admin.disconnect();
 });
