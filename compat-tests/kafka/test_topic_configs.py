@@ -182,6 +182,13 @@ def test_enforced_configs(rokka):
     (m,) = read(rokka, "cfg-lat", 1)
     kind, ts = m.timestamp()
     assert kind == TIMESTAMP_LOG_APPEND_TIME and abs(ts - time.time() * 1000) < 60_000, (kind, ts)
+    # ListOffsets max timestamp of a LogAppendTime topic: the batch's time,
+    # at its first record.
+    from confluent_kafka.admin import OffsetSpec
+
+    tp = TopicPartition("cfg-lat", 0)
+    got = a.list_offsets({tp: OffsetSpec.max_timestamp()})[tp].result(10)
+    assert (got.offset, got.timestamp) == (0, ts), (got.offset, got.timestamp, ts)
     err, _ = produce_one(rokka, "cfg-isr", b"x", acks="all", retries=0)
     assert err is not None and err.code() == KafkaError.NOT_ENOUGH_REPLICAS, err
     err, _ = produce_one(rokka, "cfg-isr", b"x", acks="1", **{"enable.idempotence": False})

@@ -69,6 +69,14 @@ fn max_timestamp(store: &MessageStore, topic: &str, q: u32, limit: usize) -> (i6
     let read = store.read(topic, q, e.base_offset.max(min), 1, 1);
     match read.entries.first().map(|entry| entry.decode()) {
         Some(Ok(Entry::Message(m))) => (m.queue_offset as i64, m.born_timestamp),
+        // LogAppendTime: every record carries the batch's (append) time, so
+        // the first record of the batch is the answer.
+        Some(Ok(Entry::KafkaBatch(b)))
+            if rokka_store::record::kafka::BatchInfo::parse(&b.batch).is_ok_and(|i| i.is_log_append_time()) =>
+        {
+            let ts = rokka_store::record::kafka::BatchInfo::parse(&b.batch).map_or(max, |i| i.max_timestamp);
+            (b.queue_offset as i64, ts)
+        }
         Some(Ok(Entry::KafkaBatch(b))) => match rokka_broker::validate::decode(&b.batch, limit) {
             Ok(set) => {
                 let best = set.records.iter().map(|r| r.timestamp).max();
