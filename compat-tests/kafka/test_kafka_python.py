@@ -203,3 +203,27 @@ def test_incremental_fetch_sessions(rokka, topic):
         assert fetch(sid, 4, [])[0] == 70
     finally:
         c.close()
+
+
+def test_api_versions_features_block(rokka, topic):
+    """ApiVersions v3+ carries the feature levels Rokka implements, as a
+    Kafka 4 broker's does: group.version 1 (the KIP-848 consumer protocol)
+    and transaction.version 0 (no KIP-890 server-side verification)."""
+    from kafka.net.compat import KafkaNetClient
+    from kafka.protocol.metadata import ApiVersionsRequest
+
+    c = KafkaNetClient(bootstrap_servers=rokka.bootstrap)
+    try:
+        c.check_version()
+        node = c.least_loaded_node()
+        r = c.send_and_receive(
+            node,
+            ApiVersionsRequest(client_software_name="compat", client_software_version="1", max_version=3),
+            timeout_ms=10000,
+        )
+        supported = {f.name: (f.min_version, f.max_version) for f in r.supported_features}
+        finalized = {f.name: (f.min_version_level, f.max_version_level) for f in r.finalized_features}
+    finally:
+        c.close()
+    assert supported == {"group.version": (0, 1), "transaction.version": (0, 0)}, supported
+    assert finalized == {"group.version": (1, 1), "transaction.version": (0, 0)}, finalized
