@@ -143,19 +143,48 @@ fn plan(k: &Kafka, t: &CreatableTopic) -> Result<Plan, (i16, String)> {
 }
 
 pub fn delete(k: &Kafka, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsResponse {
+    // v6+: a topic is named, or given by its id alone.
+    let all = if version >= 6 {
+        k.broker.topics().all()
+    } else {
+        Vec::new()
+    };
     let names: Vec<TopicName> = if version >= 6 {
-        r.topics.into_iter().filter_map(|t| t.name).collect()
+        r.topics
+            .into_iter()
+            .map(|t| match t.name {
+                Some(n) => n,
+                None => {
+                    let id = *t.topic_id.as_bytes();
+                    let name = all.iter().find(|(_, i)| i.topic_id == id).map(|(n, _)| n.clone());
+                    // An unknown id stays unnamed and is answered UNKNOWN_TOPIC_ID.
+                    TopicName(str_bytes(&name.unwrap_or_default()))
+                }
+            })
+            .collect()
     } else {
         r.topic_names
     };
     let responses = names
         .into_iter()
         .map(|n| {
-            let code = match k.broker.delete_topic(n.0.as_str()) {
-                Ok(()) => errors::NONE,
-                Err(e) => err_code(&e),
+            let id = all
+                .iter()
+                .find(|(name, _)| *name == n.0.as_str())
+                .map_or(uuid::Uuid::nil(), |(_, i)| uuid::Uuid::from_bytes(i.topic_id));
+            let code = if n.0.is_empty() {
+                errors::UNKNOWN_TOPIC_ID
+            } else {
+                match k.broker.delete_topic(n.0.as_str()) {
+                    Ok(()) => errors::NONE,
+                    Err(e) => err_code(&e),
+                }
             };
-            DeletableTopicResult::default().with_name(Some(n)).with_error_code(code)
+            let name = (!n.0.is_empty()).then_some(n);
+            DeletableTopicResult::default()
+                .with_name(name)
+                .with_topic_id(id)
+                .with_error_code(code)
         })
         .collect();
     DeleteTopicsResponse::default().with_responses(responses)
