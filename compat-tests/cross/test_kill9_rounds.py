@@ -11,7 +11,7 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from conftest import Rokka, results_dir
+from rokka_fixture import running
 from realclients import Harness, create_topics, read_topic, values, wait_for
 
 ROUNDS = 5
