@@ -59,6 +59,7 @@ run_step vendored 300 bash third_party/verify.sh
 run_step clippy 1500 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Unit tests, proptest, recovery, the SIGKILL crash test, retention, the
 # binary end to end. Each stops itself; the timeout only guards a hang.
+run_step compat-lint 300 bash compat-tests/lint.sh
 run_step workspace-tests 1200 cargo test --workspace --locked
 run_step fuzz 900 bash fuzz/run.sh all 20
 # One debug build of rokka serves every suite.
