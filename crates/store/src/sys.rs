@@ -5,8 +5,8 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-/// Percentage of the file system holding `path` that is in use, as `df` shows it.
-pub fn disk_used_percent(path: &Path) -> Option<f64> {
+/// statvfs(3) of the file system holding `path`.
+fn statvfs(path: &Path) -> Option<libc::statvfs> {
     let c = CString::new(path.as_os_str().as_bytes()).ok()?;
     let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
     // SAFETY: `c` is a valid NUL-terminated path and `st` points to writable
@@ -16,7 +16,12 @@ pub fn disk_used_percent(path: &Path) -> Option<f64> {
         return None;
     }
     // SAFETY: statvfs returned 0, so the struct is initialised.
-    let st = unsafe { st.assume_init() };
+    Some(unsafe { st.assume_init() })
+}
+
+/// Percentage of the file system holding `path` that is in use, as `df` shows it.
+pub fn disk_used_percent(path: &Path) -> Option<f64> {
+    let st = statvfs(path)?;
     let total = st.f_blocks as f64;
     let avail = st.f_bavail as f64;
     let free = st.f_bfree as f64;
@@ -32,15 +37,7 @@ pub fn disk_used_percent(path: &Path) -> Option<f64> {
 // statvfs's field types differ between platforms (u32 on some 32-bit ones).
 #[allow(clippy::unnecessary_cast)]
 pub fn disk_space(path: &Path) -> Option<(u64, u64)> {
-    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
-    // SAFETY: as in disk_used_percent.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return None;
-    }
-    // SAFETY: statvfs returned 0, so the struct is initialised.
-    let st = unsafe { st.assume_init() };
+    let st = statvfs(path)?;
     let frsize = st.f_frsize as u64;
     Some((st.f_blocks as u64 * frsize, st.f_bavail as u64 * frsize))
 }

@@ -73,6 +73,21 @@ fn req(code: i32, ext: &[(&str, &str)]) -> RemotingCommand {
     c
 }
 
+/// A broker on a store in `dir`, its RocketMQ port served with `cfg` on a
+/// free port: (address, broker, the sender that stops it).
+type Served = (std::net::SocketAddr, Arc<Broker>, tokio::sync::watch::Sender<bool>);
+
+async fn serve_broker(dir: &std::path::Path, cfg: RocketMqConfig) -> Result<Served, Box<dyn std::error::Error>> {
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), cfg, addr));
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, rmq, rx));
+    Ok((addr, broker, stop))
+}
+
 /// A broker and its embedded name server on free ports: (broker, name server, stop).
 async fn start_both(
     dir: &std::path::Path,
@@ -535,18 +550,12 @@ async fn queue_locks_grant_one_holder() -> TestResult {
 #[tokio::test]
 async fn queue_locks_are_capped_and_expired_ones_dropped() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
-    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
-    let l = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = l.local_addr()?;
     let cfg = RocketMqConfig {
         max_queue_locks: 4,
         lock_expiry_ms: 300,
         ..RocketMqConfig::default()
     };
-    let rmq = Arc::new(RocketMq::new(broker, cfg, addr));
-    let (_tx, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(serve(l, rmq, rx));
+    let (addr, _broker, _stop) = serve_broker(dir.path(), cfg).await?;
     let mut c = Client::connect(addr).await?;
     let r = c.call(lock_req(rq::LOCK_BATCH_MQ, "a", &[0, 1, 2, 3, 4, 5])).await?;
     assert_eq!(locked(&r)?, vec![0, 1, 2, 3], "at most four locks");
@@ -608,14 +617,8 @@ async fn query_by_key_unique_id_and_offset() -> TestResult {
 #[tokio::test]
 async fn mixed_group_lists_kafka_members_and_refuses_conflicts() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
-    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
     broker.create_topic("MX", 2)?;
-    let l = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = l.local_addr()?;
-    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), RocketMqConfig::default(), addr));
-    let (_stop, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(serve(l, rmq, rx));
     let set = |v: &[&str]| {
         v.iter()
             .map(|s| s.to_string())
@@ -660,18 +663,12 @@ async fn mixed_group_lists_kafka_members_and_refuses_conflicts() -> TestResult {
 #[tokio::test]
 async fn heartbeat_clients_and_groups_are_capped() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
-    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
-    let l = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = l.local_addr()?;
     let cfg = RocketMqConfig {
         max_clients: 2,
         max_consumer_groups: 2,
         ..RocketMqConfig::default()
     };
-    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), cfg, addr));
-    let (_stop, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(serve(l, rmq, rx));
+    let (addr, _broker, _stop) = serve_broker(dir.path(), cfg).await?;
     let hb = |id: &str, groups: &[&str]| {
         let consumers: Vec<String> = groups
             .iter()
@@ -715,13 +712,7 @@ async fn heartbeat_clients_and_groups_are_capped() -> TestResult {
 #[tokio::test]
 async fn a_rocketmq_client_cannot_join_a_consumer_protocol_group() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
-    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
-    let l = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = l.local_addr()?;
-    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), RocketMqConfig::default(), addr));
-    let (_stop, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(serve(l, rmq, rx));
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
     broker.membership().add_consumer_protocol_group("k848");
     let mut c = Client::connect(addr).await?;
     let mut hb = req(rq::HEART_BEAT, &[]);
