@@ -42,3 +42,42 @@ def test_a_consumer_protocol_member_cannot_join_a_group_with_rocketmq_members(ro
         assert metric(rokka, "rokka_mixed_group_conflicts_total", group=group, side="kafka") >= 1
     finally:
         member.kill()
+
+
+def test_a_consumer_protocol_group_hands_over_to_rocketmq_clients(rokka):
+    """Stop-then-start across the protocols: a KIP-848 member reads half of a
+    topic and commits; once it has left, a RocketMQ consumer of the same
+    group carries on from the committed offset — nothing re-read, nothing
+    skipped."""
+    from confluent_kafka import Producer, TopicPartition
+
+    from conftest import rocketmq_consume
+
+    topic, group = "Mix848Hand", "mix848-hand"
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(10)
+    p = Producer({"bootstrap.servers": rokka.bootstrap})
+    for i in range(20):
+        p.produce(topic, f"m{i}".encode(), partition=0)
+    assert p.flush(10) == 0
+    c = Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": group,
+            "group.protocol": "consumer",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    c.subscribe([topic])
+    got = []
+    deadline = time.time() + 30
+    while len(got) < 10 and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            got.append(m.value().decode())
+    assert got == [f"m{i}" for i in range(10)], got
+    c.commit(offsets=[TopicPartition(topic, 0, 10)], asynchronous=False)
+    c.close()
+    deliveries = rocketmq_consume(rokka, topic, group, 10)
+    assert sorted(d.body.decode() for d in deliveries) == sorted(f"m{i}" for i in range(10, 20))

@@ -130,6 +130,15 @@ impl Membership {
             .insert(group.to_string());
     }
 
+    /// The group's last KIP-848 member left (at once, before the next
+    /// full refresh).
+    pub fn remove_consumer_protocol_group(&self, group: &str) {
+        self.consumer_protocol
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(group);
+    }
+
     pub fn is_consumer_protocol_group(&self, group: &str) -> bool {
         self.consumer_protocol
             .lock()

@@ -100,9 +100,16 @@ pub fn heartbeat(
             ))))
             .with_member_epoch(0);
     }
-    let resp = k.groups.with(|c| c.consumer_heartbeat(req, now, &ids));
+    let leaving = req.member_epoch < 0;
+    let (resp, members_left) = k.groups.with(|c| {
+        let r = c.consumer_heartbeat(req, now, &ids);
+        let left = c.consumer.groups.get(&group).map_or(0, |g| g.members.len());
+        (r, left)
+    });
     if resp.error == errors::NONE && resp.member_epoch > 0 {
         k.broker.membership().add_consumer_protocol_group(&group);
+    } else if leaving && members_left == 0 {
+        k.broker.membership().remove_consumer_protocol_group(&group);
     }
     if resp.error != errors::NONE {
         metrics::counter!("rokka_kafka_errors_total", "api" => "ConsumerGroupHeartbeat", "code" => resp.error.to_string())
