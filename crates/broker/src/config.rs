@@ -36,6 +36,9 @@ pub struct BrokerConfig {
     /// Most Kafka transactional ids held; InitProducerId for a new one
     /// beyond it is answered COORDINATOR_NOT_AVAILABLE (clients retry).
     pub max_transactional_ids: u32,
+    /// Most consumer groups one Kafka transaction may add offsets for
+    /// (AddOffsetsToTxn beyond it is INVALID_REQUEST).
+    pub max_groups_per_transaction: u32,
 }
 
 impl Default for BrokerConfig {
@@ -52,6 +55,7 @@ impl Default for BrokerConfig {
             transaction_max_timeout_ms: 900_000,
             transactional_id_expiration_ms: 7 * 24 * 3600 * 1000,
             max_transactional_ids: 100_000,
+            max_groups_per_transaction: 64,
         }
     }
 }

@@ -51,9 +51,6 @@ pub mod code {
     pub const INVALID_REQUEST: i16 = 42;
 }
 
-/// Most consumer groups one transaction may add offsets for.
-pub const MAX_GROUPS_PER_TXN: usize = 64;
-
 /// A transaction's state (Kafka's `TransactionState` names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TxnState {
@@ -139,6 +136,9 @@ pub struct TxnConfig {
     pub id_expiration_ms: i64,
     /// Most transactional ids held.
     pub max_ids: usize,
+    /// Most consumer groups one transaction may add offsets for (Kafka's
+    /// are bounded by the 50 partitions of `__consumer_offsets`).
+    pub max_groups_per_txn: usize,
 }
 
 impl Default for TxnConfig {
@@ -147,6 +147,7 @@ impl Default for TxnConfig {
             max_timeout_ms: 900_000,
             id_expiration_ms: 7 * 24 * 3600 * 1000,
             max_ids: 100_000,
+            max_groups_per_txn: 64,
         }
     }
 }
@@ -795,7 +796,7 @@ impl Broker {
             }
             // A transaction's groups are kept and logged with it: bounded
             // (Kafka's are, by the 50 partitions of __consumer_offsets).
-            if !m.groups.contains(group) && m.groups.len() >= MAX_GROUPS_PER_TXN {
+            if !m.groups.contains(group) && m.groups.len() >= self.kafka_txns.config.max_groups_per_txn {
                 return Err(code::INVALID_REQUEST);
             }
             m.groups.insert(group.to_string());
@@ -1214,6 +1215,24 @@ mod tests {
         drop(b);
         let b = broker(dir.path())?;
         assert_eq!(b.kafka_txns().get("many"), state);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_transaction_adds_offsets_for_a_bounded_number_of_groups() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let cfg = BrokerConfig {
+            max_groups_per_transaction: 2,
+            ..BrokerConfig::default()
+        };
+        let b = Broker::new(store, cfg)?;
+        let id = b.txn_init_producer_id("g", 60_000, None).await.map_err(kafka_err)?;
+        let (pid, ep) = (id.producer_id, id.epoch);
+        for g in ["a", "b", "a"] {
+            b.txn_add_offsets("g", pid, ep, g).map_err(kafka_err)?;
+        }
+        assert_eq!(b.txn_add_offsets("g", pid, ep, "c"), Err(code::INVALID_REQUEST));
         Ok(())
     }
 

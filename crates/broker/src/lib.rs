@@ -96,6 +96,7 @@ impl Broker {
                 max_timeout_ms: config.transaction_max_timeout_ms as i64,
                 id_expiration_ms: config.transactional_id_expiration_ms as i64,
                 max_ids: config.max_transactional_ids as usize,
+                max_groups_per_txn: config.max_groups_per_transaction.max(1) as usize,
             },
         )?;
         let b = Broker {
