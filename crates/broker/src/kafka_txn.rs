@@ -43,6 +43,7 @@ pub mod code {
     pub const INVALID_TXN_STATE: i16 = 48;
     pub const INVALID_PRODUCER_ID_MAPPING: i16 = 49;
     pub const INVALID_TRANSACTION_TIMEOUT: i16 = 50;
+    pub const INVALID_COMMIT_OFFSET_SIZE: i16 = 28;
     pub const CONCURRENT_TRANSACTIONS: i16 = 51;
     pub const TRANSACTIONAL_ID_NOT_FOUND: i16 = 105;
     pub const OPERATION_NOT_ATTEMPTED: i16 = 55;
@@ -159,6 +160,38 @@ struct PartTxns {
     aborted: Vec<AbortedTxn>,
 }
 
+/// Per-partition transaction state, by topic then partition: looked up by
+/// `&str` on every fetch and pull, so without building a key.
+#[derive(Debug, Default)]
+struct Parts(HashMap<String, HashMap<u32, PartTxns>>);
+
+impl Parts {
+    fn get(&self, topic: &str, partition: u32) -> Option<&PartTxns> {
+        self.0.get(topic)?.get(&partition)
+    }
+
+    /// The partition's state, made if absent (a topic name is copied only
+    /// the first time).
+    fn entry(&mut self, topic: &str, partition: u32) -> Option<&mut PartTxns> {
+        if !self.0.contains_key(topic) {
+            self.0.insert(topic.to_string(), HashMap::new());
+        }
+        self.0.get_mut(topic).map(|m| m.entry(partition).or_default())
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&String, u32, &PartTxns)> {
+        self.0
+            .iter()
+            .flat_map(|(t, m)| m.iter().map(move |(p, pt)| (t, *p, pt)))
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = (&String, u32, &mut PartTxns)> {
+        self.0
+            .iter_mut()
+            .flat_map(|(t, m)| m.iter_mut().map(move |(p, pt)| (&*t, *p, pt)))
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     txns: HashMap<String, TxnMeta>,
@@ -169,7 +202,7 @@ struct Inner {
 #[derive(Debug)]
 pub struct KafkaTxns {
     inner: Mutex<Inner>,
-    parts: Mutex<HashMap<(String, u32), PartTxns>>,
+    parts: Mutex<Parts>,
     log: Mutex<TxnLog>,
     config: TxnConfig,
 }
@@ -266,18 +299,12 @@ impl KafkaTxns {
             Err(e) => return Err(BrokerError::Io(path, e)),
         }
         let by_pid = txns.values().map(|m| (m.producer_id, m.id.clone())).collect();
-        let parts = aborted
-            .into_iter()
-            .map(|(k, aborted)| {
-                (
-                    k,
-                    PartTxns {
-                        ongoing: BTreeMap::new(),
-                        aborted,
-                    },
-                )
-            })
-            .collect::<HashMap<_, _>>();
+        let mut parts = Parts::default();
+        for ((t, p), list) in aborted {
+            if let Some(pt) = parts.entry(&t, p) {
+                pt.aborted = list;
+            }
+        }
         let me = KafkaTxns {
             inner: Mutex::new(Inner { txns, by_pid }),
             parts: Mutex::new(parts),
@@ -301,9 +328,9 @@ impl KafkaTxns {
         for m in lock(&self.inner).txns.values() {
             lines.push(Line::T(m.clone()));
         }
-        for ((t, p), pt) in lock(&self.parts).iter() {
+        for (t, p, pt) in lock(&self.parts).iter() {
             for a in &pt.aborted {
-                lines.push(Line::A(t.clone(), *p, *a));
+                lines.push(Line::A(t.clone(), p, *a));
             }
         }
         if let Some(dir) = log.path.parent() {
@@ -327,7 +354,8 @@ impl KafkaTxns {
     /// states (every transaction appends a few): the file stays bounded by
     /// the ids and aborted entries held, not by the transactions run.
     pub fn maybe_compact(&self) -> Result<bool> {
-        let live = lock(&self.inner).txns.len() + lock(&self.parts).values().map(|p| p.aborted.len()).sum::<usize>();
+        let live =
+            lock(&self.inner).txns.len() + lock(&self.parts).iter().map(|(_, _, p)| p.aborted.len()).sum::<usize>();
         let written = lock(&self.log).lines;
         if written <= 10_000 + 4 * live as u64 {
             return Ok(false);
@@ -359,7 +387,7 @@ impl KafkaTxns {
     /// the first offset of its oldest open transaction, else `hw`.
     pub fn last_stable_offset(&self, topic: &str, partition: u32, hw: u64) -> u64 {
         let parts = lock(&self.parts);
-        match parts.get(&(topic.to_string(), partition)) {
+        match parts.get(topic, partition) {
             Some(p) => p.ongoing.values().copied().min().map_or(hw, |f| f.min(hw)),
             None => hw,
         }
@@ -370,7 +398,7 @@ impl KafkaTxns {
     pub fn aborted_in(&self, topic: &str, partition: u32, from: u64, to: u64) -> Vec<AbortedTxn> {
         let parts = lock(&self.parts);
         parts
-            .get(&(topic.to_string(), partition))
+            .get(topic, partition)
             .map(|p| {
                 p.aborted
                     .iter()
@@ -385,7 +413,7 @@ impl KafkaTxns {
     /// partition, if it has one there.
     pub fn open_first_offset(&self, topic: &str, partition: u32, producer_id: i64) -> Option<u64> {
         lock(&self.parts)
-            .get(&(topic.to_string(), partition))
+            .get(topic, partition)
             .and_then(|p| p.ongoing.get(&producer_id).copied())
     }
 
@@ -393,7 +421,7 @@ impl KafkaTxns {
     /// transaction (RocketMQ consumers skip those records).
     pub fn is_aborted(&self, topic: &str, partition: u32, producer_id: i64, offset: u64) -> bool {
         let parts = lock(&self.parts);
-        parts.get(&(topic.to_string(), partition)).is_some_and(|p| {
+        parts.get(topic, partition).is_some_and(|p| {
             p.aborted.iter().any(|a| {
                 a.producer_id == producer_id && a.first_offset <= offset && a.last_offset.is_none_or(|l| offset < l)
             })
@@ -405,8 +433,8 @@ impl KafkaTxns {
     pub fn prune_aborted(&self, start: impl Fn(&str, u32) -> u64) -> usize {
         let mut parts = lock(&self.parts);
         let mut n = 0;
-        for ((t, p), pt) in parts.iter_mut() {
-            let s = start(t, *p);
+        for (t, p, pt) in parts.iter_mut() {
+            let s = start(t, p);
             let before = pt.aborted.len();
             pt.aborted.retain(|a| a.last_offset.is_none_or(|l| l >= s));
             n += before - pt.aborted.len();
@@ -415,7 +443,7 @@ impl KafkaTxns {
     }
 
     fn forget_partition(&self, topic: &str) {
-        lock(&self.parts).retain(|(t, _), _| t != topic);
+        lock(&self.parts).0.remove(topic);
     }
 }
 
@@ -487,11 +515,9 @@ impl Broker {
         for m in open {
             for (topic, partition) in &m.partitions {
                 if let Some(first) = self.first_batch_of(topic, *partition, m.producer_id, m.start_ms) {
-                    lock(&self.kafka_txns.parts)
-                        .entry((topic.clone(), *partition))
-                        .or_default()
-                        .ongoing
-                        .insert(m.producer_id, first);
+                    if let Some(pt) = lock(&self.kafka_txns.parts).entry(topic, *partition) {
+                        pt.ongoing.insert(m.producer_id, first);
+                    }
                 }
             }
         }
@@ -820,6 +846,15 @@ impl Broker {
             if m.state != TxnState::Ongoing || offsets.iter().any(|o| !m.groups.contains(&o.group)) {
                 return Err(code::INVALID_TXN_STATE);
             }
+            // The committed-offset table's budget applies now, not at commit.
+            let table = self.store.offsets();
+            if offsets
+                .iter()
+                .any(|o| !table.has_room_for(&o.group, &o.topic, o.partition))
+            {
+                metrics::counter!("rokka_offset_commits_refused_total").increment(1);
+                return Err(code::INVALID_COMMIT_OFFSET_SIZE);
+            }
             for o in offsets {
                 m.offsets
                     .retain(|x| !(x.group == o.group && x.topic == o.topic && x.partition == o.partition));
@@ -882,19 +917,16 @@ impl Broker {
         if !e.commit {
             let mut parts = lock(&self.kafka_txns.parts);
             for (t, p) in &m.partitions {
-                if let Some(first) = parts
-                    .get(&(t.clone(), *p))
-                    .and_then(|pt| pt.ongoing.get(&m.producer_id))
-                    .copied()
-                {
+                if let Some(first) = parts.get(t, *p).and_then(|pt| pt.ongoing.get(&m.producer_id)).copied() {
                     let a = AbortedTxn {
                         producer_id: m.producer_id,
                         first_offset: first,
                         last_offset: None,
                     };
-                    let pt = parts.entry((t.clone(), *p)).or_default();
-                    if !pt.aborted.contains(&a) {
-                        pt.aborted.push(a);
+                    if let Some(pt) = parts.entry(t, *p) {
+                        if !pt.aborted.contains(&a) {
+                            pt.aborted.push(a);
+                        }
                     }
                     opened.push(Line::A(t.clone(), *p, a));
                 }
@@ -912,7 +944,7 @@ impl Broker {
             end = end.max(r.end_offset);
             self.arrivals.notify(t, *p);
             let mut parts = lock(&self.kafka_txns.parts);
-            let pt = parts.entry((t.clone(), *p)).or_default();
+            let Some(pt) = parts.entry(t, *p) else { continue };
             pt.ongoing.remove(&m.producer_id);
             if !e.commit {
                 for a in pt.aborted.iter_mut() {
@@ -927,11 +959,15 @@ impl Broker {
         if end > 0 {
             self.store.durable(end).await?;
         }
-        if e.commit {
+        if e.commit && !m.offsets.is_empty() {
+            // The offsets are part of what the commit acknowledges: on disk
+            // before CompleteCommit is logged and EndTxn answered (the
+            // table is otherwise written every offsets_flush_interval_ms).
             let offsets = self.store.offsets();
             for o in &m.offsets {
-                offsets.commit_bounded(&o.group, &o.topic, o.partition, o.offset, &o.metadata, o.leader_epoch);
+                offsets.commit_acknowledged(&o.group, &o.topic, o.partition, o.offset, &o.metadata, o.leader_epoch);
             }
+            crate::offload(|| offsets.persist())?;
         }
         let line = {
             let mut inner = lock(&self.kafka_txns.inner);
@@ -1042,12 +1078,9 @@ impl Broker {
         // in between the check and the append.
         let r = self.append_kafka_batch_checked(topic, partition, batch);
         if let Ok((crate::SequenceCheck::Append, Some(base), _)) = &r {
-            lock(&self.kafka_txns.parts)
-                .entry((topic.to_string(), partition))
-                .or_default()
-                .ongoing
-                .entry(producer_id)
-                .or_insert(*base);
+            if let Some(pt) = lock(&self.kafka_txns.parts).entry(topic, partition) {
+                pt.ongoing.entry(producer_id).or_insert(*base);
+            }
         }
         drop(inner);
         Ok(r)
@@ -1215,6 +1248,29 @@ mod tests {
         drop(b);
         let b = broker(dir.path())?;
         assert_eq!(b.kafka_txns().get("many"), state);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_committed_transactions_offsets_are_on_disk_when_end_txn_answers() -> Result<()> {
+        let (dir, b) = fresh()?;
+        let id = b.txn_init_producer_id("o", 60_000, None).await.map_err(kafka_err)?;
+        let (pid, ep) = (id.producer_id, id.epoch);
+        b.txn_add_offsets("o", pid, ep, "grp").map_err(kafka_err)?;
+        let o = PendingOffset {
+            group: "grp".into(),
+            topic: "T".into(),
+            partition: 0,
+            offset: 42,
+            metadata: String::new(),
+            leader_epoch: -1,
+        };
+        b.txn_commit_offsets("o", pid, ep, vec![o]).map_err(kafka_err)?;
+        b.txn_end("o", pid, ep, true).await.map_err(kafka_err)?;
+        // Read back from the file, as a crash right now would.
+        let path = dir.path().join("offsets.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| BrokerError::Io(path.clone(), e))?;
+        assert!(text.contains("\"grp\"") && text.contains("42"), "{text}");
         Ok(())
     }
 

@@ -53,6 +53,8 @@ pub struct Broker {
     transactions: transaction::Transactions,
     timers: timer::Timers,
     kafka_txns: kafka_txn::KafkaTxns,
+    /// The configs of a topic without overrides.
+    default_topic_config: topic_config::Effective,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
     lag: std::sync::Mutex<Vec<(String, String, u32, u64)>>,
     config: BrokerConfig,
@@ -99,8 +101,10 @@ impl Broker {
                 max_groups_per_txn: config.max_groups_per_transaction.max(1) as usize,
             },
         )?;
+        let default_topic_config = topic_config::Effective::resolve(&Default::default(), store.config());
         let b = Broker {
             kafka_txns,
+            default_topic_config,
             store,
             topics,
             arrivals,
@@ -204,10 +208,16 @@ impl Broker {
     }
 
     /// A topic's effective configs (its overrides over the store's).
+    /// (Resolved once for topics without overrides, the common case: every
+    /// Produce asks.)
     pub fn topic_config(&self, name: &str) -> Option<topic_config::Effective> {
-        self.topics
-            .get(name)
-            .map(|i| topic_config::Effective::resolve(&i.configs, self.store.config()))
+        self.topics.get(name).map(|i| {
+            if i.configs.is_empty() {
+                self.default_topic_config.clone()
+            } else {
+                topic_config::Effective::resolve(&i.configs, self.store.config())
+            }
+        })
     }
 
     /// Replaces a topic's config overrides (validated already).

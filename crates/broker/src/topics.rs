@@ -90,6 +90,22 @@ impl TopicTable {
         self.topics.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
     }
 
+    /// The name of the topic with Kafka topic id `id` (no copy of the table).
+    pub fn name_of_id(&self, id: &[u8; 16]) -> Option<String> {
+        let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
+        t.iter().find(|(_, i)| i.topic_id == *id).map(|(n, _)| n.clone())
+    }
+
+    /// Every topic's name.
+    pub fn names(&self) -> Vec<String> {
+        self.topics
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
     pub fn all(&self) -> Vec<(String, TopicInfo)> {
         let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
         t.iter().map(|(k, v)| (k.clone(), v.clone())).collect()

@@ -133,6 +133,41 @@ impl ConsumerOffsets {
         metadata: &str,
         leader_epoch: i32,
     ) -> bool {
+        self.insert(group, topic, queue, offset, metadata, leader_epoch, true)
+    }
+
+    /// Whether a client commit for (group, topic, queue) would fit now.
+    pub fn has_room_for(&self, group: &str, topic: &str, queue: u32) -> bool {
+        let t = self.lock();
+        t.len() < self.max_entries.load(Ordering::Relaxed) || t.contains_key(&Self::key(group, topic, queue))
+    }
+
+    /// A commit already acknowledged elsewhere (a Kafka transaction's
+    /// offsets, checked with [`ConsumerOffsets::has_room_for`] when they
+    /// were sent): never refused, whatever filled the table meanwhile.
+    pub fn commit_acknowledged(
+        &self,
+        group: &str,
+        topic: &str,
+        queue: u32,
+        offset: u64,
+        metadata: &str,
+        leader_epoch: i32,
+    ) {
+        self.insert(group, topic, queue, offset, metadata, leader_epoch, false);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &self,
+        group: &str,
+        topic: &str,
+        queue: u32,
+        offset: u64,
+        metadata: &str,
+        leader_epoch: i32,
+        capped: bool,
+    ) -> bool {
         let key = Self::key(group, topic, queue);
         let v = CommittedOffset {
             offset,
@@ -141,7 +176,7 @@ impl ConsumerOffsets {
             leader_epoch,
         };
         let mut t = self.lock();
-        if t.len() >= self.max_entries.load(Ordering::Relaxed) && !t.contains_key(&key) {
+        if capped && t.len() >= self.max_entries.load(Ordering::Relaxed) && !t.contains_key(&key) {
             drop(t);
             metrics::counter!("rokka_offset_commits_refused_total").increment(1);
             return false;

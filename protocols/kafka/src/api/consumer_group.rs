@@ -15,44 +15,60 @@ use super::str_bytes;
 use crate::errors;
 use crate::Kafka;
 
-/// Topic names ↔ ids of the topic table, for one request.
-struct Ids {
-    by_id: HashMap<uuid::Uuid, String>,
-    by_name: HashMap<String, (uuid::Uuid, u32)>,
+/// Topic names ↔ ids, looked up in the topic table as a request needs
+/// them (a heartbeat names a few topics; the table may hold many).
+struct Ids<'a> {
+    k: &'a Kafka,
+    /// (id, partitions) of the names looked up so far.
+    seen: std::cell::RefCell<HashMap<String, Option<(uuid::Uuid, u32)>>>,
 }
 
-impl Ids {
-    fn load(k: &Kafka) -> Ids {
-        let mut by_id = HashMap::new();
-        let mut by_name = HashMap::new();
-        for (name, info) in k.broker.topics().all() {
-            let id = uuid::Uuid::from_bytes(info.topic_id);
-            by_id.insert(id, name.clone());
-            by_name.insert(name, (id, info.partitions));
+impl<'a> Ids<'a> {
+    fn load(k: &'a Kafka) -> Ids<'a> {
+        Ids {
+            k,
+            seen: Default::default(),
         }
-        Ids { by_id, by_name }
+    }
+
+    fn by_name(&self, name: &str) -> Option<(uuid::Uuid, u32)> {
+        if let Some(hit) = self.seen.borrow().get(name) {
+            return *hit;
+        }
+        let found = self
+            .k
+            .broker
+            .topics()
+            .get(name)
+            .map(|i| (uuid::Uuid::from_bytes(i.topic_id), i.partitions));
+        self.seen.borrow_mut().insert(name.to_string(), found);
+        found
+    }
+
+    fn by_id(&self, id: &uuid::Uuid) -> Option<String> {
+        self.k.broker.topics().name_of_id(id.as_bytes())
     }
 
     fn group(&self, tps: &[Tp]) -> Vec<(uuid::Uuid, String, Vec<i32>)> {
         let mut out: Vec<(uuid::Uuid, String, Vec<i32>)> = Vec::new();
         for (t, p) in tps {
-            let Some((id, _)) = self.by_name.get(t) else { continue };
+            let Some((id, _)) = self.by_name(t) else { continue };
             match out.iter_mut().find(|(_, n, _)| n == t) {
                 Some((_, _, ps)) => ps.push(*p as i32),
-                None => out.push((*id, t.clone(), vec![*p as i32])),
+                None => out.push((id, t.clone(), vec![*p as i32])),
             }
         }
         out
     }
 }
 
-impl rokka_group::consumer::Topics for Ids {
+impl rokka_group::consumer::Topics for Ids<'_> {
     fn partitions(&self, topic: &str) -> Option<u32> {
-        self.by_name.get(topic).map(|(_, n)| *n)
+        self.by_name(topic).map(|(_, n)| n)
     }
 
     fn names(&self) -> Vec<String> {
-        self.by_name.keys().cloned().collect()
+        self.k.broker.topics().names()
     }
 }
 
@@ -65,7 +81,7 @@ pub fn heartbeat(
     let ids = Ids::load(k);
     let owned = r.topic_partitions.as_ref().map(|tps| {
         tps.iter()
-            .filter_map(|t| ids.by_id.get(&t.topic_id).map(|name| (name, &t.partitions)))
+            .filter_map(|t| ids.by_id(&t.topic_id).map(|name| (name, &t.partitions)))
             .flat_map(|(name, ps)| ps.iter().map(move |p| (name.clone(), (*p).max(0) as u32)))
             .collect::<Vec<Tp>>()
     });

@@ -83,13 +83,9 @@ async fn fetch(k: &Kafka, r: &FetchRequest, version: i16) -> FetchReply {
     let min_bytes = r.min_bytes.max(0) as usize;
     // v13+ names topics by id: resolved once (an unknown id stays None).
     let names: Vec<Option<String>> = if version >= 13 {
-        let all = k.broker.topics().all();
         r.topics
             .iter()
-            .map(|t| {
-                let id = *t.topic_id.as_bytes();
-                all.iter().find(|(_, i)| i.topic_id == id).map(|(n, _)| n.clone())
-            })
+            .map(|t| k.broker.topics().name_of_id(t.topic_id.as_bytes()))
             .collect()
     } else {
         r.topics.iter().map(|t| Some(t.topic.0.to_string())).collect()

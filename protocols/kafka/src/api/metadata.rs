@@ -46,8 +46,11 @@ pub fn handle(k: &Kafka, r: MetadataRequest, version: i16) -> MetadataResponse {
                 // v10+: a topic may be asked for by id alone (KIP-848
                 // consumers resolve their assignment's topic ids so).
                 if t.name.is_none() && !t.topic_id.is_nil() {
-                    let id = *t.topic_id.as_bytes();
-                    return match broker.topics().all().into_iter().find(|(_, i)| i.topic_id == id) {
+                    let found = broker
+                        .topics()
+                        .name_of_id(t.topic_id.as_bytes())
+                        .and_then(|name| broker.topics().get(&name).map(|info| (name, info)));
+                    return match found {
                         Some((name, info)) => topic_entry(k, &name, &info, version),
                         None => MetadataResponseTopic::default()
                             .with_error_code(errors::UNKNOWN_TOPIC_ID)
