@@ -767,7 +767,7 @@ impl Broker {
     ) -> std::result::Result<Vec<i16>, i16> {
         let unknown: Vec<bool> = partitions
             .iter()
-            .map(|(t, p)| self.topics.get(t).is_none_or(|i| *p < 0 || *p as u32 >= i.partitions))
+            .map(|(t, p)| self.topics.get(t).is_none_or(|i| !i.has_partition(*p)))
             .collect();
         let line = {
             let mut inner = lock(&self.kafka_txns.inner);

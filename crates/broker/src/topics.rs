@@ -24,6 +24,13 @@ pub struct TopicInfo {
     pub configs: BTreeMap<String, String>,
 }
 
+impl TopicInfo {
+    /// Whether `partition` (as a Kafka client sends it: signed) exists.
+    pub fn has_partition(&self, partition: i32) -> bool {
+        u32::try_from(partition).is_ok_and(|p| p < self.partitions)
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct FileForm {
     version: u32,

@@ -343,9 +343,7 @@ pub fn delete_records(k: &Kafka, r: DeleteRecordsRequest) -> DeleteRecordsRespon
                     let res = DeleteRecordsPartitionResult::default()
                         .with_partition_index(p.partition_index)
                         .with_low_watermark(-1);
-                    let known = info
-                        .as_ref()
-                        .is_some_and(|i| p.partition_index >= 0 && (p.partition_index as u32) < i.partitions);
+                    let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition_index));
                     if !known {
                         return res.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
                     }

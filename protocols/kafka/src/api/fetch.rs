@@ -143,9 +143,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                 .with_log_start_offset(-1)
                 .with_preferred_read_replica(BrokerId(-1))
                 .with_aborted_transactions(Some(Vec::new()));
-            let known = info
-                .as_ref()
-                .is_some_and(|i| p.partition >= 0 && (p.partition as u32) < i.partitions);
+            let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition));
             if !known {
                 pd.error_code = if id_unknown {
                     errors::UNKNOWN_TOPIC_ID

@@ -30,9 +30,7 @@ pub fn handle(k: &Kafka, r: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpoch
                         .with_partition(p.partition)
                         .with_leader_epoch(-1)
                         .with_end_offset(-1);
-                    let known = info
-                        .as_ref()
-                        .is_some_and(|i| p.partition >= 0 && (p.partition as u32) < i.partitions);
+                    let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition));
                     if !known {
                         return out.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
                     }

@@ -108,9 +108,7 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                         .with_partition_index(p.partition_index)
                         .with_timestamp(-1)
                         .with_offset(-1);
-                    let known = info
-                        .as_ref()
-                        .is_some_and(|i| p.partition_index >= 0 && (p.partition_index as u32) < i.partitions);
+                    let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition_index));
                     if !known {
                         return resp.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
                     }

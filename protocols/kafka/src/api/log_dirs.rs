@@ -166,7 +166,7 @@ pub fn alter_replica_log_dirs(k: &Kafka, r: AlterReplicaLogDirsRequest) -> Alter
                 .partitions
                 .iter()
                 .map(|p| {
-                    let known = info.as_ref().is_some_and(|i| *p >= 0 && (*p as u32) < i.partitions);
+                    let known = info.as_ref().is_some_and(|i| i.has_partition(*p));
                     let code = if !known {
                         errors::UNKNOWN_TOPIC_OR_PARTITION
                     } else if same {

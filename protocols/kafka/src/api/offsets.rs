@@ -36,10 +36,7 @@ pub fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitRe
                 .partitions
                 .into_iter()
                 .map(|p| {
-                    let ok = group.is_empty()
-                        || known
-                            .as_ref()
-                            .is_none_or(|i| p.partition_index < 0 || p.partition_index as u32 >= i.partitions);
+                    let ok = group.is_empty() || known.as_ref().is_none_or(|i| !i.has_partition(p.partition_index));
                     let code = if group.is_empty() {
                         errors::INVALID_GROUP_ID
                     } else if member_check != errors::NONE {

@@ -17,10 +17,7 @@ const ELECTION_NOT_NEEDED: i16 = 84;
 const NO_REASSIGNMENT_IN_PROGRESS: i16 = 85;
 
 fn known(k: &Kafka, topic: &str, p: i32) -> bool {
-    k.broker
-        .topics()
-        .get(topic)
-        .is_some_and(|i| p >= 0 && (p as u32) < i.partitions)
+    k.broker.topics().get(topic).is_some_and(|i| i.has_partition(p))
 }
 
 pub fn elect_leaders(k: &Kafka, r: ElectLeadersRequest) -> ElectLeadersResponse {

@@ -92,9 +92,7 @@ pub fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -> TxnO
         let name = t.name.0.to_string();
         let info = k.broker.topics().get(&name);
         for p in &t.partitions {
-            let known = info
-                .as_ref()
-                .is_some_and(|i| p.partition_index >= 0 && (p.partition_index as u32) < i.partitions);
+            let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition_index));
             let meta = p.committed_metadata.as_ref().map_or("", |m| m.as_str());
             if !known || p.committed_offset < 0 {
                 bad.push((name.clone(), p.partition_index, errors::UNKNOWN_TOPIC_OR_PARTITION));
@@ -260,7 +258,7 @@ pub fn describe_producers(k: &Kafka, r: DescribeProducersRequest) -> DescribePro
                 .partition_indexes
                 .into_iter()
                 .map(|p| {
-                    let known = info.as_ref().is_some_and(|i| p >= 0 && (p as u32) < i.partitions);
+                    let known = info.as_ref().is_some_and(|i| i.has_partition(p));
                     if !known {
                         return PartitionResponse::default()
                             .with_partition_index(p)
