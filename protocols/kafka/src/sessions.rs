@@ -14,8 +14,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
-use kafka_protocol::messages::{FetchRequest, TopicName};
+use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
 
 /// Kafka's error codes for sessions.
 pub const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
@@ -37,8 +38,9 @@ struct Part {
 struct Session {
     /// The epoch the next request must carry.
     next_epoch: i32,
+    /// By topic key, then partition.
+    parts: BTreeMap<String, BTreeMap<i32, Part>>,
     /// (topic key, partition) in the order they were added.
-    parts: BTreeMap<(String, i32), Part>,
     order: Vec<(String, i32)>,
     used: Instant,
 }
@@ -160,12 +162,16 @@ impl FetchSessions {
                         f.topic.0.to_string()
                     };
                     for p in &f.partitions {
-                        s.parts.remove(&(k.clone(), *p));
+                        if let Some(m) = s.parts.get_mut(&k) {
+                            m.remove(p);
+                        }
                     }
                 }
-                s.order.retain(|k| s.parts.contains_key(k));
+                s.parts.retain(|_, m| !m.is_empty());
+                let parts = &s.parts;
+                s.order.retain(|(t, p)| parts.get(t).is_some_and(|m| m.contains_key(p)));
                 upsert(s, r, version);
-                if s.parts.len() > self.max_parts {
+                if s.order.len() > self.max_parts {
                     // Grown past its budget: the client starts over, and
                     // its full fetch then goes without a session.
                     let id = r.session_id;
@@ -175,8 +181,10 @@ impl FetchSessions {
                 }
                 // The fetch covers every partition of the session.
                 let mut topics: Vec<FetchTopic> = Vec::new();
-                for k in &s.order {
-                    let Some(p) = s.parts.get(k) else { continue };
+                for (t, pi) in &s.order {
+                    let Some(p) = s.parts.get(t).and_then(|m| m.get(pi)) else {
+                        continue;
+                    };
                     match topics.last_mut() {
                         Some(t) if t.topic == p.topic && t.topic_id == p.topic_id => {
                             t.partitions.push(p.request.clone())
@@ -195,31 +203,55 @@ impl FetchSessions {
         }
     }
 
-    /// Whether partition (topic, partition) of session `id` goes into this
-    /// response (it has records or an error, or its offsets moved since it
-    /// was last sent); records what is sent.
-    /// `offsets`: (high watermark, last stable offset, log start).
-    pub fn must_send(
+    /// Sets a response's session id and, in an incremental fetch
+    /// (`incremental`), leaves out the partitions with nothing new: no
+    /// records, no error, and offsets (high watermark, last stable offset,
+    /// log start) as last sent. Records what is sent. One lock per
+    /// response; `records` runs parallel to the response's partitions.
+    pub fn trim(
         &self,
         id: i32,
-        topic_key: &str,
-        partition: i32,
-        offsets: (i64, i64, i64),
-        has_data: bool,
-    ) -> bool {
-        let (hw, lso, start) = offsets;
+        incremental: bool,
+        version: i16,
+        resp: &mut FetchResponse,
+        records: &mut Vec<Vec<Bytes>>,
+    ) {
+        resp.session_id = id;
+        if id == 0 {
+            return;
+        }
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(s) = inner.sessions.get_mut(&id) else {
-            return true;
-        };
-        let Some(p) = s.parts.get_mut(&(topic_key.to_string(), partition)) else {
-            return true;
-        };
-        let changed = p.sent_hw != hw || p.sent_lso != lso || p.sent_start != start;
-        p.sent_hw = hw;
-        p.sent_lso = lso;
-        p.sent_start = start;
-        has_data || changed
+        let mut session = inner.sessions.get_mut(&id);
+        let mut all = std::mem::take(records).into_iter();
+        let mut kept = Vec::new();
+        for t in &mut resp.responses {
+            let key = if version >= 13 {
+                t.topic_id.to_string()
+            } else {
+                t.topic.0.to_string()
+            };
+            let mut cached = session.as_mut().and_then(|s| s.parts.get_mut(&key));
+            for p in std::mem::take(&mut t.partitions) {
+                let pieces = all.next().unwrap_or_default();
+                let send = match cached.as_mut().and_then(|m| m.get_mut(&p.partition_index)) {
+                    Some(c) => {
+                        let moved = (c.sent_hw, c.sent_lso, c.sent_start)
+                            != (p.high_watermark, p.last_stable_offset, p.log_start_offset);
+                        c.sent_hw = p.high_watermark;
+                        c.sent_lso = p.last_stable_offset;
+                        c.sent_start = p.log_start_offset;
+                        moved || !pieces.is_empty() || p.error_code != 0
+                    }
+                    None => true,
+                };
+                if send || !incremental {
+                    t.partitions.push(p);
+                    kept.push(pieces);
+                }
+            }
+        }
+        resp.responses.retain(|t| !t.partitions.is_empty());
+        *records = kept;
     }
 
     pub fn len(&self) -> usize {
@@ -229,28 +261,19 @@ impl FetchSessions {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-
-    /// The key `must_send` expects for a topic of a request of `version`.
-    pub fn topic_key(name: &TopicName, id: &uuid::Uuid, version: i16) -> String {
-        if version >= 13 {
-            id.to_string()
-        } else {
-            name.0.to_string()
-        }
-    }
 }
 
 /// Adds or updates the request's partitions in the session.
 fn upsert(s: &mut Session, r: &FetchRequest, version: i16) {
     for t in &r.topics {
         let k = key(t, version);
+        let topic = s.parts.entry(k.clone()).or_default();
         for p in &t.partitions {
-            let slot = (k.clone(), p.partition);
-            match s.parts.get_mut(&slot) {
+            match topic.get_mut(&p.partition) {
                 Some(existing) => existing.request = p.clone(),
                 None => {
-                    s.parts.insert(
-                        slot.clone(),
+                    topic.insert(
+                        p.partition,
                         Part {
                             topic: t.topic.clone(),
                             topic_id: t.topic_id,
@@ -260,7 +283,7 @@ fn upsert(s: &mut Session, r: &FetchRequest, version: i16) {
                             sent_start: -2,
                         },
                     );
-                    s.order.push(slot);
+                    s.order.push((k.clone(), p.partition));
                 }
             }
         }

@@ -40,41 +40,17 @@ pub async fn handle(k: &Kafka, mut r: FetchRequest, version: i16) -> FetchReply 
     in_session(k, reply, &mode, version)
 }
 
-/// Sets the response's session id and, in an incremental fetch, leaves
-/// out the partitions with nothing new.
+/// The session's part: its id in the response and, in an incremental
+/// fetch, only the partitions with something new.
 fn in_session(k: &Kafka, mut reply: FetchReply, mode: &crate::sessions::Mode, version: i16) -> FetchReply {
-    use crate::sessions::{FetchSessions, Mode};
-    let (id, filter) = match mode {
+    use crate::sessions::Mode;
+    let (id, incremental) = match mode {
         Mode::Sessionless => return reply,
         Mode::New(id) => (*id, false),
         Mode::Incremental(id) => (*id, true),
     };
-    reply.resp.session_id = id;
-    if id == 0 {
-        return reply;
-    }
-    let mut records = std::mem::take(&mut reply.records).into_iter();
-    let mut kept_records = Vec::new();
-    for t in &mut reply.resp.responses {
-        let key = FetchSessions::topic_key(&t.topic, &t.topic_id, version);
-        let parts = std::mem::take(&mut t.partitions);
-        for p in parts {
-            let pieces = records.next().unwrap_or_default();
-            let send = k.fetch_sessions.must_send(
-                id,
-                &key,
-                p.partition_index,
-                (p.high_watermark, p.last_stable_offset, p.log_start_offset),
-                !pieces.is_empty() || p.error_code != errors::NONE,
-            );
-            if send || !filter {
-                t.partitions.push(p);
-                kept_records.push(pieces);
-            }
-        }
-    }
-    reply.resp.responses.retain(|t| !t.partitions.is_empty());
-    reply.records = kept_records;
+    k.fetch_sessions
+        .trim(id, incremental, version, &mut reply.resp, &mut reply.records);
     reply
 }
 
