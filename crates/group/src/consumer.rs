@@ -154,6 +154,8 @@ pub struct ConsumerConfig {
     pub session_timeout_ms: u64,
     pub heartbeat_interval_ms: u64,
     pub max_size: usize,
+    /// Most topic names one member may subscribe to (0 = no limit).
+    pub max_subscribed_topics: usize,
 }
 
 /// Topic lookups the coordinator needs: a topic's partition count, and
@@ -255,7 +257,27 @@ impl ConsumerGroups {
         }
         // A subscription's regular expression must compile before anything
         // changes (anchored: Kafka matches the whole topic name).
+        if req
+            .subscribed_topics
+            .as_ref()
+            .is_some_and(|t| config.max_subscribed_topics > 0 && t.len() > config.max_subscribed_topics)
+        {
+            return fail(
+                err::INVALID_REQUEST,
+                &format!("more than {} subscribed topic names", config.max_subscribed_topics),
+                &req.member_id,
+                req.member_epoch,
+            );
+        }
+        // The member's regular expression as it stands: compiled again only
+        // when the member sends another.
+        let current = self
+            .groups
+            .get(&req.group)
+            .and_then(|g| g.members.get(&req.member_id))
+            .and_then(|m| m.regex.clone());
         let compiled = match req.subscribed_regex.as_deref() {
+            Some(re) if current.as_ref().is_some_and(|(s, _)| s == re) => current,
             Some(re) if !re.is_empty() => match regex::Regex::new(&format!("^(?:{re})$")) {
                 Ok(r) => Some((re.to_string(), r)),
                 Err(e) => {
@@ -677,6 +699,7 @@ mod tests {
         session_timeout_ms: 45_000,
         heartbeat_interval_ms: 5_000,
         max_size: 100,
+        max_subscribed_topics: 3,
     };
 
     fn topics(t: &str) -> Option<u32> {
@@ -811,6 +834,15 @@ mod tests {
         );
         assert_eq!(bad.error, err::INVALID_REGULAR_EXPRESSION);
         assert!(!c.groups["g"].members.contains_key("b"), "refused before joining");
+    }
+
+    #[test]
+    fn a_member_subscribes_to_a_bounded_number_of_names() {
+        let mut c = ConsumerGroups::default();
+        let r = join(&mut c, "a", &["t", "u", "v", "w"], 0);
+        assert_eq!(r.error, err::INVALID_REQUEST);
+        assert!(!c.groups.get("g").is_some_and(|g| g.members.contains_key("a")));
+        assert_eq!(join(&mut c, "a", &["t", "u"], 0).error, 0);
     }
 
     #[test]

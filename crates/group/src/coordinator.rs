@@ -38,6 +38,9 @@ pub struct GroupConfig {
     /// How often KIP-848 members are told to heartbeat (Kafka
     /// group.consumer.heartbeat.interval.ms).
     pub consumer_heartbeat_interval_ms: u64,
+    /// Most topic names one KIP-848 member may subscribe to (0 = no
+    /// limit); more is INVALID_REQUEST.
+    pub consumer_max_subscribed_topics: u32,
 }
 
 impl Default for GroupConfig {
@@ -51,6 +54,7 @@ impl Default for GroupConfig {
             max_group_size: 10_000,
             consumer_session_timeout_ms: 45_000,
             consumer_heartbeat_interval_ms: 5_000,
+            consumer_max_subscribed_topics: 10_000,
         }
     }
 }
@@ -240,6 +244,7 @@ impl GroupCoordinator {
             session_timeout_ms: self.config.consumer_session_timeout_ms,
             heartbeat_interval_ms: self.config.consumer_heartbeat_interval_ms,
             max_size: self.config.max_group_size as usize,
+            max_subscribed_topics: self.config.consumer_max_subscribed_topics as usize,
         }
     }
 
