@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use crate::compacted::CleanLog;
 use crate::error::{Result, StoreError};
 use crate::mapped::MappedFile;
 use crate::{file_name, parse_file_name};
@@ -44,7 +45,7 @@ pub struct CqEntry {
 }
 
 impl CqEntry {
-    fn encode(&self) -> [u8; ENTRY_SIZE] {
+    pub(crate) fn encode(&self) -> [u8; ENTRY_SIZE] {
         let mut b = [0u8; ENTRY_SIZE];
         b[0..8].copy_from_slice(&self.phys_offset.to_be_bytes());
         b[8..12].copy_from_slice(&self.size.to_be_bytes());
@@ -56,7 +57,7 @@ impl CqEntry {
         b
     }
 
-    fn decode(b: &[u8; ENTRY_SIZE]) -> CqEntry {
+    pub(crate) fn decode(b: &[u8; ENTRY_SIZE]) -> CqEntry {
         let u64_at = |i: usize| {
             let mut a = [0u8; 8];
             a.copy_from_slice(&b[i..i + 8]);
@@ -115,6 +116,8 @@ pub struct ConsumeQueue {
     /// Serialises file creation (done ahead, outside the store's writer
     /// lock, by appenders; under it only when a file was not ready).
     creating: std::sync::Mutex<()>,
+    /// A compacted queue's clean log: offsets below its end are read there.
+    clean: RwLock<Option<Arc<CleanLog>>>,
 }
 
 impl std::fmt::Debug for ConsumeQueue {
@@ -147,6 +150,7 @@ impl ConsumeQueue {
             flushed_entries: AtomicU64::new(0),
             last_msg_ts: AtomicI64::new(i64::MIN),
             creating: std::sync::Mutex::new(()),
+            clean: RwLock::new(None),
         }
     }
 
@@ -254,9 +258,44 @@ impl ConsumeQueue {
         self.max_offset.load(Ordering::Acquire)
     }
 
-    /// First readable logical offset (log start offset).
+    /// First readable logical offset (log start offset): a compacted
+    /// queue's starts in its clean log.
     pub fn min_offset(&self) -> u64 {
+        match &*self.clean.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(c) => c.start(),
+            None => self.raw_min_offset(),
+        }
+    }
+
+    /// First offset whose ConsumeQueue entry is live.
+    pub(crate) fn raw_min_offset(&self) -> u64 {
         self.min_offset.load(Ordering::Acquire)
+    }
+
+    /// Index of the first entry a compaction pass has not yet cleaned.
+    pub fn first_dirty(&self) -> Option<u64> {
+        let from = self.clean().map_or(0, |c| c.end()).max(self.raw_min_offset());
+        self.find(from)
+    }
+
+    /// The queue's clean log, if it is compacted and a pass has run.
+    pub fn clean(&self) -> Option<Arc<CleanLog>> {
+        self.clean.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Switches to a new clean log (a compaction pass, or load).
+    pub(crate) fn set_clean(&self, log: Option<Arc<CleanLog>>) {
+        *self.clean.write().unwrap_or_else(|p| p.into_inner()) = log;
+    }
+
+    /// A queue with no live entry whose offsets continue at `offset` (a
+    /// compacted queue whose every record is in its clean log).
+    pub(crate) fn continue_at(&self, offset: u64) {
+        if self.entries.load(Ordering::Acquire) == self.min_entry.load(Ordering::Acquire) && self.max_offset() < offset
+        {
+            self.min_offset.store(offset, Ordering::Release);
+            self.max_offset.store(offset, Ordering::Release);
+        }
     }
 
     /// Number of entries written.
@@ -311,12 +350,13 @@ impl ConsumeQueue {
             Some(_) => {}
         }
         let idx = self.partition_point(|e| e.phys_offset + u64::from(e.size) <= durable);
-        self.entry(idx).map_or(max, |e| e.base_offset.max(self.min_offset()))
+        self.entry(idx)
+            .map_or(max, |e| e.base_offset.max(self.raw_min_offset()))
     }
 
     /// Index of the entry that holds logical offset `offset`, if live.
     pub fn find(&self, offset: u64) -> Option<u64> {
-        if offset < self.min_offset() || offset >= self.max_offset() {
+        if offset < self.raw_min_offset() || offset >= self.max_offset() {
             return None;
         }
         let idx = self.partition_point(|e| e.base_offset <= offset);
@@ -513,7 +553,7 @@ impl ConsumeQueue {
             }
             _ => {
                 // Nothing left: the queue restarts empty at its old start.
-                let start = self.min_offset();
+                let start = self.raw_min_offset();
                 self.max_offset.store(start, Ordering::Release);
                 self.last_msg_ts.store(i64::MIN, Ordering::Relaxed);
             }
@@ -556,6 +596,9 @@ impl ConsumeQueue {
             self.min_entry.fetch_max(self.entry_count(), Ordering::AcqRel);
         }
         self.min_offset.fetch_max(target, Ordering::AcqRel);
+        if let Some(c) = self.clean() {
+            c.raise_start(target);
+        }
         self.min_offset()
     }
 
@@ -565,6 +608,7 @@ impl ConsumeQueue {
         f.list.clear();
         f.base_entry = 0;
         drop(f);
+        self.set_clean(None);
         if self.dir.exists() {
             std::fs::remove_dir_all(&self.dir).map_err(StoreError::io("remove", &self.dir))?;
         }

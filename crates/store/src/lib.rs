@@ -16,6 +16,7 @@
 pub mod check;
 pub mod checkpoint;
 pub mod commitlog;
+pub mod compacted;
 pub mod config;
 pub mod consume_queue;
 pub mod error;
@@ -37,7 +38,7 @@ pub use consume_queue::CqEntry;
 pub use error::{Result, StoreError};
 pub use offsets::{CommittedOffset, ConsumerOffsets};
 pub use record::{decode_entry, Entry, KafkaBatchView, MessageInput, MessageView};
-pub use store::{AppendResult, MessageStore, QueueRead, ReadEntry, ReadStatus, RecoveryReport};
+pub use store::{AppendResult, DirtyRange, MessageStore, QueueRead, ReadEntry, ReadStatus, RecoveryReport};
 
 use std::ffi::OsStr;
 

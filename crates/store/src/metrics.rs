@@ -14,6 +14,8 @@ pub struct StoreMetrics {
     pub flush_timeouts: Counter,
     pub commitlog_bytes: Gauge,
     pub damaged_entries: Counter,
+    pub compactions: Counter,
+    pub retention_held: Counter,
 }
 
 impl StoreMetrics {
@@ -29,6 +31,8 @@ impl StoreMetrics {
             flush_timeouts: counter!("rokka_store_flush_timeouts_total"),
             commitlog_bytes: gauge!("rokka_store_commitlog_bytes"),
             damaged_entries: counter!("rokka_store_damaged_entries_total"),
+            compactions: counter!("rokka_store_clean_logs_installed_total"),
+            retention_held: counter!("rokka_store_retention_held_total"),
         }
     }
 }

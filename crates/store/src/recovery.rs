@@ -38,6 +38,7 @@ use crate::validate_topic;
 /// Names the store may find at the top of its data directory.
 const KNOWN_TOP_LEVEL: &[&str] = &[
     "commitlog",
+    "compacted",
     "consumequeue",
     "index",
     "checkpoint",
@@ -76,6 +77,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     let manifest = crate::manifest::Manifest::load(&dir);
     let deleted = manifest.as_ref().map(|m| m.deleted.clone()).unwrap_or_default();
     let mut queues = load_queues(&dir.join("consumequeue"), config.consume_queue_entries_per_file)?;
+    let compacted = crate::compacted::load_all(&dir, &mut queues, config.consume_queue_entries_per_file)?;
     let mut index = if config.index_enabled {
         Some(IndexService::load(
             &dir.join("index"),
@@ -124,6 +126,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     // Every queue must reach the end the last checkpoint recorded for it;
     // one that does not (zeroed entries, a deleted directory) would hide
     // messages and hand out their offsets again: rebuild from the CommitLog.
+    crate::compacted::continue_after_clean(&queues);
     let short = manifest.as_ref().map_or_else(Vec::new, |m| short_queues(m, &queues));
     let (end, report) = if short.is_empty() {
         (end, report)
@@ -142,6 +145,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
             &deleted,
         )?;
         r.queues_rebuilt = short.len() as u64;
+        crate::compacted::continue_after_clean(&queues);
         let still = manifest.as_ref().map_or_else(Vec::new, |m| short_queues(m, &queues));
         if let Some(why) = still.first() {
             return Err(StoreError::bad_file(
@@ -245,6 +249,9 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         flush_listener: std::sync::OnceLock::new(),
         checkpoint_lock: Mutex::new(()),
         damage_logged_ms: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
+        compacted: RwLock::new(compacted),
+        compaction_wanted: Mutex::new(Default::default()),
+        compaction_lock: Mutex::new(()),
         config,
     });
     // Everything recovered is now on disk; record that before accepting writes,

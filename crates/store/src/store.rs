@@ -86,6 +86,23 @@ impl ReadEntry {
     }
 }
 
+/// A compacted queue's ranges (see [`MessageStore::dirty_range`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirtyRange {
+    /// The queue's first offset.
+    pub start: u64,
+    /// Offsets below are in the clean log (`start` when there is none).
+    pub clean_end: u64,
+    /// The queue's visible end.
+    pub end: u64,
+    pub clean_bytes: u64,
+    /// Stored bytes and entries in `[clean_end, end)`.
+    pub dirty_bytes: u64,
+    pub dirty_entries: u64,
+    /// Store time of the oldest dirty entry.
+    pub oldest_dirty_store_ms: Option<i64>,
+}
+
 /// Result of [`MessageStore::read`].
 #[derive(Debug, Clone)]
 pub struct QueueRead {
@@ -174,6 +191,13 @@ pub(crate) struct Inner {
     pub flush_listener: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// When a damaged read was last logged (ms).
     pub damage_logged_ms: std::sync::atomic::AtomicI64,
+    /// Compacted topics (`compacted/<topic>/COMPACT`).
+    pub compacted: RwLock<std::collections::BTreeSet<String>>,
+    /// Compacted queues whose dirty range held back a CommitLog segment
+    /// retention wanted to delete: the broker compacts them first.
+    pub compaction_wanted: Mutex<std::collections::BTreeSet<(String, u32)>>,
+    /// Serialises compaction passes' switches with topic deletion.
+    pub compaction_lock: Mutex<()>,
 }
 
 /// The store. See the crate docs.
@@ -628,6 +652,16 @@ impl MessageStore {
             if dir.exists() {
                 std::fs::remove_dir_all(&dir).map_err(StoreError::io("remove", &dir))?;
             }
+            let _g = self.inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
+            let dir = crate::compacted::topic_dir(&self.inner.dir, topic);
+            if dir.exists() {
+                std::fs::remove_dir_all(&dir).map_err(StoreError::io("remove", &dir))?;
+            }
+            self.inner
+                .compacted
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(topic);
         }
         crate::tasks::checkpoint(&self.inner, false)?;
         Ok(true)
@@ -651,6 +685,126 @@ impl MessageStore {
             .map_err(|e| StoreError::bad_file(self.inner.dir.join("log_starts.json"), e.to_string()))?;
         crate::checkpoint::write_atomically(&self.inner.dir.join("log_starts.json"), &json)?;
         Ok(start)
+    }
+
+    /// Marks `topic` compacted or not (persisted in
+    /// `compacted/<topic>/COMPACT`). Retention keeps every CommitLog segment
+    /// holding a compacted queue's dirty range; reads below a clean log's
+    /// end are served from it whatever the mark.
+    pub fn set_compacted(&self, topic: &str, on: bool) -> Result<()> {
+        validate_topic(topic)?;
+        let _g = self.inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = crate::compacted::topic_dir(&self.inner.dir, topic);
+        let marker = dir.join(crate::compacted::MARKER);
+        let mut set = self.inner.compacted.write().unwrap_or_else(|p| p.into_inner());
+        if on && !set.contains(topic) {
+            std::fs::create_dir_all(&dir).map_err(StoreError::io("create dir", &dir))?;
+            File::create(&marker)
+                .and_then(|f| f.sync_all())
+                .map_err(StoreError::io("create", &marker))?;
+            crate::sys::fsync_dir(&dir)?;
+            set.insert(topic.to_string());
+        } else if !on && set.remove(topic) {
+            std::fs::remove_file(&marker).map_err(StoreError::io("remove", &marker))?;
+            crate::sys::fsync_dir(&dir)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `topic` is marked compacted.
+    pub fn is_compacted(&self, topic: &str) -> bool {
+        self.inner
+            .compacted
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(topic)
+    }
+
+    /// Compacted topics, sorted.
+    pub fn compacted_topics(&self) -> Vec<String> {
+        let set = self.inner.compacted.read().unwrap_or_else(|p| p.into_inner());
+        set.iter().cloned().collect()
+    }
+
+    /// What a compaction pass of (topic, queue) would work on, if the
+    /// queue exists: its clean log and the entries after it.
+    pub fn dirty_range(&self, topic: &str, queue_id: u32) -> Option<DirtyRange> {
+        let q = self.queue(topic, queue_id)?;
+        let clean = q.clean();
+        let mut d = DirtyRange {
+            start: q.min_offset(),
+            clean_end: clean.as_ref().map_or(q.min_offset(), |c| c.end()),
+            end: self.visible_max(&q),
+            clean_bytes: clean.as_ref().map_or(0, |c| c.bytes()),
+            dirty_bytes: 0,
+            dirty_entries: 0,
+            oldest_dirty_store_ms: None,
+        };
+        if let Some(first) = q.first_dirty() {
+            for idx in first..q.entry_count() {
+                let Some(e) = q.entry(idx) else { break };
+                if e.base_offset >= d.end {
+                    break;
+                }
+                d.oldest_dirty_store_ms.get_or_insert(e.store_timestamp);
+                d.dirty_bytes += u64::from(e.size);
+                d.dirty_entries += 1;
+            }
+        }
+        Some(d)
+    }
+
+    /// Starts the next generation of (topic, queue)'s clean log. Fill it
+    /// with the survivors of `[writer.start(), end)`, read with
+    /// [`MessageStore::read`], then [`MessageStore::install_clean`] it.
+    pub fn clean_writer(&self, topic: &str, queue_id: u32) -> Result<crate::compacted::CleanWriter> {
+        self.check_open()?;
+        let q = self
+            .queue(topic, queue_id)
+            .ok_or_else(|| StoreError::Config(format!("no queue {topic}/{queue_id}")))?;
+        let dir = crate::compacted::topic_dir(&self.inner.dir, topic).join(queue_id.to_string());
+        let generation = crate::compacted::next_generation(q.clean().as_ref());
+        crate::compacted::CleanWriter::create(dir, generation, q.min_offset())
+    }
+
+    /// Makes a filled clean log durable and switches (topic, queue) to it:
+    /// offsets in `[start, end)` are read from it from now on. `end` must
+    /// not be below the current clean log's end nor above the queue's end.
+    pub fn install_clean(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        w: crate::compacted::CleanWriter,
+        end: u64,
+    ) -> Result<Arc<crate::compacted::CleanLog>> {
+        self.check_open()?;
+        let _g = self.inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(q) = self.queue(topic, queue_id) else {
+            // Deleted during the pass.
+            let _ = std::fs::remove_dir_all(&w.dir);
+            return Err(StoreError::Config(format!("no queue {topic}/{queue_id}")));
+        };
+        let current_end = q.clean().map_or(0, |c| c.end());
+        if end < current_end || end > q.max_offset() {
+            return Err(StoreError::Config(format!(
+                "clean end {end} of {topic}/{queue_id} is outside [{current_end}, {}]",
+                q.max_offset()
+            )));
+        }
+        let start = w.start();
+        let log = Arc::new(w.finish(end)?);
+        // DeleteRecords during the pass moved the start on.
+        log.raise_start(q.min_offset().max(start));
+        q.set_clean(Some(Arc::clone(&log)));
+        self.inner.metrics.compactions.increment(1);
+        Ok(log)
+    }
+
+    /// Compacted queues whose dirty range held back a CommitLog segment
+    /// that retention would have deleted (cleared by the call).
+    pub fn take_compaction_wanted(&self) -> Vec<(String, u32)> {
+        let mut w = self.inner.compaction_wanted.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *w).into_iter().collect()
     }
 
     /// Topics that have at least one queue, sorted.
@@ -730,6 +884,37 @@ impl MessageStore {
         if offset > max {
             return status_only(ReadStatus::OffsetOverflow, max);
         }
+        let mut offset = offset;
+        if let Some(clean) = q.clean().filter(|c| offset < c.end()) {
+            let mut entries: Vec<ReadEntry> = clean
+                .read(offset, max_offsets, max_bytes)
+                .into_iter()
+                .map(|(cq, data)| ReadEntry { cq, data })
+                .collect();
+            if self.inner.config.verify_reads {
+                if let Some(bad) = entries.iter().position(|e| self.damaged(e, topic, queue_id, false)) {
+                    entries.truncate(bad);
+                    if entries.is_empty() {
+                        return status_only(ReadStatus::Damaged, offset);
+                    }
+                }
+            }
+            if let Some(last) = entries.last() {
+                return QueueRead {
+                    status: ReadStatus::Found,
+                    next_offset: last.cq.end_offset(),
+                    entries,
+                    min_offset: min,
+                    max_offset: max,
+                };
+            }
+            // Nothing survives from `offset` to the clean end: read on
+            // from the dirty range.
+            offset = clean.end();
+            if offset >= max {
+                return status_only(ReadStatus::NoNewMessages, max);
+            }
+        }
         let Some(mut idx) = q.find(offset) else {
             // Retention moved the start between our two loads.
             return status_only(ReadStatus::OffsetMoved, q.min_offset());
@@ -750,7 +935,7 @@ impl MessageStore {
         }
         let mut entries = self.views(&cqs);
         if self.inner.config.verify_reads {
-            if let Some(bad) = entries.iter().position(|e| self.damaged(e, topic, queue_id)) {
+            if let Some(bad) = entries.iter().position(|e| self.damaged(e, topic, queue_id, true)) {
                 entries.truncate(bad);
                 if entries.is_empty() {
                     return status_only(ReadStatus::Damaged, cqs[0].base_offset.max(offset));
@@ -774,10 +959,10 @@ impl MessageStore {
     /// says it is another record than its ConsumeQueue entry points at.
     /// Logged at most once a second (a client re-reading a damaged offset
     /// must not flood the log).
-    fn damaged(&self, e: &ReadEntry, topic: &str, queue_id: u32) -> bool {
+    fn damaged(&self, e: &ReadEntry, topic: &str, queue_id: u32, in_commitlog: bool) -> bool {
         let why = match record::verify_entry(&e.data) {
             Err(err) => err.to_string(),
-            Ok(r) if r.phys_offset != e.cq.phys_offset => format!("records position {}", r.phys_offset),
+            Ok(r) if in_commitlog && r.phys_offset != e.cq.phys_offset => format!("records position {}", r.phys_offset),
             Ok(r) if r.queue_offset != e.cq.base_offset => format!("records queue offset {}", r.queue_offset),
             Ok(r) if r.queue_id != queue_id || r.topic != topic.as_bytes() => {
                 format!("belongs to {}/{}", String::from_utf8_lossy(r.topic), r.queue_id)

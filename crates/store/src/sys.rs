@@ -53,6 +53,13 @@ pub fn total_memory_bytes() -> Option<u64> {
     })
 }
 
+/// fsyncs a directory (after creating or removing a name in it).
+pub(crate) fn fsync_dir(dir: &Path) -> crate::Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(crate::StoreError::io("fsync", dir))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

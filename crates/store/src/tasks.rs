@@ -215,6 +215,10 @@ pub(crate) fn retention(inner: &Inner) -> Result<usize> {
     let cfg = &inner.config;
     let max_age = Duration::from_secs(cfg.retention_hours.saturating_mul(3600));
     let mut deleted = 0;
+    // Segments holding a compacted queue's dirty range stay until a
+    // compaction pass has cleaned it.
+    let held = compaction_floor(inner);
+    let floor = held.iter().map(|(_, _, phys)| *phys).min();
     // Bounded per pass, as RocketMQ's deleteFileBatchMax.
     while deleted < 10 {
         let total: u64 = inner.log.segments().iter().map(|s| s.file.len() as u64).sum();
@@ -227,7 +231,18 @@ pub(crate) fn retention(inner: &Inner) -> Result<usize> {
                 .ok()
                 .and_then(|m| SystemTime::now().duration_since(m).ok())
                 .is_some_and(|age| age >= max_age);
-            expired || over_size || disk_full
+            let due = expired || over_size || disk_full;
+            if due && floor.is_some_and(|f| seg.end() > f) {
+                let mut wanted = inner.compaction_wanted.lock().unwrap_or_else(|p| p.into_inner());
+                for (topic, q, phys) in &held {
+                    if *phys < seg.end() {
+                        wanted.insert((topic.clone(), *q));
+                    }
+                }
+                inner.metrics.retention_held.increment(1);
+                return false;
+            }
+            due
         })?;
         match gone {
             Some(seg) => {
@@ -252,4 +267,26 @@ pub(crate) fn retention(inner: &Inner) -> Result<usize> {
         inner.metrics.segments.set(inner.log.segments().len() as f64);
     }
     Ok(deleted)
+}
+
+/// Compacted queues with a dirty range: (topic, queue, CommitLog position
+/// of its first dirty entry).
+fn compaction_floor(inner: &Inner) -> Vec<(String, u32, u64)> {
+    let topics = inner.compacted.read().unwrap_or_else(|p| p.into_inner()).clone();
+    if topics.is_empty() {
+        return Vec::new();
+    }
+    let queues = inner.queues.read().unwrap_or_else(|p| p.into_inner());
+    let mut out = Vec::new();
+    for topic in topics {
+        let Some(qs) = queues.get(topic.as_str()) else {
+            continue;
+        };
+        for (id, q) in qs {
+            if let Some(e) = q.first_dirty().and_then(|i| q.entry(i)) {
+                out.push((topic.clone(), *id, e.phys_offset));
+            }
+        }
+    }
+    out
 }
