@@ -39,6 +39,11 @@ pub struct BrokerConfig {
     /// Most consumer groups one Kafka transaction may add offsets for
     /// (AddOffsetsToTxn beyond it is INVALID_REQUEST).
     pub max_groups_per_transaction: u32,
+    /// How often compacted partitions are checked for a compaction pass.
+    pub compaction_interval_ms: u64,
+    /// Most distinct keys one compaction pass maps (a partition with more
+    /// is cleaned up to where the map filled, the rest in later passes).
+    pub compaction_max_keys: u32,
 }
 
 impl Default for BrokerConfig {
@@ -56,6 +61,8 @@ impl Default for BrokerConfig {
             transactional_id_expiration_ms: 7 * 24 * 3600 * 1000,
             max_transactional_ids: 100_000,
             max_groups_per_transaction: 64,
+            compaction_interval_ms: 15_000,
+            compaction_max_keys: 4_000_000,
         }
     }
 }

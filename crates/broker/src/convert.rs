@@ -276,6 +276,32 @@ fn put_bytes(out: &mut BytesMut, b: Option<&[u8]>) {
     }
 }
 
+/// The key a Kafka consumer sees for a stored RocketMQ message (`KEYS`, or
+/// `KAFKA_KEY_HEX` decoded): what a compacted topic keeps the latest of.
+pub fn message_key(m: &MessageView) -> Option<Vec<u8>> {
+    properties_key(&m.properties)
+}
+
+/// Whether encoded RocketMQ properties carry a key (non-empty `KEYS`, or
+/// `KAFKA_KEY_HEX`).
+pub fn has_key(props: &[u8]) -> bool {
+    properties_key(props).is_some_and(|k| !k.is_empty())
+}
+
+fn properties_key(props: &[u8]) -> Option<Vec<u8>> {
+    let mut key = None;
+    for (k, v) in properties::iter(props) {
+        if k == properties::KEYS.as_bytes() {
+            key.get_or_insert_with(|| v.to_vec());
+        } else if k == KAFKA_KEY_HEX.as_bytes() {
+            if let Some(raw) = unhex(v) {
+                key = Some(raw);
+            }
+        }
+    }
+    key
+}
+
 /// A stored RocketMQ message as a one-record magic-2 batch at its queue
 /// offset: value = body, key = `KEYS` (or `KAFKA_KEY_HEX` decoded), headers =
 /// user properties plus `rocketmq.tags`, CreateTime = born timestamp. Adds

@@ -23,6 +23,9 @@ pub enum BrokerError {
     /// no timer message is deleted before it is delivered).
     #[error("timer message due in {due_in_ms} ms; at most {max_ms} ms is accepted")]
     TimerTooFar { due_in_ms: i64, max_ms: i64 },
+    /// A stored entry a compaction pass cannot read.
+    #[error("compaction: {0}")]
+    Corrupt(String),
 }
 
 impl BrokerError {
@@ -34,7 +37,7 @@ impl BrokerError {
             BrokerError::Store(
                 S::MessageTooLarge { .. } | S::PropertiesTooLarge(_) | S::InvalidTopic(_) | S::InvalidBatch(_),
             ) => false,
-            BrokerError::Store(_) | BrokerError::Io(..) | BrokerError::BadFile { .. } => true,
+            BrokerError::Store(_) | BrokerError::Io(..) | BrokerError::BadFile { .. } | BrokerError::Corrupt(_) => true,
             BrokerError::UnknownTopic(_)
             | BrokerError::UnknownPartition { .. }
             | BrokerError::TopicExists(_)

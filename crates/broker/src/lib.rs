@@ -5,6 +5,7 @@
 //! Frontends call this layer; neither reaches into the store's files.
 
 pub mod arrivals;
+pub mod compaction;
 pub mod config;
 pub mod convert;
 pub mod error;
@@ -119,6 +120,15 @@ impl Broker {
             config,
         };
         b.rebuild_open_transactions();
+        // The store's compacted marks follow the topic table (a crash
+        // between the two writes, or a table restored from elsewhere).
+        for (name, info) in b.topics.all() {
+            let compact =
+                !info.configs.is_empty() && topic_config::Effective::resolve(&info.configs, b.store.config()).compact;
+            if compact != b.store.is_compacted(&name) {
+                b.store.set_compacted(&name, compact)?;
+            }
+        }
         Ok(b)
     }
 
@@ -163,8 +173,12 @@ impl Broker {
                 self.config.max_partitions
             )));
         }
+        let compact = topic_config::Effective::resolve(&configs, self.store.config()).compact;
         if !offload(|| self.topics.create_with(name, partitions, configs))? {
             return Err(BrokerError::TopicExists(name.to_string()));
+        }
+        if compact {
+            offload(|| self.store.set_compacted(name, true))?;
         }
         tracing::info!(topic = name, partitions, "topic created");
         self.topics
@@ -222,7 +236,9 @@ impl Broker {
 
     /// Replaces a topic's config overrides (validated already).
     pub fn set_topic_configs(&self, name: &str, configs: std::collections::BTreeMap<String, String>) -> Result<()> {
+        let compact = topic_config::Effective::resolve(&configs, self.store.config()).compact;
         offload(|| self.topics.set_configs(name, configs))?;
+        offload(|| self.store.set_compacted(name, compact))?;
         tracing::info!(topic = name, "topic configs changed");
         Ok(())
     }

@@ -311,7 +311,9 @@ fn rebuild(store: &MessageStore, topic: &str, partition: u32, producer_id: i64) 
                     found.push((
                         i.producer_epoch,
                         i.base_sequence,
-                        next_seq(i.base_sequence, i.record_count.max(1) - 1),
+                        // The last offset, not the record count: a
+                        // compacted batch keeps its sequence span.
+                        next_seq(i.base_sequence, i.last_offset_delta),
                         b.queue_offset,
                     ));
                 }

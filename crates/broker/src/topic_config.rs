@@ -8,8 +8,11 @@
 //! MESSAGE_TOO_LARGE), `compression.type` (batches are recompressed to
 //! it), `message.timestamp.type` (LogAppendTime stamps each batch on
 //! append), `min.insync.replicas` (above the one replica a broker set has
-//! today, acks=all is NOT_ENOUGH_REPLICAS) and `cleanup.policy` (`delete`;
-//! `compact` is refused until compacted topics exist). Every other Kafka
+//! today, acks=all is NOT_ENOUGH_REPLICAS), `cleanup.policy` (`compact`
+//! keeps the latest record per key, see `compaction.rs`; `delete` applies
+//! retention; both do both) with `delete.retention.ms`,
+//! `min.compaction.lag.ms`, `max.compaction.lag.ms` and
+//! `min.cleanable.dirty.ratio`. Every other Kafka
 //! topic config is accepted and described, and has no effect: it tunes
 //! Kafka's own segment files or replication, which Rokka does not have.
 
@@ -81,7 +84,7 @@ pub const SPECS: &[Spec] = &[
         "delete.retention.ms",
         Kind::Long,
         Some("log.cleaner.delete.retention.ms"),
-        false,
+        true,
     ),
     spec(
         "file.delete.delay.ms",
@@ -110,7 +113,7 @@ pub const SPECS: &[Spec] = &[
         "max.compaction.lag.ms",
         Kind::Long,
         Some("log.cleaner.max.compaction.lag.ms"),
-        false,
+        true,
     ),
     spec("max.message.bytes", Kind::Int, Some("message.max.bytes"), true),
     spec("message.downconversion.enable", Kind::Boolean, None, false),
@@ -136,13 +139,13 @@ pub const SPECS: &[Spec] = &[
         "min.cleanable.dirty.ratio",
         Kind::Double,
         Some("log.cleaner.min.cleanable.ratio"),
-        false,
+        true,
     ),
     spec(
         "min.compaction.lag.ms",
         Kind::Long,
         Some("log.cleaner.min.compaction.lag.ms"),
-        false,
+        true,
     ),
     spec("min.insync.replicas", Kind::Int, Some("min.insync.replicas"), true),
     spec("preallocate", Kind::Boolean, Some("log.preallocate"), false),
@@ -229,13 +232,8 @@ pub fn validate(name: &str, value: &str) -> Result<String, String> {
             if items.iter().any(|p| *p != "delete" && *p != "compact") || items.is_empty() {
                 return bad("String must be one of: compact, delete");
             }
-            if items.contains(&"compact") {
-                // A compacted topic keeps the latest value per key however
-                // old: the shared CommitLog's retention would delete it.
-                return Err(format!(
-                    "Invalid value {v} for configuration {name}: compacted topics are not supported by Rokka yet"
-                ));
-            }
+            let mut items = items;
+            items.dedup();
             Ok(items.join(","))
         }
         _ => Ok(v.to_string()),
@@ -314,8 +312,19 @@ pub fn default_of(name: &str, store: &StoreConfig) -> (String, Source) {
 }
 
 /// A topic's effective configs, enforced ones resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Effective {
+    /// `cleanup.policy` holds `compact` / `delete`.
+    pub compact: bool,
+    pub delete: bool,
+    /// A tombstone stays this long after it was written.
+    pub delete_retention_ms: i64,
+    /// Records younger than this are not compacted.
+    pub min_compaction_lag_ms: i64,
+    /// A dirty record older than this makes a pass due.
+    pub max_compaction_lag_ms: i64,
+    /// Dirty share of a partition's bytes that makes a pass due.
+    pub min_cleanable_dirty_ratio: f64,
     /// Records older than this are past the topic's log start (-1 = kept).
     pub retention_ms: i64,
     /// Bytes a partition keeps at most (-1 = no limit).
@@ -336,7 +345,14 @@ impl Effective {
                 .unwrap_or_else(|| default_of(name, store).0)
         };
         let int = |name: &str, dflt: i64| get(name).parse::<i64>().unwrap_or(dflt);
+        let policy = get("cleanup.policy");
         Effective {
+            compact: policy.split(',').any(|p| p.trim() == "compact"),
+            delete: policy.split(',').any(|p| p.trim() == "delete"),
+            delete_retention_ms: int("delete.retention.ms", 86_400_000),
+            min_compaction_lag_ms: int("min.compaction.lag.ms", 0),
+            max_compaction_lag_ms: int("max.compaction.lag.ms", i64::MAX),
+            min_cleanable_dirty_ratio: get("min.cleanable.dirty.ratio").parse().unwrap_or(0.5),
             retention_ms: int("retention.ms", -1),
             retention_bytes: int("retention.bytes", -1),
             max_message_bytes: int("max.message.bytes", store.max_message_bytes as i64).max(0) as u64,
@@ -356,6 +372,12 @@ impl Effective {
     /// Whether a topic with these configs needs its own retention pass
     /// (the store's applies to every topic already).
     pub fn own_retention(&self, store: &StoreConfig) -> bool {
+        if self.compact {
+            // The store's retention never deletes a compacted topic's clean
+            // records: with `delete` too, the topic's own pass applies
+            // retention.ms (the store's by default) and retention.bytes.
+            return self.delete && (self.retention_ms >= 0 || self.retention_bytes >= 0);
+        }
         let global_ms = (store.retention_hours * 3_600_000) as i64;
         (self.retention_ms >= 0 && self.retention_ms < global_ms) || self.retention_bytes >= 0
     }
@@ -374,7 +396,12 @@ mod tests {
         assert!(validate("compression.type", "brotli").is_err());
         assert_eq!(validate("compression.type", "gzip"), Ok("gzip".into()));
         assert!(validate("message.timestamp.type", "Whenever").is_err());
-        assert!(validate("cleanup.policy", "compact").is_err_and(|e| e.contains("not supported")));
+        assert_eq!(
+            validate("cleanup.policy", "compact, delete"),
+            Ok("compact,delete".into())
+        );
+        assert!(validate("cleanup.policy", "compact,shred").is_err());
+        assert!(validate("min.cleanable.dirty.ratio", "1.5").is_err());
         assert_eq!(validate("cleanup.policy", "delete"), Ok("delete".into()));
         assert!(validate("min.insync.replicas", "0").is_err());
         assert_eq!(validate("preallocate", "TRUE"), Ok("true".into()));

@@ -212,6 +212,10 @@ async fn serve(
             Arc::clone(broker),
             stop_rx.clone(),
         )));
+        listeners.push(tokio::spawn(rokka_broker::compaction::run(
+            Arc::clone(broker),
+            stop_rx.clone(),
+        )));
     }
     if let (true, Some(broker)) = (cfg.metrics.enabled, &broker) {
         collectors.add(Arc::clone(broker) as Arc<dyn rokka_broker::scrape::Collect>);

@@ -43,7 +43,7 @@ pub fn code(e: &BrokerError) -> i16 {
         BrokerError::UnknownTopic(_) | BrokerError::UnknownPartition { .. } => UNKNOWN_TOPIC_OR_PARTITION,
         BrokerError::TopicExists(_) => TOPIC_ALREADY_EXISTS,
         BrokerError::InvalidPartitions(_) => INVALID_PARTITIONS,
-        BrokerError::Io(..) | BrokerError::BadFile { .. } => KAFKA_STORAGE_ERROR,
+        BrokerError::Io(..) | BrokerError::BadFile { .. } | BrokerError::Corrupt(_) => KAFKA_STORAGE_ERROR,
         BrokerError::TimerTooFar { .. } => INVALID_REQUEST,
     }
 }

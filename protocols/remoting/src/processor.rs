@@ -561,6 +561,23 @@ impl RocketMq {
                 prepared_transaction_offset: 0,
             })
             .collect();
+        // A compacted topic keeps the latest message per key: a message
+        // without KEYS has nothing to be kept by (Kafka refuses keyless
+        // records on compacted topics too).
+        if self.broker.store().is_compacted(&topic)
+            && parts
+                .iter()
+                .any(|(_, _, p)| !rokka_broker::convert::has_key(p.as_bytes()))
+        {
+            metrics::counter!("rokka_rocketmq_messages_refused_total", "reason" => "no_key").increment(1);
+            return Err(self.reply(
+                req,
+                rs::MESSAGE_ILLEGAL,
+                Some(format!(
+                    "topic {topic} is compacted (cleanup.policy=compact): every message needs KEYS"
+                )),
+            ));
+        }
         // DELAY=n (single sends only, as RocketMQ): through the schedule topic.
         let delay = if batch || topic == rokka_broker::schedule::SCHEDULE_TOPIC {
             None

@@ -78,6 +78,18 @@ fn shape(
             }
             _ => b,
         };
+        if cfg.compact && !control {
+            // Kafka: "Compacted topic cannot accept message without key".
+            let keyless = rokka_broker::validate::decode(&b, max_decompressed)
+                .map_err(|_| errors::CORRUPT_MESSAGE)?
+                .records
+                .iter()
+                .any(|r| r.key.is_none());
+            if keyless {
+                metrics::counter!("rokka_kafka_batches_refused_total", "reason" => "no_key").increment(1);
+                return Err(errors::INVALID_RECORD);
+            }
+        }
         if cfg.log_append_time {
             let now = rokka_store::now_ms();
             b = rokka_broker::validate::stamp_log_append_time(&b, now).map_err(|_| errors::CORRUPT_MESSAGE)?;

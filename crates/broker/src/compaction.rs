@@ -1,0 +1,551 @@
+//! Compaction passes for compacted topics (`cleanup.policy=compact`): which
+//! records survive. The store keeps the clean logs they produce
+//! (`rokka_store::compacted`, docs/decisions/0003-compacted-topics.md).
+//!
+//! A pass over one partition reads `[log start, bound)` twice. First it
+//! maps every key to its last offset; then it writes each record that is
+//! the last for its key into the next clean log generation:
+//!
+//! * the key is the Kafka record key, or for a RocketMQ message its `KEYS`
+//!   (the key a Kafka consumer sees for it); a record without a key is
+//!   dropped, as Kafka's cleaner drops one;
+//! * a tombstone (a Kafka record with a null value) is kept until
+//!   `delete.retention.ms` after it was written, so a consumer reading
+//!   from the start within that time sees the delete;
+//! * records of aborted transactions are dropped; control batches (commit
+//!   and abort markers) are kept, so `read_committed` consumers still see
+//!   each transaction end;
+//! * a Kafka batch keeps the offsets of its surviving records: it is
+//!   re-encoded (same codec, producer id, epoch and base sequence) with its
+//!   base offset at its first survivor and its last offset unchanged, as
+//!   Kafka's cleaner writes one.
+//!
+//! The bound is never past the last stable offset (an open transaction's
+//! records are never compacted), never into records younger than
+//! `min.compaction.lag.ms`, and never includes the partition's newest
+//! entry, so a consumer anywhere below the end always finds a record to
+//! read (as Kafka never cleans the active segment).
+
+use std::collections::HashMap;
+
+use bytes::{Bytes, BytesMut};
+use rokka_store::record::kafka as stored;
+use rokka_store::{CqEntry, Entry, ReadEntry, ReadStatus};
+
+use crate::{Broker, Result};
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassStats {
+    /// Offsets below this are now clean.
+    pub clean_end: u64,
+    /// Stored bytes read (each pass reads its range twice; counted once).
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub records_read: u64,
+    pub records_kept: u64,
+    /// The key map filled before the dirty range's end.
+    pub key_map_full: bool,
+}
+
+/// One record's identity for compaction.
+struct Rec {
+    key: Option<Bytes>,
+    offset: u64,
+    tombstone: bool,
+}
+
+/// How an entry takes part in a pass.
+enum Parts {
+    /// Kept whole whatever the keys (control batches).
+    Keep,
+    /// Dropped whole (aborted transactions' records).
+    Drop,
+    /// Keyed records, in offset order.
+    Records(Vec<Rec>),
+}
+
+impl Broker {
+    /// Runs a pass on each compacted partition that is due: its dirty share
+    /// of bytes reached `min.cleanable.dirty.ratio`, its oldest dirty
+    /// record is older than `max.compaction.lag.ms`, or retention wants a
+    /// segment its dirty records hold. Returns the passes run.
+    pub fn compact_due(&self, now_ms: i64) -> usize {
+        let wanted: std::collections::HashSet<(String, u32)> =
+            self.store.take_compaction_wanted().into_iter().collect();
+        let mut passes = 0;
+        for topic in self.store.compacted_topics() {
+            let Some(cfg) = self.topic_config(&topic) else {
+                continue;
+            };
+            for q in self.store.queue_ids(&topic) {
+                let Some(d) = self.store.dirty_range(&topic, q) else {
+                    continue;
+                };
+                if d.dirty_entries < 2 {
+                    continue; // the newest entry is never cleaned
+                }
+                let ratio = d.dirty_bytes as f64 / (d.clean_bytes + d.dirty_bytes).max(1) as f64;
+                let overdue = d
+                    .oldest_dirty_store_ms
+                    .is_some_and(|t| now_ms.saturating_sub(t) > cfg.max_compaction_lag_ms);
+                if ratio < cfg.min_cleanable_dirty_ratio && !overdue && !wanted.contains(&(topic.clone(), q)) {
+                    continue;
+                }
+                let started = std::time::Instant::now();
+                match self.compact_partition(&topic, q, &cfg, now_ms) {
+                    Ok(Some(s)) => {
+                        passes += 1;
+                        metrics::counter!("rokka_compaction_passes_total").increment(1);
+                        metrics::counter!("rokka_compaction_bytes_read_total").increment(s.bytes_read);
+                        metrics::counter!("rokka_compaction_bytes_written_total").increment(s.bytes_written);
+                        metrics::counter!("rokka_compaction_records_removed_total")
+                            .increment(s.records_read - s.records_kept);
+                        metrics::histogram!("rokka_compaction_pass_seconds").record(started.elapsed().as_secs_f64());
+                        if s.key_map_full {
+                            metrics::counter!("rokka_compaction_key_map_full_total").increment(1);
+                        }
+                        tracing::info!(
+                            topic,
+                            partition = q,
+                            clean_end = s.clean_end,
+                            read = s.bytes_read,
+                            written = s.bytes_written,
+                            kept = s.records_kept,
+                            of = s.records_read,
+                            ms = started.elapsed().as_millis() as u64,
+                            "partition compacted"
+                        );
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        metrics::counter!("rokka_compaction_errors_total").increment(1);
+                        tracing::warn!(topic, partition = q, error = %e, "compaction pass failed");
+                    }
+                }
+            }
+        }
+        passes
+    }
+
+    /// One pass over (topic, partition); None when nothing can be cleaned
+    /// yet.
+    pub fn compact_partition(
+        &self,
+        topic: &str,
+        partition: u32,
+        cfg: &crate::topic_config::Effective,
+        now_ms: i64,
+    ) -> Result<Option<PassStats>> {
+        let store = &self.store;
+        let Some(cq) = store.queue(topic, partition) else {
+            return Ok(None);
+        };
+        let Some(d) = store.dirty_range(topic, partition) else {
+            return Ok(None);
+        };
+        let mut bound = self.kafka_txns.last_stable_offset(topic, partition, d.end).min(d.end);
+        if let Some(last) = cq.entry_count().checked_sub(1).and_then(|i| cq.entry(i)) {
+            bound = bound.min(last.base_offset);
+        }
+        if cfg.min_compaction_lag_ms > 0 {
+            bound = bound.min(cq.offset_by_store_time(now_ms.saturating_sub(cfg.min_compaction_lag_ms)));
+        }
+        if bound <= d.clean_end {
+            return Ok(None);
+        }
+        let mut stats = PassStats::default();
+        let max_keys = self.config.compaction_max_keys.max(1) as usize;
+
+        // Pass 1: the last offset of each key.
+        let mut last: HashMap<Bytes, u64> = HashMap::new();
+        let mut at = d.start;
+        'scan: while at < bound {
+            let r = store.read(topic, partition, at, 4096, 8 << 20);
+            if r.status != ReadStatus::Found {
+                break;
+            }
+            for e in &r.entries {
+                if e.cq.base_offset >= bound {
+                    break 'scan;
+                }
+                if let Parts::Records(recs) = self.parts(topic, partition, e)? {
+                    if last.len() + recs.len() > max_keys && e.cq.base_offset > d.clean_end {
+                        // Clean up to here; the rest in the next pass.
+                        bound = e.cq.base_offset;
+                        stats.key_map_full = true;
+                        break 'scan;
+                    }
+                    for rec in recs {
+                        if let Some(k) = rec.key {
+                            last.insert(k, rec.offset);
+                        }
+                    }
+                }
+            }
+            at = r.next_offset;
+        }
+        if bound <= d.clean_end {
+            return Ok(None);
+        }
+
+        // Pass 2: write the survivors.
+        let mut w = store.clean_writer(topic, partition)?;
+        let mut at = w.start();
+        'write: while at < bound {
+            let r = store.read(topic, partition, at, 4096, 8 << 20);
+            if r.status != ReadStatus::Found {
+                break;
+            }
+            for e in &r.entries {
+                if e.cq.base_offset >= bound {
+                    break 'write;
+                }
+                stats.bytes_read += e.data.len() as u64;
+                match self.parts(topic, partition, e)? {
+                    Parts::Keep => {
+                        w.push(&e.data, &e.cq)?;
+                    }
+                    Parts::Drop => {}
+                    Parts::Records(recs) => {
+                        stats.records_read += recs.len() as u64;
+                        let deleted_before = now_ms.saturating_sub(cfg.delete_retention_ms);
+                        let keep: Vec<bool> = recs
+                            .iter()
+                            .map(|r| {
+                                r.key.as_ref().is_some_and(|k| last.get(k) == Some(&r.offset))
+                                    && !(r.tombstone && e.cq.store_timestamp < deleted_before)
+                            })
+                            .collect();
+                        let kept = keep.iter().filter(|k| **k).count();
+                        stats.records_kept += kept as u64;
+                        if kept == recs.len() {
+                            w.push(&e.data, &e.cq)?;
+                        } else if kept > 0 {
+                            let (data, cq) = self.filtered_batch(topic, partition, e, &keep)?;
+                            w.push(&data, &cq)?;
+                        }
+                    }
+                }
+            }
+            at = r.next_offset;
+        }
+        stats.bytes_written = w.bytes();
+        stats.clean_end = bound;
+        store.install_clean(topic, partition, w, bound)?;
+        Ok(Some(stats))
+    }
+
+    /// Splits a stored entry into what compaction decides on.
+    fn parts(&self, topic: &str, partition: u32, e: &ReadEntry) -> Result<Parts> {
+        match e.decode() {
+            Ok(Entry::Message(m)) => Ok(Parts::Records(vec![Rec {
+                key: crate::convert::message_key(&m).map(Bytes::from),
+                offset: m.queue_offset,
+                tombstone: false,
+            }])),
+            Ok(Entry::KafkaBatch(b)) => {
+                let info = b.info().map_err(|e| crate::BrokerError::Corrupt(e.to_string()))?;
+                if info.attributes & 0x20 != 0 {
+                    return Ok(Parts::Keep);
+                }
+                if info.attributes & 0x10 != 0
+                    && self
+                        .kafka_txns
+                        .is_aborted(topic, partition, info.producer_id, b.queue_offset)
+                {
+                    return Ok(Parts::Drop);
+                }
+                let set = crate::validate::decode(&b.batch, self.config.max_batch_decompressed_bytes as usize)
+                    .map_err(crate::BrokerError::Corrupt)?;
+                Ok(Parts::Records(
+                    set.records
+                        .into_iter()
+                        .map(|r| Rec {
+                            key: r.key,
+                            offset: r.offset as u64,
+                            tombstone: r.value.is_none(),
+                        })
+                        .collect(),
+                ))
+            }
+            Err(err) => Err(crate::BrokerError::Corrupt(format!(
+                "entry at offset {} of {topic}/{partition}: {err}",
+                e.cq.base_offset
+            ))),
+        }
+    }
+
+    /// A stored Kafka batch with only the records `keep` marks: base offset
+    /// at the first kept record, last offset, codec, producer fields and
+    /// base sequence as the original's.
+    fn filtered_batch(&self, topic: &str, partition: u32, e: &ReadEntry, keep: &[bool]) -> Result<(Vec<u8>, CqEntry)> {
+        use kafka_protocol::records::{Compression, RecordBatchEncoder, RecordEncodeOptions};
+        let corrupt = |why: String| crate::BrokerError::Corrupt(format!("{topic}/{partition}: {why}"));
+        let Ok(Entry::KafkaBatch(b)) = e.decode() else {
+            return Err(corrupt("not a Kafka batch".into()));
+        };
+        let info = b.info().map_err(|e| corrupt(e.to_string()))?;
+        let set =
+            crate::validate::decode(&b.batch, self.config.max_batch_decompressed_bytes as usize).map_err(corrupt)?;
+        let records: Vec<_> = set
+            .records
+            .into_iter()
+            .zip(keep)
+            .filter_map(|(r, k)| k.then_some(r))
+            .collect();
+        let Some(first) = records.first() else {
+            return Err(corrupt("no record kept".into()));
+        };
+        let new_base = first.offset as u64;
+        let compression = match info.attributes & 0x07 {
+            1 => Compression::Gzip,
+            2 => Compression::Snappy,
+            3 => Compression::Lz4,
+            4 => Compression::Zstd,
+            _ => Compression::None,
+        };
+        let mut out = BytesMut::with_capacity(b.batch.len());
+        RecordBatchEncoder::encode(
+            &mut out,
+            records.iter(),
+            &RecordEncodeOptions {
+                version: 2,
+                compression,
+            },
+        )
+        .map_err(|e| corrupt(format!("re-encoding: {e}")))?;
+        let mut batch = out.to_vec();
+        if batch.len() < stored::BATCH_HEADER_LEN {
+            return Err(corrupt("re-encoded batch too short".into()));
+        }
+        let last_offset = b.queue_offset + u64::from(info.last_offset_delta);
+        let last_delta = (last_offset - new_base) as u32;
+        batch[23..27].copy_from_slice(&last_delta.to_be_bytes());
+        batch[53..57].copy_from_slice(&info.base_sequence.to_be_bytes());
+        if info.is_log_append_time() {
+            let attributes = u16::from_be_bytes([batch[21], batch[22]]) | 0x08;
+            batch[21..23].copy_from_slice(&attributes.to_be_bytes());
+            batch[35..43].copy_from_slice(&info.max_timestamp.to_be_bytes());
+        }
+        let crc = crc32c::crc32c(&batch[21..]);
+        batch[17..21].copy_from_slice(&crc.to_be_bytes());
+        let count = last_delta + 1;
+        let mut data = vec![0u8; stored::encoded_len(topic, batch.len())];
+        stored::encode(
+            &mut data,
+            topic,
+            &batch,
+            stored::KafkaPlacement {
+                queue_id: partition,
+                queue_offset: new_base,
+                phys_offset: b.phys_offset,
+                store_timestamp: b.store_timestamp,
+                count,
+            },
+        );
+        let cq = CqEntry {
+            base_offset: new_base,
+            count,
+            ..e.cq
+        };
+        Ok((data, cq))
+    }
+}
+
+/// Runs due compaction passes every `broker.compaction_interval_ms` until
+/// `shutdown`, on a blocking thread (a pass reads and writes files).
+pub async fn run(broker: std::sync::Arc<Broker>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+    let every = std::time::Duration::from_millis(broker.config.compaction_interval_ms.max(100));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if broker.store.compacted_topics().is_empty() {
+            continue;
+        }
+        let b = std::sync::Arc::clone(&broker);
+        let _ = tokio::task::spawn_blocking(move || b.compact_due(rokka_store::now_ms())).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BrokerConfig;
+    use kafka_protocol::indexmap::IndexMap;
+    use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+    use rokka_store::{MessageInput, MessageStore, StoreConfig};
+    use std::sync::Arc;
+
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    /// One batch of (key, value) records (None value = tombstone).
+    fn batch(recs: &[(&str, Option<&str>)], compression: Compression) -> std::result::Result<Bytes, String> {
+        let records: Vec<Record> = recs
+            .iter()
+            .enumerate()
+            .map(|(i, (k, v))| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: 0,
+                producer_id: 7,
+                producer_epoch: 0,
+                timestamp_type: TimestampType::Creation,
+                offset: i as i64,
+                sequence: 100 + i as i32,
+                timestamp: 1_700_000_000_000 + i as i64,
+                key: Some(Bytes::copy_from_slice(k.as_bytes())),
+                value: v.map(|v| Bytes::copy_from_slice(v.as_bytes())),
+                headers: IndexMap::new(),
+            })
+            .collect();
+        let mut out = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut out,
+            records.iter(),
+            &RecordEncodeOptions {
+                version: 2,
+                compression,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(out.freeze())
+    }
+
+    /// Every record of the partition: (offset, key, value).
+    fn records(b: &Broker, topic: &str) -> std::result::Result<Vec<(u64, String, Option<String>)>, String> {
+        let mut out = Vec::new();
+        let mut at = b.store.min_offset(topic, 0);
+        loop {
+            let r = b.store.read(topic, 0, at, 100, 1 << 20);
+            if r.status != ReadStatus::Found {
+                return Ok(out);
+            }
+            for e in &r.entries {
+                match e.decode().map_err(|e| e.to_string())? {
+                    Entry::KafkaBatch(k) => {
+                        if !stored::batch_crc_ok(&k.batch) {
+                            return Err(format!("batch at {} fails its CRC", k.queue_offset));
+                        }
+                        let set = crate::validate::decode(&k.batch, 1 << 20)?;
+                        for r in set.records {
+                            let s = |b: Option<Bytes>| b.map(|b| String::from_utf8_lossy(&b).into_owned());
+                            out.push((r.offset as u64, s(r.key).unwrap_or_default(), s(r.value)));
+                        }
+                    }
+                    Entry::Message(m) => out.push((
+                        m.queue_offset,
+                        String::from_utf8_lossy(&crate::convert::message_key(&m).unwrap_or_default()).into_owned(),
+                        Some(String::from_utf8_lossy(&m.body).into_owned()),
+                    )),
+                }
+            }
+            at = r.next_offset;
+        }
+    }
+
+    #[test]
+    fn the_latest_record_per_key_survives_with_its_offset() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        let mut cfg = std::collections::BTreeMap::new();
+        cfg.insert("cleanup.policy".to_string(), "compact".to_string());
+        cfg.insert("delete.retention.ms".to_string(), "0".to_string());
+        b.create_topic_with("C", 1, cfg)?;
+        assert!(store.is_compacted("C"));
+        // 0..3: a=1 b=1 c=1 (gzip); 3..5: a=2 b=tombstone; 5: a RocketMQ
+        // message for c; 6..8: d=1 a=3 (the newest entry, never cleaned).
+        b.append_kafka_batch(
+            "C",
+            0,
+            &batch(
+                &[("a", Some("1")), ("b", Some("1")), ("c", Some("1"))],
+                Compression::Gzip,
+            )?,
+        )?;
+        b.append_kafka_batch("C", 0, &batch(&[("a", Some("2")), ("b", None)], Compression::None)?)?;
+        let props = rokka_store::record::properties::encode([("KEYS", "c")]);
+        b.append_messages(&[MessageInput::new("C", 0, b"2", props.as_bytes())])?;
+        b.append_kafka_batch(
+            "C",
+            0,
+            &batch(&[("d", Some("1")), ("a", Some("3"))], Compression::None)?,
+        )?;
+        let cfg = b.topic_config("C").ok_or("no config")?;
+        let now = rokka_store::now_ms() + 10;
+        let s = b.compact_partition("C", 0, &cfg, now)?.ok_or("nothing compacted")?;
+        assert_eq!(s.clean_end, 6, "the newest entry stays dirty");
+        assert_eq!((s.records_read, s.records_kept), (6, 2));
+        let got = records(&b, "C")?;
+        let want = vec![
+            (3, "a".to_string(), Some("2".to_string())),
+            (5, "c".to_string(), Some("2".to_string())),
+            (6, "d".to_string(), Some("1".to_string())),
+            (7, "a".to_string(), Some("3".to_string())),
+        ];
+        assert_eq!(got, want);
+        // The partly kept batch keeps its last offset: a read from offset 4
+        // (its removed tombstone) gets that batch, and goes on at 5.
+        let r = store.read("C", 0, 4, 1, 1 << 20);
+        assert_eq!((r.entries[0].cq.base_offset, r.next_offset), (3, 5));
+        let r = store.read("C", 0, 1, 1, 1 << 20);
+        assert_eq!(r.entries[0].cq.base_offset, 3, "offsets 0..3 are gone");
+        let r = store.read("C", 0, 3, 1, 1 << 20);
+        assert_eq!((r.entries[0].cq.base_offset, r.next_offset), (3, 5));
+        if let Ok(Entry::KafkaBatch(k)) = r.entries[0].decode() {
+            let info = k.info()?;
+            assert_eq!(
+                (info.base_offset, info.last_offset_delta, info.base_sequence),
+                (3, 1, 100)
+            );
+        }
+        // Nothing more to clean until the newest entry has a successor.
+        assert!(b.compact_partition("C", 0, &cfg, now)?.is_none());
+        b.append_kafka_batch("C", 0, &batch(&[("e", Some("1"))], Compression::None)?)?;
+        let s = b.compact_partition("C", 0, &cfg, now)?.ok_or("nothing compacted")?;
+        assert_eq!(s.clean_end, 8);
+        let keys: Vec<String> = records(&b, "C")?.into_iter().map(|r| r.1).collect();
+        assert_eq!(keys, ["c", "d", "a", "e"]);
+        Ok(())
+    }
+
+    #[test]
+    fn tombstones_stay_for_delete_retention_and_keyless_records_go() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        b.create_topic("C", 1)?;
+        // Written before the topic became compacted: one message without KEYS.
+        b.append_messages(&[MessageInput::new("C", 0, b"keyless", b"")])?;
+        let mut cfg = std::collections::BTreeMap::new();
+        cfg.insert("cleanup.policy".to_string(), "compact,delete".to_string());
+        b.set_topic_configs("C", cfg)?;
+        assert!(store.is_compacted("C"));
+        b.append_kafka_batch("C", 0, &batch(&[("a", Some("1")), ("a", None)], Compression::Lz4)?)?;
+        b.append_kafka_batch("C", 0, &batch(&[("z", Some("1"))], Compression::None)?)?;
+        let cfg = b.topic_config("C").ok_or("no config")?;
+        assert!(cfg.compact && cfg.delete);
+        let now = rokka_store::now_ms();
+        b.compact_partition("C", 0, &cfg, now)?.ok_or("nothing compacted")?;
+        assert_eq!(
+            records(&b, "C")?,
+            vec![(2, "a".to_string(), None), (3, "z".to_string(), Some("1".to_string()))],
+            "a tombstone younger than delete.retention.ms (1 day) stays"
+        );
+        b.append_kafka_batch("C", 0, &batch(&[("y", Some("1"))], Compression::None)?)?;
+        b.compact_partition("C", 0, &cfg, now + 86_400_001)?
+            .ok_or("nothing compacted")?;
+        let keys: Vec<String> = records(&b, "C")?.into_iter().map(|r| r.1).collect();
+        assert_eq!(keys, ["z", "y"], "then it goes");
+        // Compaction off again: the store stops holding its dirty range.
+        b.set_topic_configs("C", Default::default())?;
+        assert!(!store.is_compacted("C"));
+        Ok(())
+    }
+}
