@@ -63,7 +63,9 @@ LISTENERS = {
 
 
 class Rokka:
-    def __init__(self, workdir, metrics_extra="", store_extra="", kafka_extra="", rocketmq_extra="", group_extra=""):
+    def __init__(
+        self, workdir, metrics_extra="", store_extra="", kafka_extra="", rocketmq_extra="", group_extra="", broker_extra=""
+    ):
         self.workdir = workdir
         self.ports = {}
         self.config = os.path.join(workdir, "rokka.toml")
@@ -72,6 +74,7 @@ class Rokka:
         line = {k: v.format(0) for k, v in LISTENERS.items()}
         # Only when asked: callers may append their own [group] table.
         group_section = f"[group]\n{group_extra}" if group_extra else ""
+        broker_section = f"[broker]\n{broker_extra}" if broker_extra else ""
         with open(self.config, "w") as f:
             f.write(
                 f"""
@@ -93,6 +96,7 @@ preallocate = false
 {line["broker"]}
 {rocketmq_extra}
 {group_section}
+{broker_section}
 """
             )
         self.proc = None
