@@ -264,3 +264,60 @@ def test_topic_retention_moves_the_log_start(rokka):
     assert p.flush(20) == 0
     got = read(rokka, "cfg-ret", 1, start=0)
     assert [(m.offset(), m.value()) for m in got] == [(10, b"new")]
+
+
+def test_dynamic_broker_configs_set_topic_defaults(rokka):
+    """IncrementalAlterConfigs on the BROKER resource changes the default of
+    topics without their own value, at once and across a restart;
+    DescribeConfigs shows where each value comes from; a key that is not
+    dynamic is refused. (The cluster-wide default, resource name "", is
+    what Kafka's own kafka-configs --entity-default sends; confluent-kafka
+    and kafka-python refuse an empty broker name, so
+    protocols/kafka/tests/wire.rs covers it.)"""
+    a = admin(rokka)
+    topic = "cfg-dynamic"
+    a.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(10)
+
+    def alter(name, key, value, op=AlterConfigOpType.SET):
+        res = ConfigResource(ResourceType.BROKER, name, incremental_configs=[ConfigEntry(key, value, incremental_operation=op)])
+        return a.incremental_alter_configs([res])[res].result(10)
+
+    alter("0", "message.max.bytes", "2000")
+    c = describe(a, topic)["max.message.bytes"]
+    assert (c.value, c.source) == ("2000", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+    # Synonyms name the broker setting it comes from (confluent-kafka keys
+    # them by name, so the chain of values is checked in wire.rs).
+    assert "message.max.bytes" in c.synonyms, c.synonyms
+    b = ConfigResource(ResourceType.BROKER, "0")
+    broker = a.describe_configs([b])[b].result(10)
+    assert broker["message.max.bytes"].value == "2000"
+    assert broker["message.max.bytes"].source == ConfigSource.DYNAMIC_BROKER_CONFIG.value
+    assert not broker["message.max.bytes"].is_read_only
+
+    # Enforced: a 5 kB record no longer fits a topic without its own value.
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "retries": 0, "message.max.bytes": 100000})
+    errs = []
+    p.produce(topic, value=b"x" * 5000, on_delivery=lambda err, msg: errs.append(err))
+    p.flush(15)
+    assert errs and errs[0] is not None and errs[0].code() == KafkaError.MSG_SIZE_TOO_LARGE, errs
+
+    rokka.restart()
+    a = admin(rokka)
+    assert describe(a, topic)["max.message.bytes"].value == "2000"
+    # Deleting this broker's value falls back to the static one.
+    alter("0", "message.max.bytes", None, AlterConfigOpType.DELETE)
+    c = describe(a, topic)["max.message.bytes"]
+    assert c.source == ConfigSource.DEFAULT_CONFIG.value
+    p = Producer({"bootstrap.servers": rokka.bootstrap})
+    errs = []
+    p.produce(topic, value=b"x" * 5000, on_delivery=lambda err, msg: errs.append(err))
+    p.flush(15)
+    assert errs == [None]
+
+    # Not a dynamic key: refused, nothing changes.
+    with pytest.raises(KafkaException) as e:
+        alter("0", "num.io.threads", "16")
+    assert e.value.args[0].code() == KafkaError.INVALID_REQUEST
+    with pytest.raises(KafkaException) as e:
+        alter("0", "log.retention.ms", "soon")
+    assert e.value.args[0].code() == KafkaError.INVALID_CONFIG

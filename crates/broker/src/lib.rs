@@ -8,6 +8,7 @@ pub mod arrivals;
 pub mod compaction;
 pub mod config;
 pub mod convert;
+pub mod dynamic;
 pub mod error;
 pub mod kafka_txn;
 pub mod limits;
@@ -55,7 +56,9 @@ pub struct Broker {
     timers: timer::Timers,
     kafka_txns: kafka_txn::KafkaTxns,
     /// The configs of a topic without overrides.
-    default_topic_config: topic_config::Effective,
+    default_topic_config: std::sync::RwLock<topic_config::Effective>,
+    /// Dynamic broker configs (defaults of topic configs).
+    dynamic: dynamic::DynamicConfigs,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
     lag: std::sync::Mutex<Vec<(String, String, u32, u64)>>,
     config: BrokerConfig,
@@ -102,10 +105,14 @@ impl Broker {
                 max_groups_per_txn: config.max_groups_per_transaction.max(1) as usize,
             },
         )?;
-        let default_topic_config = topic_config::Effective::resolve(&Default::default(), store.config());
+        let dynamic = dynamic::DynamicConfigs::load(&store.config().data_dir)?;
         let b = Broker {
             kafka_txns,
-            default_topic_config,
+            default_topic_config: std::sync::RwLock::new(topic_config::Effective::resolve(
+                &Default::default(),
+                store.config(),
+            )),
+            dynamic,
             store,
             topics,
             arrivals,
@@ -120,6 +127,7 @@ impl Broker {
             config,
         };
         b.rebuild_open_transactions();
+        b.refresh_default_topic_config();
         // The store's compacted marks follow the topic table (a crash
         // between the two writes, or a table restored from elsewhere).
         for (name, info) in b.topics.all() {
@@ -173,7 +181,7 @@ impl Broker {
                 self.config.max_partitions
             )));
         }
-        let compact = topic_config::Effective::resolve(&configs, self.store.config()).compact;
+        let compact = self.resolve_topic_config(&configs).compact;
         if !offload(|| self.topics.create_with(name, partitions, configs))? {
             return Err(BrokerError::TopicExists(name.to_string()));
         }
@@ -227,16 +235,60 @@ impl Broker {
     pub fn topic_config(&self, name: &str) -> Option<topic_config::Effective> {
         self.topics.get(name).map(|i| {
             if i.configs.is_empty() {
-                self.default_topic_config.clone()
+                self.default_topic_config
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone()
             } else {
-                topic_config::Effective::resolve(&i.configs, self.store.config())
+                self.resolve_topic_config(&i.configs)
             }
         })
     }
 
+    /// A topic config's value for a topic without its own: this broker's
+    /// dynamic value, the cluster's dynamic default, `config/rokka.toml`,
+    /// Kafka's default — with where it came from.
+    pub fn topic_default(&self, name: &str) -> (String, topic_config::Source) {
+        let dynamic = topic_config::spec_of(name)
+            .and_then(|s| s.broker_name)
+            .and_then(|b| self.dynamic.chain(b).into_iter().next());
+        dynamic.unwrap_or_else(|| topic_config::default_of(name, self.store.config()))
+    }
+
+    /// Effective configs of a topic with these overrides.
+    pub fn resolve_topic_config(
+        &self,
+        overrides: &std::collections::BTreeMap<String, String>,
+    ) -> topic_config::Effective {
+        topic_config::Effective::resolve_with(overrides, |n| self.topic_default(n).0)
+    }
+
+    fn refresh_default_topic_config(&self) {
+        let eff = self.resolve_topic_config(&Default::default());
+        *self.default_topic_config.write().unwrap_or_else(|p| p.into_inner()) = eff;
+    }
+
+    /// Dynamic broker configs (AlterConfigs on a BROKER resource).
+    pub fn dynamic_configs(&self) -> &dynamic::DynamicConfigs {
+        &self.dynamic
+    }
+
+    /// Replaces one set of dynamic broker configs (validated already);
+    /// topics without their own value follow at once.
+    pub fn set_dynamic_configs(
+        &self,
+        scope: dynamic::Scope,
+        configs: std::collections::BTreeMap<String, String>,
+    ) -> Result<()> {
+        offload(|| self.dynamic.set(scope, configs))?;
+        self.refresh_default_topic_config();
+        tracing::info!(?scope, "dynamic broker configs changed");
+        Ok(())
+    }
+
     /// Replaces a topic's config overrides (validated already).
     pub fn set_topic_configs(&self, name: &str, configs: std::collections::BTreeMap<String, String>) -> Result<()> {
-        let compact = topic_config::Effective::resolve(&configs, self.store.config()).compact;
+        let compact = self.resolve_topic_config(&configs).compact;
         offload(|| self.topics.set_configs(name, configs))?;
         offload(|| self.store.set_compacted(name, compact))?;
         tracing::info!(topic = name, "topic configs changed");
@@ -252,10 +304,10 @@ impl Broker {
         let store_cfg = self.store.config();
         let mut moved = 0;
         for (name, info) in self.topics.all() {
-            if info.configs.is_empty() {
-                continue;
-            }
-            let eff = topic_config::Effective::resolve(&info.configs, store_cfg);
+            let eff = match self.topic_config(&name) {
+                Some(e) => e,
+                None => continue,
+            };
             if !eff.own_retention(store_cfg) {
                 continue;
             }

@@ -37,6 +37,10 @@ pub enum Kind {
 pub enum Source {
     /// Set on the topic.
     Topic = 1,
+    /// Set for this broker by AlterConfigs (resource name = its id).
+    DynamicBroker = 2,
+    /// Set for every broker by AlterConfigs (resource name "").
+    DynamicDefaultBroker = 3,
     /// From `config/rokka.toml` (the broker's static configuration).
     StaticBroker = 4,
     /// Kafka's default.
@@ -338,12 +342,13 @@ pub struct Effective {
 
 impl Effective {
     pub fn resolve(overrides: &BTreeMap<String, String>, store: &StoreConfig) -> Effective {
-        let get = |name: &str| {
-            overrides
-                .get(name)
-                .cloned()
-                .unwrap_or_else(|| default_of(name, store).0)
-        };
+        Effective::resolve_with(overrides, |name| default_of(name, store).0)
+    }
+
+    /// As [`Effective::resolve`], with the value of a config the topic does
+    /// not override from `default` (dynamic broker configs, then static).
+    pub fn resolve_with(overrides: &BTreeMap<String, String>, default: impl Fn(&str) -> String) -> Effective {
+        let get = |name: &str| overrides.get(name).cloned().unwrap_or_else(|| default(name));
         let int = |name: &str, dflt: i64| get(name).parse::<i64>().unwrap_or(dflt);
         let policy = get("cleanup.policy");
         Effective {
@@ -355,7 +360,7 @@ impl Effective {
             min_cleanable_dirty_ratio: get("min.cleanable.dirty.ratio").parse().unwrap_or(0.5),
             retention_ms: int("retention.ms", -1),
             retention_bytes: int("retention.bytes", -1),
-            max_message_bytes: int("max.message.bytes", store.max_message_bytes as i64).max(0) as u64,
+            max_message_bytes: int("max.message.bytes", i64::from(i32::MAX)).max(0) as u64,
             compression: match get("compression.type").as_str() {
                 "uncompressed" => Some(0),
                 "gzip" => Some(1),

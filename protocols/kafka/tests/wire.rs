@@ -306,3 +306,94 @@ async fn bad_frames_close_only_their_connection() -> TestResult {
         .any(|k| k.api_key == ApiKey::Produce as i16 && k.max_version >= 9));
     Ok(())
 }
+
+/// Dynamic broker configs: the cluster default (resource name "", what
+/// kafka-configs --entity-default sends; the Python clients refuse an empty
+/// name) under this broker's own value, both in the synonyms of a topic's
+/// config in the order Kafka gives them.
+#[tokio::test]
+async fn dynamic_broker_configs_layer_under_topic_configs() -> TestResult {
+    use incremental_alter_configs_request::{AlterConfigsResource, AlterableConfig};
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut s = TcpStream::connect(addr).await?;
+    let create = CreateTopicsRequest::default().with_topics(vec![create_topics_request::CreatableTopic::default()
+        .with_name(TopicName(StrBytes::from_static_str("dyn")))
+        .with_num_partitions(1)
+        .with_replication_factor(1)]);
+    let r: CreateTopicsResponse = call(&mut s, ApiKey::CreateTopics, 5, &create).await?;
+    assert_eq!(r.topics[0].error_code, 0);
+    let set = |name: &'static str, key: &'static str, value: Option<&'static str>| {
+        IncrementalAlterConfigsRequest::default().with_resources(vec![AlterConfigsResource::default()
+            .with_resource_type(4)
+            .with_resource_name(StrBytes::from_static_str(name))
+            .with_configs(vec![AlterableConfig::default()
+                .with_name(StrBytes::from_static_str(key))
+                .with_config_operation(if value.is_some() { 0 } else { 1 })
+                .with_value(value.map(StrBytes::from_static_str))])])
+    };
+    for (name, value) in [("", "600000"), ("0", "700000")] {
+        let r: IncrementalAlterConfigsResponse = call(
+            &mut s,
+            ApiKey::IncrementalAlterConfigs,
+            1,
+            &set(name, "log.retention.ms", Some(value)),
+        )
+        .await?;
+        assert_eq!(r.responses[0].error_code, 0, "{:?}", r.responses[0].error_message);
+    }
+    // Another broker's id is not this broker's to change.
+    let r: IncrementalAlterConfigsResponse = call(
+        &mut s,
+        ApiKey::IncrementalAlterConfigs,
+        1,
+        &set("5", "log.retention.ms", Some("1")),
+    )
+    .await?;
+    assert_eq!(r.responses[0].error_code, 42);
+    let describe = |rtype: i8, name: &'static str| {
+        DescribeConfigsRequest::default()
+            .with_include_synonyms(true)
+            .with_resources(vec![describe_configs_request::DescribeConfigsResource::default()
+                .with_resource_type(rtype)
+                .with_resource_name(StrBytes::from_static_str(name))
+                .with_configuration_keys(Some(vec![
+                    StrBytes::from_static_str("retention.ms"),
+                    StrBytes::from_static_str("log.retention.ms"),
+                ]))])
+    };
+    let r: DescribeConfigsResponse = call(&mut s, ApiKey::DescribeConfigs, 4, &describe(2, "dyn")).await?;
+    let c = &r.results[0].configs[0];
+    assert_eq!((c.value.as_deref(), c.config_source), (Some("700000"), 2));
+    let chain: Vec<(String, i8)> = c
+        .synonyms
+        .iter()
+        .map(|s| (s.value.as_deref().unwrap_or("").to_string(), s.source))
+        .collect();
+    assert_eq!(
+        chain,
+        [
+            ("700000".to_string(), 2),
+            ("600000".to_string(), 3),
+            ((72u64 * 3_600_000).to_string(), 5)
+        ]
+    );
+    // The cluster default described alone.
+    let r: DescribeConfigsResponse = call(&mut s, ApiKey::DescribeConfigs, 4, &describe(4, "")).await?;
+    let c = &r.results[0].configs;
+    assert_eq!(c.len(), 1);
+    assert_eq!((c[0].value.as_deref(), c[0].config_source), (Some("600000"), 3));
+    // This broker's value deleted: the cluster default applies.
+    let r: IncrementalAlterConfigsResponse = call(
+        &mut s,
+        ApiKey::IncrementalAlterConfigs,
+        1,
+        &set("0", "log.retention.ms", None),
+    )
+    .await?;
+    assert_eq!(r.responses[0].error_code, 0);
+    let r: DescribeConfigsResponse = call(&mut s, ApiKey::DescribeConfigs, 4, &describe(2, "dyn")).await?;
+    let c = &r.results[0].configs[0];
+    assert_eq!((c.value.as_deref(), c.config_source), (Some("600000"), 3));
+    Ok(())
+}

@@ -9,6 +9,7 @@ use kafka_protocol::messages::describe_configs_response::{
 use kafka_protocol::messages::offset_delete_response::{OffsetDeleteResponsePartition, OffsetDeleteResponseTopic};
 use kafka_protocol::messages::*;
 
+use rokka_broker::dynamic::{self, Scope};
 use rokka_broker::topic_config::{self, Kind, Source};
 
 use super::str_bytes;
@@ -45,10 +46,10 @@ pub fn topic_entries(
     topic_config::SPECS
         .iter()
         .map(|spec| {
-            let (dflt, dsource) = topic_config::default_of(spec.name, store);
+            let (dflt, dsource) = k.broker.topic_default(spec.name);
             let (value, source) = match overrides.get(spec.name) {
                 Some(v) => (v.clone(), Source::Topic),
-                None => (dflt.clone(), dsource),
+                None => (dflt, dsource),
             };
             let mut syn = Vec::new();
             if synonyms {
@@ -56,7 +57,11 @@ pub fn topic_entries(
                     syn.push((spec.name, v.clone(), Source::Topic));
                 }
                 if let Some(b) = spec.broker_name {
-                    syn.push((b, dflt, dsource));
+                    for (v, src) in k.broker.dynamic_configs().chain(b) {
+                        syn.push((b, v, src));
+                    }
+                    let (v, src) = topic_config::default_of(spec.name, store);
+                    syn.push((b, v, src));
                 }
             }
             ConfigEntry {
@@ -85,10 +90,81 @@ fn broker_configs(k: &Kafka) -> Vec<(&'static str, String, Kind)> {
         ),
         ("broker.id", k.config.node_id.to_string(), TYPE_INT),
         ("log.retention.hours", s.retention_hours.to_string(), TYPE_INT),
-        ("log.segment.bytes", s.commitlog_segment_bytes.to_string(), TYPE_INT),
-        ("message.max.bytes", s.max_message_bytes.to_string(), TYPE_INT),
         ("num.partitions", b.default_partitions.to_string(), TYPE_INT),
     ]
+}
+
+/// A BROKER resource's entries: the static settings (read-only), then the
+/// broker-level defaults of topic configs with their dynamic values.
+fn broker_entries(k: &Kafka, scope: Scope, synonyms: bool) -> Vec<ConfigEntry> {
+    let store = k.broker.store().config();
+    let mut out = Vec::new();
+    if scope == Scope::ThisBroker {
+        for (n, v, t) in broker_configs(k) {
+            out.push(ConfigEntry {
+                name: n,
+                value: v.clone(),
+                source: Source::StaticBroker,
+                kind: t,
+                read_only: true,
+                synonyms: if synonyms {
+                    vec![(n, v, Source::StaticBroker)]
+                } else {
+                    Vec::new()
+                },
+            });
+        }
+    }
+    for spec in topic_config::SPECS {
+        let Some(key) = spec.broker_name else { continue };
+        let mut chain = k.broker.dynamic_configs().chain(key);
+        if scope == Scope::ClusterDefault {
+            // The cluster default alone (as Kafka describes resource "").
+            chain.retain(|(_, src)| *src == Source::DynamicDefaultBroker);
+            let Some((v, src)) = chain.into_iter().next() else {
+                continue;
+            };
+            out.push(ConfigEntry {
+                name: key,
+                value: v.clone(),
+                source: src,
+                kind: spec.kind,
+                read_only: false,
+                synonyms: if synonyms { vec![(key, v, src)] } else { Vec::new() },
+            });
+            continue;
+        }
+        chain.push(topic_config::default_of(spec.name, store));
+        let (value, source) = chain[0].clone();
+        out.push(ConfigEntry {
+            name: key,
+            value,
+            source,
+            kind: spec.kind,
+            read_only: dynamic::spec_of_broker_key(key).is_none(),
+            synonyms: if synonyms {
+                chain.into_iter().map(|(v, src)| (key, v, src)).collect()
+            } else {
+                Vec::new()
+            },
+        });
+    }
+    out
+}
+
+/// The set a BROKER resource name names: "" every broker's default, this
+/// node's id this broker.
+fn broker_scope(k: &Kafka, name: &str) -> Result<Scope, (i16, String)> {
+    if name.is_empty() {
+        Ok(Scope::ClusterDefault)
+    } else if name == k.config.node_id.to_string() {
+        Ok(Scope::ThisBroker)
+    } else {
+        Err((
+            errors::INVALID_REQUEST,
+            format!("Broker {name} is not this broker ({})", k.config.node_id),
+        ))
+    }
 }
 
 pub fn describe_configs(k: &Kafka, r: DescribeConfigsRequest, version: i16) -> DescribeConfigsResponse {
@@ -109,21 +185,14 @@ pub fn describe_configs(k: &Kafka, r: DescribeConfigsRequest, version: i16) -> D
                         return out;
                     }
                 },
-                RESOURCE_BROKER => broker_configs(k)
-                    .into_iter()
-                    .map(|(n, v, t)| ConfigEntry {
-                        name: n,
-                        value: v.clone(),
-                        source: Source::StaticBroker,
-                        kind: t,
-                        read_only: true,
-                        synonyms: if r.include_synonyms {
-                            vec![(n, v, Source::StaticBroker)]
-                        } else {
-                            Vec::new()
-                        },
-                    })
-                    .collect(),
+                RESOURCE_BROKER => match broker_scope(k, &name) {
+                    Ok(scope) => broker_entries(k, scope, r.include_synonyms),
+                    Err((code, msg)) => {
+                        out.error_code = code;
+                        out.error_message = Some(str_bytes(&msg));
+                        return out;
+                    }
+                },
                 other => {
                     out.error_code = errors::INVALID_REQUEST;
                     out.error_message = Some(str_bytes(&format!("unsupported resource type {other}")));
@@ -167,38 +236,76 @@ pub fn describe_configs(k: &Kafka, r: DescribeConfigsRequest, version: i16) -> D
     DescribeConfigsResponse::default().with_results(results)
 }
 
-/// The resource an Alter names: a topic's current overrides, or why not.
+/// What an Alter changes.
+#[derive(Debug, Clone)]
+enum Target {
+    Topic(String),
+    Broker(Scope),
+}
+
+impl Target {
+    /// Checks one (name, value); the value as stored.
+    fn validate(&self, key: &str, value: &str) -> Result<String, (i16, String)> {
+        match self {
+            Target::Topic(_) => topic_config::validate(key, value),
+            Target::Broker(_) => dynamic::validate(key, value),
+        }
+        .map_err(|e| (errors::INVALID_CONFIG, e))
+    }
+
+    /// The topic config spec behind `key`.
+    fn spec(&self, key: &str) -> Result<&'static topic_config::Spec, (i16, String)> {
+        match self {
+            Target::Topic(_) => topic_config::spec_of(key)
+                .ok_or_else(|| (errors::INVALID_CONFIG, format!("Unknown topic config name: {key}"))),
+            Target::Broker(_) => dynamic::spec_of_broker_key(key).ok_or_else(|| {
+                (
+                    errors::INVALID_REQUEST,
+                    format!("Cannot update these configs dynamically: Set({key})"),
+                )
+            }),
+        }
+    }
+}
+
+/// The resource an Alter names with its current values, or why not.
 fn alter_target(
     k: &Kafka,
     resource_type: i8,
     name: &str,
-) -> Result<std::collections::BTreeMap<String, String>, (i16, String)> {
+) -> Result<(Target, std::collections::BTreeMap<String, String>), (i16, String)> {
     match resource_type {
-        RESOURCE_TOPIC => k.broker.topics().get(name).map(|i| i.configs).ok_or((
-            errors::UNKNOWN_TOPIC_OR_PARTITION,
-            format!("Topic {name} does not exist."),
-        )),
-        RESOURCE_BROKER => Err((
-            errors::INVALID_REQUEST,
-            "Rokka's broker settings are static: change config/rokka.toml and restart".into(),
-        )),
+        RESOURCE_TOPIC => k
+            .broker
+            .topics()
+            .get(name)
+            .map(|i| (Target::Topic(name.to_string()), i.configs))
+            .ok_or((
+                errors::UNKNOWN_TOPIC_OR_PARTITION,
+                format!("Topic {name} does not exist."),
+            )),
+        RESOURCE_BROKER => {
+            let scope = broker_scope(k, name)?;
+            Ok((Target::Broker(scope), k.broker.dynamic_configs().get(scope)))
+        }
         other => Err((errors::INVALID_REQUEST, format!("unsupported resource type {other}"))),
     }
 }
 
 fn alter_result(
     k: &Kafka,
-    name: &str,
     validate_only: bool,
-    next: Result<std::collections::BTreeMap<String, String>, (i16, String)>,
+    next: Result<(Target, std::collections::BTreeMap<String, String>), (i16, String)>,
 ) -> (i16, Option<String>) {
-    let stored = next.and_then(|configs| {
+    let stored = next.and_then(|(target, configs)| {
         if validate_only {
             return Ok(());
         }
-        k.broker
-            .set_topic_configs(name, configs)
-            .map_err(|e| (errors::code(&e), e.to_string()))
+        match target {
+            Target::Topic(name) => k.broker.set_topic_configs(&name, configs),
+            Target::Broker(scope) => k.broker.set_dynamic_configs(scope, configs),
+        }
+        .map_err(|e| (errors::code(&e), e.to_string()))
     });
     match stored {
         Ok(()) => (errors::NONE, None),
@@ -217,15 +324,22 @@ pub fn alter_configs(k: &Kafka, r: AlterConfigsRequest) -> AlterConfigsResponse 
         .into_iter()
         .map(|res| {
             let name = res.resource_name.to_string();
-            let next = alter_target(k, res.resource_type, &name).and_then(|_| {
-                topic_config::validate_all(
-                    res.configs
-                        .iter()
-                        .map(|c| (c.name.as_str(), c.value.as_ref().map(|v| v.as_str()))),
-                )
-                .map_err(|e| (errors::INVALID_CONFIG, e))
+            let next = alter_target(k, res.resource_type, &name).and_then(|(target, _)| {
+                let mut configs = std::collections::BTreeMap::new();
+                for c in &res.configs {
+                    let key = c.name.as_str();
+                    let Some(value) = c.value.as_ref() else {
+                        return Err((
+                            errors::INVALID_CONFIG,
+                            format!("Null value not supported for configs: {key}"),
+                        ));
+                    };
+                    target.spec(key)?;
+                    configs.insert(key.to_string(), target.validate(key, value.as_str())?);
+                }
+                Ok((target, configs))
             });
-            let (code, msg) = alter_result(k, &name, r.validate_only, next);
+            let (code, msg) = alter_result(k, r.validate_only, next);
             alter_configs_response::AlterConfigsResourceResponse::default()
                 .with_error_code(code)
                 .with_error_message(msg.map(|m| str_bytes(&m)))
@@ -244,24 +358,21 @@ const OP_SUBTRACT: i8 = 3;
 /// IncrementalAlterConfigs: SET, DELETE, and APPEND / SUBTRACT on list
 /// configs, applied to a topic's overrides in order.
 pub fn incremental_alter_configs(k: &Kafka, r: IncrementalAlterConfigsRequest) -> IncrementalAlterConfigsResponse {
-    let store = k.broker.store().config().clone();
     let responses = r
         .resources
         .into_iter()
         .map(|res| {
             let name = res.resource_name.to_string();
-            let next = alter_target(k, res.resource_type, &name).and_then(|mut configs| {
+            let next = alter_target(k, res.resource_type, &name).and_then(|(target, mut configs)| {
                 for c in &res.configs {
                     let key = c.name.as_str();
-                    let Some(spec) = topic_config::spec_of(key) else {
-                        return Err((errors::INVALID_CONFIG, format!("Unknown topic config name: {key}")));
-                    };
+                    let spec = target.spec(key)?;
                     let value = c.value.as_ref().map(|v| v.to_string());
                     match c.config_operation {
                         OP_SET => {
                             let v = value
                                 .ok_or((errors::INVALID_REQUEST, format!("Null value not supported for: {key}")))?;
-                            let v = topic_config::validate(key, &v).map_err(|e| (errors::INVALID_CONFIG, e))?;
+                            let v = target.validate(key, &v)?;
                             configs.insert(key.to_string(), v);
                         }
                         OP_DELETE => {
@@ -277,7 +388,7 @@ pub fn incremental_alter_configs(k: &Kafka, r: IncrementalAlterConfigsRequest) -
                             let current = configs
                                 .get(key)
                                 .cloned()
-                                .unwrap_or_else(|| topic_config::default_of(key, &store).0);
+                                .unwrap_or_else(|| k.broker.topic_default(spec.name).0);
                             let mut items: Vec<String> = current
                                 .split(',')
                                 .map(str::trim)
@@ -298,16 +409,15 @@ pub fn incremental_alter_configs(k: &Kafka, r: IncrementalAlterConfigsRequest) -
                                     items.retain(|i| i != v);
                                 }
                             }
-                            let v = topic_config::validate(key, &items.join(","))
-                                .map_err(|e| (errors::INVALID_CONFIG, e))?;
+                            let v = target.validate(key, &items.join(","))?;
                             configs.insert(key.to_string(), v);
                         }
                         other => return Err((errors::INVALID_REQUEST, format!("unknown config operation {other}"))),
                     }
                 }
-                Ok(configs)
+                Ok((target, configs))
             });
-            let (code, msg) = alter_result(k, &name, r.validate_only, next);
+            let (code, msg) = alter_result(k, r.validate_only, next);
             incremental_alter_configs_response::AlterConfigsResourceResponse::default()
                 .with_error_code(code)
                 .with_error_message(msg.map(|m| str_bytes(&m)))

@@ -1,0 +1,145 @@
+//! Dynamic broker configs (Kafka's `AlterConfigs` on a BROKER resource):
+//! the broker-level defaults of topic configs (`log.retention.ms`,
+//! `message.max.bytes`, `compression.type`, `log.cleaner.*` ...), set for
+//! the whole cluster (resource name "") or for this broker (its node id),
+//! persisted in `<data_dir>/config/broker-dynamic.json`. A topic without
+//! its own override takes this broker's value, else the cluster default,
+//! else `config/rokka.toml`, else Kafka's default — the order Kafka
+//! resolves them in.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{BrokerError, Result};
+use crate::topic_config::{self, Source, Spec};
+
+/// Which set an Alter or Describe names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Resource name "": every broker's default.
+    ClusterDefault,
+    /// Resource name = this node's id.
+    ThisBroker,
+}
+
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+struct Sets {
+    #[serde(default)]
+    default: BTreeMap<String, String>,
+    #[serde(default)]
+    broker: BTreeMap<String, String>,
+}
+
+#[derive(Debug)]
+pub struct DynamicConfigs {
+    path: PathBuf,
+    sets: RwLock<Sets>,
+}
+
+/// The topic config a dynamic broker key is the default of. Not
+/// `log.cleanup.policy`: a cluster-wide `compact` would make RocketMQ's
+/// own system topics (retry, schedule, half messages) compacted.
+pub fn spec_of_broker_key(key: &str) -> Option<&'static Spec> {
+    topic_config::SPECS
+        .iter()
+        .find(|s| s.broker_name == Some(key) && key != "log.cleanup.policy")
+}
+
+/// Checks a dynamic broker key and value; the value as stored, or why not.
+pub fn validate(key: &str, value: &str) -> std::result::Result<String, String> {
+    let spec = spec_of_broker_key(key).ok_or_else(|| format!("Cannot update these configs dynamically: Set({key})"))?;
+    topic_config::validate(spec.name, value).map_err(|e| e.replace(spec.name, key))
+}
+
+impl DynamicConfigs {
+    pub fn load(data_dir: &Path) -> Result<DynamicConfigs> {
+        let path = data_dir.join("config").join("broker-dynamic.json");
+        let sets = match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| BrokerError::BadFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Sets::default(),
+            Err(e) => return Err(BrokerError::Io(path, e)),
+        };
+        Ok(DynamicConfigs {
+            path,
+            sets: RwLock::new(sets),
+        })
+    }
+
+    /// The set `scope` names.
+    pub fn get(&self, scope: Scope) -> BTreeMap<String, String> {
+        let s = self.sets.read().unwrap_or_else(|p| p.into_inner());
+        match scope {
+            Scope::ClusterDefault => s.default.clone(),
+            Scope::ThisBroker => s.broker.clone(),
+        }
+    }
+
+    /// Replaces the set `scope` names (values validated already) and
+    /// persists both.
+    pub fn set(&self, scope: Scope, configs: BTreeMap<String, String>) -> Result<()> {
+        let mut s = self.sets.write().unwrap_or_else(|p| p.into_inner());
+        let mut next = s.clone();
+        match scope {
+            Scope::ClusterDefault => next.default = configs,
+            Scope::ThisBroker => next.broker = configs,
+        }
+        let json = serde_json::to_vec_pretty(&next).map_err(|e| BrokerError::BadFile {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
+        }
+        rokka_store::checkpoint::write_atomically(&self.path, &json)?;
+        *s = next;
+        Ok(())
+    }
+
+    /// The dynamic values of broker key `key`, most specific first.
+    pub fn chain(&self, key: &str) -> Vec<(String, Source)> {
+        let s = self.sets.read().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        if let Some(v) = s.broker.get(key) {
+            out.push((v.clone(), Source::DynamicBroker));
+        }
+        if let Some(v) = s.default.get(key) {
+            out.push((v.clone(), Source::DynamicDefaultBroker));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broker_keys_map_to_topic_configs_and_persist() -> Result<()> {
+        assert_eq!(validate("log.retention.ms", "1000"), Ok("1000".into()));
+        assert!(validate("message.max.bytes", "x").is_err_and(|e| e.contains("message.max.bytes")));
+        assert!(validate("num.io.threads", "8").is_err_and(|e| e.contains("dynamically")));
+        assert!(validate("log.cleanup.policy", "compact").is_err());
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let d = DynamicConfigs::load(dir.path())?;
+        let mut m = BTreeMap::new();
+        m.insert("message.max.bytes".to_string(), "2000".to_string());
+        d.set(Scope::ClusterDefault, m.clone())?;
+        m.insert("message.max.bytes".to_string(), "3000".to_string());
+        d.set(Scope::ThisBroker, m)?;
+        let d = DynamicConfigs::load(dir.path())?;
+        assert_eq!(
+            d.chain("message.max.bytes"),
+            vec![
+                ("3000".to_string(), Source::DynamicBroker),
+                ("2000".to_string(), Source::DynamicDefaultBroker)
+            ]
+        );
+        Ok(())
+    }
+}
