@@ -2,8 +2,10 @@
 //! records survive. The store keeps the clean logs they produce
 //! (`rokka_store::compacted`, docs/decisions/0003-compacted-topics.md).
 //!
-//! A pass over one partition reads `[log start, bound)` twice. First it
-//! maps every key to its last offset; then it writes each record that is
+//! A pass over one partition first maps every key of its dirty range
+//! `[clean end, bound)` to its last offset (at most
+//! `broker.compaction_max_keys` keys: a larger range is cleaned in several
+//! passes), then reads `[log start, bound)` and writes each record that is
 //! the last for its key into the next clean log generation:
 //!
 //! * the key is the Kafka record key, or for a RocketMQ message its `KEYS`
@@ -157,9 +159,11 @@ impl Broker {
         let mut stats = PassStats::default();
         let max_keys = self.config.compaction_max_keys.max(1) as usize;
 
-        // Pass 1: the last offset of each key.
+        // Pass 1: the last offset of each key of the dirty range (as
+        // Kafka's cleaner maps only the dirty section: a clean record
+        // whose key is not in the map is already the latest of its key).
         let mut last: HashMap<Bytes, u64> = HashMap::new();
-        let mut at = d.start;
+        let mut at = d.clean_end;
         'scan: while at < bound {
             let r = store.read(topic, partition, at, 4096, 8 << 20);
             if r.status != ReadStatus::Found {
@@ -213,7 +217,9 @@ impl Broker {
                         let keep: Vec<bool> = recs
                             .iter()
                             .map(|r| {
-                                r.key.as_ref().is_some_and(|k| last.get(k) == Some(&r.offset))
+                                r.key
+                                    .as_ref()
+                                    .is_some_and(|k| last.get(k).is_none_or(|o| *o == r.offset))
                                     && !(r.tombstone && e.cq.store_timestamp < deleted_before)
                             })
                             .collect();
@@ -512,6 +518,46 @@ mod tests {
         assert_eq!(s.clean_end, 8);
         let keys: Vec<String> = records(&b, "C")?.into_iter().map(|r| r.1).collect();
         assert_eq!(keys, ["c", "d", "a", "e"]);
+        Ok(())
+    }
+
+    #[test]
+    fn a_full_key_map_cleans_in_several_passes() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let cfg = BrokerConfig {
+            compaction_max_keys: 3,
+            ..BrokerConfig::default()
+        };
+        let b = Broker::new(Arc::clone(&store), cfg)?;
+        let mut configs = std::collections::BTreeMap::new();
+        configs.insert("cleanup.policy".to_string(), "compact".to_string());
+        b.create_topic_with("C", 1, configs)?;
+        // Keys 0..8 twice, then a last entry.
+        for round in 0..2 {
+            for k in 0..8 {
+                let props = rokka_store::record::properties::encode([("KEYS", format!("k{k}").as_str())]);
+                let body = format!("{round}");
+                b.append_messages(&[MessageInput::new("C", 0, body.as_bytes(), props.as_bytes())])?;
+            }
+        }
+        b.append_kafka_batch("C", 0, &batch(&[("end", Some("x"))], Compression::None)?)?;
+        let cfg = b.topic_config("C").ok_or("no config")?;
+        let now = rokka_store::now_ms();
+        let mut passes = 0;
+        let mut full = 0;
+        while let Some(s) = b.compact_partition("C", 0, &cfg, now)? {
+            passes += 1;
+            full += u32::from(s.key_map_full);
+            assert!(passes < 20, "no progress");
+        }
+        assert!(passes > 1 && full > 0, "{passes} passes, {full} with a full map");
+        let got = records(&b, "C")?;
+        let mut want: Vec<(u64, String, Option<String>)> = (0..8)
+            .map(|k| (8 + k, format!("k{k}"), Some("1".to_string())))
+            .collect();
+        want.push((16, "end".into(), Some("x".into())));
+        assert_eq!(got, want);
         Ok(())
     }
 
