@@ -343,13 +343,14 @@ fn store_check(cfg: &Config, reappend: bool) -> ExitCode {
         }
     };
     println!(
-        "{}: {} segments, {} entries up to CommitLog offset {}; {} queues, {} queue entries; {} lost+found files",
+        "{}: {} segments, {} entries up to CommitLog offset {}; {} queues, {} queue entries; {} clean-log entries; {} lost+found files",
         dir.display(),
         report.segments,
         report.entries,
         report.commitlog_end,
         report.queues,
         report.queue_entries,
+        report.clean_entries,
         report.lost_found_files
     );
     for p in &report.problems {

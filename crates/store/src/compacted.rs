@@ -88,6 +88,28 @@ impl CleanLog {
         self.generation
     }
 
+    /// Checks every surviving entry (CRCs, and that it is the record of its
+    /// topic, queue and offset); the problems found.
+    pub(crate) fn verify(&self, topic: &str, queue_id: u32) -> Vec<String> {
+        let mut out = Vec::new();
+        for e in &self.index {
+            let (from, to) = (e.phys_offset as usize, e.phys_offset as usize + e.size as usize);
+            let why = match crate::record::verify_entry(&self.data[from..to]) {
+                Err(err) => err.to_string(),
+                Ok(r) if r.topic != topic.as_bytes() || r.queue_id != queue_id => {
+                    format!("belongs to {}/{}", String::from_utf8_lossy(r.topic), r.queue_id)
+                }
+                Ok(r) if r.queue_offset != e.base_offset => format!("records offset {}", r.queue_offset),
+                Ok(_) => continue,
+            };
+            out.push(format!(
+                "clean log {topic}/{queue_id} generation {}: entry for offset {} at {}: {why}",
+                self.generation, e.base_offset, e.phys_offset
+            ));
+        }
+        out
+    }
+
     /// Surviving entries.
     pub fn entry_count(&self) -> usize {
         self.index.len()
@@ -124,6 +146,12 @@ impl CleanLog {
     /// clean log) and removes files of other generations (a pass that
     /// crashed before its switch, or one already replaced).
     pub(crate) fn load(dir: &Path) -> Result<Option<CleanLog>> {
+        CleanLog::open(dir, true)
+    }
+
+    /// As [`CleanLog::load`]; `tidy` = false changes nothing on disk
+    /// (`rokka store check`).
+    pub(crate) fn open(dir: &Path, tidy: bool) -> Result<Option<CleanLog>> {
         let state_path = dir.join(STATE);
         let state: Option<State> = match std::fs::read(&state_path) {
             Ok(b) => Some(
@@ -143,7 +171,7 @@ impl CleanLog {
                 .or_else(|| name.strip_prefix("index."))
                 .and_then(|g| g.parse::<u64>().ok());
             match generation {
-                Some(g) if Some(g) != keep => {
+                Some(g) if Some(g) != keep && tidy => {
                     std::fs::remove_file(item.path()).map_err(StoreError::io("remove", item.path()))?;
                 }
                 Some(_) => {}

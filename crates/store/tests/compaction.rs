@@ -213,3 +213,49 @@ fn retention_keeps_segments_with_a_dirty_range_and_asks_for_a_pass() -> TestResu
     assert_eq!(put(&store, "C", 20, 4)?.queue_offset, 20);
     Ok(())
 }
+
+#[test]
+fn store_check_verifies_clean_logs_and_a_damaged_one_refuses_to_open() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    store.set_compacted("C", true)?;
+    for i in 0..10 {
+        put(&store, "C", i, 3)?;
+    }
+    compact(&store, "C", 9)?;
+    store.close()?;
+    drop(store);
+    let max_entry = cfg.max_message_bytes as usize + 64 * 1024;
+    let report = rokka_store::check::check_dir(dir.path(), max_entry)?;
+    assert!(report.ok(), "{:?}", report.problems);
+    assert_eq!(report.clean_entries, 3);
+    // One flipped byte in a survivor's body: the check names it.
+    let data = dir.path().join("compacted/C/0/clean.1");
+    let mut b = std::fs::read(&data)?;
+    let last = b.len() - 3;
+    b[last] ^= 0xff;
+    std::fs::write(&data, &b)?;
+    let report = rokka_store::check::check_dir(dir.path(), max_entry)?;
+    assert!(
+        report.problems.iter().any(|p| p.contains("clean log C/0")),
+        "{:?}",
+        report.problems
+    );
+    // Reads of it are refused as any damaged entry, not served.
+    let store = MessageStore::open(cfg.clone())?;
+    let r = store.read("C", 0, 8, 1, 1 << 20);
+    assert_eq!(r.status, ReadStatus::Damaged);
+    drop(store);
+    // A truncated index is a damaged file: the store names it and does
+    // not start.
+    let index = dir.path().join("compacted/C/0/index.1");
+    let b = std::fs::read(&index)?;
+    std::fs::write(&index, &b[..b.len() - 5])?;
+    match MessageStore::open(cfg) {
+        Err(rokka_store::StoreError::BadFile { path, .. }) => assert!(path.ends_with("index.1"), "{path:?}"),
+        other => panic!("expected BadFile, got {other:?}"),
+    }
+    Ok(())
+}
