@@ -9,6 +9,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # Cargo.lock gave before the patch)
 crates=(
   "kafka-protocol 0.18.0 099d5c2f1b40cd830cbf18ca4d2a0805f2875b811ca18f0372b2433e68fe2dda"
+  "etcd-client 0.21.1 c46b85f82f5189ce66d901425833ee2d94440a571e8071252db5776cc66dea63"
 )
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

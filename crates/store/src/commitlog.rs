@@ -482,6 +482,16 @@ impl CommitLogWriter {
         Ok(seg)
     }
 
+    /// The offset an entry of `size` bytes would get now (after a roll
+    /// when it does not fit): what [`CommitLogWriter::append`] returns.
+    pub fn next_position(&self, size: usize) -> u64 {
+        match &self.active {
+            Some(seg) if self.wrote + size + 8 <= seg.file.len() => seg.start + self.wrote as u64,
+            Some(seg) => seg.end(),
+            None => self.log.write_pos(),
+        }
+    }
+
     /// Reserves `size` bytes for one entry, rolling to a new segment (after a
     /// BLANK filler) when it does not fit with 8 bytes to spare, and lets
     /// `encode` fill them given the entry's offset. Returns that offset.

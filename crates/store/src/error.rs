@@ -53,6 +53,10 @@ pub enum StoreError {
     /// Invalid configuration value.
     #[error("invalid store config: {0}")]
     Config(String),
+    /// This node is not its broker set's master (cluster mode): client
+    /// writes go to the master.
+    #[error("not the master of its broker set")]
+    NotLeader,
 }
 
 impl StoreError {

@@ -29,6 +29,7 @@ pub mod msgid;
 pub mod offsets;
 pub mod record;
 mod recovery;
+pub mod replication;
 mod store;
 pub mod sys;
 mod tasks;

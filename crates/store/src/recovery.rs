@@ -53,6 +53,8 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "queues.tmp",
     "config",
     "lost+found",
+    crate::replication::EPOCHS_FILE,
+    "epochs.tmp",
 ];
 
 pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
@@ -252,6 +254,9 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         compacted: RwLock::new(compacted),
         compaction_wanted: Mutex::new(Default::default()),
         compaction_lock: Mutex::new(()),
+        epochs: Mutex::new(crate::replication::load_epochs(&dir)?),
+        hw: std::sync::atomic::AtomicU64::new(u64::MAX),
+        leader: AtomicBool::new(true),
         config,
     });
     // Everything recovered is now on disk; record that before accepting writes,

@@ -198,6 +198,12 @@ pub(crate) struct Inner {
     pub compaction_wanted: Mutex<std::collections::BTreeSet<(String, u32)>>,
     /// Serialises compaction passes' switches with topic deletion.
     pub compaction_lock: Mutex<()>,
+    /// Epoch history (cluster mode, `epochs.json`).
+    pub epochs: Mutex<Vec<crate::replication::EpochStart>>,
+    /// Read limit: the set's high watermark (u64::MAX = none).
+    pub hw: std::sync::atomic::AtomicU64,
+    /// Client appends are taken (cluster mode: only on the set's master).
+    pub leader: AtomicBool,
 }
 
 /// The store. See the crate docs.
@@ -221,6 +227,15 @@ impl Inner {
     /// fenced the writer, or a failed write-back, refuses the append before
     /// it takes an offset.
     pub(crate) fn check_writable(&self) -> Result<()> {
+        if !self.leader.load(Ordering::Acquire) {
+            return Err(StoreError::NotLeader);
+        }
+        self.check_open_writable()
+    }
+
+    /// As [`Inner::check_writable`] without the leader check (replicated
+    /// appends on a replica).
+    pub(crate) fn check_open_writable(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Err(StoreError::ShutDown);
         }
@@ -836,9 +851,15 @@ impl MessageStore {
     }
 
     fn visible_max(&self, q: &ConsumeQueue) -> u64 {
-        match self.inner.config.flush_mode {
-            FlushMode::Async => q.max_offset(),
-            FlushMode::Sync => q.visible_max(self.inner.log.flushed_pos()),
+        let limit = match self.inner.config.flush_mode {
+            FlushMode::Async => u64::MAX,
+            FlushMode::Sync => self.inner.log.flushed_pos(),
+        };
+        let limit = limit.min(self.inner.hw.load(Ordering::Acquire));
+        if limit == u64::MAX {
+            q.max_offset()
+        } else {
+            q.visible_max(limit)
         }
     }
 

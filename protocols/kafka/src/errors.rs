@@ -18,6 +18,7 @@ pub const OFFSET_METADATA_TOO_LARGE: i16 = 12;
 pub const REQUEST_TIMED_OUT: i16 = 7;
 pub const INVALID_TOPIC_EXCEPTION: i16 = 17;
 pub const NOT_ENOUGH_REPLICAS: i16 = 19;
+pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
 pub const UNSUPPORTED_VERSION: i16 = 35;
 pub const TOPIC_ALREADY_EXISTS: i16 = 36;
 pub const INVALID_PARTITIONS: i16 = 37;
@@ -56,6 +57,7 @@ pub fn store_code(e: &StoreError) -> i16 {
         StoreError::PropertiesTooLarge(_) => INVALID_REQUEST,
         StoreError::FlushTimeout(_) => REQUEST_TIMED_OUT,
         StoreError::ShutDown => NOT_ENOUGH_REPLICAS,
+        StoreError::NotLeader => NOT_LEADER_OR_FOLLOWER,
         StoreError::Io { .. }
         | StoreError::BadFile { .. }
         | StoreError::Locked(_)

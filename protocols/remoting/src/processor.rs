@@ -613,6 +613,11 @@ impl RocketMq {
                         | rokka_store::StoreError::PropertiesTooLarge(_),
                     )
                     | rokka_broker::BrokerError::TimerTooFar { .. } => rs::MESSAGE_ILLEGAL,
+                    // Not the set's master (cluster mode): the client
+                    // retries on another broker after a route refresh.
+                    rokka_broker::BrokerError::Store(
+                        rokka_store::StoreError::NotLeader | rokka_store::StoreError::ShutDown,
+                    ) => rs::SERVICE_NOT_AVAILABLE,
                     _ => rs::SYSTEM_ERROR,
                 };
                 return Err(self.reply(req, code, Some(e.to_string())));

@@ -1,0 +1,352 @@
+//! What cluster mode (crates/cluster) needs from the store: the epoch
+//! history, whole CommitLog entries read raw for the master's replication
+//! stream, replicated entries appended at the positions the master gave
+//! them (ConsumeQueues and the index built from them as from any append),
+//! truncation to where a replica's history agrees with its master's, a
+//! read limit (the high watermark) and refusal of client writes on a node
+//! that is not its set's master.
+//!
+//! Positions are the same on every member of a set: a replica appends each
+//! entry through the same writer as client appends, which rolls to a new
+//! segment exactly where the master's did, given the same
+//! `commitlog_segment_bytes` (the replication handshake checks it).
+
+use std::path::Path;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::commitlog::CommitLogWriter;
+use crate::error::{Result, StoreError};
+use crate::record::{self, DispatchInfo, Entry, BLANK_MAGIC};
+use crate::store::{Inner, MessageStore};
+
+/// File of the epoch history, beside the checkpoint.
+pub(crate) const EPOCHS_FILE: &str = "epochs.json";
+
+/// One line of the epoch history: `epoch` began writing at `start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochStart {
+    pub epoch: u32,
+    pub start: u64,
+}
+
+pub(crate) fn load_epochs(dir: &Path) -> Result<Vec<EpochStart>> {
+    let path = dir.join(EPOCHS_FILE);
+    match std::fs::read(&path) {
+        Ok(b) => serde_json::from_slice(&b).map_err(|e| StoreError::bad_file(&path, format!("not valid JSON: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(StoreError::io("read", &path)(e)),
+    }
+}
+
+fn save_epochs(inner: &Inner, epochs: &[EpochStart]) -> Result<()> {
+    let path = inner.dir.join(EPOCHS_FILE);
+    let json = serde_json::to_vec(epochs).map_err(|e| StoreError::bad_file(&path, e.to_string()))?;
+    crate::checkpoint::write_atomically(&path, &json)
+}
+
+/// Where two epoch histories stop agreeing, given the first one's log end:
+/// the end of the last epoch both have, as Kafka's OffsetsForLeaderEpoch
+/// finds it. `follower` is truncated there before it follows `leader`.
+pub fn divergence(leader: &[EpochStart], leader_end: u64, follower: &[EpochStart], follower_end: u64) -> u64 {
+    let Some(last) = follower.last() else {
+        // A follower that never wrote under an epoch: it agrees up to its
+        // end only if the leader has that much (both started empty).
+        return follower_end.min(leader.first().map_or(leader_end, |e| e.start));
+    };
+    // The follower's newest epoch the leader also has.
+    let mut epoch = last.epoch;
+    loop {
+        if let Some(i) = leader.iter().position(|e| e.epoch == epoch) {
+            // The leader's end of that epoch: the next epoch's start, or its end.
+            let leader_epoch_end = leader.get(i + 1).map_or(leader_end, |n| n.start);
+            let follower_epoch_end = follower
+                .iter()
+                .position(|e| e.epoch == epoch)
+                .and_then(|j| follower.get(j + 1))
+                .map_or(follower_end, |n| n.start);
+            return leader_epoch_end.min(follower_epoch_end);
+        }
+        // Not in the leader's history: go back to the follower's previous epoch.
+        match follower.iter().rev().find(|e| e.epoch < epoch) {
+            Some(prev) => epoch = prev.epoch,
+            None => {
+                return leader
+                    .first()
+                    .map_or(0, |e| e.start)
+                    .min(follower.first().map_or(0, |e| e.start))
+            }
+        }
+    }
+}
+
+impl MessageStore {
+    /// The epoch history, oldest first.
+    pub fn epochs(&self) -> Vec<EpochStart> {
+        self.inner.epochs.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records that `epoch` writes from the current end on (a master's
+    /// first act after its election). Durable on return.
+    pub fn begin_epoch(&self, epoch: u32) -> Result<()> {
+        let _w = self.inner.writer();
+        let mut epochs = self.inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        if epochs.last().is_some_and(|e| e.epoch >= epoch) {
+            return Ok(());
+        }
+        let mut next = epochs.clone();
+        next.push(EpochStart {
+            epoch,
+            start: self.inner.log.write_pos(),
+        });
+        save_epochs(&self.inner, &next)?;
+        *epochs = next;
+        Ok(())
+    }
+
+    /// Adopts the master's epoch history up to `end` (a replica appends what
+    /// the master wrote under each epoch). Durable on return.
+    pub fn adopt_epochs(&self, master: &[EpochStart]) -> Result<()> {
+        let mut epochs = self.inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        let end = self.inner.log.write_pos();
+        let next: Vec<EpochStart> = master.iter().copied().filter(|e| e.start <= end).collect();
+        if *epochs != next {
+            save_epochs(&self.inner, &next)?;
+            *epochs = next;
+        }
+        Ok(())
+    }
+
+    /// End of the CommitLog (next write position).
+    pub fn log_end(&self) -> u64 {
+        self.inner.log.write_pos()
+    }
+
+    /// Whole entries from `from` (an entry boundary, BLANK fillers
+    /// included, crossing into the next segment after one), at most about
+    /// `max_bytes` but at least one entry: what a replica appends next.
+    /// None when nothing is written there yet.
+    pub fn read_log(&self, from: u64, max_bytes: usize) -> Result<Option<Vec<Bytes>>> {
+        let log = &self.inner.log;
+        let end = log.write_pos();
+        let mut out = Vec::new();
+        let (mut at, mut bytes) = (from, 0usize);
+        while at < end && (out.is_empty() || bytes < max_bytes) {
+            let segs = log.segments();
+            let Some(seg) = segs.iter().find(|s| s.start <= at && at < s.end()) else {
+                if out.is_empty() {
+                    return Err(StoreError::Config(format!(
+                        "CommitLog offset {at} is not on disk (below {} or past {end})",
+                        log.min_offset()
+                    )));
+                }
+                break;
+            };
+            let rel = (at - seg.start) as usize;
+            if seg.file.len() - rel < 8 {
+                at = seg.end(); // a segment's last bytes without a filler
+                continue;
+            }
+            let size = seg.file.read_u32(rel) as usize;
+            let magic = seg.file.read_u32(rel + 4);
+            if size < 8 || rel + size > seg.file.len() {
+                return Err(StoreError::bad_file(
+                    seg.file.path(),
+                    format!("entry at CommitLog offset {at} has size {size}"),
+                ));
+            }
+            if magic == BLANK_MAGIC {
+                out.push(Bytes::copy_from_slice(
+                    &[(size as u32).to_be_bytes(), BLANK_MAGIC.to_be_bytes()].concat(),
+                ));
+                bytes += 8;
+                at = seg.end();
+                continue;
+            }
+            let Some(data) = log.read(at, size) else {
+                break;
+            };
+            out.push(data);
+            bytes += size;
+            at += size as u64;
+        }
+        Ok((!out.is_empty()).then_some(out))
+    }
+
+    /// Appends whole entries a master sent, each at the position the master
+    /// wrote it (checked), and dispatches them; returns the new log end.
+    /// BLANK fillers are not written: the writer rolls where the master's did.
+    pub fn append_replicated(&self, entries: &[Bytes]) -> Result<u64> {
+        let inner = &*self.inner;
+        let max_entry = inner.config.max_message_bytes as usize + 64 * 1024;
+        let mut w = inner.writer();
+        inner.check_open_writable()?;
+        for data in entries {
+            if data.len() >= 8 && data[4..8] == BLANK_MAGIC.to_be_bytes() {
+                continue;
+            }
+            if data.len() > max_entry {
+                return Err(StoreError::MessageTooLarge {
+                    size: data.len(),
+                    limit: max_entry,
+                });
+            }
+            let entry = record::decode_checked(data)
+                .map_err(|e| StoreError::Config(format!("replicated entry refused: {e}")))?;
+            let info = DispatchInfo::from_entry(&entry);
+            let expected = w.cl.next_position(data.len());
+            if info.phys_offset != expected {
+                return Err(StoreError::Config(format!(
+                    "replicated entry for CommitLog offset {} would land at {expected} (commitlog_segment_bytes differs from the master's?)",
+                    info.phys_offset
+                )));
+            }
+            let (topic, props) = match &entry {
+                Entry::Message(m) => (m.topic_str().to_string(), Some(m.properties.clone())),
+                Entry::KafkaBatch(k) => (k.topic_str().to_string(), None),
+            };
+            let q = inner.queue_for(&mut w, &topic, info.queue_id);
+            if info.consumable && q.entry_count() > 0 && info.queue_offset != q.max_offset() {
+                return Err(StoreError::Config(format!(
+                    "replicated entry at {} has offset {} in {topic}/{} but the queue ends at {}",
+                    info.phys_offset,
+                    info.queue_offset,
+                    info.queue_id,
+                    q.max_offset()
+                )));
+            }
+            q.reserve()?;
+            let phys = w.cl.append(data.len(), |buf, _| buf.copy_from_slice(data))?;
+            w.last_record = phys;
+            w.last_store_ts = w.last_store_ts.max(info.store_timestamp);
+            inner.log.publish(w.cl.position());
+            inner.dispatch(&q, &info, &topic, props.as_deref())?;
+            inner.metrics.append_bytes.increment(data.len() as u64);
+        }
+        Ok(inner.log.write_pos())
+    }
+
+    /// Cuts the CommitLog at `offset` (an entry boundary at or below its
+    /// end) with every ConsumeQueue entry at or past it, and the epoch
+    /// history past it. For a node about to follow a master whose history
+    /// diverged: call it before the store is shared (no reader may hold an
+    /// entry past `offset`). Index keys past it stay until their files age
+    /// out; a key query checks every record it returns.
+    pub fn truncate_log(&self, offset: u64) -> Result<()> {
+        let inner = &*self.inner;
+        let mut w = inner.writer();
+        let end = inner.log.write_pos();
+        if offset >= end {
+            return Ok(());
+        }
+        if offset < inner.log.min_offset() {
+            return Err(StoreError::Config(format!(
+                "cannot truncate the CommitLog to {offset}: it starts at {}",
+                inner.log.min_offset()
+            )));
+        }
+        tracing::warn!(from = offset, to = end, "truncating the CommitLog to follow the master");
+        crate::commitlog::zero_tail(&inner.log, offset)?;
+        inner.log.drop_segments_after(offset)?;
+        inner.log.set_recovered(offset);
+        for q in inner.all_queues() {
+            q.truncate_from_phys(offset)?;
+        }
+        let mut cl = CommitLogWriter::new(
+            std::sync::Arc::clone(&inner.log),
+            offset,
+            inner.config.commitlog_segment_bytes,
+            inner.config.preallocate,
+            inner.config.flush_mode == crate::config::FlushMode::Sync,
+        )?;
+        cl.refuse_writes_above(inner.config.disk_refuse_writes_percent);
+        w.cl = cl;
+        w.last_record = 0;
+        {
+            let mut epochs = inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
+            let next: Vec<EpochStart> = epochs.iter().copied().filter(|e| e.start <= offset).collect();
+            if *epochs != next {
+                save_epochs(inner, &next)?;
+                *epochs = next;
+            }
+        }
+        // Committed offsets past a queue's new end come back to it.
+        for (group, topic, q, committed) in inner.offsets.all() {
+            let Some(cq) = inner
+                .queues
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(topic.as_str())
+                .and_then(|m| m.get(&q))
+                .cloned()
+            else {
+                continue;
+            };
+            if committed > cq.max_offset() {
+                let meta = inner
+                    .offsets
+                    .get(&group, &topic, q)
+                    .map(|o| o.metadata)
+                    .unwrap_or_default();
+                inner.offsets.commit(&group, &topic, q, cq.max_offset(), &meta);
+            }
+        }
+        drop(w);
+        crate::tasks::checkpoint(inner, false)?;
+        Ok(())
+    }
+
+    /// Consumers see nothing at or past CommitLog offset `hw` (the set's
+    /// high watermark); None lifts the limit.
+    pub fn set_high_watermark(&self, hw: Option<u64>) {
+        self.inner.hw.store(hw.unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// The read limit set by [`MessageStore::set_high_watermark`].
+    pub fn high_watermark(&self) -> Option<u64> {
+        Some(self.inner.hw.load(Ordering::Acquire)).filter(|h| *h != u64::MAX)
+    }
+
+    /// Whether client appends are taken (false on a replica, or a master
+    /// that lost its lease: they fail with [`StoreError::NotLeader`]).
+    pub fn set_leader(&self, leader: bool) {
+        self.inner.leader.store(leader, Ordering::Release);
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.inner.leader.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(v: &[(u32, u64)]) -> Vec<EpochStart> {
+        v.iter().map(|&(epoch, start)| EpochStart { epoch, start }).collect()
+    }
+
+    #[test]
+    fn divergence_is_the_end_of_the_last_shared_epoch() {
+        // Same history: the shorter end.
+        assert_eq!(divergence(&h(&[(1, 0)]), 500, &h(&[(1, 0)]), 300), 300);
+        // The follower wrote on under epoch 2 past where the leader's epoch 2
+        // ended (the leader moved to 3 at 400).
+        assert_eq!(
+            divergence(&h(&[(1, 0), (2, 100), (3, 400)]), 900, &h(&[(1, 0), (2, 100)]), 700),
+            400
+        );
+        // An old master with an epoch the leader never had: back to the
+        // end of their last shared epoch.
+        assert_eq!(
+            divergence(&h(&[(1, 0), (3, 250)]), 900, &h(&[(1, 0), (2, 200)]), 600),
+            200
+        );
+        // Nothing shared.
+        assert_eq!(divergence(&h(&[(5, 0)]), 900, &h(&[(2, 0)]), 600), 0);
+        // A follower that never wrote.
+        assert_eq!(divergence(&h(&[(1, 0)]), 900, &[], 0), 0);
+    }
+}

@@ -1,0 +1,117 @@
+//! The store side of replication: a replica fed the master's raw entries
+//! ends up with the same CommitLog positions and the same queues; an old
+//! master that wrote past the new master's history truncates to their last
+//! shared epoch and follows; the high watermark bounds what readers see; a
+//! node that is not the master refuses client writes.
+
+mod common;
+
+use common::*;
+use rokka_store::replication::divergence;
+use rokka_store::{MessageStore, StoreError};
+
+/// Copies what `from` has past `to`'s end into `to`.
+fn follow(from: &MessageStore, to: &MessageStore) -> rokka_store::Result<()> {
+    while to.log_end() < from.log_end() {
+        let Some(entries) = from.read_log(to.log_end(), 64 * 1024)? else {
+            break;
+        };
+        to.append_replicated(&entries)?;
+    }
+    Ok(())
+}
+
+fn kafka_batch(store: &MessageStore, topic: &str, n: usize) -> rokka_store::Result<()> {
+    let values: Vec<Vec<u8>> = (0..n).map(|i| vec![b'k'; 100 + i]).collect();
+    let refs: Vec<&[u8]> = values.iter().map(|v| &v[..]).collect();
+    let batch = rokka_store::record::kafka::build_test_batch(&refs, 1_700_000_000_000);
+    store.append_kafka_batch(topic, 1, &batch).map(|_| ())
+}
+
+#[test]
+fn a_replica_holds_the_same_log_and_queues_and_an_old_master_truncates_to_follow() -> TestResult {
+    let (dm, dr) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let master = MessageStore::open(small_config(dm.path()))?;
+    let replica = MessageStore::open(small_config(dr.path()))?;
+    replica.set_leader(false);
+    master.begin_epoch(1)?;
+    // Several segments of RocketMQ messages and Kafka batches.
+    for i in 0..1500u64 {
+        append(&master, "T", (i % 3) as u32, 1, i)?;
+        if i % 100 == 0 {
+            kafka_batch(&master, "K", 5)?;
+        }
+    }
+    assert!(master.segment_count() >= 3);
+    follow(&master, &replica)?;
+    replica.adopt_epochs(&master.epochs())?;
+    assert_eq!(replica.log_end(), master.log_end());
+    for (t, q) in [("T", 0), ("T", 1), ("T", 2), ("K", 1)] {
+        assert_eq!(read_all(&replica, t, q), read_all(&master, t, q), "{t}/{q}");
+    }
+    // A replica takes no client writes.
+    assert!(matches!(append(&replica, "T", 0, 1, 0), Err(StoreError::NotLeader)));
+
+    // The master writes on without the replica (never acknowledged), then
+    // the replica is elected under epoch 2 and writes its own.
+    let shared_end = master.log_end();
+    for i in 0..50u64 {
+        append(&master, "T", 0, 2, i)?;
+    }
+    replica.set_leader(true);
+    replica.begin_epoch(2)?;
+    for i in 0..80u64 {
+        append(&replica, "T", 0, 3, i)?;
+    }
+    // The old master comes back: it keeps what both hold and follows.
+    let cut = divergence(&replica.epochs(), replica.log_end(), &master.epochs(), master.log_end());
+    assert_eq!(cut, shared_end);
+    master.set_leader(false);
+    master.truncate_log(cut)?;
+    assert_eq!(master.log_end(), shared_end);
+    follow(&replica, &master)?;
+    master.adopt_epochs(&replica.epochs())?;
+    assert_eq!(master.epochs(), replica.epochs());
+    assert_eq!(read_all(&master, "T", 0), read_all(&replica, "T", 0));
+    // And after a crash and a restart it is still the same.
+    drop(master);
+    let master = MessageStore::open(small_config(dm.path()))?;
+    assert_eq!(master.log_end(), replica.log_end());
+    assert_eq!(read_all(&master, "T", 0), read_all(&replica, "T", 0));
+    assert_eq!(master.epochs(), replica.epochs());
+    Ok(())
+}
+
+#[test]
+fn readers_see_nothing_past_the_high_watermark() -> TestResult {
+    let d = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(d.path()))?;
+    let mut ends = Vec::new();
+    for i in 0..10u64 {
+        ends.push(append(&store, "T", 0, 1, i)?.end_offset);
+    }
+    store.set_high_watermark(Some(ends[3]));
+    assert_eq!(store.max_offset("T", 0), 4);
+    assert_eq!(read_all(&store, "T", 0).len(), 4);
+    store.set_high_watermark(None);
+    assert_eq!(store.max_offset("T", 0), 10);
+    Ok(())
+}
+
+#[test]
+fn a_replicated_entry_that_would_land_elsewhere_is_refused() -> TestResult {
+    let (dm, dr) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let master = MessageStore::open(small_config(dm.path()))?;
+    let mut other = small_config(dr.path());
+    other.commitlog_segment_bytes = 128 * 1024;
+    let replica = MessageStore::open(other)?;
+    for i in 0..1000u64 {
+        append(&master, "T", 0, 1, i)?;
+    }
+    let err = follow(&master, &replica).err();
+    assert!(
+        matches!(&err, Some(StoreError::Config(why)) if why.contains("commitlog_segment_bytes")),
+        "{err:?}"
+    );
+    Ok(())
+}
