@@ -59,12 +59,21 @@ LISTENERS = {
     "kafka": 'listen = "127.0.0.1:{}"  # kafka',
     "namesrv": 'namesrv_listen = "127.0.0.1:{}"',
     "broker": 'broker_listen = "127.0.0.1:{}"',
+    "replication": 'replication_listen = "127.0.0.1:{}"',
 }
 
 
 class Rokka:
     def __init__(
-        self, workdir, metrics_extra="", store_extra="", kafka_extra="", rocketmq_extra="", group_extra="", broker_extra=""
+        self,
+        workdir,
+        metrics_extra="",
+        store_extra="",
+        kafka_extra="",
+        rocketmq_extra="",
+        group_extra="",
+        broker_extra="",
+        cluster_extra=None,
     ):
         self.workdir = workdir
         self.ports = {}
@@ -75,6 +84,13 @@ class Rokka:
         # Only when asked: callers may append their own [group] table.
         group_section = f"[group]\n{group_extra}" if group_extra else ""
         broker_section = f"[broker]\n{broker_extra}" if broker_extra else ""
+        # Cluster mode (compat-tests/cluster): its replication port is
+        # picked and pinned like the others.
+        cluster_section = (
+            f"[cluster]\nenabled = true\n{LISTENERS['replication'].format(0)}\n{cluster_extra}"
+            if cluster_extra is not None
+            else ""
+        )
         with open(self.config, "w") as f:
             f.write(
                 f"""
@@ -97,6 +113,7 @@ preallocate = false
 {rocketmq_extra}
 {group_section}
 {broker_section}
+{cluster_section}
 """
             )
         self.proc = None

@@ -5,6 +5,7 @@
 //! Frontends call this layer; neither reaches into the store's files.
 
 pub mod arrivals;
+pub mod cluster_view;
 pub mod compaction;
 pub mod config;
 pub mod convert;
@@ -59,6 +60,8 @@ pub struct Broker {
     default_topic_config: std::sync::RwLock<topic_config::Effective>,
     /// Dynamic broker configs (defaults of topic configs).
     dynamic: dynamic::DynamicConfigs,
+    /// Cluster mode: the cluster as last seen (None on a single node).
+    cluster: std::sync::RwLock<Option<Arc<cluster_view::ClusterView>>>,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
     lag: std::sync::Mutex<Vec<(String, String, u32, u64)>>,
     config: BrokerConfig,
@@ -113,6 +116,7 @@ impl Broker {
                 store.config(),
             )),
             dynamic,
+            cluster: std::sync::RwLock::new(None),
             store,
             topics,
             arrivals,
@@ -266,6 +270,40 @@ impl Broker {
     fn refresh_default_topic_config(&self) {
         let eff = self.resolve_topic_config(&Default::default());
         *self.default_topic_config.write().unwrap_or_else(|p| p.into_inner()) = eff;
+    }
+
+    /// Cluster mode: takes the master's topic table; topics it no longer
+    /// has are deleted here too.
+    pub fn apply_topic_table(&self, topics: std::collections::BTreeMap<String, TopicInfo>) -> Result<()> {
+        let before = self.topics.all();
+        if !offload(|| self.topics.replace_all(topics.clone()))? {
+            return Ok(());
+        }
+        for (name, _) in before.iter().filter(|(n, _)| !topics.contains_key(n)) {
+            offload(|| self.store.delete_topic(name))?;
+            self.forget_topic_transactions(name);
+        }
+        for (name, info) in &topics {
+            let compact = !info.configs.is_empty() && self.resolve_topic_config(&info.configs).compact;
+            if compact != self.store.is_compacted(name) {
+                offload(|| self.store.set_compacted(name, compact))?;
+            }
+        }
+        tracing::info!(topics = topics.len(), "topic table taken from the master");
+        Ok(())
+    }
+
+    /// Cluster mode: the cluster as last seen (None on a single node).
+    pub fn cluster_view(&self) -> Option<Arc<cluster_view::ClusterView>> {
+        self.cluster.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the cluster view (crates/cluster, on every change).
+    pub fn set_cluster_view(&self, view: cluster_view::ClusterView) {
+        let mut v = self.cluster.write().unwrap_or_else(|p| p.into_inner());
+        if v.as_deref() != Some(&view) {
+            *v = Some(Arc::new(view));
+        }
     }
 
     /// Dynamic broker configs (AlterConfigs on a BROKER resource).

@@ -179,6 +179,19 @@ impl TopicTable {
         Ok(())
     }
 
+    /// Replaces the whole table (cluster mode: a replica takes its
+    /// master's); whether anything changed.
+    pub fn replace_all(&self, topics: BTreeMap<String, TopicInfo>) -> Result<bool> {
+        let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
+        if *t == topics {
+            return Ok(false);
+        }
+        self.persist(&topics)?;
+        *t = topics;
+        self.changed();
+        Ok(true)
+    }
+
     /// Removes `name`; whether it existed.
     pub fn remove(&self, name: &str) -> Result<bool> {
         let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());

@@ -1,1 +1,291 @@
-//! Cluster mode (docs/cluster.md, docs/decisions/0004-cluster-on-etcd.md).
+//! Cluster mode: broker sets of one master and its replicas, RocketMQ 5's
+//! controller mode with etcd as the controller (docs/cluster.md,
+//! docs/decisions/0004-cluster-on-etcd.md).
+//!
+//! * [`controller`] — the node's lease, its registration, the set's state
+//!   (master, epoch, sync state set) read and changed through etcd
+//!   transactions, elections, fencing.
+//! * [`stream`] — the CommitLog replication stream from master to replicas.
+//! * here — what both share: the role, replica progress, the high
+//!   watermark, and the task that keeps the store's read limit and
+//!   acknowledgements at it.
+
+pub mod config;
+pub mod controller;
+pub mod stream;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rokka_broker::cluster_view::ClusterView;
+use rokka_broker::Broker;
+use rokka_store::MessageStore;
+
+pub use config::{ClusterConfig, ReplicationMode};
+
+/// This node's part in its set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Not yet known (starting, or etcd unreachable).
+    Unknown,
+    Master {
+        epoch: u32,
+    },
+    Replica {
+        master: u32,
+        epoch: u32,
+    },
+    /// Was master and lost its lease or its set elected another: takes no
+    /// writes until the controller says what it is.
+    Fenced,
+}
+
+impl Role {
+    fn code(&self) -> f64 {
+        match self {
+            Role::Unknown => 0.0,
+            Role::Master { .. } => 1.0,
+            Role::Replica { .. } => 2.0,
+            Role::Fenced => 3.0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Progress {
+    /// Log end the replica acknowledged (its last fetch offset).
+    end: u64,
+    /// Last time it held everything the master had sent it.
+    caught_up_at: Instant,
+    connected: bool,
+}
+
+/// State the controller, the stream and the watermark task share.
+pub struct Shared {
+    pub cfg: ClusterConfig,
+    pub store: Arc<MessageStore>,
+    pub broker: Arc<Broker>,
+    role: Mutex<Role>,
+    /// The sync state set as stored in etcd (master included).
+    sss: Mutex<Vec<u32>>,
+    replicas: Mutex<HashMap<u32, Progress>>,
+    /// Live nodes' replication addresses.
+    addrs: Mutex<HashMap<u32, String>>,
+    hw: AtomicU64,
+    /// Highest epoch seen from a replica (a master below it steps down).
+    newer_epoch: AtomicU32,
+    /// When this node's lease may have expired (ms since start).
+    pub(crate) lease_valid_until: Mutex<Option<Instant>>,
+}
+
+impl Shared {
+    pub fn new(cfg: ClusterConfig, store: Arc<MessageStore>, broker: Arc<Broker>) -> Arc<Shared> {
+        Arc::new(Shared {
+            cfg,
+            store,
+            broker,
+            role: Mutex::new(Role::Unknown),
+            sss: Mutex::new(Vec::new()),
+            replicas: Mutex::new(HashMap::new()),
+            addrs: Mutex::new(HashMap::new()),
+            hw: AtomicU64::new(0),
+            newer_epoch: AtomicU32::new(0),
+            lease_valid_until: Mutex::new(None),
+        })
+    }
+
+    pub fn role(&self) -> Role {
+        *self.role.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes the role and what the store allows with it.
+    pub(crate) fn set_role(&self, role: Role) {
+        let mut r = self.role.lock().unwrap_or_else(|p| p.into_inner());
+        if *r == role {
+            return;
+        }
+        tracing::warn!(from = ?*r, to = ?role, "cluster role changed");
+        *r = role;
+        metrics::gauge!("rokka_cluster_role").set(role.code());
+        match role {
+            Role::Master { epoch } => {
+                metrics::gauge!("rokka_cluster_epoch").set(f64::from(epoch));
+                self.replicas.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                // What was visible as a replica stays visible; the watermark
+                // moves on as the replicas reconnect and fetch.
+                let visible = self.store.high_watermark().unwrap_or(0).min(self.store.log_end());
+                self.hw.store(visible, Ordering::Release);
+                self.store.require_replica_acks(match self.cfg.replication {
+                    ReplicationMode::Sync => Some(self.cfg.replication_timeout_ms),
+                    ReplicationMode::Async => None,
+                });
+                self.store.set_leader(true);
+            }
+            Role::Replica { epoch, .. } => {
+                metrics::gauge!("rokka_cluster_epoch").set(f64::from(epoch));
+                self.store.set_leader(false);
+            }
+            Role::Unknown | Role::Fenced => self.store.set_leader(false),
+        }
+    }
+
+    pub(crate) fn set_sss(&self, sss: Vec<u32>) {
+        metrics::gauge!("rokka_cluster_sync_state_set_size").set(sss.len() as f64);
+        *self.sss.lock().unwrap_or_else(|p| p.into_inner()) = sss;
+    }
+
+    pub(crate) fn sss(&self) -> Vec<u32> {
+        self.sss.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn set_addrs(&self, addrs: HashMap<u32, String>) {
+        *self.addrs.lock().unwrap_or_else(|p| p.into_inner()) = addrs;
+    }
+
+    pub(crate) fn node_addr(&self, id: u32) -> Option<String> {
+        self.addrs.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+    }
+
+    pub(crate) fn replica_connected(&self, id: u32) {
+        let mut r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
+        let e = r.entry(id).or_insert(Progress {
+            end: 0,
+            caught_up_at: Instant::now() - Duration::from_secs(3600),
+            connected: true,
+        });
+        e.connected = true;
+    }
+
+    pub(crate) fn replica_disconnected(&self, id: u32) {
+        if let Some(p) = self.replicas.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&id) {
+            p.connected = false;
+        }
+    }
+
+    /// A fetch from `id` at `end`; `caught_up` if it holds all it was sent.
+    pub(crate) fn replica_progress(&self, id: u32, end: u64, caught_up: bool) {
+        {
+            let mut r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(p) = r.get_mut(&id) {
+                p.end = end;
+                if caught_up {
+                    p.caught_up_at = Instant::now();
+                }
+            }
+        }
+        self.update_high_watermark();
+    }
+
+    pub(crate) fn saw_newer_epoch(&self, epoch: u32) {
+        self.newer_epoch.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    pub(crate) fn newer_epoch(&self) -> u32 {
+        self.newer_epoch.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_replica_lag(&self, bytes: u64) {
+        metrics::gauge!("rokka_replication_lag_bytes").set(bytes as f64);
+    }
+
+    /// Replicas that are connected and were caught up within
+    /// `replica_lag_max_ms`: who belongs in the sync state set.
+    pub(crate) fn in_sync_replicas(&self) -> Vec<u32> {
+        let max = Duration::from_millis(self.cfg.replica_lag_max_ms);
+        let r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ids: Vec<u32> = r
+            .iter()
+            .filter(|(_, p)| p.connected && p.caught_up_at.elapsed() <= max)
+            .map(|(id, _)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The master's high watermark: the least log end among the stored sync
+    /// state set (the master's own end included).
+    pub fn high_watermark(&self) -> u64 {
+        self.hw.load(Ordering::Acquire)
+    }
+
+    /// Recomputes the high watermark on the master and hands it to the
+    /// store (read limit, waiting acknowledgements).
+    pub(crate) fn update_high_watermark(&self) {
+        if !matches!(self.role(), Role::Master { .. }) {
+            return;
+        }
+        let own = match self.store.config().flush_mode {
+            rokka_store::FlushMode::Sync => self.store.commitlog_offsets().2,
+            rokka_store::FlushMode::Async => self.store.log_end(),
+        };
+        let sss = self.sss();
+        let mut hw = own;
+        {
+            let r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
+            for id in sss.iter().filter(|id| **id != self.cfg.node_id) {
+                hw = hw.min(r.get(id).filter(|p| p.connected).map_or(0, |p| p.end));
+            }
+        }
+        let too_few = (sss.len() as u32) < self.cfg.min_insync_replicas;
+        self.store.set_too_few_replicas(too_few);
+        let prev = self.hw.fetch_max(hw, Ordering::AcqRel);
+        let hw = hw.max(prev);
+        self.store.set_high_watermark(Some(hw));
+        if !too_few {
+            self.store.set_acked(hw);
+        }
+        metrics::gauge!("rokka_cluster_high_watermark").set(hw as f64);
+    }
+
+    /// Publishes the cluster view the frontends answer from.
+    pub(crate) fn publish_view(&self, view: ClusterView) {
+        self.broker.set_cluster_view(view);
+    }
+}
+
+/// Starts cluster mode: the controller, the replication listener and the
+/// follower, and the watermark task. Client writes are refused until the
+/// controller has made this node its set's master.
+pub async fn start(
+    cfg: ClusterConfig,
+    store: Arc<MessageStore>,
+    broker: Arc<Broker>,
+    me: rokka_broker::cluster_view::NodeInfo,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(Vec<tokio::task::JoinHandle<()>>, std::net::SocketAddr), String> {
+    cfg.validate()?;
+    store.set_leader(false);
+    let listener = tokio::net::TcpListener::bind(cfg.replication_listen)
+        .await
+        .map_err(|e| format!("replication listener {}: {e}", cfg.replication_listen))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    let host = if cfg.advertised_host.is_empty() {
+        bound.ip().to_string()
+    } else {
+        cfg.advertised_host.clone()
+    };
+    let mut me = me;
+    me.replication = format!("{host}:{}", bound.port());
+    tracing::info!(listen = %bound, node = cfg.node_id, set = %cfg.broker_set, "cluster mode: replication listener");
+    let shared = Shared::new(cfg, store, broker);
+    let controller = controller::Controller::connect(Arc::clone(&shared), me).await?;
+    let mut tasks = Vec::new();
+    tasks.push(tokio::spawn(stream::serve(listener, Arc::clone(&shared), stop.clone())));
+    tasks.push(tokio::spawn(stream::follow(Arc::clone(&shared), stop.clone())));
+    tasks.push(tokio::spawn(controller.run(stop.clone())));
+    let sh = Arc::clone(&shared);
+    let mut st = stop.clone();
+    tasks.push(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(2));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => sh.update_high_watermark(),
+                _ = st.changed() => return,
+            }
+        }
+    }));
+    Ok((tasks, bound))
+}

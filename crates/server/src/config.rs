@@ -21,6 +21,7 @@ pub struct Config {
     pub group: GroupConfig,
     pub kafka: KafkaConfig,
     pub rocketmq: RocketMqConfig,
+    pub cluster: rokka_cluster::ClusterConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -104,6 +104,14 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    if cfg.cluster.enabled {
+        if let Err(e) = cfg.cluster.validate() {
+            eprintln!("rokka: {e}");
+            return ExitCode::from(2);
+        }
+        // In cluster mode the node id is the Kafka broker id.
+        cfg.kafka.node_id = cfg.cluster.node_id as i32;
+    }
     if let Some(Command::Store {
         action: StoreAction::Check { reappend_lost_found },
     }) = &args.command
@@ -203,6 +211,10 @@ async fn serve(
     } else {
         None
     };
+    if let (true, Some(s)) = (cfg.cluster.enabled, &store) {
+        // No client write before the controller makes this node master.
+        s.set_leader(false);
+    }
     let broker = match &store {
         Some(s) => Some(Arc::new(Broker::new(Arc::clone(s), cfg.broker.clone())?)),
         None => None,
@@ -312,6 +324,36 @@ async fn serve(
                 stop_rx.clone(),
             )));
         }
+    }
+    if let (true, Some(store), Some(broker)) = (cfg.cluster.enabled, &store, &broker) {
+        let host = |key: &str| {
+            bound.get(key).map_or(String::new(), |a: &std::net::SocketAddr| {
+                let h = if cfg.cluster.advertised_host.is_empty() {
+                    a.ip().to_string()
+                } else {
+                    cfg.cluster.advertised_host.clone()
+                };
+                format!("{h}:{}", a.port())
+            })
+        };
+        let me = rokka_broker::cluster_view::NodeInfo {
+            id: cfg.cluster.node_id,
+            set: cfg.cluster.broker_set.clone(),
+            kafka: host("kafka"),
+            broker: host("broker"),
+            namesrv: host("namesrv"),
+            replication: String::new(),
+        };
+        let (tasks, addr) = rokka_cluster::start(
+            cfg.cluster.clone(),
+            Arc::clone(store),
+            Arc::clone(broker),
+            me,
+            stop_rx.clone(),
+        )
+        .await?;
+        bound.insert("replication", addr);
+        listeners.extend(tasks);
     }
     if let Some(path) = &ports_file {
         endpoint::write_ports_file(path, &bound).map_err(|e| format!("ports file {}: {e}", path.display()))?;

@@ -57,6 +57,12 @@ pub enum StoreError {
     /// writes go to the master.
     #[error("not the master of its broker set")]
     NotLeader,
+    /// Fewer replicas are in sync than `min_insync_replicas`.
+    #[error("fewer replicas in sync than min_insync_replicas")]
+    NotEnoughReplicas,
+    /// The replicas did not acknowledge within the timeout.
+    #[error("replicas did not acknowledge within {0} ms")]
+    ReplicationTimeout(u64),
 }
 
 impl StoreError {

@@ -65,6 +65,8 @@ pub struct ConsumerOffsets {
     path: PathBuf,
     table: Mutex<BTreeMap<Key, CommittedOffset>>,
     dirty: AtomicBool,
+    /// Changes since load (cluster mode ships the table when it moves).
+    changes: std::sync::atomic::AtomicU64,
     /// Most entries a client commit may grow the table to.
     max_entries: AtomicUsize,
 }
@@ -94,8 +96,44 @@ impl ConsumerOffsets {
             path: path.to_path_buf(),
             table: Mutex::new(table),
             dirty: AtomicBool::new(false),
+            changes: std::sync::atomic::AtomicU64::new(0),
             max_entries: AtomicUsize::new(usize::MAX),
         })
+    }
+
+    fn touch(&self) {
+        self.dirty.store(true, Ordering::Release);
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Bumped by every change.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// The whole table in its file form (a master sends it to replicas).
+    pub fn snapshot(&self) -> Vec<u8> {
+        let t = self.lock();
+        let f = FileForm {
+            version: 1,
+            offsets: t
+                .iter()
+                .map(|(k, v)| Row {
+                    key: k.clone(),
+                    value: v.clone(),
+                })
+                .collect(),
+        };
+        serde_json::to_vec(&f).unwrap_or_default()
+    }
+
+    /// Replaces the whole table with a master's [`ConsumerOffsets::snapshot`].
+    pub fn replace_with(&self, snapshot: &[u8]) -> Result<()> {
+        let f: FileForm = serde_json::from_slice(snapshot)
+            .map_err(|e| StoreError::bad_file(&self.path, format!("offsets snapshot: {e}")))?;
+        *self.lock() = f.offsets.into_iter().map(|r| (r.key, r.value)).collect();
+        self.touch();
+        Ok(())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Key, CommittedOffset>> {
@@ -184,7 +222,7 @@ impl ConsumerOffsets {
         t.insert(key, v);
         metrics::gauge!("rokka_committed_offsets").set(t.len() as f64);
         drop(t);
-        self.dirty.store(true, Ordering::Release);
+        self.touch();
         true
     }
 
@@ -199,7 +237,7 @@ impl ConsumerOffsets {
             leader_epoch: -1,
         };
         self.lock().insert(Self::key(group, topic, queue), v);
-        self.dirty.store(true, Ordering::Release);
+        self.touch();
     }
 
     /// The committed offset, if any.
@@ -235,7 +273,7 @@ impl ConsumerOffsets {
     pub fn delete(&self, group: &str, topic: &str, queue: u32) -> bool {
         let had = self.lock().remove(&Self::key(group, topic, queue)).is_some();
         if had {
-            self.dirty.store(true, Ordering::Release);
+            self.touch();
         }
         had
     }
@@ -247,7 +285,7 @@ impl ConsumerOffsets {
         t.retain(|k, _| k.group != group);
         let n = before - t.len();
         if n > 0 {
-            self.dirty.store(true, Ordering::Release);
+            self.touch();
         }
         n
     }
@@ -256,7 +294,7 @@ impl ConsumerOffsets {
     pub fn persist_if_dirty(&self) -> Result<()> {
         if self.dirty.swap(false, Ordering::AcqRel) {
             if let Err(e) = self.persist() {
-                self.dirty.store(true, Ordering::Release);
+                self.touch();
                 return Err(e);
             }
         }

@@ -257,6 +257,9 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         epochs: Mutex::new(crate::replication::load_epochs(&dir)?),
         hw: std::sync::atomic::AtomicU64::new(u64::MAX),
         leader: AtomicBool::new(true),
+        acked: watch::channel(0).0,
+        ack_timeout_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
+        too_few_replicas: AtomicBool::new(false),
         config,
     });
     // Everything recovered is now on disk; record that before accepting writes,

@@ -318,6 +318,29 @@ impl MessageStore {
     pub fn is_leader(&self) -> bool {
         self.inner.leader.load(Ordering::Acquire)
     }
+
+    /// Makes [`MessageStore::durable`] wait for the set's replicas (up to
+    /// `timeout_ms`), or not (None).
+    pub fn require_replica_acks(&self, timeout_ms: Option<u64>) {
+        self.inner
+            .ack_timeout_ms
+            .store(timeout_ms.unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// The master's high watermark moved: waiting acknowledgements up to it
+    /// are answered.
+    pub fn set_acked(&self, offset: u64) {
+        self.inner.acked.send_if_modified(|a| {
+            let changed = *a != offset;
+            *a = offset;
+            changed
+        });
+    }
+
+    /// The sync state set is below `min_insync_replicas` (waits fail at once).
+    pub fn set_too_few_replicas(&self, too_few: bool) {
+        self.inner.too_few_replicas.store(too_few, Ordering::Release);
+    }
 }
 
 #[cfg(test)]

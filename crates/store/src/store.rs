@@ -204,6 +204,15 @@ pub(crate) struct Inner {
     pub hw: std::sync::atomic::AtomicU64,
     /// Client appends are taken (cluster mode: only on the set's master).
     pub leader: AtomicBool,
+    /// Cluster mode: how far the set's replicas acknowledged (the master's
+    /// high watermark); `durable` waits for it when acks are required.
+    pub acked: watch::Sender<u64>,
+    /// None: `durable` needs no replica (single node, async replication);
+    /// Some(ms): it waits that long for the replicas, then times out.
+    pub ack_timeout_ms: std::sync::atomic::AtomicU64,
+    /// The sync state set is smaller than `min_insync_replicas`: durable
+    /// waits fail at once (NOT_ENOUGH_REPLICAS).
+    pub too_few_replicas: AtomicBool,
 }
 
 /// The store. See the crate docs.
@@ -597,6 +606,43 @@ impl MessageStore {
 
     /// Async form of [`MessageStore::wait_durable`].
     pub async fn durable(&self, end_offset: u64) -> Result<()> {
+        self.flushed(end_offset).await?;
+        self.replicated(end_offset).await
+    }
+
+    /// Cluster mode: waits until the set's replicas hold everything up to
+    /// `end_offset` (the master's high watermark passed it), when acks are
+    /// required; at once otherwise.
+    pub async fn replicated(&self, end_offset: u64) -> Result<()> {
+        let inner = &*self.inner;
+        let timeout_ms = inner.ack_timeout_ms.load(Ordering::Acquire);
+        if timeout_ms == u64::MAX {
+            return Ok(());
+        }
+        let mut rx = inner.acked.subscribe();
+        if *rx.borrow() >= end_offset {
+            return Ok(());
+        }
+        if inner.too_few_replicas.load(Ordering::Acquire) {
+            return Err(StoreError::NotEnoughReplicas);
+        }
+        let waited = tokio::time::timeout(Duration::from_millis(timeout_ms), async {
+            rx.wait_for(|a| *a >= end_offset).await.map(|_| ())
+        })
+        .await;
+        match waited {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(StoreError::ShutDown),
+            Err(_) if inner.too_few_replicas.load(Ordering::Acquire) || !inner.leader.load(Ordering::Acquire) => {
+                Err(StoreError::NotEnoughReplicas)
+            }
+            Err(_) => Err(StoreError::ReplicationTimeout(timeout_ms)),
+        }
+    }
+
+    /// Sync flush mode: waits until the CommitLog is on disk up to
+    /// `end_offset`; at once in async mode.
+    pub async fn flushed(&self, end_offset: u64) -> Result<()> {
         let inner = &*self.inner;
         if inner.config.flush_mode == FlushMode::Async || inner.log.flushed_pos() >= end_offset {
             return Ok(());

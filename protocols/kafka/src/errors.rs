@@ -19,6 +19,7 @@ pub const REQUEST_TIMED_OUT: i16 = 7;
 pub const INVALID_TOPIC_EXCEPTION: i16 = 17;
 pub const NOT_ENOUGH_REPLICAS: i16 = 19;
 pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
+pub const LEADER_NOT_AVAILABLE: i16 = 5;
 pub const UNSUPPORTED_VERSION: i16 = 35;
 pub const TOPIC_ALREADY_EXISTS: i16 = 36;
 pub const INVALID_PARTITIONS: i16 = 37;
@@ -58,6 +59,8 @@ pub fn store_code(e: &StoreError) -> i16 {
         StoreError::FlushTimeout(_) => REQUEST_TIMED_OUT,
         StoreError::ShutDown => NOT_ENOUGH_REPLICAS,
         StoreError::NotLeader => NOT_LEADER_OR_FOLLOWER,
+        StoreError::NotEnoughReplicas => NOT_ENOUGH_REPLICAS,
+        StoreError::ReplicationTimeout(_) => REQUEST_TIMED_OUT,
         StoreError::Io { .. }
         | StoreError::BadFile { .. }
         | StoreError::Locked(_)

@@ -47,6 +47,8 @@ pub mod response {
     pub const PULL_OFFSET_MOVED: i32 = 21;
     pub const QUERY_NOT_FOUND: i32 = 22;
     pub const FLUSH_DISK_TIMEOUT: i32 = 10;
+    pub const SLAVE_NOT_AVAILABLE: i32 = 11;
+    pub const FLUSH_SLAVE_TIMEOUT: i32 = 12;
     pub const MESSAGE_ILLEGAL: i32 = 13;
     pub const SERVICE_NOT_AVAILABLE: i32 = 14;
 }

@@ -153,7 +153,7 @@ impl RocketMq {
         if r.code == rs::SUCCESS {
             let end = self.broker.store().commitlog_offsets().1;
             if let Err(e) = self.broker.store().durable(end).await {
-                r.code = rs::FLUSH_DISK_TIMEOUT;
+                r.code = durable_code(&e);
                 r.remark = Some(e.to_string());
             }
         }
@@ -177,7 +177,7 @@ impl RocketMq {
                 // FLUSH_DISK_TIMEOUT (its SendStatus), as RocketMQ does.
                 if r.code == rs::SUCCESS && end > 0 {
                     if let Err(e) = self.broker.store().durable(end).await {
-                        r.code = rs::FLUSH_DISK_TIMEOUT;
+                        r.code = durable_code(&e);
                         r.remark = Some(e.to_string());
                     }
                 }
@@ -1465,6 +1465,18 @@ fn aborted_batch(
     match rokka_store::record::kafka::BatchInfo::parse(&b.batch) {
         Ok(info) if info.attributes & 0x10 != 0 => txns.is_aborted(topic, q, info.producer_id, b.queue_offset),
         _ => false,
+    }
+}
+
+/// The send status for a stored message that could not be made durable:
+/// FLUSH_DISK_TIMEOUT (10) for the local disk, SLAVE_NOT_AVAILABLE (11)
+/// when too few replicas are in sync, FLUSH_SLAVE_TIMEOUT (12) when they
+/// did not acknowledge in time, as a RocketMQ SYNC_MASTER answers.
+fn durable_code(e: &rokka_store::StoreError) -> i32 {
+    match e {
+        rokka_store::StoreError::NotEnoughReplicas | rokka_store::StoreError::NotLeader => rs::SLAVE_NOT_AVAILABLE,
+        rokka_store::StoreError::ReplicationTimeout(_) => rs::FLUSH_SLAVE_TIMEOUT,
+        _ => rs::FLUSH_DISK_TIMEOUT,
     }
 }
 

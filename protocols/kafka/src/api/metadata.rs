@@ -1,4 +1,5 @@
-//! Metadata: one broker (this one) leads every partition. Topics named in
+//! Metadata: one broker (this one) leads every partition; in cluster mode
+//! the set's master does, and every live node is listed. Topics named in
 //! the request are auto-created when the client allows it and the broker's
 //! `auto_create_topics` is on.
 
@@ -14,14 +15,34 @@ use crate::Kafka;
 
 pub fn topic_entry(k: &Kafka, name: &str, info: &TopicInfo, version: i16) -> MetadataResponseTopic {
     let node = BrokerId(k.config.node_id);
+    // Cluster mode: the set's master leads every partition, at the set's
+    // epoch; replicas are the set's live members, the ISR its sync state set.
+    let (leader, epoch, replicas, isr) = match k.broker.cluster_view() {
+        Some(v) => (
+            v.master.map_or(BrokerId(-1), |m| BrokerId(m as i32)),
+            v.epoch as i32,
+            v.members.iter().map(|m| BrokerId(*m as i32)).collect::<Vec<_>>(),
+            v.sss
+                .iter()
+                .filter(|m| v.members.contains(m))
+                .map(|m| BrokerId(*m as i32))
+                .collect::<Vec<_>>(),
+        ),
+        None => (node, 0, vec![node], vec![node]),
+    };
     let partitions = (0..info.partitions as i32)
         .map(|p| {
             MetadataResponsePartition::default()
+                .with_error_code(if leader.0 < 0 {
+                    errors::LEADER_NOT_AVAILABLE
+                } else {
+                    errors::NONE
+                })
                 .with_partition_index(p)
-                .with_leader_id(node)
-                .with_leader_epoch(if version >= 7 { 0 } else { -1 })
-                .with_replica_nodes(vec![node])
-                .with_isr_nodes(vec![node])
+                .with_leader_id(leader)
+                .with_leader_epoch(if version >= 7 { epoch } else { -1 })
+                .with_replica_nodes(replicas.clone())
+                .with_isr_nodes(isr.clone())
         })
         .collect();
     MetadataResponseTopic::default()
@@ -81,12 +102,33 @@ pub fn handle(k: &Kafka, r: MetadataRequest, version: i16) -> MetadataResponse {
             .map(|(name, info)| topic_entry(k, name, info, version))
             .collect(),
     };
+    let (brokers, controller) = match k.broker.cluster_view() {
+        Some(v) => (
+            v.nodes
+                .iter()
+                .filter_map(|n| {
+                    let (host, port) = n.kafka.rsplit_once(':')?;
+                    Some(
+                        MetadataResponseBroker::default()
+                            .with_node_id(BrokerId(n.id as i32))
+                            .with_host(str_bytes(host))
+                            .with_port(port.parse().ok()?),
+                    )
+                })
+                .collect(),
+            v.master.map_or(k.config.node_id, |m| m as i32),
+        ),
+        None => (
+            vec![MetadataResponseBroker::default()
+                .with_node_id(BrokerId(k.config.node_id))
+                .with_host(str_bytes(&k.advertised_host))
+                .with_port(k.advertised_port)],
+            k.config.node_id,
+        ),
+    };
     MetadataResponse::default()
-        .with_brokers(vec![MetadataResponseBroker::default()
-            .with_node_id(BrokerId(k.config.node_id))
-            .with_host(str_bytes(&k.advertised_host))
-            .with_port(k.advertised_port)])
+        .with_brokers(brokers)
         .with_cluster_id((version >= 2).then(|| str_bytes(&k.config.cluster_id)))
-        .with_controller_id(BrokerId(if version >= 1 { k.config.node_id } else { -1 }))
+        .with_controller_id(BrokerId(if version >= 1 { controller } else { -1 }))
         .with_topics(topics)
 }

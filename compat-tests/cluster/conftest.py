@@ -1,0 +1,115 @@
+"""etcd (Debian's etcd-server) and a set of rokka nodes in cluster mode, on
+loopback ports, for the cluster suite."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
+from rokka_fixture import Rokka, free_port, results_dir  # noqa: E402
+
+ETCD = os.environ.get("ROKKA_ETCD_BIN", shutil.which("etcd") or "/usr/bin/etcd")
+
+
+class Etcd:
+    """One etcd member with a temporary data directory."""
+
+    def __init__(self, workdir):
+        self.workdir = workdir
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.log = open(os.path.join(workdir, "etcd.log"), "ab")
+        url = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.endpoint = url
+        self.proc = subprocess.Popen(
+            [
+                ETCD,
+                "--name", "e0",
+                "--data-dir", os.path.join(workdir, "etcd-data"),
+                "--listen-client-urls", url,
+                "--advertise-client-urls", url,
+                "--listen-peer-urls", peer,
+                "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", f"e0={peer}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+                    if json.load(r).get("health") == "true":
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.proc.returncode}")
+            time.sleep(0.1)
+        raise RuntimeError("etcd not healthy within 20 s")
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+        shutil.rmtree(os.path.join(self.workdir, "etcd-data"), ignore_errors=True)
+
+
+class Cluster:
+    """Nodes 1..n of one broker set."""
+
+    def __init__(self, name, n=3, min_isr=2, extra=""):
+        self.dir = results_dir("cluster", name)
+        self.etcd = Etcd(self.dir)
+        self.nodes = {}
+        for i in range(1, n + 1):
+            wd = os.path.join(self.dir, f"node{i}")
+            os.makedirs(wd, exist_ok=True)
+            self.nodes[i] = Rokka(
+                wd,
+                broker_extra="default_partitions = 2",
+                group_extra="initial_rebalance_delay_ms = 0\nmin_session_timeout_ms = 1000",
+                cluster_extra=(
+                    f'etcd_endpoints = ["{self.etcd.endpoint}"]\nname = "{name}"\nnode_id = {i}\n'
+                    f'min_insync_replicas = {min_isr}\nlease_ttl_secs = 2\n{extra}'
+                ),
+            )
+        for node in self.nodes.values():
+            node.start()
+
+    def bootstrap(self):
+        return ",".join(n.bootstrap for n in self.nodes.values() if n.proc)
+
+    def role(self, i):
+        try:
+            m = self.nodes[i].metric_values()
+        except OSError:
+            return None
+        return {0.0: "unknown", 1.0: "master", 2.0: "replica", 3.0: "fenced"}.get(m.get("rokka_cluster_role"))
+
+    def master(self, timeout=20, exclude=()):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for i, n in self.nodes.items():
+                if n.proc and i not in exclude and self.role(i) == "master":
+                    return i
+            time.sleep(0.1)
+        raise AssertionError(f"no master within {timeout} s")
+
+    def close(self):
+        codes = {}
+        for i, n in self.nodes.items():
+            codes[i] = n.close()
+        self.etcd.close()
+        return codes

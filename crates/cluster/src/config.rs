@@ -1,0 +1,101 @@
+//! `[cluster]` configuration (documented in `config/rokka.toml`).
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+/// How a master acknowledges writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReplicationMode {
+    /// Kafka `acks=all` and RocketMQ sync sends wait until the sync state
+    /// set holds the message (RocketMQ SYNC_MASTER).
+    Sync,
+    /// They are answered once the master has it (ASYNC_MASTER).
+    Async,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Cluster mode on. Off: one node, no etcd (the default).
+    pub enabled: bool,
+    /// etcd v3 endpoints (`http://host:port`).
+    pub etcd_endpoints: Vec<String>,
+    /// Cluster name: the etcd key prefix `/rokka/<name>/`.
+    pub name: String,
+    /// This node's id, unique in the cluster; also its Kafka broker id.
+    pub node_id: u32,
+    /// The broker set this node belongs to (RocketMQ broker name).
+    pub broker_set: String,
+    /// Where replicas of this node's set connect when it is master.
+    pub replication_listen: SocketAddr,
+    /// Host other nodes use to reach this one (its listeners' ports); the
+    /// listen address's host when empty.
+    pub advertised_host: String,
+    /// Members of the sync state set (master included) a write must reach
+    /// before `acks=all` / a sync send is answered; below it such writes
+    /// fail (NOT_ENOUGH_REPLICAS, SLAVE_NOT_AVAILABLE).
+    pub min_insync_replicas: u32,
+    /// A replica not caught up for this long leaves the sync state set.
+    pub replica_lag_max_ms: u64,
+    pub replication: ReplicationMode,
+    /// How long a waiting write may wait for its replicas.
+    pub replication_timeout_ms: u64,
+    /// Lease time to live in etcd (whole seconds, at least 2): a master
+    /// silent this long is replaced.
+    pub lease_ttl_secs: u32,
+    /// How often the controller state is read from etcd.
+    pub poll_interval_ms: u64,
+    /// Elect a node outside the sync state set when none in it is alive
+    /// (may lose acknowledged messages). Off by default.
+    pub unclean_election: bool,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            enabled: false,
+            etcd_endpoints: vec!["http://127.0.0.1:2379".into()],
+            name: "rokka".into(),
+            node_id: 0,
+            broker_set: "broker-a".into(),
+            replication_listen: SocketAddr::from(([127, 0, 0, 1], 10912)),
+            advertised_host: String::new(),
+            min_insync_replicas: 2,
+            replica_lag_max_ms: 10_000,
+            replication: ReplicationMode::Sync,
+            replication_timeout_ms: 10_000,
+            lease_ttl_secs: 3,
+            poll_interval_ms: 200,
+            unclean_election: false,
+        }
+    }
+}
+
+impl ClusterConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.enabled {
+            return Ok(());
+        }
+        if self.etcd_endpoints.is_empty() {
+            return Err("cluster.etcd_endpoints is empty".into());
+        }
+        if self.name.is_empty() || self.name.contains('/') {
+            return Err(format!("cluster.name {:?} must be non-empty without '/'", self.name));
+        }
+        if self.broker_set.is_empty() || self.broker_set.contains('/') {
+            return Err(format!(
+                "cluster.broker_set {:?} must be non-empty without '/'",
+                self.broker_set
+            ));
+        }
+        if self.min_insync_replicas == 0 {
+            return Err("cluster.min_insync_replicas must be at least 1".into());
+        }
+        if self.lease_ttl_secs < 2 {
+            return Err("cluster.lease_ttl_secs must be at least 2".into());
+        }
+        Ok(())
+    }
+}

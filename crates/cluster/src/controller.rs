@@ -1,0 +1,432 @@
+//! The controller, on etcd: each node keeps a lease and its registration
+//! under it; each set's state (master, epoch, sync state set) is one key
+//! changed only by transactions that compare its revision, so two nodes
+//! never both win an election or overwrite each other's change.
+//!
+//! ```text
+//! /rokka/<cluster>/nodes/<id>        NodeInfo (JSON), under the node's lease
+//! /rokka/<cluster>/sets/<set>/state  SetState (JSON)
+//! ```
+//!
+//! Every `poll_interval_ms` a node reads the prefix and acts:
+//! * no state yet: the first node to create it is master of epoch 1;
+//! * the state names a live master: this node follows it (or, being it,
+//!   keeps the sync state set current: replicas caught up within
+//!   `replica_lag_max_ms` in, others out);
+//! * the master's lease is gone: the live sync-state-set member with the
+//!   lowest id elects itself (epoch + 1); with `unclean_election`, any live
+//!   member when none of the set is alive;
+//! * the state names this node but it is not master in this process (it
+//!   restarted, or lost its lease): it hands the set over — it may have
+//!   lost an unflushed tail the others hold.
+//!
+//! A master whose lease may have expired (no keep-alive answer for the
+//! TTL less half a second) fences itself at once: no client write, no
+//! acknowledgement.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
+use rokka_broker::cluster_view::{ClusterView, NodeInfo};
+use rokka_broker::TopicInfo;
+use serde::{Deserialize, Serialize};
+
+use crate::{Role, Shared};
+
+/// One set's controller state.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetState {
+    pub master: Option<u32>,
+    pub epoch: u32,
+    /// Sync state set (Kafka ISR), master included.
+    pub sss: Vec<u32>,
+}
+
+pub struct Controller {
+    sh: Arc<Shared>,
+    client: Client,
+    me: NodeInfo,
+    lease: i64,
+    prefix: String,
+}
+
+type Res<T> = Result<T, String>;
+
+fn err(what: &str) -> impl Fn(etcd_client::Error) -> String + '_ {
+    move |e| format!("etcd {what}: {e}")
+}
+
+impl Controller {
+    /// Connects to etcd, takes a lease and registers this node.
+    pub async fn connect(sh: Arc<Shared>, me: NodeInfo) -> Res<Controller> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(2));
+        let client = Client::connect(&sh.cfg.etcd_endpoints, Some(opts))
+            .await
+            .map_err(err("connect"))?;
+        let prefix = format!("/rokka/{}/", sh.cfg.name);
+        let mut c = Controller {
+            sh,
+            client,
+            me,
+            lease: 0,
+            prefix,
+        };
+        c.register().await?;
+        Ok(c)
+    }
+
+    fn node_key(&self, id: u32) -> String {
+        format!("{}nodes/{id}", self.prefix)
+    }
+
+    fn state_key(&self) -> String {
+        format!("{}sets/{}/state", self.prefix, self.sh.cfg.broker_set)
+    }
+
+    async fn register(&mut self) -> Res<()> {
+        let ttl = i64::from(self.sh.cfg.lease_ttl_secs);
+        let sent = Instant::now();
+        let lease = self.client.lease_grant(ttl, None).await.map_err(err("lease grant"))?;
+        self.lease = lease.id();
+        self.lease_renewed(sent, lease.ttl());
+        let json = serde_json::to_vec(&self.me).map_err(|e| e.to_string())?;
+        let key = self.node_key(self.me.id);
+        self.client
+            .put(key, json, Some(PutOptions::new().with_lease(self.lease)))
+            .await
+            .map_err(err("register"))?;
+        tracing::info!(node = self.me.id, set = %self.me.set, lease = self.lease, "registered in etcd");
+        Ok(())
+    }
+
+    fn lease_renewed(&self, sent: Instant, ttl: i64) {
+        let valid = sent + Duration::from_millis((ttl.max(1) as u64 * 1000).saturating_sub(500));
+        *self.sh.lease_valid_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(valid);
+    }
+
+    /// Runs until `stop`: keep-alives, the fencing watchdog and the
+    /// controller loop.
+    pub async fn run(mut self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let sh = Arc::clone(&self.sh);
+        // Fencing watchdog: a master whose lease may be gone stops at once.
+        let mut st = stop.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = st.changed() => return,
+                }
+                let valid = *sh.lease_valid_until.lock().unwrap_or_else(|p| p.into_inner());
+                if matches!(sh.role(), Role::Master { .. }) && valid.is_none_or(|v| Instant::now() > v) {
+                    tracing::error!("lease may have expired: fencing this master");
+                    metrics::counter!("rokka_cluster_fenced_total").increment(1);
+                    sh.set_role(Role::Fenced);
+                }
+            }
+        });
+        let mut keep = tokio::time::interval(Duration::from_millis(u64::from(self.sh.cfg.lease_ttl_secs) * 1000 / 3));
+        keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut poll = tokio::time::interval(Duration::from_millis(self.sh.cfg.poll_interval_ms.max(20)));
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = keep.tick() => {
+                    if let Err(e) = self.keep_alive().await {
+                        tracing::warn!(error = e, "lease keep-alive failed");
+                    }
+                }
+                _ = poll.tick() => {
+                    if let Err(e) = self.tick().await {
+                        tracing::warn!(error = e, "controller step failed");
+                        metrics::counter!("rokka_cluster_controller_errors_total").increment(1);
+                    }
+                }
+                _ = stop.changed() => {
+                    // Leave at once rather than after the lease's TTL.
+                    let _ = self.client.lease_revoke(self.lease).await;
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn keep_alive(&mut self) -> Res<()> {
+        let sent = Instant::now();
+        let (mut keeper, mut stream) = self
+            .client
+            .lease_keep_alive(self.lease)
+            .await
+            .map_err(err("keep-alive"))?;
+        keeper.keep_alive().await.map_err(err("keep-alive"))?;
+        match tokio::time::timeout(Duration::from_secs(1), stream.message()).await {
+            Ok(Ok(Some(r))) if r.ttl() > 0 => {
+                self.lease_renewed(sent, r.ttl());
+                Ok(())
+            }
+            Ok(Ok(_)) => {
+                // The lease is gone (we were silent past its TTL).
+                tracing::error!("lease expired: registering again");
+                *self.sh.lease_valid_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                if matches!(self.sh.role(), Role::Master { .. }) {
+                    self.sh.set_role(Role::Fenced);
+                }
+                self.register().await
+            }
+            Ok(Err(e)) => Err(format!("keep-alive: {e}")),
+            Err(_) => Err("keep-alive: no answer within 1 s".into()),
+        }
+    }
+
+    /// One controller step.
+    async fn tick(&mut self) -> Res<()> {
+        let resp = self
+            .client
+            .get(self.prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(err("get"))?;
+        let mut nodes: Vec<NodeInfo> = Vec::new();
+        let mut state: Option<(SetState, i64)> = None;
+        let mut topics: BTreeMap<String, TopicInfo> = BTreeMap::new();
+        let state_key = self.state_key();
+        let topics_prefix = format!("{}topics/", self.prefix);
+        for kv in resp.kvs() {
+            let key = kv.key_str().unwrap_or("");
+            if let Some(name) = key.strip_prefix(&topics_prefix) {
+                if let Ok(t) = serde_json::from_slice::<TopicInfo>(kv.value()) {
+                    topics.insert(name.to_string(), t);
+                }
+            } else if key.starts_with(&format!("{}nodes/", self.prefix)) {
+                if let Ok(n) = serde_json::from_slice::<NodeInfo>(kv.value()) {
+                    nodes.push(n);
+                }
+            } else if key == state_key {
+                let s: SetState = serde_json::from_slice(kv.value()).map_err(|e| format!("set state {key}: {e}"))?;
+                state = Some((s, kv.mod_revision()));
+            }
+        }
+        nodes.sort_by_key(|n| n.id);
+        if !nodes.iter().any(|n| n.id == self.me.id) {
+            // Our registration is gone with our lease.
+            if matches!(self.sh.role(), Role::Master { .. }) {
+                self.sh.set_role(Role::Fenced);
+            }
+            self.register().await?;
+            return Ok(());
+        }
+        let live: Vec<u32> = nodes.iter().filter(|n| n.set == self.me.set).map(|n| n.id).collect();
+        self.sh.set_addrs(
+            nodes
+                .iter()
+                .map(|n| (n.id, n.replication.clone()))
+                .collect::<HashMap<_, _>>(),
+        );
+        let me = self.me.id;
+        let role = self.sh.role();
+        match state {
+            None => {
+                let st = SetState {
+                    master: Some(me),
+                    epoch: 1,
+                    sss: vec![me],
+                };
+                if self.put_state(&st, None).await? {
+                    self.become_master(&st)?;
+                }
+            }
+            Some((st, rev)) => {
+                let master_alive = st.master.is_some_and(|m| live.contains(&m));
+                match st.master {
+                    Some(m) if m == me && role == (Role::Master { epoch: st.epoch }) => {
+                        self.sh.set_sss(st.sss.clone());
+                        if self.sh.newer_epoch() > st.epoch {
+                            self.sh.set_role(Role::Fenced);
+                        } else {
+                            self.maintain_sss(&st, rev, &live).await?;
+                        }
+                    }
+                    Some(m) if m == me => {
+                        // Named master, but not in this process: hand over
+                        // to another live member of the sync state set, or
+                        // take it again if none is left.
+                        let others: Vec<u32> = st
+                            .sss
+                            .iter()
+                            .copied()
+                            .filter(|id| *id != me && live.contains(id))
+                            .collect();
+                        let next = if others.is_empty() {
+                            SetState {
+                                master: Some(me),
+                                epoch: st.epoch + 1,
+                                sss: vec![me],
+                            }
+                        } else {
+                            SetState {
+                                master: None,
+                                epoch: st.epoch,
+                                sss: others,
+                            }
+                        };
+                        if self.put_state(&next, Some(rev)).await? && next.master == Some(me) {
+                            self.become_master(&next)?;
+                        } else {
+                            self.sh.set_role(Role::Unknown);
+                        }
+                    }
+                    Some(m) if master_alive => {
+                        self.sh.set_sss(st.sss.clone());
+                        self.sh.set_role(Role::Replica {
+                            master: m,
+                            epoch: st.epoch,
+                        });
+                    }
+                    _ => {
+                        // No live master: the lowest live sync-state-set
+                        // member elects itself.
+                        let mut candidates: Vec<u32> = st.sss.iter().copied().filter(|id| live.contains(id)).collect();
+                        if candidates.is_empty() && self.sh.cfg.unclean_election {
+                            candidates = live.clone();
+                        }
+                        candidates.sort_unstable();
+                        if candidates.first() == Some(&me) {
+                            let next = SetState {
+                                master: Some(me),
+                                epoch: st.epoch + 1,
+                                sss: candidates,
+                            };
+                            if self.put_state(&next, Some(rev)).await? {
+                                metrics::counter!("rokka_cluster_elections_total").increment(1);
+                                tracing::warn!(epoch = next.epoch, sss = ?next.sss, old = ?st.master, "elected master");
+                                self.become_master(&next)?;
+                            }
+                        } else if matches!(role, Role::Master { .. }) {
+                            self.sh.set_role(Role::Fenced);
+                        }
+                    }
+                }
+                self.publish(&nodes, &self.current_state(st));
+            }
+        }
+        self.sync_topics(topics).await
+    }
+
+    /// The topic table: the master writes its own to etcd, replicas take
+    /// it from there (so a new master has it).
+    async fn sync_topics(&mut self, in_etcd: BTreeMap<String, TopicInfo>) -> Res<()> {
+        let broker = Arc::clone(&self.sh.broker);
+        match self.sh.role() {
+            Role::Master { .. } => {
+                let local: BTreeMap<String, TopicInfo> = broker.topics().all().into_iter().collect();
+                for (name, info) in &local {
+                    if in_etcd.get(name) != Some(info) {
+                        let json = serde_json::to_vec(info).map_err(|e| e.to_string())?;
+                        self.client
+                            .put(format!("{}topics/{name}", self.prefix), json, None)
+                            .await
+                            .map_err(err("put topic"))?;
+                    }
+                }
+                for name in in_etcd.keys().filter(|n| !local.contains_key(*n)) {
+                    self.client
+                        .delete(format!("{}topics/{name}", self.prefix), None)
+                        .await
+                        .map_err(err("delete topic"))?;
+                }
+            }
+            Role::Replica { .. } => {
+                let local: BTreeMap<String, TopicInfo> = broker.topics().all().into_iter().collect();
+                if local != in_etcd {
+                    tokio::task::spawn_blocking(move || broker.apply_topic_table(in_etcd))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            Role::Unknown | Role::Fenced => {}
+        }
+        Ok(())
+    }
+
+    fn current_state(&self, fallback: SetState) -> SetState {
+        match self.sh.role() {
+            Role::Master { epoch } => SetState {
+                master: Some(self.me.id),
+                epoch,
+                sss: self.sh.sss(),
+            },
+            _ => fallback,
+        }
+    }
+
+    fn publish(&self, nodes: &[NodeInfo], st: &SetState) {
+        let members: Vec<u32> = nodes.iter().filter(|n| n.set == self.me.set).map(|n| n.id).collect();
+        self.sh.publish_view(ClusterView {
+            cluster: self.sh.cfg.name.clone(),
+            self_id: self.me.id,
+            set: self.me.set.clone(),
+            nodes: nodes.to_vec(),
+            master: st.master.filter(|m| members.contains(m)),
+            epoch: st.epoch,
+            sss: st.sss.clone(),
+            members,
+        });
+    }
+
+    fn become_master(&self, st: &SetState) -> Res<()> {
+        self.sh
+            .store
+            .begin_epoch(st.epoch)
+            .map_err(|e| format!("recording epoch {}: {e}", st.epoch))?;
+        self.sh.set_sss(st.sss.clone());
+        self.sh.set_role(Role::Master { epoch: st.epoch });
+        // Members of the sync state set get replica_lag_max_ms to connect.
+        for id in st.sss.iter().filter(|id| **id != self.me.id) {
+            self.sh.replica_connected(*id);
+            self.sh.replica_progress(*id, 0, true);
+        }
+        Ok(())
+    }
+
+    /// Master: the sync state set follows who is caught up.
+    async fn maintain_sss(&mut self, st: &SetState, rev: i64, live: &[u32]) -> Res<()> {
+        let mut want: Vec<u32> = self
+            .sh
+            .in_sync_replicas()
+            .into_iter()
+            .filter(|id| live.contains(id) && *id != self.me.id)
+            .collect();
+        want.push(self.me.id);
+        want.sort_unstable();
+        if want != st.sss {
+            let next = SetState {
+                sss: want.clone(),
+                ..st.clone()
+            };
+            if self.put_state(&next, Some(rev)).await? {
+                tracing::info!(from = ?st.sss, to = ?want, "sync state set changed");
+                metrics::counter!("rokka_cluster_sss_changes_total").increment(1);
+                self.sh.set_sss(want);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the set state if its revision is still `rev` (None: if it
+    /// does not exist yet). Whether it was written.
+    async fn put_state(&mut self, st: &SetState, rev: Option<i64>) -> Res<bool> {
+        let key = self.state_key();
+        let json = serde_json::to_vec(st).map_err(|e| e.to_string())?;
+        let cmp = match rev {
+            Some(r) => Compare::mod_revision(key.clone(), CompareOp::Equal, r),
+            None => Compare::version(key.clone(), CompareOp::Equal, 0),
+        };
+        let txn = Txn::new().when([cmp]).and_then([TxnOp::put(key, json, None)]);
+        let r = self.client.txn(txn).await.map_err(err("txn"))?;
+        Ok(r.succeeded())
+    }
+}

@@ -1,0 +1,365 @@
+//! The replication stream: a replica connects to its set's master, says
+//! who it is and what it holds (epoch history, log end), is told where to
+//! truncate, then fetches CommitLog entries from its end on. Each fetch
+//! acknowledges everything below its offset (as a Kafka follower's fetch
+//! does); each answer carries the master's epoch and high watermark.
+//!
+//! Frames: `u32 length | u8 kind | payload`, at most [`MAX_FRAME`] bytes.
+//! HELLO and WELCOME are JSON; FETCH is `from u64 | epoch u32 | max u32`;
+//! DATA is `hw u64 | epoch u32 | n u32 | n × (u32 length | entry) |
+//! u32 length | committed-offset table (JSON; empty when unchanged)`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use rokka_store::replication::{divergence, EpochStart};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::{Role, Shared};
+
+/// Largest frame either side accepts.
+pub const MAX_FRAME: usize = 64 << 20;
+/// Bytes of entries one DATA frame carries at most (about).
+const FETCH_BYTES: u32 = 4 << 20;
+
+const HELLO: u8 = 1;
+const WELCOME: u8 = 2;
+const REFUSE: u8 = 3;
+const FETCH: u8 = 4;
+const DATA: u8 = 5;
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Hello {
+    cluster: String,
+    set: String,
+    node_id: u32,
+    epochs: Vec<EpochStart>,
+    end: u64,
+    segment_bytes: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Welcome {
+    epoch: u32,
+    epochs: Vec<EpochStart>,
+    end: u64,
+    truncate_to: u64,
+}
+
+type Res<T> = Result<T, String>;
+
+async fn write_frame(s: &mut TcpStream, kind: u8, payload: &[u8]) -> Res<()> {
+    let mut b = BytesMut::with_capacity(5 + payload.len());
+    b.put_u32(payload.len() as u32 + 1);
+    b.put_u8(kind);
+    b.put_slice(payload);
+    s.write_all(&b).await.map_err(|e| format!("write: {e}"))
+}
+
+async fn read_frame(s: &mut TcpStream) -> Res<(u8, Bytes)> {
+    let len = s.read_u32().await.map_err(|e| format!("read: {e}"))? as usize;
+    if len == 0 || len > MAX_FRAME {
+        return Err(format!("frame of {len} bytes"));
+    }
+    let mut b = vec![0u8; len];
+    s.read_exact(&mut b).await.map_err(|e| format!("read: {e}"))?;
+    let mut b = Bytes::from(b);
+    let kind = b.get_u8();
+    Ok((kind, b))
+}
+
+/// Serves replicas while this node is master (connections are refused
+/// otherwise).
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.changed() => return,
+        };
+        match accepted {
+            Ok((s, peer)) => {
+                let sh = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    if let Err(e) = serve_replica(s, &sh).await {
+                        tracing::info!(%peer, error = e, "replica connection ended");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "replication accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn serve_replica(mut s: TcpStream, sh: &Shared) -> Res<()> {
+    let _ = s.set_nodelay(true);
+    let (kind, body) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s))
+        .await
+        .map_err(|_| "no HELLO within 5 s".to_string())??;
+    if kind != HELLO {
+        return Err(format!("expected HELLO, got frame kind {kind}"));
+    }
+    let hello: Hello = serde_json::from_slice(&body).map_err(|e| format!("bad HELLO: {e}"))?;
+    let store = &sh.store;
+    let Role::Master { epoch } = sh.role() else {
+        let why = "not the master".to_string();
+        write_frame(&mut s, REFUSE, why.as_bytes()).await?;
+        return Err(why);
+    };
+    if hello.cluster != sh.cfg.name || hello.set != sh.cfg.broker_set {
+        let why = format!(
+            "replica of {}/{} at the master of {}/{}",
+            hello.cluster, hello.set, sh.cfg.name, sh.cfg.broker_set
+        );
+        write_frame(&mut s, REFUSE, why.as_bytes()).await?;
+        return Err(why);
+    }
+    if hello.segment_bytes != store.config().commitlog_segment_bytes {
+        let why = format!(
+            "store.commitlog_segment_bytes is {} on the replica and {} on the master: they must match",
+            hello.segment_bytes,
+            store.config().commitlog_segment_bytes
+        );
+        write_frame(&mut s, REFUSE, why.as_bytes()).await?;
+        return Err(why);
+    }
+    let epochs = store.epochs();
+    let end = store.log_end();
+    let truncate_to = divergence(&epochs, end, &hello.epochs, hello.end);
+    let welcome = Welcome {
+        epoch,
+        epochs,
+        end,
+        truncate_to,
+    };
+    let json = serde_json::to_vec(&welcome).map_err(|e| e.to_string())?;
+    write_frame(&mut s, WELCOME, &json).await?;
+    tracing::info!(
+        replica = hello.node_id,
+        their_end = hello.end,
+        truncate_to,
+        "replica connected"
+    );
+    let replica = hello.node_id;
+    sh.replica_connected(replica);
+    let result = fetch_loop(&mut s, sh, replica, epoch).await;
+    sh.replica_disconnected(replica);
+    result
+}
+
+async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) -> Res<()> {
+    let store = &sh.store;
+    // Caught up = holding everything the previous answer carried; a new
+    // replica must first reach what the master had when it connected.
+    let mut last_sent_end = store.log_end();
+    // Committed offsets (and delay/timer progress, same table) go with the
+    // stream: the whole table when it changed, at most every 200 ms.
+    let mut offsets_sent: Option<u64> = None;
+    let mut offsets_at = Instant::now() - Duration::from_secs(1);
+    loop {
+        let (kind, mut body) = tokio::time::timeout(Duration::from_secs(30), read_frame(s))
+            .await
+            .map_err(|_| "replica silent for 30 s".to_string())??;
+        if kind != FETCH || body.len() < 16 {
+            return Err(format!("expected FETCH, got kind {kind}"));
+        }
+        let from = body.get_u64();
+        let their_epoch = body.get_u32();
+        let max = body.get_u32().min(FETCH_BYTES) as usize;
+        if their_epoch > epoch {
+            sh.saw_newer_epoch(their_epoch);
+            return Err(format!(
+                "replica knows epoch {their_epoch}, this master has {epoch}: stepping down"
+            ));
+        }
+        if sh.role() != (Role::Master { epoch }) {
+            return Err("no longer master".into());
+        }
+        let end_now = store.log_end();
+        if from > end_now {
+            return Err(format!("replica asks from {from}, past the end {end_now}"));
+        }
+        sh.replica_progress(replica, from, from >= last_sent_end);
+        // Long poll: answer as soon as there is something, or after 200 ms.
+        let deadline = Instant::now() + Duration::from_millis(200);
+        while store.log_end() <= from && Instant::now() < deadline && sh.role() == (Role::Master { epoch }) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let entries = if store.log_end() > from {
+            store
+                .read_log(from, max)
+                .map_err(|e| e.to_string())?
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        last_sent_end = from + entries.iter().map(wire_len).sum::<u64>();
+        let mut b = BytesMut::with_capacity(16 + entries.iter().map(|e| e.len() + 4).sum::<usize>());
+        b.put_u64(sh.high_watermark());
+        b.put_u32(epoch);
+        b.put_u32(entries.len() as u32);
+        for e in &entries {
+            b.put_u32(e.len() as u32);
+            b.put_slice(e);
+        }
+        let changes = store.offsets().changes();
+        if offsets_sent != Some(changes) && offsets_at.elapsed() >= Duration::from_millis(200) {
+            let snap = store.offsets().snapshot();
+            b.put_u32(snap.len() as u32);
+            b.put_slice(&snap);
+            offsets_sent = Some(changes);
+            offsets_at = Instant::now();
+        } else {
+            b.put_u32(0);
+        }
+        write_frame(s, DATA, &b).await?;
+    }
+}
+
+/// How far an entry moves the log: a BLANK filler covers the rest of its
+/// segment (its size field), anything else its length.
+fn wire_len(e: &Bytes) -> u64 {
+    if e.len() == 8 && e[4..8] == rokka_store::record::BLANK_MAGIC.to_be_bytes() {
+        u64::from(u32::from_be_bytes([e[0], e[1], e[2], e[3]]))
+    } else {
+        e.len() as u64
+    }
+}
+
+/// Follows the master while this node is a replica: connects, truncates
+/// where told, fetches and appends, until the role changes or the stream
+/// breaks (then again, after a short pause).
+pub async fn follow(shared: Arc<Shared>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let target = match shared.role() {
+            Role::Replica { master, epoch } => shared.node_addr(master).map(|a| (master, epoch, a)),
+            _ => None,
+        };
+        if let Some((master, epoch, addr)) = target {
+            let r = tokio::select! {
+                r = follow_once(&shared, master, epoch, &addr) => r,
+                _ = stop.changed() => return,
+            };
+            if let Err(e) = r {
+                tracing::info!(master, error = e, "replication from the master stopped");
+                metrics::counter!("rokka_replication_reconnects_total").increment(1);
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()> {
+    let store = &sh.store;
+    let mut s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+        .await
+        .map_err(|_| format!("connect {addr}: timed out"))?
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let _ = s.set_nodelay(true);
+    let hello = Hello {
+        cluster: sh.cfg.name.clone(),
+        set: sh.cfg.broker_set.clone(),
+        node_id: sh.cfg.node_id,
+        epochs: store.epochs(),
+        end: store.log_end(),
+        segment_bytes: store.config().commitlog_segment_bytes,
+    };
+    let json = serde_json::to_vec(&hello).map_err(|e| e.to_string())?;
+    write_frame(&mut s, HELLO, &json).await?;
+    let (kind, body) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s))
+        .await
+        .map_err(|_| "no WELCOME within 5 s".to_string())??;
+    if kind == REFUSE {
+        return Err(format!("refused: {}", String::from_utf8_lossy(&body)));
+    }
+    if kind != WELCOME {
+        return Err(format!("expected WELCOME, got kind {kind}"));
+    }
+    let welcome: Welcome = serde_json::from_slice(&body).map_err(|e| format!("bad WELCOME: {e}"))?;
+    if welcome.epoch < epoch {
+        return Err(format!(
+            "master {master} is at epoch {}, the set at {epoch}",
+            welcome.epoch
+        ));
+    }
+    if welcome.truncate_to < store.log_end() {
+        let to = welcome.truncate_to;
+        let st = Arc::clone(store);
+        tokio::task::spawn_blocking(move || st.truncate_log(to))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("truncate to {to}: {e}"))?;
+        metrics::counter!("rokka_replication_truncations_total").increment(1);
+    }
+    store.adopt_epochs(&welcome.epochs).map_err(|e| e.to_string())?;
+    tracing::info!(
+        master,
+        epoch = welcome.epoch,
+        from = store.log_end(),
+        "following the master"
+    );
+    loop {
+        if sh.role() != (Role::Replica { master, epoch }) {
+            return Ok(());
+        }
+        let mut f = BytesMut::with_capacity(16);
+        f.put_u64(store.log_end());
+        f.put_u32(welcome.epoch);
+        f.put_u32(FETCH_BYTES);
+        write_frame(&mut s, FETCH, &f).await?;
+        let (kind, mut body) = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut s))
+            .await
+            .map_err(|_| "no DATA within 10 s".to_string())??;
+        if kind != DATA || body.len() < 16 {
+            return Err(format!("expected DATA, got kind {kind}"));
+        }
+        let hw = body.get_u64();
+        let their_epoch = body.get_u32();
+        if their_epoch != welcome.epoch {
+            return Err(format!("epoch changed to {their_epoch} mid-stream"));
+        }
+        let n = body.get_u32() as usize;
+        let mut entries = Vec::with_capacity(n.min(4096));
+        for _ in 0..n {
+            if body.remaining() < 4 {
+                return Err("DATA truncated".into());
+            }
+            let len = body.get_u32() as usize;
+            if body.remaining() < len {
+                return Err("DATA truncated".into());
+            }
+            entries.push(body.split_to(len));
+        }
+        if body.remaining() >= 4 {
+            let len = body.get_u32() as usize;
+            if len > 0 && body.remaining() >= len {
+                store
+                    .offsets()
+                    .replace_with(&body.split_to(len))
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        if !entries.is_empty() {
+            let st = Arc::clone(store);
+            tokio::task::spawn_blocking(move || st.append_replicated(&entries))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| format!("append: {e}"))?;
+            store.adopt_epochs(&welcome.epochs).map_err(|e| e.to_string())?;
+        }
+        let end = store.log_end();
+        store.set_high_watermark(Some(hw.min(end)));
+        sh.set_replica_lag(hw.saturating_sub(end));
+    }
+}
