@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Cluster suite: etcd (Debian's etcd-server, installed here if missing,
+# started by the tests on loopback ports with a temporary data dir) and
+# three rokka nodes in cluster mode; real Kafka clients through failovers.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+venv="$root/target/compat-venv"
+
+if ! command -v etcd >/dev/null 2>&1 && [[ ! -x /usr/bin/etcd ]]; then
+  echo "installing etcd (Debian package etcd-server)"
+  if command -v sudo >/dev/null 2>&1 && [[ $(id -u) != 0 ]]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  # The package's service is not wanted: the tests start their own etcd.
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends etcd-server >/dev/null
+fi
+if [[ ! -x $venv/bin/python ]]; then
+  python3 -m venv "$venv"
+fi
+"$venv/bin/pip" install -q --disable-pip-version-check -r "$root/compat-tests/kafka/requirements.txt"
+if [[ -z ${ROKKA_BIN:-} ]]; then
+  (cd "$root" && cargo build -q -p rokka-server --locked)
+  export ROKKA_BIN="$root/target/debug/rokka"
+fi
+cd "$here"
+"$venv/bin/python" -m pytest -q -s --timeout 600 -p no:cacheprovider "$@"
