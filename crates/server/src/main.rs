@@ -297,7 +297,9 @@ async fn serve(
                 .await
                 .map_err(|e| format!("RocketMQ name server listener on {}: {e}", cfg.rocketmq.namesrv_listen))?;
             bound.insert("namesrv", l.local_addr()?);
-            let local = rmq.clone().filter(|_| embedded);
+            // In cluster mode every node's broker registers with every
+            // node's name server over the wire (with its role's broker id).
+            let local = rmq.clone().filter(|_| embedded && !cfg.cluster.enabled);
             let ns = Arc::new(NameServer::new(cfg.rocketmq.clone(), local));
             tracing::info!(namesrv = %l.local_addr()?, "RocketMQ name server listener");
             listeners.push(tokio::spawn(rokka_remoting::serve(l, Arc::clone(&ns), stop_rx.clone())));
@@ -317,7 +319,7 @@ async fn serve(
             None
         };
         if let Some(rmq) = rmq {
-            let local_ns = ns.filter(|_| embedded);
+            let local_ns = ns.filter(|_| embedded && !cfg.cluster.enabled);
             listeners.push(tokio::spawn(rokka_remoting::registrar::run(
                 rmq,
                 local_ns,

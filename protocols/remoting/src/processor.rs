@@ -106,7 +106,28 @@ impl RocketMq {
 
     /// Changes of the topic table so far (a new registration is due when it moves).
     pub fn topic_version(&self) -> u64 {
-        self.broker.topics().version()
+        let v = self.broker.topics().version();
+        // Cluster mode: a role or epoch change is a new registration too.
+        match self.broker.cluster_view() {
+            Some(c) => v
+                .wrapping_add(u64::from(c.epoch) << 40)
+                .wrapping_add(u64::from(c.is_master()) << 39),
+            None => v,
+        }
+    }
+
+    /// Name servers to register with: the configured ones, and in cluster
+    /// mode every live node's.
+    pub fn namesrv_targets(&self) -> Vec<String> {
+        let mut out = crate::registrar::namesrv_addrs(&self.config.namesrv_addr);
+        if let Some(c) = self.broker.cluster_view() {
+            for n in &c.nodes {
+                if !n.namesrv.is_empty() && !out.contains(&n.namesrv) {
+                    out.push(n.namesrv.clone());
+                }
+            }
+        }
+        out
     }
 
     /// This broker's REGISTER_BROKER content: every topic, plus the TBW102
@@ -135,12 +156,22 @@ impl RocketMq {
                 sys_flag: 0,
             });
         }
+        // Cluster mode: the set is the broker name; its master registers
+        // as brokerId 0, each replica as its node id + 1.
+        let (broker_name, broker_id, ha_addr) = match self.broker.cluster_view() {
+            Some(c) => {
+                let id = if c.is_master() { 0 } else { i64::from(c.self_id) + 1 };
+                let ha = c.node(c.self_id).map(|n| n.replication.clone()).unwrap_or_default();
+                (c.set.clone(), id, ha)
+            }
+            None => (self.config.broker_name.clone(), 0, String::new()),
+        };
         Registration {
             cluster: self.config.cluster_name.clone(),
-            broker_name: self.config.broker_name.clone(),
+            broker_name,
             broker_addr: self.advertised.clone(),
-            broker_id: 0,
-            ha_addr: String::new(),
+            broker_id,
+            ha_addr,
             timeout_ms: Some(self.config.broker_timeout_ms),
             data_version: version,
             topics,

@@ -3,6 +3,7 @@
 //! UNREGISTER_BROKER at shutdown. With no `namesrv_addr` the broker registers
 //! with the name server in its own process by a direct call.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -89,15 +90,15 @@ pub fn namesrv_addrs(config: &str) -> Vec<String> {
         .collect()
 }
 
-/// Keeps the broker registered until `shutdown`.
+/// Keeps the broker registered until `shutdown`: with every configured
+/// name server, and in cluster mode with every live node's.
 pub async fn run(rmq: Arc<RocketMq>, embedded: Option<Arc<NameServer>>, mut shutdown: watch::Receiver<bool>) {
     let interval = Duration::from_millis(rmq.config().register_interval_ms.max(1000));
-    let addrs = namesrv_addrs(&rmq.config().namesrv_addr);
     let version = rmq.config().server_version;
-    let mut registered_version = None;
+    let mut registered: Option<(u64, Vec<String>)> = None;
     let mut due = Instant::now();
-    let mut failing = vec![false; addrs.len()];
-    let mut conns: Vec<NsConn> = addrs.iter().map(|a| NsConn::new(a)).collect();
+    let mut failing: HashMap<String, bool> = HashMap::new();
+    let mut conns: HashMap<String, NsConn> = HashMap::new();
     let mut opaque = 0i32;
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     loop {
@@ -106,17 +107,21 @@ pub async fn run(rmq: Arc<RocketMq>, embedded: Option<Arc<NameServer>>, mut shut
             _ = shutdown.changed() => break,
         }
         let v = rmq.topic_version();
-        if Instant::now() < due && registered_version == Some(v) {
+        let addrs = rmq.namesrv_targets();
+        let now = (v, addrs.clone());
+        if Instant::now() < due && registered.as_ref() == Some(&now) {
             continue;
         }
         due = Instant::now() + interval;
-        registered_version = Some(v);
+        registered = Some(now);
         if let Some(ns) = &embedded {
             ns.register_local(true);
             continue;
         }
+        conns.retain(|a, _| addrs.contains(a));
         let reg = rmq.registration();
-        for (i, (addr, conn)) in addrs.iter().zip(conns.iter_mut()).enumerate() {
+        for addr in &addrs {
+            let conn = conns.entry(addr.clone()).or_insert_with(|| NsConn::new(addr));
             opaque = opaque.wrapping_add(1);
             let res = conn
                 .call(
@@ -125,38 +130,39 @@ pub async fn run(rmq: Arc<RocketMq>, embedded: Option<Arc<NameServer>>, mut shut
                 )
                 .await;
             metrics::counter!("rokka_rocketmq_broker_registrations_total").increment(1);
+            let was_failing = failing.get(addr).copied().unwrap_or(false);
             match res {
                 Ok(r) if r.code == rs::SUCCESS => {
-                    if failing[i] {
+                    if was_failing {
                         tracing::info!(namesrv = addr, "registered with the name server again");
                     }
-                    failing[i] = false;
+                    failing.insert(addr.clone(), false);
                 }
                 Ok(r) => {
-                    if !failing[i] {
+                    if !was_failing {
                         tracing::warn!(namesrv = addr, code = r.code, remark = ?r.remark, "name server refused the registration");
                     }
-                    failing[i] = true;
+                    failing.insert(addr.clone(), true);
                     due = due.min(Instant::now() + Duration::from_secs(2));
                 }
                 Err(e) => {
-                    if !failing[i] {
+                    if !was_failing {
                         tracing::warn!(namesrv = addr, error = e, "cannot register with the name server");
                     }
-                    failing[i] = true;
+                    failing.insert(addr.clone(), true);
                     due = due.min(Instant::now() + Duration::from_secs(2));
                 }
             }
         }
     }
     let reg = rmq.registration();
-    for (addr, conn) in addrs.iter().zip(conns.iter_mut()) {
+    for (addr, conn) in conns.iter_mut() {
         let mut c = RemotingCommand::request(rq::UNREGISTER_BROKER, opaque.wrapping_add(1));
         c.version = version;
         c.ext_fields.set("brokerName", reg.broker_name.as_str());
         c.ext_fields.set("brokerAddr", reg.broker_addr.as_str());
         c.ext_fields.set("clusterName", reg.cluster.as_str());
-        c.ext_fields.set("brokerId", "0");
+        c.ext_fields.set("brokerId", reg.broker_id.to_string());
         if let Err(e) = conn.call(c, Duration::from_secs(2)).await {
             tracing::warn!(namesrv = addr, error = e, "UNREGISTER_BROKER failed");
         }

@@ -1,0 +1,81 @@
+"""RocketMQ clients and a three-node set: every node's name server routes
+the set's broker name to its master as brokerId 0 and the replicas under
+their own ids; the real client (rocketmq-client-rust) sends and consumes
+through a replica's name server; a failover moves brokerId 0 to the new
+master in every name server within seconds."""
+import os
+import subprocess
+import time
+
+import pytest
+from conftest import Cluster
+
+HARNESS = os.environ.get(
+    "ROKKA_RMQ_HARNESS",
+    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "release", "rokka-rocketmq-compat"),
+)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster("rocketmq")
+    yield c
+    c.close()
+
+
+def route(node, topic):
+    """brokerId -> address of the set in `node`'s name server (via the harness-free raw call)."""
+    import json
+    import socket
+    import struct
+
+    header = json.dumps(
+        {"code": 105, "language": "JAVA", "version": 0, "opaque": 1, "flag": 0, "extFields": {"topic": topic}}
+    ).encode()
+    frame = struct.pack(">I", 4 + len(header)) + struct.pack(">I", len(header)) + header
+    with socket.create_connection(("127.0.0.1", node.namesrv_port), timeout=5) as s:
+        s.sendall(frame)
+        n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+        data = b""
+        while len(data) < n:
+            data += s.recv(n - len(data))
+    hlen = struct.unpack(">I", data[:4])[0] & 0xFFFFFF
+    h = json.loads(data[4 : 4 + hlen])
+    if h["code"] != 0:
+        return {}
+    body = data[4 + hlen :].decode()
+    # brokerAddrs keys are numbers in RocketMQ's fastjson output.
+    import re
+
+    addrs = re.search(r'"brokerAddrs":\{([^}]*)\}', body)
+    return {int(k): v for k, v in re.findall(r'"?(\d+)"?:"([^"]+)"', addrs.group(1))} if addrs else {}
+
+
+def test_routes_and_send_consume_through_a_replica_name_server(cluster):
+    m = cluster.master()
+    replica = next(i for i in cluster.nodes if i != m)
+    # Registrations reach every name server within a registration round.
+    deadline = time.time() + 10
+    while time.time() < deadline and len(route(cluster.nodes[replica], "TBW102")) < 3:
+        time.sleep(0.2)
+    p = subprocess.run(
+        [HARNESS, f"127.0.0.1:{cluster.nodes[replica].namesrv_port}", "send-consume"],
+        capture_output=True, timeout=150, text=True,
+    )
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    want_master = f"127.0.0.1:{cluster.nodes[m].broker_port}"
+    for i, node in cluster.nodes.items():
+        r = route(node, "CompatSendConsume")
+        assert r.get(0) == want_master, (i, r)
+        assert sorted(r) == sorted([0] + [j + 1 for j in cluster.nodes if j != m]), (i, r)
+    # Failover: brokerId 0 moves to the new master everywhere.
+    cluster.nodes[m].kill()
+    new = cluster.master(timeout=30, exclude=(m,))
+    want = f"127.0.0.1:{cluster.nodes[new].broker_port}"
+    deadline = time.time() + 10
+    ok = False
+    while time.time() < deadline and not ok:
+        ok = all(route(n, "CompatSendConsume").get(0) == want for i, n in cluster.nodes.items() if i != m)
+        time.sleep(0.2)
+    assert ok, {i: route(n, "CompatSendConsume") for i, n in cluster.nodes.items() if i != m}
+    cluster.nodes[m].start()
