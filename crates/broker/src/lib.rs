@@ -33,6 +33,13 @@ pub use error::{BrokerError, Result};
 pub use producers::{ProducerLimits, ProducerStates, SequenceCheck};
 pub use topics::{TopicInfo, TopicTable};
 
+/// Topics one node created or deleted, for the cluster controller.
+#[derive(Debug, Default, Clone)]
+pub struct TopicChanges {
+    pub created: std::collections::BTreeSet<String>,
+    pub deleted: std::collections::BTreeSet<String>,
+}
+
 /// Runs `f`, which may block on the disk (file creation, fsync, a topic
 /// table write), without stalling the async tasks that share its worker
 /// thread: on a multi-threaded runtime the worker hands its other tasks
@@ -62,6 +69,9 @@ pub struct Broker {
     dynamic: dynamic::DynamicConfigs,
     /// Cluster mode: the cluster as last seen (None on a single node).
     cluster: std::sync::RwLock<Option<Arc<cluster_view::ClusterView>>>,
+    /// Cluster mode: topics this node created or deleted that the
+    /// controller has not yet written to etcd.
+    topic_changes: std::sync::Mutex<TopicChanges>,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
     lag: std::sync::Mutex<Vec<(String, String, u32, u64)>>,
     config: BrokerConfig,
@@ -117,6 +127,7 @@ impl Broker {
             )),
             dynamic,
             cluster: std::sync::RwLock::new(None),
+            topic_changes: std::sync::Mutex::new(TopicChanges::default()),
             store,
             topics,
             arrivals,
@@ -193,6 +204,11 @@ impl Broker {
             offload(|| self.store.set_compacted(name, true))?;
         }
         tracing::info!(topic = name, partitions, "topic created");
+        if self.cluster_view().is_some() {
+            let mut c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());
+            c.deleted.remove(name);
+            c.created.insert(name.to_string());
+        }
         self.topics
             .get(name)
             .ok_or_else(|| BrokerError::UnknownTopic(name.to_string()))
@@ -230,7 +246,18 @@ impl Broker {
         self.store.delete_topic(name)?;
         self.forget_topic_transactions(name);
         tracing::info!(topic = name, "topic deleted");
+        if self.cluster_view().is_some() {
+            let mut c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());
+            c.created.remove(name);
+            c.deleted.insert(name.to_string());
+        }
         Ok(())
+    }
+
+    /// Cluster mode: topics created and deleted here since the last call
+    /// (the controller writes them to etcd).
+    pub fn take_topic_changes(&self) -> TopicChanges {
+        std::mem::take(&mut *self.topic_changes.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// A topic's effective configs (its overrides over the store's).
@@ -272,25 +299,39 @@ impl Broker {
         *self.default_topic_config.write().unwrap_or_else(|p| p.into_inner()) = eff;
     }
 
-    /// Cluster mode: takes the master's topic table; topics it no longer
-    /// has are deleted here too.
-    pub fn apply_topic_table(&self, topics: std::collections::BTreeMap<String, TopicInfo>) -> Result<()> {
-        let before = self.topics.all();
-        if !offload(|| self.topics.replace_all(topics.clone()))? {
+    /// Cluster mode: sets a topic to what etcd holds (another node
+    /// created or changed it). Never deletes stored messages: a topic gone
+    /// from etcd leaves this node's table by [`Broker::forget_topic`].
+    pub fn apply_topic(&self, name: &str, info: TopicInfo) -> Result<()> {
+        if !offload(|| self.topics.upsert(name, info.clone()))? {
             return Ok(());
         }
-        for (name, _) in before.iter().filter(|(n, _)| !topics.contains_key(n)) {
-            offload(|| self.store.delete_topic(name))?;
-            self.forget_topic_transactions(name);
+        let compact = !info.configs.is_empty() && self.resolve_topic_config(&info.configs).compact;
+        if compact != self.store.is_compacted(name) {
+            offload(|| self.store.set_compacted(name, compact))?;
         }
-        for (name, info) in &topics {
-            let compact = !info.configs.is_empty() && self.resolve_topic_config(&info.configs).compact;
-            if compact != self.store.is_compacted(name) {
-                offload(|| self.store.set_compacted(name, compact))?;
-            }
-        }
-        tracing::info!(topics = topics.len(), "topic table taken from the master");
+        tracing::info!(
+            topic = name,
+            partitions = info.partitions,
+            "topic taken from the cluster"
+        );
         Ok(())
+    }
+
+    /// Cluster mode: drops a topic etcd no longer has from the table (its
+    /// queues stay until retention; the master deleted the topic).
+    pub fn forget_topic(&self, name: &str) -> Result<()> {
+        if offload(|| self.topics.remove(name))? {
+            tracing::info!(topic = name, "topic dropped: deleted in the cluster");
+        }
+        Ok(())
+    }
+
+    /// Cluster mode: this node has just become its set's master. State
+    /// kept from the log is rebuilt from it on first use, as a new Kafka
+    /// partition leader does (idempotent producers' sequences).
+    pub fn became_master(&self) {
+        self.producers.clear();
     }
 
     /// Cluster mode: the cluster as last seen (None on a single node).

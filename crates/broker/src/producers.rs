@@ -190,6 +190,17 @@ impl ProducerStates {
         out
     }
 
+    /// Forgets every state: each is rebuilt from the log on its producer's
+    /// next batch. Cluster mode calls it when this node becomes master (a
+    /// state made while it was a replica — a produce it refused — misses
+    /// what it replicated since).
+    pub fn clear(&self) {
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        t.states.clear();
+        t.by_age.clear();
+        metrics::gauge!("rokka_kafka_producer_states").set(0.0);
+    }
+
     /// A fresh producer id (InitProducerId without a transactional id).
     pub fn allocate_id(&self) -> i64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
@@ -269,6 +280,20 @@ impl ProducerStates {
         } else {
             SequenceCheck::OutOfOrder
         };
+        {
+            tracing::debug!(
+                producer = info.producer_id,
+                epoch = info.producer_epoch,
+                first,
+                last,
+                state_epoch = st.epoch,
+                cached = ?st.batches.iter().map(|b| (b.first_seq, b.last_seq)).collect::<Vec<_>>(),
+                ?verdict,
+                topic,
+                partition,
+                "producer sequence check"
+            );
+        }
         match verdict {
             SequenceCheck::Append => {}
             SequenceCheck::Duplicate(base) => return Ok((verdict, Some(base))),
@@ -303,7 +328,10 @@ fn rebuild(store: &MessageStore, topic: &str, partition: u32, producer_id: i64) 
     let mut found = Vec::new();
     for idx in start..end {
         let Some(e) = cq.entry(idx) else { continue };
-        let r = store.read(topic, partition, e.base_offset.max(cq.min_offset()), 1, 1);
+        // Everything written, not only what consumers may see: a batch past
+        // the high watermark (a failover's new master has it, the old one
+        // never acknowledged it) is still a batch a retry must not repeat.
+        let r = store.read_written(topic, partition, e.base_offset.max(cq.min_offset()), 1, 1);
         let Some(entry) = r.entries.first() else { continue };
         if let Ok(Entry::KafkaBatch(b)) = entry.decode() {
             if let Ok(i) = b.info() {

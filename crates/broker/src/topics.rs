@@ -192,6 +192,19 @@ impl TopicTable {
         Ok(true)
     }
 
+    /// Sets `name` to `info` exactly (cluster mode: the table in etcd);
+    /// whether anything changed.
+    pub fn upsert(&self, name: &str, info: TopicInfo) -> Result<bool> {
+        let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
+        if t.get(name) == Some(&info) {
+            return Ok(false);
+        }
+        t.insert(name.to_string(), info);
+        self.persist(&t)?;
+        self.changed();
+        Ok(true)
+    }
+
     /// Removes `name`; whether it existed.
     pub fn remove(&self, name: &str) -> Result<bool> {
         let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());

@@ -315,39 +315,64 @@ impl Controller {
         self.sync_topics(topics).await
     }
 
-    /// The topic table: the master writes its own to etcd, replicas take
-    /// it from there (so a new master has it).
+    /// The topic table lives in etcd: each node writes the topics it
+    /// created (if absent) and deleted; the master also writes its changes
+    /// to existing ones; every node takes the rest from etcd. Stored
+    /// messages are never deleted by this (a replica's copy of a topic the
+    /// master deleted stays until retention).
     async fn sync_topics(&mut self, in_etcd: BTreeMap<String, TopicInfo>) -> Res<()> {
         let broker = Arc::clone(&self.sh.broker);
-        match self.sh.role() {
-            Role::Master { .. } => {
-                let local: BTreeMap<String, TopicInfo> = broker.topics().all().into_iter().collect();
-                for (name, info) in &local {
-                    if in_etcd.get(name) != Some(info) {
-                        let json = serde_json::to_vec(info).map_err(|e| e.to_string())?;
-                        self.client
-                            .put(format!("{}topics/{name}", self.prefix), json, None)
-                            .await
-                            .map_err(err("put topic"))?;
-                    }
+        let master = matches!(self.sh.role(), Role::Master { .. });
+        let mut changes = broker.take_topic_changes();
+        if master && in_etcd.is_empty() {
+            // A cluster's first master (or etcd started afresh): its own
+            // table is the cluster's.
+            changes.created.extend(broker.topics().names());
+        }
+        let mut in_etcd = in_etcd;
+        for name in &changes.deleted {
+            self.client
+                .delete(format!("{}topics/{name}", self.prefix), None)
+                .await
+                .map_err(err("delete topic"))?;
+            in_etcd.remove(name);
+        }
+        let local: BTreeMap<String, TopicInfo> = broker.topics().all().into_iter().collect();
+        for (name, info) in &local {
+            let key = format!("{}topics/{name}", self.prefix);
+            let json = serde_json::to_vec(info).map_err(|e| e.to_string())?;
+            if changes.created.contains(name) && !in_etcd.contains_key(name) {
+                // Created here: first writer wins.
+                let txn = Txn::new()
+                    .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(key, json, None)]);
+                if self.client.txn(txn).await.map_err(err("create topic"))?.succeeded() {
+                    in_etcd.insert(name.clone(), info.clone());
                 }
-                for name in in_etcd.keys().filter(|n| !local.contains_key(*n)) {
-                    self.client
-                        .delete(format!("{}topics/{name}", self.prefix), None)
-                        .await
-                        .map_err(err("delete topic"))?;
-                }
+            } else if master && in_etcd.get(name).is_some_and(|e| e != info) {
+                // Changed on the master (partitions added, configs).
+                self.client.put(key, json, None).await.map_err(err("put topic"))?;
+                in_etcd.insert(name.clone(), info.clone());
             }
-            Role::Replica { .. } => {
-                let local: BTreeMap<String, TopicInfo> = broker.topics().all().into_iter().collect();
-                if local != in_etcd {
-                    tokio::task::spawn_blocking(move || broker.apply_topic_table(in_etcd))
-                        .await
-                        .map_err(|e| e.to_string())?
-                        .map_err(|e| e.to_string())?;
-                }
+        }
+        for (name, info) in &in_etcd {
+            if local.get(name) != Some(info) && !(master && local.contains_key(name)) {
+                let (b, n, i) = (Arc::clone(&broker), name.clone(), info.clone());
+                tokio::task::spawn_blocking(move || b.apply_topic(&n, i))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
             }
-            Role::Unknown | Role::Fenced => {}
+        }
+        for name in local
+            .keys()
+            .filter(|n| !in_etcd.contains_key(*n) && !changes.created.contains(*n))
+        {
+            let (b, n) = (Arc::clone(&broker), name.clone());
+            tokio::task::spawn_blocking(move || b.forget_topic(&n))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
         }
         Ok(())
     }

@@ -117,6 +117,7 @@ impl Shared {
                 // moves on as the replicas reconnect and fetch.
                 let visible = self.store.high_watermark().unwrap_or(0).min(self.store.log_end());
                 self.hw.store(visible, Ordering::Release);
+                self.broker.became_master();
                 self.store.require_replica_acks(match self.cfg.replication {
                     ReplicationMode::Sync => Some(self.cfg.replication_timeout_ms),
                     ReplicationMode::Async => None,

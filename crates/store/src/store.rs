@@ -925,6 +925,33 @@ impl MessageStore {
     /// Reads up to `max_offsets` offsets (whole entries; at least one entry
     /// even if larger than `max_bytes`) from `offset`.
     pub fn read(&self, topic: &str, queue_id: u32, offset: u64, max_offsets: u32, max_bytes: usize) -> QueueRead {
+        self.read_within(topic, queue_id, offset, max_offsets, max_bytes, true)
+    }
+
+    /// As [`MessageStore::read`], up to everything written: past the high
+    /// watermark and, in sync mode, past what is flushed. Not for
+    /// consumers — for state rebuilt from the log (idempotent producers),
+    /// which must count what a failover may still keep.
+    pub fn read_written(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_offsets: u32,
+        max_bytes: usize,
+    ) -> QueueRead {
+        self.read_within(topic, queue_id, offset, max_offsets, max_bytes, false)
+    }
+
+    fn read_within(
+        &self,
+        topic: &str,
+        queue_id: u32,
+        offset: u64,
+        max_offsets: u32,
+        max_bytes: usize,
+        visible_only: bool,
+    ) -> QueueRead {
         let Some(q) = self.queue(topic, queue_id) else {
             return QueueRead {
                 status: ReadStatus::NoSuchQueue,
@@ -934,7 +961,12 @@ impl MessageStore {
                 max_offset: 0,
             };
         };
-        let (min, max) = (q.min_offset(), self.visible_max(&q));
+        let max = if visible_only {
+            self.visible_max(&q)
+        } else {
+            q.max_offset()
+        };
+        let min = q.min_offset();
         let status_only = |status, next| QueueRead {
             status,
             entries: Vec::new(),

@@ -122,7 +122,14 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                 .with_log_append_time_ms(-1)
                 .with_log_start_offset(-1);
             let mut append_time = -1;
-            let result = if !exists || p.index < 0 {
+            let result = if !store.is_leader() {
+                // Cluster mode, not the set's master: before any sequence
+                // check, so a retry goes to the master with its sequence
+                // intact (an OUT_OF_ORDER answer here would make an
+                // idempotent producer bump its epoch and write again what
+                // the master already has).
+                Err(errors::NOT_LEADER_OR_FOLLOWER)
+            } else if !exists || p.index < 0 {
                 Err(errors::UNKNOWN_TOPIC_OR_PARTITION)
             } else if r.acks == -1 && cfg.as_ref().is_some_and(|c| c.min_insync_replicas > 1) {
                 // One replica per partition today: acks=all cannot meet
