@@ -78,6 +78,8 @@ pub struct Shared {
     newer_epoch: AtomicU32,
     /// When this node's lease may have expired (ms since start).
     pub(crate) lease_valid_until: Mutex<Option<Instant>>,
+    /// Woken by every append: replicas' waiting fetches answer at once.
+    pub(crate) appended: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -93,6 +95,7 @@ impl Shared {
             hw: AtomicU64::new(0),
             newer_epoch: AtomicU32::new(0),
             lease_valid_until: Mutex::new(None),
+            appended: tokio::sync::Notify::new(),
         })
     }
 
@@ -270,7 +273,18 @@ pub async fn start(
     let mut me = me;
     me.replication = format!("{host}:{}", bound.port());
     tracing::info!(listen = %bound, node = cfg.node_id, set = %cfg.broker_set, "cluster mode: replication listener");
-    let shared = Shared::new(cfg, store, broker);
+    let shared = Shared::new(cfg, Arc::clone(&store), broker);
+    let weak = Arc::downgrade(&shared);
+    store.set_append_listener(move || {
+        if let Some(sh) = weak.upgrade() {
+            sh.appended.notify_waiters();
+            // Alone in the sync state set, the master's own end is the
+            // high watermark: no fetch will come to move it.
+            if sh.sss.lock().map(|s| s.len() <= 1).unwrap_or(false) {
+                sh.update_high_watermark();
+            }
+        }
+    });
     let controller = controller::Controller::connect(Arc::clone(&shared), me).await?;
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(stream::serve(listener, Arc::clone(&shared), stop.clone())));

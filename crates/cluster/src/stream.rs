@@ -185,10 +185,18 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
             return Err(format!("replica asks from {from}, past the end {end_now}"));
         }
         sh.replica_progress(replica, from, from >= last_sent_end);
-        // Long poll: answer as soon as there is something, or after 200 ms.
-        let deadline = Instant::now() + Duration::from_millis(200);
-        while store.log_end() <= from && Instant::now() < deadline && sh.role() == (Role::Master { epoch }) {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        // Long poll: answer as soon as something is appended, or after 200 ms.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+        while store.log_end() <= from && sh.role() == (Role::Master { epoch }) {
+            let woken = sh.appended.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if store.log_end() > from {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                break;
+            }
         }
         let entries = if store.log_end() > from {
             store

@@ -249,6 +249,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         log_starts: Mutex::new(log_starts),
         deleted: Mutex::new(deleted),
         flush_listener: std::sync::OnceLock::new(),
+        append_listener: std::sync::OnceLock::new(),
         checkpoint_lock: Mutex::new(()),
         damage_logged_ms: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
         compacted: RwLock::new(compacted),

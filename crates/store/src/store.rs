@@ -189,6 +189,8 @@ pub(crate) struct Inner {
     pub checkpoint_lock: Mutex<()>,
     /// Told when the flushed position moves (see `set_flush_listener`).
     pub flush_listener: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Told after each client append (see `set_append_listener`).
+    pub append_listener: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// When a damaged read was last logged (ms).
     pub damage_logged_ms: std::sync::atomic::AtomicI64,
     /// Compacted topics (`compacted/<topic>/COMPACT`).
@@ -228,6 +230,13 @@ impl std::fmt::Debug for MessageStore {
 }
 
 impl Inner {
+    /// Runs the append listener, if one is set (outside the writer lock).
+    fn appended(&self) {
+        if let Some(f) = self.append_listener.get() {
+            f();
+        }
+    }
+
     pub(crate) fn writer(&self) -> MutexGuard<'_, Writer> {
         self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -499,6 +508,7 @@ impl MessageStore {
             }
         }
         inner.metrics.appends_message.increment(msgs.len() as u64);
+        inner.appended();
         inner.metrics.append_bytes.increment(bytes);
         Ok(out)
     }
@@ -566,6 +576,7 @@ impl MessageStore {
             }
         };
         inner.metrics.appends_kafka.increment(1);
+        inner.appended();
         inner.metrics.append_bytes.increment(size as u64);
         Ok(result)
     }
@@ -914,6 +925,12 @@ impl MessageStore {
     /// messages that just became visible can be woken.
     pub fn set_flush_listener(&self, f: impl Fn() + Send + Sync + 'static) {
         let _ = self.inner.flush_listener.set(Box::new(f));
+    }
+
+    /// Called after each client append (cluster mode: wakes the
+    /// replication stream's waiting fetches). Set once.
+    pub fn set_append_listener(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.inner.append_listener.set(Box::new(f));
     }
 
     /// First offset stored at or after `ts` (store time); the max offset when
