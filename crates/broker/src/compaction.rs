@@ -163,31 +163,25 @@ impl Broker {
         // Kafka's cleaner maps only the dirty section: a clean record
         // whose key is not in the map is already the latest of its key).
         let mut last: HashMap<Bytes, u64> = HashMap::new();
-        let mut at = d.clean_end;
-        'scan: while at < bound {
-            let r = store.read(topic, partition, at, 4096, 8 << 20);
-            if r.status != ReadStatus::Found {
-                break;
-            }
-            for e in &r.entries {
-                if e.cq.base_offset >= bound {
-                    break 'scan;
+        let mut map_full_at = None;
+        self.scan_range(topic, partition, d.clean_end, bound, |e| {
+            if let Parts::Records(recs) = self.parts(topic, partition, e)? {
+                if last.len() + recs.len() > max_keys && e.cq.base_offset > d.clean_end {
+                    // Clean up to here; the rest in the next pass.
+                    map_full_at = Some(e.cq.base_offset);
+                    return Ok(false);
                 }
-                if let Parts::Records(recs) = self.parts(topic, partition, e)? {
-                    if last.len() + recs.len() > max_keys && e.cq.base_offset > d.clean_end {
-                        // Clean up to here; the rest in the next pass.
-                        bound = e.cq.base_offset;
-                        stats.key_map_full = true;
-                        break 'scan;
-                    }
-                    for rec in recs {
-                        if let Some(k) = rec.key {
-                            last.insert(k, rec.offset);
-                        }
+                for rec in recs {
+                    if let Some(k) = rec.key {
+                        last.insert(k, rec.offset);
                     }
                 }
             }
-            at = r.next_offset;
+            Ok(true)
+        })?;
+        if let Some(at) = map_full_at {
+            bound = at;
+            stats.key_map_full = true;
         }
         if bound <= d.clean_end {
             return Ok(None);
@@ -195,51 +189,65 @@ impl Broker {
 
         // Pass 2: write the survivors.
         let mut w = store.clean_writer(topic, partition)?;
-        let mut at = w.start();
-        'write: while at < bound {
-            let r = store.read(topic, partition, at, 4096, 8 << 20);
-            if r.status != ReadStatus::Found {
-                break;
-            }
-            for e in &r.entries {
-                if e.cq.base_offset >= bound {
-                    break 'write;
-                }
-                stats.bytes_read += e.data.len() as u64;
-                match self.parts(topic, partition, e)? {
-                    Parts::Keep => {
+        let deleted_before = now_ms.saturating_sub(cfg.delete_retention_ms);
+        self.scan_range(topic, partition, w.start(), bound, |e| {
+            stats.bytes_read += e.data.len() as u64;
+            match self.parts(topic, partition, e)? {
+                Parts::Keep => w.push(&e.data, &e.cq)?,
+                Parts::Drop => {}
+                Parts::Records(recs) => {
+                    stats.records_read += recs.len() as u64;
+                    let keep: Vec<bool> = recs
+                        .iter()
+                        .map(|r| {
+                            r.key
+                                .as_ref()
+                                .is_some_and(|k| last.get(k).is_none_or(|o| *o == r.offset))
+                                && !(r.tombstone && e.cq.store_timestamp < deleted_before)
+                        })
+                        .collect();
+                    let kept = keep.iter().filter(|k| **k).count();
+                    stats.records_kept += kept as u64;
+                    if kept == recs.len() {
                         w.push(&e.data, &e.cq)?;
-                    }
-                    Parts::Drop => {}
-                    Parts::Records(recs) => {
-                        stats.records_read += recs.len() as u64;
-                        let deleted_before = now_ms.saturating_sub(cfg.delete_retention_ms);
-                        let keep: Vec<bool> = recs
-                            .iter()
-                            .map(|r| {
-                                r.key
-                                    .as_ref()
-                                    .is_some_and(|k| last.get(k).is_none_or(|o| *o == r.offset))
-                                    && !(r.tombstone && e.cq.store_timestamp < deleted_before)
-                            })
-                            .collect();
-                        let kept = keep.iter().filter(|k| **k).count();
-                        stats.records_kept += kept as u64;
-                        if kept == recs.len() {
-                            w.push(&e.data, &e.cq)?;
-                        } else if kept > 0 {
-                            let (data, cq) = self.filtered_batch(topic, partition, e, &keep)?;
-                            w.push(&data, &cq)?;
-                        }
+                    } else if kept > 0 {
+                        let (data, cq) = self.filtered_batch(topic, partition, e, &keep)?;
+                        w.push(&data, &cq)?;
                     }
                 }
             }
-            at = r.next_offset;
-        }
+            Ok(true)
+        })?;
         stats.bytes_written = w.bytes();
         stats.clean_end = bound;
         store.install_clean(topic, partition, w, bound)?;
         Ok(Some(stats))
+    }
+
+    /// Visits the stored entries of `[from, bound)` in order until `visit`
+    /// answers false.
+    fn scan_range(
+        &self,
+        topic: &str,
+        partition: u32,
+        from: u64,
+        bound: u64,
+        mut visit: impl FnMut(&ReadEntry) -> Result<bool>,
+    ) -> Result<()> {
+        let mut at = from;
+        while at < bound {
+            let r = self.store.read(topic, partition, at, 4096, 8 << 20);
+            if r.status != ReadStatus::Found {
+                break;
+            }
+            for e in &r.entries {
+                if e.cq.base_offset >= bound || !visit(e)? {
+                    return Ok(());
+                }
+            }
+            at = r.next_offset;
+        }
+        Ok(())
     }
 
     /// Splits a stored entry into what compaction decides on.
