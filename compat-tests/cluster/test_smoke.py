@@ -47,3 +47,41 @@ def test_one_master_and_metadata_names_the_set(cluster):
             got.add(msg.value())
     c.close()
     assert len(got) == 100
+
+
+def list_offsets(port, topic, current_leader_epoch):
+    """ListOffsets v4 (latest) with a current leader epoch, raw over a socket
+    with kafka-python's own request and response classes: (error, leader_epoch)."""
+    import io
+    import socket
+    import struct
+
+    from kafka.protocol.old.list_offsets import ListOffsetsRequest_v4, ListOffsetsResponse_v4
+
+    req = ListOffsetsRequest_v4(
+        replica_id=-1, isolation_level=0, topics=[(topic, [(0, current_leader_epoch, -1)])]
+    )
+    client = b"epoch-test"
+    body = struct.pack(">hhih", 2, 4, 7, len(client)) + client + req.encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(struct.pack(">i", len(body)) + body)
+        n = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
+        data = b""
+        while len(data) < n:
+            data += s.recv(n - len(data))
+    resp = ListOffsetsResponse_v4.decode(io.BytesIO(data[4:]))
+    part = resp.topics[0][1][0]
+    return part[1], part[4]
+
+
+def test_stale_and_future_leader_epochs_are_refused(cluster):
+    """KIP-320 fencing with the set's epoch: the current epoch is served and
+    reported, an older one is FENCED_LEADER_EPOCH, a newer one
+    UNKNOWN_LEADER_EPOCH."""
+    m = cluster.master()
+    port = cluster.nodes[m].kafka_port
+    err, epoch = list_offsets(port, "smoke", -1)
+    assert err == 0 and epoch >= 1, (err, epoch)
+    assert list_offsets(port, "smoke", epoch) == (0, epoch)
+    assert list_offsets(port, "smoke", epoch - 1)[0] == 74  # FENCED_LEADER_EPOCH
+    assert list_offsets(port, "smoke", epoch + 1)[0] == 75  # UNKNOWN_LEADER_EPOCH

@@ -49,6 +49,8 @@ pub struct Controller {
     client: Client,
     me: NodeInfo,
     lease: i64,
+    /// The lease the keep-alive task renews (set when it starts).
+    lease_id: Option<Arc<std::sync::atomic::AtomicI64>>,
     prefix: String,
 }
 
@@ -73,6 +75,7 @@ impl Controller {
             client,
             me,
             lease: 0,
+            lease_id: None,
             prefix,
         };
         c.register().await?;
@@ -92,7 +95,10 @@ impl Controller {
         let sent = Instant::now();
         let lease = self.client.lease_grant(ttl, None).await.map_err(err("lease grant"))?;
         self.lease = lease.id();
-        self.lease_renewed(sent, lease.ttl());
+        lease_renewed(&self.sh, sent, lease.ttl());
+        if let Some(id) = &self.lease_id {
+            id.store(self.lease, std::sync::atomic::Ordering::Release);
+        }
         let json = serde_json::to_vec(&self.me).map_err(|e| e.to_string())?;
         let key = self.node_key(self.me.id);
         self.client
@@ -101,11 +107,6 @@ impl Controller {
             .map_err(err("register"))?;
         tracing::info!(node = self.me.id, set = %self.me.set, lease = self.lease, "registered in etcd");
         Ok(())
-    }
-
-    fn lease_renewed(&self, sent: Instant, ttl: i64) {
-        let valid = sent + Duration::from_millis((ttl.max(1) as u64 * 1000).saturating_sub(500));
-        *self.sh.lease_valid_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(valid);
     }
 
     /// Runs until `stop`: keep-alives, the fencing watchdog and the
@@ -129,17 +130,33 @@ impl Controller {
                 }
             }
         });
-        let mut keep = tokio::time::interval(Duration::from_millis(u64::from(self.sh.cfg.lease_ttl_secs) * 1000 / 3));
-        keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Keep-alives run on their own, so a slow controller step (an etcd
+        // call, a truncation) never delays them past the lease.
+        let lease = Arc::new(std::sync::atomic::AtomicI64::new(self.lease));
+        self.lease_id = Some(Arc::clone(&lease));
+        let ka_client = self.client.clone();
+        let ka_sh = Arc::clone(&self.sh);
+        let mut ka_stop = stop.clone();
+        tokio::spawn(async move {
+            let mut client = ka_client;
+            let period = Duration::from_millis(u64::from(ka_sh.cfg.lease_ttl_secs) * 1000 / 3);
+            let mut keep = tokio::time::interval(period);
+            keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = keep.tick() => {}
+                    _ = ka_stop.changed() => return,
+                }
+                let id = lease.load(std::sync::atomic::Ordering::Acquire);
+                if let Err(e) = keep_alive(&mut client, &ka_sh, id).await {
+                    tracing::warn!(error = e, "lease keep-alive failed");
+                }
+            }
+        });
         let mut poll = tokio::time::interval(Duration::from_millis(self.sh.cfg.poll_interval_ms.max(20)));
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = keep.tick() => {
-                    if let Err(e) = self.keep_alive().await {
-                        tracing::warn!(error = e, "lease keep-alive failed");
-                    }
-                }
                 _ = poll.tick() => {
                     if let Err(e) = self.tick().await {
                         tracing::warn!(error = e, "controller step failed");
@@ -152,33 +169,6 @@ impl Controller {
                     return;
                 }
             }
-        }
-    }
-
-    async fn keep_alive(&mut self) -> Res<()> {
-        let sent = Instant::now();
-        let (mut keeper, mut stream) = self
-            .client
-            .lease_keep_alive(self.lease)
-            .await
-            .map_err(err("keep-alive"))?;
-        keeper.keep_alive().await.map_err(err("keep-alive"))?;
-        match tokio::time::timeout(Duration::from_secs(1), stream.message()).await {
-            Ok(Ok(Some(r))) if r.ttl() > 0 => {
-                self.lease_renewed(sent, r.ttl());
-                Ok(())
-            }
-            Ok(Ok(_)) => {
-                // The lease is gone (we were silent past its TTL).
-                tracing::error!("lease expired: registering again");
-                *self.sh.lease_valid_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                if matches!(self.sh.role(), Role::Master { .. }) {
-                    self.sh.set_role(Role::Fenced);
-                }
-                self.register().await
-            }
-            Ok(Err(e)) => Err(format!("keep-alive: {e}")),
-            Err(_) => Err("keep-alive: no answer within 1 s".into()),
         }
     }
 
@@ -403,10 +393,10 @@ impl Controller {
     }
 
     fn become_master(&self, st: &SetState) -> Res<()> {
-        self.sh
-            .store
-            .begin_epoch(st.epoch)
-            .map_err(|e| format!("recording epoch {}: {e}", st.epoch))?;
+        let store = Arc::clone(&self.sh.store);
+        let epoch = st.epoch;
+        tokio::task::block_in_place(|| store.begin_epoch(epoch))
+            .map_err(|e| format!("recording epoch {epoch}: {e}"))?;
         self.sh.set_sss(st.sss.clone());
         self.sh.set_role(Role::Master { epoch: st.epoch });
         // Members of the sync state set get replica_lag_max_ms to connect.
@@ -454,4 +444,34 @@ impl Controller {
         let r = self.client.txn(txn).await.map_err(err("txn"))?;
         Ok(r.succeeded())
     }
+}
+
+/// One keep-alive of lease `id`: renews this node's lease validity, or, when
+/// the lease is gone, clears it (the controller registers again and a
+/// master fences itself).
+async fn keep_alive(client: &mut Client, sh: &Shared, id: i64) -> Res<()> {
+    let sent = Instant::now();
+    let (mut keeper, mut stream) = client.lease_keep_alive(id).await.map_err(err("keep-alive"))?;
+    keeper.keep_alive().await.map_err(err("keep-alive"))?;
+    match tokio::time::timeout(Duration::from_secs(1), stream.message()).await {
+        Ok(Ok(Some(r))) if r.ttl() > 0 => {
+            lease_renewed(sh, sent, r.ttl());
+            Ok(())
+        }
+        Ok(Ok(_)) => {
+            tracing::error!("lease expired");
+            *sh.lease_valid_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            if matches!(sh.role(), Role::Master { .. }) {
+                sh.set_role(Role::Fenced);
+            }
+            Ok(())
+        }
+        Ok(Err(e)) => Err(format!("keep-alive: {e}")),
+        Err(_) => Err("keep-alive: no answer within 1 s".into()),
+    }
+}
+
+fn lease_renewed(sh: &Shared, sent: Instant, ttl: i64) {
+    let valid = sent + Duration::from_millis((ttl.max(1) as u64 * 1000).saturating_sub(500));
+    *sh.lease_valid_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(valid);
 }

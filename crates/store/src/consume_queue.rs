@@ -363,6 +363,14 @@ impl ConsumeQueue {
         idx.checked_sub(1)
     }
 
+    /// First offset whose entry lies at or after CommitLog position `phys`
+    /// (max offset when none): where a leader epoch that began there begins
+    /// in this queue.
+    pub fn offset_at_phys(&self, phys: u64) -> u64 {
+        let idx = self.partition_point(|e| e.phys_offset < phys);
+        self.entry(idx).map_or(self.max_offset(), |e| e.base_offset)
+    }
+
     /// First offset whose store time is ≥ `ts` (max offset when none).
     pub fn offset_by_store_time(&self, ts: i64) -> u64 {
         let idx = self.partition_point(|e| e.store_timestamp < ts);

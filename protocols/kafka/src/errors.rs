@@ -33,6 +33,7 @@ pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
 pub const INVALID_PRODUCER_EPOCH: i16 = 47;
 pub const KAFKA_STORAGE_ERROR: i16 = 56;
 pub const UNKNOWN_LEADER_EPOCH: i16 = 75;
+pub const FENCED_LEADER_EPOCH: i16 = 74;
 pub const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
 pub const INVALID_RECORD: i16 = 87;
 pub const UNKNOWN_TOPIC_ID: i16 = 100;
@@ -67,5 +68,26 @@ pub fn store_code(e: &StoreError) -> i16 {
         | StoreError::Config(_)
         | StoreError::StorageFailed(_)
         | StoreError::DiskFull { .. } => KAFKA_STORAGE_ERROR,
+    }
+}
+
+/// The partition leader epoch this node answers with: its broker set's in
+/// cluster mode, 0 on a single node (a partition's only leader epoch).
+pub fn leader_epoch(k: &crate::Kafka) -> i32 {
+    k.broker.cluster_view().map_or(0, |v| v.epoch as i32)
+}
+
+/// A client's `current_leader_epoch` against ours (KIP-320): newer is
+/// UNKNOWN_LEADER_EPOCH (this node has not seen that election yet), older
+/// FENCED_LEADER_EPOCH (the client missed one); -1 is not checked.
+pub fn check_leader_epoch(k: &crate::Kafka, current: i32) -> Option<i16> {
+    if current < 0 {
+        return None;
+    }
+    let ours = leader_epoch(k);
+    match current.cmp(&ours) {
+        std::cmp::Ordering::Greater => Some(UNKNOWN_LEADER_EPOCH),
+        std::cmp::Ordering::Less => Some(FENCED_LEADER_EPOCH),
+        std::cmp::Ordering::Equal => None,
     }
 }

@@ -120,11 +120,13 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                 .with_preferred_read_replica(BrokerId(-1))
                 .with_aborted_transactions(Some(Vec::new()));
             let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition));
-            if !known {
-                pd.error_code = if id_unknown {
-                    errors::UNKNOWN_TOPIC_ID
-                } else {
-                    errors::UNKNOWN_TOPIC_OR_PARTITION
+            let fenced = errors::check_leader_epoch(k, p.current_leader_epoch);
+            if !known || fenced.is_some() {
+                pd.error_code = match fenced {
+                    _ if !known && id_unknown => errors::UNKNOWN_TOPIC_ID,
+                    _ if !known => errors::UNKNOWN_TOPIC_OR_PARTITION,
+                    Some(code) => code,
+                    None => errors::UNKNOWN_TOPIC_OR_PARTITION,
                 };
                 any_error = true;
                 parts.push(pd);

@@ -1,9 +1,12 @@
 //! OffsetForLeaderEpoch: the end offset of a leader epoch, which consumers
 //! use to check their position after a leader change or a restart with a
-//! committed leader epoch (KIP-320). A Rokka partition has had one leader
-//! epoch, 0, for its whole life (Metadata reports it), so epoch 0 ends at
-//! the log end offset, a later one is undefined and an earlier one ends
-//! where epoch 0 began — as Kafka's leader-epoch cache answers.
+//! committed leader epoch (KIP-320). On a single node a partition has had
+//! one leader epoch, 0, for its whole life (Metadata reports it), so epoch
+//! 0 ends at the log end offset, a later one is undefined and an earlier
+//! one ends where epoch 0 began — as Kafka's leader-epoch cache answers.
+//! In cluster mode the epochs are the broker set's: epoch e of a partition
+//! ends at its first offset written at or after the CommitLog position
+//! where the next epoch began (the set's epoch history).
 
 use kafka_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset, OffsetForLeaderTopicResult};
 use kafka_protocol::messages::{OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse};
@@ -34,14 +37,13 @@ pub fn handle(k: &Kafka, r: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpoch
                     if !known {
                         return out.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
                     }
-                    // The client's view of the current epoch: newer than ours
-                    // is unknown here (-1: not checked). None is older than
-                    // epoch 0, so FENCED_LEADER_EPOCH cannot arise yet; it
-                    // will with leader changes (replicated broker sets).
-                    if p.current_leader_epoch > EPOCH {
-                        return out.with_error_code(errors::UNKNOWN_LEADER_EPOCH);
+                    if let Some(code) = errors::check_leader_epoch(k, p.current_leader_epoch) {
+                        return out.with_error_code(code);
                     }
                     let q = p.partition as u32;
+                    if k.broker.cluster_view().is_some() {
+                        return cluster_epoch_end(k, &name, q, p.leader_epoch, out);
+                    }
                     match p.leader_epoch {
                         EPOCH => out
                             .with_leader_epoch(EPOCH)
@@ -57,4 +59,34 @@ pub fn handle(k: &Kafka, r: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpoch
         })
         .collect();
     OffsetForLeaderEpochResponse::default().with_topics(topics)
+}
+
+/// Cluster mode: the end offset of `epoch` in (topic, queue) from the set's
+/// epoch history: the current epoch ends at the log end; an older one at the
+/// first offset written at or after the next epoch's start; one newer than
+/// the current, or older than the history, is undefined (-1) or the
+/// history's first epoch.
+fn cluster_epoch_end(k: &Kafka, topic: &str, q: u32, epoch: i32, out: EpochEndOffset) -> EpochEndOffset {
+    let store = k.broker.store();
+    let current = errors::leader_epoch(k);
+    let end = store.max_offset(topic, q) as i64;
+    if epoch < 0 || epoch > current {
+        return out;
+    }
+    if epoch == current {
+        return out.with_leader_epoch(current).with_end_offset(end);
+    }
+    let history = store.epochs();
+    // The newest epoch of the history at or below the one asked for.
+    let Some(i) = history.iter().rposition(|e| e.epoch as i32 <= epoch) else {
+        return out
+            .with_leader_epoch(epoch)
+            .with_end_offset(store.min_offset(topic, q) as i64);
+    };
+    let Some(next) = history.get(i + 1) else {
+        return out.with_leader_epoch(history[i].epoch as i32).with_end_offset(end);
+    };
+    let offset = store.queue(topic, q).map_or(0, |cq| cq.offset_at_phys(next.start));
+    out.with_leader_epoch(history[i].epoch as i32)
+        .with_end_offset(offset as i64)
 }

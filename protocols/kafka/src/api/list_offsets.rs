@@ -112,6 +112,9 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                     if !known {
                         return resp.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
                     }
+                    if let Some(code) = errors::check_leader_epoch(k, p.current_leader_epoch) {
+                        return resp.with_error_code(code);
+                    }
                     let q = p.partition_index as u32;
                     let (offset, ts) = match p.timestamp {
                         // READ_COMMITTED sees the log up to the last stable offset.
@@ -135,7 +138,7 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                     };
                     resp.with_offset(offset)
                         .with_timestamp(ts)
-                        .with_leader_epoch(if version >= 4 { 0 } else { -1 })
+                        .with_leader_epoch(if version >= 4 { errors::leader_epoch(k) } else { -1 })
                 })
                 .collect();
             ListOffsetsTopicResponse::default()
