@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cluster suite: etcd (Debian's etcd-server, installed here if missing,
 # started by the tests on loopback ports with a temporary data dir) and
-# three rokka nodes in cluster mode; real Kafka clients through failovers.
+# three rokka nodes in cluster mode; real Kafka clients through failovers,
+# the RocketMQ client harness (built here if missing) through a replica.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -18,6 +19,8 @@ if [[ ! -x $venv/bin/python ]]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check -r "$root/compat-tests/kafka/requirements.txt"
+# The RocketMQ client harness (test_rocketmq.py); later suites reuse the build.
+(cd "$root/compat-tests/rocketmq/harness" && cargo build --release -q --locked)
 if [[ -z ${ROKKA_BIN:-} ]]; then
   (cd "$root" && cargo build -q -p rokka-server --locked)
   export ROKKA_BIN="$root/target/debug/rokka"
