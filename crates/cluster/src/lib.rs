@@ -120,6 +120,10 @@ impl Shared {
                 // moves on as the replicas reconnect and fetch.
                 let visible = self.store.high_watermark().unwrap_or(0).min(self.store.log_end());
                 self.hw.store(visible, Ordering::Release);
+                // Acknowledgements start again from what is visible: a
+                // value left from an earlier term (before a truncation)
+                // would answer writes no replica holds.
+                self.store.set_acked(visible);
                 self.broker.became_master();
                 self.store.require_replica_acks(match self.cfg.replication {
                     ReplicationMode::Sync => Some(self.cfg.replication_timeout_ms),

@@ -248,6 +248,15 @@ impl MessageStore {
             )));
         }
         tracing::warn!(from = offset, to = end, "truncating the CommitLog to follow the master");
+        // Nothing past the cut is acknowledged or readable any more.
+        let _ = inner.hw.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+            (h != u64::MAX && h > offset).then_some(offset)
+        });
+        inner.acked.send_if_modified(|a| {
+            let over = *a > offset;
+            *a = (*a).min(offset);
+            over
+        });
         crate::commitlog::zero_tail(&inner.log, offset)?;
         inner.log.drop_segments_after(offset)?;
         inner.log.set_recovered(offset);

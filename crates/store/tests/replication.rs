@@ -115,3 +115,32 @@ fn a_replicated_entry_that_would_land_elsewhere_is_refused() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn acknowledgements_left_from_before_a_truncation_do_not_answer_new_writes() -> TestResult {
+    let d = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(d.path()))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    store.require_replica_acks(Some(100));
+    let mut ends = Vec::new();
+    for i in 0..10u64 {
+        ends.push(append(&store, "T", 0, 1, i)?.end_offset);
+    }
+    // The replicas held everything of the earlier term.
+    store.set_acked(ends[9]);
+    rt.block_on(store.durable(ends[9]))?;
+    // Demoted, truncated, master again: the same positions are written anew.
+    store.set_leader(false);
+    store.truncate_log(ends[4])?;
+    store.set_leader(true);
+    let again = append(&store, "T", 0, 2, 0)?;
+    assert!(again.end_offset <= ends[9]);
+    assert!(
+        matches!(
+            rt.block_on(store.durable(again.end_offset)),
+            Err(StoreError::ReplicationTimeout(100))
+        ),
+        "a write no replica holds must not be acknowledged"
+    );
+    Ok(())
+}
