@@ -122,7 +122,7 @@ impl CleanLog {
 
     /// Surviving entries covering offsets at or after `offset` (whole
     /// entries; at least one if any), with their bytes.
-    pub(crate) fn read(&self, offset: u64, max_offsets: u32, max_bytes: usize) -> Vec<(CqEntry, Bytes)> {
+    pub(crate) fn read(&self, offset: u64, max_offsets: u32, max_bytes: usize) -> Vec<crate::ReadEntry> {
         let offset = offset.max(self.start());
         let first = self.index.partition_point(|e| e.end_offset() <= offset);
         let mut out = Vec::new();
@@ -137,7 +137,10 @@ impl CleanLog {
             };
             offsets += e.end_offset() - offset.max(e.base_offset);
             bytes += len;
-            out.push((*e, self.data.slice(from..end)));
+            out.push(crate::ReadEntry {
+                cq: *e,
+                data: self.data.slice(from..end),
+            });
         }
         out
     }
@@ -232,7 +235,8 @@ fn map(path: &Path) -> Result<Bytes> {
 
 /// Writes the next generation of one queue's clean log.
 pub struct CleanWriter {
-    pub(crate) dir: PathBuf,
+    dir: PathBuf,
+    data_path: PathBuf,
     generation: u64,
     start: u64,
     data: BufWriter<File>,
@@ -243,10 +247,11 @@ pub struct CleanWriter {
 impl CleanWriter {
     pub(crate) fn create(dir: PathBuf, generation: u64, start: u64) -> Result<CleanWriter> {
         std::fs::create_dir_all(&dir).map_err(StoreError::io("create dir", &dir))?;
-        let path = dir.join(format!("clean.{generation}"));
-        let f = File::create(&path).map_err(StoreError::io("create", &path))?;
+        let data_path = dir.join(format!("clean.{generation}"));
+        let f = File::create(&data_path).map_err(StoreError::io("create", &data_path))?;
         Ok(CleanWriter {
             dir,
+            data_path,
             generation,
             start,
             data: BufWriter::with_capacity(1 << 20, f),
@@ -274,8 +279,9 @@ impl CleanWriter {
                 )));
             }
         }
-        let path = self.dir.join(format!("clean.{}", self.generation));
-        self.data.write_all(data).map_err(StoreError::io("write", &path))?;
+        self.data
+            .write_all(data)
+            .map_err(StoreError::io("write", &self.data_path))?;
         self.index.push(CqEntry {
             phys_offset: self.pos,
             size: data.len() as u32,
@@ -285,27 +291,21 @@ impl CleanWriter {
         Ok(())
     }
 
-    /// Surviving entries so far.
-    pub fn entry_count(&self) -> usize {
-        self.index.len()
-    }
-
     /// Bytes written so far.
     pub fn bytes(&self) -> u64 {
         self.pos
     }
 
-    /// Makes the generation durable and switches to it: the data and index
-    /// files are fsynced, then `state.json` is replaced atomically.
-    pub(crate) fn finish(self, end: u64) -> Result<CleanLog> {
-        let data_path = self.dir.join(format!("clean.{}", self.generation));
+    /// Makes the generation's files durable (data, then index); nothing
+    /// reads them until [`Sealed::switch`].
+    pub(crate) fn seal(self) -> Result<Sealed> {
         let index_path = self.dir.join(format!("index.{}", self.generation));
         let f = self
             .data
             .into_inner()
-            .map_err(|e| StoreError::io("write", &data_path)(e.into_error()))?;
-        crate::fault::check("clean_log_sync").map_err(StoreError::io("fsync", &data_path))?;
-        f.sync_all().map_err(StoreError::io("fsync", &data_path))?;
+            .map_err(|e| StoreError::io("write", &self.data_path)(e.into_error()))?;
+        crate::fault::check("clean_log_sync").map_err(StoreError::io("fsync", &self.data_path))?;
+        f.sync_all().map_err(StoreError::io("fsync", &self.data_path))?;
         let mut raw = Vec::with_capacity(self.index.len() * ENTRY_SIZE);
         for e in &self.index {
             raw.extend_from_slice(&e.encode());
@@ -313,6 +313,29 @@ impl CleanWriter {
         let mut idx = File::create(&index_path).map_err(StoreError::io("create", &index_path))?;
         idx.write_all(&raw).map_err(StoreError::io("write", &index_path))?;
         idx.sync_all().map_err(StoreError::io("fsync", &index_path))?;
+        Ok(Sealed {
+            dir: self.dir,
+            generation: self.generation,
+            start: self.start,
+        })
+    }
+}
+
+/// A generation on disk, not yet in force.
+pub(crate) struct Sealed {
+    dir: PathBuf,
+    generation: u64,
+    start: u64,
+}
+
+impl Sealed {
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Puts the generation in force: `state.json` is replaced atomically
+    /// (a crash before leaves the previous one), then it is loaded.
+    pub(crate) fn switch(self, end: u64) -> Result<CleanLog> {
         let state = State {
             generation: self.generation,
             end,

@@ -765,20 +765,29 @@ impl MessageStore {
     /// end are served from it whatever the mark.
     pub fn set_compacted(&self, topic: &str, on: bool) -> Result<()> {
         validate_topic(topic)?;
+        // The lock orders changes of the mark; the set readers take (every
+        // RocketMQ send asks) is only locked to apply a change already on
+        // disk, never across the fsyncs.
         let _g = self.inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_compacted(topic) == on {
+            return Ok(());
+        }
         let dir = crate::compacted::topic_dir(&self.inner.dir, topic);
         let marker = dir.join(crate::compacted::MARKER);
-        let mut set = self.inner.compacted.write().unwrap_or_else(|p| p.into_inner());
-        if on && !set.contains(topic) {
+        if on {
             std::fs::create_dir_all(&dir).map_err(StoreError::io("create dir", &dir))?;
             File::create(&marker)
                 .and_then(|f| f.sync_all())
                 .map_err(StoreError::io("create", &marker))?;
-            crate::sys::fsync_dir(&dir)?;
-            set.insert(topic.to_string());
-        } else if !on && set.remove(topic) {
+        } else {
             std::fs::remove_file(&marker).map_err(StoreError::io("remove", &marker))?;
-            crate::sys::fsync_dir(&dir)?;
+        }
+        crate::sys::fsync_dir(&dir)?;
+        let mut set = self.inner.compacted.write().unwrap_or_else(|p| p.into_inner());
+        if on {
+            set.insert(topic.to_string());
+        } else {
+            set.remove(topic);
         }
         Ok(())
     }
@@ -850,10 +859,15 @@ impl MessageStore {
         end: u64,
     ) -> Result<Arc<crate::compacted::CleanLog>> {
         self.check_open()?;
+        // The new generation's files are written and fsynced before the
+        // lock: topic deletion waits on it under the writer lock, so no
+        // append ever waits for a clean log's fsync.
+        let start = w.start();
+        let sealed = w.seal()?;
         let _g = self.inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
         let Some(q) = self.queue(topic, queue_id) else {
             // Deleted during the pass.
-            let _ = std::fs::remove_dir_all(&w.dir);
+            let _ = std::fs::remove_dir_all(sealed.dir());
             return Err(StoreError::Config(format!("no queue {topic}/{queue_id}")));
         };
         let current_end = q.clean().map_or(0, |c| c.end());
@@ -863,8 +877,7 @@ impl MessageStore {
                 q.max_offset()
             )));
         }
-        let start = w.start();
-        let log = Arc::new(w.finish(end)?);
+        let log = Arc::new(sealed.switch(end)?);
         // DeleteRecords during the pass moved the start on.
         log.raise_start(q.min_offset().max(start));
         q.set_clean(Some(Arc::clone(&log)));
@@ -1002,11 +1015,7 @@ impl MessageStore {
         }
         let mut offset = offset;
         if let Some(clean) = q.clean().filter(|c| offset < c.end()) {
-            let mut entries: Vec<ReadEntry> = clean
-                .read(offset, max_offsets, max_bytes)
-                .into_iter()
-                .map(|(cq, data)| ReadEntry { cq, data })
-                .collect();
+            let mut entries = clean.read(offset, max_offsets, max_bytes);
             if self.inner.config.verify_reads {
                 if let Some(bad) = entries.iter().position(|e| self.damaged(e, topic, queue_id, false)) {
                     entries.truncate(bad);
