@@ -85,3 +85,37 @@ def test_stale_and_future_leader_epochs_are_refused(cluster):
     assert list_offsets(port, "smoke", epoch) == (0, epoch)
     assert list_offsets(port, "smoke", epoch - 1)[0] == 74  # FENCED_LEADER_EPOCH
     assert list_offsets(port, "smoke", epoch + 1)[0] == 75  # UNKNOWN_LEADER_EPOCH
+
+
+def test_the_replication_port_refuses_strangers_and_lying_lengths(cluster):
+    """A frame length past the cap closes the connection before anything is
+    read into memory; a HELLO from a node that is not a live member of the
+    set is refused; the set keeps working."""
+    import json
+    import socket
+    import struct
+
+    m = cluster.master()
+    port = cluster.nodes[m].ports["replication"]
+
+    def closed(s):
+        s.settimeout(5)
+        try:
+            return s.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(struct.pack(">I", 0xFFFFFFF0) + b"\x01")
+        assert closed(s)
+    hello = json.dumps(
+        {"cluster": "smoke", "set": "broker-a", "node_id": 99, "epochs": [], "end": 0, "segment_bytes": 67108864}
+    ).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(struct.pack(">I", len(hello) + 1) + b"\x01" + hello)
+        n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+        frame = s.recv(n, socket.MSG_WAITALL)
+        assert frame[0] == 3 and b"not a live member" in frame, frame
+    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all"})
+    p.produce("smoke", value=b"after strangers")
+    assert p.flush(30) == 0

@@ -30,6 +30,9 @@ pub struct ClusterConfig {
     pub broker_set: String,
     /// Where replicas of this node's set connect when it is master.
     pub replication_listen: SocketAddr,
+    /// Most connections the replication listener serves at once (the set's
+    /// replicas; more are closed at once).
+    pub replication_max_connections: u32,
     /// Host other nodes use to reach this one (its listeners' ports); the
     /// listen address's host when empty.
     pub advertised_host: String,
@@ -61,6 +64,7 @@ impl Default for ClusterConfig {
             node_id: 0,
             broker_set: "broker-a".into(),
             replication_listen: SocketAddr::from(([127, 0, 0, 1], 10912)),
+            replication_max_connections: 8,
             advertised_host: String::new(),
             min_insync_replicas: 2,
             replica_lag_max_ms: 10_000,

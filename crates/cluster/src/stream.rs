@@ -20,8 +20,13 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::{Role, Shared};
 
-/// Largest frame either side accepts.
+/// Largest DATA frame a replica accepts (entries of about [`FETCH_BYTES`]
+/// plus one entry of up to the store's largest, plus the offset table).
 pub const MAX_FRAME: usize = 64 << 20;
+/// Largest frame a master reads before it knows who sent it (HELLO), and
+/// any other frame a replica may send (FETCH is 16 bytes).
+const MAX_HELLO: usize = 1 << 20;
+const MAX_FETCH: usize = 64;
 /// Bytes of entries one DATA frame carries at most (about).
 const FETCH_BYTES: u32 = 4 << 20;
 
@@ -59,9 +64,9 @@ async fn write_frame(s: &mut TcpStream, kind: u8, payload: &[u8]) -> Res<()> {
     s.write_all(&b).await.map_err(|e| format!("write: {e}"))
 }
 
-async fn read_frame(s: &mut TcpStream) -> Res<(u8, Bytes)> {
+async fn read_frame(s: &mut TcpStream, max: usize) -> Res<(u8, Bytes)> {
     let len = s.read_u32().await.map_err(|e| format!("read: {e}"))? as usize;
-    if len == 0 || len > MAX_FRAME {
+    if len == 0 || len > max {
         return Err(format!("frame of {len} bytes"));
     }
     let mut b = vec![0u8; len];
@@ -74,6 +79,9 @@ async fn read_frame(s: &mut TcpStream) -> Res<(u8, Bytes)> {
 /// Serves replicas while this node is master (connections are refused
 /// otherwise).
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        shared.cfg.replication_max_connections.max(1) as usize,
+    ));
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -81,11 +89,21 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: tokio::
         };
         match accepted {
             Ok((s, peer)) => {
+                // A set has a few replicas: the port takes at most
+                // `replication_max_connections` at once, whoever connects.
+                let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+                    metrics::counter!("rokka_replication_connections_refused_total").increment(1);
+                    tracing::warn!(%peer, "replication connection refused: replication_max_connections reached");
+                    continue;
+                };
+                metrics::gauge!("rokka_replication_connections").increment(1.0);
                 let sh = Arc::clone(&shared);
                 tokio::spawn(async move {
                     if let Err(e) = serve_replica(s, &sh).await {
                         tracing::info!(%peer, error = e, "replica connection ended");
                     }
+                    metrics::gauge!("rokka_replication_connections").decrement(1.0);
+                    drop(permit);
                 });
             }
             Err(e) => {
@@ -98,7 +116,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: tokio::
 
 async fn serve_replica(mut s: TcpStream, sh: &Shared) -> Res<()> {
     let _ = s.set_nodelay(true);
-    let (kind, body) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s))
+    let (kind, body) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s, MAX_HELLO))
         .await
         .map_err(|_| "no HELLO within 5 s".to_string())??;
     if kind != HELLO {
@@ -111,6 +129,15 @@ async fn serve_replica(mut s: TcpStream, sh: &Shared) -> Res<()> {
         write_frame(&mut s, REFUSE, why.as_bytes()).await?;
         return Err(why);
     };
+    let member = sh
+        .broker
+        .cluster_view()
+        .is_some_and(|v| v.members.contains(&hello.node_id) && hello.node_id != v.self_id);
+    if !member {
+        let why = format!("node {} is not a live member of this set", hello.node_id);
+        write_frame(&mut s, REFUSE, why.as_bytes()).await?;
+        return Err(why);
+    }
     if hello.cluster != sh.cfg.name || hello.set != sh.cfg.broker_set {
         let why = format!(
             "replica of {}/{} at the master of {}/{}",
@@ -162,7 +189,7 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
     let mut offsets_sent: Option<u64> = None;
     let mut offsets_at = Instant::now() - Duration::from_secs(1);
     loop {
-        let (kind, mut body) = tokio::time::timeout(Duration::from_secs(30), read_frame(s))
+        let (kind, mut body) = tokio::time::timeout(Duration::from_secs(30), read_frame(s, MAX_FETCH))
             .await
             .map_err(|_| "replica silent for 30 s".to_string())??;
         if kind != FETCH || body.len() < 16 {
@@ -285,7 +312,7 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
     };
     let json = serde_json::to_vec(&hello).map_err(|e| e.to_string())?;
     write_frame(&mut s, HELLO, &json).await?;
-    let (kind, body) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s))
+    let (kind, body) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s, MAX_HELLO))
         .await
         .map_err(|_| "no WELCOME within 5 s".to_string())??;
     if kind == REFUSE {
@@ -326,7 +353,7 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
         f.put_u32(welcome.epoch);
         f.put_u32(FETCH_BYTES);
         write_frame(&mut s, FETCH, &f).await?;
-        let (kind, mut body) = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut s))
+        let (kind, mut body) = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut s, MAX_FRAME))
             .await
             .map_err(|_| "no DATA within 10 s".to_string())??;
         if kind != DATA || body.len() < 16 {
