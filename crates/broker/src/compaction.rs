@@ -63,8 +63,16 @@ enum Parts {
     Keep,
     /// Dropped whole (aborted transactions' records).
     Drop,
-    /// Keyed records, in offset order.
-    Records(Vec<Rec>),
+    /// Keyed records, in offset order; for a Kafka batch also the batch
+    /// and its decoded records (re-encoded when only some are kept,
+    /// without decoding it again).
+    Records(Vec<Rec>, Option<Box<KafkaParts>>),
+}
+
+struct KafkaParts {
+    view: rokka_store::KafkaBatchView,
+    info: stored::BatchInfo,
+    records: Vec<kafka_protocol::records::Record>,
 }
 
 impl Broker {
@@ -165,15 +173,21 @@ impl Broker {
         let mut last: HashMap<Bytes, u64> = HashMap::new();
         let mut map_full_at = None;
         self.scan_range(topic, partition, d.clean_end, bound, |e| {
-            if let Parts::Records(recs) = self.parts(topic, partition, e)? {
+            if let Parts::Records(recs, _) = self.parts(topic, partition, e)? {
                 if last.len() + recs.len() > max_keys && e.cq.base_offset > d.clean_end {
                     // Clean up to here; the rest in the next pass.
                     map_full_at = Some(e.cq.base_offset);
                     return Ok(false);
                 }
                 for rec in recs {
-                    if let Some(k) = rec.key {
-                        last.insert(k, rec.offset);
+                    let Some(k) = rec.key else { continue };
+                    // A key kept as its own copy: a view would hold the
+                    // whole decompressed batch it came from in memory.
+                    match last.get_mut(&k) {
+                        Some(o) => *o = rec.offset,
+                        None => {
+                            last.insert(Bytes::copy_from_slice(&k), rec.offset);
+                        }
                     }
                 }
             }
@@ -195,7 +209,7 @@ impl Broker {
             match self.parts(topic, partition, e)? {
                 Parts::Keep => w.push(&e.data, &e.cq)?,
                 Parts::Drop => {}
-                Parts::Records(recs) => {
+                Parts::Records(recs, batch) => {
                     stats.records_read += recs.len() as u64;
                     let keep: Vec<bool> = recs
                         .iter()
@@ -210,8 +224,8 @@ impl Broker {
                     stats.records_kept += kept as u64;
                     if kept == recs.len() {
                         w.push(&e.data, &e.cq)?;
-                    } else if kept > 0 {
-                        let (data, cq) = self.filtered_batch(topic, partition, e, &keep)?;
+                    } else if let (true, Some(batch)) = (kept > 0, batch) {
+                        let (data, cq) = self.filtered_batch(topic, partition, e, *batch, &keep)?;
                         w.push(&data, &cq)?;
                     }
                 }
@@ -253,11 +267,14 @@ impl Broker {
     /// Splits a stored entry into what compaction decides on.
     fn parts(&self, topic: &str, partition: u32, e: &ReadEntry) -> Result<Parts> {
         match e.decode() {
-            Ok(Entry::Message(m)) => Ok(Parts::Records(vec![Rec {
-                key: crate::convert::message_key(&m).map(Bytes::from),
-                offset: m.queue_offset,
-                tombstone: false,
-            }])),
+            Ok(Entry::Message(m)) => Ok(Parts::Records(
+                vec![Rec {
+                    key: crate::convert::message_key(&m).map(Bytes::from),
+                    offset: m.queue_offset,
+                    tombstone: false,
+                }],
+                None,
+            )),
             Ok(Entry::KafkaBatch(b)) => {
                 let info = b.info().map_err(|e| crate::BrokerError::Corrupt(e.to_string()))?;
                 if info.attributes & 0x20 != 0 {
@@ -272,15 +289,22 @@ impl Broker {
                 }
                 let set = crate::validate::decode(&b.batch, self.config.max_batch_decompressed_bytes as usize)
                     .map_err(crate::BrokerError::Corrupt)?;
+                let recs = set
+                    .records
+                    .iter()
+                    .map(|r| Rec {
+                        key: r.key.clone(),
+                        offset: r.offset as u64,
+                        tombstone: r.value.is_none(),
+                    })
+                    .collect();
                 Ok(Parts::Records(
-                    set.records
-                        .into_iter()
-                        .map(|r| Rec {
-                            key: r.key,
-                            offset: r.offset as u64,
-                            tombstone: r.value.is_none(),
-                        })
-                        .collect(),
+                    recs,
+                    Some(Box::new(KafkaParts {
+                        view: b,
+                        info,
+                        records: set.records,
+                    })),
                 ))
             }
             Err(err) => Err(crate::BrokerError::Corrupt(format!(
@@ -293,17 +317,18 @@ impl Broker {
     /// A stored Kafka batch with only the records `keep` marks: base offset
     /// at the first kept record, last offset, codec, producer fields and
     /// base sequence as the original's.
-    fn filtered_batch(&self, topic: &str, partition: u32, e: &ReadEntry, keep: &[bool]) -> Result<(Vec<u8>, CqEntry)> {
+    fn filtered_batch(
+        &self,
+        topic: &str,
+        partition: u32,
+        e: &ReadEntry,
+        batch: KafkaParts,
+        keep: &[bool],
+    ) -> Result<(Vec<u8>, CqEntry)> {
         use kafka_protocol::records::{Compression, RecordBatchEncoder, RecordEncodeOptions};
         let corrupt = |why: String| crate::BrokerError::Corrupt(format!("{topic}/{partition}: {why}"));
-        let Ok(Entry::KafkaBatch(b)) = e.decode() else {
-            return Err(corrupt("not a Kafka batch".into()));
-        };
-        let info = b.info().map_err(|e| corrupt(e.to_string()))?;
-        let set =
-            crate::validate::decode(&b.batch, self.config.max_batch_decompressed_bytes as usize).map_err(corrupt)?;
-        let records: Vec<_> = set
-            .records
+        let KafkaParts { view: b, info, records } = batch;
+        let records: Vec<_> = records
             .into_iter()
             .zip(keep)
             .filter_map(|(r, k)| k.then_some(r))
