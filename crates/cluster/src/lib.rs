@@ -70,6 +70,8 @@ pub struct Shared {
     role: Mutex<Role>,
     /// The sync state set as stored in etcd (master included).
     sss: Mutex<Vec<u32>>,
+    /// The sync state set holds this node alone (read on every append).
+    alone: std::sync::atomic::AtomicBool,
     replicas: Mutex<HashMap<u32, Progress>>,
     /// Live nodes' replication addresses.
     addrs: Mutex<HashMap<u32, String>>,
@@ -90,6 +92,7 @@ impl Shared {
             broker,
             role: Mutex::new(Role::Unknown),
             sss: Mutex::new(Vec::new()),
+            alone: std::sync::atomic::AtomicBool::new(true),
             replicas: Mutex::new(HashMap::new()),
             addrs: Mutex::new(HashMap::new()),
             hw: AtomicU64::new(0),
@@ -141,6 +144,7 @@ impl Shared {
 
     pub(crate) fn set_sss(&self, sss: Vec<u32>) {
         metrics::gauge!("rokka_cluster_sync_state_set_size").set(sss.len() as f64);
+        self.alone.store(sss.len() <= 1, Ordering::Release);
         *self.sss.lock().unwrap_or_else(|p| p.into_inner()) = sss;
     }
 
@@ -228,15 +232,16 @@ impl Shared {
             rokka_store::FlushMode::Sync => self.store.commitlog_offsets().2,
             rokka_store::FlushMode::Async => self.store.log_end(),
         };
-        let sss = self.sss();
         let mut hw = own;
-        {
+        let members = {
+            let sss = self.sss.lock().unwrap_or_else(|p| p.into_inner());
             let r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
             for id in sss.iter().filter(|id| **id != self.cfg.node_id) {
                 hw = hw.min(r.get(id).filter(|p| p.connected).map_or(0, |p| p.end));
             }
-        }
-        let too_few = (sss.len() as u32) < self.cfg.min_insync_replicas;
+            sss.len()
+        };
+        let too_few = (members as u32) < self.cfg.min_insync_replicas;
         self.store.set_too_few_replicas(too_few);
         let prev = self.hw.fetch_max(hw, Ordering::AcqRel);
         let hw = hw.max(prev);
@@ -284,7 +289,7 @@ pub async fn start(
             sh.appended.notify_waiters();
             // Alone in the sync state set, the master's own end is the
             // high watermark: no fetch will come to move it.
-            if sh.sss.lock().map(|s| s.len() <= 1).unwrap_or(false) {
+            if sh.alone.load(Ordering::Acquire) {
                 sh.update_high_watermark();
             }
         }

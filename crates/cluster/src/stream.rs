@@ -328,16 +328,23 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
             welcome.epoch
         ));
     }
-    if welcome.truncate_to < store.log_end() {
-        let to = welcome.truncate_to;
-        let st = Arc::clone(store);
-        tokio::task::spawn_blocking(move || st.truncate_log(to))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("truncate to {to}: {e}"))?;
+    // Truncation and the epoch history write files (fsync): off the runtime.
+    let epochs = Arc::new(welcome.epochs);
+    let (st, to, ep) = (Arc::clone(store), welcome.truncate_to, Arc::clone(&epochs));
+    let truncated = tokio::task::spawn_blocking(move || -> rokka_store::Result<bool> {
+        let cut = to < st.log_end();
+        if cut {
+            st.truncate_log(to)?;
+        }
+        st.adopt_epochs(&ep)?;
+        Ok(cut)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("truncate to {to}: {e}"))?;
+    if truncated {
         metrics::counter!("rokka_replication_truncations_total").increment(1);
     }
-    store.adopt_epochs(&welcome.epochs).map_err(|e| e.to_string())?;
     tracing::info!(
         master,
         epoch = welcome.epoch,
@@ -386,12 +393,14 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
             }
         }
         if !entries.is_empty() {
-            let st = Arc::clone(store);
-            tokio::task::spawn_blocking(move || st.append_replicated(&entries))
-                .await
-                .map_err(|e| e.to_string())?
-                .map_err(|e| format!("append: {e}"))?;
-            store.adopt_epochs(&welcome.epochs).map_err(|e| e.to_string())?;
+            let (st, ep) = (Arc::clone(store), Arc::clone(&epochs));
+            tokio::task::spawn_blocking(move || {
+                st.append_replicated(&entries)?;
+                st.adopt_epochs(&ep)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("append: {e}"))?;
         }
         let end = store.log_end();
         store.set_high_watermark(Some(hw.min(end)));

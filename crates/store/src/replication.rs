@@ -111,8 +111,11 @@ impl MessageStore {
     pub fn adopt_epochs(&self, master: &[EpochStart]) -> Result<()> {
         let mut epochs = self.inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
         let end = self.inner.log.write_pos();
-        let next: Vec<EpochStart> = master.iter().copied().filter(|e| e.start <= end).collect();
-        if *epochs != next {
+        // Histories are ordered by start: the master's epochs this store
+        // has reached are a prefix of it.
+        let reached = master.iter().take_while(|e| e.start <= end).count();
+        if epochs[..] != master[..reached] {
+            let next = master[..reached].to_vec();
             save_epochs(&self.inner, &next)?;
             *epochs = next;
         }
@@ -133,8 +136,10 @@ impl MessageStore {
         let end = log.write_pos();
         let mut out = Vec::new();
         let (mut at, mut bytes) = (from, 0usize);
+        // One snapshot of the segment list for the whole read (entries up to
+        // `end` are published, so their segments are in it).
+        let segs = log.segments();
         while at < end && (out.is_empty() || bytes < max_bytes) {
-            let segs = log.segments();
             let Some(seg) = segs.iter().find(|s| s.start <= at && at < s.end()) else {
                 if out.is_empty() {
                     return Err(StoreError::Config(format!(
@@ -165,10 +170,10 @@ impl MessageStore {
                 at = seg.end();
                 continue;
             }
-            let Some(data) = log.read(at, size) else {
+            if at + size as u64 > end {
                 break;
-            };
-            out.push(data);
+            }
+            out.push(seg.file.view(rel, size));
             bytes += size;
             at += size as u64;
         }
@@ -204,10 +209,10 @@ impl MessageStore {
                 )));
             }
             let (topic, props) = match &entry {
-                Entry::Message(m) => (m.topic_str().to_string(), Some(m.properties.clone())),
-                Entry::KafkaBatch(k) => (k.topic_str().to_string(), None),
+                Entry::Message(m) => (m.topic_str(), Some(&m.properties[..])),
+                Entry::KafkaBatch(k) => (k.topic_str(), None),
             };
-            let q = inner.queue_for(&mut w, &topic, info.queue_id);
+            let q = inner.queue_for(&mut w, topic, info.queue_id);
             if info.consumable && q.entry_count() > 0 && info.queue_offset != q.max_offset() {
                 return Err(StoreError::Config(format!(
                     "replicated entry at {} has offset {} in {topic}/{} but the queue ends at {}",
@@ -222,7 +227,7 @@ impl MessageStore {
             w.last_record = phys;
             w.last_store_ts = w.last_store_ts.max(info.store_timestamp);
             inner.log.publish(w.cl.position());
-            inner.dispatch(&q, &info, &topic, props.as_deref())?;
+            inner.dispatch(&q, &info, topic, props)?;
             inner.metrics.append_bytes.increment(data.len() as u64);
         }
         Ok(inner.log.write_pos())
