@@ -80,11 +80,11 @@ pub fn leader_epoch(k: &crate::Kafka) -> i32 {
 /// A client's `current_leader_epoch` against ours (KIP-320): newer is
 /// UNKNOWN_LEADER_EPOCH (this node has not seen that election yet), older
 /// FENCED_LEADER_EPOCH (the client missed one); -1 is not checked.
-pub fn check_leader_epoch(k: &crate::Kafka, current: i32) -> Option<i16> {
+/// (`ours` from [`leader_epoch`], read once per request.)
+pub fn check_leader_epoch(ours: i32, current: i32) -> Option<i16> {
     if current < 0 {
         return None;
     }
-    let ours = leader_epoch(k);
     match current.cmp(&ours) {
         std::cmp::Ordering::Greater => Some(UNKNOWN_LEADER_EPOCH),
         std::cmp::Ordering::Less => Some(FENCED_LEADER_EPOCH),

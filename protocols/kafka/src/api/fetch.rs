@@ -104,6 +104,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
     let mut any_error = false;
     // READ_COMMITTED (isolation level 1): only offsets below the last stable one.
     let read_committed = r.isolation_level == 1;
+    let epoch = errors::leader_epoch(k);
     let mut topics = Vec::with_capacity(r.topics.len());
     let mut all_records: Vec<Vec<Bytes>> = Vec::new();
     for (t, name) in r.topics.iter().zip(names) {
@@ -120,7 +121,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                 .with_preferred_read_replica(BrokerId(-1))
                 .with_aborted_transactions(Some(Vec::new()));
             let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition));
-            let fenced = errors::check_leader_epoch(k, p.current_leader_epoch);
+            let fenced = errors::check_leader_epoch(epoch, p.current_leader_epoch);
             if !known || fenced.is_some() {
                 pd.error_code = match fenced {
                     _ if !known && id_unknown => errors::UNKNOWN_TOPIC_ID,

@@ -19,6 +19,8 @@ const EPOCH: i32 = 0;
 
 pub fn handle(k: &Kafka, r: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpochResponse {
     let store = k.broker.store();
+    let epoch = errors::leader_epoch(k);
+    let cluster = k.broker.cluster_view().is_some();
     let topics = r
         .topics
         .into_iter()
@@ -37,11 +39,11 @@ pub fn handle(k: &Kafka, r: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpoch
                     if !known {
                         return out.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
                     }
-                    if let Some(code) = errors::check_leader_epoch(k, p.current_leader_epoch) {
+                    if let Some(code) = errors::check_leader_epoch(epoch, p.current_leader_epoch) {
                         return out.with_error_code(code);
                     }
                     let q = p.partition as u32;
-                    if k.broker.cluster_view().is_some() {
+                    if cluster {
                         return cluster_epoch_end(k, &name, q, p.leader_epoch, out);
                     }
                     match p.leader_epoch {

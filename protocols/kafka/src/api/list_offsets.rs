@@ -94,6 +94,7 @@ fn max_timestamp(store: &MessageStore, topic: &str, q: u32, limit: usize) -> (i6
 pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResponse {
     let broker = k.broker.as_ref();
     let store = broker.store();
+    let epoch = errors::leader_epoch(k);
     let topics = r
         .topics
         .into_iter()
@@ -112,7 +113,7 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                     if !known {
                         return resp.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
                     }
-                    if let Some(code) = errors::check_leader_epoch(k, p.current_leader_epoch) {
+                    if let Some(code) = errors::check_leader_epoch(epoch, p.current_leader_epoch) {
                         return resp.with_error_code(code);
                     }
                     let q = p.partition_index as u32;
@@ -138,7 +139,7 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                     };
                     resp.with_offset(offset)
                         .with_timestamp(ts)
-                        .with_leader_epoch(if version >= 4 { errors::leader_epoch(k) } else { -1 })
+                        .with_leader_epoch(if version >= 4 { epoch } else { -1 })
                 })
                 .collect();
             ListOffsetsTopicResponse::default()
