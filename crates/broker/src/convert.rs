@@ -279,7 +279,7 @@ fn put_bytes(out: &mut BytesMut, b: Option<&[u8]>) {
 /// The key a Kafka consumer sees for a stored RocketMQ message (`KEYS`, or
 /// `KAFKA_KEY_HEX` decoded): what a compacted topic keeps the latest of.
 pub fn message_key(m: &MessageView) -> Option<Vec<u8>> {
-    properties_key(&m.properties)
+    properties_key(&m.properties).map(std::borrow::Cow::into_owned)
 }
 
 /// Whether encoded RocketMQ properties carry a key (non-empty `KEYS`, or
@@ -288,14 +288,15 @@ pub fn has_key(props: &[u8]) -> bool {
     properties_key(props).is_some_and(|k| !k.is_empty())
 }
 
-fn properties_key(props: &[u8]) -> Option<Vec<u8>> {
+/// The first `KEYS` (borrowed), or the last valid `KAFKA_KEY_HEX` decoded.
+fn properties_key(props: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
     let mut key = None;
     for (k, v) in properties::iter(props) {
         if k == properties::KEYS.as_bytes() {
-            key.get_or_insert_with(|| v.to_vec());
+            key.get_or_insert(std::borrow::Cow::Borrowed(v));
         } else if k == KAFKA_KEY_HEX.as_bytes() {
             if let Some(raw) = unhex(v) {
-                key = Some(raw);
+                key = Some(std::borrow::Cow::Owned(raw));
             }
         }
     }

@@ -37,6 +37,8 @@ struct Sets {
 pub struct DynamicConfigs {
     path: PathBuf,
     sets: RwLock<Sets>,
+    /// Any value is set (the common case, none, costs one load per lookup).
+    any: std::sync::atomic::AtomicBool,
 }
 
 /// The topic config a dynamic broker key is the default of. Not
@@ -65,9 +67,11 @@ impl DynamicConfigs {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Sets::default(),
             Err(e) => return Err(BrokerError::Io(path, e)),
         };
+        let any = !sets.default.is_empty() || !sets.broker.is_empty();
         Ok(DynamicConfigs {
             path,
             sets: RwLock::new(sets),
+            any: std::sync::atomic::AtomicBool::new(any),
         })
     }
 
@@ -97,8 +101,25 @@ impl DynamicConfigs {
             std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
         }
         rokka_store::checkpoint::write_atomically(&self.path, &json)?;
+        self.any.store(
+            !next.default.is_empty() || !next.broker.is_empty(),
+            std::sync::atomic::Ordering::Release,
+        );
         *s = next;
         Ok(())
+    }
+
+    /// The value of broker key `key` that applies (this broker's, else the
+    /// cluster default), if one is set.
+    pub fn value(&self, key: &str) -> Option<(String, Source)> {
+        if !self.any.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let s = self.sets.read().unwrap_or_else(|p| p.into_inner());
+        s.broker
+            .get(key)
+            .map(|v| (v.clone(), Source::DynamicBroker))
+            .or_else(|| s.default.get(key).map(|v| (v.clone(), Source::DynamicDefaultBroker)))
     }
 
     /// The dynamic values of broker key `key`, most specific first.

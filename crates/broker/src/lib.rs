@@ -282,7 +282,7 @@ impl Broker {
     pub fn topic_default(&self, name: &str) -> (String, topic_config::Source) {
         let dynamic = topic_config::spec_of(name)
             .and_then(|s| s.broker_name)
-            .and_then(|b| self.dynamic.chain(b).into_iter().next());
+            .and_then(|b| self.dynamic.value(b));
         dynamic.unwrap_or_else(|| topic_config::default_of(name, self.store.config()))
     }
 
