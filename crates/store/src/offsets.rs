@@ -59,6 +59,16 @@ struct Row {
     value: CommittedOffset,
 }
 
+/// The table from its file form (`offsets.json`, or a master's snapshot).
+fn parse(b: &[u8], path: &Path) -> Result<BTreeMap<Key, CommittedOffset>> {
+    let f: FileForm = serde_json::from_slice(b)
+        .map_err(|e| StoreError::bad_file(path, format!("consumer offsets are not valid JSON: {e}")))?;
+    if f.version != 1 {
+        return Err(StoreError::bad_file(path, format!("unknown version {}", f.version)));
+    }
+    Ok(f.offsets.into_iter().map(|r| (r.key, r.value)).collect())
+}
+
 /// The table.
 #[derive(Debug)]
 pub struct ConsumerOffsets {
@@ -75,14 +85,7 @@ impl ConsumerOffsets {
     /// Loads `path` (absent = empty table; unreadable = an error naming it).
     pub fn load(path: &Path) -> Result<ConsumerOffsets> {
         let table = match std::fs::read(path) {
-            Ok(b) => {
-                let f: FileForm = serde_json::from_slice(&b)
-                    .map_err(|e| StoreError::bad_file(path, format!("consumer offsets are not valid JSON: {e}")))?;
-                if f.version != 1 {
-                    return Err(StoreError::bad_file(path, format!("unknown version {}", f.version)));
-                }
-                f.offsets.into_iter().map(|r| (r.key, r.value)).collect()
-            }
+            Ok(b) => parse(&b, path)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
             Err(e) => {
                 return Err(StoreError::Io {
@@ -113,27 +116,30 @@ impl ConsumerOffsets {
 
     /// The whole table in its file form (a master sends it to replicas).
     pub fn snapshot(&self) -> Vec<u8> {
-        let t = self.lock();
-        let f = FileForm {
-            version: 1,
-            offsets: t
-                .iter()
-                .map(|(k, v)| Row {
-                    key: k.clone(),
-                    value: v.clone(),
-                })
-                .collect(),
-        };
-        serde_json::to_vec(&f).unwrap_or_default()
+        serde_json::to_vec(&self.file_form()).unwrap_or_default()
     }
 
     /// Replaces the whole table with a master's [`ConsumerOffsets::snapshot`].
     pub fn replace_with(&self, snapshot: &[u8]) -> Result<()> {
-        let f: FileForm = serde_json::from_slice(snapshot)
-            .map_err(|e| StoreError::bad_file(&self.path, format!("offsets snapshot: {e}")))?;
-        *self.lock() = f.offsets.into_iter().map(|r| (r.key, r.value)).collect();
+        let table = parse(snapshot, &self.path)?;
+        *self.lock() = table;
         self.touch();
         Ok(())
+    }
+
+    fn file_form(&self) -> FileForm {
+        let rows = self
+            .lock()
+            .iter()
+            .map(|(k, v)| Row {
+                key: k.clone(),
+                value: v.clone(),
+            })
+            .collect();
+        FileForm {
+            version: 1,
+            offsets: rows,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<Key, CommittedOffset>> {
@@ -303,19 +309,8 @@ impl ConsumerOffsets {
 
     /// Writes the table now.
     pub fn persist(&self) -> Result<()> {
-        let rows: Vec<Row> = self
-            .lock()
-            .iter()
-            .map(|(k, v)| Row {
-                key: k.clone(),
-                value: v.clone(),
-            })
-            .collect();
-        let json = serde_json::to_vec_pretty(&FileForm {
-            version: 1,
-            offsets: rows,
-        })
-        .map_err(|e| StoreError::bad_file(&self.path, format!("encoding offsets: {e}")))?;
+        let json = serde_json::to_vec_pretty(&self.file_form())
+            .map_err(|e| StoreError::bad_file(&self.path, format!("encoding offsets: {e}")))?;
         write_atomically(&self.path, &json)
     }
 }
