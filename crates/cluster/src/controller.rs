@@ -52,6 +52,9 @@ pub struct Controller {
     /// The lease the keep-alive task renews (set when it starts).
     lease_id: Option<Arc<std::sync::atomic::AtomicI64>>,
     prefix: String,
+    /// (etcd revision, local topic-table version, master) at the last
+    /// topic sync.
+    synced: Option<(i64, u64, bool)>,
 }
 
 type Res<T> = Result<T, String>;
@@ -77,6 +80,7 @@ impl Controller {
             lease: 0,
             lease_id: None,
             prefix,
+            synced: None,
         };
         c.register().await?;
         Ok(c)
@@ -302,7 +306,8 @@ impl Controller {
                 self.publish(&nodes, &self.current_state(st));
             }
         }
-        self.sync_topics(topics).await
+        let revision = resp.header().map_or(0, |h| h.revision());
+        self.sync_topics(topics, revision).await
     }
 
     /// The topic table lives in etcd: each node writes the topics it
@@ -310,10 +315,16 @@ impl Controller {
     /// to existing ones; every node takes the rest from etcd. Stored
     /// messages are never deleted by this (a replica's copy of a topic the
     /// master deleted stays until retention).
-    async fn sync_topics(&mut self, in_etcd: BTreeMap<String, TopicInfo>) -> Res<()> {
+    async fn sync_topics(&mut self, in_etcd: BTreeMap<String, TopicInfo>, revision: i64) -> Res<()> {
         let broker = Arc::clone(&self.sh.broker);
         let master = matches!(self.sh.role(), Role::Master { .. });
         let mut changes = broker.take_topic_changes();
+        // Nothing moved in etcd or here since the last sync: nothing to do
+        // (the table is not copied every poll).
+        let seen = (revision, broker.topics().version(), master);
+        if changes.created.is_empty() && changes.deleted.is_empty() && self.synced == Some(seen) {
+            return Ok(());
+        }
         if master && in_etcd.is_empty() {
             // A cluster's first master (or etcd started afresh): its own
             // table is the cluster's.
@@ -364,6 +375,7 @@ impl Controller {
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;
         }
+        self.synced = Some((revision, broker.topics().version(), master));
         Ok(())
     }
 
