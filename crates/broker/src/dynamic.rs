@@ -39,6 +39,7 @@ pub struct DynamicConfigs {
     sets: RwLock<Sets>,
     /// Any value is set (the common case, none, costs one load per lookup).
     any: std::sync::atomic::AtomicBool,
+    writing: std::sync::Mutex<()>,
 }
 
 /// The topic config a dynamic broker key is the default of. Not
@@ -72,6 +73,7 @@ impl DynamicConfigs {
             path,
             sets: RwLock::new(sets),
             any: std::sync::atomic::AtomicBool::new(any),
+            writing: std::sync::Mutex::new(()),
         })
     }
 
@@ -87,8 +89,10 @@ impl DynamicConfigs {
     /// Replaces the set `scope` names (values validated already) and
     /// persists both.
     pub fn set(&self, scope: Scope, configs: BTreeMap<String, String>) -> Result<()> {
-        let mut s = self.sets.write().unwrap_or_else(|p| p.into_inner());
-        let mut next = s.clone();
+        // Writers take turns; readers (every produce to a topic with
+        // overrides) are locked out only for the swap, not the fsync.
+        let _turn = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = self.sets.read().unwrap_or_else(|p| p.into_inner()).clone();
         match scope {
             Scope::ClusterDefault => next.default = configs,
             Scope::ThisBroker => next.broker = configs,
@@ -105,7 +109,7 @@ impl DynamicConfigs {
             !next.default.is_empty() || !next.broker.is_empty(),
             std::sync::atomic::Ordering::Release,
         );
-        *s = next;
+        *self.sets.write().unwrap_or_else(|p| p.into_inner()) = next;
         Ok(())
     }
 
