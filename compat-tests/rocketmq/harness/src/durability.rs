@@ -15,12 +15,13 @@
 //!   spec, `n` sync sends of bodies `<name>-<i>` with delay level `level`
 //!   (0 = none) or a timer `timer_ms` from now (0 = none). Lines:
 //!   `acked <body> <epoch ms>`.
-//! * `dur-consume <topic> <group> <seconds> [want] [fail_first]` — a
+//! * `dur-consume <topic> <group> <seconds> [want] [fail_first] [stop_file]` — a
 //!   clustering push consumer (offsets sent every second, the first time
 //!   10 s after start — the client's fixed delay; from the first offset when
 //!   the group has none). Lines: `started <epoch ms>`, then per delivery
 //!   `got <epoch ms> <queue> <offset> <reconsume times> <body>`.
-//!   Stops after `seconds`, or 2 s after `want` (> 0) deliveries; then shuts
+//!   Stops after `seconds`, or 2 s after `want` (> 0) deliveries, or when
+//!   `stop_file` exists; then shuts
 //!   down cleanly (persisting its offsets). With `fail_first` = 1 the
 //!   listener answers RECONSUME_LATER the first time it sees a body.
 //! * `dur-tx <phase> <topic> <group>` — phase 1: one transaction committed
@@ -72,8 +73,24 @@ fn one_line(e: &dyn std::fmt::Display) -> String {
     e.to_string().replace(['\n', '\r'], " ")
 }
 
+/// The client configuration every scenario here starts from: the client's
+/// defaults, with the route poll interval from `ROKKA_RMQ_POLL_NAMESRV_MS`
+/// when set (the cluster suite uses the client's minimum, 10 s, so a
+/// failover reaches the client within one poll; the default is 30 s).
+fn base_config() -> ClientConfig {
+    let mut cfg = ClientConfig::default();
+    if let Some(ms) = std::env::var("ROKKA_RMQ_POLL_NAMESRV_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cfg.set_poll_name_server_interval(ms);
+    }
+    cfg
+}
+
 async fn start_producer(rt: &Arc<ClientRuntime>, namesrv: &str, group: &str) -> ClientResult<DefaultMQProducer> {
     let mut p = DefaultMQProducer::builder(Arc::clone(rt))
+        .client_config(base_config())
         .producer_group(group.to_string())
         .name_server_addr(namesrv.to_string())
         .default_topic_queue_nums(4)
@@ -225,8 +242,10 @@ pub async fn consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) ->
     let seconds: u64 = arg(args, 2, 30);
     let want: usize = arg(args, 3, 0);
     let fail_first = arg(args, 4, 0u32) == 1;
+    let stop_file = args.get(5).cloned();
+    let stopped = || stop_file.as_deref().is_some_and(|f| std::path::Path::new(f).exists());
     let count = Arc::new(Mutex::new(0usize));
-    let mut cfg = ClientConfig::default();
+    let mut cfg = base_config();
     cfg.set_persist_consumer_offset_interval(1000);
     let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
         .client_config(cfg)
@@ -244,7 +263,7 @@ pub async fn consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) ->
     c.start().await?;
     say(&format!("started {}", now_ms()));
     let deadline = Instant::now() + Duration::from_secs(seconds);
-    while Instant::now() < deadline && (want == 0 || *guard(&count) < want) {
+    while Instant::now() < deadline && (want == 0 || *guard(&count) < want) && !stopped() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     if want > 0 && Instant::now() < deadline {
