@@ -70,6 +70,8 @@ class Cluster:
     """Nodes 1..n of one broker set."""
 
     def __init__(self, name, n=3, min_isr=2, extra=""):
+        """`extra`: more `[cluster]` lines, or a function of the node id
+        returning them."""
         self.dir = results_dir("cluster", name)
         self.etcd = Etcd(self.dir)
         self.nodes = {}
@@ -82,7 +84,8 @@ class Cluster:
                 group_extra="initial_rebalance_delay_ms = 0\nmin_session_timeout_ms = 1000",
                 cluster_extra=(
                     f'etcd_endpoints = ["{self.etcd.endpoint}"]\nname = "{name}"\nnode_id = {i}\n'
-                    f'min_insync_replicas = {min_isr}\nlease_ttl_secs = 2\n{extra}'
+                    f'min_insync_replicas = {min_isr}\nlease_ttl_secs = 2\n'
+                    f'{extra(i) if callable(extra) else extra}'
                 ),
             )
         for node in self.nodes.values():

@@ -19,6 +19,9 @@ pub struct NodeInfo {
     pub namesrv: String,
     /// Replication listener, `host:port`.
     pub replication: String,
+    /// Its rack (Kafka `broker.rack`); empty: none.
+    #[serde(default)]
+    pub rack: String,
 }
 
 /// The cluster as this node last saw it.
@@ -38,6 +41,10 @@ pub struct ClusterView {
     pub sss: Vec<u32>,
     /// Every node of this set that is alive.
     pub members: Vec<u32>,
+    /// Consumers may be pointed at in-sync replicas (`cluster.read_from_replicas`).
+    pub read_from_replicas: bool,
+    /// `cluster.replica_read_lag_bytes`.
+    pub replica_read_lag_bytes: u64,
 }
 
 impl ClusterView {
@@ -48,5 +55,116 @@ impl ClusterView {
     /// Whether this node is its set's master.
     pub fn is_master(&self) -> bool {
         self.master == Some(self.self_id)
+    }
+
+    /// KIP-392, on the master: the in-sync replica a consumer in
+    /// `client_rack` should fetch from instead — one in its rack when the
+    /// master is not (Kafka's rack-aware selector keeps the leader when it
+    /// is in the client's rack). None: fetch from the master.
+    pub fn preferred_read_replica(&self, client_rack: &str) -> Option<u32> {
+        if !self.read_from_replicas || !self.is_master() || client_rack.is_empty() {
+            return None;
+        }
+        if self.node(self.self_id).is_some_and(|n| n.rack == client_rack) {
+            return None;
+        }
+        self.sss
+            .iter()
+            .copied()
+            .filter(|id| *id != self.self_id && self.members.contains(id))
+            .find(|id| self.node(*id).is_some_and(|n| n.rack == client_rack))
+    }
+
+    /// RocketMQ `suggestWhichBrokerId` for a pull whose first message is
+    /// `lag_bytes` behind the CommitLog's end: a replica's broker id (node
+    /// id + 1; an in-sync one, this node when it is one) while the consumer
+    /// is that far behind, else the master's, 0.
+    pub fn suggested_broker_id(&self, lag_bytes: Option<u64>) -> u64 {
+        let behind = lag_bytes.is_some_and(|l| l > self.replica_read_lag_bytes);
+        if !self.read_from_replicas || !behind {
+            return 0;
+        }
+        if !self.is_master() {
+            return if self.sss.contains(&self.self_id) {
+                u64::from(self.self_id) + 1
+            } else {
+                0
+            };
+        }
+        self.sss
+            .iter()
+            .find(|id| **id != self.self_id && self.members.contains(id))
+            .map_or(0, |id| u64::from(*id) + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(self_id: u32, master: u32) -> ClusterView {
+        let node = |id: u32| NodeInfo {
+            id,
+            set: "a".into(),
+            rack: format!("r{id}"),
+            ..NodeInfo::default()
+        };
+        ClusterView {
+            self_id,
+            set: "a".into(),
+            nodes: (1..=3).map(node).collect(),
+            master: Some(master),
+            epoch: 1,
+            sss: vec![1, 2, 3],
+            members: vec![1, 2, 3],
+            read_from_replicas: true,
+            replica_read_lag_bytes: 100,
+            ..ClusterView::default()
+        }
+    }
+
+    #[test]
+    fn a_consumer_is_pointed_at_the_in_sync_replica_in_its_rack() {
+        let v = view(1, 1);
+        assert_eq!(v.preferred_read_replica("r2"), Some(2));
+        assert_eq!(v.preferred_read_replica("r1"), None, "the master is in its rack");
+        assert_eq!(v.preferred_read_replica("r9"), None);
+        assert_eq!(v.preferred_read_replica(""), None);
+        let out_of_sync = ClusterView {
+            sss: vec![1, 3],
+            ..v.clone()
+        };
+        assert_eq!(out_of_sync.preferred_read_replica("r2"), None);
+        let off = ClusterView {
+            read_from_replicas: false,
+            ..v.clone()
+        };
+        assert_eq!(off.preferred_read_replica("r2"), None);
+        assert_eq!(
+            view(2, 1).preferred_read_replica("r3"),
+            None,
+            "only the master redirects"
+        );
+    }
+
+    #[test]
+    fn a_pull_far_behind_goes_to_a_replica_and_comes_back_when_caught_up() {
+        let master = view(1, 1);
+        assert_eq!(master.suggested_broker_id(Some(101)), 3, "node 2 is brokerId 3");
+        assert_eq!(master.suggested_broker_id(Some(100)), 0);
+        assert_eq!(master.suggested_broker_id(None), 0);
+        let replica = view(3, 1);
+        assert_eq!(replica.suggested_broker_id(Some(500)), 4, "stays on this replica");
+        assert_eq!(replica.suggested_broker_id(None), 0, "caught up: back to the master");
+        let lagging = ClusterView {
+            sss: vec![1, 2],
+            ..replica
+        };
+        assert_eq!(lagging.suggested_broker_id(Some(500)), 0);
+        let off = ClusterView {
+            read_from_replicas: false,
+            ..master
+        };
+        assert_eq!(off.suggested_broker_id(Some(500)), 0);
     }
 }

@@ -53,6 +53,21 @@ pub struct ClusterConfig {
     /// Elect a node outside the sync state set when none in it is alive
     /// (may lose acknowledged messages). Off by default.
     pub unclean_election: bool,
+    /// This node's rack (Kafka `broker.rack`): listed in Metadata, and what
+    /// a consumer's `client.rack` is matched against. Empty: none.
+    pub rack: String,
+    /// Consumers may read from in-sync replicas: a Kafka consumer (Fetch
+    /// v11+) whose `client.rack` is a replica's rack and not the master's
+    /// is pointed at that replica (KIP-392 `preferred_read_replica`); a
+    /// RocketMQ pull more than `replica_read_lag_bytes` behind the log end
+    /// is pointed at a replica (`suggestWhichBrokerId`, RocketMQ's
+    /// `slaveReadEnable`), and back to the master once caught up. Off by
+    /// default, as in both systems.
+    pub read_from_replicas: bool,
+    /// How far behind the CommitLog's end (bytes) a RocketMQ pull must
+    /// start to be sent to a replica (RocketMQ: 40 % of RAM, "not in
+    /// memory").
+    pub replica_read_lag_bytes: u64,
 }
 
 impl Default for ClusterConfig {
@@ -73,6 +88,9 @@ impl Default for ClusterConfig {
             lease_ttl_secs: 3,
             poll_interval_ms: 200,
             unclean_election: false,
+            rack: String::new(),
+            read_from_replicas: false,
+            replica_read_lag_bytes: 1 << 30,
         }
     }
 }

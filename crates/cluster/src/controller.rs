@@ -401,6 +401,8 @@ impl Controller {
             epoch: st.epoch,
             sss: st.sss.clone(),
             members,
+            read_from_replicas: self.sh.cfg.read_from_replicas,
+            replica_read_lag_bytes: self.sh.cfg.replica_read_lag_bytes,
         });
     }
 

@@ -345,6 +345,7 @@ async fn serve(
             broker: host("broker"),
             namesrv: host("namesrv"),
             replication: String::new(),
+            rack: cfg.cluster.rack.clone(),
         };
         let (tasks, addr) = rokka_cluster::start(
             cfg.cluster.clone(),

@@ -1011,6 +1011,14 @@ impl MessageStore {
             return status_only(ReadStatus::NoNewMessages, max);
         }
         if offset > max {
+            // Written but not yet visible (above the high watermark or, in
+            // sync mode, not yet flushed): nothing yet, as a Kafka broker
+            // answers an offset between its high watermark and its log end;
+            // a replica behind its master's high watermark, where a
+            // consumer was pointed (KIP-392), waits the same way.
+            if visible_only && offset <= q.max_offset() {
+                return status_only(ReadStatus::NoNewMessages, offset);
+            }
             return status_only(ReadStatus::OffsetOverflow, max);
         }
         let mut offset = offset;

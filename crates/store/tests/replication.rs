@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 use rokka_store::replication::divergence;
-use rokka_store::{MessageStore, StoreError};
+use rokka_store::{MessageStore, ReadStatus, StoreError};
 
 /// Copies what `from` has past `to`'s end into `to`.
 fn follow(from: &MessageStore, to: &MessageStore) -> rokka_store::Result<()> {
@@ -93,6 +93,16 @@ fn readers_see_nothing_past_the_high_watermark() -> TestResult {
     store.set_high_watermark(Some(ends[3]));
     assert_eq!(store.max_offset("T", 0), 4);
     assert_eq!(read_all(&store, "T", 0).len(), 4);
+    // Between the high watermark and the log end: nothing yet, not out of
+    // range (a consumer there waits, as on a Kafka broker); past the log
+    // end: out of range.
+    let r = store.read("T", 0, 7, 32, 1 << 20);
+    assert_eq!(
+        (r.status, r.next_offset, r.entries.len()),
+        (ReadStatus::NoNewMessages, 7, 0)
+    );
+    let r = store.read("T", 0, 11, 32, 1 << 20);
+    assert_eq!((r.status, r.next_offset), (ReadStatus::OffsetOverflow, 4));
     store.set_high_watermark(None);
     assert_eq!(store.max_offset("T", 0), 10);
     Ok(())

@@ -705,7 +705,10 @@ impl RocketMq {
             r.ext_fields.set("maxOffset", store.max_offset(&topic, q).to_string());
             return r;
         }
-        if sys_flag & 0x1 != 0 {
+        // A replica does not take commits (RocketMQ's slave neither): the
+        // master's offset table replaces its own.
+        let replica = self.broker.cluster_view().is_some_and(|v| !v.is_master());
+        if sys_flag & 0x1 != 0 && !replica {
             if let Some(c) = ext_i64(req, "commitOffset", "commitOffset").filter(|c| *c >= 0) {
                 // Refused past store.max_committed_offsets (counted); the pull is still served.
                 let _ = self
@@ -783,6 +786,27 @@ impl RocketMq {
         let cap = self.config.max_pull_bytes.max(1) as usize;
         let read = store.read(topic, q, offset, max_msgs, cap);
         let (min, max) = (read.min_offset, read.max_offset);
+        // Cluster mode with replica reads: a consumer far behind the log's
+        // end is pointed at a replica, and back once caught up.
+        let view = self.broker.cluster_view();
+        let suggest = view.as_ref().map_or(0, |v| {
+            let lag = read
+                .entries
+                .first()
+                .map(|e| store.log_end().saturating_sub(e.cq.phys_offset));
+            v.suggested_broker_id(lag)
+        });
+        if !read.entries.is_empty() {
+            match view.as_ref().map(|v| v.is_master()) {
+                Some(true) if suggest != 0 => {
+                    metrics::counter!("rokka_cluster_read_redirects_total", "protocol" => "rocketmq").increment(1)
+                }
+                Some(false) => {
+                    metrics::counter!("rokka_cluster_replica_reads_total", "protocol" => "rocketmq").increment(1)
+                }
+                _ => {}
+            }
+        }
         // Kafka transactions: nothing at or past the last stable offset (an
         // open transaction's records may still be aborted) is served, and
         // aborted transactions' records never are (as read_committed).
@@ -858,7 +882,7 @@ impl RocketMq {
             ReadStatus::Damaged => (rs::SYSTEM_ERROR, offset, Bytes::new()),
         };
         let mut r = self.reply(req, code, None);
-        r.ext_fields.set("suggestWhichBrokerId", "0");
+        r.ext_fields.set("suggestWhichBrokerId", suggest.to_string());
         r.ext_fields.set("nextBeginOffset", next.to_string());
         r.ext_fields.set("minOffset", min.to_string());
         r.ext_fields.set("maxOffset", max.to_string());

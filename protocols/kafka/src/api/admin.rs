@@ -429,13 +429,22 @@ pub fn incremental_alter_configs(k: &Kafka, r: IncrementalAlterConfigsRequest) -
 }
 
 pub fn describe_cluster(k: &Kafka, _r: DescribeClusterRequest) -> DescribeClusterResponse {
+    let (nodes, controller) = super::metadata::nodes(k);
     DescribeClusterResponse::default()
         .with_cluster_id(str_bytes(&k.config.cluster_id))
-        .with_controller_id(BrokerId(k.config.node_id))
-        .with_brokers(vec![DescribeClusterBroker::default()
-            .with_broker_id(BrokerId(k.config.node_id))
-            .with_host(str_bytes(&k.advertised_host))
-            .with_port(k.advertised_port)])
+        .with_controller_id(BrokerId(controller))
+        .with_brokers(
+            nodes
+                .into_iter()
+                .map(|n| {
+                    DescribeClusterBroker::default()
+                        .with_broker_id(BrokerId(n.id))
+                        .with_host(n.host)
+                        .with_port(n.port)
+                        .with_rack(n.rack)
+                })
+                .collect(),
+        )
 }
 
 pub fn delete_records(k: &Kafka, r: DeleteRecordsRequest) -> DeleteRecordsResponse {

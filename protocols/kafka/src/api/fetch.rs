@@ -79,13 +79,22 @@ async fn fetch(k: &Kafka, r: &FetchRequest, version: i16) -> FetchReply {
         let (resp, bytes, any_error) = collect(k, r, version, &names);
         let now = Instant::now();
         if bytes >= min_bytes.max(1) || any_error || now >= deadline {
-            return resp;
+            return served(k, resp, bytes);
         }
         let _ = tokio::time::timeout(deadline - now, waiter.notified()).await;
         if Instant::now() >= deadline {
-            return collect(k, r, version, &names).0;
+            let (resp, bytes, _) = collect(k, r, version, &names);
+            return served(k, resp, bytes);
         }
     }
+}
+
+/// Counts a consumer fetch a replica answered with records (KIP-392).
+fn served(k: &Kafka, resp: FetchReply, bytes: usize) -> FetchReply {
+    if bytes > 0 && k.broker.cluster_view().is_some_and(|v| !v.is_master()) {
+        metrics::counter!("rokka_cluster_replica_reads_total", "protocol" => "kafka").increment(1);
+    }
+    resp
 }
 
 fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) -> (FetchReply, usize, bool) {
@@ -105,6 +114,16 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
     // READ_COMMITTED (isolation level 1): only offsets below the last stable one.
     let read_committed = r.isolation_level == 1;
     let epoch = errors::leader_epoch(k);
+    // Cluster mode: the master may point a consumer at a replica in its
+    // rack (KIP-392); a replica serves consumers up to the high watermark,
+    // but only those that can be pointed back (v11+), as Kafka's followers.
+    let view = broker.cluster_view();
+    let preferred = match &view {
+        Some(v) if version >= 11 => v.preferred_read_replica(r.rack_id.as_str()),
+        _ => None,
+    };
+    let not_leader = version < 11 && view.as_ref().is_some_and(|v| !v.is_master());
+    let mut redirected = false;
     let mut topics = Vec::with_capacity(r.topics.len());
     let mut all_records: Vec<Vec<Bytes>> = Vec::new();
     for (t, name) in r.topics.iter().zip(names) {
@@ -135,6 +154,28 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                 continue;
             }
             let q = p.partition as u32;
+            if not_leader {
+                pd.error_code = errors::NOT_LEADER_OR_FOLLOWER;
+                any_error = true;
+                parts.push(pd);
+                all_records.push(Vec::new());
+                continue;
+            }
+            if let Some(replica) = preferred {
+                // No records: the consumer fetches from `replica` next.
+                let max = store.max_offset(name, q);
+                pd.preferred_read_replica = BrokerId(replica as i32);
+                pd.high_watermark = max as i64;
+                pd.last_stable_offset = broker.kafka_txns().last_stable_offset(name, q, max) as i64;
+                if version >= 5 {
+                    pd.log_start_offset = store.min_offset(name, q) as i64;
+                }
+                redirected = true;
+                any_error = true; // answered at once
+                parts.push(pd);
+                all_records.push(Vec::new());
+                continue;
+            }
             let room = max_total.saturating_sub(total);
             let part_max = (p.partition_max_bytes.max(0) as usize).min(room);
             let offset = p.fetch_offset.max(0) as u64;
@@ -219,6 +260,9 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                 .with_topic_id(t.topic_id)
                 .with_partitions(parts),
         );
+    }
+    if redirected {
+        metrics::counter!("rokka_cluster_read_redirects_total", "protocol" => "kafka").increment(1);
     }
     let reply = FetchReply {
         resp: FetchResponse::default().with_responses(topics),

@@ -102,33 +102,59 @@ pub fn handle(k: &Kafka, r: MetadataRequest, version: i16) -> MetadataResponse {
             .map(|(name, info)| topic_entry(k, name, info, version))
             .collect(),
     };
-    let (brokers, controller) = match k.broker.cluster_view() {
-        Some(v) => (
-            v.nodes
-                .iter()
-                .filter_map(|n| {
-                    let (host, port) = n.kafka.rsplit_once(':')?;
-                    Some(
-                        MetadataResponseBroker::default()
-                            .with_node_id(BrokerId(n.id as i32))
-                            .with_host(str_bytes(host))
-                            .with_port(port.parse().ok()?),
-                    )
-                })
-                .collect(),
-            v.master.map_or(k.config.node_id, |m| m as i32),
-        ),
-        None => (
-            vec![MetadataResponseBroker::default()
-                .with_node_id(BrokerId(k.config.node_id))
-                .with_host(str_bytes(&k.advertised_host))
-                .with_port(k.advertised_port)],
-            k.config.node_id,
-        ),
-    };
+    let (nodes, controller) = nodes(k);
+    let brokers = nodes
+        .into_iter()
+        .map(|n| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(n.id))
+                .with_host(n.host)
+                .with_port(n.port)
+                .with_rack(n.rack)
+        })
+        .collect();
     MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id((version >= 2).then(|| str_bytes(&k.config.cluster_id)))
         .with_controller_id(BrokerId(if version >= 1 { controller } else { -1 }))
         .with_topics(topics)
+}
+
+/// One broker as Metadata and DescribeCluster list it.
+pub(crate) struct Node {
+    pub id: i32,
+    pub host: kafka_protocol::protocol::StrBytes,
+    pub port: i32,
+    pub rack: Option<kafka_protocol::protocol::StrBytes>,
+}
+
+/// The brokers to list and the controller id: every live node in cluster
+/// mode (the set's master as controller), else this one.
+pub(crate) fn nodes(k: &Kafka) -> (Vec<Node>, i32) {
+    match k.broker.cluster_view() {
+        Some(v) => (
+            v.nodes
+                .iter()
+                .filter_map(|n| {
+                    let (host, port) = n.kafka.rsplit_once(':')?;
+                    Some(Node {
+                        id: n.id as i32,
+                        host: str_bytes(host),
+                        port: port.parse().ok()?,
+                        rack: (!n.rack.is_empty()).then(|| str_bytes(&n.rack)),
+                    })
+                })
+                .collect(),
+            v.master.map_or(k.config.node_id, |m| m as i32),
+        ),
+        None => (
+            vec![Node {
+                id: k.config.node_id,
+                host: str_bytes(&k.advertised_host),
+                port: k.advertised_port,
+                rack: None,
+            }],
+            k.config.node_id,
+        ),
+    }
 }
