@@ -26,6 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use bytes::BytesMut;
@@ -205,6 +206,19 @@ pub struct KafkaTxns {
     parts: Mutex<Parts>,
     log: Mutex<TxnLog>,
     config: TxnConfig,
+    /// Changes persisted (cluster mode: shipped to replicas when it moves).
+    changes: AtomicU64,
+    /// Open transactions' partitions whose first batch the log did not
+    /// have yet (a replica's state can run ahead of its log).
+    unresolved: Mutex<Vec<Unresolved>>,
+}
+
+#[derive(Debug)]
+struct Unresolved {
+    producer_id: i64,
+    topic: String,
+    partition: u32,
+    start_ms: i64,
 }
 
 #[derive(Debug)]
@@ -252,6 +266,44 @@ impl TxnLog {
     }
 }
 
+type Parsed = (HashMap<String, TxnMeta>, HashMap<(String, u32), Vec<AbortedTxn>>);
+
+/// The state a transaction log (or a master's snapshot of it) holds.
+fn parse_lines(r: impl BufRead, path: &Path) -> Result<Parsed> {
+    let mut txns: HashMap<String, TxnMeta> = HashMap::new();
+    let mut aborted: HashMap<(String, u32), Vec<AbortedTxn>> = HashMap::new();
+    for (n, line) in r.lines().enumerate() {
+        let line = line.map_err(|e| BrokerError::Io(path.to_path_buf(), e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Line>(&line) {
+            Ok(Line::T(m)) => {
+                txns.insert(m.id.clone(), m);
+            }
+            Ok(Line::X(id)) => {
+                txns.remove(&id);
+            }
+            Ok(Line::A(t, p, a)) => {
+                let list = aborted.entry((t, p)).or_default();
+                match list
+                    .iter_mut()
+                    .find(|x| x.producer_id == a.producer_id && x.first_offset == a.first_offset)
+                {
+                    Some(x) => *x = a,
+                    None => list.push(a),
+                }
+            }
+            // A torn last line (a crash mid-append): its change was never
+            // answered. Anything else is damage.
+            Err(e) => {
+                tracing::warn!(path = %path.display(), line = n + 1, error = %e, "skipping an unreadable transaction-log line");
+            }
+        }
+    }
+    Ok((txns, aborted))
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -261,43 +313,11 @@ impl KafkaTxns {
     /// it compact.
     pub fn open(data_dir: &Path, config: TxnConfig) -> Result<KafkaTxns> {
         let path = data_dir.join("config").join("kafka-transactions.log");
-        let mut txns: HashMap<String, TxnMeta> = HashMap::new();
-        let mut aborted: HashMap<(String, u32), Vec<AbortedTxn>> = HashMap::new();
-        match std::fs::File::open(&path) {
-            Ok(f) => {
-                for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
-                    let line = line.map_err(|e| BrokerError::Io(path.clone(), e))?;
-                    if line.trim().is_empty() {
-                        continue;
-                    }
-                    match serde_json::from_str::<Line>(&line) {
-                        Ok(Line::T(m)) => {
-                            txns.insert(m.id.clone(), m);
-                        }
-                        Ok(Line::X(id)) => {
-                            txns.remove(&id);
-                        }
-                        Ok(Line::A(t, p, a)) => {
-                            let list = aborted.entry((t, p)).or_default();
-                            match list
-                                .iter_mut()
-                                .find(|x| x.producer_id == a.producer_id && x.first_offset == a.first_offset)
-                            {
-                                Some(x) => *x = a,
-                                None => list.push(a),
-                            }
-                        }
-                        // A torn last line (a crash mid-append): its change
-                        // was never answered. Anything else is damage.
-                        Err(e) => {
-                            tracing::warn!(path = %path.display(), line = n + 1, error = %e, "skipping an unreadable transaction-log line");
-                        }
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        let (txns, aborted) = match std::fs::File::open(&path) {
+            Ok(f) => parse_lines(std::io::BufReader::new(f), &path)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Default::default(),
             Err(e) => return Err(BrokerError::Io(path, e)),
-        }
+        };
         let by_pid = txns.values().map(|m| (m.producer_id, m.id.clone())).collect();
         let mut parts = Parts::default();
         for ((t, p), list) in aborted {
@@ -314,6 +334,8 @@ impl KafkaTxns {
                 lines: 0,
             }),
             config,
+            changes: AtomicU64::new(0),
+            unresolved: Mutex::default(),
         };
         me.compact()?;
         Ok(me)
@@ -324,6 +346,19 @@ impl KafkaTxns {
     /// the snapshot, in the new file.
     fn compact(&self) -> Result<()> {
         let mut log = lock(&self.log);
+        let (buf, lines) = self.encoded(&log.path)?;
+        if let Some(dir) = log.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
+        }
+        rokka_store::checkpoint::write_atomically(&log.path, &buf)?;
+        log.file = None;
+        log.lines = lines;
+        Ok(())
+    }
+
+    /// The whole state as log lines (one per live id and aborted entry),
+    /// and how many.
+    fn encoded(&self, path: &Path) -> Result<(Vec<u8>, u64)> {
         let mut lines = Vec::new();
         for m in lock(&self.inner).txns.values() {
             lines.push(Line::T(m.clone()));
@@ -333,20 +368,51 @@ impl KafkaTxns {
                 lines.push(Line::A(t.clone(), p, *a));
             }
         }
-        if let Some(dir) = log.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
-        }
         let mut buf = Vec::new();
         for l in &lines {
             serde_json::to_writer(&mut buf, l).map_err(|e| BrokerError::BadFile {
-                path: log.path.clone(),
+                path: path.to_path_buf(),
                 reason: e.to_string(),
             })?;
             buf.push(b'\n');
         }
-        rokka_store::checkpoint::write_atomically(&log.path, &buf)?;
+        Ok((buf, lines.len() as u64))
+    }
+
+    /// Cluster mode, master: the state to ship to replicas (the compact
+    /// log's form), taken under the log lock so no change is half in it.
+    pub fn snapshot(&self) -> Result<Vec<u8>> {
+        let log = lock(&self.log);
+        Ok(self.encoded(&log.path)?.0)
+    }
+
+    /// Changes persisted so far: a replica's copy is current while this
+    /// has not moved since it was shipped.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// Cluster mode, replica: takes the master's snapshot as this node's
+    /// state and log. Open transactions' first offsets are found again
+    /// from the log ([`Broker::replace_kafka_txns`]).
+    fn replace_with(&self, snapshot: &[u8]) -> Result<()> {
+        let mut log = lock(&self.log);
+        let (txns, aborted) = parse_lines(snapshot, &log.path)?;
+        if let Some(dir) = log.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
+        }
+        rokka_store::checkpoint::write_atomically(&log.path, snapshot)?;
         log.file = None;
-        log.lines = lines.len() as u64;
+        log.lines = snapshot.iter().filter(|b| **b == b'\n').count() as u64;
+        let by_pid = txns.values().map(|m| (m.producer_id, m.id.clone())).collect();
+        *lock(&self.inner) = Inner { txns, by_pid };
+        let mut parts = Parts::default();
+        for ((t, p), list) in aborted {
+            if let Some(pt) = parts.entry(&t, p) {
+                pt.aborted = list;
+            }
+        }
+        *lock(&self.parts) = parts;
         Ok(())
     }
 
@@ -365,7 +431,9 @@ impl KafkaTxns {
     }
 
     fn persist(&self, lines: &[Line]) -> Result<()> {
-        crate::offload(|| lock(&self.log).append(lines))
+        crate::offload(|| lock(&self.log).append(lines))?;
+        self.changes.fetch_add(1, Ordering::AcqRel);
+        Ok(())
     }
 
     pub fn config(&self) -> &TxnConfig {
@@ -503,6 +571,16 @@ impl Broker {
         &self.kafka_txns
     }
 
+    /// Cluster mode, replica: the master's transaction state (shipped with
+    /// the replication stream) replaces this node's, and open transactions'
+    /// first offsets are found in the replicated log, so read_committed
+    /// readers here and this node as the next master hold them back.
+    pub fn replace_kafka_txns(&self, snapshot: &[u8]) -> Result<()> {
+        crate::offload(|| self.kafka_txns.replace_with(snapshot))?;
+        self.rebuild_open_transactions();
+        Ok(())
+    }
+
     /// After a restart: finds the first offsets of transactions still open
     /// (scanning each of their partitions from the transaction's start).
     pub(crate) fn rebuild_open_transactions(&self) {
@@ -512,15 +590,21 @@ impl Broker {
             .filter(|m| m.state == TxnState::Ongoing)
             .cloned()
             .collect();
+        let mut unresolved = Vec::new();
         for m in open {
             for (topic, partition) in &m.partitions {
-                if let Some(first) = self.first_batch_of(topic, *partition, m.producer_id, m.start_ms) {
-                    if let Some(pt) = lock(&self.kafka_txns.parts).entry(topic, *partition) {
-                        pt.ongoing.insert(m.producer_id, first);
-                    }
+                let pending = Unresolved {
+                    producer_id: m.producer_id,
+                    topic: topic.clone(),
+                    partition: *partition,
+                    start_ms: m.start_ms,
+                };
+                if !self.resolve(&pending) {
+                    unresolved.push(pending);
                 }
             }
         }
+        *lock(&self.kafka_txns.unresolved) = unresolved;
         let store = &self.store;
         let pruned = self.kafka_txns.prune_aborted(|t, p| store.min_offset(t, p));
         if pruned > 0 {
@@ -528,6 +612,29 @@ impl Broker {
                 entries = pruned,
                 "aborted-transaction entries below the log start dropped"
             );
+        }
+    }
+
+    /// Records the first offset of an open transaction's batches in one
+    /// partition if the log has it; whether it did.
+    fn resolve(&self, u: &Unresolved) -> bool {
+        let Some(first) = self.first_batch_of(&u.topic, u.partition, u.producer_id, u.start_ms) else {
+            return false;
+        };
+        if let Some(pt) = lock(&self.kafka_txns.parts).entry(&u.topic, u.partition) {
+            pt.ongoing.entry(u.producer_id).or_insert(first);
+        }
+        true
+    }
+
+    /// Cluster mode, replica, after each replicated append: open
+    /// transactions whose first batch in a partition had not arrived when
+    /// the master's state did are looked for again (before the high
+    /// watermark lets readers past them).
+    pub fn resolve_open_transactions(&self) {
+        let mut pending = lock(&self.kafka_txns.unresolved);
+        if !pending.is_empty() {
+            pending.retain(|u| !self.resolve(u));
         }
     }
 
@@ -543,7 +650,10 @@ impl Broker {
         let end = cq.max_offset();
         let mut first = None;
         while offset < end {
-            let read = self.store.read(topic, partition, offset, 256, 4 << 20);
+            // Everything written, above the high watermark too: a replica
+            // must know an open transaction's first batch before readers
+            // may see it.
+            let read = self.store.read_written(topic, partition, offset, 256, 4 << 20);
             if read.entries.is_empty() {
                 break;
             }

@@ -332,6 +332,12 @@ impl Broker {
     /// partition leader does (idempotent producers' sequences).
     pub fn became_master(&self) {
         self.producers.clear();
+        // Producer ids come from the clock (ms × 1024): ids this node hands
+        // out from now on start past any the old master can have given.
+        self.producers.reseed_ids();
+        // Open transactions' first offsets, from the state the old master
+        // shipped and the log it replicated.
+        self.rebuild_open_transactions();
     }
 
     /// Cluster mode: the cluster as last seen (None on a single node).

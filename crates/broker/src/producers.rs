@@ -201,6 +201,13 @@ impl ProducerStates {
         metrics::gauge!("rokka_kafka_producer_states").set(0.0);
     }
 
+    /// Moves the next producer id up to the clock's (ms × 1024) if it is
+    /// behind: a node that becomes master hands out no id the old master
+    /// (started at another time) may have given.
+    pub fn reseed_ids(&self) {
+        self.next_id.fetch_max(rokka_store::now_ms() * 1024, Ordering::Relaxed);
+    }
+
     /// A fresh producer id (InitProducerId without a transactional id).
     pub fn allocate_id(&self) -> i64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)

@@ -7,7 +7,8 @@
 //! Frames: `u32 length | u8 kind | payload`, at most [`MAX_FRAME`] bytes.
 //! HELLO and WELCOME are JSON; FETCH is `from u64 | epoch u32 | max u32`;
 //! DATA is `hw u64 | epoch u32 | n u32 | n × (u32 length | entry) |
-//! u32 length | committed-offset table (JSON; empty when unchanged)`.
+//! u32 length | committed-offset table (JSON; empty when unchanged) |
+//! u32 length | Kafka transaction state (log lines; empty when unchanged)`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -188,6 +189,8 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
     // stream: the whole table when it changed, at most every 200 ms.
     let mut offsets_sent: Option<u64> = None;
     let mut offsets_at = Instant::now() - Duration::from_secs(1);
+    let mut txns_sent: Option<u64> = None;
+    let mut txns_at = offsets_at;
     loop {
         let (kind, mut body) = tokio::time::timeout(Duration::from_secs(30), read_frame(s, MAX_FETCH))
             .await
@@ -249,6 +252,18 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
             b.put_slice(&snap);
             offsets_sent = Some(changes);
             offsets_at = Instant::now();
+        } else {
+            b.put_u32(0);
+        }
+        // The Kafka transaction coordinator's state, the same way.
+        let txns = &sh.broker.kafka_txns();
+        let txn_changes = txns.changes();
+        if txns_sent != Some(txn_changes) && txns_at.elapsed() >= Duration::from_millis(200) {
+            let snap = txns.snapshot().map_err(|e| e.to_string())?;
+            b.put_u32(snap.len() as u32);
+            b.put_slice(&snap);
+            txns_sent = Some(txn_changes);
+            txns_at = Instant::now();
         } else {
             b.put_u32(0);
         }
@@ -392,15 +407,31 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
                     .map_err(|e| e.to_string())?;
             }
         }
-        if !entries.is_empty() {
-            let (st, ep) = (Arc::clone(store), Arc::clone(&epochs));
-            tokio::task::spawn_blocking(move || {
-                st.append_replicated(&entries)?;
-                st.adopt_epochs(&ep)
+        // The transaction state, applied after the entries it may name.
+        let txns = match body.remaining() >= 4 {
+            true => {
+                let len = body.get_u32() as usize;
+                (len > 0 && body.remaining() >= len).then(|| body.split_to(len))
+            }
+            false => None,
+        };
+        if !entries.is_empty() || txns.is_some() {
+            let (st, ep, broker) = (Arc::clone(store), Arc::clone(&epochs), Arc::clone(&sh.broker));
+            tokio::task::spawn_blocking(move || -> Result<(), String> {
+                if !entries.is_empty() {
+                    st.append_replicated(&entries).map_err(|e| format!("append: {e}"))?;
+                    st.adopt_epochs(&ep).map_err(|e| format!("append: {e}"))?;
+                }
+                match txns {
+                    Some(t) => broker
+                        .replace_kafka_txns(&t)
+                        .map_err(|e| format!("transaction state: {e}"))?,
+                    None => broker.resolve_open_transactions(),
+                }
+                Ok(())
             })
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("append: {e}"))?;
+            .map_err(|e| e.to_string())??;
         }
         let end = store.log_end();
         store.set_high_watermark(Some(hw.min(end)));
