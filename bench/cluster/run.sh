@@ -16,7 +16,7 @@ port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); 
 MESSAGES=${MESSAGES:-300000}
 args=(--size 1024 --messages "$MESSAGES" --acks all --idempotent --produce-only --warmup 50000 --warmup-pause-s 3)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 node_config() { # dir id etcd_endpoint(or empty)
@@ -44,10 +44,10 @@ replication_listen = "127.0.0.1:0"
 EOT
   fi
 }
-start_node() { # dir -> prints kafka address
+start_node() { # dir -> sets $addr to its Kafka address (not in a subshell: its pid must reach $pids)
   "$rokka" --config "$1/rokka.toml" --ports-file "$1/ports.json" > "$1/rokka.log" 2>&1 & pids+=($!)
   for _ in $(seq 300); do [[ -s $1/ports.json ]] && break; sleep 0.1; done
-  python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["kafka"])' "$1/ports.json"
+  addr=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["kafka"])' "$1/ports.json")
 }
 result() { grep -o '[0-9]* msg/s' | head -1 | cut -d' ' -f1; }
 
@@ -60,7 +60,7 @@ run_cluster() {
     > "$dir/etcd.log" 2>&1 & pids+=($!)
   sleep 2
   local boot=()
-  for i in 1 2 3; do mkdir -p "$dir/n$i"; node_config "$dir/n$i" "$i" "http://127.0.0.1:$cp"; boot+=("$(start_node "$dir/n$i")"); done
+  for i in 1 2 3; do mkdir -p "$dir/n$i"; node_config "$dir/n$i" "$i" "http://127.0.0.1:$cp"; start_node "$dir/n$i"; boot+=("$addr"); done
   sleep 3
   local list; list=$(IFS=,; echo "${boot[*]}")
   local out; out=$("$bench" --brokers "$list" --topic "c$RANDOM" "${args[@]}")
@@ -72,7 +72,7 @@ run_cluster() {
 run_single() {
   local dir; dir=$(mktemp -d "$root/target/cbench.XXXX")
   node_config "$dir" 0 ""
-  local addr; addr=$(start_node "$dir")
+  local addr; start_node "$dir"
   local out; out=$("$bench" --brokers "$addr" --topic "s$RANDOM" "${args[@]}")
   echo "# one node: $out" >&2
   cleanup; pids=()
