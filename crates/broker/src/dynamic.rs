@@ -40,6 +40,9 @@ pub struct DynamicConfigs {
     /// Any value is set (the common case, none, costs one load per lookup).
     any: std::sync::atomic::AtomicBool,
     writing: std::sync::Mutex<()>,
+    /// Cluster mode: a cluster default set here, for the controller to
+    /// publish to the other nodes (taken once).
+    published: std::sync::Mutex<Option<BTreeMap<String, String>>>,
 }
 
 /// The topic config a dynamic broker key is the default of. Not
@@ -74,6 +77,7 @@ impl DynamicConfigs {
             sets: RwLock::new(sets),
             any: std::sync::atomic::AtomicBool::new(any),
             writing: std::sync::Mutex::new(()),
+            published: std::sync::Mutex::new(None),
         })
     }
 
@@ -89,6 +93,42 @@ impl DynamicConfigs {
     /// Replaces the set `scope` names (values validated already) and
     /// persists both.
     pub fn set(&self, scope: Scope, configs: BTreeMap<String, String>) -> Result<()> {
+        if scope == Scope::ClusterDefault {
+            let mut p = self.published.lock().unwrap_or_else(|p| p.into_inner());
+            self.replace(scope, configs.clone())?;
+            *p = Some(configs);
+            return Ok(());
+        }
+        self.replace(scope, configs)
+    }
+
+    /// Cluster mode: the cluster default set on this node since the last
+    /// call, to publish.
+    pub fn take_published(&self) -> Option<BTreeMap<String, String>> {
+        self.published.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Cluster mode: `configs` could not be published yet; again next time
+    /// (unless a newer change came meanwhile).
+    pub fn republish(&self, configs: BTreeMap<String, String>) {
+        self.published
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert(configs);
+    }
+
+    /// Cluster mode: the cluster default as another node set it (nothing
+    /// to publish back; nothing written when it is already this).
+    pub fn adopt_cluster_default(&self, configs: BTreeMap<String, String>) -> Result<()> {
+        // Held throughout: a change set here meanwhile is newer than etcd's.
+        let p = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        if p.is_some() || self.get(Scope::ClusterDefault) == configs {
+            return Ok(());
+        }
+        self.replace(Scope::ClusterDefault, configs)
+    }
+
+    fn replace(&self, scope: Scope, configs: BTreeMap<String, String>) -> Result<()> {
         // Writers take turns; readers (every produce to a topic with
         // overrides) are locked out only for the swap, not the fsync.
         let _turn = self.writing.lock().unwrap_or_else(|p| p.into_inner());
@@ -165,6 +205,27 @@ mod tests {
                 ("2000".to_string(), Source::DynamicDefaultBroker)
             ]
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_cluster_default_set_here_is_published_once_and_one_from_etcd_is_adopted() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let d = DynamicConfigs::load(dir.path())?;
+        let m: BTreeMap<String, String> = [("log.retention.ms".to_string(), "1000".to_string())].into();
+        d.set(Scope::ThisBroker, m.clone())?;
+        assert_eq!(d.take_published(), None, "a per-broker value stays here");
+        d.set(Scope::ClusterDefault, m.clone())?;
+        // Not overwritten by etcd's older value while unpublished.
+        d.adopt_cluster_default(BTreeMap::new())?;
+        assert_eq!(d.get(Scope::ClusterDefault), m);
+        assert_eq!(d.take_published(), Some(m.clone()));
+        assert_eq!(d.take_published(), None);
+        let n: BTreeMap<String, String> = [("message.max.bytes".to_string(), "5000".to_string())].into();
+        d.adopt_cluster_default(n.clone())?;
+        assert_eq!(d.take_published(), None, "adopted, not published back");
+        let d = DynamicConfigs::load(dir.path())?;
+        assert_eq!(d.get(Scope::ClusterDefault), n);
         Ok(())
     }
 }

@@ -188,9 +188,16 @@ impl Controller {
         let mut topics: BTreeMap<String, TopicInfo> = BTreeMap::new();
         let state_key = self.state_key();
         let topics_prefix = format!("{}topics/", self.prefix);
+        let default_key = self.broker_default_key();
+        let mut broker_default: BTreeMap<String, String> = BTreeMap::new();
         for kv in resp.kvs() {
             let key = kv.key_str().unwrap_or("");
-            if let Some(name) = key.strip_prefix(&topics_prefix) {
+            if key == default_key {
+                match serde_json::from_slice(kv.value()) {
+                    Ok(m) => broker_default = m,
+                    Err(e) => tracing::warn!(key, error = %e, "unreadable cluster-default broker configs in etcd"),
+                }
+            } else if let Some(name) = key.strip_prefix(&topics_prefix) {
                 if let Ok(t) = serde_json::from_slice::<TopicInfo>(kv.value()) {
                     topics.insert(name.to_string(), t);
                 }
@@ -307,7 +314,32 @@ impl Controller {
             }
         }
         let revision = resp.header().map_or(0, |h| h.revision());
+        self.sync_broker_default(broker_default).await?;
         self.sync_topics(topics, revision).await
+    }
+
+    fn broker_default_key(&self) -> String {
+        format!("{}configs/broker-default", self.prefix)
+    }
+
+    /// Dynamic broker configs set for the whole cluster (AlterConfigs on
+    /// BROKER "") live in etcd: a node that took such a change writes it
+    /// (the last writer wins, as in Kafka), every node takes etcd's.
+    /// Per-broker values stay with their node.
+    async fn sync_broker_default(&mut self, in_etcd: BTreeMap<String, String>) -> Res<()> {
+        let dynamic = self.sh.broker.dynamic_configs();
+        if let Some(mine) = dynamic.take_published() {
+            let json = serde_json::to_vec(&mine).map_err(|e| e.to_string())?;
+            if let Err(e) = self.client.put(self.broker_default_key(), json, None).await {
+                // Published on the next poll.
+                dynamic.republish(mine);
+                return Err(format!("put broker default: {e}"));
+            }
+            return Ok(());
+        }
+        dynamic
+            .adopt_cluster_default(in_etcd)
+            .map_err(|e| format!("cluster-default broker configs: {e}"))
     }
 
     /// The topic table lives in etcd: each node writes the topics it
