@@ -3,13 +3,12 @@ loopback ports, for the cluster suite."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 
-import pytest
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
 from rokka_fixture import Rokka, free_port, results_dir  # noqa: E402
@@ -66,6 +65,36 @@ class Etcd:
         shutil.rmtree(os.path.join(self.workdir, "etcd-data"), ignore_errors=True)
 
 
+def read_topic(bootstrap, topic, partitions, timeout=60, **conf):
+    """Every value (decoded) of `topic` from offset 0 to each partition's
+    end (its last stable offset under read_committed), in poll order."""
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"read-{time.time_ns()}",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            **conf,
+        }
+    )
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    values, eof = [], set()
+    deadline = time.time() + timeout
+    while len(eof) < partitions and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is None:
+            continue
+        if m.error():
+            if m.error().code() == KafkaError._PARTITION_EOF:
+                eof.add(m.partition())
+            continue
+        values.append(m.value().decode())
+    c.close()
+    assert len(eof) == partitions, f"end of {sorted(eof)} of {partitions} partitions within {timeout} s"
+    return values
+
+
 class Cluster:
     """Nodes 1..n of one broker set."""
 
@@ -109,6 +138,22 @@ class Cluster:
                     return i
             time.sleep(0.1)
         raise AssertionError(f"no master within {timeout} s")
+
+    def wait_in_sync(self, size=3, timeout=30):
+        """Whether the master's sync state set reached `size` members."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for i, n in self.nodes.items():
+                if not n.proc:
+                    continue
+                try:
+                    m = n.metric_values()
+                except OSError:
+                    continue
+                if m.get("rokka_cluster_role") == 1.0 and m.get("rokka_cluster_sync_state_set_size") == float(size):
+                    return True
+            time.sleep(0.2)
+        return False
 
     def close(self):
         codes = {}

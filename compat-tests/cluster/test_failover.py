@@ -7,9 +7,9 @@ import os
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from conftest import Cluster
+from conftest import Cluster, read_topic
 
 ROUNDS = int(os.environ.get("ROKKA_FAILOVER_ROUNDS", "5"))
 TOPIC = "failover"
@@ -37,30 +37,7 @@ def in_sync(cluster, ids, timeout=30):
 
 
 def read_all(cluster, partitions=2):
-    c = Consumer(
-        {
-            "bootstrap.servers": cluster.bootstrap(),
-            "group.id": f"check-{time.time_ns()}",
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    c.assign([TopicPartition(TOPIC, p, 0) for p in range(partitions)])
-    values, eof = [], set()
-    deadline = time.time() + 60
-    while len(eof) < partitions and time.time() < deadline:
-        m = c.poll(0.5)
-        if m is None:
-            continue
-        if m.error():
-            if m.error().code() == KafkaError._PARTITION_EOF:
-                eof.add(m.partition())
-            continue
-        values.append(m.value().decode())
-    c.close()
-    assert len(eof) == partitions
-    return values
+    return read_topic(cluster.bootstrap(), TOPIC, partitions)
 
 
 def test_kill_the_master_under_acks_all_load(cluster):

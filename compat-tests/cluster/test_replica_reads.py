@@ -36,19 +36,6 @@ def counter(node, name, protocol):
     return node.metric_values().get(f'{name}{{protocol="{protocol}"}}', 0.0)
 
 
-def in_sync(cluster, timeout=30):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if any(
-            n.metric_values().get("rokka_cluster_sync_state_set_size") == 3.0
-            and n.metric_values().get("rokka_cluster_role") == 1.0
-            for n in cluster.nodes.values()
-        ):
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def consume_all(cluster, group, rack, n):
     c = Consumer(
         {
@@ -88,7 +75,7 @@ def test_a_kafka_consumer_reads_from_the_replica_in_its_rack(cluster):
     for v in want:
         p.produce(TOPIC, value=v.encode())
     assert p.flush(60) == 0
-    assert in_sync(cluster)
+    assert cluster.wait_in_sync()
     m = cluster.master()
     replica = next(i for i in cluster.nodes if i != m)
     before = counter(cluster.nodes[replica], "rokka_cluster_replica_reads_total", "kafka")
@@ -114,7 +101,7 @@ def test_a_rocketmq_consumer_behind_is_sent_to_a_replica_and_back(cluster):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     acked = {line.split()[2] for line in p.stdout.splitlines() if line.startswith("compat: acked ")}
     assert len(acked) == 400, p.stdout[-2000:]
-    assert in_sync(cluster)
+    assert cluster.wait_in_sync()
     replica_reads = {i: counter(n, "rokka_cluster_replica_reads_total", "rocketmq") for i, n in cluster.nodes.items()}
 
     def served():

@@ -19,8 +19,8 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-from conftest import Cluster
+from confluent_kafka import Consumer, TopicPartition
+from conftest import Cluster, read_topic
 
 HARNESS = os.environ.get(
     "ROKKA_RMQ_HARNESS",
@@ -86,30 +86,7 @@ class Harness:
 
 def log_bodies(cluster):
     """Every message of TOPIC in the log, read through the Kafka view."""
-    c = Consumer(
-        {
-            "bootstrap.servers": cluster.bootstrap(),
-            "group.id": f"check-{time.time_ns()}",
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    c.assign([TopicPartition(TOPIC, q, 0) for q in range(QUEUES)])
-    values, eof = [], set()
-    deadline = time.time() + 60
-    while len(eof) < QUEUES and time.time() < deadline:
-        m = c.poll(0.5)
-        if m is None:
-            continue
-        if m.error():
-            if m.error().code() == KafkaError._PARTITION_EOF:
-                eof.add(m.partition())
-            continue
-        values.append(m.value().decode())
-    c.close()
-    assert len(eof) == QUEUES, eof
-    return values
+    return read_topic(cluster.bootstrap(), TOPIC, QUEUES)
 
 
 def committed(cluster):
@@ -119,16 +96,6 @@ def committed(cluster):
     finally:
         c.close()
     return {tp.partition: tp.offset for tp in got}
-
-
-def in_sync(cluster, timeout=60):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        vals = [n.metric_values() for n in cluster.nodes.values() if n.proc]
-        if any(v.get("rokka_cluster_role") == 1.0 and v.get("rokka_cluster_sync_state_set_size") == 3.0 for v in vals):
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_kill_the_master_under_rocketmq_sync_sends(cluster):
@@ -143,7 +110,7 @@ def test_kill_the_master_under_rocketmq_sync_sends(cluster):
         while time.time() < deadline and len(sender.words("acked")) < 50:
             time.sleep(0.2)
         assert len(sender.words("acked")) >= 50, sender.tail()
-        assert in_sync(cluster), "all three in sync before the first kill"
+        assert cluster.wait_in_sync(timeout=60), "all three in sync before the first kill"
         for r in range(ROUNDS):
             time.sleep(2)
             master = cluster.master()
@@ -166,7 +133,7 @@ def test_kill_the_master_under_rocketmq_sync_sends(cluster):
             assert after, f"round {r}: nothing acknowledged within 40 s of the kill\n{sender.tail()}"
             first_ack.append(round(min(after) - kills[-1], 2))
             cluster.nodes[master].start()
-            assert in_sync(cluster), f"round {r}: node {master} did not catch up"
+            assert cluster.wait_in_sync(timeout=60), f"round {r}: node {master} did not catch up"
         time.sleep(2)
     finally:
         open(stop, "w").close()

@@ -4,7 +4,7 @@ reads from it; replicas refuse writes."""
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 from conftest import Cluster
 

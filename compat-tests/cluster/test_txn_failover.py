@@ -6,8 +6,8 @@ transaction stays hidden — and the same producer commits it there."""
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from conftest import Cluster
+from confluent_kafka import Producer
+from conftest import Cluster, read_topic
 
 TOPIC = "txn-failover"
 
@@ -20,31 +20,7 @@ def cluster():
 
 
 def read_committed(cluster, partitions=2):
-    c = Consumer(
-        {
-            "bootstrap.servers": cluster.bootstrap(),
-            "group.id": f"rc-{time.time_ns()}",
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    c.assign([TopicPartition(TOPIC, p, 0) for p in range(partitions)])
-    values, eof = [], set()
-    deadline = time.time() + 60
-    while len(eof) < partitions and time.time() < deadline:
-        m = c.poll(0.5)
-        if m is None:
-            continue
-        if m.error():
-            if m.error().code() == KafkaError._PARTITION_EOF:
-                eof.add(m.partition())
-            continue
-        values.append(m.value().decode())
-    c.close()
-    assert len(eof) == partitions, eof
-    return values
+    return read_topic(cluster.bootstrap(), TOPIC, partitions, **{"isolation.level": "read_committed"})
 
 
 def test_an_open_transaction_survives_the_masters_death_and_commits_on_the_new_one(cluster):

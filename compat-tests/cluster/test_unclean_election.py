@@ -10,21 +10,10 @@ counted election) and the old master, back, truncates what only it had
 and follows — the loss the setting's documentation warns of."""
 import time
 
-import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from conftest import Cluster
+from confluent_kafka import Producer
+from conftest import Cluster, read_topic
 
 TOPIC = "unclean"
-
-
-def all_in_sync(cluster):
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        m = cluster.master()
-        if cluster.nodes[m].metric_values().get("rokka_cluster_sync_state_set_size") == 3.0:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the three nodes never were in sync")
 
 
 def shrink_to_master(cluster):
@@ -52,40 +41,26 @@ def produce(cluster, n):
 
 
 def count(cluster, partitions=2):
-    c = Consumer(
-        {
-            "bootstrap.servers": cluster.bootstrap(),
-            "group.id": f"count-{time.time_ns()}",
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-        }
-    )
-    c.assign([TopicPartition(TOPIC, p, 0) for p in range(partitions)])
-    n, eof = 0, set()
-    deadline = time.time() + 30
-    while len(eof) < partitions and time.time() < deadline:
-        m = c.poll(0.5)
-        if m is None:
-            continue
-        if m.error():
-            if m.error().code() == KafkaError._PARTITION_EOF:
-                eof.add(m.partition())
-            continue
-        n += 1
-    c.close()
-    assert len(eof) == partitions
-    return n
+    return len(read_topic(cluster.bootstrap(), TOPIC, partitions, timeout=30))
+
+
+def lose_the_set(cluster):
+    """10 messages on all three, the replicas killed, 100 more on the
+    master alone, the master killed, a stale replica started: (old master,
+    stale node)."""
+    assert cluster.wait_in_sync(), "the three nodes never were in sync"
+    assert produce(cluster, 10) == 10
+    m, (b, _c) = shrink_to_master(cluster)
+    assert produce(cluster, 100) == 100
+    cluster.nodes[m].kill()
+    cluster.nodes[b].start()
+    return m, b
 
 
 def test_off_no_stale_node_is_elected(tmp_path):
     cluster = Cluster("unclean-off", min_isr=1, extra="replica_lag_max_ms = 1500\n")
     try:
-        all_in_sync(cluster)
-        assert produce(cluster, 10) == 10
-        m, (b, c) = shrink_to_master(cluster)
-        assert produce(cluster, 100) == 100
-        cluster.nodes[m].kill()
-        cluster.nodes[b].start()
+        m, b = lose_the_set(cluster)
         deadline = time.time() + 8
         while time.time() < deadline:
             assert cluster.role(b) != "master", "a node outside the sync state set was elected"
@@ -100,12 +75,7 @@ def test_off_no_stale_node_is_elected(tmp_path):
 def test_on_a_stale_node_is_elected_and_the_old_master_truncates(tmp_path):
     cluster = Cluster("unclean-on", min_isr=1, extra="replica_lag_max_ms = 1500\nunclean_election = true\n")
     try:
-        all_in_sync(cluster)
-        assert produce(cluster, 10) == 10
-        m, (b, c) = shrink_to_master(cluster)
-        assert produce(cluster, 100) == 100
-        cluster.nodes[m].kill()
-        cluster.nodes[b].start()
+        m, b = lose_the_set(cluster)
         assert cluster.master(timeout=30, exclude=(m,)) == b
         assert cluster.nodes[b].metric_values().get("rokka_cluster_elections_total", 0) >= 1
         cluster.nodes[m].start()

@@ -21,9 +21,14 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::{Role, Shared};
 
-/// Largest DATA frame a replica accepts (entries of about [`FETCH_BYTES`]
-/// plus one entry of up to the store's largest, plus the offset table).
-pub const MAX_FRAME: usize = 64 << 20;
+/// Largest state table (committed offsets, Kafka transactions) a DATA frame
+/// carries; a larger one is not shipped (counted and logged).
+const MAX_SNAPSHOT: usize = 256 << 20;
+/// Largest DATA frame a replica accepts: entries of about [`FETCH_BYTES`]
+/// plus one entry of up to the store's largest, plus the two tables. (A
+/// frame comes only from the master the replica chose; it is read into a
+/// buffer of its own length.)
+pub const MAX_FRAME: usize = (64 << 20) + 2 * MAX_SNAPSHOT;
 /// Largest frame a master reads before it knows who sent it (HELLO), and
 /// any other frame a replica may send (FETCH is 16 bytes).
 const MAX_HELLO: usize = 1 << 20;
@@ -185,12 +190,10 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
     // Caught up = holding everything the previous answer carried; a new
     // replica must first reach what the master had when it connected.
     let mut last_sent_end = store.log_end();
-    // Committed offsets (and delay/timer progress, same table) go with the
-    // stream: the whole table when it changed, at most every 200 ms.
-    let mut offsets_sent: Option<u64> = None;
-    let mut offsets_at = Instant::now() - Duration::from_secs(1);
-    let mut txns_sent: Option<u64> = None;
-    let mut txns_at = offsets_at;
+    // Committed offsets (and delay/timer progress, same table) and the
+    // Kafka transaction coordinator's state go with the stream.
+    let mut offsets = Shipped::new("offsets");
+    let mut txns = Shipped::new("kafka_transactions");
     loop {
         let (kind, mut body) = tokio::time::timeout(Duration::from_secs(30), read_frame(s, MAX_FETCH))
             .await
@@ -245,29 +248,66 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
             b.put_u32(e.len() as u32);
             b.put_slice(e);
         }
-        let changes = store.offsets().changes();
-        if offsets_sent != Some(changes) && offsets_at.elapsed() >= Duration::from_millis(200) {
-            let snap = store.offsets().snapshot();
-            b.put_u32(snap.len() as u32);
-            b.put_slice(&snap);
-            offsets_sent = Some(changes);
-            offsets_at = Instant::now();
-        } else {
-            b.put_u32(0);
-        }
-        // The Kafka transaction coordinator's state, the same way.
-        let txns = &sh.broker.kafka_txns();
-        let txn_changes = txns.changes();
-        if txns_sent != Some(txn_changes) && txns_at.elapsed() >= Duration::from_millis(200) {
-            let snap = txns.snapshot().map_err(|e| e.to_string())?;
-            b.put_u32(snap.len() as u32);
-            b.put_slice(&snap);
-            txns_sent = Some(txn_changes);
-            txns_at = Instant::now();
-        } else {
-            b.put_u32(0);
-        }
+        offsets.put(&mut b, store.offsets().changes(), || Ok(store.offsets().snapshot()));
+        let t = sh.broker.kafka_txns();
+        txns.put(&mut b, t.changes(), || t.snapshot().map_err(|e| e.to_string()));
         write_frame(s, DATA, &b).await?;
+    }
+}
+
+/// One state table shipped whole with DATA frames when it changed: at most
+/// every 200 ms, and no more often than its size takes to send at 50 MB/s
+/// (a large table does not crowd out the log); never one larger than
+/// [`MAX_SNAPSHOT`] (counted, logged once per stream).
+struct Shipped {
+    table: &'static str,
+    sent: Option<u64>,
+    due: Instant,
+    refused: bool,
+}
+
+impl Shipped {
+    fn new(table: &'static str) -> Shipped {
+        Shipped {
+            table,
+            sent: None,
+            due: Instant::now(),
+            refused: false,
+        }
+    }
+
+    /// Appends `u32 length | table` to `b` when due (length 0 otherwise).
+    fn put(&mut self, b: &mut BytesMut, changes: u64, snapshot: impl FnOnce() -> Res<Vec<u8>>) {
+        if self.sent == Some(changes) || Instant::now() < self.due {
+            b.put_u32(0);
+            return;
+        }
+        let snap = match snapshot() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(table = self.table, error = e, "cannot take the table to replicate");
+                b.put_u32(0);
+                return;
+            }
+        };
+        self.due = Instant::now() + Duration::from_millis(200).max(Duration::from_nanos(snap.len() as u64 * 20));
+        if snap.len() > MAX_SNAPSHOT {
+            if !self.refused {
+                tracing::error!(
+                    table = self.table,
+                    bytes = snap.len(),
+                    max = MAX_SNAPSHOT,
+                    "table too large to replicate; replicas keep their older copy"
+                );
+                self.refused = true;
+            }
+            metrics::counter!("rokka_replication_tables_refused_total", "table" => self.table).increment(1);
+            b.put_u32(0);
+            return;
+        }
+        b.put_u32(snap.len() as u32);
+        b.put_slice(&snap);
+        self.sent = Some(changes);
     }
 }
 
