@@ -478,3 +478,45 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
         sh.set_replica_lag(hw.saturating_sub(end));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(b: &BytesMut) -> Option<&[u8]> {
+        let len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        (len > 0).then(|| &b[4..4 + len])
+    }
+
+    #[test]
+    fn a_table_goes_once_per_change_and_not_more_often_than_its_size_allows() {
+        let mut t = Shipped::new("offsets");
+        let mut b = BytesMut::new();
+        t.put(&mut b, 1, || Ok(b"v1".to_vec()));
+        assert_eq!(section(&b), Some(&b"v1"[..]));
+        // Unchanged: nothing, even once due.
+        t.due = Instant::now();
+        let mut b = BytesMut::new();
+        t.put(&mut b, 1, || Err("not taken when unchanged".into()));
+        assert_eq!(section(&b), None);
+        // Changed but not yet due: nothing; due: the new table.
+        t.due = Instant::now() + Duration::from_secs(60);
+        let mut b = BytesMut::new();
+        t.put(&mut b, 2, || Ok(b"v2".to_vec()));
+        assert_eq!(section(&b), None);
+        t.due = Instant::now();
+        let mut b = BytesMut::new();
+        t.put(&mut b, 2, || Ok(vec![7u8; 10 << 20]));
+        assert_eq!(section(&b).map(<[u8]>::len), Some(10 << 20));
+        // 10 MiB at 50 MB/s: not again for about 0.2 s.
+        assert!(t.due >= Instant::now() + Duration::from_millis(150));
+        // A table that cannot be taken is skipped, and tried again.
+        t.due = Instant::now();
+        let mut b = BytesMut::new();
+        t.put(&mut b, 3, || Err("disk".into()));
+        assert_eq!(section(&b), None);
+        let mut b = BytesMut::new();
+        t.put(&mut b, 3, || Ok(b"v3".to_vec()));
+        assert_eq!(section(&b), Some(&b"v3"[..]));
+    }
+}
