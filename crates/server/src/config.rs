@@ -22,6 +22,17 @@ pub struct Config {
     pub kafka: KafkaConfig,
     pub rocketmq: RocketMqConfig,
     pub cluster: rokka_cluster::ClusterConfig,
+    pub security: SecurityConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SecurityConfig {
+    /// Rokka has no authentication yet: a listener on an address other
+    /// hosts can reach lets anyone read, write, delete topics and reset
+    /// offsets. Binding one refuses to start unless this is true (then
+    /// every start warns, naming the listeners).
+    pub allow_unauthenticated_non_loopback: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,6 +87,37 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The listeners this configuration opens on a non-loopback address
+    /// (any address other hosts may reach, the unspecified one included),
+    /// by config key.
+    pub fn non_loopback_listeners(&self) -> Vec<(&'static str, SocketAddr)> {
+        let mut out = Vec::new();
+        let mut check = |on: bool, key: &'static str, addr: SocketAddr| {
+            if on && !addr.ip().is_loopback() {
+                out.push((key, addr));
+            }
+        };
+        check(self.kafka.enabled, "kafka.listen", self.kafka.listen);
+        let rmq = self.rocketmq.enabled;
+        check(
+            rmq && self.rocketmq.broker_enabled,
+            "rocketmq.broker_listen",
+            self.rocketmq.broker_listen,
+        );
+        check(
+            rmq && self.rocketmq.namesrv_enabled,
+            "rocketmq.namesrv_listen",
+            self.rocketmq.namesrv_listen,
+        );
+        check(self.metrics.enabled, "metrics.listen", self.metrics.listen);
+        check(
+            self.cluster.enabled,
+            "cluster.replication_listen",
+            self.cluster.replication_listen,
+        );
+        out
+    }
+
     /// Parses TOML text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
@@ -127,6 +169,24 @@ mod tests {
                 assert!(present, "config/rokka.toml lacks [{section}] {key}");
             }
         }
+        Ok(())
+    }
+
+    #[test]
+    fn listeners_beyond_loopback_are_named() -> Result<(), ConfigError> {
+        assert!(
+            Config::default().non_loopback_listeners().is_empty(),
+            "the embedded default stays on loopback"
+        );
+        let c = Config::parse(
+            "[kafka]\nlisten = \"0.0.0.0:9092\"\n[rocketmq]\nbroker_listen = \"[::1]:10911\"\n\
+             namesrv_listen = \"10.1.2.3:9876\"\n[metrics]\nenabled = false\nlisten = \"0.0.0.0:9100\"\n\
+             [security]\nallow_unauthenticated_non_loopback = true\n",
+            "t.toml",
+        )?;
+        let keys: Vec<&str> = c.non_loopback_listeners().iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, ["kafka.listen", "rocketmq.namesrv_listen"]);
+        assert!(c.security.allow_unauthenticated_non_loopback);
         Ok(())
     }
 

@@ -130,6 +130,22 @@ fn main() -> ExitCode {
             }
         }
     }
+    // Safe by default: nothing listens beyond this host without the
+    // operator saying so (rokka has no authentication yet).
+    let open: Vec<String> = cfg
+        .non_loopback_listeners()
+        .iter()
+        .map(|(key, addr)| format!("{key} = {addr}"))
+        .collect();
+    if !open.is_empty() && !cfg.security.allow_unauthenticated_non_loopback {
+        eprintln!(
+            "rokka: refusing to start: {} is not a loopback address, and rokka has no authentication yet — \
+             anyone who reaches it could read, write and delete every topic and reset offsets. Bind 127.0.0.1, \
+             or set [security] allow_unauthenticated_non_loopback = true to run open on a network you trust.",
+            open.join(", ")
+        );
+        return ExitCode::from(2);
+    }
     let filter = EnvFilter::try_from_default_env().or_else(|_| EnvFilter::try_new(&cfg.log.level));
     let filter = match filter {
         Ok(f) => f,
@@ -139,6 +155,12 @@ fn main() -> ExitCode {
         }
     };
     tracing_subscriber::fmt().with_env_filter(filter).init();
+    if !open.is_empty() {
+        tracing::warn!(
+            listeners = %open.join(", "),
+            "running open: listeners beyond loopback with no authentication (security.allow_unauthenticated_non_loopback)"
+        );
+    }
     // Connections, segments and queue files are file descriptors: take the
     // hard limit (a soft limit of 1024 is common), as Kafka's scripts ask
     // operators to; the connection budgets then bound what clients use.
@@ -194,6 +216,7 @@ async fn serve(
         if let Some(n) = fd_limit {
             metrics::gauge!("rokka_fd_limit").set(n as f64);
         }
+        metrics::gauge!("rokka_security_open_listeners").set(cfg.non_loopback_listeners().len() as f64);
         tracing::info!(listen = %addr, "Prometheus metrics at /metrics");
         listeners.push(tokio::spawn(endpoint::serve(
             l,

@@ -102,6 +102,34 @@ fn bad_config_is_refused_naming_the_key() -> TestResult {
     Ok(())
 }
 
+#[test]
+fn a_listener_beyond_loopback_without_consent_is_refused_before_anything_is_bound() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("open.toml");
+    let data = dir.path().join("data");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[metrics]\nlisten = \"127.0.0.1:0\"\n[store]\ndata_dir = \"{}\"\n[kafka]\nlisten = \"0.0.0.0:0\"\n\
+             [rocketmq]\nnamesrv_listen = \"127.0.0.1:0\"\nbroker_listen = \"127.0.0.1:0\"\n",
+            data.display()
+        ),
+    )?;
+    let out = Command::new(env!("CARGO_BIN_EXE_rokka"))
+        .arg("--config")
+        .arg(&cfg)
+        .output()?;
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("kafka.listen = 0.0.0.0:0") && err.contains("allow_unauthenticated_non_loopback"),
+        "{err}"
+    );
+    assert!(!err.contains("metrics.listen"), "{err}");
+    assert!(!data.exists(), "the store was opened");
+    Ok(())
+}
+
 fn store_cfg(dir: &std::path::Path) -> rokka_store::StoreConfig {
     let mut c = rokka_store::StoreConfig::for_tests(dir);
     c.checkpoint_interval_ms = 3_600_000;
