@@ -40,11 +40,24 @@ pub struct SecurityConfig {
 pub struct LogConfig {
     /// Log filter (tracing `EnvFilter` syntax); `RUST_LOG` overrides it.
     pub level: String,
+    /// `text` (colours only on a terminal) or `json` (one object per line).
+    pub format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig { level: "info".into() }
+        LogConfig {
+            level: "info".into(),
+            format: LogFormat::Text,
+        }
     }
 }
 

@@ -5,6 +5,7 @@ mod config;
 mod endpoint;
 
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -154,7 +155,12 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    match cfg.log.format {
+        // Colour codes only for a terminal: a file or a collector gets text.
+        config::LogFormat::Text => logs.with_ansi(std::io::stdout().is_terminal()).init(),
+        config::LogFormat::Json => logs.json().init(),
+    }
     if !open.is_empty() {
         tracing::warn!(
             listeners = %open.join(", "),

@@ -87,6 +87,65 @@ fn serves_metrics_and_stops_cleanly_on_sigterm() -> TestResult {
     Ok(())
 }
 
+/// Starts rokka with `[log]` lines `log`, stdout to a file (not a
+/// terminal), waits until it has bound everything, stops it; its stdout.
+fn logs_of_a_run(log: &str) -> Result<String, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let cfg = dir.path().join("rokka.toml");
+    let ports = dir.path().join("ports.json");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[log]\n{log}\n[metrics]\nlisten = \"127.0.0.1:0\"\n[store]\ndata_dir = \"{}\"\npreallocate = false\n\
+             [kafka]\nlisten = \"127.0.0.1:0\"\n[rocketmq]\nnamesrv_listen = \"127.0.0.1:0\"\nbroker_listen = \"127.0.0.1:0\"\n",
+            dir.path().join("data").display()
+        ),
+    )?;
+    let out_path = dir.path().join("stdout.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rokka"))
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--ports-file")
+        .arg(&ports)
+        .stdout(std::fs::File::create(&out_path)?)
+        .stderr(Stdio::null())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reported_port(&ports, "kafka").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err("rokka did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err("rokka did not stop on SIGTERM".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(std::fs::read_to_string(out_path)?)
+}
+
+#[test]
+fn logs_to_a_file_carry_no_colour_codes_and_can_be_json() -> TestResult {
+    let text = logs_of_a_run("format = \"text\"")?;
+    assert!(text.contains("Kafka listener"), "{text}");
+    assert!(!text.contains('\u{1b}'), "colour codes in a file: {text}");
+    let json = logs_of_a_run("format = \"json\"")?;
+    let lines: Vec<&str> = json.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(lines.len() >= 3, "{json}");
+    for line in lines {
+        let v: serde_json::Value = serde_json::from_str(line)?;
+        assert!(v.get("level").is_some() && v.get("timestamp").is_some(), "{line}");
+    }
+    assert!(json.contains("Kafka listener"), "{json}");
+    Ok(())
+}
+
 #[test]
 fn bad_config_is_refused_naming_the_key() -> TestResult {
     let dir = tempfile::tempdir()?;
