@@ -72,7 +72,10 @@ impl ClusterView {
             .iter()
             .copied()
             .filter(|id| *id != self.self_id && self.members.contains(id))
-            .find(|id| self.node(*id).is_some_and(|n| n.rack == client_rack))
+            .find(|id| {
+                self.node(*id)
+                    .is_some_and(|n| n.rack == client_rack && !n.kafka.is_empty())
+            })
     }
 
     /// RocketMQ `suggestWhichBrokerId` for a pull whose first message is
@@ -107,6 +110,7 @@ mod tests {
             id,
             set: "a".into(),
             rack: format!("r{id}"),
+            kafka: format!("127.0.0.1:{}", 9090 + id),
             ..NodeInfo::default()
         };
         ClusterView {

@@ -383,7 +383,13 @@ impl KafkaTxns {
     /// log's form), taken under the log lock so no change is half in it.
     pub fn snapshot(&self) -> Result<Vec<u8>> {
         let log = lock(&self.log);
-        Ok(self.encoded(&log.path)?.0)
+        let (mut buf, _) = self.encoded(&log.path)?;
+        if buf.is_empty() {
+            // An empty table still goes out (a zero length means
+            // "unchanged" on the stream): one blank line, read as nothing.
+            buf.push(b'\n');
+        }
+        Ok(buf)
     }
 
     /// Changes persisted so far: a replica's copy is current while this
@@ -395,9 +401,36 @@ impl KafkaTxns {
     /// Cluster mode, replica: takes the master's snapshot as this node's
     /// state and log. Open transactions' first offsets are found again
     /// from the log ([`Broker::replace_kafka_txns`]).
-    fn replace_with(&self, snapshot: &[u8]) -> Result<()> {
+    fn replace_with(&self, snapshot: &[u8], first: impl Fn(&TxnMeta, &str, u32) -> Option<u64>) -> Result<()> {
         let mut log = lock(&self.log);
         let (txns, aborted) = parse_lines(snapshot, &log.path)?;
+        // The whole new state, open transactions' first offsets included,
+        // is built before it replaces the old: readers never see a table
+        // without them (an LSO that would let open records through).
+        let mut parts = Parts::default();
+        for ((t, p), list) in aborted {
+            if let Some(pt) = parts.entry(&t, p) {
+                pt.aborted = list;
+            }
+        }
+        let mut unresolved = Vec::new();
+        for m in txns.values().filter(|m| m.state == TxnState::Ongoing) {
+            for (topic, partition) in &m.partitions {
+                match first(m, topic, *partition) {
+                    Some(offset) => {
+                        if let Some(pt) = parts.entry(topic, *partition) {
+                            pt.ongoing.insert(m.producer_id, offset);
+                        }
+                    }
+                    None => unresolved.push(Unresolved {
+                        producer_id: m.producer_id,
+                        topic: topic.clone(),
+                        partition: *partition,
+                        start_ms: m.start_ms,
+                    }),
+                }
+            }
+        }
         if let Some(dir) = log.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
         }
@@ -405,13 +438,8 @@ impl KafkaTxns {
         log.file = None;
         log.lines = snapshot.iter().filter(|b| **b == b'\n').count() as u64;
         let by_pid = txns.values().map(|m| (m.producer_id, m.id.clone())).collect();
+        *lock(&self.unresolved) = unresolved;
         *lock(&self.inner) = Inner { txns, by_pid };
-        let mut parts = Parts::default();
-        for ((t, p), list) in aborted {
-            if let Some(pt) = parts.entry(&t, p) {
-                pt.aborted = list;
-            }
-        }
         *lock(&self.parts) = parts;
         Ok(())
     }
@@ -576,9 +604,11 @@ impl Broker {
     /// first offsets are found in the replicated log, so read_committed
     /// readers here and this node as the next master hold them back.
     pub fn replace_kafka_txns(&self, snapshot: &[u8]) -> Result<()> {
-        crate::offload(|| self.kafka_txns.replace_with(snapshot))?;
-        self.rebuild_open_transactions();
-        Ok(())
+        crate::offload(|| {
+            self.kafka_txns.replace_with(snapshot, |m, topic, partition| {
+                self.first_batch_of(topic, partition, m.producer_id, m.start_ms)
+            })
+        })
     }
 
     /// After a restart: finds the first offsets of transactions still open

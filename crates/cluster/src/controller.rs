@@ -189,14 +189,18 @@ impl Controller {
         let state_key = self.state_key();
         let topics_prefix = format!("{}topics/", self.prefix);
         let default_key = self.broker_default_key();
-        let mut broker_default: BTreeMap<String, String> = BTreeMap::new();
+        // None: absent; Some(None): there but unreadable.
+        let mut broker_default: Option<Option<BTreeMap<String, String>>> = None;
         for kv in resp.kvs() {
             let key = kv.key_str().unwrap_or("");
             if key == default_key {
-                match serde_json::from_slice(kv.value()) {
-                    Ok(m) => broker_default = m,
-                    Err(e) => tracing::warn!(key, error = %e, "unreadable cluster-default broker configs in etcd"),
-                }
+                broker_default = Some(match serde_json::from_slice(kv.value()) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        tracing::warn!(key, error = %e, "unreadable cluster-default broker configs in etcd; not applied");
+                        None
+                    }
+                });
             } else if let Some(name) = key.strip_prefix(&topics_prefix) {
                 if let Ok(t) = serde_json::from_slice::<TopicInfo>(kv.value()) {
                     topics.insert(name.to_string(), t);
@@ -326,9 +330,19 @@ impl Controller {
     /// BROKER "") live in etcd: a node that took such a change writes it
     /// (the last writer wins, as in Kafka), every node takes etcd's.
     /// Per-broker values stay with their node.
-    async fn sync_broker_default(&mut self, in_etcd: BTreeMap<String, String>) -> Res<()> {
+    async fn sync_broker_default(&mut self, in_etcd: Option<Option<BTreeMap<String, String>>>) -> Res<()> {
         let dynamic = self.sh.broker.dynamic_configs();
-        if let Some(mine) = dynamic.take_published() {
+        let mut mine = dynamic.take_published();
+        if mine.is_none() && in_etcd.is_none() {
+            // None in etcd yet (a cluster's first start, or nodes upgraded
+            // from before it was shared): this node's own default, if it
+            // has one, becomes the cluster's rather than being erased.
+            let local = dynamic.get(rokka_broker::dynamic::Scope::ClusterDefault);
+            if !local.is_empty() {
+                mine = Some(local);
+            }
+        }
+        if let Some(mine) = mine {
             let json = serde_json::to_vec(&mine).map_err(|e| e.to_string())?;
             if let Err(e) = self.client.put(self.broker_default_key(), json, None).await {
                 // Published on the next poll.
@@ -337,9 +351,12 @@ impl Controller {
             }
             return Ok(());
         }
-        dynamic
-            .adopt_cluster_default(in_etcd)
-            .map_err(|e| format!("cluster-default broker configs: {e}"))
+        match in_etcd {
+            Some(Some(m)) => dynamic
+                .adopt_cluster_default(m)
+                .map_err(|e| format!("cluster-default broker configs: {e}")),
+            _ => Ok(()),
+        }
     }
 
     /// The topic table lives in etcd: each node writes the topics it

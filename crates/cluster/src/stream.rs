@@ -8,7 +8,8 @@
 //! HELLO and WELCOME are JSON; FETCH is `from u64 | epoch u32 | max u32`;
 //! DATA is `hw u64 | epoch u32 | n u32 | n × (u32 length | entry) |
 //! u32 length | committed-offset table (JSON; empty when unchanged) |
-//! u32 length | Kafka transaction state (log lines; empty when unchanged)`.
+//! u32 length | Kafka transaction state (log lines; empty when unchanged) |
+//! u64 the master's count of transaction-state changes`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -192,8 +193,10 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
     let mut last_sent_end = store.log_end();
     // Committed offsets (and delay/timer progress, same table) and the
     // Kafka transaction coordinator's state go with the stream.
-    let mut offsets = Shipped::new("offsets");
-    let mut txns = Shipped::new("kafka_transactions");
+    let mut offsets = Shipped::new("offsets", Duration::from_millis(200));
+    // Transaction state at once: a replica holds its readers back while its
+    // copy is older than the master's (below).
+    let mut txns = Shipped::new("kafka_transactions", Duration::ZERO);
     loop {
         let (kind, mut body) = tokio::time::timeout(Duration::from_secs(30), read_frame(s, MAX_FETCH))
             .await
@@ -250,26 +253,30 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
         }
         offsets.put(&mut b, store.offsets().changes(), || Ok(store.offsets().snapshot()));
         let t = sh.broker.kafka_txns();
-        txns.put(&mut b, t.changes(), || t.snapshot().map_err(|e| e.to_string()));
+        let txn_changes = t.changes();
+        txns.put(&mut b, txn_changes, || t.snapshot().map_err(|e| e.to_string()));
+        b.put_u64(txn_changes);
         write_frame(s, DATA, &b).await?;
     }
 }
 
 /// One state table shipped whole with DATA frames when it changed: at most
-/// every 200 ms, and no more often than its size takes to send at 50 MB/s
+/// every `min_interval`, and no more often than its size takes to send at 50 MB/s
 /// (a large table does not crowd out the log); never one larger than
 /// [`MAX_SNAPSHOT`] (counted, logged once per stream).
 struct Shipped {
     table: &'static str,
+    min_interval: Duration,
     sent: Option<u64>,
     due: Instant,
     refused: bool,
 }
 
 impl Shipped {
-    fn new(table: &'static str) -> Shipped {
+    fn new(table: &'static str, min_interval: Duration) -> Shipped {
         Shipped {
             table,
+            min_interval,
             sent: None,
             due: Instant::now(),
             refused: false,
@@ -290,7 +297,7 @@ impl Shipped {
                 return;
             }
         };
-        self.due = Instant::now() + Duration::from_millis(200).max(Duration::from_nanos(snap.len() as u64 * 20));
+        self.due = Instant::now() + self.min_interval.max(Duration::from_nanos(snap.len() as u64 * 20));
         if snap.len() > MAX_SNAPSHOT {
             if !self.refused {
                 tracing::error!(
@@ -406,6 +413,8 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
         from = store.log_end(),
         "following the master"
     );
+    // The master's transaction-state change count this node's copy is of.
+    let mut applied_txn: Option<u64> = None;
     loop {
         if sh.role() != (Role::Replica { master, epoch }) {
             return Ok(());
@@ -447,7 +456,8 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
                     .map_err(|e| e.to_string())?;
             }
         }
-        // The transaction state, applied after the entries it may name.
+        // The transaction state, applied after the entries it may name,
+        // and the master's count of its changes.
         let txns = match body.remaining() >= 4 {
             true => {
                 let len = body.get_u32() as usize;
@@ -455,6 +465,10 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
             }
             false => None,
         };
+        let master_txn = (body.remaining() >= 8).then(|| body.get_u64());
+        if txns.is_some() {
+            applied_txn = master_txn;
+        }
         if !entries.is_empty() || txns.is_some() {
             let (st, ep, broker) = (Arc::clone(store), Arc::clone(&epochs), Arc::clone(&sh.broker));
             tokio::task::spawn_blocking(move || -> Result<(), String> {
@@ -474,7 +488,13 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
             .map_err(|e| e.to_string())??;
         }
         let end = store.log_end();
-        store.set_high_watermark(Some(hw.min(end)));
+        // While this copy of the transaction state is older than the
+        // master's, records just replicated may belong to a transaction it
+        // does not know is open: readers here stay where they were.
+        let stale = master_txn.is_some_and(|m| applied_txn.is_none_or(|a| a < m));
+        let next = hw.min(end);
+        let held = store.high_watermark().unwrap_or(0).min(next);
+        store.set_high_watermark(Some(if stale { held } else { next }));
         sh.set_replica_lag(hw.saturating_sub(end));
     }
 }
@@ -490,7 +510,7 @@ mod tests {
 
     #[test]
     fn a_table_goes_once_per_change_and_not_more_often_than_its_size_allows() {
-        let mut t = Shipped::new("offsets");
+        let mut t = Shipped::new("offsets", Duration::from_millis(200));
         let mut b = BytesMut::new();
         t.put(&mut b, 1, || Ok(b"v1".to_vec()));
         assert_eq!(section(&b), Some(&b"v1"[..]));

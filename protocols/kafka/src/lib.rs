@@ -114,17 +114,29 @@ pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch
 }
 
 /// Completes transactions a crash left prepared, then aborts timed-out
-/// ones and forgets expired transactional ids every second.
+/// ones and forgets expired transactional ids every second. In cluster
+/// mode only a master does either (a replica's state is its master's
+/// copy), and a node that has just become master first completes what the
+/// old master left prepared.
 async fn run_transactions(broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
-    if let Err(e) = broker.complete_prepared_transactions().await {
-        tracing::error!(error = %e, "completing prepared transactions failed");
-    }
+    // The store takes writes only on a master (always on a single node).
+    let is_master = |b: &Broker| b.store().is_leader() && b.cluster_view().is_none_or(|v| v.is_master());
+    let mut completed = false;
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
+        if !is_master(&broker) {
+            completed = false;
+        } else if !completed {
+            match broker.complete_prepared_transactions().await {
+                Ok(()) => completed = true,
+                Err(e) => tracing::error!(error = %e, "completing prepared transactions failed"),
+            }
+        } else {
+            broker.txn_expire(rokka_store::now_ms()).await;
+        }
         tokio::select! {
             _ = tick.tick() => {}
             _ = shutdown.changed() => return,
         }
-        broker.txn_expire(rokka_store::now_ms()).await;
     }
 }

@@ -240,7 +240,10 @@ impl FetchSessions {
                         c.sent_hw = p.high_watermark;
                         c.sent_lso = p.last_stable_offset;
                         c.sent_start = p.log_start_offset;
-                        moved || !pieces.is_empty() || p.error_code != 0
+                        // A redirect to a replica (KIP-392) always goes out,
+                        // as Kafka's fetch session sends it: dropped, the
+                        // client would ask again at once, never redirected.
+                        moved || !pieces.is_empty() || p.error_code != 0 || p.preferred_read_replica.0 >= 0
                     }
                     None => true,
                 };
@@ -344,5 +347,37 @@ mod tests {
         let mut r = req(b, 2, &[1, 2]);
         assert_eq!(s.begin(&mut r, 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
         assert_eq!(s.begin(&mut req(b, 3, &[]), 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
+    }
+
+    #[test]
+    fn an_incremental_fetch_keeps_a_redirect_to_a_replica() {
+        use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+        use kafka_protocol::messages::BrokerId;
+        let s = FetchSessions::new(4, 8, Duration::from_secs(60));
+        let Ok(Mode::New(id)) = s.begin(&mut req(0, 0, &[0]), 12) else {
+            panic!("no session")
+        };
+        let resp = |replica: i32| {
+            FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+                .with_topic(TopicName(StrBytes::from_static_str("t")))
+                .with_partitions(vec![PartitionData::default()
+                    .with_partition_index(0)
+                    .with_high_watermark(5)
+                    .with_last_stable_offset(5)
+                    .with_log_start_offset(0)
+                    .with_preferred_read_replica(BrokerId(replica))])])
+        };
+        // First answer in the session: sent, and its offsets recorded.
+        let mut r = resp(-1);
+        s.trim(id, false, 12, &mut r, &mut vec![Vec::new()]);
+        // Nothing new: left out of an incremental answer...
+        let mut r = resp(-1);
+        s.trim(id, true, 12, &mut r, &mut vec![Vec::new()]);
+        assert!(r.responses.iter().all(|t| t.partitions.is_empty()));
+        // ...but a redirect always goes out.
+        let mut r = resp(2);
+        s.trim(id, true, 12, &mut r, &mut vec![Vec::new()]);
+        assert_eq!(r.responses[0].partitions.len(), 1);
+        assert_eq!(r.responses[0].partitions[0].preferred_read_replica, BrokerId(2));
     }
 }

@@ -739,7 +739,7 @@ impl RocketMq {
             let (resp, next) = self.pull_once(req, &topic, q, offset, max_msgs, codes.as_deref());
             let now = Instant::now();
             if resp.code != rs::PULL_NOT_FOUND || sys_flag & 0x2 == 0 || now >= deadline {
-                if resp.code == rs::PULL_RETRY_IMMEDIATELY && sys_flag & 0x2 != 0 && now < deadline {
+                if resp.code == rs::PULL_RETRY_IMMEDIATELY && sys_flag & 0x2 != 0 && now < deadline && next > offset {
                     // Everything scanned was filtered out: keep going from there.
                     offset = next;
                     continue;
@@ -789,7 +789,7 @@ impl RocketMq {
         // Cluster mode with replica reads: a consumer far behind the log's
         // end is pointed at a replica, and back once caught up.
         let view = self.broker.cluster_view();
-        let suggest = view.as_ref().map_or(0, |v| {
+        let mut suggest = view.as_ref().map_or(0, |v| {
             let lag = read
                 .entries
                 .first()
@@ -875,6 +875,14 @@ impl RocketMq {
             ReadStatus::NoNewMessages => (rs::PULL_NOT_FOUND, offset, Bytes::new()),
             ReadStatus::NoSuchQueue if offset == 0 => (rs::PULL_NOT_FOUND, 0, Bytes::new()),
             ReadStatus::NoSuchQueue => (rs::PULL_OFFSET_MOVED, 0, Bytes::new()),
+            // A replica does not move a consumer's offset on its own
+            // bounds (its retention runs apart from the master's, and it may
+            // lag): it sends the consumer back to the master, as a RocketMQ
+            // slave does (offsetCheckInSlave off).
+            ReadStatus::OffsetMoved | ReadStatus::OffsetOverflow if view.as_ref().is_some_and(|v| !v.is_master()) => {
+                suggest = 0;
+                (rs::PULL_RETRY_IMMEDIATELY, offset, Bytes::new())
+            }
             ReadStatus::OffsetMoved => (rs::PULL_OFFSET_MOVED, min, Bytes::new()),
             ReadStatus::OffsetOverflow => (rs::PULL_OFFSET_MOVED, max, Bytes::new()),
             // A damaged entry is never served: an error, which clients
