@@ -28,19 +28,44 @@ fn get_metrics(port: u16) -> Option<String> {
     Some(out)
 }
 
-#[test]
-fn serves_metrics_and_stops_cleanly_on_sigterm() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let cfg = dir.path().join("rokka.toml");
-    let ports = dir.path().join("ports.json");
+/// A config for a node in `dir` with every listener on 127.0.0.1 port 0,
+/// data under `dir/data`, and `extra` TOML lines first.
+fn loopback_config(dir: &std::path::Path, extra: &str) -> std::io::Result<std::path::PathBuf> {
+    let cfg = dir.join("rokka.toml");
     std::fs::write(
         &cfg,
         format!(
-            "[metrics]\nlisten = \"127.0.0.1:0\"\n[store]\ndata_dir = \"{}\"\ncommitlog_segment_bytes = 8388608\npreallocate = false\n\
-             [kafka]\nlisten = \"127.0.0.1:0\"\n[rocketmq]\nnamesrv_listen = \"127.0.0.1:0\"\nbroker_listen = \"127.0.0.1:0\"\n",
-            dir.path().join("data").display()
+            "{extra}\n[metrics]\nlisten = \"127.0.0.1:0\"\n[store]\ndata_dir = \"{}\"\ncommitlog_segment_bytes = 8388608\n\
+             preallocate = false\n[kafka]\nlisten = \"127.0.0.1:0\"\n[rocketmq]\nnamesrv_listen = \"127.0.0.1:0\"\n\
+             broker_listen = \"127.0.0.1:0\"\n",
+            dir.join("data").display()
         ),
     )?;
+    Ok(cfg)
+}
+
+/// SIGTERM to `child`, then its exit status (an error after 20 s).
+fn stop(child: &mut std::process::Child) -> Result<std::process::ExitStatus, Box<dyn std::error::Error>> {
+    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err("rokka did not stop on SIGTERM".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn serves_metrics_and_stops_cleanly_on_sigterm() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = loopback_config(dir.path(), "")?;
+    let ports = dir.path().join("ports.json");
     let mut child = Command::new(env!("CARGO_BIN_EXE_rokka"))
         .arg("--config")
         .arg(&cfg)
@@ -68,19 +93,7 @@ fn serves_metrics_and_stops_cleanly_on_sigterm() -> TestResult {
         TcpStream::connect(("127.0.0.1", port))?;
     }
     assert!(dir.path().join("data/abort").exists());
-    let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let exit = loop {
-        if let Some(s) = child.try_wait()? {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            return Err("rokka did not stop on SIGTERM".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let exit = stop(&mut child)?;
     assert!(exit.success(), "exit status {exit}");
     assert!(!dir.path().join("data/abort").exists(), "abort marker left behind");
     assert!(dir.path().join("data/checkpoint").exists());
@@ -91,16 +104,8 @@ fn serves_metrics_and_stops_cleanly_on_sigterm() -> TestResult {
 /// terminal), waits until it has bound everything, stops it; its stdout.
 fn logs_of_a_run(log: &str) -> Result<String, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let cfg = dir.path().join("rokka.toml");
+    let cfg = loopback_config(dir.path(), &format!("[log]\n{log}"))?;
     let ports = dir.path().join("ports.json");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[log]\n{log}\n[metrics]\nlisten = \"127.0.0.1:0\"\n[store]\ndata_dir = \"{}\"\npreallocate = false\n\
-             [kafka]\nlisten = \"127.0.0.1:0\"\n[rocketmq]\nnamesrv_listen = \"127.0.0.1:0\"\nbroker_listen = \"127.0.0.1:0\"\n",
-            dir.path().join("data").display()
-        ),
-    )?;
     let out_path = dir.path().join("stdout.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_rokka"))
         .arg("--config")
@@ -118,15 +123,7 @@ fn logs_of_a_run(log: &str) -> Result<String, Box<dyn std::error::Error>> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Command::new("kill").args(["-TERM", &child.id().to_string()]).status()?;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait()?.is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            return Err("rokka did not stop on SIGTERM".into());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    stop(&mut child)?;
     Ok(std::fs::read_to_string(out_path)?)
 }
 
