@@ -28,15 +28,15 @@ fn get_metrics(port: u16) -> Option<String> {
     Some(out)
 }
 
-/// A config for a node in `dir` with every listener on 127.0.0.1 port 0,
-/// data under `dir/data`, and `extra` TOML lines first.
-fn loopback_config(dir: &std::path::Path, extra: &str) -> std::io::Result<std::path::PathBuf> {
+/// A config for a node in `dir` with every listener on 127.0.0.1 port 0
+/// (Kafka's on `kafka`), data under `dir/data`, and `extra` TOML lines first.
+fn node_config(dir: &std::path::Path, extra: &str, kafka: &str) -> std::io::Result<std::path::PathBuf> {
     let cfg = dir.join("rokka.toml");
     std::fs::write(
         &cfg,
         format!(
             "{extra}\n[metrics]\nlisten = \"127.0.0.1:0\"\n[store]\ndata_dir = \"{}\"\ncommitlog_segment_bytes = 8388608\n\
-             preallocate = false\n[kafka]\nlisten = \"127.0.0.1:0\"\n[rocketmq]\nnamesrv_listen = \"127.0.0.1:0\"\n\
+             preallocate = false\n[kafka]\nlisten = \"{kafka}\"\n[rocketmq]\nnamesrv_listen = \"127.0.0.1:0\"\n\
              broker_listen = \"127.0.0.1:0\"\n",
             dir.join("data").display()
         ),
@@ -64,7 +64,7 @@ fn stop(child: &mut std::process::Child) -> Result<std::process::ExitStatus, Box
 #[test]
 fn serves_metrics_and_stops_cleanly_on_sigterm() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let cfg = loopback_config(dir.path(), "")?;
+    let cfg = node_config(dir.path(), "", "127.0.0.1:0")?;
     let ports = dir.path().join("ports.json");
     let mut child = Command::new(env!("CARGO_BIN_EXE_rokka"))
         .arg("--config")
@@ -104,7 +104,7 @@ fn serves_metrics_and_stops_cleanly_on_sigterm() -> TestResult {
 /// terminal), waits until it has bound everything, stops it; its stdout.
 fn logs_of_a_run(log: &str) -> Result<String, Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let cfg = loopback_config(dir.path(), &format!("[log]\n{log}"))?;
+    let cfg = node_config(dir.path(), &format!("[log]\n{log}"), "127.0.0.1:0")?;
     let ports = dir.path().join("ports.json");
     let out_path = dir.path().join("stdout.log");
     let mut child = Command::new(env!("CARGO_BIN_EXE_rokka"))
@@ -161,16 +161,8 @@ fn bad_config_is_refused_naming_the_key() -> TestResult {
 #[test]
 fn a_listener_beyond_loopback_without_consent_is_refused_before_anything_is_bound() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let cfg = dir.path().join("open.toml");
+    let cfg = node_config(dir.path(), "", "0.0.0.0:0")?;
     let data = dir.path().join("data");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[metrics]\nlisten = \"127.0.0.1:0\"\n[store]\ndata_dir = \"{}\"\n[kafka]\nlisten = \"0.0.0.0:0\"\n\
-             [rocketmq]\nnamesrv_listen = \"127.0.0.1:0\"\nbroker_listen = \"127.0.0.1:0\"\n",
-            data.display()
-        ),
-    )?;
     let out = Command::new(env!("CARGO_BIN_EXE_rokka"))
         .arg("--config")
         .arg(&cfg)
