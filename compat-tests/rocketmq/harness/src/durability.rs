@@ -73,24 +73,24 @@ fn one_line(e: &dyn std::fmt::Display) -> String {
     e.to_string().replace(['\n', '\r'], " ")
 }
 
-/// The client configuration every scenario here starts from: the client's
-/// defaults, with the route poll interval from `ROKKA_RMQ_POLL_NAMESRV_MS`
-/// when set (the cluster suite uses the client's minimum, 10 s, so a
-/// failover reaches the client within one poll; the default is 30 s).
-fn base_config() -> ClientConfig {
+/// The client's defaults with the route poll interval from
+/// `ROKKA_RMQ_POLL_NAMESRV_MS` (the cluster suite uses the client's minimum,
+/// 10 s, so a failover reaches the client within one poll; the default is
+/// 30 s); None when it is not set, so other suites keep the builders' own
+/// defaults untouched.
+fn poll_config() -> Option<ClientConfig> {
+    let ms = std::env::var("ROKKA_RMQ_POLL_NAMESRV_MS").ok()?.parse().ok()?;
     let mut cfg = ClientConfig::default();
-    if let Some(ms) = std::env::var("ROKKA_RMQ_POLL_NAMESRV_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        cfg.set_poll_name_server_interval(ms);
-    }
-    cfg
+    cfg.set_poll_name_server_interval(ms);
+    Some(cfg)
 }
 
 async fn start_producer(rt: &Arc<ClientRuntime>, namesrv: &str, group: &str) -> ClientResult<DefaultMQProducer> {
-    let mut p = DefaultMQProducer::builder(Arc::clone(rt))
-        .client_config(base_config())
+    let mut b = DefaultMQProducer::builder(Arc::clone(rt));
+    if let Some(cfg) = poll_config() {
+        b = b.client_config(cfg);
+    }
+    let mut p = b
         .producer_group(group.to_string())
         .name_server_addr(namesrv.to_string())
         .default_topic_queue_nums(4)
@@ -245,7 +245,7 @@ pub async fn consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) ->
     let stop_file = args.get(5).cloned();
     let stopped = || stop_file.as_deref().is_some_and(|f| std::path::Path::new(f).exists());
     let count = Arc::new(Mutex::new(0usize));
-    let mut cfg = base_config();
+    let mut cfg = poll_config().unwrap_or_default();
     cfg.set_persist_consumer_offset_interval(1000);
     let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
         .client_config(cfg)
