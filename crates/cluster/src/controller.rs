@@ -352,8 +352,8 @@ impl Controller {
             return Ok(());
         }
         match in_etcd {
-            Some(Some(m)) => dynamic
-                .adopt_cluster_default(m)
+            // Writes and fsyncs the node's file: off the async worker.
+            Some(Some(m)) => tokio::task::block_in_place(|| dynamic.adopt_cluster_default(m))
                 .map_err(|e| format!("cluster-default broker configs: {e}")),
             _ => Ok(()),
         }
