@@ -113,11 +113,12 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
     let mut any_error = false;
     // READ_COMMITTED (isolation level 1): only offsets below the last stable one.
     let read_committed = r.isolation_level == 1;
-    let epoch = errors::leader_epoch(k);
     // Cluster mode: the master may point a consumer at a replica in its
     // rack (KIP-392); a replica serves consumers up to the high watermark,
     // but only those that can be pointed back (v11+), as Kafka's followers.
+    // One look at the view per collect (its epoch too).
     let view = broker.cluster_view();
+    let epoch = view.as_ref().map_or(0, |v| v.epoch as i32);
     let preferred = match &view {
         Some(v) if version >= 11 => v.preferred_read_replica(r.rack_id.as_str()),
         _ => None,
