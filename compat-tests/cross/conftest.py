@@ -28,7 +28,7 @@ class Delivery:
     """One message as the RocketMQ push consumer saw it."""
 
     def __init__(self, line):
-        q, off, born, body, keys, tags, props = line.split(" ")
+        q, off, born, body, keys, tags, props, self.store_host = line.split(" ")
         self.queue, self.offset, self.born = int(q), int(off), int(born)
         self.body, self.keys, self.tags = _unhex(body), _unhex(keys).decode(), _unhex(tags).decode()
         self.props = {}

@@ -24,6 +24,22 @@ pub struct NodeInfo {
     pub rack: String,
 }
 
+/// One broker set as this node last saw it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetView {
+    pub name: String,
+    /// Its master, if one is elected and alive.
+    pub master: Option<u32>,
+    /// Its epoch (Kafka leader epoch of its partitions).
+    pub epoch: u32,
+    /// Its sync state set (Kafka ISR), master included.
+    pub sss: Vec<u32>,
+    /// Its live nodes.
+    pub members: Vec<u32>,
+    /// Marked draining: takes no new placements.
+    pub draining: bool,
+}
+
 /// The cluster as this node last saw it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterView {
@@ -45,11 +61,45 @@ pub struct ClusterView {
     pub read_from_replicas: bool,
     /// `cluster.replica_read_lag_bytes`.
     pub replica_read_lag_bytes: u64,
+    /// Every broker set with a state in etcd or a live node, by name (this
+    /// node's own included).
+    pub sets: Vec<SetView>,
 }
 
 impl ClusterView {
     pub fn node(&self, id: u32) -> Option<&NodeInfo> {
         self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// The broker set named `name`.
+    pub fn set_named(&self, name: &str) -> Option<&SetView> {
+        self.sets.iter().find(|s| s.name == name)
+    }
+
+    /// Sets that take new topics and partitions: those not draining.
+    pub fn placeable_sets(&self) -> Vec<String> {
+        self.sets
+            .iter()
+            .filter(|s| !s.draining)
+            .map(|s| s.name.clone())
+            .collect()
+    }
+
+    /// The broker set that coordinates Kafka group (or transactional id)
+    /// `key`: every set by name, picked by a hash of the key (the one set
+    /// when there is one).
+    pub fn coordinator_set(&self, key: &str) -> Option<&SetView> {
+        if self.sets.is_empty() {
+            return None;
+        }
+        let i = crc32fast::hash(key.as_bytes()) as usize % self.sets.len();
+        self.sets.get(i)
+    }
+
+    /// Whether this node coordinates `key` now (its set's master, and the
+    /// set the key hashes to).
+    pub fn coordinates(&self, key: &str) -> bool {
+        self.is_master() && self.coordinator_set(key).is_none_or(|s| s.name == self.set)
     }
 
     /// Whether this node is its set's master.

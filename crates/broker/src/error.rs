@@ -26,6 +26,10 @@ pub enum BrokerError {
     /// A stored entry a compaction pass cannot read.
     #[error("compaction: {0}")]
     Corrupt(String),
+    /// Cluster mode: this node does not know the cluster yet (it has just
+    /// started) or cannot reach etcd, so it cannot create a topic now.
+    #[error("the cluster is not known yet or not reachable; retry")]
+    ClusterNotReady,
 }
 
 impl BrokerError {
@@ -37,7 +41,11 @@ impl BrokerError {
             BrokerError::Store(
                 S::MessageTooLarge { .. } | S::PropertiesTooLarge(_) | S::InvalidTopic(_) | S::InvalidBatch(_),
             ) => false,
-            BrokerError::Store(_) | BrokerError::Io(..) | BrokerError::BadFile { .. } | BrokerError::Corrupt(_) => true,
+            BrokerError::Store(_)
+            | BrokerError::Io(..)
+            | BrokerError::BadFile { .. }
+            | BrokerError::Corrupt(_)
+            | BrokerError::ClusterNotReady => true,
             BrokerError::UnknownTopic(_)
             | BrokerError::UnknownPartition { .. }
             | BrokerError::TopicExists(_)

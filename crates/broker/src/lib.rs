@@ -15,6 +15,7 @@ pub mod kafka_txn;
 pub mod limits;
 pub mod membership;
 pub mod producers;
+pub mod remote;
 pub mod schedule;
 pub mod scrape;
 pub mod timer;
@@ -31,12 +32,14 @@ pub use arrivals::Arrivals;
 pub use config::BrokerConfig;
 pub use error::{BrokerError, Result};
 pub use producers::{ProducerLimits, ProducerStates, SequenceCheck};
-pub use topics::{TopicInfo, TopicTable};
+pub use topics::{Located, QueueRef, TopicInfo, TopicTable};
 
-/// Topics one node created or deleted, for the cluster controller.
+/// Topics one node created, changed (partitions added, configs) or
+/// deleted, for the cluster controller.
 #[derive(Debug, Default, Clone)]
 pub struct TopicChanges {
     pub created: std::collections::BTreeSet<String>,
+    pub changed: std::collections::BTreeSet<String>,
     pub deleted: std::collections::BTreeSet<String>,
 }
 
@@ -69,9 +72,15 @@ pub struct Broker {
     dynamic: dynamic::DynamicConfigs,
     /// Cluster mode: the cluster as last seen (None on a single node).
     cluster: std::sync::RwLock<Option<Arc<cluster_view::ClusterView>>>,
-    /// Cluster mode: topics this node created or deleted that the
-    /// controller has not yet written to etcd.
+    /// Cluster mode: topics this node created, changed or deleted that
+    /// the controller has not yet written to etcd.
     topic_changes: std::sync::Mutex<TopicChanges>,
+    /// Cluster mode: this node's broker set (set once at start).
+    own_set: std::sync::OnceLock<String>,
+    /// Cluster mode: other sets' committed offsets (set once at start).
+    remote_offsets: std::sync::OnceLock<Arc<dyn remote::RemoteOffsets>>,
+    /// Cluster mode: where new topics are created first (etcd).
+    cluster_topics: std::sync::OnceLock<Arc<dyn remote::ClusterTopics>>,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
     lag: std::sync::Mutex<Vec<(String, String, u32, u64)>>,
     config: BrokerConfig,
@@ -128,6 +137,9 @@ impl Broker {
             dynamic,
             cluster: std::sync::RwLock::new(None),
             topic_changes: std::sync::Mutex::new(TopicChanges::default()),
+            own_set: std::sync::OnceLock::new(),
+            remote_offsets: std::sync::OnceLock::new(),
+            cluster_topics: std::sync::OnceLock::new(),
             store,
             topics,
             arrivals,
@@ -197,13 +209,52 @@ impl Broker {
             )));
         }
         let compact = self.resolve_topic_config(&configs).compact;
-        if !offload(|| self.topics.create_with(name, partitions, configs))? {
+        // Several broker sets: the partitions are placed over the sets
+        // that take placements; this node holds its own set's queues.
+        let (local, placement) = match (self.own_set(), self.cluster_view()) {
+            (Some(own), Some(view)) if !view.sets.is_empty() => {
+                let sets = view.placeable_sets();
+                if sets.is_empty() {
+                    return Err(BrokerError::InvalidPartitions(
+                        "no broker set takes new topics (every set is draining)".into(),
+                    ));
+                }
+                let mut placement = Vec::with_capacity(partitions as usize);
+                TopicInfo::place(name, &mut placement, partitions, &sets);
+                let local = placement.iter().filter(|r| r.set == own).count() as u32;
+                (local, placement)
+            }
+            // Cluster mode before the first look at etcd: where the
+            // partitions go is not known yet.
+            (Some(_), None) => return Err(BrokerError::ClusterNotReady),
+            _ => (partitions, Vec::new()),
+        };
+        let info = TopicTable::new_info(local, configs, placement);
+        // Cluster mode: the cluster's table decides first; a topic another
+        // node created meanwhile is taken as it is there.
+        if let (Some(own), Some(cluster)) = (self.own_set(), self.cluster_topics.get()) {
+            match offload(|| cluster.create(name, &info.cluster_form())) {
+                Ok(None) => {}
+                Ok(Some(existing)) => {
+                    let existing = existing.local_form(own);
+                    if self.topics.get(name).as_ref() != Some(&existing) {
+                        self.apply_topic(name, existing)?;
+                    }
+                    return Err(BrokerError::TopicExists(name.to_string()));
+                }
+                Err(e) => {
+                    tracing::warn!(topic = name, error = e, "creating a topic in the cluster failed");
+                    return Err(BrokerError::ClusterNotReady);
+                }
+            }
+        }
+        if !offload(|| self.topics.insert_new(name, info))? {
             return Err(BrokerError::TopicExists(name.to_string()));
         }
         if compact {
             offload(|| self.store.set_compacted(name, true))?;
         }
-        tracing::info!(topic = name, partitions, "topic created");
+        tracing::info!(topic = name, partitions, here = local, "topic created");
         if self.cluster_view().is_some() {
             let mut c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());
             c.deleted.remove(name);
@@ -212,6 +263,72 @@ impl Broker {
         self.topics
             .get(name)
             .ok_or_else(|| BrokerError::UnknownTopic(name.to_string()))
+    }
+
+    /// Cluster mode: this node's broker set.
+    pub fn own_set(&self) -> Option<&str> {
+        self.own_set.get().map(String::as_str)
+    }
+
+    /// Cluster mode: names this node's broker set (once, at start).
+    pub fn set_own_set(&self, set: &str) {
+        let _ = self.own_set.set(set.to_string());
+    }
+
+    /// Cluster mode: the cluster's topic table new topics go to first.
+    pub fn set_cluster_topics(&self, t: Arc<dyn remote::ClusterTopics>) {
+        let _ = self.cluster_topics.set(t);
+    }
+
+    /// Cluster mode: how other sets' committed offsets are reached.
+    pub fn set_remote_offsets(&self, r: Arc<dyn remote::RemoteOffsets>) {
+        let _ = self.remote_offsets.set(r);
+    }
+
+    /// Other sets' committed offsets (None: single node, or not wired).
+    pub fn remote_offsets(&self) -> Option<&Arc<dyn remote::RemoteOffsets>> {
+        self.remote_offsets.get()
+    }
+
+    /// Where Kafka partition `p` of `topic` lives for this node; None: no
+    /// such topic.
+    pub fn locate(&self, topic: &str, p: i32) -> Option<Located> {
+        self.topics.locate(topic, p, self.own_set())
+    }
+
+    fn topic_changed(&self, name: &str) {
+        if self.cluster_view().is_some() {
+            let mut c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());
+            c.changed.insert(name.to_string());
+        }
+    }
+
+    /// Cluster mode: whether a change of `name` waits to be written to etcd
+    /// (etcd's older record is not applied over it meanwhile).
+    pub fn topic_change_pending(&self, name: &str) -> bool {
+        let c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());
+        c.created.contains(name) || c.changed.contains(name) || c.deleted.contains(name)
+    }
+
+    /// Cluster mode: gives a topic created before placements existed (or
+    /// before this node knew its cluster) the placement it has in fact:
+    /// every partition `p` is queue `p` of this node's set.
+    pub fn place_here(&self, name: &str) -> Result<()> {
+        let (Some(own), Some(mut info)) = (self.own_set(), self.topics.get(name)) else {
+            return Ok(());
+        };
+        if !info.placement.is_empty() {
+            return Ok(());
+        }
+        info.placement = (0..info.partitions)
+            .map(|queue| QueueRef {
+                set: own.to_string(),
+                queue,
+            })
+            .collect();
+        offload(|| self.topics.upsert(name, info))?;
+        self.topic_changed(name);
+        Ok(())
     }
 
     /// The topic, created with `partitions` (or the default) when
@@ -376,6 +493,7 @@ impl Broker {
         let compact = self.resolve_topic_config(&configs).compact;
         offload(|| self.topics.set_configs(name, configs))?;
         offload(|| self.store.set_compacted(name, compact))?;
+        self.topic_changed(name);
         tracing::info!(topic = name, "topic configs changed");
         Ok(())
     }
@@ -430,7 +548,10 @@ impl Broker {
                 self.config.max_partitions
             )));
         }
-        self.topics.set_partitions(name, partitions)
+        let sets = self.cluster_view().map(|v| v.placeable_sets()).unwrap_or_default();
+        offload(|| self.topics.set_partitions(name, partitions, self.own_set(), &sets))?;
+        self.topic_changed(name);
+        Ok(())
     }
 
     fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {

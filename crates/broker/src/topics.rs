@@ -22,12 +22,130 @@ pub struct TopicInfo {
     /// Kafka topic-config overrides (validated by [`crate::topic_config`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub configs: BTreeMap<String, String>,
+    /// Cluster mode with several broker sets: where each Kafka partition
+    /// lives, in partition order (docs/decisions/0005). Empty: every
+    /// partition `p` is queue `p` of this node's set. In this node's table
+    /// `partitions` counts the queues placed on its own set; in etcd it
+    /// counts them all ([`TopicInfo::cluster_form`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placement: Vec<QueueRef>,
+}
+
+/// One Kafka partition's place: a queue of a broker set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueRef {
+    pub set: String,
+    pub queue: u32,
+}
+
+/// Where a Kafka partition is, seen from one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Located {
+    /// On this node's set, as this queue.
+    Here(u32),
+    /// On another broker set.
+    OtherSet,
+    /// No such partition.
+    Unknown,
 }
 
 impl TopicInfo {
     /// Whether `partition` (as a Kafka client sends it: signed) exists.
     pub fn has_partition(&self, partition: i32) -> bool {
-        u32::try_from(partition).is_ok_and(|p| p < self.partitions)
+        u32::try_from(partition).is_ok_and(|p| p < self.kafka_partitions())
+    }
+
+    /// How many partitions Kafka clients see (every set's).
+    pub fn kafka_partitions(&self) -> u32 {
+        if self.placement.is_empty() {
+            self.partitions
+        } else {
+            self.placement.len() as u32
+        }
+    }
+
+    /// Where Kafka partition `p` lives, seen from a node of `set` (None:
+    /// single-node mode).
+    pub fn locate(&self, p: i32, set: Option<&str>) -> Located {
+        let Ok(pu) = u32::try_from(p) else {
+            return Located::Unknown;
+        };
+        if self.placement.is_empty() {
+            return if pu < self.partitions {
+                Located::Here(pu)
+            } else {
+                Located::Unknown
+            };
+        }
+        match self.placement.get(pu as usize) {
+            None => Located::Unknown,
+            Some(r) if Some(r.set.as_str()) == set => Located::Here(r.queue),
+            Some(_) => Located::OtherSet,
+        }
+    }
+
+    /// The Kafka partition that is queue `queue` of `set`.
+    pub fn kafka_partition_of(&self, set: Option<&str>, queue: u32) -> Option<i32> {
+        if self.placement.is_empty() {
+            return (queue < self.partitions).then_some(queue as i32);
+        }
+        self.placement
+            .iter()
+            .position(|r| Some(r.set.as_str()) == set && r.queue == queue)
+            .map(|p| p as i32)
+    }
+
+    /// How many queues `set` holds.
+    pub fn queues_on(&self, set: &str) -> u32 {
+        self.placement.iter().filter(|r| r.set == set).count() as u32
+    }
+
+    /// The form etcd holds: `partitions` counts every set's.
+    pub fn cluster_form(&self) -> TopicInfo {
+        TopicInfo {
+            partitions: self.kafka_partitions(),
+            ..self.clone()
+        }
+    }
+
+    /// The form a node of `set` holds: `partitions` counts its own queues.
+    pub fn local_form(mut self, set: &str) -> TopicInfo {
+        if !self.placement.is_empty() {
+            self.partitions = self.queues_on(set);
+        }
+        self
+    }
+
+    /// Places partitions `placement.len()..total` over `sets` (the sets
+    /// taking placements, any order): each new partition goes to the set
+    /// that holds the fewest of this topic's, ties in an order that starts
+    /// at a hash of the topic name, so small topics do not all start on
+    /// one set. Each set's queues stay contiguous (RocketMQ clients see a
+    /// queue count per broker).
+    pub fn place(name: &str, placement: &mut Vec<QueueRef>, total: u32, sets: &[String]) {
+        if sets.is_empty() {
+            return;
+        }
+        let mut sets: Vec<&String> = sets.iter().collect();
+        sets.sort();
+        sets.dedup();
+        let start = (crc32fast::hash(name.as_bytes()) as usize) % sets.len();
+        let order: Vec<&String> = sets[start..].iter().chain(sets[..start].iter()).copied().collect();
+        let mut held: Vec<u32> = order
+            .iter()
+            .map(|s| placement.iter().filter(|r| &r.set == *s).count() as u32)
+            .collect();
+        while (placement.len() as u32) < total {
+            // The first of the least loaded, in hash order.
+            let Some((i, _)) = held.iter().enumerate().min_by_key(|(i, h)| (**h, *i)) else {
+                return;
+            };
+            placement.push(QueueRef {
+                set: order[i].clone(),
+                queue: held[i],
+            });
+            held[i] += 1;
+        }
     }
 }
 
@@ -118,50 +236,86 @@ impl TopicTable {
         t.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
-    /// Creates `name` with `partitions`; `Ok(false)` if it already exists.
-    pub fn create(&self, name: &str, partitions: u32) -> Result<bool> {
-        self.create_with(name, partitions, BTreeMap::new())
+    /// Where Kafka partition `p` of `name` lives (no copy of the table);
+    /// None: no such topic.
+    pub fn locate(&self, name: &str, p: i32, set: Option<&str>) -> Option<Located> {
+        let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
+        t.get(name).map(|i| i.locate(p, set))
     }
 
-    /// Creates `name` with `partitions` and config overrides; `Ok(false)`
-    /// if it already exists.
-    pub fn create_with(&self, name: &str, partitions: u32, configs: BTreeMap<String, String>) -> Result<bool> {
-        let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
-        if t.contains_key(name) {
-            return Ok(false);
-        }
+    /// Creates `name` with `partitions`; `Ok(false)` if it already exists.
+    pub fn create(&self, name: &str, partitions: u32) -> Result<bool> {
+        self.create_with(name, partitions, BTreeMap::new(), Vec::new())
+    }
+
+    /// Creates `name` with `partitions` (this node's queues), config
+    /// overrides and a placement (several broker sets); `Ok(false)` if it
+    /// already exists.
+    pub fn create_with(
+        &self,
+        name: &str,
+        partitions: u32,
+        configs: BTreeMap<String, String>,
+        placement: Vec<QueueRef>,
+    ) -> Result<bool> {
+        self.insert_new(name, TopicTable::new_info(partitions, configs, placement))
+    }
+
+    /// A new topic's record: a fresh topic id, created now.
+    pub fn new_info(partitions: u32, configs: BTreeMap<String, String>, placement: Vec<QueueRef>) -> TopicInfo {
         let mut id = [0u8; 16];
         rand::Rng::fill(&mut rand::thread_rng(), &mut id[..]);
         // RFC 4122 version 4, as Kafka's Uuid.randomUuid.
         id[6] = (id[6] & 0x0f) | 0x40;
         id[8] = (id[8] & 0x3f) | 0x80;
-        t.insert(
-            name.to_string(),
-            TopicInfo {
-                partitions,
-                topic_id: id,
-                created_ms: rokka_store::now_ms(),
-                configs,
-            },
-        );
+        TopicInfo {
+            partitions,
+            topic_id: id,
+            created_ms: rokka_store::now_ms(),
+            configs,
+            placement,
+        }
+    }
+
+    /// Adds `name` as `info`; `Ok(false)` if it already exists.
+    pub fn insert_new(&self, name: &str, info: TopicInfo) -> Result<bool> {
+        let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
+        if t.contains_key(name) {
+            return Ok(false);
+        }
+        t.insert(name.to_string(), info);
         self.persist(&t)?;
         self.changed();
         Ok(true)
     }
 
-    /// Raises the partition count; errors if `partitions` is not larger.
-    pub fn set_partitions(&self, name: &str, partitions: u32) -> Result<()> {
+    /// Raises the partition count (as Kafka clients count them) to
+    /// `partitions`; errors if it is not larger. A placed topic's new
+    /// partitions are placed over `sets` and this node's queue count
+    /// becomes what its set `own` holds.
+    pub fn set_partitions(&self, name: &str, partitions: u32, own: Option<&str>, sets: &[String]) -> Result<()> {
         let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
         let info = t
             .get_mut(name)
             .ok_or_else(|| BrokerError::UnknownTopic(name.to_string()))?;
-        if partitions <= info.partitions {
+        if partitions <= info.kafka_partitions() {
             return Err(BrokerError::InvalidPartitions(format!(
                 "topic {name} has {} partitions; the new count must be larger",
-                info.partitions
+                info.kafka_partitions()
             )));
         }
-        info.partitions = partitions;
+        match own {
+            Some(own) if !info.placement.is_empty() => {
+                if sets.is_empty() {
+                    return Err(BrokerError::InvalidPartitions(
+                        "no broker set takes new partitions (every set is draining)".into(),
+                    ));
+                }
+                TopicInfo::place(name, &mut info.placement, partitions, sets);
+                info.partitions = info.queues_on(own);
+            }
+            _ => info.partitions = partitions,
+        }
         self.persist(&t)?;
         self.changed();
         Ok(())
@@ -214,5 +368,110 @@ impl TopicTable {
             self.changed();
         }
         Ok(had)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sets(names: &[&str]) -> Vec<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn info(placement: Vec<QueueRef>, own: &str) -> TopicInfo {
+        TopicInfo {
+            partitions: 0,
+            topic_id: [0; 16],
+            created_ms: 0,
+            configs: BTreeMap::new(),
+            placement,
+        }
+        .local_form(own)
+    }
+
+    #[test]
+    fn partitions_spread_round_robin_with_contiguous_queues_per_set() {
+        let mut p = Vec::new();
+        TopicInfo::place("orders", &mut p, 12, &sets(&["b", "a"]));
+        assert_eq!(p.len(), 12);
+        for set in ["a", "b"] {
+            let queues: Vec<u32> = p.iter().filter(|r| r.set == set).map(|r| r.queue).collect();
+            assert_eq!(queues, (0..6).collect::<Vec<_>>(), "{set}: {p:?}");
+        }
+        // Alternating: neighbours are on different sets.
+        assert!(p.windows(2).all(|w| w[0].set != w[1].set), "{p:?}");
+        // Growing appends and keeps what was placed.
+        let before = p.clone();
+        TopicInfo::place("orders", &mut p, 15, &sets(&["a", "b", "c"]));
+        assert_eq!(&p[..12], &before[..]);
+        let new: Vec<&str> = p[12..].iter().map(|r| r.set.as_str()).collect();
+        assert_eq!(new, vec!["c", "c", "c"], "the empty set fills first");
+        assert_eq!(p[12].queue, 0);
+        assert_eq!(p[14].queue, 2);
+    }
+
+    #[test]
+    fn a_small_topic_starts_on_a_set_chosen_by_its_name() {
+        let firsts: std::collections::BTreeSet<String> = (0..20)
+            .map(|i| {
+                let mut p = Vec::new();
+                TopicInfo::place(&format!("t{i}"), &mut p, 1, &sets(&["a", "b"]));
+                p[0].set.clone()
+            })
+            .collect();
+        assert_eq!(firsts.len(), 2, "one-partition topics land on both sets");
+    }
+
+    #[test]
+    fn kafka_partitions_map_to_this_sets_queues_and_back() {
+        let mut p = Vec::new();
+        TopicInfo::place("t", &mut p, 4, &sets(&["a", "b"]));
+        let a = info(p.clone(), "a");
+        let b = info(p.clone(), "b");
+        assert_eq!((a.partitions, b.partitions), (2, 2));
+        assert_eq!(a.kafka_partitions(), 4);
+        for k in 0..4 {
+            let (on_a, on_b) = (a.locate(k, Some("a")), b.locate(k, Some("b")));
+            match (on_a, on_b) {
+                (Located::Here(q), Located::OtherSet) => assert_eq!(a.kafka_partition_of(Some("a"), q), Some(k)),
+                (Located::OtherSet, Located::Here(q)) => assert_eq!(b.kafka_partition_of(Some("b"), q), Some(k)),
+                other => panic!("partition {k}: {other:?}"),
+            }
+        }
+        assert_eq!(a.locate(4, Some("a")), Located::Unknown);
+        assert_eq!(a.locate(-1, Some("a")), Located::Unknown);
+        assert_eq!(a.cluster_form().partitions, 4);
+        assert_eq!(a.cluster_form().local_form("b"), b);
+        // No placement: partition p is queue p, on whichever set.
+        let plain = TopicInfo {
+            placement: Vec::new(),
+            partitions: 3,
+            ..a
+        };
+        assert_eq!(plain.locate(2, Some("x")), Located::Here(2));
+        assert_eq!(plain.locate(3, None), Located::Unknown);
+        assert_eq!(plain.kafka_partition_of(None, 1), Some(1));
+    }
+
+    #[test]
+    fn adding_partitions_places_them_and_counts_this_sets_queues() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let t = TopicTable::load(dir.path()).expect("load");
+        let mut p = Vec::new();
+        TopicInfo::place("t", &mut p, 2, &sets(&["a", "b"]));
+        assert!(t.create_with("t", 1, BTreeMap::new(), p).expect("create"));
+        t.set_partitions("t", 6, Some("a"), &sets(&["a", "b"])).expect("grow");
+        let i = t.get("t").expect("topic");
+        assert_eq!(i.kafka_partitions(), 6);
+        assert_eq!(i.partitions, 3, "{:?}", i.placement);
+        assert!(
+            t.set_partitions("t", 6, Some("a"), &sets(&["a"])).is_err(),
+            "not larger"
+        );
+        assert!(t.set_partitions("t", 7, Some("a"), &[]).is_err(), "every set draining");
+        // Kept across a reload.
+        let again = TopicTable::load(dir.path()).expect("reload");
+        assert_eq!(again.get("t"), Some(i));
     }
 }

@@ -68,6 +68,11 @@ pub struct ClusterConfig {
     /// start to be sent to a replica (RocketMQ: 40 % of RAM, "not in
     /// memory").
     pub replica_read_lag_bytes: u64,
+    /// Several broker sets: how long a Kafka group coordinator waits for
+    /// another set's master when it commits or reads an offset of that
+    /// set's queue (then the client is told COORDINATOR_NOT_AVAILABLE and
+    /// retries).
+    pub remote_timeout_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -91,6 +96,7 @@ impl Default for ClusterConfig {
             rack: String::new(),
             read_from_replicas: false,
             replica_read_lag_bytes: 1 << 30,
+            remote_timeout_ms: 5_000,
         }
     }
 }
@@ -114,6 +120,9 @@ impl ClusterConfig {
         }
         if self.min_insync_replicas == 0 {
             return Err("cluster.min_insync_replicas must be at least 1".into());
+        }
+        if self.remote_timeout_ms == 0 {
+            return Err("cluster.remote_timeout_ms must be at least 1".into());
         }
         if self.lease_ttl_secs < 2 {
             return Err("cluster.lease_ttl_secs must be at least 2".into());

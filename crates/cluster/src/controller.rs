@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
-use rokka_broker::cluster_view::{ClusterView, NodeInfo};
+use rokka_broker::cluster_view::{ClusterView, NodeInfo, SetView};
 use rokka_broker::TopicInfo;
 use serde::{Deserialize, Serialize};
 
@@ -84,6 +84,15 @@ impl Controller {
         };
         c.register().await?;
         Ok(c)
+    }
+
+    /// Where this node's broker creates topics first.
+    pub fn topic_creator(&self) -> EtcdTopics {
+        EtcdTopics {
+            client: self.client.clone(),
+            prefix: self.prefix.clone(),
+            handle: tokio::runtime::Handle::current(),
+        }
     }
 
     fn node_key(&self, id: u32) -> String {
@@ -186,6 +195,10 @@ impl Controller {
         let mut nodes: Vec<NodeInfo> = Vec::new();
         let mut state: Option<(SetState, i64)> = None;
         let mut topics: BTreeMap<String, TopicInfo> = BTreeMap::new();
+        // Every set's state and drain mark (the cluster view carries them).
+        let mut others: BTreeMap<String, SetState> = BTreeMap::new();
+        let mut draining: std::collections::BTreeSet<String> = Default::default();
+        let sets_prefix = format!("{}sets/", self.prefix);
         let state_key = self.state_key();
         let topics_prefix = format!("{}topics/", self.prefix);
         let default_key = self.broker_default_key();
@@ -212,6 +225,17 @@ impl Controller {
             } else if key == state_key {
                 let s: SetState = serde_json::from_slice(kv.value()).map_err(|e| format!("set state {key}: {e}"))?;
                 state = Some((s, kv.mod_revision()));
+            } else if let Some(rest) = key.strip_prefix(&sets_prefix) {
+                if let Some(set) = rest.strip_suffix("/state") {
+                    match serde_json::from_slice::<SetState>(kv.value()) {
+                        Ok(s) => {
+                            others.insert(set.to_string(), s);
+                        }
+                        Err(e) => tracing::warn!(key, error = %e, "unreadable set state in etcd"),
+                    }
+                } else if let Some(set) = rest.strip_suffix("/draining") {
+                    draining.insert(set.to_string());
+                }
             }
         }
         nodes.sort_by_key(|n| n.id);
@@ -241,6 +265,7 @@ impl Controller {
                 };
                 if self.put_state(&st, None).await? {
                     self.become_master(&st)?;
+                    self.publish(&nodes, &st, &others, &draining);
                 }
             }
             Some((st, rev)) => {
@@ -314,7 +339,7 @@ impl Controller {
                         }
                     }
                 }
-                self.publish(&nodes, &self.current_state(st));
+                self.publish(&nodes, &self.current_state(st), &others, &draining);
             }
         }
         let revision = resp.header().map_or(0, |h| h.revision());
@@ -359,19 +384,40 @@ impl Controller {
         }
     }
 
-    /// The topic table lives in etcd: each node writes the topics it
-    /// created (if absent) and deleted; the master also writes its changes
-    /// to existing ones; every node takes the rest from etcd. Stored
-    /// messages are never deleted by this (a replica's copy of a topic the
-    /// master deleted stays until retention).
+    /// The topic table lives in etcd, in its cluster form (every set's
+    /// partitions and their placement): each node writes the topics it
+    /// created (if absent), changed (partitions added, configs: the last
+    /// writer wins, as Kafka's controller takes the last request) and
+    /// deleted; every node takes the rest from etcd, in its own set's form
+    /// (`partitions` = the queues placed on its set). Stored messages are
+    /// never deleted by this (a replica's copy of a topic another node
+    /// deleted stays until retention).
     async fn sync_topics(&mut self, in_etcd: BTreeMap<String, TopicInfo>, revision: i64) -> Res<()> {
         let broker = Arc::clone(&self.sh.broker);
         let master = matches!(self.sh.role(), Role::Master { .. });
+        let own = self.me.set.clone();
+        let moved_here = self.synced.is_none_or(|(_, v, m)| v != broker.topics().version() || !m);
+        if master && moved_here {
+            // Topics from before placements (or from before this node knew
+            // its cluster) are where they are: on this set, queue = p. A
+            // record etcd already holds with a placement is taken below.
+            for (name, info) in broker.topics().all() {
+                let placed_in_etcd = in_etcd.get(&name).is_some_and(|e| !e.placement.is_empty());
+                if info.placement.is_empty() && !placed_in_etcd {
+                    let (b, n) = (Arc::clone(&broker), name.clone());
+                    tokio::task::spawn_blocking(move || b.place_here(&n))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+        }
         let mut changes = broker.take_topic_changes();
         // Nothing moved in etcd or here since the last sync: nothing to do
         // (the table is not copied every poll).
         let seen = (revision, broker.topics().version(), master);
-        if changes.created.is_empty() && changes.deleted.is_empty() && self.synced == Some(seen) {
+        let quiet = changes.created.is_empty() && changes.changed.is_empty() && changes.deleted.is_empty();
+        if quiet && self.synced == Some(seen) {
             return Ok(());
         }
         if master && in_etcd.is_empty() {
@@ -390,25 +436,27 @@ impl Controller {
         let local: BTreeMap<String, TopicInfo> = broker.topics().all().into_iter().collect();
         for (name, info) in &local {
             let key = format!("{}topics/{name}", self.prefix);
-            let json = serde_json::to_vec(info).map_err(|e| e.to_string())?;
+            let cluster = info.cluster_form();
+            let json = serde_json::to_vec(&cluster).map_err(|e| e.to_string())?;
             if changes.created.contains(name) && !in_etcd.contains_key(name) {
-                // Created here: first writer wins.
+                // Created here: first writer wins (a loser takes etcd's).
                 let txn = Txn::new()
                     .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
                     .and_then([TxnOp::put(key, json, None)]);
                 if self.client.txn(txn).await.map_err(err("create topic"))?.succeeded() {
-                    in_etcd.insert(name.clone(), info.clone());
+                    in_etcd.insert(name.clone(), cluster);
                 }
-            } else if master && in_etcd.get(name).is_some_and(|e| e != info) {
-                // Changed on the master (partitions added, configs).
+            } else if changes.changed.contains(name) && in_etcd.get(name) != Some(&cluster) {
                 self.client.put(key, json, None).await.map_err(err("put topic"))?;
-                in_etcd.insert(name.clone(), info.clone());
+                in_etcd.insert(name.clone(), cluster);
             }
         }
-        for (name, info) in &in_etcd {
-            if local.get(name) != Some(info) && !(master && local.contains_key(name)) {
-                let (b, n, i) = (Arc::clone(&broker), name.clone(), info.clone());
-                tokio::task::spawn_blocking(move || b.apply_topic(&n, i))
+        for (name, info) in in_etcd.iter() {
+            let mine = info.clone().local_form(&own);
+            // A change made here after this step began waits for the next.
+            if local.get(name) != Some(&mine) && !broker.topic_change_pending(name) {
+                let (b, n) = (Arc::clone(&broker), name.clone());
+                tokio::task::spawn_blocking(move || b.apply_topic(&n, mine))
                     .await
                     .map_err(|e| e.to_string())?
                     .map_err(|e| e.to_string())?;
@@ -418,6 +466,9 @@ impl Controller {
             .keys()
             .filter(|n| !in_etcd.contains_key(*n) && !changes.created.contains(*n))
         {
+            if broker.topic_change_pending(name) {
+                continue;
+            }
             let (b, n) = (Arc::clone(&broker), name.clone());
             tokio::task::spawn_blocking(move || b.forget_topic(&n))
                 .await
@@ -439,8 +490,38 @@ impl Controller {
         }
     }
 
-    fn publish(&self, nodes: &[NodeInfo], st: &SetState) {
+    fn publish(
+        &self,
+        nodes: &[NodeInfo],
+        st: &SetState,
+        others: &BTreeMap<String, SetState>,
+        draining: &std::collections::BTreeSet<String>,
+    ) {
         let members: Vec<u32> = nodes.iter().filter(|n| n.set == self.me.set).map(|n| n.id).collect();
+        let mut names: std::collections::BTreeSet<&str> = others.keys().map(String::as_str).collect();
+        names.extend(nodes.iter().map(|n| n.set.as_str()));
+        names.insert(self.me.set.as_str());
+        let sets: Vec<SetView> = names
+            .into_iter()
+            .map(|name| {
+                let members: Vec<u32> = nodes.iter().filter(|n| n.set == name).map(|n| n.id).collect();
+                let state = if name == self.me.set {
+                    Some(st)
+                } else {
+                    others.get(name)
+                };
+                let state = state.cloned().unwrap_or_default();
+                SetView {
+                    name: name.to_string(),
+                    master: state.master.filter(|m| members.contains(m)),
+                    epoch: state.epoch,
+                    sss: state.sss,
+                    members,
+                    draining: draining.contains(name),
+                }
+            })
+            .collect();
+        metrics::gauge!("rokka_cluster_sets").set(sets.len() as f64);
         self.sh.publish_view(ClusterView {
             cluster: self.sh.cfg.name.clone(),
             self_id: self.me.id,
@@ -452,6 +533,7 @@ impl Controller {
             members,
             read_from_replicas: self.sh.cfg.read_from_replicas,
             replica_read_lag_bytes: self.sh.cfg.replica_read_lag_bytes,
+            sets,
         });
     }
 
@@ -506,6 +588,56 @@ impl Controller {
         let txn = Txn::new().when([cmp]).and_then([TxnOp::put(key, json, None)]);
         let r = self.client.txn(txn).await.map_err(err("txn"))?;
         Ok(r.succeeded())
+    }
+}
+
+/// New topics go to etcd first (create-if-absent), from the blocking
+/// context a topic is created in; the controller's table sync then finds
+/// them there.
+pub struct EtcdTopics {
+    client: Client,
+    prefix: String,
+    handle: tokio::runtime::Handle,
+}
+
+impl std::fmt::Debug for EtcdTopics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTopics").field("prefix", &self.prefix).finish()
+    }
+}
+
+impl rokka_broker::remote::ClusterTopics for EtcdTopics {
+    fn create(&self, name: &str, info: &TopicInfo) -> Result<Option<TopicInfo>, String> {
+        let key = format!("{}topics/{name}", self.prefix);
+        let json = serde_json::to_vec(info).map_err(|e| e.to_string())?;
+        let mut client = self.client.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Run on the runtime's workers; this thread only waits (bounded,
+        // so a current-thread caller cannot hang on itself).
+        self.handle.spawn(async move {
+            let txn = Txn::new()
+                .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key.clone(), json, None)])
+                .or_else([TxnOp::get(key, None)]);
+            let _ = tx.send(client.txn(txn).await);
+        });
+        let resp = rx
+            .recv_timeout(Duration::from_secs(5))
+            .map_err(|_| "etcd: no answer within 5 s".to_string())?
+            .map_err(|e| format!("etcd create topic: {e}"))?;
+        if resp.succeeded() {
+            return Ok(None);
+        }
+        for op in resp.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(g) = op {
+                if let Some(kv) = g.kvs().first() {
+                    return serde_json::from_slice(kv.value())
+                        .map(Some)
+                        .map_err(|e| format!("topic {name} in etcd: {e}"));
+                }
+            }
+        }
+        Err(format!("topic {name}: etcd refused the create and returned no record"))
     }
 }
 

@@ -282,6 +282,7 @@ pub async fn start(
     let mut me = me;
     me.replication = format!("{host}:{}", bound.port());
     tracing::info!(listen = %bound, node = cfg.node_id, set = %cfg.broker_set, "cluster mode: replication listener");
+    broker.set_own_set(&cfg.broker_set);
     let shared = Shared::new(cfg, Arc::clone(&store), broker);
     let weak = Arc::downgrade(&shared);
     store.set_append_listener(move || {
@@ -295,6 +296,7 @@ pub async fn start(
         }
     });
     let controller = controller::Controller::connect(Arc::clone(&shared), me).await?;
+    shared.broker.set_cluster_topics(Arc::new(controller.topic_creator()));
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(stream::serve(listener, Arc::clone(&shared), stop.clone())));
     tasks.push(tokio::spawn(stream::follow(Arc::clone(&shared), stop.clone())));

@@ -376,6 +376,12 @@ async fn serve(
             replication: String::new(),
             rack: cfg.cluster.rack.clone(),
         };
+        // Several broker sets: other sets' committed offsets are read and
+        // written on their masters over the remoting listener.
+        broker.set_remote_offsets(Arc::new(rokka_remoting::remote_offsets::RemotingOffsets::new(
+            Arc::clone(broker),
+            std::time::Duration::from_millis(cfg.cluster.remote_timeout_ms),
+        )));
         let (tasks, addr) = rokka_cluster::start(
             cfg.cluster.clone(),
             Arc::clone(store),

@@ -46,6 +46,8 @@ pub fn code(e: &BrokerError) -> i16 {
         BrokerError::UnknownTopic(_) | BrokerError::UnknownPartition { .. } => UNKNOWN_TOPIC_OR_PARTITION,
         BrokerError::TopicExists(_) => TOPIC_ALREADY_EXISTS,
         BrokerError::InvalidPartitions(_) => INVALID_PARTITIONS,
+        // Retriable: the topic's leaders are not known yet.
+        BrokerError::ClusterNotReady => LEADER_NOT_AVAILABLE,
         BrokerError::Io(..) | BrokerError::BadFile { .. } | BrokerError::Corrupt(_) => KAFKA_STORAGE_ERROR,
         BrokerError::TimerTooFar { .. } => INVALID_REQUEST,
     }

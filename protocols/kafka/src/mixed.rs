@@ -49,7 +49,7 @@ pub fn encode_subscription(topics: &BTreeSet<String>) -> Bytes {
 pub fn share(k: &Kafka, topics: &BTreeSet<String>, ids: &[String], member: &str) -> Bytes {
     let mut parts = BTreeMap::new();
     for t in topics {
-        let n = k.broker.topics().get(t).map_or(0, |i| i.partitions as usize);
+        let n = k.broker.topics().get(t).map_or(0, |i| i.kafka_partitions() as usize);
         let mine: Vec<i32> = allocate_averagely(n, ids, member)
             .into_iter()
             .map(|q| q as i32)

@@ -18,9 +18,15 @@ pub mod config;
 pub mod namesrv;
 pub mod processor;
 pub mod registrar;
+pub mod remote_offsets;
 pub mod server;
 
 pub use codec::{decode, encode, FrameError, DEFAULT_MAX_FRAME};
+
+/// Largest Kafka commit metadata a forwarded offset commit may carry (the
+/// Kafka listener's own `max_offset_metadata_bytes` is checked first, on
+/// the coordinator; this bounds what any remoting client can store).
+pub const MAX_FORWARDED_METADATA: usize = 64 * 1024;
 pub use command::{ExtFields, LanguageCode, RemotingCommand, SerializeType, FLAG_ONEWAY, FLAG_RESPONSE};
 pub use config::RocketMqConfig;
 pub use namesrv::NameServer;

@@ -139,6 +139,9 @@ impl RocketMq {
             .topics()
             .all()
             .into_iter()
+            // Several broker sets: a topic with no queue on this set is
+            // routed to the sets that hold it.
+            .filter(|(_, t)| t.partitions > 0)
             .map(|(name, t)| TopicConf {
                 name,
                 read_queues: t.partitions,
@@ -906,6 +909,15 @@ impl RocketMq {
             Some(o) => {
                 let mut r = self.reply(req, rs::SUCCESS, None);
                 r.ext_fields.set("offset", o.offset.to_string());
+                // What a Kafka commit stored, for a coordinator of another
+                // broker set (RocketMQ clients ignore unknown fields).
+                if !o.metadata.is_empty() {
+                    r.ext_fields.set(crate::remote_offsets::EXT_METADATA, o.metadata);
+                }
+                if o.leader_epoch >= 0 {
+                    r.ext_fields
+                        .set(crate::remote_offsets::EXT_LEADER_EPOCH, o.leader_epoch.to_string());
+                }
                 r
             }
             // Apache RocketMQ's rule (ConsumerManageProcessor): a group with
@@ -961,6 +973,21 @@ impl RocketMq {
         if group.is_empty() || queue < 0 || offset < 0 {
             return self.reply(req, rs::SYSTEM_ERROR, Some("bad offset update".into()));
         }
+        // A Kafka commit forwarded by another broker set's coordinator.
+        let metadata = req
+            .ext_fields
+            .get(crate::remote_offsets::EXT_METADATA)
+            .unwrap_or_default();
+        if metadata.len() > crate::MAX_FORWARDED_METADATA {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("offset metadata too large".into()));
+        }
+        let leader_epoch = ext_i64(
+            req,
+            crate::remote_offsets::EXT_LEADER_EPOCH,
+            crate::remote_offsets::EXT_LEADER_EPOCH,
+        )
+        .and_then(|e| i32::try_from(e).ok())
+        .unwrap_or(-1);
         let Some(info) = self.broker.topics().get(topic) else {
             return self.reply(req, rs::TOPIC_NOT_EXIST, Some(format!("topic[{topic}] not exist")));
         };
@@ -974,11 +1001,14 @@ impl RocketMq {
                 )),
             );
         }
-        let stored = self
-            .broker
-            .store()
-            .offsets()
-            .commit_bounded(group, topic, queue as u32, offset as u64, "", -1);
+        let stored = self.broker.store().offsets().commit_bounded(
+            group,
+            topic,
+            queue as u32,
+            offset as u64,
+            metadata,
+            leader_epoch,
+        );
         if !stored {
             return self.reply(
                 req,
@@ -1032,7 +1062,9 @@ impl RocketMq {
         match self.broker.create_topic(topic, n) {
             Ok(_) => self.reply(req, rs::SUCCESS, None),
             Err(rokka_broker::BrokerError::TopicExists(_)) => {
-                let current = self.broker.topics().get(topic).map_or(n, |t| t.partitions);
+                // Several broker sets: the count is the topic's (every
+                // set's queues), as Kafka's partition count is.
+                let current = self.broker.topics().get(topic).map_or(n, |t| t.kafka_partitions());
                 if n > current {
                     if let Err(e) = self.broker.add_partitions(topic, n) {
                         return self.reply(req, 29, Some(e.to_string()));

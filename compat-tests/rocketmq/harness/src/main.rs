@@ -921,7 +921,8 @@ async fn cross_produce(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) 
 /// from the first offset until n messages arrived (then 3 s more, so extra
 /// deliveries show); prints one `compat: msg` line per delivery:
 /// queue offset born body keys tags properties (byte fields in hex, `-` if
-/// empty), then shuts down (committing its offsets).
+/// empty) store-host (the broker that stored it), then shuts down
+/// (committing its offsets).
 async fn cross_consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
     let topic = args.first().map_or("Cross", String::as_str);
     let group = args.get(1).map_or("cross-cg", String::as_str);
@@ -951,7 +952,7 @@ async fn cross_consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) 
                     p.push(2);
                 }
                 g.push(format!(
-                    "{} {} {} {} {} {} {}",
+                    "{} {} {} {} {} {} {} {}",
                     m.queue_id(),
                     m.queue_offset(),
                     m.born_timestamp(),
@@ -959,6 +960,7 @@ async fn cross_consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) 
                     hexs(m.property("KEYS").unwrap_or_default().as_bytes()),
                     hexs(m.property("TAGS").unwrap_or_default().as_bytes()),
                     hexs(&p),
+                    m.store_host(),
                 ));
             }
             Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)

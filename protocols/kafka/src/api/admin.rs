@@ -462,11 +462,10 @@ pub fn delete_records(k: &Kafka, r: DeleteRecordsRequest) -> DeleteRecordsRespon
                     let res = DeleteRecordsPartitionResult::default()
                         .with_partition_index(p.partition_index)
                         .with_low_watermark(-1);
-                    let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition_index));
-                    if !known {
-                        return res.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
-                    }
-                    let q = p.partition_index as u32;
+                    let q = match super::queue_of(k, info.as_ref(), p.partition_index) {
+                        Ok(q) => q,
+                        Err(code) => return res.with_error_code(code),
+                    };
                     let hw = store.max_offset(&name, q);
                     // -1 means "up to the high watermark".
                     let target = if p.offset == -1 { hw as i64 } else { p.offset };

@@ -40,7 +40,7 @@ impl<'a> Ids<'a> {
             .broker
             .topics()
             .get(name)
-            .map(|i| (uuid::Uuid::from_bytes(i.topic_id), i.partitions));
+            .map(|i| (uuid::Uuid::from_bytes(i.topic_id), i.kafka_partitions()));
         self.seen.borrow_mut().insert(name.to_string(), found);
         found
     }

@@ -2,6 +2,7 @@
 //! re-encoding); waits up to `max_wait_ms` for `min_bytes`, woken by appends
 //! to the fetched partitions only.
 
+use rokka_broker::Located;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,7 +74,9 @@ async fn fetch(k: &Kafka, r: &FetchRequest, version: i16) -> FetchReply {
         for (t, name) in r.topics.iter().zip(&names) {
             let Some(name) = name else { continue };
             for p in &t.partitions {
-                k.broker.arrivals().register(name, p.partition.max(0) as u32, &waiter);
+                if let Some(Located::Here(q)) = k.broker.locate(name, p.partition) {
+                    k.broker.arrivals().register(name, q, &waiter);
+                }
             }
         }
         let (resp, bytes, any_error) = collect(k, r, version, &names);
@@ -140,8 +143,15 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                 .with_log_start_offset(-1)
                 .with_preferred_read_replica(BrokerId(-1))
                 .with_aborted_transactions(Some(Vec::new()));
-            let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition));
-            let fenced = errors::check_leader_epoch(epoch, p.current_leader_epoch);
+            let at = info
+                .as_ref()
+                .map_or(Located::Unknown, |i| i.locate(p.partition, broker.own_set()));
+            let known = at != Located::Unknown;
+            let fenced = match at {
+                // Another broker set's partition: its master serves it.
+                Located::OtherSet => Some(errors::NOT_LEADER_OR_FOLLOWER),
+                _ => errors::check_leader_epoch(epoch, p.current_leader_epoch),
+            };
             if !known || fenced.is_some() {
                 pd.error_code = match fenced {
                     _ if !known && id_unknown => errors::UNKNOWN_TOPIC_ID,
@@ -154,7 +164,9 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                 all_records.push(Vec::new());
                 continue;
             }
-            let q = p.partition as u32;
+            let Located::Here(q) = at else {
+                continue;
+            };
             if not_leader {
                 pd.error_code = errors::NOT_LEADER_OR_FOLLOWER;
                 any_error = true;

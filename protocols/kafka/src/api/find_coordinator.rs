@@ -1,5 +1,6 @@
 //! FindCoordinator: this broker coordinates every group (single node);
-//! in cluster mode its set's master does.
+//! in cluster mode the master of the broker set the group's name hashes to
+//! does (the one set's master when there is one).
 
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::{BrokerId, FindCoordinatorRequest, FindCoordinatorResponse};
@@ -13,11 +14,28 @@ pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16) -> FindCoordin
     let mut port = k.advertised_port;
     // Cluster mode: the set's master coordinates its groups; none elected
     // yet is COORDINATOR_NOT_AVAILABLE, which clients retry.
+    // Several broker sets: the master of the set the first key hashes to
+    // (a batched v4+ request is answered per key below).
     if let Some(v) = k.broker.cluster_view() {
-        match v.master.and_then(|m| v.node(m)).and_then(|n| {
-            let (h, p) = n.kafka.rsplit_once(':')?;
-            Some((n.id, h.to_string(), p.parse::<i32>().ok()?))
-        }) {
+        if version >= 4 && v.sets.len() > 1 {
+            let coordinators = r
+                .coordinator_keys
+                .into_iter()
+                .map(|key| match located(&v, key.as_str()) {
+                    Some((id, h, p)) => Coordinator::default()
+                        .with_key(key)
+                        .with_node_id(BrokerId(id as i32))
+                        .with_host(str_bytes(&h))
+                        .with_port(p),
+                    None => Coordinator::default()
+                        .with_key(key)
+                        .with_error_code(crate::errors::COORDINATOR_NOT_AVAILABLE)
+                        .with_node_id(BrokerId(-1)),
+                })
+                .collect();
+            return FindCoordinatorResponse::default().with_coordinators(coordinators);
+        }
+        match located(&v, r.key.as_str()) {
             Some((id, h, p)) => {
                 node = BrokerId(id as i32);
                 host = str_bytes(&h);
@@ -63,4 +81,16 @@ pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16) -> FindCoordin
             .with_host(host)
             .with_port(port)
     }
+}
+
+/// The Kafka address of the master coordinating `key`: its broker set's
+/// (by hash with several sets, the one set's otherwise).
+fn located(v: &rokka_broker::cluster_view::ClusterView, key: &str) -> Option<(u32, String, i32)> {
+    let master = match v.coordinator_set(key) {
+        Some(s) => s.master,
+        None => v.master,
+    };
+    let n = master.and_then(|m| v.node(m))?;
+    let (h, p) = n.kafka.rsplit_once(':')?;
+    Some((n.id, h.to_string(), p.parse::<i32>().ok()?))
 }

@@ -35,14 +35,13 @@ pub fn handle(k: &Kafka, r: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpoch
                         .with_partition(p.partition)
                         .with_leader_epoch(-1)
                         .with_end_offset(-1);
-                    let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition));
-                    if !known {
-                        return out.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
-                    }
+                    let q = match super::queue_of(k, info.as_ref(), p.partition) {
+                        Ok(q) => q,
+                        Err(code) => return out.with_error_code(code),
+                    };
                     if let Some(code) = errors::check_leader_epoch(epoch, p.current_leader_epoch) {
                         return out.with_error_code(code);
                     }
-                    let q = p.partition as u32;
                     if cluster {
                         return cluster_epoch_end(k, &name, q, p.leader_epoch, out);
                     }

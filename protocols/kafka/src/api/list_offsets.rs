@@ -109,14 +109,13 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                         .with_partition_index(p.partition_index)
                         .with_timestamp(-1)
                         .with_offset(-1);
-                    let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition_index));
-                    if !known {
-                        return resp.with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
-                    }
+                    let q = match super::queue_of(k, info.as_ref(), p.partition_index) {
+                        Ok(q) => q,
+                        Err(code) => return resp.with_error_code(code),
+                    };
                     if let Some(code) = errors::check_leader_epoch(epoch, p.current_leader_epoch) {
                         return resp.with_error_code(code);
                     }
-                    let q = p.partition_index as u32;
                     let (offset, ts) = match p.timestamp {
                         // READ_COMMITTED sees the log up to the last stable offset.
                         LATEST if r.isolation_level == 1 => {

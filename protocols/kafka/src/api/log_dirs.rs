@@ -53,8 +53,11 @@ pub fn describe_topic_partitions(k: &Kafka, r: DescribeTopicPartitionsRequest) -
             continue;
         };
         let first = if name == from_topic { from_partition } else { 0 };
+        // Leaders, epochs and replicas as Metadata gives them (each
+        // partition's broker set in cluster mode).
+        let lead = super::metadata::topic_entry(k, &name, info, 12).partitions;
         let mut partitions = Vec::new();
-        for p in first..info.partitions as i32 {
+        for p in first..info.kafka_partitions() as i32 {
             if left == 0 {
                 next = Some(
                     Cursor::default()
@@ -64,13 +67,22 @@ pub fn describe_topic_partitions(k: &Kafka, r: DescribeTopicPartitionsRequest) -
                 break;
             }
             left -= 1;
+            let (leader, epoch, replicas, isr) = match lead.get(p as usize) {
+                Some(m) => (
+                    m.leader_id,
+                    m.leader_epoch,
+                    m.replica_nodes.clone(),
+                    m.isr_nodes.clone(),
+                ),
+                None => (node, 0, vec![node], vec![node]),
+            };
             partitions.push(
                 DescribeTopicPartitionsResponsePartition::default()
                     .with_partition_index(p)
-                    .with_leader_id(node)
-                    .with_leader_epoch(0)
-                    .with_replica_nodes(vec![node])
-                    .with_isr_nodes(vec![node])
+                    .with_leader_id(leader)
+                    .with_leader_epoch(epoch)
+                    .with_replica_nodes(replicas)
+                    .with_isr_nodes(isr)
                     .with_eligible_leader_replicas(Some(Vec::new()))
                     .with_last_known_elr(Some(Vec::new())),
             );
@@ -120,20 +132,26 @@ pub fn describe_log_dirs(k: &Kafka, r: DescribeLogDirsRequest) -> DescribeLogDir
         Some(ts) => ts.into_iter().map(|t| (t.topic.0.to_string(), t.partitions)).collect(),
         None => all
             .iter()
-            .map(|(n, i)| (n.clone(), (0..i.partitions as i32).collect()))
+            .map(|(n, i)| (n.clone(), (0..i.kafka_partitions() as i32).collect()))
             .collect(),
     };
+    let own = k.broker.own_set();
     let topics = wanted
         .into_iter()
         .filter_map(|(name, parts)| {
             let info = all.iter().find(|(n, _)| *n == name).map(|(_, i)| i)?;
             let partitions = parts
                 .into_iter()
-                .filter(|p| *p >= 0 && (*p as u32) < info.partitions)
-                .map(|p| {
+                // This node's replicas only: another set's partitions are
+                // in its nodes' directories.
+                .filter_map(|p| match info.locate(p, own) {
+                    rokka_broker::Located::Here(q) => Some((p, q)),
+                    _ => None,
+                })
+                .map(|(p, q)| {
                     DescribeLogDirsPartition::default()
                         .with_partition_index(p)
-                        .with_partition_size(partition_bytes(k, &name, p as u32))
+                        .with_partition_size(partition_bytes(k, &name, q))
                         .with_offset_lag(0)
                 })
                 .collect();

@@ -1,5 +1,6 @@
 //! Metadata: one broker (this one) leads every partition; in cluster mode
-//! the set's master does, and every live node is listed. Topics named in
+//! the master of the partition's broker set does, and every live node is
+//! listed. Topics named in
 //! the request are auto-created when the client allows it and the broker's
 //! `auto_create_topics` is on.
 
@@ -13,25 +14,39 @@ use super::str_bytes;
 use crate::errors;
 use crate::Kafka;
 
+/// A partition's leader, leader epoch, replicas and ISR.
+type Leadership = (BrokerId, i32, Vec<BrokerId>, Vec<BrokerId>);
+
 pub fn topic_entry(k: &Kafka, name: &str, info: &TopicInfo, version: i16) -> MetadataResponseTopic {
     let node = BrokerId(k.config.node_id);
-    // Cluster mode: the set's master leads every partition, at the set's
-    // epoch; replicas are the set's live members, the ISR its sync state set.
-    let (leader, epoch, replicas, isr) = match k.broker.cluster_view() {
-        Some(v) => (
-            v.master.map_or(BrokerId(-1), |m| BrokerId(m as i32)),
-            v.epoch as i32,
-            v.members.iter().map(|m| BrokerId(*m as i32)).collect::<Vec<_>>(),
-            v.sss
-                .iter()
-                .filter(|m| v.members.contains(m))
-                .map(|m| BrokerId(*m as i32))
-                .collect::<Vec<_>>(),
-        ),
-        None => (node, 0, vec![node], vec![node]),
+    let view = k.broker.cluster_view();
+    let ids = |v: &[u32]| v.iter().map(|m| BrokerId(*m as i32)).collect::<Vec<_>>();
+    // Cluster mode: a partition's set's master leads it, at the set's
+    // epoch; replicas are the set's live members, the ISR its live sync
+    // state set. A topic placed over several sets names each partition's.
+    let leadership = |set: &str| -> Leadership {
+        let Some(v) = view.as_deref() else {
+            return (node, 0, vec![node], vec![node]);
+        };
+        let (master, epoch, sss, members) = match v.set_named(set) {
+            Some(s) => (s.master, s.epoch, &s.sss, &s.members),
+            None if set == v.set => (v.master, v.epoch, &v.sss, &v.members),
+            None => return (BrokerId(-1), 0, Vec::new(), Vec::new()),
+        };
+        let isr: Vec<u32> = sss.iter().copied().filter(|m| members.contains(m)).collect();
+        (
+            master.map_or(BrokerId(-1), |m| BrokerId(m as i32)),
+            epoch as i32,
+            ids(members),
+            ids(&isr),
+        )
     };
-    let partitions = (0..info.partitions as i32)
+    let own = view.as_deref().map(|v| v.set.clone()).unwrap_or_default();
+    let mut by_set: std::collections::HashMap<&str, Leadership> = std::collections::HashMap::new();
+    let partitions = (0..info.kafka_partitions() as i32)
         .map(|p| {
+            let set = info.placement.get(p as usize).map_or(own.as_str(), |r| r.set.as_str());
+            let (leader, epoch, replicas, isr) = by_set.entry(set).or_insert_with(|| leadership(set)).clone();
             MetadataResponsePartition::default()
                 .with_error_code(if leader.0 < 0 {
                     errors::LEADER_NOT_AVAILABLE
@@ -41,8 +56,8 @@ pub fn topic_entry(k: &Kafka, name: &str, info: &TopicInfo, version: i16) -> Met
                 .with_partition_index(p)
                 .with_leader_id(leader)
                 .with_leader_epoch(if version >= 7 { epoch } else { -1 })
-                .with_replica_nodes(replicas.clone())
-                .with_isr_nodes(isr.clone())
+                .with_replica_nodes(replicas)
+                .with_isr_nodes(isr)
         })
         .collect();
     MetadataResponseTopic::default()

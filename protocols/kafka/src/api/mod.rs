@@ -11,6 +11,7 @@ mod leader_epoch;
 mod list_offsets;
 mod log_dirs;
 mod metadata;
+mod not_coordinator;
 mod offsets;
 mod produce;
 mod replicas;
@@ -34,6 +35,18 @@ pub enum Response {
 pub use fetch::encode as encode_fetch;
 pub use produce::split_batches;
 
+/// Kafka partition `p` of a topic (`info` None: no such topic) as this
+/// node's queue, or the error to answer: UNKNOWN_TOPIC_OR_PARTITION, or
+/// NOT_LEADER_OR_FOLLOWER for another broker set's partition (the client
+/// refreshes its metadata and goes to that set's master).
+pub(crate) fn queue_of(k: &Kafka, info: Option<&rokka_broker::TopicInfo>, p: i32) -> Result<u32, i16> {
+    match info.map(|i| i.locate(p, k.broker.own_set())) {
+        Some(rokka_broker::Located::Here(q)) => Ok(q),
+        Some(rokka_broker::Located::OtherSet) => Err(crate::errors::NOT_LEADER_OR_FOLLOWER),
+        _ => Err(crate::errors::UNKNOWN_TOPIC_OR_PARTITION),
+    }
+}
+
 pub(crate) fn str_bytes(s: &str) -> StrBytes {
     StrBytes::from_string(s.to_string())
 }
@@ -48,6 +61,10 @@ pub async fn dispatch(
     let client_id = header.client_id.as_ref().map_or("", |c| c.as_str());
     if let RequestKind::Fetch(r) = req {
         return Ok(Some(Response::Fetch(fetch::handle(k, r, version).await)));
+    }
+    if let Some(resp) = not_coordinator::check(k, &req, version) {
+        metrics::counter!("rokka_kafka_not_coordinator_total").increment(1);
+        return Ok(Some(Response::Kind(resp)));
     }
     Ok(Some(Response::Kind(match req {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE)),
@@ -73,7 +90,7 @@ pub async fn dispatch(
         RequestKind::DescribeTransactions(r) => ResponseKind::DescribeTransactions(txn::describe(k, r)),
         RequestKind::ListTransactions(r) => ResponseKind::ListTransactions(txn::list(k, r)),
         RequestKind::DescribeProducers(r) => ResponseKind::DescribeProducers(txn::describe_producers(k, r)),
-        RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(offsets::commit(k, r, version)),
+        RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(offsets::commit(k, r, version).await),
         RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(groups::join(k, r, version, client_id, peer).await),
         RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(groups::sync(k, r, version).await),
         RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(groups::heartbeat(k, r)),
@@ -113,7 +130,7 @@ pub async fn dispatch(
             ResponseKind::DeleteRecords(rokka_broker::offload(|| admin::delete_records(k, r)))
         }
         RequestKind::OffsetDelete(r) => ResponseKind::OffsetDelete(admin::offset_delete(k, r)),
-        RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(offsets::fetch(k, r, version)),
+        RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(offsets::fetch(k, r, version).await),
         RequestKind::CreateTopics(r) => {
             ResponseKind::CreateTopics(rokka_broker::offload(|| topics::create(k, r, version)))
         }

@@ -9,11 +9,45 @@ use kafka_protocol::messages::{
     OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, TopicName,
 };
 
+use rokka_broker::remote::RemoteOffset;
+use rokka_broker::Located;
+
 use super::str_bytes;
 use crate::errors;
 use crate::Kafka;
 
-pub fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitResponse {
+/// Where a committed offset of Kafka partition `p` lives.
+enum Place {
+    /// This set's queue.
+    Here(u32),
+    /// Another set's queue, on that set's master.
+    Set(String, u32),
+    Unknown,
+}
+
+fn place(k: &Kafka, info: Option<&rokka_broker::TopicInfo>, p: i32) -> Place {
+    let Some(info) = info else {
+        return Place::Unknown;
+    };
+    match info.locate(p, k.broker.own_set()) {
+        Located::Here(q) => Place::Here(q),
+        Located::OtherSet => match info.placement.get(p as usize) {
+            Some(r) => Place::Set(r.set.clone(), r.queue),
+            None => Place::Unknown,
+        },
+        Located::Unknown => Place::Unknown,
+    }
+}
+
+/// Counts and times a call to another set's master.
+fn remote_done(op: &'static str, started: std::time::Instant, ok: bool) {
+    metrics::histogram!("rokka_cluster_remote_offset_seconds", "op" => op).record(started.elapsed().as_secs_f64());
+    if !ok {
+        metrics::counter!("rokka_cluster_remote_offset_errors_total", "op" => op).increment(1);
+    }
+}
+
+pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitResponse {
     let group = r.group_id.0.to_string();
     // v0/v1 are not served; from v2 the generation and member are checked.
     let _ = version;
@@ -26,34 +60,34 @@ pub fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitRe
         )
     });
     let offsets = k.broker.store().offsets();
-    let topics = r
-        .topics
-        .into_iter()
-        .map(|t| {
-            let name = t.name.0.to_string();
-            let known = k.broker.topics().get(&name);
-            let partitions = t
-                .partitions
-                .into_iter()
-                .map(|p| {
-                    let ok = group.is_empty() || known.as_ref().is_none_or(|i| !i.has_partition(p.partition_index));
-                    let code = if group.is_empty() {
-                        errors::INVALID_GROUP_ID
-                    } else if member_check != errors::NONE {
-                        member_check
-                    } else if ok || p.committed_offset < 0 {
-                        errors::UNKNOWN_TOPIC_OR_PARTITION
-                    } else if p
-                        .committed_metadata
-                        .as_ref()
-                        .is_some_and(|m| m.len() > k.config.max_offset_metadata_bytes as usize)
-                    {
-                        // Kafka offset.metadata.max.bytes: the table is kept
-                        // in memory and on disk, so its values are bounded.
-                        errors::OFFSET_METADATA_TOO_LARGE
-                    } else {
-                        let meta = p.committed_metadata.as_ref().map_or("", |m| m.as_str());
-                        let (q, o) = (p.partition_index as u32, p.committed_offset as u64);
+    // Other sets' partitions: (topic index, partition index, set, queue, offset).
+    let mut remote: Vec<(usize, usize, String, u32, RemoteOffset)> = Vec::new();
+    let mut topics: Vec<OffsetCommitResponseTopic> = Vec::with_capacity(r.topics.len());
+    for (ti, t) in r.topics.into_iter().enumerate() {
+        let name = t.name.0.to_string();
+        let known = k.broker.topics().get(&name);
+        let mut partitions = Vec::with_capacity(t.partitions.len());
+        for (pi, p) in t.partitions.into_iter().enumerate() {
+            let at = place(k, known.as_ref(), p.partition_index);
+            let code = if group.is_empty() {
+                errors::INVALID_GROUP_ID
+            } else if member_check != errors::NONE {
+                member_check
+            } else if matches!(at, Place::Unknown) || p.committed_offset < 0 {
+                errors::UNKNOWN_TOPIC_OR_PARTITION
+            } else if p
+                .committed_metadata
+                .as_ref()
+                .is_some_and(|m| m.len() > k.config.max_offset_metadata_bytes as usize)
+            {
+                // Kafka offset.metadata.max.bytes: the table is kept
+                // in memory and on disk, so its values are bounded.
+                errors::OFFSET_METADATA_TOO_LARGE
+            } else {
+                let meta = p.committed_metadata.as_ref().map_or("", |m| m.as_str());
+                match at {
+                    Place::Here(q) => {
+                        let o = p.committed_offset as u64;
                         if offsets.commit_bounded(&group, &name, q, o, meta, p.committed_leader_epoch) {
                             errors::NONE
                         } else {
@@ -62,78 +96,173 @@ pub fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitRe
                             // cannot be stored for its size).
                             errors::INVALID_COMMIT_OFFSET_SIZE
                         }
-                    };
-                    OffsetCommitResponsePartition::default()
-                        .with_partition_index(p.partition_index)
-                        .with_error_code(code)
-                })
-                .collect();
+                    }
+                    Place::Set(set, q) => {
+                        remote.push((
+                            ti,
+                            pi,
+                            set,
+                            q,
+                            RemoteOffset {
+                                offset: p.committed_offset as u64,
+                                metadata: meta.to_string(),
+                                leader_epoch: p.committed_leader_epoch,
+                            },
+                        ));
+                        errors::NONE
+                    }
+                    Place::Unknown => errors::UNKNOWN_TOPIC_OR_PARTITION,
+                }
+            };
+            partitions.push(
+                OffsetCommitResponsePartition::default()
+                    .with_partition_index(p.partition_index)
+                    .with_error_code(code),
+            );
+        }
+        topics.push(
             OffsetCommitResponseTopic::default()
                 .with_name(t.name)
-                .with_partitions(partitions)
-        })
-        .collect();
+                .with_partitions(partitions),
+        );
+    }
+    // Another set's queue: committed on its master. A failed forward is
+    // COORDINATOR_NOT_AVAILABLE (the client retries the commit), never a
+    // commit silently lost.
+    for (ti, pi, set, q, o) in remote {
+        let name = topics[ti].name.0.to_string();
+        let started = std::time::Instant::now();
+        let res = match k.broker.remote_offsets() {
+            Some(fw) => fw.commit(&set, &group, &name, q, o).await,
+            None => Err("no route to other broker sets".into()),
+        };
+        remote_done("commit", started, res.is_ok());
+        if let Err(e) = res {
+            tracing::debug!(
+                group,
+                topic = name,
+                set,
+                queue = q,
+                error = e,
+                "offset commit forward failed"
+            );
+            topics[ti].partitions[pi].error_code = errors::COORDINATOR_NOT_AVAILABLE;
+        }
+    }
     OffsetCommitResponse::default().with_topics(topics)
 }
 
-/// (offset, metadata, leader epoch) committed, or (-1, "", -1).
-fn committed(k: &Kafka, group: &str, topic: &str, partition: i32) -> (i64, Option<String>, i32) {
-    match k.broker.store().offsets().get(group, topic, partition.max(0) as u32) {
-        Some(o) if partition >= 0 => (o.offset as i64, Some(o.metadata), o.leader_epoch),
-        _ => (-1, Some(String::new()), -1),
+/// (offset, metadata, leader epoch) committed, or (-1, "", -1); another
+/// set's queue is read on its master (an unreachable one: an error code).
+async fn committed(k: &Kafka, group: &str, topic: &str, partition: i32) -> Result<(i64, Option<String>, i32), i16> {
+    let info = k.broker.topics().get(topic);
+    let none = (-1, Some(String::new()), -1);
+    match place(k, info.as_ref(), partition) {
+        Place::Here(q) => Ok(match k.broker.store().offsets().get(group, topic, q) {
+            Some(o) => (o.offset as i64, Some(o.metadata), o.leader_epoch),
+            None => none,
+        }),
+        Place::Set(set, q) => {
+            let started = std::time::Instant::now();
+            let res = match k.broker.remote_offsets() {
+                Some(fw) => fw.fetch(&set, group, topic, q).await,
+                None => Err("no route to other broker sets".into()),
+            };
+            remote_done("fetch", started, res.is_ok());
+            match res {
+                Ok(Some(o)) => Ok((o.offset as i64, Some(o.metadata), o.leader_epoch)),
+                Ok(None) => Ok(none),
+                Err(e) => {
+                    tracing::debug!(group, topic, set, queue = q, error = e, "offset fetch forward failed");
+                    Err(errors::COORDINATOR_NOT_AVAILABLE)
+                }
+            }
+        }
+        Place::Unknown => Ok(none),
     }
 }
 
-/// (topic, partitions) requested, or every committed one when `None`.
+/// (topic, partitions) requested, or every committed one when `None`: this
+/// set's queues as their Kafka partitions, and for those topics the
+/// partitions other sets hold.
 fn wanted(k: &Kafka, group: &str, topics: Option<Vec<(String, Vec<i32>)>>) -> Vec<(String, Vec<i32>)> {
     match topics {
         Some(t) => t,
         None => {
+            let own = k.broker.own_set();
             let mut by_topic: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
             for (t, q, _) in k.broker.store().offsets().group_offsets(group) {
-                by_topic.entry(t).or_default().push(q as i32);
+                let info = k.broker.topics().get(&t);
+                let p = match &info {
+                    Some(i) => i.kafka_partition_of(own, q),
+                    None => Some(q as i32),
+                };
+                if let Some(p) = p {
+                    by_topic.entry(t).or_default().push(p);
+                }
+            }
+            for (t, ps) in by_topic.iter_mut() {
+                if let Some(info) = k.broker.topics().get(t) {
+                    for (p, r) in info.placement.iter().enumerate() {
+                        if Some(r.set.as_str()) != own {
+                            ps.push(p as i32);
+                        }
+                    }
+                }
+                ps.sort_unstable();
             }
             by_topic.into_iter().collect()
         }
     }
 }
 
-pub fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetchResponse {
+pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetchResponse {
     if version >= 8 {
-        let groups = r
-            .groups
-            .into_iter()
-            .map(|g| {
-                let group = g.group_id.0.to_string();
-                let req = g.topics.map(|ts| {
-                    ts.into_iter()
-                        .map(|t| (t.name.0.to_string(), t.partition_indexes))
-                        .collect()
-                });
-                let topics = wanted(k, &group, req)
-                    .into_iter()
-                    .map(|(t, ps)| {
-                        let partitions = ps
-                            .into_iter()
-                            .map(|p| {
-                                let (off, meta, epoch) = committed(k, &group, &t, p);
-                                OffsetFetchResponsePartitions::default()
-                                    .with_partition_index(p)
-                                    .with_committed_offset(off)
-                                    .with_committed_leader_epoch(epoch)
-                                    .with_metadata(meta.map(|m| str_bytes(&m)))
-                            })
-                            .collect();
-                        OffsetFetchResponseTopics::default()
-                            .with_name(TopicName(str_bytes(&t)))
-                            .with_partitions(partitions)
-                    })
-                    .collect();
+        let mut groups = Vec::with_capacity(r.groups.len());
+        for g in r.groups {
+            let group = g.group_id.0.to_string();
+            let req = g.topics.map(|ts| {
+                ts.into_iter()
+                    .map(|t| (t.name.0.to_string(), t.partition_indexes))
+                    .collect()
+            });
+            let mut topics = Vec::new();
+            let mut group_error = errors::NONE;
+            for (t, ps) in wanted(k, &group, req) {
+                let mut partitions = Vec::with_capacity(ps.len());
+                for p in ps {
+                    let (off, meta, epoch) = match committed(k, &group, &t, p).await {
+                        Ok(c) => c,
+                        Err(code) => {
+                            group_error = code;
+                            (-1, Some(String::new()), -1)
+                        }
+                    };
+                    partitions.push(
+                        OffsetFetchResponsePartitions::default()
+                            .with_partition_index(p)
+                            .with_committed_offset(off)
+                            .with_committed_leader_epoch(epoch)
+                            .with_metadata(meta.map(|m| str_bytes(&m))),
+                    );
+                }
+                topics.push(
+                    OffsetFetchResponseTopics::default()
+                        .with_name(TopicName(str_bytes(&t)))
+                        .with_partitions(partitions),
+                );
+            }
+            groups.push(
                 OffsetFetchResponseGroup::default()
                     .with_group_id(g.group_id)
-                    .with_topics(topics)
-            })
-            .collect();
+                    .with_error_code(group_error)
+                    .with_topics(if group_error == errors::NONE {
+                        topics
+                    } else {
+                        Vec::new()
+                    }),
+            );
+        }
         return OffsetFetchResponse::default().with_groups(groups);
     }
     let group = r.group_id.0.to_string();
@@ -142,24 +271,38 @@ pub fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetchRespo
             .map(|t| (t.name.0.to_string(), t.partition_indexes))
             .collect()
     });
-    let topics = wanted(k, &group, req)
-        .into_iter()
-        .map(|(t, ps)| {
-            let partitions = ps
-                .into_iter()
-                .map(|p| {
-                    let (off, meta, epoch) = committed(k, &group, &t, p);
-                    OffsetFetchResponsePartition::default()
-                        .with_partition_index(p)
-                        .with_committed_offset(off)
-                        .with_committed_leader_epoch(epoch)
-                        .with_metadata(meta.map(|m| str_bytes(&m)))
-                })
-                .collect();
+    let mut topics = Vec::new();
+    let mut top_error = errors::NONE;
+    for (t, ps) in wanted(k, &group, req) {
+        let mut partitions = Vec::with_capacity(ps.len());
+        for p in ps {
+            let (off, meta, epoch, code) = match committed(k, &group, &t, p).await {
+                Ok((o, m, e)) => (o, m, e, errors::NONE),
+                Err(code) => {
+                    top_error = code;
+                    (-1, Some(String::new()), -1, code)
+                }
+            };
+            partitions.push(
+                OffsetFetchResponsePartition::default()
+                    .with_partition_index(p)
+                    .with_committed_offset(off)
+                    .with_committed_leader_epoch(epoch)
+                    .with_metadata(meta.map(|m| str_bytes(&m)))
+                    .with_error_code(code),
+            );
+        }
+        topics.push(
             OffsetFetchResponseTopic::default()
                 .with_name(TopicName(str_bytes(&t)))
-                .with_partitions(partitions)
-        })
-        .collect();
-    OffsetFetchResponse::default().with_topics(topics)
+                .with_partitions(partitions),
+        );
+    }
+    // v2+: a top-level error the client retries (a set unreachable).
+    let resp = OffsetFetchResponse::default().with_topics(topics);
+    if version >= 2 {
+        resp.with_error_code(top_error)
+    } else {
+        resp
+    }
 }

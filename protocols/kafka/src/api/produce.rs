@@ -6,7 +6,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use rokka_broker::validate::{validate, BatchError};
-use rokka_broker::SequenceCheck;
+use rokka_broker::{Located, SequenceCheck};
 
 use crate::errors;
 use crate::Kafka;
@@ -122,6 +122,14 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                 .with_log_append_time_ms(-1)
                 .with_log_start_offset(-1);
             let mut append_time = -1;
+            // The partition's queue here; another broker set's partition is
+            // its master's to take.
+            let at = match broker.locate(&topic, p.index) {
+                Some(Located::Here(q)) => Ok(q),
+                Some(Located::OtherSet) => Err(errors::NOT_LEADER_OR_FOLLOWER),
+                _ => Err(errors::UNKNOWN_TOPIC_OR_PARTITION),
+            };
+            let q = at.unwrap_or(0);
             let result = if !store.is_leader() {
                 // Cluster mode, not the set's master: before any sequence
                 // check, so a retry goes to the master with its sequence
@@ -131,6 +139,8 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                 Err(errors::NOT_LEADER_OR_FOLLOWER)
             } else if !exists || p.index < 0 {
                 Err(errors::UNKNOWN_TOPIC_OR_PARTITION)
+            } else if let Err(code) = at {
+                Err(code)
             } else if r.acks == -1 && cfg.as_ref().is_some_and(|c| c.min_insync_replicas > 1) {
                 // One replica per partition today: acks=all cannot meet
                 // a topic's min.insync.replicas above 1 (as Kafka refuses).
@@ -158,7 +168,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                                 let pid = i64::from_be_bytes([b[43], b[44], b[45], b[46], b[47], b[48], b[49], b[50]]);
                                 let epoch = i16::from_be_bytes([b[51], b[52]]);
                                 match rokka_broker::offload(|| {
-                                    broker.append_transactional_batch(&topic, p.index as u32, b, pid, epoch)
+                                    broker.append_transactional_batch(&topic, q, b, pid, epoch)
                                 }) {
                                     Ok(r) => r,
                                     Err(code) => {
@@ -167,7 +177,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                                     }
                                 }
                             } else {
-                                rokka_broker::offload(|| broker.append_kafka_batch_checked(&topic, p.index as u32, b))
+                                rokka_broker::offload(|| broker.append_kafka_batch_checked(&topic, q, b))
                             };
                             match appended {
                                 Ok((verdict, Some(offset), end)) => {
@@ -204,7 +214,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                     resp.base_offset = base;
                     resp.log_append_time_ms = append_time;
                     if version >= 5 {
-                        resp.log_start_offset = store.min_offset(&topic, p.index as u32) as i64;
+                        resp.log_start_offset = store.min_offset(&topic, q) as i64;
                     }
                 }
                 Err(code) => {

@@ -29,7 +29,7 @@ pub fn elect_leaders(k: &Kafka, r: ElectLeadersRequest) -> ElectLeadersResponse 
             .topics()
             .all()
             .into_iter()
-            .map(|(n, i)| (n, (0..i.partitions as i32).collect()))
+            .map(|(n, i)| (n, (0..i.kafka_partitions() as i32).collect()))
             .collect(),
     };
     let results = asked

@@ -198,7 +198,7 @@ pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartiti
             let res = if r.validate_only {
                 match k.broker.topics().get(t.name.0.as_str()) {
                     None => Err((errors::UNKNOWN_TOPIC_OR_PARTITION, "unknown topic".to_string())),
-                    Some(i) if t.count as u32 <= i.partitions => {
+                    Some(i) if t.count as u32 <= i.kafka_partitions() => {
                         Err((errors::INVALID_PARTITIONS, "the new count must be larger".to_string()))
                     }
                     Some(_) => Ok(()),

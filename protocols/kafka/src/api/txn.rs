@@ -19,19 +19,40 @@ use crate::errors;
 use crate::Kafka;
 
 pub fn add_partitions(k: &Kafka, r: AddPartitionsToTxnRequest) -> AddPartitionsToTxnResponse {
+    // Partitions as this node's queues. A transaction's markers are
+    // written by this node's set only: a partition of another broker set
+    // cannot join one (docs/cluster.md, several broker sets).
     let wanted: Vec<(String, i32)> = r
         .v3_and_below_topics
         .iter()
-        .flat_map(|t| t.partitions.iter().map(move |p| (t.name.0.to_string(), *p)))
+        .flat_map(|t| {
+            t.partitions.iter().map(move |p| {
+                let q = match k.broker.locate(t.name.0.as_str(), *p) {
+                    Some(rokka_broker::Located::Here(q)) => q as i32,
+                    Some(rokka_broker::Located::OtherSet) => -2,
+                    _ => *p,
+                };
+                (t.name.0.to_string(), q)
+            })
+        })
         .collect();
-    let codes = match k.broker.txn_add_partitions(
-        r.v3_and_below_transactional_id.as_str(),
-        r.v3_and_below_producer_id.0,
-        r.v3_and_below_producer_epoch,
-        &wanted,
-    ) {
-        Ok(codes) => codes,
-        Err(e) => vec![e; wanted.len()],
+    let elsewhere = wanted.iter().any(|(_, q)| *q == -2);
+    let codes = if elsewhere {
+        tracing::info!(
+            transactional_id = r.v3_and_below_transactional_id.as_str(),
+            "AddPartitionsToTxn refused: a partition lives on another broker set"
+        );
+        vec![errors::INVALID_REQUEST; wanted.len()]
+    } else {
+        match k.broker.txn_add_partitions(
+            r.v3_and_below_transactional_id.as_str(),
+            r.v3_and_below_producer_id.0,
+            r.v3_and_below_producer_epoch,
+            &wanted,
+        ) {
+            Ok(codes) => codes,
+            Err(e) => vec![e; wanted.len()],
+        }
     };
     let mut at = 0;
     let results = r
@@ -92,9 +113,13 @@ pub fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -> TxnO
         let name = t.name.0.to_string();
         let info = k.broker.topics().get(&name);
         for p in &t.partitions {
-            let known = info.as_ref().is_some_and(|i| i.has_partition(p.partition_index));
+            let q = super::queue_of(k, info.as_ref(), p.partition_index);
             let meta = p.committed_metadata.as_ref().map_or("", |m| m.as_str());
-            if !known || p.committed_offset < 0 {
+            if q == Err(errors::NOT_LEADER_OR_FOLLOWER) {
+                // Another broker set's partition: its offsets are that
+                // set's, outside this coordinator's transaction.
+                bad.push((name.clone(), p.partition_index, errors::INVALID_REQUEST));
+            } else if q.is_err() || p.committed_offset < 0 {
                 bad.push((name.clone(), p.partition_index, errors::UNKNOWN_TOPIC_OR_PARTITION));
             } else if meta.len() > max_meta {
                 bad.push((name.clone(), p.partition_index, errors::OFFSET_METADATA_TOO_LARGE));
@@ -102,7 +127,7 @@ pub fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -> TxnO
                 pending.push(PendingOffset {
                     group: group.clone(),
                     topic: name.clone(),
-                    partition: p.partition_index as u32,
+                    partition: q.unwrap_or(0),
                     offset: p.committed_offset as u64,
                     metadata: meta.to_string(),
                     leader_epoch: p.committed_leader_epoch,
@@ -174,13 +199,20 @@ pub fn describe(k: &Kafka, r: DescribeTransactionsRequest) -> DescribeTransactio
         .map(|id| match k.broker.kafka_txns().get(id.as_str()) {
             Some(m) => {
                 let mut topics: Vec<TopicData> = Vec::new();
-                for (t, p) in &m.partitions {
+                for (t, q) in &m.partitions {
+                    // Stored as this set's queues; listed as Kafka partitions.
+                    let p = k
+                        .broker
+                        .topics()
+                        .get(t)
+                        .and_then(|i| i.kafka_partition_of(k.broker.own_set(), *q))
+                        .unwrap_or(*q as i32);
                     match topics.iter_mut().find(|x| x.topic.0.as_str() == t) {
-                        Some(x) => x.partitions.push(*p as i32),
+                        Some(x) => x.partitions.push(p),
                         None => topics.push(
                             TopicData::default()
                                 .with_topic(TopicName(str_bytes(t)))
-                                .with_partitions(vec![*p as i32]),
+                                .with_partitions(vec![p]),
                         ),
                     }
                 }
@@ -258,13 +290,14 @@ pub fn describe_producers(k: &Kafka, r: DescribeProducersRequest) -> DescribePro
                 .partition_indexes
                 .into_iter()
                 .map(|p| {
-                    let known = info.as_ref().is_some_and(|i| i.has_partition(p));
-                    if !known {
-                        return PartitionResponse::default()
-                            .with_partition_index(p)
-                            .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION);
-                    }
-                    let q = p as u32;
+                    let q = match super::queue_of(k, info.as_ref(), p) {
+                        Ok(q) => q,
+                        Err(code) => {
+                            return PartitionResponse::default()
+                                .with_partition_index(p)
+                                .with_error_code(code)
+                        }
+                    };
                     let active = k
                         .broker
                         .producers()

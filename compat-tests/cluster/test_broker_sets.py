@@ -1,0 +1,247 @@
+"""Two broker sets of two nodes behind one etcd (docs/cluster.md, "Several
+broker sets"): a topic's partitions are placed over both sets; Kafka
+Metadata from any node names each partition's set master; every name
+server routes both sets' queues under their broker names; a message
+produced by either protocol to partition p is the one the other reads at
+(set, queue); a Kafka group coordinated on one set commits the offsets of
+the other set's partitions on that set, where RocketMQ consumers of the
+same group find them."""
+import json
+import re
+import socket
+import struct
+import subprocess
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import Cluster, read_topic
+
+HARNESS = __import__("test_rocketmq").HARNESS
+
+SETS = {1: "set-a", 2: "set-a", 3: "set-b", 4: "set-b"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster("sets", n=4, min_isr=1, extra=lambda i: f'broker_set = "{SETS[i]}"')
+    yield c
+    c.close()
+
+
+def masters(cluster, timeout=30):
+    """{set: master node id} once both sets have one."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = {SETS[i]: i for i, n in cluster.nodes.items() if n.proc and cluster.role(i) == "master"}
+        # ... and every node knows both sets (a set a node has not seen
+        # yet takes none of the topics it creates).
+        if len(found) == 2 and all(sets_known(n) == 2 for n in cluster.nodes.values() if n.proc):
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"masters within {timeout} s: {found}")
+
+
+def sets_known(node):
+    try:
+        return node.metric_values().get("rokka_cluster_sets")
+    except OSError:
+        return None
+
+
+def remoting(port, code, ext, timeout=5):
+    """One raw RocketMQ remoting call: (response code, ext fields, body)."""
+    header = json.dumps(
+        {"code": code, "language": "JAVA", "version": 0, "opaque": 1, "flag": 0, "extFields": ext}
+    ).encode()
+    frame = struct.pack(">I", 4 + len(header)) + struct.pack(">I", len(header)) + header
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(frame)
+        n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+        data = b""
+        while len(data) < n:
+            data += s.recv(n - len(data))
+    hlen = struct.unpack(">I", data[:4])[0] & 0xFFFFFF
+    h = json.loads(data[4 : 4 + hlen])
+    return h["code"], h.get("extFields") or {}, data[4 + hlen :].decode()
+
+
+def queue_counts(node, topic):
+    """{broker name: read queue count} in `node`'s name server route."""
+    code, _, body = remoting(node.namesrv_port, 105, {"topic": topic})
+    if code != 0:
+        return {}
+    out = {}
+    for q in re.findall(r"\{[^{}]*\"brokerName\"[^{}]*\"readQueueNums\"[^{}]*\}", body):
+        name = re.search(r'"brokerName":"([^"]+)"', q).group(1)
+        out[name] = int(re.search(r'"readQueueNums":(\d+)', q).group(1))
+    return out
+
+
+def create_topic(cluster, topic, partitions, via):
+    a = AdminClient({"bootstrap.servers": cluster.nodes[via].bootstrap})
+    for f in a.create_topics([NewTopic(topic, partitions, 1)]).values():
+        f.result(15)
+    return a
+
+
+def leaders(admin, topic, want):
+    """{partition: leader} once Metadata lists `want` partitions with leaders."""
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        md = admin.list_topics(topic, timeout=10).topics.get(topic)
+        if md and len(md.partitions) == want and all(p.leader >= 0 for p in md.partitions.values()):
+            return {p: md.partitions[p].leader for p in md.partitions}
+        time.sleep(0.2)
+    raise AssertionError(f"{topic}: {want} partitions with leaders")
+
+
+def placement(lead, masters_by_set):
+    """{partition: (set, queue)} from the leaders: a set's queues are its
+    partitions in partition order (docs/decisions/0005)."""
+    set_of = {m: s for s, m in masters_by_set.items()}
+    seen, out = {}, {}
+    for p in sorted(lead):
+        s = set_of[lead[p]]
+        out[p] = (s, seen.get(s, 0))
+        seen[s] = seen.get(s, 0) + 1
+    return out
+
+
+def test_partitions_spread_over_both_sets_and_every_node_agrees(cluster):
+    m = masters(cluster)
+    a = create_topic(cluster, "spread", 12, via=4)
+    lead = leaders(a, "spread", 12)
+    assert sorted(set(lead.values())) == sorted(m.values()), (lead, m)
+    assert sorted(list(lead.values()).count(x) for x in m.values()) == [6, 6], lead
+    # Every node's Metadata and every name server say the same.
+    for i, node in cluster.nodes.items():
+        again = leaders(AdminClient({"bootstrap.servers": node.bootstrap}), "spread", 12)
+        assert again == lead, (i, again, lead)
+        deadline = time.time() + 10
+        while time.time() < deadline and queue_counts(node, "spread") != {"set-a": 6, "set-b": 6}:
+            time.sleep(0.2)
+        assert queue_counts(node, "spread") == {"set-a": 6, "set-b": 6}, (i, queue_counts(node, "spread"))
+    # The name server's cluster info lists both sets' brokers.
+    code, _, body = remoting(cluster.nodes[1].namesrv_port, 106, {})
+    assert code == 0 and '"set-a"' in body and '"set-b"' in body, body[:500]
+    # Adding partitions appends: nothing placed moves.
+    from confluent_kafka.admin import NewPartitions
+
+    for f in a.create_partitions([NewPartitions("spread", 16)]).values():
+        f.result(15)
+    grown = leaders(a, "spread", 16)
+    assert {p: grown[p] for p in lead} == lead
+    assert sorted(list(grown.values()).count(x) for x in m.values()) == [8, 8], grown
+
+
+def test_each_protocol_reads_what_the_other_wrote_at_the_same_set_and_queue(cluster):
+    m = masters(cluster)
+    topic, per = "crossing", 40
+    a = create_topic(cluster, topic, 12, via=1)
+    where = placement(leaders(a, topic, 12), m)
+    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all", "enable.idempotence": True})
+    for i in range(per):
+        for part in range(12):
+            p.produce(topic, value=f"k-{part}-{i}".encode(), partition=part)
+    assert p.flush(30) == 0
+    # RocketMQ producers spread over both sets' queues.
+    out = subprocess.run(
+        [HARNESS, f"127.0.0.1:{cluster.nodes[3].namesrv_port}", "cross-produce", topic, "120"],
+        capture_output=True, timeout=150, text=True,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    # Kafka reads every message, each partition in order.
+    values = read_topic(cluster.bootstrap(), topic, 12)
+    kafka_values = [v for v in values if v.startswith("k-")]
+    assert len(kafka_values) == 12 * per and len(set(kafka_values)) == 12 * per
+    for part in range(12):
+        mine = [int(v.split("-")[2]) for v in kafka_values if v.split("-")[1] == str(part)]
+        assert mine == list(range(per)), (part, mine[:10])
+    assert sorted(v for v in values if v.startswith("rmq-")) == sorted(f"rmq-{i}-é" for i in range(120))
+    # A RocketMQ consumer gets each Kafka record from (set, queue) = the
+    # partition's place; the storing broker names the set.
+    ports = {str(cluster.nodes[i].broker_port): SETS[i] for i in cluster.nodes}
+    out = subprocess.run(
+        [HARNESS, f"127.0.0.1:{cluster.nodes[2].namesrv_port}", "cross-consume", topic, "sets-cross", str(12 * per + 120)],
+        capture_output=True, timeout=150, text=True,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    seen = {}
+    for line in out.stdout.splitlines():
+        if not line.startswith("compat: msg "):
+            continue
+        q, _off, _born, body, _keys, _tags, _props, host = line[len("compat: msg "):].split(" ")
+        body = bytes.fromhex(body).decode() if body != "-" else ""
+        if body.startswith("k-"):
+            seen[body] = (ports[host.rsplit(":", 1)[1]], int(q))
+    assert len(seen) == 12 * per, len(seen)
+    for body, at in seen.items():
+        part = int(body.split("-")[1])
+        assert at == where[part], (body, at, where[part])
+
+
+def committed(bootstrap, group, topic, partitions):
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    got = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=15)
+    c.close()
+    return {tp.partition: tp.offset for tp in got}
+
+
+def test_a_kafka_group_commits_on_every_set_and_rocketmq_members_continue(cluster):
+    """The sequential migration over two sets: a Kafka group consumes and
+    commits (the coordinator forwards the other set's partitions' commits
+    to that set's master); RocketMQ consumers of the same group start
+    where it stopped, on both sets; their commits are what Kafka reads."""
+    m = masters(cluster)
+    topic, group = "migrating", "sets-migrate"
+    a = create_topic(cluster, topic, 6, via=2)
+    where = placement(leaders(a, topic, 6), m)
+    assert {s for s, _ in where.values()} == {"set-a", "set-b"}, where
+    p = Producer({"bootstrap.servers": cluster.bootstrap()})
+    for i in range(60):
+        p.produce(topic, value=f"first-{i}".encode(), partition=i % 6)
+    assert p.flush(30) == 0
+    c = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap(),
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    c.subscribe([topic])
+    got = []
+    deadline = time.time() + 40
+    while len(got) < 60 and time.time() < deadline:
+        msg = c.poll(0.5)
+        if msg is not None and not msg.error():
+            got.append(msg.value().decode())
+    assert len(got) == 60, len(got)
+    c.commit(asynchronous=False)
+    c.close()
+    assert committed(cluster.bootstrap(), group, topic, 6) == {q: 10 for q in range(6)}
+    # Each set holds its own queues' offsets: RocketMQ's QUERY_CONSUMER_OFFSET
+    # on each set's master answers for its queues.
+    for part, (s, q) in where.items():
+        code, ext, _ = remoting(cluster.nodes[m[s]].broker_port, 14, {"consumerGroup": group, "topic": topic, "queueId": str(q)})
+        assert code == 0 and ext.get("offset") == "10", (part, s, q, code, ext)
+    # More messages; RocketMQ members of the group take only those.
+    for i in range(60):
+        p.produce(topic, value=f"second-{i}".encode(), partition=i % 6)
+    assert p.flush(30) == 0
+    out = subprocess.run(
+        [HARNESS, f"127.0.0.1:{cluster.nodes[1].namesrv_port}", "cross-consume", topic, group, "60"],
+        capture_output=True, timeout=150, text=True,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    bodies = [
+        bytes.fromhex(l.split(" ")[5]).decode() for l in out.stdout.splitlines() if l.startswith("compat: msg ")
+    ]
+    assert sorted(bodies) == sorted(f"second-{i}" for i in range(60)), bodies[:5]
+    # ... and Kafka reads back what they committed on both sets.
+    deadline = time.time() + 15
+    while time.time() < deadline and committed(cluster.bootstrap(), group, topic, 6) != {q: 20 for q in range(6)}:
+        time.sleep(0.5)
+    assert committed(cluster.bootstrap(), group, topic, 6) == {q: 20 for q in range(6)}

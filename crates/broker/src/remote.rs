@@ -1,0 +1,53 @@
+//! Cluster mode with several broker sets: committed offsets of a queue
+//! live with the queue's set (as RocketMQ keeps them), so a Kafka group
+//! coordinator reads and writes those of other sets' queues on their
+//! masters. The frontends see this trait; the RocketMQ frontend provides
+//! it with the remoting codes a RocketMQ consumer uses
+//! (UPDATE_CONSUMER_OFFSET, QUERY_CONSUMER_OFFSET).
+
+use std::future::Future;
+use std::pin::Pin;
+
+/// A call to another set: its result, or why it failed (the caller answers
+/// a retriable error rather than losing a commit).
+pub type RemoteCall<'a, T> = Pin<Box<dyn Future<Output = Result<T, String>> + Send + 'a>>;
+
+/// One committed offset as another set keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteOffset {
+    pub offset: u64,
+    pub metadata: String,
+    pub leader_epoch: i32,
+}
+
+pub trait RemoteOffsets: Send + Sync + std::fmt::Debug {
+    /// Commits `offset` for (group, topic, queue) on the master of `set`.
+    fn commit<'a>(
+        &'a self,
+        set: &'a str,
+        group: &'a str,
+        topic: &'a str,
+        queue: u32,
+        committed: RemoteOffset,
+    ) -> RemoteCall<'a, ()>;
+
+    /// What (group, topic, queue) has committed on the master of `set`.
+    fn fetch<'a>(
+        &'a self,
+        set: &'a str,
+        group: &'a str,
+        topic: &'a str,
+        queue: u32,
+    ) -> RemoteCall<'a, Option<RemoteOffset>>;
+}
+
+/// Cluster mode: topics are created in the cluster's table (etcd) first,
+/// so two nodes creating one topic at once (a Kafka CreateTopics on one, an
+/// auto-creation on another) end with one record, as Kafka's controller
+/// decides. Called from blocking contexts ([`crate::offload`]).
+pub trait ClusterTopics: Send + Sync + std::fmt::Debug {
+    /// Writes `info` (its cluster form) for `name` unless a record exists:
+    /// `Ok(None)` when this call created it, `Ok(Some(existing))` when
+    /// another node had (the caller takes that record).
+    fn create(&self, name: &str, info: &crate::TopicInfo) -> Result<Option<crate::TopicInfo>, String>;
+}
