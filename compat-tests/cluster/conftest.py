@@ -98,7 +98,7 @@ def read_topic(bootstrap, topic, partitions, timeout=60, **conf):
 class Cluster:
     """Nodes 1..n of one broker set."""
 
-    def __init__(self, name, n=3, min_isr=2, extra=""):
+    def __init__(self, name, n=3, min_isr=2, extra="", metrics_extra=""):
         """`extra`: more `[cluster]` lines, or a function of the node id
         returning them."""
         self.dir = results_dir("cluster", name)
@@ -111,6 +111,7 @@ class Cluster:
                 wd,
                 broker_extra="default_partitions = 2",
                 group_extra="initial_rebalance_delay_ms = 0\nmin_session_timeout_ms = 1000",
+                metrics_extra=metrics_extra,
                 cluster_extra=(
                     f'etcd_endpoints = ["{self.etcd.endpoint}"]\nname = "{name}"\nnode_id = {i}\n'
                     f'min_insync_replicas = {min_isr}\nlease_ttl_secs = 2\n'
@@ -161,3 +162,59 @@ class Cluster:
             codes[i] = n.close()
         self.etcd.close()
         return codes
+
+
+SETS = {1: "set-a", 2: "set-a", 3: "set-b", 4: "set-b"}
+
+
+class TwoSets(Cluster):
+    """Two broker sets of two nodes (1, 2: set-a; 3, 4: set-b) behind one
+    etcd, each set taking writes with one in-sync member (min ISR 1)."""
+
+    def __init__(self, name, metrics_extra=""):
+        super().__init__(name, n=4, min_isr=1, extra=lambda i: f'broker_set = "{SETS[i]}"', metrics_extra=metrics_extra)
+
+    def sets_known(self, i):
+        try:
+            return self.nodes[i].metric_values().get("rokka_cluster_sets")
+        except OSError:
+            return None
+
+    def masters(self, timeout=30, exclude=()):
+        """{set: master node id} once both sets have one and every running
+        node knows both sets (a set a node has not seen yet takes none of
+        the topics it creates)."""
+        deadline = time.time() + timeout
+        found = {}
+        while time.time() < deadline:
+            found = {
+                SETS[i]: i for i, n in self.nodes.items() if n.proc and i not in exclude and self.role(i) == "master"
+            }
+            if len(found) == 2 and all(self.sets_known(i) == 2 for i, n in self.nodes.items() if n.proc):
+                return found
+            time.sleep(0.2)
+        raise AssertionError(f"masters within {timeout} s: {found}")
+
+
+class AsOneBroker:
+    """A two-set cluster where a suite written for one rokka expects one:
+    the Kafka bootstrap lists every node, RocketMQ clients use node 1's name
+    server, and the metrics are the masters' summed (each master exports
+    its own set's queues)."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.bootstrap = cluster.bootstrap()
+        self.namesrv_port = cluster.nodes[1].namesrv_port
+
+    def metrics(self):
+        total = {}
+        for i in self.cluster.masters().values():
+            for line in self.cluster.nodes[i].metrics().splitlines():
+                if line and not line.startswith("#"):
+                    k, v = line.rsplit(" ", 1)
+                    total[k] = total.get(k, 0.0) + float(v)
+        return "\n".join(f"{k} {v}" for k, v in total.items())
+
+    def metric_values(self):
+        return {k: float(v) for k, v in (l.rsplit(" ", 1) for l in self.metrics().splitlines())}

@@ -27,3 +27,8 @@ if [[ -z ${ROKKA_BIN:-} ]]; then
 fi
 cd "$here"
 "$venv/bin/python" -m pytest -q -s --timeout 600 -p no:cacheprovider "$@"
+# The sequential migration case of compat-tests/cross (a group moved from
+# RocketMQ clients to Kafka clients and back) on two broker sets.
+cd "$root/compat-tests/cross"
+ROKKA_CROSS_ON_TWO_SETS=1 "$venv/bin/python" -m pytest -q -s --timeout 600 -p no:cacheprovider \
+  test_cross.py -k "group_moves_from_rocketmq_to_kafka_and_back"

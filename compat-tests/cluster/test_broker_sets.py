@@ -16,38 +16,19 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import Cluster, read_topic
+from conftest import SETS, TwoSets, read_topic
 
 HARNESS = __import__("test_rocketmq").HARNESS
 
-SETS = {1: "set-a", 2: "set-a", 3: "set-b", 4: "set-b"}
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    c = Cluster("sets", n=4, min_isr=1, extra=lambda i: f'broker_set = "{SETS[i]}"')
+    c = TwoSets("sets")
     yield c
     c.close()
 
 
 def masters(cluster, timeout=30):
-    """{set: master node id} once both sets have one."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        found = {SETS[i]: i for i, n in cluster.nodes.items() if n.proc and cluster.role(i) == "master"}
-        # ... and every node knows both sets (a set a node has not seen
-        # yet takes none of the topics it creates).
-        if len(found) == 2 and all(sets_known(n) == 2 for n in cluster.nodes.values() if n.proc):
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"masters within {timeout} s: {found}")
-
-
-def sets_known(node):
-    try:
-        return node.metric_values().get("rokka_cluster_sets")
-    except OSError:
-        return None
+    return cluster.masters(timeout)
 
 
 def remoting(port, code, ext, timeout=5):
@@ -245,3 +226,52 @@ def test_a_kafka_group_commits_on_every_set_and_rocketmq_members_continue(cluste
     while time.time() < deadline and committed(cluster.bootstrap(), group, topic, 6) != {q: 20 for q in range(6)}:
         time.sleep(0.5)
     assert committed(cluster.bootstrap(), group, topic, 6) == {q: 20 for q in range(6)}
+
+
+def test_a_draining_set_takes_no_new_placements(cluster):
+    """`rokka cluster drain <set>`: new topics and new partitions go to the
+    other set; what was placed stays; `undrain` lets it take them again."""
+    from rokka_fixture import rokka_bin
+    from confluent_kafka.admin import NewPartitions
+
+    m = masters(cluster)
+    cfg = cluster.nodes[1].config
+
+    def rokka_cluster(*args):
+        p = subprocess.run([rokka_bin(), "--config", cfg, "cluster", *args], capture_output=True, timeout=30, text=True)
+        return p.returncode, p.stdout + p.stderr
+
+    a = create_topic(cluster, "before-drain", 4, via=1)
+    before = leaders(a, "before-drain", 4)
+    assert sorted(set(before.values())) == sorted(m.values())
+    assert rokka_cluster("drain", "set-b") == (0, "broker set set-b: draining\n")
+    code, out = rokka_cluster("drain", "no-such-set")
+    assert code == 1 and "no broker set" in out, out
+    deadline = time.time() + 10
+    while time.time() < deadline and any(
+        n.metric_values().get('rokka_cluster_set_draining{set="set-b"}') != 1.0 for n in cluster.nodes.values()
+    ):
+        time.sleep(0.2)
+    # Every node places on set-a only now.
+    for via in (2, 4):
+        name = f"drained-{via}"
+        a = create_topic(cluster, name, 4, via=via)
+        assert set(leaders(a, name, 4).values()) == {m["set-a"]}, name
+    for f in a.create_partitions([NewPartitions("before-drain", 6)]).values():
+        f.result(15)
+    grown = leaders(a, "before-drain", 6)
+    assert {p: grown[p] for p in before} == before, "placed partitions stay"
+    assert grown[4] == grown[5] == m["set-a"], grown
+    assert rokka_cluster("undrain", "set-b") == (0, "broker set set-b: taking placements\n")
+    deadline = time.time() + 10
+    while time.time() < deadline and any(
+        n.metric_values().get('rokka_cluster_set_draining{set="set-b"}') != 0.0 for n in cluster.nodes.values()
+    ):
+        time.sleep(0.2)
+    a = create_topic(cluster, "after-drain", 4, via=3)
+    assert sorted(set(leaders(a, "after-drain", 4).values())) == sorted(m.values())
+    # Operators see the placements per set.
+    counts = cluster.nodes[1].metric_values()
+    total = sum(v for k, v in counts.items() if k.startswith("rokka_cluster_set_partitions{"))
+    assert counts.get('rokka_cluster_set_master{set="set-b"}') == float(m["set-b"]), counts
+    assert total >= 4 + 6 + 8 + 4, counts

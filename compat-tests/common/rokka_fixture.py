@@ -20,6 +20,11 @@ import subprocess
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def rokka_bin():
+    """The rokka binary the suites run (ROKKA_BIN, else the debug build)."""
+    return os.environ.get("ROKKA_BIN", os.path.join(ROOT, "target", "debug", "rokka"))
 RESULTS = os.environ.get("ROKKA_RESULTS_DIR", os.path.join(ROOT, "target", "compat-results"))
 _seq = itertools.count()
 
@@ -158,7 +163,7 @@ preallocate = false
         self.log.flush()
         self.proc = subprocess.Popen(
             [
-                os.environ.get("ROKKA_BIN", os.path.join(ROOT, "target", "debug", "rokka")),
+                rokka_bin(),
                 "--config",
                 self.config,
                 "--ports-file",

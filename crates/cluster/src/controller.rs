@@ -476,6 +476,23 @@ impl Controller {
                 .map_err(|e| e.to_string())?;
         }
         self.synced = Some((revision, broker.topics().version(), master));
+        // Kafka partitions placed per set (topics without a placement are
+        // this set's).
+        let mut per_set: BTreeMap<String, u64> = BTreeMap::new();
+        if let Some(v) = broker.cluster_view() {
+            per_set.extend(v.sets.iter().map(|s| (s.name.clone(), 0)));
+        }
+        for (_, info) in broker.topics().all() {
+            if info.placement.is_empty() {
+                *per_set.entry(own.clone()).or_default() += u64::from(info.partitions);
+            }
+            for r in &info.placement {
+                *per_set.entry(r.set.clone()).or_default() += 1;
+            }
+        }
+        for (set, n) in per_set {
+            metrics::gauge!("rokka_cluster_set_partitions", "set" => set).set(n as f64);
+        }
         Ok(())
     }
 
@@ -522,6 +539,14 @@ impl Controller {
             })
             .collect();
         metrics::gauge!("rokka_cluster_sets").set(sets.len() as f64);
+        for s in &sets {
+            metrics::gauge!("rokka_cluster_set_master", "set" => s.name.clone()).set(s.master.map_or(-1.0, f64::from));
+            metrics::gauge!("rokka_cluster_set_draining", "set" => s.name.clone()).set(if s.draining {
+                1.0
+            } else {
+                0.0
+            });
+        }
         self.sh.publish_view(ClusterView {
             cluster: self.sh.cfg.name.clone(),
             self_id: self.me.id,
@@ -589,6 +614,30 @@ impl Controller {
         let r = self.client.txn(txn).await.map_err(err("txn"))?;
         Ok(r.succeeded())
     }
+}
+
+/// Marks broker set `set` as draining (no new topic or partition is
+/// placed on it; nothing placed moves) or takes the mark away, in the
+/// cluster `cfg` names (`rokka cluster drain|undrain`). The set must exist.
+pub async fn set_draining(cfg: &crate::ClusterConfig, set: &str, draining: bool) -> Res<()> {
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5));
+    let mut client = Client::connect(&cfg.etcd_endpoints, Some(opts))
+        .await
+        .map_err(err("connect"))?;
+    let prefix = format!("/rokka/{}/sets/{set}/", cfg.name);
+    let state = client.get(format!("{prefix}state"), None).await.map_err(err("get"))?;
+    if state.kvs().is_empty() {
+        return Err(format!("cluster {} has no broker set {set:?}", cfg.name));
+    }
+    let key = format!("{prefix}draining");
+    if draining {
+        client.put(key, "true", None).await.map_err(err("put"))?;
+    } else {
+        client.delete(key, None).await.map_err(err("delete"))?;
+    }
+    Ok(())
 }
 
 /// New topics go to etcd first (create-if-absent), from the blocking

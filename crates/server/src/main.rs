@@ -54,6 +54,24 @@ enum Command {
         #[command(subcommand)]
         action: StoreAction,
     },
+    /// Cluster mode: acts on the cluster the config's `[cluster]` names,
+    /// through its etcd.
+    Cluster {
+        #[command(subcommand)]
+        action: ClusterAction,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum ClusterAction {
+    /// Marks a broker set as draining: new topics and new partitions are
+    /// placed on the other sets; nothing already placed moves.
+    Drain {
+        /// The broker set (`cluster.broker_set` of its nodes).
+        set: String,
+    },
+    /// Lets a drained broker set take new placements again.
+    Undrain { set: String },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -112,6 +130,32 @@ fn main() -> ExitCode {
         }
         // In cluster mode the node id is the Kafka broker id.
         cfg.kafka.node_id = cfg.cluster.node_id as i32;
+    }
+    if let Some(Command::Cluster { action }) = &args.command {
+        let (set, draining) = match action {
+            ClusterAction::Drain { set } => (set, true),
+            ClusterAction::Undrain { set } => (set, false),
+        };
+        let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("rokka: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        return match rt.block_on(rokka_cluster::controller::set_draining(&cfg.cluster, set, draining)) {
+            Ok(()) => {
+                println!(
+                    "broker set {set}: {}",
+                    if draining { "draining" } else { "taking placements" }
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("rokka: {e}");
+                ExitCode::from(1)
+            }
+        };
     }
     if let Some(Command::Store {
         action: StoreAction::Check { reappend_lost_found },
