@@ -206,6 +206,7 @@ class AsOneBroker:
         self.cluster = cluster
         self.bootstrap = cluster.bootstrap()
         self.namesrv_port = cluster.nodes[1].namesrv_port
+        self.workdir = cluster.dir
 
     def metrics(self):
         total = {}

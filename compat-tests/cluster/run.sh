@@ -27,8 +27,9 @@ if [[ -z ${ROKKA_BIN:-} ]]; then
 fi
 cd "$here"
 "$venv/bin/python" -m pytest -q -s --timeout 600 -p no:cacheprovider "$@"
-# The sequential migration case of compat-tests/cross (a group moved from
-# RocketMQ clients to Kafka clients and back) on two broker sets.
+# Two cases of compat-tests/cross on two broker sets: the sequential
+# migration (a group moved from RocketMQ clients to Kafka clients and back)
+# and a live mixed group whose RocketMQ members are replaced by Kafka ones.
 cd "$root/compat-tests/cross"
 ROKKA_CROSS_ON_TWO_SETS=1 "$venv/bin/python" -m pytest -q -s --timeout 600 -p no:cacheprovider \
-  test_cross.py -k "group_moves_from_rocketmq_to_kafka_and_back"
+  test_cross.py -k "group_moves_from_rocketmq_to_kafka_and_back or replaced_one_by_one"

@@ -10,10 +10,11 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 /// One group's members on each side.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupMembers {
     pub rocketmq: BTreeSet<String>,
     pub kafka: BTreeSet<String>,
@@ -26,6 +27,17 @@ pub struct GroupMembers {
 impl GroupMembers {
     pub fn is_mixed(&self) -> bool {
         !self.rocketmq.is_empty() && !self.kafka.is_empty()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rocketmq.is_empty() && self.kafka.is_empty()
+    }
+
+    fn merge(&mut self, other: &GroupMembers) {
+        self.rocketmq.extend(other.rocketmq.iter().cloned());
+        self.kafka.extend(other.kafka.iter().cloned());
+        self.rocketmq_topics.extend(other.rocketmq_topics.iter().cloned());
+        self.kafka_topics.extend(other.kafka_topics.iter().cloned());
     }
 
     /// All member ids, sorted (the order RocketMQ's allocation uses).
@@ -42,8 +54,42 @@ enum Side {
 }
 
 #[derive(Debug, Default)]
+struct Groups {
+    /// Members this node's frontends reported.
+    local: HashMap<String, GroupMembers>,
+    /// Cluster mode: what the other nodes reported (node id → group →
+    /// members), through etcd: a RocketMQ client may ask any broker of its
+    /// topic for the group's members, and a Kafka coordinator must know
+    /// RocketMQ members that heartbeat only to other sets.
+    remote: HashMap<u32, HashMap<String, GroupMembers>>,
+    /// Local groups changed since the controller last published them.
+    dirty: BTreeSet<String>,
+}
+
+impl Groups {
+    /// The group as the whole cluster has it.
+    fn effective(&self, group: &str) -> Option<GroupMembers> {
+        let mut out: Option<GroupMembers> = self.local.get(group).cloned();
+        for node in self.remote.values() {
+            if let Some(g) = node.get(group) {
+                out.get_or_insert_with(GroupMembers::default).merge(g);
+            }
+        }
+        out.filter(|g| !g.is_empty())
+    }
+
+    fn names(&self) -> BTreeSet<String> {
+        let mut n: BTreeSet<String> = self.local.keys().cloned().collect();
+        for node in self.remote.values() {
+            n.extend(node.keys().cloned());
+        }
+        n
+    }
+}
+
+#[derive(Debug, Default)]
 pub struct Membership {
-    groups: Mutex<HashMap<String, GroupMembers>>,
+    groups: Mutex<Groups>,
     /// Groups with live Kafka KIP-848 (consumer-protocol) members: the
     /// broker assigns their partitions, so RocketMQ clients, which allocate
     /// queues themselves, cannot share them.
@@ -53,7 +99,7 @@ pub struct Membership {
 }
 
 impl Membership {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, GroupMembers>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Groups> {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -88,32 +134,110 @@ impl Membership {
     }
 
     fn set(&self, group: &str, side: Side, members: BTreeSet<String>, topics: BTreeSet<String>) {
-        let notify = {
+        let (to_kafka, to_rocketmq) = {
             let mut g = self.lock();
-            let e = g.entry(group.to_string()).or_default();
-            let (mine, my_topics, other) = match side {
-                Side::RocketMq => (&mut e.rocketmq, &mut e.rocketmq_topics, &e.kafka),
-                Side::Kafka => (&mut e.kafka, &mut e.kafka_topics, &e.rocketmq),
+            let before = g.effective(group).unwrap_or_default();
+            let e = g.local.entry(group.to_string()).or_default();
+            let (mine, my_topics) = match side {
+                Side::RocketMq => (&mut e.rocketmq, &mut e.rocketmq_topics),
+                Side::Kafka => (&mut e.kafka, &mut e.kafka_topics),
             };
             let changed = *mine != members || *my_topics != topics;
             *mine = members;
             *my_topics = topics;
-            let notify = changed && !other.is_empty();
-            if e.rocketmq.is_empty() && e.kafka.is_empty() {
-                g.remove(group);
+            if e.is_empty() {
+                g.local.remove(group);
             }
-            notify
+            if changed {
+                g.dirty.insert(group.to_string());
+            }
+            let after = g.effective(group).unwrap_or_default();
+            Self::changes(&before, &after)
         };
+        self.told(group, to_kafka, to_rocketmq);
+    }
+
+    /// Which side to tell of a change from `before` to `after`: the Kafka
+    /// side when the RocketMQ side moved while it has members, and the
+    /// other way round.
+    fn changes(before: &GroupMembers, after: &GroupMembers) -> (bool, bool) {
+        let rmq_moved = before.rocketmq != after.rocketmq || before.rocketmq_topics != after.rocketmq_topics;
+        let kafka_moved = before.kafka != after.kafka || before.kafka_topics != after.kafka_topics;
+        (
+            rmq_moved && !(after.kafka.is_empty() && before.kafka.is_empty()),
+            kafka_moved && !(after.rocketmq.is_empty() && before.rocketmq.is_empty()),
+        )
+    }
+
+    fn told(&self, group: &str, to_kafka: bool, to_rocketmq: bool) {
         metrics::gauge!("rokka_mixed_groups").set(self.mixed_count() as f64);
-        if notify {
-            Self::tell(
-                match side {
-                    Side::RocketMq => &self.to_kafka,
-                    Side::Kafka => &self.to_rocketmq,
-                },
-                group,
-            );
+        if to_kafka {
+            Self::tell(&self.to_kafka, group);
         }
+        if to_rocketmq {
+            Self::tell(&self.to_rocketmq, group);
+        }
+    }
+
+    /// Cluster mode: the groups other nodes reported (node id → group →
+    /// members), replacing what they reported before; each side of a group
+    /// whose other side moved is told.
+    pub fn set_remote(&self, remote: HashMap<u32, HashMap<String, GroupMembers>>) {
+        let moved: Vec<(String, bool, bool)> = {
+            let mut g = self.lock();
+            if g.remote == remote {
+                return;
+            }
+            let mut names = g.names();
+            for node in remote.values() {
+                names.extend(node.keys().cloned());
+            }
+            let before: Vec<(String, GroupMembers)> = names
+                .into_iter()
+                .map(|n| {
+                    let b = g.effective(&n).unwrap_or_default();
+                    (n, b)
+                })
+                .collect();
+            g.remote = remote;
+            before
+                .into_iter()
+                .filter_map(|(n, b)| {
+                    let a = g.effective(&n).unwrap_or_default();
+                    let (k, r) = Self::changes(&b, &a);
+                    (k || r).then_some((n, k, r))
+                })
+                .collect()
+        };
+        for (group, k, r) in moved {
+            self.told(&group, k, r);
+        }
+    }
+
+    /// Cluster mode: this node's groups that changed since the last call,
+    /// with their members now (None: none left here), for the controller
+    /// to publish; `all` takes every local group (after a new lease).
+    pub fn take_local_changes(&self, all: bool) -> Vec<(String, Option<GroupMembers>)> {
+        let mut g = self.lock();
+        let names: BTreeSet<String> = if all {
+            let mut n: BTreeSet<String> = g.local.keys().cloned().collect();
+            n.extend(std::mem::take(&mut g.dirty));
+            n
+        } else {
+            std::mem::take(&mut g.dirty)
+        };
+        names
+            .into_iter()
+            .map(|n| {
+                let m = g.local.get(&n).cloned();
+                (n, m)
+            })
+            .collect()
+    }
+
+    /// Marks groups to publish again (a failed etcd write).
+    pub fn republish(&self, groups: impl IntoIterator<Item = String>) {
+        self.lock().dirty.extend(groups);
     }
 
     /// Replaces the set of groups with live KIP-848 members.
@@ -148,16 +272,24 @@ impl Membership {
 
     /// The group's members when it has both kinds (cloned only then: pulls ask).
     pub fn mixed(&self, group: &str) -> Option<GroupMembers> {
-        self.lock().get(group).filter(|g| g.is_mixed()).cloned()
+        let g = self.lock();
+        if g.remote.is_empty() {
+            return g.local.get(group).filter(|m| m.is_mixed()).cloned();
+        }
+        g.effective(group).filter(|m| m.is_mixed())
     }
 
     pub fn get(&self, group: &str) -> GroupMembers {
-        self.lock().get(group).cloned().unwrap_or_default()
+        self.lock().effective(group).unwrap_or_default()
     }
 
     /// Groups with members on both sides.
     pub fn mixed_count(&self) -> usize {
-        self.lock().values().filter(|g| g.is_mixed()).count()
+        let g = self.lock();
+        g.names()
+            .iter()
+            .filter(|n| g.effective(n).is_some_and(|m| m.is_mixed()))
+            .count()
     }
 }
 
@@ -237,5 +369,46 @@ mod tests {
         m.set_rocketmq("g", set(&[]), set(&[]));
         assert_eq!(m.get("g"), GroupMembers::default());
         assert_eq!(m.mixed_count(), 0);
+    }
+
+    #[test]
+    fn members_other_nodes_know_count_and_are_published_once_changed() {
+        let m = Membership::default();
+        let mut to_kafka = m.kafka_events();
+        let mut to_rmq = m.rocketmq_events();
+        let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        // The Kafka coordinator is here; the RocketMQ clients heartbeat to
+        // another set's master only.
+        m.set_kafka("g", set(&["k1"]), set(&["T"]));
+        assert_eq!(m.take_local_changes(false).len(), 1);
+        assert!(m.take_local_changes(false).is_empty(), "published once");
+        let remote = |ids: &[&str]| {
+            let g = GroupMembers {
+                rocketmq: set(ids),
+                rocketmq_topics: set(&["T"]),
+                ..GroupMembers::default()
+            };
+            HashMap::from([(7u32, HashMap::from([("g".to_string(), g)]))])
+        };
+        m.set_remote(remote(&["r1"]));
+        assert_eq!(
+            to_kafka.try_recv().ok().as_deref(),
+            Some("g"),
+            "the Kafka side rebalances"
+        );
+        assert!(to_rmq.try_recv().is_err());
+        assert_eq!(m.get("g").all_ids(), vec!["k1".to_string(), "r1".to_string()]);
+        assert!(m.mixed("g").is_some());
+        assert_eq!(m.mixed_count(), 1);
+        m.set_remote(remote(&["r1"]));
+        assert!(to_kafka.try_recv().is_err(), "nothing moved");
+        // The other node's lease is gone: its members with it.
+        m.set_remote(HashMap::new());
+        assert_eq!(to_kafka.try_recv().ok().as_deref(), Some("g"));
+        assert!(m.mixed("g").is_none());
+        // A new lease publishes every local group again.
+        assert_eq!(m.take_local_changes(true).len(), 1);
+        m.set_kafka("g", set(&[]), set(&[]));
+        assert_eq!(m.take_local_changes(false), vec![("g".to_string(), None)]);
     }
 }

@@ -95,6 +95,30 @@ impl TopicInfo {
             .map(|p| p as i32)
     }
 
+    /// The Kafka partitions in the order RocketMQ clients sort the topic's
+    /// message queues (broker name, then queue id): the unit list a mixed
+    /// group's averaging allocation runs over, so a Kafka member's share
+    /// and a RocketMQ member's are cut from one list.
+    pub fn rocketmq_order(&self) -> Vec<i32> {
+        if self.placement.is_empty() {
+            return (0..self.partitions as i32).collect();
+        }
+        let mut order: Vec<(&str, u32, i32)> = self
+            .placement
+            .iter()
+            .enumerate()
+            .map(|(p, r)| (r.set.as_str(), r.queue, p as i32))
+            .collect();
+        order.sort_unstable();
+        order.into_iter().map(|(_, _, p)| p).collect()
+    }
+
+    /// Where queue `queue` of `set` is in [`TopicInfo::rocketmq_order`].
+    pub fn rocketmq_index(&self, set: Option<&str>, queue: u32) -> Option<usize> {
+        let p = self.kafka_partition_of(set, queue)?;
+        self.rocketmq_order().iter().position(|x| *x == p)
+    }
+
     /// How many queues `set` holds.
     pub fn queues_on(&self, set: &str) -> u32 {
         self.placement.iter().filter(|r| r.set == set).count() as u32
@@ -452,6 +476,40 @@ mod tests {
         assert_eq!(plain.locate(2, Some("x")), Located::Here(2));
         assert_eq!(plain.locate(3, None), Located::Unknown);
         assert_eq!(plain.kafka_partition_of(None, 1), Some(1));
+    }
+
+    #[test]
+    fn a_mixed_group_cuts_its_shares_from_the_clients_queue_order() {
+        let placement = vec![
+            QueueRef {
+                set: "b".into(),
+                queue: 0,
+            },
+            QueueRef {
+                set: "a".into(),
+                queue: 0,
+            },
+            QueueRef {
+                set: "b".into(),
+                queue: 1,
+            },
+            QueueRef {
+                set: "a".into(),
+                queue: 1,
+            },
+        ];
+        let t = info(placement, "a");
+        // RocketMQ sorts (broker name, queue id): a0 a1 b0 b1.
+        assert_eq!(t.rocketmq_order(), vec![1, 3, 0, 2]);
+        assert_eq!(t.rocketmq_index(Some("b"), 1), Some(3));
+        assert_eq!(t.rocketmq_index(Some("a"), 0), Some(0));
+        assert_eq!(t.rocketmq_index(Some("c"), 0), None);
+        let plain = TopicInfo {
+            placement: Vec::new(),
+            partitions: 3,
+            ..t
+        };
+        assert_eq!(plain.rocketmq_order(), vec![0, 1, 2]);
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct Controller {
     /// (etcd revision, local topic-table version, master) at the last
     /// topic sync.
     synced: Option<(i64, u64, bool)>,
+    /// Every local consumer group is to be published again (a new lease
+    /// took the old keys with it).
+    publish_all_groups: bool,
 }
 
 type Res<T> = Result<T, String>;
@@ -81,6 +84,7 @@ impl Controller {
             lease_id: None,
             prefix,
             synced: None,
+            publish_all_groups: true,
         };
         c.register().await?;
         Ok(c)
@@ -119,6 +123,7 @@ impl Controller {
             .await
             .map_err(err("register"))?;
         tracing::info!(node = self.me.id, set = %self.me.set, lease = self.lease, "registered in etcd");
+        self.publish_all_groups = true;
         Ok(())
     }
 
@@ -199,6 +204,9 @@ impl Controller {
         let mut others: BTreeMap<String, SetState> = BTreeMap::new();
         let mut draining: std::collections::BTreeSet<String> = Default::default();
         let sets_prefix = format!("{}sets/", self.prefix);
+        // Consumer-group members other nodes know (members/<node>/<group>).
+        let members_prefix = format!("{}members/", self.prefix);
+        let mut remote_members: HashMap<u32, HashMap<String, rokka_broker::membership::GroupMembers>> = HashMap::new();
         let state_key = self.state_key();
         let topics_prefix = format!("{}topics/", self.prefix);
         let default_key = self.broker_default_key();
@@ -225,6 +233,17 @@ impl Controller {
             } else if key == state_key {
                 let s: SetState = serde_json::from_slice(kv.value()).map_err(|e| format!("set state {key}: {e}"))?;
                 state = Some((s, kv.mod_revision()));
+            } else if let Some(rest) = key.strip_prefix(&members_prefix) {
+                let Some((node, group)) = rest.split_once('/') else {
+                    continue;
+                };
+                match (node.parse::<u32>(), serde_json::from_slice(kv.value())) {
+                    (Ok(node), Ok(m)) if node != self.me.id => {
+                        remote_members.entry(node).or_default().insert(group.to_string(), m);
+                    }
+                    (Ok(_), Ok(_)) => {}
+                    _ => tracing::debug!(key, "unreadable group members in etcd"),
+                }
             } else if let Some(rest) = key.strip_prefix(&sets_prefix) {
                 if let Some(set) = rest.strip_suffix("/state") {
                     match serde_json::from_slice::<SetState>(kv.value()) {
@@ -247,6 +266,8 @@ impl Controller {
             self.register().await?;
             return Ok(());
         }
+        self.sh.broker.membership().set_remote(remote_members);
+        self.publish_groups().await?;
         let live: Vec<u32> = nodes.iter().filter(|n| n.set == self.me.set).map(|n| n.id).collect();
         self.sh.set_addrs(
             nodes
@@ -345,6 +366,32 @@ impl Controller {
         let revision = resp.header().map_or(0, |h| h.revision());
         self.sync_broker_default(broker_default).await?;
         self.sync_topics(topics, revision).await
+    }
+
+    /// Writes this node's consumer-group members that changed (under its
+    /// lease: they go with it), so every node answers a RocketMQ client's
+    /// member list, and allocates a mixed group, with the whole cluster's.
+    async fn publish_groups(&mut self) -> Res<()> {
+        let membership = self.sh.broker.membership();
+        let changes = membership.take_local_changes(std::mem::take(&mut self.publish_all_groups));
+        for (i, (group, members)) in changes.iter().enumerate() {
+            let key = format!("{}members/{}/{group}", self.prefix, self.me.id);
+            let res = match members {
+                Some(m) => {
+                    let json = serde_json::to_vec(m).map_err(|e| e.to_string())?;
+                    self.client
+                        .put(key, json, Some(PutOptions::new().with_lease(self.lease)))
+                        .await
+                        .map(|_| ())
+                }
+                None => self.client.delete(key, None).await.map(|_| ()),
+            };
+            if let Err(e) = res {
+                membership.republish(changes[i..].iter().map(|(g, _)| g.clone()));
+                return Err(format!("etcd put group members: {e}"));
+            }
+        }
+        Ok(())
     }
 
     fn broker_default_key(&self) -> String {

@@ -49,11 +49,14 @@ pub fn encode_subscription(topics: &BTreeSet<String>) -> Bytes {
 pub fn share(k: &Kafka, topics: &BTreeSet<String>, ids: &[String], member: &str) -> Bytes {
     let mut parts = BTreeMap::new();
     for t in topics {
-        let n = k.broker.topics().get(t).map_or(0, |i| i.kafka_partitions() as usize);
-        let mine: Vec<i32> = allocate_averagely(n, ids, member)
+        // Cut from the list RocketMQ members cut theirs from: the topic's
+        // queues over every broker set in the clients' order.
+        let order = k.broker.topics().get(t).map(|i| i.rocketmq_order()).unwrap_or_default();
+        let mut mine: Vec<i32> = allocate_averagely(order.len(), ids, member)
             .into_iter()
-            .map(|q| q as i32)
+            .filter_map(|i| order.get(i).copied())
             .collect();
+        mine.sort_unstable();
         parts.insert(t.clone(), mine);
     }
     encode_assignment(&parts)

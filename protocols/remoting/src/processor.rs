@@ -766,13 +766,20 @@ impl RocketMq {
             return true;
         };
         let ids = m.all_ids();
+        // The unit list is the whole topic's queues over every broker set,
+        // as the clients sort them (one set: this set's queues).
+        let (index, units) = match self.broker.topics().get(topic) {
+            Some(info) => match info.rocketmq_index(self.broker.own_set(), queue) {
+                Some(i) => (i, info.kafka_partitions() as usize),
+                None => return false,
+            },
+            None => (queue as usize, partitions as usize),
+        };
         let c = self.clients();
         c.clients
             .iter()
             .filter(|(id, cl)| cl.conn.peer == conn.peer && m.rocketmq.contains(*id))
-            .any(|(id, _)| {
-                rokka_broker::membership::allocate_averagely(partitions as usize, &ids, id).contains(&(queue as usize))
-            })
+            .any(|(id, _)| rokka_broker::membership::allocate_averagely(units, &ids, id).contains(&index))
     }
 
     /// One pull attempt: the response and its nextBeginOffset.
