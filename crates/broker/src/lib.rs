@@ -81,6 +81,8 @@ pub struct Broker {
     remote_offsets: std::sync::OnceLock<Arc<dyn remote::RemoteOffsets>>,
     /// Cluster mode: where new topics are created first (etcd).
     cluster_topics: std::sync::OnceLock<Arc<dyn remote::ClusterTopics>>,
+    /// Cluster mode: committed offsets' replication to the set's replicas.
+    replicated_offsets: std::sync::OnceLock<Arc<dyn remote::ReplicatedOffsets>>,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
     lag: std::sync::Mutex<Vec<(String, String, u32, u64)>>,
     config: BrokerConfig,
@@ -140,6 +142,7 @@ impl Broker {
             own_set: std::sync::OnceLock::new(),
             remote_offsets: std::sync::OnceLock::new(),
             cluster_topics: std::sync::OnceLock::new(),
+            replicated_offsets: std::sync::OnceLock::new(),
             store,
             topics,
             arrivals,
@@ -278,6 +281,21 @@ impl Broker {
     /// Cluster mode: the cluster's topic table new topics go to first.
     pub fn set_cluster_topics(&self, t: Arc<dyn remote::ClusterTopics>) {
         let _ = self.cluster_topics.set(t);
+    }
+
+    /// Cluster mode: how committed offsets reach the set's replicas.
+    pub fn set_replicated_offsets(&self, r: Arc<dyn remote::ReplicatedOffsets>) {
+        let _ = self.replicated_offsets.set(r);
+    }
+
+    /// Returns once every committed offset so far is held by the set's
+    /// in-sync replicas (at once on a single node); an error when they did
+    /// not confirm in time or this node is no longer master.
+    pub async fn offsets_durable(&self) -> std::result::Result<(), String> {
+        match self.replicated_offsets.get() {
+            Some(r) => r.replicated(self.store.offsets().changes()).await,
+            None => Ok(()),
+        }
     }
 
     /// Cluster mode: how other sets' committed offsets are reached.

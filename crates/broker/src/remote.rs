@@ -51,3 +51,15 @@ pub trait ClusterTopics: Send + Sync + std::fmt::Debug {
     /// another node had (the caller takes that record).
     fn create(&self, name: &str, info: &crate::TopicInfo) -> Result<Option<crate::TopicInfo>, String>;
 }
+
+/// Cluster mode: the committed-offset table reaches the set's in-sync
+/// replicas with the replication stream; a Kafka OffsetCommit is answered
+/// once they hold it (as Kafka writes its offsets topic with acks=all), so
+/// a commit the client was told of survives its set's failover.
+pub trait ReplicatedOffsets: Send + Sync + std::fmt::Debug {
+    /// Waits until every in-sync replica holds the committed-offset table
+    /// as of `version` (at once with none); an error when this node is no
+    /// longer master or the replicas did not confirm within the
+    /// replication timeout.
+    fn replicated(&self, version: u64) -> RemoteCall<'_, ()>;
+}

@@ -82,6 +82,13 @@ pub struct Shared {
     pub(crate) lease_valid_until: Mutex<Option<Instant>>,
     /// Woken by every append: replicas' waiting fetches answer at once.
     pub(crate) appended: tokio::sync::Notify,
+    /// Per replica: the committed-offset table version it holds.
+    offsets_held: Mutex<HashMap<u32, u64>>,
+    /// Woken when a replica holds a newer table, or the set changed.
+    offsets_progress: tokio::sync::Notify,
+    /// Offset commits waiting for their replication: the table ships at
+    /// once rather than at its interval.
+    pub(crate) offset_waiters: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -99,6 +106,9 @@ impl Shared {
             newer_epoch: AtomicU32::new(0),
             lease_valid_until: Mutex::new(None),
             appended: tokio::sync::Notify::new(),
+            offsets_held: Mutex::new(HashMap::new()),
+            offsets_progress: tokio::sync::Notify::new(),
+            offset_waiters: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -146,6 +156,27 @@ impl Shared {
         metrics::gauge!("rokka_cluster_sync_state_set_size").set(sss.len() as f64);
         self.alone.store(sss.len() <= 1, Ordering::Release);
         *self.sss.lock().unwrap_or_else(|p| p.into_inner()) = sss;
+        self.offsets_progress.notify_waiters();
+    }
+
+    /// Replica `id` holds the committed-offset table as of `version`.
+    pub(crate) fn replica_offsets(&self, id: u32, version: u64) {
+        let mut h = self.offsets_held.lock().unwrap_or_else(|p| p.into_inner());
+        let e = h.entry(id).or_insert(0);
+        if version > *e {
+            *e = version;
+            drop(h);
+            self.offsets_progress.notify_waiters();
+        }
+    }
+
+    /// Whether every in-sync replica holds the offset table as of `version`.
+    fn offsets_held_by_replicas(&self, version: u64) -> bool {
+        let sss = self.sss();
+        let h = self.offsets_held.lock().unwrap_or_else(|p| p.into_inner());
+        sss.iter()
+            .filter(|id| **id != self.cfg.node_id)
+            .all(|id| h.get(id).is_some_and(|v| *v >= version))
     }
 
     pub(crate) fn sss(&self) -> Vec<u32> {
@@ -258,6 +289,46 @@ impl Shared {
     }
 }
 
+/// Offset commits wait on the stream: see [`Shared::replica_offsets`].
+#[derive(Debug)]
+struct OffsetReplication(std::sync::Weak<Shared>);
+
+impl rokka_broker::remote::ReplicatedOffsets for OffsetReplication {
+    fn replicated(&self, version: u64) -> rokka_broker::remote::RemoteCall<'_, ()> {
+        Box::pin(async move {
+            let sh = self.0.upgrade().ok_or("cluster mode stopped")?;
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(sh.cfg.replication_timeout_ms);
+            sh.offset_waiters.fetch_add(1, Ordering::AcqRel);
+            let res = loop {
+                let progress = sh.offsets_progress.notified();
+                tokio::pin!(progress);
+                progress.as_mut().enable();
+                if !matches!(sh.role(), Role::Master { .. }) {
+                    break Err("no longer master".to_string());
+                }
+                if sh.offsets_held_by_replicas(version) {
+                    break Ok(());
+                }
+                // Replicas' waiting fetches answer now, with the table.
+                sh.appended.notify_waiters();
+                if tokio::time::timeout_at(deadline, progress).await.is_err() {
+                    break Err(format!(
+                        "replicas did not confirm the offsets within {} ms",
+                        sh.cfg.replication_timeout_ms
+                    ));
+                }
+            };
+            sh.offset_waiters.fetch_sub(1, Ordering::AcqRel);
+            metrics::counter!(
+                "rokka_cluster_offset_commits_total",
+                "result" => if res.is_ok() { "replicated" } else { "failed" }
+            )
+            .increment(1);
+            res
+        })
+    }
+}
+
 /// Starts cluster mode: the controller, the replication listener and the
 /// follower, and the watermark task. Client writes are refused until the
 /// controller has made this node its set's master.
@@ -285,6 +356,9 @@ pub async fn start(
     broker.set_own_set(&cfg.broker_set);
     let shared = Shared::new(cfg, Arc::clone(&store), broker);
     let weak = Arc::downgrade(&shared);
+    shared
+        .broker
+        .set_replicated_offsets(Arc::new(OffsetReplication(Arc::downgrade(&shared))));
     store.set_append_listener(move || {
         if let Some(sh) = weak.upgrade() {
             sh.appended.notify_waiters();

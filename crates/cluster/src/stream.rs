@@ -221,9 +221,18 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
             return Err(format!("replica asks from {from}, past the end {end_now}"));
         }
         sh.replica_progress(replica, from, from >= last_sent_end);
+        // It applied the last DATA frame before asking again: it holds
+        // the offset table that frame (or an earlier one) carried.
+        if let Some(v) = offsets.sent {
+            sh.replica_offsets(replica, v);
+        }
         // Long poll: answer as soon as something is appended, or after 200 ms.
         let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
-        while store.log_end() <= from && sh.role() == (Role::Master { epoch }) {
+        while store.log_end() <= from
+            && sh.role() == (Role::Master { epoch })
+            && !(sh.offset_waiters.load(std::sync::atomic::Ordering::Acquire) > 0
+                && offsets.sent != Some(store.offsets().changes()))
+        {
             let woken = sh.appended.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
@@ -250,6 +259,10 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
         for e in &entries {
             b.put_u32(e.len() as u32);
             b.put_slice(e);
+        }
+        // A commit waiting for its replication: the table goes now.
+        if sh.offset_waiters.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            offsets.due = Instant::now();
         }
         offsets.put(&mut b, store.offsets().changes(), || Ok(store.offsets().snapshot()));
         let t = sh.broker.kafka_txns();

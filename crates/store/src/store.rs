@@ -534,6 +534,14 @@ impl MessageStore {
         let result = {
             let mut w = inner.writer();
             inner.check_writable()?;
+            // The epoch it is appended under (0 on a single node; the
+            // history changes under the writer lock).
+            let epoch = inner
+                .epochs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .last()
+                .map_or(0, |e| e.epoch as i32);
             let store_ts = now_ms().max(w.last_store_ts);
             w.last_store_ts = store_ts;
             let q = inner.queue_for(&mut w, topic, queue_id);
@@ -548,7 +556,7 @@ impl MessageStore {
                     store_timestamp: store_ts,
                     count,
                 };
-                kafka::encode(buf, topic, batch, at);
+                kafka::encode_at_epoch(buf, topic, batch, at, Some(epoch));
             })?;
             w.last_record = phys;
             let end = w.cl.position();

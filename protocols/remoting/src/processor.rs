@@ -219,7 +219,21 @@ impl RocketMq {
             }
             rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => self.pull(&cmd, conn).await,
             rq::QUERY_CONSUMER_OFFSET => self.query_offset(&cmd),
-            rq::UPDATE_CONSUMER_OFFSET => self.update_offset(&cmd),
+            rq::UPDATE_CONSUMER_OFFSET => {
+                let mut r = self.update_offset(&cmd);
+                // A Kafka commit another set's coordinator forwarded is
+                // answered once this set's replicas hold it, as the
+                // coordinator answers its own (RocketMQ clients' commits
+                // are persisted asynchronously, as RocketMQ does).
+                let forwarded = cmd.ext_fields.get(crate::remote_offsets::EXT_LEADER_EPOCH).is_some();
+                if r.code == rs::SUCCESS && forwarded {
+                    if let Err(e) = self.broker.offsets_durable().await {
+                        r.code = rs::SYSTEM_ERROR;
+                        r.remark = Some(e);
+                    }
+                }
+                r
+            }
             rq::GET_MAX_OFFSET
             | rq::GET_MIN_OFFSET
             | rq::SEARCH_OFFSET_BY_TIMESTAMP

@@ -123,6 +123,15 @@ pub struct KafkaPlacement {
 /// Encodes an entry into `buf` (exactly [`encoded_len`] bytes); the stored
 /// batch gets `queue_offset` as its base offset.
 pub fn encode(buf: &mut [u8], topic: &str, batch: &[u8], at: KafkaPlacement) {
+    encode_at_epoch(buf, topic, batch, at, None);
+}
+
+/// [`encode`], with the batch's partitionLeaderEpoch set to the leader
+/// epoch it is appended under (as a Kafka leader stamps it): consumers
+/// commit and validate positions with it (KIP-320), so a failover must
+/// not see epochs the history does not know. The field is outside the
+/// batch's CRC.
+pub fn encode_at_epoch(buf: &mut [u8], topic: &str, batch: &[u8], at: KafkaPlacement, leader_epoch: Option<i32>) {
     let total = buf.len();
     buf[0..4].copy_from_slice(&(total as u32).to_be_bytes());
     buf[4..8].copy_from_slice(&KAFKA_BATCH_MAGIC.to_be_bytes());
@@ -136,6 +145,9 @@ pub fn encode(buf: &mut [u8], topic: &str, batch: &[u8], at: KafkaPlacement) {
     buf[HEADER_LEN..t_end].copy_from_slice(topic.as_bytes());
     buf[t_end..].copy_from_slice(batch);
     buf[t_end..t_end + 8].copy_from_slice(&at.queue_offset.to_be_bytes());
+    if let Some(epoch) = leader_epoch {
+        buf[t_end + 12..t_end + 16].copy_from_slice(&epoch.to_be_bytes());
+    }
     let crc = crc32c::crc32c(&buf[12..t_end + BATCH_UNCHECKED]);
     buf[8..12].copy_from_slice(&crc.to_be_bytes());
 }

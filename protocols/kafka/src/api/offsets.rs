@@ -126,6 +126,27 @@ pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCo
                 .with_partitions(partitions),
         );
     }
+    // This set's commits are answered once its in-sync replicas hold them
+    // (Kafka writes its offsets topic with acks=all): a commit the client
+    // was told of survives a failover. Not confirmed in time: retriable.
+    let local_ok = topics.iter().enumerate().any(|(ti, t)| {
+        t.partitions
+            .iter()
+            .enumerate()
+            .any(|(pi, p)| p.error_code == errors::NONE && !remote.iter().any(|(rt, rp, ..)| *rt == ti && *rp == pi))
+    });
+    if local_ok {
+        if let Err(e) = k.broker.offsets_durable().await {
+            tracing::debug!(group, error = e, "offset commit not replicated");
+            for (ti, t) in topics.iter_mut().enumerate() {
+                for (pi, p) in t.partitions.iter_mut().enumerate() {
+                    if p.error_code == errors::NONE && !remote.iter().any(|(rt, rp, ..)| *rt == ti && *rp == pi) {
+                        p.error_code = errors::COORDINATOR_NOT_AVAILABLE;
+                    }
+                }
+            }
+        }
+    }
     // Another set's queue: committed on its master. A failed forward is
     // COORDINATOR_NOT_AVAILABLE (the client retries the commit), never a
     // commit silently lost.
