@@ -12,12 +12,10 @@ root="$(cd "$here/../.." && pwd)"
 bench="$root/bench/kafka/target/release/rokka-kafka-bench"
 rokka="$root/target/release/rokka"
 etcd_bin=$(command -v etcd || echo /usr/bin/etcd)
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 MESSAGES=${MESSAGES:-300000}
 args=(--size 1024 --messages "$MESSAGES" --acks all --idempotent --produce-only --warmup 50000 --warmup-pause-s 3)
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
+# shellcheck source=bench/cluster/lib.sh
+source "$here/lib.sh"
 
 node_config() { # dir id etcd_endpoint(or empty)
   cat > "$1/rokka.toml" <<EOT
@@ -44,23 +42,13 @@ replication_listen = "127.0.0.1:0"
 EOT
   fi
 }
-start_node() { # dir -> sets $addr to its Kafka address (not in a subshell: its pid must reach $pids)
-  "$rokka" --config "$1/rokka.toml" --ports-file "$1/ports.json" > "$1/rokka.log" 2>&1 & pids+=($!)
-  for _ in $(seq 300); do [[ -s $1/ports.json ]] && break; sleep 0.1; done
-  addr=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["kafka"])' "$1/ports.json")
-}
 result() { grep -o '[0-9]* msg/s' | head -1 | cut -d' ' -f1; }
 
 run_cluster() {
   local dir; dir=$(mktemp -d "$root/target/cbench.XXXX")
-  local cp pp; cp=$(port); pp=$(port)
-  "$etcd_bin" --name e0 --data-dir "$dir/etcd" --listen-client-urls "http://127.0.0.1:$cp" \
-    --advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$pp" --initial-cluster "e0=http://127.0.0.1:$pp" \
-    > "$dir/etcd.log" 2>&1 & pids+=($!)
-  sleep 2
+  start_etcd "$dir"
   local boot=()
-  for i in 1 2 3; do mkdir -p "$dir/n$i"; node_config "$dir/n$i" "$i" "http://127.0.0.1:$cp"; start_node "$dir/n$i"; boot+=("$addr"); done
+  for i in 1 2 3; do mkdir -p "$dir/n$i"; node_config "$dir/n$i" "$i" "$etcd_url"; start_node "$dir/n$i"; boot+=("$addr"); done
   sleep 3
   local list; list=$(IFS=,; echo "${boot[*]}")
   local out; out=$("$bench" --brokers "$list" --topic "c$RANDOM" "${args[@]}")

@@ -19,14 +19,11 @@ bench="$root/bench/kafka/target/release/rokka-kafka-bench"
 rokka="$root/target/release/rokka"
 py="$root/target/compat-venv/bin/python"
 etcd_bin=$(command -v etcd || echo /usr/bin/etcd)
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 MESSAGES=${MESSAGES:-600000}
 WARMUP=50000
 args=(--size 1024 --acks all --idempotent --produce-only --warmup 0 --warmup-pause-s 0)
-pids=()
-nodes=()
-cleanup() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
+# shellcheck source=bench/cluster/lib.sh
+source "$here/lib.sh"
 
 node_config() { # dir id set etcd_endpoint(or empty)
   cat > "$1/rokka.toml" <<EOT
@@ -55,20 +52,6 @@ min_insync_replicas = 1
 replication_listen = "127.0.0.1:0"
 EOT
   fi
-}
-start_node() { # dir -> $addr (its Kafka address); its pid joins $pids and $nodes
-  "$rokka" --config "$1/rokka.toml" --ports-file "$1/ports.json" > "$1/rokka.log" 2>&1 & pids+=($!); nodes+=($!)
-  for _ in $(seq 300); do [[ -s $1/ports.json ]] && break; sleep 0.1; done
-  addr=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["kafka"])' "$1/ports.json")
-}
-start_etcd() { # dir -> $etcd_url
-  local cp pp; cp=$(port); pp=$(port)
-  "$etcd_bin" --name e0 --data-dir "$1/etcd" --listen-client-urls "http://127.0.0.1:$cp" \
-    --advertise-client-urls "http://127.0.0.1:$cp" --listen-peer-urls "http://127.0.0.1:$pp" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$pp" --initial-cluster "e0=http://127.0.0.1:$pp" \
-    > "$1/etcd.log" 2>&1 & pids+=($!)
-  etcd_url="http://127.0.0.1:$cp"
-  sleep 2
 }
 # CPU time of every thread of every rokka process, in ns (schedstat).
 cpu_ns() { local p; for p in "${nodes[@]}"; do cat /proc/"$p"/task/*/schedstat; done | awk '{t += $1} END {printf "%.0f\n", t}'; }

@@ -3,6 +3,8 @@ loopback ports, for the cluster suite."""
 import json
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -93,6 +95,24 @@ def read_topic(bootstrap, topic, partitions, timeout=60, **conf):
     c.close()
     assert len(eof) == partitions, f"end of {sorted(eof)} of {partitions} partitions within {timeout} s"
     return values
+
+
+def remoting(port, code, ext, timeout=5):
+    """One raw RocketMQ remoting call: (response code, ext fields, body)."""
+    header = json.dumps(
+        {"code": code, "language": "JAVA", "version": 0, "opaque": 1, "flag": 0, "extFields": ext}
+    ).encode()
+    frame = struct.pack(">I", 4 + len(header)) + struct.pack(">I", len(header)) + header
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(frame)
+        n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+        data = b""
+        while len(data) < n:
+            data += s.recv(n - len(data))
+    hlen = struct.unpack(">I", data[:4])[0] & 0xFFFFFF
+    h = json.loads(data[4 : 4 + hlen])
+    return h["code"], h.get("extFields") or {}, data[4 + hlen :].decode()
+
 
 
 class Cluster:

@@ -8,15 +8,13 @@ the other set's partitions on that set, where RocketMQ consumers of the
 same group find them."""
 import json
 import re
-import socket
-import struct
 import subprocess
 import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from conftest import SETS, TwoSets, read_topic
+from conftest import SETS, TwoSets, read_topic, remoting
 
 HARNESS = __import__("test_rocketmq").HARNESS
 
@@ -29,23 +27,6 @@ def cluster():
 
 def masters(cluster, timeout=30):
     return cluster.masters(timeout)
-
-
-def remoting(port, code, ext, timeout=5):
-    """One raw RocketMQ remoting call: (response code, ext fields, body)."""
-    header = json.dumps(
-        {"code": code, "language": "JAVA", "version": 0, "opaque": 1, "flag": 0, "extFields": ext}
-    ).encode()
-    frame = struct.pack(">I", 4 + len(header)) + struct.pack(">I", len(header)) + header
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(frame)
-        n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
-        data = b""
-        while len(data) < n:
-            data += s.recv(n - len(data))
-    hlen = struct.unpack(">I", data[:4])[0] & 0xFFFFFF
-    h = json.loads(data[4 : 4 + hlen])
-    return h["code"], h.get("extFields") or {}, data[4 + hlen :].decode()
 
 
 def queue_counts(node, topic):

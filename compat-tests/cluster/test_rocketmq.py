@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import Cluster
+from conftest import Cluster, remoting
 
 HARNESS = os.environ.get(
     "ROKKA_RMQ_HARNESS",
@@ -25,25 +25,9 @@ def cluster():
 
 def route(node, topic):
     """brokerId -> address of the set in `node`'s name server (via the harness-free raw call)."""
-    import json
-    import socket
-    import struct
-
-    header = json.dumps(
-        {"code": 105, "language": "JAVA", "version": 0, "opaque": 1, "flag": 0, "extFields": {"topic": topic}}
-    ).encode()
-    frame = struct.pack(">I", 4 + len(header)) + struct.pack(">I", len(header)) + header
-    with socket.create_connection(("127.0.0.1", node.namesrv_port), timeout=5) as s:
-        s.sendall(frame)
-        n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
-        data = b""
-        while len(data) < n:
-            data += s.recv(n - len(data))
-    hlen = struct.unpack(">I", data[:4])[0] & 0xFFFFFF
-    h = json.loads(data[4 : 4 + hlen])
-    if h["code"] != 0:
+    code, _, body = remoting(node.namesrv_port, 105, {"topic": topic})
+    if code != 0:
         return {}
-    body = data[4 + hlen :].decode()
     # brokerAddrs keys are numbers in RocketMQ's fastjson output.
     import re
 
