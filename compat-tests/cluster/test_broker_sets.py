@@ -284,12 +284,15 @@ class Member:
 
 def test_groups_of_both_protocols_through_a_set_master_kill(cluster):
     """A 12-partition topic over both sets, written by Kafka producers (one
-    per set's partitions) and read by a Kafka group of three (counting a
-    batch once its commit succeeded) and a RocketMQ group of three while
-    set-b's master is killed with SIGKILL: set-a's partitions keep taking
-    writes without a pause, set-b fails over to its replica, and each group
-    gets every acknowledged message, the Kafka group once and in partition
-    order."""
+    per set's partitions) and a RocketMQ producer, read by a Kafka group of
+    three (counting a batch once its commit succeeded), a RocketMQ group of
+    three and a mixed group (one Kafka, two RocketMQ members) while set-b's
+    master is killed with SIGKILL: set-a's partitions keep taking writes
+    without a pause, set-b fails over to its replica, and each group gets
+    every acknowledged message byte for byte, the Kafka group once and in
+    partition order (the RocketMQ members at least once)."""
+    import collections
+    import os
     import threading
 
     m = masters(cluster)
@@ -298,9 +301,10 @@ def test_groups_of_both_protocols_through_a_set_master_kill(cluster):
     lead = leaders(a, topic, 12)
     on = {s: [p for p in lead if lead[p] == i] for s, i in m.items()}
     assert len(on["set-a"]) == len(on["set-b"]) == 6, lead
-    acked = {}  # value -> (partition, time)
+    acked = {}  # value -> (partition or None for RocketMQ's, time)
     lock = threading.Lock()
     stop = threading.Event()
+    done_reading = threading.Event()
 
     def produce(parts):
         p = Producer(
@@ -323,48 +327,93 @@ def test_groups_of_both_protocols_through_a_set_master_kill(cluster):
             p.poll(0.01)
         p.flush(60)
 
-    got, dups, errors = {}, [], []
+    groups = {
+        g: {"got": {}, "seen": {}, "order": collections.defaultdict(list), "dups": []} for g in ("kill-kafka", "kill-mixed")
+    }
+    errors = []
 
-    def kafka_member(n):
+    def kafka_member(group):
+        g = groups[group]
         c = Consumer(
             {
                 "bootstrap.servers": cluster.bootstrap(),
-                "group.id": "kill-kafka",
+                "group.id": group,
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
                 "session.timeout.ms": 6000,
                 "heartbeat.interval.ms": 500,
             }
         )
-        c.subscribe([topic])
+        # A batch that a rebalance overtook inside consume() is dropped
+        # uncommitted: its partitions may be another member's already, and
+        # a commit under the new generation would be accepted (the classic
+        # protocol does not check ownership) while that member reads them.
+        revoked = []
+        c.subscribe([topic], on_revoke=lambda consumer, partitions: revoked.append(1))
         try:
             while not (stop.is_set() and done_reading.is_set()):
+                revoked.clear()
                 batch = c.consume(100, 0.3)
                 msgs = [x for x in batch if not x.error()]
                 if not msgs:
                     continue
-                try:
-                    c.commit(asynchronous=False)
-                except Exception:  # noqa: BLE001 — not committed: delivered again
+                if revoked:
+                    # Read again from the batch's start where still ours
+                    # (the new owner starts from the committed offset).
+                    mine = {tp.partition for tp in c.assignment()}
+                    first = {}
+                    for x in msgs:
+                        first.setdefault(x.partition(), x.offset())
+                    for part, off in first.items():
+                        if part in mine:
+                            c.seek(TopicPartition(topic, part, off))
                     continue
+                first = {}
+                for x in msgs:
+                    first.setdefault(x.partition(), x.offset())
+                # A partition whose commit failed (its set's master being
+                # replaced) is read again from the batch's start.
+                try:
+                    done = c.commit(asynchronous=False) or []
+                    failed = {tp.partition for tp in done if tp.error is not None}
+                except Exception:  # noqa: BLE001 — nothing committed
+                    failed = set(first)
+                for part in failed & set(first):
+                    if part in {tp.partition for tp in c.assignment()}:
+                        c.seek(TopicPartition(topic, part, first[part]))
+                msgs = [x for x in msgs if x.partition() not in failed]
                 with lock:
                     for x in msgs:
                         v = x.value().decode()
-                        if v in got:
-                            dups.append(v)
-                        got[v] = x.partition()
+                        if v in g["got"]:
+                            g["dups"].append(f"{v}@{x.partition()}:{x.offset()} (before: {g['seen'][v]})")
+                        g["got"][v] = x.partition()
+                        g["seen"][v] = f"{x.partition()}:{x.offset()} by {id(c)}"
+                        g["order"][x.partition()].append(v)
         except Exception as e:  # noqa: BLE001
             errors.append(repr(e))
         finally:
             c.close()
 
-    done_reading = threading.Event()
-    members = [Member(cluster, f"kill-rmq-{i}", topic, "kill-rocketmq", 45, via=1 + i % 4) for i in range(3)]
+    rmq_stop = os.path.join(cluster.dir, "through-kill.stop")
+    rmq_out = open(os.path.join(cluster.dir, "through-kill-producer.log"), "w")
+    rmq_producer = subprocess.Popen(
+        [HARNESS, f"127.0.0.1:{cluster.nodes[2].namesrv_port}", "dur-send", topic, "rmq", "100000", "60", "30", rmq_stop],
+        stdout=rmq_out,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    members = [Member(cluster, f"kill-rmq-{i}", topic, "kill-rocketmq", 50, via=1 + i % 4) for i in range(3)]
+    mixed = [Member(cluster, f"kill-mixed-{i}", topic, "kill-mixed", 50, via=2 + i) for i in range(2)]
     producers = [threading.Thread(target=produce, args=(on[s],)) for s in ("set-a", "set-b")]
-    readers = [threading.Thread(target=kafka_member, args=(n,)) for n in range(3)]
+    readers = [threading.Thread(target=kafka_member, args=("kill-kafka",)) for _ in range(3)]
+    readers.append(threading.Thread(target=kafka_member, args=("kill-mixed",)))
     for t in producers + readers:
         t.start()
-    time.sleep(6)
+    # rocketmq-client-rust first sends its offsets 10 s after it starts: a
+    # kill before that sends its group back to the first offset (the
+    # client's behaviour, as Apache RocketMQ's).
+    time.sleep(13)
     victim = m["set-b"]
     killed_at = time.time()
     cluster.nodes[victim].kill()
@@ -376,53 +425,70 @@ def test_groups_of_both_protocols_through_a_set_master_kill(cluster):
     failed_over = time.time() - killed_at
     time.sleep(6)
     stop.set()
+    open(rmq_stop, "w").close()
     for t in producers:
         t.join(90)
+    rmq_producer.wait(60)
+    rmq_out.close()
     with lock:
+        for line in open(rmq_out.name):
+            if line.startswith("compat: acked "):
+                acked[line.split()[2]] = (None, time.time())
         want = dict(acked)
     deadline = time.time() + 60
     while time.time() < deadline:
         with lock:
-            if set(want) <= set(got):
+            if set(want) <= set(groups["kill-kafka"]["got"]):
                 break
         time.sleep(0.5)
     done_reading.set()
     for t in readers:
         t.join(30)
     rmq = [b for mem in members for b in mem.finish(90)]
+    mixed_got = [b for mem in mixed for b in mem.finish(90)] + list(groups["kill-mixed"]["got"])
     cluster.nodes[victim].start()
     # set-a never paused: its acknowledgements around the kill have no gap
     # longer than a second.
     a_times = sorted(t for v, (p, t) in want.items() if p in on["set-a"] and killed_at - 2 < t < killed_at + 8)
     gaps = [y - x for x, y in zip(a_times, a_times[1:])]
+    kafka = groups["kill-kafka"]
+    rmq_sent = sum(1 for v in want if v.startswith("rmq-"))
     print(
-        f"\nbroker sets: set-b failed over in {failed_over:.1f} s; {len(want)} acknowledged; "
+        f"\nbroker sets: set-b failed over in {failed_over:.1f} s; {len(want)} acknowledged ({rmq_sent} by RocketMQ); "
         f"set-a's longest gap around the kill {max(gaps, default=0):.2f} s; "
-        f"kafka group {len(got)} (+{len(dups)} twice), rocketmq group {len(rmq)} ({len(rmq) - len(set(rmq))} twice)"
+        f"kafka group {len(kafka['got'])} (+{len(kafka['dups'])} twice), "
+        f"rocketmq group {len(rmq)} ({len(rmq) - len(set(rmq))} twice), "
+        f"mixed group {len(mixed_got)} ({len(mixed_got) - len(set(mixed_got))} twice)"
     )
-    import collections
-    import os
-
     with open(os.path.join(cluster.dir, "through-kill.json"), "w") as f:
         json.dump(
             {
                 "leaders": lead,
                 "victim": victim,
-                "kafka_twice_by_partition": collections.Counter(got[v] for v in dups),
-                "rocketmq_twice": collections.Counter(v.rsplit("-", 1)[0] for v, n in collections.Counter(rmq).items() if n > 1),
+                "kafka_twice": kafka["dups"][:50],
+                "rocketmq_twice": sorted(v for v, n in collections.Counter(rmq).items() if n > 1)[:50],
+                "mixed_twice": sorted(v for v, n in collections.Counter(mixed_got).items() if n > 1)[:50],
             },
             f,
         )
     assert len(a_times) > 50 and max(gaps) < 1.0, (len(a_times), max(gaps, default=None))
+    assert rmq_sent > 50, "the RocketMQ producer was acknowledged"
     assert not errors, errors
     # The Kafka group: every acknowledged message once (counted at its
-    # commit), each partition in order.
-    missing = set(want) - set(got)
-    assert not missing, sorted(missing)[:10]
-    assert not dups, dups[:10]
-    assert all(got[v] == want[v][0] for v in want)
-    # The RocketMQ group: every acknowledged message (after a master's
-    # SIGKILL a RocketMQ consumer may see what it had not yet persisted
-    # its offset for again; counted, at most a second's worth).
-    missing = set(want) - set(rmq)
-    assert not missing, sorted(missing)[:10]
+    # commit), each partition in the order it was written.
+    missing = sorted(set(want) - set(kafka["got"]))
+    assert not missing, (len(missing), missing[:10])
+    assert not kafka["dups"], kafka["dups"][:10]
+    assert all(kafka["got"][v] == p for v, (p, _) in want.items() if p is not None)
+    for part, values in kafka["order"].items():
+        live = [int(v.rsplit("-", 1)[1]) for v in values if v.startswith("live-")]
+        assert live == sorted(live), (part, live[:20])
+    # The RocketMQ group and the mixed group: every acknowledged message,
+    # at least once. Their RocketMQ members persist offsets asynchronously
+    # (rocketmq-client-rust, as Apache RocketMQ's clients): what one had
+    # consumed from the killed master but not yet persisted comes again.
+    for name, bodies in (("rocketmq", rmq), ("mixed", mixed_got)):
+        assert not set(want) - set(bodies), (name, sorted(set(want) - set(bodies))[:10])
+        assert set(bodies) <= set(want) | {b for b in bodies if b.startswith("rmq-")}, name
+    # Their duplicates are reported, not bounded yet: in some runs a member
+    # read a failed-over queue again from seconds back (issue 13's note).
