@@ -235,9 +235,10 @@ impl Broker {
         let info = TopicTable::new_info(local, configs, placement);
         // Cluster mode: the cluster's table decides first; a topic another
         // node created meanwhile is taken as it is there.
+        let mut created_in_cluster = false;
         if let (Some(own), Some(cluster)) = (self.own_set(), self.cluster_topics.get()) {
             match offload(|| cluster.create(name, &info.cluster_form())) {
-                Ok(None) => {}
+                Ok(None) => created_in_cluster = true,
                 Ok(Some(existing)) => {
                     let existing = existing.local_form(own);
                     if self.topics.get(name).as_ref() != Some(&existing) {
@@ -251,7 +252,9 @@ impl Broker {
                 }
             }
         }
-        if !offload(|| self.topics.insert_new(name, info))? {
+        // (The controller may have taken this node's own new record from
+        // etcd already: it is still this request's topic.)
+        if !offload(|| self.topics.insert_new(name, info))? && !created_in_cluster {
             return Err(BrokerError::TopicExists(name.to_string()));
         }
         if compact {
