@@ -78,6 +78,18 @@ impl Groups {
         out.filter(|g| !g.is_empty())
     }
 
+    /// Whether the group has members of both kinds anywhere, without
+    /// building its merged copy (asked on every pull).
+    fn is_mixed(&self, group: &str) -> bool {
+        let parts = || {
+            self.local
+                .get(group)
+                .into_iter()
+                .chain(self.remote.values().filter_map(|n| n.get(group)))
+        };
+        parts().any(|m| !m.rocketmq.is_empty()) && parts().any(|m| !m.kafka.is_empty())
+    }
+
     fn names(&self) -> BTreeSet<String> {
         let mut n: BTreeSet<String> = self.local.keys().cloned().collect();
         for node in self.remote.values() {
@@ -273,10 +285,10 @@ impl Membership {
     /// The group's members when it has both kinds (cloned only then: pulls ask).
     pub fn mixed(&self, group: &str) -> Option<GroupMembers> {
         let g = self.lock();
-        if g.remote.is_empty() {
-            return g.local.get(group).filter(|m| m.is_mixed()).cloned();
+        if !g.is_mixed(group) {
+            return None;
         }
-        g.effective(group).filter(|m| m.is_mixed())
+        g.effective(group)
     }
 
     pub fn get(&self, group: &str) -> GroupMembers {
@@ -286,10 +298,7 @@ impl Membership {
     /// Groups with members on both sides.
     pub fn mixed_count(&self) -> usize {
         let g = self.lock();
-        g.names()
-            .iter()
-            .filter(|n| g.effective(n).is_some_and(|m| m.is_mixed()))
-            .count()
+        g.names().iter().filter(|n| g.is_mixed(n)).count()
     }
 }
 
