@@ -78,18 +78,6 @@ impl Groups {
         out.filter(|g| !g.is_empty())
     }
 
-    /// Whether the group has members of both kinds anywhere, without
-    /// building its merged copy (asked on every pull).
-    fn is_mixed(&self, group: &str) -> bool {
-        let parts = || {
-            self.local
-                .get(group)
-                .into_iter()
-                .chain(self.remote.values().filter_map(|n| n.get(group)))
-        };
-        parts().any(|m| !m.rocketmq.is_empty()) && parts().any(|m| !m.kafka.is_empty())
-    }
-
     fn names(&self) -> BTreeSet<String> {
         let mut n: BTreeSet<String> = self.local.keys().cloned().collect();
         for node in self.remote.values() {
@@ -285,10 +273,10 @@ impl Membership {
     /// The group's members when it has both kinds (cloned only then: pulls ask).
     pub fn mixed(&self, group: &str) -> Option<GroupMembers> {
         let g = self.lock();
-        if !g.is_mixed(group) {
-            return None;
+        if g.remote.is_empty() {
+            return g.local.get(group).filter(|m| m.is_mixed()).cloned();
         }
-        g.effective(group)
+        g.effective(group).filter(|m| m.is_mixed())
     }
 
     pub fn get(&self, group: &str) -> GroupMembers {
@@ -298,7 +286,10 @@ impl Membership {
     /// Groups with members on both sides.
     pub fn mixed_count(&self) -> usize {
         let g = self.lock();
-        g.names().iter().filter(|n| g.is_mixed(n)).count()
+        g.names()
+            .iter()
+            .filter(|n| g.effective(n).is_some_and(|m| m.is_mixed()))
+            .count()
     }
 }
 
