@@ -98,6 +98,22 @@ def test_partitions_spread_over_both_sets_and_every_node_agrees(cluster):
     assert sorted(list(grown.values()).count(x) for x in m.values()) == [8, 8], grown
 
 
+def test_a_new_topic_is_routed_by_every_name_server_at_once(cluster):
+    """A RocketMQ client that starts right after a CreateTopics on any node
+    must find the route at whichever name server it asks, or it waits for
+    its next route poll (30 s): each node routes the topic from its table
+    or, before its table has it, from etcd's (not only once every set's
+    master has registered it again)."""
+    masters(cluster)
+    for via in cluster.nodes:
+        topic = f"routed-{via}"
+        create_topic(cluster, topic, 8, via=via)
+        # No waiting: asked the moment CreateTopics answered.
+        seen = {i: queue_counts(node, topic) for i, node in cluster.nodes.items()}
+        for i, counts in seen.items():
+            assert sorted(counts) == ["set-a", "set-b"] and sum(counts.values()) == 8, (via, i, seen)
+
+
 def test_each_protocol_reads_what_the_other_wrote_at_the_same_set_and_queue(cluster):
     m = masters(cluster)
     topic, per = "crossing", 40

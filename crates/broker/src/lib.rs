@@ -286,6 +286,35 @@ impl Broker {
         let _ = self.cluster_topics.set(t);
     }
 
+    /// Cluster mode: where `name`'s queues are, as (broker set, queue
+    /// count) pairs in placement order, from this node's table; `None`
+    /// outside cluster mode or when this node does not know the topic.
+    pub fn topic_sets(&self, name: &str) -> Option<Vec<(String, u32)>> {
+        let own = self.own_set()?;
+        let info = self.topics.get(name)?;
+        // A topic without a placement is all on one set: this one only
+        // when it is the cluster's only set.
+        if info.placement.is_empty() && self.cluster_view().is_none_or(|v| v.sets.len() > 1) {
+            return None;
+        }
+        Some(TopicInfo::sets_of(&info.placement, own, info.partitions))
+    }
+
+    /// Cluster mode: [`Broker::topic_sets`] of a topic this node has not
+    /// taken from the cluster yet, read from the cluster's table. `Ok(None)`:
+    /// no such topic there either.
+    pub async fn cluster_topic_sets(&self, name: &str) -> std::result::Result<Option<Vec<(String, u32)>>, String> {
+        let (Some(own), Some(cluster)) = (self.own_set(), self.cluster_topics.get()) else {
+            return Ok(None);
+        };
+        let info = cluster.get(name).await?;
+        // A record without a placement (made before sets existed) is the
+        // whole topic on one set, which only that set's master registers.
+        Ok(info
+            .filter(|i| !i.placement.is_empty())
+            .map(|i| TopicInfo::sets_of(&i.placement, own, i.partitions)))
+    }
+
     /// Cluster mode: how committed offsets reach the set's replicas.
     pub fn set_replicated_offsets(&self, r: Arc<dyn remote::ReplicatedOffsets>) {
         let _ = self.replicated_offsets.set(r);

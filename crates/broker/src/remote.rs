@@ -50,6 +50,11 @@ pub trait ClusterTopics: Send + Sync + std::fmt::Debug {
     /// `Ok(None)` when this call created it, `Ok(Some(existing))` when
     /// another node had (the caller takes that record).
     fn create(&self, name: &str, info: &crate::TopicInfo) -> Result<Option<crate::TopicInfo>, String>;
+
+    /// The cluster's record of `name` (its cluster form), read now: for a
+    /// node asked about a topic another node created a moment ago, before
+    /// its own table sync took it.
+    fn get<'a>(&'a self, name: &'a str) -> RemoteCall<'a, Option<crate::TopicInfo>>;
 }
 
 /// Cluster mode: the committed-offset table reaches the set's in-sync

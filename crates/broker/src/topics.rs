@@ -50,6 +50,26 @@ pub enum Located {
 }
 
 impl TopicInfo {
+    /// Queue counts per broker set, in order of first appearance in
+    /// `placement`; an empty placement is `partitions` queues on `own`.
+    pub fn sets_of(placement: &[QueueRef], own: &str, partitions: u32) -> Vec<(String, u32)> {
+        if placement.is_empty() {
+            return if partitions > 0 {
+                vec![(own.to_string(), partitions)]
+            } else {
+                Vec::new()
+            };
+        }
+        let mut out: Vec<(String, u32)> = Vec::new();
+        for r in placement {
+            match out.iter_mut().find(|(s, _)| *s == r.set) {
+                Some((_, n)) => *n += 1,
+                None => out.push((r.set.clone(), 1)),
+            }
+        }
+        out
+    }
+
     /// Whether `partition` (as a Kafka client sends it: signed) exists.
     pub fn has_partition(&self, partition: i32) -> bool {
         u32::try_from(partition).is_ok_and(|p| p < self.kafka_partitions())

@@ -735,6 +735,24 @@ impl rokka_broker::remote::ClusterTopics for EtcdTopics {
         }
         Err(format!("topic {name}: etcd refused the create and returned no record"))
     }
+
+    fn get<'a>(&'a self, name: &'a str) -> rokka_broker::remote::RemoteCall<'a, Option<TopicInfo>> {
+        Box::pin(async move {
+            let key = format!("{}topics/{name}", self.prefix);
+            let resp = self
+                .client
+                .clone()
+                .get(key, None)
+                .await
+                .map_err(|e| format!("etcd get topic: {e}"))?;
+            match resp.kvs().first() {
+                Some(kv) => serde_json::from_slice(kv.value())
+                    .map(Some)
+                    .map_err(|e| format!("topic {name} in etcd: {e}")),
+                None => Ok(None),
+            }
+        })
+    }
 }
 
 /// One keep-alive of lease `id`: renews this node's lease validity, or, when

@@ -306,7 +306,36 @@ impl RouteTable {
 
     /// TopicRouteData of `topic`, if any broker serves it.
     pub fn route(&self, topic: &str) -> Option<Value> {
-        let per = self.topics.get(topic)?;
+        self.route_with(topic, &[])
+    }
+
+    /// [`RouteTable::route`] where `known` (broker name, queue count) fills
+    /// in brokers whose registration does not list the topic yet: in
+    /// cluster mode the cluster's topic table says where a new topic's
+    /// queues are before every set's master has registered it again. Only
+    /// brokers with a registered master are filled in.
+    pub fn route_with(&self, topic: &str, known: &[(String, u32)]) -> Option<Value> {
+        let registered = self.topics.get(topic);
+        let mut per: BTreeMap<&str, QueueData> = registered
+            .into_iter()
+            .flatten()
+            .map(|(b, q)| (b.as_str(), *q))
+            .collect();
+        for (b, n) in known {
+            let has_master = self.brokers.get(b).is_some_and(|e| e.members.contains_key(&0));
+            if *n > 0 && has_master && !per.contains_key(b.as_str()) {
+                let q = QueueData {
+                    read: *n,
+                    write: *n,
+                    perm: 6,
+                    sys_flag: 0,
+                };
+                per.insert(b.as_str(), q);
+            }
+        }
+        if per.is_empty() {
+            return None;
+        }
         let queue_datas: Vec<Value> = per
             .iter()
             .map(|(b, q)| {

@@ -251,3 +251,36 @@ fn a_broker_moving_cluster_leaves_the_old_one() {
     assert!(t.unregister(&moved.key()));
     assert_eq!(t.cluster_info()["clusterAddrTable"], json!({}));
 }
+
+#[test]
+fn known_placements_fill_in_brokers_whose_registration_lags() {
+    let mut t = RouteTable::default();
+    t.register(&reg("set-a", "h:1", 0, &[("T", 2)]), 0, DEFAULT_TIMEOUT, None);
+    t.register(&reg("set-b", "h:2", 0, &[]), 0, DEFAULT_TIMEOUT, None);
+    // set-c has only a replica registered: its queues are not routed.
+    t.register(&reg("set-c", "h:3", 4, &[]), 0, DEFAULT_TIMEOUT, None);
+    let known = [
+        ("set-a".to_string(), 9),
+        ("set-b".to_string(), 3),
+        ("set-c".to_string(), 1),
+    ];
+    let route = t.route_with("T", &known).unwrap_or_default();
+    let queues = route["queueDatas"].as_array().cloned().unwrap_or_default();
+    let counts: Vec<(String, u64)> = queues
+        .iter()
+        .map(|q| {
+            (
+                q["brokerName"].as_str().unwrap_or("").to_string(),
+                q["writeQueueNums"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    // A registration wins over the placement; set-b comes from the placement.
+    assert_eq!(counts, vec![("set-a".to_string(), 2), ("set-b".to_string(), 3)]);
+    assert_eq!(route["brokerDatas"].as_array().map(Vec::len), Some(2));
+    // A topic no registration lists yet is routed from the placement alone.
+    let fresh = t.route_with("New", &known).unwrap_or_default();
+    assert_eq!(fresh["queueDatas"].as_array().map(Vec::len), Some(2));
+    assert!(t.route("New").is_none(), "without a placement only registrations route");
+    assert!(t.route_with("New", &[("set-c".to_string(), 1)]).is_none());
+}

@@ -373,7 +373,11 @@ async fn serve(
             // In cluster mode every node's broker registers with every
             // node's name server over the wire (with its role's broker id).
             let local = rmq.clone().filter(|_| embedded && !cfg.cluster.enabled);
-            let ns = Arc::new(NameServer::new(cfg.rocketmq.clone(), local));
+            let mut ns = NameServer::new(cfg.rocketmq.clone(), local);
+            if let (Some(b), true) = (&broker, cfg.cluster.enabled) {
+                ns = ns.with_cluster(Arc::clone(b));
+            }
+            let ns = Arc::new(ns);
             tracing::info!(namesrv = %l.local_addr()?, "RocketMQ name server listener");
             listeners.push(tokio::spawn(rokka_remoting::serve(l, Arc::clone(&ns), stop_rx.clone())));
             let n = Arc::clone(&ns);

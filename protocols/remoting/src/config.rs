@@ -82,6 +82,12 @@ pub struct RocketMqConfig {
     /// queue's first message lies within the newest this-% of physical
     /// memory's worth of CommitLog (RocketMQ `accessMessageInMemoryMaxRatio`).
     pub access_message_in_memory_max_ratio: u8,
+    /// Cluster mode: route requests for a topic this node has not taken
+    /// from the cluster yet that read etcd at once (more answer from the
+    /// registrations alone).
+    pub namesrv_route_lookups: u32,
+    /// Such a read gives up after this long (the topic is then unknown).
+    pub namesrv_route_lookup_timeout_ms: u64,
 }
 
 impl Default for RocketMqConfig {
@@ -116,6 +122,8 @@ impl Default for RocketMqConfig {
             max_clients: 100_000,
             max_consumer_groups: 100_000,
             access_message_in_memory_max_ratio: 40,
+            namesrv_route_lookups: 4,
+            namesrv_route_lookup_timeout_ms: 2_000,
         }
     }
 }

@@ -120,18 +120,75 @@ pub struct NameServer {
     /// Topic-table version of the local broker's last registration.
     local_version: AtomicU64,
     limits: crate::server::Limits,
+    /// Cluster mode: the broker of this node, whose topic table (kept from
+    /// the cluster's) completes routes the registrations have not caught
+    /// up with yet.
+    cluster: Option<Arc<rokka_broker::Broker>>,
+    /// Route requests reading the cluster's table at once (a topic not in
+    /// this node's table yet); more are answered from the registrations.
+    lookups: tokio::sync::Semaphore,
 }
 
 impl NameServer {
     pub fn new(config: RocketMqConfig, local: Option<Arc<RocketMq>>) -> NameServer {
         NameServer {
             limits: crate::server::Limits::new("rocketmq_namesrv", &config),
+            lookups: tokio::sync::Semaphore::new(config.namesrv_route_lookups as usize),
             config,
             table: Mutex::new(RouteTable::default()),
             epoch: Instant::now(),
             local,
             local_version: AtomicU64::new(u64::MAX),
+            cluster: None,
         }
+    }
+
+    /// Cluster mode: routes also come from `broker`'s topic table, which
+    /// follows the cluster's (a topic created on any node is routed here
+    /// as soon as this node or etcd knows it, not only once every set's
+    /// master has registered it again).
+    pub fn with_cluster(mut self, broker: Arc<rokka_broker::Broker>) -> NameServer {
+        self.cluster = Some(broker);
+        self
+    }
+
+    /// GET_ROUTEINFO_BY_TOPIC's route.
+    async fn route(&self, topic: &str) -> Option<Value> {
+        let Some(b) = &self.cluster else {
+            return self.table().route(topic);
+        };
+        if let Some(known) = b.topic_sets(topic) {
+            return self.table().route_with(topic, &known);
+        }
+        // Not in this node's table: the registrations may know it, else
+        // the cluster's table may (created elsewhere a moment ago).
+        if let Some(r) = self.table().route(topic) {
+            return Some(r);
+        }
+        if rokka_store::validate_topic(topic).is_err() {
+            return None;
+        }
+        let outcome = match self.lookups.try_acquire() {
+            Err(_) => Err("busy"),
+            Ok(_permit) => {
+                let wait = std::time::Duration::from_millis(self.config.namesrv_route_lookup_timeout_ms.max(1));
+                match tokio::time::timeout(wait, b.cluster_topic_sets(topic)).await {
+                    Ok(Ok(Some(known))) => Ok(known),
+                    Ok(Ok(None)) => Err("absent"),
+                    Ok(Err(e)) => {
+                        tracing::debug!(topic, error = e, "route lookup in the cluster's topic table failed");
+                        Err("error")
+                    }
+                    Err(_) => Err("timeout"),
+                }
+            }
+        };
+        let result = match &outcome {
+            Ok(_) => "found",
+            Err(r) => r,
+        };
+        metrics::counter!("rokka_rocketmq_namesrv_route_lookups_total", "result" => result).increment(1);
+        self.table().route_with(topic, &outcome.ok()?)
     }
 
     fn now_ms(&self) -> u64 {
@@ -218,12 +275,12 @@ impl NameServer {
         r
     }
 
-    fn handle(&self, cmd: &RemotingCommand, conn: &Conn) -> RemotingCommand {
+    async fn handle(&self, cmd: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         self.register_local(false);
         match cmd.code {
             rq::GET_ROUTEINFO_BY_TOPIC => {
                 let topic = cmd.ext_fields.get("topic").unwrap_or_default();
-                match self.table().route(topic) {
+                match self.route(topic).await {
                     Some(v) => self.json_body(cmd, v),
                     None => self.reply(
                         cmd,
@@ -283,7 +340,7 @@ impl Service for NameServer {
         let started = Instant::now();
         metrics::counter!("rokka_rocketmq_requests_total", "code" => crate::codes::label(cmd.code)).increment(1);
         let oneway = cmd.flag & FLAG_ONEWAY != 0;
-        let resp = self.handle(&cmd, conn);
+        let resp = self.handle(&cmd, conn).await;
         metrics::histogram!("rokka_rocketmq_request_seconds", "code" => crate::codes::label(cmd.code))
             .record(started.elapsed().as_secs_f64());
         (!oneway).then_some(resp)
