@@ -60,6 +60,18 @@ pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCo
         )
     });
     let offsets = k.broker.store().offsets();
+    let offsets_asked: std::collections::HashMap<(String, i32), i64> = if tracing::enabled!(tracing::Level::DEBUG) {
+        r.topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .map(|p| ((t.name.to_string(), p.partition_index), p.committed_offset))
+            })
+            .collect()
+    } else {
+        Default::default()
+    };
     // Other sets' partitions: (topic index, partition index, set, queue, offset).
     let mut remote: Vec<(usize, usize, String, u32, RemoteOffset)> = Vec::new();
     let mut topics: Vec<OffsetCommitResponseTopic> = Vec::with_capacity(r.topics.len());
@@ -170,6 +182,25 @@ pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCo
             topics[ti].partitions[pi].error_code = errors::COORDINATOR_NOT_AVAILABLE;
         }
     }
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        for t in &topics {
+            for p in &t.partitions {
+                tracing::debug!(
+                    group,
+                    member = r.member_id.as_str(),
+                    generation = r.generation_id_or_member_epoch,
+                    topic = t.name.as_str(),
+                    partition = p.partition_index,
+                    offset = offsets_asked
+                        .get(&(t.name.to_string(), p.partition_index))
+                        .copied()
+                        .unwrap_or(-1),
+                    code = p.error_code,
+                    "offset commit"
+                );
+            }
+        }
+    }
     OffsetCommitResponse::default().with_topics(topics)
 }
 
@@ -201,6 +232,7 @@ async fn committed(k: &Kafka, group: &str, topic: &str, partition: i32) -> Resul
         }
         Place::Unknown => Ok(none),
     }
+    .inspect(|(offset, _, _)| tracing::debug!(group, topic, partition, offset, "offset fetch"))
 }
 
 /// (topic, partitions) requested, or every committed one when `None`: this
