@@ -157,7 +157,7 @@ fn main() -> Result<(), String> {
     let rounds = 200_000;
     let t = Instant::now();
     for _ in 0..rounds {
-        black_box(rocketmq_to_kafka_batch(black_box(&view), &mut Crossed::default()));
+        black_box(rocketmq_to_kafka_batch(black_box(&view), 0, &mut Crossed::default()));
     }
     let ns = t.elapsed().as_nanos() as f64 / rounds as f64;
     println!("RocketMQ message (100 B, 4 properties) -> Kafka batch: {ns:.0} ns/message");

@@ -306,8 +306,10 @@ fn properties_key(props: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
 /// A stored RocketMQ message as a one-record magic-2 batch at its queue
 /// offset: value = body, key = `KEYS` (or `KAFKA_KEY_HEX` decoded), headers =
 /// user properties plus `rocketmq.tags`, CreateTime = born timestamp. Adds
-/// to `c` (the caller records the metrics once per request).
-pub fn rocketmq_to_kafka_batch(m: &MessageView, c: &mut Crossed) -> Bytes {
+/// to `c` (the caller records the metrics once per request). The batch
+/// carries `leader_epoch`, the epoch the message was written in (Kafka
+/// consumers check their position against it after a leader change).
+pub fn rocketmq_to_kafka_batch(m: &MessageView, leader_epoch: i32, c: &mut Crossed) -> Bytes {
     let mut key: Option<Vec<u8>> = None;
     let mut headers: Vec<(&[u8], &[u8])> = Vec::new();
     for (k, v) in properties::iter(&m.properties) {
@@ -343,7 +345,7 @@ pub fn rocketmq_to_kafka_batch(m: &MessageView, c: &mut Crossed) -> Bytes {
     let mut b = BytesMut::with_capacity(61 + 5 + rec.len());
     b.put_i64(m.queue_offset as i64);
     b.put_i32(0); // batch length, set below
-    b.put_i32(0); // partition leader epoch
+    b.put_i32(leader_epoch);
     b.put_u8(2);
     b.put_u32(0); // CRC, set below
     b.put_i16(0); // attributes: no compression, CreateTime
@@ -476,11 +478,14 @@ mod tests {
             assert_ne!(msgs[0].property("UNIQ_KEY"), msgs[1].property("UNIQ_KEY"));
 
             // Back to Kafka: key, value, headers byte-exact.
-            let batch = rocketmq_to_kafka_batch(&msgs[0], &mut Crossed::default());
+            let batch = rocketmq_to_kafka_batch(&msgs[0], 0, &mut Crossed::default());
             let set = RecordBatchDecoder::decode(&mut batch.clone()).map_err(|e| e.to_string())?;
             assert_eq!(set.records[0].key.as_deref(), Some(&[0xff, 0x01][..]));
             assert_eq!(set.records[0].offset, 11);
-            let batch = rocketmq_to_kafka_batch(&msgs[1], &mut Crossed::default());
+            let batch = rocketmq_to_kafka_batch(&msgs[1], 7, &mut Crossed::default());
+            // The epoch it was written in (a consumer validates its position
+            // with it after a leader change).
+            assert_eq!(i32::from_be_bytes([batch[12], batch[13], batch[14], batch[15]]), 7);
             let set = RecordBatchDecoder::decode(&mut batch.clone()).map_err(|e| e.to_string())?;
             let r = &set.records[0];
             assert_eq!((r.offset, r.timestamp), (12, 1_700_000_000_012));
@@ -508,7 +513,7 @@ mod tests {
         let m = &pulled(&out)?[0];
         assert_eq!(m.property("TAGS"), Some(&b"TagA"[..]));
         assert_eq!(m.property("KEYS"), Some(&b"k a"[..]));
-        let set = RecordBatchDecoder::decode(&mut rocketmq_to_kafka_batch(m, &mut Crossed::default()))
+        let set = RecordBatchDecoder::decode(&mut rocketmq_to_kafka_batch(m, 0, &mut Crossed::default()))
             .map_err(|e| e.to_string())?;
         let r = &set.records[0];
         assert_eq!(r.key.as_deref(), Some(&b"k a"[..]));
@@ -535,7 +540,7 @@ mod tests {
         rmsg::encode(&mut rec, &m, &host, at);
         let m = rmsg::decode(&Bytes::from(rec)).map_err(|e| e.to_string())?;
         let mut c = Crossed::default();
-        let batch = rocketmq_to_kafka_batch(&m, &mut c);
+        let batch = rocketmq_to_kafka_batch(&m, 0, &mut c);
         assert_eq!(c.dropped, 1);
         assert!(crate::validate::validate(&batch, 1 << 20).is_ok());
         let set = RecordBatchDecoder::decode(&mut batch.clone()).map_err(|e| e.to_string())?;

@@ -81,6 +81,7 @@ pub struct Broker {
     remote_offsets: std::sync::OnceLock<Arc<dyn remote::RemoteOffsets>>,
     /// Cluster mode: where new topics are created first (etcd).
     cluster_topics: std::sync::OnceLock<Arc<dyn remote::ClusterTopics>>,
+    replicated_groups: std::sync::OnceLock<Arc<dyn remote::ReplicatedGroups>>,
     /// Cluster mode: committed offsets' replication to the set's replicas.
     replicated_offsets: std::sync::OnceLock<Arc<dyn remote::ReplicatedOffsets>>,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
@@ -142,6 +143,7 @@ impl Broker {
             own_set: std::sync::OnceLock::new(),
             remote_offsets: std::sync::OnceLock::new(),
             cluster_topics: std::sync::OnceLock::new(),
+            replicated_groups: std::sync::OnceLock::new(),
             replicated_offsets: std::sync::OnceLock::new(),
             store,
             topics,
@@ -313,6 +315,16 @@ impl Broker {
         Ok(info
             .filter(|i| !i.placement.is_empty())
             .map(|i| TopicInfo::sets_of(&i.placement, own, i.partitions)))
+    }
+
+    /// The Kafka frontend's groups, as replication ships them.
+    pub fn set_replicated_groups(&self, g: Arc<dyn remote::ReplicatedGroups>) {
+        let _ = self.replicated_groups.set(g);
+    }
+
+    /// The Kafka groups to replicate (None: no Kafka frontend).
+    pub fn replicated_groups(&self) -> Option<&Arc<dyn remote::ReplicatedGroups>> {
+        self.replicated_groups.get()
     }
 
     /// Cluster mode: how committed offsets reach the set's replicas.

@@ -68,3 +68,17 @@ pub trait ReplicatedOffsets: Send + Sync + std::fmt::Debug {
     /// replication timeout.
     fn replicated(&self, version: u64) -> RemoteCall<'_, ()>;
 }
+
+/// Cluster mode: the Kafka group coordinator's groups (members, generation,
+/// assignment as of each group's last completed rebalance) go to the set's
+/// replicas with the replication stream, so a replica taking over
+/// coordinates them without making every member rejoin (Kafka keeps them
+/// in `__consumer_offsets` for the same reason).
+pub trait ReplicatedGroups: Send + Sync + std::fmt::Debug {
+    /// Counts changes of [`ReplicatedGroups::snapshot`] (may count more).
+    fn changes(&self) -> u64;
+    /// The groups as a coordinator taking over loads them.
+    fn snapshot(&self) -> Vec<u8>;
+    /// A replica: replaces its groups with a master's snapshot; how many.
+    fn load(&self, snapshot: &[u8]) -> Result<usize, String>;
+}

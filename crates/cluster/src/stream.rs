@@ -9,7 +9,9 @@
 //! DATA is `hw u64 | epoch u32 | n u32 | n × (u32 length | entry) |
 //! u32 length | committed-offset table (JSON; empty when unchanged) |
 //! u32 length | Kafka transaction state (log lines; empty when unchanged) |
-//! u64 the master's count of transaction-state changes`.
+//! u64 the master's count of transaction-state changes |
+//! u32 length | Kafka groups as of their last rebalance (JSON; empty when
+//! unchanged)`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -197,6 +199,9 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
     // Transaction state at once: a replica holds its readers back while its
     // copy is older than the master's (below).
     let mut txns = Shipped::new("kafka_transactions", Duration::ZERO);
+    // The Kafka groups as of their last rebalance, for a replica taking
+    // over as coordinator.
+    let mut groups = Shipped::new("kafka_groups", Duration::from_millis(100));
     loop {
         let (kind, mut body) = tokio::time::timeout(Duration::from_secs(30), read_frame(s, MAX_FETCH))
             .await
@@ -269,6 +274,10 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
         let txn_changes = t.changes();
         txns.put(&mut b, txn_changes, || t.snapshot().map_err(|e| e.to_string()));
         b.put_u64(txn_changes);
+        match sh.broker.replicated_groups() {
+            Some(g) => groups.put(&mut b, g.changes(), || Ok(g.snapshot())),
+            None => b.put_u32(0),
+        }
         write_frame(s, DATA, &b).await?;
     }
 }
@@ -327,6 +336,7 @@ impl Shipped {
         }
         b.put_u32(snap.len() as u32);
         b.put_slice(&snap);
+        metrics::counter!("rokka_replication_tables_shipped_total", "table" => self.table).increment(1);
         self.sent = Some(changes);
     }
 }
@@ -479,6 +489,20 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
             false => None,
         };
         let master_txn = (body.remaining() >= 8).then(|| body.get_u64());
+        // The master's Kafka groups (last: a master that sends none is
+        // older than this field).
+        if body.remaining() >= 4 {
+            let len = body.get_u32() as usize;
+            if len > 0 && body.remaining() >= len {
+                if let Some(g) = sh.broker.replicated_groups() {
+                    if let Err(e) = g.load(&body.split_to(len)) {
+                        // The log and offsets still replicate; a takeover
+                        // then has the members rejoin.
+                        tracing::warn!(error = e, "cannot load the master's Kafka groups");
+                    }
+                }
+            }
+        }
         if txns.is_some() {
             applied_txn = master_txn;
         }

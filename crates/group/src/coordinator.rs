@@ -59,6 +59,105 @@ impl Default for GroupConfig {
     }
 }
 
+/// Bumped whenever a group's [`GroupRecord`] changes or a group goes:
+/// what a master compares to know its replicas need the groups again.
+static RECORD_CHANGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn records_changed() {
+    RECORD_CHANGES.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+}
+
+/// A classic group as it survives a coordinator move (Kafka's
+/// GroupMetadataValue in `__consumer_offsets`): kept when a rebalance
+/// completes or the group empties, loaded by the next coordinator as
+/// Stable (or Empty) with every member's session starting then, so the
+/// members keep their ids, generation and assignment.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct GroupRecord {
+    name: String,
+    generation: i32,
+    protocol_type: Option<String>,
+    protocol: Option<String>,
+    leader: Option<String>,
+    /// In join order.
+    members: Vec<MemberRecord>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct MemberRecord {
+    id: String,
+    instance_id: Option<String>,
+    client_id: String,
+    client_host: String,
+    session_timeout_ms: u64,
+    rebalance_timeout_ms: u64,
+    protocols: Vec<(String, Vec<u8>)>,
+    assignment: Vec<u8>,
+}
+
+impl GroupRecord {
+    fn of(g: &Group) -> GroupRecord {
+        GroupRecord {
+            name: g.name.clone(),
+            generation: g.generation,
+            protocol_type: g.protocol_type.clone(),
+            protocol: g.protocol.clone(),
+            leader: g.leader.clone(),
+            members: g
+                .join_order
+                .iter()
+                .filter_map(|id| g.members.get(id))
+                .map(|m| MemberRecord {
+                    id: m.id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    session_timeout_ms: m.session_timeout_ms,
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    protocols: m.protocols.iter().map(|(n, b)| (n.clone(), b.to_vec())).collect(),
+                    assignment: m.assignment.to_vec(),
+                })
+                .collect(),
+        }
+    }
+
+    fn load(self, now: u64) -> Group {
+        let mut g = Group::new(&self.name, now);
+        g.generation = self.generation;
+        g.protocol_type = self.protocol_type.clone();
+        g.protocol = self.protocol.clone();
+        g.leader = self.leader.clone();
+        for m in &self.members {
+            g.join_order.push(m.id.clone());
+            g.members.insert(
+                m.id.clone(),
+                Member {
+                    id: m.id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    session_timeout_ms: m.session_timeout_ms,
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    protocols: m
+                        .protocols
+                        .iter()
+                        .map(|(n, b)| (n.clone(), Bytes::from(b.clone())))
+                        .collect(),
+                    assignment: Bytes::from(m.assignment.clone()),
+                    last_heartbeat: now,
+                    awaiting_join: None,
+                    awaiting_sync: None,
+                },
+            );
+        }
+        if !g.members.is_empty() {
+            g.state = GroupState::Stable;
+        }
+        g.record = Some(self);
+        g
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Member {
     id: String,
@@ -106,6 +205,9 @@ struct Group {
     empty_since: u64,
     /// The configured initial rebalance delay (for extensions).
     initial_delay_ms: u64,
+    /// What a coordinator taking over loads: the group as of its last
+    /// completed rebalance, or emptied (None: never either).
+    record: Option<GroupRecord>,
 }
 
 impl Group {
@@ -124,6 +226,7 @@ impl Group {
             initial_delay: None,
             empty_since: now,
             initial_delay_ms: 0,
+            record: None,
         }
     }
 
@@ -260,6 +363,7 @@ impl GroupCoordinator {
         if let Some(g) = self.groups.get(&req.group) {
             if g.members.is_empty() && g.pending.is_empty() {
                 self.groups.remove(&req.group);
+                records_changed();
             } else {
                 return crate::consumer::HeartbeatResponse {
                     error: code::GROUP_ID_NOT_FOUND,
@@ -637,6 +741,8 @@ impl GroupCoordinator {
             // DescribeGroups still say "consumer" for an emptied group).
             g.leader = None;
             g.empty_since = now;
+            g.record = Some(GroupRecord::of(g));
+            records_changed();
             return;
         }
         g.protocol = g.select_protocol();
@@ -728,6 +834,8 @@ impl GroupCoordinator {
                     m.assignment = assignments.get(&m.id).cloned().unwrap_or_default();
                 }
                 g.state = GroupState::Stable;
+                g.record = Some(GroupRecord::of(g));
+                records_changed();
                 let ids: Vec<String> = g.members.keys().cloned().collect();
                 for id in ids {
                     let resp = g.members.get(&id).map(|m| ok(g, m.assignment.clone()));
@@ -931,6 +1039,9 @@ impl GroupCoordinator {
         for n in &gone {
             self.groups.remove(n);
         }
+        if !gone.is_empty() {
+            records_changed();
+        }
         gone
     }
 
@@ -942,7 +1053,47 @@ impl GroupCoordinator {
         let before = self.groups.len();
         self.groups
             .retain(|name, g| !(g.state == GroupState::Empty && g.pending.is_empty() && !has_offsets(name)));
+        if self.groups.len() != before {
+            records_changed();
+        }
         before - self.groups.len() + self.consumer.forget_unused(&has_offsets)
+    }
+
+    /// Counts changes of what [`GroupCoordinator::records`] returns (it
+    /// may count more: a change is never missed).
+    pub fn record_changes(&self) -> u64 {
+        RECORD_CHANGES.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Every classic group as a coordinator taking over would load it
+    /// (JSON): as of its last completed rebalance, or emptied.
+    pub fn records(&self) -> Vec<u8> {
+        let mut all: Vec<&GroupRecord> = self.groups.values().filter_map(|g| g.record.as_ref()).collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        serde_json::to_vec(&all).unwrap_or_default()
+    }
+
+    /// Replaces the classic groups with a master's [`GroupCoordinator::records`]
+    /// (a replica keeps them to take over with): each Stable with its
+    /// members' sessions starting at `now`, or Empty.
+    pub fn load_records(&mut self, records: &[u8], now: u64) -> Result<usize, String> {
+        let all: Vec<GroupRecord> = serde_json::from_slice(records).map_err(|e| format!("group records: {e}"))?;
+        let n = all.len();
+        self.groups = all.into_iter().map(|r| (r.name.clone(), r.load(now))).collect();
+        Ok(n)
+    }
+
+    /// Every member's session starts again at `now` (a coordinator taking
+    /// over: members could not reach it while it was not one).
+    pub fn restart_sessions(&mut self, now: u64) {
+        for g in self.groups.values_mut() {
+            for m in g.members.values_mut() {
+                m.last_heartbeat = now;
+            }
+            if g.state == GroupState::PreparingRebalance {
+                g.rebalance_deadline = now + g.max_rebalance_timeout();
+            }
+        }
     }
 
     /// Whether an OffsetCommit from (member, generation) is accepted: an
@@ -1049,6 +1200,7 @@ impl GroupCoordinator {
         match self.groups.get(group).map(|g| g.state) {
             Some(GroupState::Empty) | Some(GroupState::Dead) => {
                 self.groups.remove(group);
+                records_changed();
                 code::NONE
             }
             Some(_) => code::NON_EMPTY_GROUP,

@@ -534,3 +534,44 @@ fn every_parked_request_is_answered_once() {
     assert_eq!(join_reply(&all, tb3).leader, b);
     assert_eq!(h.c.heartbeat("g", &a, None, 1, h.now), UNKNOWN_MEMBER_ID);
 }
+
+#[test]
+fn a_coordinator_taking_over_keeps_members_generation_and_assignment() {
+    let (mut h, a) = stable_one();
+    let records = h.c.records();
+    // A replica loads the records; its clock is its own.
+    let mut next = GroupCoordinator::new(GroupConfig::default());
+    let later = 50;
+    assert_eq!(next.load_records(&records, later), Ok(1));
+    assert_eq!(next.state("g"), Some(GroupState::Stable));
+    assert_eq!(next.validate_commit("g", &a, None, 1), NONE);
+    assert_eq!(next.validate_commit("g", &a, None, 0), ILLEGAL_GENERATION);
+    assert_eq!(next.heartbeat("g", &a, None, 1, later), NONE);
+    let view = next.describe("g").map(|v| v.members.len());
+    assert_eq!(view, Some(1));
+    // Sessions run from when it took over.
+    next.restart_sessions(later + 5_000);
+    assert!(next.tick(later + 5_000 + SESSION - 100).is_empty());
+    assert_eq!(next.state("g"), Some(GroupState::Stable));
+    next.tick(later + 5_000 + SESSION);
+    assert_eq!(
+        next.state("g"),
+        Some(GroupState::Empty),
+        "its only member's session ran out"
+    );
+
+    // A rebalance in progress is not what is kept: the last completed one is.
+    let before = h.c.record_changes();
+    let (_b, _, _) = h.new_member();
+    assert_eq!(h.state(), GroupState::PreparingRebalance);
+    assert_eq!(h.c.records(), records);
+    // The group emptied: kept as Empty with its generation.
+    h.c.leave("g", &[(a.clone(), None)], h.now);
+    h.advance(REBALANCE + 1_000);
+    assert_eq!(h.state(), GroupState::Empty);
+    assert!(h.c.record_changes() > before);
+    let mut third = GroupCoordinator::new(GroupConfig::default());
+    assert_eq!(third.load_records(&h.c.records(), 0), Ok(1));
+    assert_eq!(third.state("g"), Some(GroupState::Empty));
+    assert!(third.load_records(b"not json", 0).is_err());
+}

@@ -24,6 +24,21 @@ pub struct Groups {
     epoch: Instant,
 }
 
+impl rokka_broker::remote::ReplicatedGroups for Groups {
+    fn changes(&self) -> u64 {
+        self.with(|c| c.record_changes())
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        self.with(|c| c.records())
+    }
+
+    fn load(&self, snapshot: &[u8]) -> Result<usize, String> {
+        let now = self.now();
+        self.with(|c| c.load_records(snapshot, now))
+    }
+}
+
 impl Groups {
     pub fn new(config: GroupConfig) -> Groups {
         Groups {
@@ -121,21 +136,36 @@ impl Groups {
     /// empty past the retention, once a minute.
     /// `consumer_groups` is told, every second, which KIP-848 groups have
     /// live members.
+    /// `coordinating` says whether this node coordinates groups now (in
+    /// cluster mode: is its set's master); while it does not, no session
+    /// expires (a replica holds the master's groups to take over with),
+    /// and when it starts to, every member's session starts then.
     pub async fn run_ticker(
         self: Arc<Self>,
         offsets: Arc<dyn OffsetsHandle>,
         consumer_groups: impl Fn(std::collections::BTreeSet<String>) + Send + 'static,
+        coordinating: impl Fn() -> bool + Send + 'static,
         mut shutdown: watch::Receiver<bool>,
     ) {
         let mut interval = tokio::time::interval(Duration::from_millis(100));
         let mut last_gen: HashMap<String, i32> = HashMap::new();
         let mut ticks = 0u64;
+        let mut was_coordinating = true;
         loop {
             tokio::select! {
                 _ = interval.tick() => {}
                 _ = shutdown.changed() => return,
             }
             let now = self.now();
+            let coordinating_now = coordinating();
+            if !coordinating_now {
+                was_coordinating = false;
+                continue;
+            }
+            if !was_coordinating {
+                self.with(|c| c.restart_sessions(now));
+                was_coordinating = true;
+            }
             let replies = self.with(|c| c.tick(now));
             self.deliver(replies);
             ticks += 1;

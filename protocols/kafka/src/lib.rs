@@ -66,6 +66,8 @@ impl Kafka {
             config.max_fetch_session_partitions as usize,
             std::time::Duration::from_millis(config.fetch_session_idle_ms.max(1)),
         );
+        let groups = Arc::new(groups::Groups::new(group));
+        broker.set_replicated_groups(Arc::clone(&groups) as Arc<dyn rokka_broker::remote::ReplicatedGroups>);
         Kafka {
             conns,
             inflight,
@@ -74,7 +76,7 @@ impl Kafka {
             config,
             advertised_host,
             advertised_port,
-            groups: Arc::new(groups::Groups::new(group)),
+            groups,
         }
     }
 }
@@ -84,7 +86,9 @@ pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch
     let offsets: Arc<dyn groups::OffsetsHandle> = kafka.broker.store().clone();
     let broker = Arc::clone(&kafka.broker);
     let consumer_groups = move |live| broker.membership().set_consumer_protocol_groups(live);
-    tokio::spawn(Arc::clone(&kafka.groups).run_ticker(offsets, consumer_groups, shutdown.clone()));
+    let broker = Arc::clone(&kafka.broker);
+    let coordinating = move || broker.cluster_view().is_none_or(|v| v.is_master());
+    tokio::spawn(Arc::clone(&kafka.groups).run_ticker(offsets, consumer_groups, coordinating, shutdown.clone()));
     tokio::spawn(mixed::run(Arc::clone(&kafka), shutdown.clone()));
     tokio::spawn(run_transactions(Arc::clone(&kafka.broker), shutdown.clone()));
     loop {

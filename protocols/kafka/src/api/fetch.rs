@@ -103,6 +103,8 @@ fn served(k: &Kafka, resp: FetchReply, bytes: usize) -> FetchReply {
 fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) -> (FetchReply, usize, bool) {
     let broker = k.broker.as_ref();
     let store = broker.store();
+    // The set's epoch history (empty on a single node: epoch 0 throughout).
+    let epochs = store.epochs();
     let mut total = 0usize;
     // The client's max_bytes, within the broker's own cap (Kafka
     // fetch.max.bytes): one response never holds more than that (but at
@@ -230,7 +232,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                         } else {
                             &read.entries[..]
                         };
-                        pieces = batches(entries, part_max.max(1), total == 0);
+                        pieces = batches(entries, &epochs, part_max.max(1), total == 0);
                         if read_committed {
                             let end = entries
                                 .iter()
@@ -253,6 +255,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                     }
                     ReadStatus::NoNewMessages | ReadStatus::NoSuchQueue => {}
                     ReadStatus::OffsetMoved | ReadStatus::OffsetOverflow => {
+                        tracing::debug!(topic = name, queue = q, offset, min, max, "fetch out of range");
                         pd.error_code = errors::OFFSET_OUT_OF_RANGE;
                         any_error = true;
                     }
@@ -285,15 +288,29 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
 }
 
 /// The stored batches to send (RocketMQ messages converted to one-record
-/// batches), up to `limit` bytes; the first always goes in when `first`.
-fn batches(entries: &[rokka_store::ReadEntry], limit: usize, first: bool) -> Vec<Bytes> {
+/// batches stamped with the leader epoch they were written in, from the
+/// set's epoch history `epochs`), up to `limit` bytes; the first always
+/// goes in when `first`.
+fn batches(
+    entries: &[rokka_store::ReadEntry],
+    epochs: &[rokka_store::replication::EpochStart],
+    limit: usize,
+    first: bool,
+) -> Vec<Bytes> {
     let mut out = Vec::with_capacity(entries.len());
     let mut len = 0usize;
     let mut crossed = rokka_broker::convert::Crossed::default();
     for e in entries {
         let piece = match e.decode() {
             Ok(Entry::KafkaBatch(b)) => b.batch, // a view of the segment: no copy
-            Ok(Entry::Message(m)) => rokka_broker::convert::rocketmq_to_kafka_batch(&m, &mut crossed),
+            Ok(Entry::Message(m)) => {
+                let epoch = epochs
+                    .iter()
+                    .rev()
+                    .find(|h| h.start <= e.cq.phys_offset)
+                    .map_or(0, |h| h.epoch as i32);
+                rokka_broker::convert::rocketmq_to_kafka_batch(&m, epoch, &mut crossed)
+            }
             Err(err) => {
                 tracing::error!(phys = e.cq.phys_offset, error = %err, "undecodable entry in fetch");
                 break;

@@ -43,7 +43,16 @@ pub fn handle(k: &Kafka, r: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpoch
                         return out.with_error_code(code);
                     }
                     if cluster {
-                        return cluster_epoch_end(k, &name, q, p.leader_epoch, out);
+                        let r = cluster_epoch_end(k, &name, q, p.leader_epoch, out);
+                        tracing::debug!(
+                            topic = name,
+                            partition = p.partition,
+                            asked = p.leader_epoch,
+                            epoch = r.leader_epoch,
+                            end = r.end_offset,
+                            "leader epoch end"
+                        );
+                        return r;
                     }
                     match p.leader_epoch {
                         EPOCH => out
@@ -65,8 +74,8 @@ pub fn handle(k: &Kafka, r: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpoch
 /// Cluster mode: the end offset of `epoch` in (topic, queue) from the set's
 /// epoch history: the current epoch ends at the log end; an older one at the
 /// first offset written at or after the next epoch's start; one newer than
-/// the current, or older than the history, is undefined (-1) or the
-/// history's first epoch.
+/// the current is undefined (-1); one older than the history ends where the
+/// history's first epoch began.
 fn cluster_epoch_end(k: &Kafka, topic: &str, q: u32, epoch: i32, out: EpochEndOffset) -> EpochEndOffset {
     let store = k.broker.store();
     let current = errors::leader_epoch(k);
@@ -79,10 +88,13 @@ fn cluster_epoch_end(k: &Kafka, topic: &str, q: u32, epoch: i32, out: EpochEndOf
     }
     let history = store.epochs();
     // The newest epoch of the history at or below the one asked for.
+    // Older than the history (written before this set's first election,
+    // e.g. before cluster mode): it ends where the first epoch began, as
+    // Kafka answers an epoch older than its leader-epoch cache.
     let Some(i) = history.iter().rposition(|e| e.epoch as i32 <= epoch) else {
-        return out
-            .with_leader_epoch(epoch)
-            .with_end_offset(store.min_offset(topic, q) as i64);
+        let first = history.first().map_or(0, |h| h.start);
+        let offset = store.queue(topic, q).map_or(0, |cq| cq.offset_at_phys(first));
+        return out.with_leader_epoch(epoch).with_end_offset(offset as i64);
     };
     let Some(next) = history.get(i + 1) else {
         return out.with_leader_epoch(history[i].epoch as i32).with_end_offset(end);
