@@ -306,15 +306,22 @@ impl RouteTable {
 
     /// TopicRouteData of `topic`, if any broker serves it.
     pub fn route(&self, topic: &str) -> Option<Value> {
-        self.route_with(topic, &[])
+        self.route_with(topic, &[], &BTreeMap::new())
     }
 
     /// [`RouteTable::route`] where `known` (broker name, queue count) fills
     /// in brokers whose registration does not list the topic yet: in
     /// cluster mode the cluster's topic table says where a new topic's
     /// queues are before every set's master has registered it again. Only
-    /// brokers with a registered master are filled in.
-    pub fn route_with(&self, topic: &str, known: &[(String, u32)]) -> Option<Value> {
+    /// brokers with a master are filled in: a registered one, or else the
+    /// one `masters` (cluster name, master address by broker name: the
+    /// cluster's own view) names.
+    pub fn route_with(
+        &self,
+        topic: &str,
+        known: &[(String, u32)],
+        masters: &BTreeMap<String, (String, String)>,
+    ) -> Option<Value> {
         let registered = self.topics.get(topic);
         let mut per: BTreeMap<&str, QueueData> = registered
             .into_iter()
@@ -322,7 +329,7 @@ impl RouteTable {
             .map(|(b, q)| (b.as_str(), *q))
             .collect();
         for (b, n) in known {
-            let has_master = self.brokers.get(b).is_some_and(|e| e.members.contains_key(&0));
+            let has_master = self.brokers.get(b).is_some_and(|e| e.members.contains_key(&0)) || masters.contains_key(b);
             if *n > 0 && has_master && !per.contains_key(b.as_str()) {
                 let q = QueueData {
                     read: *n,
@@ -343,7 +350,17 @@ impl RouteTable {
                        "topicSysFlag": q.sys_flag, "topicSynFlag": q.sys_flag})
             })
             .collect();
-        let broker_datas: Vec<Value> = per.keys().filter_map(|b| self.broker_data(b)).collect();
+        let broker_datas: Vec<Value> = per
+            .keys()
+            .filter_map(|b| {
+                let registered = self.broker_data(b).filter(|d| d["brokerAddrs"].get("0").is_some());
+                registered.or_else(|| {
+                    let (cluster, addr) = masters.get(*b)?;
+                    Some(json!({"cluster": cluster, "brokerName": b, "brokerAddrs": {"0": addr}, "enableActingMaster": false}))
+                })
+                .or_else(|| self.broker_data(b))
+            })
+            .collect();
         if broker_datas.is_empty() {
             return None;
         }

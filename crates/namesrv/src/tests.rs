@@ -264,7 +264,8 @@ fn known_placements_fill_in_brokers_whose_registration_lags() {
         ("set-b".to_string(), 3),
         ("set-c".to_string(), 1),
     ];
-    let route = t.route_with("T", &known).unwrap_or_default();
+    let none = BTreeMap::new();
+    let route = t.route_with("T", &known, &none).unwrap_or_default();
     let queues = route["queueDatas"].as_array().cloned().unwrap_or_default();
     let counts: Vec<(String, u64)> = queues
         .iter()
@@ -279,8 +280,25 @@ fn known_placements_fill_in_brokers_whose_registration_lags() {
     assert_eq!(counts, vec![("set-a".to_string(), 2), ("set-b".to_string(), 3)]);
     assert_eq!(route["brokerDatas"].as_array().map(Vec::len), Some(2));
     // A topic no registration lists yet is routed from the placement alone.
-    let fresh = t.route_with("New", &known).unwrap_or_default();
+    let fresh = t.route_with("New", &known, &none).unwrap_or_default();
     assert_eq!(fresh["queueDatas"].as_array().map(Vec::len), Some(2));
     assert!(t.route("New").is_none(), "without a placement only registrations route");
-    assert!(t.route_with("New", &[("set-c".to_string(), 1)]).is_none());
+    assert!(t.route_with("New", &[("set-c".to_string(), 1)], &none).is_none());
+    // The cluster's view names set-c's master (and set-d's, which has not
+    // registered at all): their queues are routed to it.
+    let masters: BTreeMap<String, (String, String)> = [
+        ("set-c".to_string(), ("C".to_string(), "h:5".to_string())),
+        ("set-d".to_string(), ("C".to_string(), "h:6".to_string())),
+    ]
+    .into();
+    let known = [("set-c".to_string(), 1), ("set-d".to_string(), 2)];
+    let r = t.route_with("New", &known, &masters).unwrap_or_default();
+    assert_eq!(r["queueDatas"].as_array().map(Vec::len), Some(2));
+    let addrs: Vec<&Value> = r["brokerDatas"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| &b["brokerAddrs"]["0"])
+        .collect();
+    assert_eq!(addrs, vec!["h:5", "h:6"]);
 }

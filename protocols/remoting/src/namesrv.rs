@@ -157,16 +157,29 @@ impl NameServer {
         let Some(b) = &self.cluster else {
             return self.table().route(topic);
         };
+        // Each set's master as the cluster sees it, for a set whose master
+        // has not registered here yet (a node just started or elected).
+        let masters: std::collections::BTreeMap<String, (String, String)> = b
+            .cluster_view()
+            .map(|v| {
+                v.sets
+                    .iter()
+                    .filter_map(|s| {
+                        let addr = v.node(s.master?)?.broker.clone();
+                        (!addr.is_empty()).then(|| (s.name.clone(), (self.config.cluster_name.clone(), addr)))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         if let Some(known) = b.topic_sets(topic) {
-            return self.table().route_with(topic, &known);
+            return self.table().route_with(topic, &known, &masters);
         }
-        // Not in this node's table: the registrations may know it, else
-        // the cluster's table may (created elsewhere a moment ago).
-        if let Some(r) = self.table().route(topic) {
-            return Some(r);
-        }
+        // Not in this node's table yet: the cluster's table may have it
+        // (created elsewhere a moment ago; the registrations may then name
+        // only the sets whose master registered it already), else the
+        // registrations alone answer.
         if rokka_store::validate_topic(topic).is_err() {
-            return None;
+            return self.table().route(topic);
         }
         let outcome = match self.lookups.try_acquire() {
             Err(_) => Err("busy"),
@@ -188,7 +201,10 @@ impl NameServer {
             Err(r) => r,
         };
         metrics::counter!("rokka_rocketmq_namesrv_route_lookups_total", "result" => result).increment(1);
-        self.table().route_with(topic, &outcome.ok()?)
+        match outcome {
+            Ok(known) => self.table().route_with(topic, &known, &masters),
+            Err(_) => self.table().route(topic),
+        }
     }
 
     fn now_ms(&self) -> u64 {
