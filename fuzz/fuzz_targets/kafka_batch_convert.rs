@@ -53,7 +53,10 @@ fn fix_batch(b: &mut [u8], lengths: bool, crcs: bool) {
 /// A RocketMQ message's converted batch must be one Produce would accept.
 fn to_kafka(m: &message::MessageView) {
     let mut c = Crossed::default();
-    let batch = rocketmq_to_kafka_batch(m, &mut c);
+    // Any epoch the set's history can hold: the stamp must not change what
+    // Produce accepts.
+    let epoch = (m.queue_offset % 1024) as i32;
+    let batch = rocketmq_to_kafka_batch(m, epoch, &mut c);
     if let Err(e) = validate(&batch, MAX_DECOMPRESSED) {
         panic!("rocketmq_to_kafka_batch made a batch Produce refuses: {e}\nmessage: {m:?}");
     }

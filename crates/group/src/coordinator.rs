@@ -104,9 +104,7 @@ impl GroupRecord {
             protocol: g.protocol.clone(),
             leader: g.leader.clone(),
             members: g
-                .join_order
-                .iter()
-                .filter_map(|id| g.members.get(id))
+                .members_in_join_order()
                 .map(|m| MemberRecord {
                     id: m.id.clone(),
                     instance_id: m.instance_id.clone(),
@@ -230,6 +228,10 @@ impl Group {
         }
     }
 
+    fn members_in_join_order(&self) -> impl Iterator<Item = &Member> {
+        self.join_order.iter().filter_map(|id| self.members.get(id))
+    }
+
     fn supports(&self, req: &JoinRequest) -> bool {
         if self.members.is_empty() {
             return !req.protocol_type.is_empty() && !req.protocols.is_empty();
@@ -269,9 +271,7 @@ impl Group {
         let leader = self.leader.clone().unwrap_or_default();
         let protocol = self.protocol.clone().unwrap_or_default();
         let members = if member_id == leader {
-            self.join_order
-                .iter()
-                .filter_map(|id| self.members.get(id))
+            self.members_in_join_order()
                 .map(|m| (m.id.clone(), m.instance_id.clone(), m.metadata(&protocol)))
                 .collect()
         } else {
@@ -1167,9 +1167,7 @@ impl GroupCoordinator {
             },
             leader: g.leader.clone().unwrap_or_default(),
             members: g
-                .join_order
-                .iter()
-                .filter_map(|id| g.members.get(id))
+                .members_in_join_order()
                 .map(|m| MemberView {
                     member_id: m.id.clone(),
                     instance_id: m.instance_id.clone(),
