@@ -203,3 +203,58 @@ def test_a_consumer_group_continues_from_its_committed_offsets_on_the_new_master
     c.close()
     cluster.nodes[old].start()
     assert first == want, (first, committed)
+
+
+def test_a_group_assigned_just_before_its_coordinators_kill_keeps_its_generation(cluster):
+    """A member is told its assignment only once the set's in-sync replicas
+    hold the group's new generation (Kafka answers SyncGroup after the
+    group's record is written with acks=all): the master, which coordinates
+    the group, is SIGKILLed the moment librdkafka hands the assignment to
+    the application, and the member goes on with the new master without a
+    rebalance (no revocation, no second assignment)."""
+    topic = "failover-assigned"
+    assert in_sync(cluster, [1, 2, 3], timeout=60)
+    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all"})
+    for i in range(200):
+        p.produce(topic, key=str(i).encode(), value=f"a{i}".encode())
+    assert p.flush(60) == 0
+    assert in_sync(cluster, [1, 2, 3], timeout=60)
+    old = cluster.master()
+    events = []
+
+    def assigned(consumer, parts):
+        events.append(("assign", sorted(tp.partition for tp in parts)))
+        if len(events) == 1:
+            cluster.nodes[old].kill()
+
+    def revoked(consumer, parts):
+        events.append(("revoke", sorted(tp.partition for tp in parts)))
+
+    c = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap(),
+            "group.id": "failover-assigned-g",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": 30000,
+        }
+    )
+    c.subscribe([topic], on_assign=assigned, on_revoke=revoked)
+    got = set()
+    try:
+        deadline = time.time() + 90
+        while len(got) < 200 and time.time() < deadline:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                got.add(m.value().decode())
+        # Heartbeats reach the new coordinator (every 3 s by default).
+        settle = time.time() + 8
+        while time.time() < settle:
+            c.poll(0.5)
+    finally:
+        c.close()
+        cluster.nodes[old].start()
+    assert len(got) == 200, f"read {len(got)} of 200; events {events}"
+    assert events[0][0] == "assign" and events[0][1] == [0, 1], events
+    # close() revokes once at the end; nothing before it.
+    assert [e for e in events[1:] if e[0] == "assign"] == [], f"the group rebalanced after the failover: {events}"

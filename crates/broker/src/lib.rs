@@ -83,7 +83,7 @@ pub struct Broker {
     cluster_topics: std::sync::OnceLock<Arc<dyn remote::ClusterTopics>>,
     replicated_groups: std::sync::OnceLock<Arc<dyn remote::ReplicatedGroups>>,
     /// Cluster mode: committed offsets' replication to the set's replicas.
-    replicated_offsets: std::sync::OnceLock<Arc<dyn remote::ReplicatedOffsets>>,
+    replicated_tables: std::sync::OnceLock<Arc<dyn remote::ReplicatedTables>>,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
     lag: std::sync::Mutex<Vec<(String, String, u32, u64)>>,
     config: BrokerConfig,
@@ -144,7 +144,7 @@ impl Broker {
             remote_offsets: std::sync::OnceLock::new(),
             cluster_topics: std::sync::OnceLock::new(),
             replicated_groups: std::sync::OnceLock::new(),
-            replicated_offsets: std::sync::OnceLock::new(),
+            replicated_tables: std::sync::OnceLock::new(),
             store,
             topics,
             arrivals,
@@ -327,18 +327,32 @@ impl Broker {
         self.replicated_groups.get()
     }
 
-    /// Cluster mode: how committed offsets reach the set's replicas.
-    pub fn set_replicated_offsets(&self, r: Arc<dyn remote::ReplicatedOffsets>) {
-        let _ = self.replicated_offsets.set(r);
+    /// Cluster mode: how committed offsets and Kafka groups reach the
+    /// set's replicas.
+    pub fn set_replicated_tables(&self, r: Arc<dyn remote::ReplicatedTables>) {
+        let _ = self.replicated_tables.set(r);
     }
 
     /// Returns once every committed offset so far is held by the set's
     /// in-sync replicas (at once on a single node); an error when they did
     /// not confirm in time or this node is no longer master.
     pub async fn offsets_durable(&self) -> std::result::Result<(), String> {
-        match self.replicated_offsets.get() {
-            Some(r) => r.replicated(self.store.offsets().changes()).await,
+        match self.replicated_tables.get() {
+            Some(r) => {
+                r.replicated(remote::Table::Offsets, self.store.offsets().changes())
+                    .await
+            }
             None => Ok(()),
+        }
+    }
+
+    /// Returns once the Kafka groups as of now (every rebalance completed
+    /// so far) are held by the set's in-sync replicas (at once on a single
+    /// node); an error as for [`Broker::offsets_durable`].
+    pub async fn groups_durable(&self) -> std::result::Result<(), String> {
+        match (self.replicated_tables.get(), self.replicated_groups.get()) {
+            (Some(r), Some(g)) => r.replicated(remote::Table::KafkaGroups, g.changes()).await,
+            _ => Ok(()),
         }
     }
 

@@ -57,16 +57,25 @@ pub trait ClusterTopics: Send + Sync + std::fmt::Debug {
     fn get<'a>(&'a self, name: &'a str) -> RemoteCall<'a, Option<crate::TopicInfo>>;
 }
 
-/// Cluster mode: the committed-offset table reaches the set's in-sync
-/// replicas with the replication stream; a Kafka OffsetCommit is answered
-/// once they hold it (as Kafka writes its offsets topic with acks=all), so
-/// a commit the client was told of survives its set's failover.
-pub trait ReplicatedOffsets: Send + Sync + std::fmt::Debug {
-    /// Waits until every in-sync replica holds the committed-offset table
-    /// as of `version` (at once with none); an error when this node is no
-    /// longer master or the replicas did not confirm within the
-    /// replication timeout.
-    fn replicated(&self, version: u64) -> RemoteCall<'_, ()>;
+/// A state table that reaches a set's replicas with the replication stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// Committed offsets (both protocols).
+    Offsets,
+    /// The Kafka groups as of their last completed rebalance.
+    KafkaGroups,
+}
+
+/// Cluster mode: the committed-offset table and the Kafka groups reach the
+/// set's in-sync replicas with the replication stream; a Kafka
+/// OffsetCommit, and a SyncGroup completing a rebalance, are answered once
+/// they hold it (as Kafka writes its offsets topic with acks=all), so what
+/// the client was told of survives its set's failover.
+pub trait ReplicatedTables: Send + Sync + std::fmt::Debug {
+    /// Waits until every in-sync replica holds `table` as of `version`
+    /// (at once with none); an error when this node is no longer master or
+    /// the replicas did not confirm within the replication timeout.
+    fn replicated(&self, table: Table, version: u64) -> RemoteCall<'_, ()>;
 }
 
 /// Cluster mode: the Kafka group coordinator's groups (members, generation,

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rokka_broker::cluster_view::ClusterView;
+use rokka_broker::remote::Table;
 use rokka_broker::Broker;
 use rokka_store::MessageStore;
 
@@ -82,13 +83,10 @@ pub struct Shared {
     pub(crate) lease_valid_until: Mutex<Option<Instant>>,
     /// Woken by every append: replicas' waiting fetches answer at once.
     pub(crate) appended: tokio::sync::Notify,
-    /// Per replica: the committed-offset table version it holds.
-    offsets_held: Mutex<HashMap<u32, u64>>,
-    /// Woken when a replica holds a newer table, or the set changed.
-    offsets_progress: tokio::sync::Notify,
-    /// Offset commits waiting for their replication: the table ships at
-    /// once rather than at its interval.
-    pub(crate) offset_waiters: std::sync::atomic::AtomicUsize,
+    /// What each replica holds of the committed-offset table.
+    pub(crate) offsets_acks: TableAcks,
+    /// What each replica holds of the Kafka groups.
+    pub(crate) groups_acks: TableAcks,
 }
 
 impl Shared {
@@ -106,9 +104,8 @@ impl Shared {
             newer_epoch: AtomicU32::new(0),
             lease_valid_until: Mutex::new(None),
             appended: tokio::sync::Notify::new(),
-            offsets_held: Mutex::new(HashMap::new()),
-            offsets_progress: tokio::sync::Notify::new(),
-            offset_waiters: std::sync::atomic::AtomicUsize::new(0),
+            offsets_acks: TableAcks::default(),
+            groups_acks: TableAcks::default(),
         })
     }
 
@@ -156,27 +153,25 @@ impl Shared {
         metrics::gauge!("rokka_cluster_sync_state_set_size").set(sss.len() as f64);
         self.alone.store(sss.len() <= 1, Ordering::Release);
         *self.sss.lock().unwrap_or_else(|p| p.into_inner()) = sss;
-        self.offsets_progress.notify_waiters();
+        self.offsets_acks.progress.notify_waiters();
+        self.groups_acks.progress.notify_waiters();
     }
 
-    /// Replica `id` holds the committed-offset table as of `version`.
-    pub(crate) fn replica_offsets(&self, id: u32, version: u64) {
-        let mut h = self.offsets_held.lock().unwrap_or_else(|p| p.into_inner());
-        let e = h.entry(id).or_insert(0);
-        if version > *e {
-            *e = version;
-            drop(h);
-            self.offsets_progress.notify_waiters();
-        }
-    }
-
-    /// Whether every in-sync replica holds the offset table as of `version`.
-    fn offsets_held_by_replicas(&self, version: u64) -> bool {
+    /// Whether every in-sync replica holds the table `acks` tracks as of
+    /// `version`.
+    fn held_by_replicas(&self, acks: &TableAcks, version: u64) -> bool {
         let sss = self.sss();
-        let h = self.offsets_held.lock().unwrap_or_else(|p| p.into_inner());
+        let h = acks.held.lock().unwrap_or_else(|p| p.into_inner());
         sss.iter()
             .filter(|id| **id != self.cfg.node_id)
             .all(|id| h.get(id).is_some_and(|v| *v >= version))
+    }
+
+    fn acks(&self, table: Table) -> &TableAcks {
+        match table {
+            Table::Offsets => &self.offsets_acks,
+            Table::KafkaGroups => &self.groups_acks,
+        }
     }
 
     pub(crate) fn sss(&self) -> Vec<u32> {
@@ -289,40 +284,74 @@ impl Shared {
     }
 }
 
-/// Offset commits wait on the stream: see [`Shared::replica_offsets`].
-#[derive(Debug)]
-struct OffsetReplication(std::sync::Weak<Shared>);
+/// What each replica holds of one state table shipped with the stream,
+/// and the requests waiting for it.
+#[derive(Debug, Default)]
+pub(crate) struct TableAcks {
+    /// Per replica: the table version it holds.
+    held: Mutex<HashMap<u32, u64>>,
+    /// Woken when a replica holds a newer table, or the set changed.
+    progress: tokio::sync::Notify,
+    /// Requests waiting for the table's replication: it ships at once
+    /// rather than at its interval.
+    waiters: std::sync::atomic::AtomicUsize,
+}
 
-impl rokka_broker::remote::ReplicatedOffsets for OffsetReplication {
-    fn replicated(&self, version: u64) -> rokka_broker::remote::RemoteCall<'_, ()> {
+impl TableAcks {
+    /// Replica `id` holds the table as of `version`.
+    pub(crate) fn held(&self, id: u32, version: u64) {
+        let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let e = h.entry(id).or_insert(0);
+        if version > *e {
+            *e = version;
+            drop(h);
+            self.progress.notify_waiters();
+        }
+    }
+
+    /// Some request waits for the table to reach the replicas.
+    pub(crate) fn awaited(&self) -> bool {
+        self.waiters.load(Ordering::Acquire) > 0
+    }
+}
+
+/// Offset commits and completed rebalances wait on the stream: see
+/// [`TableAcks::held`].
+#[derive(Debug)]
+struct TableReplication(std::sync::Weak<Shared>);
+
+impl rokka_broker::remote::ReplicatedTables for TableReplication {
+    fn replicated(&self, table: Table, version: u64) -> rokka_broker::remote::RemoteCall<'_, ()> {
         Box::pin(async move {
             let sh = self.0.upgrade().ok_or("cluster mode stopped")?;
+            let acks = sh.acks(table);
             let deadline = tokio::time::Instant::now() + Duration::from_millis(sh.cfg.replication_timeout_ms);
-            sh.offset_waiters.fetch_add(1, Ordering::AcqRel);
+            acks.waiters.fetch_add(1, Ordering::AcqRel);
             let res = loop {
-                let progress = sh.offsets_progress.notified();
+                let progress = acks.progress.notified();
                 tokio::pin!(progress);
                 progress.as_mut().enable();
                 if !matches!(sh.role(), Role::Master { .. }) {
                     break Err("no longer master".to_string());
                 }
-                if sh.offsets_held_by_replicas(version) {
+                if sh.held_by_replicas(acks, version) {
                     break Ok(());
                 }
                 // Replicas' waiting fetches answer now, with the table.
                 sh.appended.notify_waiters();
                 if tokio::time::timeout_at(deadline, progress).await.is_err() {
                     break Err(format!(
-                        "replicas did not confirm the offsets within {} ms",
+                        "replicas did not confirm within {} ms",
                         sh.cfg.replication_timeout_ms
                     ));
                 }
             };
-            sh.offset_waiters.fetch_sub(1, Ordering::AcqRel);
-            metrics::counter!(
-                "rokka_cluster_offset_commits_total",
-                "result" => if res.is_ok() { "replicated" } else { "failed" }
-            )
+            acks.waiters.fetch_sub(1, Ordering::AcqRel);
+            let result = if res.is_ok() { "replicated" } else { "failed" };
+            match table {
+                Table::Offsets => metrics::counter!("rokka_cluster_offset_commits_total", "result" => result),
+                Table::KafkaGroups => metrics::counter!("rokka_cluster_group_syncs_total", "result" => result),
+            }
             .increment(1);
             res
         })
@@ -358,7 +387,7 @@ pub async fn start(
     let weak = Arc::downgrade(&shared);
     shared
         .broker
-        .set_replicated_offsets(Arc::new(OffsetReplication(Arc::downgrade(&shared))));
+        .set_replicated_tables(Arc::new(TableReplication(Arc::downgrade(&shared))));
     store.set_append_listener(move || {
         if let Some(sh) = weak.upgrade() {
             sh.appended.notify_waiters();

@@ -229,14 +229,18 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
         // It applied the last DATA frame before asking again: it holds
         // the offset table that frame (or an earlier one) carried.
         if let Some(v) = offsets.sent {
-            sh.replica_offsets(replica, v);
+            sh.offsets_acks.held(replica, v);
         }
+        if let Some(v) = groups.sent {
+            sh.groups_acks.held(replica, v);
+        }
+        let kafka_groups = sh.broker.replicated_groups();
         // Long poll: answer as soon as something is appended, or after 200 ms.
         let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
         while store.log_end() <= from
             && sh.role() == (Role::Master { epoch })
-            && !(sh.offset_waiters.load(std::sync::atomic::Ordering::Acquire) > 0
-                && offsets.sent != Some(store.offsets().changes()))
+            && !(sh.offsets_acks.awaited() && offsets.sent != Some(store.offsets().changes()))
+            && !(sh.groups_acks.awaited() && groups.sent != kafka_groups.map(|g| g.changes()))
         {
             let woken = sh.appended.notified();
             tokio::pin!(woken);
@@ -266,15 +270,18 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
             b.put_slice(e);
         }
         // A commit waiting for its replication: the table goes now.
-        if sh.offset_waiters.load(std::sync::atomic::Ordering::Acquire) > 0 {
+        if sh.offsets_acks.awaited() {
             offsets.due = Instant::now();
+        }
+        if sh.groups_acks.awaited() {
+            groups.due = Instant::now();
         }
         offsets.put(&mut b, store.offsets().changes(), || Ok(store.offsets().snapshot()));
         let t = sh.broker.kafka_txns();
         let txn_changes = t.changes();
         txns.put(&mut b, txn_changes, || t.snapshot().map_err(|e| e.to_string()));
         b.put_u64(txn_changes);
-        match sh.broker.replicated_groups() {
+        match kafka_groups {
             Some(g) => groups.put(&mut b, g.changes(), || Ok(g.snapshot())),
             None => b.put_u32(0),
         }

@@ -109,7 +109,20 @@ pub async fn sync(k: &Kafka, r: SyncGroupRequest, version: i16) -> SyncGroupResp
             req.assignments = a;
         }
     }
-    let resp = k.groups.sync(req).await;
+    let group = req.group.clone();
+    let mut resp = k.groups.sync(req).await;
+    // The assignment is answered once the set's in-sync replicas hold the
+    // group's record (Kafka answers SyncGroup after the group's record is
+    // written to its offsets topic): a coordinator taking over after a
+    // failover knows this generation. Not confirmed in time: retriable,
+    // the member rejoins and is given its assignment again.
+    if resp.error == crate::errors::NONE {
+        if let Err(e) = k.broker.groups_durable().await {
+            tracing::debug!(group, error = e, "group's rebalance not replicated");
+            resp.error = crate::errors::COORDINATOR_NOT_AVAILABLE;
+            resp.assignment = Default::default();
+        }
+    }
     let mut out = SyncGroupResponse::default()
         .with_error_code(resp.error)
         .with_assignment(resp.assignment);
