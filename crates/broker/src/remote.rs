@@ -86,8 +86,10 @@ pub trait ReplicatedTables: Send + Sync + std::fmt::Debug {
 pub trait ReplicatedGroups: Send + Sync + std::fmt::Debug {
     /// Counts changes of [`ReplicatedGroups::snapshot`] (may count more).
     fn changes(&self) -> u64;
-    /// The groups as a coordinator taking over loads them.
-    fn snapshot(&self) -> Vec<u8>;
-    /// A replica: replaces its groups with a master's snapshot; how many.
+    /// The groups as a coordinator taking over loads them (encoded once
+    /// per change; may block: call it off the runtime).
+    fn snapshot(&self) -> bytes::Bytes;
+    /// A replica: replaces its groups with a master's snapshot; how many
+    /// (may block: call it off the runtime).
     fn load(&self, snapshot: &[u8]) -> Result<usize, String>;
 }

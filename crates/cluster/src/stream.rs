@@ -282,7 +282,23 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
         txns.put(&mut b, txn_changes, || t.snapshot().map_err(|e| e.to_string()));
         b.put_u64(txn_changes);
         match kafka_groups {
-            Some(g) => groups.put(&mut b, g.changes(), || Ok(g.snapshot())),
+            Some(g) => {
+                let version = g.changes();
+                // Encoded off the runtime (once per version: every
+                // replica's stream takes the same bytes).
+                let snap = match groups.due_for(version) {
+                    true => {
+                        let g = Arc::clone(g);
+                        Some(tokio::task::spawn_blocking(move || g.snapshot()).await)
+                    }
+                    false => None,
+                };
+                groups.put(&mut b, version, || match snap {
+                    Some(Ok(s)) => Ok(s.to_vec()),
+                    Some(Err(e)) => Err(e.to_string()),
+                    None => Err("not due".into()),
+                });
+            }
             None => b.put_u32(0),
         }
         write_frame(s, DATA, &b).await?;
@@ -312,9 +328,14 @@ impl Shipped {
         }
     }
 
+    /// Whether the table as of `changes` goes with the next frame.
+    fn due_for(&self, changes: u64) -> bool {
+        self.sent != Some(changes) && Instant::now() >= self.due
+    }
+
     /// Appends `u32 length | table` to `b` when due (length 0 otherwise).
     fn put(&mut self, b: &mut BytesMut, changes: u64, snapshot: impl FnOnce() -> Res<Vec<u8>>) {
-        if self.sent == Some(changes) || Instant::now() < self.due {
+        if !self.due_for(changes) {
             b.put_u32(0);
             return;
         }
@@ -498,24 +519,28 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
         let master_txn = (body.remaining() >= 8).then(|| body.get_u64());
         // The master's Kafka groups (last: a master that sends none is
         // older than this field).
-        if body.remaining() >= 4 {
-            let len = body.get_u32() as usize;
-            if len > 0 && body.remaining() >= len {
-                if let Some(g) = sh.broker.replicated_groups() {
-                    if let Err(e) = g.load(&body.split_to(len)) {
-                        // The log and offsets still replicate; a takeover
-                        // then has the members rejoin.
-                        tracing::warn!(error = e, "cannot load the master's Kafka groups");
-                    }
-                }
+        let groups = match body.remaining() >= 4 {
+            true => {
+                let len = body.get_u32() as usize;
+                (len > 0 && body.remaining() >= len).then(|| body.split_to(len))
             }
-        }
+            false => None,
+        };
         if txns.is_some() {
             applied_txn = master_txn;
         }
-        if !entries.is_empty() || txns.is_some() {
+        if !entries.is_empty() || txns.is_some() || groups.is_some() {
             let (st, ep, broker) = (Arc::clone(store), Arc::clone(&epochs), Arc::clone(&sh.broker));
             tokio::task::spawn_blocking(move || -> Result<(), String> {
+                if let (Some(snap), Some(g)) = (groups, broker.replicated_groups()) {
+                    if let Err(e) = g.load(&snap) {
+                        // The log and offsets still replicate; a takeover
+                        // then has the members rejoin.
+                        metrics::counter!("rokka_replication_tables_rejected_total", "table" => "kafka_groups")
+                            .increment(1);
+                        tracing::warn!(error = e, "cannot load the master's Kafka groups");
+                    }
+                }
                 if !entries.is_empty() {
                     st.append_replicated(&entries).map_err(|e| format!("append: {e}"))?;
                     st.adopt_epochs(&ep).map_err(|e| format!("append: {e}"))?;

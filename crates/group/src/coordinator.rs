@@ -83,6 +83,7 @@ struct GroupRecord {
     members: Vec<MemberRecord>,
 }
 
+/// What a member is beyond its live session: what a [`GroupRecord`] keeps.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct MemberRecord {
     id: String,
@@ -91,8 +92,82 @@ struct MemberRecord {
     client_host: String,
     session_timeout_ms: u64,
     rebalance_timeout_ms: u64,
-    protocols: Vec<(String, Vec<u8>)>,
-    assignment: Vec<u8>,
+    #[serde(with = "b64::pairs")]
+    protocols: Vec<(String, Bytes)>,
+    #[serde(with = "b64")]
+    assignment: Bytes,
+}
+
+/// Members' metadata and assignments as base64 in the records' JSON (an
+/// array of numbers is about three times the bytes).
+mod b64 {
+    use base64::Engine;
+    use bytes::Bytes;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+    pub fn serialize<S: Serializer>(b: &Bytes, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&B64.encode(b))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        let t = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        B64.decode(t.as_bytes())
+            .map(Bytes::from)
+            .map_err(serde::de::Error::custom)
+    }
+
+    pub mod pairs {
+        use super::*;
+        use serde::ser::SerializeSeq;
+
+        pub fn serialize<S: Serializer>(v: &[(String, Bytes)], s: S) -> Result<S::Ok, S::Error> {
+            let mut seq = s.serialize_seq(Some(v.len()))?;
+            for (n, b) in v {
+                seq.serialize_element(&(n, B64.encode(b)))?;
+            }
+            seq.end()
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, Bytes)>, D::Error> {
+            let v = <Vec<(String, String)>>::deserialize(d)?;
+            v.into_iter()
+                .map(|(n, t)| {
+                    B64.decode(t.as_bytes())
+                        .map(|b| (n, Bytes::from(b)))
+                        .map_err(serde::de::Error::custom)
+                })
+                .collect()
+        }
+    }
+}
+
+/// Every classic group as a coordinator taking over would load it (see
+/// [`GroupCoordinator::records`]): cheap to take under the coordinator's
+/// lock, encoded and decoded outside it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupRecords(Vec<GroupRecord>);
+
+impl GroupRecords {
+    /// The records as a replica receives them (JSON).
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.0).unwrap_or_default()
+    }
+
+    pub fn decode(b: &[u8]) -> Result<GroupRecords, String> {
+        serde_json::from_slice(b)
+            .map(GroupRecords)
+            .map_err(|e| format!("group records: {e}"))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
 }
 
 impl GroupRecord {
@@ -103,19 +178,7 @@ impl GroupRecord {
             protocol_type: g.protocol_type.clone(),
             protocol: g.protocol.clone(),
             leader: g.leader.clone(),
-            members: g
-                .members_in_join_order()
-                .map(|m| MemberRecord {
-                    id: m.id.clone(),
-                    instance_id: m.instance_id.clone(),
-                    client_id: m.client_id.clone(),
-                    client_host: m.client_host.clone(),
-                    session_timeout_ms: m.session_timeout_ms,
-                    rebalance_timeout_ms: m.rebalance_timeout_ms,
-                    protocols: m.protocols.iter().map(|(n, b)| (n.clone(), b.to_vec())).collect(),
-                    assignment: m.assignment.to_vec(),
-                })
-                .collect(),
+            members: g.members_in_join_order().map(|m| m.rec.clone()).collect(),
         }
     }
 
@@ -130,18 +193,7 @@ impl GroupRecord {
             g.members.insert(
                 m.id.clone(),
                 Member {
-                    id: m.id.clone(),
-                    instance_id: m.instance_id.clone(),
-                    client_id: m.client_id.clone(),
-                    client_host: m.client_host.clone(),
-                    session_timeout_ms: m.session_timeout_ms,
-                    rebalance_timeout_ms: m.rebalance_timeout_ms,
-                    protocols: m
-                        .protocols
-                        .iter()
-                        .map(|(n, b)| (n.clone(), Bytes::from(b.clone())))
-                        .collect(),
-                    assignment: Bytes::from(m.assignment.clone()),
+                    rec: m.clone(),
                     last_heartbeat: now,
                     awaiting_join: None,
                     awaiting_sync: None,
@@ -156,19 +208,27 @@ impl GroupRecord {
     }
 }
 
+/// A member: what a record keeps of it, and its live session.
 #[derive(Debug, Clone)]
 struct Member {
-    id: String,
-    instance_id: Option<String>,
-    client_id: String,
-    client_host: String,
-    session_timeout_ms: u64,
-    rebalance_timeout_ms: u64,
-    protocols: Vec<(String, Bytes)>,
-    assignment: Bytes,
+    rec: MemberRecord,
     last_heartbeat: u64,
     awaiting_join: Option<Token>,
     awaiting_sync: Option<Token>,
+}
+
+impl std::ops::Deref for Member {
+    type Target = MemberRecord;
+
+    fn deref(&self) -> &MemberRecord {
+        &self.rec
+    }
+}
+
+impl std::ops::DerefMut for Member {
+    fn deref_mut(&mut self) -> &mut MemberRecord {
+        &mut self.rec
+    }
 }
 
 impl Member {
@@ -624,14 +684,16 @@ impl GroupCoordinator {
         g.members.insert(
             id.clone(),
             Member {
-                id,
-                instance_id: req.instance_id.clone(),
-                client_id: req.client_id.clone(),
-                client_host: req.client_host.clone(),
-                session_timeout_ms: req.session_timeout_ms,
-                rebalance_timeout_ms: req.rebalance_timeout_ms,
-                protocols: req.protocols.clone(),
-                assignment: Bytes::new(),
+                rec: MemberRecord {
+                    id,
+                    instance_id: req.instance_id.clone(),
+                    client_id: req.client_id.clone(),
+                    client_host: req.client_host.clone(),
+                    session_timeout_ms: req.session_timeout_ms,
+                    rebalance_timeout_ms: req.rebalance_timeout_ms,
+                    protocols: req.protocols.clone(),
+                    assignment: Bytes::new(),
+                },
                 last_heartbeat: now,
                 awaiting_join: Some(token),
                 awaiting_sync: None,
@@ -1065,22 +1127,21 @@ impl GroupCoordinator {
         RECORD_CHANGES.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Every classic group as a coordinator taking over would load it
-    /// (JSON): as of its last completed rebalance, or emptied.
-    pub fn records(&self) -> Vec<u8> {
-        let mut all: Vec<&GroupRecord> = self.groups.values().filter_map(|g| g.record.as_ref()).collect();
+    /// Every classic group as a coordinator taking over would load it: as
+    /// of its last completed rebalance, or emptied.
+    pub fn records(&self) -> GroupRecords {
+        let mut all: Vec<GroupRecord> = self.groups.values().filter_map(|g| g.record.clone()).collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
-        serde_json::to_vec(&all).unwrap_or_default()
+        GroupRecords(all)
     }
 
     /// Replaces the classic groups with a master's [`GroupCoordinator::records`]
     /// (a replica keeps them to take over with): each Stable with its
-    /// members' sessions starting at `now`, or Empty.
-    pub fn load_records(&mut self, records: &[u8], now: u64) -> Result<usize, String> {
-        let all: Vec<GroupRecord> = serde_json::from_slice(records).map_err(|e| format!("group records: {e}"))?;
-        let n = all.len();
-        self.groups = all.into_iter().map(|r| (r.name.clone(), r.load(now))).collect();
-        Ok(n)
+    /// members' sessions starting at `now`, or Empty. How many.
+    pub fn load_records(&mut self, records: GroupRecords, now: u64) -> usize {
+        let n = records.0.len();
+        self.groups = records.0.into_iter().map(|r| (r.name.clone(), r.load(now))).collect();
+        n
     }
 
     /// Every member's session starts again at `now` (a coordinator taking

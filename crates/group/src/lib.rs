@@ -26,7 +26,7 @@ pub mod consumer;
 mod coordinator;
 mod types;
 
-pub use coordinator::{GroupConfig, GroupCoordinator};
+pub use coordinator::{GroupConfig, GroupCoordinator, GroupRecords};
 pub use types::*;
 
 #[cfg(test)]

@@ -539,10 +539,17 @@ fn every_parked_request_is_answered_once() {
 fn a_coordinator_taking_over_keeps_members_generation_and_assignment() {
     let (mut h, a) = stable_one();
     let records = h.c.records();
+    // What a replica receives: the members' metadata and assignment as
+    // base64, not arrays of numbers.
+    let wire = records.encode();
+    let text = String::from_utf8_lossy(&wire).into_owned();
+    assert!(text.contains(r#""assignment":"QQ==""#), "{text}");
+    let got = GroupRecords::decode(&wire);
+    assert_eq!(got.as_ref(), Ok(&records));
     // A replica loads the records; its clock is its own.
     let mut next = GroupCoordinator::new(GroupConfig::default());
     let later = 50;
-    assert_eq!(next.load_records(&records, later), Ok(1));
+    assert_eq!(got.map(|r| next.load_records(r, later)), Ok(1));
     assert_eq!(next.state("g"), Some(GroupState::Stable));
     assert_eq!(next.validate_commit("g", &a, None, 1), NONE);
     assert_eq!(next.validate_commit("g", &a, None, 0), ILLEGAL_GENERATION);
@@ -571,7 +578,11 @@ fn a_coordinator_taking_over_keeps_members_generation_and_assignment() {
     assert_eq!(h.state(), GroupState::Empty);
     assert!(h.c.record_changes() > before);
     let mut third = GroupCoordinator::new(GroupConfig::default());
-    assert_eq!(third.load_records(&h.c.records(), 0), Ok(1));
+    let emptied = GroupRecords::decode(&h.c.records().encode());
+    assert_eq!(emptied.map(|r| third.load_records(r, 0)), Ok(1));
     assert_eq!(third.state("g"), Some(GroupState::Empty));
-    assert!(third.load_records(b"not json", 0).is_err());
+    assert!(GroupRecords::decode(b"not json").is_err());
+    // A member's metadata that is not base64 is refused whole.
+    let bad = text.replacen("\"assignment\":\"", "\"assignment\":\"!", 1);
+    assert!(GroupRecords::decode(bad.as_bytes()).is_err(), "{bad}");
 }

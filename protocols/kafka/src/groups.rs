@@ -10,8 +10,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use rokka_group::{
-    code, GroupConfig, GroupCoordinator, JoinRequest, JoinResponse, Reply, SyncRequest, SyncResponse, Token,
+    code, GroupConfig, GroupCoordinator, GroupRecords, JoinRequest, JoinResponse, Reply, SyncRequest, SyncResponse,
+    Token,
 };
 use rokka_store::ConsumerOffsets;
 use tokio::sync::{oneshot, watch};
@@ -22,6 +24,8 @@ pub struct Groups {
     waiters: Mutex<HashMap<Token, oneshot::Sender<Reply>>>,
     next_token: AtomicU64,
     epoch: Instant,
+    /// The groups' records as last encoded for the replicas, and their version.
+    encoded: Mutex<Option<(u64, Bytes)>>,
 }
 
 impl rokka_broker::remote::ReplicatedGroups for Groups {
@@ -29,13 +33,30 @@ impl rokka_broker::remote::ReplicatedGroups for Groups {
         self.with(|c| c.record_changes())
     }
 
-    fn snapshot(&self) -> Vec<u8> {
-        self.with(|c| c.records())
+    fn snapshot(&self) -> Bytes {
+        // Taken under the lock (cheap clones), encoded outside it, once per
+        // version however many replicas ask.
+        let records = self.with(|c| {
+            let version = c.record_changes();
+            match &*self.encoded.lock().unwrap_or_else(|p| p.into_inner()) {
+                Some((v, b)) if *v == version => Err(b.clone()),
+                _ => Ok((version, c.records())),
+            }
+        });
+        match records {
+            Err(cached) => cached,
+            Ok((version, records)) => {
+                let b = Bytes::from(records.encode());
+                *self.encoded.lock().unwrap_or_else(|p| p.into_inner()) = Some((version, b.clone()));
+                b
+            }
+        }
     }
 
     fn load(&self, snapshot: &[u8]) -> Result<usize, String> {
+        let records = GroupRecords::decode(snapshot)?;
         let now = self.now();
-        self.with(|c| c.load_records(snapshot, now))
+        Ok(self.with(|c| c.load_records(records, now)))
     }
 }
 
@@ -46,6 +67,7 @@ impl Groups {
             waiters: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(1),
             epoch: Instant::now(),
+            encoded: Mutex::new(None),
         }
     }
 
