@@ -103,8 +103,9 @@ fn served(k: &Kafka, resp: FetchReply, bytes: usize) -> FetchReply {
 fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) -> (FetchReply, usize, bool) {
     let broker = k.broker.as_ref();
     let store = broker.store();
-    // The set's epoch history (empty on a single node: epoch 0 throughout).
-    let epochs = store.epochs();
+    // The set's epoch history (empty on a single node: epoch 0 throughout),
+    // taken at the first RocketMQ-written message the fetch converts.
+    let epochs = std::cell::OnceCell::new();
     let mut total = 0usize;
     // The client's max_bytes, within the broker's own cap (Kafka
     // fetch.max.bytes): one response never holds more than that (but at
@@ -232,7 +233,12 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                         } else {
                             &read.entries[..]
                         };
-                        pieces = batches(entries, &epochs, part_max.max(1), total == 0);
+                        pieces = batches(
+                            entries,
+                            || epochs.get_or_init(|| store.epochs()),
+                            part_max.max(1),
+                            total == 0,
+                        );
                         if read_committed {
                             let end = entries
                                 .iter()
@@ -289,11 +295,11 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
 
 /// The stored batches to send (RocketMQ messages converted to one-record
 /// batches stamped with the leader epoch they were written in, from the
-/// set's epoch history `epochs`), up to `limit` bytes; the first always
-/// goes in when `first`.
-fn batches(
+/// set's epoch history, which `epochs` gives when one is), up to `limit`
+/// bytes; the first always goes in when `first`.
+fn batches<'a>(
     entries: &[rokka_store::ReadEntry],
-    epochs: &[rokka_store::replication::EpochStart],
+    epochs: impl Fn() -> &'a [rokka_store::replication::EpochStart],
     limit: usize,
     first: bool,
 ) -> Vec<Bytes> {
@@ -304,7 +310,7 @@ fn batches(
         let piece = match e.decode() {
             Ok(Entry::KafkaBatch(b)) => b.batch, // a view of the segment: no copy
             Ok(Entry::Message(m)) => {
-                let epoch = epochs
+                let epoch = epochs()
                     .iter()
                     .rev()
                     .find(|h| h.start <= e.cq.phys_offset)
