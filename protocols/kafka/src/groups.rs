@@ -179,6 +179,12 @@ impl Groups {
                 _ = shutdown.changed() => return,
             }
             let now = self.now();
+            ticks += 1;
+            // A replica's gauges say what it holds (the master's groups),
+            // not what it held when it was master.
+            if ticks.is_multiple_of(10) {
+                self.export_metrics(&mut last_gen);
+            }
             let coordinating_now = coordinating();
             if !coordinating_now {
                 was_coordinating = false;
@@ -190,9 +196,7 @@ impl Groups {
             }
             let replies = self.with(|c| c.tick(now));
             self.deliver(replies);
-            ticks += 1;
             if ticks.is_multiple_of(10) {
-                self.export_metrics(&mut last_gen);
                 let live: std::collections::BTreeSet<String> = self.with(|c| {
                     c.consumer
                         .groups
