@@ -225,6 +225,44 @@ def test_a_kafka_group_commits_on_every_set_and_rocketmq_members_continue(cluste
     assert committed(cluster.bootstrap(), group, topic, 6) == {q: 20 for q in range(6)}
 
 
+def test_a_groups_offsets_listed_whole_from_its_coordinator(cluster):
+    """An OffsetFetch for all of a group's topics (the admin API's
+    list_consumer_group_offsets without partitions) lists what the group
+    committed on every set, a topic placed only on a set other than the
+    coordinator's included; that set answers RocketMQ's GET_CONSUME_STATS
+    with the offset and the queue's end."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    m = masters(cluster)
+    set_of = {n: s for s, n in m.items()}
+    topic = "listed-elsewhere"
+    a = create_topic(cluster, topic, 1, via=1)
+    topic_set = set_of[leaders(a, topic, 1)[0]]
+    group = None
+    for i in range(64):
+        g = f"lister-{i}"
+        d = a.describe_consumer_groups([g])[g].result(15)
+        if set_of.get(d.coordinator.id) not in (None, topic_set):
+            group = g
+            break
+    assert group, "a group coordinated by the other set"
+    p = Producer({"bootstrap.servers": cluster.bootstrap()})
+    for i in range(9):
+        p.produce(topic, value=f"l-{i}".encode(), partition=0)
+    assert p.flush(30) == 0
+    c = Consumer({"bootstrap.servers": cluster.bootstrap(), "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 0, 7)], asynchronous=False)
+    c.close()
+    listed = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(15)
+    got = {(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions}
+    assert got == {(topic, 0): 7}, got
+    code, _, body = remoting(cluster.nodes[m[topic_set]].broker_port, 208, {"consumerGroup": group})
+    assert code == 0, (code, body)
+    assert re.search(
+        r'\{"brokerName":"%s","queueId":0,"topic":"%s"\}:\{"brokerOffset":9,"consumerOffset":7,' % (topic_set, topic), body
+    ), body
+
+
 def test_a_draining_set_takes_no_new_placements(cluster):
     """`rokka cluster drain <set>`: new topics and new partitions go to the
     other set; what was placed stays; `undrain` lets it take them again."""

@@ -31,6 +31,10 @@ pub trait RemoteOffsets: Send + Sync + std::fmt::Debug {
         committed: RemoteOffset,
     ) -> RemoteCall<'a, ()>;
 
+    /// Every (topic, queue) `group` has committed on the master of `set`,
+    /// with the offset (what a Kafka OffsetFetch for all topics lists).
+    fn group_offsets<'a>(&'a self, set: &'a str, group: &'a str) -> RemoteCall<'a, Vec<(String, u32, u64)>>;
+
     /// What (group, topic, queue) has committed on the master of `set`.
     fn fetch<'a>(
         &'a self,

@@ -28,6 +28,7 @@ pub mod request {
     pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
     pub const GET_BROKER_CLUSTER_INFO: i32 = 106;
     pub const GET_ALL_TOPIC_LIST_FROM_NAMESERVER: i32 = 206;
+    pub const GET_CONSUME_STATS: i32 = 208;
     pub const DELETE_TOPIC_IN_NAMESRV: i32 = 216;
     pub const GET_KVLIST_BY_NAMESPACE: i32 = 219;
     pub const GET_TOPICS_BY_CLUSTER: i32 = 224;

@@ -240,6 +240,7 @@ impl RocketMq {
             | rq::GET_EARLIEST_MSG_STORETIME => self.offset_queries(&cmd),
             rq::UPDATE_AND_CREATE_TOPIC => rokka_broker::offload(|| self.create_topic(&cmd)),
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
+            rq::GET_CONSUME_STATS => self.consume_stats(&cmd),
             rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd),
             // What these append must be durable before the client is told
             // (sync flush): the consumer moves its offset past a sent-back
@@ -1390,6 +1391,70 @@ impl RocketMq {
             return self.reply(req, rs::SUCCESS, None);
         }
         self.json_body(req, json!({"lockOKMQSet": granted}))
+    }
+
+    /// GET_CONSUME_STATS: per queue of this broker, the group's committed
+    /// offset and the queue's end (what `mqadmin consumerProgress` shows as
+    /// lag). With a topic: every queue of it here (0 where nothing is
+    /// committed, as RocketMQ answers); without: every queue the group has
+    /// committed here, over its topics.
+    fn consume_stats(&self, req: &RemotingCommand) -> RemotingCommand {
+        use crate::remote_offsets::{MessageQueue, OffsetWrapper};
+        let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        let broker_name = match self.broker.cluster_view() {
+            Some(c) => c.set.clone(),
+            None => self.config.broker_name.clone(),
+        };
+        let store = self.broker.store();
+        let offsets = store.offsets();
+        let queues: Vec<(String, u32, u64)> = if topic.is_empty() {
+            offsets
+                .group_offsets(group)
+                .into_iter()
+                .map(|(t, q, o)| (t, q, o.offset))
+                .collect()
+        } else {
+            let n = self
+                .broker
+                .topics()
+                .get(topic)
+                .map_or(0, |t| match self.broker.own_set() {
+                    Some(set) if !t.placement.is_empty() => t.queues_on(set),
+                    _ => t.partitions,
+                });
+            (0..n)
+                .map(|q| {
+                    (
+                        topic.to_string(),
+                        q,
+                        offsets.get(group, topic, q).map_or(0, |o| o.offset),
+                    )
+                })
+                .collect()
+        };
+        let table: Vec<(MessageQueue, OffsetWrapper)> = queues
+            .into_iter()
+            .map(|(t, q, o)| {
+                let end = store.max_offset(&t, q);
+                (
+                    MessageQueue {
+                        broker_name: broker_name.clone(),
+                        queue_id: q,
+                        topic: t,
+                    },
+                    OffsetWrapper {
+                        broker_offset: end,
+                        consumer_offset: o,
+                        pull_offset: o,
+                        last_timestamp: 0,
+                    },
+                )
+            })
+            .collect();
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        r.body = Bytes::from(crate::remote_offsets::encode_consume_stats(&table));
+        r
     }
 
     fn all_topic_config(&self, req: &RemotingCommand) -> RemotingCommand {

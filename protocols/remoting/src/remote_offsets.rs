@@ -117,6 +117,27 @@ impl RemoteOffsets for RemotingOffsets {
         })
     }
 
+    fn group_offsets<'a>(&'a self, set: &'a str, group: &'a str) -> RemoteCall<'a, Vec<(String, u32, u64)>> {
+        Box::pin(async move {
+            let opaque = self.opaque.fetch_add(1, Ordering::Relaxed) & i32::MAX;
+            let mut cmd = RemotingCommand::request(rq::GET_CONSUME_STATS, opaque);
+            cmd.ext_fields.set("consumerGroup", group);
+            let r = self.call(set, cmd).await?;
+            if r.code != rs::SUCCESS {
+                return Err(format!(
+                    "{set}: GET_CONSUME_STATS answered {} {}",
+                    r.code,
+                    r.remark.unwrap_or_default()
+                ));
+            }
+            let stats = parse_consume_stats(&r.body).map_err(|e| format!("{set}: GET_CONSUME_STATS body: {e}"))?;
+            Ok(stats
+                .into_iter()
+                .map(|(q, o)| (q.topic, q.queue_id, o.consumer_offset))
+                .collect())
+        })
+    }
+
     fn fetch<'a>(
         &'a self,
         set: &'a str,
@@ -153,5 +174,149 @@ impl RemoteOffsets for RemotingOffsets {
                 )),
             }
         })
+    }
+}
+
+/// A RocketMQ MessageQueue as the admin bodies write it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageQueue {
+    pub broker_name: String,
+    pub queue_id: u32,
+    pub topic: String,
+}
+
+/// One queue's line of GET_CONSUME_STATS (RocketMQ's OffsetWrapper).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OffsetWrapper {
+    pub broker_offset: u64,
+    pub consumer_offset: u64,
+    #[serde(default)]
+    pub pull_offset: u64,
+    #[serde(default)]
+    pub last_timestamp: i64,
+}
+
+/// GET_CONSUME_STATS's body (RocketMQ's ConsumeStats) as its fastjson
+/// writes it: `offsetTable` is a map whose keys are MessageQueue objects
+/// (`{{"brokerName":..}:{..},..}`), which no JSON parser takes whole.
+pub fn encode_consume_stats(table: &[(MessageQueue, OffsetWrapper)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + table.len() * 160);
+    out.extend_from_slice(br#"{"consumeTps":0.0,"offsetTable":{"#);
+    for (i, (q, o)) in table.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        // Serializing these two plain structs cannot fail.
+        out.extend_from_slice(&serde_json::to_vec(q).unwrap_or_default());
+        out.push(b':');
+        out.extend_from_slice(&serde_json::to_vec(o).unwrap_or_default());
+    }
+    out.extend_from_slice(b"}}");
+    out
+}
+
+/// Reads what [`encode_consume_stats`] (or a RocketMQ broker) writes.
+pub fn parse_consume_stats(body: &[u8]) -> Result<Vec<(MessageQueue, OffsetWrapper)>, String> {
+    const KEY: &[u8] = br#""offsetTable""#;
+    let Some(at) = body.windows(KEY.len()).position(|w| w == KEY) else {
+        return Ok(Vec::new());
+    };
+    let mut p = at + KEY.len();
+    let skip_ws = |p: &mut usize| {
+        while body.get(*p).is_some_and(u8::is_ascii_whitespace) {
+            *p += 1;
+        }
+    };
+    let expect = |p: &mut usize, c: u8| -> Result<(), String> {
+        skip_ws(p);
+        if body.get(*p) == Some(&c) {
+            *p += 1;
+            Ok(())
+        } else {
+            Err(format!("expected '{}' at byte {}", c as char, *p))
+        }
+    };
+    // One JSON value from `p` on, and where it ended.
+    fn value<T: serde::de::DeserializeOwned>(body: &[u8], p: &mut usize) -> Result<T, String> {
+        let mut it = serde_json::Deserializer::from_slice(&body[*p..]).into_iter::<T>();
+        let v = it
+            .next()
+            .ok_or_else(|| format!("value expected at byte {}", *p))?
+            .map_err(|e| e.to_string())?;
+        *p += it.byte_offset();
+        Ok(v)
+    }
+    expect(&mut p, b':')?;
+    expect(&mut p, b'{')?;
+    let mut out = Vec::new();
+    skip_ws(&mut p);
+    if body.get(p) == Some(&b'}') {
+        return Ok(out);
+    }
+    loop {
+        skip_ws(&mut p);
+        let q: MessageQueue = value(body, &mut p)?;
+        expect(&mut p, b':')?;
+        skip_ws(&mut p);
+        let o: OffsetWrapper = value(body, &mut p)?;
+        out.push((q, o));
+        skip_ws(&mut p);
+        match body.get(p) {
+            Some(b',') => p += 1,
+            Some(b'}') => return Ok(out),
+            _ => return Err(format!("expected ',' or '}}' at byte {p}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consume_stats_round_trip_with_object_keys() {
+        let row = |t: &str, q: u32, c: u64| {
+            (
+                MessageQueue {
+                    broker_name: "set-b".into(),
+                    queue_id: q,
+                    topic: t.into(),
+                },
+                OffsetWrapper {
+                    broker_offset: 100,
+                    consumer_offset: c,
+                    pull_offset: c,
+                    last_timestamp: 0,
+                },
+            )
+        };
+        let table = vec![row("a", 0, 5), row("b:{}", 3, 7)];
+        let body = encode_consume_stats(&table);
+        let text = String::from_utf8_lossy(&body).into_owned();
+        assert!(
+            text.contains(r#""offsetTable":{{"brokerName":"set-b","queueId":0,"topic":"a"}:{"#),
+            "{text}"
+        );
+        assert_eq!(parse_consume_stats(&body), Ok(table));
+        assert_eq!(parse_consume_stats(&encode_consume_stats(&[])), Ok(vec![]));
+        // As a RocketMQ broker may space it.
+        let spaced = br#"{ "offsetTable" : { {"brokerName":"x","queueId":1,"topic":"t"} : {"brokerOffset":3,"consumerOffset":2,"lastTimestamp":9} } , "consumeTps":1.5}"#;
+        let got = parse_consume_stats(spaced).map(|v| {
+            v.into_iter()
+                .map(|(q, o)| (q.queue_id, o.consumer_offset))
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(got, Ok(vec![(1, 2)]));
+        // Damaged bodies are errors, never a panic.
+        for bad in [
+            &br#"{"offsetTable":{{"brokerName":"x"}"#[..],
+            br#"{"offsetTable":{"k":1}}"#,
+            br#"{"offsetTable""#,
+            br#"{"offsetTable":{{"brokerName":"x","queueId":1,"topic":"t"}:{"brokerOffset":3,"consumerOffset":2}"#,
+        ] {
+            assert!(parse_consume_stats(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
     }
 }

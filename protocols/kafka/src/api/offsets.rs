@@ -236,37 +236,69 @@ async fn committed(k: &Kafka, group: &str, topic: &str, partition: i32) -> Resul
 }
 
 /// (topic, partitions) requested, or every committed one when `None`: this
-/// set's queues as their Kafka partitions, and for those topics the
-/// partitions other sets hold.
-fn wanted(k: &Kafka, group: &str, topics: Option<Vec<(String, Vec<i32>)>>) -> Vec<(String, Vec<i32>)> {
-    match topics {
-        Some(t) => t,
-        None => {
-            let own = k.broker.own_set();
-            let mut by_topic: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
-            for (t, q, _) in k.broker.store().offsets().group_offsets(group) {
-                let info = k.broker.topics().get(&t);
-                let p = match &info {
-                    Some(i) => i.kafka_partition_of(own, q),
-                    None => Some(q as i32),
-                };
-                if let Some(p) = p {
-                    by_topic.entry(t).or_default().push(p);
+/// set's queues as their Kafka partitions, and in cluster mode those the
+/// group has committed on every other set (asked of their masters; one
+/// unreachable: an error code the client retries).
+async fn wanted(
+    k: &Kafka,
+    group: &str,
+    topics: Option<Vec<(String, Vec<i32>)>>,
+) -> Result<Vec<(String, Vec<i32>)>, i16> {
+    if let Some(t) = topics {
+        return Ok(t);
+    }
+    let own = k.broker.own_set();
+    let mut by_topic: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
+    let mut add = |set: Option<&str>, t: String, q: u32| {
+        let p = match k.broker.topics().get(&t) {
+            Some(i) => i.kafka_partition_of(set, q),
+            None => (set == own).then_some(q as i32),
+        };
+        if let Some(p) = p {
+            by_topic.entry(t).or_default().push(p);
+        }
+    };
+    for (t, q, _) in k.broker.store().offsets().group_offsets(group) {
+        add(own, t, q);
+    }
+    let others: Vec<String> = k
+        .broker
+        .cluster_view()
+        .map(|v| {
+            v.sets
+                .iter()
+                .filter(|s| Some(s.name.as_str()) != own)
+                .map(|s| s.name.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    for set in others {
+        let started = std::time::Instant::now();
+        let res = match k.broker.remote_offsets() {
+            Some(fw) => fw.group_offsets(&set, group).await,
+            None => Err("no route to other broker sets".into()),
+        };
+        remote_done("list", started, res.is_ok());
+        match res {
+            Ok(list) => {
+                for (t, q, _) in list {
+                    add(Some(&set), t, q);
                 }
             }
-            for (t, ps) in by_topic.iter_mut() {
-                if let Some(info) = k.broker.topics().get(t) {
-                    for (p, r) in info.placement.iter().enumerate() {
-                        if Some(r.set.as_str()) != own {
-                            ps.push(p as i32);
-                        }
-                    }
-                }
-                ps.sort_unstable();
+            Err(e) => {
+                tracing::debug!(group, set, error = e, "listing a group's offsets on another set failed");
+                return Err(errors::COORDINATOR_NOT_AVAILABLE);
             }
-            by_topic.into_iter().collect()
         }
     }
+    Ok(by_topic
+        .into_iter()
+        .map(|(t, mut ps)| {
+            ps.sort_unstable();
+            ps.dedup();
+            (t, ps)
+        })
+        .collect())
 }
 
 pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetchResponse {
@@ -280,8 +312,11 @@ pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetc
                     .collect()
             });
             let mut topics = Vec::new();
-            let mut group_error = errors::NONE;
-            for (t, ps) in wanted(k, &group, req) {
+            let (wanted, mut group_error) = match wanted(k, &group, req).await {
+                Ok(w) => (w, errors::NONE),
+                Err(code) => (Vec::new(), code),
+            };
+            for (t, ps) in wanted {
                 let mut partitions = Vec::with_capacity(ps.len());
                 for p in ps {
                     let (off, meta, epoch) = match committed(k, &group, &t, p).await {
@@ -325,8 +360,11 @@ pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetc
             .collect()
     });
     let mut topics = Vec::new();
-    let mut top_error = errors::NONE;
-    for (t, ps) in wanted(k, &group, req) {
+    let (wanted, mut top_error) = match wanted(k, &group, req).await {
+        Ok(w) => (w, errors::NONE),
+        Err(code) => (Vec::new(), code),
+    };
+    for (t, ps) in wanted {
         let mut partitions = Vec::with_capacity(ps.len());
         for p in ps {
             let (off, meta, epoch, code) = match committed(k, &group, &t, p).await {
