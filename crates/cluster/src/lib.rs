@@ -126,6 +126,8 @@ impl Shared {
             Role::Master { epoch } => {
                 metrics::gauge!("rokka_cluster_epoch").set(f64::from(epoch));
                 self.replicas.lock().unwrap_or_else(|p| p.into_inner()).clear();
+                self.offsets_acks.forget_all();
+                self.groups_acks.forget_all();
                 // What was visible as a replica stays visible; the watermark
                 // moves on as the replicas reconnect and fetch.
                 let visible = self.store.high_watermark().unwrap_or(0).min(self.store.log_end());
@@ -307,6 +309,17 @@ impl TableAcks {
             drop(h);
             self.progress.notify_waiters();
         }
+    }
+
+    /// Replica `id` holds nothing of the table (yet).
+    pub(crate) fn forget(&self, id: u32) {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    }
+
+    /// No replica holds anything of this node's table (it just became
+    /// master: versions are its own from now on).
+    fn forget_all(&self) {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     /// Some request waits for the table to reach the replicas.

@@ -11,7 +11,8 @@
 //! u32 length | Kafka transaction state (log lines; empty when unchanged) |
 //! u64 the master's count of transaction-state changes |
 //! u32 length | Kafka groups as of their last rebalance (JSON; empty when
-//! unchanged)`.
+//! unchanged) | u64 that groups version (0 when none went)`; a FETCH may
+//! end with `u64` the groups version the replica applied.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -182,6 +183,10 @@ async fn serve_replica(mut s: TcpStream, sh: &Shared) -> Res<()> {
         "replica connected"
     );
     let replica = hello.node_id;
+    // A new stream: what the replica held before (its groups are in
+    // memory only) counts again once it says so.
+    sh.offsets_acks.forget(replica);
+    sh.groups_acks.forget(replica);
     sh.replica_connected(replica);
     let result = fetch_loop(&mut s, sh, replica, epoch).await;
     sh.replica_disconnected(replica);
@@ -212,6 +217,9 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
         let from = body.get_u64();
         let their_epoch = body.get_u32();
         let max = body.get_u32().min(FETCH_BYTES) as usize;
+        // The Kafka groups version the replica applied (a replica older
+        // than this field: whatever was sent counts as applied).
+        let groups_applied = (body.remaining() >= 8).then(|| body.get_u64());
         if their_epoch > epoch {
             sh.saw_newer_epoch(their_epoch);
             return Err(format!(
@@ -231,21 +239,25 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
         if let Some(v) = offsets.sent {
             sh.offsets_acks.held(replica, v);
         }
-        if let Some(v) = groups.sent {
+        if let Some(v) = groups_applied.or(groups.sent) {
             sh.groups_acks.held(replica, v);
         }
         let kafka_groups = sh.broker.replicated_groups();
-        // Long poll: answer as soon as something is appended, or after 200 ms.
+        // Long poll: answer as soon as something is appended, a table is
+        // awaited that this replica does not have yet, or after 200 ms.
         let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
-        while store.log_end() <= from
-            && sh.role() == (Role::Master { epoch })
-            && !(sh.offsets_acks.awaited() && offsets.sent != Some(store.offsets().changes()))
-            && !(sh.groups_acks.awaited() && groups.sent != kafka_groups.map(|g| g.changes()))
-        {
+        let answer_now = |offsets: &Shipped, groups: &Shipped| {
+            store.log_end() > from
+                || sh.role() != (Role::Master { epoch })
+                || (sh.offsets_acks.awaited() && !offsets.settled(store.offsets().changes()))
+                || (sh.groups_acks.awaited() && kafka_groups.is_some_and(|g| !groups.settled(g.changes())))
+        };
+        while !answer_now(&offsets, &groups) {
             let woken = sh.appended.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            if store.log_end() > from {
+            // Whatever changed between the check and `enable` is seen now.
+            if answer_now(&offsets, &groups) {
                 break;
             }
             if tokio::time::timeout_at(deadline, woken).await.is_err() {
@@ -293,11 +305,13 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
                     }
                     false => None,
                 };
-                groups.put(&mut b, version, || match snap {
+                let shipped = groups.put(&mut b, version, || match snap {
                     Some(Ok(s)) => Ok(s.to_vec()),
                     Some(Err(e)) => Err(e.to_string()),
                     None => Err("not due".into()),
                 });
+                // Which version went, for the replica to say it applied it.
+                b.put_u64(if shipped { version } else { 0 });
             }
             None => b.put_u32(0),
         }
@@ -315,6 +329,9 @@ struct Shipped {
     sent: Option<u64>,
     due: Instant,
     refused: bool,
+    /// The version last refused as too large: not taken again, and no
+    /// frame is hurried for it (its waiters time out).
+    refused_at: Option<u64>,
 }
 
 impl Shipped {
@@ -325,26 +342,33 @@ impl Shipped {
             sent: None,
             due: Instant::now(),
             refused: false,
+            refused_at: None,
         }
+    }
+
+    /// Whether the table as of `changes` went, or cannot go.
+    fn settled(&self, changes: u64) -> bool {
+        self.sent == Some(changes) || self.refused_at == Some(changes)
     }
 
     /// Whether the table as of `changes` goes with the next frame.
     fn due_for(&self, changes: u64) -> bool {
-        self.sent != Some(changes) && Instant::now() >= self.due
+        !self.settled(changes) && Instant::now() >= self.due
     }
 
-    /// Appends `u32 length | table` to `b` when due (length 0 otherwise).
-    fn put(&mut self, b: &mut BytesMut, changes: u64, snapshot: impl FnOnce() -> Res<Vec<u8>>) {
+    /// Appends `u32 length | table` to `b` when due (length 0 otherwise);
+    /// whether it went.
+    fn put(&mut self, b: &mut BytesMut, changes: u64, snapshot: impl FnOnce() -> Res<Vec<u8>>) -> bool {
         if !self.due_for(changes) {
             b.put_u32(0);
-            return;
+            return false;
         }
         let snap = match snapshot() {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(table = self.table, error = e, "cannot take the table to replicate");
                 b.put_u32(0);
-                return;
+                return false;
             }
         };
         self.due = Instant::now() + self.min_interval.max(Duration::from_nanos(snap.len() as u64 * 20));
@@ -359,13 +383,15 @@ impl Shipped {
                 self.refused = true;
             }
             metrics::counter!("rokka_replication_tables_refused_total", "table" => self.table).increment(1);
+            self.refused_at = Some(changes);
             b.put_u32(0);
-            return;
+            return false;
         }
         b.put_u32(snap.len() as u32);
         b.put_slice(&snap);
         metrics::counter!("rokka_replication_tables_shipped_total", "table" => self.table).increment(1);
         self.sent = Some(changes);
+        true
     }
 }
 
@@ -466,14 +492,17 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
     );
     // The master's transaction-state change count this node's copy is of.
     let mut applied_txn: Option<u64> = None;
+    // The master's Kafka groups version this node loaded (0: none yet).
+    let groups_applied = Arc::new(std::sync::atomic::AtomicU64::new(0));
     loop {
         if sh.role() != (Role::Replica { master, epoch }) {
             return Ok(());
         }
-        let mut f = BytesMut::with_capacity(16);
+        let mut f = BytesMut::with_capacity(24);
         f.put_u64(store.log_end());
         f.put_u32(welcome.epoch);
         f.put_u32(FETCH_BYTES);
+        f.put_u64(groups_applied.load(std::sync::atomic::Ordering::Acquire));
         write_frame(&mut s, FETCH, &f).await?;
         let (kind, mut body) = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut s, MAX_FRAME))
             .await
@@ -526,19 +555,29 @@ async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()
             }
             false => None,
         };
+        // Which version they are (a master older than this field: 0).
+        let groups_version = if body.remaining() >= 8 { body.get_u64() } else { 0 };
         if txns.is_some() {
             applied_txn = master_txn;
         }
         if !entries.is_empty() || txns.is_some() || groups.is_some() {
             let (st, ep, broker) = (Arc::clone(store), Arc::clone(&epochs), Arc::clone(&sh.broker));
+            let applied = Arc::clone(&groups_applied);
             tokio::task::spawn_blocking(move || -> Result<(), String> {
-                if let (Some(snap), Some(g)) = (groups, broker.replicated_groups()) {
-                    if let Err(e) = g.load(&snap) {
-                        // The log and offsets still replicate; a takeover
-                        // then has the members rejoin.
-                        metrics::counter!("rokka_replication_tables_rejected_total", "table" => "kafka_groups")
-                            .increment(1);
-                        tracing::warn!(error = e, "cannot load the master's Kafka groups");
+                // Not once this node has taken over: it coordinates the
+                // groups itself then.
+                if let (Some(snap), Some(g), false) = (groups, broker.replicated_groups(), st.is_leader()) {
+                    match g.load(&snap) {
+                        Ok(_) => applied.store(groups_version, std::sync::atomic::Ordering::Release),
+                        Err(e) => {
+                            // The log and offsets still replicate; the
+                            // master is told this version is not held
+                            // (its SyncGroups fail over to a rejoin), and a
+                            // takeover has the members rejoin.
+                            metrics::counter!("rokka_replication_tables_rejected_total", "table" => "kafka_groups")
+                                .increment(1);
+                            tracing::warn!(error = e, "cannot load the master's Kafka groups");
+                        }
                     }
                 }
                 if !entries.is_empty() {

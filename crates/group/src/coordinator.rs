@@ -111,11 +111,24 @@ mod b64 {
         s.serialize_str(&B64.encode(b))
     }
 
+    /// Base64, or the array of numbers an older master sent (a rolling
+    /// upgrade).
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Text(String),
+        Numbers(Vec<u8>),
+    }
+
+    fn bytes<E: serde::de::Error>(e: Either) -> Result<Bytes, E> {
+        match e {
+            Either::Text(t) => B64.decode(t.as_bytes()).map(Bytes::from).map_err(E::custom),
+            Either::Numbers(v) => Ok(Bytes::from(v)),
+        }
+    }
+
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
-        let t = <std::borrow::Cow<'de, str>>::deserialize(d)?;
-        B64.decode(t.as_bytes())
-            .map(Bytes::from)
-            .map_err(serde::de::Error::custom)
+        bytes(Either::deserialize(d)?)
     }
 
     pub mod pairs {
@@ -131,14 +144,8 @@ mod b64 {
         }
 
         pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, Bytes)>, D::Error> {
-            let v = <Vec<(String, String)>>::deserialize(d)?;
-            v.into_iter()
-                .map(|(n, t)| {
-                    B64.decode(t.as_bytes())
-                        .map(|b| (n, Bytes::from(b)))
-                        .map_err(serde::de::Error::custom)
-                })
-                .collect()
+            let v = <Vec<(String, Either)>>::deserialize(d)?;
+            v.into_iter().map(|(n, e)| bytes(e).map(|b| (n, b))).collect()
         }
     }
 }
@@ -1141,6 +1148,9 @@ impl GroupCoordinator {
     pub fn load_records(&mut self, records: GroupRecords, now: u64) -> usize {
         let n = records.0.len();
         self.groups = records.0.into_iter().map(|r| (r.name.clone(), r.load(now))).collect();
+        // What this node ships if it becomes master again is what it holds
+        // now, not what it encoded when it last was.
+        records_changed();
         n
     }
 

@@ -582,6 +582,17 @@ fn a_coordinator_taking_over_keeps_members_generation_and_assignment() {
     assert_eq!(emptied.map(|r| third.load_records(r, 0)), Ok(1));
     assert_eq!(third.state("g"), Some(GroupState::Empty));
     assert!(GroupRecords::decode(b"not json").is_err());
+    // An older master's form (numbers) is still read.
+    let old_form = text.replace(r#""assignment":"QQ==""#, r#""assignment":[65]"#);
+    assert_eq!(
+        GroupRecords::decode(old_form.as_bytes()),
+        Ok(records.clone()),
+        "{old_form}"
+    );
+    // Loading counts as a change: a node promoted again ships what it holds.
+    let v = third.record_changes();
+    third.load_records(records.clone(), 0);
+    assert!(third.record_changes() > v);
     // A member's metadata that is not base64 is refused whole.
     let bad = text.replacen("\"assignment\":\"", "\"assignment\":\"!", 1);
     assert!(GroupRecords::decode(bad.as_bytes()).is_err(), "{bad}");

@@ -180,12 +180,10 @@ impl Groups {
             }
             let now = self.now();
             ticks += 1;
-            // A replica's gauges say what it holds (the master's groups),
-            // not what it held when it was master.
-            if ticks.is_multiple_of(10) {
-                self.export_metrics(&mut last_gen);
-            }
             let coordinating_now = coordinating();
+            if ticks.is_multiple_of(10) {
+                self.export_metrics(&mut last_gen, coordinating_now);
+            }
             if !coordinating_now {
                 was_coordinating = false;
                 continue;
@@ -226,7 +224,9 @@ impl Groups {
         }
     }
 
-    fn export_metrics(&self, last_gen: &mut HashMap<String, i32>) {
+    /// A replica's gauges say what it holds; its rebalance counters move
+    /// only while it coordinates (a set's rebalances are counted once).
+    fn export_metrics(&self, last_gen: &mut HashMap<String, i32>, coordinating: bool) {
         let (joins, syncs) = self.with(|c| c.superseded());
         metrics::counter!("rokka_group_superseded_requests_total", "api" => "join").absolute(joins);
         metrics::counter!("rokka_group_superseded_requests_total", "api" => "sync").absolute(syncs);
@@ -250,7 +250,7 @@ impl Groups {
         last_gen.retain(|name, _| views.iter().any(|v| &v.name == name));
         for v in views {
             let prev = last_gen.insert(v.name.clone(), v.generation).unwrap_or(0);
-            if v.generation > prev {
+            if coordinating && v.generation > prev {
                 metrics::counter!("rokka_group_rebalances_total", "group" => v.name.clone())
                     .increment((v.generation - prev) as u64);
             }

@@ -119,7 +119,12 @@ pub async fn sync(k: &Kafka, r: SyncGroupRequest, version: i16) -> SyncGroupResp
     if resp.error == crate::errors::NONE {
         if let Err(e) = k.broker.groups_durable().await {
             tracing::debug!(group, error = e, "group's rebalance not replicated");
-            resp.error = crate::errors::COORDINATOR_NOT_AVAILABLE;
+            // Kafka's mapping of a failed group write: leadership lost is
+            // NOT_COORDINATOR, anything else COORDINATOR_NOT_AVAILABLE.
+            resp.error = match k.broker.cluster_view() {
+                Some(v) if !v.is_master() => super::not_coordinator::NOT_COORDINATOR,
+                _ => crate::errors::COORDINATOR_NOT_AVAILABLE,
+            };
             resp.assignment = Default::default();
         }
     }
