@@ -567,3 +567,52 @@ def test_groups_of_both_protocols_through_a_set_master_kill(cluster):
         assert set(bodies) <= set(want) | {b for b in bodies if b.startswith("rmq-")}, name
     # Their duplicates are reported, not bounded yet: in some runs a member
     # read a failed-over queue again from seconds back (issue 13's note).
+
+
+def test_name_servers_answer_while_etcd_is_paused(cluster):
+    """etcd paused (SIGSTOP): a name server asked for a topic it does not
+    know looks in etcd for at most `rocketmq.namesrv_route_lookup_timeout_ms`
+    (2 s) and then answers from its registrations (TOPIC_NOT_EXIST) rather
+    than holding the client; a topic it knows is routed at once. Once etcd
+    is back, both sets have masters and a new topic is routed everywhere."""
+    import signal
+
+    masters(cluster, timeout=60)
+    create_topic(cluster, "before-pause", 4, via=1)
+    node = cluster.nodes[2]
+    # Until the node's own table has taken the topic from etcd, its name
+    # server reads etcd for it (counted as found): wait for a route served
+    # from the table.
+    found = 'rokka_rocketmq_namesrv_route_lookups_total{result="found"}'
+    deadline = time.time() + 20
+    while True:
+        n = node.metric_values().get(found, 0)
+        assert sum(queue_counts(node, "before-pause").values()) == 4
+        if node.metric_values().get(found, 0) == n:
+            break
+        assert time.time() < deadline, "the topic never reached node 2's table"
+        time.sleep(0.2)
+    # Counted as a timeout, or as an error when the etcd client gives up
+    # first.
+    failed = ('rokka_rocketmq_namesrv_route_lookups_total{result="timeout"}',
+              'rokka_rocketmq_namesrv_route_lookups_total{result="error"}')
+    before = sum(node.metric_values().get(k, 0) for k in failed)
+    cluster.etcd.proc.send_signal(signal.SIGSTOP)
+    try:
+        t0 = time.time()
+        code, _, _ = remoting(node.namesrv_port, 105, {"topic": "never-created-while-paused"})
+        took = time.time() - t0
+        t1 = time.time()
+        known = queue_counts(node, "before-pause")
+        took_known = time.time() - t1
+    finally:
+        cluster.etcd.proc.send_signal(signal.SIGCONT)
+    assert code == 17, code
+    assert 1.5 <= took < 4, took
+    assert sum(known.values()) == 4 and took_known < 1, (known, took_known)
+    lookups = {k: v for k, v in node.metric_values().items() if "namesrv_route_lookups" in k}
+    assert sum(lookups.get(k, 0) for k in failed) == before + 1, lookups
+    masters(cluster, timeout=60)
+    create_topic(cluster, "after-pause", 4, via=3)
+    for i, n in cluster.nodes.items():
+        assert sum(queue_counts(n, "after-pause").values()) == 4, i

@@ -159,20 +159,22 @@ impl NameServer {
         };
         // Each set's master as the cluster sees it, for a set whose master
         // has not registered here yet (a node just started or elected).
-        let masters: std::collections::BTreeMap<String, (String, String)> = b
-            .cluster_view()
-            .map(|v| {
-                v.sets
-                    .iter()
-                    .filter_map(|s| {
-                        let addr = v.node(s.master?)?.broker.clone();
-                        (!addr.is_empty()).then(|| (s.name.clone(), (self.config.cluster_name.clone(), addr)))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        // Built only for a route that uses it.
+        let masters = || -> std::collections::BTreeMap<String, (String, String)> {
+            b.cluster_view()
+                .map(|v| {
+                    v.sets
+                        .iter()
+                        .filter_map(|s| {
+                            let addr = v.node(s.master?)?.broker.clone();
+                            (!addr.is_empty()).then(|| (s.name.clone(), (self.config.cluster_name.clone(), addr)))
+                        })
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
         if let Some(known) = b.topic_sets(topic) {
-            return self.table().route_with(topic, &known, &masters);
+            return self.table().route_with(topic, &known, &masters());
         }
         // Not in this node's table yet: the cluster's table may have it
         // (created elsewhere a moment ago; the registrations may then name
@@ -202,7 +204,7 @@ impl NameServer {
         };
         metrics::counter!("rokka_rocketmq_namesrv_route_lookups_total", "result" => result).increment(1);
         match outcome {
-            Ok(known) => self.table().route_with(topic, &known, &masters),
+            Ok(known) => self.table().route_with(topic, &known, &masters()),
             Err(_) => self.table().route(topic),
         }
     }
