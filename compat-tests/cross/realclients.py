@@ -255,8 +255,10 @@ class RemotingTap:
                 frame = _read_exactly(src, int.from_bytes(head, "big"))
                 if frame is None:
                     break
-                dst.sendall(head + frame)
+                # Recorded before it is passed on: an answer can come back
+                # (and be recorded by the other pump) before sendall returns.
                 self._record(conn, direction, frame)
+                dst.sendall(head + frame)
         except OSError:
             pass
         finally:
