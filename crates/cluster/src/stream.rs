@@ -306,7 +306,8 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
                     false => None,
                 };
                 let shipped = groups.put(&mut b, version, || match snap {
-                    Some(Ok(s)) => Ok(s.to_vec()),
+                    // The cached bytes themselves: no copy per replica.
+                    Some(Ok(s)) => Ok(s),
                     Some(Err(e)) => Err(e.to_string()),
                     None => Err("not due".into()),
                 });
@@ -358,7 +359,7 @@ impl Shipped {
 
     /// Appends `u32 length | table` to `b` when due (length 0 otherwise);
     /// whether it went.
-    fn put(&mut self, b: &mut BytesMut, changes: u64, snapshot: impl FnOnce() -> Res<Vec<u8>>) -> bool {
+    fn put<S: AsRef<[u8]>>(&mut self, b: &mut BytesMut, changes: u64, snapshot: impl FnOnce() -> Res<S>) -> bool {
         if !self.due_for(changes) {
             b.put_u32(0);
             return false;
@@ -371,6 +372,7 @@ impl Shipped {
                 return false;
             }
         };
+        let snap = snap.as_ref();
         self.due = Instant::now() + self.min_interval.max(Duration::from_nanos(snap.len() as u64 * 20));
         if snap.len() > MAX_SNAPSHOT {
             if !self.refused {
@@ -388,7 +390,7 @@ impl Shipped {
             return false;
         }
         b.put_u32(snap.len() as u32);
-        b.put_slice(&snap);
+        b.put_slice(snap);
         metrics::counter!("rokka_replication_tables_shipped_total", "table" => self.table).increment(1);
         self.sent = Some(changes);
         true
@@ -625,7 +627,7 @@ mod tests {
         // Unchanged: nothing, even once due.
         t.due = Instant::now();
         let mut b = BytesMut::new();
-        t.put(&mut b, 1, || Err("not taken when unchanged".into()));
+        t.put(&mut b, 1, || Err::<Vec<u8>, String>("not taken when unchanged".into()));
         assert_eq!(section(&b), None);
         // Changed but not yet due: nothing; due: the new table.
         t.due = Instant::now() + Duration::from_secs(60);
@@ -641,7 +643,7 @@ mod tests {
         // A table that cannot be taken is skipped, and tried again.
         t.due = Instant::now();
         let mut b = BytesMut::new();
-        t.put(&mut b, 3, || Err("disk".into()));
+        t.put(&mut b, 3, || Err::<Vec<u8>, String>("disk".into()));
         assert_eq!(section(&b), None);
         let mut b = BytesMut::new();
         t.put(&mut b, 3, || Ok(b"v3".to_vec()));
