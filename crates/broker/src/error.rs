@@ -30,6 +30,10 @@ pub enum BrokerError {
     /// started) or cannot reach etcd, so it cannot create a topic now.
     #[error("the cluster is not known yet or not reachable; retry")]
     ClusterNotReady,
+    /// Several broker sets: another set's master did not do what this
+    /// node asked (unreachable, failing over, or refused).
+    #[error("another broker set: {0}")]
+    Remote(String),
 }
 
 impl BrokerError {
@@ -45,7 +49,8 @@ impl BrokerError {
             | BrokerError::Io(..)
             | BrokerError::BadFile { .. }
             | BrokerError::Corrupt(_)
-            | BrokerError::ClusterNotReady => true,
+            | BrokerError::ClusterNotReady
+            | BrokerError::Remote(_) => true,
             BrokerError::UnknownTopic(_)
             | BrokerError::UnknownPartition { .. }
             | BrokerError::TopicExists(_)

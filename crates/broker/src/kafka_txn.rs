@@ -90,6 +90,10 @@ pub struct PendingOffset {
     pub offset: u64,
     pub metadata: String,
     pub leader_epoch: i32,
+    /// The broker set holding the queue when it is not this node's
+    /// (several broker sets: committed there when the transaction commits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<String>,
 }
 
 /// One transactional id's coordinator state.
@@ -106,7 +110,27 @@ pub struct TxnMeta {
     /// When the open transaction began (ms since the epoch; -1 none).
     pub start_ms: i64,
     pub update_ms: i64,
+    /// Several broker sets: the transaction's partitions on other sets
+    /// (set, topic, queue), whose masters take part in it.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub remote: BTreeSet<(String, String, u32)>,
+    /// Several broker sets: set when this is not a transaction this node
+    /// coordinates but its part on this set (partitions of this set, or
+    /// offsets of a group this set coordinates) — the coordinator's set.
+    /// Keyed by [`participation_id`]; ended by that coordinator, never
+    /// timed out here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator: Option<String>,
 }
+
+/// The key under which producer `producer_id`'s part in a transaction
+/// another set coordinates is held (not a name a client can use: those
+/// starting so are refused).
+pub fn participation_id(producer_id: i64) -> String {
+    format!("{PARTICIPATION}{producer_id}")
+}
+
+const PARTICIPATION: &str = "\u{0}rokka-participation-";
 
 /// An aborted transaction on one partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,6 +235,10 @@ pub struct KafkaTxns {
     /// Open transactions' partitions whose first batch the log did not
     /// have yet (a replica's state can run ahead of its log).
     unresolved: Mutex<Vec<Unresolved>>,
+    /// Transactions whose markers are being written now (an EndTxn, the
+    /// retry of a prepared one, a coordinator's end on a participant): one
+    /// at a time each.
+    finishing: Mutex<std::collections::HashSet<String>>,
 }
 
 #[derive(Debug)]
@@ -336,6 +364,7 @@ impl KafkaTxns {
             config,
             changes: AtomicU64::new(0),
             unresolved: Mutex::default(),
+            finishing: Mutex::default(),
         };
         me.compact()?;
         Ok(me)
@@ -468,15 +497,31 @@ impl KafkaTxns {
         &self.config
     }
 
-    /// Every transactional id's state (DescribeTransactions, ListTransactions).
+    /// Every transactional id's state (DescribeTransactions,
+    /// ListTransactions); parts of other sets' transactions are not listed.
     pub fn all(&self) -> Vec<TxnMeta> {
-        let mut v: Vec<TxnMeta> = lock(&self.inner).txns.values().cloned().collect();
+        let mut v: Vec<TxnMeta> = lock(&self.inner)
+            .txns
+            .values()
+            .filter(|m| m.coordinator.is_none())
+            .cloned()
+            .collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));
         v
     }
 
     pub fn get(&self, id: &str) -> Option<TxnMeta> {
-        lock(&self.inner).txns.get(id).cloned()
+        lock(&self.inner)
+            .txns
+            .get(id)
+            .filter(|m| m.coordinator.is_none())
+            .cloned()
+    }
+
+    /// Producer `producer_id`'s part in a transaction another set
+    /// coordinates, if this set holds one.
+    pub fn participation(&self, producer_id: i64) -> Option<TxnMeta> {
+        lock(&self.inner).txns.get(&participation_id(producer_id)).cloned()
     }
 
     /// The last stable offset of a partition whose high watermark is `hw`:
@@ -548,6 +593,58 @@ impl KafkaTxns {
 struct Ending {
     meta: TxnMeta,
     commit: bool,
+}
+
+/// Removes a transaction from the ones being ended when its ending is done
+/// (or fails).
+struct Finishing<'a>(&'a KafkaTxns, String);
+
+impl Drop for Finishing<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.finishing).remove(&self.1);
+    }
+}
+
+/// Counts and times a transaction's call to another set's master.
+fn remote_done(op: &'static str, started: std::time::Instant, ok: bool) {
+    metrics::histogram!("rokka_cluster_remote_txn_seconds", "op" => op).record(started.elapsed().as_secs_f64());
+    if !ok {
+        metrics::counter!("rokka_cluster_remote_txn_errors_total", "op" => op).increment(1);
+    }
+}
+
+/// A call to another set's master, tried a few times over about three
+/// seconds (its set may be failing over); then the error (the caller
+/// leaves the transaction prepared, and it is tried again later).
+async fn retrying<'a, T>(
+    op: &'static str,
+    set: &str,
+    call: impl Fn() -> crate::remote::RemoteCall<'a, T>,
+) -> Result<T> {
+    let mut delay = std::time::Duration::from_millis(100);
+    let mut tries = 0;
+    loop {
+        let started = std::time::Instant::now();
+        let r = call().await;
+        remote_done(op, started, r.is_ok());
+        match r {
+            Ok(v) => return Ok(v),
+            Err(e) if tries >= 4 => {
+                return Err(BrokerError::Remote(format!("{set}: {e}")));
+            }
+            Err(e) => {
+                tracing::debug!(
+                    set,
+                    op,
+                    error = e,
+                    "a transaction's call to another broker set failed; retrying"
+                );
+                tokio::time::sleep(delay).await;
+                delay *= 2;
+                tries += 1;
+            }
+        }
+    }
 }
 
 /// What InitProducerId gives the producer.
@@ -711,24 +808,56 @@ impl Broker {
         first
     }
 
-    /// Completes transactions a crash left in PrepareCommit / PrepareAbort.
-    pub async fn complete_prepared_transactions(&self) -> Result<()> {
-        let prepared: Vec<TxnMeta> = lock(&self.kafka_txns.inner)
-            .txns
-            .values()
-            .filter(|m| m.state.is_prepare())
-            .cloned()
-            .collect();
+    /// The other broker sets taking part in a transaction this node
+    /// coordinates: those of its partitions, and those coordinating its
+    /// groups (holding its offsets until it ends).
+    fn participant_sets(&self, m: &TxnMeta) -> BTreeSet<String> {
+        let mut sets: BTreeSet<String> = m.remote.iter().map(|(s, _, _)| s.clone()).collect();
+        if let (Some(v), Some(own)) = (self.cluster_view(), self.own_set()) {
+            for g in &m.groups {
+                if let Some(s) = v.coordinator_set(g).filter(|s| s.name != own) {
+                    sets.insert(s.name.clone());
+                }
+            }
+        }
+        sets
+    }
+
+    /// Completes transactions left in PrepareCommit / PrepareAbort for at
+    /// least `min_age_ms` (a crash, a failover, another set not reached)
+    /// that no one is ending now.
+    pub async fn complete_prepared_transactions(&self, min_age_ms: i64) -> Result<()> {
+        let now = rokka_store::now_ms();
+        let prepared: Vec<TxnMeta> = {
+            let finishing = lock(&self.kafka_txns.finishing);
+            lock(&self.kafka_txns.inner)
+                .txns
+                .values()
+                .filter(|m| m.state.is_prepare() && now - m.update_ms >= min_age_ms && !finishing.contains(&m.id))
+                .cloned()
+                .collect()
+        };
+        let mut failed = Ok(());
         for meta in prepared {
             let commit = meta.state == TxnState::PrepareCommit;
-            tracing::info!(
-                transactional_id = meta.id,
-                commit,
-                "completing a transaction left prepared"
-            );
-            self.finish(Ending { meta, commit }).await?;
+            if min_age_ms == 0 {
+                tracing::info!(
+                    transactional_id = meta.id,
+                    commit,
+                    "completing a transaction left prepared"
+                );
+            } else {
+                tracing::debug!(
+                    transactional_id = meta.id,
+                    commit,
+                    "completing a prepared transaction again"
+                );
+            }
+            if let Err(e) = self.finish(Ending { meta, commit }).await {
+                failed = Err(e);
+            }
         }
-        Ok(())
+        failed
     }
 
     /// InitProducerId with a transactional id: a producer id and a new
@@ -742,6 +871,9 @@ impl Broker {
     ) -> std::result::Result<Initialized, i16> {
         if timeout_ms <= 0 || i64::from(timeout_ms) > self.kafka_txns.config.max_timeout_ms {
             return Err(code::INVALID_TRANSACTION_TIMEOUT);
+        }
+        if id.starts_with(PARTICIPATION) {
+            return Err(code::INVALID_REQUEST);
         }
         let now = rokka_store::now_ms();
         let (ending, line, out) = {
@@ -764,6 +896,8 @@ impl Broker {
                     offsets: Vec::new(),
                     start_ms: -1,
                     update_ms: now,
+                    remote: BTreeSet::new(),
+                    coordinator: None,
                 };
                 inner.by_pid.insert(pid, id.to_string());
                 inner.txns.insert(id.to_string(), m.clone());
@@ -881,7 +1015,7 @@ impl Broker {
         epoch: i16,
     ) -> std::result::Result<&'a mut TxnMeta, i16> {
         let m = inner.txns.get_mut(id).ok_or(code::INVALID_PRODUCER_ID_MAPPING)?;
-        if m.producer_id != producer_id {
+        if m.producer_id != producer_id || m.coordinator.is_some() {
             return Err(code::INVALID_PRODUCER_ID_MAPPING);
         }
         if epoch < m.epoch {
@@ -898,46 +1032,97 @@ impl Broker {
 
     /// AddPartitionsToTxn: per partition, NONE or why not (all or nothing,
     /// as Kafka: one unknown partition makes the others OPERATION_NOT_ATTEMPTED).
-    pub fn txn_add_partitions(
+    /// Partitions of other broker sets make those sets' masters
+    /// participants first ([`crate::remote::RemoteTxns::join`]).
+    pub async fn txn_add_partitions(
         &self,
         id: &str,
         producer_id: i64,
         epoch: i16,
-        partitions: &[(String, i32)],
+        partitions: &[(String, crate::Placed)],
     ) -> std::result::Result<Vec<i16>, i16> {
+        use crate::Placed;
         let unknown: Vec<bool> = partitions
             .iter()
-            .map(|(t, p)| self.topics.get(t).is_none_or(|i| !i.has_partition(*p)))
+            .map(|(t, p)| match p {
+                Placed::Here(q) => self.topics.get(t).is_none_or(|i| *q >= i.partitions),
+                Placed::Set(..) => false,
+                Placed::Unknown => true,
+            })
             .collect();
+        {
+            let mut inner = lock(&self.kafka_txns.inner);
+            Self::txn_checked(&mut inner, id, producer_id, epoch)?;
+        }
+        if unknown.iter().any(|u| *u) {
+            return Ok(unknown
+                .iter()
+                .map(|u| {
+                    if *u {
+                        code::UNKNOWN_TOPIC_OR_PARTITION
+                    } else {
+                        code::OPERATION_NOT_ATTEMPTED
+                    }
+                })
+                .collect());
+        }
+        // Other sets' partitions, by set: each set's master takes part
+        // before the producer is told it may write there.
+        let mut by_set: BTreeMap<&str, Vec<(String, u32)>> = BTreeMap::new();
+        for (t, p) in partitions {
+            if let Placed::Set(set, q) = p {
+                by_set.entry(set.as_str()).or_default().push((t.clone(), *q));
+            }
+        }
+        if !by_set.is_empty() {
+            let (Some(remote), Some(own)) = (self.remote_txns(), self.own_set()) else {
+                return Err(code::COORDINATOR_NOT_AVAILABLE);
+            };
+            for (set, parts) in &by_set {
+                let started = std::time::Instant::now();
+                let r = remote.join(set, own, producer_id, epoch, parts).await;
+                remote_done("join", started, matches!(r, Ok(Ok(()))));
+                match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(c)) => return Err(c),
+                    Err(e) => {
+                        tracing::info!(
+                            transactional_id = id,
+                            set,
+                            error = e,
+                            "a broker set did not join a transaction"
+                        );
+                        return Err(code::COORDINATOR_NOT_AVAILABLE);
+                    }
+                }
+            }
+        }
         let line = {
             let mut inner = lock(&self.kafka_txns.inner);
             let m = Self::txn_checked(&mut inner, id, producer_id, epoch)?;
-            if unknown.iter().any(|u| *u) {
-                return Ok(unknown
-                    .iter()
-                    .map(|u| {
-                        if *u {
-                            code::UNKNOWN_TOPIC_OR_PARTITION
-                        } else {
-                            code::OPERATION_NOT_ATTEMPTED
-                        }
-                    })
-                    .collect());
-            }
-            let before = (m.state, m.partitions.len());
+            let before = (m.state, m.partitions.len(), m.remote.len());
             let now = rokka_store::now_ms();
             if m.state != TxnState::Ongoing {
                 m.state = TxnState::Ongoing;
                 m.start_ms = now;
                 m.partitions.clear();
+                m.remote.clear();
                 m.groups.clear();
                 m.offsets.clear();
             }
             for (t, p) in partitions {
-                m.partitions.insert((t.clone(), *p as u32));
+                match p {
+                    Placed::Here(q) => {
+                        m.partitions.insert((t.clone(), *q));
+                    }
+                    Placed::Set(set, q) => {
+                        m.remote.insert((set.clone(), t.clone(), *q));
+                    }
+                    Placed::Unknown => {}
+                }
             }
             m.update_ms = now;
-            ((m.state, m.partitions.len()) != before).then(|| Line::T(m.clone()))
+            ((m.state, m.partitions.len(), m.remote.len()) != before).then(|| Line::T(m.clone()))
         };
         if let Some(line) = line {
             self.kafka_txns
@@ -957,6 +1142,7 @@ impl Broker {
                 m.state = TxnState::Ongoing;
                 m.start_ms = now;
                 m.partitions.clear();
+                m.remote.clear();
                 m.groups.clear();
                 m.offsets.clear();
             }
@@ -990,7 +1176,7 @@ impl Broker {
             let table = self.store.offsets();
             if offsets
                 .iter()
-                .any(|o| !table.has_room_for(&o.group, &o.topic, o.partition))
+                .any(|o| o.set.is_none() && !table.has_room_for(&o.group, &o.topic, o.partition))
             {
                 metrics::counter!("rokka_offset_commits_refused_total").increment(1);
                 return Err(code::INVALID_COMMIT_OFFSET_SIZE);
@@ -1004,6 +1190,176 @@ impl Broker {
             Line::T(m.clone())
         };
         self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)
+    }
+
+    /// Several broker sets, participant side: producer `producer_id`'s part
+    /// on this set of the transaction set `coordinator` coordinates, made
+    /// Ongoing under `epoch` (a later epoch than the part's replaces it: the
+    /// coordinator has ended the earlier incarnation's).
+    fn participation_mut<'a>(
+        &self,
+        inner: &'a mut Inner,
+        coordinator: &str,
+        producer_id: i64,
+        epoch: i16,
+    ) -> std::result::Result<&'a mut TxnMeta, i16> {
+        let id = participation_id(producer_id);
+        let now = rokka_store::now_ms();
+        if !inner.txns.contains_key(&id) {
+            if inner.by_pid.contains_key(&producer_id) {
+                // An id this set handed out to a transactional id of its
+                // own: not another set's producer.
+                return Err(code::INVALID_PRODUCER_ID_MAPPING);
+            }
+            if inner.txns.len() >= self.kafka_txns.config.max_ids {
+                metrics::counter!("rokka_kafka_transactional_ids_refused_total").increment(1);
+                return Err(code::COORDINATOR_NOT_AVAILABLE);
+            }
+            inner.by_pid.insert(producer_id, id.clone());
+            inner.txns.insert(
+                id.clone(),
+                TxnMeta {
+                    id: id.clone(),
+                    producer_id,
+                    epoch,
+                    timeout_ms: 0,
+                    state: TxnState::Empty,
+                    partitions: BTreeSet::new(),
+                    groups: BTreeSet::new(),
+                    offsets: Vec::new(),
+                    start_ms: -1,
+                    update_ms: now,
+                    remote: BTreeSet::new(),
+                    coordinator: Some(coordinator.to_string()),
+                },
+            );
+        }
+        let m = inner.txns.get_mut(&id).ok_or(code::COORDINATOR_NOT_AVAILABLE)?;
+        if epoch < m.epoch {
+            return Err(code::PRODUCER_FENCED);
+        }
+        if m.state.is_prepare() || (epoch > m.epoch && m.state == TxnState::Ongoing) {
+            // Ending (or the earlier incarnation's end has not arrived
+            // yet): the client retries.
+            return Err(code::CONCURRENT_TRANSACTIONS);
+        }
+        m.epoch = epoch;
+        m.coordinator = Some(coordinator.to_string());
+        if m.state != TxnState::Ongoing {
+            m.state = TxnState::Ongoing;
+            m.start_ms = now;
+            m.partitions.clear();
+            m.groups.clear();
+            m.offsets.clear();
+        }
+        m.update_ms = now;
+        Ok(m)
+    }
+
+    /// Several broker sets, participant side: this set's `partitions`
+    /// (topic, queue) join producer `producer_id`'s transaction, which set
+    /// `coordinator` coordinates; its transactional batches are taken here
+    /// from now until the coordinator ends it.
+    pub fn txn_participate(
+        &self,
+        coordinator: &str,
+        producer_id: i64,
+        epoch: i16,
+        partitions: &[(String, u32)],
+    ) -> std::result::Result<(), i16> {
+        if partitions
+            .iter()
+            .any(|(t, q)| self.topics.get(t).is_none_or(|i| *q >= i.partitions))
+        {
+            return Err(code::UNKNOWN_TOPIC_OR_PARTITION);
+        }
+        let line = {
+            let mut inner = lock(&self.kafka_txns.inner);
+            let m = self.participation_mut(&mut inner, coordinator, producer_id, epoch)?;
+            for (t, q) in partitions {
+                m.partitions.insert((t.clone(), *q));
+            }
+            Line::T(m.clone())
+        };
+        self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)
+    }
+
+    /// Several broker sets, group coordinator side: a TxnOffsetCommit of a
+    /// transaction another set (`coordinator`) coordinates; the offsets are
+    /// held here until that coordinator ends it (applied on commit).
+    pub fn txn_participate_offsets(
+        &self,
+        coordinator: &str,
+        producer_id: i64,
+        epoch: i16,
+        offsets: Vec<PendingOffset>,
+    ) -> std::result::Result<(), i16> {
+        let table = self.store.offsets();
+        if offsets
+            .iter()
+            .any(|o| o.set.is_none() && !table.has_room_for(&o.group, &o.topic, o.partition))
+        {
+            metrics::counter!("rokka_offset_commits_refused_total").increment(1);
+            return Err(code::INVALID_COMMIT_OFFSET_SIZE);
+        }
+        let line = {
+            let mut inner = lock(&self.kafka_txns.inner);
+            let max_groups = self.kafka_txns.config.max_groups_per_txn;
+            let m = self.participation_mut(&mut inner, coordinator, producer_id, epoch)?;
+            for o in offsets {
+                if !m.groups.contains(&o.group) {
+                    if m.groups.len() >= max_groups {
+                        return Err(code::INVALID_REQUEST);
+                    }
+                    m.groups.insert(o.group.clone());
+                }
+                m.offsets.retain(|x| {
+                    !(x.group == o.group && x.topic == o.topic && x.partition == o.partition && x.set == o.set)
+                });
+                m.offsets.push(o);
+            }
+            Line::T(m.clone())
+        };
+        self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)
+    }
+
+    /// Several broker sets, participant side: the coordinator ends producer
+    /// `producer_id`'s transaction — this set writes its markers (under
+    /// `epoch`) and applies or drops the offsets it held, then forgets its
+    /// part. Done at once when it holds no part of it (ended before, or
+    /// the part is a later transaction's).
+    pub async fn txn_participant_end(&self, producer_id: i64, epoch: i16, commit: bool) -> Result<()> {
+        let ending = {
+            let mut inner = lock(&self.kafka_txns.inner);
+            let id = participation_id(producer_id);
+            let Some(m) = inner.txns.get_mut(&id) else {
+                return Ok(());
+            };
+            if m.epoch > epoch {
+                return Ok(());
+            }
+            let want = if commit {
+                TxnState::PrepareCommit
+            } else {
+                TxnState::PrepareAbort
+            };
+            if m.state.is_prepare() && m.state != want {
+                return Err(BrokerError::Remote(format!(
+                    "producer {producer_id}: asked to {} a transaction being {}",
+                    if commit { "commit" } else { "abort" },
+                    m.state.name()
+                )));
+            }
+            m.epoch = epoch;
+            m.state = want;
+            m.update_ms = rokka_store::now_ms();
+            Ending {
+                meta: m.clone(),
+                commit,
+            }
+        };
+        self.kafka_txns.persist(&[Line::T(ending.meta.clone())])?;
+        self.finish(ending).await
     }
 
     /// EndTxn: writes the markers, applies or drops the transaction's
@@ -1051,6 +1407,13 @@ impl Broker {
     /// Writes the markers of a prepared transaction and completes it.
     async fn finish(&self, e: Ending) -> Result<()> {
         let m = &e.meta;
+        if !lock(&self.kafka_txns.finishing).insert(m.id.clone()) {
+            return Err(BrokerError::Remote(format!(
+                "producer {}: its transaction is being ended already",
+                m.producer_id
+            )));
+        }
+        let _finishing = Finishing(&self.kafka_txns, m.id.clone());
         let now = rokka_store::now_ms();
         // Aborted entries are on disk before any ABORT marker is.
         let mut opened = Vec::new();
@@ -1099,15 +1462,67 @@ impl Broker {
         if end > 0 {
             self.store.durable(end).await?;
         }
+        // Several broker sets: the coordinator ends the transaction on
+        // every other set taking part (its partitions there, and the
+        // offsets held by its groups' coordinators there) before it is
+        // complete; a set not reached leaves it prepared, retried.
+        if m.coordinator.is_none() {
+            for set in self.participant_sets(m) {
+                let remote = self
+                    .remote_txns()
+                    .ok_or_else(|| BrokerError::Remote("no route to other broker sets".into()))?;
+                retrying("end", &set, || remote.end(&set, m.producer_id, m.epoch, e.commit)).await?;
+            }
+        }
         if e.commit && !m.offsets.is_empty() {
             // The offsets are part of what the commit acknowledges: on disk
             // before CompleteCommit is logged and EndTxn answered (the
             // table is otherwise written every offsets_flush_interval_ms).
             let offsets = self.store.offsets();
-            for o in &m.offsets {
+            let mut local = false;
+            for o in m.offsets.iter().filter(|o| o.set.is_none()) {
                 offsets.commit_acknowledged(&o.group, &o.topic, o.partition, o.offset, &o.metadata, o.leader_epoch);
+                local = true;
             }
-            crate::offload(|| offsets.persist())?;
+            if local {
+                crate::offload(|| offsets.persist())?;
+            }
+            // Another set's queue: committed on that set's master.
+            for o in &m.offsets {
+                let Some(set) = &o.set else { continue };
+                let remote = self
+                    .remote_offsets()
+                    .ok_or_else(|| BrokerError::Remote("no route to other broker sets".into()))?;
+                retrying("offset", set, || {
+                    remote.commit(
+                        set,
+                        &o.group,
+                        &o.topic,
+                        o.partition,
+                        crate::remote::RemoteOffset {
+                            offset: o.offset,
+                            metadata: o.metadata.clone(),
+                            leader_epoch: o.leader_epoch,
+                        },
+                    )
+                })
+                .await?;
+            }
+        }
+        if m.coordinator.is_some() {
+            // A participant's part is done: forgotten (the coordinator's
+            // state says how the transaction ended).
+            {
+                let mut inner = lock(&self.kafka_txns.inner);
+                if inner.txns.get(&m.id).is_some_and(|c| c.epoch == m.epoch) {
+                    inner.txns.remove(&m.id);
+                    inner.by_pid.remove(&m.producer_id);
+                }
+            }
+            self.kafka_txns.persist(&[Line::X(m.id.clone())])?;
+            metrics::counter!("rokka_kafka_transaction_parts_total", "result" => if e.commit { "commit" } else { "abort" })
+                .increment(1);
+            return Ok(());
         }
         let line = {
             let mut inner = lock(&self.kafka_txns.inner);
@@ -1120,6 +1535,7 @@ impl Broker {
                 TxnState::CompleteAbort
             };
             cur.partitions.clear();
+            cur.remote.clear();
             cur.groups.clear();
             cur.offsets.clear();
             cur.start_ms = -1;
@@ -1140,7 +1556,12 @@ impl Broker {
             let mut inner = lock(&self.kafka_txns.inner);
             let mut due = Vec::new();
             for m in inner.txns.values_mut() {
-                if m.state == TxnState::Ongoing && m.start_ms >= 0 && now_ms - m.start_ms > m.timeout_ms {
+                // Another set's transaction is timed out by its coordinator.
+                if m.coordinator.is_none()
+                    && m.state == TxnState::Ongoing
+                    && m.start_ms >= 0
+                    && now_ms - m.start_ms > m.timeout_ms
+                {
                     m.epoch = m.epoch.saturating_add(1).min(i16::MAX - 1);
                     m.state = TxnState::PrepareAbort;
                     m.update_ms = now_ms;
@@ -1296,6 +1717,104 @@ mod tests {
         Ok(out.freeze())
     }
 
+    /// Several broker sets, participant side: another set's producer writes
+    /// here once its coordinator made this set a participant; the LSO
+    /// holds until the coordinator's end; the group offsets held for it
+    /// apply on commit; the part is forgotten once ended, survives a
+    /// restart while open, and is never listed as a transactional id.
+    #[tokio::test]
+    async fn another_sets_transaction_takes_part_here_until_its_coordinator_ends_it() -> Result<()> {
+        let (dir, b) = fresh()?;
+        let pid = 4242;
+        let r = b.append_transactional_batch("T", 0, &batch(pid, 0, 0, &["x"])?, pid, 0);
+        assert_eq!(r.err(), Some(code::INVALID_PRODUCER_ID_MAPPING), "not joined yet");
+        assert_eq!(
+            b.txn_participate("set-b", pid, 0, &[("T".into(), 9)]),
+            Err(code::UNKNOWN_TOPIC_OR_PARTITION)
+        );
+        b.txn_participate("set-b", pid, 0, &[("T".into(), 0)])
+            .map_err(kafka_err)?;
+        let r = b.append_transactional_batch("T", 0, &batch(pid, 0, 0, &["a", "b"])?, pid, 0);
+        assert!(matches!(r, Ok(Ok((_, Some(0), _)))), "{r:?}");
+        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 2), 0);
+        let offset = PendingOffset {
+            group: "g".into(),
+            topic: "T".into(),
+            partition: 0,
+            offset: 2,
+            metadata: "m".into(),
+            leader_epoch: -1,
+            set: None,
+        };
+        b.txn_participate_offsets("set-b", pid, 0, vec![offset])
+            .map_err(kafka_err)?;
+        assert!(
+            b.kafka_txns().all().is_empty(),
+            "a part is not a transactional id of this set"
+        );
+        assert!(b.kafka_txns().get(&participation_id(pid)).is_none());
+        assert_eq!(
+            b.txn_init_producer_id(&participation_id(pid), 1000, None).await.err(),
+            Some(code::INVALID_REQUEST)
+        );
+        assert_eq!(
+            b.txn_end(&participation_id(pid), pid, 0, true).await,
+            Err(code::INVALID_PRODUCER_ID_MAPPING)
+        );
+        // Open across a restart: still held, still the LSO.
+        drop(b);
+        let b = broker(dir.path())?;
+        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 2), 0);
+        assert_eq!(
+            b.txn_participate("set-b", pid, 1, &[("T".into(), 0)]),
+            Err(code::CONCURRENT_TRANSACTIONS)
+        );
+        b.txn_participant_end(pid, 0, true).await?;
+        assert_eq!(b.store().max_offset("T", 0), 3, "two records and the COMMIT marker");
+        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 3), 3);
+        assert!(b.kafka_txns().aborted_in("T", 0, 0, 3).is_empty());
+        assert_eq!(
+            b.store().offsets().get("g", "T", 0).map(|c| c.offset),
+            Some(2),
+            "held offset applied"
+        );
+        assert!(b.kafka_txns().participation(pid).is_none(), "forgotten once ended");
+        b.txn_participant_end(pid, 0, true).await?; // a repeated end is done
+        assert_eq!(b.store().max_offset("T", 0), 3, "no second marker");
+        // The next transaction of a later epoch; an older epoch is fenced;
+        // an abort drops the held offsets and lists the aborted range.
+        assert_eq!(b.txn_participate("set-b", pid, 2, &[("T".into(), 0)]), Ok(()));
+        assert_eq!(
+            b.txn_participate("set-b", pid, 1, &[("T".into(), 0)]),
+            Err(code::PRODUCER_FENCED)
+        );
+        let r = b.append_transactional_batch("T", 0, &batch(pid, 2, 0, &["c"])?, pid, 2);
+        assert!(matches!(r, Ok(Ok((_, Some(3), _)))), "{r:?}");
+        let dropped = PendingOffset {
+            offset: 4,
+            ..PendingOffset {
+                group: "g".into(),
+                topic: "T".into(),
+                partition: 0,
+                offset: 0,
+                metadata: String::new(),
+                leader_epoch: -1,
+                set: None,
+            }
+        };
+        b.txn_participate_offsets("set-b", pid, 2, vec![dropped])
+            .map_err(kafka_err)?;
+        b.txn_participant_end(pid, 3, false).await?;
+        assert_eq!(
+            b.store().offsets().get("g", "T", 0).map(|c| c.offset),
+            Some(2),
+            "an abort applies nothing"
+        );
+        assert!(b.kafka_txns().is_aborted("T", 0, pid, 3));
+        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 5), 5);
+        Ok(())
+    }
+
     #[tokio::test]
     async fn commit_abort_fence_and_restart() -> Result<()> {
         let (dir, b) = fresh()?;
@@ -1305,7 +1824,11 @@ mod tests {
         // Producing before AddPartitionsToTxn is refused.
         let early = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["x"])?, pid, ep);
         assert_eq!(early.err(), Some(code::INVALID_TXN_STATE));
-        assert_eq!(b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)]), Ok(vec![0]));
+        assert_eq!(
+            b.txn_add_partitions("tx", pid, ep, &[("T".into(), crate::Placed::Here(0))])
+                .await,
+            Ok(vec![0])
+        );
         let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["a", "b"])?, pid, ep);
         assert!(matches!(r, Ok(Ok((_, Some(0), _)))));
         assert_eq!(
@@ -1327,13 +1850,15 @@ mod tests {
         );
         assert!(b.kafka_txns().is_aborted("T", 0, pid, 1));
         // Commit a second one, then fence it with a new incarnation.
-        b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)])
+        b.txn_add_partitions("tx", pid, ep, &[("T".into(), crate::Placed::Here(0))])
+            .await
             .map_err(kafka_err)?;
         let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 2, &["c"])?, pid, ep);
         assert!(matches!(r, Ok(Ok((_, Some(3), _)))));
         b.txn_end("tx", pid, ep, true).await.map_err(kafka_err)?;
         assert!(!b.kafka_txns().is_aborted("T", 0, pid, 3));
-        b.txn_add_partitions("tx", pid, ep, &[("T".into(), 0)])
+        b.txn_add_partitions("tx", pid, ep, &[("T".into(), crate::Placed::Here(0))])
+            .await
             .map_err(kafka_err)?;
         let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 3, &["zombie"])?, pid, ep);
         assert!(matches!(r, Ok(Ok((_, Some(5), _)))));
@@ -1349,7 +1874,8 @@ mod tests {
         // After a restart the state is as it was; an open transaction after
         // committed ones holds the stable offset at its own first batch.
         let (npid, nep) = (next.producer_id, next.epoch);
-        b.txn_add_partitions("tx", npid, nep, &[("T".into(), 0)])
+        b.txn_add_partitions("tx", npid, nep, &[("T".into(), crate::Placed::Here(0))])
+            .await
             .map_err(kafka_err)?;
         let open = b.append_transactional_batch("T", 0, &batch(npid, nep, 0, &["o"])?, npid, nep);
         let Ok(Ok((_, Some(open_at), _))) = open else {
@@ -1373,7 +1899,8 @@ mod tests {
         let (pid, ep) = (id.producer_id, id.epoch);
         let path = dir.path().join("config").join("kafka-transactions.log");
         for seq in 0..4_000 {
-            b.txn_add_partitions("many", pid, ep, &[("T".into(), 0)])
+            b.txn_add_partitions("many", pid, ep, &[("T".into(), crate::Placed::Here(0))])
+                .await
                 .map_err(kafka_err)?;
             let _ = b.append_transactional_batch("T", 0, &batch(pid, ep, seq, &["v"])?, pid, ep);
             b.txn_end("many", pid, ep, true).await.map_err(kafka_err)?;
@@ -1404,6 +1931,7 @@ mod tests {
             offset: 42,
             metadata: String::new(),
             leader_epoch: -1,
+            set: None,
         };
         b.txn_commit_offsets("o", pid, ep, vec![o]).map_err(kafka_err)?;
         b.txn_end("o", pid, ep, true).await.map_err(kafka_err)?;
@@ -1437,7 +1965,8 @@ mod tests {
         let (_dir, b) = fresh()?;
         let id = b.txn_init_producer_id("slow", 1_000, None).await.map_err(kafka_err)?;
         let (pid, ep) = (id.producer_id, id.epoch);
-        b.txn_add_partitions("slow", pid, ep, &[("T".into(), 0)])
+        b.txn_add_partitions("slow", pid, ep, &[("T".into(), crate::Placed::Here(0))])
+            .await
             .map_err(kafka_err)?;
         let _ = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["a"])?, pid, ep);
         assert_eq!(b.txn_expire(rokka_store::now_ms()).await, 0);

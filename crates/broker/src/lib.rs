@@ -32,7 +32,7 @@ pub use arrivals::Arrivals;
 pub use config::BrokerConfig;
 pub use error::{BrokerError, Result};
 pub use producers::{ProducerLimits, ProducerStates, SequenceCheck};
-pub use topics::{Located, QueueRef, TopicInfo, TopicTable};
+pub use topics::{Located, Placed, QueueRef, TopicInfo, TopicTable};
 
 /// Topics one node created, changed (partitions added, configs) or
 /// deleted, for the cluster controller.
@@ -79,6 +79,7 @@ pub struct Broker {
     own_set: std::sync::OnceLock<String>,
     /// Cluster mode: other sets' committed offsets (set once at start).
     remote_offsets: std::sync::OnceLock<Arc<dyn remote::RemoteOffsets>>,
+    remote_txns: std::sync::OnceLock<Arc<dyn remote::RemoteTxns>>,
     /// Cluster mode: where new topics are created first (etcd).
     cluster_topics: std::sync::OnceLock<Arc<dyn remote::ClusterTopics>>,
     replicated_groups: std::sync::OnceLock<Arc<dyn remote::ReplicatedGroups>>,
@@ -142,6 +143,7 @@ impl Broker {
             topic_changes: std::sync::Mutex::new(TopicChanges::default()),
             own_set: std::sync::OnceLock::new(),
             remote_offsets: std::sync::OnceLock::new(),
+            remote_txns: std::sync::OnceLock::new(),
             cluster_topics: std::sync::OnceLock::new(),
             replicated_groups: std::sync::OnceLock::new(),
             replicated_tables: std::sync::OnceLock::new(),
@@ -364,6 +366,16 @@ impl Broker {
     /// Other sets' committed offsets (None: single node, or not wired).
     pub fn remote_offsets(&self) -> Option<&Arc<dyn remote::RemoteOffsets>> {
         self.remote_offsets.get()
+    }
+
+    /// Cluster mode: how transactions reach other sets' masters.
+    pub fn set_remote_txns(&self, r: Arc<dyn remote::RemoteTxns>) {
+        let _ = self.remote_txns.set(r);
+    }
+
+    /// Other sets' transaction participants (None: single node, or not wired).
+    pub fn remote_txns(&self) -> Option<&Arc<dyn remote::RemoteTxns>> {
+        self.remote_txns.get()
     }
 
     /// Where Kafka partition `p` of `topic` lives for this node; None: no

@@ -45,6 +45,35 @@ pub trait RemoteOffsets: Send + Sync + std::fmt::Debug {
     ) -> RemoteCall<'a, Option<RemoteOffset>>;
 }
 
+/// Several broker sets: a Kafka transaction whose partitions, or whose
+/// consumer group's offsets, live on other sets than its coordinator's.
+/// The coordinator makes each such set a participant before answering
+/// AddPartitionsToTxn (that set's master then takes the producer's
+/// transactional batches), and ends the transaction there when it ends
+/// (that master writes the COMMIT or ABORT markers and applies or drops
+/// the offsets its group coordinator held for it), as Kafka's coordinator
+/// sends WriteTxnMarkers to every partition leader.
+pub trait RemoteTxns: Send + Sync + std::fmt::Debug {
+    /// Makes the master of `set` a participant of producer `producer_id`'s
+    /// transaction (coordinated by set `coordinator`) for `partitions`
+    /// (topic, queue of that set). `Err((kafka_code, why))`: the
+    /// participant's refusal (a Kafka error code), or -1 when it was not
+    /// reached.
+    fn join<'a>(
+        &'a self,
+        set: &'a str,
+        coordinator: &'a str,
+        producer_id: i64,
+        epoch: i16,
+        partitions: &'a [(String, u32)],
+    ) -> RemoteCall<'a, Result<(), i16>>;
+
+    /// Ends producer `producer_id`'s transaction on the master of `set`
+    /// (markers under `epoch`); done when that master says so (a
+    /// participant that no longer holds it says so too).
+    fn end<'a>(&'a self, set: &'a str, producer_id: i64, epoch: i16, commit: bool) -> RemoteCall<'a, ()>;
+}
+
 /// Cluster mode: topics are created in the cluster's table (etcd) first,
 /// so two nodes creating one topic at once (a Kafka CreateTopics on one, an
 /// auto-creation on another) end with one record, as Kafka's controller

@@ -49,7 +49,30 @@ pub enum Located {
     Unknown,
 }
 
+/// Where Kafka partition `p`'s queue is, with the other set named.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Placed {
+    /// This node's set's queue.
+    Here(u32),
+    /// Queue `.1` of broker set `.0` (not this node's).
+    Set(String, u32),
+    /// No such partition.
+    Unknown,
+}
+
 impl TopicInfo {
+    /// Where partition `p` is, seen from a node of set `own`.
+    pub fn placed(&self, p: i32, own: Option<&str>) -> Placed {
+        match self.locate(p, own) {
+            Located::Here(q) => Placed::Here(q),
+            Located::OtherSet => match self.placement.get(p as usize) {
+                Some(r) => Placed::Set(r.set.clone(), r.queue),
+                None => Placed::Unknown,
+            },
+            Located::Unknown => Placed::Unknown,
+        }
+    }
+
     /// Queue counts per broker set, in order of first appearance in
     /// `placement`; an empty placement is `partitions` queues on `own`.
     pub fn sets_of(placement: &[QueueRef], own: &str, partitions: u32) -> Vec<(String, u32)> {

@@ -425,11 +425,14 @@ async fn serve(
             rack: cfg.cluster.rack.clone(),
         };
         // Several broker sets: other sets' committed offsets are read and
-        // written on their masters over the remoting listener.
-        broker.set_remote_offsets(Arc::new(rokka_remoting::remote_offsets::RemotingOffsets::new(
+        // written, and Kafka transactions reach their participants, on
+        // those sets' masters over the remoting listener.
+        let remote = Arc::new(rokka_remoting::remote_offsets::RemotingOffsets::new(
             Arc::clone(broker),
             std::time::Duration::from_millis(cfg.cluster.remote_timeout_ms),
-        )));
+        ));
+        broker.set_remote_offsets(Arc::clone(&remote) as Arc<dyn rokka_broker::remote::RemoteOffsets>);
+        broker.set_remote_txns(remote);
         let (tasks, addr) = rokka_cluster::start(
             cfg.cluster.clone(),
             Arc::clone(store),

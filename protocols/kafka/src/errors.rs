@@ -48,6 +48,7 @@ pub fn code(e: &BrokerError) -> i16 {
         BrokerError::InvalidPartitions(_) => INVALID_PARTITIONS,
         // Retriable: the topic's leaders are not known yet.
         BrokerError::ClusterNotReady => LEADER_NOT_AVAILABLE,
+        BrokerError::Remote(_) => COORDINATOR_NOT_AVAILABLE,
         BrokerError::Io(..) | BrokerError::BadFile { .. } | BrokerError::Corrupt(_) => KAFKA_STORAGE_ERROR,
         BrokerError::TimerTooFar { .. } => INVALID_REQUEST,
     }

@@ -118,7 +118,8 @@ pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch
 }
 
 /// Completes transactions a crash left prepared, then aborts timed-out
-/// ones and forgets expired transactional ids every second. In cluster
+/// ones, forgets expired transactional ids and completes transactions
+/// still prepared (another set not reached) every second. In cluster
 /// mode only a master does either (a replica's state is its master's
 /// copy), and a node that has just become master first completes what the
 /// old master left prepared.
@@ -131,11 +132,17 @@ async fn run_transactions(broker: Arc<Broker>, mut shutdown: watch::Receiver<boo
         if !is_master(&broker) {
             completed = false;
         } else if !completed {
-            match broker.complete_prepared_transactions().await {
+            match broker.complete_prepared_transactions(0).await {
                 Ok(()) => completed = true,
                 Err(e) => tracing::error!(error = %e, "completing prepared transactions failed"),
             }
         } else {
+            // Several broker sets: a transaction another set's master did
+            // not confirm ending is tried again (its client is answered
+            // CONCURRENT_TRANSACTIONS meanwhile).
+            if let Err(e) = broker.complete_prepared_transactions(2_000).await {
+                tracing::debug!(error = %e, "a prepared transaction is not complete yet");
+            }
             broker.txn_expire(rokka_store::now_ms()).await;
         }
         tokio::select! {

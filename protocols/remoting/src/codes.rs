@@ -35,6 +35,12 @@ pub mod request {
     pub const SEND_MESSAGE_V2: i32 = 310;
     pub const SEND_BATCH_MESSAGE: i32 = 320;
     pub const LITE_PULL_MESSAGE: i32 = 361;
+    /// Rokka, between broker sets: a set's master joins a Kafka
+    /// transaction another set coordinates (`remote_txns`).
+    pub const ROKKA_TXN_JOIN: i32 = 32001;
+    /// Rokka, between broker sets: a Kafka transaction's coordinator ends
+    /// it on a participating set's master.
+    pub const ROKKA_TXN_END: i32 = 32002;
 }
 
 pub mod response {
@@ -85,12 +91,15 @@ pub fn label(code: i32) -> &'static str {
         105 => "105",
         106 => "106",
         206 => "206",
+        208 => "208",
         216 => "216",
         219 => "219",
         224 => "224",
         310 => "310",
         320 => "320",
         361 => "361",
+        32001 => "32001",
+        32002 => "32002",
         _ => "other",
     }
 }

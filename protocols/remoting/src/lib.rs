@@ -19,6 +19,7 @@ pub mod namesrv;
 pub mod processor;
 pub mod registrar;
 pub mod remote_offsets;
+pub mod remote_txns;
 pub mod server;
 
 pub use codec::{decode, encode, FrameError, DEFAULT_MAX_FRAME};

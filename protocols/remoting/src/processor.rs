@@ -252,6 +252,14 @@ impl RocketMq {
                     .await
             }
             rq::VIEW_MESSAGE_BY_ID => self.view_message(&cmd),
+            rq::ROKKA_TXN_JOIN => {
+                let r = rokka_broker::offload(|| crate::remote_txns::join(&self.broker, &cmd));
+                self.txn_reply(&cmd, r)
+            }
+            rq::ROKKA_TXN_END => {
+                let r = crate::remote_txns::end(&self.broker, &cmd).await;
+                self.txn_reply(&cmd, r)
+            }
             other => self.reply(
                 &cmd,
                 rs::REQUEST_CODE_NOT_SUPPORTED,
@@ -261,6 +269,20 @@ impl RocketMq {
         metrics::histogram!("rokka_rocketmq_request_seconds", "code" => crate::codes::label(code))
             .record(started.elapsed().as_secs_f64());
         (!oneway).then_some(resp)
+    }
+
+    /// The answer to a transaction participant's request.
+    fn txn_reply(&self, req: &RemotingCommand, r: Result<(), crate::remote_txns::Refused>) -> RemotingCommand {
+        match r {
+            Ok(()) => self.reply(req, rs::SUCCESS, None),
+            Err(why) => {
+                let mut resp = self.reply(req, why.code, Some(why.remark));
+                if let Some(c) = why.kafka {
+                    resp.ext_fields.set(crate::remote_txns::EXT_KAFKA_ERROR, c.to_string());
+                }
+                resp
+            }
+        }
     }
 
     fn json_body(&self, req: &RemotingCommand, v: Value) -> RemotingCommand {

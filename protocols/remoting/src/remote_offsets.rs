@@ -60,7 +60,7 @@ impl RemotingOffsets {
             .ok_or_else(|| format!("master {m} of {set} has no broker address"))
     }
 
-    async fn call(&self, set: &str, cmd: RemotingCommand) -> Result<RemotingCommand, String> {
+    pub(crate) async fn call(&self, set: &str, cmd: RemotingCommand) -> Result<RemotingCommand, String> {
         let addr = self.master_addr(set)?;
         let conn = {
             let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
@@ -78,9 +78,14 @@ impl RemotingOffsets {
         c.call(cmd, self.timeout).await
     }
 
-    fn request(&self, code: i32, group: &str, topic: &str, queue: u32) -> RemotingCommand {
+    /// A request to another set's master with a fresh opaque.
+    pub(crate) fn command(&self, code: i32) -> RemotingCommand {
         let opaque = self.opaque.fetch_add(1, Ordering::Relaxed) & i32::MAX;
-        let mut cmd = RemotingCommand::request(code, opaque);
+        RemotingCommand::request(code, opaque)
+    }
+
+    fn request(&self, code: i32, group: &str, topic: &str, queue: u32) -> RemotingCommand {
+        let mut cmd = self.command(code);
         cmd.ext_fields.set("consumerGroup", group);
         cmd.ext_fields.set("topic", topic);
         cmd.ext_fields.set("queueId", queue.to_string());

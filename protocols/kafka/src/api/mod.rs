@@ -77,9 +77,7 @@ pub async fn dispatch(
         RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(k, r, version)),
         RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(find_coordinator::handle(k, r, version)),
         RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(init_producer_id::handle(k, r).await),
-        RequestKind::AddPartitionsToTxn(r) => {
-            ResponseKind::AddPartitionsToTxn(rokka_broker::offload(|| txn::add_partitions(k, r)))
-        }
+        RequestKind::AddPartitionsToTxn(r) => ResponseKind::AddPartitionsToTxn(txn::add_partitions(k, r).await),
         RequestKind::AddOffsetsToTxn(r) => {
             ResponseKind::AddOffsetsToTxn(rokka_broker::offload(|| txn::add_offsets(k, r)))
         }

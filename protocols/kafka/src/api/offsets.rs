@@ -10,33 +10,15 @@ use kafka_protocol::messages::{
 };
 
 use rokka_broker::remote::RemoteOffset;
-use rokka_broker::Located;
+use rokka_broker::Placed as Place;
 
 use super::str_bytes;
 use crate::errors;
 use crate::Kafka;
 
-/// Where a committed offset of Kafka partition `p` lives.
-enum Place {
-    /// This set's queue.
-    Here(u32),
-    /// Another set's queue, on that set's master.
-    Set(String, u32),
-    Unknown,
-}
-
+/// Where a committed offset of Kafka partition `p` lives: with its queue.
 fn place(k: &Kafka, info: Option<&rokka_broker::TopicInfo>, p: i32) -> Place {
-    let Some(info) = info else {
-        return Place::Unknown;
-    };
-    match info.locate(p, k.broker.own_set()) {
-        Located::Here(q) => Place::Here(q),
-        Located::OtherSet => match info.placement.get(p as usize) {
-            Some(r) => Place::Set(r.set.clone(), r.queue),
-            None => Place::Unknown,
-        },
-        Located::Unknown => Place::Unknown,
-    }
+    info.map_or(Place::Unknown, |i| i.placed(p, k.broker.own_set()))
 }
 
 /// Counts and times a call to another set's master.

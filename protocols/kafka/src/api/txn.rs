@@ -18,41 +18,35 @@ use super::str_bytes;
 use crate::errors;
 use crate::Kafka;
 
-pub fn add_partitions(k: &Kafka, r: AddPartitionsToTxnRequest) -> AddPartitionsToTxnResponse {
-    // Partitions as this node's queues. A transaction's markers are
-    // written by this node's set only: a partition of another broker set
-    // cannot join one (docs/cluster.md, several broker sets).
-    let wanted: Vec<(String, i32)> = r
+pub async fn add_partitions(k: &Kafka, r: AddPartitionsToTxnRequest) -> AddPartitionsToTxnResponse {
+    // Partitions as queues: this set's, or another broker set's (whose
+    // master joins the transaction before the producer writes there).
+    let own = k.broker.own_set();
+    let wanted: Vec<(String, rokka_broker::Placed)> = r
         .v3_and_below_topics
         .iter()
         .flat_map(|t| {
+            let info = k.broker.topics().get(t.name.0.as_str());
             t.partitions.iter().map(move |p| {
-                let q = match k.broker.locate(t.name.0.as_str(), *p) {
-                    Some(rokka_broker::Located::Here(q)) => q as i32,
-                    Some(rokka_broker::Located::OtherSet) => -2,
-                    _ => *p,
-                };
-                (t.name.0.to_string(), q)
+                let at = info
+                    .as_ref()
+                    .map_or(rokka_broker::Placed::Unknown, |i| i.placed(*p, own));
+                (t.name.0.to_string(), at)
             })
         })
         .collect();
-    let elsewhere = wanted.iter().any(|(_, q)| *q == -2);
-    let codes = if elsewhere {
-        tracing::info!(
-            transactional_id = r.v3_and_below_transactional_id.as_str(),
-            "AddPartitionsToTxn refused: a partition lives on another broker set"
-        );
-        vec![errors::INVALID_REQUEST; wanted.len()]
-    } else {
-        match k.broker.txn_add_partitions(
+    let codes = match k
+        .broker
+        .txn_add_partitions(
             r.v3_and_below_transactional_id.as_str(),
             r.v3_and_below_producer_id.0,
             r.v3_and_below_producer_epoch,
             &wanted,
-        ) {
-            Ok(codes) => codes,
-            Err(e) => vec![e; wanted.len()],
-        }
+        )
+        .await
+    {
+        Ok(codes) => codes,
+        Err(e) => vec![e; wanted.len()],
     };
     let mut at = 0;
     let results = r
@@ -107,19 +101,28 @@ pub fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -> TxnO
         errors::NONE
     };
     let max_meta = k.config.max_offset_metadata_bytes as usize;
+    let own = k.broker.own_set();
     let mut pending = Vec::new();
     let mut bad: Vec<(String, i32, i16)> = Vec::new();
     for t in &r.topics {
         let name = t.name.0.to_string();
         let info = k.broker.topics().get(&name);
         for p in &t.partitions {
-            let q = super::queue_of(k, info.as_ref(), p.partition_index);
+            let at = info
+                .as_ref()
+                .map_or(rokka_broker::Placed::Unknown, |i| i.placed(p.partition_index, own));
             let meta = p.committed_metadata.as_ref().map_or("", |m| m.as_str());
-            if q == Err(errors::NOT_LEADER_OR_FOLLOWER) {
-                // Another broker set's partition: its offsets are that
-                // set's, outside this coordinator's transaction.
-                bad.push((name.clone(), p.partition_index, errors::INVALID_REQUEST));
-            } else if q.is_err() || p.committed_offset < 0 {
+            // Another broker set's partition: its offset is committed on
+            // that set's master when the transaction commits.
+            let (set, queue) = match at {
+                rokka_broker::Placed::Here(q) => (None, q),
+                rokka_broker::Placed::Set(s, q) => (Some(s), q),
+                rokka_broker::Placed::Unknown => {
+                    bad.push((name.clone(), p.partition_index, errors::UNKNOWN_TOPIC_OR_PARTITION));
+                    continue;
+                }
+            };
+            if p.committed_offset < 0 {
                 bad.push((name.clone(), p.partition_index, errors::UNKNOWN_TOPIC_OR_PARTITION));
             } else if meta.len() > max_meta {
                 bad.push((name.clone(), p.partition_index, errors::OFFSET_METADATA_TOO_LARGE));
@@ -127,21 +130,38 @@ pub fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -> TxnO
                 pending.push(PendingOffset {
                     group: group.clone(),
                     topic: name.clone(),
-                    partition: q.unwrap_or(0),
+                    partition: queue,
                     offset: p.committed_offset as u64,
                     metadata: meta.to_string(),
                     leader_epoch: p.committed_leader_epoch,
+                    set,
                 });
             }
         }
     }
+    // This node coordinates the group; the transaction may be another
+    // set's (its id hashes elsewhere): the offsets are then held here for
+    // that coordinator to end, as Kafka's group coordinator holds them
+    // until the marker.
+    let txn_id = r.transactional_id.as_str();
+    let elsewhere = k
+        .broker
+        .cluster_view()
+        .filter(|v| !v.coordinates(txn_id))
+        .and_then(|v| v.coordinator_set(txn_id).map(|s| s.name.clone()));
     let all = if member != errors::NONE {
         member
     } else {
-        match k
-            .broker
-            .txn_commit_offsets(r.transactional_id.as_str(), r.producer_id.0, r.producer_epoch, pending)
-        {
+        let done = match elsewhere {
+            Some(coordinator) => {
+                k.broker
+                    .txn_participate_offsets(&coordinator, r.producer_id.0, r.producer_epoch, pending)
+            }
+            None => k
+                .broker
+                .txn_commit_offsets(txn_id, r.producer_id.0, r.producer_epoch, pending),
+        };
+        match done {
             Ok(()) => errors::NONE,
             Err(e) => e,
         }
@@ -199,14 +219,17 @@ pub fn describe(k: &Kafka, r: DescribeTransactionsRequest) -> DescribeTransactio
         .map(|id| match k.broker.kafka_txns().get(id.as_str()) {
             Some(m) => {
                 let mut topics: Vec<TopicData> = Vec::new();
-                for (t, q) in &m.partitions {
-                    // Stored as this set's queues; listed as Kafka partitions.
+                let own = k.broker.own_set();
+                let here = m.partitions.iter().map(|(t, q)| (own, t, *q));
+                let elsewhere = m.remote.iter().map(|(s, t, q)| (Some(s.as_str()), t, *q));
+                for (set, t, q) in here.chain(elsewhere) {
+                    // Stored as queues of a set; listed as Kafka partitions.
                     let p = k
                         .broker
                         .topics()
                         .get(t)
-                        .and_then(|i| i.kafka_partition_of(k.broker.own_set(), *q))
-                        .unwrap_or(*q as i32);
+                        .and_then(|i| i.kafka_partition_of(set, q))
+                        .unwrap_or(q as i32);
                     match topics.iter_mut().find(|x| x.topic.0.as_str() == t) {
                         Some(x) => x.partitions.push(p),
                         None => topics.push(

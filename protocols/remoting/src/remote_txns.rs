@@ -1,0 +1,147 @@
+//! Several broker sets: a Kafka transaction whose partitions (or whose
+//! consumer group's offsets) live on other sets than its coordinator's.
+//! The coordinator reaches those sets' masters over their RocketMQ broker
+//! listener with two Rokka codes, as Kafka's coordinator reaches partition
+//! leaders with WriteTxnMarkers:
+//!
+//! * `ROKKA_TXN_JOIN` (ext `producerId`, `producerEpoch`, `coordinator`;
+//!   body: JSON `[[topic, queue], ..]`): the master takes the producer's
+//!   transactional batches for those queues until the transaction ends.
+//!   A refusal carries the Kafka error code in ext `kafkaError`.
+//! * `ROKKA_TXN_END` (ext `producerId`, `producerEpoch`, `commit`): the
+//!   master writes the markers and applies or drops the offsets its group
+//!   coordinator held for the transaction; SUCCESS once they are durable.
+//!
+//! Only a master in cluster mode answers either; the body is bounded by
+//! the frame cap and the participations by `kafka.max_transactional_ids`.
+
+use rokka_broker::remote::{RemoteCall, RemoteTxns};
+use rokka_broker::Broker;
+
+use crate::codes::{request as rq, response as rs};
+use crate::command::RemotingCommand;
+use crate::remote_offsets::RemotingOffsets;
+
+/// Ext field of a refusal: the Kafka error code the coordinator relays.
+pub const EXT_KAFKA_ERROR: &str = "kafkaError";
+
+impl RemoteTxns for RemotingOffsets {
+    fn join<'a>(
+        &'a self,
+        set: &'a str,
+        coordinator: &'a str,
+        producer_id: i64,
+        epoch: i16,
+        partitions: &'a [(String, u32)],
+    ) -> RemoteCall<'a, Result<(), i16>> {
+        Box::pin(async move {
+            let mut cmd = self.command(rq::ROKKA_TXN_JOIN);
+            cmd.ext_fields.set("producerId", producer_id.to_string());
+            cmd.ext_fields.set("producerEpoch", epoch.to_string());
+            cmd.ext_fields.set("coordinator", coordinator);
+            cmd.body = serde_json::to_vec(partitions).map_err(|e| e.to_string())?.into();
+            let r = self.call(set, cmd).await?;
+            if r.code == rs::SUCCESS {
+                return Ok(Ok(()));
+            }
+            match r.ext_fields.get(EXT_KAFKA_ERROR).and_then(|c| c.parse::<i16>().ok()) {
+                Some(c) => Ok(Err(c)),
+                None => Err(format!(
+                    "{set}: ROKKA_TXN_JOIN answered {} {}",
+                    r.code,
+                    r.remark.unwrap_or_default()
+                )),
+            }
+        })
+    }
+
+    fn end<'a>(&'a self, set: &'a str, producer_id: i64, epoch: i16, commit: bool) -> RemoteCall<'a, ()> {
+        Box::pin(async move {
+            let mut cmd = self.command(rq::ROKKA_TXN_END);
+            cmd.ext_fields.set("producerId", producer_id.to_string());
+            cmd.ext_fields.set("producerEpoch", epoch.to_string());
+            cmd.ext_fields.set("commit", if commit { "true" } else { "false" });
+            let r = self.call(set, cmd).await?;
+            if r.code == rs::SUCCESS {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{set}: ROKKA_TXN_END answered {} {}",
+                    r.code,
+                    r.remark.unwrap_or_default()
+                ))
+            }
+        })
+    }
+}
+
+/// Why a participant refused: the remoting code, a remark, and the Kafka
+/// error code when there is one to relay.
+pub struct Refused {
+    pub code: i32,
+    pub remark: String,
+    pub kafka: Option<i16>,
+}
+
+fn refused(code: i32, remark: impl Into<String>) -> Refused {
+    Refused {
+        code,
+        remark: remark.into(),
+        kafka: None,
+    }
+}
+
+/// The producer id and epoch a request names.
+fn producer(cmd: &RemotingCommand) -> Result<(i64, i16), Refused> {
+    let pid = cmd.ext_fields.get("producerId").and_then(|v| v.parse::<i64>().ok());
+    let epoch = cmd.ext_fields.get("producerEpoch").and_then(|v| v.parse::<i16>().ok());
+    match (pid, epoch) {
+        (Some(p), Some(e)) if p >= 0 && e >= 0 => Ok((p, e)),
+        _ => Err(refused(rs::SYSTEM_ERROR, "producerId and producerEpoch are required")),
+    }
+}
+
+/// Only a cluster-mode master takes part in another set's transaction.
+fn master(broker: &Broker) -> Result<(), Refused> {
+    match broker.cluster_view() {
+        None => Err(refused(rs::REQUEST_CODE_NOT_SUPPORTED, "not in cluster mode")),
+        Some(v) if !v.is_master() || !broker.store().is_leader() => {
+            Err(refused(rs::SYSTEM_ERROR, "not the master of its broker set"))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// ROKKA_TXN_JOIN, participant side (may block: persists).
+pub fn join(broker: &Broker, cmd: &RemotingCommand) -> Result<(), Refused> {
+    master(broker)?;
+    let (pid, epoch) = producer(cmd)?;
+    let coordinator = cmd.ext_fields.get("coordinator").unwrap_or_default();
+    if coordinator.is_empty() {
+        return Err(refused(rs::SYSTEM_ERROR, "coordinator is required"));
+    }
+    let partitions: Vec<(String, u32)> =
+        serde_json::from_slice(&cmd.body).map_err(|e| refused(rs::SYSTEM_ERROR, format!("partitions: {e}")))?;
+    broker
+        .txn_participate(coordinator, pid, epoch, &partitions)
+        .map_err(|c| Refused {
+            code: rs::SYSTEM_ERROR,
+            remark: format!("refused with Kafka error {c}"),
+            kafka: Some(c),
+        })
+}
+
+/// ROKKA_TXN_END, participant side.
+pub async fn end(broker: &Broker, cmd: &RemotingCommand) -> Result<(), Refused> {
+    master(broker)?;
+    let (pid, epoch) = producer(cmd)?;
+    let commit = match cmd.ext_fields.get("commit") {
+        Some("true") => true,
+        Some("false") => false,
+        _ => return Err(refused(rs::SYSTEM_ERROR, "commit must be true or false")),
+    };
+    broker
+        .txn_participant_end(pid, epoch, commit)
+        .await
+        .map_err(|e| refused(rs::SYSTEM_ERROR, e.to_string()))
+}
