@@ -370,6 +370,88 @@ def test_a_kafka_transaction_spans_both_sets(cluster):
     assert parts["commit"] >= 3 and parts["abort"] >= 3, parts
 
 
+def coordinator_set(key):
+    """The set coordinating a group or transactional id: crc32 of the name
+    over the sets in name order (FindCoordinator's placement)."""
+    import zlib
+
+    return ("set-a", "set-b")[zlib.crc32(key.encode()) % 2]
+
+
+def set_in_sync(cluster, name, timeout=60):
+    """The master of set `name` once its replica is back in sync."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for i, n in cluster.nodes.items():
+            if SETS[i] != name or not n.proc:
+                continue
+            try:
+                v = n.metric_values()
+            except OSError:
+                continue
+            if v.get("rokka_cluster_role") == 1.0 and v.get("rokka_cluster_sync_state_set_size") == 2.0:
+                return i
+        time.sleep(0.2)
+    raise AssertionError(f"{name}: no master with its replica in sync within {timeout} s")
+
+
+def remote_txn_errors(cluster, node):
+    v = cluster.nodes[node].metric_values()
+    return sum(n for k, n in v.items() if k.startswith("rokka_cluster_remote_txn_errors_total"))
+
+
+def test_a_transaction_across_sets_commits_through_a_master_kill(cluster):
+    """A transaction over both sets' partitions, written and flushed, then
+    a master killed with SIGKILL before the commit — first the other
+    set's (a participant: its replica takes over holding the open
+    transaction, whose part travels with the set's transaction state, and
+    writes the markers the coordinator sends it), then the coordinator
+    set's (its replica takes over the transaction and its other set's
+    partitions and ends it on both sets). Each commit_transaction, called
+    right after the kill, succeeds once the set has failed over, and
+    read_committed readers get every record once."""
+    topic = "txn-kill"
+    a = create_topic(cluster, topic, 4, via=2)
+    leaders(a, topic, 4)
+    committed_values = []
+    for rnd, victim_is in enumerate(("participant", "coordinator")):
+        for s in ("set-a", "set-b"):
+            set_in_sync(cluster, s)
+        m = masters(cluster)
+        tid = f"kill-txn-{rnd}"
+        coord = coordinator_set(tid)
+        victim = m[coord] if victim_is == "coordinator" else m["set-b" if coord == "set-a" else "set-a"]
+        p = Producer({"bootstrap.servers": cluster.bootstrap(), "transactional.id": tid})
+        p.init_transactions(30)
+        p.begin_transaction()
+        values = [f"{tid}-{i}" for i in range(20)]
+        for i, v in enumerate(values):
+            p.produce(topic, value=v.encode(), partition=i % 4)
+        assert p.flush(30) == 0
+        time.sleep(1)  # the transaction state reaches the sets' replicas
+        coordinator = m[coord]
+        errors_before = remote_txn_errors(cluster, coordinator)
+        cluster.nodes[victim].kill()
+        # Committed at once: the killed set has no master for a few seconds.
+        started = time.time()
+        p.commit_transaction(60)
+        took = time.time() - started
+        committed_values += values
+        survivor = next(i for i in cluster.nodes if SETS[i] == SETS[victim] and i != victim)
+        assert cluster.role(survivor) == "master", f"{SETS[victim]} failed over"
+        if victim_is == "participant":
+            # The coordinator reached the participant only after its set
+            # failed over: its first tries failed and were repeated.
+            assert remote_txn_errors(cluster, coordinator) > errors_before, took
+        print(f"\ncross-set transaction: {victim_is} master killed, commit_transaction took {took:.1f} s")
+        cluster.nodes[victim].start()
+        seen = read_all(cluster.bootstrap(), topic, 4, "read_committed", want=len(committed_values), seconds=30)
+        assert sorted(seen) == sorted(committed_values), (victim_is, len(seen), sorted(set(committed_values) - set(seen))[:5])
+    # Nothing more arrives (no record twice).
+    seen = read_all(cluster.bootstrap(), topic, 4, "read_committed", seconds=3)
+    assert sorted(seen) == sorted(committed_values), len(seen)
+
+
 def test_a_groups_offsets_listed_whole_from_its_coordinator(cluster):
     """An OffsetFetch for all of a group's topics (the admin API's
     list_consumer_group_offsets without partitions) lists what the group

@@ -605,6 +605,16 @@ impl Drop for Finishing<'_> {
     }
 }
 
+/// The answer when a transaction's ending failed: another set not reached
+/// leaves it prepared and completed later (the client retries until it
+/// is); anything else is this node's storage.
+fn finish_code(e: &BrokerError) -> i16 {
+    match e {
+        BrokerError::Remote(_) => code::CONCURRENT_TRANSACTIONS,
+        _ => code::KAFKA_STORAGE_ERROR,
+    }
+}
+
 /// Counts and times a transaction's call to another set's master.
 fn remote_done(op: &'static str, started: std::time::Instant, ok: bool) {
     metrics::histogram!("rokka_cluster_remote_txn_seconds", "op" => op).record(started.elapsed().as_secs_f64());
@@ -969,7 +979,7 @@ impl Broker {
             self.kafka_txns
                 .persist(&[line])
                 .map_err(|_| code::KAFKA_STORAGE_ERROR)?;
-            self.finish(e).await.map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+            self.finish(e).await.map_err(|e| finish_code(&e))?;
             // The aborted transaction is complete: hand out the next epoch.
             let (line, out) = {
                 let mut inner = lock(&self.kafka_txns.inner);
@@ -1400,7 +1410,7 @@ impl Broker {
             .map_err(|_| code::KAFKA_STORAGE_ERROR)?;
         self.finish(ending).await.map_err(|e| {
             tracing::warn!(transactional_id = id, error = %e, "ending a transaction failed");
-            code::KAFKA_STORAGE_ERROR
+            finish_code(&e)
         })
     }
 
