@@ -278,6 +278,11 @@ def test_a_kafka_transaction_spans_both_sets(cluster):
     assert {s for s, _ in where.values()} == {"set-a", "set-b"}, where
     src_where = placement(leaders(a, src, 4), m)
     committed_values = []
+    # The names chosen by hash are placed where the test means them to be.
+    for key, kind in [(t, 1) for t in hashed_apart("spread-txn")] + [(hashed_apart("ctp-txn")[0], 1)]:
+        assert SETS[find_coordinator(cluster.nodes[1], key, kind)] == coordinator_set(key), key
+    ctp_group = hashed_apart("ctp-group", other=hashed_apart("ctp-txn")[0])
+    assert SETS[find_coordinator(cluster.nodes[1], ctp_group, 0)] != coordinator_set(hashed_apart("ctp-txn")[0])
     for tid in hashed_apart("spread-txn"):
         p = Producer({"bootstrap.servers": cluster.bootstrap(), "transactional.id": tid})
         p.init_transactions(30)
@@ -378,6 +383,33 @@ def coordinator_set(key):
     return ("set-a", "set-b")[zlib.crc32(key.encode()) % 2]
 
 
+def find_coordinator(node, key, key_type):
+    """The node id a raw FindCoordinator v1 to `node` names for `key`
+    (key_type 0 group, 1 transaction), retrying while none is elected."""
+    import socket
+    import struct
+
+    def string(v):
+        b = v.encode()
+        return struct.pack(">h", len(b)) + b
+
+    body = struct.pack(">hhi", 10, 1, 7) + string("broker-sets-test") + string(key) + struct.pack(">b", key_type)
+    deadline = time.time() + 20
+    while True:
+        with socket.create_connection(("127.0.0.1", node.kafka_port), timeout=5) as s:
+            s.sendall(struct.pack(">i", len(body)) + body)
+            n = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
+            data = s.recv(n, socket.MSG_WAITALL)
+        # correlation id, throttle, error code, error message, node id
+        err = struct.unpack(">h", data[8:10])[0]
+        mlen = struct.unpack(">h", data[10:12])[0]
+        at = 12 + max(mlen, 0)
+        if err == 0:
+            return struct.unpack(">i", data[at : at + 4])[0]
+        assert time.time() < deadline, f"FindCoordinator {key}: error {err}"
+        time.sleep(0.2)
+
+
 def set_in_sync(cluster, name, timeout=60):
     """The master of set `name` once its replica is back in sync."""
     deadline = time.time() + timeout
@@ -428,7 +460,6 @@ def test_a_transaction_across_sets_commits_through_a_master_kill(cluster):
         for i, v in enumerate(values):
             p.produce(topic, value=v.encode(), partition=i % 4)
         assert p.flush(30) == 0
-        time.sleep(1)  # the transaction state reaches the sets' replicas
         coordinator = m[coord]
         errors_before = remote_txn_errors(cluster, coordinator)
         cluster.nodes[victim].kill()

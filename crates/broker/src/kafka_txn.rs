@@ -114,6 +114,15 @@ pub struct TxnMeta {
     /// (set, topic, queue), whose masters take part in it.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub remote: BTreeSet<(String, String, u32)>,
+    /// Several broker sets: other sets that hold a part of the transaction
+    /// without its partitions (the coordinators of its groups, holding
+    /// its offsets), ended with it.
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub participants: BTreeSet<String>,
+    /// The epoch before a fencing abort bumped it (KIP-360: the producer
+    /// retrying its InitProducerId names that one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_epoch: Option<i16>,
     /// Several broker sets: set when this is not a transaction this node
     /// coordinates but its part on this set (partitions of this set, or
     /// offsets of a group this set coordinates) — the coordinator's set.
@@ -221,6 +230,22 @@ impl Parts {
 struct Inner {
     txns: HashMap<String, TxnMeta>,
     by_pid: HashMap<i64, String>,
+    /// How many of `txns` are parts of other sets' transactions (their
+    /// own budget: they never crowd out this set's transactional ids).
+    parts: usize,
+}
+
+impl Inner {
+    fn new(txns: HashMap<String, TxnMeta>) -> Inner {
+        let by_pid = txns.values().map(|m| (m.producer_id, m.id.clone())).collect();
+        let parts = txns.values().filter(|m| m.coordinator.is_some()).count();
+        Inner { txns, by_pid, parts }
+    }
+
+    /// This set's own transactional ids.
+    fn ids(&self) -> usize {
+        self.txns.len() - self.parts
+    }
 }
 
 /// The coordinator and the per-partition transaction state.
@@ -346,7 +371,6 @@ impl KafkaTxns {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Default::default(),
             Err(e) => return Err(BrokerError::Io(path, e)),
         };
-        let by_pid = txns.values().map(|m| (m.producer_id, m.id.clone())).collect();
         let mut parts = Parts::default();
         for ((t, p), list) in aborted {
             if let Some(pt) = parts.entry(&t, p) {
@@ -354,7 +378,7 @@ impl KafkaTxns {
             }
         }
         let me = KafkaTxns {
-            inner: Mutex::new(Inner { txns, by_pid }),
+            inner: Mutex::new(Inner::new(txns)),
             parts: Mutex::new(parts),
             log: Mutex::new(TxnLog {
                 path: path.clone(),
@@ -466,9 +490,8 @@ impl KafkaTxns {
         rokka_store::checkpoint::write_atomically(&log.path, snapshot)?;
         log.file = None;
         log.lines = snapshot.iter().filter(|b| **b == b'\n').count() as u64;
-        let by_pid = txns.values().map(|m| (m.producer_id, m.id.clone())).collect();
         *lock(&self.unresolved) = unresolved;
-        *lock(&self.inner) = Inner { txns, by_pid };
+        *lock(&self.inner) = Inner::new(txns);
         *lock(&self.parts) = parts;
         Ok(())
     }
@@ -488,6 +511,9 @@ impl KafkaTxns {
     }
 
     fn persist(&self, lines: &[Line]) -> Result<()> {
+        if lines.is_empty() {
+            return Ok(());
+        }
         crate::offload(|| lock(&self.log).append(lines))?;
         self.changes.fetch_add(1, Ordering::AcqRel);
         Ok(())
@@ -595,6 +621,30 @@ struct Ending {
     commit: bool,
 }
 
+/// Starts a transaction on `m` unless one is open (the first
+/// AddPartitionsToTxn or AddOffsetsToTxn after the last ended).
+fn begin(m: &mut TxnMeta, now: i64) {
+    if m.state != TxnState::Ongoing {
+        m.state = TxnState::Ongoing;
+        m.start_ms = now;
+        m.partitions.clear();
+        m.remote.clear();
+        m.participants.clear();
+        m.groups.clear();
+        m.offsets.clear();
+    }
+}
+
+/// The other broker sets taking part in a transaction this node
+/// coordinates: those of its partitions, and those coordinating its
+/// groups (holding its offsets until it ends), as recorded when they
+/// joined.
+fn participant_sets(m: &TxnMeta) -> BTreeSet<String> {
+    let mut sets: BTreeSet<String> = m.remote.iter().map(|(s, _, _)| s.clone()).collect();
+    sets.extend(m.participants.iter().cloned());
+    sets
+}
+
 /// Removes a transaction from the ones being ended when its ending is done
 /// (or fails).
 struct Finishing<'a>(&'a KafkaTxns, String);
@@ -623,23 +673,23 @@ fn remote_done(op: &'static str, started: std::time::Instant, ok: bool) {
     }
 }
 
-/// A call to another set's master, tried a few times over about three
-/// seconds (its set may be failing over); then the error (the caller
-/// leaves the transaction prepared, and it is tried again later).
+/// A call to another set's master, tried again for about three seconds
+/// (its set may be failing over); then the error (the caller leaves the
+/// transaction prepared, and it is tried again later).
 async fn retrying<'a, T>(
     op: &'static str,
     set: &str,
     call: impl Fn() -> crate::remote::RemoteCall<'a, T>,
 ) -> Result<T> {
     let mut delay = std::time::Duration::from_millis(100);
-    let mut tries = 0;
+    let first = std::time::Instant::now();
     loop {
         let started = std::time::Instant::now();
         let r = call().await;
         remote_done(op, started, r.is_ok());
         match r {
             Ok(v) => return Ok(v),
-            Err(e) if tries >= 4 => {
+            Err(e) if first.elapsed() + delay > std::time::Duration::from_secs(3) => {
                 return Err(BrokerError::Remote(format!("{set}: {e}")));
             }
             Err(e) => {
@@ -651,7 +701,6 @@ async fn retrying<'a, T>(
                 );
                 tokio::time::sleep(delay).await;
                 delay *= 2;
-                tries += 1;
             }
         }
     }
@@ -818,21 +867,6 @@ impl Broker {
         first
     }
 
-    /// The other broker sets taking part in a transaction this node
-    /// coordinates: those of its partitions, and those coordinating its
-    /// groups (holding its offsets until it ends).
-    fn participant_sets(&self, m: &TxnMeta) -> BTreeSet<String> {
-        let mut sets: BTreeSet<String> = m.remote.iter().map(|(s, _, _)| s.clone()).collect();
-        if let (Some(v), Some(own)) = (self.cluster_view(), self.own_set()) {
-            for g in &m.groups {
-                if let Some(s) = v.coordinator_set(g).filter(|s| s.name != own) {
-                    sets.insert(s.name.clone());
-                }
-            }
-        }
-        sets
-    }
-
     /// Completes transactions left in PrepareCommit / PrepareAbort for at
     /// least `min_age_ms` (a crash, a failover, another set not reached)
     /// that no one is ending now.
@@ -889,7 +923,7 @@ impl Broker {
         let (ending, line, out) = {
             let mut inner = lock(&self.kafka_txns.inner);
             let is_new = !inner.txns.contains_key(id);
-            if is_new && inner.txns.len() >= self.kafka_txns.config.max_ids {
+            if is_new && inner.ids() >= self.kafka_txns.config.max_ids {
                 metrics::counter!("rokka_kafka_transactional_ids_refused_total").increment(1);
                 return Err(code::COORDINATOR_NOT_AVAILABLE);
             }
@@ -907,6 +941,8 @@ impl Broker {
                     start_ms: -1,
                     update_ms: now,
                     remote: BTreeSet::new(),
+                    participants: BTreeSet::new(),
+                    last_epoch: None,
                     coordinator: None,
                 };
                 inner.by_pid.insert(pid, id.to_string());
@@ -927,8 +963,9 @@ impl Broker {
                     return Err(code::CONCURRENT_TRANSACTIONS);
                 }
                 if let Some((pid, epoch)) = expected {
-                    // KIP-360: a producer re-initialising names itself.
-                    if pid != m.producer_id || epoch != m.epoch {
+                    // KIP-360: a producer re-initialising names itself (or
+                    // the epoch before a fencing abort it is retrying).
+                    if pid != m.producer_id || (epoch != m.epoch && Some(epoch) != m.last_epoch) {
                         return Err(code::PRODUCER_FENCED);
                     }
                 }
@@ -942,6 +979,7 @@ impl Broker {
                     // The earlier incarnation's transaction is aborted
                     // under the new epoch, which fences it.
                     next.epoch = m.epoch.saturating_add(1).min(i16::MAX - 1);
+                    next.last_epoch = Some(m.epoch);
                     next.state = TxnState::PrepareAbort;
                     next.update_ms = now;
                     Some(Ending {
@@ -1043,7 +1081,9 @@ impl Broker {
     /// AddPartitionsToTxn: per partition, NONE or why not (all or nothing,
     /// as Kafka: one unknown partition makes the others OPERATION_NOT_ATTEMPTED).
     /// Partitions of other broker sets make those sets' masters
-    /// participants first ([`crate::remote::RemoteTxns::join`]).
+    /// participants ([`crate::remote::RemoteTxns::join`]); they are recorded
+    /// first (and reach this set's replicas), so whatever happens to a join
+    /// the transaction's end reaches that set.
     pub async fn txn_add_partitions(
         &self,
         id: &str,
@@ -1060,11 +1100,9 @@ impl Broker {
                 Placed::Unknown => true,
             })
             .collect();
-        {
+        if unknown.iter().any(|u| *u) {
             let mut inner = lock(&self.kafka_txns.inner);
             Self::txn_checked(&mut inner, id, producer_id, epoch)?;
-        }
-        if unknown.iter().any(|u| *u) {
             return Ok(unknown
                 .iter()
                 .map(|u| {
@@ -1076,35 +1114,10 @@ impl Broker {
                 })
                 .collect());
         }
-        // Other sets' partitions, by set: each set's master takes part
-        // before the producer is told it may write there.
-        let mut by_set: BTreeMap<&str, Vec<(String, u32)>> = BTreeMap::new();
+        let mut by_set: BTreeMap<String, Vec<(String, u32)>> = BTreeMap::new();
         for (t, p) in partitions {
             if let Placed::Set(set, q) = p {
-                by_set.entry(set.as_str()).or_default().push((t.clone(), *q));
-            }
-        }
-        if !by_set.is_empty() {
-            let (Some(remote), Some(own)) = (self.remote_txns(), self.own_set()) else {
-                return Err(code::COORDINATOR_NOT_AVAILABLE);
-            };
-            for (set, parts) in &by_set {
-                let started = std::time::Instant::now();
-                let r = remote.join(set, own, producer_id, epoch, parts).await;
-                remote_done("join", started, matches!(r, Ok(Ok(()))));
-                match r {
-                    Ok(Ok(())) => {}
-                    Ok(Err(c)) => return Err(c),
-                    Err(e) => {
-                        tracing::info!(
-                            transactional_id = id,
-                            set,
-                            error = e,
-                            "a broker set did not join a transaction"
-                        );
-                        return Err(code::COORDINATOR_NOT_AVAILABLE);
-                    }
-                }
+                by_set.entry(set.clone()).or_default().push((t.clone(), *q));
             }
         }
         let line = {
@@ -1112,14 +1125,7 @@ impl Broker {
             let m = Self::txn_checked(&mut inner, id, producer_id, epoch)?;
             let before = (m.state, m.partitions.len(), m.remote.len());
             let now = rokka_store::now_ms();
-            if m.state != TxnState::Ongoing {
-                m.state = TxnState::Ongoing;
-                m.start_ms = now;
-                m.partitions.clear();
-                m.remote.clear();
-                m.groups.clear();
-                m.offsets.clear();
-            }
+            begin(m, now);
             for (t, p) in partitions {
                 match p {
                     Placed::Here(q) => {
@@ -1139,33 +1145,94 @@ impl Broker {
                 .persist(&[line])
                 .map_err(|_| code::KAFKA_STORAGE_ERROR)?;
         }
+        self.join_sets(id, producer_id, epoch, by_set).await?;
         Ok(vec![code::NONE; partitions.len()])
     }
 
-    /// AddOffsetsToTxn: the group's offsets will commit with the transaction.
-    pub fn txn_add_offsets(&self, id: &str, producer_id: i64, epoch: i16, group: &str) -> std::result::Result<(), i16> {
+    /// Waits until this set's replicas hold the transaction state as it is
+    /// now (as Kafka writes its transaction log with acks=all), then makes
+    /// each set in `by_set` a participant for its queues (none: the part
+    /// holding a group's offsets). Kafka error codes, retriable when a set
+    /// was not reached.
+    async fn join_sets(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        by_set: BTreeMap<String, Vec<(String, u32)>>,
+    ) -> std::result::Result<(), i16> {
+        if let Err(e) = self.txns_durable().await {
+            tracing::debug!(transactional_id = id, error = e, "transaction state not replicated");
+            return Err(code::COORDINATOR_NOT_AVAILABLE);
+        }
+        if by_set.is_empty() {
+            return Ok(());
+        }
+        let (Some(remote), Some(own)) = (self.remote_txns(), self.own_set()) else {
+            return Err(code::COORDINATOR_NOT_AVAILABLE);
+        };
+        for (set, parts) in &by_set {
+            let started = std::time::Instant::now();
+            let r = remote.join(set, own, producer_id, epoch, parts).await;
+            remote_done("join", started, matches!(r, Ok(Ok(()))));
+            match r {
+                Ok(Ok(())) => {}
+                // Retriable codes pass; anything else the participant says
+                // is about this producer (fenced, unknown partition).
+                Ok(Err(c)) => return Err(c),
+                Err(e) => {
+                    tracing::info!(
+                        transactional_id = id,
+                        set,
+                        error = e,
+                        "a broker set did not join a transaction"
+                    );
+                    return Err(code::COORDINATOR_NOT_AVAILABLE);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// AddOffsetsToTxn: the group's offsets will commit with the
+    /// transaction. A group another set coordinates makes that set a
+    /// participant (holding the offsets its TxnOffsetCommit brings).
+    pub async fn txn_add_offsets(
+        &self,
+        id: &str,
+        producer_id: i64,
+        epoch: i16,
+        group: &str,
+    ) -> std::result::Result<(), i16> {
+        let elsewhere = match (self.cluster_view(), self.own_set()) {
+            (Some(v), Some(own)) => v
+                .coordinator_set(group)
+                .filter(|s| s.name != own)
+                .map(|s| s.name.clone()),
+            _ => None,
+        };
         let line = {
             let mut inner = lock(&self.kafka_txns.inner);
             let m = Self::txn_checked(&mut inner, id, producer_id, epoch)?;
             let now = rokka_store::now_ms();
-            if m.state != TxnState::Ongoing {
-                m.state = TxnState::Ongoing;
-                m.start_ms = now;
-                m.partitions.clear();
-                m.remote.clear();
-                m.groups.clear();
-                m.offsets.clear();
-            }
+            begin(m, now);
             // A transaction's groups are kept and logged with it: bounded
             // (Kafka's are, by the 50 partitions of __consumer_offsets).
             if !m.groups.contains(group) && m.groups.len() >= self.kafka_txns.config.max_groups_per_txn {
                 return Err(code::INVALID_REQUEST);
             }
             m.groups.insert(group.to_string());
+            if let Some(set) = &elsewhere {
+                m.participants.insert(set.clone());
+            }
             m.update_ms = now;
             Line::T(m.clone())
         };
-        self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)
+        self.kafka_txns
+            .persist(&[line])
+            .map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+        let by_set = elsewhere.map(|s| (s, Vec::new())).into_iter().collect();
+        self.join_sets(id, producer_id, epoch, by_set).await
     }
 
     /// TxnOffsetCommit: offsets held until the transaction commits.
@@ -1204,28 +1271,38 @@ impl Broker {
 
     /// Several broker sets, participant side: producer `producer_id`'s part
     /// on this set of the transaction set `coordinator` coordinates, made
-    /// Ongoing under `epoch` (a later epoch than the part's replaces it: the
-    /// coordinator has ended the earlier incarnation's).
+    /// Ongoing under `epoch` (made only when `create`: a coordinator's
+    /// join; a TxnOffsetCommit finds the part its AddOffsetsToTxn made).
+    /// A part still open under an earlier epoch is an orphan (the
+    /// coordinator hands out a new epoch only once it has ended every
+    /// transaction of the earlier one it knew of): it is marked for abort
+    /// (`lines`), and the client retries.
     fn participation_mut<'a>(
         &self,
         inner: &'a mut Inner,
         coordinator: &str,
         producer_id: i64,
         epoch: i16,
+        create: bool,
+        lines: &mut Vec<Line>,
     ) -> std::result::Result<&'a mut TxnMeta, i16> {
         let id = participation_id(producer_id);
         let now = rokka_store::now_ms();
         if !inner.txns.contains_key(&id) {
+            if !create {
+                return Err(code::INVALID_TXN_STATE);
+            }
             if inner.by_pid.contains_key(&producer_id) {
                 // An id this set handed out to a transactional id of its
                 // own: not another set's producer.
                 return Err(code::INVALID_PRODUCER_ID_MAPPING);
             }
-            if inner.txns.len() >= self.kafka_txns.config.max_ids {
-                metrics::counter!("rokka_kafka_transactional_ids_refused_total").increment(1);
+            if inner.parts >= self.kafka_txns.config.max_ids {
+                metrics::counter!("rokka_kafka_transaction_parts_refused_total").increment(1);
                 return Err(code::COORDINATOR_NOT_AVAILABLE);
             }
             inner.by_pid.insert(producer_id, id.clone());
+            inner.parts += 1;
             inner.txns.insert(
                 id.clone(),
                 TxnMeta {
@@ -1240,6 +1317,8 @@ impl Broker {
                     start_ms: -1,
                     update_ms: now,
                     remote: BTreeSet::new(),
+                    participants: BTreeSet::new(),
+                    last_epoch: None,
                     coordinator: Some(coordinator.to_string()),
                 },
             );
@@ -1248,29 +1327,40 @@ impl Broker {
         if epoch < m.epoch {
             return Err(code::PRODUCER_FENCED);
         }
-        if m.state.is_prepare() || (epoch > m.epoch && m.state == TxnState::Ongoing) {
-            // Ending (or the earlier incarnation's end has not arrived
-            // yet): the client retries.
+        if m.state.is_prepare() {
             return Err(code::CONCURRENT_TRANSACTIONS);
         }
-        m.epoch = epoch;
-        m.coordinator = Some(coordinator.to_string());
-        if m.state != TxnState::Ongoing {
-            m.state = TxnState::Ongoing;
-            m.start_ms = now;
-            m.partitions.clear();
-            m.groups.clear();
-            m.offsets.clear();
+        if epoch > m.epoch && m.state == TxnState::Ongoing {
+            m.state = TxnState::PrepareAbort;
+            // Aborted by the next retry pass, not two seconds later.
+            m.update_ms = now - 2_000;
+            lines.push(Line::T(m.clone()));
+            tracing::info!(
+                producer_id,
+                epoch = m.epoch,
+                "aborting an orphaned part of another set's transaction"
+            );
+            return Err(code::CONCURRENT_TRANSACTIONS);
         }
+        if epoch > m.epoch || m.state != TxnState::Ongoing {
+            if !create {
+                return Err(code::INVALID_TXN_STATE);
+            }
+            m.epoch = epoch;
+            begin(m, now);
+        }
+        m.coordinator = Some(coordinator.to_string());
         m.update_ms = now;
         Ok(m)
     }
 
     /// Several broker sets, participant side: this set's `partitions`
-    /// (topic, queue) join producer `producer_id`'s transaction, which set
-    /// `coordinator` coordinates; its transactional batches are taken here
-    /// from now until the coordinator ends it.
-    pub fn txn_participate(
+    /// (topic, queue; none for the part holding a group's offsets) join
+    /// producer `producer_id`'s transaction, which set `coordinator`
+    /// coordinates; its transactional batches are taken here from now
+    /// until the coordinator ends it. Answered once the set's replicas
+    /// hold the part.
+    pub async fn txn_participate(
         &self,
         coordinator: &str,
         producer_id: i64,
@@ -1283,20 +1373,26 @@ impl Broker {
         {
             return Err(code::UNKNOWN_TOPIC_OR_PARTITION);
         }
-        let line = {
+        let mut lines = Vec::new();
+        let r = {
             let mut inner = lock(&self.kafka_txns.inner);
-            let m = self.participation_mut(&mut inner, coordinator, producer_id, epoch)?;
-            for (t, q) in partitions {
-                m.partitions.insert((t.clone(), *q));
-            }
-            Line::T(m.clone())
+            self.participation_mut(&mut inner, coordinator, producer_id, epoch, true, &mut lines)
+                .map(|m| {
+                    for (t, q) in partitions {
+                        m.partitions.insert((t.clone(), *q));
+                    }
+                    lines.push(Line::T(m.clone()));
+                })
         };
-        self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)
+        self.kafka_txns.persist(&lines).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+        r?;
+        self.txns_durable().await.map_err(|_| code::COORDINATOR_NOT_AVAILABLE)
     }
 
     /// Several broker sets, group coordinator side: a TxnOffsetCommit of a
-    /// transaction another set (`coordinator`) coordinates; the offsets are
-    /// held here until that coordinator ends it (applied on commit).
+    /// transaction another set (`coordinator`) coordinates, into the part
+    /// its AddOffsetsToTxn made here; the offsets are held until that
+    /// coordinator ends it (applied on commit).
     pub fn txn_participate_offsets(
         &self,
         coordinator: &str,
@@ -1312,32 +1408,43 @@ impl Broker {
             metrics::counter!("rokka_offset_commits_refused_total").increment(1);
             return Err(code::INVALID_COMMIT_OFFSET_SIZE);
         }
-        let line = {
+        let mut lines = Vec::new();
+        let r = {
             let mut inner = lock(&self.kafka_txns.inner);
             let max_groups = self.kafka_txns.config.max_groups_per_txn;
-            let m = self.participation_mut(&mut inner, coordinator, producer_id, epoch)?;
-            for o in offsets {
-                if !m.groups.contains(&o.group) {
-                    if m.groups.len() >= max_groups {
-                        return Err(code::INVALID_REQUEST);
+            match self.participation_mut(&mut inner, coordinator, producer_id, epoch, false, &mut lines) {
+                Ok(m) => {
+                    let mut r = Ok(());
+                    for o in offsets {
+                        if !m.groups.contains(&o.group) {
+                            if m.groups.len() >= max_groups {
+                                r = Err(code::INVALID_REQUEST);
+                                break;
+                            }
+                            m.groups.insert(o.group.clone());
+                        }
+                        m.offsets.retain(|x| {
+                            !(x.group == o.group && x.topic == o.topic && x.partition == o.partition && x.set == o.set)
+                        });
+                        m.offsets.push(o);
                     }
-                    m.groups.insert(o.group.clone());
+                    lines.push(Line::T(m.clone()));
+                    r
                 }
-                m.offsets.retain(|x| {
-                    !(x.group == o.group && x.topic == o.topic && x.partition == o.partition && x.set == o.set)
-                });
-                m.offsets.push(o);
+                Err(c) => Err(c),
             }
-            Line::T(m.clone())
         };
-        self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)
+        self.kafka_txns.persist(&lines).map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+        r
     }
 
     /// Several broker sets, participant side: the coordinator ends producer
     /// `producer_id`'s transaction — this set writes its markers (under
     /// `epoch`) and applies or drops the offsets it held, then forgets its
     /// part. Done at once when it holds no part of it (ended before, or
-    /// the part is a later transaction's).
+    /// the part is a later transaction's). A commit under a later epoch
+    /// than the part's is not the part's transaction: the part, an orphan,
+    /// is aborted.
     pub async fn txn_participant_end(&self, producer_id: i64, epoch: i16, commit: bool) -> Result<()> {
         let ending = {
             let mut inner = lock(&self.kafka_txns.inner);
@@ -1348,6 +1455,7 @@ impl Broker {
             if m.epoch > epoch {
                 return Ok(());
             }
+            let commit = commit && m.epoch == epoch;
             let want = if commit {
                 TxnState::PrepareCommit
             } else {
@@ -1360,9 +1468,11 @@ impl Broker {
                     m.state.name()
                 )));
             }
-            m.epoch = epoch;
-            m.state = want;
-            m.update_ms = rokka_store::now_ms();
+            if m.state != want {
+                m.epoch = epoch;
+                m.state = want;
+                m.update_ms = rokka_store::now_ms();
+            }
             Ending {
                 meta: m.clone(),
                 commit,
@@ -1408,6 +1518,13 @@ impl Broker {
         self.kafka_txns
             .persist(&[line])
             .map_err(|_| code::KAFKA_STORAGE_ERROR)?;
+        // The decision reaches the set's replicas before any marker is
+        // written (a new master completes it as decided); not confirmed:
+        // retried (the prepared transaction completes meanwhile).
+        if let Err(e) = self.txns_durable().await {
+            tracing::debug!(transactional_id = id, error = e, "transaction decision not replicated");
+            return Err(code::COORDINATOR_NOT_AVAILABLE);
+        }
         self.finish(ending).await.map_err(|e| {
             tracing::warn!(transactional_id = id, error = %e, "ending a transaction failed");
             finish_code(&e)
@@ -1416,146 +1533,186 @@ impl Broker {
 
     /// Writes the markers of a prepared transaction and completes it.
     async fn finish(&self, e: Ending) -> Result<()> {
-        let m = &e.meta;
-        if !lock(&self.kafka_txns.finishing).insert(m.id.clone()) {
+        if !lock(&self.kafka_txns.finishing).insert(e.meta.id.clone()) {
             return Err(BrokerError::Remote(format!(
                 "producer {}: its transaction is being ended already",
-                m.producer_id
+                e.meta.producer_id
             )));
         }
-        let _finishing = Finishing(&self.kafka_txns, m.id.clone());
+        let _finishing = Finishing(&self.kafka_txns, e.meta.id.clone());
+        // The state as it is now: a copy taken earlier may be stale (ended
+        // meanwhile, or a later transaction's), and what an earlier try
+        // did is not done again.
+        let Some(mut m) = self.still_ending(&e.meta) else {
+            return Ok(());
+        };
         let now = rokka_store::now_ms();
-        // Aborted entries are on disk before any ABORT marker is.
-        let mut opened = Vec::new();
-        if !e.commit {
-            let mut parts = lock(&self.kafka_txns.parts);
+        // 1. This set's partitions: markers, durable. Aborted entries are
+        //    on disk before any ABORT marker is.
+        if !m.partitions.is_empty() {
+            let mut opened = Vec::new();
+            if !e.commit {
+                let mut parts = lock(&self.kafka_txns.parts);
+                for (t, p) in &m.partitions {
+                    if let Some(first) = parts.get(t, *p).and_then(|pt| pt.ongoing.get(&m.producer_id)).copied() {
+                        let a = AbortedTxn {
+                            producer_id: m.producer_id,
+                            first_offset: first,
+                            last_offset: None,
+                        };
+                        if let Some(pt) = parts.entry(t, *p) {
+                            if !pt.aborted.contains(&a) {
+                                pt.aborted.push(a);
+                            }
+                        }
+                        opened.push(Line::A(t.clone(), *p, a));
+                    }
+                }
+            }
+            self.kafka_txns.persist(&opened)?;
+            let marker = marker_batch(m.producer_id, m.epoch, e.commit, now)?;
+            let mut end = 0u64;
+            let mut closed = Vec::new();
             for (t, p) in &m.partitions {
-                if let Some(first) = parts.get(t, *p).and_then(|pt| pt.ongoing.get(&m.producer_id)).copied() {
-                    let a = AbortedTxn {
-                        producer_id: m.producer_id,
-                        first_offset: first,
-                        last_offset: None,
-                    };
-                    if let Some(pt) = parts.entry(t, *p) {
-                        if !pt.aborted.contains(&a) {
-                            pt.aborted.push(a);
+                if self.topics.get(t).is_none_or(|i| *p >= i.partitions) {
+                    continue; // deleted since
+                }
+                let r = crate::offload(|| self.store.append_kafka_batch(t, *p, &marker))?;
+                end = end.max(r.end_offset);
+                self.arrivals.notify(t, *p);
+                let mut parts = lock(&self.kafka_txns.parts);
+                let Some(pt) = parts.entry(t, *p) else { continue };
+                pt.ongoing.remove(&m.producer_id);
+                if !e.commit {
+                    for a in pt.aborted.iter_mut() {
+                        if a.producer_id == m.producer_id && a.last_offset.is_none() {
+                            a.last_offset = Some(r.queue_offset);
+                            closed.push(Line::A(t.clone(), *p, *a));
                         }
                     }
-                    opened.push(Line::A(t.clone(), *p, a));
                 }
             }
-        }
-        self.kafka_txns.persist(&opened)?;
-        let marker = marker_batch(m.producer_id, m.epoch, e.commit, now)?;
-        let mut end = 0u64;
-        let mut closed = Vec::new();
-        for (t, p) in &m.partitions {
-            if self.topics.get(t).is_none_or(|i| *p >= i.partitions) {
-                continue; // deleted since
+            self.kafka_txns.persist(&closed)?;
+            if end > 0 {
+                self.store.durable(end).await?;
             }
-            let r = crate::offload(|| self.store.append_kafka_batch(t, *p, &marker))?;
-            end = end.max(r.end_offset);
-            self.arrivals.notify(t, *p);
-            let mut parts = lock(&self.kafka_txns.parts);
-            let Some(pt) = parts.entry(t, *p) else { continue };
-            pt.ongoing.remove(&m.producer_id);
-            if !e.commit {
-                for a in pt.aborted.iter_mut() {
-                    if a.producer_id == m.producer_id && a.last_offset.is_none() {
-                        a.last_offset = Some(r.queue_offset);
-                        closed.push(Line::A(t.clone(), *p, *a));
-                    }
-                }
-            }
+            m = self.progress(&m, |c| c.partitions.clear())?;
         }
-        self.kafka_txns.persist(&closed)?;
-        if end > 0 {
-            self.store.durable(end).await?;
-        }
-        // Several broker sets: the coordinator ends the transaction on
-        // every other set taking part (its partitions there, and the
-        // offsets held by its groups' coordinators there) before it is
-        // complete; a set not reached leaves it prepared, retried.
+        // 2. Several broker sets: the coordinator ends the transaction on
+        //    every other set taking part (its partitions there, and the
+        //    offsets its groups' coordinators there hold) before it is
+        //    complete; a set not reached leaves it prepared, retried.
         if m.coordinator.is_none() {
-            for set in self.participant_sets(m) {
+            for set in participant_sets(&m) {
                 let remote = self
                     .remote_txns()
                     .ok_or_else(|| BrokerError::Remote("no route to other broker sets".into()))?;
                 retrying("end", &set, || remote.end(&set, m.producer_id, m.epoch, e.commit)).await?;
+                m = self.progress(&m, |c| {
+                    c.remote.retain(|(s, _, _)| *s != set);
+                    c.participants.remove(&set);
+                })?;
             }
         }
+        // 3. The offsets are part of what the commit acknowledges: on disk
+        //    (this set's queues) or committed on their set's master (other
+        //    sets') before the transaction is complete and EndTxn answered.
         if e.commit && !m.offsets.is_empty() {
-            // The offsets are part of what the commit acknowledges: on disk
-            // before CompleteCommit is logged and EndTxn answered (the
-            // table is otherwise written every offsets_flush_interval_ms).
-            let offsets = self.store.offsets();
-            let mut local = false;
-            for o in m.offsets.iter().filter(|o| o.set.is_none()) {
-                offsets.commit_acknowledged(&o.group, &o.topic, o.partition, o.offset, &o.metadata, o.leader_epoch);
-                local = true;
-            }
-            if local {
+            if m.offsets.iter().any(|o| o.set.is_none()) {
+                let offsets = self.store.offsets();
+                for o in m.offsets.iter().filter(|o| o.set.is_none()) {
+                    offsets.commit_acknowledged(&o.group, &o.topic, o.partition, o.offset, &o.metadata, o.leader_epoch);
+                }
                 crate::offload(|| offsets.persist())?;
+                m = self.progress(&m, |c| c.offsets.retain(|o| o.set.is_some()))?;
             }
-            // Another set's queue: committed on that set's master.
-            for o in &m.offsets {
+            for o in m.offsets.clone() {
                 let Some(set) = &o.set else { continue };
                 let remote = self
                     .remote_offsets()
                     .ok_or_else(|| BrokerError::Remote("no route to other broker sets".into()))?;
+                let committed = crate::remote::RemoteOffset {
+                    offset: o.offset,
+                    metadata: o.metadata.clone(),
+                    leader_epoch: o.leader_epoch,
+                };
                 retrying("offset", set, || {
-                    remote.commit(
-                        set,
-                        &o.group,
-                        &o.topic,
-                        o.partition,
-                        crate::remote::RemoteOffset {
-                            offset: o.offset,
-                            metadata: o.metadata.clone(),
-                            leader_epoch: o.leader_epoch,
-                        },
-                    )
+                    remote.commit(set, &o.group, &o.topic, o.partition, committed.clone())
                 })
                 .await?;
+                m = self.progress(&m, |c| c.offsets.retain(|x| *x != o))?;
             }
         }
-        if m.coordinator.is_some() {
-            // A participant's part is done: forgotten (the coordinator's
-            // state says how the transaction ended).
-            {
-                let mut inner = lock(&self.kafka_txns.inner);
-                if inner.txns.get(&m.id).is_some_and(|c| c.epoch == m.epoch) {
-                    inner.txns.remove(&m.id);
-                    inner.by_pid.remove(&m.producer_id);
-                }
-            }
-            self.kafka_txns.persist(&[Line::X(m.id.clone())])?;
-            metrics::counter!("rokka_kafka_transaction_parts_total", "result" => if e.commit { "commit" } else { "abort" })
-                .increment(1);
-            return Ok(());
-        }
+        // 4. Complete: a participant forgets its part (the coordinator's
+        //    state says how the transaction ended).
         let line = {
             let mut inner = lock(&self.kafka_txns.inner);
             let Some(cur) = inner.txns.get_mut(&m.id) else {
                 return Ok(());
             };
-            cur.state = if e.commit {
-                TxnState::CompleteCommit
+            if cur.epoch != m.epoch || cur.state != m.state {
+                return Ok(()); // not this transaction any more
+            }
+            if cur.coordinator.is_some() {
+                inner.txns.remove(&m.id);
+                inner.by_pid.remove(&m.producer_id);
+                inner.parts = inner.parts.saturating_sub(1);
+                Line::X(m.id.clone())
             } else {
-                TxnState::CompleteAbort
-            };
-            cur.partitions.clear();
-            cur.remote.clear();
-            cur.groups.clear();
-            cur.offsets.clear();
-            cur.start_ms = -1;
-            cur.update_ms = rokka_store::now_ms();
-            Line::T(cur.clone())
+                cur.state = if e.commit {
+                    TxnState::CompleteCommit
+                } else {
+                    TxnState::CompleteAbort
+                };
+                cur.partitions.clear();
+                cur.remote.clear();
+                cur.participants.clear();
+                cur.groups.clear();
+                cur.offsets.clear();
+                cur.start_ms = -1;
+                cur.update_ms = rokka_store::now_ms();
+                Line::T(cur.clone())
+            }
         };
         self.kafka_txns.persist(&[line])?;
-        metrics::counter!("rokka_kafka_transactions_total", "result" => if e.commit { "commit" } else { "abort" })
-            .increment(1);
+        let result = if e.commit { "commit" } else { "abort" };
+        if m.coordinator.is_some() {
+            metrics::counter!("rokka_kafka_transaction_parts_total", "result" => result).increment(1);
+        } else {
+            metrics::counter!("rokka_kafka_transactions_total", "result" => result).increment(1);
+        }
         Ok(())
+    }
+
+    /// The transaction `meta` names as it is now, if it is still being
+    /// ended as `meta` says (same producer, epoch and state).
+    fn still_ending(&self, meta: &TxnMeta) -> Option<TxnMeta> {
+        lock(&self.kafka_txns.inner)
+            .txns
+            .get(&meta.id)
+            .filter(|c| c.producer_id == meta.producer_id && c.epoch == meta.epoch && c.state == meta.state)
+            .cloned()
+    }
+
+    /// Records a step of ending `m` (what is done is not done again after
+    /// a failure); the state now.
+    fn progress(&self, m: &TxnMeta, step: impl FnOnce(&mut TxnMeta)) -> Result<TxnMeta> {
+        let line = {
+            let mut inner = lock(&self.kafka_txns.inner);
+            match inner.txns.get_mut(&m.id) {
+                Some(c) if c.epoch == m.epoch && c.state == m.state => {
+                    step(c);
+                    c.clone()
+                }
+                _ => {
+                    let mut gone = m.clone();
+                    step(&mut gone);
+                    return Ok(gone);
+                }
+            }
+        };
+        self.kafka_txns.persist(&[Line::T(line.clone())])?;
+        Ok(line)
     }
 
     /// Aborts transactions open longer than their timeout, bumping the
@@ -1583,7 +1740,7 @@ impl Broker {
                 .txns
                 .values()
                 .filter(|m| !matches!(m.state, TxnState::Ongoing) && !m.state.is_prepare())
-                .filter(|m| now_ms - m.update_ms > exp)
+                .filter(|m| m.coordinator.is_none() && now_ms - m.update_ms > exp)
                 .map(|m| (m.id.clone(), m.producer_id))
                 .collect();
             for (id, pid) in &gone {
@@ -1610,7 +1767,11 @@ impl Broker {
                 tracing::warn!(error = %e, "aborting a timed-out transaction failed");
             }
         }
-        metrics::gauge!("rokka_kafka_transactional_ids").set(lock(&self.kafka_txns.inner).txns.len() as f64);
+        {
+            let inner = lock(&self.kafka_txns.inner);
+            metrics::gauge!("rokka_kafka_transactional_ids").set(inner.ids() as f64);
+            metrics::gauge!("rokka_kafka_transaction_parts").set(inner.parts as f64);
+        }
         // Aborted entries wholly below their partition's log start are
         // never asked for again; the log is rewritten when it has grown.
         let store = &self.store;
@@ -1731,32 +1892,39 @@ mod tests {
     /// here once its coordinator made this set a participant; the LSO
     /// holds until the coordinator's end; the group offsets held for it
     /// apply on commit; the part is forgotten once ended, survives a
-    /// restart while open, and is never listed as a transactional id.
+    /// restart while open, and is never listed as a transactional id; a
+    /// part left open under an earlier epoch (an orphan) is aborted.
     #[tokio::test]
     async fn another_sets_transaction_takes_part_here_until_its_coordinator_ends_it() -> Result<()> {
         let (dir, b) = fresh()?;
         let pid = 4242;
-        let r = b.append_transactional_batch("T", 0, &batch(pid, 0, 0, &["x"])?, pid, 0);
-        assert_eq!(r.err(), Some(code::INVALID_PRODUCER_ID_MAPPING), "not joined yet");
-        assert_eq!(
-            b.txn_participate("set-b", pid, 0, &[("T".into(), 9)]),
-            Err(code::UNKNOWN_TOPIC_OR_PARTITION)
-        );
-        b.txn_participate("set-b", pid, 0, &[("T".into(), 0)])
-            .map_err(kafka_err)?;
-        let r = b.append_transactional_batch("T", 0, &batch(pid, 0, 0, &["a", "b"])?, pid, 0);
-        assert!(matches!(r, Ok(Ok((_, Some(0), _)))), "{r:?}");
-        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 2), 0);
-        let offset = PendingOffset {
+        let offset = |o: u64| PendingOffset {
             group: "g".into(),
             topic: "T".into(),
             partition: 0,
-            offset: 2,
+            offset: o,
             metadata: "m".into(),
             leader_epoch: -1,
             set: None,
         };
-        b.txn_participate_offsets("set-b", pid, 0, vec![offset])
+        let r = b.append_transactional_batch("T", 0, &batch(pid, 0, 0, &["x"])?, pid, 0);
+        assert_eq!(r.err(), Some(code::INVALID_PRODUCER_ID_MAPPING), "not joined yet");
+        assert_eq!(
+            b.txn_participate_offsets("set-b", pid, 0, vec![offset(1)]),
+            Err(code::INVALID_TXN_STATE),
+            "offsets only into a part its coordinator made"
+        );
+        assert_eq!(
+            b.txn_participate("set-b", pid, 0, &[("T".into(), 9)]).await,
+            Err(code::UNKNOWN_TOPIC_OR_PARTITION)
+        );
+        b.txn_participate("set-b", pid, 0, &[("T".into(), 0)])
+            .await
+            .map_err(kafka_err)?;
+        let r = b.append_transactional_batch("T", 0, &batch(pid, 0, 0, &["a", "b"])?, pid, 0);
+        assert!(matches!(r, Ok(Ok((_, Some(0), _)))), "{r:?}");
+        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 2), 0);
+        b.txn_participate_offsets("set-b", pid, 0, vec![offset(2)])
             .map_err(kafka_err)?;
         assert!(
             b.kafka_txns().all().is_empty(),
@@ -1775,10 +1943,6 @@ mod tests {
         drop(b);
         let b = broker(dir.path())?;
         assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 2), 0);
-        assert_eq!(
-            b.txn_participate("set-b", pid, 1, &[("T".into(), 0)]),
-            Err(code::CONCURRENT_TRANSACTIONS)
-        );
         b.txn_participant_end(pid, 0, true).await?;
         assert_eq!(b.store().max_offset("T", 0), 3, "two records and the COMMIT marker");
         assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 3), 3);
@@ -1791,37 +1955,40 @@ mod tests {
         assert!(b.kafka_txns().participation(pid).is_none(), "forgotten once ended");
         b.txn_participant_end(pid, 0, true).await?; // a repeated end is done
         assert_eq!(b.store().max_offset("T", 0), 3, "no second marker");
-        // The next transaction of a later epoch; an older epoch is fenced;
-        // an abort drops the held offsets and lists the aborted range.
-        assert_eq!(b.txn_participate("set-b", pid, 2, &[("T".into(), 0)]), Ok(()));
+        // The next transaction under a later epoch; an older one is fenced.
+        b.txn_participate("set-b", pid, 2, &[("T".into(), 0)])
+            .await
+            .map_err(kafka_err)?;
         assert_eq!(
-            b.txn_participate("set-b", pid, 1, &[("T".into(), 0)]),
+            b.txn_participate("set-b", pid, 1, &[("T".into(), 0)]).await,
             Err(code::PRODUCER_FENCED)
         );
         let r = b.append_transactional_batch("T", 0, &batch(pid, 2, 0, &["c"])?, pid, 2);
         assert!(matches!(r, Ok(Ok((_, Some(3), _)))), "{r:?}");
-        let dropped = PendingOffset {
-            offset: 4,
-            ..PendingOffset {
-                group: "g".into(),
-                topic: "T".into(),
-                partition: 0,
-                offset: 0,
-                metadata: String::new(),
-                leader_epoch: -1,
-                set: None,
-            }
-        };
-        b.txn_participate_offsets("set-b", pid, 2, vec![dropped])
+        b.txn_participate_offsets("set-b", pid, 2, vec![offset(4)])
             .map_err(kafka_err)?;
-        b.txn_participant_end(pid, 3, false).await?;
+        // Its end never came; the producer's next epoch finds it: aborted
+        // (the client retries meanwhile), held offsets dropped.
         assert_eq!(
-            b.store().offsets().get("g", "T", 0).map(|c| c.offset),
-            Some(2),
-            "an abort applies nothing"
+            b.txn_participate("set-b", pid, 3, &[("T".into(), 0)]).await,
+            Err(code::CONCURRENT_TRANSACTIONS)
         );
+        b.complete_prepared_transactions(2_000).await?;
         assert!(b.kafka_txns().is_aborted("T", 0, pid, 3));
+        assert_eq!(b.store().offsets().get("g", "T", 0).map(|c| c.offset), Some(2));
         assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 5), 5);
+        b.txn_participate("set-b", pid, 3, &[("T".into(), 0)])
+            .await
+            .map_err(kafka_err)?;
+        let r = b.append_transactional_batch("T", 0, &batch(pid, 3, 0, &["d"])?, pid, 3);
+        assert!(matches!(r, Ok(Ok((_, Some(5), _)))), "{r:?}");
+        // A stale end (earlier epoch) leaves it; a commit under a later
+        // epoch than the part's is not its transaction: it is aborted.
+        b.txn_participant_end(pid, 2, true).await?;
+        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 6), 5, "still open");
+        b.txn_participant_end(pid, 4, true).await?;
+        assert!(b.kafka_txns().is_aborted("T", 0, pid, 5));
+        assert!(b.kafka_txns().participation(pid).is_none());
         Ok(())
     }
 
@@ -1933,7 +2100,7 @@ mod tests {
         let (dir, b) = fresh()?;
         let id = b.txn_init_producer_id("o", 60_000, None).await.map_err(kafka_err)?;
         let (pid, ep) = (id.producer_id, id.epoch);
-        b.txn_add_offsets("o", pid, ep, "grp").map_err(kafka_err)?;
+        b.txn_add_offsets("o", pid, ep, "grp").await.map_err(kafka_err)?;
         let o = PendingOffset {
             group: "grp".into(),
             topic: "T".into(),
@@ -1964,9 +2131,9 @@ mod tests {
         let id = b.txn_init_producer_id("g", 60_000, None).await.map_err(kafka_err)?;
         let (pid, ep) = (id.producer_id, id.epoch);
         for g in ["a", "b", "a"] {
-            b.txn_add_offsets("g", pid, ep, g).map_err(kafka_err)?;
+            b.txn_add_offsets("g", pid, ep, g).await.map_err(kafka_err)?;
         }
-        assert_eq!(b.txn_add_offsets("g", pid, ep, "c"), Err(code::INVALID_REQUEST));
+        assert_eq!(b.txn_add_offsets("g", pid, ep, "c").await, Err(code::INVALID_REQUEST));
         Ok(())
     }
 

@@ -348,6 +348,17 @@ impl Broker {
         }
     }
 
+    /// Returns once the Kafka transaction state as of now is held by the
+    /// set's in-sync replicas (at once on a single node), as Kafka writes
+    /// its transaction log with acks=all; an error as for
+    /// [`Broker::offsets_durable`].
+    pub async fn txns_durable(&self) -> std::result::Result<(), String> {
+        match self.replicated_tables.get() {
+            Some(r) => r.replicated(remote::Table::KafkaTxns, self.kafka_txns.changes()).await,
+            None => Ok(()),
+        }
+    }
+
     /// Returns once the Kafka groups as of now (every rebalance completed
     /// so far) are held by the set's in-sync replicas (at once on a single
     /// node); an error as for [`Broker::offsets_durable`].

@@ -142,6 +142,10 @@ pub struct ProducerStates {
     table: Mutex<Table>,
     limits: ProducerLimits,
     next_id: AtomicI64,
+    /// This node's share of the id space (cluster mode: its node id), in
+    /// the low bits of every id it hands out, so two nodes started in the
+    /// same millisecond never give one id to two producers.
+    id_salt: AtomicI64,
 }
 
 impl Default for ProducerStates {
@@ -161,6 +165,7 @@ impl ProducerStates {
                 ..limits
             },
             next_id: AtomicI64::new(rokka_store::now_ms() * 1024),
+            id_salt: AtomicI64::new(0),
         }
     }
 
@@ -208,9 +213,21 @@ impl ProducerStates {
         self.next_id.fetch_max(rokka_store::now_ms() * 1024, Ordering::Relaxed);
     }
 
+    /// Bits of the id space this node's ids are alone in.
+    const SALT_BITS: u32 = 10;
+
+    /// Cluster mode: ids handed out here carry `node` (mod 1024) in their
+    /// low bits — unique across the cluster's nodes, whatever their start
+    /// times (every set's masters hand out ids for producers that write to
+    /// every set).
+    pub fn set_id_salt(&self, node: u32) {
+        self.id_salt
+            .store(i64::from(node) & ((1 << Self::SALT_BITS) - 1), Ordering::Relaxed);
+    }
+
     /// A fresh producer id (InitProducerId without a transactional id).
     pub fn allocate_id(&self) -> i64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
+        (self.next_id.fetch_add(1, Ordering::Relaxed) << Self::SALT_BITS) | self.id_salt.load(Ordering::Relaxed)
     }
 
     /// Checks `info` against the producer's state and, when it is to be

@@ -97,6 +97,8 @@ pub enum Table {
     Offsets,
     /// The Kafka groups as of their last completed rebalance.
     KafkaGroups,
+    /// The Kafka transaction state (coordinator's and participants').
+    KafkaTxns,
 }
 
 /// Cluster mode: the committed-offset table and the Kafka groups reach the

@@ -87,6 +87,8 @@ pub struct Shared {
     pub(crate) offsets_acks: TableAcks,
     /// What each replica holds of the Kafka groups.
     pub(crate) groups_acks: TableAcks,
+    /// Which Kafka transaction state each replica holds.
+    pub(crate) txns_acks: TableAcks,
 }
 
 impl Shared {
@@ -106,6 +108,7 @@ impl Shared {
             appended: tokio::sync::Notify::new(),
             offsets_acks: TableAcks::default(),
             groups_acks: TableAcks::default(),
+            txns_acks: TableAcks::default(),
         })
     }
 
@@ -128,6 +131,7 @@ impl Shared {
                 self.replicas.lock().unwrap_or_else(|p| p.into_inner()).clear();
                 self.offsets_acks.forget_all();
                 self.groups_acks.forget_all();
+                self.txns_acks.forget_all();
                 // What was visible as a replica stays visible; the watermark
                 // moves on as the replicas reconnect and fetch.
                 let visible = self.store.high_watermark().unwrap_or(0).min(self.store.log_end());
@@ -157,6 +161,7 @@ impl Shared {
         *self.sss.lock().unwrap_or_else(|p| p.into_inner()) = sss;
         self.offsets_acks.progress.notify_waiters();
         self.groups_acks.progress.notify_waiters();
+        self.txns_acks.progress.notify_waiters();
     }
 
     /// Whether every in-sync replica holds the table `acks` tracks as of
@@ -173,6 +178,7 @@ impl Shared {
         match table {
             Table::Offsets => &self.offsets_acks,
             Table::KafkaGroups => &self.groups_acks,
+            Table::KafkaTxns => &self.txns_acks,
         }
     }
 
@@ -364,6 +370,7 @@ impl rokka_broker::remote::ReplicatedTables for TableReplication {
             match table {
                 Table::Offsets => metrics::counter!("rokka_cluster_offset_commits_total", "result" => result),
                 Table::KafkaGroups => metrics::counter!("rokka_cluster_group_syncs_total", "result" => result),
+                Table::KafkaTxns => metrics::counter!("rokka_cluster_transaction_syncs_total", "result" => result),
             }
             .increment(1);
             res

@@ -187,6 +187,7 @@ async fn serve_replica(mut s: TcpStream, sh: &Shared) -> Res<()> {
     // memory only) counts again once it says so.
     sh.offsets_acks.forget(replica);
     sh.groups_acks.forget(replica);
+    sh.txns_acks.forget(replica);
     sh.replica_connected(replica);
     let result = fetch_loop(&mut s, sh, replica, epoch).await;
     sh.replica_disconnected(replica);
@@ -239,6 +240,9 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
         if let Some(v) = offsets.sent {
             sh.offsets_acks.held(replica, v);
         }
+        if let Some(v) = txns.sent {
+            sh.txns_acks.held(replica, v);
+        }
         if let Some(v) = groups_applied.or(groups.sent) {
             sh.groups_acks.held(replica, v);
         }
@@ -250,6 +254,7 @@ async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) ->
             store.log_end() > from
                 || sh.role() != (Role::Master { epoch })
                 || (sh.offsets_acks.awaited() && !offsets.settled(store.offsets().changes()))
+                || (sh.txns_acks.awaited() && !txns.settled(sh.broker.kafka_txns().changes()))
                 || (sh.groups_acks.awaited() && kafka_groups.is_some_and(|g| !groups.settled(g.changes())))
         };
         while !answer_now(&offsets, &groups) {

@@ -427,6 +427,8 @@ async fn serve(
         // Several broker sets: other sets' committed offsets are read and
         // written, and Kafka transactions reach their participants, on
         // those sets' masters over the remoting listener.
+        // Producer ids handed out here are this node's alone.
+        broker.producers().set_id_salt(me.id);
         let remote = Arc::new(rokka_remoting::remote_offsets::RemotingOffsets::new(
             Arc::clone(broker),
             std::time::Duration::from_millis(cfg.cluster.remote_timeout_ms),

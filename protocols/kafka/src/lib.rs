@@ -132,10 +132,12 @@ async fn run_transactions(broker: Arc<Broker>, mut shutdown: watch::Receiver<boo
         if !is_master(&broker) {
             completed = false;
         } else if !completed {
-            match broker.complete_prepared_transactions(0).await {
-                Ok(()) => completed = true,
-                Err(e) => tracing::error!(error = %e, "completing prepared transactions failed"),
+            // Once: what is not complete now (another set away) is tried
+            // again below, while timeouts and expiry go on.
+            if let Err(e) = broker.complete_prepared_transactions(0).await {
+                tracing::error!(error = %e, "completing prepared transactions failed; retried every second");
             }
+            completed = true;
         } else {
             // Several broker sets: a transaction another set's master did
             // not confirm ending is tried again (its client is answered

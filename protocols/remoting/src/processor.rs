@@ -253,11 +253,11 @@ impl RocketMq {
             }
             rq::VIEW_MESSAGE_BY_ID => self.view_message(&cmd),
             rq::ROKKA_TXN_JOIN => {
-                let r = rokka_broker::offload(|| crate::remote_txns::join(&self.broker, &cmd));
+                let r = crate::remote_txns::join(&self.broker, &cmd, conn.peer).await;
                 self.txn_reply(&cmd, r)
             }
             rq::ROKKA_TXN_END => {
-                let r = crate::remote_txns::end(&self.broker, &cmd).await;
+                let r = crate::remote_txns::end(&self.broker, &cmd, conn.peer).await;
                 self.txn_reply(&cmd, r)
             }
             other => self.reply(
@@ -1516,11 +1516,12 @@ impl Service for RocketMq {
         self.drop_connection(conn);
     }
 
-    /// Pulls may be held by long polling and sends wait for the flush in
-    /// sync mode; everything else finishes at once.
+    /// Pulls may be held by long polling, sends wait for the flush in
+    /// sync mode, and another set's transaction calls wait for markers and
+    /// replication; everything else finishes at once.
     fn inline(&self, cmd: &RemotingCommand) -> bool {
         match cmd.code {
-            rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => false,
+            rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE | rq::ROKKA_TXN_JOIN | rq::ROKKA_TXN_END => false,
             rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => {
                 self.broker.store().config().flush_mode == rokka_store::FlushMode::Async
             }

@@ -12,8 +12,11 @@
 //!   master writes the markers and applies or drops the offsets its group
 //!   coordinator held for the transaction; SUCCESS once they are durable.
 //!
-//! Only a master in cluster mode answers either; the body is bounded by
-//! the frame cap and the participations by `kafka.max_transactional_ids`.
+//! Only a master in cluster mode answers either, and only to a peer at the
+//! address of one of the cluster's nodes (until the ACL table of the
+//! security issue gates cluster actions); the body is bounded by the frame
+//! cap and the parts by `broker.max_transactional_ids` (a budget of their
+//! own).
 
 use rokka_broker::remote::{RemoteCall, RemoteTxns};
 use rokka_broker::Broker;
@@ -101,20 +104,40 @@ fn producer(cmd: &RemotingCommand) -> Result<(i64, i16), Refused> {
     }
 }
 
-/// Only a cluster-mode master takes part in another set's transaction.
-fn master(broker: &Broker) -> Result<(), Refused> {
-    match broker.cluster_view() {
-        None => Err(refused(rs::REQUEST_CODE_NOT_SUPPORTED, "not in cluster mode")),
-        Some(v) if !v.is_master() || !broker.store().is_leader() => {
-            Err(refused(rs::SYSTEM_ERROR, "not the master of its broker set"))
-        }
-        Some(_) => Ok(()),
+/// Only a cluster-mode master takes part in another set's transaction,
+/// and only for a peer at one of the cluster's nodes' addresses.
+async fn master(broker: &Broker, peer: std::net::SocketAddr) -> Result<(), Refused> {
+    let Some(v) = broker.cluster_view() else {
+        return Err(refused(rs::REQUEST_CODE_NOT_SUPPORTED, "not in cluster mode"));
+    };
+    if !v.is_master() || !broker.store().is_leader() {
+        return Err(refused(rs::SYSTEM_ERROR, "not the master of its broker set"));
     }
+    for n in &v.nodes {
+        for addr in [&n.broker, &n.kafka, &n.replication] {
+            if addr.is_empty() {
+                continue;
+            }
+            let known = match addr.parse::<std::net::SocketAddr>() {
+                Ok(a) => a.ip() == peer.ip(),
+                Err(_) => tokio::net::lookup_host(addr.as_str())
+                    .await
+                    .is_ok_and(|mut found| found.any(|a| a.ip() == peer.ip())),
+            };
+            if known {
+                return Ok(());
+            }
+        }
+    }
+    metrics::counter!("rokka_cluster_remote_txn_refused_total").increment(1);
+    tracing::debug!(%peer, "a transaction call from outside the cluster refused");
+    Err(refused(rs::SYSTEM_ERROR, "not a node of this cluster"))
 }
 
-/// ROKKA_TXN_JOIN, participant side (may block: persists).
-pub fn join(broker: &Broker, cmd: &RemotingCommand) -> Result<(), Refused> {
-    master(broker)?;
+/// ROKKA_TXN_JOIN, participant side: answered once the part is on the
+/// set's replicas.
+pub async fn join(broker: &Broker, cmd: &RemotingCommand, peer: std::net::SocketAddr) -> Result<(), Refused> {
+    master(broker, peer).await?;
     let (pid, epoch) = producer(cmd)?;
     let coordinator = cmd.ext_fields.get("coordinator").unwrap_or_default();
     if coordinator.is_empty() {
@@ -124,6 +147,7 @@ pub fn join(broker: &Broker, cmd: &RemotingCommand) -> Result<(), Refused> {
         serde_json::from_slice(&cmd.body).map_err(|e| refused(rs::SYSTEM_ERROR, format!("partitions: {e}")))?;
     broker
         .txn_participate(coordinator, pid, epoch, &partitions)
+        .await
         .map_err(|c| Refused {
             code: rs::SYSTEM_ERROR,
             remark: format!("refused with Kafka error {c}"),
@@ -132,8 +156,8 @@ pub fn join(broker: &Broker, cmd: &RemotingCommand) -> Result<(), Refused> {
 }
 
 /// ROKKA_TXN_END, participant side.
-pub async fn end(broker: &Broker, cmd: &RemotingCommand) -> Result<(), Refused> {
-    master(broker)?;
+pub async fn end(broker: &Broker, cmd: &RemotingCommand, peer: std::net::SocketAddr) -> Result<(), Refused> {
+    master(broker, peer).await?;
     let (pid, epoch) = producer(cmd)?;
     let commit = match cmd.ext_fields.get("commit") {
         Some("true") => true,

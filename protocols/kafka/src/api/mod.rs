@@ -78,9 +78,7 @@ pub async fn dispatch(
         RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(find_coordinator::handle(k, r, version)),
         RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(init_producer_id::handle(k, r).await),
         RequestKind::AddPartitionsToTxn(r) => ResponseKind::AddPartitionsToTxn(txn::add_partitions(k, r).await),
-        RequestKind::AddOffsetsToTxn(r) => {
-            ResponseKind::AddOffsetsToTxn(rokka_broker::offload(|| txn::add_offsets(k, r)))
-        }
+        RequestKind::AddOffsetsToTxn(r) => ResponseKind::AddOffsetsToTxn(txn::add_offsets(k, r).await),
         RequestKind::TxnOffsetCommit(r) => {
             ResponseKind::TxnOffsetCommit(rokka_broker::offload(|| txn::offset_commit(k, r, version)))
         }

@@ -72,13 +72,17 @@ pub async fn add_partitions(k: &Kafka, r: AddPartitionsToTxnRequest) -> AddParti
     AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results)
 }
 
-pub fn add_offsets(k: &Kafka, r: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse {
-    let c = match k.broker.txn_add_offsets(
-        r.transactional_id.as_str(),
-        r.producer_id.0,
-        r.producer_epoch,
-        r.group_id.as_str(),
-    ) {
+pub async fn add_offsets(k: &Kafka, r: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse {
+    let c = match k
+        .broker
+        .txn_add_offsets(
+            r.transactional_id.as_str(),
+            r.producer_id.0,
+            r.producer_epoch,
+            r.group_id.as_str(),
+        )
+        .await
+    {
         Ok(()) => errors::NONE,
         Err(e) => e,
     };
