@@ -132,6 +132,29 @@ pub struct TxnMeta {
     pub coordinator: Option<String>,
 }
 
+impl TxnMeta {
+    /// A transactional id with no transaction open (`coordinator`: the
+    /// set coordinating it when this is another set's transaction's part).
+    fn new(id: &str, producer_id: i64, epoch: i16, timeout_ms: i64, now: i64, coordinator: Option<String>) -> TxnMeta {
+        TxnMeta {
+            id: id.to_string(),
+            producer_id,
+            epoch,
+            timeout_ms,
+            state: TxnState::Empty,
+            partitions: BTreeSet::new(),
+            groups: BTreeSet::new(),
+            offsets: Vec::new(),
+            start_ms: -1,
+            update_ms: now,
+            remote: BTreeSet::new(),
+            participants: BTreeSet::new(),
+            last_epoch: None,
+            coordinator,
+        }
+    }
+}
+
 /// The key under which producer `producer_id`'s part in a transaction
 /// another set coordinates is held (not a name a client can use: those
 /// starting so are refused).
@@ -929,22 +952,7 @@ impl Broker {
             }
             if is_new {
                 let pid = self.producers.allocate_id();
-                let m = TxnMeta {
-                    id: id.to_string(),
-                    producer_id: pid,
-                    epoch: 0,
-                    timeout_ms: i64::from(timeout_ms),
-                    state: TxnState::Empty,
-                    partitions: BTreeSet::new(),
-                    groups: BTreeSet::new(),
-                    offsets: Vec::new(),
-                    start_ms: -1,
-                    update_ms: now,
-                    remote: BTreeSet::new(),
-                    participants: BTreeSet::new(),
-                    last_epoch: None,
-                    coordinator: None,
-                };
+                let m = TxnMeta::new(id, pid, 0, i64::from(timeout_ms), now, None);
                 inner.by_pid.insert(pid, id.to_string());
                 inner.txns.insert(id.to_string(), m.clone());
                 (
@@ -1305,22 +1313,7 @@ impl Broker {
             inner.parts += 1;
             inner.txns.insert(
                 id.clone(),
-                TxnMeta {
-                    id: id.clone(),
-                    producer_id,
-                    epoch,
-                    timeout_ms: 0,
-                    state: TxnState::Empty,
-                    partitions: BTreeSet::new(),
-                    groups: BTreeSet::new(),
-                    offsets: Vec::new(),
-                    start_ms: -1,
-                    update_ms: now,
-                    remote: BTreeSet::new(),
-                    participants: BTreeSet::new(),
-                    last_epoch: None,
-                    coordinator: Some(coordinator.to_string()),
-                },
+                TxnMeta::new(&id, producer_id, epoch, 0, now, Some(coordinator.to_string())),
             );
         }
         let m = inner.txns.get_mut(&id).ok_or(code::COORDINATOR_NOT_AVAILABLE)?;
