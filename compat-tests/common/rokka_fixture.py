@@ -62,6 +62,8 @@ LISTENERS = {
     # ports-file key: the config line that binds it
     "metrics": 'listen = "127.0.0.1:{}"  # metrics',
     "kafka": 'listen = "127.0.0.1:{}"  # kafka',
+    # Only in configs that ask for it (kafka_extra).
+    "kafka_ssl": 'ssl_listen = "127.0.0.1:{}"',
     "namesrv": 'namesrv_listen = "127.0.0.1:{}"',
     "broker": 'broker_listen = "127.0.0.1:{}"',
     "replication": 'replication_listen = "127.0.0.1:{}"',
@@ -128,6 +130,10 @@ preallocate = false
     @property
     def kafka_port(self):
         return self.ports.get("kafka", 0)
+
+    @property
+    def ssl_port(self):
+        return self.ports.get("kafka_ssl", 0)
 
     @property
     def metrics_port(self):

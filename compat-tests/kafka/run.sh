@@ -7,11 +7,12 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 venv="$root/target/compat-venv"
 
-if ! command -v kcat >/dev/null 2>&1; then
-  echo "installing kcat (Debian package)"
+# kcat, and openssl for the certificates the TLS tests make.
+if ! command -v kcat >/dev/null 2>&1 || ! command -v openssl >/dev/null 2>&1; then
+  echo "installing kcat and openssl (Debian packages)"
   if command -v sudo >/dev/null 2>&1 && [[ $(id -u) != 0 ]]; then SUDO=sudo; else SUDO=; fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq kcat >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq kcat openssl >/dev/null
 fi
 if [[ ! -x $venv/bin/python ]]; then
   python3 -m venv "$venv"

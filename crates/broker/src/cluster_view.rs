@@ -22,6 +22,21 @@ pub struct NodeInfo {
     /// Its rack (Kafka `broker.rack`); empty: none.
     #[serde(default)]
     pub rack: String,
+    /// Kafka SSL listener, `host:port` as advertised; empty: none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kafka_ssl: String,
+}
+
+impl NodeInfo {
+    /// Its Kafka listener of the kind a client is on (SSL or plaintext):
+    /// clients are told of listeners they can speak to.
+    pub fn kafka_at(&self, ssl: bool) -> &str {
+        if ssl {
+            &self.kafka_ssl
+        } else {
+            &self.kafka
+        }
+    }
 }
 
 /// One broker set as this node last saw it.

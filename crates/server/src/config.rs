@@ -111,6 +111,10 @@ impl Config {
             }
         };
         check(self.kafka.enabled, "kafka.listen", self.kafka.listen);
+        if let Some(ssl) = self.kafka.ssl_listen {
+            // Encrypted is not authenticated: the same rule.
+            check(self.kafka.enabled, "kafka.ssl_listen", ssl);
+        }
         let rmq = self.rocketmq.enabled;
         check(
             rmq && self.rocketmq.broker_enabled,

@@ -331,7 +331,52 @@ async fn serve(
         ));
         collectors.add(Arc::clone(&kafka.groups) as Arc<dyn rokka_broker::scrape::Collect>);
         tracing::info!(listen = %addr, advertised = %format!("{}:{}", kafka.advertised_host, kafka.advertised_port), "Kafka listener");
-        listeners.push(tokio::spawn(rokka_kafka::serve(listener, kafka, stop_rx.clone())));
+        rokka_kafka::spawn_background(&kafka, &stop_rx);
+        // The SSL listener beside it (its certificate read now: a bad file
+        // stops the start with the reason).
+        if let Some(ssl_listen) = cfg.kafka.ssl_listen {
+            let k = &cfg.kafka;
+            if k.ssl_certificate.is_empty() || k.ssl_key.is_empty() {
+                return Err("kafka.ssl_listen needs kafka.ssl_certificate and kafka.ssl_key".into());
+            }
+            let ca = (!k.ssl_client_ca.is_empty()).then(|| std::path::Path::new(&k.ssl_client_ca));
+            let acceptor = rokka_kafka::tls::acceptor(
+                std::path::Path::new(&k.ssl_certificate),
+                std::path::Path::new(&k.ssl_key),
+                ca,
+            )
+            .map_err(|e| format!("Kafka SSL listener: {e}"))?;
+            let l = TcpListener::bind(ssl_listen)
+                .await
+                .map_err(|e| format!("Kafka SSL listener on {ssl_listen}: {e}"))?;
+            let ssl_addr = l.local_addr()?;
+            bound.insert("kafka_ssl", ssl_addr);
+            let at = rokka_kafka::Endpoint {
+                host: kafka.advertised_host.clone(),
+                port: if k.ssl_advertised_port == 0 {
+                    i32::from(ssl_addr.port())
+                } else {
+                    i32::from(k.ssl_advertised_port)
+                },
+                ssl: true,
+            };
+            tracing::info!(listen = %ssl_addr, advertised = %format!("{}:{}", at.host, at.port), client_auth = ca.is_some(), "Kafka SSL listener");
+            listeners.push(tokio::spawn(rokka_kafka::serve(
+                l,
+                Arc::clone(&kafka),
+                at,
+                Some(acceptor),
+                stop_rx.clone(),
+            )));
+        }
+        let at = kafka.plaintext();
+        listeners.push(tokio::spawn(rokka_kafka::serve(
+            listener,
+            kafka,
+            at,
+            None,
+            stop_rx.clone(),
+        )));
     }
     if cfg.rocketmq.enabled {
         let rmq = match (&broker, rocketmq_broker) {
@@ -419,6 +464,7 @@ async fn serve(
             id: cfg.cluster.node_id,
             set: cfg.cluster.broker_set.clone(),
             kafka: host("kafka"),
+            kafka_ssl: host("kafka_ssl"),
             broker: host("broker"),
             namesrv: host("namesrv"),
             replication: String::new(),

@@ -51,6 +51,22 @@ pub struct KafkaConfig {
     /// Most partitions one fetch session may hold; a larger fetch goes
     /// without a session.
     pub max_fetch_session_partitions: u32,
+    /// Address of the SSL listener (Kafka `listeners = SSL://…`), served
+    /// beside the plaintext one; absent = none.
+    pub ssl_listen: Option<SocketAddr>,
+    /// Port clients of the SSL listener are told to connect to; 0 = its
+    /// listen port.
+    pub ssl_advertised_port: u16,
+    /// PEM file of the SSL listener's certificate chain (leaf first).
+    pub ssl_certificate: String,
+    /// PEM file of its private key (PKCS#8, PKCS#1 or SEC1).
+    pub ssl_key: String,
+    /// PEM file of the CAs whose client certificates are accepted; set:
+    /// every SSL client must present one (Kafka `ssl.client.auth =
+    /// required`); empty: none asked.
+    pub ssl_client_ca: String,
+    /// A TLS handshake not done within this long closes the connection.
+    pub ssl_handshake_timeout_ms: u64,
 }
 
 impl Default for KafkaConfig {
@@ -72,6 +88,12 @@ impl Default for KafkaConfig {
             max_fetch_sessions: 1000,
             fetch_session_idle_ms: 120_000,
             max_fetch_session_partitions: 10_000,
+            ssl_listen: None,
+            ssl_advertised_port: 0,
+            ssl_certificate: String::new(),
+            ssl_key: String::new(),
+            ssl_client_ca: String::new(),
+            ssl_handshake_timeout_ms: 10_000,
         }
     }
 }

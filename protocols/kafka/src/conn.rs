@@ -10,26 +10,27 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable};
 use rokka_broker::limits::ConnSlot;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
 
-use crate::{api, versions, Kafka};
+use crate::{api, versions, Endpoint, Kafka};
 
 /// Why a connection is closed instead of answered.
 #[derive(Debug)]
 pub struct Close(pub String);
 
-pub async fn run(
-    stream: TcpStream,
+/// Serves one connection (a TCP stream, or TLS over one) of the listener
+/// at `at`.
+pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
+    stream: S,
     peer: SocketAddr,
     k: Arc<Kafka>,
+    at: Arc<Endpoint>,
     mut shutdown: watch::Receiver<bool>,
     _slot: ConnSlot,
 ) {
-    let _ = stream.set_nodelay(true);
     metrics::gauge!("rokka_kafka_connections").increment(1.0);
-    let (rd, mut wr) = stream.into_split();
+    let (rd, mut wr) = tokio::io::split(stream);
     let mut rd = BufReader::with_capacity(64 * 1024, rd);
     let max = k.config.max_request_bytes as usize;
     let idle = Duration::from_millis(k.config.idle_timeout_ms.max(1));
@@ -73,7 +74,7 @@ pub async fn run(
                 break;
             }
         }
-        match handle(&k, Bytes::from(buf), peer).await {
+        match handle(&k, Bytes::from(buf), peer, &at).await {
             Ok(Some(chunks)) => {
                 let mut failed = false;
                 for c in &chunks {
@@ -177,7 +178,7 @@ fn decode_body(key: ApiKey, version: i16, mut frame: Bytes) -> Result<(RequestHe
 
 /// Decodes, dispatches and encodes one request. `Ok(None)` = no response
 /// (acks=0 produce).
-pub async fn handle(k: &Kafka, frame: Bytes, peer: SocketAddr) -> Result<Option<Vec<Bytes>>, Close> {
+pub async fn handle(k: &Kafka, frame: Bytes, peer: SocketAddr, at: &Endpoint) -> Result<Option<Vec<Bytes>>, Close> {
     let key_raw = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
@@ -202,7 +203,7 @@ pub async fn handle(k: &Kafka, frame: Bytes, peer: SocketAddr) -> Result<Option<
     }
     let started = std::time::Instant::now();
     let (header, req) = decode_body(key, version, frame).map_err(Close)?;
-    let resp = api::dispatch(k, &header, req, version, peer).await?;
+    let resp = api::dispatch(k, &header, req, version, peer, at).await?;
     metrics::histogram!("rokka_kafka_request_seconds", "api" => name).record(started.elapsed().as_secs_f64());
     match resp {
         Some(api::Response::Kind(r)) => encode_response(key, version, correlation_id, &r).map(|b| Some(vec![b])),

@@ -10,6 +10,7 @@ pub mod errors;
 pub mod groups;
 pub mod mixed;
 pub mod sessions;
+pub mod tls;
 pub mod versions;
 
 use std::sync::Arc;
@@ -20,6 +21,17 @@ use tokio::sync::watch;
 
 pub use config::KafkaConfig;
 pub use conn::decode_request;
+
+/// What a listener tells its clients to connect to (Metadata,
+/// FindCoordinator, DescribeCluster): its own host and port, and in
+/// cluster mode every node's listener of the same kind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: i32,
+    /// The SSL listener (else the plaintext one).
+    pub ssl: bool,
+}
 
 /// Shared state of the Kafka frontend.
 #[derive(Debug)]
@@ -81,16 +93,41 @@ impl Kafka {
     }
 }
 
-/// Accepts connections until `shutdown` turns true.
-pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
+impl Kafka {
+    /// The plaintext listener's endpoint.
+    pub fn plaintext(&self) -> Endpoint {
+        Endpoint {
+            host: self.advertised_host.clone(),
+            port: self.advertised_port,
+            ssl: false,
+        }
+    }
+}
+
+/// Starts the frontend's background work (group ticker, mixed groups,
+/// transaction completion and expiry), once whatever its listeners.
+pub fn spawn_background(kafka: &Arc<Kafka>, shutdown: &watch::Receiver<bool>) {
     let offsets: Arc<dyn groups::OffsetsHandle> = kafka.broker.store().clone();
     let broker = Arc::clone(&kafka.broker);
     let consumer_groups = move |live| broker.membership().set_consumer_protocol_groups(live);
     let broker = Arc::clone(&kafka.broker);
     let coordinating = move || broker.cluster_view().is_none_or(|v| v.is_master());
     tokio::spawn(Arc::clone(&kafka.groups).run_ticker(offsets, consumer_groups, coordinating, shutdown.clone()));
-    tokio::spawn(mixed::run(Arc::clone(&kafka), shutdown.clone()));
+    tokio::spawn(mixed::run(Arc::clone(kafka), shutdown.clone()));
     tokio::spawn(run_transactions(Arc::clone(&kafka.broker), shutdown.clone()));
+}
+
+/// Accepts connections on one listener until `shutdown` turns true; with
+/// `tls`, each completes a TLS handshake (within
+/// `ssl_handshake_timeout_ms`) before its first request.
+pub async fn serve(
+    listener: TcpListener,
+    kafka: Arc<Kafka>,
+    at: Endpoint,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let at = Arc::new(at);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -98,7 +135,34 @@ pub async fn serve(listener: TcpListener, kafka: Arc<Kafka>, mut shutdown: watch
                     Ok(slot) => {
                         let k = Arc::clone(&kafka);
                         let sd = shutdown.clone();
-                        tokio::spawn(async move { conn::run(stream, peer, k, sd, slot).await });
+                        let at = Arc::clone(&at);
+                        let _ = stream.set_nodelay(true);
+                        match tls.clone() {
+                            None => {
+                                tokio::spawn(async move { conn::run(stream, peer, k, at, sd, slot).await });
+                            }
+                            Some(acceptor) => {
+                                tokio::spawn(async move {
+                                    let wait = std::time::Duration::from_millis(k.config.ssl_handshake_timeout_ms.max(1));
+                                    match tokio::time::timeout(wait, acceptor.accept(stream)).await {
+                                        Ok(Ok(s)) => {
+                                            metrics::counter!("rokka_kafka_tls_handshakes_total", "result" => "ok").increment(1);
+                                            conn::run(s, peer, k, at, sd, slot).await
+                                        }
+                                        // Counted; a log line per failed
+                                        // handshake would let anyone flood it.
+                                        Ok(Err(e)) => {
+                                            metrics::counter!("rokka_kafka_tls_handshakes_total", "result" => "failed").increment(1);
+                                            tracing::debug!(%peer, error = %e, "Kafka TLS handshake failed");
+                                        }
+                                        Err(_) => {
+                                            metrics::counter!("rokka_kafka_tls_handshakes_total", "result" => "timeout").increment(1);
+                                            tracing::debug!(%peer, "Kafka TLS handshake timed out");
+                                        }
+                                    }
+                                });
+                            }
+                        }
                     }
                     // Counted in rokka_connections_refused_total; a log line
                     // per refusal would let a client flood the log.

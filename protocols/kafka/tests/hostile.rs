@@ -34,7 +34,9 @@ async fn start_with(
     let addr = listener.local_addr()?;
     let kafka = Arc::new(Kafka::new(broker, cfg, rokka_group::GroupConfig::default(), addr));
     let (tx, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(rokka_kafka::serve(listener, kafka, rx));
+    rokka_kafka::spawn_background(&kafka, &rx);
+    let at = kafka.plaintext();
+    tokio::spawn(rokka_kafka::serve(listener, kafka, at, None, rx));
     Ok((addr, tx))
 }
 

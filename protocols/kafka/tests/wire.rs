@@ -29,7 +29,9 @@ async fn start(
         addr,
     ));
     let (tx, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(rokka_kafka::serve(listener, kafka, rx));
+    rokka_kafka::spawn_background(&kafka, &rx);
+    let at = kafka.plaintext();
+    tokio::spawn(rokka_kafka::serve(listener, kafka, at, None, rx));
     Ok((addr, tx))
 }
 

@@ -428,8 +428,8 @@ pub fn incremental_alter_configs(k: &Kafka, r: IncrementalAlterConfigsRequest) -
     IncrementalAlterConfigsResponse::default().with_responses(responses)
 }
 
-pub fn describe_cluster(k: &Kafka, _r: DescribeClusterRequest) -> DescribeClusterResponse {
-    let (nodes, controller) = super::metadata::nodes(k);
+pub fn describe_cluster(k: &Kafka, _r: DescribeClusterRequest, at: &crate::Endpoint) -> DescribeClusterResponse {
+    let (nodes, controller) = super::metadata::nodes(k, at);
     DescribeClusterResponse::default()
         .with_cluster_id(str_bytes(&k.config.cluster_id))
         .with_controller_id(BrokerId(controller))

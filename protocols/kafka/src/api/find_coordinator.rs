@@ -8,10 +8,10 @@ use kafka_protocol::messages::{BrokerId, FindCoordinatorRequest, FindCoordinator
 use super::str_bytes;
 use crate::Kafka;
 
-pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16) -> FindCoordinatorResponse {
-    let mut host = str_bytes(&k.advertised_host);
+pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16, at: &crate::Endpoint) -> FindCoordinatorResponse {
+    let mut host = str_bytes(&at.host);
     let mut node = BrokerId(k.config.node_id);
-    let mut port = k.advertised_port;
+    let mut port = at.port;
     // Cluster mode: the set's master coordinates its groups; none elected
     // yet is COORDINATOR_NOT_AVAILABLE, which clients retry.
     // Several broker sets: the master of the set the first key hashes to
@@ -21,7 +21,7 @@ pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16) -> FindCoordin
             let coordinators = r
                 .coordinator_keys
                 .into_iter()
-                .map(|key| match located(&v, key.as_str()) {
+                .map(|key| match located(&v, key.as_str(), at.ssl) {
                     Some((id, h, p)) => Coordinator::default()
                         .with_key(key)
                         .with_node_id(BrokerId(id as i32))
@@ -35,7 +35,7 @@ pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16) -> FindCoordin
                 .collect();
             return FindCoordinatorResponse::default().with_coordinators(coordinators);
         }
-        match located(&v, r.key.as_str()) {
+        match located(&v, r.key.as_str(), at.ssl) {
             Some((id, h, p)) => {
                 node = BrokerId(id as i32);
                 host = str_bytes(&h);
@@ -85,12 +85,12 @@ pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16) -> FindCoordin
 
 /// The Kafka address of the master coordinating `key`: its broker set's
 /// (by hash with several sets, the one set's otherwise).
-fn located(v: &rokka_broker::cluster_view::ClusterView, key: &str) -> Option<(u32, String, i32)> {
+fn located(v: &rokka_broker::cluster_view::ClusterView, key: &str, ssl: bool) -> Option<(u32, String, i32)> {
     let master = match v.coordinator_set(key) {
         Some(s) => s.master,
         None => v.master,
     };
     let n = master.and_then(|m| v.node(m))?;
-    let (h, p) = n.kafka.rsplit_once(':')?;
+    let (h, p) = n.kafka_at(ssl).rsplit_once(':')?;
     Some((n.id, h.to_string(), p.parse::<i32>().ok()?))
 }

@@ -70,7 +70,7 @@ pub fn topic_entry(k: &Kafka, name: &str, info: &TopicInfo, version: i16) -> Met
         .with_partitions(partitions)
 }
 
-pub fn handle(k: &Kafka, r: MetadataRequest, version: i16) -> MetadataResponse {
+pub fn handle(k: &Kafka, r: MetadataRequest, version: i16, at: &crate::Endpoint) -> MetadataResponse {
     let broker = k.broker.as_ref();
     // Before v4 there is no flag and creation is always allowed.
     let allow_create = version < 4 || r.allow_auto_topic_creation;
@@ -117,7 +117,7 @@ pub fn handle(k: &Kafka, r: MetadataRequest, version: i16) -> MetadataResponse {
             .map(|(name, info)| topic_entry(k, name, info, version))
             .collect(),
     };
-    let (nodes, controller) = nodes(k);
+    let (nodes, controller) = nodes(k, at);
     let brokers = nodes
         .into_iter()
         .map(|n| {
@@ -144,14 +144,15 @@ pub(crate) struct Node {
 }
 
 /// The brokers to list and the controller id: every live node in cluster
-/// mode (the set's master as controller), else this one.
-pub(crate) fn nodes(k: &Kafka) -> (Vec<Node>, i32) {
+/// mode (the set's master as controller), else this one; each at its
+/// listener of the kind `at` is (a node without one is not listed).
+pub(crate) fn nodes(k: &Kafka, at: &crate::Endpoint) -> (Vec<Node>, i32) {
     match k.broker.cluster_view() {
         Some(v) => (
             v.nodes
                 .iter()
                 .filter_map(|n| {
-                    let (host, port) = n.kafka.rsplit_once(':')?;
+                    let (host, port) = n.kafka_at(at.ssl).rsplit_once(':')?;
                     Some(Node {
                         id: n.id as i32,
                         host: str_bytes(host),
@@ -165,8 +166,8 @@ pub(crate) fn nodes(k: &Kafka) -> (Vec<Node>, i32) {
         None => (
             vec![Node {
                 id: k.config.node_id,
-                host: str_bytes(&k.advertised_host),
-                port: k.advertised_port,
+                host: str_bytes(&at.host),
+                port: at.port,
                 rack: None,
             }],
             k.config.node_id,

@@ -57,6 +57,7 @@ pub async fn dispatch(
     req: RequestKind,
     version: i16,
     peer: std::net::SocketAddr,
+    at: &crate::Endpoint,
 ) -> Result<Option<Response>, Close> {
     let client_id = header.client_id.as_ref().map_or("", |c| c.as_str());
     if let RequestKind::Fetch(r) = req {
@@ -68,14 +69,14 @@ pub async fn dispatch(
     }
     Ok(Some(Response::Kind(match req {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE)),
-        RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(k, r, version)),
+        RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(k, r, version, at)),
         RequestKind::Produce(r) => match produce::handle(k, r, version).await {
             Some(resp) => ResponseKind::Produce(resp),
             None => return Ok(None),
         },
         RequestKind::OffsetForLeaderEpoch(r) => ResponseKind::OffsetForLeaderEpoch(leader_epoch::handle(k, r)),
         RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(k, r, version)),
-        RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(find_coordinator::handle(k, r, version)),
+        RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(find_coordinator::handle(k, r, version, at)),
         RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(init_producer_id::handle(k, r).await),
         RequestKind::AddPartitionsToTxn(r) => ResponseKind::AddPartitionsToTxn(txn::add_partitions(k, r).await),
         RequestKind::AddOffsetsToTxn(r) => ResponseKind::AddOffsetsToTxn(txn::add_offsets(k, r).await),
@@ -121,7 +122,7 @@ pub async fn dispatch(
         RequestKind::ListPartitionReassignments(r) => {
             ResponseKind::ListPartitionReassignments(replicas::list_reassignments(k, r))
         }
-        RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(k, r)),
+        RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(k, r, at)),
         RequestKind::DeleteRecords(r) => {
             ResponseKind::DeleteRecords(rokka_broker::offload(|| admin::delete_records(k, r)))
         }

@@ -1,0 +1,159 @@
+"""The Kafka SSL listener (docs/security.md): TLS beside the plaintext
+listener, with certificates this suite makes with openssl; optional client
+certificates (mTLS). Clients: confluent-kafka (librdkafka) and kcat."""
+import os
+import subprocess
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from conftest import results_dir, running
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def make_pki(d):
+    """A CA, a server certificate for 127.0.0.1/localhost, a client
+    certificate (CN=alice) signed by it, and a second CA no one trusts."""
+    for ca in ("ca", "other-ca"):
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={ca}",
+                "-keyout", f"{ca}.key", "-out", f"{ca}.pem", cwd=d)
+    with open(os.path.join(d, "server.ext"), "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    # X.509 v3 (an extension makes it one): webpki takes no v1 certificate.
+    with open(os.path.join(d, "client.ext"), "w") as f:
+        f.write("extendedKeyUsage=clientAuth\n")
+    for name, ext in (("server", ["-extfile", "server.ext"]), ("client", ["-extfile", "client.ext"])):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={'localhost' if name == 'server' else 'alice'}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "2", "-out", f"{name}.pem", *ext, cwd=d)
+    return {n: os.path.join(d, n) for n in os.listdir(d)}
+
+
+@pytest.fixture(scope="module")
+def pki():
+    return make_pki(results_dir("kafka", "tls-pki"))
+
+
+def ssl_extra(pki, client_ca=False):
+    extra = (
+        'ssl_listen = "127.0.0.1:0"\n'
+        f'ssl_certificate = "{pki["server.pem"]}"\nssl_key = "{pki["server.key"]}"\n'
+    )
+    if client_ca:
+        extra += f'ssl_client_ca = "{pki["ca.pem"]}"\n'
+    return extra
+
+
+@pytest.fixture(scope="module")
+def tls(pki):
+    with running("kafka", "tls", kafka_extra=ssl_extra(pki)) as r:
+        yield r
+
+
+def ssl_conf(r, pki, **extra):
+    return {"bootstrap.servers": f"127.0.0.1:{r.ssl_port}", "security.protocol": "ssl",
+            "ssl.ca.location": pki["ca.pem"], **extra}
+
+
+def read(conf, topic, n, timeout=20):
+    c = Consumer({**conf, "group.id": f"g-{time.time()}", "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got, deadline = [], time.time() + timeout
+    while len(got) < n and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got.append(m.value().decode())
+    c.close()
+    return got
+
+
+def test_produce_consume_and_metadata_over_ssl_beside_plaintext(tls, pki):
+    conf = ssl_conf(tls, pki)
+    p = Producer(conf)
+    for i in range(50):
+        p.produce("tls-topic", value=f"secret-{i}".encode())
+    assert p.flush(30) == 0
+    # Metadata over SSL names the SSL listener (a client follows it).
+    md = AdminClient(conf).list_topics(timeout=10)
+    assert [(b.host, b.port) for b in md.brokers.values()] == [("127.0.0.1", tls.ssl_port)]
+    assert read(conf, "tls-topic", 50) == [f"secret-{i}" for i in range(50)]
+    # The plaintext listener serves the same store, and names itself.
+    plain = {"bootstrap.servers": tls.bootstrap}
+    assert [(b.host, b.port) for b in AdminClient(plain).list_topics(timeout=10).brokers.values()] == [
+        ("127.0.0.1", tls.kafka_port)
+    ]
+    assert read(plain, "tls-topic", 50) == [f"secret-{i}" for i in range(50)]
+    # A group over SSL: the coordinator is found on the SSL listener.
+    c = Consumer({**conf, "group.id": "tls-group", "auto.offset.reset": "earliest"})
+    c.subscribe(["tls-topic"])
+    got, deadline = [], time.time() + 30
+    while len(got) < 50 and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got.append(m.value().decode())
+    c.commit(asynchronous=False)
+    committed = c.committed([TopicPartition("tls-topic", 0)], timeout=10)
+    c.close()
+    assert len(got) == 50 and committed[0].offset == 50
+
+
+def test_kcat_over_ssl(tls, pki, tmp_path):
+    base = ["kcat", "-b", f"127.0.0.1:{tls.ssl_port}", "-X", "security.protocol=ssl",
+            "-X", f"ssl.ca.location={pki['ca.pem']}"]
+    lines = "".join(f"k{i}:kcat {i}\n" for i in range(20))
+    subprocess.run([*base, "-P", "-t", "tls-kcat", "-K:"], input=lines.encode(), check=True, timeout=30)
+    out = subprocess.run([*base, "-C", "-t", "tls-kcat", "-e", "-f", "%k=%s\n"], capture_output=True,
+                         check=True, timeout=30).stdout.decode().splitlines()
+    assert out == [f"k{i}=kcat {i}" for i in range(20)]
+
+
+def test_a_client_that_does_not_trust_the_certificate_fails_fast(tls, pki):
+    """A wrong CA is the client's TLS error within its timeout, not a hang;
+    plaintext spoken to the SSL port is closed by the handshake timeout at
+    the latest, and the listener goes on serving."""
+    bad = AdminClient(ssl_conf(tls, pki, **{"ssl.ca.location": pki["other-ca.pem"]}))
+    started = time.time()
+    with pytest.raises(KafkaException):
+        bad.list_topics(timeout=5)
+    assert time.time() - started < 10
+    plain_to_ssl = AdminClient({"bootstrap.servers": f"127.0.0.1:{tls.ssl_port}"})
+    with pytest.raises(KafkaException):
+        plain_to_ssl.list_topics(timeout=5)
+    assert AdminClient(ssl_conf(tls, pki)).list_topics(timeout=10).brokers
+    metrics = tls.metrics()
+    failed = [l for l in metrics.splitlines() if l.startswith("rokka_kafka_tls_handshakes_total") and 'result="failed"' in l]
+    assert failed and float(failed[0].rsplit(" ", 1)[1]) >= 1, failed
+
+
+def test_client_certificates_required_when_a_client_ca_is_set(pki):
+    with running("kafka", "mtls", kafka_extra=ssl_extra(pki, client_ca=True)) as r:
+        with_cert = ssl_conf(r, pki, **{"ssl.certificate.location": pki["client.pem"],
+                                        "ssl.key.location": pki["client.key"]})
+        p = Producer(with_cert)
+        p.produce("mtls-topic", value=b"by alice")
+        assert p.flush(30) == 0
+        assert read(with_cert, "mtls-topic", 1) == ["by alice"]
+        without = AdminClient(ssl_conf(r, pki))
+        with pytest.raises(KafkaException):
+            without.list_topics(timeout=5)
+
+
+def test_a_bad_certificate_file_stops_the_start_with_the_reason(pki):
+    d = results_dir("kafka", "tls-bad")
+    bogus = os.path.join(d, "bogus.pem")
+    with open(bogus, "w") as f:
+        f.write("not a certificate\n")
+    from rokka_fixture import Rokka
+
+    r = Rokka(d, kafka_extra=f'ssl_listen = "127.0.0.1:0"\nssl_certificate = "{bogus}"\nssl_key = "{pki["server.key"]}"\n')
+    with pytest.raises(RuntimeError):
+        r.start(timeout=15)
+    r.close()
+    with open(r.log_path) as f:
+        log = f.read()
+    assert "bogus.pem" in log and "Kafka SSL listener" in log, log[-2000:]
