@@ -64,6 +64,7 @@ LISTENERS = {
     "kafka": 'listen = "127.0.0.1:{}"  # kafka',
     # Only in configs that ask for it (kafka_extra).
     "kafka_ssl": 'ssl_listen = "127.0.0.1:{}"',
+    "kafka_sasl": 'sasl_listen = "127.0.0.1:{}"',
     "namesrv": 'namesrv_listen = "127.0.0.1:{}"',
     "broker": 'broker_listen = "127.0.0.1:{}"',
     "replication": 'replication_listen = "127.0.0.1:{}"',
@@ -134,6 +135,10 @@ preallocate = false
     @property
     def ssl_port(self):
         return self.ports.get("kafka_ssl", 0)
+
+    @property
+    def sasl_port(self):
+        return self.ports.get("kafka_sasl", 0)
 
     @property
     def metrics_port(self):

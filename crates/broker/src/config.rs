@@ -44,6 +44,9 @@ pub struct BrokerConfig {
     /// Most distinct keys one compaction pass maps (a partition with more
     /// is cleaned up to where the map filled, the rest in later passes).
     pub compaction_max_keys: u32,
+    /// Most users with credentials (AlterUserScramCredentials beyond it is
+    /// POLICY_VIOLATION).
+    pub max_users: u32,
 }
 
 impl Default for BrokerConfig {
@@ -63,6 +66,7 @@ impl Default for BrokerConfig {
             max_groups_per_transaction: 64,
             compaction_interval_ms: 15_000,
             compaction_max_keys: 4_000_000,
+            max_users: 10_000,
         }
     }
 }

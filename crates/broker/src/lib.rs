@@ -22,6 +22,7 @@ pub mod timer;
 pub mod topic_config;
 pub mod topics;
 pub mod transaction;
+pub mod users;
 pub mod validate;
 
 use std::sync::Arc;
@@ -66,6 +67,7 @@ pub struct Broker {
     transactions: transaction::Transactions,
     timers: timer::Timers,
     kafka_txns: kafka_txn::KafkaTxns,
+    users: users::Users,
     /// The configs of a topic without overrides.
     default_topic_config: std::sync::RwLock<topic_config::Effective>,
     /// Dynamic broker configs (defaults of topic configs).
@@ -132,8 +134,10 @@ impl Broker {
             },
         )?;
         let dynamic = dynamic::DynamicConfigs::load(&store.config().data_dir)?;
+        let users = users::Users::open(&store.config().data_dir, config.max_users as usize)?;
         let b = Broker {
             kafka_txns,
+            users,
             default_topic_config: std::sync::RwLock::new(topic_config::Effective::resolve(
                 &Default::default(),
                 store.config(),
@@ -377,6 +381,11 @@ impl Broker {
     /// Other sets' committed offsets (None: single node, or not wired).
     pub fn remote_offsets(&self) -> Option<&Arc<dyn remote::RemoteOffsets>> {
         self.remote_offsets.get()
+    }
+
+    /// Users and their credentials (both protocols).
+    pub fn users(&self) -> &users::Users {
+        &self.users
     }
 
     /// Cluster mode: how transactions reach other sets' masters.

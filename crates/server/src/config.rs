@@ -28,10 +28,11 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SecurityConfig {
-    /// Rokka has no authentication yet: a listener on an address other
-    /// hosts can reach lets anyone read, write, delete topics and reset
-    /// offsets. Binding one refuses to start unless this is true (then
-    /// every start warns, naming the listeners).
+    /// A listener without authentication (every one but the Kafka SASL
+    /// listeners and an SSL listener with client certificates) on an
+    /// address other hosts can reach lets anyone read, write, delete
+    /// topics and reset offsets. Binding one refuses to start unless this
+    /// is true (then every start warns, naming the listeners).
     pub allow_unauthenticated_non_loopback: bool,
 }
 
@@ -112,9 +113,12 @@ impl Config {
         };
         check(self.kafka.enabled, "kafka.listen", self.kafka.listen);
         if let Some(ssl) = self.kafka.ssl_listen {
-            // Encrypted is not authenticated: the same rule.
-            check(self.kafka.enabled, "kafka.ssl_listen", ssl);
+            // Encrypted is not authenticated: the same rule, unless its
+            // clients authenticate (SASL_SSL, or client certificates).
+            let authenticated = self.kafka.ssl_sasl || !self.kafka.ssl_client_ca.is_empty();
+            check(self.kafka.enabled && !authenticated, "kafka.ssl_listen", ssl);
         }
+        // kafka.sasl_listen authenticates every client: not listed.
         let rmq = self.rocketmq.enabled;
         check(
             rmq && self.rocketmq.broker_enabled,
@@ -204,6 +208,16 @@ mod tests {
         let keys: Vec<&str> = c.non_loopback_listeners().iter().map(|(k, _)| *k).collect();
         assert_eq!(keys, ["kafka.listen", "rocketmq.namesrv_listen"]);
         assert!(c.security.allow_unauthenticated_non_loopback);
+        // Listeners whose clients authenticate may face the network; an
+        // SSL listener without SASL or client certificates may not.
+        let listed = |kafka: &str| -> Result<Vec<&'static str>, ConfigError> {
+            let c = Config::parse(&format!("[kafka]\n{kafka}\n"), "t.toml")?;
+            Ok(c.non_loopback_listeners().iter().map(|(k, _)| *k).collect())
+        };
+        assert!(listed("sasl_listen = \"0.0.0.0:9094\"")?.is_empty());
+        assert_eq!(listed("ssl_listen = \"0.0.0.0:9093\"")?, ["kafka.ssl_listen"]);
+        assert!(listed("ssl_listen = \"0.0.0.0:9093\"\nssl_sasl = true")?.is_empty());
+        assert!(listed("ssl_listen = \"0.0.0.0:9093\"\nssl_client_ca = \"ca.pem\"")?.is_empty());
         Ok(())
     }
 

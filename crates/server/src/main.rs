@@ -176,7 +176,7 @@ fn main() -> ExitCode {
         }
     }
     // Safe by default: nothing listens beyond this host without the
-    // operator saying so (rokka has no authentication yet).
+    // operator saying so, but for listeners whose clients authenticate.
     let open: Vec<String> = cfg
         .non_loopback_listeners()
         .iter()
@@ -184,9 +184,11 @@ fn main() -> ExitCode {
         .collect();
     if !open.is_empty() && !cfg.security.allow_unauthenticated_non_loopback {
         eprintln!(
-            "rokka: refusing to start: {} is not a loopback address, and rokka has no authentication yet — \
+            "rokka: refusing to start: {} is not a loopback address, and its clients do not authenticate — \
              anyone who reaches it could read, write and delete every topic and reset offsets. Bind 127.0.0.1, \
-             or set [security] allow_unauthenticated_non_loopback = true to run open on a network you trust.",
+             use an authenticated Kafka listener (kafka.sasl_listen, or kafka.ssl_listen with ssl_sasl or \
+             ssl_client_ca), or set [security] allow_unauthenticated_non_loopback = true to run open on a \
+             network you trust.",
             open.join(", ")
         );
         return ExitCode::from(2);
@@ -359,13 +361,40 @@ async fn serve(
                     i32::from(k.ssl_advertised_port)
                 },
                 ssl: true,
+                sasl: k.ssl_sasl,
             };
-            tracing::info!(listen = %ssl_addr, advertised = %format!("{}:{}", at.host, at.port), client_auth = ca.is_some(), "Kafka SSL listener");
+            tracing::info!(listen = %ssl_addr, advertised = %format!("{}:{}", at.host, at.port), client_auth = ca.is_some(), sasl = k.ssl_sasl, "Kafka SSL listener");
             listeners.push(tokio::spawn(rokka_kafka::serve(
                 l,
                 Arc::clone(&kafka),
                 at,
                 Some(acceptor),
+                stop_rx.clone(),
+            )));
+        }
+        // A SASL listener without TLS (Kafka SASL_PLAINTEXT).
+        if let Some(sasl_listen) = cfg.kafka.sasl_listen {
+            let l = TcpListener::bind(sasl_listen)
+                .await
+                .map_err(|e| format!("Kafka SASL listener on {sasl_listen}: {e}"))?;
+            let sasl_addr = l.local_addr()?;
+            bound.insert("kafka_sasl", sasl_addr);
+            let port = match cfg.kafka.sasl_advertised_port {
+                0 => i32::from(sasl_addr.port()),
+                p => i32::from(p),
+            };
+            let at = rokka_kafka::Endpoint {
+                host: kafka.advertised_host.clone(),
+                port,
+                ssl: false,
+                sasl: true,
+            };
+            tracing::info!(listen = %sasl_addr, advertised = %format!("{}:{}", at.host, at.port), mechanisms = ?cfg.kafka.sasl_mechanisms, "Kafka SASL listener");
+            listeners.push(tokio::spawn(rokka_kafka::serve(
+                l,
+                Arc::clone(&kafka),
+                at,
+                None,
                 stop_rx.clone(),
             )));
         }

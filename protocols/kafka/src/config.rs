@@ -67,6 +67,18 @@ pub struct KafkaConfig {
     pub ssl_client_ca: String,
     /// A TLS handshake not done within this long closes the connection.
     pub ssl_handshake_timeout_ms: u64,
+    /// The SSL listener requires SASL too (Kafka SASL_SSL).
+    pub ssl_sasl: bool,
+    /// Address of a SASL listener without TLS (Kafka SASL_PLAINTEXT);
+    /// absent = none.
+    pub sasl_listen: Option<SocketAddr>,
+    /// Port clients of the SASL listener are told; 0 = its listen port.
+    pub sasl_advertised_port: u16,
+    /// SASL mechanisms offered (of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).
+    pub sasl_mechanisms: Vec<String>,
+    /// A failed authentication is answered after this long, then the
+    /// connection closes (Kafka `connection.failed.authentication.delay.ms`).
+    pub sasl_failure_delay_ms: u64,
 }
 
 impl Default for KafkaConfig {
@@ -94,6 +106,11 @@ impl Default for KafkaConfig {
             ssl_key: String::new(),
             ssl_client_ca: String::new(),
             ssl_handshake_timeout_ms: 10_000,
+            ssl_sasl: false,
+            sasl_listen: None,
+            sasl_advertised_port: 0,
+            sasl_mechanisms: crate::sasl::MECHANISMS.iter().map(|m| m.to_string()).collect(),
+            sasl_failure_delay_ms: 100,
         }
     }
 }

@@ -30,6 +30,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
     _slot: ConnSlot,
 ) {
     metrics::gauge!("rokka_kafka_connections").increment(1.0);
+    let mut sasl = crate::sasl::Sasl::new(at.sasl);
     let (rd, mut wr) = tokio::io::split(stream);
     let mut rd = BufReader::with_capacity(64 * 1024, rd);
     let max = k.config.max_request_bytes as usize;
@@ -74,8 +75,19 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
                 break;
             }
         }
-        match handle(&k, Bytes::from(buf), peer, &at).await {
+        match handle(&k, Bytes::from(buf), peer, &at, &mut sasl).await {
             Ok(Some(chunks)) => {
+                if sasl.failed() {
+                    // Answered late, then closed (Kafka's
+                    // connection.failed.authentication.delay.ms).
+                    tokio::time::sleep(Duration::from_millis(k.config.sasl_failure_delay_ms)).await;
+                    for c in &chunks {
+                        let _ = wr.write_all(c).await;
+                    }
+                    let _ = wr.flush().await;
+                    tracing::debug!(%peer, "Kafka SASL authentication failed: closing");
+                    break;
+                }
                 let mut failed = false;
                 for c in &chunks {
                     if wr.write_all(c).await.is_err() {
@@ -142,6 +154,10 @@ fn api_name(key: ApiKey) -> &'static str {
         ApiKey::DescribeCluster => "DescribeCluster",
         ApiKey::DeleteRecords => "DeleteRecords",
         ApiKey::OffsetDelete => "OffsetDelete",
+        ApiKey::SaslHandshake => "SaslHandshake",
+        ApiKey::SaslAuthenticate => "SaslAuthenticate",
+        ApiKey::DescribeUserScramCredentials => "DescribeUserScramCredentials",
+        ApiKey::AlterUserScramCredentials => "AlterUserScramCredentials",
         _ => "other",
     }
 }
@@ -178,7 +194,13 @@ fn decode_body(key: ApiKey, version: i16, mut frame: Bytes) -> Result<(RequestHe
 
 /// Decodes, dispatches and encodes one request. `Ok(None)` = no response
 /// (acks=0 produce).
-pub async fn handle(k: &Kafka, frame: Bytes, peer: SocketAddr, at: &Endpoint) -> Result<Option<Vec<Bytes>>, Close> {
+pub async fn handle(
+    k: &Kafka,
+    frame: Bytes,
+    peer: SocketAddr,
+    at: &Endpoint,
+    sasl: &mut crate::sasl::Sasl,
+) -> Result<Option<Vec<Bytes>>, Close> {
     let key_raw = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
@@ -201,9 +223,30 @@ pub async fn handle(k: &Kafka, frame: Bytes, peer: SocketAddr, at: &Endpoint) ->
             ))),
         };
     }
+    // A SASL listener serves nothing but these before authentication (a
+    // client that sends more is closed, as Kafka closes it).
+    if !sasl.may_serve()
+        && !matches!(
+            key,
+            ApiKey::ApiVersions | ApiKey::SaslHandshake | ApiKey::SaslAuthenticate
+        )
+    {
+        metrics::counter!("rokka_kafka_unauthenticated_requests_total").increment(1);
+        return Err(Close(format!("{key:?} before SASL authentication")));
+    }
     let started = std::time::Instant::now();
     let (header, req) = decode_body(key, version, frame).map_err(Close)?;
-    let resp = api::dispatch(k, &header, req, version, peer, at).await?;
+    let resp = match req {
+        RequestKind::SaslHandshake(r) => Some(api::Response::Kind(ResponseKind::SaslHandshake(
+            sasl.handshake(k, r.mechanism.as_str()),
+        ))),
+        RequestKind::SaslAuthenticate(r) => {
+            // PBKDF2 for PLAIN: off the runtime's threads.
+            let r = rokka_broker::offload(|| sasl.authenticate(k, &r.auth_bytes));
+            Some(api::Response::Kind(ResponseKind::SaslAuthenticate(r)))
+        }
+        req => api::dispatch(k, &header, req, version, peer, at).await?,
+    };
     metrics::histogram!("rokka_kafka_request_seconds", "api" => name).record(started.elapsed().as_secs_f64());
     match resp {
         Some(api::Response::Kind(r)) => encode_response(key, version, correlation_id, &r).map(|b| Some(vec![b])),

@@ -9,6 +9,7 @@ mod conn;
 pub mod errors;
 pub mod groups;
 pub mod mixed;
+pub mod sasl;
 pub mod sessions;
 pub mod tls;
 pub mod versions;
@@ -31,6 +32,8 @@ pub struct Endpoint {
     pub port: i32,
     /// The SSL listener (else the plaintext one).
     pub ssl: bool,
+    /// Clients authenticate with SASL before any other request.
+    pub sasl: bool,
 }
 
 /// Shared state of the Kafka frontend.
@@ -100,6 +103,7 @@ impl Kafka {
             host: self.advertised_host.clone(),
             port: self.advertised_port,
             ssl: false,
+            sasl: false,
         }
     }
 }

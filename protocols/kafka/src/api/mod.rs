@@ -15,6 +15,7 @@ mod not_coordinator;
 mod offsets;
 mod produce;
 mod replicas;
+mod scram;
 mod topics;
 mod txn;
 
@@ -123,6 +124,12 @@ pub async fn dispatch(
             ResponseKind::ListPartitionReassignments(replicas::list_reassignments(k, r))
         }
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(k, r, at)),
+        RequestKind::DescribeUserScramCredentials(r) => {
+            ResponseKind::DescribeUserScramCredentials(scram::describe(k, r))
+        }
+        RequestKind::AlterUserScramCredentials(r) => {
+            ResponseKind::AlterUserScramCredentials(rokka_broker::offload(|| scram::alter(k, r)))
+        }
         RequestKind::DeleteRecords(r) => {
             ResponseKind::DeleteRecords(rokka_broker::offload(|| admin::delete_records(k, r)))
         }

@@ -1,0 +1,160 @@
+"""Kafka SASL (docs/security.md): SCRAM-SHA-256/512 and PLAIN against one
+users table, whose salted credentials are managed with
+AlterUserScramCredentials. Clients: confluent-kafka (librdkafka) over
+SASL_PLAINTEXT and SASL_SSL, kafka-python with PLAIN."""
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
+from conftest import results_dir, running
+from test_tls import make_pki
+
+USERS = {
+    "alice": (ScramMechanism.SCRAM_SHA_512, "alice-secret"),
+    "bob": (ScramMechanism.SCRAM_SHA_256, "bob-secret"),
+}
+
+
+@pytest.fixture(scope="module")
+def pki():
+    return make_pki(results_dir("kafka", "sasl-pki"))
+
+
+@pytest.fixture(scope="module")
+def sasl(pki):
+    extra = (
+        'sasl_listen = "127.0.0.1:0"\n'
+        'ssl_listen = "127.0.0.1:0"\nssl_sasl = true\n'
+        f'ssl_certificate = "{pki["server.pem"]}"\nssl_key = "{pki["server.key"]}"\n'
+    )
+    with running("kafka", "sasl", kafka_extra=extra) as r:
+        # Users are made over the plaintext (loopback) listener, as Kafka's
+        # are bootstrapped before any SASL client can connect.
+        admin = AdminClient({"bootstrap.servers": r.bootstrap})
+        ups = [UserScramCredentialUpsertion(u, ScramCredentialInfo(m, 4096), p.encode()) for u, (m, p) in USERS.items()]
+        for f in admin.alter_user_scram_credentials(ups).values():
+            f.result(15)
+        yield r
+
+
+def scram(r, user, password=None, mechanism=None, ssl=None):
+    m, p = USERS[user]
+    conf = {
+        "bootstrap.servers": f"127.0.0.1:{r.sasl_port}",
+        "security.protocol": "sasl_plaintext",
+        "sasl.mechanism": mechanism or ("SCRAM-SHA-512" if m == ScramMechanism.SCRAM_SHA_512 else "SCRAM-SHA-256"),
+        "sasl.username": user,
+        "sasl.password": password or p,
+    }
+    if ssl:
+        conf.update({"bootstrap.servers": f"127.0.0.1:{r.ssl_port}", "security.protocol": "sasl_ssl", "ssl.ca.location": ssl})
+    return conf
+
+
+def round_trip(conf, topic, n=30):
+    p = Producer(conf)
+    for i in range(n):
+        p.produce(topic, value=f"{topic}-{i}".encode())
+    assert p.flush(30) == 0
+    c = Consumer({**conf, "group.id": f"{topic}-group", "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    got, deadline = [], time.time() + 30
+    while len(got) < n and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got.append(m.value().decode())
+    c.commit(asynchronous=False)
+    committed = c.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
+    c.close()
+    assert got == [f"{topic}-{i}" for i in range(n)]
+    assert committed == n
+
+
+def test_scram_sha_512_and_256_produce_consume_and_groups(sasl):
+    round_trip(scram(sasl, "alice"), "sasl-512")
+    round_trip(scram(sasl, "bob"), "sasl-256")
+
+
+def test_scram_sha_512_over_sasl_ssl(sasl, pki):
+    round_trip(scram(sasl, "alice", ssl=pki["ca.pem"]), "sasl-ssl")
+
+
+def test_kafka_python_with_plain(sasl):
+    from kafka import KafkaConsumer, KafkaProducer
+
+    common = dict(
+        bootstrap_servers=f"127.0.0.1:{sasl.sasl_port}",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="PLAIN",
+        sasl_plain_username="bob",
+        sasl_plain_password="bob-secret",
+    )
+    p = KafkaProducer(**common)
+    for i in range(10):
+        p.send("sasl-plain", f"plain-{i}".encode())
+    p.flush(30)
+    p.close()
+    c = KafkaConsumer("sasl-plain", group_id="plain-group", auto_offset_reset="earliest", consumer_timeout_ms=10000, **common)
+    got = [m.value.decode() for m in c]
+    c.close()
+    assert got == [f"plain-{i}" for i in range(10)]
+
+
+def test_a_wrong_password_is_an_authentication_error_not_a_hang(sasl):
+    for conf in (scram(sasl, "alice", password="wrong"), scram(sasl, "bob", mechanism="PLAIN", password="wrong"),
+                 scram(sasl, "alice", mechanism="SCRAM-SHA-256")):  # alice has no SHA-256 credential
+        errors = []
+        p = Producer({**conf, "error_cb": errors.append})
+        started = time.time()
+        while not errors and time.time() - started < 15:
+            p.poll(0.2)
+        assert errors, conf
+        assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), [str(e) for e in errors]
+        assert time.time() - started < 10
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError as KPError
+
+    started = time.time()
+    with pytest.raises(KPError):
+        kp = KafkaProducer(bootstrap_servers=f"127.0.0.1:{sasl.sasl_port}", security_protocol="SASL_PLAINTEXT",
+                           sasl_mechanism="PLAIN", sasl_plain_username="bob", sasl_plain_password="nope",
+                           max_block_ms=5000, request_timeout_ms=5000)
+        kp.send("sasl-plain", b"never").get(timeout=10)
+    # kafka-python 3.0 retries a refused bootstrap until its own timeout
+    # (30 s), then fails: bounded, not a hang.
+    assert time.time() - started < 45
+    failed = [l for l in sasl.metrics().splitlines()
+              if l.startswith("rokka_kafka_sasl_authentications_total") and 'result="failed"' in l]
+    assert sum(float(l.rsplit(" ", 1)[1]) for l in failed) >= 4, failed
+
+
+def test_unauthenticated_clients_are_refused_on_the_sasl_listener(sasl):
+    plain = AdminClient({"bootstrap.servers": f"127.0.0.1:{sasl.sasl_port}"})
+    with pytest.raises(KafkaException):
+        plain.list_topics(timeout=5)
+    refused = [l for l in sasl.metrics().splitlines() if l.startswith("rokka_kafka_unauthenticated_requests_total")]
+    assert refused and float(refused[0].rsplit(" ", 1)[1]) >= 1, refused
+
+
+def test_credentials_are_described_and_removed_through_the_admin_api(sasl):
+    from confluent_kafka.admin import UserScramCredentialDeletion
+
+    admin = AdminClient(scram(sasl, "alice"))
+    desc = {u: f.result(10) for u, f in admin.describe_user_scram_credentials(["alice", "bob"]).items()}
+    assert [(i.mechanism, i.iterations) for i in desc["alice"].scram_credential_infos] == [
+        (ScramMechanism.SCRAM_SHA_512, 4096)
+    ]
+    assert [(i.mechanism, i.iterations) for i in desc["bob"].scram_credential_infos] == [
+        (ScramMechanism.SCRAM_SHA_256, 4096)
+    ]
+    # A third user, then removed: it can no longer log in.
+    ups = [UserScramCredentialUpsertion("carol", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 8192), b"carol-pw")]
+    for f in admin.alter_user_scram_credentials(ups).values():
+        f.result(10)
+    carol = {**scram(sasl, "bob"), "sasl.username": "carol", "sasl.password": "carol-pw"}
+    assert AdminClient(carol).list_topics(timeout=10).brokers
+    for f in admin.alter_user_scram_credentials([UserScramCredentialDeletion("carol", ScramMechanism.SCRAM_SHA_256)]).values():
+        f.result(10)
+    with pytest.raises(KafkaException):
+        AdminClient(carol).list_topics(timeout=5)

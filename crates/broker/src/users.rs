@@ -1,0 +1,415 @@
+//! Users and their credentials, one table for every protocol: SCRAM
+//! credentials (RFC 5802, as Kafka stores them: salt, iterations, StoredKey,
+//! ServerKey — never a password), managed with Kafka's
+//! AlterUserScramCredentials and checked by SASL SCRAM and PLAIN. Kept in
+//! `<data_dir>/config/users.json`, written whole and atomically on change.
+
+use std::collections::BTreeMap;
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use base64::Engine as _;
+use ring::{digest, hmac, pbkdf2};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{BrokerError, Result};
+
+/// A SCRAM mechanism.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mechanism {
+    Sha256,
+    Sha512,
+}
+
+impl Mechanism {
+    pub const ALL: [Mechanism; 2] = [Mechanism::Sha256, Mechanism::Sha512];
+
+    /// The SASL name (`SCRAM-SHA-256`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Sha256 => "SCRAM-SHA-256",
+            Mechanism::Sha512 => "SCRAM-SHA-512",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Mechanism> {
+        Mechanism::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    /// Kafka's `ScramMechanism` id (1, 2).
+    pub fn kafka_id(self) -> i8 {
+        match self {
+            Mechanism::Sha256 => 1,
+            Mechanism::Sha512 => 2,
+        }
+    }
+
+    pub fn from_kafka_id(id: i8) -> Option<Mechanism> {
+        Mechanism::ALL.into_iter().find(|m| m.kafka_id() == id)
+    }
+
+    /// Kafka's bounds on iterations (`ScramMechanism` min, and its max).
+    pub fn min_iterations(self) -> u32 {
+        4096
+    }
+
+    pub const MAX_ITERATIONS: u32 = 16384;
+
+    fn hmac_alg(self) -> hmac::Algorithm {
+        match self {
+            Mechanism::Sha256 => hmac::HMAC_SHA256,
+            Mechanism::Sha512 => hmac::HMAC_SHA512,
+        }
+    }
+
+    fn pbkdf2_alg(self) -> pbkdf2::Algorithm {
+        match self {
+            Mechanism::Sha256 => pbkdf2::PBKDF2_HMAC_SHA256,
+            Mechanism::Sha512 => pbkdf2::PBKDF2_HMAC_SHA512,
+        }
+    }
+
+    fn digest_alg(self) -> &'static digest::Algorithm {
+        match self {
+            Mechanism::Sha256 => &digest::SHA256,
+            Mechanism::Sha512 => &digest::SHA512,
+        }
+    }
+
+    /// The hash's output length.
+    pub fn output_len(self) -> usize {
+        self.digest_alg().output_len()
+    }
+
+    pub fn hmac(self, key: &[u8], data: &[u8]) -> Vec<u8> {
+        hmac::sign(&hmac::Key::new(self.hmac_alg(), key), data)
+            .as_ref()
+            .to_vec()
+    }
+
+    pub fn hash(self, data: &[u8]) -> Vec<u8> {
+        digest::digest(self.digest_alg(), data).as_ref().to_vec()
+    }
+
+    /// SaltedPassword = Hi(password, salt, iterations).
+    pub fn salted_password(self, password: &[u8], salt: &[u8], iterations: u32) -> Vec<u8> {
+        let mut out = vec![0u8; self.output_len()];
+        let n = NonZeroU32::new(iterations.max(1)).unwrap_or(NonZeroU32::MIN);
+        pbkdf2::derive(self.pbkdf2_alg(), n, salt, password, &mut out);
+        out
+    }
+}
+
+/// One user's credential for one mechanism.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScramCredential {
+    #[serde(with = "b64")]
+    pub salt: Vec<u8>,
+    pub iterations: u32,
+    #[serde(with = "b64")]
+    pub stored_key: Vec<u8>,
+    #[serde(with = "b64")]
+    pub server_key: Vec<u8>,
+}
+
+impl ScramCredential {
+    /// From a salted password (what AlterUserScramCredentials carries).
+    pub fn from_salted(m: Mechanism, salt: Vec<u8>, iterations: u32, salted: &[u8]) -> ScramCredential {
+        let client_key = m.hmac(salted, b"Client Key");
+        ScramCredential {
+            salt,
+            iterations,
+            stored_key: m.hash(&client_key),
+            server_key: m.hmac(salted, b"Server Key"),
+        }
+    }
+
+    /// Whether `password` is this credential's (SASL PLAIN).
+    pub fn matches_password(&self, m: Mechanism, password: &[u8]) -> bool {
+        let salted = m.salted_password(password, &self.salt, self.iterations);
+        let client_key = m.hmac(&salted, b"Client Key");
+        equal(&m.hash(&client_key), &self.stored_key)
+    }
+}
+
+/// Compares in time independent of where they differ.
+pub fn equal(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+mod b64 {
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(v))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = String::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(s)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct File {
+    /// user → mechanism name → credential
+    users: BTreeMap<String, BTreeMap<String, ScramCredential>>,
+}
+
+/// A user's mechanisms and their iterations.
+pub type Credentials = Vec<(Mechanism, u32)>;
+
+/// Why a credential change was refused (Kafka's error code and message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub code: i16,
+    pub message: String,
+}
+
+/// Kafka error codes of credential changes.
+pub mod code {
+    pub const RESOURCE_NOT_FOUND: i16 = 91;
+    pub const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
+    pub const UNACCEPTABLE_CREDENTIAL: i16 = 93;
+    pub const POLICY_VIOLATION: i16 = 44;
+}
+
+#[derive(Debug)]
+pub struct Users {
+    path: PathBuf,
+    table: Mutex<File>,
+    max_users: usize,
+}
+
+fn refused(code: i16, message: impl Into<String>) -> Refused {
+    Refused {
+        code,
+        message: message.into(),
+    }
+}
+
+impl Users {
+    /// Loads `<data_dir>/config/users.json` (absent = no users).
+    pub fn open(data_dir: &Path, max_users: usize) -> Result<Users> {
+        let path = data_dir.join("config").join("users.json");
+        let table = match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| BrokerError::BadFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
+            Err(e) => return Err(BrokerError::Io(path, e)),
+        };
+        Ok(Users {
+            path,
+            table: Mutex::new(table),
+            max_users: max_users.max(1),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, File> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().users.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, user: &str, m: Mechanism) -> Option<ScramCredential> {
+        self.lock().users.get(user).and_then(|c| c.get(m.name())).cloned()
+    }
+
+    /// Whether `password` is one of `user`'s credentials (SASL PLAIN).
+    pub fn check_password(&self, user: &str, password: &[u8]) -> bool {
+        let creds: Vec<(Mechanism, ScramCredential)> = {
+            let t = self.lock();
+            let Some(c) = t.users.get(user) else {
+                return false;
+            };
+            c.iter()
+                .filter_map(|(n, c)| Some((Mechanism::from_name(n)?, c.clone())))
+                .collect()
+        };
+        creds.iter().any(|(m, c)| c.matches_password(*m, password))
+    }
+
+    /// Users and their mechanisms with iterations (all, or those named;
+    /// a named user without credentials is `None`).
+    pub fn describe(&self, names: Option<&[String]>) -> Vec<(String, Option<Credentials>)> {
+        let t = self.lock();
+        let list = |c: &BTreeMap<String, ScramCredential>| {
+            c.iter()
+                .filter_map(|(n, c)| Some((Mechanism::from_name(n)?, c.iterations)))
+                .collect::<Vec<_>>()
+        };
+        match names {
+            None => t.users.iter().map(|(u, c)| (u.clone(), Some(list(c)))).collect(),
+            Some(names) => names.iter().map(|u| (u.clone(), t.users.get(u).map(list))).collect(),
+        }
+    }
+
+    /// Sets `user`'s credential for `m` from a salted password.
+    pub fn upsert(
+        &self,
+        user: &str,
+        m: Mechanism,
+        iterations: u32,
+        salt: Vec<u8>,
+        salted_password: &[u8],
+    ) -> std::result::Result<(), Refused> {
+        if user.is_empty() || user.len() > 256 {
+            return Err(refused(code::UNACCEPTABLE_CREDENTIAL, "user names are 1 to 256 bytes"));
+        }
+        if iterations < m.min_iterations() || iterations > Mechanism::MAX_ITERATIONS {
+            return Err(refused(
+                code::UNACCEPTABLE_CREDENTIAL,
+                format!(
+                    "iterations must be {} to {}",
+                    m.min_iterations(),
+                    Mechanism::MAX_ITERATIONS
+                ),
+            ));
+        }
+        if salted_password.len() != m.output_len() || salt.is_empty() || salt.len() > 1024 {
+            return Err(refused(
+                code::UNACCEPTABLE_CREDENTIAL,
+                "salt or salted password malformed",
+            ));
+        }
+        let cred = ScramCredential::from_salted(m, salt, iterations, salted_password);
+        let mut t = self.lock();
+        if !t.users.contains_key(user) && t.users.len() >= self.max_users {
+            metrics::counter!("rokka_users_refused_total").increment(1);
+            return Err(refused(
+                code::POLICY_VIOLATION,
+                format!("at most {} users (security.max_users)", self.max_users),
+            ));
+        }
+        let before = t.users.get(user).and_then(|c| c.get(m.name())).cloned();
+        t.users
+            .entry(user.to_string())
+            .or_default()
+            .insert(m.name().to_string(), cred);
+        if let Err(e) = self.persist(&t) {
+            // Not stored: the table stays as the file has it.
+            match before {
+                Some(b) => {
+                    t.users
+                        .entry(user.to_string())
+                        .or_default()
+                        .insert(m.name().to_string(), b);
+                }
+                None => {
+                    if let Some(c) = t.users.get_mut(user) {
+                        c.remove(m.name());
+                        if c.is_empty() {
+                            t.users.remove(user);
+                        }
+                    }
+                }
+            }
+            return Err(refused(-1, format!("storing the credential failed: {e}")));
+        }
+        metrics::gauge!("rokka_users").set(t.users.len() as f64);
+        Ok(())
+    }
+
+    /// Deletes `user`'s credential for `m`.
+    pub fn delete(&self, user: &str, m: Mechanism) -> std::result::Result<(), Refused> {
+        let mut t = self.lock();
+        let Some(c) = t.users.get_mut(user) else {
+            return Err(refused(code::RESOURCE_NOT_FOUND, format!("no credential of {user}")));
+        };
+        let Some(old) = c.remove(m.name()) else {
+            return Err(refused(
+                code::RESOURCE_NOT_FOUND,
+                format!("no {} credential of {user}", m.name()),
+            ));
+        };
+        let gone = c.is_empty().then(|| t.users.remove(user));
+        if let Err(e) = self.persist(&t) {
+            if let Some(Some(c)) = gone {
+                t.users.insert(user.to_string(), c);
+            }
+            t.users
+                .entry(user.to_string())
+                .or_default()
+                .insert(m.name().to_string(), old);
+            return Err(refused(-1, format!("storing the change failed: {e}")));
+        }
+        metrics::gauge!("rokka_users").set(t.users.len() as f64);
+        Ok(())
+    }
+
+    fn persist(&self, t: &File) -> Result<()> {
+        let data = serde_json::to_vec_pretty(t).map_err(|e| BrokerError::BadFile {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
+        }
+        rokka_store::checkpoint::write_atomically(&self.path, &data)?;
+        Ok(())
+    }
+}
+
+/// A base64 of `b` (SCRAM messages carry binary fields so).
+pub fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+/// The bytes of base64 `s`, if it is.
+pub fn unb64(s: &str) -> Option<Vec<u8>> {
+    base64::engine::general_purpose::STANDARD.decode(s).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RFC 7677's SCRAM-SHA-256 example: user, password "pencil", the
+    /// salt and iterations give the ServerKey and StoredKey it implies.
+    #[test]
+    fn credentials_follow_the_rfc_and_survive_a_restart() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io(PathBuf::new(), e))?;
+        let m = Mechanism::Sha256;
+        let salt = unb64("W22ZaJ0SNY7soEsUEjb6gQ==").unwrap_or_default();
+        let salted = m.salted_password(b"pencil", &salt, 4096);
+        let users = Users::open(dir.path(), 10)?;
+        assert_eq!(users.upsert("user", m, 4096, salt.clone(), &salted), Ok(()));
+        let c = users.get("user", m).ok_or(BrokerError::UnknownTopic("user".into()))?;
+        // ServerSignature of RFC 7677's exchange, from the stored ServerKey.
+        let auth = "n=user,r=rOprNGfwEbeRWgbNEkqO,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096,c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0";
+        assert_eq!(
+            b64(&m.hmac(&c.server_key, auth.as_bytes())),
+            "6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
+        );
+        assert!(users.check_password("user", b"pencil"));
+        assert!(!users.check_password("user", b"pencil2"));
+        assert!(!users.check_password("nobody", b"pencil"));
+        let short = users.upsert("user", m, 100, salt.clone(), &salted);
+        assert_eq!(short.map_err(|r| r.code), Err(code::UNACCEPTABLE_CREDENTIAL));
+        drop(users);
+        let users = Users::open(dir.path(), 1)?;
+        assert!(users.check_password("user", b"pencil"), "kept on disk");
+        let full = users.upsert("other", m, 4096, salt, &salted);
+        assert_eq!(full.map_err(|r| r.code), Err(code::POLICY_VIOLATION));
+        assert_eq!(users.describe(None), vec![("user".to_string(), Some(vec![(m, 4096)]))]);
+        assert_eq!(
+            users.delete("user", Mechanism::Sha512).map_err(|r| r.code),
+            Err(code::RESOURCE_NOT_FOUND)
+        );
+        assert_eq!(users.delete("user", m), Ok(()));
+        assert!(users.is_empty());
+        Ok(())
+    }
+}
