@@ -25,16 +25,20 @@ pub struct NodeInfo {
     /// Kafka SSL listener, `host:port` as advertised; empty: none.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kafka_ssl: String,
+    /// Kafka SASL (without TLS) listener, `host:port`; empty: none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kafka_sasl: String,
 }
 
 impl NodeInfo {
-    /// Its Kafka listener of the kind a client is on (SSL or plaintext):
-    /// clients are told of listeners they can speak to.
-    pub fn kafka_at(&self, ssl: bool) -> &str {
-        if ssl {
-            &self.kafka_ssl
-        } else {
-            &self.kafka
+    /// Its Kafka listener of the kind a client is on (the SSL one, the
+    /// SASL one, or the plaintext one): clients are told of listeners they
+    /// can speak to.
+    pub fn kafka_at(&self, ssl: bool, sasl: bool) -> &str {
+        match (ssl, sasl) {
+            (true, _) => &self.kafka_ssl,
+            (false, true) => &self.kafka_sasl,
+            (false, false) => &self.kafka,
         }
     }
 }

@@ -494,6 +494,7 @@ async fn serve(
             set: cfg.cluster.broker_set.clone(),
             kafka: host("kafka"),
             kafka_ssl: host("kafka_ssl"),
+            kafka_sasl: host("kafka_sasl"),
             broker: host("broker"),
             namesrv: host("namesrv"),
             replication: String::new(),

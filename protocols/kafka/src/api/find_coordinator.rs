@@ -21,7 +21,7 @@ pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16, at: &crate::En
             let coordinators = r
                 .coordinator_keys
                 .into_iter()
-                .map(|key| match located(&v, key.as_str(), at.ssl) {
+                .map(|key| match located(&v, key.as_str(), at) {
                     Some((id, h, p)) => Coordinator::default()
                         .with_key(key)
                         .with_node_id(BrokerId(id as i32))
@@ -35,7 +35,7 @@ pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16, at: &crate::En
                 .collect();
             return FindCoordinatorResponse::default().with_coordinators(coordinators);
         }
-        match located(&v, r.key.as_str(), at.ssl) {
+        match located(&v, r.key.as_str(), at) {
             Some((id, h, p)) => {
                 node = BrokerId(id as i32);
                 host = str_bytes(&h);
@@ -85,12 +85,12 @@ pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16, at: &crate::En
 
 /// The Kafka address of the master coordinating `key`: its broker set's
 /// (by hash with several sets, the one set's otherwise).
-fn located(v: &rokka_broker::cluster_view::ClusterView, key: &str, ssl: bool) -> Option<(u32, String, i32)> {
+fn located(v: &rokka_broker::cluster_view::ClusterView, key: &str, at: &crate::Endpoint) -> Option<(u32, String, i32)> {
     let master = match v.coordinator_set(key) {
         Some(s) => s.master,
         None => v.master,
     };
     let n = master.and_then(|m| v.node(m))?;
-    let (h, p) = n.kafka_at(ssl).rsplit_once(':')?;
+    let (h, p) = n.kafka_at(at.ssl, at.sasl).rsplit_once(':')?;
     Some((n.id, h.to_string(), p.parse::<i32>().ok()?))
 }

@@ -152,7 +152,7 @@ pub(crate) fn nodes(k: &Kafka, at: &crate::Endpoint) -> (Vec<Node>, i32) {
             v.nodes
                 .iter()
                 .filter_map(|n| {
-                    let (host, port) = n.kafka_at(at.ssl).rsplit_once(':')?;
+                    let (host, port) = n.kafka_at(at.ssl, at.sasl).rsplit_once(':')?;
                     Some(Node {
                         id: n.id as i32,
                         host: str_bytes(host),
