@@ -2,6 +2,9 @@
 users table, whose salted credentials are managed with
 AlterUserScramCredentials. Clients: confluent-kafka (librdkafka) over
 SASL_PLAINTEXT and SASL_SSL, kafka-python with PLAIN."""
+import os
+import socket
+import struct
 import time
 
 import pytest
@@ -24,7 +27,7 @@ def pki():
 @pytest.fixture(scope="module")
 def sasl(pki):
     extra = (
-        'sasl_listen = "127.0.0.1:0"\n'
+        'sasl_listen = "127.0.0.1:0"\nsuper_users = ["alice"]\n'
         'ssl_listen = "127.0.0.1:0"\nssl_sasl = true\n'
         f'ssl_certificate = "{pki["server.pem"]}"\nssl_key = "{pki["server.key"]}"\n'
     )
@@ -148,6 +151,17 @@ def test_credentials_are_described_and_removed_through_the_admin_api(sasl):
     assert [(i.mechanism, i.iterations) for i in desc["bob"].scram_credential_infos] == [
         (ScramMechanism.SCRAM_SHA_256, 4096)
     ]
+    # Only super users change credentials over SASL (no ACLs yet).
+    as_bob = AdminClient(scram(sasl, "bob"))
+    attempt = [UserScramCredentialUpsertion("bob", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"takeover")]
+    with pytest.raises(KafkaException) as refused:
+        for f in as_bob.alter_user_scram_credentials(attempt).values():
+            f.result(10)
+    assert refused.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED, refused.value
+    assert AdminClient(scram(sasl, "bob")).list_topics(timeout=10).brokers, "bob's password unchanged"
+    # The credentials file is the broker user's alone.
+    mode = os.stat(os.path.join(sasl.workdir, "data", "config", "users.json")).st_mode
+    assert mode & 0o077 == 0, oct(mode)
     # A third user, then removed: it can no longer log in.
     ups = [UserScramCredentialUpsertion("carol", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 8192), b"carol-pw")]
     for f in admin.alter_user_scram_credentials(ups).values():
@@ -158,3 +172,13 @@ def test_credentials_are_described_and_removed_through_the_admin_api(sasl):
         f.result(10)
     with pytest.raises(KafkaException):
         AdminClient(carol).list_topics(timeout=5)
+
+
+def test_before_authentication_a_large_frame_or_silence_closes_the_connection(sasl):
+    """Kafka's sasl.server.max.receive.size: a frame announced above 512
+    KiB before authentication closes the connection at once (nothing is
+    reserved for it); so does not authenticating in time."""
+    with socket.create_connection(("127.0.0.1", sasl.sasl_port), timeout=10) as s:
+        s.sendall(struct.pack(">i", 50 * 1024 * 1024) + b"\x00" * 16)
+        s.settimeout(5)
+        assert s.recv(1) == b"", "closed"

@@ -102,6 +102,19 @@ def test_produce_consume_and_metadata_over_ssl_beside_plaintext(tls, pki):
     assert len(got) == 50 and committed[0].offset == 50
 
 
+def test_large_fetches_over_ssl(tls, pki):
+    """Several MB each way: every encrypted byte of a response is sent (a
+    TLS writer holds what it has not flushed)."""
+    conf = ssl_conf(tls, pki)
+    p = Producer({**conf, "linger.ms": 20})
+    blob = "x" * 10_000
+    for i in range(600):
+        p.produce("tls-large", value=f"{i}:{blob}".encode())
+    assert p.flush(60) == 0
+    got = read({**conf, "fetch.max.bytes": 8 * 1024 * 1024}, "tls-large", 600, timeout=60)
+    assert [int(v.split(":", 1)[0]) for v in got] == list(range(600))
+
+
 def test_kcat_over_ssl(tls, pki, tmp_path):
     base = ["kcat", "-b", f"127.0.0.1:{tls.ssl_port}", "-X", "security.protocol=ssl",
             "-X", f"ssl.ca.location={pki['ca.pem']}"]

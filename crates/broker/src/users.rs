@@ -204,6 +204,24 @@ impl Users {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
             Err(e) => return Err(BrokerError::Io(path, e)),
         };
+        let mut table: File = table;
+        // A hand-edited file is held to what AlterUserScramCredentials
+        // accepts (a huge iteration count would make PLAIN a CPU sink).
+        for (user, creds) in table.users.iter_mut() {
+            creds.retain(|name, c| {
+                let ok = Mechanism::from_name(name).is_some_and(|m| {
+                    (m.min_iterations()..=Mechanism::MAX_ITERATIONS).contains(&c.iterations)
+                        && c.stored_key.len() == m.output_len()
+                        && c.server_key.len() == m.output_len()
+                });
+                if !ok {
+                    tracing::warn!(user, mechanism = name.as_str(), path = %path.display(), "ignoring a malformed credential");
+                }
+                ok
+            });
+        }
+        table.users.retain(|_, c| !c.is_empty());
+        metrics::gauge!("rokka_users").set(table.users.len() as f64);
         Ok(Users {
             path,
             table: Mutex::new(table),
@@ -290,7 +308,7 @@ impl Users {
             metrics::counter!("rokka_users_refused_total").increment(1);
             return Err(refused(
                 code::POLICY_VIOLATION,
-                format!("at most {} users (security.max_users)", self.max_users),
+                format!("at most {} users (broker.max_users)", self.max_users),
             ));
         }
         let before = t.users.get(user).and_then(|c| c.get(m.name())).cloned();
@@ -357,7 +375,8 @@ impl Users {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
         }
-        rokka_store::checkpoint::write_atomically(&self.path, &data)?;
+        // Credentials: readable by the broker's user only.
+        rokka_store::checkpoint::write_private_atomically(&self.path, &data)?;
         Ok(())
     }
 }

@@ -372,6 +372,18 @@ async fn serve(
                 stop_rx.clone(),
             )));
         }
+        if let Some(bad) = cfg
+            .kafka
+            .sasl_mechanisms
+            .iter()
+            .find(|m| !rokka_kafka::sasl::MECHANISMS.contains(&m.as_str()))
+        {
+            return Err(format!(
+                "kafka.sasl_mechanisms: unknown mechanism {bad} (known: {})",
+                rokka_kafka::sasl::MECHANISMS.join(", ")
+            )
+            .into());
+        }
         // A SASL listener without TLS (Kafka SASL_PLAINTEXT).
         if let Some(sasl_listen) = cfg.kafka.sasl_listen {
             let l = TcpListener::bind(sasl_listen)

@@ -112,11 +112,29 @@ impl Checkpoint {
 /// directory, so that `path` holds either its old or its new content.
 pub fn write_atomically(path: &Path, data: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    let mut f = File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
-    f.write_all(data).map_err(StoreError::io("write", &tmp))?;
-    f.sync_all().map_err(StoreError::io("fsync", &tmp))?;
+    let f = File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
+    finish_atomically(f, &tmp, path, data)
+}
+
+/// [`write_atomically`] for secrets: the file is readable by its owner
+/// only (mode 0600 on Unix), from its first byte.
+pub fn write_private_atomically(path: &Path, data: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    // A leftover temp file keeps its mode when opened: start afresh.
+    let _ = std::fs::remove_file(&tmp);
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let f = opts.open(&tmp).map_err(StoreError::io("create", &tmp))?;
+    finish_atomically(f, &tmp, path, data)
+}
+
+fn finish_atomically(mut f: File, tmp: &Path, path: &Path, data: &[u8]) -> Result<()> {
+    f.write_all(data).map_err(StoreError::io("write", tmp))?;
+    f.sync_all().map_err(StoreError::io("fsync", tmp))?;
     drop(f);
-    std::fs::rename(&tmp, path).map_err(StoreError::io("rename", path))?;
+    std::fs::rename(tmp, path).map_err(StoreError::io("rename", path))?;
     if let Some(dir) = path.parent() {
         File::open(dir)
             .and_then(|d| d.sync_all())

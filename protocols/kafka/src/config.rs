@@ -79,6 +79,16 @@ pub struct KafkaConfig {
     /// A failed authentication is answered after this long, then the
     /// connection closes (Kafka `connection.failed.authentication.delay.ms`).
     pub sasl_failure_delay_ms: u64,
+    /// A SASL connection not authenticated within this long of its start
+    /// is closed.
+    pub sasl_authentication_timeout_ms: u64,
+    /// PLAIN password checks (PBKDF2) running at once over all
+    /// connections; more wait.
+    pub sasl_max_concurrent_password_checks: u32,
+    /// Users who may change credentials (AlterUserScramCredentials) over a
+    /// SASL listener, until the ACL table exists; on the plaintext
+    /// listener (loopback unless opened explicitly) anyone may.
+    pub super_users: Vec<String>,
 }
 
 impl Default for KafkaConfig {
@@ -111,6 +121,9 @@ impl Default for KafkaConfig {
             sasl_advertised_port: 0,
             sasl_mechanisms: crate::sasl::MECHANISMS.iter().map(|m| m.to_string()).collect(),
             sasl_failure_delay_ms: 100,
+            sasl_authentication_timeout_ms: 10_000,
+            sasl_max_concurrent_password_checks: 2,
+            super_users: Vec::new(),
         }
     }
 }

@@ -31,6 +31,8 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
 ) {
     metrics::gauge!("rokka_kafka_connections").increment(1.0);
     let mut sasl = crate::sasl::Sasl::new(at.sasl);
+    let auth_deadline =
+        tokio::time::Instant::now() + Duration::from_millis(k.config.sasl_authentication_timeout_ms.max(1));
     let (rd, mut wr) = tokio::io::split(stream);
     let mut rd = BufReader::with_capacity(64 * 1024, rd);
     let max = k.config.max_request_bytes as usize;
@@ -39,7 +41,14 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
         // The idle clock runs from the last answered request to the end of
         // the next whole frame: a client that sends nothing, or a frame a
         // byte at a time, is closed after `idle_timeout_ms`.
-        let deadline = tokio::time::Instant::now() + idle;
+        let mut deadline = tokio::time::Instant::now() + idle;
+        // Before authentication on a SASL listener: small frames only
+        // (Kafka's sasl.server.max.receive.size) and a deadline for the
+        // whole exchange from the connection's start.
+        let unauthenticated = !sasl.may_serve();
+        if unauthenticated {
+            deadline = deadline.min(auth_deadline);
+        }
         let len = tokio::select! {
             r = tokio::time::timeout_at(deadline, rd.read_i32()) => match r {
                 Ok(Ok(n)) => n,
@@ -52,6 +61,11 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
             },
             _ = shutdown.changed() => break,
         };
+        if unauthenticated && len as usize > crate::sasl::MAX_RECEIVE_BYTES {
+            metrics::counter!("rokka_kafka_unauthenticated_requests_total").increment(1);
+            tracing::debug!(%peer, len, "Kafka frame too large before SASL authentication: closing");
+            break;
+        }
         if len < 8 || len as usize > max {
             tracing::warn!(%peer, len, max, "Kafka frame length out of range: closing connection");
             break;
@@ -95,11 +109,18 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
                         break;
                     }
                 }
-                if failed {
+                // TLS holds what it encrypted until flushed.
+                if failed || wr.flush().await.is_err() {
                     break;
                 }
             }
             Ok(None) => {}
+            // Counted, not logged per connection: anyone can reach a
+            // SASL listener.
+            Err(Close(why)) if !sasl.may_serve() => {
+                tracing::debug!(%peer, why, "closing unauthenticated Kafka connection");
+                break;
+            }
             Err(Close(why)) => {
                 tracing::warn!(%peer, why, "closing Kafka connection");
                 break;
@@ -241,11 +262,17 @@ pub async fn handle(
             sasl.handshake(k, r.mechanism.as_str()),
         ))),
         RequestKind::SaslAuthenticate(r) => {
-            // PBKDF2 for PLAIN: off the runtime's threads.
+            // PBKDF2 for PLAIN: a bounded number at once, off the
+            // runtime's threads.
+            let _permit = k
+                .sasl_checks
+                .acquire()
+                .await
+                .map_err(|_| Close("shutting down".into()))?;
             let r = rokka_broker::offload(|| sasl.authenticate(k, &r.auth_bytes));
             Some(api::Response::Kind(ResponseKind::SaslAuthenticate(r)))
         }
-        req => api::dispatch(k, &header, req, version, peer, at).await?,
+        req => api::dispatch(k, &header, req, version, peer, at, sasl.principal()).await?,
     };
     metrics::histogram!("rokka_kafka_request_seconds", "api" => name).record(started.elapsed().as_secs_f64());
     match resp {

@@ -51,6 +51,8 @@ pub struct Kafka {
     pub inflight: rokka_broker::limits::ByteBudget,
     /// Incremental fetch sessions (KIP-227).
     pub fetch_sessions: sessions::FetchSessions,
+    /// SASL authentications running at once (PLAIN's PBKDF2 is costly).
+    pub sasl_checks: tokio::sync::Semaphore,
 }
 
 impl Kafka {
@@ -83,7 +85,9 @@ impl Kafka {
         );
         let groups = Arc::new(groups::Groups::new(group));
         broker.set_replicated_groups(Arc::clone(&groups) as Arc<dyn rokka_broker::remote::ReplicatedGroups>);
+        let sasl_checks = tokio::sync::Semaphore::new(config.sasl_max_concurrent_password_checks.max(1) as usize);
         Kafka {
+            sasl_checks,
             conns,
             inflight,
             fetch_sessions,

@@ -18,6 +18,10 @@ pub const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
 pub const ILLEGAL_SASL_STATE: i16 = 34;
 pub const SASL_AUTHENTICATION_FAILED: i16 = 58;
 
+/// Largest frame accepted before authentication (Kafka's
+/// `sasl.server.max.receive.size`).
+pub const MAX_RECEIVE_BYTES: usize = 512 * 1024;
+
 /// The mechanisms Rokka implements.
 pub const MECHANISMS: [&str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
 

@@ -1,7 +1,7 @@
 //! TLS for the Kafka SSL listener (rustls, ring provider): the server
 //! certificate chain and key from PEM files; with a client CA, clients must
-//! present a certificate it signed (mTLS), and its subject names the
-//! principal.
+//! present a certificate it signed (mTLS; its subject is not used as a
+//! principal yet).
 
 use std::path::Path;
 use std::sync::Arc;

@@ -59,6 +59,7 @@ pub async fn dispatch(
     version: i16,
     peer: std::net::SocketAddr,
     at: &crate::Endpoint,
+    principal: Option<&str>,
 ) -> Result<Option<Response>, Close> {
     let client_id = header.client_id.as_ref().map_or("", |c| c.as_str());
     if let RequestKind::Fetch(r) = req {
@@ -128,7 +129,13 @@ pub async fn dispatch(
             ResponseKind::DescribeUserScramCredentials(scram::describe(k, r))
         }
         RequestKind::AlterUserScramCredentials(r) => {
-            ResponseKind::AlterUserScramCredentials(rokka_broker::offload(|| scram::alter(k, r)))
+            // Until the ACL table: over a SASL listener only super users
+            // change credentials.
+            let allowed = !at.sasl || principal.is_some_and(|p| k.config.super_users.iter().any(|s| s == p));
+            ResponseKind::AlterUserScramCredentials(match allowed {
+                true => rokka_broker::offload(|| scram::alter(k, r)),
+                false => scram::refused(r),
+            })
         }
         RequestKind::DeleteRecords(r) => {
             ResponseKind::DeleteRecords(rokka_broker::offload(|| admin::delete_records(k, r)))

@@ -43,6 +43,27 @@ pub fn describe(k: &crate::Kafka, r: DescribeUserScramCredentialsRequest) -> Des
     DescribeUserScramCredentialsResponse::default().with_results(results)
 }
 
+/// CLUSTER_AUTHORIZATION_FAILED for every change asked.
+pub fn refused(r: AlterUserScramCredentialsRequest) -> AlterUserScramCredentialsResponse {
+    metrics::counter!("rokka_kafka_credential_changes_refused_total").increment(1);
+    let names = r
+        .deletions
+        .iter()
+        .map(|d| &d.name)
+        .chain(r.upsertions.iter().map(|u| &u.name));
+    let results = names
+        .map(|n| {
+            AlterUserScramCredentialsResult::default()
+                .with_user(n.clone())
+                .with_error_code(CLUSTER_AUTHORIZATION_FAILED)
+                .with_error_message(Some(str_bytes("only kafka.super_users change credentials over SASL")))
+        })
+        .collect();
+    AlterUserScramCredentialsResponse::default().with_results(results)
+}
+
+const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
+
 pub fn alter(k: &crate::Kafka, r: AlterUserScramCredentialsRequest) -> AlterUserScramCredentialsResponse {
     let users = k.broker.users();
     let mut results = Vec::new();
