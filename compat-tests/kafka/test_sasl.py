@@ -27,7 +27,7 @@ def pki():
 @pytest.fixture(scope="module")
 def sasl(pki):
     extra = (
-        'sasl_listen = "127.0.0.1:0"\nsuper_users = ["alice"]\n'
+        'sasl_listen = "127.0.0.1:0"\nsuper_users = ["alice"]\nsasl_max_failures_per_address = 1000\n'
         'ssl_listen = "127.0.0.1:0"\nssl_sasl = true\n'
         f'ssl_certificate = "{pki["server.pem"]}"\nssl_key = "{pki["server.key"]}"\n'
     )
@@ -182,3 +182,26 @@ def test_before_authentication_a_large_frame_or_silence_closes_the_connection(sa
         s.sendall(struct.pack(">i", 50 * 1024 * 1024) + b"\x00" * 16)
         s.settimeout(5)
         assert s.recv(1) == b"", "closed"
+
+
+def test_an_address_whose_authentications_keep_failing_is_held_off():
+    """Three failures within the window: the address's next SASL
+    connection is closed at accept, even with the right password; the
+    plaintext listener is not affected."""
+    extra = 'sasl_listen = "127.0.0.1:0"\nsasl_max_failures_per_address = 3\nsasl_failure_window_ms = 60000\n'
+    with running("kafka", "sasl-limit", kafka_extra=extra) as r:
+        admin = AdminClient({"bootstrap.servers": r.bootstrap})
+        ups = [UserScramCredentialUpsertion("dave", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"dave-pw")]
+        for f in admin.alter_user_scram_credentials(ups).values():
+            f.result(15)
+        conf = {"bootstrap.servers": f"127.0.0.1:{r.sasl_port}", "security.protocol": "sasl_plaintext",
+                "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "dave"}
+        assert AdminClient({**conf, "sasl.password": "dave-pw"}).list_topics(timeout=10).brokers
+        for _ in range(3):
+            with pytest.raises(KafkaException):
+                AdminClient({**conf, "sasl.password": "wrong", "reconnect.backoff.ms": 5000}).list_topics(timeout=3)
+        with pytest.raises(KafkaException):
+            AdminClient({**conf, "sasl.password": "dave-pw"}).list_topics(timeout=5)
+        refused = [l for l in r.metrics().splitlines() if l.startswith("rokka_kafka_sasl_connections_refused_total")]
+        assert refused and float(refused[0].rsplit(" ", 1)[1]) >= 1, refused
+        assert admin.list_topics(timeout=10).brokers

@@ -85,6 +85,11 @@ pub struct KafkaConfig {
     /// PLAIN password checks (PBKDF2) running at once over all
     /// connections; more wait.
     pub sasl_max_concurrent_password_checks: u32,
+    /// Failed authentications from one address within
+    /// `sasl_failure_window_ms` after which its new SASL connections are
+    /// closed at once until the window has passed.
+    pub sasl_max_failures_per_address: u32,
+    pub sasl_failure_window_ms: u64,
     /// Users who may change credentials (AlterUserScramCredentials) over a
     /// SASL listener, until the ACL table exists; on the plaintext
     /// listener (loopback unless opened explicitly) anyone may.
@@ -123,6 +128,8 @@ impl Default for KafkaConfig {
             sasl_failure_delay_ms: 100,
             sasl_authentication_timeout_ms: 10_000,
             sasl_max_concurrent_password_checks: 2,
+            sasl_max_failures_per_address: 20,
+            sasl_failure_window_ms: 60_000,
             super_users: Vec::new(),
         }
     }

@@ -92,6 +92,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
         match handle(&k, Bytes::from(buf), peer, &at, &mut sasl).await {
             Ok(Some(chunks)) => {
                 if sasl.failed() {
+                    k.sasl_failures.failed(peer.ip());
                     // Answered late, then closed (Kafka's
                     // connection.failed.authentication.delay.ms).
                     tokio::time::sleep(Duration::from_millis(k.config.sasl_failure_delay_ms)).await;

@@ -53,6 +53,8 @@ pub struct Kafka {
     pub fetch_sessions: sessions::FetchSessions,
     /// SASL authentications running at once (PLAIN's PBKDF2 is costly).
     pub sasl_checks: tokio::sync::Semaphore,
+    /// Failed authentications by source address.
+    pub sasl_failures: sasl::Failures,
 }
 
 impl Kafka {
@@ -86,7 +88,12 @@ impl Kafka {
         let groups = Arc::new(groups::Groups::new(group));
         broker.set_replicated_groups(Arc::clone(&groups) as Arc<dyn rokka_broker::remote::ReplicatedGroups>);
         let sasl_checks = tokio::sync::Semaphore::new(config.sasl_max_concurrent_password_checks.max(1) as usize);
+        let sasl_failures = sasl::Failures::new(
+            config.sasl_max_failures_per_address,
+            std::time::Duration::from_millis(config.sasl_failure_window_ms),
+        );
         Kafka {
+            sasl_failures,
             sasl_checks,
             conns,
             inflight,
@@ -139,6 +146,12 @@ pub async fn serve(
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
+                // An address whose authentications keep failing is held
+                // off SASL listeners for a while (counted, not logged).
+                Ok((stream, peer)) if at.sasl && kafka.sasl_failures.blocked(peer.ip()) => {
+                    metrics::counter!("rokka_kafka_sasl_connections_refused_total").increment(1);
+                    drop(stream);
+                }
                 Ok((stream, peer)) => match kafka.conns.admit(peer.ip()) {
                     Ok(slot) => {
                         let k = Arc::clone(&kafka);
