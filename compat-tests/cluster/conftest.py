@@ -118,7 +118,7 @@ def remoting(port, code, ext, timeout=5):
 class Cluster:
     """Nodes 1..n of one broker set."""
 
-    def __init__(self, name, n=3, min_isr=2, extra="", metrics_extra=""):
+    def __init__(self, name, n=3, min_isr=2, extra="", metrics_extra="", kafka_extra=""):
         """`extra`: more `[cluster]` lines, or a function of the node id
         returning them."""
         self.dir = results_dir("cluster", name)
@@ -132,6 +132,7 @@ class Cluster:
                 broker_extra="default_partitions = 2",
                 group_extra="initial_rebalance_delay_ms = 0\nmin_session_timeout_ms = 1000",
                 metrics_extra=metrics_extra,
+                kafka_extra=kafka_extra,
                 cluster_extra=(
                     f'etcd_endpoints = ["{self.etcd.endpoint}"]\nname = "{name}"\nnode_id = {i}\n'
                     f'min_insync_replicas = {min_isr}\nlease_ttl_secs = 2\n'
@@ -191,8 +192,15 @@ class TwoSets(Cluster):
     """Two broker sets of two nodes (1, 2: set-a; 3, 4: set-b) behind one
     etcd, each set taking writes with one in-sync member (min ISR 1)."""
 
-    def __init__(self, name, metrics_extra=""):
-        super().__init__(name, n=4, min_isr=1, extra=lambda i: f'broker_set = "{SETS[i]}"', metrics_extra=metrics_extra)
+    def __init__(self, name, metrics_extra="", kafka_extra=""):
+        super().__init__(
+            name,
+            n=4,
+            min_isr=1,
+            extra=lambda i: f'broker_set = "{SETS[i]}"',
+            metrics_extra=metrics_extra,
+            kafka_extra=kafka_extra,
+        )
 
     def sets_known(self, i):
         try:

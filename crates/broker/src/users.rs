@@ -183,7 +183,15 @@ pub struct Users {
     path: PathBuf,
     table: Mutex<File>,
     max_users: usize,
+    /// Cluster mode: users changed here and not yet written to the
+    /// cluster's table (etcd); the cluster's older record is not applied
+    /// over them meanwhile.
+    changed: Mutex<std::collections::BTreeSet<String>>,
+    in_cluster: std::sync::atomic::AtomicBool,
 }
+
+/// One user's credentials by mechanism name (the cluster table's form).
+pub type UserRecord = BTreeMap<String, ScramCredential>;
 
 fn refused(code: i16, message: impl Into<String>) -> Refused {
     Refused {
@@ -226,6 +234,8 @@ impl Users {
             path,
             table: Mutex::new(table),
             max_users: max_users.max(1),
+            changed: Mutex::default(),
+            in_cluster: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -337,6 +347,8 @@ impl Users {
             return Err(refused(-1, format!("storing the credential failed: {e}")));
         }
         metrics::gauge!("rokka_users").set(t.users.len() as f64);
+        drop(t);
+        self.changed(user);
         Ok(())
     }
 
@@ -362,6 +374,80 @@ impl Users {
                 .or_default()
                 .insert(m.name().to_string(), old);
             return Err(refused(-1, format!("storing the change failed: {e}")));
+        }
+        metrics::gauge!("rokka_users").set(t.users.len() as f64);
+        drop(t);
+        self.changed(user);
+        Ok(())
+    }
+
+    fn changed(&self, user: &str) {
+        if self.in_cluster.load(std::sync::atomic::Ordering::Acquire) {
+            self.changed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(user.to_string());
+        }
+    }
+
+    /// Cluster mode: users are one table for the whole cluster (etcd);
+    /// changes made here are handed to the controller from now on.
+    pub fn join_cluster(&self) {
+        self.in_cluster.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Cluster mode: users changed here since the last call, with their
+    /// record now (None: deleted), for the controller to write.
+    pub fn take_changes(&self) -> Vec<(String, Option<UserRecord>)> {
+        let names = std::mem::take(&mut *self.changed.lock().unwrap_or_else(|p| p.into_inner()));
+        let t = self.lock();
+        names
+            .into_iter()
+            .map(|n| {
+                let r = t.users.get(&n).cloned();
+                (n, r)
+            })
+            .collect()
+    }
+
+    /// Cluster mode: users whose write to the cluster failed, to try again.
+    pub fn rechange(&self, names: impl IntoIterator<Item = String>) {
+        self.changed.lock().unwrap_or_else(|p| p.into_inner()).extend(names);
+    }
+
+    /// Cluster mode: the cluster's table replaces this node's (but for
+    /// users changed here and not written yet), and is kept on disk.
+    pub fn replace_from_cluster(&self, mut cluster: BTreeMap<String, UserRecord>) -> Result<()> {
+        let pending = self.changed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut t = self.lock();
+        for user in &pending {
+            match t.users.get(user) {
+                Some(r) => {
+                    cluster.insert(user.clone(), r.clone());
+                }
+                None => {
+                    cluster.remove(user);
+                }
+            }
+        }
+        // Only what AlterUserScramCredentials would accept.
+        for creds in cluster.values_mut() {
+            creds.retain(|name, c| {
+                Mechanism::from_name(name).is_some_and(|m| {
+                    (m.min_iterations()..=Mechanism::MAX_ITERATIONS).contains(&c.iterations)
+                        && c.stored_key.len() == m.output_len()
+                        && c.server_key.len() == m.output_len()
+                })
+            });
+        }
+        cluster.retain(|_, c| !c.is_empty());
+        if t.users == cluster {
+            return Ok(());
+        }
+        let before = std::mem::replace(&mut t.users, cluster);
+        if let Err(e) = self.persist(&t) {
+            t.users = before;
+            return Err(e);
         }
         metrics::gauge!("rokka_users").set(t.users.len() as f64);
         Ok(())

@@ -209,6 +209,9 @@ impl Controller {
         let mut remote_members: HashMap<u32, HashMap<String, rokka_broker::membership::GroupMembers>> = HashMap::new();
         let state_key = self.state_key();
         let topics_prefix = format!("{}topics/", self.prefix);
+        // Users and their SCRAM credentials: one table for the cluster.
+        let users_prefix = format!("{}users/", self.prefix);
+        let mut users: BTreeMap<String, rokka_broker::users::UserRecord> = BTreeMap::new();
         let default_key = self.broker_default_key();
         // None: absent; Some(None): there but unreadable.
         let mut broker_default: Option<Option<BTreeMap<String, String>>> = None;
@@ -222,6 +225,13 @@ impl Controller {
                         None
                     }
                 });
+            } else if let Some(name) = key.strip_prefix(&users_prefix) {
+                match serde_json::from_slice(kv.value()) {
+                    Ok(r) => {
+                        users.insert(name.to_string(), r);
+                    }
+                    Err(e) => tracing::warn!(key, error = %e, "unreadable user in etcd; not applied"),
+                }
             } else if let Some(name) = key.strip_prefix(&topics_prefix) {
                 if let Ok(t) = serde_json::from_slice::<TopicInfo>(kv.value()) {
                     topics.insert(name.to_string(), t);
@@ -364,6 +374,7 @@ impl Controller {
             }
         }
         let revision = resp.header().map_or(0, |h| h.revision());
+        self.sync_users(users).await?;
         self.sync_broker_default(broker_default).await?;
         self.sync_topics(topics, revision).await
     }
@@ -392,6 +403,35 @@ impl Controller {
             }
         }
         Ok(())
+    }
+
+    /// Users changed on this node go to etcd (per user: the last writer
+    /// wins, as Kafka's credentials in its metadata log); then etcd's table
+    /// is this node's.
+    async fn sync_users(&mut self, mut in_etcd: BTreeMap<String, rokka_broker::users::UserRecord>) -> Res<()> {
+        let users = self.sh.broker.users();
+        let changes = users.take_changes();
+        for (i, (user, record)) in changes.iter().enumerate() {
+            let key = format!("{}users/{user}", self.prefix);
+            let res = match record {
+                Some(r) => {
+                    let json = serde_json::to_vec(r).map_err(|e| e.to_string())?;
+                    self.client.put(key, json, None).await.map(|_| ())
+                }
+                None => self.client.delete(key, None).await.map(|_| ()),
+            };
+            if let Err(e) = res {
+                users.rechange(changes[i..].iter().map(|(u, _)| u.clone()));
+                return Err(format!("etcd put user: {e}"));
+            }
+            match record {
+                Some(r) => in_etcd.insert(user.clone(), r.clone()),
+                None => in_etcd.remove(user),
+            };
+        }
+        users
+            .replace_from_cluster(in_etcd)
+            .map_err(|e| format!("users table: {e}"))
     }
 
     fn broker_default_key(&self) -> String {
