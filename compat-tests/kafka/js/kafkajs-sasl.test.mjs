@@ -5,23 +5,13 @@
 // credential (never the password) in the data directory's users table.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { createHash, createHmac, pbkdf2Sync, randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import kafkajs from 'kafkajs';
+import { startRokka } from './rokka.mjs';
 
 const { Kafka, logLevel } = kafkajs;
-
-async function waitPorts(file, child) {
-  const deadline = Date.now() + 30000;
-  while (Date.now() < deadline) {
-    if (existsSync(file)) return JSON.parse(readFileSync(file, 'utf8'));
-    if (child.exitCode !== null) throw new Error(`rokka exited with ${child.exitCode} at start`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error('rokka did not report its ports');
-}
 
 // RFC 5802: SaltedPassword, StoredKey = H(HMAC(SaltedPassword, "Client Key")),
 // ServerKey = HMAC(SaltedPassword, "Server Key").
@@ -41,31 +31,13 @@ let proc;
 let port;
 
 before(async () => {
-  const results = process.env.ROKKA_RESULTS_DIR || join(process.cwd(), '..', '..', '..', 'target', 'compat-results');
-  mkdirSync(join(results, 'kafka'), { recursive: true });
-  const dir = mkdtempSync(join(results, 'kafka', 'kafkajs-sasl-'));
-  mkdirSync(join(dir, 'data', 'config'), { recursive: true });
-  writeFileSync(join(dir, 'data', 'config', 'users.json'),
-    JSON.stringify({ users: { carol: { 'SCRAM-SHA-256': scramSha256('carol-secret', 4096) } } }));
-  writeFileSync(join(dir, 'rokka.toml'), `
-[metrics]
-listen = "127.0.0.1:0"
-[store]
-data_dir = "${dir}/data"
-commitlog_segment_bytes = 67108864
-preallocate = false
-[kafka]
-listen = "127.0.0.1:0"
-sasl_listen = "127.0.0.1:0"
-[rocketmq]
-namesrv_listen = "127.0.0.1:0"
-broker_listen = "127.0.0.1:0"
-`);
-  const log = openSync(join(dir, 'rokka.log'), 'a');
-  proc = spawn(process.env.ROKKA_BIN, ['--config', join(dir, 'rokka.toml'), '--ports-file', join(dir, 'ports.json')],
-    { stdio: ['ignore', log, log] });
-  const ports = await waitPorts(join(dir, 'ports.json'), proc);
-  port = Number(ports.kafka_sasl.split(':').pop());
+  let ports;
+  ({ proc, ports } = await startRokka('kafkajs-sasl', 'sasl_listen = "127.0.0.1:0"', (dir) => {
+    mkdirSync(join(dir, 'data', 'config'), { recursive: true });
+    writeFileSync(join(dir, 'data', 'config', 'users.json'),
+      JSON.stringify({ users: { carol: { 'SCRAM-SHA-256': scramSha256('carol-secret', 4096) } } }));
+  }));
+  port = ports.kafka_sasl;
 });
 
 after(async () => {

@@ -5,51 +5,18 @@
 // consumers.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, openSync, readFileSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
 import kafkajs from 'kafkajs';
+import { startRokka } from './rokka.mjs';
 
 const { AssignerProtocol, Kafka, logLevel, CompressionTypes } = kafkajs;
-
-// rokka binds port 0 for every listener and writes the ports it got to a
-// ports file: no port is guessed ahead, so none can be taken in between.
-async function waitPorts(file, child) {
-  const deadline = Date.now() + 30000;
-  while (Date.now() < deadline) {
-    if (existsSync(file)) return JSON.parse(readFileSync(file, 'utf8'));
-    if (child.exitCode !== null) throw new Error(`rokka exited with ${child.exitCode} at start`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  throw new Error('rokka did not report its ports');
-}
 
 let proc;
 let kafka;
 
 before(async () => {
-  const results = process.env.ROKKA_RESULTS_DIR || join(process.cwd(), '..', '..', '..', 'target', 'compat-results');
-  mkdirSync(join(results, 'kafka'), { recursive: true });
-  const dir = mkdtempSync(join(results, 'kafka', 'kafkajs-'));
-  writeFileSync(join(dir, 'rokka.toml'), `
-[metrics]
-listen = "127.0.0.1:0"
-[store]
-data_dir = "${dir}/data"
-commitlog_segment_bytes = 67108864
-preallocate = false
-[kafka]
-listen = "127.0.0.1:0"
-[rocketmq]
-namesrv_listen = "127.0.0.1:0"
-broker_listen = "127.0.0.1:0"
-`);
-  const log = openSync(join(dir, 'rokka.log'), 'a');
-  proc = spawn(process.env.ROKKA_BIN, ['--config', join(dir, 'rokka.toml'), '--ports-file', join(dir, 'ports.json')],
-    { stdio: ['ignore', log, log] });
-  const ports = await waitPorts(join(dir, 'ports.json'), proc);
-  const port = Number(ports.kafka.split(':').pop());
-  kafka = new Kafka({ clientId: 'kafkajs-compat', brokers: [`127.0.0.1:${port}`], logLevel: logLevel.NOTHING });
+  let ports;
+  ({ proc, ports } = await startRokka('kafkajs'));
+  kafka = new Kafka({ clientId: 'kafkajs-compat', brokers: [`127.0.0.1:${ports.kafka}`], logLevel: logLevel.NOTHING });
 });
 
 after(async () => {

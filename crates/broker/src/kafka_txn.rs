@@ -1243,6 +1243,21 @@ impl Broker {
         self.join_sets(id, producer_id, epoch, by_set).await
     }
 
+    /// The committed-offset table's budget applies when transactional
+    /// offsets are held, not at commit (this set's queues; another set's
+    /// are its own).
+    fn offsets_fit(&self, offsets: &[PendingOffset]) -> std::result::Result<(), i16> {
+        let table = self.store.offsets();
+        if offsets
+            .iter()
+            .any(|o| o.set.is_none() && !table.has_room_for(&o.group, &o.topic, o.partition))
+        {
+            metrics::counter!("rokka_offset_commits_refused_total").increment(1);
+            return Err(code::INVALID_COMMIT_OFFSET_SIZE);
+        }
+        Ok(())
+    }
+
     /// TxnOffsetCommit: offsets held until the transaction commits.
     pub fn txn_commit_offsets(
         &self,
@@ -1257,15 +1272,7 @@ impl Broker {
             if m.state != TxnState::Ongoing || offsets.iter().any(|o| !m.groups.contains(&o.group)) {
                 return Err(code::INVALID_TXN_STATE);
             }
-            // The committed-offset table's budget applies now, not at commit.
-            let table = self.store.offsets();
-            if offsets
-                .iter()
-                .any(|o| o.set.is_none() && !table.has_room_for(&o.group, &o.topic, o.partition))
-            {
-                metrics::counter!("rokka_offset_commits_refused_total").increment(1);
-                return Err(code::INVALID_COMMIT_OFFSET_SIZE);
-            }
+            self.offsets_fit(&offsets)?;
             for o in offsets {
                 m.offsets
                     .retain(|x| !(x.group == o.group && x.topic == o.topic && x.partition == o.partition));
@@ -1393,14 +1400,7 @@ impl Broker {
         epoch: i16,
         offsets: Vec<PendingOffset>,
     ) -> std::result::Result<(), i16> {
-        let table = self.store.offsets();
-        if offsets
-            .iter()
-            .any(|o| o.set.is_none() && !table.has_room_for(&o.group, &o.topic, o.partition))
-        {
-            metrics::counter!("rokka_offset_commits_refused_total").increment(1);
-            return Err(code::INVALID_COMMIT_OFFSET_SIZE);
-        }
+        self.offsets_fit(&offsets)?;
         let mut lines = Vec::new();
         let r = {
             let mut inner = lock(&self.kafka_txns.inner);

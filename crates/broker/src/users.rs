@@ -133,6 +133,17 @@ impl ScramCredential {
     }
 }
 
+/// Whether a stored credential is one AlterUserScramCredentials could
+/// have made (a hand-edited file or record is held to it: a huge
+/// iteration count would make PLAIN a CPU sink).
+fn acceptable(mechanism: &str, c: &ScramCredential) -> bool {
+    Mechanism::from_name(mechanism).is_some_and(|m| {
+        (m.min_iterations()..=Mechanism::MAX_ITERATIONS).contains(&c.iterations)
+            && c.stored_key.len() == m.output_len()
+            && c.server_key.len() == m.output_len()
+    })
+}
+
 /// Compares in time independent of where they differ.
 pub fn equal(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -217,11 +228,7 @@ impl Users {
         // accepts (a huge iteration count would make PLAIN a CPU sink).
         for (user, creds) in table.users.iter_mut() {
             creds.retain(|name, c| {
-                let ok = Mechanism::from_name(name).is_some_and(|m| {
-                    (m.min_iterations()..=Mechanism::MAX_ITERATIONS).contains(&c.iterations)
-                        && c.stored_key.len() == m.output_len()
-                        && c.server_key.len() == m.output_len()
-                });
+                let ok = acceptable(name, c);
                 if !ok {
                     tracing::warn!(user, mechanism = name.as_str(), path = %path.display(), "ignoring a malformed credential");
                 }
@@ -432,13 +439,7 @@ impl Users {
         }
         // Only what AlterUserScramCredentials would accept.
         for creds in cluster.values_mut() {
-            creds.retain(|name, c| {
-                Mechanism::from_name(name).is_some_and(|m| {
-                    (m.min_iterations()..=Mechanism::MAX_ITERATIONS).contains(&c.iterations)
-                        && c.stored_key.len() == m.output_len()
-                        && c.server_key.len() == m.output_len()
-                })
-            });
+            creds.retain(|name, c| acceptable(name, c));
         }
         cluster.retain(|_, c| !c.is_empty());
         if t.users == cluster {
