@@ -429,9 +429,8 @@ impl Controller {
                 None => in_etcd.remove(user),
             };
         }
-        users
-            .replace_from_cluster(in_etcd)
-            .map_err(|e| format!("users table: {e}"))
+        // Writes (and fsyncs) users.json when it changed: off the runtime.
+        rokka_broker::offload(|| users.replace_from_cluster(in_etcd)).map_err(|e| format!("users table: {e}"))
     }
 
     fn broker_default_key(&self) -> String {

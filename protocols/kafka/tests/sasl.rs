@@ -7,15 +7,16 @@
 
 use std::sync::Arc;
 
-use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 use rokka_broker::users::{b64, unb64, Mechanism};
 use rokka_broker::{Broker, BrokerConfig};
 use rokka_kafka::{Endpoint, Kafka, KafkaConfig};
 use rokka_store::{MessageStore, StoreConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+mod common;
+use common::{call, closed};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -50,32 +51,6 @@ async fn start(
     Ok((addr, tx))
 }
 
-async fn call<Req: Encodable, Resp: Decodable>(
-    s: &mut TcpStream,
-    key: ApiKey,
-    version: i16,
-    req: &Req,
-) -> Result<Resp, Box<dyn std::error::Error>> {
-    let mut buf = BytesMut::new();
-    buf.put_i32(0);
-    RequestHeader::default()
-        .with_request_api_key(key as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(9)
-        .with_client_id(Some(StrBytes::from_static_str("sasl-test")))
-        .encode(&mut buf, key.request_header_version(version))?;
-    req.encode(&mut buf, version)?;
-    let n = (buf.len() - 4) as i32;
-    buf[0..4].copy_from_slice(&n.to_be_bytes());
-    s.write_all(&buf).await?;
-    let len = s.read_i32().await? as usize;
-    let mut resp = vec![0u8; len];
-    s.read_exact(&mut resp).await?;
-    let mut b = Bytes::from(resp);
-    ResponseHeader::decode(&mut b, key.response_header_version(version))?;
-    Ok(Resp::decode(&mut b, version)?)
-}
-
 async fn handshake(s: &mut TcpStream, mechanism: &'static str) -> Result<i16, Box<dyn std::error::Error>> {
     let r: SaslHandshakeResponse = call(
         s,
@@ -95,15 +70,6 @@ async fn auth(s: &mut TcpStream, bytes: Vec<u8>) -> Result<SaslAuthenticateRespo
         &SaslAuthenticateRequest::default().with_auth_bytes(bytes.into()),
     )
     .await
-}
-
-/// Whether the server closed `s` (a read gets end of stream).
-async fn closed(s: &mut TcpStream) -> bool {
-    let mut b = [0u8; 1];
-    matches!(
-        tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut b)).await,
-        Ok(Ok(0)) | Ok(Err(_))
-    )
 }
 
 /// A SCRAM-SHA-256 exchange as a client: Ok(server's final message), or

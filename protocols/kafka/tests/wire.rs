@@ -3,15 +3,18 @@
 
 use std::sync::Arc;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 use rokka_broker::{Broker, BrokerConfig};
 use rokka_kafka::{Kafka, KafkaConfig};
 use rokka_store::{MessageStore, StoreConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+mod common;
+use common::{call, closed};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -33,33 +36,6 @@ async fn start(
     let at = kafka.plaintext();
     tokio::spawn(rokka_kafka::serve(listener, kafka, at, None, rx));
     Ok((addr, tx))
-}
-
-async fn call<Req: Encodable, Resp: Decodable>(
-    s: &mut TcpStream,
-    key: ApiKey,
-    version: i16,
-    req: &Req,
-) -> Result<Resp, Box<dyn std::error::Error>> {
-    let mut buf = BytesMut::new();
-    buf.put_i32(0);
-    RequestHeader::default()
-        .with_request_api_key(key as i16)
-        .with_request_api_version(version)
-        .with_correlation_id(7)
-        .with_client_id(Some(StrBytes::from_static_str("wire-test")))
-        .encode(&mut buf, key.request_header_version(version))?;
-    req.encode(&mut buf, version)?;
-    let n = (buf.len() - 4) as i32;
-    buf[0..4].copy_from_slice(&n.to_be_bytes());
-    s.write_all(&buf).await?;
-    let len = s.read_i32().await? as usize;
-    let mut resp = vec![0u8; len];
-    s.read_exact(&mut resp).await?;
-    let mut b = Bytes::from(resp);
-    let h = ResponseHeader::decode(&mut b, key.response_header_version(version))?;
-    assert_eq!(h.correlation_id, 7);
-    Ok(Resp::decode(&mut b, version)?)
 }
 
 fn batch(producer_id: i64, epoch: i16, base_seq: i32, values: &[&[u8]]) -> Bytes {
@@ -261,14 +237,6 @@ async fn corrupt_batches_are_refused() -> TestResult {
         0
     );
     Ok(())
-}
-
-async fn closed(s: &mut TcpStream) -> bool {
-    let mut b = [0u8; 1];
-    matches!(
-        tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut b)).await,
-        Ok(Ok(0)) | Ok(Err(_))
-    )
 }
 
 #[tokio::test]

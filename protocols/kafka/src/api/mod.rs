@@ -82,9 +82,7 @@ pub async fn dispatch(
         RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(init_producer_id::handle(k, r).await),
         RequestKind::AddPartitionsToTxn(r) => ResponseKind::AddPartitionsToTxn(txn::add_partitions(k, r).await),
         RequestKind::AddOffsetsToTxn(r) => ResponseKind::AddOffsetsToTxn(txn::add_offsets(k, r).await),
-        RequestKind::TxnOffsetCommit(r) => {
-            ResponseKind::TxnOffsetCommit(rokka_broker::offload(|| txn::offset_commit(k, r, version)))
-        }
+        RequestKind::TxnOffsetCommit(r) => ResponseKind::TxnOffsetCommit(txn::offset_commit(k, r, version).await),
         RequestKind::EndTxn(r) => ResponseKind::EndTxn(txn::end(k, r).await),
         RequestKind::DescribeTransactions(r) => ResponseKind::DescribeTransactions(txn::describe(k, r)),
         RequestKind::ListTransactions(r) => ResponseKind::ListTransactions(txn::list(k, r)),

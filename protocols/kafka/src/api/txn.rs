@@ -89,7 +89,7 @@ pub async fn add_offsets(k: &Kafka, r: AddOffsetsToTxnRequest) -> AddOffsetsToTx
     AddOffsetsToTxnResponse::default().with_error_code(c)
 }
 
-pub fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -> TxnOffsetCommitResponse {
+pub async fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -> TxnOffsetCommitResponse {
     let group = r.group_id.to_string();
     // v3 (KIP-447): a member of the group commits under its generation.
     let member = if version >= 3 && !r.member_id.is_empty() {
@@ -166,7 +166,19 @@ pub fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -> TxnO
                 .txn_commit_offsets(txn_id, r.producer_id.0, r.producer_epoch, pending),
         };
         match done {
-            Ok(()) => errors::NONE,
+            // Held offsets are answered once the set's replicas hold them
+            // (a new master ends the transaction with them).
+            Ok(()) => match k.broker.txns_durable().await {
+                Ok(()) => errors::NONE,
+                Err(e) => {
+                    tracing::debug!(
+                        transactional_id = txn_id,
+                        error = e,
+                        "transactional offsets not replicated"
+                    );
+                    errors::COORDINATOR_NOT_AVAILABLE
+                }
+            },
             Err(e) => e,
         }
     };
