@@ -4,6 +4,7 @@
 //!
 //! Frontends call this layer; neither reaches into the store's files.
 
+pub mod acl;
 pub mod arrivals;
 pub mod cluster_view;
 pub mod compaction;
@@ -68,6 +69,7 @@ pub struct Broker {
     timers: timer::Timers,
     kafka_txns: kafka_txn::KafkaTxns,
     users: users::Users,
+    acls: acl::Acls,
     /// The configs of a topic without overrides.
     default_topic_config: std::sync::RwLock<topic_config::Effective>,
     /// Dynamic broker configs (defaults of topic configs).
@@ -135,9 +137,11 @@ impl Broker {
         )?;
         let dynamic = dynamic::DynamicConfigs::load(&store.config().data_dir)?;
         let users = users::Users::open(&store.config().data_dir, config.max_users as usize)?;
+        let acls = acl::Acls::open(&store.config().data_dir)?;
         let b = Broker {
             kafka_txns,
             users,
+            acls,
             default_topic_config: std::sync::RwLock::new(topic_config::Effective::resolve(
                 &Default::default(),
                 store.config(),
@@ -386,6 +390,11 @@ impl Broker {
     /// Users and their credentials (both protocols).
     pub fn users(&self) -> &users::Users {
         &self.users
+    }
+
+    /// The ACL table both protocols are authorized against.
+    pub fn acls(&self) -> &acl::Acls {
+        &self.acls
     }
 
     /// Cluster mode: how transactions reach other sets' masters.

@@ -212,6 +212,9 @@ impl Controller {
         // Users and their SCRAM credentials: one table for the cluster.
         let users_prefix = format!("{}users/", self.prefix);
         let mut users: BTreeMap<String, rokka_broker::users::UserRecord> = BTreeMap::new();
+        // ACLs: one table for the cluster (acls/<digest of the ACL>).
+        let acls_prefix = format!("{}acls/", self.prefix);
+        let mut acls: BTreeMap<String, rokka_broker::acl::Acl> = BTreeMap::new();
         let default_key = self.broker_default_key();
         // None: absent; Some(None): there but unreadable.
         let mut broker_default: Option<Option<BTreeMap<String, String>>> = None;
@@ -225,6 +228,13 @@ impl Controller {
                         None
                     }
                 });
+            } else if let Some(digest) = key.strip_prefix(&acls_prefix) {
+                match serde_json::from_slice(kv.value()) {
+                    Ok(a) => {
+                        acls.insert(digest.to_string(), a);
+                    }
+                    Err(e) => tracing::warn!(key, error = %e, "unreadable ACL in etcd; not applied"),
+                }
             } else if let Some(name) = key.strip_prefix(&users_prefix) {
                 match serde_json::from_slice(kv.value()) {
                     Ok(r) => {
@@ -375,6 +385,7 @@ impl Controller {
         }
         let revision = resp.header().map_or(0, |h| h.revision());
         self.sync_users(users).await?;
+        self.sync_acls(acls).await?;
         self.sync_broker_default(broker_default).await?;
         self.sync_topics(topics, revision).await
     }
@@ -431,6 +442,35 @@ impl Controller {
         }
         // Writes (and fsyncs) users.json when it changed: off the runtime.
         rokka_broker::offload(|| users.replace_from_cluster(in_etcd)).map_err(|e| format!("users table: {e}"))
+    }
+
+    /// ACLs created or deleted on this node go to etcd (one key each);
+    /// then etcd's table is this node's.
+    async fn sync_acls(&mut self, mut in_etcd: BTreeMap<String, rokka_broker::acl::Acl>) -> Res<()> {
+        let table = self.sh.broker.acls();
+        let changes = table.take_changes();
+        for (i, (acl, added)) in changes.iter().enumerate() {
+            let digest = rokka_broker::acl::cluster_key(acl);
+            let key = format!("{}acls/{digest}", self.prefix);
+            let res = match added {
+                true => {
+                    let json = serde_json::to_vec(acl).map_err(|e| e.to_string())?;
+                    self.client.put(key, json, None).await.map(|_| ())
+                }
+                false => self.client.delete(key, None).await.map(|_| ()),
+            };
+            if let Err(e) = res {
+                table.rechange(changes[i..].to_vec());
+                return Err(format!("etcd put ACL: {e}"));
+            }
+            match added {
+                true => in_etcd.insert(digest, acl.clone()),
+                false => in_etcd.remove(&digest),
+            };
+        }
+        // Writes (and fsyncs) acls.json when it changed: off the runtime.
+        rokka_broker::offload(|| table.replace_from_cluster(in_etcd.into_values()))
+            .map_err(|e| format!("ACL table: {e}"))
     }
 
     fn broker_default_key(&self) -> String {

@@ -421,6 +421,7 @@ pub async fn start(
     let controller = controller::Controller::connect(Arc::clone(&shared), me).await?;
     shared.broker.set_cluster_topics(Arc::new(controller.topic_creator()));
     shared.broker.users().join_cluster();
+    shared.broker.acls().join_cluster();
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(stream::serve(listener, Arc::clone(&shared), stop.clone())));
     tasks.push(tokio::spawn(stream::follow(Arc::clone(&shared), stop.clone())));

@@ -25,7 +25,7 @@ pub struct Config {
     pub security: SecurityConfig,
 }
 
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SecurityConfig {
     /// A listener without authentication (every one but the Kafka SASL
@@ -34,6 +34,31 @@ pub struct SecurityConfig {
     /// topics and reset offsets. Binding one refuses to start unless this
     /// is true (then every start warns, naming the listeners).
     pub allow_unauthenticated_non_loopback: bool,
+    /// Check every Kafka and RocketMQ request against the one ACL table
+    /// (managed with Kafka's CreateAcls/DescribeAcls/DeleteAcls); false:
+    /// every client may do everything.
+    pub authorization: bool,
+    /// Principals (`User:name`; a bare name means `User:name`) allowed
+    /// everything, ACLs or not (Kafka `super.users`). Clients that did not
+    /// authenticate are `User:ANONYMOUS`.
+    pub super_users: Vec<String>,
+    /// A resource no ACL names is open to every principal (Kafka
+    /// `allow.everyone.if.no.acl.found`).
+    pub allow_everyone_if_no_acl_found: bool,
+    /// At most this many ACLs (more are refused with POLICY_VIOLATION).
+    pub max_acls: u32,
+}
+
+impl Default for SecurityConfig {
+    fn default() -> Self {
+        SecurityConfig {
+            allow_unauthenticated_non_loopback: false,
+            authorization: false,
+            super_users: Vec::new(),
+            allow_everyone_if_no_acl_found: false,
+            max_acls: 10_000,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

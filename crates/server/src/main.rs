@@ -295,6 +295,22 @@ async fn serve(
         None => None,
     };
     if let Some(broker) = &broker {
+        // kafka.super_users (credential changes before the ACL table
+        // existed) are super users too.
+        let mut super_users = cfg.security.super_users.clone();
+        super_users.extend(cfg.kafka.super_users.iter().cloned());
+        broker.acls().configure(rokka_broker::acl::AclSettings {
+            enabled: cfg.security.authorization,
+            super_users,
+            allow_everyone_if_no_acl_found: cfg.security.allow_everyone_if_no_acl_found,
+            max_acls: cfg.security.max_acls as usize,
+        });
+        if cfg.security.authorization {
+            tracing::info!(
+                acls = broker.acls().len(),
+                "authorization on: requests are checked against the ACL table"
+            );
+        }
         listeners.push(tokio::spawn(rokka_broker::schedule::run(
             Arc::clone(broker),
             stop_rx.clone(),

@@ -31,6 +31,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
 ) {
     metrics::gauge!("rokka_kafka_connections").increment(1.0);
     let mut sasl = crate::sasl::Sasl::new(at.sasl);
+    let mut who = crate::authz::Caller::new(peer.ip());
     let auth_deadline =
         tokio::time::Instant::now() + Duration::from_millis(k.config.sasl_authentication_timeout_ms.max(1));
     let (rd, mut wr) = tokio::io::split(stream);
@@ -89,7 +90,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
                 break;
             }
         }
-        match handle(&k, Bytes::from(buf), peer, &at, &mut sasl).await {
+        match handle(&k, Bytes::from(buf), peer, &at, &mut sasl, &mut who).await {
             Ok(Some(chunks)) => {
                 if sasl.failed() {
                     k.sasl_failures.failed(peer.ip());
@@ -180,6 +181,9 @@ fn api_name(key: ApiKey) -> &'static str {
         ApiKey::SaslAuthenticate => "SaslAuthenticate",
         ApiKey::DescribeUserScramCredentials => "DescribeUserScramCredentials",
         ApiKey::AlterUserScramCredentials => "AlterUserScramCredentials",
+        ApiKey::DescribeAcls => "DescribeAcls",
+        ApiKey::CreateAcls => "CreateAcls",
+        ApiKey::DeleteAcls => "DeleteAcls",
         _ => "other",
     }
 }
@@ -222,6 +226,7 @@ pub async fn handle(
     peer: SocketAddr,
     at: &Endpoint,
     sasl: &mut crate::sasl::Sasl,
+    who: &mut crate::authz::Caller,
 ) -> Result<Option<Vec<Bytes>>, Close> {
     let key_raw = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
@@ -271,9 +276,12 @@ pub async fn handle(
                 .await
                 .map_err(|_| Close("shutting down".into()))?;
             let r = rokka_broker::offload(|| sasl.authenticate(k, &r.auth_bytes));
+            if let Some(user) = sasl.principal() {
+                who.authenticated(user);
+            }
             Some(api::Response::Kind(ResponseKind::SaslAuthenticate(r)))
         }
-        req => api::dispatch(k, &header, req, version, peer, at, sasl.principal()).await?,
+        req => api::dispatch(k, &header, req, version, peer, at, who).await?,
     };
     metrics::histogram!("rokka_kafka_request_seconds", "api" => name).record(started.elapsed().as_secs_f64());
     match resp {

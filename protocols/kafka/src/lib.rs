@@ -4,6 +4,7 @@
 //! codes in `errors` only.
 
 pub mod api;
+pub mod authz;
 pub mod config;
 mod conn;
 pub mod errors;

@@ -10,6 +10,7 @@
 //! trailing newline after the JSON header) and strict where a mistake would
 //! misframe the stream (lengths).
 
+pub mod auth;
 mod clients;
 mod codec;
 pub mod codes;

@@ -322,6 +322,10 @@ impl NameServer {
                 self.json_body(cmd, json!({"topicList": v}))
             }
             rq::DELETE_TOPIC_IN_NAMESRV => {
+                let broker = self.local.as_ref().map(|l| l.broker()).or(self.cluster.as_ref());
+                if let Some(remark) = broker.and_then(|b| crate::auth::check(b, conn.peer, &conn.denials, cmd)) {
+                    return self.reply(cmd, crate::auth::NO_PERMISSION, Some(remark));
+                }
                 self.table()
                     .delete_topic(cmd.ext_fields.get("topic").unwrap_or_default());
                 self.reply(cmd, rs::SUCCESS, None)

@@ -86,6 +86,10 @@ impl RocketMq {
         }
     }
 
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+
     pub fn config(&self) -> &RocketMqConfig {
         &self.config
     }
@@ -200,6 +204,9 @@ impl RocketMq {
         let code = cmd.code;
         metrics::counter!("rokka_rocketmq_requests_total", "code" => crate::codes::label(code)).increment(1);
         let oneway = cmd.flag & FLAG_ONEWAY != 0;
+        if let Some(remark) = crate::auth::check(&self.broker, conn.peer, &conn.denials, &cmd) {
+            return (!oneway).then(|| self.reply(&cmd, crate::auth::NO_PERMISSION, Some(remark)));
+        }
         let resp = match code {
             rq::HEART_BEAT => self.heartbeat(&cmd, conn),
             rq::UNREGISTER_CLIENT => self.unregister(&cmd),

@@ -99,6 +99,8 @@ pub struct Conn {
     tx: mpsc::UnboundedSender<Outbound>,
     next_opaque: Arc<AtomicI32>,
     unwritten: Arc<std::sync::atomic::AtomicUsize>,
+    /// Authorization refusals on this connection (logged once).
+    pub denials: Arc<crate::auth::Denials>,
 }
 
 impl Conn {
@@ -178,6 +180,7 @@ async fn run<S: Service>(
         tx,
         next_opaque: Arc::new(AtomicI32::new(1)),
         unwritten: Arc::clone(&unwritten),
+        denials: Arc::default(),
     };
     let writer = tokio::spawn(async move {
         let mut out = BytesMut::new();

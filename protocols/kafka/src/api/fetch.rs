@@ -25,7 +25,9 @@ pub struct FetchReply {
     pub records: Vec<Vec<Bytes>>,
 }
 
-pub async fn handle(k: &Kafka, mut r: FetchRequest, version: i16) -> FetchReply {
+/// `who`: the caller, when authorization is on (topics it may not READ are
+/// answered TOPIC_AUTHORIZATION_FAILED, the rest served).
+pub async fn handle(k: &Kafka, mut r: FetchRequest, version: i16, who: Option<&crate::authz::Caller>) -> FetchReply {
     // KIP-227: an incremental request stands for its whole session.
     let mode = match k.fetch_sessions.begin(&mut r, version) {
         Ok(m) => m,
@@ -37,7 +39,40 @@ pub async fn handle(k: &Kafka, mut r: FetchRequest, version: i16) -> FetchReply 
             };
         }
     };
-    let reply = fetch(k, &r, version).await;
+    let denied = match who {
+        Some(who) => super::guard::fetch(k, who, &mut r, version),
+        None => Vec::new(),
+    };
+    let mut reply = if denied.is_empty() || !r.topics.is_empty() {
+        fetch(k, &r, version).await
+    } else {
+        FetchReply {
+            resp: FetchResponse::default(),
+            records: Vec::new(),
+        }
+    };
+    for t in denied {
+        let parts: Vec<PartitionData> = t
+            .partitions
+            .iter()
+            .map(|p| {
+                PartitionData::default()
+                    .with_partition_index(p.partition)
+                    .with_error_code(crate::authz::TOPIC_AUTHORIZATION_FAILED)
+                    .with_high_watermark(-1)
+                    .with_last_stable_offset(-1)
+                    .with_log_start_offset(-1)
+                    .with_preferred_read_replica(BrokerId(-1))
+            })
+            .collect();
+        reply.records.extend(parts.iter().map(|_| Vec::new()));
+        reply.resp.responses.push(
+            FetchableTopicResponse::default()
+                .with_topic(t.topic)
+                .with_topic_id(t.topic_id)
+                .with_partitions(parts),
+        );
+    }
     in_session(k, reply, &mode, version)
 }
 

@@ -1,11 +1,13 @@
 //! One module per Kafka API; `dispatch` routes a decoded request to it.
 
+mod acls;
 mod admin;
 mod api_versions;
 mod consumer_group;
 mod fetch;
 mod find_coordinator;
 mod groups;
+mod guard;
 mod init_producer_id;
 mod leader_epoch;
 mod list_offsets;
@@ -22,6 +24,7 @@ mod txn;
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseKind};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::Caller;
 use crate::conn::Close;
 use crate::Kafka;
 
@@ -59,95 +62,356 @@ pub async fn dispatch(
     version: i16,
     peer: std::net::SocketAddr,
     at: &crate::Endpoint,
-    principal: Option<&str>,
+    who: &Caller,
 ) -> Result<Option<Response>, Close> {
     let client_id = header.client_id.as_ref().map_or("", |c| c.as_str());
     if let RequestKind::Fetch(r) = req {
-        return Ok(Some(Response::Fetch(fetch::handle(k, r, version).await)));
+        let who = who.checked(k).then_some(who);
+        return Ok(Some(Response::Fetch(fetch::handle(k, r, version, who).await)));
     }
     if let Some(resp) = not_coordinator::check(k, &req, version) {
         metrics::counter!("rokka_kafka_not_coordinator_total").increment(1);
         return Ok(Some(Response::Kind(resp)));
     }
+    guarded(k, req, version, peer, at, who, client_id).await
+}
+
+/// Each API's checks (`guard`; with authorization off they all pass),
+/// then its handler on what is allowed, then the refused parts' answers.
+async fn guarded(
+    k: &Kafka,
+    req: RequestKind,
+    version: i16,
+    peer: std::net::SocketAddr,
+    at: &crate::Endpoint,
+    who: &Caller,
+    client_id: &str,
+) -> Result<Option<Response>, Close> {
+    use kafka_protocol::messages::*;
+    use rokka_broker::acl::Operation as Op;
     Ok(Some(Response::Kind(match req {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE)),
-        RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(k, r, version, at)),
-        RequestKind::Produce(r) => match produce::handle(k, r, version).await {
-            Some(resp) => ResponseKind::Produce(resp),
-            None => return Ok(None),
+        RequestKind::Metadata(r) => ResponseKind::Metadata(guard::metadata(k, who, r, version, at)),
+        RequestKind::Produce(mut r) => {
+            let txn = r.transactional_id.is_some()
+                && r.transactional_id.as_ref().is_some_and(|t| {
+                    !who.sees(
+                        k,
+                        rokka_broker::acl::ResourceType::TransactionalId,
+                        t.0.as_str(),
+                        Op::Write,
+                    )
+                });
+            let acks = r.acks;
+            let denied = guard::produce(k, who, &mut r);
+            let resp = if r.topic_data.is_empty() {
+                (acks != 0).then(ProduceResponse::default)
+            } else {
+                produce::handle(k, r, version).await
+            };
+            match resp {
+                Some(mut resp) => {
+                    guard::produce_denied(&mut resp, denied, txn);
+                    ResponseKind::Produce(resp)
+                }
+                None => return Ok(None),
+            }
+        }
+        RequestKind::OffsetForLeaderEpoch(mut r) => {
+            let denied = guard::leader_epoch(k, who, &mut r);
+            let mut resp = leader_epoch::handle(k, r);
+            guard::leader_epoch_denied(&mut resp, denied);
+            ResponseKind::OffsetForLeaderEpoch(resp)
+        }
+        RequestKind::ListOffsets(mut r) => {
+            let denied = guard::list_offsets(k, who, &mut r);
+            let mut resp = list_offsets::handle(k, r, version);
+            guard::list_offsets_denied(&mut resp, denied);
+            ResponseKind::ListOffsets(resp)
+        }
+        RequestKind::FindCoordinator(mut r) => match guard::find_coordinator(k, who, &mut r, version) {
+            Err(resp) => ResponseKind::FindCoordinator(*resp),
+            Ok(denied) => {
+                let key_type = r.key_type;
+                let mut resp = if version >= 4 && r.coordinator_keys.is_empty() {
+                    FindCoordinatorResponse::default()
+                } else {
+                    find_coordinator::handle(k, r, version, at)
+                };
+                guard::find_coordinator_denied(&mut resp, denied, key_type);
+                ResponseKind::FindCoordinator(resp)
+            }
         },
-        RequestKind::OffsetForLeaderEpoch(r) => ResponseKind::OffsetForLeaderEpoch(leader_epoch::handle(k, r)),
-        RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(k, r, version)),
-        RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(find_coordinator::handle(k, r, version, at)),
-        RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(init_producer_id::handle(k, r).await),
-        RequestKind::AddPartitionsToTxn(r) => ResponseKind::AddPartitionsToTxn(txn::add_partitions(k, r).await),
-        RequestKind::AddOffsetsToTxn(r) => ResponseKind::AddOffsetsToTxn(txn::add_offsets(k, r).await),
-        RequestKind::TxnOffsetCommit(r) => ResponseKind::TxnOffsetCommit(txn::offset_commit(k, r, version).await),
-        RequestKind::EndTxn(r) => ResponseKind::EndTxn(txn::end(k, r).await),
-        RequestKind::DescribeTransactions(r) => ResponseKind::DescribeTransactions(txn::describe(k, r)),
-        RequestKind::ListTransactions(r) => ResponseKind::ListTransactions(txn::list(k, r)),
-        RequestKind::DescribeProducers(r) => ResponseKind::DescribeProducers(txn::describe_producers(k, r)),
-        RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(offsets::commit(k, r, version).await),
-        RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(groups::join(k, r, version, client_id, peer).await),
-        RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(groups::sync(k, r, version).await),
-        RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(groups::heartbeat(k, r)),
-        RequestKind::ConsumerGroupHeartbeat(r) => {
-            ResponseKind::ConsumerGroupHeartbeat(consumer_group::heartbeat(k, r, client_id, peer))
+        RequestKind::InitProducerId(r) => match guard::init_producer_id(k, who, &r) {
+            Some(code) => ResponseKind::InitProducerId(
+                InitProducerIdResponse::default()
+                    .with_error_code(code)
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1),
+            ),
+            None => ResponseKind::InitProducerId(init_producer_id::handle(k, r).await),
+        },
+        RequestKind::AddPartitionsToTxn(r) => match guard::add_partitions_to_txn(k, who, &r) {
+            Some(resp) => ResponseKind::AddPartitionsToTxn(resp),
+            None => ResponseKind::AddPartitionsToTxn(txn::add_partitions(k, r).await),
+        },
+        RequestKind::AddOffsetsToTxn(r) => match guard::add_offsets_to_txn(k, who, &r) {
+            Some(code) => ResponseKind::AddOffsetsToTxn(AddOffsetsToTxnResponse::default().with_error_code(code)),
+            None => ResponseKind::AddOffsetsToTxn(txn::add_offsets(k, r).await),
+        },
+        RequestKind::TxnOffsetCommit(mut r) => {
+            let denied = guard::txn_offset_commit(k, who, &mut r);
+            let mut resp = if r.topics.is_empty() {
+                TxnOffsetCommitResponse::default()
+            } else {
+                txn::offset_commit(k, r, version).await
+            };
+            guard::txn_offset_commit_denied(&mut resp, denied);
+            ResponseKind::TxnOffsetCommit(resp)
         }
-        RequestKind::ConsumerGroupDescribe(r) => ResponseKind::ConsumerGroupDescribe(consumer_group::describe(k, r)),
-        RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(groups::leave(k, r, version)),
-        RequestKind::ListGroups(r) => ResponseKind::ListGroups(groups::list(k, r, version)),
-        RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(groups::describe(k, r, version)),
-        RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(groups::delete(k, r)),
-        RequestKind::DescribeConfigs(r) => ResponseKind::DescribeConfigs(admin::describe_configs(k, r, version)),
-        RequestKind::AlterConfigs(r) => {
-            ResponseKind::AlterConfigs(rokka_broker::offload(|| admin::alter_configs(k, r)))
+        RequestKind::EndTxn(r) => {
+            match who.may(
+                k,
+                rokka_broker::acl::ResourceType::TransactionalId,
+                r.transactional_id.0.as_str(),
+                Op::Write,
+            ) {
+                true => ResponseKind::EndTxn(txn::end(k, r).await),
+                false => ResponseKind::EndTxn(EndTxnResponse::default().with_error_code(guard::TXN_DENIED)),
+            }
         }
-        RequestKind::IncrementalAlterConfigs(r) => {
-            ResponseKind::IncrementalAlterConfigs(rokka_broker::offload(|| admin::incremental_alter_configs(k, r)))
+        RequestKind::DescribeTransactions(mut r) => {
+            let denied = guard::describe_transactions(k, who, &mut r);
+            let mut resp = txn::describe(k, r);
+            guard::describe_transactions_denied(&mut resp, denied);
+            ResponseKind::DescribeTransactions(resp)
+        }
+        RequestKind::ListTransactions(r) => {
+            let mut resp = txn::list(k, r);
+            guard::list_transactions(k, who, &mut resp);
+            ResponseKind::ListTransactions(resp)
+        }
+        RequestKind::DescribeProducers(mut r) => {
+            let denied = guard::describe_producers(k, who, &mut r);
+            let mut resp = txn::describe_producers(k, r);
+            guard::describe_producers_denied(&mut resp, denied);
+            ResponseKind::DescribeProducers(resp)
+        }
+        RequestKind::OffsetCommit(mut r) => {
+            let denied = guard::offset_commit(k, who, &mut r);
+            let mut resp = if r.topics.is_empty() {
+                OffsetCommitResponse::default()
+            } else {
+                offsets::commit(k, r, version).await
+            };
+            guard::offset_commit_denied(&mut resp, denied);
+            ResponseKind::OffsetCommit(resp)
+        }
+        RequestKind::JoinGroup(r) => match guard::group_member(k, who, &r.group_id) {
+            true => ResponseKind::JoinGroup(groups::join(k, r, version, client_id, peer).await),
+            false => ResponseKind::JoinGroup(
+                JoinGroupResponse::default()
+                    .with_error_code(guard::GROUP_DENIED)
+                    .with_generation_id(-1),
+            ),
+        },
+        RequestKind::SyncGroup(r) => match guard::group_member(k, who, &r.group_id) {
+            true => ResponseKind::SyncGroup(groups::sync(k, r, version).await),
+            false => ResponseKind::SyncGroup(SyncGroupResponse::default().with_error_code(guard::GROUP_DENIED)),
+        },
+        RequestKind::Heartbeat(r) => match guard::group_member(k, who, &r.group_id) {
+            true => ResponseKind::Heartbeat(groups::heartbeat(k, r)),
+            false => ResponseKind::Heartbeat(HeartbeatResponse::default().with_error_code(guard::GROUP_DENIED)),
+        },
+        RequestKind::LeaveGroup(r) => match guard::group_member(k, who, &r.group_id) {
+            true => ResponseKind::LeaveGroup(groups::leave(k, r, version)),
+            false => ResponseKind::LeaveGroup(LeaveGroupResponse::default().with_error_code(guard::GROUP_DENIED)),
+        },
+        RequestKind::ConsumerGroupHeartbeat(r) => match guard::group_member(k, who, &r.group_id) {
+            true => ResponseKind::ConsumerGroupHeartbeat(consumer_group::heartbeat(k, r, client_id, peer)),
+            false => ResponseKind::ConsumerGroupHeartbeat(
+                ConsumerGroupHeartbeatResponse::default().with_error_code(guard::GROUP_DENIED),
+            ),
+        },
+        RequestKind::ConsumerGroupDescribe(mut r) => {
+            let denied = guard::groups(k, who, &mut r.group_ids, Op::Describe);
+            let mut resp = consumer_group::describe(k, r);
+            for g in denied {
+                resp.groups.push(
+                    consumer_group_describe_response::DescribedGroup::default()
+                        .with_group_id(g)
+                        .with_error_code(guard::GROUP_DENIED),
+                );
+            }
+            ResponseKind::ConsumerGroupDescribe(resp)
+        }
+        RequestKind::ListGroups(r) => {
+            let mut resp = groups::list(k, r, version);
+            guard::list_groups(k, who, &mut resp);
+            ResponseKind::ListGroups(resp)
+        }
+        RequestKind::DescribeGroups(mut r) => {
+            let denied = guard::groups(k, who, &mut r.groups, Op::Describe);
+            let mut resp = groups::describe(k, r, version);
+            for g in denied {
+                resp.groups.push(
+                    describe_groups_response::DescribedGroup::default()
+                        .with_group_id(g)
+                        .with_error_code(guard::GROUP_DENIED),
+                );
+            }
+            ResponseKind::DescribeGroups(resp)
+        }
+        RequestKind::DeleteGroups(mut r) => {
+            let denied = guard::groups(k, who, &mut r.groups_names, Op::Delete);
+            let mut resp = groups::delete(k, r);
+            for g in denied {
+                resp.results.push(
+                    delete_groups_response::DeletableGroupResult::default()
+                        .with_group_id(g)
+                        .with_error_code(guard::GROUP_DENIED),
+                );
+            }
+            ResponseKind::DeleteGroups(resp)
+        }
+        RequestKind::DescribeConfigs(mut r) => {
+            let denied = guard::describe_configs(k, who, &mut r);
+            let mut resp = admin::describe_configs(k, r, version);
+            guard::describe_configs_denied(&mut resp, denied);
+            ResponseKind::DescribeConfigs(resp)
+        }
+        RequestKind::AlterConfigs(mut r) => {
+            let denied = guard::alter_configs(k, who, &mut r);
+            let mut resp = rokka_broker::offload(|| admin::alter_configs(k, r));
+            guard::alter_configs_denied(&mut resp, denied);
+            ResponseKind::AlterConfigs(resp)
+        }
+        RequestKind::IncrementalAlterConfigs(mut r) => {
+            let denied = guard::incremental_alter_configs(k, who, &mut r);
+            let mut resp = rokka_broker::offload(|| admin::incremental_alter_configs(k, r));
+            guard::incremental_alter_configs_denied(&mut resp, denied);
+            ResponseKind::IncrementalAlterConfigs(resp)
         }
         RequestKind::DescribeTopicPartitions(r) => {
-            ResponseKind::DescribeTopicPartitions(log_dirs::describe_topic_partitions(k, r))
+            let mut resp = log_dirs::describe_topic_partitions(k, r);
+            guard::describe_topic_partitions(k, who, &mut resp);
+            ResponseKind::DescribeTopicPartitions(resp)
         }
-        RequestKind::DescribeLogDirs(r) => {
-            ResponseKind::DescribeLogDirs(rokka_broker::offload(|| log_dirs::describe_log_dirs(k, r)))
-        }
-        RequestKind::AlterReplicaLogDirs(r) => {
-            ResponseKind::AlterReplicaLogDirs(log_dirs::alter_replica_log_dirs(k, r))
-        }
-        RequestKind::ElectLeaders(r) => ResponseKind::ElectLeaders(replicas::elect_leaders(k, r)),
-        RequestKind::AlterPartitionReassignments(r) => {
-            ResponseKind::AlterPartitionReassignments(replicas::alter_reassignments(k, r))
-        }
-        RequestKind::ListPartitionReassignments(r) => {
-            ResponseKind::ListPartitionReassignments(replicas::list_reassignments(k, r))
-        }
+        RequestKind::DescribeLogDirs(r) => match who.may_cluster(k, Op::Describe) {
+            true => ResponseKind::DescribeLogDirs(rokka_broker::offload(|| log_dirs::describe_log_dirs(k, r))),
+            false => {
+                ResponseKind::DescribeLogDirs(DescribeLogDirsResponse::default().with_error_code(guard::CLUSTER_DENIED))
+            }
+        },
+        RequestKind::AlterReplicaLogDirs(r) => match who.may_cluster(k, Op::Alter) {
+            true => ResponseKind::AlterReplicaLogDirs(log_dirs::alter_replica_log_dirs(k, r)),
+            false => {
+                let mut resp = log_dirs::alter_replica_log_dirs(k, AlterReplicaLogDirsRequest::default());
+                for d in r.dirs {
+                    for t in d.topics {
+                        resp.results.push(
+                            alter_replica_log_dirs_response::AlterReplicaLogDirTopicResult::default()
+                                .with_topic_name(t.name)
+                                .with_partitions(
+                                    t.partitions
+                                        .into_iter()
+                                        .map(|p| {
+                                            alter_replica_log_dirs_response::AlterReplicaLogDirPartitionResult::default(
+                                            )
+                                            .with_partition_index(p)
+                                            .with_error_code(guard::CLUSTER_DENIED)
+                                        })
+                                        .collect(),
+                                ),
+                        );
+                    }
+                }
+                ResponseKind::AlterReplicaLogDirs(resp)
+            }
+        },
+        RequestKind::ElectLeaders(r) => match who.may_cluster(k, Op::Alter) {
+            true => ResponseKind::ElectLeaders(replicas::elect_leaders(k, r)),
+            false => ResponseKind::ElectLeaders(ElectLeadersResponse::default().with_error_code(guard::CLUSTER_DENIED)),
+        },
+        RequestKind::AlterPartitionReassignments(r) => match who.may_cluster(k, Op::Alter) {
+            true => ResponseKind::AlterPartitionReassignments(replicas::alter_reassignments(k, r)),
+            false => ResponseKind::AlterPartitionReassignments(
+                AlterPartitionReassignmentsResponse::default().with_error_code(guard::CLUSTER_DENIED),
+            ),
+        },
+        RequestKind::ListPartitionReassignments(r) => match who.may_cluster(k, Op::Describe) {
+            true => ResponseKind::ListPartitionReassignments(replicas::list_reassignments(k, r)),
+            false => ResponseKind::ListPartitionReassignments(
+                ListPartitionReassignmentsResponse::default().with_error_code(guard::CLUSTER_DENIED),
+            ),
+        },
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(k, r, at)),
-        RequestKind::DescribeUserScramCredentials(r) => {
-            ResponseKind::DescribeUserScramCredentials(scram::describe(k, r))
-        }
+        RequestKind::DescribeUserScramCredentials(r) => match who.may_cluster(k, Op::Describe) {
+            true => ResponseKind::DescribeUserScramCredentials(scram::describe(k, r)),
+            false => ResponseKind::DescribeUserScramCredentials(
+                DescribeUserScramCredentialsResponse::default()
+                    .with_error_code(guard::CLUSTER_DENIED)
+                    .with_error_message(Some(str_bytes("DESCRIBE on the cluster is needed"))),
+            ),
+        },
         RequestKind::AlterUserScramCredentials(r) => {
-            // Until the ACL table: over a SASL listener only super users
-            // change credentials.
-            let allowed = !at.sasl || principal.is_some_and(|p| k.config.super_users.iter().any(|s| s == p));
-            ResponseKind::AlterUserScramCredentials(match allowed {
-                true => rokka_broker::offload(|| scram::alter(k, r)),
-                false => scram::refused(r),
-            })
+            // ALTER on the cluster; with authorization off, over a SASL
+            // listener only super users change credentials.
+            let allowed = match who.checked(k) {
+                true => who.may_cluster(k, Op::Alter),
+                false => !at.sasl || k.broker.acls().is_super_user(who.principal()),
+            };
+            match allowed {
+                true => ResponseKind::AlterUserScramCredentials(rokka_broker::offload(|| scram::alter(k, r))),
+                false => ResponseKind::AlterUserScramCredentials(scram::refused(r)),
+            }
         }
-        RequestKind::DeleteRecords(r) => {
-            ResponseKind::DeleteRecords(rokka_broker::offload(|| admin::delete_records(k, r)))
+        RequestKind::DescribeAcls(r) => ResponseKind::DescribeAcls(acls::describe(k, who, r)),
+        RequestKind::CreateAcls(r) => ResponseKind::CreateAcls(acls::create(k, who, r)),
+        RequestKind::DeleteAcls(r) => ResponseKind::DeleteAcls(acls::delete(k, who, r)),
+        RequestKind::DeleteRecords(mut r) => {
+            let denied = guard::delete_records(k, who, &mut r);
+            let mut resp = rokka_broker::offload(|| admin::delete_records(k, r));
+            guard::delete_records_denied(&mut resp, denied);
+            ResponseKind::DeleteRecords(resp)
         }
-        RequestKind::OffsetDelete(r) => ResponseKind::OffsetDelete(admin::offset_delete(k, r)),
-        RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(offsets::fetch(k, r, version).await),
-        RequestKind::CreateTopics(r) => {
-            ResponseKind::CreateTopics(rokka_broker::offload(|| topics::create(k, r, version)))
+        RequestKind::OffsetDelete(mut r) => match guard::offset_delete(k, who, &mut r) {
+            Err(resp) => ResponseKind::OffsetDelete(resp),
+            Ok(denied) => {
+                let mut resp = admin::offset_delete(k, r);
+                guard::offset_delete_denied(&mut resp, denied);
+                ResponseKind::OffsetDelete(resp)
+            }
+        },
+        RequestKind::OffsetFetch(mut r) => match guard::offset_fetch(k, who, &mut r, version) {
+            Err(resp) => ResponseKind::OffsetFetch(resp),
+            Ok(denied) => {
+                let mut resp = if version >= 8 && r.groups.is_empty() {
+                    OffsetFetchResponse::default()
+                } else {
+                    offsets::fetch(k, r, version).await
+                };
+                guard::offset_fetch_denied(k, who, &mut resp, denied);
+                ResponseKind::OffsetFetch(resp)
+            }
+        },
+        RequestKind::CreateTopics(mut r) => {
+            let denied = guard::create_topics(k, who, &mut r);
+            let mut resp = rokka_broker::offload(|| topics::create(k, r, version));
+            guard::create_topics_denied(&mut resp, denied);
+            ResponseKind::CreateTopics(resp)
         }
-        RequestKind::DeleteTopics(r) => {
-            ResponseKind::DeleteTopics(rokka_broker::offload(|| topics::delete(k, r, version)))
+        RequestKind::DeleteTopics(mut r) => {
+            let denied = guard::delete_topics(k, who, &mut r);
+            let mut resp = rokka_broker::offload(|| topics::delete(k, r, version));
+            guard::delete_topics_denied(&mut resp, denied);
+            ResponseKind::DeleteTopics(resp)
         }
-        RequestKind::CreatePartitions(r) => {
-            ResponseKind::CreatePartitions(rokka_broker::offload(|| topics::create_partitions(k, r)))
+        RequestKind::CreatePartitions(mut r) => {
+            let denied = guard::create_partitions(k, who, &mut r);
+            let mut resp = rokka_broker::offload(|| topics::create_partitions(k, r));
+            guard::create_partitions_denied(&mut resp, denied);
+            ResponseKind::CreatePartitions(resp)
         }
         other => return Err(Close(format!("no handler for {other:?}"))),
     })))

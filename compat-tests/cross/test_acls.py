@@ -1,0 +1,273 @@
+"""One ACL table for both protocols (docs/security.md, "Authorization"):
+ACLs created, listed and deleted through the Kafka admin API (confluent-kafka
+and kafka-python) decide what Kafka clients (SASL users, and anonymous ones
+on the plaintext listener) and RocketMQ clients (rocketmq-client-rust,
+anonymous) may do; refusals carry each protocol's own error.
+
+RocketMQ answers are read on the wire through a RemotingTap (the client
+library does not show the response code of a refused send or pull)."""
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
+from realclients import Harness, RemotingTap, metric, run_harness, wait_for
+from rokka_fixture import Rokka, results_dir
+
+SEND_MESSAGE_V2, PULL_MESSAGE, NO_PERMISSION = 310, 11, 16
+PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
+
+
+@pytest.fixture(scope="module")
+def rokka():
+    tap = RemotingTap()
+    r = Rokka(
+        results_dir("cross", "test_acls"),
+        kafka_extra='sasl_listen = "127.0.0.1:0"\nsasl_max_failures_per_address = 1000\n',
+        rocketmq_extra=f'advertised_addr = "127.0.0.1:{tap.port}"\n'
+        '[group]\ninitial_rebalance_delay_ms = 0\n[security]\nsuper_users = ["User:admin"]\n',
+    )
+    r.start()
+    tap.target = r.broker_port
+    r.tap = tap
+    try:
+        # Users first, with authorization off (as Kafka's SCRAM users are
+        # made before its authorizer has anyone to trust).
+        # (confluent-kafka's describe_acls drops the top-level error:
+        # kafka-python's shows it.)
+        from kafka.admin import ACLFilter, ACLOperation, ACLPermissionType, ACLResourcePatternType
+        from kafka.admin import KafkaAdminClient, ResourcePatternFilter
+        from kafka.admin import ResourceType as KpResourceType
+        from kafka.errors import SecurityDisabledError
+
+        kp = KafkaAdminClient(bootstrap_servers=r.bootstrap)
+        with pytest.raises(SecurityDisabledError):
+            kp.describe_acls(ACLFilter(None, None, ACLOperation.ANY, ACLPermissionType.ANY,
+                                       ResourcePatternFilter(KpResourceType.ANY, None, ACLResourcePatternType.ANY)))
+        kp.close()
+        plain = AdminClient({"bootstrap.servers": r.bootstrap})
+        ups = [UserScramCredentialUpsertion(u, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), p.encode())
+               for u, p in PASSWORDS.items()]
+        for f in plain.alter_user_scram_credentials(ups).values():
+            f.result(15)
+        r.stop()
+        with open(r.config) as f:
+            text = f.read()
+        with open(r.config, "w") as f:
+            f.write(text.replace('super_users = ["User:admin"]', 'super_users = ["User:admin"]\nauthorization = true'))
+        r.start()
+        yield r
+    finally:
+        tap.close()
+        code = r.close()
+        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
+
+
+def sasl(r, user):
+    return {
+        "bootstrap.servers": f"127.0.0.1:{r.sasl_port}",
+        "security.protocol": "sasl_plaintext",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": user,
+        "sasl.password": PASSWORDS[user],
+    }
+
+
+def acl(rtype, name, principal, op, pattern=ResourcePatternType.LITERAL, perm=AclPermissionType.ALLOW):
+    return AclBinding(rtype, name, pattern, principal, "*", op, perm)
+
+
+def create(admin, bindings):
+    for f in admin.create_acls(bindings).values():
+        f.result(15)
+
+
+def produce(conf, topic, n, tag):
+    """Delivery errors (None for each delivered record)."""
+    errors = []
+    p = Producer({**conf, "message.timeout.ms": 10000})
+    for i in range(n):
+        p.produce(topic, value=f"{tag}-{i}".encode(), partition=i % 2,
+                  on_delivery=lambda err, _m: errors.append(err))
+    p.flush(30)
+    return errors
+
+
+def consume(conf, topic, group, n, timeout=30):
+    """(values, consumer errors) of a group member reading `topic` from the start."""
+    c = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.subscribe([topic])
+    got, errs, deadline = [], [], time.time() + timeout
+    while len(got) < n and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is None:
+            continue
+        if m.error():
+            errs.append(m.error().code())
+            if m.error().code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED):
+                break
+            continue
+        got.append(m.value().decode())
+    if got:
+        c.commit(asynchronous=False)
+    c.close()
+    return got, errs
+
+
+def test_kafka_acls_decide_what_each_user_may_do(rokka):
+    admin = AdminClient(sasl(rokka, "admin"))
+    for f in admin.create_topics([NewTopic(t, 2, 1) for t in ("acl-a1", "acl-b1")]).values():
+        f.result(15)
+    create(admin, [
+        acl(ResourceType.TOPIC, "acl-a", "User:alice", AclOperation.WRITE, ResourcePatternType.PREFIXED),
+        acl(ResourceType.TOPIC, "acl-a", "User:alice", AclOperation.READ, ResourcePatternType.PREFIXED),
+        acl(ResourceType.GROUP, "acl-ga", "User:alice", AclOperation.READ),
+        acl(ResourceType.GROUP, "acl-gb", "User:bob", AclOperation.READ),
+        acl(ResourceType.TOPIC, "acl-b1", "User:bob", AclOperation.WRITE),
+    ])
+    denied_before = metric(rokka, "rokka_authorization_denied_total", protocol="kafka")
+
+    alice, bob = sasl(rokka, "alice"), sasl(rokka, "bob")
+    assert produce(alice, "acl-a1", 20, "alice") == [None] * 20
+    # bob may not write acl-a1: every record fails with the topic error,
+    # while alice, connected at the same time, keeps writing.
+    errs = produce(bob, "acl-a1", 4, "bob")
+    assert errs and all(e is not None and e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED for e in errs), errs
+    assert produce(alice, "acl-a1", 10, "alice2") == [None] * 10
+    assert produce(bob, "acl-b1", 6, "bob") == [None] * 6
+
+    got, errs = consume(alice, "acl-a1", "acl-ga", 30)
+    assert sorted(got) == sorted([f"alice-{i}" for i in range(20)] + [f"alice2-{i}" for i in range(10)]), errs
+    # bob: no READ on the topic (his group he may use) — topic error; in
+    # alice's group — group error.
+    got, errs = consume(bob, "acl-a1", "acl-gb", 1, timeout=20)
+    assert got == [] and KafkaError.TOPIC_AUTHORIZATION_FAILED in errs, errs
+    got, errs = consume(bob, "acl-b1", "acl-ga", 1, timeout=20)
+    assert got == [] and KafkaError.GROUP_AUTHORIZATION_FAILED in errs, errs
+
+    # Listings leave out what the caller may not describe.
+    assert "acl-a1" in AdminClient(alice).list_topics(timeout=10).topics
+    bob_topics = AdminClient(bob).list_topics(timeout=10).topics
+    assert "acl-a1" not in bob_topics and "acl-b1" in bob_topics
+    # Only the cluster's ALTER (admin: a super user) changes ACLs.
+    with pytest.raises(KafkaException) as e:
+        create(AdminClient(bob), [acl(ResourceType.TOPIC, "acl-a1", "User:bob", AclOperation.ALL)])
+    assert e.value.args[0].code() == KafkaError.CLUSTER_AUTHORIZATION_FAILED, e.value
+    assert metric(rokka, "rokka_authorization_denied_total", protocol="kafka") > denied_before
+
+    # Listed and deleted through the admin API; the deletion takes effect
+    # at once.
+    flt = AclBindingFilter(ResourceType.TOPIC, "acl-a", ResourcePatternType.PREFIXED, "User:alice", None,
+                           AclOperation.WRITE, AclPermissionType.ANY)
+    described = admin.describe_acls(flt).result(15)
+    assert [(b.name, b.operation) for b in described] == [("acl-a", AclOperation.WRITE)], described
+    for f in admin.delete_acls([flt]).values():
+        assert [b.name for b in f.result(15)] == ["acl-a"]
+    errs = produce(alice, "acl-a1", 2, "late")
+    assert errs and all(e is not None and e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED for e in errs), errs
+
+
+def test_kafka_python_lists_and_creates_acls(rokka):
+    from kafka.admin import (
+        ACL,
+        ACLFilter,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        KafkaAdminClient,
+        ResourcePattern,
+        ResourcePatternFilter,
+    )
+    from kafka.admin import ResourceType as KpResourceType
+
+    a = KafkaAdminClient(
+        bootstrap_servers=f"127.0.0.1:{rokka.sasl_port}",
+        security_protocol="SASL_PLAINTEXT",
+        sasl_mechanism="SCRAM-SHA-512",
+        sasl_plain_username="admin",
+        sasl_plain_password=PASSWORDS["admin"],
+    )
+    try:
+        res = a.create_acls([ACL("User:carol", "*", ACLOperation.READ, ACLPermissionType.ALLOW,
+                                 ResourcePattern(KpResourceType.TOPIC, "kp-acl", ACLResourcePatternType.LITERAL))])
+        assert not res["failed"], res
+        acls, err = a.describe_acls(ACLFilter("User:carol", None, ACLOperation.ANY, ACLPermissionType.ANY,
+                                              ResourcePatternFilter(KpResourceType.ANY, None,
+                                                                    ACLResourcePatternType.ANY)))
+        assert [x.resource_pattern.resource_name for x in acls] == ["kp-acl"], (acls, err)
+    finally:
+        a.close()
+
+
+def test_rocketmq_clients_obey_the_same_acls(rokka):
+    admin = AdminClient(sasl(rokka, "admin"))
+    for f in admin.create_topics([NewTopic("acl-rmq", 2, 1)]).values():
+        f.result(15)
+    denied_before = metric(rokka, "rokka_authorization_denied_total", protocol="rocketmq")
+    # A RocketMQ client without credentials is User:ANONYMOUS: no PUB yet.
+    mark = rokka.tap.mark()
+    h = Harness(rokka, "acl-produce-denied", "cross-produce", "acl-rmq", 5)
+    assert h.wait(60) != 0, h.lines()[-5:]
+    answers = rokka.tap.answers(SEND_MESSAGE_V2, mark)
+    assert answers and all(c == NO_PERMISSION for c, _ in answers), answers
+    assert "PUB" in answers[0][1] and "acl-rmq" in answers[0][1], answers
+    assert metric(rokka, "rokka_authorization_denied_total", protocol="rocketmq") > denied_before
+
+    # WRITE granted through the Kafka admin API is RocketMQ's PUB.
+    create(admin, [acl(ResourceType.TOPIC, "acl-rmq", "User:ANONYMOUS", AclOperation.WRITE)])
+    run_harness(rokka, "acl-produce", "cross-produce", "acl-rmq", 5)
+
+    # SUB needs READ on the topic and on the group: the topic alone is not
+    # enough, pulls are refused.
+    create(admin, [acl(ResourceType.TOPIC, "acl-rmq", "User:ANONYMOUS", AclOperation.READ)])
+    mark = rokka.tap.mark()
+    h = Harness(rokka, "acl-consume-denied", "cross-consume", "acl-rmq", "acl-rg-denied", 5)
+    try:
+        wait_for("a refused pull", lambda: rokka.tap.answers(PULL_MESSAGE, mark), 60)
+        answers = rokka.tap.answers(PULL_MESSAGE, mark)
+        assert all(c == NO_PERMISSION for c, _ in answers), answers
+        assert "group acl-rg-denied" in answers[0][1], answers
+        assert h.lines("msg ") == []
+    finally:
+        h.kill()
+    create(admin, [acl(ResourceType.GROUP, "acl-rg", "User:ANONYMOUS", AclOperation.READ)])
+    h = run_harness(rokka, "acl-consume", "cross-consume", "acl-rmq", "acl-rg", 5)
+    assert len(h.lines("msg ")) == 5, h.lines()[-5:]
+
+    # The same ACLs hold for Kafka clients of the plaintext listener (also
+    # User:ANONYMOUS): the group goes on in Kafka where RocketMQ stopped;
+    # acl-a1 they may not write.
+    run_harness(rokka, "acl-produce-more", "cross-produce", "acl-rmq", 3)
+    got, errs = consume({"bootstrap.servers": rokka.bootstrap}, "acl-rmq", "acl-rg", 3, timeout=30)
+    assert sorted(got) == sorted(f"rmq-{i}-é" for i in range(3)), (got, errs)
+    errs = produce({"bootstrap.servers": rokka.bootstrap}, "acl-a1", 2, "anon")
+    assert errs and all(e is not None and e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED for e in errs), errs
+
+
+def test_acls_survive_a_restart(rokka):
+    rokka.restart()
+    admin = AdminClient(sasl(rokka, "admin"))
+    flt = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, "User:ANONYMOUS", None,
+                           AclOperation.ANY, AclPermissionType.ANY)
+    got = sorted((b.resource_type, b.name, b.operation) for b in admin.describe_acls(flt).result(15))
+    assert got == sorted([
+        (ResourceType.TOPIC, "acl-rmq", AclOperation.WRITE),
+        (ResourceType.TOPIC, "acl-rmq", AclOperation.READ),
+        (ResourceType.GROUP, "acl-rg", AclOperation.READ),
+    ]), got
+    # And still decide: alice's group READ is there, her topic WRITE gone.
+    errs = produce(sasl(rokka, "alice"), "acl-a1", 1, "after")
+    assert errs and errs[0] is not None and errs[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED

@@ -1,0 +1,803 @@
+//! One authorization model for every protocol: Kafka's ACLs (principal,
+//! resource type and pattern, operation, allow or deny, host), kept in one
+//! table that the Kafka admin API manages (CreateAcls, DescribeAcls,
+//! DeleteAcls) and that Kafka requests and RocketMQ requests are both
+//! checked against — a RocketMQ PUB is a WRITE on the topic, a SUB a READ
+//! on the topic and the consumer group. Kept in
+//! `<data_dir>/config/acls.json`, written whole and atomically on change.
+//!
+//! The rules are Kafka's (`StandardAuthorizer`): super users may do
+//! everything; a matching DENY wins over any ALLOW; ALL matches every
+//! operation; READ, WRITE, DELETE and ALTER imply DESCRIBE, ALTER_CONFIGS
+//! implies DESCRIBE_CONFIGS (for ALLOW only); a resource no ACL names at
+//! all is allowed only with `allow_everyone_if_no_acl_found`. With
+//! authorization off (the default) every request is allowed.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::RwLock;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{BrokerError, Result};
+
+/// The one name Kafka's CLUSTER resource has.
+pub const CLUSTER_NAME: &str = "kafka-cluster";
+/// The principal of a client that did not authenticate.
+pub const ANONYMOUS: &str = "User:ANONYMOUS";
+/// A literal resource name or principal name matching every one.
+pub const WILDCARD: &str = "*";
+
+/// Kafka's resource types (`ResourceType`), with their wire codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ResourceType {
+    Topic,
+    Group,
+    Cluster,
+    TransactionalId,
+    DelegationToken,
+    User,
+}
+
+impl ResourceType {
+    pub const ALL: [ResourceType; 6] = [
+        ResourceType::Topic,
+        ResourceType::Group,
+        ResourceType::Cluster,
+        ResourceType::TransactionalId,
+        ResourceType::DelegationToken,
+        ResourceType::User,
+    ];
+
+    pub fn code(self) -> i8 {
+        match self {
+            ResourceType::Topic => 2,
+            ResourceType::Group => 3,
+            ResourceType::Cluster => 4,
+            ResourceType::TransactionalId => 5,
+            ResourceType::DelegationToken => 6,
+            ResourceType::User => 7,
+        }
+    }
+
+    pub fn from_code(c: i8) -> Option<ResourceType> {
+        ResourceType::ALL.into_iter().find(|t| t.code() == c)
+    }
+
+    /// A short label for metrics and logs.
+    pub fn label(self) -> &'static str {
+        match self {
+            ResourceType::Topic => "topic",
+            ResourceType::Group => "group",
+            ResourceType::Cluster => "cluster",
+            ResourceType::TransactionalId => "transactional_id",
+            ResourceType::DelegationToken => "delegation_token",
+            ResourceType::User => "user",
+        }
+    }
+}
+
+/// How an ACL's resource name matches (`PatternType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum PatternType {
+    Literal,
+    Prefixed,
+}
+
+impl PatternType {
+    pub fn code(self) -> i8 {
+        match self {
+            PatternType::Literal => 3,
+            PatternType::Prefixed => 4,
+        }
+    }
+}
+
+/// Kafka's ACL operations (`AclOperation`), with their wire codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Operation {
+    All,
+    Read,
+    Write,
+    Create,
+    Delete,
+    Alter,
+    Describe,
+    ClusterAction,
+    DescribeConfigs,
+    AlterConfigs,
+    IdempotentWrite,
+    CreateTokens,
+    DescribeTokens,
+}
+
+impl Operation {
+    pub const EVERY: [Operation; 13] = [
+        Operation::All,
+        Operation::Read,
+        Operation::Write,
+        Operation::Create,
+        Operation::Delete,
+        Operation::Alter,
+        Operation::Describe,
+        Operation::ClusterAction,
+        Operation::DescribeConfigs,
+        Operation::AlterConfigs,
+        Operation::IdempotentWrite,
+        Operation::CreateTokens,
+        Operation::DescribeTokens,
+    ];
+
+    pub fn code(self) -> i8 {
+        Operation::EVERY
+            .iter()
+            .position(|o| *o == self)
+            .map_or(0, |i| i as i8 + 2)
+    }
+
+    pub fn from_code(c: i8) -> Option<Operation> {
+        (c >= 2)
+            .then(|| Operation::EVERY.get((c - 2) as usize).copied())
+            .flatten()
+    }
+
+    /// Whether an ALLOW of `self` allows `wanted` (Kafka's implied
+    /// operations).
+    fn allows(self, wanted: Operation) -> bool {
+        self == Operation::All
+            || self == wanted
+            || (wanted == Operation::Describe
+                && matches!(
+                    self,
+                    Operation::Read | Operation::Write | Operation::Delete | Operation::Alter
+                ))
+            || (wanted == Operation::DescribeConfigs && self == Operation::AlterConfigs)
+    }
+}
+
+/// ALLOW or DENY.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Permission {
+    Deny,
+    Allow,
+}
+
+impl Permission {
+    pub fn code(self) -> i8 {
+        match self {
+            Permission::Deny => 2,
+            Permission::Allow => 3,
+        }
+    }
+}
+
+/// One ACL (Kafka's `AclBinding`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Acl {
+    pub resource_type: ResourceType,
+    pub name: String,
+    pub pattern: PatternType,
+    /// `Type:name`, e.g. `User:alice`; `User:*` is every user.
+    pub principal: String,
+    /// The client's IP address as text, or `*`.
+    pub host: String,
+    pub operation: Operation,
+    pub permission: Permission,
+}
+
+/// Which pattern types a filter matches (Kafka's ANY, MATCH, LITERAL,
+/// PREFIXED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatternFilter {
+    /// Patterns of either type whose name equals the filter's.
+    Any,
+    /// Patterns that would apply to the filter's name (literal equal or
+    /// `*`, prefixes of it).
+    Match,
+    Only(PatternType),
+}
+
+/// An ACL filter (Kafka's `AclBindingFilter`); `None` fields match any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AclFilter {
+    pub resource_type: Option<ResourceType>,
+    pub name: Option<String>,
+    pub pattern: PatternFilter,
+    pub principal: Option<String>,
+    pub host: Option<String>,
+    pub operation: Option<Operation>,
+    pub permission: Option<Permission>,
+}
+
+impl AclFilter {
+    /// Decodes a filter from Kafka's wire codes; `Err` names the bad field.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_wire(
+        resource_type: i8,
+        name: Option<&str>,
+        pattern: i8,
+        principal: Option<&str>,
+        host: Option<&str>,
+        operation: i8,
+        permission: i8,
+    ) -> std::result::Result<AclFilter, String> {
+        Ok(AclFilter {
+            resource_type: match resource_type {
+                1 => None,
+                c => Some(ResourceType::from_code(c).ok_or_else(|| format!("unknown resource type {c}"))?),
+            },
+            name: name.map(str::to_string),
+            pattern: match pattern {
+                1 => PatternFilter::Any,
+                2 => PatternFilter::Match,
+                3 => PatternFilter::Only(PatternType::Literal),
+                4 => PatternFilter::Only(PatternType::Prefixed),
+                c => return Err(format!("unknown pattern type {c}")),
+            },
+            principal: principal.map(str::to_string),
+            host: host.map(str::to_string),
+            operation: match operation {
+                1 => None,
+                c => Some(Operation::from_code(c).ok_or_else(|| format!("unknown operation {c}"))?),
+            },
+            permission: match permission {
+                1 => None,
+                2 => Some(Permission::Deny),
+                3 => Some(Permission::Allow),
+                c => return Err(format!("unknown permission type {c}")),
+            },
+        })
+    }
+
+    pub fn matches(&self, a: &Acl) -> bool {
+        if self.resource_type.is_some_and(|t| t != a.resource_type)
+            || self.principal.as_ref().is_some_and(|p| *p != a.principal)
+            || self.host.as_ref().is_some_and(|h| *h != a.host)
+            || self.operation.is_some_and(|o| o != a.operation)
+            || self.permission.is_some_and(|p| p != a.permission)
+        {
+            return false;
+        }
+        match (&self.pattern, &self.name) {
+            (PatternFilter::Only(t), _) if *t != a.pattern => false,
+            (_, None) => true,
+            (PatternFilter::Any | PatternFilter::Only(_), Some(n)) => *n == a.name,
+            (PatternFilter::Match, Some(n)) => match a.pattern {
+                PatternType::Literal => *n == a.name || a.name == WILDCARD,
+                PatternType::Prefixed => n.starts_with(a.name.as_str()),
+            },
+        }
+    }
+}
+
+/// How requests are authorized (`[security]` in the config).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AclSettings {
+    /// Check every request against the ACL table; false: allow all.
+    pub enabled: bool,
+    /// Principals (`User:name`) allowed everything.
+    pub super_users: Vec<String>,
+    /// A resource no ACL names is open to everyone (Kafka
+    /// `allow.everyone.if.no.acl.found`).
+    pub allow_everyone_if_no_acl_found: bool,
+    /// At most this many ACLs in the table.
+    pub max_acls: usize,
+}
+
+/// Why an ACL was not created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// A Kafka error code (INVALID_REQUEST, POLICY_VIOLATION, ...).
+    pub code: i16,
+    pub message: String,
+}
+
+pub mod code {
+    pub const INVALID_REQUEST: i16 = 42;
+    pub const POLICY_VIOLATION: i16 = 44;
+    pub const UNKNOWN_SERVER_ERROR: i16 = -1;
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct File {
+    acls: Vec<Acl>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    acls: Vec<Acl>,
+    /// Bumped on every change.
+    version: u64,
+}
+
+/// The ACL table and the settings it is checked with.
+#[derive(Debug)]
+pub struct Acls {
+    path: PathBuf,
+    table: RwLock<Table>,
+    settings: RwLock<AclSettings>,
+    /// Cluster mode: ACLs added (true) or deleted (false) here and not yet
+    /// written to the cluster's table (etcd); that table is not applied
+    /// over them meanwhile.
+    changes: std::sync::Mutex<Vec<(Acl, bool)>>,
+    in_cluster: std::sync::atomic::AtomicBool,
+}
+
+/// A principal as the table spells it: `User:` added to a bare name.
+pub fn principal_of(s: &str) -> String {
+    if s.contains(':') {
+        s.to_string()
+    } else {
+        format!("User:{s}")
+    }
+}
+
+/// Validates an ACL to create (Kafka's checks of a new ACL).
+pub fn validate(a: &Acl) -> std::result::Result<(), Refused> {
+    let bad = |m: String| {
+        Err(Refused {
+            code: code::INVALID_REQUEST,
+            message: m,
+        })
+    };
+    if a.name.is_empty() {
+        return bad("resource name must not be empty".into());
+    }
+    if a.name.len() > 1024 || a.principal.len() > 1024 || a.host.len() > 256 {
+        return bad("resource name, principal or host too long".into());
+    }
+    if a.resource_type == ResourceType::Cluster && a.name != CLUSTER_NAME {
+        return bad(format!(
+            "the only valid name for the CLUSTER resource is {CLUSTER_NAME}"
+        ));
+    }
+    if a.pattern == PatternType::Prefixed && a.name == WILDCARD {
+        return bad("a PREFIXED pattern of '*' is not allowed; use LITERAL '*'".into());
+    }
+    match a.principal.split_once(':') {
+        Some((t, n)) if !t.is_empty() && !n.is_empty() => {}
+        _ => return bad(format!("principal {:?} is not of the form Type:name", a.principal)),
+    }
+    if a.host.is_empty() {
+        return bad("host must not be empty (use '*')".into());
+    }
+    if a.host != WILDCARD && a.host.parse::<IpAddr>().is_err() {
+        return bad(format!("host {:?} is neither '*' nor an IP address", a.host));
+    }
+    Ok(())
+}
+
+impl Acls {
+    /// Loads `<data_dir>/config/acls.json` (absent = no ACLs).
+    pub fn open(data_dir: &Path) -> Result<Acls> {
+        let path = data_dir.join("config").join("acls.json");
+        let file: File = match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).map_err(|e| BrokerError::BadFile {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
+            Err(e) => return Err(BrokerError::Io(path, e)),
+        };
+        let mut acls = file.acls;
+        acls.retain(|a| match validate(a) {
+            Ok(()) => true,
+            Err(r) => {
+                tracing::warn!(path = %path.display(), acl = ?a, reason = r.message, "ignoring a malformed ACL");
+                false
+            }
+        });
+        acls.sort();
+        acls.dedup();
+        metrics::gauge!("rokka_acls").set(acls.len() as f64);
+        Ok(Acls {
+            path,
+            table: RwLock::new(Table { acls, version: 0 }),
+            settings: RwLock::new(AclSettings {
+                max_acls: 10_000,
+                ..AclSettings::default()
+            }),
+            changes: std::sync::Mutex::default(),
+            in_cluster: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    pub fn configure(&self, mut s: AclSettings) {
+        s.super_users = s.super_users.iter().map(|p| principal_of(p)).collect();
+        s.max_acls = s.max_acls.max(1);
+        *self.settings.write().unwrap_or_else(|p| p.into_inner()) = s;
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.settings().enabled
+    }
+
+    fn settings(&self) -> std::sync::RwLockReadGuard<'_, AclSettings> {
+        self.settings.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
+        self.table.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
+        self.table.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn is_super_user(&self, principal: &str) -> bool {
+        self.settings().super_users.iter().any(|s| s == principal)
+    }
+
+    /// Whether `principal` from `host` may do `op` on the resource
+    /// `(rt, name)`. Always true with authorization off.
+    pub fn authorize(&self, principal: &str, host: IpAddr, rt: ResourceType, name: &str, op: Operation) -> bool {
+        let s = self.settings();
+        if !s.enabled || s.super_users.iter().any(|u| u == principal) {
+            return true;
+        }
+        let allow_if_none = s.allow_everyone_if_no_acl_found;
+        drop(s);
+        let t = self.read();
+        let mut host_buf = [0u8; 64];
+        let host = ip_text(host, &mut host_buf);
+        let mut any = false;
+        let mut allowed = false;
+        for a in t.acls.iter().filter(|a| a.resource_type == rt && applies(a, name)) {
+            any = true;
+            if !(a.principal == principal || is_wildcard_principal(&a.principal))
+                || !(a.host == WILDCARD || a.host == host)
+            {
+                continue;
+            }
+            match a.permission {
+                Permission::Deny if a.operation == Operation::All || a.operation == op => return false,
+                Permission::Deny => {}
+                Permission::Allow => allowed |= a.operation.allows(op),
+            }
+        }
+        allowed || (!any && allow_if_none)
+    }
+
+    /// Whether `principal` may do `op` on some resource of type `rt`
+    /// (Kafka's authorizeByResourceType: an idempotent producer needs WRITE
+    /// on any topic): an ALLOW for it that no DENY of the same pattern
+    /// cancels.
+    pub fn authorize_any(&self, principal: &str, host: IpAddr, rt: ResourceType, op: Operation) -> bool {
+        let s = self.settings();
+        if !s.enabled || s.super_users.iter().any(|u| u == principal) {
+            return true;
+        }
+        drop(s);
+        let t = self.read();
+        let mut host_buf = [0u8; 64];
+        let host = ip_text(host, &mut host_buf);
+        let mine = |a: &&Acl| {
+            a.resource_type == rt
+                && (a.principal == principal || is_wildcard_principal(&a.principal))
+                && (a.host == WILDCARD || a.host == host)
+        };
+        let denied = |a: &Acl| {
+            t.acls.iter().filter(mine).any(|d| {
+                d.permission == Permission::Deny
+                    && (d.operation == Operation::All || d.operation == op)
+                    && ((d.pattern == PatternType::Literal && d.name == WILDCARD)
+                        || (d.pattern == a.pattern && d.name == a.name)
+                        || (d.pattern == PatternType::Prefixed && a.name.starts_with(d.name.as_str())))
+            })
+        };
+        t.acls
+            .iter()
+            .filter(mine)
+            .any(|a| a.permission == Permission::Allow && a.operation.allows(op) && !denied(a))
+    }
+
+    pub fn len(&self) -> usize {
+        self.read().acls.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The ACLs `f` matches, in table order.
+    pub fn describe(&self, f: &AclFilter) -> Vec<Acl> {
+        self.read().acls.iter().filter(|a| f.matches(a)).cloned().collect()
+    }
+
+    /// Adds ACLs (one result per ACL, in order; an ACL already in the
+    /// table is a success), then persists the table once.
+    pub fn create(&self, new: Vec<Acl>) -> Vec<std::result::Result<(), Refused>> {
+        let max = self.settings().max_acls;
+        let mut t = self.write();
+        let before = t.acls.clone();
+        let mut results = Vec::with_capacity(new.len());
+        let mut changed = false;
+        let mut added = Vec::new();
+        for a in new {
+            let r = validate(&a).and_then(|()| {
+                if t.acls.contains(&a) {
+                    return Ok(());
+                }
+                if t.acls.len() >= max {
+                    return Err(Refused {
+                        code: code::POLICY_VIOLATION,
+                        message: format!("at most {max} ACLs (security.max_acls)"),
+                    });
+                }
+                added.push(a.clone());
+                t.acls.push(a);
+                changed = true;
+                Ok(())
+            });
+            if r.is_err() {
+                metrics::counter!("rokka_acls_refused_total").increment(1);
+            }
+            results.push(r);
+        }
+        if changed {
+            t.acls.sort();
+            if let Err(e) = self.persist(&t.acls) {
+                t.acls = before;
+                let failed = Refused {
+                    code: code::UNKNOWN_SERVER_ERROR,
+                    message: format!("ACLs not stored: {e}"),
+                };
+                return results.into_iter().map(|r| r.and(Err(failed.clone()))).collect();
+            }
+            self.changed(&mut t, added.into_iter().map(|a| (a, true)));
+        }
+        results
+    }
+
+    /// Deletes what each filter matches; per filter, the ACLs it deleted
+    /// (an ACL matched by two filters is listed under the first).
+    pub fn delete(&self, filters: &[AclFilter]) -> Result<Vec<Vec<Acl>>> {
+        let mut t = self.write();
+        let mut out = vec![Vec::new(); filters.len()];
+        let mut kept = Vec::with_capacity(t.acls.len());
+        for a in t.acls.iter() {
+            match filters.iter().position(|f| f.matches(a)) {
+                Some(i) => out[i].push(a.clone()),
+                None => kept.push(a.clone()),
+            }
+        }
+        if kept.len() != t.acls.len() {
+            self.persist(&kept)?;
+            t.acls = kept;
+            let gone: Vec<Acl> = out.iter().flatten().cloned().collect();
+            self.changed(&mut t, gone.into_iter().map(|a| (a, false)));
+        }
+        Ok(out)
+    }
+
+    fn changed(&self, t: &mut Table, what: impl Iterator<Item = (Acl, bool)>) {
+        t.version += 1;
+        if self.in_cluster.load(std::sync::atomic::Ordering::Acquire) {
+            self.lock_changes().extend(what);
+        }
+        metrics::gauge!("rokka_acls").set(t.acls.len() as f64);
+    }
+
+    fn lock_changes(&self) -> std::sync::MutexGuard<'_, Vec<(Acl, bool)>> {
+        self.changes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Cluster mode from now on: changes are kept for the cluster's table.
+    pub fn join_cluster(&self) {
+        self.in_cluster.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Cluster mode: ACLs added (true) or deleted (false) here since the
+    /// last call, in order, to be written to etcd.
+    pub fn take_changes(&self) -> Vec<(Acl, bool)> {
+        std::mem::take(&mut *self.lock_changes())
+    }
+
+    /// Cluster mode: changes `take_changes` gave that did not reach etcd.
+    pub fn rechange(&self, rest: Vec<(Acl, bool)>) {
+        let mut c = self.lock_changes();
+        let newer = std::mem::replace(&mut *c, rest);
+        c.extend(newer);
+    }
+
+    /// Cluster mode: the cluster's table replaces this node's, unless this
+    /// node has changes of its own not yet written.
+    pub fn replace_from_cluster(&self, acls: impl IntoIterator<Item = Acl>) -> Result<()> {
+        if !self.lock_changes().is_empty() {
+            return Ok(());
+        }
+        let mut acls: Vec<Acl> = acls.into_iter().filter(|a| validate(a).is_ok()).collect();
+        acls.sort();
+        acls.dedup();
+        let mut t = self.write();
+        if t.acls == acls {
+            return Ok(());
+        }
+        self.persist(&acls)?;
+        t.acls = acls;
+        t.version += 1;
+        metrics::gauge!("rokka_acls").set(t.acls.len() as f64);
+        Ok(())
+    }
+
+    fn persist(&self, acls: &[Acl]) -> Result<()> {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            acls: &'a [Acl],
+        }
+        let data = serde_json::to_vec_pretty(&Out { acls }).map_err(|e| BrokerError::BadFile {
+            path: self.path.clone(),
+            reason: e.to_string(),
+        })?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
+        }
+        rokka_store::checkpoint::write_private_atomically(&self.path, &data)?;
+        Ok(())
+    }
+}
+
+/// The cluster table's key of an ACL: the same on every node (a digest of
+/// its fields).
+pub fn cluster_key(a: &Acl) -> String {
+    let json = serde_json::to_vec(a).unwrap_or_default();
+    let d = ring::digest::digest(&ring::digest::SHA256, &json);
+    d.as_ref()[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn applies(a: &Acl, name: &str) -> bool {
+    match a.pattern {
+        PatternType::Literal => a.name == name || a.name == WILDCARD,
+        PatternType::Prefixed => name.starts_with(a.name.as_str()),
+    }
+}
+
+fn is_wildcard_principal(p: &str) -> bool {
+    p.split_once(':').is_some_and(|(_, n)| n == WILDCARD)
+}
+
+/// `ip` as text without allocating (an IPv6 address fits in 64 bytes).
+fn ip_text(ip: IpAddr, buf: &mut [u8; 64]) -> &str {
+    use std::io::Write;
+    let mut cur = std::io::Cursor::new(&mut buf[..]);
+    let _ = write!(cur, "{ip}");
+    let n = cur.position() as usize;
+    std::str::from_utf8(&buf[..n]).unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acl(rt: ResourceType, name: &str, pattern: PatternType, principal: &str, op: Operation, p: Permission) -> Acl {
+        Acl {
+            resource_type: rt,
+            name: name.into(),
+            pattern,
+            principal: principal.into(),
+            host: "*".into(),
+            operation: op,
+            permission: p,
+        }
+    }
+
+    fn on(dir: &Path) -> Acls {
+        let a = Acls::open(dir).expect("open");
+        a.configure(AclSettings {
+            enabled: true,
+            super_users: vec!["admin".into()],
+            allow_everyone_if_no_acl_found: false,
+            max_acls: 5,
+        });
+        a
+    }
+
+    const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+    #[test]
+    fn kafka_rules_deny_wins_implied_describe_prefixes_and_super_users() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = on(dir.path());
+        use Operation::*;
+        use PatternType::*;
+        use Permission::*;
+        use ResourceType::*;
+        let alice = "User:alice";
+        assert!(
+            !a.authorize(alice, LOCAL, Topic, "orders", Read),
+            "nothing allowed by default"
+        );
+        assert!(a.authorize("User:admin", LOCAL, Topic, "orders", Delete), "super user");
+        let r = a.create(vec![
+            acl(Topic, "ord", Prefixed, alice, Read, Allow),
+            acl(Topic, "orders-secret", Literal, alice, All, Deny),
+            acl(Group, "*", Literal, "User:*", Read, Allow),
+            acl(Topic, "pay", Literal, alice, AlterConfigs, Allow),
+        ]);
+        assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+        assert!(a.authorize(alice, LOCAL, Topic, "orders", Read));
+        assert!(
+            a.authorize(alice, LOCAL, Topic, "orders", Describe),
+            "READ implies DESCRIBE"
+        );
+        assert!(!a.authorize(alice, LOCAL, Topic, "orders", Write));
+        assert!(!a.authorize(alice, LOCAL, Topic, "orders-secret", Read), "DENY wins");
+        assert!(
+            !a.authorize(alice, LOCAL, Topic, "or", Read),
+            "a prefix longer than the name"
+        );
+        assert!(
+            a.authorize("User:bob", LOCAL, Group, "g1", Read),
+            "wildcard name and principal"
+        );
+        assert!(!a.authorize("User:bob", LOCAL, Topic, "orders", Read));
+        assert!(a.authorize(alice, LOCAL, Topic, "pay", DescribeConfigs));
+        assert!(!a.authorize(alice, LOCAL, Topic, "pay", Describe));
+        assert!(a.authorize_any(alice, LOCAL, Topic, Read));
+        assert!(!a.authorize_any(alice, LOCAL, Topic, Write));
+        // Host-specific.
+        a.create(vec![Acl {
+            host: "10.0.0.1".into(),
+            ..acl(Topic, "hosted", Literal, alice, Write, Allow)
+        }]);
+        assert!(!a.authorize(alice, LOCAL, Topic, "hosted", Write));
+        assert!(a.authorize(alice, "10.0.0.1".parse().expect("ip"), Topic, "hosted", Write));
+        // The budget.
+        let r = a.create(vec![acl(Topic, "x", Literal, alice, Read, Allow)]);
+        assert_eq!(r[0].as_ref().map_err(|e| e.code), Err(code::POLICY_VIOLATION));
+        // No ACL names it: open only if configured so.
+        assert!(!a.authorize(alice, LOCAL, Topic, "unnamed", Read));
+        a.configure(AclSettings {
+            enabled: true,
+            allow_everyone_if_no_acl_found: true,
+            max_acls: 5,
+            ..AclSettings::default()
+        });
+        assert!(a.authorize(alice, LOCAL, Topic, "unnamed", Read));
+        assert!(
+            !a.authorize("User:bob", LOCAL, Topic, "orders", Read),
+            "named, so not open"
+        );
+    }
+
+    #[test]
+    fn filters_match_as_kafka_and_the_table_survives_a_restart() -> Result<()> {
+        let dir = tempfile::tempdir().expect("tmp");
+        use Operation::*;
+        use PatternType::*;
+        use Permission::*;
+        use ResourceType::*;
+        {
+            let a = on(dir.path());
+            let r = a.create(vec![
+                acl(Topic, "ord", Prefixed, "User:alice", Read, Allow),
+                acl(Topic, "orders", Literal, "User:alice", Write, Allow),
+                acl(Topic, "*", Literal, "User:bob", Read, Allow),
+                acl(Cluster, "wrong", Literal, "User:bob", Alter, Allow),
+                acl(Topic, "t", Literal, "alice", Read, Allow),
+            ]);
+            assert_eq!(r.iter().filter(|r| r.is_ok()).count(), 3, "{r:?}");
+        }
+        let a = on(dir.path());
+        assert_eq!(a.len(), 3, "persisted");
+        let mut f = AclFilter::from_wire(2, Some("orders"), 2, None, None, 1, 1).map_err(|e| BrokerError::BadFile {
+            path: PathBuf::new(),
+            reason: e,
+        })?;
+        assert_eq!(a.describe(&f).len(), 3, "MATCH: literal, wildcard and prefix");
+        f.pattern = PatternFilter::Any;
+        assert_eq!(a.describe(&f).len(), 1, "ANY: the name itself");
+        f.pattern = PatternFilter::Only(Prefixed);
+        f.name = None;
+        assert_eq!(a.describe(&f).len(), 1);
+        let deleted = a.delete(&[AclFilter::from_wire(1, None, 1, Some("User:bob"), None, 1, 1).expect("filter")])?;
+        assert_eq!(deleted[0].len(), 1);
+        assert_eq!(on(dir.path()).len(), 2, "the deletion persisted");
+        assert!(AclFilter::from_wire(9, None, 1, None, None, 1, 1).is_err());
+        Ok(())
+    }
+}

@@ -1,0 +1,178 @@
+//! RocketMQ requests checked against the broker's one ACL table (the one
+//! Kafka's ACL APIs manage): a send is a WRITE on its topic (RocketMQ
+//! PUB), a pull a READ on the topic and the consumer group (SUB), offset
+//! commits and send-backs a READ on the group, offset and consumer
+//! queries a DESCRIBE, and the admin codes what Kafka's admin APIs need
+//! (UPDATE_AND_CREATE_TOPIC: CREATE, DELETE_TOPIC_IN_NAMESRV: DELETE on
+//! the topic, GET_ALL_TOPIC_CONFIG: DESCRIBE on the cluster). A refusal is
+//! answered NO_PERMISSION with a remark naming what was missing, logged
+//! once per connection and counted.
+//!
+//! A client without credentials is `User:ANONYMOUS`. RocketMQ's
+//! AccessKey/Signature scheme is not verified yet: with authorization on,
+//! a request carrying an AccessKey is refused (NO_PERMISSION) rather than
+//! served as someone it cannot prove to be.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rokka_broker::acl::{Operation as Op, ResourceType as Rt, ANONYMOUS, CLUSTER_NAME};
+use rokka_broker::Broker;
+
+use crate::codes::request as rq;
+use crate::command::RemotingCommand;
+
+/// RocketMQ's ResponseCode.NO_PERMISSION.
+pub const NO_PERMISSION: i32 = 16;
+
+const RETRY_PREFIX: &str = "%RETRY%";
+const DLQ_PREFIX: &str = "%DLQ%";
+
+/// What a request needs: at most two (resource, operation) pairs.
+type Needs<'a> = [Option<(Rt, &'a str, Op)>; 2];
+
+/// A topic's check: a retry or dead-letter topic is its group's (RocketMQ
+/// checks SUB on the group for those).
+fn topic_need(topic: &str, op: Op) -> (Rt, &str, Op) {
+    if let Some(g) = topic
+        .strip_prefix(RETRY_PREFIX)
+        .or_else(|| topic.strip_prefix(DLQ_PREFIX))
+    {
+        return (Rt::Group, g, Op::Read);
+    }
+    (Rt::Topic, topic, op)
+}
+
+fn ext<'a>(cmd: &'a RemotingCommand, long: &str, short: &str) -> &'a str {
+    cmd.ext_fields
+        .get(long)
+        .or_else(|| cmd.ext_fields.get(short))
+        .unwrap_or_default()
+}
+
+/// The checks a request of `cmd.code` needs; none for codes that touch no
+/// topic or group (heartbeats, route queries) or are cluster-internal.
+fn needs(cmd: &RemotingCommand) -> Needs<'_> {
+    let f = |k: &str| cmd.ext_fields.get(k).unwrap_or_default();
+    match cmd.code {
+        rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => {
+            [Some(topic_need(ext(cmd, "topic", "b"), Op::Write)), None]
+        }
+        rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => [
+            Some(topic_need(f("topic"), Op::Read)),
+            Some((Rt::Group, f("consumerGroup"), Op::Read)),
+        ],
+        rq::UPDATE_CONSUMER_OFFSET => [
+            Some((Rt::Group, f("consumerGroup"), Op::Read)),
+            Some(topic_need(f("topic"), Op::Read)),
+        ],
+        rq::QUERY_CONSUMER_OFFSET | rq::GET_CONSUME_STATS => [
+            Some((Rt::Group, f("consumerGroup"), Op::Describe)),
+            (!f("topic").is_empty()).then(|| topic_need(f("topic"), Op::Describe)),
+        ],
+        rq::GET_CONSUMER_LIST_BY_GROUP => [Some((Rt::Group, f("consumerGroup"), Op::Describe)), None],
+        rq::CONSUMER_SEND_MSG_BACK => [Some((Rt::Group, f("group"), Op::Read)), None],
+        rq::GET_MAX_OFFSET | rq::GET_MIN_OFFSET | rq::SEARCH_OFFSET_BY_TIMESTAMP | rq::GET_EARLIEST_MSG_STORETIME => {
+            [Some(topic_need(f("topic"), Op::Describe)), None]
+        }
+        rq::QUERY_MESSAGE => [Some(topic_need(f("topic"), Op::Read)), None],
+        rq::END_TRANSACTION if !f("topic").is_empty() => [Some(topic_need(f("topic"), Op::Write)), None],
+        rq::UPDATE_AND_CREATE_TOPIC => [Some((Rt::Topic, f("topic"), Op::Create)), None],
+        rq::DELETE_TOPIC_IN_NAMESRV => [Some((Rt::Topic, f("topic"), Op::Delete)), None],
+        rq::GET_ALL_TOPIC_CONFIG => [Some((Rt::Cluster, CLUSTER_NAME, Op::Describe)), None],
+        _ => [None, None],
+    }
+}
+
+/// Whether `principal` may do `op` on the resource (CREATE of a topic: on
+/// the cluster or the topic, as Kafka).
+fn allowed(broker: &Broker, principal: &str, host: std::net::IpAddr, (rt, name, op): (Rt, &str, Op)) -> bool {
+    let acls = broker.acls();
+    acls.authorize(principal, host, rt, name, op)
+        || (rt == Rt::Topic
+            && op == Op::Create
+            && acls.authorize(principal, host, Rt::Cluster, CLUSTER_NAME, Op::Create))
+}
+
+/// Per connection: whether a refusal was logged yet.
+#[derive(Debug, Default)]
+pub struct Denials {
+    logged: AtomicBool,
+}
+
+/// `None`: the request may be served; `Some(remark)`: answer
+/// NO_PERMISSION with it.
+pub fn check(broker: &Broker, peer: std::net::SocketAddr, denials: &Denials, cmd: &RemotingCommand) -> Option<String> {
+    if !broker.acls().enabled() {
+        return None;
+    }
+    let needs = needs(cmd);
+    if needs.iter().all(Option::is_none) {
+        return None;
+    }
+    let refused = |remark: String, resource: &'static str| {
+        metrics::counter!("rokka_authorization_denied_total", "protocol" => "rocketmq", "resource" => resource)
+            .increment(1);
+        if !denials.logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(%peer, code = cmd.code, remark, "RocketMQ request denied (further denials on this connection are only counted)");
+        }
+        Some(remark)
+    };
+    if cmd.ext_fields.get("AccessKey").is_some() {
+        return refused(
+            "RocketMQ AccessKey/Signature authentication is not supported by this broker yet; \
+             connect without credentials (as User:ANONYMOUS)"
+                .into(),
+            "credentials",
+        );
+    }
+    for need in needs.into_iter().flatten() {
+        if !allowed(broker, ANONYMOUS, peer.ip(), need) {
+            let (rt, name, op) = need;
+            let what = match (rt, op) {
+                (Rt::Topic, Op::Write) => "PUB",
+                (Rt::Topic, Op::Read) | (Rt::Group, Op::Read) => "SUB",
+                _ => "",
+            };
+            return refused(
+                format!(
+                    "no permission: {ANONYMOUS} may not {op:?} {} {name}{}",
+                    rt.label(),
+                    if what.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({what})")
+                    }
+                ),
+                rt.label(),
+            );
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cmd(code: i32, fields: &[(&str, &str)]) -> RemotingCommand {
+        let mut c = RemotingCommand::request(code, 1);
+        for (k, v) in fields {
+            c.ext_fields.set(k, *v);
+        }
+        c
+    }
+
+    #[test]
+    fn requests_map_to_kafka_operations() {
+        let send = cmd(rq::SEND_MESSAGE_V2, &[("b", "orders")]);
+        assert_eq!(needs(&send), [Some((Rt::Topic, "orders", Op::Write)), None]);
+        let pull = cmd(rq::PULL_MESSAGE, &[("topic", "%RETRY%g1"), ("consumerGroup", "g1")]);
+        assert_eq!(
+            needs(&pull),
+            [Some((Rt::Group, "g1", Op::Read)), Some((Rt::Group, "g1", Op::Read))]
+        );
+        let create = cmd(rq::UPDATE_AND_CREATE_TOPIC, &[("topic", "t")]);
+        assert_eq!(needs(&create), [Some((Rt::Topic, "t", Op::Create)), None]);
+        assert_eq!(needs(&cmd(rq::HEART_BEAT, &[])), [None, None]);
+    }
+}
