@@ -27,7 +27,7 @@ from confluent_kafka.admin import (
 from realclients import Harness, RemotingTap, metric, run_harness, wait_for
 from rokka_fixture import Rokka, results_dir
 
-SEND_MESSAGE_V2, PULL_MESSAGE, NO_PERMISSION = 310, 11, 16
+SEND_MESSAGE, SEND_MESSAGE_V2, PULL_MESSAGE, NO_PERMISSION = 10, 310, 11, 16
 PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
 
 
@@ -212,6 +212,13 @@ def test_kafka_python_lists_and_creates_acls(rokka):
         a.close()
 
 
+def refused(tap, since, group):
+    """(request code, remark) of the requests about `group` answered NO_PERMISSION."""
+    with tap._lock:
+        seen = list(tap.exchanges[since:])
+    return [(q, r) for q, ext, c, r in seen if c == NO_PERMISSION and group in str(ext.get("consumerGroup"))]
+
+
 def test_rocketmq_clients_obey_the_same_acls(rokka):
     admin = AdminClient(sasl(rokka, "admin"))
     for f in admin.create_topics([NewTopic("acl-rmq", 2, 1)]).values():
@@ -221,7 +228,7 @@ def test_rocketmq_clients_obey_the_same_acls(rokka):
     mark = rokka.tap.mark()
     h = Harness(rokka, "acl-produce-denied", "cross-produce", "acl-rmq", 5)
     assert h.wait(60) != 0, h.lines()[-5:]
-    answers = rokka.tap.answers(SEND_MESSAGE_V2, mark)
+    answers = rokka.tap.answers(SEND_MESSAGE, mark) + rokka.tap.answers(SEND_MESSAGE_V2, mark)
     assert answers and all(c == NO_PERMISSION for c, _ in answers), answers
     assert "PUB" in answers[0][1] and "acl-rmq" in answers[0][1], answers
     assert metric(rokka, "rokka_authorization_denied_total", protocol="rocketmq") > denied_before
@@ -236,10 +243,12 @@ def test_rocketmq_clients_obey_the_same_acls(rokka):
     mark = rokka.tap.mark()
     h = Harness(rokka, "acl-consume-denied", "cross-consume", "acl-rmq", "acl-rg-denied", 5)
     try:
-        wait_for("a refused pull", lambda: rokka.tap.answers(PULL_MESSAGE, mark), 60)
-        answers = rokka.tap.answers(PULL_MESSAGE, mark)
-        assert all(c == NO_PERMISSION for c, _ in answers), answers
-        assert "group acl-rg-denied" in answers[0][1], answers
+        # The consumer's first offset query (or pull) for the group is
+        # refused, and so is every pull it tries.
+        wait_for("a refused consumer request", lambda: refused(rokka.tap, mark, "acl-rg-denied"), 60)
+        assert all(c == NO_PERMISSION for c, _ in rokka.tap.answers(PULL_MESSAGE, mark)), rokka.tap.answers(PULL_MESSAGE, mark)
+        remark = refused(rokka.tap, mark, "acl-rg-denied")[0][1]
+        assert "group acl-rg-denied" in remark and "ANONYMOUS" in remark, remark
         assert h.lines("msg ") == []
     finally:
         h.kill()
@@ -262,7 +271,7 @@ def test_acls_survive_a_restart(rokka):
     admin = AdminClient(sasl(rokka, "admin"))
     flt = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, "User:ANONYMOUS", None,
                            AclOperation.ANY, AclPermissionType.ANY)
-    got = sorted((b.resource_type, b.name, b.operation) for b in admin.describe_acls(flt).result(15))
+    got = sorted((b.restype, b.name, b.operation) for b in admin.describe_acls(flt).result(15))
     assert got == sorted([
         (ResourceType.TOPIC, "acl-rmq", AclOperation.WRITE),
         (ResourceType.TOPIC, "acl-rmq", AclOperation.READ),
