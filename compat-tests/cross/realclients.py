@@ -25,7 +25,7 @@ class Harness:
     """One harness process (rocketmq-client-rust), its stdout and stderr in a
     file kept next to rokka.log."""
 
-    def __init__(self, rokka, name, *args, namesrv_port=None):
+    def __init__(self, rokka, name, *args, namesrv_port=None, env=None):
         self.args = [str(a) for a in args]
         self.path = os.path.join(rokka.workdir, f"harness-{next(_seq)}-{name}.log")
         self._out = open(self.path, "w")
@@ -34,7 +34,11 @@ class Harness:
             stdout=self._out,
             stderr=subprocess.STDOUT,
             # Broadcasting consumers keep offsets under this directory; none here do, but keep it out of $HOME.
-            env={**os.environ, "rocketmq.client.localOffsetStoreDir": os.path.join(rokka.workdir, "client-offsets")},
+            env={
+                **os.environ,
+                "rocketmq.client.localOffsetStoreDir": os.path.join(rokka.workdir, "client-offsets"),
+                **(env or {}),
+            },
         )
 
     def text(self):
@@ -69,9 +73,9 @@ class Harness:
         return self.proc.poll() is None
 
 
-def run_harness(rokka, name, *args, timeout=150):
+def run_harness(rokka, name, *args, timeout=150, env=None):
     """Runs a scenario to its end; asserts it exited 0. Returns the Harness."""
-    h = Harness(rokka, name, *args)
+    h = Harness(rokka, name, *args, env=env)
     code = h.wait(timeout)
     assert code == 0, f"harness {args} exited {code}: {h.lines()[-5:]} (output: {h.path})"
     return h

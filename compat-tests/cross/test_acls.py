@@ -29,6 +29,7 @@ from rokka_fixture import Rokka, results_dir
 
 SEND_MESSAGE, SEND_MESSAGE_V2, PULL_MESSAGE, NO_PERMISSION = 10, 310, 11, 16
 PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret", "bob": "bob-secret"}
+CAROL = "carol-secret"
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,10 @@ def rokka():
                for u, p in PASSWORDS.items()]
         for f in plain.alter_user_scram_credentials(ups).values():
             f.result(15)
+        # carol is made through RocketMQ's user admin (AUTH_CREATE_USER):
+        # her password is her RocketMQ secret and her Kafka SCRAM password.
+        h = run_harness(r, "create-carol", "create-user", f"127.0.0.1:{r.broker_port}", "carol", CAROL)
+        assert h.lines("created carol"), h.lines()
         r.stop()
         with open(r.config) as f:
             text = f.read()
@@ -264,6 +269,61 @@ def test_rocketmq_clients_obey_the_same_acls(rokka):
     assert sorted(got) == sorted(f"rmq-{i}-é" for i in range(3)), (got, errs)
     errs = produce({"bootstrap.servers": rokka.bootstrap}, "acl-a1", 2, "anon")
     assert errs and all(e is not None and e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED for e in errs), errs
+
+
+def signed_as(user, secret):
+    return {"COMPAT_ACCESS_KEY": user, "COMPAT_SECRET_KEY": secret}
+
+
+def refusals(tap, since):
+    """Remarks of every NO_PERMISSION answer after exchange `since`."""
+    with tap._lock:
+        return [r for _q, _e, c, r in tap.exchanges[since:] if c == NO_PERMISSION]
+
+
+def test_rocketmq_credentials_are_the_users_and_their_kafka_acls_decide(rokka):
+    admin = AdminClient(sasl(rokka, "admin"))
+    for f in admin.create_topics([NewTopic("acl-carol", 2, 1)]).values():
+        f.result(15)
+    carol = signed_as("carol", CAROL)
+    # Signed and verified, but no PUB yet: refused as User:carol.
+    mark = rokka.tap.mark()
+    h = Harness(rokka, "carol-denied", "cross-produce", "acl-carol", 3, env=carol)
+    assert h.wait(60) != 0, h.lines()[-5:]
+    assert any("User:carol may not Write topic acl-carol (PUB)" in r for r in refusals(rokka.tap, mark)), \
+        refusals(rokka.tap, mark)
+    # A wrong secret and an unknown AccessKey: refused before any ACL.
+    for label, env, why in [
+        ("carol-wrong", signed_as("carol", "not-her-secret"), "signature mismatch"),
+        ("mallory", signed_as("mallory", "x"), "unknown AccessKey"),
+    ]:
+        mark = rokka.tap.mark()
+        h = Harness(rokka, label, "cross-produce", "acl-carol", 1, env=env)
+        assert h.wait(60) != 0, h.lines()[-5:]
+        assert any(why in r for r in refusals(rokka.tap, mark)), (label, refusals(rokka.tap, mark))
+
+    # Her Kafka ACLs are her RocketMQ rights.
+    create(admin, [
+        acl(ResourceType.TOPIC, "acl-carol", "User:carol", AclOperation.WRITE),
+        acl(ResourceType.TOPIC, "acl-carol", "User:carol", AclOperation.READ),
+        acl(ResourceType.GROUP, "acl-carol-g", "User:carol", AclOperation.READ),
+    ])
+    run_harness(rokka, "carol-produce", "cross-produce", "acl-carol", 5, env=carol)
+    h = run_harness(rokka, "carol-consume", "cross-consume", "acl-carol", "acl-carol-g", 5, env=carol)
+    assert len(h.lines("msg ")) == 5, h.lines()[-5:]
+    # Anonymous RocketMQ clients still may not.
+    h = Harness(rokka, "anon-carol-topic", "cross-produce", "acl-carol", 1)
+    assert h.wait(60) != 0
+    # The same name and password log into Kafka (SCRAM), under the same ACLs.
+    kc = {**sasl(rokka, "admin"), "sasl.username": "carol", "sasl.password": CAROL, "sasl.mechanism": "SCRAM-SHA-256"}
+    assert produce(kc, "acl-carol", 2, "carol-kafka") == [None, None]
+    errs = produce(kc, "acl-a1", 1, "carol-kafka")
+    assert errs and errs[0] is not None and errs[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, errs
+    # Only the cluster's ALTER makes users: carol may not.
+    mark = rokka.tap.mark()
+    h = Harness(rokka, "carol-create", "create-user", f"127.0.0.1:{rokka.broker_port}", "eve", "eve-pw", env=carol)
+    assert h.wait(60) != 0, h.lines()
+    assert metric(rokka, "rokka_rocketmq_authentications_failed_total") >= 2
 
 
 def test_acls_survive_a_restart(rokka):

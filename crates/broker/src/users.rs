@@ -167,8 +167,8 @@ mod b64 {
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct File {
-    /// user → mechanism name → credential
-    users: BTreeMap<String, BTreeMap<String, ScramCredential>>,
+    /// user → mechanism name → credential (and a RocketMQ secret)
+    users: BTreeMap<String, UserRecord>,
 }
 
 /// A user's mechanisms and their iterations.
@@ -201,8 +201,23 @@ pub struct Users {
     in_cluster: std::sync::atomic::AtomicBool,
 }
 
-/// One user's credentials by mechanism name (the cluster table's form).
-pub type UserRecord = BTreeMap<String, ScramCredential>;
+/// One user's credentials: SCRAM by mechanism name, and the secret RocketMQ
+/// clients sign requests with (AccessKey = the user's name), kept as set
+/// because an HMAC check needs it (as RocketMQ keeps it). The file's and
+/// the cluster table's form.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserRecord {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rocketmq_secret: Option<String>,
+    #[serde(flatten)]
+    pub scram: BTreeMap<String, ScramCredential>,
+}
+
+impl UserRecord {
+    pub fn is_empty(&self) -> bool {
+        self.scram.is_empty() && self.rocketmq_secret.is_none()
+    }
+}
 
 fn refused(code: i16, message: impl Into<String>) -> Refused {
     Refused {
@@ -227,7 +242,7 @@ impl Users {
         // A hand-edited file is held to what AlterUserScramCredentials
         // accepts (a huge iteration count would make PLAIN a CPU sink).
         for (user, creds) in table.users.iter_mut() {
-            creds.retain(|name, c| {
+            creds.scram.retain(|name, c| {
                 let ok = acceptable(name, c);
                 if !ok {
                     tracing::warn!(user, mechanism = name.as_str(), path = %path.display(), "ignoring a malformed credential");
@@ -259,7 +274,7 @@ impl Users {
     }
 
     pub fn get(&self, user: &str, m: Mechanism) -> Option<ScramCredential> {
-        self.lock().users.get(user).and_then(|c| c.get(m.name())).cloned()
+        self.lock().users.get(user).and_then(|c| c.scram.get(m.name())).cloned()
     }
 
     /// Whether `password` is one of `user`'s credentials (SASL PLAIN).
@@ -269,7 +284,8 @@ impl Users {
             let Some(c) = t.users.get(user) else {
                 return false;
             };
-            c.iter()
+            c.scram
+                .iter()
                 .filter_map(|(n, c)| Some((Mechanism::from_name(n)?, c.clone())))
                 .collect()
         };
@@ -280,8 +296,9 @@ impl Users {
     /// a named user without credentials is `None`).
     pub fn describe(&self, names: Option<&[String]>) -> Vec<(String, Option<Credentials>)> {
         let t = self.lock();
-        let list = |c: &BTreeMap<String, ScramCredential>| {
-            c.iter()
+        let list = |c: &UserRecord| {
+            c.scram
+                .iter()
                 .filter_map(|(n, c)| Some((Mechanism::from_name(n)?, c.iterations)))
                 .collect::<Vec<_>>()
         };
@@ -328,29 +345,18 @@ impl Users {
                 format!("at most {} users (broker.max_users)", self.max_users),
             ));
         }
-        let before = t.users.get(user).and_then(|c| c.get(m.name())).cloned();
-        t.users
-            .entry(user.to_string())
-            .or_default()
-            .insert(m.name().to_string(), cred);
+        let before = t.users.get(user).cloned();
+        let entry = t.users.entry(user.to_string()).or_default();
+        entry.scram.insert(m.name().to_string(), cred);
+        // A password set through Kafka is not the RocketMQ secret any
+        // more (only its salted form is known here).
+        entry.rocketmq_secret = None;
         if let Err(e) = self.persist(&t) {
             // Not stored: the table stays as the file has it.
             match before {
-                Some(b) => {
-                    t.users
-                        .entry(user.to_string())
-                        .or_default()
-                        .insert(m.name().to_string(), b);
-                }
-                None => {
-                    if let Some(c) = t.users.get_mut(user) {
-                        c.remove(m.name());
-                        if c.is_empty() {
-                            t.users.remove(user);
-                        }
-                    }
-                }
-            }
+                Some(b) => t.users.insert(user.to_string(), b),
+                None => t.users.remove(user),
+            };
             return Err(refused(-1, format!("storing the credential failed: {e}")));
         }
         metrics::gauge!("rokka_users").set(t.users.len() as f64);
@@ -365,7 +371,7 @@ impl Users {
         let Some(c) = t.users.get_mut(user) else {
             return Err(refused(code::RESOURCE_NOT_FOUND, format!("no credential of {user}")));
         };
-        let Some(old) = c.remove(m.name()) else {
+        let Some(old) = c.scram.remove(m.name()) else {
             return Err(refused(
                 code::RESOURCE_NOT_FOUND,
                 format!("no {} credential of {user}", m.name()),
@@ -379,6 +385,7 @@ impl Users {
             t.users
                 .entry(user.to_string())
                 .or_default()
+                .scram
                 .insert(m.name().to_string(), old);
             return Err(refused(-1, format!("storing the change failed: {e}")));
         }
@@ -386,6 +393,114 @@ impl Users {
         drop(t);
         self.changed(user);
         Ok(())
+    }
+
+    /// Sets `user`'s password as RocketMQ's user admin does
+    /// (AUTH_CREATE_USER: `must_exist` false, the user must be new;
+    /// AUTH_UPDATE_USER: true): the RocketMQ secret, and SCRAM-SHA-256 and
+    /// -512 credentials derived from it (random salt, the minimum
+    /// iterations), so the same name and password serve Kafka SASL too.
+    pub fn set_password(&self, user: &str, password: &str, must_exist: bool) -> std::result::Result<(), Refused> {
+        use ring::rand::SecureRandom as _;
+        if user.is_empty() || user.len() > 256 {
+            return Err(refused(code::UNACCEPTABLE_CREDENTIAL, "user names are 1 to 256 bytes"));
+        }
+        if password.is_empty() || password.len() > 1024 {
+            return Err(refused(code::UNACCEPTABLE_CREDENTIAL, "passwords are 1 to 1024 bytes"));
+        }
+        let mut record = UserRecord {
+            rocketmq_secret: Some(password.to_string()),
+            scram: BTreeMap::new(),
+        };
+        let rng = ring::rand::SystemRandom::new();
+        for m in Mechanism::ALL {
+            let mut salt = vec![0u8; 16];
+            rng.fill(&mut salt)
+                .map_err(|_| refused(-1, "no randomness for a salt"))?;
+            let iterations = m.min_iterations();
+            let salted = m.salted_password(password.as_bytes(), &salt, iterations);
+            let cred = ScramCredential::from_salted(m, salt, iterations, &salted);
+            record.scram.insert(m.name().to_string(), cred);
+        }
+        let mut t = self.lock();
+        match (t.users.contains_key(user), must_exist) {
+            (true, false) => return Err(refused(code::POLICY_VIOLATION, format!("user {user} already exists"))),
+            (false, true) => return Err(refused(code::RESOURCE_NOT_FOUND, format!("no user {user}"))),
+            (false, false) if t.users.len() >= self.max_users => {
+                metrics::counter!("rokka_users_refused_total").increment(1);
+                return Err(refused(
+                    code::POLICY_VIOLATION,
+                    format!("at most {} users (broker.max_users)", self.max_users),
+                ));
+            }
+            _ => {}
+        }
+        let before = t.users.insert(user.to_string(), record);
+        if let Err(e) = self.persist(&t) {
+            match before {
+                Some(b) => t.users.insert(user.to_string(), b),
+                None => t.users.remove(user),
+            };
+            return Err(refused(-1, format!("storing the user failed: {e}")));
+        }
+        metrics::gauge!("rokka_users").set(t.users.len() as f64);
+        drop(t);
+        self.changed(user);
+        Ok(())
+    }
+
+    /// Deletes `user` and all its credentials.
+    pub fn delete_user(&self, user: &str) -> std::result::Result<(), Refused> {
+        let mut t = self.lock();
+        let Some(old) = t.users.remove(user) else {
+            return Err(refused(code::RESOURCE_NOT_FOUND, format!("no user {user}")));
+        };
+        if let Err(e) = self.persist(&t) {
+            t.users.insert(user.to_string(), old);
+            return Err(refused(-1, format!("storing the change failed: {e}")));
+        }
+        metrics::gauge!("rokka_users").set(t.users.len() as f64);
+        drop(t);
+        self.changed(user);
+        Ok(())
+    }
+
+    /// The secret RocketMQ clients of `user` sign with, if it has one.
+    pub fn rocketmq_secret(&self, user: &str) -> Option<String> {
+        self.lock().users.get(user).and_then(|r| r.rocketmq_secret.clone())
+    }
+
+    /// Checks a RocketMQ request's `Signature` (base64 of an HMAC-SHA1, or
+    /// HMAC-SHA256, of `content` under `user`'s secret, as RocketMQ's
+    /// AclClientRPCHook signs). Err: why not, for the client's remark.
+    pub fn check_rocketmq_signature<'a>(
+        &self,
+        user: &str,
+        content: impl Iterator<Item = &'a [u8]> + Clone,
+        signature: &str,
+    ) -> std::result::Result<(), &'static str> {
+        let Some(secret) = self.rocketmq_secret(user) else {
+            return Err("unknown AccessKey, or a user without a RocketMQ secret");
+        };
+        let Some(given) = unb64(signature) else {
+            return Err("malformed Signature");
+        };
+        for alg in [hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY, hmac::HMAC_SHA256] {
+            let key = hmac::Key::new(alg, secret.as_bytes());
+            let mut ctx = hmac::Context::with_key(&key);
+            for part in content.clone() {
+                ctx.update(part);
+            }
+            if equal(ctx.sign().as_ref(), &given) {
+                return Ok(());
+            }
+        }
+        Err("signature mismatch: wrong SecretKey")
+    }
+
+    /// Every user's name, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.lock().users.keys().cloned().collect()
     }
 
     fn changed(&self, user: &str) {
@@ -439,7 +554,7 @@ impl Users {
         }
         // Only what AlterUserScramCredentials would accept.
         for creds in cluster.values_mut() {
-            creds.retain(|name, c| acceptable(name, c));
+            creds.scram.retain(|name, c| acceptable(name, c));
         }
         cluster.retain(|_, c| !c.is_empty());
         if t.users == cluster {
@@ -484,6 +599,38 @@ mod tests {
 
     /// RFC 7677's SCRAM-SHA-256 example: user, password "pencil", the
     /// salt and iterations give the ServerKey and StoredKey it implies.
+    #[test]
+    fn a_rocketmq_password_is_its_secret_and_the_users_scram_credentials() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io(PathBuf::new(), e))?;
+        let users = Users::open(dir.path(), 10)?;
+        users.set_password("carol", "carol-secret", false).expect("created");
+        assert_eq!(
+            users.set_password("carol", "x", false).map_err(|e| e.code),
+            Err(code::POLICY_VIOLATION)
+        );
+        assert_eq!(
+            users.set_password("dave", "x", true).map_err(|e| e.code),
+            Err(code::RESOURCE_NOT_FOUND)
+        );
+        assert!(
+            users.check_password("carol", b"carol-secret"),
+            "PLAIN/SCRAM from the same password"
+        );
+        let reopened = Users::open(dir.path(), 10)?;
+        assert_eq!(reopened.rocketmq_secret("carol").as_deref(), Some("carol-secret"));
+        assert!(reopened.get("carol", Mechanism::Sha512).is_some());
+        // A password set through Kafka (salted only) ends the RocketMQ one.
+        let m = Mechanism::Sha256;
+        let salted = m.salted_password(b"new", b"salt", 4096);
+        reopened
+            .upsert("carol", m, 4096, b"salt".to_vec(), &salted)
+            .expect("upsert");
+        assert_eq!(reopened.rocketmq_secret("carol"), None);
+        reopened.delete_user("carol").expect("deleted");
+        assert!(reopened.is_empty());
+        Ok(())
+    }
+
     #[test]
     fn credentials_follow_the_rfc_and_survive_a_restart() -> Result<()> {
         let dir = tempfile::tempdir().map_err(|e| BrokerError::Io(PathBuf::new(), e))?;

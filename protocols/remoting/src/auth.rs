@@ -8,15 +8,20 @@
 //! answered NO_PERMISSION with a remark naming what was missing, logged
 //! once per connection and counted.
 //!
-//! A client without credentials is `User:ANONYMOUS`. RocketMQ's
-//! AccessKey/Signature scheme is not verified yet: with authorization on,
-//! a request carrying an AccessKey is refused (NO_PERMISSION) rather than
-//! served as someone it cannot prove to be.
+//! Authentication is RocketMQ's AccessKey/Signature scheme
+//! (AclClientRPCHook): the AccessKey is a user of the one users table, the
+//! Signature an HMAC (SHA-1, or SHA-256) under its RocketMQ secret of the
+//! request's extFields values in key order (Signature left out) followed by
+//! its body. A verified request is `User:<AccessKey>`; one without an
+//! AccessKey is `User:ANONYMOUS`; a wrong or unknown one is refused
+//! NO_PERMISSION. Like a RocketMQ broker with `aclEnable = false`, nothing
+//! is checked with authorization off.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rokka_broker::acl::{Operation as Op, ResourceType as Rt, ANONYMOUS, CLUSTER_NAME};
 use rokka_broker::Broker;
+use std::borrow::Cow;
 
 use crate::codes::request as rq;
 use crate::command::RemotingCommand;
@@ -78,7 +83,12 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
         rq::END_TRANSACTION if !f("topic").is_empty() => [Some(topic_need(f("topic"), Op::Write)), None],
         rq::UPDATE_AND_CREATE_TOPIC => [Some((Rt::Topic, f("topic"), Op::Create)), None],
         rq::DELETE_TOPIC_IN_NAMESRV => [Some((Rt::Topic, f("topic"), Op::Delete)), None],
-        rq::GET_ALL_TOPIC_CONFIG => [Some((Rt::Cluster, CLUSTER_NAME, Op::Describe)), None],
+        rq::GET_ALL_TOPIC_CONFIG | rq::AUTH_GET_USER | rq::AUTH_LIST_USERS => {
+            [Some((Rt::Cluster, CLUSTER_NAME, Op::Describe)), None]
+        }
+        rq::AUTH_CREATE_USER | rq::AUTH_UPDATE_USER | rq::AUTH_DELETE_USER => {
+            [Some((Rt::Cluster, CLUSTER_NAME, Op::Alter)), None]
+        }
         _ => [None, None],
     }
 }
@@ -99,14 +109,31 @@ pub struct Denials {
     logged: AtomicBool,
 }
 
+/// The request's principal: `User:<AccessKey>` once its Signature is
+/// verified, `User:ANONYMOUS` without an AccessKey; Err: why it is refused.
+fn principal<'a>(broker: &Broker, cmd: &'a RemotingCommand) -> Result<Cow<'a, str>, String> {
+    let Some(ak) = cmd.ext_fields.get("AccessKey") else {
+        return Ok(Cow::Borrowed(ANONYMOUS));
+    };
+    let Some(signature) = cmd.ext_fields.get("Signature") else {
+        return Err(format!("AccessKey {ak} without a Signature"));
+    };
+    let mut fields: Vec<&(String, String)> = cmd.ext_fields.0.iter().filter(|(k, _)| k != "Signature").collect();
+    fields.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let content = fields
+        .iter()
+        .map(|(_, v)| v.as_bytes())
+        .chain(std::iter::once(cmd.body.as_ref()));
+    match broker.users().check_rocketmq_signature(ak, content, signature) {
+        Ok(()) => Ok(Cow::Owned(format!("User:{ak}"))),
+        Err(why) => Err(format!("authentication of AccessKey {ak} failed: {why}")),
+    }
+}
+
 /// `None`: the request may be served; `Some(remark)`: answer
 /// NO_PERMISSION with it.
 pub fn check(broker: &Broker, peer: std::net::SocketAddr, denials: &Denials, cmd: &RemotingCommand) -> Option<String> {
     if !broker.acls().enabled() {
-        return None;
-    }
-    let needs = needs(cmd);
-    if needs.iter().all(Option::is_none) {
         return None;
     }
     let refused = |remark: String, resource: &'static str| {
@@ -117,32 +144,24 @@ pub fn check(broker: &Broker, peer: std::net::SocketAddr, denials: &Denials, cmd
         }
         Some(remark)
     };
-    if cmd.ext_fields.get("AccessKey").is_some() {
-        return refused(
-            "RocketMQ AccessKey/Signature authentication is not supported by this broker yet; \
-             connect without credentials (as User:ANONYMOUS)"
-                .into(),
-            "credentials",
-        );
-    }
-    for need in needs.into_iter().flatten() {
-        if !allowed(broker, ANONYMOUS, peer.ip(), need) {
+    // Every signed request is verified, whatever it asks.
+    let who = match principal(broker, cmd) {
+        Ok(p) => p,
+        Err(remark) => {
+            metrics::counter!("rokka_rocketmq_authentications_failed_total").increment(1);
+            return refused(remark, "credentials");
+        }
+    };
+    for need in needs(cmd).into_iter().flatten() {
+        if !allowed(broker, &who, peer.ip(), need) {
             let (rt, name, op) = need;
             let what = match (rt, op) {
-                (Rt::Topic, Op::Write) => "PUB",
-                (Rt::Topic, Op::Read) | (Rt::Group, Op::Read) => "SUB",
+                (Rt::Topic, Op::Write) => " (PUB)",
+                (Rt::Topic, Op::Read) | (Rt::Group, Op::Read) => " (SUB)",
                 _ => "",
             };
             return refused(
-                format!(
-                    "no permission: {ANONYMOUS} may not {op:?} {} {name}{}",
-                    rt.label(),
-                    if what.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({what})")
-                    }
-                ),
+                format!("no permission: {who} may not {op:?} {} {name}{what}", rt.label()),
                 rt.label(),
             );
         }

@@ -35,6 +35,12 @@ pub mod request {
     pub const SEND_MESSAGE_V2: i32 = 310;
     pub const SEND_BATCH_MESSAGE: i32 = 320;
     pub const LITE_PULL_MESSAGE: i32 = 361;
+    /// RocketMQ 5's user admin (mqadmin createUser, updateUser, ...).
+    pub const AUTH_CREATE_USER: i32 = 3001;
+    pub const AUTH_UPDATE_USER: i32 = 3002;
+    pub const AUTH_DELETE_USER: i32 = 3003;
+    pub const AUTH_GET_USER: i32 = 3004;
+    pub const AUTH_LIST_USERS: i32 = 3005;
     /// Rokka, between broker sets: a set's master joins a Kafka
     /// transaction another set coordinates (`remote_txns`).
     pub const ROKKA_TXN_JOIN: i32 = 32001;
@@ -98,6 +104,11 @@ pub fn label(code: i32) -> &'static str {
         310 => "310",
         320 => "320",
         361 => "361",
+        3001 => "3001",
+        3002 => "3002",
+        3003 => "3003",
+        3004 => "3004",
+        3005 => "3005",
         32001 => "32001",
         32002 => "32002",
         _ => "other",

@@ -22,6 +22,7 @@ pub mod registrar;
 pub mod remote_offsets;
 pub mod remote_txns;
 pub mod server;
+mod users;
 
 pub use codec::{decode, encode, FrameError, DEFAULT_MAX_FRAME};
 

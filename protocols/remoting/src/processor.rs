@@ -259,6 +259,16 @@ impl RocketMq {
                     .await
             }
             rq::VIEW_MESSAGE_BY_ID => self.view_message(&cmd),
+            rq::AUTH_CREATE_USER
+            | rq::AUTH_UPDATE_USER
+            | rq::AUTH_DELETE_USER
+            | rq::AUTH_GET_USER
+            | rq::AUTH_LIST_USERS => {
+                let (code, remark, body) = crate::users::handle(&self.broker, &cmd);
+                let mut r = self.reply(&cmd, code, remark);
+                r.body = body;
+                r
+            }
             rq::ROKKA_TXN_JOIN => {
                 let r = crate::remote_txns::join(&self.broker, &cmd, conn.peer).await;
                 self.txn_reply(&cmd, r)

@@ -46,6 +46,51 @@ use rocketmq_model::common::message::message_single::Message;
 use rocketmq_protocol::protocol::heartbeat::message_model::MessageModel;
 use rocketmq_runtime::{RuntimeConfig, RuntimeOwner};
 
+/// RocketMQ ACL credentials from `COMPAT_ACCESS_KEY` and
+/// `COMPAT_SECRET_KEY`: requests are then signed (AclClientRPCHook).
+fn acl_hook() -> Option<Arc<rocketmq_client_rust::AclClientRPCHook>> {
+    let ak = std::env::var("COMPAT_ACCESS_KEY").ok().filter(|k| !k.is_empty())?;
+    let sk = std::env::var("COMPAT_SECRET_KEY").unwrap_or_default();
+    Some(Arc::new(rocketmq_client_rust::AclClientRPCHook::new(
+        rocketmq_client_rust::SessionCredentials::with_keys(ak, sk),
+    )))
+}
+
+/// `create-user <broker> <name> <password>`: RocketMQ 5's AUTH_CREATE_USER
+/// through the admin client (signed when credentials are set).
+async fn create_user(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    use rocketmq_client_rust::AuthAdmin;
+    let (Some(broker), Some(name), Some(password)) = (args.first(), args.get(1), args.get(2)) else {
+        eprintln!("compat: create-user <broker> <name> <password>");
+        return Ok(false);
+    };
+    let mut admin = match acl_hook() {
+        Some(h) => rocketmq_client_rust::DefaultMQAdminExt::with_rpc_hook(Arc::clone(rt), h),
+        None => rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt)),
+    };
+    admin.set_namesrv_addr(namesrv.to_string());
+    admin.start().await?;
+    let r = admin
+        .create_user(
+            broker.as_str().into(),
+            name.as_str().into(),
+            password.as_str().into(),
+            "Normal".into(),
+        )
+        .await;
+    admin.shutdown().await;
+    match r {
+        Ok(()) => {
+            println!("compat: created {name}");
+            Ok(true)
+        }
+        Err(e) => {
+            println!("compat: create-user failed: {e}");
+            Ok(false)
+        }
+    }
+}
+
 /// `COMPAT_FAULT` (unset in the suite), see above.
 fn fault() -> Option<String> {
     std::env::var("COMPAT_FAULT").ok().filter(|f| !f.is_empty())
@@ -180,6 +225,7 @@ async fn main() -> ClientResult<()> {
         "cross-produce" => cross_produce(&rt, &namesrv, &args[3..]).await?,
         "cross-consume" => cross_consume(&rt, &namesrv, &args[3..]).await?,
         "cross-member" => cross_member(&rt, &namesrv, &args[3..]).await?,
+        "create-user" => create_user(&rt, &namesrv, &args[3..]).await?,
         "dur-send" => durability::send(&rt, &namesrv, &args[3..]).await?,
         "dur-delayed" => durability::delayed(&rt, &namesrv, &args[3..]).await?,
         "dur-consume" => durability::consume(&rt, &namesrv, &args[3..]).await?,
@@ -345,11 +391,14 @@ async fn send_kinds(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
 }
 
 async fn producer(rt: &Arc<ClientRuntime>, namesrv: &str, group: &str, queues: u32) -> ClientResult<DefaultMQProducer> {
-    let mut p = DefaultMQProducer::builder(Arc::clone(rt))
+    let mut b = DefaultMQProducer::builder(Arc::clone(rt))
         .producer_group(group.to_string())
         .name_server_addr(namesrv.to_string())
-        .default_topic_queue_nums(queues)
-        .build();
+        .default_topic_queue_nums(queues);
+    if let Some(h) = acl_hook() {
+        b = b.rpc_hook(h);
+    }
+    let mut p = b.build();
     p.start().await?;
     Ok(p)
 }
@@ -971,6 +1020,7 @@ async fn cross_consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) 
         .name_server_addr(namesrv.to_string())
         .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
         .await_termination_millis_when_shutdown(5000)
+        .rpc_hook(acl_hook().map(|h| h as Arc<_>))
         .build();
     c.subscribe(topic, expr).await?;
     c.register_message_listener_concurrently(Lines(Arc::clone(&seen)));

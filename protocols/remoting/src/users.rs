@@ -1,0 +1,87 @@
+//! RocketMQ 5's user admin codes (mqadmin createUser / updateUser /
+//! deleteUser / getUser / listUser) on the broker's one users table: a
+//! user's password is its RocketMQ secret (the SecretKey its clients sign
+//! with, AccessKey = its name) and its Kafka SCRAM credentials, so one
+//! name and password serve both protocols. Passwords are never answered.
+
+use bytes::Bytes;
+use rokka_broker::Broker;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::codes::{request as rq, response as rs};
+use crate::command::RemotingCommand;
+
+/// RocketMQ's `UserInfo` body.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct UserInfo {
+    username: Option<String>,
+    password: Option<String>,
+}
+
+fn described(name: &str) -> Value {
+    json!({"username": name, "userType": "Normal", "userStatus": "enable"})
+}
+
+/// Answers one of AUTH_CREATE_USER … AUTH_LIST_USERS: (code, remark, body).
+pub fn handle(broker: &Broker, cmd: &RemotingCommand) -> (i32, Option<String>, Bytes) {
+    let users = broker.users();
+    let info: UserInfo = if cmd.body.is_empty() {
+        UserInfo::default()
+    } else {
+        match serde_json::from_slice(&cmd.body) {
+            Ok(i) => i,
+            Err(e) => {
+                return (
+                    rs::SYSTEM_ERROR,
+                    Some(format!("malformed UserInfo body: {e}")),
+                    Bytes::new(),
+                )
+            }
+        }
+    };
+    let name = cmd
+        .ext_fields
+        .get("username")
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
+        .or(info.username.clone())
+        .unwrap_or_default();
+    let done = |r: Result<(), rokka_broker::users::Refused>, what: &str| match r {
+        Ok(()) => {
+            tracing::info!(user = name.as_str(), "RocketMQ user {what}");
+            (rs::SUCCESS, None, Bytes::new())
+        }
+        Err(e) => (rs::SYSTEM_ERROR, Some(e.message), Bytes::new()),
+    };
+    match cmd.code {
+        rq::AUTH_CREATE_USER | rq::AUTH_UPDATE_USER => {
+            let update = cmd.code == rq::AUTH_UPDATE_USER;
+            match info.password.as_deref().filter(|p| !p.is_empty()) {
+                Some(p) => {
+                    let r = rokka_broker::offload(|| users.set_password(&name, p, update));
+                    done(r, if update { "updated" } else { "created" })
+                }
+                // An update of type or status only: nothing Rokka keeps.
+                None if update && users.names().contains(&name) => (rs::SUCCESS, None, Bytes::new()),
+                None => (rs::SYSTEM_ERROR, Some("a password is required".into()), Bytes::new()),
+            }
+        }
+        rq::AUTH_DELETE_USER => done(rokka_broker::offload(|| users.delete_user(&name)), "deleted"),
+        rq::AUTH_GET_USER => match users.names().contains(&name) {
+            true => (rs::SUCCESS, None, Bytes::from(described(&name).to_string())),
+            false => (rs::SYSTEM_ERROR, Some(format!("no user {name}")), Bytes::new()),
+        },
+        _ => {
+            let filter = cmd.ext_fields.get("filter").unwrap_or_default();
+            let list: Vec<Value> = users
+                .names()
+                .iter()
+                .filter(|n| n.contains(filter))
+                .map(|n| described(n))
+                .collect();
+            (rs::SUCCESS, None, Bytes::from(Value::Array(list).to_string()))
+        }
+    }
+}
