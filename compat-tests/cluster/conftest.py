@@ -192,12 +192,13 @@ class TwoSets(Cluster):
     """Two broker sets of two nodes (1, 2: set-a; 3, 4: set-b) behind one
     etcd, each set taking writes with one in-sync member (min ISR 1)."""
 
-    def __init__(self, name, metrics_extra="", kafka_extra=""):
+    def __init__(self, name, metrics_extra="", kafka_extra="", sections=""):
+        """`sections`: whole config tables after the others (`[security]`...)."""
         super().__init__(
             name,
             n=4,
             min_isr=1,
-            extra=lambda i: f'broker_set = "{SETS[i]}"',
+            extra=lambda i: f'broker_set = "{SETS[i]}"\n{sections}',
             metrics_extra=metrics_extra,
             kafka_extra=kafka_extra,
         )

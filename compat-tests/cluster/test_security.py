@@ -1,9 +1,13 @@
-"""Kafka SASL in cluster mode (docs/security.md): two broker sets behind
-etcd, every node with a SASL listener. A user created on one node's
-plaintext listener reaches every node through etcd's users table; a SCRAM
-client bootstrapping at another set's node is told every node's SASL
-listener (not the plaintext ones) and produces to and consumes from
-partitions on both sets; a deleted user is refused everywhere."""
+"""Kafka SASL and ACLs in cluster mode (docs/security.md): two broker sets
+behind etcd, every node with a SASL listener and authorization on (the
+plaintext listener's anonymous clients are super users here; resources no
+ACL names are open). A user created on one node's plaintext listener
+reaches every node through etcd's users table; a SCRAM client
+bootstrapping at another set's node is told every node's SASL listener (not
+the plaintext ones) and produces to and consumes from partitions on both
+sets; a deleted user is refused everywhere. An ACL created on one node
+decides on every node of both sets, and its deletion on another node
+reaches them all."""
 import time
 
 import pytest
@@ -21,7 +25,14 @@ from conftest import TwoSets
 
 @pytest.fixture(scope="module")
 def cluster():
-    c = TwoSets("security", kafka_extra='sasl_listen = "127.0.0.1:0"')
+    c = TwoSets(
+        "security",
+        # The deleted user's retries are failed authentications: not enough
+        # to lock 127.0.0.1 out of the later tests.
+        kafka_extra='sasl_listen = "127.0.0.1:0"\nsasl_max_failures_per_address = 1000',
+        sections='[security]\nauthorization = true\nsuper_users = ["User:ANONYMOUS"]\n'
+        "allow_everyone_if_no_acl_found = true\n",
+    )
     yield c
     c.close()
 
@@ -84,3 +95,63 @@ def test_a_user_made_on_one_node_logs_in_everywhere(cluster):
             break
         assert time.time() < deadline, "node 1 still accepts a deleted user"
         time.sleep(0.5)
+
+
+def test_an_acl_made_on_one_node_decides_on_every_node(cluster):
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    cluster.masters(60)
+    admin = AdminClient({"bootstrap.servers": cluster.nodes[1].bootstrap})
+    ups = [UserScramCredentialUpsertion("gus", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), b"gus-pw")]
+    for f in admin.alter_user_scram_credentials(ups).values():
+        f.result(15)
+    for f in admin.create_topics([NewTopic("acl-spread", 4, 1)]).values():
+        f.result(15)
+
+    def writes(node):
+        """Delivery error codes of gus's records to every partition (both sets) through `node`."""
+        errs = []
+        p = Producer({**sasl_conf(cluster.nodes[node], "gus", "gus-pw"), "message.timeout.ms": 8000})
+        for q in range(4):
+            p.produce("acl-spread", value=b"x", partition=q, on_delivery=lambda e, _m: errs.append(e and e.code()))
+        p.flush(20)
+        return errs
+
+    # Named by an ACL (for someone else): no longer open to gus, on any node.
+    for f in admin.create_acls([AclBinding(ResourceType.TOPIC, "acl-spread", ResourcePatternType.LITERAL,
+                                           "User:other", "*", AclOperation.WRITE, AclPermissionType.ALLOW)]).values():
+        f.result(15)
+    def acls_everywhere(n):
+        deadline = time.time() + 20
+        while (seen := {i: node.metric_values().get("rokka_acls") for i, node in cluster.nodes.items()}) != {
+            i: float(n) for i in cluster.nodes
+        }:
+            assert time.time() < deadline, f"ACL counts per node: {seen}"
+            time.sleep(0.3)
+
+    acls_everywhere(1)
+    for node in (2, 3, 4):
+        deadline = time.time() + 20
+        while (errs := writes(node)) != [KafkaError.TOPIC_AUTHORIZATION_FAILED] * 4:
+            assert time.time() < deadline, f"node {node}: {errs}"
+            time.sleep(0.5)
+    # Deleted through another set's node: gus writes again everywhere.
+    admin3 = AdminClient({"bootstrap.servers": cluster.nodes[3].bootstrap})
+    flt = AclBindingFilter(ResourceType.TOPIC, "acl-spread", ResourcePatternType.ANY, None, None,
+                           AclOperation.ANY, AclPermissionType.ANY)
+    for f in admin3.delete_acls([flt]).values():
+        assert len(f.result(15)) == 1
+    acls_everywhere(0)
+    for node in (1, 2, 4):
+        deadline = time.time() + 20
+        while (errs := writes(node)) != [None] * 4:
+            assert time.time() < deadline, f"node {node}: {errs}"
+            time.sleep(0.5)
