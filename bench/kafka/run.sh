@@ -12,9 +12,13 @@ bench="$here/target/release/rokka-kafka-bench"
 
 failures=0
 run_case() { # flush_mode then bench args; a failed driver or broker fails the run
-  # (STORE_EXTRA: more [store] lines, e.g. "verify_reads = false")
+  # (STORE_EXTRA: more [store] lines, e.g. "verify_reads = false";
+  # KAFKA_EXTRA: more [kafka] lines; SECURITY_EXTRA: a [security] table;
+  # ACLS_FILE: copied to the data dir's config/acls.json before the start;
+  # LISTENER: the ports-file key the driver connects to, default kafka)
   local mode=$1; shift
   local dir; dir=$(mktemp -d "$root/target/kbench.XXXX")
+  if [[ -n ${ACLS_FILE:-} ]]; then mkdir -p "$dir/data/config" && cp "$ACLS_FILE" "$dir/data/config/acls.json"; fi
   cat > "$dir/rokka.toml" <<EOT
 [log]
 level = "warn"
@@ -28,13 +32,15 @@ ${STORE_EXTRA:-}
 default_partitions = 4
 [kafka]
 listen = "127.0.0.1:0"
+${KAFKA_EXTRA:-}
 [rocketmq]
 enabled = false
+${SECURITY_EXTRA:-}
 EOT
   "$root/target/release/rokka" --config "$dir/rokka.toml" --ports-file "$dir/ports.json" & local pid=$!
   for _ in $(seq 300); do [[ -s $dir/ports.json ]] && break; sleep 0.1; done
-  local kafka; kafka=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))["kafka"])' "$dir/ports.json")
-  echo "# flush_mode=$mode ${STORE_EXTRA:-} $*"
+  local kafka; kafka=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$dir/ports.json" "${LISTENER:-kafka}")
+  echo "# flush_mode=$mode ${STORE_EXTRA:-} ${LISTENER:-kafka} $(tr "\n" " " <<<"${SECURITY_EXTRA:-}") $*"
   local rc=0
   "$bench" --brokers "$kafka" --topic "b$RANDOM" "$@" || { rc=$?; echo "FAILED: the driver exited with $rc"; }
   kill -TERM $pid
@@ -51,6 +57,52 @@ if [[ ${1:-} == txn ]]; then
     run_case async --size 1024 --messages 500000 --acks all --idempotent
     run_case async --size 1024 --messages 500000 --acks all --transactional-every 1000
   done
+  [[ $failures == 0 ]] || { echo "$failures benchmark case(s) failed"; exit 1; }
+  exit 0
+fi
+if [[ ${1:-} == tls ]]; then
+  # Plaintext against TLS (an SSL listener, rustls) for the same 1 KiB
+  # produce and consume, alternated, two rounds.
+  pki=$(mktemp -d "$root/target/kbench-pki.XXXX")
+  (cd "$pki" &&
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=ca -keyout ca.key -out ca.pem 2>/dev/null &&
+    printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' > server.ext &&
+    openssl req -newkey rsa:2048 -nodes -subj /CN=localhost -keyout server.key -out server.csr 2>/dev/null &&
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 -out server.pem \
+      -extfile server.ext 2>/dev/null)
+  tls_extra="ssl_listen = \"127.0.0.1:0\"
+ssl_certificate = \"$pki/server.pem\"
+ssl_key = \"$pki/server.key\""
+  for round in 1 2; do
+    KAFKA_EXTRA="$tls_extra" run_case async --size 1024 --messages 1000000 --acks 1
+    KAFKA_EXTRA="$tls_extra" LISTENER=kafka_ssl run_case async --size 1024 --messages 1000000 --acks 1 --ssl-ca "$pki/ca.pem"
+  done
+  rm -rf "$pki"
+  [[ $failures == 0 ]] || { echo "$failures benchmark case(s) failed"; exit 1; }
+  exit 0
+fi
+if [[ ${1:-} == acl ]]; then
+  # Authorization off against on, with 1,000 ACLs of other principals and
+  # topics in the table and one that lets the (anonymous) driver in, for
+  # 100 B produce (many small requests) and 1 KiB produce + consume.
+  acls=$(mktemp "$root/target/kbench-acls.XXXX")
+  python3 - "$acls" <<'PY'
+import json, sys
+acls = [{"resource_type": "TOPIC", "name": f"other-{i}", "pattern": "PREFIXED" if i % 2 else "LITERAL",
+         "principal": f"User:u{i}", "host": "*", "operation": "READ", "permission": "ALLOW"} for i in range(998)]
+acls += [{"resource_type": t, "name": "*", "pattern": "LITERAL", "principal": "User:ANONYMOUS", "host": "*",
+          "operation": "ALL", "permission": "ALLOW"} for t in ("TOPIC", "GROUP")]
+json.dump({"acls": acls}, open(sys.argv[1], "w"))
+PY
+  for round in 1 2; do
+    for on in false true; do
+      SECURITY_EXTRA="[security]
+authorization = $on" ACLS_FILE="$acls" run_case async --size 100 --messages 4000000 --acks 1 --produce-only
+      SECURITY_EXTRA="[security]
+authorization = $on" ACLS_FILE="$acls" run_case async --size 1024 --messages 1000000 --acks 1
+    done
+  done
+  rm -f "$acls"
   [[ $failures == 0 ]] || { echo "$failures benchmark case(s) failed"; exit 1; }
   exit 0
 fi

@@ -67,6 +67,17 @@ struct Args {
     /// A transactional producer committing every this many messages (0 = not transactional).
     #[arg(long, default_value_t = 0)]
     transactional_every: u64,
+    /// Connect over TLS (security.protocol=ssl) trusting this CA file; the
+    /// raw fetch phase (plain TCP) is skipped.
+    #[arg(long)]
+    ssl_ca: Option<String>,
+}
+
+/// TLS settings of `a`, if any, on a client config.
+fn secure(c: &mut ClientConfig, a: &Args) {
+    if let Some(ca) = &a.ssl_ca {
+        c.set("security.protocol", "ssl").set("ssl.ca.location", ca);
+    }
 }
 
 /// Polls delivery reports until none is outstanding.
@@ -98,6 +109,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .set("queue.buffering.max.kbytes", "2097151")
         .set("enable.idempotence", if a.idempotent || a.transactional_every > 0 { "true" } else { "false" })
         .set("compression.codec", "none");
+    secure(&mut producer, &a);
     let txn = a.transactional_every > 0;
     let mut config = producer;
     if txn {
@@ -207,16 +219,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     // Let the broker finish preparing segments so consumption is measured alone.
     std::thread::sleep(Duration::from_secs(a.warmup_pause_s));
-    raw_fetch(&a)?;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &a.brokers)
+    if a.ssl_ca.is_none() {
+        raw_fetch(&a)?;
+    }
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &a.brokers)
         .set("group.id", "rokka-bench")
         .set("enable.auto.commit", "false")
         .set("fetch.max.bytes", "52428800")
         .set("max.partition.fetch.bytes", "10485760")
         .set("queued.max.messages.kbytes", "1048576")
-        .set("check.crcs", "false")
-        .create()?;
+        .set("check.crcs", "false");
+    secure(&mut cc, &a);
+    let consumer: BaseConsumer = cc.create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..a.partitions {
         tpl.add_partition_offset(&a.topic, p, Offset::Beginning)?;

@@ -13,6 +13,7 @@
 //! all is allowed only with `allow_everyone_if_no_acl_found`. With
 //! authorization off (the default) every request is allowed.
 
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
@@ -312,6 +313,93 @@ struct Table {
     acls: Vec<Acl>,
     /// Bumped on every change.
     version: u64,
+    /// `acls` by resource, for checks that do not scan the table.
+    index: Index,
+}
+
+/// An ACL as a check needs it (host parsed, wildcards found).
+#[derive(Debug)]
+struct Compiled {
+    principal: String,
+    any_principal: bool,
+    /// None: every host.
+    host: Option<IpAddr>,
+    operation: Operation,
+    permission: Permission,
+}
+
+impl Compiled {
+    fn of(a: &Acl) -> Compiled {
+        Compiled {
+            principal: a.principal.clone(),
+            any_principal: is_wildcard_principal(&a.principal),
+            host: (a.host != WILDCARD).then(|| a.host.parse().ok()).flatten(),
+            operation: a.operation,
+            permission: a.permission,
+        }
+    }
+
+    fn applies_to(&self, principal: &str, host: IpAddr) -> bool {
+        (self.any_principal || self.principal == principal) && self.host.is_none_or(|h| h == host)
+    }
+}
+
+/// ACLs by resource type and name: literal names (`*` among them) looked
+/// up once, prefixes once per distinct prefix length (Kafka's authorizer
+/// walks its sorted ACL set the same way).
+#[derive(Debug, Default)]
+struct Index {
+    literal: HashMap<ResourceType, HashMap<String, Vec<Compiled>>>,
+    prefixed: HashMap<ResourceType, (BTreeSet<usize>, HashMap<String, Vec<Compiled>>)>,
+}
+
+impl Index {
+    fn of(acls: &[Acl]) -> Index {
+        let mut ix = Index::default();
+        for a in acls {
+            let c = Compiled::of(a);
+            match a.pattern {
+                PatternType::Literal => ix
+                    .literal
+                    .entry(a.resource_type)
+                    .or_default()
+                    .entry(a.name.clone())
+                    .or_default()
+                    .push(c),
+                PatternType::Prefixed => {
+                    let (lens, by_name) = ix.prefixed.entry(a.resource_type).or_default();
+                    lens.insert(a.name.len());
+                    by_name.entry(a.name.clone()).or_default().push(c);
+                }
+            }
+        }
+        ix
+    }
+
+    /// Every group of ACLs whose pattern matches `(rt, name)`.
+    fn matching<'a>(&'a self, rt: ResourceType, name: &'a str) -> impl Iterator<Item = &'a [Compiled]> + 'a {
+        let literal = self.literal.get(&rt);
+        let exact = literal.and_then(|m| m.get(name));
+        let wildcard = literal.and_then(|m| m.get(WILDCARD)).filter(|_| name != WILDCARD);
+        let prefixed = self.prefixed.get(&rt).into_iter().flat_map(move |(lens, by_name)| {
+            lens.iter()
+                .take_while(move |l| **l <= name.len())
+                .filter_map(move |l| name.get(..*l).and_then(|p| by_name.get(p)))
+        });
+        exact.into_iter().chain(wildcard).chain(prefixed).map(Vec::as_slice)
+    }
+}
+
+impl Table {
+    fn new(acls: Vec<Acl>, version: u64) -> Table {
+        let index = Index::of(&acls);
+        Table { acls, version, index }
+    }
+
+    fn set(&mut self, acls: Vec<Acl>) {
+        self.index = Index::of(&acls);
+        self.acls = acls;
+    }
 }
 
 /// The ACL table and the settings it is checked with.
@@ -396,7 +484,7 @@ impl Acls {
         metrics::gauge!("rokka_acls").set(acls.len() as f64);
         Ok(Acls {
             path,
-            table: RwLock::new(Table { acls, version: 0 }),
+            table: RwLock::new(Table::new(acls, 0)),
             settings: RwLock::new(AclSettings {
                 max_acls: 10_000,
                 ..AclSettings::default()
@@ -442,21 +530,16 @@ impl Acls {
         let allow_if_none = s.allow_everyone_if_no_acl_found;
         drop(s);
         let t = self.read();
-        let mut host_buf = [0u8; 64];
-        let host = ip_text(host, &mut host_buf);
         let mut any = false;
         let mut allowed = false;
-        for a in t.acls.iter().filter(|a| a.resource_type == rt && applies(a, name)) {
-            any = true;
-            if !(a.principal == principal || is_wildcard_principal(&a.principal))
-                || !(a.host == WILDCARD || a.host == host)
-            {
-                continue;
-            }
-            match a.permission {
-                Permission::Deny if a.operation == Operation::All || a.operation == op => return false,
-                Permission::Deny => {}
-                Permission::Allow => allowed |= a.operation.allows(op),
+        for group in t.index.matching(rt, name) {
+            any |= !group.is_empty();
+            for a in group.iter().filter(|a| a.applies_to(principal, host)) {
+                match a.permission {
+                    Permission::Deny if a.operation == Operation::All || a.operation == op => return false,
+                    Permission::Deny => {}
+                    Permission::Allow => allowed |= a.operation.allows(op),
+                }
             }
         }
         allowed || (!any && allow_if_none)
@@ -473,12 +556,10 @@ impl Acls {
         }
         drop(s);
         let t = self.read();
-        let mut host_buf = [0u8; 64];
-        let host = ip_text(host, &mut host_buf);
         let mine = |a: &&Acl| {
             a.resource_type == rt
                 && (a.principal == principal || is_wildcard_principal(&a.principal))
-                && (a.host == WILDCARD || a.host == host)
+                && (a.host == WILDCARD || a.host.parse::<IpAddr>().is_ok_and(|h| h == host))
         };
         let denied = |a: &Acl| {
             t.acls.iter().filter(mine).any(|d| {
@@ -540,8 +621,9 @@ impl Acls {
         }
         if changed {
             t.acls.sort();
+            t.index = Index::of(&t.acls);
             if let Err(e) = self.persist(&t.acls) {
-                t.acls = before;
+                t.set(before);
                 let failed = Refused {
                     code: code::UNKNOWN_SERVER_ERROR,
                     message: format!("ACLs not stored: {e}"),
@@ -567,7 +649,7 @@ impl Acls {
         }
         if kept.len() != t.acls.len() {
             self.persist(&kept)?;
-            t.acls = kept;
+            t.set(kept);
             let gone: Vec<Acl> = out.iter().flatten().cloned().collect();
             self.changed(&mut t, gone.into_iter().map(|a| (a, false)));
         }
@@ -618,7 +700,7 @@ impl Acls {
             return Ok(());
         }
         self.persist(&acls)?;
-        t.acls = acls;
+        t.set(acls);
         t.version += 1;
         metrics::gauge!("rokka_acls").set(t.acls.len() as f64);
         Ok(())
@@ -649,24 +731,8 @@ pub fn cluster_key(a: &Acl) -> String {
     d.as_ref()[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn applies(a: &Acl, name: &str) -> bool {
-    match a.pattern {
-        PatternType::Literal => a.name == name || a.name == WILDCARD,
-        PatternType::Prefixed => name.starts_with(a.name.as_str()),
-    }
-}
-
 fn is_wildcard_principal(p: &str) -> bool {
     p.split_once(':').is_some_and(|(_, n)| n == WILDCARD)
-}
-
-/// `ip` as text without allocating (an IPv6 address fits in 64 bytes).
-fn ip_text(ip: IpAddr, buf: &mut [u8; 64]) -> &str {
-    use std::io::Write;
-    let mut cur = std::io::Cursor::new(&mut buf[..]);
-    let _ = write!(cur, "{ip}");
-    let n = cur.position() as usize;
-    std::str::from_utf8(&buf[..n]).unwrap_or("")
 }
 
 #[cfg(test)]
