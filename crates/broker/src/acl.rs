@@ -349,9 +349,13 @@ impl Compiled {
 /// walks its sorted ACL set the same way).
 #[derive(Debug, Default)]
 struct Index {
-    literal: HashMap<ResourceType, HashMap<String, Vec<Compiled>>>,
-    prefixed: HashMap<ResourceType, (BTreeSet<usize>, HashMap<String, Vec<Compiled>>)>,
+    literal: HashMap<ResourceType, ByName>,
+    /// The distinct prefix lengths, and the prefixes.
+    prefixed: HashMap<ResourceType, (BTreeSet<usize>, ByName)>,
 }
+
+/// ACLs by resource name (or prefix).
+type ByName = HashMap<String, Vec<Compiled>>;
 
 impl Index {
     fn of(acls: &[Acl]) -> Index {
