@@ -156,6 +156,39 @@ def test_client_certificates_required_when_a_client_ca_is_set(pki):
             without.list_topics(timeout=5)
 
 
+def test_a_client_certificate_names_the_principal_the_acls_decide_for(pki):
+    """mTLS with authorization on: the connection is User:CN=alice (the
+    certificate's subject, as Kafka's default SSL principal builder), and
+    only her ACLs let her in."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType, NewTopic,
+                                       ResourcePatternType, ResourceType)
+
+    security = '[security]\nauthorization = true\nsuper_users = ["User:ANONYMOUS"]\n'
+    with running("kafka", "mtls-acl", kafka_extra=ssl_extra(pki, client_ca=True), rocketmq_extra=security) as r:
+        admin = AdminClient({"bootstrap.servers": r.bootstrap})  # plaintext: a super user here
+        for f in admin.create_topics([NewTopic(t, 1, 1) for t in ("mtls-acl", "mtls-other")]).values():
+            f.result(15)
+        alice = "User:CN=alice"
+        for f in admin.create_acls([
+            AclBinding(ResourceType.TOPIC, "mtls-acl", ResourcePatternType.LITERAL, alice, "*", op, AclPermissionType.ALLOW)
+            for op in (AclOperation.WRITE, AclOperation.READ)
+        ] + [AclBinding(ResourceType.GROUP, "g-", ResourcePatternType.PREFIXED, alice, "*", AclOperation.READ,
+                        AclPermissionType.ALLOW)]).values():
+            f.result(15)
+        with_cert = ssl_conf(r, pki, **{"ssl.certificate.location": pki["client.pem"],
+                                        "ssl.key.location": pki["client.key"]})
+        errs = []
+        p = Producer(with_cert)
+        p.produce("mtls-acl", value=b"by alice", on_delivery=lambda e, _m: errs.append(e))
+        p.produce("mtls-other", value=b"not hers", on_delivery=lambda e, _m: errs.append(e))
+        p.flush(30)
+        codes = sorted(e.code() if e else 0 for e in errs)
+        assert codes == [0, KafkaError.TOPIC_AUTHORIZATION_FAILED], errs
+        assert read(with_cert, "mtls-acl", 1) == ["by alice"]
+        assert f"principal=\"{alice}\"" in open(r.log_path).read()
+
+
 def test_a_bad_certificate_file_stops_the_start_with_the_reason(pki):
     d = results_dir("kafka", "tls-bad")
     bogus = os.path.join(d, "bogus.pem")

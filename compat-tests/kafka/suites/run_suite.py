@@ -59,7 +59,10 @@ SUITES = {
         # four partitions per auto-created topic (num.partitions), a lower
         # minimum session timeout and no initial rebalance delay (the tests
         # poll groups with short deadlines). Rokka keeps Kafka's defaults.
-        "rokka": "[group]\nmin_session_timeout_ms = 1000\ninitial_rebalance_delay_ms = 0\n[broker]\ndefault_partitions = 4\n",
+        # Authorization on (test_create_describe_delete_acls needs an
+        # authorizer), the suite's anonymous clients super users.
+        "rokka": "[group]\nmin_session_timeout_ms = 1000\ninitial_rebalance_delay_ms = 0\n[broker]\ndefault_partitions = 4\n"
+        '[security]\nauthorization = true\nsuper_users = ["User:ANONYMOUS"]\n',
     },
 }
 

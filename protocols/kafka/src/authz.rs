@@ -48,6 +48,11 @@ impl Caller {
         self.principal = rokka_broker::acl::principal_of(user);
     }
 
+    /// A principal as it stands (`User:CN=…` from a client certificate).
+    pub fn set_principal(&mut self, principal: String) {
+        self.principal = principal;
+    }
+
     pub fn principal(&self) -> &str {
         &self.principal
     }

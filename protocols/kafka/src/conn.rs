@@ -28,10 +28,15 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
     at: Arc<Endpoint>,
     mut shutdown: watch::Receiver<bool>,
     _slot: ConnSlot,
+    certificate_principal: Option<String>,
 ) {
     metrics::gauge!("rokka_kafka_connections").increment(1.0);
     let mut sasl = crate::sasl::Sasl::new(at.sasl);
     let mut who = crate::authz::Caller::new(peer.ip());
+    // mTLS: the certificate's subject, until SASL (if any) names another.
+    if let Some(p) = certificate_principal {
+        who.set_principal(p);
+    }
     let auth_deadline =
         tokio::time::Instant::now() + Duration::from_millis(k.config.sasl_authentication_timeout_ms.max(1));
     let (rd, mut wr) = tokio::io::split(stream);

@@ -161,7 +161,7 @@ pub async fn serve(
                         let _ = stream.set_nodelay(true);
                         match tls.clone() {
                             None => {
-                                tokio::spawn(async move { conn::run(stream, peer, k, at, sd, slot).await });
+                                tokio::spawn(async move { conn::run(stream, peer, k, at, sd, slot, None).await });
                             }
                             Some(acceptor) => {
                                 tokio::spawn(async move {
@@ -169,7 +169,8 @@ pub async fn serve(
                                     match tokio::time::timeout(wait, acceptor.accept(stream)).await {
                                         Ok(Ok(s)) => {
                                             metrics::counter!("rokka_kafka_tls_handshakes_total", "result" => "ok").increment(1);
-                                            conn::run(s, peer, k, at, sd, slot).await
+                                            let principal = tls::peer_principal(s.get_ref().1);
+                                            conn::run(s, peer, k, at, sd, slot, principal).await
                                         }
                                         // Counted; a log line per failed
                                         // handshake would let anyone flood it.

@@ -1,7 +1,9 @@
 //! TLS for the Kafka SSL listener (rustls, ring provider): the server
 //! certificate chain and key from PEM files; with a client CA, clients must
-//! present a certificate it signed (mTLS; its subject is not used as a
-//! principal yet).
+//! present a certificate it signed (mTLS), and the connection's principal
+//! is `User:` and the certificate's subject distinguished name in RFC 4514
+//! form (`User:CN=alice,O=example`), as Kafka's default SSL principal
+//! builder names it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -46,4 +48,13 @@ pub fn acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Tls
     .with_single_cert(chain, key)
     .map_err(|e| format!("{} / {}: {e}", cert.display(), "key"))?;
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The principal a client certificate names: `User:<subject DN>`; None
+/// without a certificate (or one whose subject cannot be read).
+pub fn peer_principal(conn: &rustls::ServerConnection) -> Option<String> {
+    use x509_cert::der::Decode as _;
+    let leaf = conn.peer_certificates()?.first()?;
+    let cert = x509_cert::Certificate::from_der(leaf.as_ref()).ok()?;
+    Some(format!("User:{}", cert.tbs_certificate.subject))
 }
