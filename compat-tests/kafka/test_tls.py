@@ -9,29 +9,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from conftest import results_dir, running
-
-
-def openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def make_pki(d):
-    """A CA, a server certificate for 127.0.0.1/localhost, a client
-    certificate (CN=alice) signed by it, and a second CA no one trusts."""
-    for ca in ("ca", "other-ca"):
-        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={ca}",
-                "-keyout", f"{ca}.key", "-out", f"{ca}.pem", cwd=d)
-    with open(os.path.join(d, "server.ext"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
-    # X.509 v3 (an extension makes it one): webpki takes no v1 certificate.
-    with open(os.path.join(d, "client.ext"), "w") as f:
-        f.write("extendedKeyUsage=clientAuth\n")
-    for name, ext in (("server", ["-extfile", "server.ext"]), ("client", ["-extfile", "client.ext"])):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={'localhost' if name == 'server' else 'alice'}",
-                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                "-days", "2", "-out", f"{name}.pem", *ext, cwd=d)
-    return {n: os.path.join(d, n) for n in os.listdir(d)}
+from pki import make_pki  # noqa: F401 (test_sasl imports it from here)
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ pub mod remote;
 pub mod schedule;
 pub mod scrape;
 pub mod timer;
+pub mod tls;
 pub mod topic_config;
 pub mod topics;
 pub mod transaction;

@@ -144,7 +144,11 @@ impl Config {
             check(self.kafka.enabled && !authenticated, "kafka.ssl_listen", ssl);
         }
         // kafka.sasl_listen authenticates every client: not listed.
-        let rmq = self.rocketmq.enabled;
+        // RocketMQ listeners whose every client presents a certificate
+        // (enforcing TLS with a client CA) authenticate them.
+        let certified =
+            self.rocketmq.tls_mode == rokka_remoting::TlsMode::Enforcing && !self.rocketmq.tls_client_ca.is_empty();
+        let rmq = self.rocketmq.enabled && !certified;
         check(
             rmq && self.rocketmq.broker_enabled,
             "rocketmq.broker_listen",

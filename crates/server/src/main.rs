@@ -436,6 +436,25 @@ async fn serve(
         )));
     }
     if cfg.rocketmq.enabled {
+        // TLS on both RocketMQ listeners (RocketMQ's tls.server.mode).
+        let rmq_tls = match cfg.rocketmq.tls_mode {
+            rokka_remoting::TlsMode::Disabled => None,
+            mode => {
+                let r = &cfg.rocketmq;
+                if r.tls_certificate.is_empty() || r.tls_key.is_empty() {
+                    return Err("rocketmq.tls_mode needs rocketmq.tls_certificate and rocketmq.tls_key".into());
+                }
+                let ca = (!r.tls_client_ca.is_empty()).then(|| std::path::Path::new(&r.tls_client_ca));
+                let acceptor = rokka_broker::tls::acceptor(r.tls_certificate.as_ref(), r.tls_key.as_ref(), ca)
+                    .map_err(|e| format!("rocketmq TLS: {e}"))?;
+                tracing::info!(mode = ?mode, client_certificates = ca.is_some(), "RocketMQ listeners take TLS");
+                Some(rokka_remoting::Tls {
+                    acceptor,
+                    enforcing: mode == rokka_remoting::TlsMode::Enforcing,
+                    handshake_timeout: std::time::Duration::from_millis(r.tls_handshake_timeout_ms.max(1)),
+                })
+            }
+        };
         let rmq = match (&broker, rocketmq_broker) {
             (Some(broker), true) => {
                 let l = TcpListener::bind(cfg.rocketmq.broker_listen)
@@ -446,9 +465,10 @@ async fn serve(
                 rmq.start_mixed_listener();
                 listeners.push(tokio::spawn(Arc::clone(&rmq).run_transaction_checks(stop_rx.clone())));
                 tracing::info!(broker = %l.local_addr()?, "RocketMQ broker listener");
-                listeners.push(tokio::spawn(rokka_remoting::serve(
+                listeners.push(tokio::spawn(rokka_remoting::serve_with(
                     l,
                     Arc::clone(&rmq),
+                    rmq_tls.clone(),
                     stop_rx.clone(),
                 )));
                 let r = Arc::clone(&rmq);
@@ -481,7 +501,12 @@ async fn serve(
             }
             let ns = Arc::new(ns);
             tracing::info!(namesrv = %l.local_addr()?, "RocketMQ name server listener");
-            listeners.push(tokio::spawn(rokka_remoting::serve(l, Arc::clone(&ns), stop_rx.clone())));
+            listeners.push(tokio::spawn(rokka_remoting::serve_with(
+                l,
+                Arc::clone(&ns),
+                rmq_tls.clone(),
+                stop_rx.clone(),
+            )));
             let n = Arc::clone(&ns);
             let mut sd = stop_rx.clone();
             listeners.push(tokio::spawn(async move {

@@ -88,6 +88,29 @@ pub struct RocketMqConfig {
     pub namesrv_route_lookups: u32,
     /// Such a read gives up after this long (the topic is then unknown).
     pub namesrv_route_lookup_timeout_ms: u64,
+    /// TLS on the broker and name server listeners, as RocketMQ's
+    /// `tls.server.mode`: `disabled`, `permissive` (TLS and plaintext
+    /// clients on the same port) or `enforcing` (TLS only).
+    pub tls_mode: TlsMode,
+    /// PEM certificate chain (leaf first) and key of those listeners.
+    pub tls_certificate: String,
+    pub tls_key: String,
+    /// PEM CAs whose client certificates are required (RocketMQ's
+    /// `tls.server.need.client.auth = require`); empty: none asked.
+    pub tls_client_ca: String,
+    /// A TLS handshake (or a first byte) not done within this long closes
+    /// the connection.
+    pub tls_handshake_timeout_ms: u64,
+}
+
+/// RocketMQ's `tls.server.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    #[default]
+    Disabled,
+    Permissive,
+    Enforcing,
 }
 
 impl Default for RocketMqConfig {
@@ -123,6 +146,11 @@ impl Default for RocketMqConfig {
             max_consumer_groups: 100_000,
             access_message_in_memory_max_ratio: 40,
             namesrv_route_lookups: 4,
+            tls_mode: TlsMode::Disabled,
+            tls_certificate: String::new(),
+            tls_key: String::new(),
+            tls_client_ca: String::new(),
+            tls_handshake_timeout_ms: 10_000,
             namesrv_route_lookup_timeout_ms: 2_000,
         }
     }

@@ -31,7 +31,7 @@ pub use codec::{decode, encode, FrameError, DEFAULT_MAX_FRAME};
 /// the coordinator; this bounds what any remoting client can store).
 pub const MAX_FORWARDED_METADATA: usize = 64 * 1024;
 pub use command::{ExtFields, LanguageCode, RemotingCommand, SerializeType, FLAG_ONEWAY, FLAG_RESPONSE};
-pub use config::RocketMqConfig;
+pub use config::{RocketMqConfig, TlsMode};
 pub use namesrv::NameServer;
 pub use processor::RocketMq;
-pub use server::{serve, Service};
+pub use server::{serve, serve_with, Service, Tls};

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use rokka_broker::limits::{ByteBudget, ConnLimits, ConnSlot, Reserved};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
@@ -133,8 +133,35 @@ fn frame_bytes(cmd: &RemotingCommand) -> usize {
     8 + 64 + cmd.remark.as_ref().map_or(0, |r| r.len()) + fields + cmd.body.len()
 }
 
+/// TLS on a RocketMQ listener, as RocketMQ's `tls.server.mode`:
+/// `enforcing` takes TLS connections only; `permissive` takes both on the
+/// same port, telling them apart by the first byte (a TLS handshake record
+/// starts with 0x16, a remoting frame with its length's high byte).
+#[derive(Clone)]
+pub struct Tls {
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    pub enforcing: bool,
+    pub handshake_timeout: std::time::Duration,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").field("enforcing", &self.enforcing).finish()
+    }
+}
+
 /// Accepts connections until `shutdown` turns true.
-pub async fn serve<S: Service>(listener: TcpListener, rmq: Arc<S>, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve<S: Service>(listener: TcpListener, rmq: Arc<S>, shutdown: watch::Receiver<bool>) {
+    serve_with(listener, rmq, None, shutdown).await
+}
+
+/// [`serve`], with TLS when `tls` is given.
+pub async fn serve_with<S: Service>(
+    listener: TcpListener,
+    rmq: Arc<S>,
+    tls: Option<Tls>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -142,7 +169,15 @@ pub async fn serve<S: Service>(listener: TcpListener, rmq: Arc<S>, mut shutdown:
                     Ok(slot) => {
                         let r = Arc::clone(&rmq);
                         let sd = shutdown.clone();
-                        tokio::spawn(async move { run(stream, peer, r, sd, slot).await });
+                        let _ = stream.set_nodelay(true);
+                        match tls.clone() {
+                            None => {
+                                tokio::spawn(async move { run(stream, peer, r, sd, slot).await });
+                            }
+                            Some(tls) => {
+                                tokio::spawn(async move { secured(stream, peer, r, sd, slot, tls).await });
+                            }
+                        }
                     }
                     // Counted in rokka_connections_refused_total; a log line
                     // per refusal would let a client flood the log.
@@ -161,16 +196,85 @@ pub async fn serve<S: Service>(listener: TcpListener, rmq: Arc<S>, mut shutdown:
     }
 }
 
-async fn run<S: Service>(
+/// A connection of a TLS listener: the handshake (within its timeout),
+/// or — permissive mode, a plaintext first byte — the plain protocol.
+async fn secured<S: Service>(
     stream: TcpStream,
+    peer: SocketAddr,
+    rmq: Arc<S>,
+    shutdown: watch::Receiver<bool>,
+    slot: ConnSlot,
+    tls: Tls,
+) {
+    let listener = rmq.limits().listener;
+    let count = |result: &'static str| {
+        metrics::counter!("rokka_rocketmq_tls_handshakes_total", "listener" => listener, "result" => result)
+            .increment(1);
+    };
+    let mut first = [0u8; 1];
+    let is_tls = match tokio::time::timeout(tls.handshake_timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => first[0] == 0x16,
+        _ => {
+            count("timeout");
+            return;
+        }
+    };
+    if !is_tls {
+        if tls.enforcing {
+            count("plaintext_refused");
+            tracing::debug!(%peer, "plaintext RocketMQ connection on an enforcing TLS listener: closing");
+            return;
+        }
+        count("plaintext");
+        return run(stream, peer, rmq, shutdown, slot).await;
+    }
+    match tokio::time::timeout(tls.handshake_timeout, tls.acceptor.accept(stream)).await {
+        Ok(Ok(s)) => {
+            count("ok");
+            run(s, peer, rmq, shutdown, slot).await
+        }
+        // Counted; a log line per failed handshake would let anyone flood it.
+        Ok(Err(e)) => {
+            count("failed");
+            tracing::debug!(%peer, error = %e, "RocketMQ TLS handshake failed");
+        }
+        Err(_) => count("timeout"),
+    }
+}
+
+/// A connection's two directions: a TCP stream's owned halves (no lock
+/// between them), a TLS stream's shared ones.
+trait Halves {
+    type R: AsyncRead + Unpin + Send + 'static;
+    type W: AsyncWrite + Unpin + Send + 'static;
+    fn halves(self) -> (Self::R, Self::W);
+}
+
+impl Halves for TcpStream {
+    type R = tokio::net::tcp::OwnedReadHalf;
+    type W = tokio::net::tcp::OwnedWriteHalf;
+    fn halves(self) -> (Self::R, Self::W) {
+        self.into_split()
+    }
+}
+
+impl Halves for tokio_rustls::server::TlsStream<TcpStream> {
+    type R = tokio::io::ReadHalf<Self>;
+    type W = tokio::io::WriteHalf<Self>;
+    fn halves(self) -> (Self::R, Self::W) {
+        tokio::io::split(self)
+    }
+}
+
+async fn run<S: Service, T: Halves>(
+    stream: T,
     peer: SocketAddr,
     rmq: Arc<S>,
     mut shutdown: watch::Receiver<bool>,
     _slot: ConnSlot,
 ) {
-    let _ = stream.set_nodelay(true);
     metrics::gauge!("rokka_rocketmq_connections").increment(1.0);
-    let (mut rd, mut wr) = stream.into_split();
+    let (mut rd, mut wr) = stream.halves();
     let (tx, mut rx) = mpsc::unbounded_channel::<Outbound>();
     let limits = rmq.limits();
     let listener = limits.listener;
@@ -193,7 +297,8 @@ async fn run<S: Service>(
                 encode(&more, &mut out);
                 permits.extend(permit);
             }
-            if wr.write_all(&out).await.is_err() {
+            // (TLS holds what it encrypted until flushed.)
+            if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
                 break;
             }
             out.clear();

@@ -1,0 +1,48 @@
+//! TLS server configs for the listeners of every frontend (rustls on the
+//! ring provider): the certificate chain and key from PEM files; with a
+//! client CA, clients must present a certificate it signed (mTLS).
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
+use tokio_rustls::TlsAcceptor;
+
+/// Builds the listener's acceptor; an error names the file and why, for
+/// the operator (the node does not start).
+pub fn acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<TlsAcceptor, String> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("{}: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{}: no certificate", cert.display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("{}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS versions: {e}"))?;
+    let config = match client_ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))? {
+                let c = c.map_err(|e| format!("{}: {e}", ca.display()))?;
+                roots.add(c).map_err(|e| format!("{}: {e}", ca.display()))?;
+            }
+            if roots.is_empty() {
+                return Err(format!("{}: no CA certificate", ca.display()));
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| format!("{}: {e}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    }
+    .with_single_cert(chain, key)
+    .map_err(|e| format!("{} / {}: {e}", cert.display(), "key"))?;
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
