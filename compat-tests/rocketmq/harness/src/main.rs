@@ -56,16 +56,6 @@ fn acl_hook() -> Option<Arc<rocketmq_client_rust::AclClientRPCHook>> {
     )))
 }
 
-/// `COMPAT_TLS_CA=<ca.pem>`: connect over TLS (the client's `use_tls`),
-/// checking the server's certificate against that CA.
-fn tls_client_config() -> Option<ClientConfig> {
-    let ca = std::env::var("COMPAT_TLS_CA").ok().filter(|c| !c.is_empty())?;
-    let mut c = ClientConfig::default();
-    c.set_use_tls(true);
-    c.set_tls_client_trust_cert_path(ca);
-    Some(c)
-}
-
 /// `create-user <broker> <name> <password>`: RocketMQ 5's AUTH_CREATE_USER
 /// through the admin client (signed when credentials are set).
 async fn create_user(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
@@ -401,11 +391,7 @@ async fn send_kinds(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool
 }
 
 async fn producer(rt: &Arc<ClientRuntime>, namesrv: &str, group: &str, queues: u32) -> ClientResult<DefaultMQProducer> {
-    let mut b = DefaultMQProducer::builder(Arc::clone(rt));
-    if let Some(c) = tls_client_config() {
-        b = b.client_config(c);
-    }
-    let mut b = b
+    let mut b = DefaultMQProducer::builder(Arc::clone(rt))
         .producer_group(group.to_string())
         .name_server_addr(namesrv.to_string())
         .default_topic_queue_nums(queues);
@@ -1029,11 +1015,7 @@ async fn cross_consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) 
             Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
         }
     }
-    let mut b = DefaultMQPushConsumer::builder(Arc::clone(rt));
-    if let Some(c) = tls_client_config() {
-        b = b.client_config(c);
-    }
-    let mut c = b
+    let mut c = DefaultMQPushConsumer::builder(Arc::clone(rt))
         .consumer_group(group.to_string())
         .name_server_addr(namesrv.to_string())
         .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
