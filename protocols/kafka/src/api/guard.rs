@@ -26,28 +26,26 @@ pub fn produce(k: &Kafka, who: &Caller, r: &mut ProduceRequest) -> Vec<(TopicNam
     .collect()
 }
 
-pub fn produce_denied(resp: &mut ProduceResponse, denied: Vec<(TopicName, Vec<i32>)>, txn: bool) {
+pub fn produce_denied(resp: &mut ProduceResponse, denied: Parts, txn: bool) {
     use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
     let code = if txn { TXN } else { TOPIC };
-    for (name, parts) in denied {
-        resp.responses.push(
+    push_denied(
+        &mut resp.responses,
+        denied,
+        |n, ps| {
             TopicProduceResponse::default()
-                .with_name(name)
-                .with_partition_responses(
-                    parts
-                        .into_iter()
-                        .map(|p| {
-                            PartitionProduceResponse::default()
-                                .with_index(p)
-                                .with_error_code(code)
-                                .with_base_offset(-1)
-                                .with_log_append_time_ms(-1)
-                                .with_log_start_offset(-1)
-                        })
-                        .collect(),
-                ),
-        );
-    }
+                .with_name(n)
+                .with_partition_responses(ps)
+        },
+        |p| {
+            PartitionProduceResponse::default()
+                .with_index(p)
+                .with_error_code(code)
+                .with_base_offset(-1)
+                .with_log_append_time_ms(-1)
+                .with_log_start_offset(-1)
+        },
+    );
 }
 
 /// Fetch: READ on each topic (`names`: the topics as the handler resolved
@@ -133,6 +131,19 @@ pub fn metadata(k: &Kafka, who: &Caller, r: MetadataRequest, version: i16, at: &
 /// answers take.
 type Parts = Vec<(TopicName, Vec<i32>)>;
 
+/// Appends to `list` a topic entry (`topic`) for each refused topic, its
+/// partitions each answered by `part`.
+fn push_denied<T, P>(
+    list: &mut Vec<T>,
+    denied: Parts,
+    topic: impl Fn(TopicName, Vec<P>) -> T,
+    part: impl Fn(i32) -> P,
+) {
+    for (name, parts) in denied {
+        list.push(topic(name, parts.into_iter().map(&part).collect()));
+    }
+}
+
 /// ListOffsets: DESCRIBE on each topic.
 pub fn list_offsets(k: &Kafka, who: &Caller, r: &mut ListOffsetsRequest) -> Parts {
     split_off(&mut r.topics, |t| {
@@ -145,23 +156,19 @@ pub fn list_offsets(k: &Kafka, who: &Caller, r: &mut ListOffsetsRequest) -> Part
 
 pub fn list_offsets_denied(resp: &mut ListOffsetsResponse, denied: Parts) {
     use kafka_protocol::messages::list_offsets_response::{ListOffsetsPartitionResponse, ListOffsetsTopicResponse};
-    for (name, parts) in denied {
-        resp.topics.push(
-            ListOffsetsTopicResponse::default().with_name(name).with_partitions(
-                parts
-                    .into_iter()
-                    .map(|p| {
-                        ListOffsetsPartitionResponse::default()
-                            .with_partition_index(p)
-                            .with_error_code(TOPIC)
-                            .with_timestamp(-1)
-                            .with_offset(-1)
-                            .with_leader_epoch(-1)
-                    })
-                    .collect(),
-            ),
-        );
-    }
+    push_denied(
+        &mut resp.topics,
+        denied,
+        |n, ps| ListOffsetsTopicResponse::default().with_name(n).with_partitions(ps),
+        |p| {
+            ListOffsetsPartitionResponse::default()
+                .with_partition_index(p)
+                .with_error_code(TOPIC)
+                .with_timestamp(-1)
+                .with_offset(-1)
+                .with_leader_epoch(-1)
+        },
+    );
 }
 
 /// OffsetForLeaderEpoch: DESCRIBE on each topic.
@@ -176,22 +183,18 @@ pub fn leader_epoch(k: &Kafka, who: &Caller, r: &mut OffsetForLeaderEpochRequest
 
 pub fn leader_epoch_denied(resp: &mut OffsetForLeaderEpochResponse, denied: Parts) {
     use kafka_protocol::messages::offset_for_leader_epoch_response::{EpochEndOffset, OffsetForLeaderTopicResult};
-    for (name, parts) in denied {
-        resp.topics.push(
-            OffsetForLeaderTopicResult::default().with_topic(name).with_partitions(
-                parts
-                    .into_iter()
-                    .map(|p| {
-                        EpochEndOffset::default()
-                            .with_partition(p)
-                            .with_error_code(TOPIC)
-                            .with_leader_epoch(-1)
-                            .with_end_offset(-1)
-                    })
-                    .collect(),
-            ),
-        );
-    }
+    push_denied(
+        &mut resp.topics,
+        denied,
+        |n, ps| OffsetForLeaderTopicResult::default().with_topic(n).with_partitions(ps),
+        |p| {
+            EpochEndOffset::default()
+                .with_partition(p)
+                .with_error_code(TOPIC)
+                .with_leader_epoch(-1)
+                .with_end_offset(-1)
+        },
+    );
 }
 
 /// OffsetCommit: READ on the group (else every partition is answered
@@ -209,20 +212,16 @@ pub fn offset_commit(k: &Kafka, who: &Caller, r: &mut OffsetCommitRequest) -> (P
 
 pub fn offset_commit_denied(resp: &mut OffsetCommitResponse, (denied, code): (Parts, i16)) {
     use kafka_protocol::messages::offset_commit_response::{OffsetCommitResponsePartition, OffsetCommitResponseTopic};
-    for (name, parts) in denied {
-        resp.topics.push(
-            OffsetCommitResponseTopic::default().with_name(name).with_partitions(
-                parts
-                    .into_iter()
-                    .map(|p| {
-                        OffsetCommitResponsePartition::default()
-                            .with_partition_index(p)
-                            .with_error_code(code)
-                    })
-                    .collect(),
-            ),
-        );
-    }
+    push_denied(
+        &mut resp.topics,
+        denied,
+        |n, ps| OffsetCommitResponseTopic::default().with_name(n).with_partitions(ps),
+        |p| {
+            OffsetCommitResponsePartition::default()
+                .with_partition_index(p)
+                .with_error_code(code)
+        },
+    );
 }
 
 /// TxnOffsetCommit: WRITE on the transactional id, READ on the group and
@@ -248,20 +247,16 @@ pub fn txn_offset_commit_denied(resp: &mut TxnOffsetCommitResponse, (denied, cod
     use kafka_protocol::messages::txn_offset_commit_response::{
         TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
     };
-    for (name, parts) in denied {
-        resp.topics.push(
-            TxnOffsetCommitResponseTopic::default().with_name(name).with_partitions(
-                parts
-                    .into_iter()
-                    .map(|p| {
-                        TxnOffsetCommitResponsePartition::default()
-                            .with_partition_index(p)
-                            .with_error_code(code)
-                    })
-                    .collect(),
-            ),
-        );
-    }
+    push_denied(
+        &mut resp.topics,
+        denied,
+        |n, ps| TxnOffsetCommitResponseTopic::default().with_name(n).with_partitions(ps),
+        |p| {
+            TxnOffsetCommitResponsePartition::default()
+                .with_partition_index(p)
+                .with_error_code(code)
+        },
+    );
 }
 
 /// An OffsetFetch's refused parts: topics (v0–v7), topics per group, and
@@ -336,13 +331,12 @@ pub fn offset_fetch_denied(
             .with_committed_leader_epoch(-1)
             .with_error_code(TOPIC)
     };
-    for (name, parts) in denied {
-        resp.topics.push(
-            OffsetFetchResponseTopic::default()
-                .with_name(name)
-                .with_partitions(parts.into_iter().map(part).collect()),
-        );
-    }
+    push_denied(
+        &mut resp.topics,
+        denied,
+        |n, ps| OffsetFetchResponseTopic::default().with_name(n).with_partitions(ps),
+        part,
+    );
     for (gid, ds) in per_group {
         if let Some(g) = resp.groups.iter_mut().find(|g| g.group_id == gid) {
             for (name, parts) in ds {
@@ -528,21 +522,17 @@ pub fn delete_records(k: &Kafka, who: &Caller, r: &mut DeleteRecordsRequest) -> 
 
 pub fn delete_records_denied(resp: &mut DeleteRecordsResponse, denied: Parts) {
     use kafka_protocol::messages::delete_records_response::{DeleteRecordsPartitionResult, DeleteRecordsTopicResult};
-    for (name, parts) in denied {
-        resp.topics.push(
-            DeleteRecordsTopicResult::default().with_name(name).with_partitions(
-                parts
-                    .into_iter()
-                    .map(|p| {
-                        DeleteRecordsPartitionResult::default()
-                            .with_partition_index(p)
-                            .with_low_watermark(-1)
-                            .with_error_code(TOPIC)
-                    })
-                    .collect(),
-            ),
-        );
-    }
+    push_denied(
+        &mut resp.topics,
+        denied,
+        |n, ps| DeleteRecordsTopicResult::default().with_name(n).with_partitions(ps),
+        |p| {
+            DeleteRecordsPartitionResult::default()
+                .with_partition_index(p)
+                .with_low_watermark(-1)
+                .with_error_code(TOPIC)
+        },
+    );
 }
 
 /// OffsetDelete: DELETE on the group (Err: the whole answer), READ on each
@@ -561,20 +551,16 @@ pub fn offset_delete(k: &Kafka, who: &Caller, r: &mut OffsetDeleteRequest) -> Re
 
 pub fn offset_delete_denied(resp: &mut OffsetDeleteResponse, denied: Parts) {
     use kafka_protocol::messages::offset_delete_response::{OffsetDeleteResponsePartition, OffsetDeleteResponseTopic};
-    for (name, parts) in denied {
-        resp.topics.push(
-            OffsetDeleteResponseTopic::default().with_name(name).with_partitions(
-                parts
-                    .into_iter()
-                    .map(|p| {
-                        OffsetDeleteResponsePartition::default()
-                            .with_partition_index(p)
-                            .with_error_code(TOPIC)
-                    })
-                    .collect(),
-            ),
-        );
-    }
+    push_denied(
+        &mut resp.topics,
+        denied,
+        |n, ps| OffsetDeleteResponseTopic::default().with_name(n).with_partitions(ps),
+        |p| {
+            OffsetDeleteResponsePartition::default()
+                .with_partition_index(p)
+                .with_error_code(TOPIC)
+        },
+    );
 }
 
 /// Config resources: a topic's (type 2) need `op` on the topic, a
@@ -765,20 +751,16 @@ pub fn describe_producers(k: &Kafka, who: &Caller, r: &mut DescribeProducersRequ
 
 pub fn describe_producers_denied(resp: &mut DescribeProducersResponse, denied: Parts) {
     use kafka_protocol::messages::describe_producers_response::{PartitionResponse, TopicResponse};
-    for (name, parts) in denied {
-        resp.topics.push(
-            TopicResponse::default().with_name(name).with_partitions(
-                parts
-                    .into_iter()
-                    .map(|p| {
-                        PartitionResponse::default()
-                            .with_partition_index(p)
-                            .with_error_code(TOPIC)
-                    })
-                    .collect(),
-            ),
-        );
-    }
+    push_denied(
+        &mut resp.topics,
+        denied,
+        |n, ps| TopicResponse::default().with_name(n).with_partitions(ps),
+        |p| {
+            PartitionResponse::default()
+                .with_partition_index(p)
+                .with_error_code(TOPIC)
+        },
+    );
 }
 
 /// DescribeTopicPartitions: only topics the caller may describe.
