@@ -20,7 +20,7 @@ use std::sync::RwLock;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{BrokerError, Result};
+use crate::error::Result;
 
 /// The one name Kafka's CLUSTER resource has.
 pub const CLUSTER_NAME: &str = "kafka-cluster";
@@ -289,17 +289,13 @@ pub struct AclSettings {
     pub max_acls: usize,
 }
 
-/// Why an ACL was not created.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refused {
-    /// A Kafka error code (INVALID_REQUEST, POLICY_VIOLATION, ...).
-    pub code: i16,
-    pub message: String,
-}
+/// Why an ACL was not created (a Kafka error code and message, as for
+/// credential changes).
+pub use crate::users::Refused;
 
 pub mod code {
     pub const INVALID_REQUEST: i16 = 42;
-    pub const POLICY_VIOLATION: i16 = 44;
+    pub use crate::users::code::POLICY_VIOLATION;
     pub const UNKNOWN_SERVER_ERROR: i16 = -1;
 }
 
@@ -308,11 +304,10 @@ struct File {
     acls: Vec<Acl>,
 }
 
+/// The ACLs, sorted, and their index (always built together).
 #[derive(Debug, Default)]
 struct Table {
     acls: Vec<Acl>,
-    /// Bumped on every change.
-    version: u64,
     /// `acls` by resource, for checks that do not scan the table.
     index: Index,
 }
@@ -395,14 +390,9 @@ impl Index {
 }
 
 impl Table {
-    fn new(acls: Vec<Acl>, version: u64) -> Table {
+    fn new(acls: Vec<Acl>) -> Table {
         let index = Index::of(&acls);
-        Table { acls, version, index }
-    }
-
-    fn set(&mut self, acls: Vec<Acl>) {
-        self.index = Index::of(&acls);
-        self.acls = acls;
+        Table { acls, index }
     }
 }
 
@@ -411,6 +401,9 @@ impl Table {
 pub struct Acls {
     path: PathBuf,
     table: RwLock<Table>,
+    /// Writers take turns; checks are locked out only for the swap, not
+    /// the fsync.
+    writing: std::sync::Mutex<()>,
     settings: RwLock<AclSettings>,
     /// Cluster mode: ACLs added (true) or deleted (false) here and not yet
     /// written to the cluster's table (etcd); that table is not applied
@@ -467,14 +460,7 @@ impl Acls {
     /// Loads `<data_dir>/config/acls.json` (absent = no ACLs).
     pub fn open(data_dir: &Path) -> Result<Acls> {
         let path = data_dir.join("config").join("acls.json");
-        let file: File = match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| BrokerError::BadFile {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
-            Err(e) => return Err(BrokerError::Io(path, e)),
-        };
+        let file: File = crate::json_file::read_or_default(&path)?;
         let mut acls = file.acls;
         acls.retain(|a| match validate(a) {
             Ok(()) => true,
@@ -488,7 +474,8 @@ impl Acls {
         metrics::gauge!("rokka_acls").set(acls.len() as f64);
         Ok(Acls {
             path,
-            table: RwLock::new(Table::new(acls, 0)),
+            table: RwLock::new(Table::new(acls)),
+            writing: std::sync::Mutex::default(),
             settings: RwLock::new(AclSettings {
                 max_acls: 10_000,
                 ..AclSettings::default()
@@ -597,44 +584,39 @@ impl Acls {
     /// table is a success), then persists the table once.
     pub fn create(&self, new: Vec<Acl>) -> Vec<std::result::Result<(), Refused>> {
         let max = self.settings().max_acls;
-        let mut t = self.write();
-        let before = t.acls.clone();
-        let mut results = Vec::with_capacity(new.len());
-        let mut changed = false;
+        let _turn = self.turn();
+        let mut next = self.read().acls.clone();
         let mut added = Vec::new();
-        for a in new {
-            let r = validate(&a).and_then(|()| {
-                if t.acls.contains(&a) {
-                    return Ok(());
-                }
-                if t.acls.len() >= max {
-                    return Err(Refused {
+        let results: Vec<_> = new
+            .into_iter()
+            .map(|a| {
+                let r = validate(&a).and_then(|()| match next.binary_search(&a) {
+                    Ok(_) => Ok(()),
+                    Err(_) if next.len() >= max => Err(Refused {
                         code: code::POLICY_VIOLATION,
                         message: format!("at most {max} ACLs (security.max_acls)"),
-                    });
+                    }),
+                    Err(i) => {
+                        next.insert(i, a.clone());
+                        added.push((a, true));
+                        Ok(())
+                    }
+                });
+                if r.is_err() {
+                    metrics::counter!("rokka_acls_refused_total").increment(1);
                 }
-                added.push(a.clone());
-                t.acls.push(a);
-                changed = true;
-                Ok(())
-            });
-            if r.is_err() {
-                metrics::counter!("rokka_acls_refused_total").increment(1);
-            }
-            results.push(r);
+                r
+            })
+            .collect();
+        if added.is_empty() {
+            return results;
         }
-        if changed {
-            t.acls.sort();
-            t.index = Index::of(&t.acls);
-            if let Err(e) = self.persist(&t.acls) {
-                t.set(before);
-                let failed = Refused {
-                    code: code::UNKNOWN_SERVER_ERROR,
-                    message: format!("ACLs not stored: {e}"),
-                };
-                return results.into_iter().map(|r| r.and(Err(failed.clone()))).collect();
-            }
-            self.changed(&mut t, added.into_iter().map(|a| (a, true)));
+        if let Err(e) = self.install(next, added) {
+            let failed = Refused {
+                code: code::UNKNOWN_SERVER_ERROR,
+                message: format!("ACLs not stored: {e}"),
+            };
+            return results.into_iter().map(|r| r.and(Err(failed.clone()))).collect();
         }
         results
     }
@@ -642,30 +624,42 @@ impl Acls {
     /// Deletes what each filter matches; per filter, the ACLs it deleted
     /// (an ACL matched by two filters is listed under the first).
     pub fn delete(&self, filters: &[AclFilter]) -> Result<Vec<Vec<Acl>>> {
-        let mut t = self.write();
+        let _turn = self.turn();
+        let current = self.read().acls.clone();
         let mut out = vec![Vec::new(); filters.len()];
-        let mut kept = Vec::with_capacity(t.acls.len());
-        for a in t.acls.iter() {
-            match filters.iter().position(|f| f.matches(a)) {
-                Some(i) => out[i].push(a.clone()),
-                None => kept.push(a.clone()),
+        let mut kept = Vec::with_capacity(current.len());
+        for a in current {
+            match filters.iter().position(|f| f.matches(&a)) {
+                Some(i) => out[i].push(a),
+                None => kept.push(a),
             }
         }
-        if kept.len() != t.acls.len() {
-            self.persist(&kept)?;
-            t.set(kept);
-            let gone: Vec<Acl> = out.iter().flatten().cloned().collect();
-            self.changed(&mut t, gone.into_iter().map(|a| (a, false)));
+        let gone: Vec<(Acl, bool)> = out.iter().flatten().map(|a| (a.clone(), false)).collect();
+        if !gone.is_empty() {
+            self.install(kept, gone)?;
         }
         Ok(out)
     }
 
-    fn changed(&self, t: &mut Table, what: impl Iterator<Item = (Acl, bool)>) {
-        t.version += 1;
-        if self.in_cluster.load(std::sync::atomic::Ordering::Acquire) {
+    /// A writer's turn (see `writing`).
+    fn turn(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.writing.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores `acls` (sorted) durably, then makes them the table checks
+    /// see; `what` changed, for the cluster's table. Called in a turn.
+    fn install(&self, acls: Vec<Acl>, what: Vec<(Acl, bool)>) -> Result<()> {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            acls: &'a [Acl],
+        }
+        crate::json_file::write(&self.path, &Out { acls: &acls }, true)?;
+        if self.in_cluster.load(std::sync::atomic::Ordering::Acquire) && !what.is_empty() {
             self.lock_changes().extend(what);
         }
-        metrics::gauge!("rokka_acls").set(t.acls.len() as f64);
+        metrics::gauge!("rokka_acls").set(acls.len() as f64);
+        *self.write() = Table::new(acls);
+        Ok(())
     }
 
     fn lock_changes(&self) -> std::sync::MutexGuard<'_, Vec<(Acl, bool)>> {
@@ -693,37 +687,17 @@ impl Acls {
     /// Cluster mode: the cluster's table replaces this node's, unless this
     /// node has changes of its own not yet written.
     pub fn replace_from_cluster(&self, acls: impl IntoIterator<Item = Acl>) -> Result<()> {
+        let _turn = self.turn();
         if !self.lock_changes().is_empty() {
             return Ok(());
         }
         let mut acls: Vec<Acl> = acls.into_iter().filter(|a| validate(a).is_ok()).collect();
         acls.sort();
         acls.dedup();
-        let mut t = self.write();
-        if t.acls == acls {
+        if self.read().acls == acls {
             return Ok(());
         }
-        self.persist(&acls)?;
-        t.set(acls);
-        t.version += 1;
-        metrics::gauge!("rokka_acls").set(t.acls.len() as f64);
-        Ok(())
-    }
-
-    fn persist(&self, acls: &[Acl]) -> Result<()> {
-        #[derive(Serialize)]
-        struct Out<'a> {
-            acls: &'a [Acl],
-        }
-        let data = serde_json::to_vec_pretty(&Out { acls }).map_err(|e| BrokerError::BadFile {
-            path: self.path.clone(),
-            reason: e.to_string(),
-        })?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
-        }
-        rokka_store::checkpoint::write_private_atomically(&self.path, &data)?;
-        Ok(())
+        self.install(acls, Vec::new())
     }
 }
 
@@ -742,6 +716,7 @@ fn is_wildcard_principal(p: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::BrokerError;
 
     fn acl(rt: ResourceType, name: &str, pattern: PatternType, principal: &str, op: Operation, p: Permission) -> Acl {
         Acl {
@@ -868,6 +843,47 @@ mod tests {
         assert_eq!(deleted[0].len(), 1);
         assert_eq!(on(dir.path()).len(), 2, "the deletion persisted");
         assert!(AclFilter::from_wire(9, None, 1, None, None, 1, 1).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn an_acl_that_cannot_be_stored_is_refused_and_not_applied() -> Result<()> {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = on(dir.path());
+        let grant = acl(
+            ResourceType::Topic,
+            "t",
+            PatternType::Literal,
+            "User:alice",
+            Operation::Read,
+            Permission::Allow,
+        );
+        assert!(a.create(vec![grant.clone()])[0].is_ok());
+        // The next write cannot make its temporary file (a directory is
+        // in the way): refused, and neither checks nor the file change.
+        let blocker = dir.path().join("config").join("acls.tmp");
+        std::fs::create_dir_all(&blocker).map_err(|e| BrokerError::Io(blocker.clone(), e))?;
+        let more = acl(
+            ResourceType::Topic,
+            "u",
+            PatternType::Literal,
+            "User:alice",
+            Operation::Read,
+            Permission::Allow,
+        );
+        let r = a.create(vec![more]);
+        assert_eq!(r[0].as_ref().map_err(|e| e.code), Err(code::UNKNOWN_SERVER_ERROR));
+        let local: IpAddr = "127.0.0.1".parse().expect("ip");
+        assert!(!a.authorize("User:alice", local, ResourceType::Topic, "u", Operation::Read));
+        assert!(a.authorize("User:alice", local, ResourceType::Topic, "t", Operation::Read));
+        let everything = AclFilter::from_wire(1, None, 1, None, None, 1, 1).expect("filter");
+        assert!(
+            a.delete(&[everything]).is_err(),
+            "a deletion that cannot be stored fails"
+        );
+        assert_eq!(a.len(), 1, "and deletes nothing");
+        std::fs::remove_dir(&blocker).map_err(|e| BrokerError::Io(blocker.clone(), e))?;
+        assert_eq!(on(dir.path()).len(), 1, "the file holds what the table holds");
         Ok(())
     }
 }

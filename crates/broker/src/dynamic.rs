@@ -13,7 +13,7 @@ use std::sync::RwLock;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{BrokerError, Result};
+use crate::error::Result;
 use crate::topic_config::{self, Source, Spec};
 
 /// Which set an Alter or Describe names.
@@ -63,14 +63,7 @@ pub fn validate(key: &str, value: &str) -> std::result::Result<String, String> {
 impl DynamicConfigs {
     pub fn load(data_dir: &Path) -> Result<DynamicConfigs> {
         let path = data_dir.join("config").join("broker-dynamic.json");
-        let sets = match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| BrokerError::BadFile {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Sets::default(),
-            Err(e) => return Err(BrokerError::Io(path, e)),
-        };
+        let sets: Sets = crate::json_file::read_or_default(&path)?;
         let any = !sets.default.is_empty() || !sets.broker.is_empty();
         Ok(DynamicConfigs {
             path,
@@ -137,14 +130,7 @@ impl DynamicConfigs {
             Scope::ClusterDefault => next.default = configs,
             Scope::ThisBroker => next.broker = configs,
         }
-        let json = serde_json::to_vec_pretty(&next).map_err(|e| BrokerError::BadFile {
-            path: self.path.clone(),
-            reason: e.to_string(),
-        })?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
-        }
-        rokka_store::checkpoint::write_atomically(&self.path, &json)?;
+        crate::json_file::write(&self.path, &next, false)?;
         self.any.store(
             !next.default.is_empty() || !next.broker.is_empty(),
             std::sync::atomic::Ordering::Release,
@@ -183,6 +169,7 @@ impl DynamicConfigs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::BrokerError;
 
     #[test]
     fn broker_keys_map_to_topic_configs_and_persist() -> Result<()> {

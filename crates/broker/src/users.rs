@@ -13,7 +13,7 @@ use base64::Engine as _;
 use ring::{digest, hmac, pbkdf2};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{BrokerError, Result};
+use crate::error::Result;
 
 /// A SCRAM mechanism.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -230,15 +230,7 @@ impl Users {
     /// Loads `<data_dir>/config/users.json` (absent = no users).
     pub fn open(data_dir: &Path, max_users: usize) -> Result<Users> {
         let path = data_dir.join("config").join("users.json");
-        let table = match std::fs::read(&path) {
-            Ok(b) => serde_json::from_slice(&b).map_err(|e| BrokerError::BadFile {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => File::default(),
-            Err(e) => return Err(BrokerError::Io(path, e)),
-        };
-        let mut table: File = table;
+        let mut table: File = crate::json_file::read_or_default(&path)?;
         // A hand-edited file is held to what AlterUserScramCredentials
         // accepts (a huge iteration count would make PLAIN a CPU sink).
         for (user, creds) in table.users.iter_mut() {
@@ -570,16 +562,8 @@ impl Users {
     }
 
     fn persist(&self, t: &File) -> Result<()> {
-        let data = serde_json::to_vec_pretty(t).map_err(|e| BrokerError::BadFile {
-            path: self.path.clone(),
-            reason: e.to_string(),
-        })?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
-        }
         // Credentials: readable by the broker's user only.
-        rokka_store::checkpoint::write_private_atomically(&self.path, &data)?;
-        Ok(())
+        crate::json_file::write(&self.path, t, true)
     }
 }
 
@@ -596,6 +580,7 @@ pub fn unb64(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::BrokerError;
 
     /// RFC 7677's SCRAM-SHA-256 example: user, password "pencil", the
     /// salt and iterations give the ServerKey and StoredKey it implies.
