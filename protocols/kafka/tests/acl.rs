@@ -13,9 +13,8 @@ use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use rokka_broker::acl::{Acl, AclSettings, Operation, PatternType, Permission, ResourceType};
 use rokka_broker::{Broker, BrokerConfig};
-use rokka_kafka::{Kafka, KafkaConfig};
 use rokka_store::{MessageStore, StoreConfig};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 mod common;
 use common::call;
@@ -60,18 +59,7 @@ async fn refused_parts_get_their_error_and_the_rest_is_served() -> TestResult {
     assert!(made.iter().all(|r| r.is_ok()), "{made:?}");
     // A topic the caller may not touch, made behind the ACLs' back.
     broker.create_topic("secret", 1)?;
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let kafka = Arc::new(Kafka::new(
-        broker,
-        KafkaConfig::default(),
-        rokka_group::GroupConfig::default(),
-        addr,
-    ));
-    let (_tx, rx) = tokio::sync::watch::channel(false);
-    rokka_kafka::spawn_background(&kafka, &rx);
-    let at = kafka.plaintext();
-    tokio::spawn(rokka_kafka::serve(listener, kafka, at, None, rx));
+    let (addr, _stop) = common::serve(broker).await?;
     let mut c = TcpStream::connect(addr).await?;
 
     // CreateTopics: CREATE on ok-* only.

@@ -8,10 +8,9 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 use rokka_broker::{Broker, BrokerConfig};
-use rokka_kafka::{Kafka, KafkaConfig};
 use rokka_store::{MessageStore, StoreConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 mod common;
 use common::{call, closed};
@@ -23,19 +22,7 @@ async fn start(
 ) -> Result<(std::net::SocketAddr, tokio::sync::watch::Sender<bool>), Box<dyn std::error::Error>> {
     let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
     let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let kafka = Arc::new(Kafka::new(
-        broker,
-        KafkaConfig::default(),
-        rokka_group::GroupConfig::default(),
-        addr,
-    ));
-    let (tx, rx) = tokio::sync::watch::channel(false);
-    rokka_kafka::spawn_background(&kafka, &rx);
-    let at = kafka.plaintext();
-    tokio::spawn(rokka_kafka::serve(listener, kafka, at, None, rx));
-    Ok((addr, tx))
+    common::serve(broker).await
 }
 
 fn batch(producer_id: i64, epoch: i16, base_seq: i32, values: &[&[u8]]) -> Bytes {

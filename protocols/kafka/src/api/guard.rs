@@ -12,23 +12,25 @@ use crate::authz::{
 };
 use crate::Kafka;
 
-/// Produce: WRITE on the transactional id (if any) and on each topic.
-pub fn produce(k: &Kafka, who: &Caller, r: &mut ProduceRequest) -> Vec<(TopicName, Vec<i32>)> {
+/// Produce: WRITE on the transactional id (if any; refused, every
+/// partition is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED) and on each
+/// topic.
+pub fn produce(k: &Kafka, who: &Caller, r: &mut ProduceRequest) -> (Parts, i16) {
     let txn_ok = match &r.transactional_id {
         Some(t) => who.may(k, Rt::TransactionalId, t.0.as_str(), Op::Write),
         None => true,
     };
-    split_off(&mut r.topic_data, |t| {
+    let denied = split_off(&mut r.topic_data, |t| {
         txn_ok && who.may(k, Rt::Topic, t.name.0.as_str(), Op::Write)
     })
     .into_iter()
     .map(|t| (t.name, t.partition_data.iter().map(|p| p.index).collect()))
-    .collect()
+    .collect();
+    (denied, if txn_ok { TOPIC } else { TXN })
 }
 
-pub fn produce_denied(resp: &mut ProduceResponse, denied: Parts, txn: bool) {
+pub fn produce_denied(resp: &mut ProduceResponse, (denied, code): (Parts, i16)) {
     use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-    let code = if txn { TXN } else { TOPIC };
     push_denied(
         &mut resp.responses,
         denied,

@@ -93,15 +93,6 @@ async fn guarded(
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE)),
         RequestKind::Metadata(r) => ResponseKind::Metadata(guard::metadata(k, who, r, version, at)),
         RequestKind::Produce(mut r) => {
-            let txn = r.transactional_id.is_some()
-                && r.transactional_id.as_ref().is_some_and(|t| {
-                    !who.sees(
-                        k,
-                        rokka_broker::acl::ResourceType::TransactionalId,
-                        t.0.as_str(),
-                        Op::Write,
-                    )
-                });
             let acks = r.acks;
             let denied = guard::produce(k, who, &mut r);
             let resp = if r.topic_data.is_empty() {
@@ -111,7 +102,7 @@ async fn guarded(
             };
             match resp {
                 Some(mut resp) => {
-                    guard::produce_denied(&mut resp, denied, txn);
+                    guard::produce_denied(&mut resp, denied);
                     ResponseKind::Produce(resp)
                 }
                 None => return Ok(None),

@@ -44,3 +44,23 @@ pub async fn closed(s: &mut TcpStream) -> bool {
         Ok(Ok(0)) | Ok(Err(_))
     )
 }
+
+/// A Kafka listener (plaintext, default config) on a free loopback port in
+/// front of `broker`: its address, and the sender that stops it.
+pub async fn serve(
+    broker: std::sync::Arc<rokka_broker::Broker>,
+) -> Result<(std::net::SocketAddr, tokio::sync::watch::Sender<bool>), Box<dyn std::error::Error>> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let kafka = std::sync::Arc::new(rokka_kafka::Kafka::new(
+        broker,
+        rokka_kafka::KafkaConfig::default(),
+        rokka_group::GroupConfig::default(),
+        addr,
+    ));
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    rokka_kafka::spawn_background(&kafka, &rx);
+    let at = kafka.plaintext();
+    tokio::spawn(rokka_kafka::serve(listener, kafka, at, None, rx));
+    Ok((addr, tx))
+}
