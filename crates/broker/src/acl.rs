@@ -304,6 +304,14 @@ struct File {
     acls: Vec<Acl>,
 }
 
+/// Cluster mode: changes made here and not yet in etcd, and how many
+/// changes were ever queued (each change's sequence number).
+#[derive(Debug, Default)]
+struct Pending {
+    list: Vec<(Acl, bool)>,
+    queued: u64,
+}
+
 /// The ACLs, sorted, and their index (always built together).
 #[derive(Debug, Default)]
 struct Table {
@@ -408,8 +416,12 @@ pub struct Acls {
     /// Cluster mode: ACLs added (true) or deleted (false) here and not yet
     /// written to the cluster's table (etcd); that table is not applied
     /// over them meanwhile.
-    changes: std::sync::Mutex<Vec<(Acl, bool)>>,
+    changes: std::sync::Mutex<Pending>,
     in_cluster: std::sync::atomic::AtomicBool,
+    /// Cluster mode: how many changes etcd holds (of `Pending::queued`);
+    /// waiters are told when it grows.
+    written: std::sync::atomic::AtomicU64,
+    written_grew: tokio::sync::Notify,
 }
 
 /// A principal as the table spells it: `User:` added to a bare name.
@@ -481,6 +493,8 @@ impl Acls {
                 ..AclSettings::default()
             }),
             changes: std::sync::Mutex::default(),
+            written: std::sync::atomic::AtomicU64::new(0),
+            written_grew: tokio::sync::Notify::new(),
             in_cluster: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -655,14 +669,16 @@ impl Acls {
         }
         crate::json_file::write(&self.path, &Out { acls: &acls }, true)?;
         if self.in_cluster.load(std::sync::atomic::Ordering::Acquire) && !what.is_empty() {
-            self.lock_changes().extend(what);
+            let mut p = self.lock_changes();
+            p.queued += what.len() as u64;
+            p.list.extend(what);
         }
         metrics::gauge!("rokka_acls").set(acls.len() as f64);
         *self.write() = Table::new(acls);
         Ok(())
     }
 
-    fn lock_changes(&self) -> std::sync::MutexGuard<'_, Vec<(Acl, bool)>> {
+    fn lock_changes(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.changes.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -672,23 +688,58 @@ impl Acls {
     }
 
     /// Cluster mode: ACLs added (true) or deleted (false) here since the
-    /// last call, in order, to be written to etcd.
-    pub fn take_changes(&self) -> Vec<(Acl, bool)> {
-        std::mem::take(&mut *self.lock_changes())
+    /// last call, in order, to be written to etcd, and the sequence number
+    /// of the last of them (for [`Acls::written_up_to`]).
+    pub fn take_changes(&self) -> (Vec<(Acl, bool)>, u64) {
+        let mut p = self.lock_changes();
+        (std::mem::take(&mut p.list), p.queued)
     }
 
     /// Cluster mode: changes `take_changes` gave that did not reach etcd.
     pub fn rechange(&self, rest: Vec<(Acl, bool)>) {
-        let mut c = self.lock_changes();
-        let newer = std::mem::replace(&mut *c, rest);
-        c.extend(newer);
+        let mut p = self.lock_changes();
+        let newer = std::mem::replace(&mut p.list, rest);
+        p.list.extend(newer);
+    }
+
+    /// Cluster mode: etcd holds every change up to sequence number `seq`.
+    pub fn written_up_to(&self, seq: u64) {
+        self.written.fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
+        self.written_grew.notify_waiters();
+    }
+
+    /// The sequence number of the last change made here (0 on a single
+    /// node): what [`Acls::replicated`] waits for.
+    pub fn last_change(&self) -> u64 {
+        match self.in_cluster.load(std::sync::atomic::Ordering::Acquire) {
+            true => self.lock_changes().queued,
+            false => 0,
+        }
+    }
+
+    /// Whether etcd holds every change up to `seq` within `within` (Kafka
+    /// answers an ACL change once its metadata log has it); at once on a
+    /// single node.
+    pub async fn replicated(&self, seq: u64, within: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let grew = self.written_grew.notified();
+            tokio::pin!(grew);
+            grew.as_mut().enable();
+            if self.written.load(std::sync::atomic::Ordering::Acquire) >= seq {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, grew).await.is_err() {
+                return self.written.load(std::sync::atomic::Ordering::Acquire) >= seq;
+            }
+        }
     }
 
     /// Cluster mode: the cluster's table replaces this node's, unless this
     /// node has changes of its own not yet written.
     pub fn replace_from_cluster(&self, acls: impl IntoIterator<Item = Acl>) -> Result<()> {
         let _turn = self.turn();
-        if !self.lock_changes().is_empty() {
+        if !self.lock_changes().list.is_empty() {
             return Ok(());
         }
         let mut acls: Vec<Acl> = acls.into_iter().filter(|a| validate(a).is_ok()).collect();
@@ -884,6 +935,39 @@ mod tests {
         assert_eq!(a.len(), 1, "and deletes nothing");
         std::fs::remove_dir(&blocker).map_err(|e| BrokerError::Io(blocker.clone(), e))?;
         assert_eq!(on(dir.path()).len(), 1, "the file holds what the table holds");
+        Ok(())
+    }
+
+    #[test]
+    fn in_cluster_mode_a_change_waits_until_etcd_holds_it() -> Result<()> {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = on(dir.path());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .map_err(|e| BrokerError::Io(PathBuf::new(), e))?;
+        let wait = std::time::Duration::from_millis(50);
+        assert!(
+            rt.block_on(a.replicated(a.last_change(), wait)),
+            "a single node waits for nothing"
+        );
+        a.join_cluster();
+        let grant = acl(
+            ResourceType::Topic,
+            "t",
+            PatternType::Literal,
+            "User:alice",
+            Operation::Read,
+            Permission::Allow,
+        );
+        assert!(a.create(vec![grant.clone()])[0].is_ok());
+        let seq = a.last_change();
+        assert_eq!(seq, 1);
+        assert!(!rt.block_on(a.replicated(seq, wait)), "not in etcd yet");
+        let (taken, upto) = a.take_changes();
+        assert_eq!((taken, upto), (vec![(grant, true)], 1));
+        a.written_up_to(upto);
+        assert!(rt.block_on(a.replicated(seq, wait)));
         Ok(())
     }
 }

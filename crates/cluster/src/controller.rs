@@ -448,16 +448,26 @@ impl Controller {
     /// then etcd's table is this node's.
     async fn sync_acls(&mut self, mut in_etcd: BTreeMap<String, rokka_broker::acl::Acl>) -> Res<()> {
         let table = self.sh.broker.acls();
-        let changes = table.take_changes();
+        let (changes, upto) = table.take_changes();
         for (i, (acl, added)) in changes.iter().enumerate() {
             let digest = rokka_broker::acl::cluster_key(acl);
             let key = format!("{}acls/{digest}", self.prefix);
             let res = match added {
-                true => {
-                    let json = serde_json::to_vec(acl).map_err(|e| e.to_string())?;
-                    self.client.put(key, json, None).await.map(|_| ())
-                }
-                false => self.client.delete(key, None).await.map(|_| ()),
+                true => match serde_json::to_vec(acl) {
+                    Ok(json) => self
+                        .client
+                        .put(key, json, None)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                },
+                false => self
+                    .client
+                    .delete(key, None)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
             };
             if let Err(e) = res {
                 table.rechange(changes[i..].to_vec());
@@ -468,6 +478,8 @@ impl Controller {
                 false => in_etcd.remove(&digest),
             };
         }
+        // CreateAcls / DeleteAcls waiting on these are answered now.
+        table.written_up_to(upto);
         // Writes (and fsyncs) acls.json when it changed: off the runtime.
         rokka_broker::offload(|| table.replace_from_cluster(in_etcd.into_values()))
             .map_err(|e| format!("ACL table: {e}"))

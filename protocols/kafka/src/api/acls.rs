@@ -125,15 +125,21 @@ pub fn create(k: &Kafka, who: &Caller, r: CreateAclsRequest) -> CreateAclsRespon
     }
     // Malformed ones answered here; the others go to the table together
     // (one write).
-    let parsed: Vec<Result<Acl, String>> = r.creations.iter().map(acl_of).collect();
+    let mut parsed: Vec<Result<Acl, String>> = r.creations.iter().map(acl_of).collect();
     let valid: Vec<Acl> = parsed.iter().filter_map(|p| p.as_ref().ok().cloned()).collect();
-    let mut done = rokka_broker::offload(|| k.broker.acls().create(valid.clone())).into_iter();
+    let mut done = rokka_broker::offload(|| k.broker.acls().create(valid)).into_iter();
     let results = parsed
-        .into_iter()
+        .iter_mut()
         .map(|p| {
             let r = match p {
-                Ok(_) => done.next().unwrap_or(Ok(())).map_err(|e| (e.code, e.message)),
-                Err(m) => Err((INVALID_REQUEST, m)),
+                Ok(a) => {
+                    let r = done.next().unwrap_or(Ok(()));
+                    if r.is_ok() {
+                        tracing::info!(principal = who.principal(), acl = ?a, "ACL created");
+                    }
+                    r.map_err(|e| (e.code, e.message))
+                }
+                Err(m) => Err((INVALID_REQUEST, std::mem::take(m))),
             };
             match r {
                 Ok(()) => AclCreationResult::default(),
@@ -143,9 +149,6 @@ pub fn create(k: &Kafka, who: &Caller, r: CreateAclsRequest) -> CreateAclsRespon
             }
         })
         .collect();
-    for a in &valid {
-        tracing::info!(principal = who.principal(), acl = ?a, "ACL created");
-    }
     CreateAclsResponse::default().with_results(results)
 }
 
@@ -220,4 +223,41 @@ pub fn delete(k: &Kafka, who: &Caller, r: DeleteAclsRequest) -> DeleteAclsRespon
         })
         .collect();
     DeleteAclsResponse::default().with_filter_results(results)
+}
+
+/// Cluster mode: how long a change waits for etcd before it is answered
+/// REQUEST_TIMED_OUT (it stays queued and is written later).
+const CLUSTER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+const REQUEST_TIMED_OUT: i16 = 7;
+const NOT_IN_CLUSTER: &str = "stored on this node; the cluster's table (etcd) does not hold it yet (retried)";
+
+/// Whether the cluster's table holds this node's changes so far (at once
+/// on a single node).
+async fn in_cluster(k: &Kafka) -> bool {
+    let acls = k.broker.acls();
+    acls.replicated(acls.last_change(), CLUSTER_WAIT).await
+}
+
+/// A CreateAcls answer, once every node can see what it created (as Kafka
+/// answers after its metadata log commit).
+pub async fn created_in_cluster(k: &Kafka, mut resp: CreateAclsResponse) -> CreateAclsResponse {
+    if resp.results.iter().any(|r| r.error_code == 0) && !in_cluster(k).await {
+        for r in resp.results.iter_mut().filter(|r| r.error_code == 0) {
+            r.error_code = REQUEST_TIMED_OUT;
+            r.error_message = Some(str_bytes(NOT_IN_CLUSTER));
+        }
+    }
+    resp
+}
+
+/// A DeleteAcls answer, once every node can see what it deleted.
+pub async fn deleted_in_cluster(k: &Kafka, mut resp: DeleteAclsResponse) -> DeleteAclsResponse {
+    let deleted = |r: &DeleteAclsFilterResult| r.error_code == 0 && !r.matching_acls.is_empty();
+    if resp.filter_results.iter().any(deleted) && !in_cluster(k).await {
+        for r in resp.filter_results.iter_mut().filter(|r| deleted(r)) {
+            r.error_code = REQUEST_TIMED_OUT;
+            r.error_message = Some(str_bytes(NOT_IN_CLUSTER));
+        }
+    }
+    resp
 }

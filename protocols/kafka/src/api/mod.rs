@@ -358,8 +358,14 @@ async fn guarded(
             }
         }
         RequestKind::DescribeAcls(r) => ResponseKind::DescribeAcls(acls::describe(k, who, r)),
-        RequestKind::CreateAcls(r) => ResponseKind::CreateAcls(acls::create(k, who, r)),
-        RequestKind::DeleteAcls(r) => ResponseKind::DeleteAcls(acls::delete(k, who, r)),
+        RequestKind::CreateAcls(r) => {
+            let resp = acls::create(k, who, r);
+            ResponseKind::CreateAcls(acls::created_in_cluster(k, resp).await)
+        }
+        RequestKind::DeleteAcls(r) => {
+            let resp = acls::delete(k, who, r);
+            ResponseKind::DeleteAcls(acls::deleted_in_cluster(k, resp).await)
+        }
         RequestKind::DeleteRecords(mut r) => {
             let denied = guard::delete_records(k, who, &mut r);
             let mut resp = rokka_broker::offload(|| admin::delete_records(k, r));
