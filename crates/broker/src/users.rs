@@ -165,7 +165,7 @@ mod b64 {
     }
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct File {
     /// user → mechanism name → credential (and a RocketMQ secret)
     users: BTreeMap<String, UserRecord>,
@@ -192,7 +192,9 @@ pub mod code {
 #[derive(Debug)]
 pub struct Users {
     path: PathBuf,
-    table: Mutex<File>,
+    table: std::sync::RwLock<File>,
+    /// Writers take turns (see `change`).
+    writing: Mutex<()>,
     max_users: usize,
     /// Cluster mode: users changed here and not yet written to the
     /// cluster's table (etcd); the cluster's older record is not applied
@@ -246,19 +248,20 @@ impl Users {
         metrics::gauge!("rokka_users").set(table.users.len() as f64);
         Ok(Users {
             path,
-            table: Mutex::new(table),
+            table: std::sync::RwLock::new(table),
+            writing: Mutex::new(()),
             max_users: max_users.max(1),
             changed: Mutex::default(),
             in_cluster: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, File> {
-        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, File> {
+        self.table.read().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn len(&self) -> usize {
-        self.lock().users.len()
+        self.read().users.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -266,13 +269,13 @@ impl Users {
     }
 
     pub fn get(&self, user: &str, m: Mechanism) -> Option<ScramCredential> {
-        self.lock().users.get(user).and_then(|c| c.scram.get(m.name())).cloned()
+        self.read().users.get(user).and_then(|c| c.scram.get(m.name())).cloned()
     }
 
     /// Whether `password` is one of `user`'s credentials (SASL PLAIN).
     pub fn check_password(&self, user: &str, password: &[u8]) -> bool {
         let creds: Vec<(Mechanism, ScramCredential)> = {
-            let t = self.lock();
+            let t = self.read();
             let Some(c) = t.users.get(user) else {
                 return false;
             };
@@ -287,7 +290,7 @@ impl Users {
     /// Users and their mechanisms with iterations (all, or those named;
     /// a named user without credentials is `None`).
     pub fn describe(&self, names: Option<&[String]>) -> Vec<(String, Option<Credentials>)> {
-        let t = self.lock();
+        let t = self.read();
         let list = |c: &UserRecord| {
             c.scram
                 .iter()
@@ -329,62 +332,40 @@ impl Users {
             ));
         }
         let cred = ScramCredential::from_salted(m, salt, iterations, salted_password);
-        let mut t = self.lock();
-        if !t.users.contains_key(user) && t.users.len() >= self.max_users {
-            metrics::counter!("rokka_users_refused_total").increment(1);
-            return Err(refused(
-                code::POLICY_VIOLATION,
-                format!("at most {} users (broker.max_users)", self.max_users),
-            ));
-        }
-        let before = t.users.get(user).cloned();
-        let entry = t.users.entry(user.to_string()).or_default();
-        entry.scram.insert(m.name().to_string(), cred);
-        // A password set through Kafka is not the RocketMQ secret any
-        // more (only its salted form is known here).
-        entry.rocketmq_secret = None;
-        if let Err(e) = self.persist(&t) {
-            // Not stored: the table stays as the file has it.
-            match before {
-                Some(b) => t.users.insert(user.to_string(), b),
-                None => t.users.remove(user),
-            };
-            return Err(refused(-1, format!("storing the credential failed: {e}")));
-        }
-        metrics::gauge!("rokka_users").set(t.users.len() as f64);
-        drop(t);
-        self.changed(user);
-        Ok(())
+        self.change(user, |users| {
+            if !users.contains_key(user) && users.len() >= self.max_users {
+                metrics::counter!("rokka_users_refused_total").increment(1);
+                return Err(refused(
+                    code::POLICY_VIOLATION,
+                    format!("at most {} users (broker.max_users)", self.max_users),
+                ));
+            }
+            let entry = users.entry(user.to_string()).or_default();
+            entry.scram.insert(m.name().to_string(), cred);
+            // A password set through Kafka is not the RocketMQ secret any
+            // more (only its salted form is known here).
+            entry.rocketmq_secret = None;
+            Ok(())
+        })
     }
 
     /// Deletes `user`'s credential for `m`.
     pub fn delete(&self, user: &str, m: Mechanism) -> std::result::Result<(), Refused> {
-        let mut t = self.lock();
-        let Some(c) = t.users.get_mut(user) else {
-            return Err(refused(code::RESOURCE_NOT_FOUND, format!("no credential of {user}")));
-        };
-        let Some(old) = c.scram.remove(m.name()) else {
-            return Err(refused(
-                code::RESOURCE_NOT_FOUND,
-                format!("no {} credential of {user}", m.name()),
-            ));
-        };
-        let gone = c.is_empty().then(|| t.users.remove(user));
-        if let Err(e) = self.persist(&t) {
-            if let Some(Some(c)) = gone {
-                t.users.insert(user.to_string(), c);
+        self.change(user, |users| {
+            let Some(c) = users.get_mut(user) else {
+                return Err(refused(code::RESOURCE_NOT_FOUND, format!("no credential of {user}")));
+            };
+            if c.scram.remove(m.name()).is_none() {
+                return Err(refused(
+                    code::RESOURCE_NOT_FOUND,
+                    format!("no {} credential of {user}", m.name()),
+                ));
             }
-            t.users
-                .entry(user.to_string())
-                .or_default()
-                .scram
-                .insert(m.name().to_string(), old);
-            return Err(refused(-1, format!("storing the change failed: {e}")));
-        }
-        metrics::gauge!("rokka_users").set(t.users.len() as f64);
-        drop(t);
-        self.changed(user);
-        Ok(())
+            if c.is_empty() {
+                users.remove(user);
+            }
+            Ok(())
+        })
     }
 
     /// Sets `user`'s password as RocketMQ's user admin does
@@ -414,52 +395,56 @@ impl Users {
             let cred = ScramCredential::from_salted(m, salt, iterations, &salted);
             record.scram.insert(m.name().to_string(), cred);
         }
-        let mut t = self.lock();
-        match (t.users.contains_key(user), must_exist) {
-            (true, false) => return Err(refused(code::POLICY_VIOLATION, format!("user {user} already exists"))),
-            (false, true) => return Err(refused(code::RESOURCE_NOT_FOUND, format!("no user {user}"))),
-            (false, false) if t.users.len() >= self.max_users => {
-                metrics::counter!("rokka_users_refused_total").increment(1);
-                return Err(refused(
-                    code::POLICY_VIOLATION,
-                    format!("at most {} users (broker.max_users)", self.max_users),
-                ));
+        self.change(user, |users| {
+            match (users.contains_key(user), must_exist) {
+                (true, false) => return Err(refused(code::POLICY_VIOLATION, format!("user {user} already exists"))),
+                (false, true) => return Err(refused(code::RESOURCE_NOT_FOUND, format!("no user {user}"))),
+                (false, false) if users.len() >= self.max_users => {
+                    metrics::counter!("rokka_users_refused_total").increment(1);
+                    return Err(refused(
+                        code::POLICY_VIOLATION,
+                        format!("at most {} users (broker.max_users)", self.max_users),
+                    ));
+                }
+                _ => {}
             }
-            _ => {}
-        }
-        let before = t.users.insert(user.to_string(), record);
-        if let Err(e) = self.persist(&t) {
-            match before {
-                Some(b) => t.users.insert(user.to_string(), b),
-                None => t.users.remove(user),
-            };
-            return Err(refused(-1, format!("storing the user failed: {e}")));
-        }
-        metrics::gauge!("rokka_users").set(t.users.len() as f64);
-        drop(t);
-        self.changed(user);
-        Ok(())
+            users.insert(user.to_string(), record);
+            Ok(())
+        })
     }
 
     /// Deletes `user` and all its credentials.
     pub fn delete_user(&self, user: &str) -> std::result::Result<(), Refused> {
-        let mut t = self.lock();
-        let Some(old) = t.users.remove(user) else {
-            return Err(refused(code::RESOURCE_NOT_FOUND, format!("no user {user}")));
-        };
-        if let Err(e) = self.persist(&t) {
-            t.users.insert(user.to_string(), old);
-            return Err(refused(-1, format!("storing the change failed: {e}")));
-        }
-        metrics::gauge!("rokka_users").set(t.users.len() as f64);
-        drop(t);
+        self.change(user, |users| match users.remove(user) {
+            Some(_) => Ok(()),
+            None => Err(refused(code::RESOURCE_NOT_FOUND, format!("no user {user}"))),
+        })
+    }
+
+    /// Applies `f` to a copy of the table, stores the copy, then makes it
+    /// the table: writers take turns, and readers (every SASL
+    /// authentication, every signed RocketMQ request) are locked out only
+    /// for the swap, not the fsync. Nothing changes if `f` refuses or the
+    /// write fails.
+    fn change(
+        &self,
+        user: &str,
+        f: impl FnOnce(&mut BTreeMap<String, UserRecord>) -> std::result::Result<(), Refused>,
+    ) -> std::result::Result<(), Refused> {
+        let _turn = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        let mut next = self.read().clone();
+        f(&mut next.users)?;
+        self.persist(&next)
+            .map_err(|e| refused(-1, format!("storing the change failed: {e}")))?;
+        metrics::gauge!("rokka_users").set(next.users.len() as f64);
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = next;
         self.changed(user);
         Ok(())
     }
 
     /// The secret RocketMQ clients of `user` sign with, if it has one.
     pub fn rocketmq_secret(&self, user: &str) -> Option<String> {
-        self.lock().users.get(user).and_then(|r| r.rocketmq_secret.clone())
+        self.read().users.get(user).and_then(|r| r.rocketmq_secret.clone())
     }
 
     /// Checks a RocketMQ request's `Signature` (base64 of an HMAC-SHA1, or
@@ -490,9 +475,14 @@ impl Users {
         Err("signature mismatch: wrong SecretKey")
     }
 
+    /// Whether `user` is in the table.
+    pub fn exists(&self, user: &str) -> bool {
+        self.read().users.contains_key(user)
+    }
+
     /// Every user's name, in order.
     pub fn names(&self) -> Vec<String> {
-        self.lock().users.keys().cloned().collect()
+        self.read().users.keys().cloned().collect()
     }
 
     fn changed(&self, user: &str) {
@@ -514,7 +504,7 @@ impl Users {
     /// record now (None: deleted), for the controller to write.
     pub fn take_changes(&self) -> Vec<(String, Option<UserRecord>)> {
         let names = std::mem::take(&mut *self.changed.lock().unwrap_or_else(|p| p.into_inner()));
-        let t = self.lock();
+        let t = self.read();
         names
             .into_iter()
             .map(|n| {
@@ -532,10 +522,11 @@ impl Users {
     /// Cluster mode: the cluster's table replaces this node's (but for
     /// users changed here and not written yet), and is kept on disk.
     pub fn replace_from_cluster(&self, mut cluster: BTreeMap<String, UserRecord>) -> Result<()> {
+        let _turn = self.writing.lock().unwrap_or_else(|p| p.into_inner());
         let pending = self.changed.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut t = self.lock();
+        let mine = self.read().users.clone();
         for user in &pending {
-            match t.users.get(user) {
+            match mine.get(user) {
                 Some(r) => {
                     cluster.insert(user.clone(), r.clone());
                 }
@@ -549,15 +540,13 @@ impl Users {
             creds.scram.retain(|name, c| acceptable(name, c));
         }
         cluster.retain(|_, c| !c.is_empty());
-        if t.users == cluster {
+        if mine == cluster {
             return Ok(());
         }
-        let before = std::mem::replace(&mut t.users, cluster);
-        if let Err(e) = self.persist(&t) {
-            t.users = before;
-            return Err(e);
-        }
-        metrics::gauge!("rokka_users").set(t.users.len() as f64);
+        let next = File { users: cluster };
+        self.persist(&next)?;
+        metrics::gauge!("rokka_users").set(next.users.len() as f64);
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = next;
         Ok(())
     }
 
@@ -611,6 +600,15 @@ mod tests {
             .upsert("carol", m, 4096, b"salt".to_vec(), &salted)
             .expect("upsert");
         assert_eq!(reopened.rocketmq_secret("carol"), None);
+        // A change that cannot be stored (a directory where its temporary
+        // file goes) is refused and changes nothing.
+        let blocker = dir.path().join("config").join("users.tmp");
+        std::fs::create_dir_all(&blocker).map_err(|e| BrokerError::Io(blocker.clone(), e))?;
+        assert_eq!(reopened.delete_user("carol").map_err(|e| e.code), Err(-1));
+        assert!(reopened.exists("carol"));
+        assert!(reopened.set_password("dave", "dave-pw", false).is_err());
+        assert!(!reopened.exists("dave"));
+        std::fs::remove_dir(&blocker).map_err(|e| BrokerError::Io(blocker.clone(), e))?;
         reopened.delete_user("carol").expect("deleted");
         assert!(reopened.is_empty());
         Ok(())

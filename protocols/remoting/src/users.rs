@@ -64,12 +64,12 @@ pub fn handle(broker: &Broker, cmd: &RemotingCommand) -> (i32, Option<String>, B
                     done(r, if update { "updated" } else { "created" })
                 }
                 // An update of type or status only: nothing Rokka keeps.
-                None if update && users.names().contains(&name) => (rs::SUCCESS, None, Bytes::new()),
+                None if update && users.exists(&name) => (rs::SUCCESS, None, Bytes::new()),
                 None => (rs::SYSTEM_ERROR, Some("a password is required".into()), Bytes::new()),
             }
         }
         rq::AUTH_DELETE_USER => done(rokka_broker::offload(|| users.delete_user(&name)), "deleted"),
-        rq::AUTH_GET_USER => match users.names().contains(&name) {
+        rq::AUTH_GET_USER => match users.exists(&name) {
             true => (rs::SUCCESS, None, Bytes::from(described(&name).to_string())),
             false => (rs::SYSTEM_ERROR, Some(format!("no user {name}")), Bytes::new()),
         },
