@@ -582,46 +582,62 @@ fn config_denied_code(resource_type: i8) -> i16 {
     }
 }
 
-pub fn describe_configs(k: &Kafka, who: &Caller, r: &mut DescribeConfigsRequest) -> Vec<(i8, StrBytes)> {
-    split_off(&mut r.resources, |c| {
-        config_resource_ok(k, who, c.resource_type, c.resource_name.as_str(), Op::DescribeConfigs)
+/// Config resources refused `op`, taken out of `items` as (type, name).
+fn configs_refused<T>(
+    k: &Kafka,
+    who: &Caller,
+    items: &mut Vec<T>,
+    op: Op,
+    of: impl Fn(&T) -> (i8, &StrBytes),
+) -> Vec<(i8, StrBytes)> {
+    split_off(items, |c| {
+        let (t, name) = of(c);
+        config_resource_ok(k, who, t, name.as_str(), op)
     })
-    .into_iter()
-    .map(|c| (c.resource_type, c.resource_name))
+    .iter()
+    .map(|c| {
+        let (t, name) = of(c);
+        (t, name.clone())
+    })
     .collect()
+}
+
+/// Appends an answer (`make(type, name, error)`) for each refused config
+/// resource.
+fn push_configs_denied<T>(list: &mut Vec<T>, denied: Vec<(i8, StrBytes)>, make: impl Fn(i8, StrBytes, i16) -> T) {
+    list.extend(denied.into_iter().map(|(t, name)| make(t, name, config_denied_code(t))));
+}
+
+pub fn describe_configs(k: &Kafka, who: &Caller, r: &mut DescribeConfigsRequest) -> Vec<(i8, StrBytes)> {
+    configs_refused(k, who, &mut r.resources, Op::DescribeConfigs, |c| {
+        (c.resource_type, &c.resource_name)
+    })
 }
 
 pub fn describe_configs_denied(resp: &mut DescribeConfigsResponse, denied: Vec<(i8, StrBytes)>) {
     use kafka_protocol::messages::describe_configs_response::DescribeConfigsResult;
-    for (t, name) in denied {
-        resp.results.push(
-            DescribeConfigsResult::default()
-                .with_resource_type(t)
-                .with_resource_name(name)
-                .with_error_code(config_denied_code(t)),
-        );
-    }
+    push_configs_denied(&mut resp.results, denied, |t, name, code| {
+        DescribeConfigsResult::default()
+            .with_resource_type(t)
+            .with_resource_name(name)
+            .with_error_code(code)
+    });
 }
 
 pub fn alter_configs(k: &Kafka, who: &Caller, r: &mut AlterConfigsRequest) -> Vec<(i8, StrBytes)> {
-    split_off(&mut r.resources, |c| {
-        config_resource_ok(k, who, c.resource_type, c.resource_name.as_str(), Op::AlterConfigs)
+    configs_refused(k, who, &mut r.resources, Op::AlterConfigs, |c| {
+        (c.resource_type, &c.resource_name)
     })
-    .into_iter()
-    .map(|c| (c.resource_type, c.resource_name))
-    .collect()
 }
 
 pub fn alter_configs_denied(resp: &mut AlterConfigsResponse, denied: Vec<(i8, StrBytes)>) {
     use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
-    for (t, name) in denied {
-        resp.responses.push(
-            AlterConfigsResourceResponse::default()
-                .with_resource_type(t)
-                .with_resource_name(name)
-                .with_error_code(config_denied_code(t)),
-        );
-    }
+    push_configs_denied(&mut resp.responses, denied, |t, name, code| {
+        AlterConfigsResourceResponse::default()
+            .with_resource_type(t)
+            .with_resource_name(name)
+            .with_error_code(code)
+    });
 }
 
 pub fn incremental_alter_configs(
@@ -629,24 +645,19 @@ pub fn incremental_alter_configs(
     who: &Caller,
     r: &mut IncrementalAlterConfigsRequest,
 ) -> Vec<(i8, StrBytes)> {
-    split_off(&mut r.resources, |c| {
-        config_resource_ok(k, who, c.resource_type, c.resource_name.as_str(), Op::AlterConfigs)
+    configs_refused(k, who, &mut r.resources, Op::AlterConfigs, |c| {
+        (c.resource_type, &c.resource_name)
     })
-    .into_iter()
-    .map(|c| (c.resource_type, c.resource_name))
-    .collect()
 }
 
 pub fn incremental_alter_configs_denied(resp: &mut IncrementalAlterConfigsResponse, denied: Vec<(i8, StrBytes)>) {
     use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
-    for (t, name) in denied {
-        resp.responses.push(
-            AlterConfigsResourceResponse::default()
-                .with_resource_type(t)
-                .with_resource_name(name)
-                .with_error_code(config_denied_code(t)),
-        );
-    }
+    push_configs_denied(&mut resp.responses, denied, |t, name, code| {
+        AlterConfigsResourceResponse::default()
+            .with_resource_type(t)
+            .with_resource_name(name)
+            .with_error_code(code)
+    });
 }
 
 /// InitProducerId: WRITE on the transactional id, or (idempotent only)
