@@ -38,7 +38,7 @@ def rokka():
     r = Rokka(
         results_dir("cross", "test_acls"),
         kafka_extra='sasl_listen = "127.0.0.1:0"\nsasl_max_failures_per_address = 1000\n',
-        rocketmq_extra=f'advertised_addr = "127.0.0.1:{tap.port}"\n'
+        rocketmq_extra=f'advertised_addr = "127.0.0.1:{tap.port}"\nauth_max_failures_per_address = 1000\n'
         '[group]\ninitial_rebalance_delay_ms = 0\n[security]\nsuper_users = ["User:admin"]\n',
     )
     r.start()
@@ -324,6 +324,49 @@ def test_rocketmq_credentials_are_the_users_and_their_kafka_acls_decide(rokka):
     h = Harness(rokka, "carol-create", "create-user", f"127.0.0.1:{rokka.broker_port}", "eve", "eve-pw", env=carol)
     assert h.wait(60) != 0, h.lines()
     assert metric(rokka, "rokka_rocketmq_authentications_failed_total") >= 2
+
+
+def test_failed_signatures_hold_off_the_address_for_a_while():
+    """rocketmq.auth_max_failures_per_address: after that many failed
+    signatures from an address, its signed requests are refused unchecked
+    (even a right one) until the window has passed; anonymous ones are not
+    authentication and stay served."""
+    tap = RemotingTap()
+    window_ms = 20000
+    r = Rokka(
+        results_dir("cross", "test_acls_holdoff"),
+        rocketmq_extra=f'advertised_addr = "127.0.0.1:{tap.port}"\n'
+        f"auth_max_failures_per_address = 3\nauth_failure_window_ms = {window_ms}\n"
+        '[security]\nauthorization = true\nsuper_users = ["User:ANONYMOUS", "User:dave"]\n',
+    )
+    r.start()
+    tap.target = r.broker_port
+    try:
+        h = run_harness(r, "create-dave", "create-user", f"127.0.0.1:{r.broker_port}", "dave", "dave-secret")
+        assert h.lines("created dave"), h.lines()
+        dave = signed_as("dave", "dave-secret")
+        run_harness(r, "dave-before", "cross-produce", "holdoff", 1, env=dave)
+        started = time.time()
+        h = Harness(r, "dave-wrong", "cross-produce", "holdoff", 1, env=signed_as("dave", "guess"))
+        assert h.wait(60) != 0, h.lines()[-5:]
+        assert metric(r, "rokka_rocketmq_authentications_failed_total", reason="signature") >= 3
+        # The right secret, from the same address, inside the window: refused unchecked.
+        mark = tap.mark()
+        h = Harness(r, "dave-held-off", "cross-produce", "holdoff", 1, env=dave)
+        assert h.wait(60) != 0, h.lines()[-5:]
+        assert time.time() - started < window_ms / 1000, "the window passed before the check: lengthen it"
+        assert any("too many failed authentications" in x for x in refusals(tap, mark)), refusals(tap, mark)
+        assert metric(r, "rokka_rocketmq_authentications_failed_total", reason="held_off") >= 1
+        assert metric(r, "rokka_rocketmq_auth_failing_addresses") == 1
+        # Anonymous requests are served meanwhile.
+        run_harness(r, "anonymous-meanwhile", "cross-produce", "holdoff", 1)
+        # Once the window has passed, the right secret works again.
+        time.sleep(max(0.0, started + window_ms / 1000 + 0.5 - time.time()))
+        run_harness(r, "dave-after", "cross-produce", "holdoff", 1, env=dave)
+    finally:
+        tap.close()
+        code = r.close()
+        assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
 
 
 def test_acls_survive_a_kill_9(rokka):

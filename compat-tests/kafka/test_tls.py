@@ -181,3 +181,35 @@ def test_a_bad_certificate_file_stops_the_start_with_the_reason(pki):
     with open(r.log_path) as f:
         log = f.read()
     assert "bogus.pem" in log and "Kafka SSL listener" in log, log[-2000:]
+
+
+def test_metrics_over_https_with_scraper_certificates(pki):
+    """metrics.tls_*: /metrics is HTTPS only; with a client CA a scraper
+    without a certificate is refused (counted), one with a certificate
+    gets the metrics, and a plain-HTTP scrape gets nothing."""
+    import http.client
+    import ssl
+    import urllib.request
+
+    metrics = (f'tls_certificate = "{pki["server.pem"]}"\ntls_key = "{pki["server.key"]}"\n'
+               f'tls_client_ca = "{pki["ca.pem"]}"\n')
+    with running("kafka", "metrics-tls", metrics_extra=metrics) as r:
+        url = f"https://127.0.0.1:{r.metrics_port}/metrics"
+        ctx = ssl.create_default_context(cafile=pki["ca.pem"])
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(url, timeout=5, context=ctx).read()
+        ctx.load_cert_chain(pki["client.pem"], pki["client.key"])
+        with urllib.request.urlopen(url, timeout=5, context=ctx) as resp:
+            assert resp.status == 200
+            text = resp.read().decode()
+        assert "rokka_metrics_tls_handshakes_total" in text
+        failed = [l for l in text.splitlines()
+                  if l.startswith("rokka_metrics_tls_handshakes_total") and 'result="failed"' in l]
+        assert failed and float(failed[0].rsplit(" ", 1)[1]) >= 1, failed
+        # Plain HTTP on the HTTPS port: no metrics.
+        conn = http.client.HTTPConnection("127.0.0.1", r.metrics_port, timeout=5)
+        with pytest.raises((http.client.HTTPException, ConnectionError, OSError)):
+            conn.request("GET", "/metrics")
+            body = conn.getresponse().read()
+            assert b"rokka_" not in body
+            raise http.client.HTTPException("answered")  # nothing useful came back

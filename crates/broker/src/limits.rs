@@ -171,6 +171,70 @@ impl Drop for Reserved {
     }
 }
 
+/// Failed authentications per source address: one that failed `max`
+/// times within `window` is held off (Kafka: no new SASL connections;
+/// RocketMQ: signed requests refused unchecked) until the window has
+/// passed since its first failure. Bounded: at most
+/// `MAX_TRACKED` addresses (expired ones are dropped first; beyond it new
+/// addresses are not tracked).
+#[derive(Debug)]
+pub struct AuthFailures {
+    /// The gauge of the addresses being counted.
+    gauge: &'static str,
+    max: u32,
+    window: std::time::Duration,
+    by_ip: Mutex<HashMap<IpAddr, (u32, std::time::Instant)>>,
+}
+
+impl AuthFailures {
+    pub const MAX_TRACKED: usize = 10_000;
+
+    pub fn new(gauge: &'static str, max: u32, window: std::time::Duration) -> AuthFailures {
+        AuthFailures {
+            gauge,
+            max: max.max(1),
+            window,
+            by_ip: Default::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, (u32, std::time::Instant)>> {
+        self.by_ip.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts a failed authentication from `ip`.
+    pub fn failed(&self, ip: IpAddr) {
+        let now = std::time::Instant::now();
+        let mut m = self.lock();
+        if !m.contains_key(&ip) && m.len() >= Self::MAX_TRACKED {
+            m.retain(|_, (_, since)| now.duration_since(*since) < self.window);
+            if m.len() >= Self::MAX_TRACKED {
+                return;
+            }
+        }
+        let e = m.entry(ip).or_insert((0, now));
+        if now.duration_since(e.1) >= self.window {
+            *e = (0, now);
+        }
+        e.0 = e.0.saturating_add(1);
+        metrics::gauge!(self.gauge).set(m.len() as f64);
+    }
+
+    /// Whether `ip` is held off now.
+    pub fn blocked(&self, ip: IpAddr) -> bool {
+        let now = std::time::Instant::now();
+        let mut m = self.lock();
+        match m.get(&ip) {
+            Some((n, since)) if now.duration_since(*since) < self.window => *n >= self.max,
+            Some(_) => {
+                m.remove(&ip);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

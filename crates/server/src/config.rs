@@ -100,6 +100,12 @@ pub struct MetricsConfig {
     /// from /metrics (0 = never). Labels carry client-chosen names (topics,
     /// groups), so without it every name ever seen stays a series.
     pub idle_timeout_ms: u64,
+    /// PEM certificate chain: with `tls_key`, the endpoint serves HTTPS only.
+    pub tls_certificate: String,
+    /// PEM private key of `tls_certificate`.
+    pub tls_key: String,
+    /// PEM CA: scrapers must present a certificate it signed (mTLS).
+    pub tls_client_ca: String,
 }
 
 impl Default for MetricsConfig {
@@ -109,6 +115,9 @@ impl Default for MetricsConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 9100)),
             lag_interval_ms: 10_000,
             idle_timeout_ms: 3_600_000,
+            tls_certificate: String::new(),
+            tls_key: String::new(),
+            tls_client_ca: String::new(),
         }
     }
 }
@@ -159,7 +168,12 @@ impl Config {
             "rocketmq.namesrv_listen",
             self.rocketmq.namesrv_listen,
         );
-        check(self.metrics.enabled, "metrics.listen", self.metrics.listen);
+        // A metrics endpoint whose scrapers present certificates is not open.
+        check(
+            self.metrics.enabled && self.metrics.tls_client_ca.is_empty(),
+            "metrics.listen",
+            self.metrics.listen,
+        );
         check(
             self.cluster.enabled,
             "cluster.replication_listen",
@@ -247,6 +261,16 @@ mod tests {
         assert_eq!(listed("ssl_listen = \"0.0.0.0:9093\"")?, ["kafka.ssl_listen"]);
         assert!(listed("ssl_listen = \"0.0.0.0:9093\"\nssl_sasl = true")?.is_empty());
         assert!(listed("ssl_listen = \"0.0.0.0:9093\"\nssl_client_ca = \"ca.pem\"")?.is_empty());
+        // /metrics: open unless its scrapers present certificates.
+        let metrics = |extra: &str| -> Result<Vec<&'static str>, ConfigError> {
+            let c = Config::parse(&format!("[metrics]\nlisten = \"0.0.0.0:9100\"\n{extra}"), "t.toml")?;
+            Ok(c.non_loopback_listeners().iter().map(|(k, _)| *k).collect())
+        };
+        assert_eq!(
+            metrics("tls_certificate = \"s.pem\"\ntls_key = \"s.key\"")?,
+            ["metrics.listen"]
+        );
+        assert!(metrics("tls_certificate = \"s.pem\"\ntls_key = \"s.key\"\ntls_client_ca = \"ca.pem\"")?.is_empty());
         Ok(())
     }
 

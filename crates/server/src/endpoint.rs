@@ -25,8 +25,11 @@ const MAX_SCRAPES: usize = 16;
 
 /// Serves `GET /metrics` until `shutdown`, and runs the recorder's upkeep
 /// (histogram buckets are drained there) every 5 s.
+/// With `tls`, every scrape connection is TLS (HTTPS; with a client CA in
+/// the acceptor, the scraper must present a certificate it signed).
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     handle: PrometheusHandle,
     collectors: Collectors,
     mut shutdown: watch::Receiver<bool>,
@@ -41,7 +44,7 @@ pub async fn serve(
             },
             _ = shutdown.changed() => return,
         };
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -58,11 +61,29 @@ pub async fn serve(
         };
         let h = handle.clone();
         let c = collectors.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let service = hyper::service::service_fn(move |req| answer(req, h.clone(), c.clone()));
-            let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(SCRAPE_TIMEOUT, conn).await;
+            let http = hyper::server::conn::http1::Builder::new();
+            // One deadline for the handshake and the scrape.
+            let _ = tokio::time::timeout(SCRAPE_TIMEOUT, async move {
+                match tls {
+                    None => http.serve_connection(TokioIo::new(stream), service).await,
+                    Some(tls) => match tls.accept(stream).await {
+                        Ok(s) => {
+                            metrics::counter!("rokka_metrics_tls_handshakes_total", "result" => "ok").increment(1);
+                            http.serve_connection(TokioIo::new(s), service).await
+                        }
+                        Err(e) => {
+                            metrics::counter!("rokka_metrics_tls_handshakes_total", "result" => "failed").increment(1);
+                            tracing::debug!(%peer, error = %e, "metrics endpoint: TLS handshake failed");
+                            Ok(())
+                        }
+                    },
+                }
+            })
+            .await;
         });
     }
 }

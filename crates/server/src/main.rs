@@ -269,9 +269,23 @@ async fn serve(
             metrics::gauge!("rokka_fd_limit").set(n as f64);
         }
         metrics::gauge!("rokka_security_open_listeners").set(cfg.non_loopback_listeners().len() as f64);
-        tracing::info!(listen = %addr, "Prometheus metrics at /metrics");
+        let m = &cfg.metrics;
+        let tls = match (m.tls_certificate.is_empty(), m.tls_key.is_empty()) {
+            (true, true) if m.tls_client_ca.is_empty() => None,
+            (false, false) => {
+                let ca = (!m.tls_client_ca.is_empty()).then(|| std::path::Path::new(&m.tls_client_ca));
+                Some(
+                    rokka_broker::tls::acceptor(m.tls_certificate.as_ref(), m.tls_key.as_ref(), ca)
+                        .map_err(|e| format!("metrics TLS: {e}"))?,
+                )
+            }
+            _ => return Err("metrics TLS needs both metrics.tls_certificate and metrics.tls_key".into()),
+        };
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!(listen = %addr, scheme, "Prometheus metrics at /metrics");
         listeners.push(tokio::spawn(endpoint::serve(
             l,
+            tls,
             handle,
             collectors.clone(),
             stop_rx.clone(),

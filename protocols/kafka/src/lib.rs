@@ -55,7 +55,7 @@ pub struct Kafka {
     /// SASL authentications running at once (PLAIN's PBKDF2 is costly).
     pub sasl_checks: tokio::sync::Semaphore,
     /// Failed authentications by source address.
-    pub sasl_failures: sasl::Failures,
+    pub sasl_failures: rokka_broker::limits::AuthFailures,
 }
 
 impl Kafka {
@@ -89,7 +89,8 @@ impl Kafka {
         let groups = Arc::new(groups::Groups::new(group));
         broker.set_replicated_groups(Arc::clone(&groups) as Arc<dyn rokka_broker::remote::ReplicatedGroups>);
         let sasl_checks = tokio::sync::Semaphore::new(config.sasl_max_concurrent_password_checks.max(1) as usize);
-        let sasl_failures = sasl::Failures::new(
+        let sasl_failures = rokka_broker::limits::AuthFailures::new(
+            "rokka_kafka_sasl_failing_addresses",
             config.sasl_max_failures_per_address,
             std::time::Duration::from_millis(config.sasl_failure_window_ms),
         );

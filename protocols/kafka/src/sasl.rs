@@ -22,68 +22,6 @@ pub const SASL_AUTHENTICATION_FAILED: i16 = 58;
 /// `sasl.server.max.receive.size`).
 pub const MAX_RECEIVE_BYTES: usize = 512 * 1024;
 
-/// Failed authentications per source address: one that failed
-/// `max` times within `window` may not open SASL connections until the
-/// window has passed since its first failure. Bounded: at most
-/// `MAX_TRACKED` addresses (expired ones are dropped first; beyond it new
-/// addresses are not tracked).
-#[derive(Debug)]
-pub struct Failures {
-    max: u32,
-    window: std::time::Duration,
-    by_ip: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, (u32, std::time::Instant)>>,
-}
-
-impl Failures {
-    pub const MAX_TRACKED: usize = 10_000;
-
-    pub fn new(max: u32, window: std::time::Duration) -> Failures {
-        Failures {
-            max: max.max(1),
-            window,
-            by_ip: Default::default(),
-        }
-    }
-
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<std::net::IpAddr, (u32, std::time::Instant)>> {
-        self.by_ip.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Counts a failed authentication from `ip`.
-    pub fn failed(&self, ip: std::net::IpAddr) {
-        let now = std::time::Instant::now();
-        let mut m = self.lock();
-        if !m.contains_key(&ip) && m.len() >= Self::MAX_TRACKED {
-            m.retain(|_, (_, since)| now.duration_since(*since) < self.window);
-            if m.len() >= Self::MAX_TRACKED {
-                return;
-            }
-        }
-        let e = m.entry(ip).or_insert((0, now));
-        if now.duration_since(e.1) >= self.window {
-            *e = (0, now);
-        }
-        e.0 = e.0.saturating_add(1);
-        metrics::gauge!("rokka_kafka_sasl_failing_addresses").set(m.len() as f64);
-    }
-
-    /// Whether `ip` is held off now.
-    pub fn blocked(&self, ip: std::net::IpAddr) -> bool {
-        let now = std::time::Instant::now();
-        let mut m = self.lock();
-        match m.get(&ip) {
-            Some((n, since)) if now.duration_since(*since) < self.window => *n >= self.max,
-            Some(_) => {
-                m.remove(&ip);
-                false
-            }
-            None => false,
-        }
-    }
-}
-
 /// The mechanisms Rokka implements.
 pub const MECHANISMS: [&str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
 

@@ -132,10 +132,11 @@ fn principal<'a>(broker: &Broker, cmd: &'a RemotingCommand) -> Result<Cow<'a, st
 
 /// `None`: the request may be served; `Some(remark)`: answer
 /// NO_PERMISSION with it.
-pub fn check(broker: &Broker, peer: std::net::SocketAddr, denials: &Denials, cmd: &RemotingCommand) -> Option<String> {
+pub fn check(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand) -> Option<String> {
     if !broker.acls().enabled() {
         return None;
     }
+    let (peer, denials) = (conn.peer, &*conn.denials);
     let refused = |remark: String, resource: &'static str| {
         metrics::counter!("rokka_authorization_denied_total", "protocol" => "rocketmq", "resource" => resource)
             .increment(1);
@@ -145,10 +146,21 @@ pub fn check(broker: &Broker, peer: std::net::SocketAddr, denials: &Denials, cmd
         Some(remark)
     };
     // Every signed request is verified, whatever it asks.
+    if cmd.ext_fields.get("AccessKey").is_some() && conn.auth_failures.blocked(peer.ip()) {
+        metrics::counter!("rokka_rocketmq_authentications_failed_total", "reason" => "held_off").increment(1);
+        return refused(
+            format!(
+                "too many failed authentications from {}: signed requests are refused for a while",
+                peer.ip()
+            ),
+            "credentials",
+        );
+    }
     let who = match principal(broker, cmd) {
         Ok(p) => p,
         Err(remark) => {
-            metrics::counter!("rokka_rocketmq_authentications_failed_total").increment(1);
+            metrics::counter!("rokka_rocketmq_authentications_failed_total", "reason" => "signature").increment(1);
+            conn.auth_failures.failed(peer.ip());
             return refused(remark, "credentials");
         }
     };

@@ -101,6 +101,11 @@ pub struct RocketMqConfig {
     /// A TLS handshake (or a first byte) not done within this long closes
     /// the connection.
     pub tls_handshake_timeout_ms: u64,
+    /// Signed requests (AccessKey / Signature) from one address that fail
+    /// verification this many times within `auth_failure_window_ms` make
+    /// its signed requests refused unchecked until the window has passed.
+    pub auth_max_failures_per_address: u32,
+    pub auth_failure_window_ms: u64,
 }
 
 /// RocketMQ's `tls.server.mode`.
@@ -151,6 +156,8 @@ impl Default for RocketMqConfig {
             tls_key: String::new(),
             tls_client_ca: String::new(),
             tls_handshake_timeout_ms: 10_000,
+            auth_max_failures_per_address: 20,
+            auth_failure_window_ms: 60_000,
             namesrv_route_lookup_timeout_ms: 2_000,
         }
     }

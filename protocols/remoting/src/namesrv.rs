@@ -323,7 +323,7 @@ impl NameServer {
             }
             rq::DELETE_TOPIC_IN_NAMESRV => {
                 let broker = self.local.as_ref().map(|l| l.broker()).or(self.cluster.as_ref());
-                if let Some(remark) = broker.and_then(|b| crate::auth::check(b, conn.peer, &conn.denials, cmd)) {
+                if let Some(remark) = broker.and_then(|b| crate::auth::check(b, conn, cmd)) {
                     return self.reply(cmd, crate::auth::NO_PERMISSION, Some(remark));
                 }
                 self.table()

@@ -204,7 +204,7 @@ impl RocketMq {
         let code = cmd.code;
         metrics::counter!("rokka_rocketmq_requests_total", "code" => crate::codes::label(code)).increment(1);
         let oneway = cmd.flag & FLAG_ONEWAY != 0;
-        if let Some(remark) = crate::auth::check(&self.broker, conn.peer, &conn.denials, &cmd) {
+        if let Some(remark) = crate::auth::check(&self.broker, conn, &cmd) {
             return (!oneway).then(|| self.reply(&cmd, crate::auth::NO_PERMISSION, Some(remark)));
         }
         let resp = match code {

@@ -53,6 +53,8 @@ pub struct Limits {
     pub bytes: ByteBudget,
     /// Answers queued to connections and not yet written, over the listener.
     unwritten: Arc<std::sync::atomic::AtomicUsize>,
+    /// Failed signature checks per source address.
+    pub auth_failures: Arc<rokka_broker::limits::AuthFailures>,
 }
 
 impl Limits {
@@ -68,6 +70,11 @@ impl Limits {
             max_inflight: config.max_inflight_requests_per_connection.max(1) as usize,
             bytes: ByteBudget::new(listener, config.max_inflight_request_bytes),
             unwritten: Arc::default(),
+            auth_failures: Arc::new(rokka_broker::limits::AuthFailures::new(
+                "rokka_rocketmq_auth_failing_addresses",
+                config.auth_max_failures_per_address,
+                Duration::from_millis(config.auth_failure_window_ms),
+            )),
         }
     }
 
@@ -101,6 +108,8 @@ pub struct Conn {
     unwritten: Arc<std::sync::atomic::AtomicUsize>,
     /// Authorization refusals on this connection (logged once).
     pub denials: Arc<crate::auth::Denials>,
+    /// The listener's failed signature checks per address.
+    pub auth_failures: Arc<rokka_broker::limits::AuthFailures>,
 }
 
 impl Conn {
@@ -285,6 +294,7 @@ async fn run<S: Service, T: Halves>(
         next_opaque: Arc::new(AtomicI32::new(1)),
         unwritten: Arc::clone(&unwritten),
         denials: Arc::default(),
+        auth_failures: Arc::clone(&rmq.limits().auth_failures),
     };
     let writer = tokio::spawn(async move {
         let mut out = BytesMut::new();
