@@ -155,3 +155,39 @@ def test_an_acl_made_on_one_node_decides_on_every_node(cluster):
         while (errs := writes(node)) != [None] * 4:
             assert time.time() < deadline, f"node {node}: {errs}"
             time.sleep(0.5)
+
+
+def test_a_user_change_is_answered_once_etcd_holds_it(cluster):
+    """AlterUserScramCredentials is answered once etcd holds the change (as
+    Kafka answers after its metadata log commit): with etcd paused the
+    change is answered REQUEST_TIMED_OUT (stored on the node, queued), not
+    success; once etcd is back it is written and reaches another set's
+    node."""
+    import signal
+
+    from confluent_kafka import KafkaError
+
+    masters = cluster.masters(60)
+    node = masters["set-a"]
+    admin = AdminClient({"bootstrap.servers": cluster.nodes[node].bootstrap, "socket.timeout.ms": 30000})
+    ups = [UserScramCredentialUpsertion("hank", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096), b"hank-pw")]
+    cluster.etcd.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.time()
+        for f in admin.alter_user_scram_credentials(ups, request_timeout=30).values():
+            with pytest.raises(KafkaException) as e:
+                f.result(40)
+            assert e.value.args[0].code() == KafkaError.REQUEST_TIMED_OUT, e.value
+        assert time.time() - started >= 9, "answered before the wait for etcd was over"
+    finally:
+        cluster.etcd.proc.send_signal(signal.SIGCONT)
+    cluster.masters(60)
+    other = masters["set-b"]
+    deadline = time.time() + 30
+    while True:
+        try:
+            AdminClient(sasl_conf(cluster.nodes[other], "hank", "hank-pw")).list_topics(timeout=3)
+            break
+        except KafkaException:
+            assert time.time() < deadline, f"node {other} never accepted hank: the queued change was not written"
+            time.sleep(0.3)

@@ -418,10 +418,8 @@ pub struct Acls {
     /// over them meanwhile.
     changes: std::sync::Mutex<Pending>,
     in_cluster: std::sync::atomic::AtomicBool,
-    /// Cluster mode: how many changes etcd holds (of `Pending::queued`);
-    /// waiters are told when it grows.
-    written: std::sync::atomic::AtomicU64,
-    written_grew: tokio::sync::Notify,
+    /// Cluster mode: how many changes etcd holds (of `Pending::queued`).
+    written: crate::watermark::Watermark,
 }
 
 /// A principal as the table spells it: `User:` added to a bare name.
@@ -493,8 +491,7 @@ impl Acls {
                 ..AclSettings::default()
             }),
             changes: std::sync::Mutex::default(),
-            written: std::sync::atomic::AtomicU64::new(0),
-            written_grew: tokio::sync::Notify::new(),
+            written: Default::default(),
             in_cluster: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -704,8 +701,7 @@ impl Acls {
 
     /// Cluster mode: etcd holds every change up to sequence number `seq`.
     pub fn written_up_to(&self, seq: u64) {
-        self.written.fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
-        self.written_grew.notify_waiters();
+        self.written.advance(seq);
     }
 
     /// The sequence number of the last change made here (0 on a single
@@ -721,18 +717,7 @@ impl Acls {
     /// answers an ACL change once its metadata log has it); at once on a
     /// single node.
     pub async fn replicated(&self, seq: u64, within: std::time::Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            let grew = self.written_grew.notified();
-            tokio::pin!(grew);
-            grew.as_mut().enable();
-            if self.written.load(std::sync::atomic::Ordering::Acquire) >= seq {
-                return true;
-            }
-            if tokio::time::timeout_at(deadline, grew).await.is_err() {
-                return self.written.load(std::sync::atomic::Ordering::Acquire) >= seq;
-            }
-        }
+        self.written.reached(seq, within).await
     }
 
     /// Cluster mode: the cluster's table replaces this node's, unless this

@@ -27,6 +27,7 @@ pub mod topics;
 pub mod transaction;
 pub mod users;
 pub mod validate;
+pub mod watermark;
 
 use std::sync::Arc;
 

@@ -421,7 +421,7 @@ impl Controller {
     /// is this node's.
     async fn sync_users(&mut self, mut in_etcd: BTreeMap<String, rokka_broker::users::UserRecord>) -> Res<()> {
         let users = self.sh.broker.users();
-        let changes = users.take_changes();
+        let (changes, upto) = users.take_changes();
         for (i, (user, record)) in changes.iter().enumerate() {
             let key = format!("{}users/{user}", self.prefix);
             let res = match record {
@@ -440,6 +440,8 @@ impl Controller {
                 None => in_etcd.remove(user),
             };
         }
+        // AlterUserScramCredentials / AUTH_* waiting on these are answered now.
+        users.written_up_to(upto);
         // Writes (and fsyncs) users.json when it changed: off the runtime.
         rokka_broker::offload(|| users.replace_from_cluster(in_etcd)).map_err(|e| format!("users table: {e}"))
     }

@@ -264,7 +264,7 @@ impl RocketMq {
             | rq::AUTH_DELETE_USER
             | rq::AUTH_GET_USER
             | rq::AUTH_LIST_USERS => {
-                let (code, remark, body) = crate::users::handle(&self.broker, &cmd);
+                let (code, remark, body) = crate::users::handle(&self.broker, &cmd).await;
                 let mut r = self.reply(&cmd, code, remark);
                 r.body = body;
                 r
@@ -1538,7 +1538,14 @@ impl Service for RocketMq {
     /// replication; everything else finishes at once.
     fn inline(&self, cmd: &RemotingCommand) -> bool {
         match cmd.code {
-            rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE | rq::ROKKA_TXN_JOIN | rq::ROKKA_TXN_END => false,
+            // User changes fsync users.json and, in cluster mode, wait for etcd.
+            rq::PULL_MESSAGE
+            | rq::LITE_PULL_MESSAGE
+            | rq::ROKKA_TXN_JOIN
+            | rq::ROKKA_TXN_END
+            | rq::AUTH_CREATE_USER
+            | rq::AUTH_UPDATE_USER
+            | rq::AUTH_DELETE_USER => false,
             rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => {
                 self.broker.store().config().flush_mode == rokka_store::FlushMode::Async
             }

@@ -24,8 +24,26 @@ fn described(name: &str) -> Value {
     json!({"username": name, "userType": "Normal", "userStatus": "enable"})
 }
 
-/// Answers one of AUTH_CREATE_USER … AUTH_LIST_USERS: (code, remark, body).
-pub fn handle(broker: &Broker, cmd: &RemotingCommand) -> (i32, Option<String>, Bytes) {
+/// Answers one of AUTH_CREATE_USER … AUTH_LIST_USERS: (code, remark, body);
+/// in cluster mode a change once etcd holds it.
+pub async fn handle(broker: &Broker, cmd: &RemotingCommand) -> (i32, Option<String>, Bytes) {
+    let answer = answer(broker, cmd);
+    let users = broker.users();
+    let changes = matches!(
+        cmd.code,
+        rq::AUTH_CREATE_USER | rq::AUTH_UPDATE_USER | rq::AUTH_DELETE_USER
+    );
+    if changes && answer.0 == rs::SUCCESS && !users.replicated(users.last_change(), CLUSTER_WAIT).await {
+        let remark = "stored on this node; the cluster's table (etcd) does not hold it yet (retried)";
+        return (rs::SYSTEM_ERROR, Some(remark.into()), Bytes::new());
+    }
+    answer
+}
+
+/// Cluster mode: how long a user change waits for etcd.
+const CLUSTER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn answer(broker: &Broker, cmd: &RemotingCommand) -> (i32, Option<String>, Bytes) {
     let users = broker.users();
     let info: UserInfo = if cmd.body.is_empty() {
         UserInfo::default()

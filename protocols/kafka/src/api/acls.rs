@@ -227,9 +227,10 @@ pub fn delete(k: &Kafka, who: &Caller, r: DeleteAclsRequest) -> DeleteAclsRespon
 
 /// Cluster mode: how long a change waits for etcd before it is answered
 /// REQUEST_TIMED_OUT (it stays queued and is written later).
-const CLUSTER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-const REQUEST_TIMED_OUT: i16 = 7;
-const NOT_IN_CLUSTER: &str = "stored on this node; the cluster's table (etcd) does not hold it yet (retried)";
+pub(crate) const CLUSTER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const REQUEST_TIMED_OUT: i16 = 7;
+pub(crate) const NOT_IN_CLUSTER: &str =
+    "stored on this node; the cluster's table (etcd) does not hold it yet (retried)";
 
 /// Whether the cluster's table holds this node's changes so far (at once
 /// on a single node).

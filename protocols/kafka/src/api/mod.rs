@@ -353,7 +353,10 @@ async fn guarded(
                 false => !at.sasl || k.broker.acls().is_super_user(who.principal()),
             };
             match allowed {
-                true => ResponseKind::AlterUserScramCredentials(rokka_broker::offload(|| scram::alter(k, r))),
+                true => {
+                    let resp = rokka_broker::offload(|| scram::alter(k, r));
+                    ResponseKind::AlterUserScramCredentials(scram::altered_in_cluster(k, resp).await)
+                }
                 false => ResponseKind::AlterUserScramCredentials(scram::refused(r)),
             }
         }

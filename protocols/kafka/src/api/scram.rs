@@ -104,3 +104,23 @@ pub fn alter(k: &crate::Kafka, r: AlterUserScramCredentialsRequest) -> AlterUser
     }
     AlterUserScramCredentialsResponse::default().with_results(results)
 }
+
+/// An AlterUserScramCredentials answer, once every node can see what it
+/// changed (cluster mode; Kafka answers after its metadata log commit):
+/// REQUEST_TIMED_OUT for the changes if etcd does not hold them in time
+/// (they stay queued and are written later).
+pub async fn altered_in_cluster(
+    k: &crate::Kafka,
+    mut resp: AlterUserScramCredentialsResponse,
+) -> AlterUserScramCredentialsResponse {
+    let users = k.broker.users();
+    if resp.results.iter().any(|r| r.error_code == 0)
+        && !users.replicated(users.last_change(), super::acls::CLUSTER_WAIT).await
+    {
+        for r in resp.results.iter_mut().filter(|r| r.error_code == 0) {
+            r.error_code = super::acls::REQUEST_TIMED_OUT;
+            r.error_message = Some(str_bytes(super::acls::NOT_IN_CLUSTER));
+        }
+    }
+    resp
+}
