@@ -1,0 +1,351 @@
+//! Clients and consumer groups: heartbeats, unregistering, connection loss and expiry, consumer lists.
+
+use super::*;
+
+impl RocketMq {
+    pub(super) fn heartbeat(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
+        let hb = match parse_heartbeat(&req.body) {
+            Ok(hb) => hb,
+            Err(why) => return self.reply(req, rs::SYSTEM_ERROR, Some(why.into())),
+        };
+        let client_id = hb.client_id;
+        let now = self.now_ms();
+        let mut changed = Vec::new();
+        let mut retry_topics = Vec::new();
+        let mut conflict: Option<String> = None;
+        let max_clients = self.config.max_clients as usize;
+        let max_groups = self.config.max_consumer_groups as usize;
+        let mut refused: Option<String> = None;
+        {
+            let mut c = self.clients();
+            if max_clients > 0 && c.clients.len() >= max_clients && !c.clients.contains_key(&client_id) {
+                drop(c);
+                metrics::counter!("rokka_rocketmq_heartbeats_refused_total", "reason" => "max_clients").increment(1);
+                return self.reply(
+                    req,
+                    rs::SYSTEM_ERROR,
+                    Some(format!("too many clients (rocketmq.max_clients = {max_clients})")),
+                );
+            }
+            let entry = c.clients.entry(client_id.clone()).or_insert_with(|| Client {
+                conn: conn.clone(),
+                last_seen_ms: now,
+                consumer_groups: Default::default(),
+                producer_groups: Default::default(),
+            });
+            entry.conn = conn.clone();
+            entry.last_seen_ms = now;
+            // Producer groups only label the client; at most as many as
+            // one heartbeat names (a later heartbeat replaces them).
+            entry.producer_groups = hb.producer_groups.into_iter().collect();
+            for cd in hb.consumers {
+                let g = cd.group;
+                if max_groups > 0 && c.groups.len() >= max_groups && !c.groups.contains_key(&g) {
+                    metrics::counter!("rokka_rocketmq_heartbeats_refused_total", "reason" => "max_consumer_groups")
+                        .increment(1);
+                    refused = Some(format!(
+                        "consumer group {g} refused: too many consumer groups (rocketmq.max_consumer_groups = {max_groups})"
+                    ));
+                    continue;
+                }
+                if self.broker.membership().is_consumer_protocol_group(&g) {
+                    // Kafka KIP-848 members have the broker assign this
+                    // group's partitions; a RocketMQ client allocating
+                    // queues itself would consume them twice.
+                    metrics::counter!("rokka_mixed_group_conflicts_total", "group" => g.clone(), "side" => "rocketmq")
+                        .increment(1);
+                    let was = c.leave_group(&g, &client_id);
+                    if was {
+                        changed.push(g.clone());
+                    }
+                    conflict = Some(format!(
+                        "consumer group {g} has Kafka consumer-protocol (KIP-848) members; RocketMQ clients cannot join it"
+                    ));
+                    continue;
+                }
+                if let Some(cl) = c.clients.get_mut(&client_id) {
+                    cl.consumer_groups.insert(g.clone());
+                }
+                // A mixed group's members must agree on topics.
+                let topics: BTreeSet<String> = cd
+                    .subscriptions
+                    .iter()
+                    .map(|(t, _, _)| t)
+                    .filter(|t| !t.starts_with("%RETRY%"))
+                    .cloned()
+                    .collect();
+                let kafka = self.broker.membership().get(&g);
+                // (Kafka members' topics are unknown until their first join completes.)
+                if !kafka.kafka.is_empty() && !kafka.kafka_topics.is_empty() && topics != kafka.kafka_topics {
+                    metrics::counter!("rokka_mixed_group_conflicts_total", "group" => g.clone(), "side" => "rocketmq")
+                        .increment(1);
+                    let was = c.leave_group(&g, &client_id);
+                    if was {
+                        changed.push(g.clone());
+                    }
+                    if conflict.is_none() {
+                        tracing::warn!(group = g, client = client_id, rocketmq = ?topics, kafka = ?kafka.kafka_topics,
+                            "RocketMQ consumer refused: its subscription differs from the group's Kafka members'");
+                    }
+                    conflict = Some(format!(
+                        "consumer group {g}: subscription {topics:?} conflicts with its Kafka members' {:?}",
+                        kafka.kafka_topics
+                    ));
+                    continue;
+                }
+                let group = c.groups.entry(g.clone()).or_default();
+                group.clustering = cd.clustering;
+                let mut subs_changed = false;
+                for (topic, expression, expression_type) in cd.subscriptions {
+                    let sub = Subscription {
+                        expression,
+                        expression_type,
+                    };
+                    if group.subscriptions.get(&topic) != Some(&sub) {
+                        group.subscriptions.insert(topic, sub);
+                        subs_changed = true;
+                    }
+                }
+                let joined_now = group.members.insert(client_id.clone());
+                if group.clustering {
+                    retry_topics.push(format!("%RETRY%{g}"));
+                }
+                if (joined_now || subs_changed) && group.clustering {
+                    changed.push(g);
+                }
+            }
+        }
+        // As RocketMQ's broker does on a consumer heartbeat: the group's retry
+        // topic (one queue) exists from then on, and so is in the routes.
+        for t in retry_topics {
+            if self.broker.topics().get(&t).is_none() {
+                match self.broker.create_topic(&t, 1) {
+                    Ok(_) | Err(rokka_broker::BrokerError::TopicExists(_)) => {}
+                    Err(e) => tracing::warn!(topic = t, error = %e, "cannot create the retry topic"),
+                }
+            }
+        }
+        for g in changed {
+            self.notify_ids_changed(&g);
+        }
+        if let Some(remark) = conflict.or(refused) {
+            return self.reply(req, rs::SYSTEM_ERROR, Some(remark));
+        }
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        r.ext_fields.set("IS_SUPPORT_HEART_BEAT_V2", "false");
+        r.ext_fields.set("IS_SUB_CHANGE", "true");
+        r
+    }
+
+    /// The group's RocketMQ members and topics (clustering groups only).
+    pub(super) fn rocketmq_side(&self, group: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+        let c = self.clients();
+        match c.groups.get(group) {
+            Some(g) if g.clustering => (
+                g.members.clone(),
+                g.subscriptions
+                    .keys()
+                    .filter(|t| !t.starts_with("%RETRY%"))
+                    .cloned()
+                    .collect(),
+            ),
+            _ => (BTreeSet::new(), BTreeSet::new()),
+        }
+    }
+
+    /// Tells the Kafka side of mixed groups, from now on, about membership
+    /// changes here.
+    pub fn start_mixed_listener(self: &Arc<Self>) {
+        let mut events = self.broker.membership().rocketmq_events();
+        let me = Arc::clone(self);
+        tokio::spawn(async move {
+            while let Some(g) = events.recv().await {
+                tracing::info!(group = g, "Kafka members changed: notifying the RocketMQ members");
+                me.notify_ids_changed(&g);
+            }
+        });
+    }
+
+    /// Tells every member of `group` to rebalance (oneway, on its own
+    /// connection), after reporting the group's RocketMQ side to the shared
+    /// membership (which rebalances its Kafka members, if any).
+    pub(super) fn notify_ids_changed(&self, group: &str) {
+        let (members, topics) = self.rocketmq_side(group);
+        self.broker.membership().set_rocketmq(group, members, topics);
+        let conns = self.clients().member_conns(group);
+        for c in conns {
+            let mut n = RemotingCommand::request(rq::NOTIFY_CONSUMER_IDS_CHANGED, c.next_opaque());
+            n.flag = FLAG_ONEWAY;
+            n.version = self.config.server_version;
+            n.ext_fields.set("consumerGroup", group);
+            if c.send(n) {
+                metrics::counter!("rokka_rocketmq_consumer_ids_changed_total").increment(1);
+            }
+        }
+    }
+
+    pub(super) fn unregister(&self, req: &RemotingCommand) -> RemotingCommand {
+        let Some(client_id) = req.ext_fields.get("clientID") else {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("clientID missing".into()));
+        };
+        let changed = {
+            let mut c = self.clients();
+            match req.ext_fields.get("consumerGroup") {
+                Some(g) if !g.is_empty() => {
+                    let mut changed = Vec::new();
+                    if c.leave_group(g, client_id) {
+                        changed.push(g.to_string());
+                    }
+                    if let Some(cl) = c.clients.get_mut(client_id) {
+                        cl.consumer_groups.remove(g);
+                    }
+                    changed
+                }
+                _ => Vec::new(),
+            }
+        };
+        for g in changed {
+            self.notify_ids_changed(&g);
+        }
+        self.reply(req, rs::SUCCESS, None)
+    }
+
+    /// A closed connection drops the clients that used it.
+    pub(super) fn drop_connection(&self, conn: &Conn) {
+        let changed = {
+            let mut c = self.clients();
+            let gone: Vec<String> = c
+                .clients
+                .iter()
+                .filter(|(_, cl)| cl.conn.peer == conn.peer && cl.conn.is_closed())
+                .map(|(id, _)| id.clone())
+                .collect();
+            let mut changed = Vec::new();
+            for id in gone {
+                changed.extend(c.remove_client(&id));
+            }
+            changed
+        };
+        for g in changed {
+            self.notify_ids_changed(&g);
+        }
+    }
+
+    /// Drops clients silent for longer than `client_timeout_ms`.
+    pub fn expire_clients(&self) {
+        let now = self.now_ms();
+        let timeout = self.config.client_timeout_ms;
+        let changed = {
+            let mut c = self.clients();
+            let gone: Vec<String> = c
+                .clients
+                .iter()
+                .filter(|(_, cl)| cl.last_seen_ms + timeout < now)
+                .map(|(id, _)| id.clone())
+                .collect();
+            let mut changed = Vec::new();
+            for id in gone {
+                tracing::info!(client = id, "RocketMQ client expired");
+                changed.extend(c.remove_client(&id));
+            }
+            metrics::gauge!("rokka_rocketmq_clients").set(c.clients.len() as f64);
+            metrics::gauge!("rokka_rocketmq_consumer_groups").set(c.groups.len() as f64);
+            changed
+        };
+        for g in changed {
+            self.notify_ids_changed(&g);
+        }
+    }
+
+    pub(super) fn consumer_list(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
+        // A mixed group lists its Kafka members too: RocketMQ clients then
+        // leave those members' share of the queues alone.
+        let mut ids: BTreeSet<String> = self
+            .clients()
+            .groups
+            .get(group)
+            .map(|g| g.members.iter().cloned().collect())
+            .unwrap_or_default();
+        if !ids.is_empty() {
+            ids.extend(self.broker.membership().get(group).kafka);
+        }
+        if ids.is_empty() {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!("no consumer for this group, {group}")),
+            );
+        }
+        self.json_body(req, json!({"consumerIdList": ids}))
+    }
+}
+
+/// What the broker reads from a HEART_BEAT body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub client_id: String,
+    /// `producerDataSet[].groupName`.
+    pub producer_groups: Vec<String>,
+    /// `consumerDataSet[]` entries that name their group.
+    pub consumers: Vec<HeartbeatConsumer>,
+}
+
+/// One `consumerDataSet` entry of a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatConsumer {
+    pub group: String,
+    /// False for BROADCASTING (by name, or ordinal 0 as C++ clients send it).
+    pub clustering: bool,
+    /// (topic, expression, expression type) of each subscription naming a
+    /// topic; the expression defaults to `*`, the type to `TAG`.
+    pub subscriptions: Vec<(String, String, String)>,
+}
+
+/// The elements of the array `v[k]` (none when it is missing or not an array).
+pub(super) fn json_list<'a>(v: &'a Value, k: &str) -> impl Iterator<Item = &'a Value> {
+    v.get(k).and_then(Value::as_array).into_iter().flatten()
+}
+
+/// Parses a HEART_BEAT body; the error is the response's remark.
+pub fn parse_heartbeat(body: &[u8]) -> Result<Heartbeat, &'static str> {
+    let body = serde_json::from_slice::<Value>(body).map_err(|_| "heartbeat body is not JSON")?;
+    let client_id = body
+        .get("clientID")
+        .and_then(Value::as_str)
+        .map(String::from)
+        .ok_or("heartbeat without clientID")?;
+    let producer_groups = json_list(&body, "producerDataSet")
+        .filter_map(|p| p.get("groupName").and_then(Value::as_str).map(String::from))
+        .collect();
+    let consumers = json_list(&body, "consumerDataSet")
+        .filter_map(|cd| {
+            let group = cd.get("groupName").and_then(Value::as_str)?.to_string();
+            let model = cd.get("messageModel");
+            let clustering = !matches!(model, Some(Value::String(s)) if s == "BROADCASTING")
+                && !matches!(model, Some(Value::Number(n)) if n.as_i64() == Some(0));
+            let subscriptions = json_list(cd, "subscriptionDataSet")
+                .filter_map(|s| {
+                    let topic = s.get("topic").and_then(Value::as_str)?.to_string();
+                    let expression = s.get("subString").and_then(Value::as_str).unwrap_or("*").to_string();
+                    let kind = s
+                        .get("expressionType")
+                        .and_then(Value::as_str)
+                        .unwrap_or("TAG")
+                        .to_string();
+                    Some((topic, expression, kind))
+                })
+                .collect();
+            Some(HeartbeatConsumer {
+                group,
+                clustering,
+                subscriptions,
+            })
+        })
+        .collect();
+    Ok(Heartbeat {
+        client_id,
+        producer_groups,
+        consumers,
+    })
+}

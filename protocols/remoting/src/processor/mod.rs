@@ -1,0 +1,445 @@
+//! Request processing for the broker port: the dispatch (`handle`) here,
+//! one module per request family beside it (consumers, send, pull,
+//! offsets, admin, txn); the only place errors become RocketMQ response
+//! codes.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use rokka_broker::Broker;
+use rokka_store::record::properties;
+use rokka_store::{msgid, Entry, MessageInput, ReadStatus};
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use crate::clients::{Client, Clients, Subscription};
+use crate::codes::{request as rq, response as rs};
+use crate::command::{RemotingCommand, FLAG_ONEWAY};
+use crate::config::RocketMqConfig;
+use crate::namesrv::{Registration, TopicConf};
+use crate::server::{Conn, Service};
+
+mod admin;
+mod consumers;
+mod offsets;
+mod pull;
+mod send;
+mod txn;
+
+pub use consumers::{parse_heartbeat, Heartbeat, HeartbeatConsumer};
+pub use offsets::{parse_lock_batch, LockBatch};
+pub use send::split_batch;
+
+/// (group, topic, queue id) → (holding client id, last granted at ms).
+type QueueLocks = std::collections::HashMap<(String, String, i64), (String, u64)>;
+
+/// The RocketMQ broker: state shared by its connections.
+#[derive(Debug)]
+pub struct RocketMq {
+    broker: Arc<Broker>,
+    config: RocketMqConfig,
+    advertised: String,
+    /// The host in message ids and converted messages.
+    store_host: SocketAddr,
+    clients: Mutex<Clients>,
+    /// Orderly-consumption queue locks: (group, topic, queue) → (client id, taken at ms).
+    locks: Mutex<QueueLocks>,
+    epoch: Instant,
+    limits: crate::server::Limits,
+}
+
+fn ext<'a>(cmd: &'a RemotingCommand, long: &str, short: &str) -> Option<&'a str> {
+    cmd.ext_fields.get(long).or_else(|| cmd.ext_fields.get(short))
+}
+
+fn ext_i64(cmd: &RemotingCommand, long: &str, short: &str) -> Option<i64> {
+    ext(cmd, long, short).and_then(|v| v.trim().parse().ok())
+}
+
+fn ext_bool(cmd: &RemotingCommand, long: &str, short: &str) -> bool {
+    matches!(ext(cmd, long, short), Some("true") | Some("1"))
+}
+
+/// Tag codes of a TAG expression: `*`/empty = all (None); tokens are split
+/// on `||` and trimmed before hashing (some clients send untrimmed codes).
+pub fn tag_codes(expr: &str) -> Option<Vec<i32>> {
+    let e = expr.trim();
+    if e.is_empty() || e == "*" {
+        return None;
+    }
+    Some(
+        e.split("||")
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| properties::java_string_hash(t.as_bytes()))
+            .collect(),
+    )
+}
+
+impl RocketMq {
+    pub fn new(broker: Arc<Broker>, config: RocketMqConfig, broker_bound: SocketAddr) -> RocketMq {
+        let advertised = if config.advertised_addr.is_empty() {
+            broker_bound.to_string()
+        } else {
+            config.advertised_addr.clone()
+        };
+        let store_host = advertised.parse().unwrap_or(broker.store().config().store_host);
+        RocketMq {
+            limits: crate::server::Limits::new("rocketmq_broker", &config),
+            broker,
+            config,
+            advertised,
+            store_host,
+            clients: Mutex::new(Clients::default()),
+            locks: Mutex::new(Default::default()),
+            epoch: Instant::now(),
+        }
+    }
+
+    pub fn broker(&self) -> &Arc<Broker> {
+        &self.broker
+    }
+
+    pub fn config(&self) -> &RocketMqConfig {
+        &self.config
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, Clients> {
+        self.clients.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn reply(&self, req: &RemotingCommand, code: i32, remark: Option<String>) -> RemotingCommand {
+        let mut r = req.response(code, self.config.server_version);
+        r.remark = remark;
+        r
+    }
+
+    /// Changes of the topic table so far (a new registration is due when it moves).
+    pub fn topic_version(&self) -> u64 {
+        let v = self.broker.topics().version();
+        // Cluster mode: a role or epoch change is a new registration too.
+        match self.broker.cluster_view() {
+            Some(c) => v
+                .wrapping_add(u64::from(c.epoch) << 40)
+                .wrapping_add(u64::from(c.is_master()) << 39),
+            None => v,
+        }
+    }
+
+    /// Name servers to register with: the configured ones, and in cluster
+    /// mode every live node's.
+    pub fn namesrv_targets(&self) -> Vec<String> {
+        let mut out = crate::registrar::namesrv_addrs(&self.config.namesrv_addr);
+        if let Some(c) = self.broker.cluster_view() {
+            for n in &c.nodes {
+                if !n.namesrv.is_empty() && !out.contains(&n.namesrv) {
+                    out.push(n.namesrv.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// This broker's REGISTER_BROKER content: every topic, plus the TBW102
+    /// auto-create template when auto-creation is on.
+    pub fn registration(&self) -> Registration {
+        let version = self.topic_version();
+        let mut topics: Vec<TopicConf> = self
+            .broker
+            .topics()
+            .all()
+            .into_iter()
+            // Several broker sets: a topic with no queue on this set is
+            // routed to the sets that hold it.
+            .filter(|(_, t)| t.partitions > 0)
+            .map(|(name, t)| TopicConf {
+                name,
+                read_queues: t.partitions,
+                write_queues: t.partitions,
+                perm: 6,
+                sys_flag: 0,
+            })
+            .collect();
+        if self.broker.config().auto_create_topics {
+            topics.push(TopicConf {
+                name: "TBW102".into(),
+                read_queues: self.config.max_auto_create_queues,
+                write_queues: self.config.max_auto_create_queues,
+                perm: 7,
+                sys_flag: 0,
+            });
+        }
+        // Cluster mode: the set is the broker name; its master registers
+        // as brokerId 0, each replica as its node id + 1.
+        let (broker_name, broker_id, ha_addr) = match self.broker.cluster_view() {
+            Some(c) => {
+                let id = if c.is_master() { 0 } else { i64::from(c.self_id) + 1 };
+                let ha = c.node(c.self_id).map(|n| n.replication.clone()).unwrap_or_default();
+                (c.set.clone(), id, ha)
+            }
+            None => (self.config.broker_name.clone(), 0, String::new()),
+        };
+        Registration {
+            cluster: self.config.cluster_name.clone(),
+            broker_name,
+            broker_addr: self.advertised.clone(),
+            broker_id,
+            ha_addr,
+            timeout_ms: Some(self.config.broker_timeout_ms),
+            data_version: version,
+            topics,
+        }
+    }
+
+    /// `r` once everything appended so far is durable (sync flush); a
+    /// successful answer becomes FLUSH_DISK_TIMEOUT when it is not.
+    async fn durable_then(&self, mut r: RemotingCommand) -> RemotingCommand {
+        if r.code == rs::SUCCESS {
+            let end = self.broker.store().commitlog_offsets().1;
+            if let Err(e) = self.broker.store().durable(end).await {
+                r.code = durable_code(&e);
+                r.remark = Some(e.to_string());
+            }
+        }
+        r
+    }
+
+    /// Handles one request; `None` for oneway requests.
+    async fn handle(&self, cmd: RemotingCommand, conn: &Conn) -> Option<RemotingCommand> {
+        let started = Instant::now();
+        let code = cmd.code;
+        metrics::counter!("rokka_rocketmq_requests_total", "code" => crate::codes::label(code)).increment(1);
+        let oneway = cmd.flag & FLAG_ONEWAY != 0;
+        if let Some(remark) = crate::auth::check(&self.broker, conn, &cmd) {
+            return (!oneway).then(|| self.reply(&cmd, crate::auth::NO_PERMISSION, Some(remark)));
+        }
+        let resp = match code {
+            rq::HEART_BEAT => self.heartbeat(&cmd, conn),
+            rq::UNREGISTER_CLIENT => self.unregister(&cmd),
+            rq::GET_CONSUMER_LIST_BY_GROUP => self.consumer_list(&cmd),
+            rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => {
+                let (mut r, end) = rokka_broker::offload(|| self.send(&cmd, conn));
+                // Sync flush: answer once the messages are on disk; on a
+                // flush timeout they are stored but the client is told
+                // FLUSH_DISK_TIMEOUT (its SendStatus), as RocketMQ does.
+                if r.code == rs::SUCCESS && end > 0 {
+                    if let Err(e) = self.broker.store().durable(end).await {
+                        r.code = durable_code(&e);
+                        r.remark = Some(e.to_string());
+                    }
+                }
+                r
+            }
+            rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => self.pull(&cmd, conn).await,
+            rq::QUERY_CONSUMER_OFFSET => self.query_offset(&cmd),
+            rq::UPDATE_CONSUMER_OFFSET => {
+                let mut r = self.update_offset(&cmd);
+                // A Kafka commit another set's coordinator forwarded is
+                // answered once this set's replicas hold it, as the
+                // coordinator answers its own (RocketMQ clients' commits
+                // are persisted asynchronously, as RocketMQ does).
+                let forwarded = cmd.ext_fields.get(crate::remote_offsets::EXT_LEADER_EPOCH).is_some();
+                if r.code == rs::SUCCESS && forwarded {
+                    if let Err(e) = self.broker.offsets_durable().await {
+                        r.code = rs::SYSTEM_ERROR;
+                        r.remark = Some(e);
+                    }
+                }
+                r
+            }
+            rq::GET_MAX_OFFSET
+            | rq::GET_MIN_OFFSET
+            | rq::SEARCH_OFFSET_BY_TIMESTAMP
+            | rq::GET_EARLIEST_MSG_STORETIME => self.offset_queries(&cmd),
+            rq::UPDATE_AND_CREATE_TOPIC => rokka_broker::offload(|| self.create_topic(&cmd)),
+            rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
+            rq::GET_CONSUME_STATS => self.consume_stats(&cmd),
+            rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd),
+            // What these append must be durable before the client is told
+            // (sync flush): the consumer moves its offset past a sent-back
+            // message, the producer forgets a resolved transaction.
+            rq::CONSUMER_SEND_MSG_BACK => self.durable_then(rokka_broker::offload(|| self.send_back(&cmd))).await,
+            rq::QUERY_MESSAGE => self.query_message(&cmd),
+            rq::END_TRANSACTION => {
+                self.durable_then(rokka_broker::offload(|| self.end_transaction(&cmd)))
+                    .await
+            }
+            rq::VIEW_MESSAGE_BY_ID => self.view_message(&cmd),
+            rq::AUTH_CREATE_USER
+            | rq::AUTH_UPDATE_USER
+            | rq::AUTH_DELETE_USER
+            | rq::AUTH_GET_USER
+            | rq::AUTH_LIST_USERS => {
+                let (code, remark, body) = crate::users::handle(&self.broker, &cmd).await;
+                let mut r = self.reply(&cmd, code, remark);
+                r.body = body;
+                r
+            }
+            rq::ROKKA_TXN_JOIN => {
+                let r = crate::remote_txns::join(&self.broker, &cmd, conn.peer).await;
+                self.txn_reply(&cmd, r)
+            }
+            rq::ROKKA_TXN_END => {
+                let r = crate::remote_txns::end(&self.broker, &cmd, conn.peer).await;
+                self.txn_reply(&cmd, r)
+            }
+            other => self.reply(
+                &cmd,
+                rs::REQUEST_CODE_NOT_SUPPORTED,
+                Some(format!(" request type {other} not supported")),
+            ),
+        };
+        metrics::histogram!("rokka_rocketmq_request_seconds", "code" => crate::codes::label(code))
+            .record(started.elapsed().as_secs_f64());
+        (!oneway).then_some(resp)
+    }
+
+    fn json_body(&self, req: &RemotingCommand, v: Value) -> RemotingCommand {
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        r.body = Bytes::from(v.to_string());
+        r
+    }
+}
+
+impl Service for RocketMq {
+    fn process(
+        &self,
+        cmd: RemotingCommand,
+        conn: &Conn,
+    ) -> impl std::future::Future<Output = Option<RemotingCommand>> + Send {
+        self.handle(cmd, conn)
+    }
+
+    fn max_frame_bytes(&self) -> usize {
+        self.config.max_frame_bytes as usize
+    }
+
+    fn limits(&self) -> &crate::server::Limits {
+        &self.limits
+    }
+
+    fn connection_closed(&self, conn: &Conn) {
+        self.drop_connection(conn);
+    }
+
+    /// Pulls may be held by long polling, sends wait for the flush in
+    /// sync mode, and another set's transaction calls wait for markers and
+    /// replication; everything else finishes at once.
+    fn inline(&self, cmd: &RemotingCommand) -> bool {
+        match cmd.code {
+            // User changes fsync users.json and, in cluster mode, wait for etcd.
+            rq::PULL_MESSAGE
+            | rq::LITE_PULL_MESSAGE
+            | rq::ROKKA_TXN_JOIN
+            | rq::ROKKA_TXN_END
+            | rq::AUTH_CREATE_USER
+            | rq::AUTH_UPDATE_USER
+            | rq::AUTH_DELETE_USER => false,
+            rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => {
+                self.broker.store().config().flush_mode == rokka_store::FlushMode::Async
+            }
+            _ => true,
+        }
+    }
+}
+
+/// The send status for a stored message that could not be made durable:
+/// FLUSH_DISK_TIMEOUT (10) for the local disk, SLAVE_NOT_AVAILABLE (11)
+/// when too few replicas are in sync, FLUSH_SLAVE_TIMEOUT (12) when they
+/// did not acknowledge in time, as a RocketMQ SYNC_MASTER answers.
+fn durable_code(e: &rokka_store::StoreError) -> i32 {
+    match e {
+        rokka_store::StoreError::NotEnoughReplicas | rokka_store::StoreError::NotLeader => rs::SLAVE_NOT_AVAILABLE,
+        rokka_store::StoreError::ReplicationTimeout(_) => rs::FLUSH_SLAVE_TIMEOUT,
+        _ => rs::FLUSH_DISK_TIMEOUT,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One SEND_BATCH_MESSAGE element (§4.4) with `total` as its TOTALSIZE.
+    fn element(total: i32, body: &[u8], props: &[u8]) -> Vec<u8> {
+        let mut e = Vec::new();
+        e.extend_from_slice(&total.to_be_bytes());
+        e.extend_from_slice(&[0; 8]); // magic code, body CRC
+        e.extend_from_slice(&7i32.to_be_bytes()); // flag
+        e.extend_from_slice(&(body.len() as i32).to_be_bytes());
+        e.extend_from_slice(body);
+        e.extend_from_slice(&(props.len() as i16).to_be_bytes());
+        e.extend_from_slice(props);
+        e
+    }
+
+    #[test]
+    fn split_batch_refuses_a_negative_total_size() {
+        let good = |b: &[u8], p: &[u8]| element((22 + b.len() + p.len()) as i32, b, p);
+        let mut body = good(b"one", b"a\x01b\x02");
+        body.extend(good(b"two", b""));
+        let parts = split_batch(&body).unwrap_or_default();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(
+            (parts[0].0, &parts[0].1[..], parts[0].2.as_str()),
+            (7, &b"one"[..], "a\x01b\x02")
+        );
+        // Found by fuzz/ (rocketmq_frame): TOTALSIZE -1 became usize::MAX
+        // and `at + total` overflowed (a panic in debug builds).
+        assert_eq!(split_batch(&element(-1, b"", b"")), None);
+        let mut body = good(b"one", b"");
+        body.extend(element(-22, b"x", b""));
+        assert_eq!(split_batch(&body), None);
+    }
+
+    #[test]
+    fn heartbeat_and_lock_bodies_parse() {
+        let hb = br#"{"clientID":"c1","producerDataSet":[{"groupName":"p"},{}],
+            "consumerDataSet":[{"groupName":"g","messageModel":"BROADCASTING",
+            "subscriptionDataSet":[{"topic":"t","subString":"A||B"},{"subString":"x"}]},
+            {"groupName":"h","messageModel":1,"subscriptionDataSet":[{"topic":"u","expressionType":"SQL92"}]},
+            {"messageModel":0}]}"#;
+        let hb = parse_heartbeat(hb).map_err(String::from);
+        assert_eq!(
+            hb,
+            Ok(Heartbeat {
+                client_id: "c1".into(),
+                producer_groups: vec!["p".into()],
+                consumers: vec![
+                    HeartbeatConsumer {
+                        group: "g".into(),
+                        clustering: false,
+                        subscriptions: vec![("t".into(), "A||B".into(), "TAG".into())],
+                    },
+                    HeartbeatConsumer {
+                        group: "h".into(),
+                        clustering: true,
+                        subscriptions: vec![("u".into(), "*".into(), "SQL92".into())],
+                    },
+                ],
+            })
+        );
+        assert_eq!(parse_heartbeat(b"{}"), Err("heartbeat without clientID"));
+        assert_eq!(parse_heartbeat(b"{"), Err("heartbeat body is not JSON"));
+        let lock = br#"{"consumerGroup":"g","clientId":"c","mqSet":[{"topic":"t","queueId":3},{"topic":"t"}]}"#;
+        let lock = parse_lock_batch(lock).map_err(String::from);
+        assert_eq!(
+            lock.map(|l| (
+                l.group,
+                l.client,
+                l.queues.into_iter().map(|(t, q, _)| (t, q)).collect::<Vec<_>>()
+            )),
+            Ok(("g".into(), "c".into(), vec![("t".into(), 3)]))
+        );
+        assert_eq!(
+            parse_lock_batch(br#"{"consumerGroup":"g"}"#).map(|_| ()),
+            Err("consumerGroup and clientId are required")
+        );
+    }
+}

@@ -1,0 +1,270 @@
+//! Pulls: long polling, queue ownership of mixed groups, one read of a queue.
+
+use super::*;
+
+impl RocketMq {
+    pub(super) async fn pull(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
+        let topic = req.ext_fields.get("topic").unwrap_or_default().to_string();
+        let group = req.ext_fields.get("consumerGroup").unwrap_or_default().to_string();
+        let queue = ext_i64(req, "queueId", "queueId").unwrap_or(-1);
+        let offset = ext_i64(req, "queueOffset", "queueOffset").unwrap_or(0).max(0) as u64;
+        let max_msgs = ext_i64(req, "maxMsgNums", "maxMsgNums").unwrap_or(32).clamp(1, 1024) as u32;
+        let sys_flag = ext_i64(req, "sysFlag", "sysFlag").unwrap_or(0);
+        let suspend_ms = ext_i64(req, "suspendTimeoutMillis", "suspendTimeoutMillis")
+            .unwrap_or(15_000)
+            .clamp(0, 60_000) as u64;
+        let Some(info) = self.broker.topics().get(&topic) else {
+            return self.reply(req, rs::TOPIC_NOT_EXIST, Some(format!("topic[{topic}] not exist")));
+        };
+        if queue < 0 || queue >= i64::from(info.partitions) {
+            return self.reply(req, 29, Some(format!("queueId {queue} out of range")));
+        }
+        let q = queue as u32;
+        if !self.owns(&group, &topic, q, info.partitions, conn) {
+            // A mixed group's queue allocated to another member (a Kafka one,
+            // or this client before a rebalance it has not done yet): no
+            // messages and no commit. Held a moment so the client does not spin.
+            metrics::counter!("rokka_mixed_group_foreign_pulls_total", "group" => group.clone()).increment(1);
+            tokio::time::sleep(Duration::from_millis(suspend_ms.min(1000))).await;
+            let store = self.broker.store();
+            let mut r = self.reply(req, rs::PULL_NOT_FOUND, None);
+            r.ext_fields.set("suggestWhichBrokerId", "0");
+            r.ext_fields.set("nextBeginOffset", offset.to_string());
+            r.ext_fields.set("minOffset", store.min_offset(&topic, q).to_string());
+            r.ext_fields.set("maxOffset", store.max_offset(&topic, q).to_string());
+            return r;
+        }
+        // A replica does not take commits (RocketMQ's slave neither): the
+        // master's offset table replaces its own.
+        let replica = self.broker.cluster_view().is_some_and(|v| !v.is_master());
+        if sys_flag & 0x1 != 0 && !replica {
+            if let Some(c) = ext_i64(req, "commitOffset", "commitOffset").filter(|c| *c >= 0) {
+                // Refused past store.max_committed_offsets (counted); the pull is still served.
+                let _ = self
+                    .broker
+                    .store()
+                    .offsets()
+                    .commit_bounded(&group, &topic, q, c as u64, "", -1);
+            }
+        }
+        // The filter: from the request when it carries one, else the heartbeat's.
+        let expr = if sys_flag & 0x4 != 0 {
+            req.ext_fields.get("subscription").unwrap_or("*").to_string()
+        } else {
+            self.clients()
+                .groups
+                .get(&group)
+                .and_then(|g| g.subscriptions.get(&topic))
+                .map_or_else(|| "*".to_string(), |s| s.expression.clone())
+        };
+        let codes = tag_codes(&expr);
+        let deadline = Instant::now() + Duration::from_millis(suspend_ms);
+        let mut offset = offset;
+        loop {
+            let waiter = Arc::new(Notify::new());
+            if sys_flag & 0x2 != 0 {
+                self.broker.arrivals().register(&topic, q, &waiter);
+            }
+            let (resp, next) = self.pull_once(req, &topic, q, offset, max_msgs, codes.as_deref());
+            let now = Instant::now();
+            if resp.code != rs::PULL_NOT_FOUND || sys_flag & 0x2 == 0 || now >= deadline {
+                if resp.code == rs::PULL_RETRY_IMMEDIATELY && sys_flag & 0x2 != 0 && now < deadline && next > offset {
+                    // Everything scanned was filtered out: keep going from there.
+                    offset = next;
+                    continue;
+                }
+                return resp;
+            }
+            metrics::gauge!("rokka_rocketmq_pulls_held").increment(1.0);
+            let _ = tokio::time::timeout(deadline - now, waiter.notified()).await;
+            metrics::gauge!("rokka_rocketmq_pulls_held").decrement(1.0);
+        }
+    }
+
+    /// Whether the client on `conn` may pull `queue` of `topic` for `group`:
+    /// always, unless the group is mixed; then only its own share by the
+    /// averaging allocation over all member ids (retry topics excepted).
+    pub(super) fn owns(&self, group: &str, topic: &str, queue: u32, partitions: u32, conn: &Conn) -> bool {
+        if topic.starts_with("%RETRY%") {
+            return true;
+        }
+        let Some(m) = self.broker.membership().mixed(group) else {
+            return true;
+        };
+        let ids = m.all_ids();
+        // The unit list is the whole topic's queues over every broker set,
+        // as the clients sort them (one set: this set's queues).
+        let (index, units) = match self.broker.topics().get(topic) {
+            Some(info) => match info.rocketmq_index(self.broker.own_set(), queue) {
+                Some(i) => (i, info.kafka_partitions() as usize),
+                None => return false,
+            },
+            None => (queue as usize, partitions as usize),
+        };
+        let c = self.clients();
+        c.clients
+            .iter()
+            .filter(|(id, cl)| cl.conn.peer == conn.peer && m.rocketmq.contains(*id))
+            .any(|(id, _)| rokka_broker::membership::allocate_averagely(units, &ids, id).contains(&index))
+    }
+
+    /// One pull attempt: the response and its nextBeginOffset.
+    pub(super) fn pull_once(
+        &self,
+        req: &RemotingCommand,
+        topic: &str,
+        q: u32,
+        offset: u64,
+        max_msgs: u32,
+        codes: Option<&[i32]>,
+    ) -> (RemotingCommand, u64) {
+        let store = self.broker.store();
+        let cap = self.config.max_pull_bytes.max(1) as usize;
+        let read = store.read(topic, q, offset, max_msgs, cap);
+        let (min, max) = (read.min_offset, read.max_offset);
+        // Cluster mode with replica reads: a consumer far behind the log's
+        // end is pointed at a replica, and back once caught up.
+        let view = self.broker.cluster_view();
+        let mut suggest = view.as_ref().map_or(0, |v| {
+            let lag = read
+                .entries
+                .first()
+                .map(|e| store.log_end().saturating_sub(e.cq.phys_offset));
+            v.suggested_broker_id(lag)
+        });
+        if !read.entries.is_empty() {
+            match view.as_ref().map(|v| v.is_master()) {
+                Some(true) if suggest != 0 => {
+                    metrics::counter!("rokka_cluster_read_redirects_total", "protocol" => "rocketmq").increment(1)
+                }
+                Some(false) => {
+                    metrics::counter!("rokka_cluster_replica_reads_total", "protocol" => "rocketmq").increment(1)
+                }
+                _ => {}
+            }
+        }
+        // Kafka transactions: nothing at or past the last stable offset (an
+        // open transaction's records may still be aborted) is served, and
+        // aborted transactions' records never are (as read_committed).
+        let txns = self.broker.kafka_txns();
+        let lso = txns.last_stable_offset(topic, q, max);
+        let status = match read.status {
+            ReadStatus::Found if offset >= lso => ReadStatus::NoNewMessages,
+            s => s,
+        };
+        let (code, next, body) = match status {
+            ReadStatus::Found => {
+                let mut body = BytesMut::new();
+                let mut n = 0;
+                let mut next = read.next_offset;
+                for e in &read.entries {
+                    if e.cq.base_offset >= lso {
+                        next = e.cq.base_offset.max(offset);
+                        break;
+                    }
+                    // Kafka batches grow when they cross (decompressed, one
+                    // message each): stop once the answer holds the cap
+                    // (always at least one entry).
+                    if !body.is_empty() && body.len() >= cap {
+                        next = e.cq.base_offset.max(offset);
+                        break;
+                    }
+                    if !e.is_kafka_batch() {
+                        // A stored RocketMQ message goes out as stored.
+                        if codes.is_none_or(|c| c.contains(&(e.cq.tag_code as i32))) {
+                            body.put_slice(&e.data);
+                            n += 1;
+                        }
+                        continue;
+                    }
+                    // A Kafka-produced batch crosses: its records become
+                    // messages (docs/mapping.md), filtered by their tag header.
+                    let converted = match e.decode() {
+                        Ok(Entry::KafkaBatch(b)) if aborted_batch(txns, topic, q, &b) => Ok(Default::default()),
+                        Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq(
+                            &b,
+                            offset,
+                            codes,
+                            self.store_host,
+                            self.broker.config().max_batch_decompressed_bytes as usize,
+                            &mut body,
+                        ),
+                        Ok(_) => Err("not a Kafka batch".to_string()),
+                        Err(err) => Err(err.to_string()),
+                    };
+                    match converted {
+                        Ok(c) => n += c.messages,
+                        Err(err) => {
+                            tracing::error!(topic, queue = q, error = err, "Kafka batch not convertible; skipped")
+                        }
+                    }
+                }
+                if n == 0 {
+                    (rs::PULL_RETRY_IMMEDIATELY, next, Bytes::new())
+                } else {
+                    metrics::counter!("rokka_rocketmq_messages_out_total", "topic" => topic.to_string()).increment(n);
+                    metrics::counter!("rokka_rocketmq_bytes_out_total", "topic" => topic.to_string())
+                        .increment(body.len() as u64);
+                    (rs::SUCCESS, next, body.freeze())
+                }
+            }
+            ReadStatus::NoNewMessages => (rs::PULL_NOT_FOUND, offset, Bytes::new()),
+            ReadStatus::NoSuchQueue if offset == 0 => (rs::PULL_NOT_FOUND, 0, Bytes::new()),
+            ReadStatus::NoSuchQueue => (rs::PULL_OFFSET_MOVED, 0, Bytes::new()),
+            // A replica does not move a consumer's offset on its own
+            // bounds (its retention runs apart from the master's, and it may
+            // lag): it sends the consumer back to the master, as a RocketMQ
+            // slave does (offsetCheckInSlave off).
+            ReadStatus::OffsetMoved | ReadStatus::OffsetOverflow if view.as_ref().is_some_and(|v| !v.is_master()) => {
+                suggest = 0;
+                (rs::PULL_RETRY_IMMEDIATELY, offset, Bytes::new())
+            }
+            ReadStatus::OffsetMoved => (rs::PULL_OFFSET_MOVED, min, Bytes::new()),
+            ReadStatus::OffsetOverflow => (rs::PULL_OFFSET_MOVED, max, Bytes::new()),
+            // A damaged entry is never served: an error, which clients
+            // retry after their pull back-off (3 s), not at once.
+            ReadStatus::Damaged => (rs::SYSTEM_ERROR, offset, Bytes::new()),
+        };
+        let mut r = self.reply(req, code, None);
+        r.ext_fields.set("suggestWhichBrokerId", suggest.to_string());
+        r.ext_fields.set("nextBeginOffset", next.to_string());
+        r.ext_fields.set("minOffset", min.to_string());
+        r.ext_fields.set("maxOffset", max.to_string());
+        r.body = body;
+        (r, next)
+    }
+
+    /// Whether `queue` still starts at offset 0 and that first message is
+    /// within the newest `access_message_in_memory_max_ratio` % of physical
+    /// memory's worth of CommitLog (Apache's `checkInMemByConsumeOffset`).
+    pub(super) fn first_message_in_memory(&self, topic: &str, queue: u32) -> bool {
+        let store = self.broker.store();
+        if store.min_offset(topic, queue) != 0 {
+            return false;
+        }
+        let Some(first) = store
+            .queue(topic, queue)
+            .and_then(|cq| cq.find(0).and_then(|i| cq.entry(i)))
+        else {
+            return false;
+        };
+        let (_, end, _) = store.commitlog_offsets();
+        let memory = rokka_store::sys::total_memory_bytes().unwrap_or(8 << 30) as f64
+            * f64::from(self.config.access_message_in_memory_max_ratio.min(100))
+            / 100.0;
+        (end.saturating_sub(first.phys_offset) as f64) <= memory
+    }
+}
+
+/// Whether a stored Kafka batch belongs to an aborted Kafka transaction.
+pub(super) fn aborted_batch(
+    txns: &rokka_broker::kafka_txn::KafkaTxns,
+    topic: &str,
+    q: u32,
+    b: &rokka_store::record::kafka::KafkaBatchView,
+) -> bool {
+    match rokka_store::record::kafka::BatchInfo::parse(&b.batch) {
+        Ok(info) if info.attributes & 0x10 != 0 => txns.is_aborted(topic, q, info.producer_id, b.queue_offset),
+        _ => false,
+    }
+}

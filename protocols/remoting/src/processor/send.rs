@@ -1,0 +1,270 @@
+//! Sends: single, batch and send-back (retry / DLQ) messages.
+
+use super::*;
+
+impl RocketMq {
+    /// Stores the messages of a send; the response and the CommitLog end to
+    /// be durable before it goes out (0 on error).
+    pub(super) fn send(&self, req: &RemotingCommand, conn: &Conn) -> (RemotingCommand, u64) {
+        match self.send_inner(req, conn) {
+            Ok(ok) => ok,
+            Err(r) => (r, 0),
+        }
+    }
+
+    pub(super) fn send_inner(
+        &self,
+        req: &RemotingCommand,
+        conn: &Conn,
+    ) -> Result<(RemotingCommand, u64), RemotingCommand> {
+        let Some(topic) = ext(req, "topic", "b").map(String::from) else {
+            return Err(self.reply(req, rs::MESSAGE_ILLEGAL, Some("topic missing".into())));
+        };
+        let want_queues = ext_i64(req, "defaultTopicQueueNums", "d")
+            .unwrap_or(4)
+            .clamp(1, i64::from(self.config.max_auto_create_queues)) as u32;
+        let info = match self.broker.topic_or_create(&topic, true, Some(want_queues)) {
+            Ok(Some(t)) => t,
+            Ok(None) => {
+                return Err(self.reply(
+                    req,
+                    rs::TOPIC_NOT_EXIST,
+                    Some(format!("topic[{topic}] not exist, apply first please!")),
+                ))
+            }
+            Err(e) => return Err(self.reply(req, rs::MESSAGE_ILLEGAL, Some(e.to_string()))),
+        };
+        let mut queue = ext_i64(req, "queueId", "e").unwrap_or(-1);
+        if queue < 0 {
+            queue = i64::from(rand::random::<u32>() % info.partitions.max(1));
+        }
+        if queue >= i64::from(info.partitions) {
+            return Err(self.reply(req, 29, Some(format!("queueId {queue} out of range for {topic}"))));
+        }
+        let sys_flag = ext_i64(req, "sysFlag", "f").unwrap_or(0) as i32;
+        let born = ext_i64(req, "bornTimestamp", "g").unwrap_or_else(rokka_store::now_ms);
+        let flag = ext_i64(req, "flag", "h").unwrap_or(0) as i32;
+        let props = ext(req, "properties", "i").unwrap_or_default().to_string();
+        let reconsume = ext_i64(req, "reconsumeTimes", "j").unwrap_or(0) as i32;
+        let batch = req.code == rq::SEND_BATCH_MESSAGE || ext_bool(req, "batch", "m");
+        // Owned parts of each message, then borrowed inputs.
+        let parts: Vec<(i32, Bytes, String)> = if batch {
+            match split_batch(&req.body) {
+                Some(p) => p,
+                None => return Err(self.reply(req, rs::MESSAGE_ILLEGAL, Some("malformed batch body".into()))),
+            }
+        } else {
+            vec![(flag, req.body.clone(), props)]
+        };
+        let inputs: Vec<MessageInput<'_>> = parts
+            .iter()
+            .map(|(f, body, p)| MessageInput {
+                topic: &topic,
+                queue_id: queue as u32,
+                flag: *f,
+                body,
+                properties: p.as_bytes(),
+                sys_flag: if batch { 0 } else { sys_flag },
+                born_timestamp: born,
+                born_host: conn.peer,
+                reconsume_times: reconsume,
+                prepared_transaction_offset: 0,
+            })
+            .collect();
+        // A compacted topic keeps the latest message per key: a message
+        // without KEYS has nothing to be kept by (Kafka refuses keyless
+        // records on compacted topics too).
+        if self.broker.store().is_compacted(&topic)
+            && parts
+                .iter()
+                .any(|(_, _, p)| !rokka_broker::convert::has_key(p.as_bytes()))
+        {
+            metrics::counter!("rokka_rocketmq_messages_refused_total", "reason" => "no_key").increment(1);
+            return Err(self.reply(
+                req,
+                rs::MESSAGE_ILLEGAL,
+                Some(format!(
+                    "topic {topic} is compacted (cleanup.policy=compact): every message needs KEYS"
+                )),
+            ));
+        }
+        // DELAY=n (single sends only, as RocketMQ): through the schedule topic.
+        let delay = if batch || topic == rokka_broker::schedule::SCHEDULE_TOPIC {
+            None
+        } else {
+            rokka_broker::schedule::delay_level(parts[0].2.as_bytes())
+        };
+        // A prepared transaction message waits as a half message.
+        let prepared = !batch
+            && sys_flag & rokka_store::record::message::sysflag::TRANSACTION_MASK
+                == rokka_store::record::message::sysflag::TRANSACTION_PREPARED;
+        // Timer messages (TIMER_DELAY_SEC / _MS, TIMER_DELIVER_MS, __STARTDELIVERTIME).
+        let timer = if batch || prepared {
+            None
+        } else {
+            rokka_broker::timer::deliver_at(parts[0].2.as_bytes(), rokka_store::now_ms())
+                .filter(|due| *due > rokka_store::now_ms())
+        };
+        let appended = match delay {
+            _ if prepared => self.broker.append_half(&inputs[0]).map(|r| vec![r]),
+            _ if timer.is_some() => self
+                .broker
+                .append_timer(&inputs[0], timer.unwrap_or_default())
+                .map(|r| vec![r]),
+            Some(level) => self.broker.append_delayed(&inputs[0], level).map(|r| vec![r]),
+            None => self.broker.append_messages(&inputs),
+        };
+        let results = match appended {
+            Ok(r) => r,
+            Err(e) => {
+                let code = match &e {
+                    rokka_broker::BrokerError::Store(
+                        rokka_store::StoreError::MessageTooLarge { .. }
+                        | rokka_store::StoreError::PropertiesTooLarge(_),
+                    )
+                    | rokka_broker::BrokerError::TimerTooFar { .. } => rs::MESSAGE_ILLEGAL,
+                    // Not the set's master (cluster mode): the client
+                    // retries on another broker after a route refresh.
+                    rokka_broker::BrokerError::Store(
+                        rokka_store::StoreError::NotLeader | rokka_store::StoreError::ShutDown,
+                    ) => rs::SERVICE_NOT_AVAILABLE,
+                    _ => rs::SYSTEM_ERROR,
+                };
+                return Err(self.reply(req, code, Some(e.to_string())));
+            }
+        };
+        metrics::counter!("rokka_rocketmq_messages_in_total", "topic" => topic.clone()).increment(results.len() as u64);
+        let bytes: usize = parts.iter().map(|(_, b, p)| b.len() + p.len()).sum();
+        metrics::counter!("rokka_rocketmq_bytes_in_total", "topic" => topic.clone()).increment(bytes as u64);
+        let host = self.store_host;
+        let ids: Vec<String> = results.iter().map(|r| msgid::message_id(host, r.phys_offset)).collect();
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        r.ext_fields.set("msgId", ids.join(","));
+        r.ext_fields.set("queueId", queue.to_string());
+        r.ext_fields
+            .set("queueOffset", results.first().map_or(0, |x| x.queue_offset).to_string());
+        if let Some(u) = properties::get(parts[0].2.as_bytes(), properties::UNIQ_KEY) {
+            r.ext_fields
+                .set("transactionId", String::from_utf8_lossy(u).into_owned());
+        }
+        r.ext_fields.set("MSG_REGION", "DefaultRegion");
+        r.ext_fields.set("TRACE_ON", "true");
+        let end = results.iter().map(|x| x.end_offset).max().unwrap_or(0);
+        Ok((r, end))
+    }
+
+    /// CONSUMER_SEND_MSG_BACK: a message the consumer failed goes to
+    /// `%RETRY%<group>` with the delay level its reconsume count selects
+    /// (3 + times, or the level the consumer asked for), or to `%DLQ%<group>`
+    /// once it was reconsumed `maxReconsumeTimes` (default 16) times or the
+    /// consumer asked for a negative level. Both are ordinary topics.
+    pub(super) fn send_back(&self, req: &RemotingCommand) -> RemotingCommand {
+        use rokka_broker::schedule::{without, DELAY, REAL_QID, REAL_TOPIC};
+        let group = req.ext_fields.get("group").unwrap_or_default().to_string();
+        let phys = ext_i64(req, "offset", "offset").unwrap_or(-1);
+        let delay_level = ext_i64(req, "delayLevel", "delayLevel").unwrap_or(0);
+        let max_times = ext_i64(req, "maxReconsumeTimes", "maxReconsumeTimes").unwrap_or(16);
+        let origin_id = req.ext_fields.get("originMsgId").unwrap_or_default().to_string();
+        if group.is_empty() || phys < 0 {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("group and offset are required".into()));
+        }
+        let Some(m) = self
+            .broker
+            .store()
+            .read_at(phys as u64)
+            .and_then(|rec| match rokka_store::decode_entry(&rec) {
+                Ok(Entry::Message(m)) => Some(m),
+                _ => None,
+            })
+        else {
+            // Kafka-produced records share their batch's offset: the client
+            // redelivers those itself (RocketMQ's fallback).
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!("look message by offset failed, {phys}")),
+            );
+        };
+        let user = m.user_properties();
+        let origin_topic = m
+            .property("RETRY_TOPIC")
+            .map(|t| String::from_utf8_lossy(t).into_owned())
+            .unwrap_or_else(|| m.topic_str().to_string());
+        let mut props = without(&user, &[DELAY, REAL_TOPIC, REAL_QID]);
+        let mut add = |k: &str, v: &str| {
+            props.extend_from_slice(k.as_bytes());
+            props.push(properties::NAME_VALUE_SEPARATOR);
+            props.extend_from_slice(v.as_bytes());
+            props.push(properties::PROPERTY_SEPARATOR);
+        };
+        if m.property("RETRY_TOPIC").is_none() {
+            add("RETRY_TOPIC", &origin_topic);
+        }
+        if m.property("ORIGIN_MESSAGE_ID").is_none() && !origin_id.is_empty() {
+            add("ORIGIN_MESSAGE_ID", &origin_id);
+        }
+        let times = m.reconsume_times;
+        let dlq = i64::from(times) >= max_times || delay_level < 0;
+        let topic = if dlq {
+            format!("%DLQ%{group}")
+        } else {
+            format!("%RETRY%{group}")
+        };
+        if self.broker.topics().get(&topic).is_none() {
+            match self.broker.create_topic(&topic, 1) {
+                Ok(_) | Err(rokka_broker::BrokerError::TopicExists(_)) => {}
+                Err(e) => return self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string())),
+            }
+        }
+        let input = MessageInput {
+            reconsume_times: times + 1,
+            ..m.as_input(&topic, 0, &props)
+        };
+        let res = if dlq {
+            metrics::counter!("rokka_rocketmq_dlq_messages_total", "group" => group.clone()).increment(1);
+            self.broker.append_messages(std::slice::from_ref(&input)).map(|_| ())
+        } else {
+            metrics::counter!("rokka_rocketmq_retries_total", "group" => group.clone()).increment(1);
+            let level = if delay_level > 0 {
+                delay_level as usize
+            } else {
+                3 + times.max(0) as usize
+            };
+            self.broker.append_delayed(&input, level).map(|_| ())
+        };
+        match res {
+            Ok(()) => self.reply(req, rs::SUCCESS, None),
+            Err(e) => self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string())),
+        }
+    }
+}
+
+/// Splits a SEND_BATCH_MESSAGE body (§4.4) into (flag, body, properties).
+pub fn split_batch(body: &[u8]) -> Option<Vec<(i32, Bytes, String)>> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    let be32 = |b: &[u8], i: usize| b.get(i..i + 4).map(|x| i32::from_be_bytes([x[0], x[1], x[2], x[3]]));
+    while at < body.len() {
+        // A negative TOTALSIZE is refused, not wrapped into a huge length.
+        let total = usize::try_from(be32(body, at)?).ok()?;
+        let flag = be32(body, at + 12)?;
+        let blen = be32(body, at + 16)?;
+        if blen < 0 || total < 22 {
+            return None;
+        }
+        let b0 = at + 20;
+        let b1 = b0.checked_add(blen as usize)?;
+        let msg = Bytes::copy_from_slice(body.get(b0..b1)?);
+        let plen = body.get(b1..b1 + 2).map(|x| i16::from_be_bytes([x[0], x[1]]))?;
+        if plen < 0 {
+            return None;
+        }
+        let props = body.get(b1 + 2..b1 + 2 + plen as usize)?;
+        out.push((flag, msg, String::from_utf8_lossy(props).into_owned()));
+        if at.checked_add(total)? > body.len() || total != 22 + blen as usize + plen as usize {
+            return None;
+        }
+        at += total;
+    }
+    (!out.is_empty()).then_some(out)
+}

@@ -1,0 +1,104 @@
+//! Transactions: END_TRANSACTION and the broker's checks of half messages.
+
+use super::*;
+
+impl RocketMq {
+    /// The answer to a transaction participant's request.
+    pub(super) fn txn_reply(
+        &self,
+        req: &RemotingCommand,
+        r: Result<(), crate::remote_txns::Refused>,
+    ) -> RemotingCommand {
+        match r {
+            Ok(()) => self.reply(req, rs::SUCCESS, None),
+            Err(why) => {
+                let mut resp = self.reply(req, why.code, Some(why.remark));
+                if let Some(c) = why.kafka {
+                    resp.ext_fields.set(crate::remote_txns::EXT_KAFKA_ERROR, c.to_string());
+                }
+                resp
+            }
+        }
+    }
+
+    /// END_TRANSACTION (usually oneway): 8 commits, 12 rolls back, 0 (unknown)
+    /// leaves the half message for a later check.
+    pub(super) fn end_transaction(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("producerGroup").unwrap_or_default();
+        let half_offset = ext_i64(req, "tranStateTableOffset", "tranStateTableOffset").unwrap_or(-1);
+        let half_phys = ext_i64(req, "commitLogOffset", "commitLogOffset").unwrap_or(-1);
+        let kind = ext_i64(req, "commitOrRollback", "commitOrRollback").unwrap_or(0);
+        let commit = match kind {
+            8 => true,
+            12 => false,
+            _ => return self.reply(req, rs::SUCCESS, None),
+        };
+        if half_offset < 0 || half_phys < 0 {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some("tranStateTableOffset and commitLogOffset are required".into()),
+            );
+        }
+        match self
+            .broker
+            .end_transaction(group, half_offset as u64, half_phys as u64, commit)
+        {
+            Ok(_) => self.reply(req, rs::SUCCESS, None),
+            Err(e) => {
+                tracing::warn!(group, half_offset, error = %e, "END_TRANSACTION refused");
+                self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string()))
+            }
+        }
+    }
+
+    /// Sends CHECK_TRANSACTION_STATE for unresolved half messages, every
+    /// `transaction_check_interval_ms`, to a live producer of their group.
+    pub async fn run_transaction_checks(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        let every = Duration::from_millis(self.config.transaction_check_interval_ms.max(100));
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let b = Arc::clone(&self.broker);
+            let (timeout, max) = (
+                self.config.transaction_timeout_ms as i64,
+                self.config.transaction_check_max,
+            );
+            let Ok(due) = tokio::task::spawn_blocking(move || b.due_checks(rokka_store::now_ms(), timeout, max)).await
+            else {
+                continue;
+            };
+            for d in due {
+                let conn = {
+                    let c = self.clients();
+                    c.clients
+                        .values()
+                        .find(|cl| cl.producer_groups.contains(&d.producer_group) && !cl.conn.is_closed())
+                        .map(|cl| cl.conn.clone())
+                };
+                let Some(conn) = conn else {
+                    tracing::debug!(group = d.producer_group, "no live producer to check a transaction with");
+                    continue;
+                };
+                let mut n = RemotingCommand::request(rq::CHECK_TRANSACTION_STATE, conn.next_opaque());
+                n.flag = FLAG_ONEWAY;
+                n.version = self.config.server_version;
+                n.ext_fields.set("topic", d.real_topic.as_str());
+                n.ext_fields.set("tranStateTableOffset", d.half_offset.to_string());
+                n.ext_fields.set("commitLogOffset", d.half_phys.to_string());
+                n.ext_fields.set("msgId", d.transaction_id.as_str());
+                n.ext_fields.set("transactionId", d.transaction_id.as_str());
+                n.ext_fields
+                    .set("offsetMsgId", msgid::message_id(self.store_host, d.half_phys));
+                n.ext_fields.set("bname", self.config.broker_name.as_str());
+                n.body = d.record;
+                if conn.send(n) {
+                    metrics::counter!("rokka_rocketmq_transaction_checks_total").increment(1);
+                }
+            }
+        }
+    }
+}
