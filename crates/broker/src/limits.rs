@@ -184,6 +184,9 @@ pub struct AuthFailures {
     max: u32,
     window: std::time::Duration,
     by_ip: Mutex<HashMap<IpAddr, (u32, std::time::Instant)>>,
+    /// `by_ip.len()`, so that [`AuthFailures::blocked`] — asked on every
+    /// signed RocketMQ request — takes no lock while nothing failed.
+    tracked: std::sync::atomic::AtomicUsize,
 }
 
 impl AuthFailures {
@@ -195,6 +198,7 @@ impl AuthFailures {
             max: max.max(1),
             window,
             by_ip: Default::default(),
+            tracked: Default::default(),
         }
     }
 
@@ -217,17 +221,26 @@ impl AuthFailures {
             *e = (0, now);
         }
         e.0 = e.0.saturating_add(1);
-        metrics::gauge!(self.gauge).set(m.len() as f64);
+        self.counted(m.len());
+    }
+
+    fn counted(&self, n: usize) {
+        self.tracked.store(n, std::sync::atomic::Ordering::Relaxed);
+        metrics::gauge!(self.gauge).set(n as f64);
     }
 
     /// Whether `ip` is held off now.
     pub fn blocked(&self, ip: IpAddr) -> bool {
+        if self.tracked.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return false;
+        }
         let now = std::time::Instant::now();
         let mut m = self.lock();
         match m.get(&ip) {
             Some((n, since)) if now.duration_since(*since) < self.window => *n >= self.max,
             Some(_) => {
                 m.remove(&ip);
+                self.counted(m.len());
                 false
             }
             None => false,
@@ -238,6 +251,25 @@ impl AuthFailures {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_address_is_held_off_after_its_failures_until_the_window_passes() {
+        let window = std::time::Duration::from_millis(50);
+        let f = AuthFailures::new("rokka_test_failing_addresses", 2, window);
+        let (a, b): (IpAddr, IpAddr) = ([10, 0, 0, 1].into(), [10, 0, 0, 2].into());
+        assert!(!f.blocked(a), "nothing failed yet");
+        f.failed(a);
+        assert!(!f.blocked(a), "one failure of two");
+        f.failed(a);
+        assert!(f.blocked(a) && !f.blocked(b), "only the failing address");
+        std::thread::sleep(window + std::time::Duration::from_millis(10));
+        assert!(!f.blocked(a), "the window passed");
+        assert_eq!(
+            f.tracked.load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "and it is forgotten"
+        );
+    }
 
     #[test]
     fn connection_slots_are_counted_and_released() {

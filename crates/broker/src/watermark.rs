@@ -7,6 +7,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+/// How long a request that changed a cluster-wide table (users, ACLs)
+/// waits for etcd before it is answered as not replicated yet (the change
+/// stays queued and is written when etcd is back).
+pub const CLUSTER_WAIT: Duration = Duration::from_secs(10);
+/// The message of that answer.
+pub const NOT_IN_CLUSTER: &str = "stored on this node; the cluster's table (etcd) does not hold it yet (retried)";
+
 #[derive(Debug, Default)]
 pub struct Watermark {
     written: AtomicU64,

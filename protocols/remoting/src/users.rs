@@ -20,6 +20,8 @@ struct UserInfo {
     password: Option<String>,
 }
 
+use rokka_broker::watermark::{CLUSTER_WAIT, NOT_IN_CLUSTER};
+
 fn described(name: &str) -> Value {
     json!({"username": name, "userType": "Normal", "userStatus": "enable"})
 }
@@ -34,14 +36,10 @@ pub async fn handle(broker: &Broker, cmd: &RemotingCommand) -> (i32, Option<Stri
         rq::AUTH_CREATE_USER | rq::AUTH_UPDATE_USER | rq::AUTH_DELETE_USER
     );
     if changes && answer.0 == rs::SUCCESS && !users.replicated(users.last_change(), CLUSTER_WAIT).await {
-        let remark = "stored on this node; the cluster's table (etcd) does not hold it yet (retried)";
-        return (rs::SYSTEM_ERROR, Some(remark.into()), Bytes::new());
+        return (rs::SYSTEM_ERROR, Some(NOT_IN_CLUSTER.into()), Bytes::new());
     }
     answer
 }
-
-/// Cluster mode: how long a user change waits for etcd.
-const CLUSTER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn answer(broker: &Broker, cmd: &RemotingCommand) -> (i32, Option<String>, Bytes) {
     let users = broker.users();

@@ -8,10 +8,11 @@ use kafka_protocol::messages::delete_acls_response::{DeleteAclsFilterResult, Del
 use kafka_protocol::messages::describe_acls_response::{AclDescription, DescribeAclsResource};
 use kafka_protocol::messages::*;
 use rokka_broker::acl::{Acl, AclFilter, Operation, PatternType, Permission, ResourceType};
+use rokka_broker::watermark::{CLUSTER_WAIT, NOT_IN_CLUSTER};
 
 use super::str_bytes;
 use crate::authz::{Caller, CLUSTER_AUTHORIZATION_FAILED, SECURITY_DISABLED};
-use crate::errors::INVALID_REQUEST;
+use crate::errors::{INVALID_REQUEST, REQUEST_TIMED_OUT};
 use crate::Kafka;
 
 const DISABLED: &str = "no authorizer is configured on the broker (set [security] authorization = true)";
@@ -225,15 +226,9 @@ pub fn delete(k: &Kafka, who: &Caller, r: DeleteAclsRequest) -> DeleteAclsRespon
     DeleteAclsResponse::default().with_filter_results(results)
 }
 
-/// Cluster mode: how long a change waits for etcd before it is answered
-/// REQUEST_TIMED_OUT (it stays queued and is written later).
-pub(crate) const CLUSTER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-pub(crate) const REQUEST_TIMED_OUT: i16 = 7;
-pub(crate) const NOT_IN_CLUSTER: &str =
-    "stored on this node; the cluster's table (etcd) does not hold it yet (retried)";
-
 /// Whether the cluster's table holds this node's changes so far (at once
-/// on a single node).
+/// on a single node); if not within CLUSTER_WAIT, the change is answered
+/// REQUEST_TIMED_OUT (it stays queued and is written later).
 async fn in_cluster(k: &Kafka) -> bool {
     let acls = k.broker.acls();
     acls.replicated(acls.last_change(), CLUSTER_WAIT).await

@@ -115,11 +115,13 @@ pub async fn altered_in_cluster(
 ) -> AlterUserScramCredentialsResponse {
     let users = k.broker.users();
     if resp.results.iter().any(|r| r.error_code == 0)
-        && !users.replicated(users.last_change(), super::acls::CLUSTER_WAIT).await
+        && !users
+            .replicated(users.last_change(), rokka_broker::watermark::CLUSTER_WAIT)
+            .await
     {
         for r in resp.results.iter_mut().filter(|r| r.error_code == 0) {
-            r.error_code = super::acls::REQUEST_TIMED_OUT;
-            r.error_message = Some(str_bytes(super::acls::NOT_IN_CLUSTER));
+            r.error_code = crate::errors::REQUEST_TIMED_OUT;
+            r.error_message = Some(str_bytes(rokka_broker::watermark::NOT_IN_CLUSTER));
         }
     }
     resp
