@@ -68,6 +68,7 @@ LISTENERS = {
     "namesrv": 'namesrv_listen = "127.0.0.1:{}"',
     "broker": 'broker_listen = "127.0.0.1:{}"',
     "replication": 'replication_listen = "127.0.0.1:{}"',
+    "grpc": 'listen = "127.0.0.1:{}"  # grpc',
 }
 
 
@@ -82,6 +83,7 @@ class Rokka:
         group_extra="",
         broker_extra="",
         cluster_extra=None,
+        grpc_extra=None,
     ):
         self.workdir = workdir
         self.ports = {}
@@ -98,6 +100,10 @@ class Rokka:
             f"[cluster]\nenabled = true\n{LISTENERS['replication'].format(0)}\n{cluster_extra}"
             if cluster_extra is not None
             else ""
+        )
+        # The RocketMQ 5 gRPC listener (compat-tests/rocketmq5), when asked.
+        grpc_section = (
+            f"[grpc]\nenabled = true\n{line['grpc']}\n{grpc_extra}" if grpc_extra is not None else ""
         )
         with open(self.config, "w") as f:
             f.write(
@@ -122,6 +128,7 @@ preallocate = false
 {group_section}
 {broker_section}
 {cluster_section}
+{grpc_section}
 """
             )
         self.proc = None
@@ -151,6 +158,10 @@ preallocate = false
     @property
     def broker_port(self):
         return self.ports.get("broker", 0)
+
+    @property
+    def grpc_port(self):
+        return self.ports.get("grpc", 0)
 
     @property
     def bootstrap(self):

@@ -367,6 +367,22 @@ pub fn rocketmq_to_kafka_batch(m: &MessageView, leader_epoch: i32, c: &mut Cross
     b.freeze()
 }
 
+/// Tag codes of a TAG expression: `*`/empty = all (None); tokens are split
+/// on `||` and trimmed before hashing (some clients send untrimmed codes).
+pub fn tag_codes(expr: &str) -> Option<Vec<i32>> {
+    let e = expr.trim();
+    if e.is_empty() || e == "*" {
+        return None;
+    }
+    Some(
+        e.split("||")
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| properties::java_string_hash(t.as_bytes()))
+            .collect(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -607,6 +607,22 @@ impl KafkaTxns {
             .and_then(|p| p.ongoing.get(&producer_id).copied())
     }
 
+    /// Whether a stored Kafka batch belongs to an aborted Kafka transaction
+    /// (other protocols' readers skip it, as read_committed does).
+    pub fn is_aborted_batch(
+        &self,
+        topic: &str,
+        partition: u32,
+        b: &rokka_store::record::kafka::KafkaBatchView,
+    ) -> bool {
+        match rokka_store::record::kafka::BatchInfo::parse(&b.batch) {
+            Ok(info) if info.attributes & 0x10 != 0 => {
+                self.is_aborted(topic, partition, info.producer_id, b.queue_offset)
+            }
+            _ => false,
+        }
+    }
+
     /// Whether `offset` of a batch by `producer_id` belongs to an aborted
     /// transaction (RocketMQ consumers skip those records).
     pub fn is_aborted(&self, topic: &str, partition: u32, producer_id: i64, offset: u64) -> bool {

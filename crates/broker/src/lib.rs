@@ -16,6 +16,7 @@ pub mod json_file;
 pub mod kafka_txn;
 pub mod limits;
 pub mod membership;
+pub mod pop;
 pub mod producers;
 pub mod remote;
 pub mod schedule;
@@ -727,6 +728,28 @@ impl Broker {
             end = self.store.commitlog_offsets().1;
         }
         Ok((verdict, base, end))
+    }
+
+    /// Whether `queue` still starts at offset 0 and that first message is
+    /// within the newest `max_ratio_percent` % of physical memory's worth of
+    /// CommitLog (Apache's `checkInMemByConsumeOffset`): where a group with
+    /// nothing committed starts reading from the start.
+    pub fn first_message_in_memory(&self, topic: &str, queue: u32, max_ratio_percent: u32) -> bool {
+        let store = &self.store;
+        if store.min_offset(topic, queue) != 0 {
+            return false;
+        }
+        let Some(first) = store
+            .queue(topic, queue)
+            .and_then(|cq| cq.find(0).and_then(|i| cq.entry(i)))
+        else {
+            return false;
+        };
+        let (_, end, _) = store.commitlog_offsets();
+        let memory = rokka_store::sys::total_memory_bytes().unwrap_or(8 << 30) as f64
+            * f64::from(max_ratio_percent.min(100))
+            / 100.0;
+        (end.saturating_sub(first.phys_offset) as f64) <= memory
     }
 
     /// Appends RocketMQ messages (all to existing queues) and wakes readers.

@@ -21,6 +21,7 @@ pub struct Config {
     pub group: GroupConfig,
     pub kafka: KafkaConfig,
     pub rocketmq: RocketMqConfig,
+    pub grpc: rokka_grpc::GrpcConfig,
     pub cluster: rokka_cluster::ClusterConfig,
     pub security: SecurityConfig,
 }
@@ -146,6 +147,8 @@ impl Config {
             }
         };
         check(self.kafka.enabled, "kafka.listen", self.kafka.listen);
+        // The gRPC listener does not authenticate its clients yet.
+        check(self.grpc.enabled, "grpc.listen", self.grpc.listen);
         if let Some(ssl) = self.kafka.ssl_listen {
             // Encrypted is not authenticated: the same rule, unless its
             // clients authenticate (SASL_SSL, or client certificates).

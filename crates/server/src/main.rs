@@ -545,6 +545,55 @@ async fn serve(
             )));
         }
     }
+    if cfg.grpc.enabled {
+        let Some(broker) = &broker else {
+            return Err("grpc.enabled needs the store: enable kafka or rocketmq.broker_enabled".into());
+        };
+        if cfg.security.authorization {
+            // Its clients' signatures are not checked yet: serving it would
+            // bypass the ACL table.
+            return Err("grpc.enabled with security.authorization: the gRPC listener does not authenticate clients yet; disable one of them".into());
+        }
+        let l = TcpListener::bind(cfg.grpc.listen)
+            .await
+            .map_err(|e| format!("gRPC listener on {}: {e}", cfg.grpc.listen))?;
+        let addr = l.local_addr()?;
+        bound.insert("grpc", addr);
+        let tls = if cfg.grpc.tls_certificate.is_empty() {
+            None
+        } else {
+            let acceptor =
+                rokka_broker::tls::acceptor(cfg.grpc.tls_certificate.as_ref(), cfg.grpc.tls_key.as_ref(), None)
+                    .map_err(|e| format!("gRPC TLS: {e}"))?;
+            Some(rokka_grpc::Tls {
+                acceptor,
+                handshake_timeout: std::time::Duration::from_millis(cfg.rocketmq.tls_handshake_timeout_ms.max(1)),
+            })
+        };
+        let advertised = if cfg.grpc.advertised_addr.is_empty() {
+            addr
+        } else {
+            cfg.grpc
+                .advertised_addr
+                .parse()
+                .map_err(|e| format!("grpc.advertised_addr {:?}: {e}", cfg.grpc.advertised_addr))?
+        };
+        let messaging = Arc::new(rokka_grpc::Messaging::new(
+            Arc::clone(broker),
+            cfg.grpc.clone(),
+            cfg.rocketmq.broker_name.clone(),
+            advertised,
+            u32::from(cfg.rocketmq.access_message_in_memory_max_ratio),
+        ));
+        tracing::info!(grpc = %addr, tls = tls.is_some(), "RocketMQ 5 gRPC listener");
+        listeners.push(tokio::spawn(rokka_grpc::serve(
+            l,
+            messaging,
+            cfg.grpc.clone(),
+            tls,
+            stop_rx.clone(),
+        )));
+    }
     if let (true, Some(store), Some(broker)) = (cfg.cluster.enabled, &store, &broker) {
         let host = |key: &str| {
             bound.get(key).map_or(String::new(), |a: &std::net::SocketAddr| {

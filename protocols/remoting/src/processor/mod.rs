@@ -63,21 +63,7 @@ fn ext_bool(cmd: &RemotingCommand, long: &str, short: &str) -> bool {
     matches!(ext(cmd, long, short), Some("true") | Some("1"))
 }
 
-/// Tag codes of a TAG expression: `*`/empty = all (None); tokens are split
-/// on `||` and trimmed before hashing (some clients send untrimmed codes).
-pub fn tag_codes(expr: &str) -> Option<Vec<i32>> {
-    let e = expr.trim();
-    if e.is_empty() || e == "*" {
-        return None;
-    }
-    Some(
-        e.split("||")
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(|t| properties::java_string_hash(t.as_bytes()))
-            .collect(),
-    )
-}
+pub use rokka_broker::convert::tag_codes;
 
 impl RocketMq {
     pub fn new(broker: Arc<Broker>, config: RocketMqConfig, broker_bound: SocketAddr) -> RocketMq {

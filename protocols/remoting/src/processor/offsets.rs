@@ -32,7 +32,11 @@ impl RocketMq {
                 .ext_fields
                 .get("setZeroIfNotFound")
                 .is_none_or(|v| !v.eq_ignore_ascii_case("false"))
-                && self.first_message_in_memory(topic, queue) =>
+                && self.broker.first_message_in_memory(
+                    topic,
+                    queue,
+                    u32::from(self.config.access_message_in_memory_max_ratio),
+                ) =>
             {
                 let mut r = self.reply(req, rs::SUCCESS, None);
                 r.ext_fields.set("offset", "0");

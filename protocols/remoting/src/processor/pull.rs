@@ -180,7 +180,7 @@ impl RocketMq {
                     // A Kafka-produced batch crosses: its records become
                     // messages (docs/mapping.md), filtered by their tag header.
                     let converted = match e.decode() {
-                        Ok(Entry::KafkaBatch(b)) if aborted_batch(txns, topic, q, &b) => Ok(Default::default()),
+                        Ok(Entry::KafkaBatch(b)) if txns.is_aborted_batch(topic, q, &b) => Ok(Default::default()),
                         Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq(
                             &b,
                             offset,
@@ -232,39 +232,5 @@ impl RocketMq {
         r.ext_fields.set("maxOffset", max.to_string());
         r.body = body;
         (r, next)
-    }
-
-    /// Whether `queue` still starts at offset 0 and that first message is
-    /// within the newest `access_message_in_memory_max_ratio` % of physical
-    /// memory's worth of CommitLog (Apache's `checkInMemByConsumeOffset`).
-    pub(super) fn first_message_in_memory(&self, topic: &str, queue: u32) -> bool {
-        let store = self.broker.store();
-        if store.min_offset(topic, queue) != 0 {
-            return false;
-        }
-        let Some(first) = store
-            .queue(topic, queue)
-            .and_then(|cq| cq.find(0).and_then(|i| cq.entry(i)))
-        else {
-            return false;
-        };
-        let (_, end, _) = store.commitlog_offsets();
-        let memory = rokka_store::sys::total_memory_bytes().unwrap_or(8 << 30) as f64
-            * f64::from(self.config.access_message_in_memory_max_ratio.min(100))
-            / 100.0;
-        (end.saturating_sub(first.phys_offset) as f64) <= memory
-    }
-}
-
-/// Whether a stored Kafka batch belongs to an aborted Kafka transaction.
-pub(super) fn aborted_batch(
-    txns: &rokka_broker::kafka_txn::KafkaTxns,
-    topic: &str,
-    q: u32,
-    b: &rokka_store::record::kafka::KafkaBatchView,
-) -> bool {
-    match rokka_store::record::kafka::BatchInfo::parse(&b.batch) {
-        Ok(info) if info.attributes & 0x10 != 0 => txns.is_aborted(topic, q, info.producer_id, b.queue_offset),
-        _ => false,
     }
 }

@@ -1,0 +1,364 @@
+//! Pop consumption (RocketMQ 5): the broker hands a group's messages out
+//! with an invisible duration instead of giving a consumer whole queues.
+//! A message handed out is *in flight* until it is acked; one not acked
+//! before its invisible duration ends is handed out again, its delivery
+//! attempt one higher. Every (group, topic, queue) has a cursor (the next
+//! offset never handed out) and its in-flight offsets; the group's
+//! committed offset is the lowest offset not yet acked, so queue-owning
+//! consumers (remoting, Kafka) and a restart start where pops left off.
+//!
+//! Each handout carries a receipt handle naming the queue, the offset and
+//! a delivery number: an ack or a change of invisible duration must name
+//! the latest handout of the offset (a handle from before a redelivery is
+//! refused, as Apache RocketMQ refuses a stale handle).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+
+/// A message handed out and not yet acked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InFlight {
+    /// When it becomes visible again (ms since the epoch).
+    pub visible_at_ms: i64,
+    /// Deliveries so far (1 on the first handout).
+    pub attempt: u32,
+    /// The delivery number its current receipt handle names.
+    pub delivery: u64,
+    /// When it was first handed out (ms), for the process-time histogram.
+    pub first_handed_ms: i64,
+}
+
+/// The pop state of one (group, topic, queue).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct QueuePops {
+    /// The next offset never handed out.
+    pub cursor: u64,
+    /// Handed out, not acked, by offset.
+    pub in_flight: BTreeMap<u64, InFlight>,
+}
+
+impl QueuePops {
+    /// The lowest offset not acked: what the group's committed offset is.
+    pub fn low_watermark(&self) -> u64 {
+        self.in_flight
+            .keys()
+            .next()
+            .map_or(self.cursor, |o| (*o).min(self.cursor))
+    }
+
+    /// In-flight offsets whose invisible time is over at `now_ms`, oldest
+    /// first, at most `n`.
+    pub fn due(&self, now_ms: i64, n: usize) -> Vec<(u64, InFlight)> {
+        self.in_flight
+            .iter()
+            .filter(|(_, f)| f.visible_at_ms <= now_ms)
+            .take(n)
+            .map(|(o, f)| (*o, *f))
+            .collect()
+    }
+
+    /// When the next in-flight message becomes visible (None: none in flight).
+    pub fn next_visible_ms(&self) -> Option<i64> {
+        self.in_flight.values().map(|f| f.visible_at_ms).min()
+    }
+}
+
+/// A receipt handle's contents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    pub queue: u32,
+    pub offset: u64,
+    pub delivery: u64,
+}
+
+impl Receipt {
+    /// `<queue>_<offset>_<delivery>` in hex; opaque to clients.
+    pub fn encode(&self) -> String {
+        format!("r1_{:x}_{:x}_{:x}", self.queue, self.offset, self.delivery)
+    }
+
+    pub fn decode(s: &str) -> Option<Receipt> {
+        let mut it = s.strip_prefix("r1_")?.split('_');
+        let queue = u32::from_str_radix(it.next()?, 16).ok()?;
+        let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+        let delivery = u64::from_str_radix(it.next()?, 16).ok()?;
+        it.next().is_none().then_some(Receipt {
+            queue,
+            offset,
+            delivery,
+        })
+    }
+}
+
+/// Why an ack or a change of invisible duration was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandleError {
+    /// Nothing of this group is in flight at that offset (acked already,
+    /// or never handed out).
+    NotInFlight,
+    /// The handle is from an earlier handout of the offset.
+    Stale,
+}
+
+type Key = (String, String, u32);
+
+/// Every group's pop state, with a budget on the in-flight entries.
+#[derive(Debug)]
+pub struct Pops {
+    queues: Mutex<HashMap<Key, Arc<Mutex<QueuePops>>>>,
+    next_delivery: AtomicU64,
+    in_flight: AtomicU64,
+    max_in_flight: u64,
+}
+
+impl Pops {
+    pub fn new(max_in_flight: u64) -> Pops {
+        Pops {
+            queues: Mutex::new(HashMap::new()),
+            // Delivery numbers start at a random point so handles from
+            // before a restart do not match new handouts by accident.
+            next_delivery: AtomicU64::new(u64::from(rand::random::<u32>()) << 16),
+            in_flight: AtomicU64::new(0),
+            max_in_flight: max_in_flight.max(1),
+        }
+    }
+
+    /// The state of one queue, created with `cursor` from `init` the first
+    /// time (the group's committed offset, or where a new group starts).
+    pub fn queue(&self, group: &str, topic: &str, queue: u32, init: impl FnOnce() -> u64) -> Arc<Mutex<QueuePops>> {
+        let mut q = lock(&self.queues);
+        let key = (group.to_string(), topic.to_string(), queue);
+        Arc::clone(q.entry(key).or_insert_with(|| {
+            Arc::new(Mutex::new(QueuePops {
+                cursor: init(),
+                in_flight: BTreeMap::new(),
+            }))
+        }))
+    }
+
+    /// The state of one queue if it has any.
+    pub fn existing(&self, group: &str, topic: &str, queue: u32) -> Option<Arc<Mutex<QueuePops>>> {
+        lock(&self.queues)
+            .get(&(group.to_string(), topic.to_string(), queue))
+            .map(Arc::clone)
+    }
+
+    /// Whether another message may go in flight (the budget
+    /// `grpc.max_in_flight_messages` over all groups).
+    pub fn has_room(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) < self.max_in_flight
+    }
+
+    /// Hands `offset` out (first time, or again after its invisible time):
+    /// the handle of this handout.
+    pub fn hand_out(
+        &self,
+        st: &mut QueuePops,
+        queue: u32,
+        offset: u64,
+        visible_at_ms: i64,
+        now_ms: i64,
+    ) -> (Receipt, u32) {
+        let delivery = self.next_delivery.fetch_add(1, Ordering::Relaxed);
+        let entry = st.in_flight.entry(offset);
+        let f = match entry {
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                let f = o.get_mut();
+                f.attempt += 1;
+                f.delivery = delivery;
+                f.visible_at_ms = visible_at_ms;
+                *f
+            }
+            std::collections::btree_map::Entry::Vacant(v) => {
+                self.in_flight.fetch_add(1, Ordering::Relaxed);
+                *v.insert(InFlight {
+                    visible_at_ms,
+                    attempt: 1,
+                    delivery,
+                    first_handed_ms: now_ms,
+                })
+            }
+        };
+        if offset >= st.cursor {
+            st.cursor = offset + 1;
+        }
+        self.publish_gauge();
+        (
+            Receipt {
+                queue,
+                offset,
+                delivery,
+            },
+            f.attempt,
+        )
+    }
+
+    /// Acks the handout `r` names: the in-flight entry it removed.
+    pub fn ack(&self, st: &mut QueuePops, r: &Receipt) -> Result<InFlight, HandleError> {
+        match st.in_flight.get(&r.offset) {
+            None => Err(HandleError::NotInFlight),
+            Some(f) if f.delivery != r.delivery => Err(HandleError::Stale),
+            Some(_) => {
+                let f = st.in_flight.remove(&r.offset).ok_or(HandleError::NotInFlight)?;
+                self.in_flight.fetch_sub(1, Ordering::Relaxed);
+                self.publish_gauge();
+                Ok(f)
+            }
+        }
+    }
+
+    /// Removes an in-flight offset whatever its handle (sent to the dead
+    /// letter queue, or gone from the store).
+    pub fn forget(&self, st: &mut QueuePops, offset: u64) {
+        if st.in_flight.remove(&offset).is_some() {
+            self.in_flight.fetch_sub(1, Ordering::Relaxed);
+            self.publish_gauge();
+        }
+    }
+
+    /// Gives the handout `r` names a new invisible time: its new handle.
+    pub fn change_invisible(
+        &self,
+        st: &mut QueuePops,
+        r: &Receipt,
+        visible_at_ms: i64,
+    ) -> Result<Receipt, HandleError> {
+        let delivery = self.next_delivery.fetch_add(1, Ordering::Relaxed);
+        match st.in_flight.get_mut(&r.offset) {
+            None => Err(HandleError::NotInFlight),
+            Some(f) if f.delivery != r.delivery => Err(HandleError::Stale),
+            Some(f) => {
+                f.delivery = delivery;
+                f.visible_at_ms = visible_at_ms;
+                Ok(Receipt {
+                    queue: r.queue,
+                    offset: r.offset,
+                    delivery,
+                })
+            }
+        }
+    }
+
+    /// Messages in flight over every group.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+
+    fn publish_gauge(&self) {
+        metrics::gauge!("rokka_rocketmq5_messages_inflight").set(self.in_flight.load(Ordering::Relaxed) as f64);
+    }
+
+    /// Every queue's state, for persisting.
+    pub fn snapshot(&self) -> Vec<(String, String, u32, QueuePops)> {
+        let queues: Vec<(Key, Arc<Mutex<QueuePops>>)> = lock(&self.queues)
+            .iter()
+            .map(|(k, v)| (k.clone(), Arc::clone(v)))
+            .collect();
+        queues
+            .into_iter()
+            .filter_map(|((g, t, q), st)| {
+                let st = lock(&st).clone();
+                (!st.in_flight.is_empty()).then_some((g, t, q, st))
+            })
+            .collect()
+    }
+
+    /// Restores persisted in-flight state (at start, before serving):
+    /// the handles stay valid; entries past the budget are dropped (they
+    /// are delivered again from the committed offset).
+    pub fn restore(&self, entries: Vec<(String, String, u32, QueuePops)>) {
+        let mut q = lock(&self.queues);
+        let mut max_delivery = 0;
+        for (g, t, queue, st) in entries {
+            let n = st.in_flight.len() as u64;
+            if self.in_flight.load(Ordering::Relaxed) + n > self.max_in_flight {
+                continue;
+            }
+            max_delivery = max_delivery.max(st.in_flight.values().map(|f| f.delivery).max().unwrap_or(0));
+            self.in_flight.fetch_add(n, Ordering::Relaxed);
+            q.insert((g, t, queue), Arc::new(Mutex::new(st)));
+        }
+        self.next_delivery.fetch_max(max_delivery + 1, Ordering::Relaxed);
+        drop(q);
+        self.publish_gauge();
+    }
+
+    /// Drops a group's state of a queue (its offsets were reset).
+    pub fn reset(&self, group: &str, topic: &str, queue: u32) {
+        let removed = lock(&self.queues).remove(&(group.to_string(), topic.to_string(), queue));
+        if let Some(st) = removed {
+            let n = lock(&st).in_flight.len() as u64;
+            self.in_flight.fetch_sub(n, Ordering::Relaxed);
+            self.publish_gauge();
+        }
+    }
+}
+
+/// Locks a mutex whose holder may have panicked (the state stays usable:
+/// every change to it is a single assignment or map operation).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receipts_round_trip_and_refuse_garbage() {
+        let r = Receipt {
+            queue: 3,
+            offset: 1 << 40,
+            delivery: 77,
+        };
+        assert_eq!(Receipt::decode(&r.encode()), Some(r));
+        for bad in ["", "r1_", "r1_1_2", "r1_1_2_3_4", "r2_1_2_3", "r1_x_2_3"] {
+            assert_eq!(Receipt::decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn hand_out_ack_redeliver_and_watermark() {
+        let pops = Pops::new(10);
+        let st = pops.queue("g", "t", 0, || 5);
+        let mut st = lock(&st);
+        let (a, n) = pops.hand_out(&mut st, 0, 5, 1_000, 0);
+        assert_eq!(n, 1);
+        let (b, _) = pops.hand_out(&mut st, 0, 6, 1_000, 0);
+        assert_eq!((st.cursor, st.low_watermark(), pops.in_flight()), (7, 5, 2));
+        // Offset 6 acked first: the watermark waits for 5.
+        assert!(pops.ack(&mut st, &b).is_ok());
+        assert_eq!(st.low_watermark(), 5);
+        // 5 is due after its invisible time; a redelivery outdates its handle.
+        assert!(st.due(999, 10).is_empty());
+        assert_eq!(st.due(1_000, 10).len(), 1);
+        let (a2, n2) = pops.hand_out(&mut st, 0, 5, 2_000, 1_000);
+        assert_eq!(n2, 2);
+        assert_eq!(pops.ack(&mut st, &a), Err(HandleError::Stale));
+        let a3 = pops.change_invisible(&mut st, &a2, 3_000).expect("current handle");
+        assert_eq!(pops.ack(&mut st, &a2), Err(HandleError::Stale));
+        assert!(pops.ack(&mut st, &a3).is_ok());
+        assert_eq!(pops.ack(&mut st, &a3), Err(HandleError::NotInFlight));
+        assert_eq!((st.low_watermark(), pops.in_flight()), (7, 0));
+    }
+
+    #[test]
+    fn restore_keeps_handles_and_the_budget() {
+        let pops = Pops::new(2);
+        let st = pops.queue("g", "t", 1, || 0);
+        let r = {
+            let mut st = lock(&st);
+            pops.hand_out(&mut st, 1, 0, 10, 0).0
+        };
+        let snap = pops.snapshot();
+        let again = Pops::new(2);
+        again.restore(snap);
+        let st = again.existing("g", "t", 1).expect("restored");
+        let mut st = lock(&st);
+        assert!(again.ack(&mut st, &r).is_ok());
+        assert!(again.has_room());
+    }
+}

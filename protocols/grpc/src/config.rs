@@ -1,0 +1,77 @@
+//! `[grpc]`: the RocketMQ 5 gRPC listener (Apache's proxy, port 8081).
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcConfig {
+    /// Serve `apache.rocketmq.v2.MessagingService` (RocketMQ 5 clients).
+    pub enabled: bool,
+    /// Where (Apache's proxy listens on 8081).
+    pub listen: SocketAddr,
+    /// The address routes give clients (host:port); empty: the bound one.
+    pub advertised_addr: String,
+    /// TLS: a PEM certificate chain and key; empty: plaintext (the Python
+    /// and Node clients' default). With both set every connection is TLS.
+    pub tls_certificate: String,
+    pub tls_key: String,
+    /// At most this many client connections at once (more are closed at
+    /// accept, counted in `rokka_rocketmq5_connections_refused_total`).
+    pub max_connections: u32,
+    /// At most this many concurrent calls (HTTP/2 streams) per connection.
+    pub max_concurrent_streams: u32,
+    /// The largest request message (bytes) a client may send; larger ones
+    /// are refused by the gRPC layer (RESOURCE_EXHAUSTED).
+    pub max_request_bytes: u32,
+    /// The largest message body a producer may send (told to producers in
+    /// their settings; larger ones are refused MESSAGE_BODY_TOO_LARGE).
+    pub max_body_bytes: u32,
+    /// At most this many messages per ReceiveMessage (larger batch sizes
+    /// are lowered to it).
+    pub max_receive_batch: u32,
+    /// The longest a ReceiveMessage waits for messages (ms); a client asking
+    /// longer is held this long.
+    pub max_long_polling_ms: u64,
+    /// Deliveries of one message to a pop group before it goes to
+    /// `%DLQ%<group>` (Apache: the group's retryMaxTimes 16, plus one).
+    pub max_delivery_attempts: u32,
+    /// The shortest invisible duration a ReceiveMessage may ask for (ms;
+    /// Apache's proxy: 10 s). Shorter ones are refused ILLEGAL_INVISIBLE_TIME.
+    pub min_invisible_ms: u64,
+    /// The longest invisible duration (ms; Apache: 12 h).
+    pub max_invisible_ms: u64,
+    /// Messages handed out and not yet acked, over every group (more
+    /// ReceiveMessage calls answer TOO_MANY_REQUESTS until acks come).
+    pub max_in_flight_messages: u64,
+    /// At most this many Telemetry streams at once (one per client).
+    pub max_telemetry_streams: u32,
+    /// A Telemetry stream or connection that sends nothing this long is
+    /// closed (ms; clients heartbeat every 10 s).
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        GrpcConfig {
+            enabled: false,
+            listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            advertised_addr: String::new(),
+            tls_certificate: String::new(),
+            tls_key: String::new(),
+            max_connections: 1024,
+            max_concurrent_streams: 256,
+            max_request_bytes: 8 << 20,
+            max_body_bytes: 4 << 20,
+            max_receive_batch: 32,
+            max_long_polling_ms: 30_000,
+            max_delivery_attempts: 17,
+            min_invisible_ms: 10_000,
+            max_invisible_ms: 12 * 3600 * 1000,
+            max_in_flight_messages: 100_000,
+            max_telemetry_streams: 1024,
+            idle_timeout_ms: 120_000,
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The RocketMQ 5 gRPC frontend: `apache.rocketmq.v2.MessagingService`
+//! (what Apache's proxy serves on port 8081) over the same store, topics,
+//! groups and offsets as the Kafka and remoting listeners. Producers send
+//! through it; consumers consume by pop (docs/rocketmq5.md).
+
+pub mod config;
+pub mod message;
+pub mod service;
+
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("apache.rocketmq.v2");
+}
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+pub use config::GrpcConfig;
+pub use service::{Messaging, Service};
+
+/// One accepted connection (TLS or plain) holding its slot of
+/// `grpc.max_connections` until it closes.
+pub struct Conn {
+    io: Box<dyn Io>,
+    local: SocketAddr,
+    peer: SocketAddr,
+    _slot: Slot,
+}
+
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+struct Slot(Arc<AtomicU32>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+        metrics::gauge!("rokka_rocketmq5_connections").decrement(1.0);
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = TcpConnectInfo;
+    fn connect_info(&self) -> TcpConnectInfo {
+        TcpConnectInfo {
+            local_addr: Some(self.local),
+            remote_addr: Some(self.peer),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+/// TLS on the gRPC listener: every connection must handshake first.
+#[derive(Clone)]
+pub struct Tls {
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    pub handshake_timeout: Duration,
+}
+
+/// Serves the MessagingService on `listener` until `stop` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    messaging: Arc<Messaging>,
+    config: GrpcConfig,
+    tls: Option<Tls>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let (tx, rx) = mpsc::channel::<io::Result<Conn>>(64);
+    let open = Arc::new(AtomicU32::new(0));
+    let local = listener.local_addr().unwrap_or(config.listen);
+    let max = config.max_connections.max(1);
+    let mut accept_stop = stop.clone();
+    let acceptor = tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                _ = accept_stop.changed() => return,
+            };
+            let (tcp, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // EMFILE and the like: counted, and a pause so the
+                    // loop does not spin while descriptors are short.
+                    metrics::counter!("rokka_rocketmq5_accept_errors_total").increment(1);
+                    tracing::warn!(error = %e, "gRPC accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            if open.fetch_add(1, Ordering::Relaxed) >= max {
+                open.fetch_sub(1, Ordering::Relaxed);
+                metrics::counter!("rokka_rocketmq5_connections_refused_total").increment(1);
+                drop(tcp);
+                continue;
+            }
+            metrics::gauge!("rokka_rocketmq5_connections").increment(1.0);
+            let slot = Slot(Arc::clone(&open));
+            let _ = tcp.set_nodelay(true);
+            let tx = tx.clone();
+            match &tls {
+                None => {
+                    let conn = Conn {
+                        io: Box::new(tcp),
+                        local,
+                        peer,
+                        _slot: slot,
+                    };
+                    if tx.send(Ok(conn)).await.is_err() {
+                        return;
+                    }
+                }
+                Some(t) => {
+                    let t = t.clone();
+                    tokio::spawn(async move {
+                        match tokio::time::timeout(t.handshake_timeout, t.acceptor.accept(tcp)).await {
+                            Ok(Ok(s)) => {
+                                metrics::counter!("rokka_rocketmq5_tls_handshakes_total", "result" => "ok")
+                                    .increment(1);
+                                let conn = Conn {
+                                    io: Box::new(s),
+                                    local,
+                                    peer,
+                                    _slot: slot,
+                                };
+                                let _ = tx.send(Ok(conn)).await;
+                            }
+                            Ok(Err(e)) => {
+                                metrics::counter!("rokka_rocketmq5_tls_handshakes_total", "result" => "failed")
+                                    .increment(1);
+                                tracing::debug!(%peer, error = %e, "gRPC TLS handshake failed");
+                            }
+                            Err(_) => {
+                                metrics::counter!("rokka_rocketmq5_tls_handshakes_total", "result" => "timeout")
+                                    .increment(1);
+                            }
+                        }
+                    });
+                }
+            }
+        }
+    });
+    let svc = pb::messaging_service_server::MessagingServiceServer::new(Service(messaging))
+        .max_decoding_message_size(config.max_request_bytes.max(1024) as usize);
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let result = tonic::transport::Server::builder()
+        .max_concurrent_streams(config.max_concurrent_streams.max(1))
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .http2_max_pending_accept_reset_streams(Some(64))
+        .tcp_nodelay(true)
+        .add_service(svc)
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = stop.changed().await;
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "gRPC listener stopped");
+    }
+    acceptor.abort();
+}

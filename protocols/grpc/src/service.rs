@@ -1,0 +1,1064 @@
+//! `apache.rocketmq.v2.MessagingService` over the broker: routes, sends
+//! and pop consumption. One `Messaging` per node serves every connection.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use rokka_broker::pop::{self, HandleError, Pops, QueuePops, Receipt};
+use rokka_broker::Broker;
+use rokka_store::record::message::MessageView;
+use rokka_store::{Entry, MessageInput, ReadStatus};
+use tokio::sync::{mpsc, Notify};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::message::{self, Handout};
+use crate::pb;
+use crate::GrpcConfig;
+
+type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// The node's gRPC service.
+#[derive(Debug)]
+pub struct Messaging {
+    broker: Arc<Broker>,
+    config: GrpcConfig,
+    /// The broker name routes give (the remoting broker's, so both
+    /// protocols name the same set).
+    broker_name: String,
+    /// Where clients reach this service (routes' endpoints).
+    advertised: SocketAddr,
+    /// The store host of message ids made from offsets.
+    store_host: SocketAddr,
+    pops: Pops,
+    /// Round robin of queues for sends without a message group.
+    next_queue: AtomicU64,
+    telemetry_streams: Arc<AtomicU32>,
+    /// % of memory within which a new group's first message counts as
+    /// young enough to start from offset 0 (rocketmq.access_message_in_memory_max_ratio).
+    memory_ratio: u32,
+}
+
+fn ok() -> pb::Status {
+    status(pb::Code::Ok, "OK")
+}
+
+fn status(code: pb::Code, message: impl Into<String>) -> pb::Status {
+    pb::Status {
+        code: code as i32,
+        message: message.into(),
+    }
+}
+
+fn resource(name: &str) -> pb::Resource {
+    pb::Resource {
+        resource_namespace: String::new(),
+        name: name.to_string(),
+    }
+}
+
+fn name(r: &Option<pb::Resource>) -> &str {
+    r.as_ref().map_or("", |r| r.name.as_str())
+}
+
+/// A stored entry as the RocketMQ messages it holds from `from` on (a
+/// Kafka batch becomes one message per record, as remoting pulls see it).
+fn messages_of(
+    broker: &Broker,
+    store_host: SocketAddr,
+    topic: &str,
+    q: u32,
+    e: &rokka_store::ReadEntry,
+    from: u64,
+) -> Vec<MessageView> {
+    if !e.is_kafka_batch() {
+        return match e.decode() {
+            Ok(Entry::Message(m)) => vec![m],
+            _ => Vec::new(),
+        };
+    }
+    let mut buf = BytesMut::new();
+    let converted = match e.decode() {
+        Ok(Entry::KafkaBatch(b)) if broker.kafka_txns().is_aborted_batch(topic, q, &b) => return Vec::new(),
+        Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq(
+            &b,
+            from,
+            None,
+            store_host,
+            broker.config().max_batch_decompressed_bytes as usize,
+            &mut buf,
+        ),
+        Ok(_) => Err("not a Kafka batch".into()),
+        Err(err) => Err(err.to_string()),
+    };
+    if let Err(err) = converted {
+        tracing::error!(topic, queue = q, error = err, "Kafka batch not convertible; skipped");
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut all: Bytes = buf.freeze();
+    while all.len() >= 4 {
+        let n = u32::from_be_bytes([all[0], all[1], all[2], all[3]]) as usize;
+        if n < 4 || n > all.len() {
+            break;
+        }
+        let one = all.split_to(n);
+        if let Ok(m) = rokka_store::record::message::decode(&one) {
+            out.push(m);
+        }
+    }
+    out
+}
+
+/// One pop over a topic's queues: whose, from which queue, how many.
+#[derive(Clone, Copy)]
+struct PopAsk<'a> {
+    group: &'a str,
+    topic: &'a str,
+    partitions: u32,
+    first: u32,
+    batch: usize,
+    invisible_ms: i64,
+    codes: Option<&'a [i32]>,
+}
+
+/// What one pop over the queues gave.
+struct Popped {
+    messages: Vec<pb::Message>,
+    /// The earliest time an in-flight message of these queues becomes
+    /// visible again (a long poll wakes then).
+    next_visible_ms: Option<i64>,
+}
+
+impl Messaging {
+    pub fn new(
+        broker: Arc<Broker>,
+        config: GrpcConfig,
+        broker_name: String,
+        advertised: SocketAddr,
+        memory_ratio: u32,
+    ) -> Messaging {
+        let store_host = broker.store().config().store_host;
+        Messaging {
+            pops: Pops::new(config.max_in_flight_messages),
+            broker,
+            config,
+            broker_name,
+            advertised,
+            store_host,
+            next_queue: AtomicU64::new(0),
+            telemetry_streams: Arc::new(AtomicU32::new(0)),
+            memory_ratio,
+        }
+    }
+
+    pub fn pops(&self) -> &Pops {
+        &self.pops
+    }
+
+    fn queues_of(&self, topic: &str, partitions: u32) -> Vec<pb::MessageQueue> {
+        let endpoints = pb::Endpoints {
+            scheme: if self.advertised.is_ipv4() {
+                pb::AddressScheme::IPv4
+            } else {
+                pb::AddressScheme::IPv6
+            } as i32,
+            addresses: vec![pb::Address {
+                host: self.advertised.ip().to_string(),
+                port: i32::from(self.advertised.port()),
+            }],
+        };
+        (0..partitions)
+            .map(|id| pb::MessageQueue {
+                topic: Some(resource(topic)),
+                id: id as i32,
+                permission: pb::Permission::ReadWrite as i32,
+                broker: Some(pb::Broker {
+                    name: self.broker_name.clone(),
+                    id: 0,
+                    endpoints: Some(endpoints.clone()),
+                }),
+                accept_message_types: vec![
+                    pb::MessageType::Normal as i32,
+                    pb::MessageType::Fifo as i32,
+                    pb::MessageType::Delay as i32,
+                ],
+            })
+            .collect()
+    }
+
+    /// Where a group with no pop state and nothing committed starts on a
+    /// queue: its committed offset, else 0 while the queue's first
+    /// message is young (as a new remoting group), else the queue's end.
+    fn start_offset(&self, group: &str, topic: &str, q: u32) -> u64 {
+        let store = self.broker.store();
+        if let Some(c) = store.offsets().get(group, topic, q) {
+            return c.offset.max(store.min_offset(topic, q));
+        }
+        if self.broker.first_message_in_memory(topic, q, self.memory_ratio) {
+            0
+        } else {
+            store.max_offset(topic, q)
+        }
+    }
+
+    /// Commits the group's lowest unacked offset when it moved.
+    fn commit_watermark(&self, group: &str, topic: &str, q: u32, st: &QueuePops) {
+        let w = st.low_watermark();
+        let offsets = self.broker.store().offsets();
+        if offsets.get(group, topic, q).is_none_or(|c| c.offset != w) {
+            // Refused past store.max_committed_offsets (counted there).
+            let _ = offsets.commit_bounded(group, topic, q, w, "", -1);
+        }
+    }
+
+    /// Sends a message that was delivered too often to `%DLQ%<group>`.
+    fn to_dead_letters(&self, group: &str, m: &MessageView, attempts: u32) -> Result<(), String> {
+        let topic = format!("%DLQ%{group}");
+        if self.broker.topics().get(&topic).is_none() {
+            match self.broker.create_topic(&topic, 1) {
+                Ok(_) | Err(rokka_broker::BrokerError::TopicExists(_)) => {}
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let mut props = m.properties.to_vec();
+        let mut add = |k: &str, v: &str| {
+            props.extend_from_slice(rokka_store::record::properties::encode([(k, v)]).as_bytes());
+        };
+        if m.property("RETRY_TOPIC").is_none() {
+            add("RETRY_TOPIC", m.topic_str());
+        }
+        let input = MessageInput {
+            reconsume_times: attempts as i32,
+            ..m.as_input(&topic, 0, &props)
+        };
+        self.broker
+            .append_messages(std::slice::from_ref(&input))
+            .map(|_| ())
+            .map_err(|e| e.to_string())?;
+        metrics::counter!("rokka_rocketmq5_dlq_messages_total", "group" => group.to_string()).increment(1);
+        Ok(())
+    }
+
+    /// The message at `offset` of a queue, if the store still has it.
+    fn message_at(&self, topic: &str, q: u32, offset: u64) -> Option<MessageView> {
+        let read = self.broker.store().read(topic, q, offset, 1, 1 << 20);
+        read.entries
+            .iter()
+            .flat_map(|e| messages_of(&self.broker, self.store_host, topic, q, e, offset))
+            .find(|m| m.queue_offset == offset)
+    }
+
+    /// One pass over the topic's queues from `first`: redeliveries due,
+    /// then new messages, at most `batch`.
+    fn pop_once(&self, ask: &PopAsk<'_>) -> Popped {
+        let PopAsk {
+            group,
+            topic,
+            partitions,
+            first,
+            batch,
+            invisible_ms,
+            codes,
+        } = *ask;
+        let mut out = Popped {
+            messages: Vec::new(),
+            next_visible_ms: None,
+        };
+        let now = rokka_store::now_ms();
+        let store = self.broker.store();
+        let cap = 4 << 20;
+        for i in 0..partitions {
+            let room = batch - out.messages.len();
+            if room == 0 {
+                break;
+            }
+            let q = (first + i) % partitions;
+            let st = self.pops.queue(group, topic, q, || self.start_offset(group, topic, q));
+            let mut st = pop::lock(&st);
+            // Redeliveries first: messages whose invisible time is over.
+            for (off, f) in st.due(now, room) {
+                let Some(m) = self.message_at(topic, q, off) else {
+                    // Gone (retention): nothing to deliver again.
+                    self.pops.forget(&mut st, off);
+                    continue;
+                };
+                if f.attempt >= self.config.max_delivery_attempts.max(1) {
+                    match self.to_dead_letters(group, &m, f.attempt) {
+                        Ok(()) => self.pops.forget(&mut st, off),
+                        Err(e) => tracing::error!(
+                            group,
+                            topic,
+                            queue = q,
+                            offset = off,
+                            error = e,
+                            "dead letter write failed"
+                        ),
+                    }
+                    continue;
+                }
+                let (r, attempt) = self.pops.hand_out(&mut st, q, off, now + invisible_ms, now);
+                metrics::counter!("rokka_rocketmq5_messages_redelivered_total", "group" => group.to_string())
+                    .increment(1);
+                out.messages.push(message::outgoing(
+                    &m,
+                    self.store_host,
+                    &Handout {
+                        receipt_handle: r.encode(),
+                        attempt,
+                        invisible_ms,
+                    },
+                ));
+            }
+            // New messages from the cursor.
+            let room = batch - out.messages.len();
+            if room > 0 && self.pops.has_room() {
+                let min = store.min_offset(topic, q);
+                if st.cursor < min {
+                    st.cursor = min;
+                }
+                let max = store.max_offset(topic, q);
+                let lso = self.broker.kafka_txns().last_stable_offset(topic, q, max);
+                let from = st.cursor;
+                if from < lso {
+                    let read = store.read(topic, q, from, room as u32, cap);
+                    if read.status == ReadStatus::Found {
+                        let mut next = read.next_offset.min(lso);
+                        'entries: for e in &read.entries {
+                            for m in messages_of(&self.broker, self.store_host, topic, q, e, from) {
+                                if m.queue_offset >= lso || out.messages.len() >= batch || !self.pops.has_room() {
+                                    next = m.queue_offset;
+                                    break 'entries;
+                                }
+                                let code = rokka_store::record::properties::tag_code(&m.properties) as i32;
+                                if codes.is_some_and(|c| !c.contains(&code)) {
+                                    continue;
+                                }
+                                let (r, attempt) =
+                                    self.pops.hand_out(&mut st, q, m.queue_offset, now + invisible_ms, now);
+                                out.messages.push(message::outgoing(
+                                    &m,
+                                    self.store_host,
+                                    &Handout {
+                                        receipt_handle: r.encode(),
+                                        attempt,
+                                        invisible_ms,
+                                    },
+                                ));
+                            }
+                        }
+                        st.cursor = st.cursor.max(next);
+                    }
+                }
+            }
+            self.commit_watermark(group, topic, q, &st);
+            out.next_visible_ms = match (out.next_visible_ms, st.next_visible_ms()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        out
+    }
+
+    async fn receive(&self, req: pb::ReceiveMessageRequest) -> Vec<pb::ReceiveMessageResponse> {
+        let started = Instant::now();
+        let fail = |code: pb::Code, text: String| {
+            vec![pb::ReceiveMessageResponse {
+                content: Some(pb::receive_message_response::Content::Status(status(code, text))),
+            }]
+        };
+        let group = name(&req.group).to_string();
+        let mq = req.message_queue.clone().unwrap_or_default();
+        let topic = name(&mq.topic).to_string();
+        if group.is_empty() {
+            return fail(pb::Code::IllegalConsumerGroup, "consumer group is required".into());
+        }
+        let Some(info) = self.broker.topics().get(&topic) else {
+            return fail(pb::Code::TopicNotFound, format!("topic {topic} not found"));
+        };
+        let filter = req.filter_expression.clone().unwrap_or_default();
+        if filter.r#type() == pb::FilterType::Sql {
+            return fail(
+                pb::Code::NotImplemented,
+                "SQL92 filters are not supported; use a TAG filter".into(),
+            );
+        }
+        let codes = rokka_broker::convert::tag_codes(&filter.expression);
+        let invisible_ms = req.invisible_duration.as_ref().map_or(30_000, message::duration_ms);
+        if invisible_ms < self.config.min_invisible_ms as i64 || invisible_ms > self.config.max_invisible_ms as i64 {
+            return fail(
+                pb::Code::IllegalInvisibleTime,
+                format!(
+                    "invisible duration {invisible_ms} ms is outside [{}, {}] ms",
+                    self.config.min_invisible_ms, self.config.max_invisible_ms
+                ),
+            );
+        }
+        let batch = (req.batch_size.max(1) as u32).min(self.config.max_receive_batch.max(1)) as usize;
+        let poll_ms = req
+            .long_polling_timeout
+            .as_ref()
+            .map_or(0, message::duration_ms)
+            .clamp(0, self.config.max_long_polling_ms as i64) as u64;
+        let deadline = started + Duration::from_millis(poll_ms);
+        let partitions = info.partitions.max(1);
+        let first = (mq.id.max(0) as u32) % partitions;
+        loop {
+            if !self.pops.has_room() {
+                metrics::counter!("rokka_rocketmq5_receives_refused_total", "reason" => "in_flight").increment(1);
+                return fail(
+                    pb::Code::TooManyRequests,
+                    "too many messages in flight (grpc.max_in_flight_messages): ack some first".into(),
+                );
+            }
+            let waiter = Arc::new(Notify::new());
+            for q in 0..partitions {
+                self.broker.arrivals().register(&topic, q, &waiter);
+            }
+            let popped = self.pop_once(&PopAsk {
+                group: &group,
+                topic: &topic,
+                partitions,
+                first,
+                batch,
+                invisible_ms,
+                codes: codes.as_deref(),
+            });
+            let now = Instant::now();
+            if !popped.messages.is_empty() || now >= deadline {
+                metrics::histogram!("rokka_rocketmq5_await_time_seconds").record(started.elapsed().as_secs_f64());
+                if popped.messages.is_empty() {
+                    return fail(pb::Code::MessageNotFound, "no new message".into());
+                }
+                let n = popped.messages.len() as u64;
+                metrics::counter!("rokka_rocketmq5_messages_received_total", "topic" => topic.clone(), "group" => group.clone()).increment(n);
+                let mut out = vec![pb::ReceiveMessageResponse {
+                    content: Some(pb::receive_message_response::Content::Status(ok())),
+                }];
+                out.extend(popped.messages.into_iter().map(|m| pb::ReceiveMessageResponse {
+                    content: Some(pb::receive_message_response::Content::Message(m)),
+                }));
+                out.push(pb::ReceiveMessageResponse {
+                    content: Some(pb::receive_message_response::Content::DeliveryTimestamp(
+                        message::timestamp(rokka_store::now_ms()),
+                    )),
+                });
+                return out;
+            }
+            let mut wait = deadline - now;
+            if let Some(v) = popped.next_visible_ms {
+                let until = (v - rokka_store::now_ms()).max(1) as u64;
+                wait = wait.min(Duration::from_millis(until));
+            }
+            metrics::gauge!("rokka_rocketmq5_receives_held").increment(1.0);
+            let _ = tokio::time::timeout(wait, waiter.notified()).await;
+            metrics::gauge!("rokka_rocketmq5_receives_held").decrement(1.0);
+        }
+    }
+
+    fn send(&self, req: pb::SendMessageRequest, peer: Option<SocketAddr>) -> pb::SendMessageResponse {
+        let mut entries = Vec::with_capacity(req.messages.len());
+        for m in &req.messages {
+            entries.push(self.send_one(m, peer));
+        }
+        let code = match entries.first() {
+            None => status(pb::Code::BadRequest, "no message to send"),
+            Some(first)
+                if entries
+                    .iter()
+                    .all(|e| e.status.as_ref().map(|s| s.code) == first.status.as_ref().map(|s| s.code)) =>
+            {
+                first.status.clone().unwrap_or_else(ok)
+            }
+            Some(_) => status(pb::Code::MultipleResults, "the messages had different results"),
+        };
+        pb::SendMessageResponse {
+            status: Some(code),
+            entries,
+        }
+    }
+
+    fn send_one(&self, m: &pb::Message, peer: Option<SocketAddr>) -> pb::SendResultEntry {
+        let refused = |code: pb::Code, text: String| pb::SendResultEntry {
+            status: Some(status(code, text)),
+            ..Default::default()
+        };
+        let inc = match message::incoming(m, self.config.max_body_bytes as usize) {
+            Ok(i) => i,
+            Err(message::Refused(code, text)) => {
+                metrics::counter!("rokka_rocketmq5_messages_refused_total", "reason" => code.as_str_name())
+                    .increment(1);
+                return refused(code, text);
+            }
+        };
+        if inc.transactional {
+            return refused(
+                pb::Code::NotImplemented,
+                "transactional messages over gRPC are not served yet".into(),
+            );
+        }
+        let info = match self.broker.topic_or_create(&inc.topic, true, None) {
+            Ok(Some(t)) => t,
+            Ok(None) => return refused(pb::Code::TopicNotFound, format!("topic {} not found", inc.topic)),
+            Err(e) => return refused(pb::Code::IllegalTopic, e.to_string()),
+        };
+        let partitions = info.partitions.max(1);
+        // A FIFO message group always lands on one queue (by its hash, as
+        // Apache's proxy selects); others go round robin.
+        let queue = match &inc.message_group {
+            Some(g) => rokka_store::record::properties::java_string_hash(g.as_bytes()).unsigned_abs() % partitions,
+            None => (self.next_queue.fetch_add(1, Ordering::Relaxed) % u64::from(partitions)) as u32,
+        };
+        let born_host = match (inc.born_host, peer) {
+            (Some(ip), _) => SocketAddr::new(ip, 0),
+            (None, Some(p)) => p,
+            (None, None) => SocketAddr::from(([0, 0, 0, 0], 0)),
+        };
+        let input = MessageInput {
+            topic: &inc.topic,
+            queue_id: queue,
+            flag: 0,
+            body: &inc.body,
+            properties: inc.properties.as_bytes(),
+            sys_flag: 0,
+            born_timestamp: inc.born_timestamp_ms,
+            born_host,
+            reconsume_times: 0,
+            prepared_transaction_offset: 0,
+        };
+        let now = rokka_store::now_ms();
+        let appended = match inc.deliver_at_ms {
+            Some(at) if at > now => self.broker.append_timer(&input, at),
+            _ => self
+                .broker
+                .append_messages(std::slice::from_ref(&input))
+                .and_then(|mut r| {
+                    r.pop()
+                        .ok_or_else(|| rokka_broker::BrokerError::Corrupt("nothing appended".into()))
+                }),
+        };
+        match appended {
+            Ok(r) => {
+                metrics::counter!("rokka_rocketmq5_messages_sent_total", "topic" => inc.topic.clone()).increment(1);
+                metrics::counter!("rokka_rocketmq5_bytes_sent_total", "topic" => inc.topic.clone())
+                    .increment(inc.body.len() as u64);
+                pb::SendResultEntry {
+                    status: Some(ok()),
+                    message_id: inc.message_id,
+                    transaction_id: String::new(),
+                    offset: r.queue_offset as i64,
+                    recall_handle: String::new(),
+                }
+            }
+            Err(e) => {
+                let code = match &e {
+                    rokka_broker::BrokerError::Store(
+                        rokka_store::StoreError::MessageTooLarge { .. }
+                        | rokka_store::StoreError::PropertiesTooLarge(_),
+                    ) => pb::Code::MessagePropertiesTooLarge,
+                    rokka_broker::BrokerError::TimerTooFar { .. } => pb::Code::IllegalDeliveryTime,
+                    rokka_broker::BrokerError::Store(
+                        rokka_store::StoreError::NotLeader | rokka_store::StoreError::ShutDown,
+                    ) => pb::Code::HaNotAvailable,
+                    _ => pb::Code::InternalServerError,
+                };
+                refused(code, e.to_string())
+            }
+        }
+    }
+
+    fn ack(&self, req: pb::AckMessageRequest) -> pb::AckMessageResponse {
+        let group = name(&req.group).to_string();
+        let topic = name(&req.topic).to_string();
+        let mut entries = Vec::with_capacity(req.entries.len());
+        let mut touched: HashMap<u32, Arc<std::sync::Mutex<QueuePops>>> = HashMap::new();
+        for e in &req.entries {
+            let st = match Receipt::decode(&e.receipt_handle) {
+                None => Err(HandleError::NotInFlight),
+                Some(r) => match self.pops.existing(&group, &topic, r.queue) {
+                    None => Err(HandleError::NotInFlight),
+                    Some(st) => {
+                        let res = self.pops.ack(&mut pop::lock(&st), &r);
+                        touched.insert(r.queue, st);
+                        res
+                    }
+                },
+            };
+            let s = match st {
+                Ok(f) => {
+                    metrics::counter!("rokka_rocketmq5_messages_acked_total", "group" => group.clone()).increment(1);
+                    let took = (rokka_store::now_ms() - f.first_handed_ms).max(0) as f64 / 1000.0;
+                    metrics::histogram!("rokka_rocketmq5_process_time_seconds").record(took);
+                    ok()
+                }
+                Err(HandleError::Stale) => status(
+                    pb::Code::InvalidReceiptHandle,
+                    "the receipt handle is from an earlier delivery of the message",
+                ),
+                Err(HandleError::NotInFlight) => status(
+                    pb::Code::InvalidReceiptHandle,
+                    "no message of this group is in flight under this receipt handle (acked already, or expired and redelivered)",
+                ),
+            };
+            entries.push(pb::AckMessageResultEntry {
+                message_id: e.message_id.clone(),
+                receipt_handle: e.receipt_handle.clone(),
+                status: Some(s),
+            });
+        }
+        for (q, st) in touched {
+            self.commit_watermark(&group, &topic, q, &pop::lock(&st));
+        }
+        let overall = match entries.first() {
+            None => status(pb::Code::BadRequest, "no entry to ack"),
+            Some(f) if entries.iter().all(|e| e.status == f.status) => f.status.clone().unwrap_or_else(ok),
+            Some(_) => status(pb::Code::MultipleResults, "the entries had different results"),
+        };
+        pb::AckMessageResponse {
+            status: Some(overall),
+            entries,
+        }
+    }
+
+    fn change_invisible(&self, req: pb::ChangeInvisibleDurationRequest) -> pb::ChangeInvisibleDurationResponse {
+        let group = name(&req.group).to_string();
+        let topic = name(&req.topic).to_string();
+        let ms = req.invisible_duration.as_ref().map_or(0, message::duration_ms);
+        let fail = |code, text: &str| pb::ChangeInvisibleDurationResponse {
+            status: Some(status(code, text)),
+            receipt_handle: String::new(),
+        };
+        if ms < 0 || ms > self.config.max_invisible_ms as i64 {
+            return fail(pb::Code::IllegalInvisibleTime, "invisible duration out of range");
+        }
+        let Some(r) = Receipt::decode(&req.receipt_handle) else {
+            return fail(pb::Code::InvalidReceiptHandle, "not a receipt handle of this broker");
+        };
+        let Some(st) = self.pops.existing(&group, &topic, r.queue) else {
+            return fail(
+                pb::Code::InvalidReceiptHandle,
+                "nothing of this group is in flight there",
+            );
+        };
+        let res = self
+            .pops
+            .change_invisible(&mut pop::lock(&st), &r, rokka_store::now_ms() + ms);
+        match res {
+            Ok(n) => pb::ChangeInvisibleDurationResponse {
+                status: Some(ok()),
+                receipt_handle: n.encode(),
+            },
+            Err(HandleError::Stale) => fail(
+                pb::Code::InvalidReceiptHandle,
+                "the receipt handle is from an earlier delivery",
+            ),
+            Err(HandleError::NotInFlight) => fail(pb::Code::InvalidReceiptHandle, "the message is not in flight"),
+        }
+    }
+
+    fn forward_to_dlq(&self, req: pb::ForwardMessageToDeadLetterQueueRequest) -> pb::Status {
+        let group = name(&req.group).to_string();
+        let topic = name(&req.topic).to_string();
+        let Some(r) = Receipt::decode(&req.receipt_handle) else {
+            return status(pb::Code::InvalidReceiptHandle, "not a receipt handle of this broker");
+        };
+        let Some(st) = self.pops.existing(&group, &topic, r.queue) else {
+            return status(
+                pb::Code::InvalidReceiptHandle,
+                "nothing of this group is in flight there",
+            );
+        };
+        let mut st = pop::lock(&st);
+        match st.in_flight.get(&r.offset) {
+            Some(f) if f.delivery == r.delivery => {}
+            _ => {
+                return status(
+                    pb::Code::InvalidReceiptHandle,
+                    "the message is not in flight under this handle",
+                )
+            }
+        }
+        let attempts = st.in_flight.get(&r.offset).map_or(1, |f| f.attempt);
+        if let Some(m) = self.message_at(&topic, r.queue, r.offset) {
+            if let Err(e) = self.to_dead_letters(&group, &m, attempts) {
+                return status(pb::Code::InternalServerError, e);
+            }
+        }
+        self.pops.forget(&mut st, r.offset);
+        self.commit_watermark(&group, &topic, r.queue, &st);
+        ok()
+    }
+
+    /// The settings a client receives on its Telemetry stream: its own,
+    /// with the server's limits and policies.
+    fn server_settings(&self, mut s: pb::Settings) -> pb::Settings {
+        match &mut s.pub_sub {
+            Some(pb::settings::PubSub::Publishing(p)) => {
+                p.max_body_size = self.config.max_body_bytes as i32;
+                p.validate_message_type = true;
+                s.backoff_policy = Some(pb::RetryPolicy {
+                    max_attempts: 3,
+                    strategy: Some(pb::retry_policy::Strategy::ExponentialBackoff(pb::ExponentialBackoff {
+                        initial: Some(message::duration(10)),
+                        max: Some(message::duration(1000)),
+                        multiplier: 2.0,
+                    })),
+                });
+            }
+            Some(pb::settings::PubSub::Subscription(sub)) => {
+                sub.fifo = Some(false);
+                sub.receive_batch_size = Some(self.config.max_receive_batch as i32);
+                let poll = sub
+                    .long_polling_timeout
+                    .as_ref()
+                    .map_or(20_000, message::duration_ms)
+                    .clamp(0, self.config.max_long_polling_ms as i64);
+                sub.long_polling_timeout = Some(message::duration(poll));
+                // Redelivery back-off of push consumers (Apache's delay
+                // levels from 1 s); attempts as the broker counts them.
+                let next = [
+                    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000, 420_000,
+                    480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
+                ];
+                s.backoff_policy = Some(pb::RetryPolicy {
+                    max_attempts: self.config.max_delivery_attempts as i32,
+                    strategy: Some(pb::retry_policy::Strategy::CustomizedBackoff(pb::CustomizedBackoff {
+                        next: next.iter().map(|ms| message::duration(*ms)).collect(),
+                    })),
+                });
+            }
+            None => {}
+        }
+        s.metric = Some(pb::Metric {
+            on: false,
+            endpoints: None,
+        });
+        s
+    }
+}
+
+/// The tonic service: a handle on the shared `Messaging`.
+#[derive(Debug, Clone)]
+pub struct Service(pub Arc<Messaging>);
+
+/// Decrements the Telemetry stream count when a stream ends.
+struct StreamSlot(Arc<AtomicU32>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+        metrics::gauge!("rokka_rocketmq5_telemetry_streams").decrement(1.0);
+    }
+}
+
+fn call(method: &'static str) {
+    metrics::counter!("rokka_rocketmq5_requests_total", "method" => method).increment(1);
+}
+
+#[tonic::async_trait]
+impl pb::messaging_service_server::MessagingService for Service {
+    async fn query_route(
+        &self,
+        req: Request<pb::QueryRouteRequest>,
+    ) -> Result<Response<pb::QueryRouteResponse>, Status> {
+        call("QueryRoute");
+        let req = req.into_inner();
+        let topic = name(&req.topic).to_string();
+        let m = &self.0;
+        let resp = match m.broker.topic_or_create(&topic, true, None) {
+            Ok(Some(info)) => pb::QueryRouteResponse {
+                status: Some(ok()),
+                message_queues: m.queues_of(&topic, info.partitions),
+            },
+            Ok(None) => pb::QueryRouteResponse {
+                status: Some(status(pb::Code::TopicNotFound, format!("topic {topic} not found"))),
+                message_queues: Vec::new(),
+            },
+            Err(e) => pb::QueryRouteResponse {
+                status: Some(status(pb::Code::IllegalTopic, e.to_string())),
+                message_queues: Vec::new(),
+            },
+        };
+        Ok(Response::new(resp))
+    }
+
+    async fn heartbeat(&self, _req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        call("Heartbeat");
+        Ok(Response::new(pb::HeartbeatResponse { status: Some(ok()) }))
+    }
+
+    async fn send_message(
+        &self,
+        req: Request<pb::SendMessageRequest>,
+    ) -> Result<Response<pb::SendMessageResponse>, Status> {
+        call("SendMessage");
+        let peer = req.remote_addr();
+        let m = Arc::clone(&self.0);
+        let req = req.into_inner();
+        // Appends may wait on the disk (sync flush): off the async workers.
+        let resp = rokka_broker::offload(|| m.send(req, peer));
+        Ok(Response::new(resp))
+    }
+
+    async fn query_assignment(
+        &self,
+        req: Request<pb::QueryAssignmentRequest>,
+    ) -> Result<Response<pb::QueryAssignmentResponse>, Status> {
+        call("QueryAssignment");
+        let req = req.into_inner();
+        let topic = name(&req.topic).to_string();
+        let m = &self.0;
+        // Pop consumers share every queue: each member is assigned all of
+        // them and the broker hands each message to one member at a time.
+        let resp = match m.broker.topics().get(&topic) {
+            Some(info) => pb::QueryAssignmentResponse {
+                status: Some(ok()),
+                assignments: m
+                    .queues_of(&topic, info.partitions)
+                    .into_iter()
+                    .map(|q| pb::Assignment { message_queue: Some(q) })
+                    .collect(),
+            },
+            None => pb::QueryAssignmentResponse {
+                status: Some(status(pb::Code::TopicNotFound, format!("topic {topic} not found"))),
+                assignments: Vec::new(),
+            },
+        };
+        Ok(Response::new(resp))
+    }
+
+    type ReceiveMessageStream = Stream_<pb::ReceiveMessageResponse>;
+
+    async fn receive_message(
+        &self,
+        req: Request<pb::ReceiveMessageRequest>,
+    ) -> Result<Response<Self::ReceiveMessageStream>, Status> {
+        call("ReceiveMessage");
+        let out = self.0.receive(req.into_inner()).await;
+        Ok(Response::new(Box::pin(tokio_stream::iter(out.into_iter().map(Ok)))))
+    }
+
+    async fn ack_message(
+        &self,
+        req: Request<pb::AckMessageRequest>,
+    ) -> Result<Response<pb::AckMessageResponse>, Status> {
+        call("AckMessage");
+        Ok(Response::new(self.0.ack(req.into_inner())))
+    }
+
+    async fn forward_message_to_dead_letter_queue(
+        &self,
+        req: Request<pb::ForwardMessageToDeadLetterQueueRequest>,
+    ) -> Result<Response<pb::ForwardMessageToDeadLetterQueueResponse>, Status> {
+        call("ForwardMessageToDeadLetterQueue");
+        let m = Arc::clone(&self.0);
+        let req = req.into_inner();
+        let s = rokka_broker::offload(|| m.forward_to_dlq(req));
+        Ok(Response::new(pb::ForwardMessageToDeadLetterQueueResponse {
+            status: Some(s),
+        }))
+    }
+
+    type PullMessageStream = Stream_<pb::PullMessageResponse>;
+
+    async fn pull_message(
+        &self,
+        _req: Request<pb::PullMessageRequest>,
+    ) -> Result<Response<Self::PullMessageStream>, Status> {
+        call("PullMessage");
+        let s = status(
+            pb::Code::NotImplemented,
+            "PullMessage is not served; use ReceiveMessage",
+        );
+        Ok(Response::new(Box::pin(tokio_stream::iter([Ok(
+            pb::PullMessageResponse {
+                content: Some(pb::pull_message_response::Content::Status(s)),
+            },
+        )]))))
+    }
+
+    async fn update_offset(
+        &self,
+        req: Request<pb::UpdateOffsetRequest>,
+    ) -> Result<Response<pb::UpdateOffsetResponse>, Status> {
+        call("UpdateOffset");
+        let req = req.into_inner();
+        let mq = req.message_queue.unwrap_or_default();
+        let (group, topic) = (name(&req.group).to_string(), name(&mq.topic).to_string());
+        let s = if group.is_empty() || topic.is_empty() || mq.id < 0 || req.offset < 0 {
+            status(
+                pb::Code::BadRequest,
+                "group, topic, queue and a non-negative offset are required",
+            )
+        } else {
+            let q = mq.id as u32;
+            self.0.pops.reset(&group, &topic, q);
+            if self
+                .0
+                .broker
+                .store()
+                .offsets()
+                .commit_bounded(&group, &topic, q, req.offset as u64, "", -1)
+            {
+                ok()
+            } else {
+                status(
+                    pb::Code::TooManyRequests,
+                    "too many committed offsets (store.max_committed_offsets)",
+                )
+            }
+        };
+        Ok(Response::new(pb::UpdateOffsetResponse { status: Some(s) }))
+    }
+
+    async fn get_offset(&self, req: Request<pb::GetOffsetRequest>) -> Result<Response<pb::GetOffsetResponse>, Status> {
+        call("GetOffset");
+        let req = req.into_inner();
+        let mq = req.message_queue.unwrap_or_default();
+        let c = self
+            .0
+            .broker
+            .store()
+            .offsets()
+            .get(name(&req.group), name(&mq.topic), mq.id.max(0) as u32);
+        Ok(Response::new(match c {
+            Some(c) => pb::GetOffsetResponse {
+                status: Some(ok()),
+                offset: c.offset as i64,
+            },
+            None => pb::GetOffsetResponse {
+                status: Some(status(pb::Code::OffsetNotFound, "the group has no offset there")),
+                offset: 0,
+            },
+        }))
+    }
+
+    async fn query_offset(
+        &self,
+        req: Request<pb::QueryOffsetRequest>,
+    ) -> Result<Response<pb::QueryOffsetResponse>, Status> {
+        call("QueryOffset");
+        let req = req.into_inner();
+        let mq = req.message_queue.clone().unwrap_or_default();
+        let (topic, q) = (name(&mq.topic).to_string(), mq.id.max(0) as u32);
+        let store = self.0.broker.store();
+        let offset = match req.query_offset_policy() {
+            pb::QueryOffsetPolicy::Beginning => store.min_offset(&topic, q),
+            pb::QueryOffsetPolicy::End => store.max_offset(&topic, q),
+            pb::QueryOffsetPolicy::Timestamp => {
+                let ts = req.timestamp.as_ref().map_or(0, message::timestamp_ms);
+                store.offset_by_store_time(&topic, q, ts)
+            }
+        };
+        Ok(Response::new(pb::QueryOffsetResponse {
+            status: Some(ok()),
+            offset: offset as i64,
+        }))
+    }
+
+    async fn end_transaction(
+        &self,
+        _req: Request<pb::EndTransactionRequest>,
+    ) -> Result<Response<pb::EndTransactionResponse>, Status> {
+        call("EndTransaction");
+        Ok(Response::new(pb::EndTransactionResponse {
+            status: Some(status(
+                pb::Code::NotImplemented,
+                "transactional messages over gRPC are not served yet",
+            )),
+        }))
+    }
+
+    type TelemetryStream = Stream_<pb::TelemetryCommand>;
+
+    async fn telemetry(
+        &self,
+        req: Request<tonic::Streaming<pb::TelemetryCommand>>,
+    ) -> Result<Response<Self::TelemetryStream>, Status> {
+        call("Telemetry");
+        let m = Arc::clone(&self.0);
+        let count = &m.telemetry_streams;
+        if count.fetch_add(1, Ordering::Relaxed) >= m.config.max_telemetry_streams {
+            count.fetch_sub(1, Ordering::Relaxed);
+            metrics::counter!("rokka_rocketmq5_telemetry_refused_total").increment(1);
+            return Err(Status::resource_exhausted(
+                "too many telemetry streams (grpc.max_telemetry_streams)",
+            ));
+        }
+        metrics::gauge!("rokka_rocketmq5_telemetry_streams").increment(1.0);
+        let slot = StreamSlot(Arc::clone(count));
+        let mut input = req.into_inner();
+        let (tx, rx) = mpsc::channel::<Result<pb::TelemetryCommand, Status>>(8);
+        let idle = Duration::from_millis(m.config.idle_timeout_ms.max(1000));
+        tokio::spawn(async move {
+            let _slot = slot;
+            loop {
+                let next = match tokio::time::timeout(idle, input.message()).await {
+                    Err(_) => {
+                        let _ = tx.send(Err(Status::deadline_exceeded("telemetry stream idle"))).await;
+                        return;
+                    }
+                    Ok(Err(_)) | Ok(Ok(None)) => return,
+                    Ok(Ok(Some(cmd))) => cmd,
+                };
+                let reply = match next.command {
+                    Some(pb::telemetry_command::Command::Settings(s)) => pb::TelemetryCommand {
+                        status: Some(ok()),
+                        command: Some(pb::telemetry_command::Command::Settings(m.server_settings(s))),
+                    },
+                    // Answers to server commands (stack traces, message
+                    // verification): nothing asks for them yet.
+                    _ => continue,
+                };
+                if tx.send(Ok(reply)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn notify_client_termination(
+        &self,
+        _req: Request<pb::NotifyClientTerminationRequest>,
+    ) -> Result<Response<pb::NotifyClientTerminationResponse>, Status> {
+        call("NotifyClientTermination");
+        Ok(Response::new(pb::NotifyClientTerminationResponse {
+            status: Some(ok()),
+        }))
+    }
+
+    async fn change_invisible_duration(
+        &self,
+        req: Request<pb::ChangeInvisibleDurationRequest>,
+    ) -> Result<Response<pb::ChangeInvisibleDurationResponse>, Status> {
+        call("ChangeInvisibleDuration");
+        Ok(Response::new(self.0.change_invisible(req.into_inner())))
+    }
+
+    async fn recall_message(
+        &self,
+        _req: Request<pb::RecallMessageRequest>,
+    ) -> Result<Response<pb::RecallMessageResponse>, Status> {
+        call("RecallMessage");
+        Ok(Response::new(pb::RecallMessageResponse {
+            status: Some(status(pb::Code::NotImplemented, "recalling messages is not supported")),
+            message_id: String::new(),
+        }))
+    }
+
+    async fn sync_lite_subscription(
+        &self,
+        _req: Request<pb::SyncLiteSubscriptionRequest>,
+    ) -> Result<Response<pb::SyncLiteSubscriptionResponse>, Status> {
+        call("SyncLiteSubscription");
+        Ok(Response::new(pb::SyncLiteSubscriptionResponse {
+            status: Some(status(pb::Code::NotImplemented, "lite topics are not supported")),
+        }))
+    }
+}
