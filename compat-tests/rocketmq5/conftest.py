@@ -1,0 +1,56 @@
+"""A rokka with its gRPC listener per test module, the RocketMQ 5 Python
+client, and the remoting harness (rocketmq-client-rust) for crossings."""
+import logging
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
+from rokka_fixture import running  # noqa: E402
+
+HARNESS = os.environ.get(
+    "ROKKA_RMQ_HARNESS",
+    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "release", "rokka-rocketmq-compat"),
+)
+
+# Short invisible durations and few attempts, so redelivery and the dead
+# letter queue show within seconds.
+GRPC = "min_invisible_ms = 1000\nmax_delivery_attempts = 3\n"
+
+# The client logs every RPC at INFO to its own file; keep the output short.
+logging.getLogger("rocketmq").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def rokka(request):
+    with running("rocketmq5", request.module.__name__, grpc_extra=GRPC, metrics_extra="lag_interval_ms = 300") as r:
+        yield r
+
+
+def harness(rokka, *args, timeout=150):
+    """Runs one remoting harness scenario against `rokka`; its `compat:` lines."""
+    p = subprocess.run(
+        [HARNESS, f"127.0.0.1:{rokka.namesrv_port}", *[str(a) for a in args]],
+        capture_output=True,
+        timeout=timeout,
+        text=True,
+    )
+    lines = [l[len("compat: "):] for l in p.stdout.splitlines() if l.startswith("compat: ")]
+    assert p.returncode == 0, f"harness {args} failed: {lines[-5:]} {p.stderr[-2000:]}"
+    return lines
+
+
+def receive_all(consumer, n, invisible=30, timeout=30, ack=True):
+    """Receives until n messages arrived (acking each unless told not to) or
+    the time is up; the messages in arrival order."""
+    got = []
+    deadline = time.time() + timeout
+    while len(got) < n and time.time() < deadline:
+        for m in consumer.receive(16, invisible):
+            got.append(m)
+            if ack:
+                consumer.ack(m)
+    return got

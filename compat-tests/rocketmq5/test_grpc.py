@@ -1,0 +1,297 @@
+"""The RocketMQ 5 Python client (rocketmq-python-client, gRPC) against
+rokka: sends, pop consumption (receive, ack, invisible durations,
+redelivery, dead letters), delay and FIFO messages, and crossings with
+remoting (rocketmq-client-rust) and Kafka (kafka-python) clients."""
+import os
+import time
+import uuid
+
+import pytest
+from conftest import harness, receive_all
+from kafka import KafkaConsumer, KafkaProducer
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+
+
+def config(rokka):
+    return ClientConfiguration(f"127.0.0.1:{rokka.grpc_port}", Credentials())
+
+
+def name(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class Clients:
+    """Producers and consumers a test started, shut down at its end."""
+
+    def __init__(self, rokka):
+        self.rokka = rokka
+        self.started = []
+
+    def producer(self, *topics):
+        p = Producer(config(self.rokka), topics)
+        p.startup()
+        self.started.append(p)
+        return p
+
+    def consumer(self, group, topic, expr="*", wait=2):
+        c = SimpleConsumer(config(self.rokka), group, {topic: FilterExpression(expr)}, await_duration=wait)
+        c.startup()
+        self.started.append(c)
+        return c
+
+    def close(self):
+        for c in reversed(self.started):
+            try:
+                c.shutdown()
+            except Exception:  # noqa: BLE001 - a client failing to stop must not hide the test's result
+                pass
+
+
+@pytest.fixture
+def clients(rokka):
+    c = Clients(rokka)
+    yield c
+    c.close()
+
+
+def message(topic, body, tag=None, keys=None, props=None, group=None, deliver_at=None):
+    m = Message()
+    m.topic = topic
+    m.body = body
+    if tag:
+        m.tag = tag
+    if keys:
+        m.keys = keys
+    for k, v in (props or {}).items():
+        m.add_property(k, v)
+    if group:
+        m.message_group = group
+    if deliver_at:
+        m.delivery_timestamp = deliver_at
+    return m
+
+
+def metric(rokka, name, **labels):
+    total = 0.0
+    for k, v in rokka.metric_values().items():
+        if k == name or k.startswith(name + "{"):
+            if all(f'{lk}="{lv}"' in k for lk, lv in labels.items()):
+                total += v
+    return total
+
+
+def test_messages_sent_over_grpc_are_received_byte_exact(rokka, clients):
+    topic, group = name("g5-basic"), name("g5-basic-g")
+    p = clients.producer(topic)
+    sent = {}
+    for i in range(20):
+        body = os.urandom(64) + f"-{i}-é".encode()
+        r = p.send(message(topic, body, tag="TagA" if i % 2 == 0 else "TagB", keys=f"key-{i}", props={"n": str(i), "u": "é"}))
+        sent[r.message_id] = (i, body)
+    assert len(sent) == 20, "every send got its own message id"
+    c = clients.consumer(group, topic)
+    got = receive_all(c, 20)
+    assert len(got) == 20, f"received {len(got)} of 20"
+    for m in got:
+        i, body = sent[m.message_id]
+        assert m.body == body, f"message {i} not byte-exact"
+        assert m.tag == ("TagA" if i % 2 == 0 else "TagB")
+        assert m.keys == {f"key-{i}"}
+        assert m.properties == {"n": str(i), "u": "é"}
+        assert m.delivery_attempt == 1
+        assert not m.corrupted, "the body digest rokka sent matches the body"
+    assert len({m.message_id for m in got}) == 20, "none twice"
+    # Acked: nothing comes back, even after the invisible time.
+    assert receive_all(c, 1, invisible=1, timeout=4) == []
+    # A tag filter gets only its tag (a new group starts at the queue's start).
+    only_b = clients.consumer(name("g5-basic-tag"), topic, expr="TagB")
+    tagged = receive_all(only_b, 10)
+    assert sorted(sent[m.message_id][0] for m in tagged) == list(range(1, 20, 2))
+    assert metric(rokka, "rokka_rocketmq5_messages_acked_total") >= 30
+
+
+def test_an_unacked_message_comes_back_with_attempt_2_and_its_old_handle_is_refused(rokka, clients):
+    topic, group = name("g5-redeliver"), name("g5-redeliver-g")
+    p = clients.producer(topic)
+    mid = p.send(message(topic, b"come back")).message_id
+    c = clients.consumer(group, topic)
+    first = receive_all(c, 1, invisible=5, ack=False)
+    handed = time.time()
+    assert [m.message_id for m in first] == [mid]
+    old_handle = first[0].receipt_handle
+    # Invisible for 5 s: not handed out again meanwhile (this receive
+    # long-polls the consumer's 2 s).
+    assert receive_all(c, 1, invisible=5, timeout=1, ack=False) == []
+    again = receive_all(c, 1, invisible=10, timeout=10, ack=False)
+    assert time.time() - handed >= 4.5, "not before its invisible time ended"
+    assert [m.message_id for m in again] == [mid]
+    assert again[0].delivery_attempt == 2
+    assert again[0].body == b"come back"
+    assert again[0].receipt_handle != old_handle
+    # The first delivery's handle no longer acks it.
+    first[0].receipt_handle = old_handle
+    with pytest.raises(Exception) as refused:
+        c.ack(first[0])
+    assert "40013" in str(refused.value) or "receipt" in str(refused.value).lower(), refused.value
+    c.ack(again[0])
+    assert receive_all(c, 1, invisible=1, timeout=12) == [], "acked: not delivered again"
+
+
+def test_change_invisible_duration_keeps_a_message_hidden_longer(rokka, clients):
+    topic, group = name("g5-change"), name("g5-change-g")
+    clients.producer(topic).send(message(topic, b"slow work"))
+    c = clients.consumer(group, topic)
+    m = receive_all(c, 1, invisible=2, ack=False)[0]
+    handle = m.receipt_handle
+    c.change_invisible_duration(m, 20)
+    assert m.receipt_handle != handle, "a changed duration gives a new handle"
+    # Past the first 2 s the message stays hidden.
+    time.sleep(3)
+    assert receive_all(c, 1, invisible=2, timeout=2, ack=False) == []
+    c.ack(m)  # with the new handle
+
+
+def test_after_max_attempts_a_message_goes_to_the_dead_letter_queue(rokka, clients):
+    # The fixture sets grpc.max_delivery_attempts = 3.
+    topic, group = name("g5-dlq"), name("g5-dlq-g")
+    p = clients.producer(topic)
+    mid = p.send(message(topic, b"poison", keys="poison-key", props={"why": "fails"})).message_id
+    c = clients.consumer(group, topic)
+    attempts = []
+    deadline = time.time() + 30
+    while time.time() < deadline and len(attempts) < 4:
+        for m in c.receive(4, 1):
+            attempts.append(m.delivery_attempt)
+        time.sleep(0.2)
+        if len(attempts) == 3:
+            # The next pop after the third invisible time moves it.
+            time.sleep(1.5)
+            assert receive_all(c, 1, invisible=1, timeout=3, ack=False) == []
+            break
+    assert attempts == [1, 2, 3], attempts
+    dlq = clients.consumer(name("g5-dlq-reader"), f"%DLQ%{group}")
+    dead = receive_all(dlq, 1)
+    assert len(dead) == 1
+    assert dead[0].body == b"poison" and dead[0].message_id == mid
+    assert dead[0].keys == {"poison-key"} and dead[0].properties.get("why") == "fails"
+    assert metric(rokka, "rokka_rocketmq5_dlq_messages_total", group=group) == 1
+
+
+def test_a_delay_message_arrives_after_its_delivery_time(rokka, clients):
+    topic, group = name("g5-delay"), name("g5-delay-g")
+    p = clients.producer(topic)
+    c = clients.consumer(group, topic)
+    # The Python client puts delivery_timestamp on the wire as seconds.
+    due = int(time.time()) + 4
+    p.send(message(topic, b"later", deliver_at=due))
+    p.send(message(topic, b"now"))
+    early = receive_all(c, 2, timeout=2)
+    assert [m.body for m in early] == [b"now"], "the delay message is not visible before its time"
+    late = receive_all(c, 1, timeout=15)
+    assert [m.body for m in late] == [b"later"]
+    assert time.time() >= due - 0.5
+
+
+def test_fifo_messages_of_one_group_land_on_one_queue_in_order(rokka, clients):
+    topic, group = name("g5-fifo"), name("g5-fifo-g")
+    p = clients.producer(topic)
+    receipts = {}
+    for g in ("order-1", "order-2", "order-3"):
+        for i in range(5):
+            r = p.send(message(topic, f"{g}:{i}".encode(), group=g))
+            receipts.setdefault(g, []).append(r)
+    c = clients.consumer(group, topic)
+    got = receive_all(c, 15)
+    by_group = {}
+    for m in got:
+        assert m.message_group in ("order-1", "order-2", "order-3")
+        by_group.setdefault(m.message_group, []).append(m)
+    for g, ms in by_group.items():
+        assert [m.body.decode() for m in ms] == [f"{g}:{i}" for i in range(5)], "a group's messages in send order"
+    # One message group, one queue: its sends took increasing offsets there.
+    for g, rs in receipts.items():
+        offs = [r.offset for r in rs]
+        assert offs == sorted(offs) and len(set(offs)) == 5, offs
+
+
+def test_grpc_messages_cross_to_remoting_and_kafka_consumers(rokka, clients):
+    topic = name("g5-out")
+    p = clients.producer(topic)
+    bodies = [f"grpc-{i}-é".encode() + os.urandom(8) for i in range(6)]
+    for i, b in enumerate(bodies):
+        p.send(message(topic, b, tag="TagG", keys=f"gk-{i}", props={"p": f"v{i}"}))
+    # A remoting push consumer (rocketmq-client-rust).
+    lines = harness(rokka, "cross-consume", topic, name("g5-out-rmq"), 6)
+    msgs = [l[len("msg "):].split(" ") for l in lines if l.startswith("msg ")]
+    assert len(msgs) == 6, lines[-5:]
+    seen = {}
+    for q, off, born, body, keys, tags, props, host in msgs:
+        body = bytes.fromhex(body)
+        seen[body] = (bytes.fromhex(keys).decode(), bytes.fromhex(tags).decode(), bytes.fromhex(props))
+    assert sorted(seen) == sorted(bodies)
+    for i, b in enumerate(bodies):
+        keys, tags, props = seen[b]
+        assert (keys, tags) == (f"gk-{i}", "TagG")
+        assert f"p\x01v{i}\x02".encode() in props
+    # A Kafka consumer.
+    k = KafkaConsumer(
+        topic,
+        bootstrap_servers=rokka.bootstrap,
+        group_id=name("g5-out-kafka"),
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=8000,
+    )
+    try:
+        records = []
+        for r in k:
+            records.append(r)
+            if len(records) == 6:
+                break
+    finally:
+        k.close()
+    assert sorted(r.value for r in records) == sorted(bodies)
+    for r in records:
+        i = bodies.index(r.value)
+        headers = dict(r.headers)
+        assert r.key == f"gk-{i}".encode()
+        assert headers.get("rocketmq.tags") == b"TagG" and headers.get("p") == f"v{i}".encode()
+
+
+def test_remoting_and_kafka_messages_cross_to_a_grpc_consumer(rokka, clients):
+    topic = name("g5-in")
+    harness(rokka, "cross-produce", topic, 4)
+    kp = KafkaProducer(bootstrap_servers=rokka.bootstrap)
+    for i in range(4):
+        kp.send(topic, key=f"kk-{i}".encode(), value=f"kafka-{i}".encode(), headers=[("rocketmq.tags", b"TagK"), ("h", b"x")])
+    kp.flush()
+    kp.close()
+    c = clients.consumer(name("g5-in-g"), topic)
+    got = receive_all(c, 8)
+    assert len(got) == 8, [m.body for m in got]
+    remoting = sorted((m for m in got if m.body.startswith(b"rmq-")), key=lambda m: m.body)
+    kafka = sorted((m for m in got if m.body.startswith(b"kafka-")), key=lambda m: m.body)
+    assert [m.body for m in remoting] == [f"rmq-{i}-é".encode() for i in range(4)]
+    for i, m in enumerate(remoting):
+        assert m.keys == {f"key-{i}"} and m.tag == ("TagX" if i % 2 == 0 else "TagY")
+        assert m.properties.get("p1") == f"v{i}" and m.properties.get("unicode") == f"é{i}"
+    assert [m.body for m in kafka] == [f"kafka-{i}".encode() for i in range(4)]
+    for i, m in enumerate(kafka):
+        assert m.keys == {f"kk-{i}"} and m.tag == "TagK" and m.properties.get("h") == "x"
+    assert len({m.message_id for m in got}) == 8
+
+
+def test_a_group_moves_from_remoting_push_consumers_to_a_simple_consumer(rokka, clients):
+    topic, group = name("g5-move"), name("g5-move-g")
+    harness(rokka, "cross-produce", topic, 10)
+    # The remoting group consumes all 10 and commits its offsets at shutdown.
+    lines = harness(rokka, "cross-consume", topic, group, 10)
+    assert len([l for l in lines if l.startswith("msg ")]) >= 10
+    p = clients.producer(topic)
+    new = [f"after-move-{i}".encode() for i in range(5)]
+    for b in new:
+        p.send(message(topic, b))
+    c = clients.consumer(group, topic)
+    got = receive_all(c, 5)
+    time.sleep(1)
+    got += receive_all(c, 1, timeout=2)
+    assert sorted(m.body for m in got) == sorted(new), "the group continues where the remoting consumers stopped"
