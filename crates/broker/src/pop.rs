@@ -105,17 +105,32 @@ pub enum HandleError {
 
 type Key = (String, String, u32);
 
-/// Every group's pop state, with a budget on the in-flight entries.
+/// Every group's pop state, with budgets on the in-flight entries and on
+/// the (group, topic, queue) states.
 #[derive(Debug)]
 pub struct Pops {
     queues: Mutex<HashMap<Key, Arc<Mutex<QueuePops>>>>,
     next_delivery: AtomicU64,
     in_flight: AtomicU64,
     max_in_flight: u64,
+    max_queues: usize,
+    /// Bumped on every change, for persisting only when something changed.
+    changes: AtomicU64,
+    persisted: AtomicU64,
+}
+
+/// One queue's state in the pop state file.
+#[derive(Debug, Serialize, Deserialize)]
+struct Saved {
+    group: String,
+    topic: String,
+    queue: u32,
+    cursor: u64,
+    in_flight: Vec<(u64, InFlight)>,
 }
 
 impl Pops {
-    pub fn new(max_in_flight: u64) -> Pops {
+    pub fn new(max_in_flight: u64, max_queues: usize) -> Pops {
         Pops {
             queues: Mutex::new(HashMap::new()),
             // Delivery numbers start at a random point so handles from
@@ -123,20 +138,102 @@ impl Pops {
             next_delivery: AtomicU64::new(u64::from(rand::random::<u32>()) << 16),
             in_flight: AtomicU64::new(0),
             max_in_flight: max_in_flight.max(1),
+            max_queues: max_queues.max(1),
+            changes: AtomicU64::new(0),
+            persisted: AtomicU64::new(0),
         }
     }
 
     /// The state of one queue, created with `cursor` from `init` the first
     /// time (the group's committed offset, or where a new group starts).
-    pub fn queue(&self, group: &str, topic: &str, queue: u32, init: impl FnOnce() -> u64) -> Arc<Mutex<QueuePops>> {
+    /// None when `max_queues` states exist and none can be let go (a
+    /// state with nothing in flight is dropped to make room: its place is
+    /// the group's committed offset).
+    pub fn queue(
+        &self,
+        group: &str,
+        topic: &str,
+        queue: u32,
+        init: impl FnOnce() -> u64,
+    ) -> Option<Arc<Mutex<QueuePops>>> {
         let mut q = lock(&self.queues);
         let key = (group.to_string(), topic.to_string(), queue);
-        Arc::clone(q.entry(key).or_insert_with(|| {
-            Arc::new(Mutex::new(QueuePops {
-                cursor: init(),
-                in_flight: BTreeMap::new(),
-            }))
-        }))
+        if let Some(st) = q.get(&key) {
+            return Some(Arc::clone(st));
+        }
+        if q.len() >= self.max_queues {
+            let idle = q
+                .iter()
+                .find(|(_, st)| Arc::strong_count(st) == 1 && lock(st).in_flight.is_empty())
+                .map(|(k, _)| k.clone());
+            match idle {
+                Some(k) => {
+                    q.remove(&k);
+                }
+                None => {
+                    metrics::counter!("rokka_rocketmq5_pop_queues_refused_total").increment(1);
+                    return None;
+                }
+            }
+        }
+        let st = Arc::new(Mutex::new(QueuePops {
+            cursor: init(),
+            in_flight: BTreeMap::new(),
+        }));
+        q.insert(key, Arc::clone(&st));
+        metrics::gauge!("rokka_rocketmq5_pop_queues").set(q.len() as f64);
+        Some(st)
+    }
+
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Loads the pop state file written by `persist` (none: empty).
+    pub fn load(&self, path: &std::path::Path) -> crate::Result<()> {
+        let saved: Vec<Saved> = crate::json_file::read_or_default(path)?;
+        self.restore(
+            saved
+                .into_iter()
+                .map(|s| {
+                    (
+                        s.group,
+                        s.topic,
+                        s.queue,
+                        QueuePops {
+                            cursor: s.cursor,
+                            in_flight: s.in_flight.into_iter().collect(),
+                        },
+                    )
+                })
+                .collect(),
+        );
+        self.persisted
+            .store(self.changes.load(Ordering::Relaxed), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes every queue's state to `path` when something changed since
+    /// the last write (atomically, fsynced).
+    pub fn persist_if_dirty(&self, path: &std::path::Path) -> crate::Result<()> {
+        let now = self.changes.load(Ordering::Relaxed);
+        if now == self.persisted.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let saved: Vec<Saved> = self
+            .snapshot()
+            .into_iter()
+            .map(|(group, topic, queue, st)| Saved {
+                group,
+                topic,
+                queue,
+                cursor: st.cursor,
+                in_flight: st.in_flight.into_iter().collect(),
+            })
+            .collect();
+        crate::json_file::write(path, &saved, false)?;
+        self.persisted.store(now, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The state of one queue if it has any.
@@ -185,6 +282,7 @@ impl Pops {
         if offset >= st.cursor {
             st.cursor = offset + 1;
         }
+        self.changed();
         self.publish_gauge();
         (
             Receipt {
@@ -204,6 +302,7 @@ impl Pops {
             Some(_) => {
                 let f = st.in_flight.remove(&r.offset).ok_or(HandleError::NotInFlight)?;
                 self.in_flight.fetch_sub(1, Ordering::Relaxed);
+                self.changed();
                 self.publish_gauge();
                 Ok(f)
             }
@@ -215,6 +314,7 @@ impl Pops {
     pub fn forget(&self, st: &mut QueuePops, offset: u64) {
         if st.in_flight.remove(&offset).is_some() {
             self.in_flight.fetch_sub(1, Ordering::Relaxed);
+            self.changed();
             self.publish_gauge();
         }
     }
@@ -233,6 +333,7 @@ impl Pops {
             Some(f) => {
                 f.delivery = delivery;
                 f.visible_at_ms = visible_at_ms;
+                self.changed();
                 Ok(Receipt {
                     queue: r.queue,
                     offset: r.offset,
@@ -274,7 +375,7 @@ impl Pops {
         let mut max_delivery = 0;
         for (g, t, queue, st) in entries {
             let n = st.in_flight.len() as u64;
-            if self.in_flight.load(Ordering::Relaxed) + n > self.max_in_flight {
+            if self.in_flight.load(Ordering::Relaxed) + n > self.max_in_flight || q.len() >= self.max_queues {
                 continue;
             }
             max_delivery = max_delivery.max(st.in_flight.values().map(|f| f.delivery).max().unwrap_or(0));
@@ -292,6 +393,7 @@ impl Pops {
         if let Some(st) = removed {
             let n = lock(&st).in_flight.len() as u64;
             self.in_flight.fetch_sub(n, Ordering::Relaxed);
+            self.changed();
             self.publish_gauge();
         }
     }
@@ -322,8 +424,8 @@ mod tests {
 
     #[test]
     fn hand_out_ack_redeliver_and_watermark() {
-        let pops = Pops::new(10);
-        let st = pops.queue("g", "t", 0, || 5);
+        let pops = Pops::new(10, 10);
+        let st = pops.queue("g", "t", 0, || 5).expect("room");
         let mut st = lock(&st);
         let (a, n) = pops.hand_out(&mut st, 0, 5, 1_000, 0);
         assert_eq!(n, 1);
@@ -346,19 +448,43 @@ mod tests {
     }
 
     #[test]
-    fn restore_keeps_handles_and_the_budget() {
-        let pops = Pops::new(2);
-        let st = pops.queue("g", "t", 1, || 0);
-        let r = {
+    fn the_state_file_keeps_handles_across_a_restart() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("config").join("pop-state.json");
+        let pops = Pops::new(2, 10);
+        let st = pops.queue("g", "t", 1, || 0).expect("room");
+        let (r, r2) = {
             let mut st = lock(&st);
-            pops.hand_out(&mut st, 1, 0, 10, 0).0
+            (
+                pops.hand_out(&mut st, 1, 0, 10, 0).0,
+                pops.hand_out(&mut st, 1, 1, 10, 0).0,
+            )
         };
-        let snap = pops.snapshot();
-        let again = Pops::new(2);
-        again.restore(snap);
+        pops.ack(&mut lock(&st), &r2).expect("acked");
+        pops.persist_if_dirty(&path).expect("written");
+        let again = Pops::new(2, 10);
+        again.load(&path).expect("read");
         let st = again.existing("g", "t", 1).expect("restored");
         let mut st = lock(&st);
+        // Offset 1 was acked: not in flight after the restart; 0 still is.
+        assert_eq!(again.ack(&mut st, &r2), Err(HandleError::NotInFlight));
+        assert_eq!(st.cursor, 2);
         assert!(again.ack(&mut st, &r).is_ok());
         assert!(again.has_room());
+    }
+
+    #[test]
+    fn queue_states_are_bounded_and_idle_ones_make_room() {
+        let pops = Pops::new(10, 2);
+        let a = pops.queue("g", "t", 0, || 0).expect("room");
+        pops.hand_out(&mut lock(&a), 0, 0, 10, 0);
+        drop(a);
+        let b = pops.queue("g", "t", 1, || 0).expect("room");
+        // Full: the idle state of queue 1 is held by `b`, queue 0 has a
+        // message in flight; nothing can go.
+        assert!(pops.queue("g", "t", 2, || 0).is_none());
+        drop(b);
+        assert!(pops.queue("g", "t", 2, || 0).is_some(), "the idle one made room");
+        assert!(pops.existing("g", "t", 0).is_some(), "in flight: kept");
     }
 }

@@ -45,6 +45,15 @@ pub struct GrpcConfig {
     /// Messages handed out and not yet acked, over every group (more
     /// ReceiveMessage calls answer TOO_MANY_REQUESTS until acks come).
     pub max_in_flight_messages: u64,
+    /// (group, topic, queue) pop states at most (each a cursor and its
+    /// in-flight messages); past it, idle ones are let go, else receives
+    /// on new queues answer TOO_MANY_REQUESTS.
+    pub max_pop_queues: u32,
+    /// How often the pop state (cursors, in-flight messages and their
+    /// handles) is written to `<data_dir>/config/pop-state.json` when it
+    /// changed (ms); also at shutdown. After a crash, acks of the last
+    /// interval may be lost: those messages come again (at least once).
+    pub pop_state_flush_ms: u64,
     /// At most this many Telemetry streams at once (one per client).
     pub max_telemetry_streams: u32,
     /// A Telemetry stream or connection that sends nothing this long is
@@ -70,6 +79,8 @@ impl Default for GrpcConfig {
             min_invisible_ms: 10_000,
             max_invisible_ms: 12 * 3600 * 1000,
             max_in_flight_messages: 100_000,
+            max_pop_queues: 100_000,
+            pop_state_flush_ms: 1000,
             max_telemetry_streams: 1024,
             idle_timeout_ms: 120_000,
         }

@@ -176,7 +176,20 @@ pub async fn serve(
             }
         }
     });
-    let svc = pb::messaging_service_server::MessagingServiceServer::new(Service(messaging))
+    // The pop state goes to disk every pop_state_flush_ms while it changes.
+    let flusher = {
+        let m = Arc::clone(&messaging);
+        let every = Duration::from_millis(config.pop_state_flush_ms.max(10));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let m = Arc::clone(&m);
+                let _ = tokio::task::spawn_blocking(move || m.persist_pops()).await;
+            }
+        })
+    };
+    let svc = pb::messaging_service_server::MessagingServiceServer::new(Service(Arc::clone(&messaging)))
         .max_decoding_message_size(config.max_request_bytes.max(1024) as usize);
     let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
     let result = tonic::transport::Server::builder()
@@ -194,4 +207,7 @@ pub async fn serve(
         tracing::error!(error = %e, "gRPC listener stopped");
     }
     acceptor.abort();
+    flusher.abort();
+    // Acks up to the stop are kept: a restart delivers none of them again.
+    let _ = tokio::task::spawn_blocking(move || messaging.persist_pops()).await;
 }

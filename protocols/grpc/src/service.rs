@@ -36,6 +36,8 @@ pub struct Messaging {
     /// The store host of message ids made from offsets.
     store_host: SocketAddr,
     pops: Pops,
+    /// Where the pop state is kept across restarts.
+    pop_state: std::path::PathBuf,
     /// Round robin of queues for sends without a message group.
     next_queue: AtomicU64,
     telemetry_streams: Arc<AtomicU32>,
@@ -133,6 +135,8 @@ struct Popped {
     /// The earliest time an in-flight message of these queues becomes
     /// visible again (a long poll wakes then).
     next_visible_ms: Option<i64>,
+    /// A queue had no room for its pop state (grpc.max_pop_queues).
+    refused: bool,
 }
 
 impl Messaging {
@@ -144,8 +148,16 @@ impl Messaging {
         memory_ratio: u32,
     ) -> Messaging {
         let store_host = broker.store().config().store_host;
+        let pops = Pops::new(config.max_in_flight_messages, config.max_pop_queues as usize);
+        let pop_state = broker.store().config().data_dir.join("config").join("pop-state.json");
+        if let Err(e) = pops.load(&pop_state) {
+            // Unreadable: pops start again from the committed offsets
+            // (messages in flight then come again).
+            tracing::error!(path = %pop_state.display(), error = %e, "pop state not loaded; consumption restarts from committed offsets");
+        }
         Messaging {
-            pops: Pops::new(config.max_in_flight_messages),
+            pop_state,
+            pops,
             broker,
             config,
             broker_name,
@@ -159,6 +171,15 @@ impl Messaging {
 
     pub fn pops(&self) -> &Pops {
         &self.pops
+    }
+
+    /// Writes the pop state if it changed (the listener calls this every
+    /// `grpc.pop_state_flush_ms` and at shutdown).
+    pub fn persist_pops(&self) {
+        if let Err(e) = self.pops.persist_if_dirty(&self.pop_state) {
+            metrics::counter!("rokka_rocketmq5_pop_state_write_errors_total").increment(1);
+            tracing::error!(path = %self.pop_state.display(), error = %e, "pop state not written");
+        }
     }
 
     fn queues_of(&self, topic: &str, partitions: u32) -> Vec<pb::MessageQueue> {
@@ -269,6 +290,7 @@ impl Messaging {
         let mut out = Popped {
             messages: Vec::new(),
             next_visible_ms: None,
+            refused: false,
         };
         let now = rokka_store::now_ms();
         let store = self.broker.store();
@@ -279,7 +301,10 @@ impl Messaging {
                 break;
             }
             let q = (first + i) % partitions;
-            let st = self.pops.queue(group, topic, q, || self.start_offset(group, topic, q));
+            let Some(st) = self.pops.queue(group, topic, q, || self.start_offset(group, topic, q)) else {
+                out.refused = true;
+                continue;
+            };
             let mut st = pop::lock(&st);
             // Redeliveries first: messages whose invisible time is over.
             for (off, f) in st.due(now, room) {
@@ -323,6 +348,11 @@ impl Messaging {
                     st.cursor = min;
                 }
                 let max = store.max_offset(topic, q);
+                if st.cursor > max {
+                    // The queue is shorter than the saved cursor (a crash
+                    // lost its unflushed tail): new messages go there.
+                    st.cursor = max;
+                }
                 let lso = self.broker.kafka_txns().last_stable_offset(topic, q, max);
                 let from = st.cursor;
                 if from < lso {
@@ -432,6 +462,13 @@ impl Messaging {
             let now = Instant::now();
             if !popped.messages.is_empty() || now >= deadline {
                 metrics::histogram!("rokka_rocketmq5_await_time_seconds").record(started.elapsed().as_secs_f64());
+                if popped.messages.is_empty() && popped.refused {
+                    metrics::counter!("rokka_rocketmq5_receives_refused_total", "reason" => "pop_queues").increment(1);
+                    return fail(
+                        pb::Code::TooManyRequests,
+                        "too many pop states (grpc.max_pop_queues)".into(),
+                    );
+                }
                 if popped.messages.is_empty() {
                     return fail(pb::Code::MessageNotFound, "no new message".into());
                 }
