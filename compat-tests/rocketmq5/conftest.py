@@ -26,7 +26,14 @@ logging.getLogger("rocketmq").setLevel(logging.WARNING)
 
 @pytest.fixture(scope="module")
 def rokka(request):
-    with running("rocketmq5", request.module.__name__, grpc_extra=GRPC, metrics_extra="lag_interval_ms = 300") as r:
+    with running(
+        "rocketmq5",
+        request.module.__name__,
+        grpc_extra=GRPC,
+        metrics_extra="lag_interval_ms = 300",
+        # Open transactions are checked within seconds.
+        rocketmq_extra="transaction_check_interval_ms = 1000\ntransaction_timeout_ms = 2000",
+    ) as r:
         yield r
 
 

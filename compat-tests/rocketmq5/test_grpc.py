@@ -9,7 +9,16 @@ import uuid
 import pytest
 from conftest import harness, receive_all
 from kafka import KafkaConsumer, KafkaProducer
-from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+from rocketmq import (
+    ClientConfiguration,
+    Credentials,
+    FilterExpression,
+    Message,
+    Producer,
+    SimpleConsumer,
+    TransactionChecker,
+    TransactionResolution,
+)
 
 
 def config(rokka):
@@ -295,3 +304,39 @@ def test_a_group_moves_from_remoting_push_consumers_to_a_simple_consumer(rokka, 
     time.sleep(1)
     got += receive_all(c, 1, timeout=2)
     assert sorted(m.body for m in got) == sorted(new), "the group continues where the remoting consumers stopped"
+
+
+class Checker(TransactionChecker):
+    """Answers the broker's checks: commit what was meant to commit."""
+
+    def __init__(self):
+        self.asked = []
+
+    def check(self, message):
+        self.asked.append(message.message_id)
+        return TransactionResolution.COMMIT if message.body.startswith(b"commit") else TransactionResolution.ROLLBACK
+
+
+def test_transactions_commit_roll_back_and_are_checked_when_left_open(rokka, clients):
+    topic, group = name("g5-tx"), name("g5-tx-g")
+    checker = Checker()
+    p = Producer(config(rokka), (topic,), checker=checker)
+    p.startup()
+    clients.started.append(p)
+    c = clients.consumer(group, topic)
+    tx = p.begin_transaction()
+    p.send(message(topic, b"committed"), tx)
+    assert receive_all(c, 1, timeout=2) == [], "a half message is not visible"
+    tx.commit()
+    tx2 = p.begin_transaction()
+    p.send(message(topic, b"rolled back"), tx2)
+    tx2.rollback()
+    # Left open: the broker asks the producer (Telemetry), which commits
+    # the one whose body says so and rolls back the other.
+    for body in (b"commit me on check", b"roll me back on check"):
+        p.send(message(topic, body), p.begin_transaction())
+    got = receive_all(c, 2, timeout=30)
+    time.sleep(3)
+    got += receive_all(c, 1, timeout=2)
+    assert sorted(m.body for m in got) == [b"commit me on check", b"committed"]
+    assert len(checker.asked) >= 2, "both open transactions were checked"

@@ -72,6 +72,8 @@ pub struct Broker {
     transactions: transaction::Transactions,
     timers: timer::Timers,
     kafka_txns: kafka_txn::KafkaTxns,
+    /// Where transaction checks go (each frontend's producers).
+    txn_sinks: std::sync::RwLock<Vec<Arc<dyn transaction::TxnCheckSink>>>,
     users: users::Users,
     acls: acl::Acls,
     /// The configs of a topic without overrides.
@@ -144,6 +146,7 @@ impl Broker {
         let acls = acl::Acls::open(&store.config().data_dir)?;
         let b = Broker {
             kafka_txns,
+            txn_sinks: std::sync::RwLock::new(Vec::new()),
             users,
             acls,
             default_topic_config: std::sync::RwLock::new(topic_config::Effective::resolve(

@@ -66,6 +66,13 @@ pub struct DueCheck {
     pub record: Bytes,
 }
 
+/// A frontend that can ask its producers about a transaction: `check`
+/// sends the question to a live producer of the half message and says
+/// whether one was found.
+pub trait TxnCheckSink: Send + Sync + std::fmt::Debug {
+    fn check(&self, d: &DueCheck) -> bool;
+}
+
 fn prop_str(m: &MessageView, k: &str) -> String {
     m.property(k)
         .map(|v| String::from_utf8_lossy(v).into_owned())
@@ -73,6 +80,48 @@ fn prop_str(m: &MessageView, k: &str) -> String {
 }
 
 impl Broker {
+    /// Adds a frontend whose producers transaction checks may go to.
+    pub fn add_txn_check_sink(&self, s: std::sync::Arc<dyn TxnCheckSink>) {
+        self.txn_sinks.write().unwrap_or_else(|p| p.into_inner()).push(s);
+    }
+
+    /// Every `interval`, asks a live producer (of whichever frontend has
+    /// one) about each half message unresolved past `timeout_ms`; one
+    /// checked `max_checks` times is discarded (`due_checks`).
+    pub async fn run_transaction_checks(
+        self: std::sync::Arc<Self>,
+        interval: std::time::Duration,
+        timeout_ms: i64,
+        max_checks: u32,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut tick = tokio::time::interval(interval.max(std::time::Duration::from_millis(100)));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let b = std::sync::Arc::clone(&self);
+            let Ok(due) =
+                tokio::task::spawn_blocking(move || b.due_checks(rokka_store::now_ms(), timeout_ms, max_checks)).await
+            else {
+                continue;
+            };
+            let sinks: Vec<_> = self.txn_sinks.read().unwrap_or_else(|p| p.into_inner()).clone();
+            for d in due {
+                if sinks.iter().any(|s| s.check(&d)) {
+                    metrics::counter!("rokka_rocketmq_transaction_checks_total").increment(1);
+                } else {
+                    tracing::debug!(
+                        group = d.producer_group,
+                        topic = d.real_topic,
+                        "no live producer to check a transaction with"
+                    );
+                }
+            }
+        }
+    }
+
     fn ensure_topic(&self, topic: &str) -> Result<()> {
         if self.topics.get(topic).is_none() {
             match self.create_topic(topic, 1) {

@@ -477,7 +477,7 @@ async fn serve(
                 bound.insert("broker", l.local_addr()?);
                 let rmq = Arc::new(RocketMq::new(Arc::clone(broker), cfg.rocketmq.clone(), l.local_addr()?));
                 rmq.start_mixed_listener();
-                listeners.push(tokio::spawn(Arc::clone(&rmq).run_transaction_checks(stop_rx.clone())));
+                broker.add_txn_check_sink(Arc::clone(&rmq) as Arc<dyn rokka_broker::transaction::TxnCheckSink>);
                 tracing::info!(broker = %l.local_addr()?, "RocketMQ broker listener");
                 listeners.push(tokio::spawn(rokka_remoting::serve_with(
                     l,
@@ -545,6 +545,16 @@ async fn serve(
             )));
         }
     }
+    if let Some(broker) = &broker {
+        // Transaction checks for every frontend's producers (remoting, gRPC).
+        let r = &cfg.rocketmq;
+        listeners.push(tokio::spawn(Arc::clone(broker).run_transaction_checks(
+            std::time::Duration::from_millis(r.transaction_check_interval_ms),
+            r.transaction_timeout_ms as i64,
+            r.transaction_check_max,
+            stop_rx.clone(),
+        )));
+    }
     if cfg.grpc.enabled {
         let Some(broker) = &broker else {
             return Err("grpc.enabled needs the store: enable kafka or rocketmq.broker_enabled".into());
@@ -585,6 +595,7 @@ async fn serve(
             advertised,
             u32::from(cfg.rocketmq.access_message_in_memory_max_ratio),
         ));
+        broker.add_txn_check_sink(Arc::clone(&messaging) as Arc<dyn rokka_broker::transaction::TxnCheckSink>);
         tracing::info!(grpc = %addr, tls = tls.is_some(), "RocketMQ 5 gRPC listener");
         listeners.push(tokio::spawn(rokka_grpc::serve(
             l,

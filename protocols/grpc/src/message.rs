@@ -211,7 +211,8 @@ pub struct Handout {
 
 /// A stored message (a RocketMQ one, or a Kafka record converted to one)
 /// as a RocketMQ 5 consumer receives it.
-pub fn outgoing(m: &MessageView, store_host: SocketAddr, h: &Handout) -> pb::Message {
+/// Without a handout (a transaction check) it has no receipt handle.
+pub fn outgoing(m: &MessageView, store_host: SocketAddr, h: Option<&Handout>) -> pb::Message {
     let props = &m.properties[..];
     let text = |v: &[u8]| String::from_utf8_lossy(v).into_owned();
     let mut user = std::collections::HashMap::new();
@@ -254,11 +255,11 @@ pub fn outgoing(m: &MessageView, store_host: SocketAddr, h: &Handout) -> pb::Mes
         store_timestamp: Some(timestamp(m.store_timestamp)),
         store_host: store_host.to_string(),
         delivery_timestamp: deliver_at.map(timestamp),
-        receipt_handle: Some(h.receipt_handle.clone()),
+        receipt_handle: h.map(|h| h.receipt_handle.clone()),
         queue_id: m.queue_id as i32,
         queue_offset: Some(m.queue_offset as i64),
-        invisible_duration: Some(duration(h.invisible_ms)),
-        delivery_attempt: Some(h.attempt as i32),
+        invisible_duration: h.map(|h| duration(h.invisible_ms)),
+        delivery_attempt: h.map(|h| h.attempt as i32),
         message_group: group,
         trace_context: properties::get(props, TRACE_CONTEXT).map(text),
         ..Default::default()

@@ -41,6 +41,9 @@ pub struct Messaging {
     /// Round robin of queues for sends without a message group.
     next_queue: AtomicU64,
     telemetry_streams: Arc<AtomicU32>,
+    /// Producers with a live Telemetry stream, by client id: the topics
+    /// they publish and where to send them commands (transaction checks).
+    producers: std::sync::Mutex<HashMap<String, ProducerStream>>,
     /// % of memory within which a new group's first message counts as
     /// young enough to start from offset 0 (rocketmq.access_message_in_memory_max_ratio).
     memory_ratio: u32,
@@ -117,6 +120,54 @@ fn messages_of(
     out
 }
 
+/// A producer's Telemetry stream.
+#[derive(Debug)]
+struct ProducerStream {
+    /// Which stream (a client reconnecting replaces its entry).
+    stream: u64,
+    topics: Vec<String>,
+    tx: mpsc::Sender<Result<pb::TelemetryCommand, Status>>,
+}
+
+static STREAMS: AtomicU64 = AtomicU64::new(1);
+
+/// The transaction id a producer ends a half message with: where the
+/// half message is (its queue offset and CommitLog offset).
+fn transaction_id(half_offset: u64, half_phys: u64) -> String {
+    format!("tx1_{half_offset:x}_{half_phys:x}")
+}
+
+fn parse_transaction_id(s: &str) -> Option<(u64, u64)> {
+    let mut it = s.strip_prefix("tx1_")?.split('_');
+    let off = u64::from_str_radix(it.next()?, 16).ok()?;
+    let phys = u64::from_str_radix(it.next()?, 16).ok()?;
+    it.next().is_none().then_some((off, phys))
+}
+
+/// Transaction checks to RocketMQ 5 producers: a RecoverOrphanedTransaction
+/// command on the Telemetry stream of a live producer of the topic.
+impl rokka_broker::transaction::TxnCheckSink for Messaging {
+    fn check(&self, d: &rokka_broker::transaction::DueCheck) -> bool {
+        let Ok(m) = rokka_store::record::message::decode(&d.record) else {
+            return false;
+        };
+        let producers = pop::lock(&self.producers);
+        let Some(p) = producers.values().find(|p| p.topics.contains(&d.real_topic)) else {
+            return false;
+        };
+        let cmd = pb::TelemetryCommand {
+            status: Some(ok()),
+            command: Some(pb::telemetry_command::Command::RecoverOrphanedTransactionCommand(
+                pb::RecoverOrphanedTransactionCommand {
+                    message: Some(message::outgoing(&m, self.store_host, None)),
+                    transaction_id: transaction_id(d.half_offset, d.half_phys),
+                },
+            )),
+        };
+        p.tx.try_send(Ok(cmd)).is_ok()
+    }
+}
+
 /// One pop over a topic's queues: whose, from which queue, how many.
 #[derive(Clone, Copy)]
 struct PopAsk<'a> {
@@ -165,6 +216,7 @@ impl Messaging {
             store_host,
             next_queue: AtomicU64::new(0),
             telemetry_streams: Arc::new(AtomicU32::new(0)),
+            producers: std::sync::Mutex::new(HashMap::new()),
             memory_ratio,
         }
     }
@@ -208,6 +260,7 @@ impl Messaging {
                     pb::MessageType::Normal as i32,
                     pb::MessageType::Fifo as i32,
                     pb::MessageType::Delay as i32,
+                    pb::MessageType::Transaction as i32,
                 ],
             })
             .collect()
@@ -333,11 +386,11 @@ impl Messaging {
                 out.messages.push(message::outgoing(
                     &m,
                     self.store_host,
-                    &Handout {
+                    Some(&Handout {
                         receipt_handle: r.encode(),
                         attempt,
                         invisible_ms,
-                    },
+                    }),
                 ));
             }
             // New messages from the cursor.
@@ -374,11 +427,11 @@ impl Messaging {
                                 out.messages.push(message::outgoing(
                                     &m,
                                     self.store_host,
-                                    &Handout {
+                                    Some(&Handout {
                                         receipt_handle: r.encode(),
                                         attempt,
                                         invisible_ms,
-                                    },
+                                    }),
                                 ));
                             }
                         }
@@ -533,12 +586,7 @@ impl Messaging {
                 return refused(code, text);
             }
         };
-        if inc.transactional {
-            return refused(
-                pb::Code::NotImplemented,
-                "transactional messages over gRPC are not served yet".into(),
-            );
-        }
+
         let info = match self.broker.topic_or_create(&inc.topic, true, None) {
             Ok(Some(t)) => t,
             Ok(None) => return refused(pb::Code::TopicNotFound, format!("topic {} not found", inc.topic)),
@@ -562,7 +610,11 @@ impl Messaging {
             flag: 0,
             body: &inc.body,
             properties: inc.properties.as_bytes(),
-            sys_flag: 0,
+            sys_flag: if inc.transactional {
+                rokka_store::record::message::sysflag::TRANSACTION_PREPARED
+            } else {
+                0
+            },
             born_timestamp: inc.born_timestamp_ms,
             born_host,
             reconsume_times: 0,
@@ -570,6 +622,7 @@ impl Messaging {
         };
         let now = rokka_store::now_ms();
         let appended = match inc.deliver_at_ms {
+            _ if inc.transactional => self.broker.append_half(&input),
             Some(at) if at > now => self.broker.append_timer(&input, at),
             _ => self
                 .broker
@@ -587,7 +640,11 @@ impl Messaging {
                 pb::SendResultEntry {
                     status: Some(ok()),
                     message_id: inc.message_id,
-                    transaction_id: String::new(),
+                    transaction_id: if inc.transactional {
+                        transaction_id(r.queue_offset, r.phys_offset)
+                    } else {
+                        String::new()
+                    },
                     offset: r.queue_offset as i64,
                     recall_handle: String::new(),
                 }
@@ -782,6 +839,22 @@ impl Messaging {
 /// The tonic service: a handle on the shared `Messaging`.
 #[derive(Debug, Clone)]
 pub struct Service(pub Arc<Messaging>);
+
+/// Drops a producer's registration when its Telemetry stream ends.
+struct Unregister {
+    m: Arc<Messaging>,
+    client_id: String,
+    stream: u64,
+}
+
+impl Drop for Unregister {
+    fn drop(&mut self) {
+        let mut p = pop::lock(&self.m.producers);
+        if p.get(&self.client_id).is_some_and(|e| e.stream == self.stream) {
+            p.remove(&self.client_id);
+        }
+    }
+}
 
 /// Decrements the Telemetry stream count when a stream ends.
 struct StreamSlot(Arc<AtomicU32>);
@@ -1000,15 +1073,33 @@ impl pb::messaging_service_server::MessagingService for Service {
 
     async fn end_transaction(
         &self,
-        _req: Request<pb::EndTransactionRequest>,
+        req: Request<pb::EndTransactionRequest>,
     ) -> Result<Response<pb::EndTransactionResponse>, Status> {
         call("EndTransaction");
-        Ok(Response::new(pb::EndTransactionResponse {
-            status: Some(status(
-                pb::Code::NotImplemented,
-                "transactional messages over gRPC are not served yet",
-            )),
-        }))
+        let req = req.into_inner();
+        let commit = match req.resolution() {
+            pb::TransactionResolution::Commit => true,
+            pb::TransactionResolution::Rollback => false,
+            // Unknown: left for the broker's check.
+            pb::TransactionResolution::Unspecified => {
+                return Ok(Response::new(pb::EndTransactionResponse { status: Some(ok()) }))
+            }
+        };
+        let Some((off, phys)) = parse_transaction_id(&req.transaction_id) else {
+            return Ok(Response::new(pb::EndTransactionResponse {
+                status: Some(status(
+                    pb::Code::InvalidTransactionId,
+                    "not a transaction id of this broker",
+                )),
+            }));
+        };
+        let m = Arc::clone(&self.0);
+        let res = rokka_broker::offload(|| m.broker.end_transaction("", off, phys, commit));
+        let s = match res {
+            Ok(_) => ok(),
+            Err(e) => status(pb::Code::InvalidTransactionId, e.to_string()),
+        };
+        Ok(Response::new(pb::EndTransactionResponse { status: Some(s) }))
     }
 
     type TelemetryStream = Stream_<pb::TelemetryCommand>;
@@ -1029,11 +1120,23 @@ impl pb::messaging_service_server::MessagingService for Service {
         }
         metrics::gauge!("rokka_rocketmq5_telemetry_streams").increment(1.0);
         let slot = StreamSlot(Arc::clone(count));
+        let client_id = req
+            .metadata()
+            .get("x-mq-client-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let stream = STREAMS.fetch_add(1, Ordering::Relaxed);
         let mut input = req.into_inner();
         let (tx, rx) = mpsc::channel::<Result<pb::TelemetryCommand, Status>>(8);
         let idle = Duration::from_millis(m.config.idle_timeout_ms.max(1000));
         tokio::spawn(async move {
             let _slot = slot;
+            let _gone = Unregister {
+                m: Arc::clone(&m),
+                client_id: client_id.clone(),
+                stream,
+            };
             loop {
                 let next = match tokio::time::timeout(idle, input.message()).await {
                     Err(_) => {
@@ -1044,10 +1147,22 @@ impl pb::messaging_service_server::MessagingService for Service {
                     Ok(Ok(Some(cmd))) => cmd,
                 };
                 let reply = match next.command {
-                    Some(pb::telemetry_command::Command::Settings(s)) => pb::TelemetryCommand {
-                        status: Some(ok()),
-                        command: Some(pb::telemetry_command::Command::Settings(m.server_settings(s))),
-                    },
+                    Some(pb::telemetry_command::Command::Settings(s)) => {
+                        if let (Some(pb::settings::PubSub::Publishing(p)), false) = (&s.pub_sub, client_id.is_empty()) {
+                            pop::lock(&m.producers).insert(
+                                client_id.clone(),
+                                ProducerStream {
+                                    stream,
+                                    topics: p.topics.iter().map(|t| t.name.clone()).collect(),
+                                    tx: tx.clone(),
+                                },
+                            );
+                        }
+                        pb::TelemetryCommand {
+                            status: Some(ok()),
+                            command: Some(pb::telemetry_command::Command::Settings(m.server_settings(s))),
+                        }
+                    }
                     // Answers to server commands (stack traces, message
                     // verification): nothing asks for them yet.
                     _ => continue,

@@ -51,54 +51,34 @@ impl RocketMq {
             }
         }
     }
+}
 
-    /// Sends CHECK_TRANSACTION_STATE for unresolved half messages, every
-    /// `transaction_check_interval_ms`, to a live producer of their group.
-    pub async fn run_transaction_checks(self: Arc<Self>, mut shutdown: tokio::sync::watch::Receiver<bool>) {
-        let every = Duration::from_millis(self.config.transaction_check_interval_ms.max(100));
-        let mut tick = tokio::time::interval(every);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.changed() => return,
-            }
-            let b = Arc::clone(&self.broker);
-            let (timeout, max) = (
-                self.config.transaction_timeout_ms as i64,
-                self.config.transaction_check_max,
-            );
-            let Ok(due) = tokio::task::spawn_blocking(move || b.due_checks(rokka_store::now_ms(), timeout, max)).await
-            else {
-                continue;
-            };
-            for d in due {
-                let conn = {
-                    let c = self.clients();
-                    c.clients
-                        .values()
-                        .find(|cl| cl.producer_groups.contains(&d.producer_group) && !cl.conn.is_closed())
-                        .map(|cl| cl.conn.clone())
-                };
-                let Some(conn) = conn else {
-                    tracing::debug!(group = d.producer_group, "no live producer to check a transaction with");
-                    continue;
-                };
-                let mut n = RemotingCommand::request(rq::CHECK_TRANSACTION_STATE, conn.next_opaque());
-                n.flag = FLAG_ONEWAY;
-                n.version = self.config.server_version;
-                n.ext_fields.set("topic", d.real_topic.as_str());
-                n.ext_fields.set("tranStateTableOffset", d.half_offset.to_string());
-                n.ext_fields.set("commitLogOffset", d.half_phys.to_string());
-                n.ext_fields.set("msgId", d.transaction_id.as_str());
-                n.ext_fields.set("transactionId", d.transaction_id.as_str());
-                n.ext_fields
-                    .set("offsetMsgId", msgid::message_id(self.store_host, d.half_phys));
-                n.ext_fields.set("bname", self.config.broker_name.as_str());
-                n.body = d.record;
-                if conn.send(n) {
-                    metrics::counter!("rokka_rocketmq_transaction_checks_total").increment(1);
-                }
-            }
-        }
+/// Transaction checks to remoting producers: CHECK_TRANSACTION_STATE to a
+/// live producer of the half message's group.
+impl rokka_broker::transaction::TxnCheckSink for RocketMq {
+    fn check(&self, d: &rokka_broker::transaction::DueCheck) -> bool {
+        let conn = {
+            let c = self.clients();
+            c.clients
+                .values()
+                .find(|cl| cl.producer_groups.contains(&d.producer_group) && !cl.conn.is_closed())
+                .map(|cl| cl.conn.clone())
+        };
+        let Some(conn) = conn else {
+            return false;
+        };
+        let mut n = RemotingCommand::request(rq::CHECK_TRANSACTION_STATE, conn.next_opaque());
+        n.flag = FLAG_ONEWAY;
+        n.version = self.config.server_version;
+        n.ext_fields.set("topic", d.real_topic.as_str());
+        n.ext_fields.set("tranStateTableOffset", d.half_offset.to_string());
+        n.ext_fields.set("commitLogOffset", d.half_phys.to_string());
+        n.ext_fields.set("msgId", d.transaction_id.as_str());
+        n.ext_fields.set("transactionId", d.transaction_id.as_str());
+        n.ext_fields
+            .set("offsetMsgId", msgid::message_id(self.store_host, d.half_phys));
+        n.ext_fields.set("bname", self.config.broker_name.as_str());
+        n.body = d.record.clone();
+        conn.send(n)
     }
 }
