@@ -31,6 +31,8 @@ def rokka(request):
         request.module.__name__,
         grpc_extra=GRPC,
         metrics_extra="lag_interval_ms = 300",
+        # Topics the clients create get four queues, as Apache's default.
+        broker_extra="default_partitions = 4",
         # Open transactions are checked within seconds.
         rocketmq_extra="transaction_check_interval_ms = 1000\ntransaction_timeout_ms = 2000",
     ) as r:

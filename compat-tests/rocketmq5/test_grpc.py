@@ -14,7 +14,10 @@ from rocketmq import (
     Credentials,
     FilterExpression,
     Message,
+    ConsumeResult,
+    MessageListener,
     Producer,
+    PushConsumer,
     SimpleConsumer,
     TransactionChecker,
     TransactionResolution,
@@ -340,3 +343,58 @@ def test_transactions_commit_roll_back_and_are_checked_when_left_open(rokka, cli
     got += receive_all(c, 1, timeout=2)
     assert sorted(m.body for m in got) == [b"commit me on check", b"committed"]
     assert len(checker.asked) >= 2, "both open transactions were checked"
+
+
+class Collect(MessageListener):
+    def __init__(self, who, seen, lock):
+        self.who, self.seen, self.lock = who, seen, lock
+
+    def consume(self, message):
+        with self.lock:
+            self.seen.append((self.who, message.body))
+        return ConsumeResult.SUCCESS
+
+
+def test_push_consumers_share_a_topic_and_one_takes_over_when_the_other_leaves(rokka, clients):
+    import threading
+
+    topic, group = name("g5-push"), name("g5-push-g")
+    p = clients.producer(topic)
+    seen, lock = [], threading.Lock()
+    members = []
+    for who in ("a", "b"):
+        c = PushConsumer(config(rokka), group, Collect(who, seen, lock), {topic: FilterExpression("*")})
+        c.startup()
+        members.append(c)
+    try:
+        # Both members polling (each scans its assignment at start).
+        time.sleep(3)
+        first = [f"first-{i}".encode() for i in range(40)]
+        for b in first:
+            p.send(message(topic, b))
+            time.sleep(0.02)
+        deadline = time.time() + 30
+        while time.time() < deadline and len(seen) < 40:
+            time.sleep(0.2)
+        with lock:
+            assert sorted(b for _, b in seen) == sorted(first), "each message once over both members"
+            by = {w for w, _ in seen}
+        assert by == {"a", "b"}, f"both members consumed: {by}"
+        # b leaves; a gets everything sent afterwards.
+        members[1].shutdown()
+        members.pop()
+        with lock:
+            seen.clear()
+        second = [f"second-{i}".encode() for i in range(20)]
+        for b in second:
+            p.send(message(topic, b))
+        deadline = time.time() + 30
+        while time.time() < deadline and len(seen) < 20:
+            time.sleep(0.2)
+        time.sleep(1)
+        with lock:
+            assert sorted(b for _, b in seen) == sorted(second)
+            assert {w for w, _ in seen} == {"a"}
+    finally:
+        for c in members:
+            c.shutdown()

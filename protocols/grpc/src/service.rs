@@ -490,7 +490,12 @@ impl Messaging {
             .clamp(0, self.config.max_long_polling_ms as i64) as u64;
         let deadline = started + Duration::from_millis(poll_ms);
         let partitions = info.partitions.max(1);
-        let first = (mq.id.max(0) as u32) % partitions;
+        // Queue -1 (a push consumer's assignment): start anywhere.
+        let first = if mq.id < 0 {
+            rand::random::<u32>() % partitions
+        } else {
+            mq.id as u32 % partitions
+        };
         loop {
             if !self.pops.has_room() {
                 metrics::counter!("rokka_rocketmq5_receives_refused_total", "reason" => "in_flight").increment(1);
@@ -923,15 +928,20 @@ impl pb::messaging_service_server::MessagingService for Service {
         let req = req.into_inner();
         let topic = name(&req.topic).to_string();
         let m = &self.0;
-        // Pop consumers share every queue: each member is assigned all of
-        // them and the broker hands each message to one member at a time.
+        // Pop consumers share every queue: as Apache's proxy in pop mode,
+        // each member is assigned one queue per broker with id -1 (the
+        // broker pops over all of that broker's queues), and the broker
+        // hands each message to one member at a time.
         let resp = match m.broker.topics().get(&topic) {
-            Some(info) => pb::QueryAssignmentResponse {
+            Some(_) => pb::QueryAssignmentResponse {
                 status: Some(ok()),
                 assignments: m
-                    .queues_of(&topic, info.partitions)
+                    .queues_of(&topic, 1)
                     .into_iter()
-                    .map(|q| pb::Assignment { message_queue: Some(q) })
+                    .map(|mut q| {
+                        q.id = -1;
+                        pb::Assignment { message_queue: Some(q) }
+                    })
                     .collect(),
             },
             None => pb::QueryAssignmentResponse {
