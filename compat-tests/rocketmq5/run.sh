@@ -12,6 +12,7 @@ if [[ ! -x $venv/bin/python ]]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.txt"
+(cd "$here/js" && npm ci --silent --no-audit --no-fund)
 (cd "$root/compat-tests/rocketmq/harness" && cargo build --release -q --locked)
 if [[ -z ${ROKKA_BIN:-} ]]; then
   (cd "$root" && cargo build -q -p rokka-server --locked)

@@ -14,6 +14,9 @@ use crate::pb;
 pub const SHARDING_KEY: &str = "__SHARDINGKEY";
 /// A transactional message's half flag.
 pub const TRAN_MSG: &str = "TRAN_MSG";
+/// Where a dead letter came from (Apache's `DLQ_ORIGIN_TOPIC`, `DLQ_ORIGIN_MESSAGE_ID`).
+pub const DLQ_ORIGIN_TOPIC: &str = "DLQ_ORIGIN_TOPIC";
+pub const DLQ_ORIGIN_MESSAGE_ID: &str = "DLQ_ORIGIN_MESSAGE_ID";
 /// A message's trace context (RocketMQ 5 `TRACE_CONTEXT`).
 pub const TRACE_CONTEXT: &str = "TRACE_CONTEXT";
 
@@ -187,6 +190,8 @@ pub fn duration_ms(d: &prost_types::Duration) -> i64 {
 
 /// Names RocketMQ 5 clients see as system properties, not user ones.
 const HIDDEN: &[&str] = &[
+    DLQ_ORIGIN_TOPIC,
+    DLQ_ORIGIN_MESSAGE_ID,
     SHARDING_KEY,
     TRACE_CONTEXT,
     "__CRC32#",
@@ -244,9 +249,11 @@ pub fn outgoing(m: &MessageView, store_host: SocketAddr, h: Option<&Handout>) ->
             .map(|k| text(k).split(' ').filter(|s| !s.is_empty()).map(String::from).collect())
             .unwrap_or_default(),
         message_id,
+        // MD5 in upper-case hex, as Apache's proxy sends: every client
+        // checks it the same way (their CRC32 renderings disagree).
         body_digest: Some(pb::Digest {
-            r#type: pb::DigestType::Crc32 as i32,
-            checksum: format!("{:08X}", crc32fast::hash(&m.body)),
+            r#type: pb::DigestType::Md5 as i32,
+            checksum: format!("{:X}", md5::compute(&m.body)),
         }),
         body_encoding: pb::Encoding::Identity as i32,
         message_type: message_type as i32,
@@ -262,6 +269,16 @@ pub fn outgoing(m: &MessageView, store_host: SocketAddr, h: Option<&Handout>) ->
         delivery_attempt: h.map(|h| h.attempt as i32),
         message_group: group,
         trace_context: properties::get(props, TRACE_CONTEXT).map(text),
+        dead_letter_queue: match (
+            properties::get(props, DLQ_ORIGIN_TOPIC),
+            properties::get(props, DLQ_ORIGIN_MESSAGE_ID),
+        ) {
+            (Some(t), Some(id)) => Some(pb::DeadLetterQueue {
+                topic: text(t),
+                message_id: text(id),
+            }),
+            _ => None,
+        },
         ..Default::default()
     };
     pb::Message {

@@ -307,6 +307,14 @@ impl Messaging {
         if m.property("RETRY_TOPIC").is_none() {
             add("RETRY_TOPIC", m.topic_str());
         }
+        if m.property(message::DLQ_ORIGIN_TOPIC).is_none() {
+            add(message::DLQ_ORIGIN_TOPIC, m.topic_str());
+            let id = m
+                .property(rokka_store::record::properties::UNIQ_KEY)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_else(|| rokka_store::msgid::message_id(m.store_host, m.phys_offset));
+            add(message::DLQ_ORIGIN_MESSAGE_ID, &id);
+        }
         let input = MessageInput {
             reconsume_times: attempts as i32,
             ..m.as_input(&topic, 0, &props)
