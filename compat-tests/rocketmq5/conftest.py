@@ -18,7 +18,7 @@ HARNESS = os.environ.get(
 
 # Short invisible durations and few attempts, so redelivery and the dead
 # letter queue show within seconds.
-GRPC = "min_invisible_ms = 1000\nmax_delivery_attempts = 3\n"
+GRPC = 'min_invisible_ms = 1000\nmax_delivery_attempts = 3\nfifo_groups = ["g5-fifo-ordered"]\n'
 
 # The client logs every RPC at INFO to its own file; keep the output short.
 logging.getLogger("rocketmq").setLevel(logging.WARNING)

@@ -398,3 +398,26 @@ def test_push_consumers_share_a_topic_and_one_takes_over_when_the_other_leaves(r
     finally:
         for c in members:
             c.shutdown()
+
+
+def test_a_fifo_group_gets_a_queue_one_batch_at_a_time_in_order(rokka, clients):
+    # g5-fifo-ordered is in the fixture's grpc.fifo_groups.
+    topic = name("g5-ordered")
+    p = clients.producer(topic)
+    for i in range(6):
+        p.send(message(topic, f"o-{i}".encode(), group="one-order"))
+    c = clients.consumer("g5-fifo-ordered", topic)
+    first = []
+    deadline = time.time() + 10
+    while len(first) < 2 and time.time() < deadline:
+        first += c.receive(2 - len(first), 5)
+    assert [m.body for m in first] == [b"o-0", b"o-1"]
+    # Unacked and invisible: the queue gives this group nothing more.
+    assert c.receive(4, 5) == []
+    # A group not in fifo_groups is not held back.
+    other = clients.consumer(name("g5-unordered"), topic)
+    assert len(receive_all(other, 6)) == 6
+    for m in first:
+        c.ack(m)
+    rest = receive_all(c, 4)
+    assert [m.body for m in rest] == [f"o-{i}".encode() for i in range(2, 6)], "in send order after the acks"

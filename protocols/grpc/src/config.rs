@@ -42,6 +42,11 @@ pub struct GrpcConfig {
     pub min_invisible_ms: u64,
     /// The longest invisible duration (ms; Apache: 12 h).
     pub max_invisible_ms: u64,
+    /// Groups that consume in order (Apache: a subscription group with
+    /// consumeMessageOrderly): a queue hands such a group one batch at a
+    /// time, the next only once it is acked (or its invisible time ended
+    /// and it is delivered again first); their clients are told `fifo`.
+    pub fifo_groups: Vec<String>,
     /// Messages handed out and not yet acked, over every group (more
     /// ReceiveMessage calls answer TOO_MANY_REQUESTS until acks come).
     pub max_in_flight_messages: u64,
@@ -76,6 +81,7 @@ impl Default for GrpcConfig {
             max_receive_batch: 32,
             max_long_polling_ms: 30_000,
             max_delivery_attempts: 17,
+            fifo_groups: Vec::new(),
             min_invisible_ms: 10_000,
             max_invisible_ms: 12 * 3600 * 1000,
             max_in_flight_messages: 100_000,

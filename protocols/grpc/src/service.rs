@@ -281,6 +281,11 @@ impl Messaging {
         }
     }
 
+    /// Whether the group consumes in order (grpc.fifo_groups).
+    fn is_fifo(&self, group: &str) -> bool {
+        self.config.fifo_groups.iter().any(|g| g == group)
+    }
+
     /// Commits the group's lowest unacked offset when it moved.
     fn commit_watermark(&self, group: &str, topic: &str, q: u32, st: &QueuePops) {
         let w = st.low_watermark();
@@ -367,8 +372,21 @@ impl Messaging {
                 continue;
             };
             let mut st = pop::lock(&st);
+            // A FIFO group's queue gives out one batch at a time, in
+            // order: nothing more while some of it is in flight and
+            // invisible (Apache's orderly pop).
+            let fifo = self.is_fifo(group);
+            let due = st.due(now, room);
+            if fifo && st.in_flight.len() > due.len() {
+                out.next_visible_ms = match (out.next_visible_ms, st.next_visible_ms()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                continue;
+            }
+            let redelivering = !due.is_empty();
             // Redeliveries first: messages whose invisible time is over.
-            for (off, f) in st.due(now, room) {
+            for (off, f) in due {
                 let Some(m) = self.message_at(topic, q, off) else {
                     // Gone (retention): nothing to deliver again.
                     self.pops.forget(&mut st, off);
@@ -403,7 +421,7 @@ impl Messaging {
             }
             // New messages from the cursor.
             let room = batch - out.messages.len();
-            if room > 0 && self.pops.has_room() {
+            if room > 0 && self.pops.has_room() && !(fifo && redelivering) {
                 let min = store.min_offset(topic, q);
                 if st.cursor < min {
                     st.cursor = min;
@@ -818,7 +836,8 @@ impl Messaging {
                 });
             }
             Some(pb::settings::PubSub::Subscription(sub)) => {
-                sub.fifo = Some(false);
+                let group = sub.group.as_ref().map_or("", |g| g.name.as_str());
+                sub.fifo = Some(self.is_fifo(group));
                 sub.receive_batch_size = Some(self.config.max_receive_batch as i32);
                 let poll = sub
                     .long_polling_timeout
