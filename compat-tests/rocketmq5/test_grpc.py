@@ -421,3 +421,61 @@ def test_a_fifo_group_gets_a_queue_one_batch_at_a_time_in_order(rokka, clients):
         c.ack(m)
     rest = receive_all(c, 4)
     assert [m.body for m in rest] == [f"o-{i}".encode() for i in range(2, 6)], "in send order after the acks"
+
+
+def test_a_group_is_consumed_by_pop_or_by_queue_owners_never_both(rokka, clients):
+    """docs/rocketmq5.md: while a group has live Kafka (or remoting)
+    members, pops of it are refused; while it has live pop consumers,
+    Kafka members (and remoting consumers) are refused. Then the group
+    moves across without losing its place."""
+    from kafka.errors import KafkaError
+
+    topic, group = name("g5-owners"), name("g5-owners-g")
+    p = clients.producer(topic)
+    for i in range(10):
+        p.send(message(topic, f"k-{i}".encode()))
+    k = KafkaConsumer(
+        topic,
+        bootstrap_servers=rokka.bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=8000,
+    )
+    try:
+        got = []
+        for r in k:
+            got.append(r.value)
+            if len(got) == 6:
+                break
+        k.commit()
+        # The Kafka member is live: the group refuses pops.
+        c = clients.consumer(group, topic)
+        with pytest.raises(Exception) as refused:
+            c.receive(16, 10)
+        assert "42800" in str(refused.value) or "queue" in str(refused.value), refused.value
+    finally:
+        k.close()
+    # Gone (LeaveGroup): pops take over at the Kafka commit, once the
+    # broker saw the group empty (its membership view ticks each second).
+    deadline = time.time() + 10
+    while True:
+        try:
+            rest = receive_all(c, 4, timeout=10)
+            break
+        except Exception as e:  # noqa: BLE001 - refused until the Kafka side is seen gone
+            assert "42800" in str(e) and time.time() < deadline, e
+            time.sleep(0.5)
+    assert sorted(m.body for m in rest) == sorted(f"k-{i}".encode() for i in range(10) if f"k-{i}".encode() not in got)
+    # Now pop consumers are live: a Kafka member is refused.
+    k2 = KafkaConsumer(topic, bootstrap_servers=rokka.bootstrap, group_id=group, consumer_timeout_ms=3000)
+    try:
+        with pytest.raises(KafkaError):
+            for _ in range(3):
+                k2.poll(timeout_ms=2000)
+                if k2.assignment():
+                    break
+        assert not k2.assignment(), "no partitions for a Kafka member of a pop group"
+    finally:
+        k2.close()
+    assert metric(rokka, "rokka_mixed_group_conflicts_total", group=group) >= 2

@@ -96,9 +96,60 @@ pub struct Membership {
     consumer_protocol: Mutex<BTreeSet<String>>,
     to_kafka: Mutex<Option<mpsc::UnboundedSender<String>>>,
     to_rocketmq: Mutex<Option<mpsc::UnboundedSender<String>>>,
+    /// Groups with live RocketMQ 5 pop consumers (gRPC): client id → when
+    /// last heard from (ms). Pops and queue owners (remoting consumers,
+    /// Kafka members) do not share a group: each would deliver the same
+    /// messages again.
+    pop_consumers: Mutex<HashMap<String, HashMap<String, i64>>>,
 }
 
+/// A pop consumer not heard from this long (ms) is gone (clients heartbeat
+/// every 10 s).
+pub const POP_CONSUMER_LIVE_MS: i64 = 30_000;
+/// Pop consumers tracked at most (over every group).
+pub const MAX_POP_CONSUMERS: usize = 100_000;
+
 impl Membership {
+    /// A pop consumer of `group` was heard from at `now_ms`.
+    pub fn note_pop_consumer(&self, group: &str, client_id: &str, now_ms: i64) {
+        let mut p = self.pop_consumers.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = p.values().map(HashMap::len).sum();
+        if total >= MAX_POP_CONSUMERS {
+            // Forget the silent ones first.
+            p.retain(|_, clients| {
+                clients.retain(|_, at| now_ms - *at < POP_CONSUMER_LIVE_MS);
+                !clients.is_empty()
+            });
+            if p.values().map(HashMap::len).sum::<usize>() >= MAX_POP_CONSUMERS
+                && !p.get(group).is_some_and(|c| c.contains_key(client_id))
+            {
+                metrics::counter!("rokka_rocketmq5_pop_consumers_untracked_total").increment(1);
+                return;
+            }
+        }
+        p.entry(group.to_string())
+            .or_default()
+            .insert(client_id.to_string(), now_ms);
+    }
+
+    /// A pop consumer of `group` said it is leaving.
+    pub fn forget_pop_consumer(&self, group: &str, client_id: &str) {
+        let mut p = self.pop_consumers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(clients) = p.get_mut(group) {
+            clients.remove(client_id);
+            if clients.is_empty() {
+                p.remove(group);
+            }
+        }
+    }
+
+    /// Whether `group` has pop consumers heard from lately.
+    pub fn has_pop_consumers(&self, group: &str, now_ms: i64) -> bool {
+        let p = self.pop_consumers.lock().unwrap_or_else(|p| p.into_inner());
+        p.get(group)
+            .is_some_and(|c| c.values().any(|at| now_ms - *at < POP_CONSUMER_LIVE_MS))
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Groups> {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
     }

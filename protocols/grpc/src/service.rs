@@ -474,7 +474,7 @@ impl Messaging {
         out
     }
 
-    async fn receive(&self, req: pb::ReceiveMessageRequest) -> Vec<pb::ReceiveMessageResponse> {
+    async fn receive(&self, req: pb::ReceiveMessageRequest, client_id: &str) -> Vec<pb::ReceiveMessageResponse> {
         let started = Instant::now();
         let fail = |code: pb::Code, text: String| {
             vec![pb::ReceiveMessageResponse {
@@ -490,6 +490,24 @@ impl Messaging {
         let Some(info) = self.broker.topics().get(&topic) else {
             return fail(pb::Code::TopicNotFound, format!("topic {topic} not found"));
         };
+        // A group is consumed by pop or by queue owners (remoting
+        // consumers, Kafka members), never both at once: either would
+        // deliver the other's messages again.
+        let members = self.broker.membership().get(&group);
+        if !members.rocketmq.is_empty() || !members.kafka.is_empty() {
+            metrics::counter!("rokka_mixed_group_conflicts_total", "group" => group.clone(), "side" => "rocketmq5")
+                .increment(1);
+            return fail(
+                pb::Code::PreconditionFailed,
+                format!(
+                    "consumer group {group} has live {} consumers that own its queues; RocketMQ 5 pop consumers can take it over once they are gone",
+                    if members.kafka.is_empty() { "remoting" } else { "Kafka" }
+                ),
+            );
+        }
+        self.broker
+            .membership()
+            .note_pop_consumer(&group, client_id, rokka_store::now_ms());
         let filter = req.filter_expression.clone().unwrap_or_default();
         if filter.r#type() == pb::FilterType::Sql {
             return fail(
@@ -898,6 +916,15 @@ impl Drop for StreamSlot {
     }
 }
 
+/// The client id a RocketMQ 5 client sends with every call.
+fn client_id<T>(req: &Request<T>) -> String {
+    req.metadata()
+        .get("x-mq-client-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
 fn call(method: &'static str) {
     metrics::counter!("rokka_rocketmq5_requests_total", "method" => method).increment(1);
 }
@@ -929,8 +956,21 @@ impl pb::messaging_service_server::MessagingService for Service {
         Ok(Response::new(resp))
     }
 
-    async fn heartbeat(&self, _req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
         call("Heartbeat");
+        let id = client_id(&req);
+        let req = req.into_inner();
+        let group = name(&req.group);
+        let consumer = matches!(
+            req.client_type(),
+            pb::ClientType::SimpleConsumer | pb::ClientType::PushConsumer
+        );
+        if consumer && !group.is_empty() && !id.is_empty() {
+            self.0
+                .broker
+                .membership()
+                .note_pop_consumer(group, &id, rokka_store::now_ms());
+        }
         Ok(Response::new(pb::HeartbeatResponse { status: Some(ok()) }))
     }
 
@@ -986,7 +1026,8 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::ReceiveMessageRequest>,
     ) -> Result<Response<Self::ReceiveMessageStream>, Status> {
         call("ReceiveMessage");
-        let out = self.0.receive(req.into_inner()).await;
+        let client_id = client_id(&req);
+        let out = self.0.receive(req.into_inner(), &client_id).await;
         Ok(Response::new(Box::pin(tokio_stream::iter(out.into_iter().map(Ok)))))
     }
 
@@ -1214,9 +1255,15 @@ impl pb::messaging_service_server::MessagingService for Service {
 
     async fn notify_client_termination(
         &self,
-        _req: Request<pb::NotifyClientTerminationRequest>,
+        req: Request<pb::NotifyClientTerminationRequest>,
     ) -> Result<Response<pb::NotifyClientTerminationResponse>, Status> {
         call("NotifyClientTermination");
+        let id = client_id(&req);
+        let req = req.into_inner();
+        let group = name(&req.group);
+        if !group.is_empty() {
+            self.0.broker.membership().forget_pop_consumer(group, &id);
+        }
         Ok(Response::new(pb::NotifyClientTerminationResponse {
             status: Some(ok()),
         }))

@@ -65,6 +65,17 @@ pub fn share(k: &Kafka, topics: &BTreeSet<String>, ids: &[String], member: &str)
 /// Whether a Kafka member subscribing to `topics` may join `group`: a group
 /// with RocketMQ members needs the same topics (clear error otherwise).
 pub fn conflicts(k: &Kafka, group: &str, topics: &BTreeSet<String>) -> bool {
+    if k.broker.membership().has_pop_consumers(group, rokka_store::now_ms()) {
+        // RocketMQ 5 clients consume this group by pop: a Kafka member
+        // owning partitions would get their messages again.
+        metrics::counter!("rokka_mixed_group_conflicts_total", "group" => group.to_string(), "side" => "kafka")
+            .increment(1);
+        tracing::warn!(
+            group,
+            "Kafka member refused: the group is consumed by pop (RocketMQ 5 gRPC clients)"
+        );
+        return true;
+    }
     let m = k.broker.membership().get(group);
     let conflict = !m.rocketmq.is_empty() && !topics.is_empty() && *topics != m.rocketmq_topics;
     if conflict {

@@ -48,6 +48,19 @@ impl RocketMq {
                     ));
                     continue;
                 }
+                if self.broker.membership().has_pop_consumers(&g, now as i64) {
+                    // RocketMQ 5 clients consume this group by pop: a
+                    // queue-owning consumer would get their messages again.
+                    metrics::counter!("rokka_mixed_group_conflicts_total", "group" => g.clone(), "side" => "rocketmq")
+                        .increment(1);
+                    if c.leave_group(&g, &client_id) {
+                        changed.push(g.clone());
+                    }
+                    conflict = Some(format!(
+                        "consumer group {g} is consumed by pop (RocketMQ 5 gRPC clients); remoting consumers cannot join it while they are live"
+                    ));
+                    continue;
+                }
                 if self.broker.membership().is_consumer_protocol_group(&g) {
                     // Kafka KIP-848 members have the broker assign this
                     // group's partitions; a RocketMQ client allocating
