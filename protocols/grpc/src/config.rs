@@ -23,7 +23,7 @@ pub struct GrpcConfig {
     /// At most this many concurrent calls (HTTP/2 streams) per connection.
     pub max_concurrent_streams: u32,
     /// The largest request message (bytes) a client may send; larger ones
-    /// are refused by the gRPC layer (RESOURCE_EXHAUSTED).
+    /// are refused by the gRPC layer by their length prefix (OUT_OF_RANGE).
     pub max_request_bytes: u32,
     /// The largest message body a producer may send (told to producers in
     /// their settings; larger ones are refused MESSAGE_BODY_TOO_LARGE).

@@ -1,0 +1,76 @@
+"""Broken and hostile input on the gRPC port: garbage bytes, oversized and
+malformed requests, unknown methods. Each gets a clean error or close;
+the broker keeps serving real clients."""
+import socket
+import time
+import uuid
+
+import grpc
+import pytest
+from conftest import receive_all
+from test_grpc import Clients, message
+
+SERVICE = "/apache.rocketmq.v2.MessagingService/"
+
+
+def raw_call(rokka, method, payload, timeout=5):
+    with grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}") as ch:
+        call = ch.unary_unary(SERVICE + method, request_serializer=None, response_deserializer=None)
+        return call(payload, timeout=timeout)
+
+
+def still_serves(rokka):
+    topic = f"g5-alive-{uuid.uuid4().hex[:8]}"
+    c = Clients(rokka)
+    try:
+        c.producer(topic).send(message(topic, b"alive"))
+        got = receive_all(c.consumer(f"g5-alive-g-{uuid.uuid4().hex[:6]}", topic), 1)
+        assert [m.body for m in got] == [b"alive"]
+    finally:
+        c.close()
+
+
+def test_garbage_bytes_get_the_connection_closed(rokka):
+    for junk in (b"\x00" * 64, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\xff" * 100):
+        s = socket.create_connection(("127.0.0.1", rokka.grpc_port), timeout=10)
+        s.sendall(junk)
+        deadline = time.time() + 10
+        closed = False
+        while time.time() < deadline:
+            try:
+                if s.recv(65536) == b"":
+                    closed = True
+                    break
+            except (ConnectionResetError, socket.timeout):
+                closed = True
+                break
+        s.close()
+        assert closed, f"connection left open after {junk[:20]!r}"
+    still_serves(rokka)
+
+
+def test_oversized_malformed_and_unknown_requests_get_status_codes(rokka):
+    # Over grpc.max_request_bytes (8 MiB by default).
+    with pytest.raises(grpc.RpcError) as big:
+        raw_call(rokka, "SendMessage", b"\x0a" + b"\xff" * (9 << 20), timeout=20)
+    # tonic refuses by the length prefix, before reading the body.
+    assert big.value.code() == grpc.StatusCode.OUT_OF_RANGE, big.value
+    # Not protobuf: a lying length prefix inside the message.
+    with pytest.raises(grpc.RpcError) as bad:
+        raw_call(rokka, "SendMessage", b"\x0a\xff\xff\xff\xff\x0f" + b"x" * 10)
+    assert bad.value.code() in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT), bad.value
+    with pytest.raises(grpc.RpcError) as unknown:
+        raw_call(rokka, "NoSuchMethod", b"")
+    assert unknown.value.code() == grpc.StatusCode.UNIMPLEMENTED, unknown.value
+    # A receipt handle that is not one: a per-entry status, not a failure.
+    from rocketmq.grpc_protocol import service_pb2
+
+    req = service_pb2.AckMessageRequest()
+    req.group.name = "g5-nobody"
+    req.topic.name = "g5-nothing"
+    e = req.entries.add()
+    e.message_id = "x"
+    e.receipt_handle = "r1_ffffffff_ffffffffffffffff_0" + "z" * 1000
+    resp = service_pb2.AckMessageResponse.FromString(raw_call(rokka, "AckMessage", req.SerializeToString()))
+    assert resp.entries[0].status.code == 40013  # INVALID_RECEIPT_HANDLE
+    still_serves(rokka)
