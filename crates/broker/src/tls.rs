@@ -13,6 +13,12 @@ use tokio_rustls::TlsAcceptor;
 /// Builds the listener's acceptor; an error names the file and why, for
 /// the operator (the node does not start).
 pub fn acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<TlsAcceptor, String> {
+    acceptor_for(cert, key, client_ca, &[])
+}
+
+/// As `acceptor`, offering the application protocols `alpn` (gRPC
+/// clients require `h2` to be selected).
+pub fn acceptor_for(cert: &Path, key: &Path, client_ca: Option<&Path>, alpn: &[&[u8]]) -> Result<TlsAcceptor, String> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .map_err(|e| format!("{}: {e}", cert.display()))?
         .collect::<Result<_, _>>()
@@ -25,7 +31,7 @@ pub fn acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Tls
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS versions: {e}"))?;
-    let config = match client_ca {
+    let mut config = match client_ca {
         Some(ca) => {
             let mut roots = RootCertStore::empty();
             for c in CertificateDer::pem_file_iter(ca).map_err(|e| format!("{}: {e}", ca.display()))? {
@@ -44,5 +50,6 @@ pub fn acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Tls
     }
     .with_single_cert(chain, key)
     .map_err(|e| format!("{} / {}: {e}", cert.display(), "key"))?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(TlsAcceptor::from(Arc::new(config)))
 }

@@ -572,9 +572,13 @@ async fn serve(
         let tls = if cfg.grpc.tls_certificate.is_empty() {
             None
         } else {
-            let acceptor =
-                rokka_broker::tls::acceptor(cfg.grpc.tls_certificate.as_ref(), cfg.grpc.tls_key.as_ref(), None)
-                    .map_err(|e| format!("gRPC TLS: {e}"))?;
+            let acceptor = rokka_broker::tls::acceptor_for(
+                cfg.grpc.tls_certificate.as_ref(),
+                cfg.grpc.tls_key.as_ref(),
+                None,
+                &[b"h2"],
+            )
+            .map_err(|e| format!("gRPC TLS: {e}"))?;
             Some(rokka_grpc::Tls {
                 acceptor,
                 handshake_timeout: std::time::Duration::from_millis(cfg.rocketmq.tls_handshake_timeout_ms.max(1)),
