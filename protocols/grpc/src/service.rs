@@ -60,6 +60,38 @@ fn status(code: pb::Code, message: impl Into<String>) -> pb::Status {
     }
 }
 
+/// One status for a call of several entries: theirs when they all agree,
+/// else MULTIPLE_RESULTS; BAD_REQUEST when there were none.
+fn overall<'a>(mut statuses: impl Iterator<Item = Option<&'a pb::Status>>, none: &str) -> pb::Status {
+    let Some(first) = statuses.next() else {
+        return status(pb::Code::BadRequest, none);
+    };
+    if statuses.all(|s| s.map(|s| s.code) == first.map(|s| s.code)) {
+        first.cloned().unwrap_or_else(ok)
+    } else {
+        status(pb::Code::MultipleResults, "the entries had different results")
+    }
+}
+
+/// The status of a stored append that could not be made durable (sync
+/// flush) or replicated (cluster mode), as Apache's proxy names them.
+fn not_durable(e: &rokka_store::StoreError) -> pb::Status {
+    let code = match e {
+        rokka_store::StoreError::NotEnoughReplicas | rokka_store::StoreError::NotLeader => pb::Code::HaNotAvailable,
+        rokka_store::StoreError::ReplicationTimeout(_) => pb::Code::SlavePersistenceTimeout,
+        _ => pb::Code::MasterPersistenceTimeout,
+    };
+    status(code, e.to_string())
+}
+
+/// The earlier of two optional times.
+fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 fn resource(name: &str) -> pb::Resource {
     pb::Resource {
         resource_namespace: String::new(),
@@ -221,10 +253,6 @@ impl Messaging {
         }
     }
 
-    pub fn pops(&self) -> &Pops {
-        &self.pops
-    }
-
     /// Writes the pop state if it changed (the listener calls this every
     /// `grpc.pop_state_flush_ms` and at shutdown).
     pub fn persist_pops(&self) {
@@ -279,6 +307,13 @@ impl Messaging {
         } else {
             store.max_offset(topic, q)
         }
+    }
+
+    /// Waits until everything appended so far is durable (and replicated
+    /// in cluster mode): None, or the status that says it is not.
+    async fn durable_now(&self) -> Option<pb::Status> {
+        let end = self.broker.store().commitlog_offsets().1;
+        self.broker.store().durable(end).await.err().map(|e| not_durable(&e))
     }
 
     /// Whether the group consumes in order (grpc.fifo_groups).
@@ -361,6 +396,12 @@ impl Messaging {
         let now = rokka_store::now_ms();
         let store = self.broker.store();
         let cap = 4 << 20;
+        let fifo = self.is_fifo(group);
+        let handout = |r: Receipt, attempt: u32| Handout {
+            receipt_handle: r.encode(),
+            attempt,
+            invisible_ms,
+        };
         for i in 0..partitions {
             let room = batch - out.messages.len();
             if room == 0 {
@@ -375,13 +416,9 @@ impl Messaging {
             // A FIFO group's queue gives out one batch at a time, in
             // order: nothing more while some of it is in flight and
             // invisible (Apache's orderly pop).
-            let fifo = self.is_fifo(group);
             let due = st.due(now, room);
             if fifo && st.in_flight.len() > due.len() {
-                out.next_visible_ms = match (out.next_visible_ms, st.next_visible_ms()) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                out.next_visible_ms = earliest(out.next_visible_ms, st.next_visible_ms());
                 continue;
             }
             let redelivering = !due.is_empty();
@@ -393,7 +430,8 @@ impl Messaging {
                     continue;
                 };
                 if f.attempt >= self.config.max_delivery_attempts.max(1) {
-                    match self.to_dead_letters(group, &m, f.attempt) {
+                    // Creates the topic's files at first: off the async workers.
+                    match rokka_broker::offload(|| self.to_dead_letters(group, &m, f.attempt)) {
                         Ok(()) => self.pops.forget(&mut st, off),
                         Err(e) => tracing::error!(
                             group,
@@ -409,15 +447,8 @@ impl Messaging {
                 let (r, attempt) = self.pops.hand_out(&mut st, q, off, now + invisible_ms, now);
                 metrics::counter!("rokka_rocketmq5_messages_redelivered_total", "group" => group.to_string())
                     .increment(1);
-                out.messages.push(message::outgoing(
-                    &m,
-                    self.store_host,
-                    Some(&Handout {
-                        receipt_handle: r.encode(),
-                        attempt,
-                        invisible_ms,
-                    }),
-                ));
+                out.messages
+                    .push(message::outgoing(&m, self.store_host, Some(&handout(r, attempt))));
             }
             // New messages from the cursor.
             let room = batch - out.messages.len();
@@ -450,15 +481,8 @@ impl Messaging {
                                 }
                                 let (r, attempt) =
                                     self.pops.hand_out(&mut st, q, m.queue_offset, now + invisible_ms, now);
-                                out.messages.push(message::outgoing(
-                                    &m,
-                                    self.store_host,
-                                    Some(&Handout {
-                                        receipt_handle: r.encode(),
-                                        attempt,
-                                        invisible_ms,
-                                    }),
-                                ));
+                                out.messages
+                                    .push(message::outgoing(&m, self.store_host, Some(&handout(r, attempt))));
                             }
                         }
                         st.cursor = st.cursor.max(next);
@@ -466,10 +490,7 @@ impl Messaging {
                 }
             }
             self.commit_watermark(group, topic, q, &st);
-            out.next_visible_ms = match (out.next_visible_ms, st.next_visible_ms()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            out.next_visible_ms = earliest(out.next_visible_ms, st.next_visible_ms());
         }
         out
     }
@@ -600,32 +621,28 @@ impl Messaging {
         }
     }
 
-    fn send(&self, req: pb::SendMessageRequest, peer: Option<SocketAddr>) -> pb::SendMessageResponse {
+    /// Stores the messages of a SendMessage: each one's result, and the
+    /// CommitLog end that must be durable before any OK goes out.
+    fn send(&self, req: pb::SendMessageRequest, peer: Option<SocketAddr>) -> (Vec<pb::SendResultEntry>, u64) {
         let mut entries = Vec::with_capacity(req.messages.len());
+        let mut end = 0;
         for m in &req.messages {
-            entries.push(self.send_one(m, peer));
+            let (e, at) = self.send_one(m, peer);
+            entries.push(e);
+            end = end.max(at);
         }
-        let code = match entries.first() {
-            None => status(pb::Code::BadRequest, "no message to send"),
-            Some(first)
-                if entries
-                    .iter()
-                    .all(|e| e.status.as_ref().map(|s| s.code) == first.status.as_ref().map(|s| s.code)) =>
-            {
-                first.status.clone().unwrap_or_else(ok)
-            }
-            Some(_) => status(pb::Code::MultipleResults, "the messages had different results"),
-        };
-        pb::SendMessageResponse {
-            status: Some(code),
-            entries,
-        }
+        (entries, end)
     }
 
-    fn send_one(&self, m: &pb::Message, peer: Option<SocketAddr>) -> pb::SendResultEntry {
-        let refused = |code: pb::Code, text: String| pb::SendResultEntry {
-            status: Some(status(code, text)),
-            ..Default::default()
+    fn send_one(&self, m: &pb::Message, peer: Option<SocketAddr>) -> (pb::SendResultEntry, u64) {
+        let refused = |code: pb::Code, text: String| {
+            (
+                pb::SendResultEntry {
+                    status: Some(status(code, text)),
+                    ..Default::default()
+                },
+                0,
+            )
         };
         let inc = match message::incoming(m, self.config.max_body_bytes as usize) {
             Ok(i) => i,
@@ -686,7 +703,7 @@ impl Messaging {
                 metrics::counter!("rokka_rocketmq5_messages_sent_total", "topic" => inc.topic.clone()).increment(1);
                 metrics::counter!("rokka_rocketmq5_bytes_sent_total", "topic" => inc.topic.clone())
                     .increment(inc.body.len() as u64);
-                pb::SendResultEntry {
+                let entry = pb::SendResultEntry {
                     status: Some(ok()),
                     message_id: inc.message_id,
                     transaction_id: if inc.transactional {
@@ -696,7 +713,8 @@ impl Messaging {
                     },
                     offset: r.queue_offset as i64,
                     recall_handle: String::new(),
-                }
+                };
+                (entry, r.end_offset)
             }
             Err(e) => {
                 let code = match &e {
@@ -757,11 +775,7 @@ impl Messaging {
         for (q, st) in touched {
             self.commit_watermark(&group, &topic, q, &pop::lock(&st));
         }
-        let overall = match entries.first() {
-            None => status(pb::Code::BadRequest, "no entry to ack"),
-            Some(f) if entries.iter().all(|e| e.status == f.status) => f.status.clone().unwrap_or_else(ok),
-            Some(_) => status(pb::Code::MultipleResults, "the entries had different results"),
-        };
+        let overall = overall(entries.iter().map(|e| e.status.as_ref()), "no entry to ack");
         pb::AckMessageResponse {
             status: Some(overall),
             entries,
@@ -982,9 +996,26 @@ impl pb::messaging_service_server::MessagingService for Service {
         let peer = req.remote_addr();
         let m = Arc::clone(&self.0);
         let req = req.into_inner();
-        // Appends may wait on the disk (sync flush): off the async workers.
-        let resp = rokka_broker::offload(|| m.send(req, peer));
-        Ok(Response::new(resp))
+        // Appends may create files: off the async workers.
+        let (mut entries, end) = rokka_broker::offload(|| m.send(req, peer));
+        // Sync flush (and cluster acks): an OK only once the messages are
+        // durable; stored but not durable is said so, as Apache's proxy.
+        if end > 0 {
+            if let Err(e) = m.broker.store().durable(end).await {
+                let s = not_durable(&e);
+                for entry in entries
+                    .iter_mut()
+                    .filter(|e| e.status.as_ref().is_some_and(|s| s.code == pb::Code::Ok as i32))
+                {
+                    entry.status = Some(s.clone());
+                }
+            }
+        }
+        let status = overall(entries.iter().map(|e| e.status.as_ref()), "no message to send");
+        Ok(Response::new(pb::SendMessageResponse {
+            status: Some(status),
+            entries,
+        }))
     }
 
     async fn query_assignment(
@@ -1046,7 +1077,12 @@ impl pb::messaging_service_server::MessagingService for Service {
         call("ForwardMessageToDeadLetterQueue");
         let m = Arc::clone(&self.0);
         let req = req.into_inner();
-        let s = rokka_broker::offload(|| m.forward_to_dlq(req));
+        let mut s = rokka_broker::offload(|| m.forward_to_dlq(req));
+        if s.code == pb::Code::Ok as i32 {
+            if let Some(not) = m.durable_now().await {
+                s = not;
+            }
+        }
         Ok(Response::new(pb::ForwardMessageToDeadLetterQueueResponse {
             status: Some(s),
         }))
@@ -1174,7 +1210,9 @@ impl pb::messaging_service_server::MessagingService for Service {
         let m = Arc::clone(&self.0);
         let res = rokka_broker::offload(|| m.broker.end_transaction("", off, phys, commit));
         let s = match res {
-            Ok(_) => ok(),
+            // The committed message (or the rollback's op record) must be
+            // durable before the producer forgets the transaction.
+            Ok(_) => m.durable_now().await.unwrap_or_else(ok),
             Err(e) => status(pb::Code::InvalidTransactionId, e.to_string()),
         };
         Ok(Response::new(pb::EndTransactionResponse { status: Some(s) }))
