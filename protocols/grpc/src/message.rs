@@ -28,7 +28,7 @@ pub struct Refused(pub pb::Code, pub String);
 #[derive(Debug)]
 pub struct Incoming {
     pub topic: String,
-    pub body: Vec<u8>,
+    pub body: bytes::Bytes,
     pub properties: String,
     pub message_id: String,
     pub born_timestamp_ms: i64,
@@ -60,9 +60,9 @@ pub fn incoming(m: &pb::Message, max_body: usize) -> Result<Incoming, Refused> {
             if d.read_to_end(&mut out).is_err() {
                 return Err(Refused(pb::Code::MessageCorrupted, "body is not gzip".into()));
             }
-            out
+            bytes::Bytes::from(out)
         }
-        _ => m.body.to_vec(),
+        _ => m.body.clone(),
     };
     if body.is_empty() {
         return Err(Refused(pb::Code::MessageBodyEmpty, "message body is empty".into()));
@@ -288,7 +288,7 @@ pub fn outgoing(m: &MessageView, store_host: SocketAddr, h: Option<&Handout>) ->
         }),
         user_properties: user,
         system_properties: Some(sys),
-        body: m.body.to_vec(),
+        body: m.body.clone(),
     }
 }
 
@@ -304,7 +304,7 @@ mod tests {
             }),
             user_properties: user.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             system_properties: Some(sys),
-            body: b"hello".to_vec(),
+            body: bytes::Bytes::from_static(b"hello"),
         }
     }
 
@@ -342,7 +342,7 @@ mod tests {
             Err(pb::Code::MessageBodyTooLarge)
         );
         let mut empty = msg(Default::default(), &[]);
-        empty.body = Vec::new();
+        empty.body = bytes::Bytes::new();
         assert_eq!(code(empty, 1024), Err(pb::Code::MessageBodyEmpty));
         let mut no_topic = msg(Default::default(), &[]);
         no_topic.topic = None;

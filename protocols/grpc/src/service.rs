@@ -511,6 +511,14 @@ impl Messaging {
         let Some(info) = self.broker.topics().get(&topic) else {
             return fail(pb::Code::TopicNotFound, format!("topic {topic} not found"));
         };
+        // Cluster mode: pop state and the offsets it commits live on the
+        // set's master (a replica takes no commits, as remoting's).
+        if self.broker.cluster_view().is_some_and(|v| !v.is_master()) {
+            return fail(
+                pb::Code::HaNotAvailable,
+                "not the broker set's master: pop from the master".into(),
+            );
+        }
         // A group is consumed by pop or by queue owners (remoting
         // consumers, Kafka members), never both at once: either would
         // deliver the other's messages again.
