@@ -61,8 +61,10 @@ pub struct GrpcConfig {
     pub pop_state_flush_ms: u64,
     /// At most this many Telemetry streams at once (one per client).
     pub max_telemetry_streams: u32,
-    /// A Telemetry stream or connection that sends nothing this long is
-    /// closed (ms; clients heartbeat every 10 s).
+    /// A Telemetry stream that sends nothing this long is ended (ms).
+    /// Clients heartbeat on other calls; on this stream they send their
+    /// settings only every 5 minutes (Java, Node.js), so this must stay
+    /// above that. Dead peers are found sooner by HTTP/2 pings (30 s).
     pub idle_timeout_ms: u64,
 }
 
@@ -88,7 +90,7 @@ impl Default for GrpcConfig {
             max_pop_queues: 100_000,
             pop_state_flush_ms: 1000,
             max_telemetry_streams: 1024,
-            idle_timeout_ms: 120_000,
+            idle_timeout_ms: 600_000,
         }
     }
 }
