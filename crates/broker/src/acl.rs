@@ -422,6 +422,16 @@ pub struct Acls {
     written: crate::watermark::Watermark,
 }
 
+/// What a RocketMQ request on `topic` needs: `op` on the topic, but a
+/// retry or dead-letter topic (`%RETRY%<group>`, `%DLQ%<group>`) is its
+/// group's — READ on the group, as RocketMQ checks SUB on the group.
+pub fn rocketmq_topic(topic: &str, op: Operation) -> (ResourceType, &str, Operation) {
+    if let Some(g) = topic.strip_prefix("%RETRY%").or_else(|| topic.strip_prefix("%DLQ%")) {
+        return (ResourceType::Group, g, Operation::Read);
+    }
+    (ResourceType::Topic, topic, op)
+}
+
 /// A principal as the table spells it: `User:` added to a bare name.
 pub fn principal_of(s: &str) -> String {
     if s.contains(':') {
@@ -545,6 +555,15 @@ impl Acls {
             }
         }
         allowed || (!any && allow_if_none)
+    }
+
+    /// [`Acls::authorize`] of one RocketMQ need: CREATE of a topic is
+    /// allowed by CREATE on the topic or on the cluster, as Kafka.
+    pub fn allows(&self, principal: &str, host: IpAddr, (rt, name, op): (ResourceType, &str, Operation)) -> bool {
+        self.authorize(principal, host, rt, name, op)
+            || (rt == ResourceType::Topic
+                && op == Operation::Create
+                && self.authorize(principal, host, ResourceType::Cluster, CLUSTER_NAME, Operation::Create))
     }
 
     /// Whether `principal` may do `op` on some resource of type `rt`

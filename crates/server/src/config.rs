@@ -147,7 +147,7 @@ impl Config {
             }
         };
         check(self.kafka.enabled, "kafka.listen", self.kafka.listen);
-        // The gRPC listener does not authenticate its clients yet.
+        // gRPC clients may call unsigned (User:ANONYMOUS), as RocketMQ's.
         check(self.grpc.enabled, "grpc.listen", self.grpc.listen);
         if let Some(ssl) = self.kafka.ssl_listen {
             // Encrypted is not authenticated: the same rule, unless its

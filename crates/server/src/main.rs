@@ -559,11 +559,6 @@ async fn serve(
         let Some(broker) = &broker else {
             return Err("grpc.enabled needs the store: enable kafka or rocketmq.broker_enabled".into());
         };
-        if cfg.security.authorization {
-            // Its clients' signatures are not checked yet: serving it would
-            // bypass the ACL table.
-            return Err("grpc.enabled with security.authorization: the gRPC listener does not authenticate clients yet; disable one of them".into());
-        }
         let l = TcpListener::bind(cfg.grpc.listen)
             .await
             .map_err(|e| format!("gRPC listener on {}: {e}", cfg.grpc.listen))?;

@@ -66,6 +66,11 @@ pub struct GrpcConfig {
     /// settings only every 5 minutes (Java, Node.js), so this must stay
     /// above that. Dead peers are found sooner by HTTP/2 pings (30 s).
     pub idle_timeout_ms: u64,
+    /// With `security.authorization` on: an address whose signed calls
+    /// failed verification this many times within `auth_failure_window_ms`
+    /// has its signed calls refused unchecked until the window has passed.
+    pub auth_max_failures_per_address: u32,
+    pub auth_failure_window_ms: u64,
 }
 
 impl Default for GrpcConfig {
@@ -91,6 +96,8 @@ impl Default for GrpcConfig {
             pop_state_flush_ms: 1000,
             max_telemetry_streams: 1024,
             idle_timeout_ms: 600_000,
+            auth_max_failures_per_address: 20,
+            auth_failure_window_ms: 60_000,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! groups and offsets as the Kafka and remoting listeners. Producers send
 //! through it; consumers consume by pop (docs/rocketmq5.md).
 
+pub mod auth;
 pub mod config;
 pub mod message;
 pub mod service;

@@ -17,9 +17,11 @@ use tokio::sync::{mpsc, Notify};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{Guard, Need};
 use crate::message::{self, Handout};
 use crate::pb;
 use crate::GrpcConfig;
+use rokka_broker::acl::{rocketmq_topic, Operation as Op, ResourceType as Rt};
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
@@ -47,6 +49,8 @@ pub struct Messaging {
     /// % of memory within which a new group's first message counts as
     /// young enough to start from offset 0 (rocketmq.access_message_in_memory_max_ratio).
     memory_ratio: u32,
+    /// Authentication and ACL checks (security.authorization).
+    guard: Guard,
 }
 
 fn ok() -> pb::Status {
@@ -239,6 +243,7 @@ impl Messaging {
             tracing::error!(path = %pop_state.display(), error = %e, "pop state not loaded; consumption restarts from committed offsets");
         }
         Messaging {
+            guard: Guard::new(&config),
             pop_state,
             pops,
             broker,
@@ -861,6 +866,22 @@ impl Messaging {
 
     /// The settings a client receives on its Telemetry stream: its own,
     /// with the server's limits and policies.
+    /// A client's settings it may not have: a producer's topics need WRITE
+    /// (the stream gets their transaction checks, messages included), a
+    /// consumer's group READ.
+    fn settings_refused(&self, who: &str, peer: Option<SocketAddr>, s: &pb::Settings) -> Option<pb::Status> {
+        let needs: Vec<Need<'_>> = match &s.pub_sub {
+            Some(pb::settings::PubSub::Publishing(p)) => {
+                p.topics.iter().map(|t| rocketmq_topic(&t.name, Op::Write)).collect()
+            }
+            Some(pb::settings::PubSub::Subscription(sub)) => {
+                vec![(Rt::Group, name(&sub.group), Op::Read)]
+            }
+            None => Vec::new(),
+        };
+        self.guard.authorize(&self.broker, who, peer, &needs).err()
+    }
+
     fn server_settings(&self, mut s: pb::Settings) -> pb::Settings {
         match &mut s.pub_sub {
             Some(pb::settings::PubSub::Publishing(p)) => {
@@ -951,6 +972,26 @@ fn call(method: &'static str) {
     metrics::counter!("rokka_rocketmq5_requests_total", "method" => method).increment(1);
 }
 
+/// Answers the call `$resp` with a refusal if its caller may not do
+/// `$needs` (security.authorization; docs/security.md).
+macro_rules! guard {
+    ($svc:expr, $req:expr, $needs:expr, $resp:ident) => {
+        if let Some(s) = $svc.0.guard.check(&$svc.0.broker, &$req, $needs) {
+            return Ok(Response::new(pb::$resp {
+                status: Some(s),
+                ..Default::default()
+            }));
+        }
+    };
+}
+
+/// READ on a consumer's topic and group (RocketMQ SUB).
+fn sub<'a>(topic: &'a str, group: &'a str) -> [Need<'a>; 2] {
+    [rocketmq_topic(topic, Op::Read), (Rt::Group, group, Op::Read)]
+}
+
+// guard!'s `..Default::default()` is needless for responses of only a status.
+#[allow(clippy::needless_update)]
 #[tonic::async_trait]
 impl pb::messaging_service_server::MessagingService for Service {
     async fn query_route(
@@ -958,10 +999,37 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::QueryRouteRequest>,
     ) -> Result<Response<pb::QueryRouteResponse>, Status> {
         call("QueryRoute");
+        let m = &self.0;
+        let refused = |s| {
+            Ok(Response::new(pb::QueryRouteResponse {
+                status: Some(s),
+                message_queues: Vec::new(),
+            }))
+        };
+        // DESCRIBE to see the topic, CREATE to have it auto-created (as
+        // Kafka's Metadata).
+        let may_create = match m.guard.who(&m.broker, &req) {
+            Err(s) => return refused(s),
+            Ok(None) => true,
+            Ok(Some(who)) => {
+                let topic = name(&req.get_ref().topic);
+                if let Err(s) = m.guard.authorize(
+                    &m.broker,
+                    &who,
+                    req.remote_addr(),
+                    &[rocketmq_topic(topic, Op::Describe)],
+                ) {
+                    return refused(s);
+                }
+                let host = req
+                    .remote_addr()
+                    .map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
+                m.broker.acls().allows(&who, host, (Rt::Topic, topic, Op::Create))
+            }
+        };
         let req = req.into_inner();
         let topic = name(&req.topic).to_string();
-        let m = &self.0;
-        let resp = match m.broker.topic_or_create(&topic, true, None) {
+        let resp = match m.broker.topic_or_create(&topic, may_create, None) {
             Ok(Some(info)) => pb::QueryRouteResponse {
                 status: Some(ok()),
                 message_queues: m.queues_of(&topic, info.partitions),
@@ -980,6 +1048,16 @@ impl pb::messaging_service_server::MessagingService for Service {
 
     async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
         call("Heartbeat");
+        // A consumer's heartbeat makes it a live member of its group.
+        let r = req.get_ref();
+        if matches!(
+            r.client_type(),
+            pb::ClientType::SimpleConsumer | pb::ClientType::PushConsumer
+        ) {
+            guard!(self, req, &[(Rt::Group, name(&r.group), Op::Read)], HeartbeatResponse);
+        } else {
+            guard!(self, req, &[], HeartbeatResponse);
+        }
         let id = client_id(&req);
         let req = req.into_inner();
         let group = name(&req.group);
@@ -1001,8 +1079,15 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::SendMessageRequest>,
     ) -> Result<Response<pb::SendMessageResponse>, Status> {
         call("SendMessage");
-        let peer = req.remote_addr();
         let m = Arc::clone(&self.0);
+        if m.broker.acls().enabled() {
+            let mut topics: Vec<&str> = req.get_ref().messages.iter().map(|m| name(&m.topic)).collect();
+            topics.sort_unstable();
+            topics.dedup();
+            let needs: Vec<Need<'_>> = topics.into_iter().map(|t| rocketmq_topic(t, Op::Write)).collect();
+            guard!(self, req, &needs, SendMessageResponse);
+        }
+        let peer = req.remote_addr();
         let req = req.into_inner();
         // Appends may create files: off the async workers.
         let (mut entries, end) = rokka_broker::offload(|| m.send(req, peer));
@@ -1031,6 +1116,8 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::QueryAssignmentRequest>,
     ) -> Result<Response<pb::QueryAssignmentResponse>, Status> {
         call("QueryAssignment");
+        let r = req.get_ref();
+        guard!(self, req, &sub(name(&r.topic), name(&r.group)), QueryAssignmentResponse);
         let req = req.into_inner();
         let topic = name(&req.topic).to_string();
         let m = &self.0;
@@ -1065,6 +1152,14 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::ReceiveMessageRequest>,
     ) -> Result<Response<Self::ReceiveMessageStream>, Status> {
         call("ReceiveMessage");
+        let r = req.get_ref();
+        let topic = r.message_queue.as_ref().map_or("", |q| name(&q.topic));
+        if let Some(s) = self.0.guard.check(&self.0.broker, &req, &sub(topic, name(&r.group))) {
+            let refused = pb::ReceiveMessageResponse {
+                content: Some(pb::receive_message_response::Content::Status(s)),
+            };
+            return Ok(Response::new(Box::pin(tokio_stream::iter([Ok(refused)]))));
+        }
         let client_id = client_id(&req);
         let out = self.0.receive(req.into_inner(), &client_id).await;
         Ok(Response::new(Box::pin(tokio_stream::iter(out.into_iter().map(Ok)))))
@@ -1075,6 +1170,8 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::AckMessageRequest>,
     ) -> Result<Response<pb::AckMessageResponse>, Status> {
         call("AckMessage");
+        let r = req.get_ref();
+        guard!(self, req, &sub(name(&r.topic), name(&r.group)), AckMessageResponse);
         Ok(Response::new(self.0.ack(req.into_inner())))
     }
 
@@ -1083,6 +1180,13 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::ForwardMessageToDeadLetterQueueRequest>,
     ) -> Result<Response<pb::ForwardMessageToDeadLetterQueueResponse>, Status> {
         call("ForwardMessageToDeadLetterQueue");
+        let r = req.get_ref();
+        guard!(
+            self,
+            req,
+            &sub(name(&r.topic), name(&r.group)),
+            ForwardMessageToDeadLetterQueueResponse
+        );
         let m = Arc::clone(&self.0);
         let req = req.into_inner();
         let mut s = rokka_broker::offload(|| m.forward_to_dlq(req));
@@ -1100,13 +1204,15 @@ impl pb::messaging_service_server::MessagingService for Service {
 
     async fn pull_message(
         &self,
-        _req: Request<pb::PullMessageRequest>,
+        req: Request<pb::PullMessageRequest>,
     ) -> Result<Response<Self::PullMessageStream>, Status> {
         call("PullMessage");
-        let s = status(
-            pb::Code::NotImplemented,
-            "PullMessage is not served; use ReceiveMessage",
-        );
+        let s = self.0.guard.check(&self.0.broker, &req, &[]).unwrap_or_else(|| {
+            status(
+                pb::Code::NotImplemented,
+                "PullMessage is not served; use ReceiveMessage",
+            )
+        });
         Ok(Response::new(Box::pin(tokio_stream::iter([Ok(
             pb::PullMessageResponse {
                 content: Some(pb::pull_message_response::Content::Status(s)),
@@ -1119,6 +1225,9 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::UpdateOffsetRequest>,
     ) -> Result<Response<pb::UpdateOffsetResponse>, Status> {
         call("UpdateOffset");
+        let r = req.get_ref();
+        let topic = r.message_queue.as_ref().map_or("", |q| name(&q.topic));
+        guard!(self, req, &sub(topic, name(&r.group)), UpdateOffsetResponse);
         let req = req.into_inner();
         let mq = req.message_queue.unwrap_or_default();
         let (group, topic) = (name(&req.group).to_string(), name(&mq.topic).to_string());
@@ -1150,6 +1259,13 @@ impl pb::messaging_service_server::MessagingService for Service {
 
     async fn get_offset(&self, req: Request<pb::GetOffsetRequest>) -> Result<Response<pb::GetOffsetResponse>, Status> {
         call("GetOffset");
+        let r = req.get_ref();
+        let topic = r.message_queue.as_ref().map_or("", |q| name(&q.topic));
+        let needs = [
+            rocketmq_topic(topic, Op::Describe),
+            (Rt::Group, name(&r.group), Op::Describe),
+        ];
+        guard!(self, req, &needs, GetOffsetResponse);
         let req = req.into_inner();
         let mq = req.message_queue.unwrap_or_default();
         let c = self
@@ -1175,6 +1291,8 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::QueryOffsetRequest>,
     ) -> Result<Response<pb::QueryOffsetResponse>, Status> {
         call("QueryOffset");
+        let topic = req.get_ref().message_queue.as_ref().map_or("", |q| name(&q.topic));
+        guard!(self, req, &[rocketmq_topic(topic, Op::Describe)], QueryOffsetResponse);
         let req = req.into_inner();
         let mq = req.message_queue.clone().unwrap_or_default();
         let (topic, q) = (name(&mq.topic).to_string(), mq.id.max(0) as u32);
@@ -1198,6 +1316,12 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::EndTransactionRequest>,
     ) -> Result<Response<pb::EndTransactionResponse>, Status> {
         call("EndTransaction");
+        guard!(
+            self,
+            req,
+            &[rocketmq_topic(name(&req.get_ref().topic), Op::Write)],
+            EndTransactionResponse
+        );
         let req = req.into_inner();
         let commit = match req.resolution() {
             pb::TransactionResolution::Commit => true,
@@ -1234,6 +1358,14 @@ impl pb::messaging_service_server::MessagingService for Service {
     ) -> Result<Response<Self::TelemetryStream>, Status> {
         call("Telemetry");
         let m = Arc::clone(&self.0);
+        // The stream is authenticated once, at its start; what its settings
+        // ask (publishing topics: transaction checks of their messages;
+        // a subscription group) is authorized as they come.
+        let who = m
+            .guard
+            .who(&m.broker, &req)
+            .map_err(|s| Status::unauthenticated(s.message))?;
+        let peer = req.remote_addr();
         let count = &m.telemetry_streams;
         if count.fetch_add(1, Ordering::Relaxed) >= m.config.max_telemetry_streams {
             count.fetch_sub(1, Ordering::Relaxed);
@@ -1272,19 +1404,28 @@ impl pb::messaging_service_server::MessagingService for Service {
                 };
                 let reply = match next.command {
                     Some(pb::telemetry_command::Command::Settings(s)) => {
-                        if let (Some(pb::settings::PubSub::Publishing(p)), false) = (&s.pub_sub, client_id.is_empty()) {
-                            pop::lock(&m.producers).insert(
-                                client_id.clone(),
-                                ProducerStream {
-                                    stream,
-                                    topics: p.topics.iter().map(|t| t.name.clone()).collect(),
-                                    tx: tx.clone(),
-                                },
-                            );
-                        }
-                        pb::TelemetryCommand {
-                            status: Some(ok()),
-                            command: Some(pb::telemetry_command::Command::Settings(m.server_settings(s))),
+                        if let Some(refused) = who.as_deref().and_then(|w| m.settings_refused(w, peer, &s)) {
+                            pb::TelemetryCommand {
+                                status: Some(refused),
+                                command: None,
+                            }
+                        } else {
+                            if let (Some(pb::settings::PubSub::Publishing(p)), false) =
+                                (&s.pub_sub, client_id.is_empty())
+                            {
+                                pop::lock(&m.producers).insert(
+                                    client_id.clone(),
+                                    ProducerStream {
+                                        stream,
+                                        topics: p.topics.iter().map(|t| t.name.clone()).collect(),
+                                        tx: tx.clone(),
+                                    },
+                                );
+                            }
+                            pb::TelemetryCommand {
+                                status: Some(ok()),
+                                command: Some(pb::telemetry_command::Command::Settings(m.server_settings(s))),
+                            }
                         }
                     }
                     // Answers to server commands (stack traces, message
@@ -1304,6 +1445,7 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::NotifyClientTerminationRequest>,
     ) -> Result<Response<pb::NotifyClientTerminationResponse>, Status> {
         call("NotifyClientTermination");
+        guard!(self, req, &[], NotifyClientTerminationResponse);
         let id = client_id(&req);
         let req = req.into_inner();
         let group = name(&req.group);
@@ -1320,14 +1462,22 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::ChangeInvisibleDurationRequest>,
     ) -> Result<Response<pb::ChangeInvisibleDurationResponse>, Status> {
         call("ChangeInvisibleDuration");
+        let r = req.get_ref();
+        guard!(
+            self,
+            req,
+            &sub(name(&r.topic), name(&r.group)),
+            ChangeInvisibleDurationResponse
+        );
         Ok(Response::new(self.0.change_invisible(req.into_inner())))
     }
 
     async fn recall_message(
         &self,
-        _req: Request<pb::RecallMessageRequest>,
+        req: Request<pb::RecallMessageRequest>,
     ) -> Result<Response<pb::RecallMessageResponse>, Status> {
         call("RecallMessage");
+        guard!(self, req, &[], RecallMessageResponse);
         Ok(Response::new(pb::RecallMessageResponse {
             status: Some(status(pb::Code::NotImplemented, "recalling messages is not supported")),
             message_id: String::new(),
@@ -1336,9 +1486,10 @@ impl pb::messaging_service_server::MessagingService for Service {
 
     async fn sync_lite_subscription(
         &self,
-        _req: Request<pb::SyncLiteSubscriptionRequest>,
+        req: Request<pb::SyncLiteSubscriptionRequest>,
     ) -> Result<Response<pb::SyncLiteSubscriptionResponse>, Status> {
         call("SyncLiteSubscription");
+        guard!(self, req, &[], SyncLiteSubscriptionResponse);
         Ok(Response::new(pb::SyncLiteSubscriptionResponse {
             status: Some(status(pb::Code::NotImplemented, "lite topics are not supported")),
         }))

@@ -19,7 +19,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rokka_broker::acl::{Operation as Op, ResourceType as Rt, ANONYMOUS, CLUSTER_NAME};
+use rokka_broker::acl::{rocketmq_topic as topic_need, Operation as Op, ResourceType as Rt, ANONYMOUS, CLUSTER_NAME};
 use rokka_broker::Broker;
 use std::borrow::Cow;
 
@@ -29,23 +29,8 @@ use crate::command::RemotingCommand;
 /// RocketMQ's ResponseCode.NO_PERMISSION.
 pub const NO_PERMISSION: i32 = 16;
 
-const RETRY_PREFIX: &str = "%RETRY%";
-const DLQ_PREFIX: &str = "%DLQ%";
-
 /// What a request needs: at most two (resource, operation) pairs.
 type Needs<'a> = [Option<(Rt, &'a str, Op)>; 2];
-
-/// A topic's check: a retry or dead-letter topic is its group's (RocketMQ
-/// checks SUB on the group for those).
-fn topic_need(topic: &str, op: Op) -> (Rt, &str, Op) {
-    if let Some(g) = topic
-        .strip_prefix(RETRY_PREFIX)
-        .or_else(|| topic.strip_prefix(DLQ_PREFIX))
-    {
-        return (Rt::Group, g, Op::Read);
-    }
-    (Rt::Topic, topic, op)
-}
 
 fn ext<'a>(cmd: &'a RemotingCommand, long: &str, short: &str) -> &'a str {
     cmd.ext_fields
@@ -93,14 +78,8 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
     }
 }
 
-/// Whether `principal` may do `op` on the resource (CREATE of a topic: on
-/// the cluster or the topic, as Kafka).
-fn allowed(broker: &Broker, principal: &str, host: std::net::IpAddr, (rt, name, op): (Rt, &str, Op)) -> bool {
-    let acls = broker.acls();
-    acls.authorize(principal, host, rt, name, op)
-        || (rt == Rt::Topic
-            && op == Op::Create
-            && acls.authorize(principal, host, Rt::Cluster, CLUSTER_NAME, Op::Create))
+fn allowed(broker: &Broker, principal: &str, host: std::net::IpAddr, need: (Rt, &str, Op)) -> bool {
+    broker.acls().allows(principal, host, need)
 }
 
 /// Per connection: whether a refusal was logged yet.

@@ -1,0 +1,211 @@
+//! Authentication and authorization of RocketMQ 5 calls, against the one
+//! users table and ACL table the Kafka and remoting listeners obey.
+//!
+//! A RocketMQ 5 client signs every call (Apache's `MQv2-HMAC-SHA1`): the
+//! `authorization` header `MQv2-HMAC-SHA1 Credential=<AccessKey>,
+//! SignedHeaders=x-mq-date-time, Signature=<hex>` carries the hex of an
+//! HMAC-SHA1 of the `x-mq-date-time` header under the user's RocketMQ
+//! secret. A verified call is `User:<AccessKey>`; one without credentials
+//! (no header, or an empty Credential: the clients' default) is
+//! `User:ANONYMOUS`; a wrong or unknown one is refused UNAUTHORIZED, and an
+//! address that failed `grpc.auth_max_failures_per_address` times within
+//! `grpc.auth_failure_window_ms` has its signed calls refused unchecked
+//! for the rest of the window. The date is not checked against the clock:
+//! the Python client stamps local time as if it were UTC.
+//!
+//! What each call needs follows the remoting mapping (docs/security.md):
+//! sends and transaction ends WRITE on the topic (PUB), receives, acks and
+//! offset commits READ on the topic and the group (SUB), offset and route
+//! queries DESCRIBE, auto-creation CREATE. A refusal answers FORBIDDEN
+//! naming what was missing, is counted, and is logged once per connection.
+//! With `security.authorization` off nothing is checked.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rokka_broker::acl::{Operation as Op, ResourceType as Rt, ANONYMOUS};
+use rokka_broker::limits::AuthFailures;
+use rokka_broker::Broker;
+use tonic::metadata::MetadataMap;
+
+use crate::pb;
+use crate::GrpcConfig;
+
+/// One (resource, operation) a call needs.
+pub type Need<'a> = (Rt, &'a str, Op);
+
+const SCHEME: &str = "MQv2-HMAC-SHA1";
+
+/// Connections whose first refusal was logged, at most this many (then
+/// forgotten, so a refusal may be logged again).
+const MAX_LOGGED: usize = 10_000;
+
+#[derive(Debug)]
+pub struct Guard {
+    failures: AuthFailures,
+    logged: Mutex<HashSet<SocketAddr>>,
+}
+
+fn refusal(code: pb::Code, message: String) -> pb::Status {
+    pb::Status {
+        code: code as i32,
+        message,
+    }
+}
+
+/// The parts of an `authorization` header: (AccessKey, Signature).
+fn parse(header: &str) -> Option<(&str, &str)> {
+    let rest = header.trim().strip_prefix(SCHEME)?;
+    let (mut ak, mut sig) = (None, None);
+    for part in rest.split(',') {
+        match part.trim().split_once('=') {
+            Some(("Credential", v)) => ak = Some(v.trim()),
+            Some(("Signature", v)) => sig = Some(v.trim()),
+            _ => {}
+        }
+    }
+    Some((ak?, sig.unwrap_or_default()))
+}
+
+impl Guard {
+    pub fn new(config: &GrpcConfig) -> Guard {
+        Guard {
+            failures: AuthFailures::new(
+                "rokka_rocketmq5_auth_failing_addresses",
+                config.auth_max_failures_per_address,
+                Duration::from_millis(config.auth_failure_window_ms),
+            ),
+            logged: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The call's principal; Err: UNAUTHORIZED and why. Only asked with
+    /// authorization on.
+    pub fn principal(&self, broker: &Broker, md: &MetadataMap, peer: Option<SocketAddr>) -> Result<String, pb::Status> {
+        let header = md.get("authorization").map(|v| v.to_str());
+        let (ak, sig) = match header {
+            None => return Ok(ANONYMOUS.to_string()),
+            Some(Err(_)) => return Err(self.failed(peer, "signature", "authorization header is not text".into())),
+            Some(Ok(h)) => match parse(h) {
+                Some(("", _)) => return Ok(ANONYMOUS.to_string()),
+                Some(p) => p,
+                None => {
+                    return Err(self.failed(
+                        peer,
+                        "signature",
+                        format!("authorization header is not {SCHEME} Credential=..., Signature=..."),
+                    ))
+                }
+            },
+        };
+        if peer.is_some_and(|p| self.failures.blocked(p.ip())) {
+            metrics::counter!("rokka_rocketmq5_authentications_failed_total", "reason" => "held_off").increment(1);
+            let ip = peer.map(|p| p.ip().to_string()).unwrap_or_default();
+            return Err(refusal(
+                pb::Code::Unauthorized,
+                format!("too many failed authentications from {ip}: signed calls are refused for a while"),
+            ));
+        }
+        let date_time = md
+            .get("x-mq-date-time")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        match broker.users().check_rocketmq5_signature(ak, date_time, sig) {
+            Ok(()) => Ok(format!("User:{ak}")),
+            Err(why) => {
+                if let Some(p) = peer {
+                    self.failures.failed(p.ip());
+                }
+                Err(self.failed(
+                    peer,
+                    "signature",
+                    format!("authentication of AccessKey {ak} failed: {why}"),
+                ))
+            }
+        }
+    }
+
+    fn failed(&self, peer: Option<SocketAddr>, reason: &'static str, message: String) -> pb::Status {
+        metrics::counter!("rokka_rocketmq5_authentications_failed_total", "reason" => reason).increment(1);
+        self.log_once(peer, &message);
+        refusal(pb::Code::Unauthorized, message)
+    }
+
+    fn log_once(&self, peer: Option<SocketAddr>, message: &str) {
+        let Some(p) = peer else { return };
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        if logged.len() >= MAX_LOGGED {
+            logged.clear();
+        }
+        if logged.insert(p) {
+            tracing::warn!(peer = %p, message, "RocketMQ 5 call refused (further refusals on this connection are only counted)");
+        }
+    }
+
+    /// Whether `who` may do every one of `needs`; Err: FORBIDDEN naming the
+    /// first missing one.
+    pub fn authorize(
+        &self,
+        broker: &Broker,
+        who: &str,
+        peer: Option<SocketAddr>,
+        needs: &[Need<'_>],
+    ) -> Result<(), pb::Status> {
+        let host = peer.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
+        let acls = broker.acls();
+        for &(rt, name, op) in needs {
+            if acls.allows(who, host, (rt, name, op)) {
+                continue;
+            }
+            metrics::counter!("rokka_authorization_denied_total", "protocol" => "rocketmq5", "resource" => rt.label())
+                .increment(1);
+            let what = match (rt, op) {
+                (Rt::Topic, Op::Write) => " (PUB)",
+                (Rt::Topic, Op::Read) | (Rt::Group, Op::Read) => " (SUB)",
+                _ => "",
+            };
+            let message = format!("no permission: {who} may not {op:?} {} {name}{what}", rt.label());
+            self.log_once(peer, &message);
+            return Err(refusal(pb::Code::Forbidden, message));
+        }
+        Ok(())
+    }
+
+    /// The caller's principal, `None` with authorization off (nothing is
+    /// checked); Err: UNAUTHORIZED.
+    pub fn who<T>(&self, broker: &Broker, req: &tonic::Request<T>) -> Result<Option<String>, pb::Status> {
+        if !broker.acls().enabled() {
+            return Ok(None);
+        }
+        self.principal(broker, req.metadata(), req.remote_addr()).map(Some)
+    }
+
+    /// [`Guard::who`] then [`Guard::authorize`]: `None` if the call may go
+    /// on (always with authorization off).
+    pub fn check<T>(&self, broker: &Broker, req: &tonic::Request<T>, needs: &[Need<'_>]) -> Option<pb::Status> {
+        match self.who(broker, req) {
+            Ok(None) => None,
+            Ok(Some(who)) => self.authorize(broker, &who, req.remote_addr(), needs).err(),
+            Err(s) => Some(s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn the_clients_authorization_header_is_read() {
+        let h = "MQv2-HMAC-SHA1 Credential=alice, SignedHeaders=x-mq-date-time, Signature=0A1b";
+        assert_eq!(parse(h), Some(("alice", "0A1b")));
+        assert_eq!(
+            parse("MQv2-HMAC-SHA1 Credential=, SignedHeaders=x-mq-date-time, Signature=ab"),
+            Some(("", "ab"))
+        );
+        assert_eq!(parse("Basic YWxpY2U6cHc="), None);
+        assert_eq!(parse("MQv2-HMAC-SHA1 Signature=ab"), None);
+    }
+}
