@@ -258,3 +258,20 @@ def test_a_group_assigned_just_before_its_coordinators_kill_keeps_its_generation
     assert events[0][0] == "assign" and events[0][1] == [0, 1], events
     # close() revokes once at the end; nothing before it.
     assert [e for e in events[1:] if e[0] == "assign"] == [], f"the group rebalanced after the failover: {events}"
+
+
+def test_the_dashboards_cluster_metrics_are_exported(cluster):
+    """After the failovers above: every cluster metric the Grafana dashboard
+    and the alert rules use is exported by the nodes, with its HELP."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
+    from dashboard import families, metric_names
+
+    seen = {}
+    for n in cluster.nodes.values():
+        if n.proc:
+            seen.update(families(n.metrics()))
+    missing = {m: where for m, where in metric_names("Cluster").items() if m not in seen}
+    assert not missing, f"used by the dashboard/alerts but not exported: {missing}"
+    assert all(seen[m] for m in metric_names("Cluster")), "every one has a HELP text"

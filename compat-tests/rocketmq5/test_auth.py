@@ -14,6 +14,7 @@ from rocketmq import ClientConfiguration, Credentials, FilterExpression, Produce
 from test_grpc import message, metric
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
+from dashboard import families, metric_names  # noqa: E402
 from rokka_fixture import running  # noqa: E402
 
 PASSWORDS = {"admin": "admin-pw", "grace": "grace-pw", "hank": "hank-pw"}
@@ -149,3 +150,17 @@ def test_a_consumer_without_read_on_its_group_is_forbidden(rokka):
     finally:
         c.shutdown()
     assert type(err).__name__ == "ForbiddenException" and f"Read group {GROUP}" in str(err), repr(err)
+
+
+def test_the_dashboards_security_metrics_are_exported(rokka):
+    """With security on and the refusals above (plus a remoting request
+    signed with a wrong secret): every metric of the dashboard's Security
+    row is exported, with its HELP."""
+    lines = harness(rokka, "create-user", f"127.0.0.1:{rokka.broker_port}", "ivy", "ivy-pw",
+                    env={"COMPAT_ACCESS_KEY": "grace", "COMPAT_SECRET_KEY": "wrong"}, check=False)
+    assert any("create-user failed" in l for l in lines), lines
+    seen = families(rokka.metrics())
+    used = metric_names("Security")
+    missing = {m: where for m, where in used.items() if m not in seen}
+    assert not missing, f"used by the dashboard but not exported: {missing}"
+    assert all(seen[m] for m in used), "every one has a HELP text"

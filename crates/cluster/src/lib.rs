@@ -93,6 +93,10 @@ pub struct Shared {
 
 impl Shared {
     pub fn new(cfg: ClusterConfig, store: Arc<MessageStore>, broker: Arc<Broker>) -> Arc<Shared> {
+        // Exported from the start, so dashboards and alerts have a series
+        // (a master, or a replica not yet connected, lags by nothing known).
+        metrics::counter!("rokka_cluster_elections_total").increment(0);
+        metrics::gauge!("rokka_replication_lag_bytes").set(0.0);
         Arc::new(Shared {
             cfg,
             store,

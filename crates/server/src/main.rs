@@ -3,6 +3,7 @@
 
 mod config;
 mod endpoint;
+mod help;
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -260,6 +261,7 @@ async fn serve(
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?
             .install_recorder()
             .map_err(|e| format!("metrics recorder: {e}"))?;
+        help::describe_all();
         let l = TcpListener::bind(cfg.metrics.listen)
             .await
             .map_err(|e| format!("metrics endpoint on {}: {e}", cfg.metrics.listen))?;

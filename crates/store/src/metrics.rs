@@ -20,6 +20,9 @@ pub struct StoreMetrics {
 
 impl StoreMetrics {
     pub fn new() -> StoreMetrics {
+        // Exported from the start (0: healthy), so alerts on it have a series.
+        gauge!("rokka_store_failed").set(0.0);
+        counter!("rokka_store_disk_full_refusals_total").increment(0);
         StoreMetrics {
             appends_message: counter!("rokka_store_appends_total", "kind" => "message"),
             appends_kafka: counter!("rokka_store_appends_total", "kind" => "kafka_batch"),

@@ -292,7 +292,19 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                                     .collect(),
                             );
                         }
-                        total += pieces.iter().map(Bytes::len).sum::<usize>();
+                        let bytes = pieces.iter().map(Bytes::len).sum::<usize>();
+                        total += bytes;
+                        if !pieces.is_empty() {
+                            let n: u64 = entries
+                                .iter()
+                                .take(pieces.len())
+                                .map(|e| u64::from(e.cq.count.max(1)))
+                                .sum();
+                            metrics::counter!("rokka_kafka_messages_out_total", "topic" => name.to_string())
+                                .increment(n);
+                            metrics::counter!("rokka_kafka_bytes_out_total", "topic" => name.to_string())
+                                .increment(bytes as u64);
+                        }
                     }
                     ReadStatus::NoNewMessages | ReadStatus::NoSuchQueue => {}
                     ReadStatus::OffsetMoved | ReadStatus::OffsetOverflow => {

@@ -183,6 +183,13 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                                 Ok((verdict, Some(offset), end)) => {
                                     if verdict == SequenceCheck::Duplicate(offset) {
                                         metrics::counter!("rokka_kafka_duplicate_batches_total").increment(1);
+                                    } else {
+                                        // Kafka's MessagesInPerSec / BytesInPerSec.
+                                        let records = i32::from_be_bytes([b[57], b[58], b[59], b[60]]).max(0);
+                                        metrics::counter!("rokka_kafka_messages_in_total", "topic" => topic.clone())
+                                            .increment(records as u64);
+                                        metrics::counter!("rokka_kafka_bytes_in_total", "topic" => topic.clone())
+                                            .increment(b.len() as u64);
                                     }
                                     base.get_or_insert(offset as i64);
                                     durable_up_to = durable_up_to.max(end);
