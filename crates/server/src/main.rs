@@ -1,6 +1,7 @@
 //! `rokka`: the message gateway binary. With no arguments it serves with the
 //! embedded defaults (data under `./data`, listeners on 127.0.0.1).
 
+mod admin;
 mod config;
 mod endpoint;
 mod help;
@@ -55,8 +56,24 @@ enum Command {
         #[command(subcommand)]
         action: StoreAction,
     },
-    /// Cluster mode: acts on the cluster the config's `[cluster]` names,
-    /// through its etcd.
+    /// Topics: list, describe, create, delete, add partitions, configs
+    /// (through a node's Kafka listener, `--brokers`).
+    Topic {
+        #[command(flatten)]
+        conn: admin::Conn,
+        #[command(subcommand)]
+        action: admin::TopicAction,
+    },
+    /// Consumer groups of both protocols: list, describe with lag, reset
+    /// offsets, delete.
+    Group {
+        #[command(flatten)]
+        conn: admin::Conn,
+        #[command(subcommand)]
+        action: admin::GroupAction,
+    },
+    /// `status` asks any node for the brokers it knows; `drain`/`undrain`
+    /// act on the cluster the config's `[cluster]` names, through its etcd.
     Cluster {
         #[command(subcommand)]
         action: ClusterAction,
@@ -65,6 +82,11 @@ enum Command {
 
 #[derive(Debug, clap::Subcommand)]
 enum ClusterAction {
+    /// The brokers, the controller, and the partitions each leads.
+    Status {
+        #[command(flatten)]
+        conn: admin::Conn,
+    },
     /// Marks a broker set as draining: new topics and new partitions are
     /// placed on the other sets; nothing already placed moves.
     Drain {
@@ -95,6 +117,15 @@ const SECONDS_BUCKETS: &[f64] = &[
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // Admin commands speak to a running node: no config of their own.
+    match &args.command {
+        Some(Command::Topic { conn, action }) => return admin::topic(conn, action),
+        Some(Command::Group { conn, action }) => return admin::group(conn, action),
+        Some(Command::Cluster {
+            action: ClusterAction::Status { conn },
+        }) => return admin::cluster_status(conn),
+        _ => {}
+    }
     let mut cfg = match &args.config {
         Some(path) => match Config::load(path) {
             Ok(c) => c,
@@ -136,6 +167,7 @@ fn main() -> ExitCode {
         let (set, draining) = match action {
             ClusterAction::Drain { set } => (set, true),
             ClusterAction::Undrain { set } => (set, false),
+            ClusterAction::Status { .. } => return ExitCode::from(2),
         };
         let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
             Ok(rt) => rt,

@@ -1,0 +1,190 @@
+"""The admin CLI (`rokka topic|group|cluster …`, docs/operations.md) against
+a node populated by real clients: what it prints (--output json) is checked
+against what confluent-kafka and the RocketMQ client see, and a reset is
+checked by where the next consumer of each protocol starts."""
+import json
+import subprocess
+import threading
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+from kafka import KafkaConsumer
+
+from conftest import rocketmq_consume
+from rokka_fixture import free_port, rokka_bin
+from test_cross import RocketMQMember, create, kafka_produce, wait_for
+
+
+def cli(rokka, *args, expect=0):
+    """Runs `rokka <args> --output json`; (parsed stdout, stderr)."""
+    p = subprocess.run(
+        [rokka_bin(), *args, "--brokers", rokka.bootstrap, "--output", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == expect, f"rokka {' '.join(args)}: exit {p.returncode}, {p.stderr}{p.stdout}"
+    out = json.loads(p.stdout) if p.stdout.strip() else {}
+    return out, p.stderr
+
+
+def test_topic_commands_agree_with_a_kafka_client(rokka):
+    topic = "CliTopic"
+    cli(rokka, "topic", "create", topic, "--partitions", "3", "--config", "retention.ms=7200000")
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    assert len(a.list_topics(topic, timeout=10).topics[topic].partitions) == 3
+    p = Producer({"bootstrap.servers": rokka.bootstrap})
+    for i in range(15):
+        p.produce(topic, f"v{i}".encode(), partition=i % 3)
+    assert p.flush(20) == 0
+    parts = cli(rokka, "topic", "describe", topic)[0]["partitions"]
+    assert [(x["partition"], x["earliest"], x["latest"], x["messages"], x["leader"]) for x in parts] == [
+        (i, 0, 5, 5, 0) for i in range(3)
+    ]
+    # Configs: what was created with, then changed, then removed.
+    res = ConfigResource(ResourceType.TOPIC, topic)
+
+    def retention():
+        return a.describe_configs([res])[res].result(10)["retention.ms"].value
+
+    assert retention() == "7200000"
+    configs = cli(rokka, "topic", "config", topic, "--set", "retention.ms=1000000")[0]["configs"]
+    row = next(c for c in configs if c["name"] == "retention.ms")
+    assert (row["value"], row["source"]) == ("1000000", "DYNAMIC_TOPIC_CONFIG")
+    assert retention() == "1000000"
+    configs = cli(rokka, "topic", "config", topic, "--delete", "retention.ms")[0]["configs"]
+    row = next(c for c in configs if c["name"] == "retention.ms")
+    assert row["source"] == "DEFAULT_CONFIG" and retention() == str(72 * 3600 * 1000)
+
+    cli(rokka, "topic", "add-partitions", topic, "--total", "5")
+    assert len(a.list_topics(topic, timeout=10).topics[topic].partitions) == 5
+    listed = {t["topic"]: t for t in cli(rokka, "topic", "list")[0]["topics"]}
+    assert listed[topic]["partitions"] == 5 and listed[topic]["replication_factor"] == 1
+
+    status = cli(rokka, "cluster", "status")[0]
+    assert status["cluster"][0]["cluster_id"] == "rokka-cluster"
+    assert [(b["id"], b["port"]) for b in status["brokers"]] == [(0, rokka.kafka_port)]
+    assert status["brokers"][0]["leaders"] >= 5
+
+    # Refusals exit 1 with Kafka's error name; an unreachable node exits 2.
+    _, err = cli(rokka, "topic", "create", topic, expect=1)
+    assert "TOPIC_ALREADY_EXISTS" in err
+    cli(rokka, "topic", "delete", topic)
+    assert topic not in a.list_topics(timeout=10).topics
+    _, err = cli(rokka, "topic", "describe", topic, expect=1)
+    assert "UNKNOWN_TOPIC_OR_PARTITION" in err
+    p = subprocess.run(
+        [rokka_bin(), "topic", "list", "--brokers", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=30
+    )
+    assert p.returncode == 2 and "cannot reach" in p.stderr
+
+
+def committed(rokka, group, topic, n):
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group})
+    try:
+        return [tp.offset for tp in c.committed([TopicPartition(topic, i) for i in range(n)], timeout=10)]
+    finally:
+        c.close()
+
+
+def test_group_commands_over_both_protocols(rokka):
+    topic, group = "CliGroup", "cli-group"
+    create(rokka, topic)
+    kafka_produce(rokka, topic, [dict(value=f"a-{i}".encode(), partition=i % 4) for i in range(40)], compression=None)
+    # A RocketMQ group consumes and commits the 40; 8 more arrive.
+    assert len(rocketmq_consume(rokka, topic, group, 40)) == 40
+    time.sleep(0.01)
+    mid = int(time.time() * 1000)
+    time.sleep(0.01)
+    kafka_produce(rokka, topic, [dict(value=f"b-{i}".encode(), partition=i % 4) for i in range(8)], compression=None)
+
+    d = cli(rokka, "group", "describe", group)[0]
+    rows = {x["partition"]: x for x in d["offsets"] if x["topic"] == topic}
+    # The lag is the clients' own numbers: committed (as confluent-kafka reads
+    # it) against the partition's end (its watermark).
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": "cli-watermarks"})
+    ends = [c.get_watermark_offsets(TopicPartition(topic, i), timeout=10)[1] for i in range(4)]
+    c.close()
+    assert committed(rokka, group, topic, 4) == [rows[i]["committed"] for i in range(4)] == [10] * 4
+    assert ends == [rows[i]["end"] for i in range(4)] == [12] * 4
+    assert [rows[i]["lag"] for i in range(4)] == [2] * 4 and d["group"][0]["lag"] == 8
+    assert d["members"] == [] and d["group"][0]["state"] == "Empty"
+    assert group in {g["group"] for g in cli(rokka, "group", "list")[0]["groups"]}
+
+    # A live mixed group: one RocketMQ and one Kafka member, side by side.
+    stop = threading.Event()
+
+    def kafka_member():
+        k = KafkaConsumer(topic, bootstrap_servers=rokka.bootstrap, group_id=group, client_id="cli-kafka-member")
+        while not stop.is_set():
+            k.poll(timeout_ms=200)
+        k.close()
+
+    rmq = RocketMQMember(rokka, "cli-member", topic, group, 12)
+    t = threading.Thread(target=kafka_member)
+    t.start()
+    try:
+        seen = [None]
+
+        def both():
+            seen[0] = cli(rokka, "group", "describe", group)[0]
+            members = seen[0]["members"]
+            owned = sorted(p for m in members for p in m["partitions"])
+            return (
+                len(members) == 2
+                and sum("@" in m["member_id"] for m in members) == 1
+                and "cli-kafka-member" in [m["client_id"] for m in members]
+                and owned == [f"{topic}:{i}" for i in range(4)]
+            )
+
+        wait_for(both, lambda: f"a RocketMQ and a Kafka member sharing the queues; last {seen[0]}", timeout=40)
+        owners = {x["owner"] for x in seen[0]["offsets"]}
+        assert len(owners) == 2, seen[0]
+        # No reset under live members.
+        _, err = cli(rokka, "group", "reset-offsets", group, "--to-earliest", "--execute", expect=1)
+        assert "member" in err and "cli-kafka-member" in err
+    finally:
+        stop.set()
+        t.join(30)
+        rmq.finish(60)
+    wait_for(lambda: cli(rokka, "group", "describe", group)[0]["members"] == [], "the group to empty", timeout=30)
+
+    # A dry run commits nothing.
+    before = committed(rokka, group, topic, 4)
+    plan = cli(rokka, "group", "reset-offsets", group, "--to-offset", "3")[0]
+    assert [x["new"] for x in plan["plan"]] == [3] * 4 and "dry run" in plan["message"]
+    assert committed(rokka, group, topic, 4) == before
+
+    # By time: the next RocketMQ consumer starts at the first message after it.
+    cli(rokka, "group", "reset-offsets", group, "--to-timestamp", str(mid), "--execute")
+    assert committed(rokka, group, topic, 4) == [10] * 4
+    got = rocketmq_consume(rokka, topic, group, 8)
+    assert sorted(g.body for g in got) == sorted(f"b-{i}".encode() for i in range(8))
+
+    # Two partitions to the start: the next Kafka consumer reads just those.
+    cli(rokka, "group", "reset-offsets", group, "--topic", topic, "--partitions", "0,1", "--to-earliest", "--execute")
+    assert committed(rokka, group, topic, 4) == [0, 0, 12, 12]
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group, "enable.auto.commit": False})
+    c.subscribe([topic])
+    values = []
+    deadline = time.time() + 30
+    while len(values) < 24 and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            values.append((m.partition(), m.value()))
+    time.sleep(0.5)
+    extra = c.poll(0.5)
+    c.close()
+    assert extra is None or extra.error(), f"more than the 24 of partitions 0 and 1: {extra.value()}"
+    assert sorted(values) == sorted(
+        [(i % 4, f"a-{i}".encode()) for i in range(40) if i % 4 < 2]
+        + [(i % 4, f"b-{i}".encode()) for i in range(8) if i % 4 < 2]
+    ), values
+
+    # By shift, clamped to the partition's range.
+    plan = cli(rokka, "group", "reset-offsets", group, "--shift-by", "-100", "--execute")[0]["plan"]
+    assert {x["new"] for x in plan} == {0}
+
+    cli(rokka, "group", "delete", group)
+    assert group not in {g["group"] for g in cli(rokka, "group", "list")[0]["groups"]}
