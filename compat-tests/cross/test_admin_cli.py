@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from kafka import KafkaConsumer
 
-from conftest import rocketmq_consume
+from conftest import harness, rocketmq_consume
 from rokka_fixture import free_port, rokka_bin
 from test_cross import RocketMQMember, create, kafka_produce, wait_for
 
@@ -188,3 +188,87 @@ def test_group_commands_over_both_protocols(rokka):
 
     cli(rokka, "group", "delete", group)
     assert group not in {g["group"] for g in cli(rokka, "group", "list")[0]["groups"]}
+
+
+def rmq_cli(rokka, *args, expect=0):
+    """Runs a RocketMQ-side admin command (`message`, `dlq`) in JSON."""
+    p = subprocess.run(
+        [rokka_bin(), *args, "--namesrv", f"127.0.0.1:{rokka.namesrv_port}", "--output", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == expect, f"rokka {' '.join(args)}: exit {p.returncode}, {p.stderr}{p.stdout}"
+    return json.loads(p.stdout) if p.stdout.strip() else {}, p.stderr
+
+
+def test_message_get_by_offset_key_id_and_time(rokka):
+    topic = "CliMessages"
+    before = int(time.time() * 1000) - 1
+    harness(rokka, "cross-produce", topic, 12)
+    # What a Kafka client reads at each (partition, offset).
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": "cli-messages-check", "enable.auto.commit": False})
+    parts = len(AdminClient({"bootstrap.servers": rokka.bootstrap}).list_topics(topic, timeout=10).topics[topic].partitions)
+    c.assign([TopicPartition(topic, p, 0) for p in range(parts)])
+    kafka = {}
+    deadline = time.time() + 30
+    while len(kafka) < 12 and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            kafka[(m.partition(), m.offset())] = (m.value(), m.key(), dict(m.headers()))
+    c.close()
+    assert len(kafka) == 12
+    rows = []
+    for q in range(parts):
+        rows += rmq_cli(rokka, "message", "get", "--topic", topic, "--queue", str(q), "--offset", "0", "--count", "100")[0]["messages"]
+    assert len(rows) == 12
+    for r in rows:
+        value, key, headers = kafka[(r["queue"], r["offset"])]
+        assert r["body"].encode() == value and r["keys"].encode() == key, (r, value, key)
+        assert r["properties"]["p1"].encode() == headers["p1"] and r["tags"].encode() == headers["rocketmq.tags"]
+    # By key, by either id, by time.
+    by_key = rmq_cli(rokka, "message", "get", "--topic", topic, "--key", "key-5")[0]["messages"]
+    assert [m["body"] for m in by_key] == ["rmq-5-é"]
+    one = by_key[0]
+    for args in (["--id", one["msg_id"], "--topic", topic], ["--id", one["offset_msg_id"]]):
+        got = rmq_cli(rokka, "message", "get", *args)[0]["messages"]
+        assert [(m["queue"], m["offset"], m["body"]) for m in got] == [(one["queue"], one["offset"], "rmq-5-é")], args
+    assert len(rmq_cli(rokka, "message", "get", "--topic", topic, "--from", str(before))[0]["messages"]) == 12
+    future = str(int(time.time() * 1000) + 3_600_000)
+    assert rmq_cli(rokka, "message", "get", "--topic", topic, "--from", future)[0]["messages"] == []
+    assert rmq_cli(rokka, "message", "get", "--topic", topic, "--key", "no-such-key")[0]["messages"] == []
+    _, err = rmq_cli(rokka, "message", "get", "--id", "00" * 16, expect=1)
+    assert "no message" in err
+
+
+def test_dlq_list_show_and_resend(rokka):
+    # The harness's consumer fails every message of CompatRetry until each
+    # is dead-lettered to %DLQ%compat-cg-retry.
+    harness(rokka, "retry-dlq")
+    group = "compat-cg-retry"
+    listed = rmq_cli(rokka, "dlq", "list", group)[0]
+    assert sum(q["messages"] for q in listed["queues"]) == 5 and "5 dead letter(s)" in listed["message"]
+    assert len(listed["messages"]) == 5
+    assert {m["original_topic"] for m in listed["messages"]} == {"CompatRetry"}
+    assert all(m["reconsume_times"] >= 1 for m in listed["messages"])
+    first = listed["messages"][0]
+    shown = rmq_cli(rokka, "dlq", "show", group, "--offset", str(first["offset"]))[0]["messages"]
+    assert shown[0]["properties"]["RETRY_TOPIC"] == "CompatRetry" and shown[0]["msg_id"] == first["msg_id"]
+    bodies = []
+    for m in listed["messages"]:
+        bodies.append(rmq_cli(rokka, "dlq", "show", group, "--offset", str(m["offset"]))[0]["messages"][0]["body"])
+    # Every dead letter back to its topic, one result each.
+    out = rmq_cli(rokka, "dlq", "resend", group, "--all")[0]
+    assert [r["result"] for r in out["results"]] == ["resent"] * 5, out
+    assert out["message"] == "5 dead letter(s): 5 resent, 0 failed"
+    # The group's own consumer gets each once (it stands past the originals).
+    got = rocketmq_consume(rokka, "CompatRetry", group, 5)
+    assert sorted(d.body for d in got) == sorted(b.encode() for b in bodies)
+    # A resend that cannot be delivered says so, per message, and exits 1.
+    cli(rokka, "topic", "delete", "CompatRetry")
+    out, _ = rmq_cli(rokka, "dlq", "resend", group, "--offset", f"{first['offset']},99", expect=1)
+    assert [r["result"] for r in out["results"]] == ["failed", "failed"], out
+    assert "CompatRetry" in out["results"][0]["detail"] and "no message" in out["results"][1]["detail"]
+    assert out["message"] == "2 dead letter(s): 0 resent, 2 failed"
+    # Nothing dead-lettered: an empty answer, not an error.
+    assert "no dead letters" in rmq_cli(rokka, "dlq", "list", "cli-nobody")[0]["message"]

@@ -72,6 +72,22 @@ enum Command {
         #[command(subcommand)]
         action: admin::GroupAction,
     },
+    /// Messages by queue offset, message id, key or time (RocketMQ
+    /// remoting, through the name server `--namesrv`).
+    Message {
+        #[command(flatten)]
+        conn: admin::RmqConn,
+        #[command(subcommand)]
+        action: admin::MessageAction,
+    },
+    /// A consumer group's dead letters: list, show, resend to the original
+    /// topic with a result per message.
+    Dlq {
+        #[command(flatten)]
+        conn: admin::RmqConn,
+        #[command(subcommand)]
+        action: admin::DlqAction,
+    },
     /// `status` asks any node for the brokers it knows; `drain`/`undrain`
     /// act on the cluster the config's `[cluster]` names, through its etcd.
     Cluster {
@@ -121,6 +137,8 @@ fn main() -> ExitCode {
     match &args.command {
         Some(Command::Topic { conn, action }) => return admin::topic(conn, action),
         Some(Command::Group { conn, action }) => return admin::group(conn, action),
+        Some(Command::Message { conn, action }) => return admin::message(conn, action),
+        Some(Command::Dlq { conn, action }) => return admin::dlq(conn, action),
         Some(Command::Cluster {
             action: ClusterAction::Status { conn },
         }) => return admin::cluster_status(conn),
@@ -277,7 +295,7 @@ fn main() -> ExitCode {
 }
 
 async fn serve(
-    cfg: Config,
+    mut cfg: Config,
     ports_file: Option<PathBuf>,
     fd_limit: Option<u64>,
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -326,6 +344,21 @@ async fn serve(
         )));
     }
     let rocketmq_broker = cfg.rocketmq.enabled && cfg.rocketmq.broker_enabled;
+    // The broker listener is bound before the store opens: every record
+    // carries its store host, and RocketMQ offset message ids (which tools
+    // look messages up by) must name the address this broker answers on.
+    let mut broker_listener = None;
+    if rocketmq_broker {
+        let l = TcpListener::bind(cfg.rocketmq.broker_listen)
+            .await
+            .map_err(|e| format!("RocketMQ broker listener on {}: {e}", cfg.rocketmq.broker_listen))?;
+        if cfg.store.store_host == rokka_store::StoreConfig::default().store_host {
+            // Left at its default: the advertised address, else the bound one.
+            let bound = l.local_addr()?;
+            cfg.store.store_host = cfg.rocketmq.advertised_addr.parse().unwrap_or(bound);
+        }
+        broker_listener = Some(l);
+    }
     let store = if cfg.kafka.enabled || rocketmq_broker {
         let store_cfg = cfg.store.clone();
         Some(Arc::new(
@@ -503,11 +536,8 @@ async fn serve(
                 })
             }
         };
-        let rmq = match (&broker, rocketmq_broker) {
-            (Some(broker), true) => {
-                let l = TcpListener::bind(cfg.rocketmq.broker_listen)
-                    .await
-                    .map_err(|e| format!("RocketMQ broker listener on {}: {e}", cfg.rocketmq.broker_listen))?;
+        let rmq = match (&broker, broker_listener.take()) {
+            (Some(broker), Some(l)) => {
                 bound.insert("broker", l.local_addr()?);
                 let rmq = Arc::new(RocketMq::new(Arc::clone(broker), cfg.rocketmq.clone(), l.local_addr()?));
                 rmq.start_mixed_listener();

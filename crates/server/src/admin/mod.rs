@@ -10,6 +10,10 @@
 //! topic, not authorized, group still active…), 2 usage or connection.
 
 mod kafka;
+mod messages;
+mod remoting;
+
+pub use messages::{dlq, message, DlqAction, MessageAction, RmqConn};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;

@@ -85,7 +85,9 @@ impl RocketMq {
     /// always, unless the group is mixed; then only its own share by the
     /// averaging allocation over all member ids (retry topics excepted).
     pub(super) fn owns(&self, group: &str, topic: &str, queue: u32, partitions: u32, conn: &Conn) -> bool {
-        if topic.starts_with("%RETRY%") {
+        // Retry and dead-letter topics are not part of the group's
+        // assignment (a DLQ is read by tools and by other groups).
+        if topic.starts_with("%RETRY%") || topic.starts_with("%DLQ%") {
             return true;
         }
         let Some(m) = self.broker.membership().mixed(group) else {
