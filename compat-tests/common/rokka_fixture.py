@@ -69,6 +69,7 @@ LISTENERS = {
     "broker": 'broker_listen = "127.0.0.1:{}"',
     "replication": 'replication_listen = "127.0.0.1:{}"',
     "grpc": 'listen = "127.0.0.1:{}"  # grpc',
+    "console": 'listen = "127.0.0.1:{}"  # console',
 }
 
 
@@ -84,6 +85,7 @@ class Rokka:
         broker_extra="",
         cluster_extra=None,
         grpc_extra=None,
+        console_extra=None,
     ):
         self.workdir = workdir
         self.ports = {}
@@ -104,6 +106,10 @@ class Rokka:
         # The RocketMQ 5 gRPC listener (compat-tests/rocketmq5), when asked.
         grpc_section = (
             f"[grpc]\nenabled = true\n{line['grpc']}\n{grpc_extra}" if grpc_extra is not None else ""
+        )
+        # The web console, when asked.
+        console_section = (
+            f"[console]\nenabled = true\n{line['console']}\n{console_extra}" if console_extra is not None else ""
         )
         with open(self.config, "w") as f:
             f.write(
@@ -129,6 +135,7 @@ preallocate = false
 {broker_section}
 {cluster_section}
 {grpc_section}
+{console_section}
 """
             )
         self.proc = None
@@ -162,6 +169,10 @@ preallocate = false
     @property
     def grpc_port(self):
         return self.ports.get("grpc", 0)
+
+    @property
+    def console_port(self):
+        return self.ports.get("console", 0)
 
     @property
     def bootstrap(self):

@@ -10,6 +10,15 @@ if [[ ! -x $venv/bin/python ]]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check -r "$root/compat-tests/kafka/requirements.txt"
+# The web console's test: Debian's headless chromium and its chromedriver,
+# driven by selenium (given the driver's path, it downloads nothing).
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  echo "installing chromium and chromium-driver (Debian packages)"
+  if command -v sudo >/dev/null 2>&1 && [[ $(id -u) != 0 ]]; then SUDO=sudo; else SUDO=; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+fi
+"$venv/bin/pip" install -q --disable-pip-version-check selenium==4.50.0
 (cd "$root/compat-tests/rocketmq/harness" && cargo build --release -q --locked)
 if [[ -z ${ROKKA_BIN:-} ]]; then
   (cd "$root" && cargo build -q -p rokka-server --locked)

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 pub struct Config {
     pub log: LogConfig,
     pub metrics: MetricsConfig,
+    pub console: ConsoleConfig,
     pub store: StoreConfig,
     pub broker: BrokerConfig,
     pub group: GroupConfig,
@@ -84,6 +85,34 @@ impl Default for LogConfig {
         LogConfig {
             level: "info".into(),
             format: LogFormat::Text,
+        }
+    }
+}
+
+/// The web console (`crate::console`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ConsoleConfig {
+    /// Serve the console. Off unless set; `rokka` run with no config file
+    /// (the embedded defaults) serves it on `listen` (loopback).
+    pub enabled: bool,
+    /// Its address. It has no login of its own: beyond loopback it needs
+    /// `security.allow_unauthenticated_non_loopback`, as every open listener.
+    pub listen: SocketAddr,
+    /// With `password`: the console's admin calls log into the Kafka SASL
+    /// listener (PLAIN) and sign RocketMQ requests as this user, so the ACLs
+    /// decide what it may show and resend ("" = anonymous, plaintext).
+    pub user: String,
+    pub password: String,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            enabled: false,
+            listen: SocketAddr::from(([127, 0, 0, 1], 9180)),
+            user: String::new(),
+            password: String::new(),
         }
     }
 }
@@ -171,6 +200,7 @@ impl Config {
             "rocketmq.namesrv_listen",
             self.rocketmq.namesrv_listen,
         );
+        check(self.console.enabled, "console.listen", self.console.listen);
         // A metrics endpoint whose scrapers present certificates is not open.
         check(
             self.metrics.enabled && self.metrics.tls_client_ca.is_empty(),

@@ -3,6 +3,7 @@
 
 mod admin;
 mod config;
+mod console;
 mod endpoint;
 mod help;
 
@@ -154,6 +155,10 @@ fn main() -> ExitCode {
         },
         None => Config::default(),
     };
+    if args.config.is_none() {
+        // The embedded defaults serve the console, on loopback.
+        cfg.console.enabled = true;
+    }
     if let Some(dir) = args.data_dir {
         cfg.store.data_dir = dir;
     }
@@ -711,6 +716,38 @@ async fn serve(
         .await?;
         bound.insert("replication", addr);
         listeners.extend(tasks);
+    }
+    if cfg.console.enabled {
+        let sasl = !cfg.console.user.is_empty();
+        let kafka = bound
+            .get(if sasl { "kafka_sasl" } else { "kafka" })
+            .map(|a| a.to_string());
+        let namesrv = match bound.get("namesrv") {
+            Some(a) => a.to_string(),
+            None => cfg.rocketmq.namesrv_addr.clone(),
+        };
+        let Some(kafka) = kafka else {
+            return Err(if sasl {
+                "console.user needs kafka.sasl_listen (the console logs in there)".into()
+            } else {
+                "the console needs the Kafka listener (kafka.enabled)".into()
+            });
+        };
+        let l = TcpListener::bind(cfg.console.listen)
+            .await
+            .map_err(|e| format!("console on {}: {e}", cfg.console.listen))?;
+        let addr = l.local_addr()?;
+        bound.insert("console", addr);
+        let credentials = sasl.then(|| admin::Credentials {
+            user: cfg.console.user.clone(),
+            password: cfg.console.password.clone(),
+        });
+        tracing::info!(listen = %addr, "web console at http://{addr}/");
+        listeners.push(tokio::spawn(console::serve(
+            l,
+            Arc::new(console::Console::new(kafka, namesrv, credentials)),
+            stop_rx.clone(),
+        )));
     }
     if let Some(path) = &ports_file {
         endpoint::write_ports_file(path, &bound).map_err(|e| format!("ports file {}: {e}", path.display()))?;

@@ -311,7 +311,7 @@ fn pick<'a>(route: &'a [BrokerQueues], topic: &str, want: Option<&str>) -> Resul
 }
 
 #[allow(clippy::too_many_arguments)]
-fn get(
+pub fn get(
     r: &mut Remoting,
     topic: Option<&str>,
     queue: u32,
@@ -465,7 +465,7 @@ fn dlq_route(r: &mut Remoting, group: &str) -> Result<Vec<BrokerQueues>> {
     }
 }
 
-fn dlq_list(r: &mut Remoting, group: &str, limit: usize) -> Result<(Report, bool)> {
+pub fn dlq_list(r: &mut Remoting, group: &str, limit: usize) -> Result<(Report, bool)> {
     let topic = dlq_topic(group);
     let route = dlq_route(r, group)?;
     let mut queues = Section::new("queues", &["broker", "queue", "earliest", "latest", "messages"]);
@@ -590,7 +590,7 @@ fn resend_properties(m: &MessageView) -> String {
     properties::encode(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
-fn dlq_resend(
+pub fn dlq_resend(
     r: &mut Remoting,
     group: &str,
     offsets: &[i64],

@@ -13,7 +13,9 @@ mod kafka;
 mod messages;
 mod remoting;
 
-pub use messages::{dlq, message, DlqAction, MessageAction, RmqConn};
+pub use kafka::{AdminError, Client as KafkaClient, Credentials};
+pub use messages::{dlq, dlq_list, dlq_resend, get as message_get, message, DlqAction, MessageAction, RmqConn};
+pub use remoting::Remoting as RemotingClient;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
@@ -28,7 +30,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::Decodable;
 use serde_json::{json, Value};
 
-use self::kafka::{check, s, AdminError, Client, Credentials, Result};
+use self::kafka::{check, s, Client, Result};
 
 /// How to reach the cluster (every admin command takes these).
 #[derive(Debug, clap::Args)]
@@ -135,10 +137,10 @@ pub enum GroupAction {
 }
 
 /// Rows under a name; a report is one or more of them.
-struct Section {
-    name: &'static str,
-    columns: Vec<&'static str>,
-    rows: Vec<Vec<Value>>,
+pub struct Section {
+    pub name: &'static str,
+    pub columns: Vec<&'static str>,
+    pub rows: Vec<Vec<Value>>,
 }
 
 impl Section {
@@ -152,13 +154,13 @@ impl Section {
 }
 
 #[derive(Default)]
-struct Report {
-    sections: Vec<Section>,
+pub struct Report {
+    pub sections: Vec<Section>,
     /// A closing line for people (in JSON under "message").
-    message: Option<String>,
+    pub message: Option<String>,
 }
 
-fn cell(v: &Value) -> String {
+pub fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".to_string(),
         Value::String(s) => s.clone(),
@@ -338,57 +340,60 @@ pub fn cluster_status(conn: &Conn) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let r = (|| {
-        let d: DescribeClusterResponse = c.call(
-            ApiKey::DescribeCluster,
-            1,
-            &DescribeClusterRequest::default().with_endpoint_type(1),
-        )?;
-        check(d.error_code, d.error_message.as_ref(), "DescribeCluster")?;
-        let m = c.metadata(None)?;
-        let mut leaders: BTreeMap<i32, usize> = BTreeMap::new();
-        let mut replicas: BTreeMap<i32, usize> = BTreeMap::new();
-        for t in &m.topics {
-            for p in &t.partitions {
-                *leaders.entry(p.leader_id.0).or_default() += 1;
-                for r in &p.replica_nodes {
-                    *replicas.entry(r.0).or_default() += 1;
-                }
+    let r = cluster_report(&mut c);
+    finish(conn, r)
+}
+
+/// DescribeCluster, with the partitions each broker leads and holds.
+pub fn cluster_report(c: &mut Client) -> Result<Report> {
+    let d: DescribeClusterResponse = c.call(
+        ApiKey::DescribeCluster,
+        1,
+        &DescribeClusterRequest::default().with_endpoint_type(1),
+    )?;
+    check(d.error_code, d.error_message.as_ref(), "DescribeCluster")?;
+    let m = c.metadata(None)?;
+    let mut leaders: BTreeMap<i32, usize> = BTreeMap::new();
+    let mut replicas: BTreeMap<i32, usize> = BTreeMap::new();
+    for t in &m.topics {
+        for p in &t.partitions {
+            *leaders.entry(p.leader_id.0).or_default() += 1;
+            for r in &p.replica_nodes {
+                *replicas.entry(r.0).or_default() += 1;
             }
         }
-        let mut cluster = Section::new("cluster", &["cluster_id", "controller", "brokers", "topics"]);
-        cluster.rows.push(vec![
-            json!(d.cluster_id.to_string()),
-            json!(d.controller_id.0),
-            json!(d.brokers.len()),
-            json!(m.topics.len()),
+    }
+    let mut cluster = Section::new("cluster", &["cluster_id", "controller", "brokers", "topics"]);
+    cluster.rows.push(vec![
+        json!(d.cluster_id.to_string()),
+        json!(d.controller_id.0),
+        json!(d.brokers.len()),
+        json!(m.topics.len()),
+    ]);
+    let mut brokers = Section::new("brokers", &["id", "host", "port", "rack", "leaders", "replicas"]);
+    let mut list: Vec<_> = d.brokers.iter().collect();
+    list.sort_by_key(|b| b.broker_id.0);
+    for b in list {
+        brokers.rows.push(vec![
+            json!(b.broker_id.0),
+            json!(b.host.to_string()),
+            json!(b.port),
+            b.rack.as_ref().map(|r| json!(r.to_string())).unwrap_or(Value::Null),
+            json!(leaders.get(&b.broker_id.0).copied().unwrap_or(0)),
+            json!(replicas.get(&b.broker_id.0).copied().unwrap_or(0)),
         ]);
-        let mut brokers = Section::new("brokers", &["id", "host", "port", "rack", "leaders", "replicas"]);
-        let mut list: Vec<_> = d.brokers.iter().collect();
-        list.sort_by_key(|b| b.broker_id.0);
-        for b in list {
-            brokers.rows.push(vec![
-                json!(b.broker_id.0),
-                json!(b.host.to_string()),
-                json!(b.port),
-                b.rack.as_ref().map(|r| json!(r.to_string())).unwrap_or(Value::Null),
-                json!(leaders.get(&b.broker_id.0).copied().unwrap_or(0)),
-                json!(replicas.get(&b.broker_id.0).copied().unwrap_or(0)),
-            ]);
-        }
-        Ok(Report {
-            sections: vec![cluster, brokers],
-            message: None,
-        })
-    })();
-    finish(conn, r)
+    }
+    Ok(Report {
+        sections: vec![cluster, brokers],
+        message: None,
+    })
 }
 
 fn topic_name(t: &MetadataResponseTopic) -> String {
     t.name.as_ref().map(|n| n.0.to_string()).unwrap_or_default()
 }
 
-fn topic_list(c: &mut Client) -> Result<Report> {
+pub fn topic_list(c: &mut Client) -> Result<Report> {
     let m = c.metadata(None)?;
     let mut sec = Section::new("topics", &["topic", "partitions", "replication_factor", "internal"]);
     let mut topics: Vec<_> = m.topics.iter().filter(|t| t.error_code == 0).collect();
@@ -400,6 +405,69 @@ fn topic_list(c: &mut Client) -> Result<Report> {
             json!(t.partitions.len()),
             json!(rf),
             json!(t.is_internal),
+        ]);
+    }
+    Ok(Report {
+        sections: vec![sec],
+        message: None,
+    })
+}
+
+/// Every topic with its messages (sum of partition ends) and the rate since
+/// the previous call that sampled it (`samples`: the console's memory).
+pub fn topic_rates(
+    c: &mut Client,
+    samples: &std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, i64)>>,
+) -> Result<Report> {
+    let m = c.metadata(None)?;
+    let mut keys = Vec::new();
+    let mut topics: Vec<_> = m.topics.iter().filter(|t| t.error_code == 0).collect();
+    topics.sort_by_key(|t| topic_name(t));
+    for t in &topics {
+        for p in &t.partitions {
+            keys.push((topic_name(t), p.partition_index));
+        }
+    }
+    let ends = c.list_offsets(&m, &keys, -1)?;
+    let now = std::time::Instant::now();
+    let mut sec = Section::new(
+        "topics",
+        &[
+            "topic",
+            "partitions",
+            "replication_factor",
+            "end_offsets",
+            "messages_per_s",
+        ],
+    );
+    let mut seen = samples.lock().unwrap_or_else(|e| e.into_inner());
+    let names: BTreeSet<String> = topics.iter().map(|t| topic_name(t)).collect();
+    // Deleted topics leave the memory.
+    seen.retain(|t, _| names.contains(t));
+    for t in topics {
+        let name = topic_name(t);
+        let sum: i64 = t
+            .partitions
+            .iter()
+            .filter_map(|p| ends.get(&(name.clone(), p.partition_index)))
+            .sum();
+        let rate = match seen.get(&name) {
+            Some((at, before)) if now.duration_since(*at).as_secs_f64() >= 0.5 => {
+                let r = (sum - before).max(0) as f64 / now.duration_since(*at).as_secs_f64();
+                Some((r * 10.0).round() / 10.0)
+            }
+            _ => None,
+        };
+        if rate.is_some() || !seen.contains_key(&name) {
+            seen.insert(name.clone(), (now, sum));
+        }
+        let rf = t.partitions.iter().map(|p| p.replica_nodes.len()).max().unwrap_or(0);
+        sec.rows.push(vec![
+            json!(name),
+            json!(t.partitions.len()),
+            json!(rf),
+            json!(sum),
+            json!(rate),
         ]);
     }
     Ok(Report {
@@ -426,7 +494,7 @@ fn ids(v: &[BrokerId]) -> Value {
     Value::Array(v.iter().map(|b| json!(b.0)).collect())
 }
 
-fn topic_describe(c: &mut Client, topic: &str) -> Result<Report> {
+pub fn topic_describe(c: &mut Client, topic: &str) -> Result<Report> {
     let (m, parts) = one_topic(c, topic)?;
     let keys: Vec<(String, i32)> = parts.iter().map(|p| (topic.to_string(), *p)).collect();
     let earliest = c.list_offsets(&m, &keys, -2)?;
@@ -548,7 +616,7 @@ fn config_source(source: i8) -> &'static str {
 
 const TOPIC_RESOURCE: i8 = 2;
 
-fn topic_config(c: &mut Client, topic: &str, set: &[String], delete: &[String]) -> Result<Report> {
+pub fn topic_config(c: &mut Client, topic: &str, set: &[String], delete: &[String]) -> Result<Report> {
     if !set.is_empty() || !delete.is_empty() {
         let mut configs = Vec::new();
         for kv in set {
@@ -619,7 +687,7 @@ fn all_brokers(c: &mut Client) -> Result<Vec<String>> {
     Ok(v)
 }
 
-fn group_list(c: &mut Client) -> Result<Report> {
+pub fn group_list(c: &mut Client) -> Result<Report> {
     let mut groups: BTreeMap<String, (String, String)> = BTreeMap::new();
     for addr in all_brokers(c)? {
         let r: ListGroupsResponse = c.call_at(&addr, ApiKey::ListGroups, 4, &ListGroupsRequest::default())?;
@@ -707,19 +775,27 @@ fn view(c: &mut Client, group: &str) -> Result<GroupView> {
     })
 }
 
-fn group_describe(c: &mut Client, group: &str) -> Result<Report> {
+pub fn group_describe(c: &mut Client, group: &str) -> Result<Report> {
     let v = view(c, group)?;
     let d = &v.described;
     let mut owner: BTreeMap<(String, i32), String> = BTreeMap::new();
-    let mut members = Section::new("members", &["member_id", "client_id", "host", "partitions"]);
+    let mut members = Section::new("members", &["member_id", "client_id", "protocol", "host", "partitions"]);
     for m in &d.members {
         let parts = assigned(&m.member_assignment);
         for p in &parts {
             owner.insert(p.clone(), m.client_id.to_string());
         }
+        // RocketMQ clients are members under their client id; Kafka
+        // members' ids are the client id and a suffix the coordinator gave.
+        let protocol = if m.member_id == m.client_id {
+            "rocketmq"
+        } else {
+            "kafka"
+        };
         members.rows.push(vec![
             json!(m.member_id.to_string()),
             json!(m.client_id.to_string()),
+            json!(protocol),
             json!(m.client_host.to_string()),
             Value::Array(parts.iter().map(|(t, p)| json!(format!("{t}:{p}"))).collect()),
         ]);

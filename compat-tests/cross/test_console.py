@@ -1,0 +1,144 @@
+"""The web console (docs/operations.md) in a real browser: Debian's
+chromium, headless, driven through chromedriver by selenium. A group with one
+Kafka and one RocketMQ member shows both with the lag of every queue; a dead
+letter is shown and resent, and its group's consumer gets it once.
+Screenshots are kept beside the node's log."""
+import os
+import shutil
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from kafka import KafkaConsumer
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+from conftest import harness, rocketmq_consume
+from rokka_fixture import running
+from test_cross import RocketMQMember, create, kafka_produce, wait_for
+
+
+@pytest.fixture(scope="module")
+def rokka():
+    with running("cross", "test_console", console_extra="", group_extra="initial_rebalance_delay_ms = 0\n") as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    driver = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1600,1200"):
+        opts.add_argument(a)
+    b = webdriver.Chrome(service=Service(driver), options=opts)
+    b.set_page_load_timeout(60)
+    try:
+        yield b
+    finally:
+        b.quit()
+
+
+def url(rokka, path):
+    return f"http://127.0.0.1:{rokka.console_port}{path}"
+
+
+def rows(browser, table):
+    """A table's rows as dicts (column → cell text)."""
+    out = []
+    for tr in browser.find_elements(By.CSS_SELECTOR, f"table#{table} tr"):
+        cells = tr.find_elements(By.CSS_SELECTOR, "td[data-col]")
+        if cells:
+            out.append({c.get_attribute("data-col"): c.text for c in cells})
+    return out
+
+
+def shot(browser, rokka, name):
+    browser.save_screenshot(os.path.join(rokka.workdir, f"console-{name}.png"))
+
+
+def test_a_group_with_a_kafka_and_a_rocketmq_member_and_its_lag(rokka, browser):
+    topic, group = "ConsoleMixed", "console-mixed"
+    create(rokka, topic)
+    kafka_produce(rokka, topic, [dict(value=f"c-{i}".encode(), partition=i % 4) for i in range(20)], compression=None)
+    stop = threading.Event()
+
+    def kafka_member():
+        k = KafkaConsumer(topic, bootstrap_servers=rokka.bootstrap, group_id=group, client_id="console-kafka",
+                          auto_offset_reset="earliest", enable_auto_commit=True, auto_commit_interval_ms=300)
+        while not stop.is_set():
+            k.poll(timeout_ms=200)
+        k.close()
+
+    rmq = RocketMQMember(rokka, "console-member", topic, group, 20)
+    t = threading.Thread(target=kafka_member)
+    t.start()
+    try:
+        # From the overview, by its link, as an operator would.
+        browser.get(url(rokka, "/"))
+        assert topic in [r["topic"] for r in rows(browser, "topics")]
+        seen = [None]
+
+        def settled():
+            browser.get(url(rokka, "/"))
+            links = browser.find_elements(By.LINK_TEXT, group)
+            if not links:
+                return False
+            links[0].click()
+            members = rows(browser, "members")
+            # (A RocketMQ member also holds offsets of its %RETRY% topic.)
+            offsets = [o for o in rows(browser, "offsets") if o["topic"] == topic]
+            seen[0] = (members, offsets)
+            return (
+                sorted(m["protocol"] for m in members) == ["kafka", "rocketmq"]
+                and len(offsets) == 4
+                and all(o["end"] == "5" and o["lag"] == "0" for o in offsets)
+                and {o["owner"] for o in offsets} == {m["client_id"] for m in members}
+            )
+
+        wait_for(settled, lambda: f"both members and lag 0 on every queue; last {seen[0]}", timeout=40)
+        shot(browser, rokka, "group")
+        members, offsets = seen[0]
+        assert "console-kafka" in {m["client_id"] for m in members}
+    finally:
+        stop.set()
+        t.join(30)
+        rmq.finish(60)
+    # Five more arrive with nobody consuming: the lag shows them per queue.
+    kafka_produce(rokka, topic, [dict(value=f"d-{i}".encode(), partition=i % 4) for i in range(8)], compression=None)
+    browser.get(url(rokka, f"/group?name={group}"))
+    assert [o["lag"] for o in rows(browser, "offsets") if o["topic"] == topic] == ["2"] * 4
+    # The message browser shows a queue's messages.
+    browser.get(url(rokka, f"/messages?topic={topic}&queue=1&offset=0"))
+    assert [m["body"] for m in rows(browser, "messages")] == [f"c-{i}" for i in range(1, 20, 4)] + ["d-1", "d-5"]
+    shot(browser, rokka, "messages")
+
+
+def test_a_dead_letter_is_shown_and_resent(rokka, browser):
+    harness(rokka, "retry-dlq")
+    group = "compat-cg-retry"
+    browser.get(url(rokka, f"/dlq?group={group}"))
+    listed = rows(browser, "messages")
+    assert len(listed) == 5 and {m["original_topic"] for m in listed} == {"CompatRetry"}, listed
+    shot(browser, rokka, "dlq")
+    first = listed[0]
+    browser.get(url(rokka, f"/messages?id={first['msg_id']}&topic=%25DLQ%25{group}"))
+    body = rows(browser, "messages")[0]["body"]
+    browser.get(url(rokka, f"/dlq?group={group}"))
+    browser.find_elements(By.CSS_SELECTOR, "table#messages input[type=checkbox]")[0].click()
+    browser.find_element(By.ID, "resend").click()
+    results = rows(browser, "results")
+    assert [(r["offset"], r["result"]) for r in results] == [(first["offset"], "resent")], results
+    assert browser.find_element(By.ID, "summary").text == "1 resent, 0 failed"
+    shot(browser, rokka, "resent")
+    # The group's consumer (past the originals) gets it, once.
+    got = rocketmq_consume(rokka, "CompatRetry", group, 1)
+    assert [d.body for d in got] == [body.encode()]
+    # A form from elsewhere (no token) is refused.
+    req = urllib.request.Request(url(rokka, "/dlq/resend"), data=f"group={group}&pick=x".encode(), method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 403

@@ -1,0 +1,535 @@
+//! The web console (`[console]`): server-rendered pages over the same admin
+//! calls as the CLI (`rokka topic|group|message|dlq`), made to this node's
+//! own Kafka listener and name server, so what it shows is what clients
+//! see, under the same ACLs (as `console.user` when set). No script, no
+//! assets: one HTML page per view.
+//!
+//! Pages: `/` (cluster, topics with rates, groups), `/topic?name=`,
+//! `/group?name=` (members of both protocols, lag per queue), `/messages`
+//! (browser: by queue offset, key, id or time), `/dlq?group=` (dead
+//! letters, resend with a result per message).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::admin::{self, Report};
+
+/// One page's deadline (its admin calls included).
+const PAGE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Pages served at once; more connections wait in the accept queue.
+const MAX_PAGES: usize = 8;
+/// A form post larger than this is refused.
+const MAX_FORM_BYTES: usize = 256 * 1024;
+
+pub struct Console {
+    /// This node's Kafka listener (its SASL one with `console.user`).
+    kafka: String,
+    /// The name server this node registers with.
+    namesrv: String,
+    credentials: Option<admin::Credentials>,
+    /// Per topic: when its end offsets were last summed, and the sum.
+    samples: Mutex<HashMap<String, (Instant, i64)>>,
+    /// Forms carry it: a page elsewhere cannot post to the console.
+    token: String,
+}
+
+impl Console {
+    pub fn new(kafka: String, namesrv: String, credentials: Option<admin::Credentials>) -> Console {
+        let mut raw = [0u8; 16];
+        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw);
+        Console {
+            kafka,
+            namesrv,
+            credentials,
+            samples: Mutex::new(HashMap::new()),
+            token: raw.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+}
+
+pub async fn serve(listener: TcpListener, console: Arc<Console>, mut shutdown: watch::Receiver<bool>) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_PAGES));
+    loop {
+        let permit = tokio::select! {
+            p = Arc::clone(&permits).acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            _ = shutdown.changed() => return,
+        };
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "console: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let c = Arc::clone(&console);
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(move |req| answer(req, Arc::clone(&c)));
+            let http = hyper::server::conn::http1::Builder::new();
+            let _ = tokio::time::timeout(PAGE_TIMEOUT, http.serve_connection(TokioIo::new(stream), service)).await;
+        });
+    }
+}
+
+/// `a=1&b=x%20y` → pairs (a key may repeat).
+fn form(query: &str) -> Vec<(String, String)> {
+    fn unescape(s: &str) -> String {
+        let b = s.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            match b[i] {
+                b'+' => out.push(b' '),
+                b'%' if i + 2 < b.len() => {
+                    match u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                        Ok(v) => {
+                            out.push(v);
+                            i += 2;
+                        }
+                        Err(_) => out.push(b'%'),
+                    }
+                }
+                c => out.push(c),
+            }
+            i += 1;
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+    query
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            (unescape(k), unescape(v))
+        })
+        .collect()
+}
+
+fn param<'a>(f: &'a [(String, String)], key: &str) -> Option<&'a str> {
+    f.iter()
+        .find(|(k, v)| k == key && !v.trim().is_empty())
+        .map(|(_, v)| v.trim())
+}
+
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Percent-encodes a query value.
+fn enc(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn page(title: &str, body: &str) -> String {
+    format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{t} · Rokka</title><style>\
+         body{{font-family:system-ui,sans-serif;margin:1.5em;color:#222}}\
+         nav a{{margin-right:1em}}table{{border-collapse:collapse;margin:.5em 0 1.5em}}\
+         th,td{{border:1px solid #ccc;padding:.25em .6em;text-align:left;vertical-align:top;font-size:.9em}}\
+         th{{background:#f3f3f3}}td.body{{font-family:monospace;white-space:pre-wrap;max-width:40em;word-break:break-all}}\
+         .error{{color:#a00;font-weight:bold}}.ok{{color:#070}}.failed{{color:#a00;font-weight:bold}}\
+         form.inline input{{margin-right:.5em}}</style></head><body>\
+         <nav><b>Rokka</b> &nbsp; <a href=\"/\">Overview</a><a href=\"/messages\">Messages</a></nav>\
+         <h1>{t}</h1>{body}</body></html>",
+        t = esc(title)
+    )
+}
+
+/// One cell: links for the columns that name a topic or a group.
+fn cell(column: &str, v: &Value) -> String {
+    let text = admin::cell(v);
+    match (column, v) {
+        ("topic" | "original_topic", Value::String(t)) => format!("<a href=\"/topic?name={}\">{}</a>", enc(t), esc(t)),
+        ("group", Value::String(g)) => format!("<a href=\"/group?name={}\">{}</a>", enc(g), esc(g)),
+        ("body", _) => format!("<span class=\"body\">{}</span>", esc(&text)),
+        ("result", Value::String(r)) => format!("<span class=\"{}\">{}</span>", esc(r), esc(r)),
+        _ => esc(&text),
+    }
+}
+
+/// A first column for one section's rows: (section, cell of a row).
+type RowPicker<'a> = (&'a str, &'a dyn Fn(&[Value]) -> String);
+
+fn tables(report: &Report, extra: Option<RowPicker<'_>>) -> String {
+    let mut out = String::new();
+    for sec in &report.sections {
+        let _ = write!(out, "<h2>{}</h2><table id=\"{}\"><tr>", esc(sec.name), esc(sec.name));
+        let extra = extra.filter(|(name, _)| *name == sec.name);
+        if extra.is_some() {
+            out.push_str("<th></th>");
+        }
+        for c in &sec.columns {
+            let _ = write!(out, "<th>{}</th>", esc(c));
+        }
+        out.push_str("</tr>");
+        for row in &sec.rows {
+            out.push_str("<tr>");
+            if let Some((_, f)) = extra {
+                let _ = write!(out, "<td>{}</td>", f(row));
+            }
+            for (c, v) in sec.columns.iter().zip(row) {
+                let class = if *c == "body" { " class=\"body\"" } else { "" };
+                let _ = write!(out, "<td data-col=\"{}\"{class}>{}</td>", esc(c), cell(c, v));
+            }
+            out.push_str("</tr>");
+        }
+        if sec.rows.is_empty() {
+            let _ = write!(
+                out,
+                "<tr><td colspan=\"{}\"><i>none</i></td></tr>",
+                sec.columns.len() + 1
+            );
+        }
+        out.push_str("</table>");
+    }
+    if let Some(m) = &report.message {
+        let _ = write!(out, "<p id=\"message\">{}</p>", esc(m));
+    }
+    out
+}
+
+fn error(e: &admin::AdminError) -> String {
+    format!("<p class=\"error\" id=\"error\">{}</p>", esc(&e.to_string()))
+}
+
+async fn answer(req: Request<Incoming>, c: Arc<Console>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = form(req.uri().query().unwrap_or(""));
+    let same_origin = match (
+        req.headers().get(hyper::header::ORIGIN),
+        req.headers().get(hyper::header::HOST),
+    ) {
+        (None, _) => true,
+        (Some(o), Some(h)) => {
+            o.to_str()
+                .ok()
+                .map(|o| o.trim_start_matches("http://").trim_start_matches("https://"))
+                == h.to_str().ok()
+        }
+        (Some(_), None) => false,
+    };
+    let posted = if method == Method::POST {
+        match Limited::new(req.into_body(), MAX_FORM_BYTES).collect().await {
+            Ok(b) => Some(form(&String::from_utf8_lossy(&b.to_bytes()))),
+            Err(_) => return Ok(plain(StatusCode::PAYLOAD_TOO_LARGE, "form too large\n")),
+        }
+    } else {
+        None
+    };
+    let (status, html) = match (&method, path.as_str(), posted) {
+        (&Method::GET, "/", _) => (StatusCode::OK, render(c, overview).await),
+        (&Method::GET, "/topic", _) => match param(&query, "name").map(str::to_string) {
+            Some(t) => (StatusCode::OK, render(c, move |c| topic_page(c, &t)).await),
+            None => (
+                StatusCode::BAD_REQUEST,
+                page("Topic", "<p class=\"error\">name a topic</p>"),
+            ),
+        },
+        (&Method::GET, "/group", _) => match param(&query, "name").map(str::to_string) {
+            Some(g) => (StatusCode::OK, render(c, move |c| group_page(c, &g)).await),
+            None => (
+                StatusCode::BAD_REQUEST,
+                page("Group", "<p class=\"error\">name a group</p>"),
+            ),
+        },
+        (&Method::GET, "/messages", _) => (StatusCode::OK, render(c, move |c| messages_page(c, &query)).await),
+        (&Method::GET, "/dlq", _) => match param(&query, "group").map(str::to_string) {
+            Some(g) => (StatusCode::OK, render(c, move |c| dlq_page(c, &g)).await),
+            None => (
+                StatusCode::BAD_REQUEST,
+                page("Dead letters", "<p class=\"error\">name a group</p>"),
+            ),
+        },
+        (&Method::POST, "/dlq/resend", Some(f)) => {
+            if !same_origin || param(&f, "token") != Some(c.token.as_str()) {
+                metrics::counter!("rokka_console_requests_total", "page" => "resend", "result" => "forbidden")
+                    .increment(1);
+                (
+                    StatusCode::FORBIDDEN,
+                    page("Resend", "<p class=\"error\">refused: not a form of this console</p>"),
+                )
+            } else {
+                (StatusCode::OK, render(c, move |c| resend_page(c, &f)).await)
+            }
+        }
+        (&Method::GET, _, _) => (StatusCode::NOT_FOUND, page("Not found", "<p>No such page.</p>")),
+        _ => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            page("Not allowed", "<p>GET, and POST for forms.</p>"),
+        ),
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(html)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    // Not framed by other sites.
+    resp.headers_mut().insert(
+        hyper::header::HeaderName::from_static("x-frame-options"),
+        hyper::header::HeaderValue::from_static("DENY"),
+    );
+    Ok(resp)
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from_static(text.as_bytes())));
+    *r.status_mut() = status;
+    r
+}
+
+/// Runs a page's blocking admin calls off the async workers.
+async fn render<F>(c: Arc<Console>, f: F) -> String
+where
+    F: FnOnce(&Console) -> String + Send + 'static,
+{
+    let started = Instant::now();
+    let out = tokio::task::spawn_blocking(move || f(&c)).await;
+    metrics::histogram!("rokka_console_page_seconds").record(started.elapsed().as_secs_f64());
+    match out {
+        Ok(html) => {
+            metrics::counter!("rokka_console_requests_total", "page" => "view", "result" => "ok").increment(1);
+            html
+        }
+        Err(e) => {
+            metrics::counter!("rokka_console_requests_total", "page" => "view", "result" => "error").increment(1);
+            page("Error", &format!("<p class=\"error\">{}</p>", esc(&e.to_string())))
+        }
+    }
+}
+
+fn overview(c: &Console) -> String {
+    let mut k = admin::KafkaClient::new(&c.kafka, c.credentials.clone());
+    let mut body = String::new();
+    match admin::cluster_report(&mut k) {
+        Ok(r) => body.push_str(&tables(&r, None)),
+        Err(e) => body.push_str(&error(&e)),
+    }
+    match admin::topic_rates(&mut k, &c.samples) {
+        Ok(r) => body.push_str(&tables(&r, None)),
+        Err(e) => body.push_str(&error(&e)),
+    }
+    match admin::group_list(&mut k) {
+        Ok(r) => body.push_str(&tables(&r, None)),
+        Err(e) => body.push_str(&error(&e)),
+    }
+    page("Overview", &body)
+}
+
+fn topic_page(c: &Console, topic: &str) -> String {
+    let mut k = admin::KafkaClient::new(&c.kafka, c.credentials.clone());
+    let mut body = format!(
+        "<p><a href=\"/messages?topic={t}&queue=0&offset=0\">Browse messages</a></p>",
+        t = enc(topic)
+    );
+    match admin::topic_describe(&mut k, topic) {
+        Ok(r) => body.push_str(&tables(&r, None)),
+        Err(e) => body.push_str(&error(&e)),
+    }
+    match admin::topic_config(&mut k, topic, &[], &[]) {
+        Ok(r) => body.push_str(&tables(&r, None)),
+        Err(e) => body.push_str(&error(&e)),
+    }
+    page(&format!("Topic {topic}"), &body)
+}
+
+fn group_page(c: &Console, group: &str) -> String {
+    let mut k = admin::KafkaClient::new(&c.kafka, c.credentials.clone());
+    let mut body = format!("<p><a href=\"/dlq?group={}\">Dead letters</a></p>", enc(group));
+    match admin::group_describe(&mut k, group) {
+        Ok(r) => body.push_str(&tables(&r, None)),
+        Err(e) => body.push_str(&error(&e)),
+    }
+    page(&format!("Group {group}"), &body)
+}
+
+fn messages_page(c: &Console, q: &[(String, String)]) -> String {
+    let v = |k: &str| esc(param(q, k).unwrap_or(""));
+    let mut body = format!(
+        "<form method=\"get\" action=\"/messages\" class=\"inline\">\
+         topic <input name=\"topic\" value=\"{}\"> queue <input name=\"queue\" size=\"3\" value=\"{}\"> \
+         offset <input name=\"offset\" size=\"8\" value=\"{}\"> or key <input name=\"key\" value=\"{}\"> \
+         or id <input name=\"id\" size=\"34\" value=\"{}\"> or from (ms) <input name=\"from\" size=\"14\" value=\"{}\"> \
+         to <input name=\"to\" size=\"14\" value=\"{}\"> count <input name=\"count\" size=\"4\" value=\"{}\"> \
+         broker <input name=\"broker\" size=\"10\" value=\"{}\"> <button type=\"submit\">Find</button></form>",
+        v("topic"),
+        v("queue"),
+        v("offset"),
+        v("key"),
+        v("id"),
+        v("from"),
+        v("to"),
+        v("count"),
+        v("broker"),
+    );
+    let num = |k: &str| param(q, k).and_then(|s| s.parse::<i64>().ok());
+    let asked = ["offset", "key", "id", "from"].iter().any(|k| param(q, k).is_some());
+    if asked {
+        let mut r = admin::RemotingClient::new(&c.namesrv, c.credentials.clone());
+        let got = admin::message_get(
+            &mut r,
+            param(q, "topic"),
+            num("queue").unwrap_or(0).max(0) as u32,
+            num("offset"),
+            param(q, "id"),
+            param(q, "key"),
+            num("from"),
+            num("to"),
+            num("count").map(|n| n.clamp(1, 1000) as u32).or(Some(20)),
+            param(q, "broker"),
+        );
+        match got {
+            Ok(r) => body.push_str(&tables(&r, None)),
+            Err(e) => body.push_str(&error(&e)),
+        }
+    }
+    page("Messages", &body)
+}
+
+fn dlq_page(c: &Console, group: &str) -> String {
+    let mut r = admin::RemotingClient::new(&c.namesrv, c.credentials.clone());
+    let mut body = String::new();
+    match admin::dlq_list(&mut r, group, 500) {
+        Ok((report, _)) => {
+            let _ = write!(
+                body,
+                "<form method=\"post\" action=\"/dlq/resend\"><input type=\"hidden\" name=\"token\" value=\"{}\">\
+                 <input type=\"hidden\" name=\"group\" value=\"{}\">",
+                esc(&c.token),
+                esc(group)
+            );
+            let pick = |row: &[Value]| {
+                // broker | queue | offset, as the messages section lists them.
+                let id = format!(
+                    "{}|{}|{}",
+                    admin::cell(&row[0]),
+                    admin::cell(&row[1]),
+                    admin::cell(&row[2])
+                );
+                format!("<input type=\"checkbox\" name=\"pick\" value=\"{}\">", esc(&id))
+            };
+            body.push_str(&tables(&report, Some(("messages", &pick))));
+            body.push_str("<button type=\"submit\" id=\"resend\">Resend the chosen to their topic</button></form>");
+        }
+        Err(e) => body.push_str(&error(&e)),
+    }
+    page(&format!("Dead letters of {group}"), &body)
+}
+
+fn resend_page(c: &Console, f: &[(String, String)]) -> String {
+    let Some(group) = param(f, "group") else {
+        return page("Resend", "<p class=\"error\">no group</p>");
+    };
+    // Per (broker, queue): the offsets chosen.
+    let mut chosen: Vec<((String, u32), Vec<i64>)> = Vec::new();
+    for (k, v) in f {
+        if k != "pick" {
+            continue;
+        }
+        let mut parts = v.splitn(3, '|');
+        let (Some(b), Some(q), Some(o)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let (Ok(q), Ok(o)) = (q.parse::<u32>(), o.parse::<i64>()) else {
+            continue;
+        };
+        match chosen.iter_mut().find(|(key, _)| key.0 == b && key.1 == q) {
+            Some((_, offs)) => offs.push(o),
+            None => chosen.push(((b.to_string(), q), vec![o])),
+        }
+    }
+    let mut body = format!(
+        "<p><a href=\"/dlq?group={}\">Back to the dead letters</a></p>",
+        enc(group)
+    );
+    if chosen.is_empty() {
+        body.push_str("<p class=\"error\" id=\"error\">nothing chosen</p>");
+        return page("Resend", &body);
+    }
+    let mut r = admin::RemotingClient::new(&c.namesrv, c.credentials.clone());
+    let (mut sent, mut failed) = (0, 0);
+    for ((broker, queue), offsets) in chosen {
+        match admin::dlq_resend(&mut r, group, &offsets, false, queue, Some(&broker)) {
+            Ok((report, _)) => {
+                for sec in &report.sections {
+                    for row in &sec.rows {
+                        match row.get(5).and_then(Value::as_str) {
+                            Some("resent") => sent += 1,
+                            _ => failed += 1,
+                        }
+                    }
+                }
+                metrics::counter!("rokka_console_resends_total", "result" => "resent").increment(sent as u64);
+                body.push_str(&tables(&report, None));
+            }
+            Err(e) => {
+                failed += offsets.len();
+                body.push_str(&error(&e));
+            }
+        }
+    }
+    if failed > 0 {
+        metrics::counter!("rokka_console_resends_total", "result" => "failed").increment(failed as u64);
+    }
+    let _ = write!(body, "<p id=\"summary\">{sent} resent, {failed} failed</p>");
+    page(&format!("Resend dead letters of {group}"), &body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_decode_and_pages_escape() {
+        let f = form("topic=a%20b&pick=x%7C0%7C3&pick=y+z&bad=%zz&end=%4");
+        assert_eq!(param(&f, "topic"), Some("a b"));
+        let picks: Vec<&str> = f.iter().filter(|(k, _)| k == "pick").map(|(_, v)| v.as_str()).collect();
+        assert_eq!(picks, ["x|0|3", "y z"]);
+        assert_eq!(param(&f, "bad"), Some("%zz"));
+        assert_eq!(param(&f, "end"), Some("%4"));
+        assert_eq!(
+            esc("<a href='x'>&\"</a>"),
+            "&lt;a href=&#39;x&#39;&gt;&amp;&quot;&lt;/a&gt;"
+        );
+        assert_eq!(enc("%DLQ%g 1"), "%25DLQ%25g%201");
+        assert!(cell("topic", &Value::String("<t>".into())).contains("&lt;t&gt;"));
+    }
+}
