@@ -14,6 +14,8 @@ from kafka import KafkaConsumer
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import WebDriverWait
 
 from conftest import harness, rocketmq_consume
 from rokka_fixture import running
@@ -130,6 +132,13 @@ def test_a_dead_letter_is_shown_and_resent(rokka, browser):
     browser.get(url(rokka, f"/dlq?group={group}"))
     browser.find_elements(By.CSS_SELECTOR, "table#messages input[type=checkbox]")[0].click()
     browser.find_element(By.ID, "resend").click()
+    # The click returns once the form is submitted, not once the resend's page
+    # has come back: wait for that page (its summary), showing it if it never does.
+    try:
+        WebDriverWait(browser, 30).until(EC.presence_of_element_located((By.ID, "summary")))
+    except Exception:
+        shot(browser, rokka, "resend-timeout")
+        raise AssertionError(f"no resend result page: {browser.current_url}\n{browser.page_source[:4000]}")
     results = rows(browser, "results")
     assert [(r["offset"], r["result"]) for r in results] == [(first["offset"], "resent")], results
     assert browser.find_element(By.ID, "summary").text == "1 resent, 0 failed"
