@@ -90,6 +90,7 @@ def test_a_group_with_a_kafka_and_a_rocketmq_member_and_its_lag(rokka, browser):
             if not links:
                 return False
             links[0].click()
+            WebDriverWait(browser, 30).until(EC.url_contains("/group?name="))
             members = rows(browser, "members")
             # (A RocketMQ member also holds offsets of its %RETRY% topic.)
             offsets = [o for o in rows(browser, "offsets") if o["topic"] == topic]
