@@ -20,7 +20,7 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check -r "$root/compat-tests/kafka/requirements.txt"
 # The RocketMQ client harness (test_rocketmq.py); later suites reuse the build.
-(cd "$root/compat-tests/rocketmq/harness" && cargo build --release -q --locked)
+(cd "$root/compat-tests/rocketmq/harness" && cargo build --profile ci -q --locked)
 if [[ -z ${ROKKA_BIN:-} ]]; then
   (cd "$root" && cargo build -q -p rokka-server --locked)
   export ROKKA_BIN="$root/target/debug/rokka"

@@ -17,7 +17,7 @@ from conftest import Cluster
 
 HARNESS = os.environ.get(
     "ROKKA_RMQ_HARNESS",
-    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "release", "rokka-rocketmq-compat"),
+    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
 )
 TOPIC = "replica-reads"
 

@@ -24,7 +24,7 @@ from conftest import Cluster, read_topic
 
 HARNESS = os.environ.get(
     "ROKKA_RMQ_HARNESS",
-    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "release", "rokka-rocketmq-compat"),
+    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
 )
 ROUNDS = int(os.environ.get("ROKKA_FAILOVER_ROUNDS", "5"))
 TOPIC = "RmqFailover"

@@ -10,7 +10,7 @@ from rokka_fixture import Rokka, results_dir, running  # noqa: E402
 
 HARNESS = os.environ.get(
     "ROKKA_RMQ_HARNESS",
-    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "release", "rokka-rocketmq-compat"),
+    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
 )
 
 

@@ -19,7 +19,7 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check selenium==4.50.0
-(cd "$root/compat-tests/rocketmq/harness" && cargo build --release -q --locked)
+(cd "$root/compat-tests/rocketmq/harness" && cargo build --profile ci -q --locked)
 if [[ -z ${ROKKA_BIN:-} ]]; then
   (cd "$root" && cargo build -q -p rokka-server --locked)
   export ROKKA_BIN="$root/target/debug/rokka"

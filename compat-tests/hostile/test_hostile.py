@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 HARNESS = os.environ.get(
     "ROKKA_RMQ_HARNESS",
-    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "release", "rokka-rocketmq-compat"),
+    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
 )
 
 

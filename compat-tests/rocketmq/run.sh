@@ -5,8 +5,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-(cd "$here/harness" && cargo build --release -q --locked)
-harness="$here/harness/target/release/rokka-rocketmq-compat"
+(cd "$here/harness" && cargo build --profile ci -q --locked)
+harness="$here/harness/target/ci/rokka-rocketmq-compat"
 if [[ -z ${ROKKA_BIN:-} ]]; then
   (cd "$root" && cargo build -q -p rokka-server --locked)
   ROKKA_BIN="$root/target/debug/rokka"

@@ -13,7 +13,7 @@ from rokka_fixture import running  # noqa: E402
 
 HARNESS = os.environ.get(
     "ROKKA_RMQ_HARNESS",
-    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "release", "rokka-rocketmq-compat"),
+    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
 )
 
 # Short invisible durations and few attempts, so redelivery and the dead

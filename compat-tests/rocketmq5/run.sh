@@ -13,7 +13,7 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.txt"
 (cd "$here/js" && npm ci --silent --no-audit --no-fund)
-(cd "$root/compat-tests/rocketmq/harness" && cargo build --release -q --locked)
+(cd "$root/compat-tests/rocketmq/harness" && cargo build --profile ci -q --locked)
 if [[ -z ${ROKKA_BIN:-} ]]; then
   (cd "$root" && cargo build -q -p rokka-server --locked)
   export ROKKA_BIN="$root/target/debug/rokka"
