@@ -11,7 +11,7 @@ use rokka_store::record::properties;
 use rokka_store::MessageView;
 use serde_json::{json, Value};
 
-use super::kafka::{AdminError, Credentials, Result};
+use super::kafka::{AdminError, Result};
 use super::remoting::{code, refused, request, BrokerQueues, Remoting, QUERY_NOT_FOUND, SUCCESS};
 use super::{Conn, Report, Section};
 
@@ -123,18 +123,7 @@ const DROPPED_ON_RESEND: &[&str] = &[
 ];
 
 fn remoting(c: &RmqConn) -> std::result::Result<Remoting, ExitCode> {
-    let credentials = match (&c.conn.user, &c.conn.password) {
-        (None, None) => None,
-        (Some(user), Some(password)) => Some(Credentials {
-            user: user.clone(),
-            password: password.clone(),
-        }),
-        _ => {
-            eprintln!("rokka: --user and --password go together");
-            return Err(ExitCode::from(2));
-        }
-    };
-    Ok(Remoting::new(&c.namesrv, credentials))
+    Ok(Remoting::new(&c.namesrv, super::credentials(&c.conn)?))
 }
 
 pub fn message(c: &RmqConn, action: &MessageAction) -> ExitCode {

@@ -238,19 +238,23 @@ impl Report {
     }
 }
 
-fn client(conn: &Conn) -> std::result::Result<Client, ExitCode> {
-    let credentials = match (&conn.user, &conn.password) {
-        (None, None) => None,
-        (Some(user), Some(password)) => Some(Credentials {
+/// `--user` and `--password`, both or neither (exit 2 otherwise).
+fn credentials(conn: &Conn) -> std::result::Result<Option<Credentials>, ExitCode> {
+    match (&conn.user, &conn.password) {
+        (None, None) => Ok(None),
+        (Some(user), Some(password)) => Ok(Some(Credentials {
             user: user.clone(),
             password: password.clone(),
-        }),
+        })),
         _ => {
             eprintln!("rokka: --user and --password go together");
-            return Err(ExitCode::from(2));
+            Err(ExitCode::from(2))
         }
-    };
-    Ok(Client::new(&conn.brokers, credentials))
+    }
+}
+
+fn client(conn: &Conn) -> std::result::Result<Client, ExitCode> {
+    Ok(Client::new(&conn.brokers, credentials(conn)?))
 }
 
 fn finish(conn: &Conn, r: Result<Report>) -> ExitCode {
