@@ -6,7 +6,6 @@ A RocketMQ push consumer (rocketmq-client-rust) that is behind is pointed
 at an in-sync replica (`suggestWhichBrokerId`) and back to the master once
 caught up. Each check fails if the redirection does not happen (the
 replicas' served-read counters stay at zero)."""
-import os
 import subprocess
 import time
 
@@ -15,10 +14,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
 from conftest import Cluster
 
-HARNESS = os.environ.get(
-    "ROKKA_RMQ_HARNESS",
-    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
-)
+from rokka_fixture import HARNESS
 TOPIC = "replica-reads"
 
 

@@ -3,17 +3,13 @@ the set's broker name to its master as brokerId 0 and the replicas under
 their own ids; the real client (rocketmq-client-rust) sends and consumes
 through a replica's name server; a failover moves brokerId 0 to the new
 master in every name server within seconds."""
-import os
 import subprocess
 import time
 
 import pytest
 from conftest import Cluster, remoting
 
-HARNESS = os.environ.get(
-    "ROKKA_RMQ_HARNESS",
-    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
-)
+from rokka_fixture import HARNESS
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from conftest import Cluster, read_topic
 
-HARNESS = os.environ.get(
-    "ROKKA_RMQ_HARNESS",
-    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
-)
+from rokka_fixture import HARNESS
 ROUNDS = int(os.environ.get("ROKKA_FAILOVER_ROUNDS", "5"))
 TOPIC = "RmqFailover"
 GROUP = "rmq-failover-cg"

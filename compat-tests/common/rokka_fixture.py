@@ -20,6 +20,12 @@ import subprocess
 import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# The RocketMQ client harness (compat-tests/rocketmq/harness), as the
+# suites' run.sh build it: `cargo build --profile ci`.
+HARNESS = os.environ.get(
+    "ROKKA_RMQ_HARNESS",
+    os.path.join(ROOT, "compat-tests", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
+)
 
 
 def rokka_bin():

@@ -6,12 +6,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
-from rokka_fixture import Rokka, results_dir, running  # noqa: E402
+from rokka_fixture import HARNESS, Rokka, results_dir, running  # noqa: E402
 
-HARNESS = os.environ.get(
-    "ROKKA_RMQ_HARNESS",
-    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
-)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 from kafka import KafkaConsumer
 from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as EC
@@ -137,7 +138,7 @@ def test_a_dead_letter_is_shown_and_resent(rokka, browser):
     # has come back: wait for that page (its summary), showing it if it never does.
     try:
         WebDriverWait(browser, 30).until(EC.presence_of_element_located((By.ID, "summary")))
-    except Exception:
+    except TimeoutException:
         shot(browser, rokka, "resend-timeout")
         raise AssertionError(f"no resend result page: {browser.current_url}\n{browser.page_source[:4000]}")
     results = rows(browser, "results")

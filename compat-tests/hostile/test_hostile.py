@@ -6,7 +6,6 @@ RocketMQ connections that pipeline and never read, thousands of idle
 connections, slowloris frames, garbage on every port. The real clients must
 see no error and lose or duplicate nothing; rokka must still answer and its
 memory stay bounded; its log must hold no panic."""
-import os
 import random
 import socket
 import struct
@@ -19,10 +18,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-HARNESS = os.environ.get(
-    "ROKKA_RMQ_HARNESS",
-    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
-)
+from rokka_fixture import HARNESS
 
 
 def kafka_frame(key, version, body, correlation=1, flexible=False):

@@ -9,12 +9,8 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
-from rokka_fixture import running  # noqa: E402
+from rokka_fixture import HARNESS, running  # noqa: E402
 
-HARNESS = os.environ.get(
-    "ROKKA_RMQ_HARNESS",
-    os.path.join(os.path.dirname(__file__), "..", "rocketmq", "harness", "target", "ci", "rokka-rocketmq-compat"),
-)
 
 # Short invisible durations and few attempts, so redelivery and the dead
 # letter queue show within seconds.
