@@ -28,6 +28,21 @@ HARNESS = os.environ.get(
 )
 
 
+def harness(rokka, *args, timeout=150, env=None, check=True):
+    """Runs one remoting harness scenario against `rokka` (with `env` added to
+    its environment); its `compat:` lines."""
+    p = subprocess.run(
+        [HARNESS, f"127.0.0.1:{rokka.namesrv_port}", *[str(a) for a in args]],
+        capture_output=True,
+        timeout=timeout,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    lines = [l[len("compat: "):] for l in p.stdout.splitlines() if l.startswith("compat: ")]
+    assert p.returncode == 0 or not check, f"harness {args} failed: {lines[-5:]} {p.stderr[-2000:]}"
+    return lines
+
+
 def rokka_bin():
     """The rokka binary the suites run (ROKKA_BIN, else the debug build)."""
     return os.environ.get("ROKKA_BIN", os.path.join(ROOT, "target", "debug", "rokka"))

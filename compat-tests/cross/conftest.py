@@ -1,13 +1,11 @@
 """A rokka per test module, and the RocketMQ harness (rocketmq-client-rust)."""
 import os
-import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
-from rokka_fixture import HARNESS, Rokka, results_dir, running  # noqa: E402
-
+from rokka_fixture import HARNESS, Rokka, harness, results_dir, running  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +49,6 @@ class Delivery:
             if b"\x01" in kv:
                 k, v = kv.split(b"\x01", 1)
                 self.props[k.decode()] = v.decode()
-
-
-def harness(rokka, *args, timeout=150):
-    """Runs one harness scenario against `rokka`; its `compat:` lines."""
-    p = subprocess.run(
-        [HARNESS, f"127.0.0.1:{rokka.namesrv_port}", *[str(a) for a in args]],
-        capture_output=True,
-        timeout=timeout,
-        text=True,
-    )
-    lines = [l[len("compat: "):] for l in p.stdout.splitlines() if l.startswith("compat: ")]
-    assert p.returncode == 0, f"harness {args} failed: {lines[-5:]} {p.stderr[-2000:]}"
-    return lines
 
 
 def rocketmq_consume(rokka, topic, group, n, expr="*"):

@@ -2,14 +2,13 @@
 client, and the remoting harness (rocketmq-client-rust) for crossings."""
 import logging
 import os
-import subprocess
 import sys
 import time
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
-from rokka_fixture import HARNESS, running  # noqa: E402
+from rokka_fixture import harness, running  # noqa: E402,F401 (harness: for the tests)
 
 
 # Short invisible durations and few attempts, so redelivery and the dead
@@ -33,21 +32,6 @@ def rokka(request):
         rocketmq_extra="transaction_check_interval_ms = 1000\ntransaction_timeout_ms = 2000",
     ) as r:
         yield r
-
-
-def harness(rokka, *args, timeout=150, env=None, check=True):
-    """Runs one remoting harness scenario against `rokka` (with `env` added to
-    its environment); its `compat:` lines."""
-    p = subprocess.run(
-        [HARNESS, f"127.0.0.1:{rokka.namesrv_port}", *[str(a) for a in args]],
-        capture_output=True,
-        timeout=timeout,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
-    lines = [l[len("compat: "):] for l in p.stdout.splitlines() if l.startswith("compat: ")]
-    assert p.returncode == 0 or not check, f"harness {args} failed: {lines[-5:]} {p.stderr[-2000:]}"
-    return lines
 
 
 def receive_all(consumer, n, invisible=30, timeout=30, ack=True):
