@@ -45,8 +45,12 @@ pub struct StoreConfig {
     pub checkpoint_interval_ms: u64,
     /// Largest message body (or Kafka batch) accepted.
     pub max_message_bytes: u32,
-    /// Prepare the next CommitLog segment ahead of time and pre-fault its pages.
+    /// Prepare the next CommitLog segment ahead of time and keep pages
+    /// faulted in ahead of the writer.
     pub preallocate: bool,
+    /// With `preallocate`: how many bytes ahead of the write position are
+    /// kept faulted in (a sliding window, never whole segments).
+    pub prefault_window_bytes: u64,
     /// Segments whose last write is older than this are deleted.
     pub retention_hours: u64,
     /// Cap on the CommitLog's total size; oldest segments go first (0 = none).
@@ -92,6 +96,7 @@ impl Default for StoreConfig {
             checkpoint_interval_ms: 1_000,
             max_message_bytes: 4 * 1024 * 1024,
             preallocate: true,
+            prefault_window_bytes: 32 << 20,
             retention_hours: 72,
             retention_max_bytes: 0,
             disk_max_used_percent: 85,
@@ -117,6 +122,11 @@ impl StoreConfig {
         }
         if self.commitlog_segment_bytes > i64::MAX as u64 / 2 {
             return Err(StoreError::Config("commitlog_segment_bytes is too large".into()));
+        }
+        if self.preallocate && self.prefault_window_bytes < 4096 {
+            return Err(StoreError::Config(
+                "prefault_window_bytes must be at least 4096 with preallocate".into(),
+            ));
         }
         if self.consume_queue_entries_per_file < 2 {
             return Err(StoreError::Config(

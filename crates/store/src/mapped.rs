@@ -191,11 +191,19 @@ impl MappedFile {
         self.map.flush_range(pos, len)
     }
 
-    /// Populates the page tables of the whole file for writing without changing
-    /// its bytes (MADV_POPULATE_WRITE), so the writer never takes the slow
-    /// first-touch fault. Safe to run while the writer appends to the file.
-    pub fn prefault(&self) -> io::Result<()> {
-        self.map.advise(Advice::PopulateWrite)
+    /// Populates the page tables of `[pos, pos + len)` without changing its
+    /// bytes — for writing (MADV_POPULATE_WRITE, which dirties the pages) or
+    /// for reading (MADV_POPULATE_READ, pages stay clean) — so the writer
+    /// never takes the slow first-touch fault there. Safe to run while the
+    /// writer appends to the file.
+    pub fn prefault_range(&self, pos: usize, len: usize, for_write: bool) -> io::Result<()> {
+        self.check(pos, len);
+        let advice = if for_write {
+            Advice::PopulateWrite
+        } else {
+            Advice::PopulateRead
+        };
+        self.map.advise_range(advice, pos, len)
     }
 }
 
@@ -243,7 +251,8 @@ mod tests {
         let v = f.view(100, 5);
         assert_eq!(&v[..], b"hello");
         f.flush_range(0, 8192)?;
-        f.prefault()?;
+        f.prefault_range(0, 8192, false)?;
+        f.prefault_range(4096, 4096, true)?;
         drop(f);
         let g = MappedFile::open(&path)?;
         let mut out = [0u8; 5];

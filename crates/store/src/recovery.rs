@@ -184,8 +184,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         Arc::clone(&log),
         end,
         config.commitlog_segment_bytes,
-        config.preallocate,
-        config.flush_mode == crate::config::FlushMode::Sync,
+        crate::commitlog::Preparation::of(&config),
     )?;
     cl.refuse_writes_above(config.disk_refuse_writes_percent);
     let writer = Writer {

@@ -272,8 +272,7 @@ impl MessageStore {
             std::sync::Arc::clone(&inner.log),
             offset,
             inner.config.commitlog_segment_bytes,
-            inner.config.preallocate,
-            inner.config.flush_mode == crate::config::FlushMode::Sync,
+            crate::commitlog::Preparation::of(&inner.config),
         )?;
         cl.refuse_writes_above(inner.config.disk_refuse_writes_percent);
         w.cl = cl;
