@@ -36,8 +36,15 @@ def test_every_metric_the_dashboard_and_alerts_use_is_exported(rokka):
     assert metric(rokka, "rokka_kafka_messages_out_total", topic=ktopic) >= 10
     assert metric(rokka, "rokka_kafka_bytes_out_total", topic=ktopic) > 200
     # Remoting: a group, its retries into the DLQ, delay levels, transactions.
+    remoting_in = metric(rokka, "rokka_rocketmq_messages_in_total")
+    remoting_out = metric(rokka, "rokka_rocketmq_messages_out_total")
     for scenario in ("send-consume", "retry-dlq", "delay", "transactions"):
         harness(rokka, scenario)
+    # The per-topic counters (cached handles, rokka_broker::traffic) count
+    # what the harness sent and pulled.
+    assert metric(rokka, "rokka_rocketmq_messages_in_total") > remoting_in
+    assert metric(rokka, "rokka_rocketmq_messages_out_total") > remoting_out
+    assert metric(rokka, "rokka_topic_metric_handles", family="rokka_kafka_messages_in_total") >= 1
     # gRPC: sends, pops, redelivery into the DLQ (max_delivery_attempts = 3),
     # a timer message.
     clients = Clients(rokka)
@@ -51,6 +58,8 @@ def test_every_metric_the_dashboard_and_alerts_use_is_exported(rokka):
             receive_all(gc, 1, invisible=1, timeout=2, ack=False)
     finally:
         clients.close()
+    assert metric(rokka, "rokka_rocketmq5_messages_sent_total", topic=gtopic) == 2
+    assert metric(rokka, "rokka_rocketmq5_bytes_sent_total", topic=gtopic) == len(b"dead") + len(b"later")
     time.sleep(1)  # the lag gauges (metrics.lag_interval_ms = 300)
     seen = families(rokka.metrics())
     used = metric_names()

@@ -47,6 +47,9 @@ pub struct BrokerConfig {
     /// Most users with credentials (AlterUserScramCredentials beyond it is
     /// POLICY_VIOLATION).
     pub max_users: u32,
+    /// Most topics whose per-topic traffic counters (messages and bytes in
+    /// and out) keep cached handles; past it the cache starts over.
+    pub max_topic_metric_handles: u32,
 }
 
 impl Default for BrokerConfig {
@@ -67,6 +70,7 @@ impl Default for BrokerConfig {
             compaction_interval_ms: 15_000,
             compaction_max_keys: 4_000_000,
             max_users: 10_000,
+            max_topic_metric_handles: 65_536,
         }
     }
 }

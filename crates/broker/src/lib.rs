@@ -25,6 +25,7 @@ pub mod timer;
 pub mod tls;
 pub mod topic_config;
 pub mod topics;
+pub mod traffic;
 pub mod transaction;
 pub mod users;
 pub mod validate;
@@ -93,6 +94,8 @@ pub struct Broker {
     /// Cluster mode: where new topics are created first (etcd).
     cluster_topics: std::sync::OnceLock<Arc<dyn remote::ClusterTopics>>,
     replicated_groups: std::sync::OnceLock<Arc<dyn remote::ReplicatedGroups>>,
+    /// Per-topic traffic counters' handles, made once per topic.
+    traffic: traffic::Traffic,
     /// Cluster mode: committed offsets' replication to the set's replicas.
     replicated_tables: std::sync::OnceLock<Arc<dyn remote::ReplicatedTables>>,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
@@ -173,6 +176,7 @@ impl Broker {
             transactions: transaction::Transactions::default(),
             timers: timer::Timers::default(),
             lag: std::sync::Mutex::new(Vec::new()),
+            traffic: traffic::Traffic::new(config.max_topic_metric_handles as usize),
             config,
         };
         b.rebuild_open_transactions();
@@ -196,6 +200,11 @@ impl Broker {
 
     pub fn store(&self) -> &Arc<MessageStore> {
         &self.store
+    }
+
+    /// Per-topic traffic counters (cached handles) for the frontends.
+    pub fn traffic(&self) -> &traffic::Traffic {
+        &self.traffic
     }
 
     pub fn topics(&self) -> &TopicTable {
@@ -486,6 +495,7 @@ impl Broker {
         }
         self.store.delete_topic(name)?;
         self.forget_topic_transactions(name);
+        self.traffic.forget(name);
         tracing::info!(topic = name, "topic deleted");
         if self.cluster_view().is_some() {
             let mut c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());

@@ -713,9 +713,10 @@ impl Messaging {
         };
         match appended {
             Ok(r) => {
-                metrics::counter!("rokka_rocketmq5_messages_sent_total", "topic" => inc.topic.clone()).increment(1);
-                metrics::counter!("rokka_rocketmq5_bytes_sent_total", "topic" => inc.topic.clone())
-                    .increment(inc.body.len() as u64);
+                self.broker
+                    .traffic()
+                    .rocketmq5_sent
+                    .record(&inc.topic, 1, inc.body.len() as u64);
                 let entry = pb::SendResultEntry {
                     status: Some(ok()),
                     message_id: inc.message_id,

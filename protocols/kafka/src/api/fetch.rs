@@ -300,10 +300,7 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                                 .take(pieces.len())
                                 .map(|e| u64::from(e.cq.count.max(1)))
                                 .sum();
-                            metrics::counter!("rokka_kafka_messages_out_total", "topic" => name.to_string())
-                                .increment(n);
-                            metrics::counter!("rokka_kafka_bytes_out_total", "topic" => name.to_string())
-                                .increment(bytes as u64);
+                            k.broker.traffic().kafka_out.record(name, n, bytes as u64);
                         }
                     }
                     ReadStatus::NoNewMessages | ReadStatus::NoSuchQueue => {}

@@ -186,10 +186,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                                     } else {
                                         // Kafka's MessagesInPerSec / BytesInPerSec.
                                         let records = i32::from_be_bytes([b[57], b[58], b[59], b[60]]).max(0);
-                                        metrics::counter!("rokka_kafka_messages_in_total", "topic" => topic.clone())
-                                            .increment(records as u64);
-                                        metrics::counter!("rokka_kafka_bytes_in_total", "topic" => topic.clone())
-                                            .increment(b.len() as u64);
+                                        broker.traffic().kafka_in.record(&topic, records as u64, b.len() as u64);
                                     }
                                     base.get_or_insert(offset as i64);
                                     durable_up_to = durable_up_to.max(end);

@@ -204,9 +204,7 @@ impl RocketMq {
                 if n == 0 {
                     (rs::PULL_RETRY_IMMEDIATELY, next, Bytes::new())
                 } else {
-                    metrics::counter!("rokka_rocketmq_messages_out_total", "topic" => topic.to_string()).increment(n);
-                    metrics::counter!("rokka_rocketmq_bytes_out_total", "topic" => topic.to_string())
-                        .increment(body.len() as u64);
+                    self.broker.traffic().rocketmq_out.record(topic, n, body.len() as u64);
                     (rs::SUCCESS, next, body.freeze())
                 }
             }

@@ -133,9 +133,11 @@ impl RocketMq {
                 return Err(self.reply(req, code, Some(e.to_string())));
             }
         };
-        metrics::counter!("rokka_rocketmq_messages_in_total", "topic" => topic.clone()).increment(results.len() as u64);
         let bytes: usize = parts.iter().map(|(_, b, p)| b.len() + p.len()).sum();
-        metrics::counter!("rokka_rocketmq_bytes_in_total", "topic" => topic.clone()).increment(bytes as u64);
+        self.broker
+            .traffic()
+            .rocketmq_in
+            .record(&topic, results.len() as u64, bytes as u64);
         let host = self.store_host;
         let ids: Vec<String> = results.iter().map(|r| msgid::message_id(host, r.phys_offset)).collect();
         let mut r = self.reply(req, rs::SUCCESS, None);

@@ -1,0 +1,235 @@
+//! Per-topic traffic counters (messages and bytes in and out, per
+//! protocol) as cached metric handles.
+//!
+//! `metrics::counter!(name, "topic" => topic.to_string())` on every
+//! request allocates the label's String and a label vector and looks the
+//! series up in the recorder's registry; on the produce, fetch, send and
+//! pull paths that was paid per request. Here a topic's pair of handles is
+//! made once and then found by `&str` under a read lock: a request's
+//! update is a hash of the name and two atomic adds, with no allocation.
+//!
+//! Concurrency: any thread; the map is behind an `RwLock` taken for
+//! writing only when a topic is first seen or forgotten. Budget: at most
+//! `max_topics` entries (the broker's topic cap); past it the map starts
+//! over (the series stay registered in the recorder, handles are made
+//! again on next use). Deleted topics are forgotten.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use metrics::Counter;
+
+/// One topic's pair of counters.
+#[derive(Clone)]
+pub struct TopicTraffic {
+    messages: Counter,
+    bytes: Counter,
+}
+
+impl TopicTraffic {
+    pub fn record(&self, messages: u64, bytes: u64) {
+        self.messages.increment(messages);
+        self.bytes.increment(bytes);
+    }
+}
+
+/// One family of per-topic counters (e.g. Kafka in).
+pub struct TopicCounters {
+    messages: &'static str,
+    bytes: &'static str,
+    max_topics: usize,
+    map: RwLock<HashMap<String, Arc<TopicTraffic>>>,
+}
+
+impl TopicCounters {
+    pub fn new(messages: &'static str, bytes: &'static str, max_topics: usize) -> TopicCounters {
+        TopicCounters {
+            messages,
+            bytes,
+            max_topics: max_topics.max(1),
+            map: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// The topic's counters, made on first use.
+    pub fn topic(&self, topic: &str) -> Arc<TopicTraffic> {
+        if let Some(t) = self.map.read().unwrap_or_else(|p| p.into_inner()).get(topic) {
+            return Arc::clone(t);
+        }
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = map.get(topic) {
+            return Arc::clone(t);
+        }
+        if map.len() >= self.max_topics {
+            map.clear();
+        }
+        let t = Arc::new(TopicTraffic {
+            messages: metrics::counter!(self.messages, "topic" => topic.to_string()),
+            bytes: metrics::counter!(self.bytes, "topic" => topic.to_string()),
+        });
+        map.insert(topic.to_string(), Arc::clone(&t));
+        self.gauge(map.len());
+        t
+    }
+
+    fn gauge(&self, n: usize) {
+        metrics::gauge!("rokka_topic_metric_handles", "family" => self.messages).set(n as f64);
+    }
+
+    /// Counts `messages` and `bytes` for `topic`.
+    pub fn record(&self, topic: &str, messages: u64, bytes: u64) {
+        self.topic(topic).record(messages, bytes);
+    }
+
+    /// Drops a deleted topic's handles.
+    pub fn forget(&self, topic: &str) {
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        if map.remove(topic).is_some() {
+            self.gauge(map.len());
+        }
+    }
+
+    /// Topics with cached handles.
+    pub fn len(&self) -> usize {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Every per-topic traffic family the frontends count.
+pub struct Traffic {
+    pub kafka_in: TopicCounters,
+    pub kafka_out: TopicCounters,
+    pub rocketmq_in: TopicCounters,
+    pub rocketmq_out: TopicCounters,
+    pub rocketmq5_sent: TopicCounters,
+}
+
+impl std::fmt::Debug for Traffic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Traffic")
+            .field("kafka_in", &self.kafka_in.len())
+            .field("kafka_out", &self.kafka_out.len())
+            .field("rocketmq_in", &self.rocketmq_in.len())
+            .field("rocketmq_out", &self.rocketmq_out.len())
+            .field("rocketmq5_sent", &self.rocketmq5_sent.len())
+            .finish()
+    }
+}
+
+impl Traffic {
+    pub fn new(max_topics: usize) -> Traffic {
+        Traffic {
+            kafka_in: TopicCounters::new(
+                "rokka_kafka_messages_in_total",
+                "rokka_kafka_bytes_in_total",
+                max_topics,
+            ),
+            kafka_out: TopicCounters::new(
+                "rokka_kafka_messages_out_total",
+                "rokka_kafka_bytes_out_total",
+                max_topics,
+            ),
+            rocketmq_in: TopicCounters::new(
+                "rokka_rocketmq_messages_in_total",
+                "rokka_rocketmq_bytes_in_total",
+                max_topics,
+            ),
+            rocketmq_out: TopicCounters::new(
+                "rokka_rocketmq_messages_out_total",
+                "rokka_rocketmq_bytes_out_total",
+                max_topics,
+            ),
+            rocketmq5_sent: TopicCounters::new(
+                "rokka_rocketmq5_messages_sent_total",
+                "rokka_rocketmq5_bytes_sent_total",
+                max_topics,
+            ),
+        }
+    }
+
+    /// A deleted topic's handles, in every family.
+    pub fn forget(&self, topic: &str) {
+        for f in [
+            &self.kafka_in,
+            &self.kafka_out,
+            &self.rocketmq_in,
+            &self.rocketmq_out,
+            &self.rocketmq5_sent,
+        ] {
+            f.forget(topic);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use metrics::{Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+
+    /// Counters by "name{topic}", each registration of a series counted.
+    #[derive(Default)]
+    struct Counting {
+        series: Mutex<HashMap<String, Arc<AtomicU64>>>,
+        registrations: AtomicU64,
+    }
+
+    impl Counting {
+        fn get(&self, name: &str, topic: &str) -> u64 {
+            let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+            series
+                .get(&format!("{name}{{{topic}}}"))
+                .map_or(0, |c| c.load(Ordering::Relaxed))
+        }
+    }
+
+    impl Recorder for Counting {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            self.registrations.fetch_add(1, Ordering::Relaxed);
+            let topic = key.labels().find(|l| l.key() == "topic").map_or("", |l| l.value());
+            let id = format!("{}{{{topic}}}", key.name());
+            let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+            Counter::from_arc(Arc::clone(series.entry(id).or_default()))
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn cached_handles_count_per_topic_and_stay_bounded() {
+        let recorder = Counting::default();
+        metrics::with_local_recorder(&recorder, || {
+            let c = TopicCounters::new("t_messages_total", "t_bytes_total", 2);
+            c.record("a", 2, 100);
+            c.record("a", 3, 50);
+            c.record("b", 1, 10);
+            assert_eq!(c.len(), 2);
+            // Topic "a" registered its pair once, not per record.
+            assert_eq!(recorder.registrations.load(Ordering::Relaxed), 4);
+            assert!(Arc::ptr_eq(&c.topic("a"), &c.topic("a")));
+            // A third topic past the cap starts the map over.
+            c.record("c", 1, 1);
+            assert_eq!(c.len(), 1);
+            c.record("a", 1, 1);
+            c.forget("a");
+            c.forget("c");
+            assert!(c.is_empty());
+        });
+        assert_eq!(recorder.get("t_messages_total", "a"), 6);
+        assert_eq!(recorder.get("t_bytes_total", "a"), 151);
+        assert_eq!(recorder.get("t_messages_total", "b"), 1);
+        assert_eq!(recorder.get("t_bytes_total", "c"), 1);
+    }
+}
