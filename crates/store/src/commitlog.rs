@@ -275,12 +275,12 @@ const PREPARE_CHUNK: usize = 2 << 20;
 /// Prepares what the writer will need next on its own thread: creates the
 /// next segment file at full size (its blocks allocated, so a full disk is
 /// an error there, not a SIGBUS in the writer) and faults in a sliding
-/// window of pages ahead of the write position, so the writer never pays
-/// the first-touch fault (on this kind of machine a write fault on a fresh
-/// page of a fallocated file costs ~2.7 µs per KiB written, a window
-/// populated ahead ~0.2–0.7 µs). Only the window is prepared, never whole
-/// segments: a fresh node's first message costs what later ones do, and
-/// the pages mapped ahead of the writer stay bounded by the window.
+/// window of pages ahead of the write position, so the writer's appends do
+/// not take the first-touch faults themselves (the page cache's new pages
+/// are zeroed there: on a VM whose freed memory goes back to the host that
+/// is ~2–4 µs per KiB, docs/benchmarks.md). Only the window is prepared,
+/// never whole segments: a fresh node's first message costs what later
+/// ones do, and the pages mapped ahead of the writer stay bounded by it.
 struct Allocator {
     state: Arc<(Mutex<AllocState>, Condvar)>,
     /// End (a CommitLog offset) of what is prepared in the writer's
@@ -340,17 +340,18 @@ impl Allocator {
         self.state.1.notify_all();
     }
 
-    /// Asks for `[from, to)` of `seg` (the writer's segment) to be
-    /// prepared. A range of the same segment extends what is pending;
-    /// another segment's replaces it (the writer moved on).
-    fn prepare(&self, seg: &Segment, from: usize, to: usize) {
+    /// Asks for `[from, to)` of `seg` (the writer's segment, written up to
+    /// `writer_at`) to be prepared. A range of the same segment extends what
+    /// is pending; another segment's replaces it (the writer moved on).
+    /// Nothing below the writer is prepared: it has faulted that in itself.
+    fn prepare(&self, seg: &Segment, writer_at: usize, from: usize, to: usize) {
         let mut st = self.lock();
         match &mut st.window {
             Some((f, _, pending_from, pending_to)) if Arc::ptr_eq(f, &seg.file) => {
-                *pending_from = (*pending_from).min(from);
+                *pending_from = (*pending_from).min(from).max(writer_at);
                 *pending_to = (*pending_to).max(to);
             }
-            w => *w = Some((Arc::clone(&seg.file), seg.start, from, to)),
+            w => *w = Some((Arc::clone(&seg.file), seg.start, from.max(writer_at), to)),
         }
         drop(st);
         self.state.1.notify_all();
@@ -593,7 +594,7 @@ impl CommitLogWriter {
         }
         let to = self.wrote.saturating_add(self.window).min(len);
         if to > self.prepared_to {
-            a.prepare(seg, self.prepared_to, to);
+            a.prepare(seg, self.wrote, self.prepared_to, to);
             self.prepared_to = to;
         }
     }
