@@ -167,21 +167,33 @@ impl ConsumeQueue {
             let idx = parse_file_name(&item.file_name())
                 .ok_or_else(|| StoreError::bad_file(&path, "not a ConsumeQueue file name (20 digits)"))?;
             let len = item.metadata().map_err(StoreError::io("stat", &path))?.len();
-            if len != file_len {
-                return Err(StoreError::bad_file(
-                    &path,
-                    format!("ConsumeQueue file has {len} bytes, expected {file_len} (consume_queue_entries_per_file changed?)"),
-                ));
-            }
             if idx % epf != 0 {
                 return Err(StoreError::bad_file(
                     &path,
                     "ConsumeQueue file name is not a multiple of entries per file",
                 ));
             }
-            names.push((idx, path));
+            names.push((idx, path, len));
         }
         names.sort();
+        // The newest file empty: its creation was cut short by a crash
+        // (created, killed before its blocks were allocated). It holds no
+        // entry; removed, the queue makes it again (as the CommitLog does).
+        if names.last().is_some_and(|(_, _, len)| *len == 0) {
+            if let Some((_, path, _)) = names.pop() {
+                tracing::warn!(path = %path.display(), "removing an empty ConsumeQueue file created just before a crash");
+                std::fs::remove_file(&path).map_err(StoreError::io("remove", &path))?;
+            }
+        }
+        for (_, path, len) in &names {
+            if *len != file_len {
+                return Err(StoreError::bad_file(
+                    path,
+                    format!("ConsumeQueue file has {len} bytes, expected {file_len} (consume_queue_entries_per_file changed?)"),
+                ));
+            }
+        }
+        let names: Vec<(u64, PathBuf)> = names.into_iter().map(|(i, p, _)| (i, p)).collect();
         for w in names.windows(2) {
             if w[1].0 != w[0].0 + epf {
                 return Err(StoreError::bad_file(&w[1].1, "gap in ConsumeQueue files"));
@@ -689,6 +701,39 @@ mod tests {
         cq.advance_min(250)?;
         assert_eq!(cq.min_offset(), cq.entry(3).map_or(0, |e| e.base_offset));
         assert_eq!(cq.find(0), None);
+        Ok(())
+    }
+
+    /// A kill -9 between a queue file's creation and its allocation leaves
+    /// it empty (seen in the crash test): the queue loads without it, keeps
+    /// its entries and makes the file again; an empty file before the last
+    /// is still damage.
+    #[test]
+    fn an_empty_newest_file_is_a_creation_cut_short() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(StoreError::io("tmp", "/tmp"))?;
+        let topic: Arc<str> = Arc::from("t");
+        let cq = ConsumeQueue::new(dir.path(), Arc::clone(&topic), 0, 4);
+        for i in 0..6u64 {
+            cq.append(e(i, 1, i * 100, 1000 + i as i64))?;
+        }
+        cq.flush()?;
+        drop(cq);
+        let qdir = dir.path().join("t").join("0");
+        let empty = qdir.join(file_name(8));
+        std::fs::write(&empty, b"").map_err(StoreError::io("write", &empty))?;
+        let cq = ConsumeQueue::load(dir.path(), Arc::clone(&topic), 0, 4)?;
+        assert_eq!(cq.entry_count(), 6);
+        assert!(!empty.exists());
+        cq.append(e(6, 1, 600, 1006))?;
+        cq.append(e(7, 1, 700, 1007))?;
+        cq.append(e(8, 1, 800, 1008))?;
+        assert_eq!(cq.find(8), Some(8));
+        drop(cq);
+        // Empty, but not the newest: refused, naming it.
+        let middle = qdir.join(file_name(4));
+        std::fs::write(&middle, b"").map_err(StoreError::io("write", &middle))?;
+        let err = ConsumeQueue::load(dir.path(), topic, 0, 4).err();
+        assert!(matches!(err, Some(StoreError::BadFile { ref path, .. }) if *path == middle));
         Ok(())
     }
 
