@@ -281,13 +281,12 @@ const PREPARE_CHUNK: usize = 2 << 20;
 /// is ~2–4 µs per KiB, docs/benchmarks.md). Only the window is prepared,
 /// never whole segments: a fresh node's first message costs what later
 /// ones do, and the pages mapped ahead of the writer stay bounded by it.
+///
+/// A writer that outruns the allocator faults its pages in itself
+/// (populating inline on the writer's path was measured no faster,
+/// docs/benchmarks.md).
 struct Allocator {
     state: Arc<(Mutex<AllocState>, Condvar)>,
-    /// End (a CommitLog offset) of what is prepared in the writer's
-    /// segment; raised only. (A writer that outruns the allocator faults
-    /// its pages in itself: populating inline on the writer's path was
-    /// measured no faster, docs/benchmarks.md.)
-    ready: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -297,7 +296,8 @@ struct AllocState {
     ready: Option<(u64, Arc<MappedFile>)>,
     /// The range of the writer's segment (starting at the CommitLog offset
     /// given) to prepare next: `[from, to)`; `from` advances as the
-    /// allocator prepares it.
+    /// allocator prepares it, so once nothing is pending it is where the
+    /// prepared pages end.
     window: Option<(Arc<MappedFile>, u64, usize, usize)>,
     /// Bytes prepared since start (tests read it).
     prepared: u64,
@@ -318,15 +318,13 @@ impl AllocState {
 impl Allocator {
     fn start(dir: PathBuf, prep: Preparation) -> Result<Allocator> {
         let state = Arc::new((Mutex::new(AllocState::default()), Condvar::new()));
-        let ready = Arc::new(AtomicU64::new(0));
-        let (st, r) = (Arc::clone(&state), Arc::clone(&ready));
+        let st = Arc::clone(&state);
         let thread = std::thread::Builder::new()
             .name("rokka-segment-alloc".into())
-            .spawn(move || allocator_loop(&dir, &st, &r, prep))
+            .spawn(move || allocator_loop(&dir, &st, prep))
             .map_err(StoreError::io("spawn", "rokka-segment-alloc"))?;
         Ok(Allocator {
             state,
-            ready,
             thread: Some(thread),
         })
     }
@@ -358,8 +356,9 @@ impl Allocator {
     }
 
     /// Waits until nothing is left to prepare; returns the bytes prepared
-    /// since start.
-    fn settle(&self) -> u64 {
+    /// since start and the CommitLog offset where the writer's segment's
+    /// prepared pages end.
+    fn settle(&self) -> (u64, u64) {
         let mut st = self.lock();
         while (st.has_work() || st.busy) && !st.stop {
             st = self
@@ -369,7 +368,8 @@ impl Allocator {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
-        st.prepared
+        let end = st.window.as_ref().map_or(0, |(_, start, from, _)| start + *from as u64);
+        (st.prepared, end)
     }
 
     /// The prepared segment at `start`, waiting for it if it is being made.
@@ -400,7 +400,8 @@ impl Drop for Allocator {
     }
 }
 
-fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar), ready: &AtomicU64, prep: Preparation) {
+fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar), prep: Preparation) {
+    let mut failures = PrepareFailures::default();
     loop {
         let (chunk, want) = {
             let mut s = st.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -411,14 +412,11 @@ fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar), ready: &AtomicU
                 return;
             }
             // The writer's window first: it is what the next appends touch.
-            let done = ready.load(Ordering::Acquire);
             let chunk = match &mut s.window {
-                Some((f, start, from, to)) if *from < *to => {
-                    let skip = usize::try_from(done.saturating_sub(*start)).unwrap_or(usize::MAX);
-                    let begin = (*from).max(skip).min(*to);
-                    let end = (*to).min(begin + PREPARE_CHUNK).min(f.len());
-                    let c = (Arc::clone(f), *start, begin, end);
-                    *from = if end > begin { end } else { *to };
+                Some((f, _, from, to)) if *from < *to => {
+                    let end = (*to).min(*from + PREPARE_CHUNK).min(f.len());
+                    let c = (Arc::clone(f), *from, end);
+                    *from = if end > *from { end } else { *to };
                     Some(c)
                 }
                 _ => None,
@@ -431,11 +429,10 @@ fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar), ready: &AtomicU
             s.busy = chunk.is_some() || want.is_some();
             (chunk, want)
         };
-        if let Some((f, start, from, to)) = chunk {
-            prepare_range(&f, from, to, prep.write_back);
-            ready.fetch_max(start + to as u64, Ordering::AcqRel);
+        if let Some((f, from, to)) = chunk {
+            let done = failures.note(&f, prepare_range(&f, from, to, prep.write_back));
             let mut s = st.0.lock().unwrap_or_else(|p| p.into_inner());
-            s.prepared += to.saturating_sub(from) as u64;
+            s.prepared += if done { (to - from) as u64 } else { 0 };
             s.busy = false;
             st.1.notify_all();
             continue;
@@ -448,13 +445,16 @@ fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar), ready: &AtomicU
                     // costs what any append costs.
                     let first = prep.window.min(f.len());
                     let mut at = 0;
-                    while at < first {
-                        let to = first.min(at + PREPARE_CHUNK);
-                        prepare_range(&f, at, to, prep.write_back);
-                        at = to;
+                    while at < first
+                        && failures.note(
+                            &f,
+                            prepare_range(&f, at, first.min(at + PREPARE_CHUNK), prep.write_back),
+                        )
+                    {
+                        at = first.min(at + PREPARE_CHUNK);
                     }
                     let mut s = st.0.lock().unwrap_or_else(|p| p.into_inner());
-                    s.prepared += first as u64;
+                    s.prepared += at as u64;
                     s.busy = false;
                     if s.want == Some((start, len)) {
                         s.want = None;
@@ -485,24 +485,38 @@ fn allocator_loop(dir: &Path, st: &(Mutex<AllocState>, Condvar), ready: &AtomicU
 /// extent must also convert it, a journal commit per flush (on this disk a
 /// 1 KiB msync took 353 µs into an unwritten extent against 130 µs into a
 /// written one); done a window at a time, never whole segments.
-fn prepare_range(f: &MappedFile, from: usize, to: usize, write_back: bool) {
+fn prepare_range(f: &MappedFile, from: usize, to: usize, write_back: bool) -> std::io::Result<()> {
     if from >= to {
-        return;
+        return Ok(());
     }
-    let t = std::time::Instant::now();
-    let done = f.prefault_range(from, to - from, write_back).and_then(|()| {
-        if write_back {
-            f.flush_range(from, to - from)
-        } else {
-            Ok(())
-        }
-    });
-    if let Err(e) = done {
-        tracing::warn!(path = %f.path().display(), error = %e, "preparing segment pages failed");
-        return;
+    f.prefault_range(from, to - from, write_back)?;
+    if write_back {
+        f.flush_range(from, to - from)?;
     }
     metrics::counter!("rokka_store_prepared_bytes_total").increment((to - from) as u64);
-    tracing::trace!(path = %f.path().display(), from, to, seconds = t.elapsed().as_secs_f64(), "segment range prepared");
+    Ok(())
+}
+
+/// Preparation failures, logged once per allocator (a kernel without
+/// MADV_POPULATE_* would fail every chunk) and counted. A failed range is
+/// only a missed optimisation: the writer faults those pages in itself.
+#[derive(Default)]
+struct PrepareFailures {
+    logged: bool,
+}
+
+impl PrepareFailures {
+    /// Whether `r` succeeded; a failure is counted, and logged the first time.
+    fn note(&mut self, f: &MappedFile, r: std::io::Result<()>) -> bool {
+        let Err(e) = r else {
+            return true;
+        };
+        metrics::counter!("rokka_store_prepare_failures_total").increment(1);
+        if !std::mem::replace(&mut self.logged, true) {
+            tracing::warn!(path = %f.path().display(), error = %e, "preparing CommitLog pages ahead of the writer failed (logged once; rokka_store_prepare_failures_total counts)");
+        }
+        false
+    }
 }
 
 /// The single writer of the CommitLog.
@@ -569,23 +583,24 @@ impl CommitLogWriter {
     /// prepared since this writer started and the CommitLog offset up to
     /// which the writer's segment is prepared ((0, 0) without preallocation).
     pub fn settle_preparation(&self) -> (u64, u64) {
-        self.allocator
-            .as_ref()
-            .map_or((0, 0), |a| (a.settle(), a.ready.load(Ordering::Acquire)))
+        self.allocator.as_ref().map_or((0, 0), Allocator::settle)
     }
 
     /// Asks the allocator to prepare up to a window ahead of the write
     /// position once less than half a window is prepared (one comparison
     /// per append, a request every half window), and for the next segment
-    /// (created, its first window prepared) once the writer is two windows
-    /// from this one's end: a fresh store prepares one window, not two
-    /// segments.
+    /// (created, its first window prepared) once the writer is half-way
+    /// through this one, or two windows from its end if that comes first:
+    /// a fresh store prepares one window, not two segments, and a busy one
+    /// has half a segment's time to make the next.
     fn keep_ahead(&mut self) {
         let (Some(a), Some(seg)) = (&self.allocator, &self.active) else {
             return;
         };
         let len = seg.file.len();
-        if !self.next_requested && self.wrote.saturating_add(self.window.saturating_mul(2)) >= len {
+        if !self.next_requested
+            && (self.wrote >= len / 2 || self.wrote.saturating_add(self.window.saturating_mul(2)) >= len)
+        {
             a.request(seg.end(), self.segment_bytes);
             self.next_requested = true;
         }
@@ -639,10 +654,12 @@ impl CommitLogWriter {
         };
         self.prepared_to = prepared;
         self.next_requested = false;
-        if let Some(a) = &self.allocator {
-            a.ready.fetch_max(start + prepared as u64, Ordering::AcqRel);
-        }
         let seg = Segment { start, file };
+        if let Some(a) = &self.allocator {
+            // What is prepared of the new segment (its first window, or
+            // nothing): the allocator's window moves there.
+            a.prepare(&seg, 0, prepared, prepared);
+        }
         self.log.push_segment(seg.clone());
         Ok(seg)
     }

@@ -197,7 +197,18 @@ impl MappedFile {
     /// never takes the slow first-touch fault there. Safe to run while the
     /// writer appends to the file.
     pub fn prefault_range(&self, pos: usize, len: usize, for_write: bool) -> io::Result<()> {
-        self.check(pos, len);
+        // An error, not the accessors' assertion: this runs on the
+        // allocator's thread, where a panic would leave the writer waiting.
+        if pos.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "prefault {pos}+{len} past the end of {} ({} bytes)",
+                    self.path.display(),
+                    self.len
+                ),
+            ));
+        }
         let advice = if for_write {
             Advice::PopulateWrite
         } else {
@@ -253,6 +264,7 @@ mod tests {
         f.flush_range(0, 8192)?;
         f.prefault_range(0, 8192, false)?;
         f.prefault_range(4096, 4096, true)?;
+        assert!(f.prefault_range(4096, 8192, false).is_err());
         drop(f);
         let g = MappedFile::open(&path)?;
         let mut out = [0u8; 5];
