@@ -15,22 +15,14 @@
 //! again on next use). Deleted topics are forgotten.
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 
 use metrics::Counter;
 
 /// One topic's pair of counters.
-#[derive(Clone)]
-pub struct TopicTraffic {
+struct TopicTraffic {
     messages: Counter,
     bytes: Counter,
-}
-
-impl TopicTraffic {
-    pub fn record(&self, messages: u64, bytes: u64) {
-        self.messages.increment(messages);
-        self.bytes.increment(bytes);
-    }
 }
 
 /// One family of per-topic counters (e.g. Kafka in).
@@ -38,7 +30,7 @@ pub struct TopicCounters {
     messages: &'static str,
     bytes: &'static str,
     max_topics: usize,
-    map: RwLock<HashMap<String, Arc<TopicTraffic>>>,
+    map: RwLock<HashMap<String, TopicTraffic>>,
 }
 
 impl TopicCounters {
@@ -51,34 +43,32 @@ impl TopicCounters {
         }
     }
 
-    /// The topic's counters, made on first use.
-    pub fn topic(&self, topic: &str) -> Arc<TopicTraffic> {
+    /// Counts `messages` and `bytes` for `topic`: under the read lock once
+    /// its handles exist (no clone, no allocation), made on first use.
+    pub fn record(&self, topic: &str, messages: u64, bytes: u64) {
         if let Some(t) = self.map.read().unwrap_or_else(|p| p.into_inner()).get(topic) {
-            return Arc::clone(t);
+            t.messages.increment(messages);
+            t.bytes.increment(bytes);
+            return;
         }
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(t) = map.get(topic) {
-            return Arc::clone(t);
-        }
-        if map.len() >= self.max_topics {
+        if !map.contains_key(topic) && map.len() >= self.max_topics {
             map.clear();
         }
-        let t = Arc::new(TopicTraffic {
+        let n = map.len();
+        let t = map.entry(topic.to_string()).or_insert_with(|| TopicTraffic {
             messages: metrics::counter!(self.messages, "topic" => topic.to_string()),
             bytes: metrics::counter!(self.bytes, "topic" => topic.to_string()),
         });
-        map.insert(topic.to_string(), Arc::clone(&t));
-        self.gauge(map.len());
-        t
+        t.messages.increment(messages);
+        t.bytes.increment(bytes);
+        if map.len() != n {
+            self.gauge(map.len());
+        }
     }
 
     fn gauge(&self, n: usize) {
         metrics::gauge!("rokka_topic_metric_handles", "family" => self.messages).set(n as f64);
-    }
-
-    /// Counts `messages` and `bytes` for `topic`.
-    pub fn record(&self, topic: &str, messages: u64, bytes: u64) {
-        self.topic(topic).record(messages, bytes);
     }
 
     /// Drops a deleted topic's handles.
@@ -110,13 +100,11 @@ pub struct Traffic {
 
 impl std::fmt::Debug for Traffic {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Traffic")
-            .field("kafka_in", &self.kafka_in.len())
-            .field("kafka_out", &self.kafka_out.len())
-            .field("rocketmq_in", &self.rocketmq_in.len())
-            .field("rocketmq_out", &self.rocketmq_out.len())
-            .field("rocketmq5_sent", &self.rocketmq5_sent.len())
-            .finish()
+        let mut d = f.debug_struct("Traffic");
+        for c in self.families() {
+            d.field(c.messages, &c.len());
+        }
+        d.finish()
     }
 }
 
@@ -151,15 +139,19 @@ impl Traffic {
         }
     }
 
-    /// A deleted topic's handles, in every family.
-    pub fn forget(&self, topic: &str) {
-        for f in [
+    fn families(&self) -> [&TopicCounters; 5] {
+        [
             &self.kafka_in,
             &self.kafka_out,
             &self.rocketmq_in,
             &self.rocketmq_out,
             &self.rocketmq5_sent,
-        ] {
+        ]
+    }
+
+    /// A deleted topic's handles, in every family.
+    pub fn forget(&self, topic: &str) {
+        for f in self.families() {
             f.forget(topic);
         }
     }
@@ -170,7 +162,7 @@ mod tests {
     use super::*;
     use metrics::{Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     /// Counters by "name{topic}", each registration of a series counted.
     #[derive(Default)]
@@ -218,7 +210,6 @@ mod tests {
             assert_eq!(c.len(), 2);
             // Topic "a" registered its pair once, not per record.
             assert_eq!(recorder.registrations.load(Ordering::Relaxed), 4);
-            assert!(Arc::ptr_eq(&c.topic("a"), &c.topic("a")));
             // A third topic past the cap starts the map over.
             c.record("c", 1, 1);
             assert_eq!(c.len(), 1);
