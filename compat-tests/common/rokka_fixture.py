@@ -101,6 +101,9 @@ class Rokka:
         metrics_extra="",
         store_extra="",
         kafka_extra="",
+        # The store lines every suite shares (small segments, no
+        # preparation ahead of the writer); "" runs the store's defaults.
+        store_base="commitlog_segment_bytes = 67108864\npreallocate = false",
         rocketmq_extra="",
         group_extra="",
         broker_extra="",
@@ -142,8 +145,7 @@ level = "info"
 {metrics_extra}
 [store]
 data_dir = "{workdir}/data"
-commitlog_segment_bytes = 67108864
-preallocate = false
+{store_base}
 {store_extra}
 [kafka]
 {line["kafka"]}
