@@ -192,26 +192,49 @@ impl CommitLog {
     /// `flushed_pos` never passes what was written back before it.
     pub fn flush_to(&self, target: u64) -> Result<()> {
         let _g = self.flush_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let from = self.flushed_pos();
+        if target <= from {
+            return self
+                .failure()
+                .map_or(Ok(()), |why| Err(StoreError::StorageFailed(why.to_string())));
+        }
+        self.sync_range(from, target)?;
+        self.mark_flushed(target);
+        Ok(())
+    }
+
+    /// Writes `[from, to)` back to disk and waits for it, without taking
+    /// turns with other flushes (the sync-mode flushers keep several ranges
+    /// in flight) and without moving `flushed_pos`: the caller marks what
+    /// is flushed once every range below it is ([`CommitLog::mark_flushed`]).
+    /// A failure is final, as in [`CommitLog::flush_to`].
+    pub(crate) fn sync_range(&self, from: u64, to: u64) -> Result<()> {
         if let Some(why) = self.failure() {
             return Err(StoreError::StorageFailed(why.to_string()));
         }
-        let from = self.flushed_pos();
-        if target <= from {
+        if to <= from {
             return Ok(());
         }
         let segs = self.segments();
-        for seg in segs.iter().filter(|s| s.end() > from && s.start < target) {
+        for seg in segs.iter().filter(|s| s.end() > from && s.start < to) {
             let a = from.max(seg.start) - seg.start;
-            let b = target.min(seg.end()) - seg.start;
+            let b = to.min(seg.end()) - seg.start;
             if let Err(e) =
                 crate::fault::check("msync").and_then(|()| seg.file.flush_range(a as usize, (b - a) as usize))
             {
                 return Err(self.fail(format!("msync {}: {e}", seg.file.path().display())));
             }
         }
-        self.flushed_pos.store(target, Ordering::Release);
         self.flushes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Everything below `pos` is on disk (never moves back; nothing moves it
+    /// after a failed write-back).
+    pub(crate) fn mark_flushed(&self, pos: u64) {
+        if self.failure().is_none() {
+            self.flushed_pos.fetch_max(pos, Ordering::AcqRel);
+        }
     }
 
     /// Flushes that wrote something since open.

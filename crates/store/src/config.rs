@@ -41,6 +41,9 @@ pub struct StoreConfig {
     pub flush_interval_ms: u64,
     /// Sync mode: how long an append waits for its flush before FlushTimeout.
     pub sync_flush_timeout_ms: u64,
+    /// Sync mode: how many group-commit syncs may be in flight at once
+    /// (appenders woken by one sync fill the next while it runs).
+    pub sync_flush_depth: usize,
     /// How often ConsumeQueues and index are flushed and the checkpoint written.
     pub checkpoint_interval_ms: u64,
     /// Largest message body (or Kafka batch) accepted.
@@ -93,6 +96,7 @@ impl Default for StoreConfig {
             flush_mode: FlushMode::Async,
             flush_interval_ms: 500,
             sync_flush_timeout_ms: 5_000,
+            sync_flush_depth: 1,
             checkpoint_interval_ms: 1_000,
             max_message_bytes: 4 * 1024 * 1024,
             preallocate: true,
@@ -127,6 +131,9 @@ impl StoreConfig {
             return Err(StoreError::Config(
                 "prefault_window_bytes must be at least 4096 with preallocate".into(),
             ));
+        }
+        if !(1..=16).contains(&self.sync_flush_depth) {
+            return Err(StoreError::Config("sync_flush_depth must be 1..=16".into()));
         }
         if self.consume_queue_entries_per_file < 2 {
             return Err(StoreError::Config(

@@ -222,7 +222,6 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         metrics::counter!("rokka_store_offsets_clamped_total").increment(clamped);
     }
     let metrics = StoreMetrics::new();
-    let (flushed_tx, _) = watch::channel(end);
     let inner = Arc::new(Inner {
         dir: dir.clone(),
         log,
@@ -233,11 +232,10 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         flush: FlushSync {
             requested: Mutex::new(FlushRequests {
                 target: end,
-                arrivals: 0,
+                issued: end,
+                ..FlushRequests::default()
             }),
             wake_flusher: Condvar::new(),
-            done: Condvar::new(),
-            flushed: flushed_tx,
         },
         stop: AtomicBool::new(false),
         sleep: (Mutex::new(()), Condvar::new()),

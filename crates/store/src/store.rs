@@ -123,12 +123,61 @@ pub(crate) struct Writer {
     pub last_record: u64,
 }
 
-/// Sync-flush bookkeeping: waiters ask, the flusher thread syncs and tells.
+/// Sync-flush bookkeeping: waiters ask, the flusher threads sync and wake
+/// the waiters their syncs covered (only those).
 pub(crate) struct FlushSync {
     pub requested: Mutex<FlushRequests>,
     pub wake_flusher: Condvar,
-    pub done: Condvar,
-    pub flushed: watch::Sender<u64>,
+}
+
+/// A sync-mode waiter: woken once the flushed position reaches `end`
+/// (or the store fails or stops).
+pub(crate) struct Waiting {
+    pub end: u64,
+    pub wake: Wake,
+}
+
+pub(crate) enum Wake {
+    Task(tokio::sync::oneshot::Sender<()>),
+    Thread(std::thread::Thread),
+}
+
+impl Waiting {
+    fn wake(self) {
+        match self.wake {
+            // A waiter that gave up (timed out) dropped its receiver.
+            Wake::Task(tx) => {
+                let _ = tx.send(());
+            }
+            Wake::Thread(t) => t.unpark(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Waiting")
+            .field("end", &self.end)
+            .finish_non_exhaustive()
+    }
+}
+
+// Ordered so that a `BinaryHeap` (a max-heap) yields the lowest end first.
+impl PartialEq for Waiting {
+    fn eq(&self, other: &Self) -> bool {
+        self.end == other.end
+    }
+}
+impl Eq for Waiting {}
+impl PartialOrd for Waiting {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Waiting {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        other.end.cmp(&self.end)
+    }
 }
 
 /// What the last open found and did.
@@ -149,19 +198,73 @@ pub struct RecoveryReport {
     pub queues_rebuilt: u64,
 }
 
-/// What waiters have asked the flusher for.
+/// What waiters have asked the sync-mode flushers for, and the syncs in
+/// flight (see `tasks::sync_flusher`).
 #[derive(Debug, Default)]
 pub(crate) struct FlushRequests {
     /// Highest CommitLog offset a waiter needs durable.
     pub target: u64,
-    /// Waiters that asked since the flusher last started a sync.
+    /// Waiters that asked since the last sync started.
     pub arrivals: u64,
+    /// When the first of them asked.
+    pub first_arrival: Option<Instant>,
+    /// End of the last range handed to a sync.
+    pub issued: u64,
+    /// Syncs in flight, oldest first.
+    pub in_flight: std::collections::VecDeque<InFlightSync>,
+    /// Waiters each recent sync could have covered (its own arrivals plus
+    /// those of the syncs in flight when it started): the batch a sync
+    /// gathers is their largest, split over the syncs allowed in flight.
+    pub recent_waiters: [u64; 4],
+    pub recent_next: usize,
+    /// Waiters by the end they wait for, lowest first.
+    pub waiting: std::collections::BinaryHeap<Waiting>,
+}
+
+/// One sync in flight.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InFlightSync {
+    pub end: u64,
+    pub waiters: u64,
+    /// Finished and succeeded (it may still wait for an older one).
+    pub done: bool,
 }
 
 impl FlushRequests {
-    fn ask(&mut self, end_offset: u64) {
+    /// Wakes every waiter whose end is at or below `flushed`.
+    pub(crate) fn wake_through(&mut self, flushed: u64) {
+        while self.waiting.peek().is_some_and(|w| w.end <= flushed) {
+            if let Some(w) = self.waiting.pop() {
+                w.wake();
+            }
+        }
+    }
+
+    /// Wakes every waiter (the store failed or stops: each sees why).
+    pub(crate) fn wake_all(&mut self) {
+        for w in std::mem::take(&mut self.waiting) {
+            w.wake();
+        }
+    }
+
+    /// Records a waiter; true if a flusher should look now (the first
+    /// waiter of a batch, which starts the gather window, or the one that
+    /// completes the batch), so a batch of N waiters wakes a flusher about
+    /// twice rather than N times.
+    fn ask(&mut self, end_offset: u64, depth: usize) -> bool {
         self.target = self.target.max(end_offset);
         self.arrivals += 1;
+        if self.first_arrival.is_none() {
+            self.first_arrival = Some(Instant::now());
+            return true;
+        }
+        self.arrivals == self.batch_goal(depth)
+    }
+
+    /// How many waiters a sync waits for (up to the gather window).
+    pub(crate) fn batch_goal(&self, depth: usize) -> u64 {
+        let most = self.recent_waiters.iter().copied().max().unwrap_or(0);
+        most.div_ceil(depth.max(1) as u64).max(1)
     }
 }
 
@@ -596,12 +699,12 @@ impl MessageStore {
         if inner.config.flush_mode == FlushMode::Async || inner.log.flushed_pos() >= end_offset {
             return Ok(());
         }
-        let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
-        let deadline = Instant::now() + timeout;
-        let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
-        req.ask(end_offset);
-        inner.flush.wake_flusher.notify_one();
-        while inner.log.flushed_pos() < end_offset {
+        let deadline = Instant::now() + Duration::from_millis(inner.config.sync_flush_timeout_ms);
+        self.wait_for_flush(end_offset, Wake::Thread(std::thread::current()));
+        loop {
+            if inner.log.flushed_pos() >= end_offset {
+                return Ok(());
+            }
             if let Some(why) = inner.log.failure() {
                 return Err(StoreError::StorageFailed(why.to_string()));
             }
@@ -613,14 +716,28 @@ impl MessageStore {
                 inner.metrics.flush_timeouts.increment(1);
                 return Err(StoreError::FlushTimeout(inner.config.sync_flush_timeout_ms));
             }
-            req = inner
-                .flush
-                .done
-                .wait_timeout(req, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            std::thread::park_timeout(deadline - now);
         }
-        Ok(())
+    }
+
+    /// Registers a waiter for `end_offset` with the flushers (woken at once
+    /// if it is already flushed, or the store failed or stops).
+    fn wait_for_flush(&self, end_offset: u64, wake: Wake) {
+        let inner = &*self.inner;
+        let waiting = Waiting { end: end_offset, wake };
+        let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+        // Checked under the lock the flushers mark and wake under: no
+        // wake-up falls between the check and the registration.
+        if inner.log.flushed_pos() >= end_offset || inner.log.failure().is_some() || inner.stop.load(Ordering::Acquire)
+        {
+            drop(req);
+            waiting.wake();
+            return;
+        }
+        req.waiting.push(waiting);
+        if req.ask(end_offset, inner.config.sync_flush_depth) {
+            inner.flush.wake_flusher.notify_one();
+        }
     }
 
     /// Async form of [`MessageStore::wait_durable`].
@@ -666,26 +783,20 @@ impl MessageStore {
         if inner.config.flush_mode == FlushMode::Async || inner.log.flushed_pos() >= end_offset {
             return Ok(());
         }
-        let mut rx = inner.flush.flushed.subscribe();
-        {
-            let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
-            req.ask(end_offset);
-            inner.flush.wake_flusher.notify_one();
-        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.wait_for_flush(end_offset, Wake::Task(tx));
         let timeout = Duration::from_millis(inner.config.sync_flush_timeout_ms);
+        let waited = tokio::time::timeout(timeout, rx).await;
         let log = &inner.log;
-        let waited = tokio::time::timeout(timeout, async {
-            rx.wait_for(|f| *f >= end_offset || log.failure().is_some())
-                .await
-                .map(|_| ())
-        })
-        .await;
-        if let Some(why) = log.failure().filter(|_| log.flushed_pos() < end_offset) {
+        if log.flushed_pos() >= end_offset {
+            return Ok(());
+        }
+        if let Some(why) = log.failure() {
             return Err(StoreError::StorageFailed(why.to_string()));
         }
         match waited {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(StoreError::ShutDown),
+            // Woken below its end: the store stops.
+            Ok(_) => Err(StoreError::ShutDown),
             Err(_) => {
                 inner.metrics.flush_timeouts.increment(1);
                 Err(StoreError::FlushTimeout(inner.config.sync_flush_timeout_ms))
@@ -1221,6 +1332,15 @@ impl MessageStore {
         self.inner.log.flush_count()
     }
 
+    /// Waits until the CommitLog's allocator has prepared what it was asked
+    /// for (benchmarks and tests: a measurement that should not include
+    /// preparing pages starts after it).
+    pub fn settle_preparation(&self) {
+        // The allocator works without the writer lock; only the request
+        // list is read under it.
+        let _ = self.inner.writer().cl.settle_preparation();
+    }
+
     /// Number of CommitLog segments.
     pub fn segment_count(&self) -> usize {
         self.inner.log.segments().len()
@@ -1270,9 +1390,9 @@ impl MessageStore {
         let inner = &*self.inner;
         inner.stop.store(true, Ordering::Release);
         {
-            let _g = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+            let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
             inner.flush.wake_flusher.notify_all();
-            inner.flush.done.notify_all();
+            req.wake_all();
         }
         {
             let _g = inner.sleep.0.lock().unwrap_or_else(|p| p.into_inner());

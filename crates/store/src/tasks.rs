@@ -1,9 +1,8 @@
 //! The store's background threads and the periodic jobs they run:
 //!
 //! * `rokka-flush` — async mode: flushes the CommitLog every
-//!   `flush_interval_ms`. Sync mode: group commit — sleeps until a waiter asks
-//!   (or 10 ms pass), syncs everything written so far in one msync, and wakes
-//!   every waiter it covered.
+//!   `flush_interval_ms`. Sync mode: `sync_flush_depth` threads share a
+//!   pipelined group commit (see [`sync_flusher`]).
 //! * `rokka-store-tasks` — checkpoint (ConsumeQueues, index, checkpoint file)
 //!   every `checkpoint_interval_ms`, retention every
 //!   `retention_check_interval_ms`, consumer offsets every
@@ -16,20 +15,32 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::checkpoint::Checkpoint;
 use crate::config::FlushMode;
 use crate::error::{Result, StoreError};
-use crate::store::{snapshot, write_checkpoint, Inner};
+use crate::store::{snapshot, write_checkpoint, InFlightSync, Inner};
 
 pub(crate) fn spawn(inner: &Arc<Inner>) -> Result<Vec<std::thread::JoinHandle<()>>> {
-    let a = Arc::clone(inner);
-    let flusher = std::thread::Builder::new()
-        .name("rokka-flush".into())
-        .spawn(move || flush_loop(&a))
-        .map_err(StoreError::io("spawn", "rokka-flush"))?;
+    let flushers = match inner.config.flush_mode {
+        FlushMode::Async => 1,
+        FlushMode::Sync => inner.config.sync_flush_depth.max(1),
+    };
+    let mut threads = Vec::with_capacity(flushers + 1);
+    for _ in 0..flushers {
+        let a = Arc::clone(inner);
+        let flusher = std::thread::Builder::new()
+            .name("rokka-flush".into())
+            .spawn(move || match a.config.flush_mode {
+                FlushMode::Async => async_flusher(&a),
+                FlushMode::Sync => sync_flusher(&a),
+            })
+            .map_err(StoreError::io("spawn", "rokka-flush"))?;
+        threads.push(flusher);
+    }
     let b = Arc::clone(inner);
     let tasks = std::thread::Builder::new()
         .name("rokka-store-tasks".into())
         .spawn(move || task_loop(&b))
         .map_err(StoreError::io("spawn", "rokka-store-tasks"))?;
-    Ok(vec![flusher, tasks])
+    threads.push(tasks);
+    Ok(threads)
 }
 
 fn flush_commitlog(inner: &Inner) {
@@ -46,75 +57,123 @@ fn flush_commitlog(inner: &Inner) {
     }
 }
 
-fn flush_loop(inner: &Inner) {
+fn async_flusher(inner: &Inner) {
     let interval = Duration::from_millis(inner.config.flush_interval_ms);
-    // Waiters served by the previous sync: how many to expect in the next.
-    let mut prev_batch = 0u64;
+    while !inner.stop.load(Ordering::Acquire) {
+        sleep(inner, interval);
+        flush_commitlog(inner);
+    }
+}
+
+/// Sync mode's group commit, run by `sync_flush_depth` threads at once.
+///
+/// A sync takes everything written since the last sync started
+/// (`[issued, write_pos)`), so the appenders it wakes append into the next
+/// range while it is in flight, and with a depth above 1 that next range
+/// is synced without waiting for this one: on a disk whose sync latency
+/// barely depends on its size (docs/benchmarks.md) two syncs in flight
+/// carry what one cannot. The flushed position moves only over syncs that
+/// all finished, oldest first.
+///
+/// A sync waits, up to [`GATHER_WINDOW`] from its first waiter, for as many
+/// waiters as recent syncs could have covered split over the depth, so
+/// concurrent producers share a sync instead of taking turns and settle
+/// into `depth` cohorts; a lone producer (a batch of 1) never waits.
+fn sync_flusher(inner: &Inner) {
+    let depth = inner.config.sync_flush_depth.max(1);
+    let flush = &inner.flush;
+    let lock = || flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+    let mut req = lock();
     while !inner.stop.load(Ordering::Acquire) {
         if inner.log.failure().is_some() {
-            // Final: tell sync waiters (they fail at once) and idle.
-            {
-                let _g = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
-                inner.flush.flushed.send_replace(inner.log.flushed_pos());
-                inner.flush.done.notify_all();
-            }
+            // Final: tell waiters (they fail at once) and idle.
+            req.in_flight.clear();
+            req.wake_all();
+            drop(req);
             sleep(inner, Duration::from_millis(100));
+            req = lock();
             continue;
         }
-        match inner.config.flush_mode {
-            FlushMode::Async => {
-                sleep(inner, interval);
-                flush_commitlog(inner);
+        let flushed = inner.log.flushed_pos();
+        req.issued = req.issued.max(flushed);
+        // Waiters covered by a flush made elsewhere (a checkpoint's).
+        req.wake_through(flushed);
+        if req.target <= req.issued || req.in_flight.len() >= depth {
+            if req.target <= flushed && req.in_flight.is_empty() {
+                req.arrivals = 0;
+                req.first_arrival = None;
             }
-            FlushMode::Sync => {
-                {
-                    let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
-                    if req.target <= inner.log.flushed_pos() && !inner.stop.load(Ordering::Acquire) {
-                        req = inner
-                            .flush
-                            .wake_flusher
-                            .wait_timeout(req, Duration::from_millis(10))
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0;
-                    }
-                    // Group commit: while fewer waiters have arrived than the
-                    // last sync served, give the others a moment to join, so
-                    // concurrent producers share one sync instead of taking
-                    // turns. A lone producer (batch of 1) never waits here.
-                    let deadline = Instant::now() + GATHER_WINDOW;
-                    while req.arrivals > 0 && req.arrivals < prev_batch && !inner.stop.load(Ordering::Acquire) {
-                        let now = Instant::now();
-                        if now >= deadline {
-                            break;
-                        }
-                        req = inner
-                            .flush
-                            .wake_flusher
-                            .wait_timeout(req, deadline - now)
-                            .unwrap_or_else(|p| p.into_inner())
-                            .0;
-                    }
-                    if req.arrivals > 0 {
-                        prev_batch = req.arrivals;
-                    }
-                    req.arrivals = 0;
+            req = flush
+                .wake_flusher
+                .wait_timeout(req, Duration::from_millis(10))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            continue;
+        }
+        if req.arrivals < req.batch_goal(depth) {
+            if let Some(deadline) = req.first_arrival.map(|t| t + GATHER_WINDOW) {
+                let now = Instant::now();
+                if now < deadline {
+                    req = flush
+                        .wake_flusher
+                        .wait_timeout(req, deadline - now)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    continue;
                 }
-                let before = inner.log.flushed_pos();
-                flush_commitlog(inner);
-                let flushed = inner.log.flushed_pos();
-                {
-                    let _g = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
-                    inner.flush.flushed.send_replace(flushed);
-                    inner.flush.done.notify_all();
-                }
-                if flushed > before {
-                    if let Some(f) = inner.flush_listener.get() {
-                        f();
-                    }
-                }
+            }
+        }
+        let (from, to) = (req.issued, inner.log.write_pos().max(req.target));
+        let waiters = req.arrivals;
+        let covered: u64 = req.in_flight.iter().map(|s| s.waiters).sum();
+        let slot = req.recent_next % req.recent_waiters.len();
+        req.recent_waiters[slot] = waiters + covered;
+        req.recent_next = req.recent_next.wrapping_add(1);
+        req.arrivals = 0;
+        req.first_arrival = None;
+        req.issued = to;
+        req.in_flight.push_back(InFlightSync {
+            end: to,
+            waiters,
+            done: false,
+        });
+        inner.metrics.syncs_in_flight.set(req.in_flight.len() as f64);
+        drop(req);
+
+        let t = Instant::now();
+        let synced = inner.log.sync_range(from, to);
+        match &synced {
+            Ok(()) => {
+                inner.metrics.flush_seconds.record(t.elapsed().as_secs_f64());
+                inner.metrics.group_commit_waiters.record(waiters as f64);
+            }
+            Err(e) => tracing::error!(error = %e, "CommitLog sync failed"),
+        }
+
+        req = lock();
+        if synced.is_err() {
+            continue;
+        }
+        if let Some(s) = req.in_flight.iter_mut().find(|s| s.end == to) {
+            s.done = true;
+        }
+        let mut reached = None;
+        while req.in_flight.front().is_some_and(|s| s.done) {
+            reached = req.in_flight.pop_front().map(|s| s.end);
+        }
+        inner.metrics.syncs_in_flight.set(req.in_flight.len() as f64);
+        if let Some(end) = reached {
+            inner.log.mark_flushed(end);
+            req.wake_through(inner.log.flushed_pos());
+            if let Some(f) = inner.flush_listener.get() {
+                drop(req);
+                f();
+                req = lock();
             }
         }
     }
+    // Stopping: whoever still waits learns it now.
+    req.wake_all();
 }
 
 /// Longest a sync waits for expected producers to join it.

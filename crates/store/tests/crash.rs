@@ -25,6 +25,9 @@ const CYCLES: usize = 24;
 fn config(dir: &std::path::Path) -> StoreConfig {
     let mut c = small_config(dir);
     c.flush_mode = FlushMode::Sync;
+    // Two syncs in flight: an acknowledged append survives a kill -9 when
+    // syncs overlap too (the flushed position only passes finished ones).
+    c.sync_flush_depth = 2;
     c.checkpoint_interval_ms = 37;
     c.preallocate = true;
     c

@@ -74,6 +74,83 @@ fn a_failed_msync_is_final_and_nothing_past_it_is_acknowledged() -> TestResult {
 }
 
 #[test]
+fn a_failed_sync_among_overlapping_ones_acknowledges_nothing_past_it() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = sync_config(dir.path());
+    cfg.sync_flush_depth = 4;
+    let store = std::sync::Arc::new(MessageStore::open(cfg)?);
+    let first = append(&store, "P", 0, 1, 0)?;
+    store.wait_durable(first.end_offset)?;
+    // The next two syncs are slow (and succeed), the third fails: with
+    // four allowed in flight, it fails beside others.
+    fault::inject_delay("msync", 20, Some(2));
+    fault::inject("msync", libc::EIO, Some(1));
+    let threads: Vec<_> = (0..16u32)
+        .map(|t| {
+            let s = std::sync::Arc::clone(&store);
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                for i in 0..40u64 {
+                    let Ok(r) = append(&s, "P", t % 4, 2, i) else { break };
+                    match s.wait_durable(r.end_offset) {
+                        Ok(()) => acked.push(r.end_offset),
+                        Err(StoreError::StorageFailed(_)) => break,
+                        Err(e) => return Err(format!("unexpected {e}")),
+                    }
+                }
+                Ok(acked)
+            })
+        })
+        .collect();
+    let mut acked = Vec::new();
+    for t in threads {
+        acked.extend(t.join().map_err(|_| "appender panicked")??);
+    }
+    assert!(
+        matches!(append(&store, "P", 0, 3, 0), Err(StoreError::StorageFailed(_))),
+        "the injected failure happened and is final"
+    );
+    let (_, _, flushed) = store.commitlog_offsets();
+    let highest = acked.iter().copied().max().unwrap_or(0);
+    assert!(highest <= flushed, "acknowledged {highest} past the flushed {flushed}");
+    // Final: the flushed position does not move again.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(store.commitlog_offsets().2, flushed);
+    Ok(())
+}
+
+#[test]
+fn a_sync_that_finishes_first_waits_for_the_older_one_in_flight() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = sync_config(dir.path());
+    cfg.sync_flush_depth = 2;
+    let store = std::sync::Arc::new(MessageStore::open(cfg)?);
+    let warm = append(&store, "O", 0, 1, 0)?;
+    store.wait_durable(warm.end_offset)?;
+    // The next sync is slow; the one after it is not.
+    fault::inject_delay("msync", 300, Some(1));
+    let first = append(&store, "O", 0, 1, 1)?;
+    let s = std::sync::Arc::clone(&store);
+    let older = std::thread::spawn(move || s.wait_durable(first.end_offset));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let second = append(&store, "O", 1, 1, 2)?;
+    let t = std::time::Instant::now();
+    store.wait_durable(second.end_offset)?;
+    let waited = t.elapsed();
+    // Its own sync finished long before, but what lies below it was not
+    // on disk until the slow one finished.
+    assert!(
+        waited >= std::time::Duration::from_millis(150),
+        "released after {waited:?}, before the older sync finished"
+    );
+    assert!(store.commitlog_offsets().2 >= second.end_offset);
+    older.join().map_err(|_| "waiter panicked")??;
+    Ok(())
+}
+
+#[test]
 fn a_full_disk_at_segment_creation_refuses_appends_without_losing_any() -> TestResult {
     let _g = serial();
     let dir = tempfile::tempdir()?;

@@ -176,9 +176,17 @@ fn prepared_transactions_take_no_offset() -> TestResult {
 
 #[test]
 fn sync_flush_group_commit_with_concurrent_appenders() -> TestResult {
+    for depth in [1, 3] {
+        group_commit_with_concurrent_appenders(depth)?;
+    }
+    Ok(())
+}
+
+fn group_commit_with_concurrent_appenders(depth: usize) -> TestResult {
     let dir = tempfile::tempdir()?;
     let mut cfg = small_config(dir.path());
     cfg.flush_mode = FlushMode::Sync;
+    cfg.sync_flush_depth = depth;
     let store = Arc::new(MessageStore::open(cfg)?);
     let threads: Vec<_> = (0..8u32)
         .map(|t| {
@@ -205,6 +213,40 @@ fn sync_flush_group_commit_with_concurrent_appenders() -> TestResult {
     let r = append(&store, "S", 0, 5, 1000)?;
     rt.block_on(store.durable(r.end_offset))?;
     assert!(store.commitlog_offsets().2 >= r.end_offset);
+    // Many tasks on two workers, as the frontends wait: each is woken only
+    // once what it appended is on disk, and every one of them is.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let syncs_before = store.flush_count();
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for t in 0..64u32 {
+            let s = Arc::clone(&store);
+            tasks.push(tokio::spawn(async move {
+                for i in 0..50u64 {
+                    let r = append(&s, "A", t % 8, 7, i)?;
+                    s.durable(r.end_offset).await?;
+                    let (_, _, flushed) = s.commitlog_offsets();
+                    assert!(flushed >= r.end_offset, "woken at {flushed} before {}", r.end_offset);
+                }
+                Ok::<(), rokka_store::StoreError>(())
+            }));
+        }
+        for t in tasks {
+            t.await.map_err(|_| rokka_store::StoreError::ShutDown)??;
+        }
+        Ok::<(), rokka_store::StoreError>(())
+    })?;
+    let syncs = store.flush_count() - syncs_before;
+    assert!(
+        syncs > 0 && syncs < 64 * 50,
+        "{syncs} syncs for 3200 appends: no group commit"
+    );
+    for q in 0..8 {
+        assert_eq!(store.max_offset("A", q), 400);
+    }
     Ok(())
 }
 
