@@ -54,12 +54,10 @@ pub struct TopicChanges {
 /// table write), without stalling the async tasks that share its worker
 /// thread: on a multi-threaded runtime the worker hands its other tasks
 /// off first (`block_in_place`); elsewhere (tests, a current-thread
-/// runtime) it simply runs.
+/// runtime) it simply runs. Appends need not be wrapped: the store offloads
+/// its own slow steps ([`rokka_store::offload`]).
 pub fn offload<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
-        _ => f(),
-    }
+    rokka_store::offload(f)
 }
 
 /// The broker: store + topic table + wake-ups.

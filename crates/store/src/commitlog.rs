@@ -651,6 +651,11 @@ impl CommitLogWriter {
     }
 
     fn next_segment(&mut self, start: u64) -> Result<Segment> {
+        // A statvfs, maybe a wait for the allocator or a file to create.
+        crate::offload(|| self.next_segment_now(start))
+    }
+
+    fn next_segment_now(&mut self, start: u64) -> Result<Segment> {
         if self.refuse_above > 0 {
             if let Some(used) = crate::sys::disk_used_percent(&self.log.dir) {
                 if used > f64::from(self.refuse_above) {

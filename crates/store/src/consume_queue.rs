@@ -469,6 +469,10 @@ impl ConsumeQueue {
     }
 
     fn create_file(&self, idx: u64) -> Result<Arc<MappedFile>> {
+        crate::offload(|| self.create_file_now(idx))
+    }
+
+    fn create_file_now(&self, idx: u64) -> Result<Arc<MappedFile>> {
         let _one = self.creating.lock().unwrap_or_else(|p| p.into_inner());
         let first = idx - idx % self.entries_per_file;
         {

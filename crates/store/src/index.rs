@@ -327,10 +327,12 @@ impl IndexService {
         }
         let need_new = self.files.last().is_none_or(|f| f.is_full());
         if need_new {
-            if let Some(last) = self.files.last() {
-                last.flush()?;
-            }
-            let f = IndexFile::create(&self.dir, phys, self.slots, self.entries)?;
+            let f = crate::offload(|| {
+                if let Some(last) = self.files.last() {
+                    last.flush()?;
+                }
+                IndexFile::create(&self.dir, phys, self.slots, self.entries)
+            })?;
             self.files.push(f);
         }
         if let Some(f) = self.files.last_mut() {

@@ -50,6 +50,22 @@ pub fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
+/// Runs `f`, which may block on the disk (creating a file, starting a
+/// CommitLog segment), without stalling the async tasks that share its
+/// runtime worker: on a multi-threaded tokio runtime the worker hands its
+/// other tasks off first (`block_in_place`); elsewhere (a plain thread, a
+/// current-thread runtime) it simply runs. The store calls it around its
+/// own slow steps, so the frontends can append on their tasks and pay the
+/// hand-off (a thread wake-up and two context switches, ~30 % of the
+/// broker's CPU on small remoting sends, docs/benchmarks.md) only when a
+/// step may block, not on every append.
+pub fn offload<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// A store file name: `n` as 20 zero-padded digits.
 pub(crate) fn file_name(n: u64) -> String {
     format!("{n:020}")

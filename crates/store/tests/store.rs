@@ -376,3 +376,56 @@ fn delete_records_raises_the_start_and_survives_restarts() -> TestResult {
     assert_eq!(store.delete_records("D", 0, 99)?, 13, "clamped to the end");
     Ok(())
 }
+
+/// Appends made on runtime tasks (as the frontends make them, not wrapped
+/// in a hand-off) roll segments and make queue and index files on the way:
+/// the store offloads those steps itself, on a multi-threaded runtime, and
+/// simply runs them on a current-thread one (where a hand-off would panic).
+#[test]
+fn appends_on_runtime_tasks_roll_segments_and_make_files() -> TestResult {
+    for multi in [true, false] {
+        let dir = tempfile::tempdir()?;
+        let mut cfg = small_config(dir.path());
+        cfg.preallocate = true;
+        cfg.prefault_window_bytes = 1 << 20;
+        let store = Arc::new(MessageStore::open(cfg)?);
+        let rt = if multi {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?
+        } else {
+            tokio::runtime::Builder::new_current_thread().enable_all().build()?
+        };
+        let body = vec![0x42u8; 2048];
+        rt.block_on(async {
+            let mut tasks = Vec::new();
+            for t in 0..4u32 {
+                let s = Arc::clone(&store);
+                let body = body.clone();
+                tasks.push(tokio::spawn(async move {
+                    for i in 0..2500u32 {
+                        let key = format!("k{t}-{i}");
+                        let props = rokka_store::record::properties::encode([("KEYS", key.as_str())]);
+                        s.append_message(&MessageInput::new("R", t, &body, props.as_bytes()))?;
+                        if i % 100 == 0 {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    Ok::<(), rokka_store::StoreError>(())
+                }));
+            }
+            for t in tasks {
+                t.await.map_err(|_| rokka_store::StoreError::ShutDown)??;
+            }
+            Ok::<(), rokka_store::StoreError>(())
+        })?;
+        assert!(store.segment_count() >= 4, "{} segments", store.segment_count());
+        for q in 0..4 {
+            assert_eq!(store.max_offset("R", q), 2500);
+        }
+        drop(rt);
+        Arc::try_unwrap(store).map_err(|_| "store still shared")?.close()?;
+    }
+    Ok(())
+}
