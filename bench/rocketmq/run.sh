@@ -4,12 +4,13 @@
 # flush on free loopback ports. Usage: bash bench/rocketmq/run.sh [scale] [stages]
 # (scale multiplies every message count; 1 = the numbers in docs/benchmarks.md;
 # stages: all, or a comma list of sync, oneway, consume — the batch stage always
-# runs, it fills the topic the consumers read).
+# runs, it fills the topic the consumers read; SKIP_BUILD=1 measures the rokka
+# already at target/release/rokka, e.g. a copy of another commit's build).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 scale=${1:-1}
 stages=${2:-all}
-(cd "$root" && cargo build --release -q -p rokka-server --locked)
+[[ -n ${SKIP_BUILD:-} ]] || (cd "$root" && cargo build --release -q -p rokka-server --locked)
 (cd "$root/compat-tests/rocketmq/harness" && cargo build --release -q --locked)
 dir=$(mktemp -d -p "$root/target")
 trap 'rm -rf "$dir"' EXIT

@@ -1090,8 +1090,9 @@ impl pb::messaging_service_server::MessagingService for Service {
         }
         let peer = req.remote_addr();
         let req = req.into_inner();
-        // Appends may create files: off the async workers.
-        let (mut entries, end) = rokka_broker::offload(|| m.send(req, peer));
+        // On this task: the store offloads its own steps that may block (a
+        // file or segment to make), the broker its topic-table writes.
+        let (mut entries, end) = m.send(req, peer);
         // Sync flush (and cluster acks): an OK only once the messages are
         // durable; stored but not durable is said so, as Apache's proxy.
         if end > 0 {
