@@ -219,7 +219,12 @@ pub(crate) struct FlushRequests {
     pub recent_next: usize,
     /// Waiters by the end they wait for, lowest first.
     pub waiting: std::collections::BinaryHeap<Waiting>,
+    /// Size of `waiting` at which waiters that gave up are dropped from it.
+    pub prune_at: usize,
 }
+
+/// Below this many waiters the heap is never pruned.
+const PRUNE_FLOOR: usize = 1024;
 
 /// One sync in flight.
 #[derive(Debug, Clone, Copy)]
@@ -231,6 +236,20 @@ pub(crate) struct InFlightSync {
 }
 
 impl FlushRequests {
+    /// Adds a waiter. Waiters that timed out stay until a sync passes their
+    /// end; while syncs stall (a hung disk, no failure) every request that
+    /// gives up would leave one behind, so once the heap doubles since the
+    /// last pass, tasks that dropped their receiver are dropped from it
+    /// (amortised O(1) per waiter; at most twice the live waiters kept).
+    pub(crate) fn register(&mut self, w: Waiting) {
+        if self.waiting.len() >= self.prune_at.max(PRUNE_FLOOR) {
+            self.waiting
+                .retain(|w| !matches!(&w.wake, Wake::Task(tx) if tx.is_closed()));
+            self.prune_at = self.waiting.len() * 2;
+        }
+        self.waiting.push(w);
+    }
+
     /// Wakes every waiter whose end is at or below `flushed`.
     pub(crate) fn wake_through(&mut self, flushed: u64) {
         while self.waiting.peek().is_some_and(|w| w.end <= flushed) {
@@ -734,7 +753,7 @@ impl MessageStore {
             waiting.wake();
             return;
         }
-        req.waiting.push(waiting);
+        req.register(waiting);
         if req.ask(end_offset, inner.config.sync_flush_depth) {
             inner.flush.wake_flusher.notify_one();
         }
@@ -1334,10 +1353,9 @@ impl MessageStore {
 
     /// Waits until the CommitLog's allocator has prepared what it was asked
     /// for (benchmarks and tests: a measurement that should not include
-    /// preparing pages starts after it).
+    /// preparing pages starts after it). Holds the writer lock while it
+    /// waits: appends wait too (the allocator itself never takes it).
     pub fn settle_preparation(&self) {
-        // The allocator works without the writer lock; only the request
-        // list is read under it.
         let _ = self.inner.writer().cl.settle_preparation();
     }
 
@@ -1435,4 +1453,38 @@ pub(crate) fn snapshot(inner: &Inner) -> (u64, Option<crate::index::IndexMark>, 
 
 pub(crate) fn write_checkpoint(inner: &Inner, cp: &Checkpoint) -> Result<()> {
     cp.store(&inner.dir.join("checkpoint"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Requests that gave up while syncs stall do not pile up: the heap is
+    /// pruned of abandoned waiters, and live ones are all kept and woken.
+    #[test]
+    fn abandoned_waiters_do_not_pile_up_while_syncs_stall() {
+        let mut req = FlushRequests::default();
+        let mut live = Vec::new();
+        for i in 0..100_000u64 {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            req.register(Waiting {
+                end: i + 1,
+                wake: Wake::Task(tx),
+            });
+            // One in a hundred still waits; the rest timed out.
+            if i % 100 == 0 {
+                live.push(rx);
+            }
+        }
+        assert!(
+            req.waiting.len() <= 2 * PRUNE_FLOOR.max(2 * live.len()),
+            "{} entries kept for {} live waiters",
+            req.waiting.len(),
+            live.len()
+        );
+        req.wake_through(u64::MAX);
+        for mut rx in live {
+            assert!(rx.try_recv().is_ok(), "a live waiter was dropped");
+        }
+    }
 }

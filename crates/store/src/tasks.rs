@@ -98,7 +98,7 @@ fn sync_flusher(inner: &Inner) {
         req.issued = req.issued.max(flushed);
         // Waiters covered by a flush made elsewhere (a checkpoint's).
         req.wake_through(flushed);
-        if req.target <= req.issued || req.in_flight.len() >= depth {
+        if req.target <= req.issued || inner.log.write_pos() <= req.issued || req.in_flight.len() >= depth {
             if req.target <= flushed && req.in_flight.is_empty() {
                 req.arrivals = 0;
                 req.first_arrival = None;
@@ -123,7 +123,8 @@ fn sync_flusher(inner: &Inner) {
                 }
             }
         }
-        let (from, to) = (req.issued, inner.log.write_pos().max(req.target));
+        // Published data only: a waiter's end is published before it asks.
+        let (from, to) = (req.issued, inner.log.write_pos());
         let waiters = req.arrivals;
         let covered: u64 = req.in_flight.iter().map(|s| s.waiters).sum();
         let slot = req.recent_next % req.recent_waiters.len();
