@@ -190,6 +190,97 @@ def test_group_commands_over_both_protocols(rokka):
     assert group not in {g["group"] for g in cli(rokka, "group", "list")[0]["groups"]}
 
 
+def test_a_forced_reset_moves_live_members_of_both_protocols(rokka):
+    """`reset-offsets --force` on a live mixed group: the Kafka member
+    (confluent-kafka) is removed and rejoins at the new offsets, the RocketMQ
+    member (rocketmq-client-rust) is told through its broker
+    (RESET_CONSUMER_CLIENT_OFFSET) and drops what it fetched; commits of the
+    old positions do not undo the reset. Every message is delivered again
+    and the group ends committed at the end once more."""
+    from collections import Counter
+
+    topic, group = "CliForce", "cli-force"
+    create(rokka, topic)
+    bodies = [f"f-{i}".encode() for i in range(40)]
+    kafka_produce(rokka, topic, [dict(value=b, partition=i % 4) for i, b in enumerate(bodies)], compression=None)
+
+    stop, kafka_got, errors = threading.Event(), [], []
+
+    def kafka_member():
+        try:
+            c = Consumer(
+                {
+                    "bootstrap.servers": rokka.bootstrap,
+                    "group.id": group,
+                    "client.id": "force-kafka-member",
+                    "auto.offset.reset": "earliest",
+                    "auto.commit.interval.ms": 1000,
+                }
+            )
+            c.subscribe([topic])
+            while not stop.is_set():
+                m = c.poll(0.2)
+                if m is not None and not m.error():
+                    kafka_got.append(m.value())
+            c.close()
+        except Exception as e:  # reported by the test thread
+            errors.append(e)
+
+    rmq = RocketMQMember(rokka, "force-member", topic, group, 75)
+    t = threading.Thread(target=kafka_member)
+    t.start()
+    try:
+        seen = [None]
+
+        def settled():
+            seen[0] = cli(rokka, "group", "describe", group)[0]
+            members = seen[0]["members"]
+            owned = sorted(p for m in members for p in m["partitions"])
+            return (
+                len(members) == 2
+                and owned == [f"{topic}:{i}" for i in range(4)]
+                and committed(rokka, group, topic, 4) == [10] * 4
+            )
+
+        wait_for(settled, lambda: f"both members sharing the queues, all 40 committed; last {seen[0]}", timeout=40)
+        _, err = cli(rokka, "group", "reset-offsets", group, "--to-earliest", "--execute", expect=1)
+        assert "--force" in err, err
+        out, _ = cli(
+            rokka,
+            "group",
+            "reset-offsets",
+            group,
+            "--to-earliest",
+            "--execute",
+            "--force",
+            "--namesrv",
+            f"127.0.0.1:{rokka.namesrv_port}",
+        )
+        assert [x["new"] for x in out["plan"]] == [0] * 4, out
+        actions = {m["protocol"]: m["action"] for m in out["members"]}
+        assert set(actions) == {"kafka", "rocketmq"}, out
+        assert "1 Kafka member(s) removed" in out["message"] and "1 RocketMQ consumer" in out["message"], out
+        # Both start over: the offsets come back to the end only by consuming
+        # everything again (a stale commit would bring them back at once and
+        # the count below would find the messages delivered once).
+        reset_at = time.time()
+        wait_for(
+            lambda: committed(rokka, group, topic, 4) == [10] * 4,
+            lambda: f"the group to consume the topic again; committed {committed(rokka, group, topic, 4)}",
+            timeout=30,
+        )
+        print(f"consumed again {time.time() - reset_at:.1f} s after the reset")
+    finally:
+        stop.set()
+        t.join(30)
+        rmq_got = rmq.finish(120)
+    assert not errors, errors
+    counts = Counter(kafka_got) + Counter(rmq_got)
+    assert set(counts) == set(bodies), set(counts) ^ set(bodies)
+    once = sorted(b for b in bodies if counts[b] < 2)
+    assert not once, f"delivered only once, not again after the reset: {once}; kafka {len(kafka_got)}, rocketmq {len(rmq_got)}"
+
+
 def rmq_cli(rokka, *args, expect=0):
     """Runs a RocketMQ-side admin command (`message`, `dlq`) in JSON."""
     p = subprocess.run(

@@ -39,6 +39,16 @@ fn ext<'a>(cmd: &'a RemotingCommand, long: &str, short: &str) -> &'a str {
         .unwrap_or_default()
 }
 
+/// The group a request names (`group` in a reset, `consumerGroup` elsewhere).
+fn group_field(cmd: &RemotingCommand) -> &str {
+    let key = if cmd.code == rq::INVOKE_BROKER_TO_RESET_OFFSET {
+        "group"
+    } else {
+        "consumerGroup"
+    };
+    cmd.ext_fields.get(key).unwrap_or_default()
+}
+
 /// The checks a request of `cmd.code` needs; none for codes that touch no
 /// topic or group (heartbeats, route queries) or are cluster-internal.
 fn needs(cmd: &RemotingCommand) -> Needs<'_> {
@@ -51,8 +61,9 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
             Some(topic_need(f("topic"), Op::Read)),
             Some((Rt::Group, f("consumerGroup"), Op::Read)),
         ],
-        rq::UPDATE_CONSUMER_OFFSET => [
-            Some((Rt::Group, f("consumerGroup"), Op::Read)),
+        // As Kafka's admin offset commit: read on the group and the topic.
+        rq::UPDATE_CONSUMER_OFFSET | rq::INVOKE_BROKER_TO_RESET_OFFSET => [
+            Some((Rt::Group, group_field(cmd), Op::Read)),
             Some(topic_need(f("topic"), Op::Read)),
         ],
         rq::QUERY_CONSUMER_OFFSET | rq::GET_CONSUME_STATS => [

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use crate::command::LanguageCode;
 use crate::server::Conn;
 
 /// A subscription as a heartbeat carries it.
@@ -16,6 +17,9 @@ pub struct Subscription {
 #[derive(Debug)]
 pub struct Client {
     pub conn: Conn,
+    /// What the client's heartbeat said it is written in (a C++ client
+    /// takes RESET_CONSUMER_CLIENT_OFFSET's body in its own shape).
+    pub language: LanguageCode,
     pub last_seen_ms: u64,
     pub consumer_groups: BTreeSet<String>,
     pub producer_groups: BTreeSet<String>,

@@ -30,6 +30,11 @@ pub mod request {
     pub const GET_ALL_TOPIC_LIST_FROM_NAMESERVER: i32 = 206;
     pub const GET_CONSUME_STATS: i32 = 208;
     pub const DELETE_TOPIC_IN_NAMESRV: i32 = 216;
+    /// Broker to client (oneway): move these queues to these offsets.
+    pub const RESET_CONSUMER_CLIENT_OFFSET: i32 = 220;
+    /// Admin to broker (mqadmin resetOffsetByTime): reset a group's offsets
+    /// of a topic and tell its live consumers.
+    pub const INVOKE_BROKER_TO_RESET_OFFSET: i32 = 222;
     pub const GET_KVLIST_BY_NAMESPACE: i32 = 219;
     pub const GET_TOPICS_BY_CLUSTER: i32 = 224;
     pub const SEND_MESSAGE_V2: i32 = 310;
@@ -100,6 +105,8 @@ pub fn label(code: i32) -> &'static str {
         208 => "208",
         216 => "216",
         219 => "219",
+        220 => "220",
+        222 => "222",
         224 => "224",
         310 => "310",
         320 => "320",

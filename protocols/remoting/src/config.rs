@@ -71,6 +71,14 @@ pub struct RocketMqConfig {
     /// Most orderly-consumption queue locks held at once (keys come from
     /// clients; expired locks are dropped first).
     pub max_queue_locks: u32,
+    /// After an offset reset (INVOKE_BROKER_TO_RESET_OFFSET), how long a
+    /// queue's commits from RocketMQ clients that still hold the old
+    /// position are ignored: until a client commits or pulls at the reset
+    /// offset, at most this long (0 = no hold).
+    pub offset_reset_hold_ms: u64,
+    /// Most (group, topic, queue) resets held at once; a reset beyond it is
+    /// refused (SYSTEM_BUSY).
+    pub max_offset_resets_held: u32,
     /// Most RocketMQ clients (client ids from heartbeats) known at once
     /// (0 = no limit); a heartbeat from a new one beyond it is refused.
     pub max_clients: u32,
@@ -147,6 +155,8 @@ impl Default for RocketMqConfig {
             max_inflight_request_bytes: 256 * 1024 * 1024,
             max_pull_bytes: 4 * 1024 * 1024,
             max_queue_locks: 100_000,
+            offset_reset_hold_ms: 60_000,
+            max_offset_resets_held: 100_000,
             max_clients: 100_000,
             max_consumer_groups: 100_000,
             access_message_in_memory_max_ratio: 40,

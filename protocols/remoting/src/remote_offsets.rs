@@ -222,6 +222,24 @@ pub fn encode_consume_stats(table: &[(MessageQueue, OffsetWrapper)]) -> Vec<u8> 
     out
 }
 
+/// RESET_CONSUMER_CLIENT_OFFSET's and INVOKE_BROKER_TO_RESET_OFFSET's body
+/// (RocketMQ's ResetOffsetBody): `{"offsetTable":{<MessageQueue>:offset,..}}`.
+pub fn encode_reset_offsets(table: &[(MessageQueue, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + table.len() * 96);
+    out.extend_from_slice(br#"{"offsetTable":{"#);
+    for (i, (q, o)) in table.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        // Serializing this plain struct cannot fail.
+        out.extend_from_slice(&serde_json::to_vec(q).unwrap_or_default());
+        out.push(b':');
+        out.extend_from_slice(o.to_string().as_bytes());
+    }
+    out.extend_from_slice(b"}}");
+    out
+}
+
 /// Reads what [`encode_consume_stats`] (or a RocketMQ broker) writes.
 pub fn parse_consume_stats(body: &[u8]) -> Result<Vec<(MessageQueue, OffsetWrapper)>, String> {
     const KEY: &[u8] = br#""offsetTable""#;

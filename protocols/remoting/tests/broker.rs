@@ -736,3 +736,124 @@ async fn a_rocketmq_client_cannot_join_a_consumer_protocol_group() -> TestResult
     }
     Ok(())
 }
+
+/// INVOKE_BROKER_TO_RESET_OFFSET (mqadmin resetOffsetByTime): offsets move
+/// backwards only unless forced, to a queue's exact offset, or to the end
+/// (timestamp -1); the group's live member is told on its own connection
+/// (RESET_CONSUMER_CLIENT_OFFSET with the table); its commits of the old
+/// position are then ignored until it commits or pulls at the new one.
+#[tokio::test]
+async fn offset_reset_tells_the_members_and_holds_off_stale_commits() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut admin = Client::connect(addr).await?;
+    let r = admin
+        .call(req(
+            rq::UPDATE_AND_CREATE_TOPIC,
+            &[
+                ("topic", "RS"),
+                ("readQueueNums", "2"),
+                ("writeQueueNums", "2"),
+                ("perm", "6"),
+            ],
+        ))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    for i in 0..10 {
+        let r = admin.call(send_req("RS", i % 2, &format!("m{i}"), "T", true)).await?;
+        assert_eq!(r.code, rs::SUCCESS);
+    }
+    let mut member = Client::connect(addr).await?;
+    let mut hb = req(rq::HEART_BEAT, &[]);
+    hb.body = Bytes::from(
+        r#"{"clientID":"m1","producerDataSet":[],"consumerDataSet":[{"groupName":"rg","consumeType":"CONSUME_PASSIVELY","messageModel":"CLUSTERING","consumeFromWhere":"CONSUME_FROM_LAST_OFFSET","subscriptionDataSet":[{"topic":"RS","subString":"*","expressionType":"TAG"}]}]}"#,
+    );
+    assert_eq!(member.call(hb).await?.code, rs::SUCCESS);
+    let commit = |q: &str, o: &str| {
+        req(
+            rq::UPDATE_CONSUMER_OFFSET,
+            &[
+                ("consumerGroup", "rg"),
+                ("topic", "RS"),
+                ("queueId", q),
+                ("commitOffset", o),
+            ],
+        )
+    };
+    let committed = |q: &str| {
+        req(
+            rq::QUERY_CONSUMER_OFFSET,
+            &[("consumerGroup", "rg"), ("topic", "RS"), ("queueId", q)],
+        )
+    };
+    for q in ["0", "1"] {
+        assert_eq!(member.call(commit(q, "4")).await?.code, rs::SUCCESS);
+    }
+    let reset = |fields: &[(&str, &str)]| {
+        let mut r = req(rq::INVOKE_BROKER_TO_RESET_OFFSET, &[("topic", "RS"), ("group", "rg")]);
+        for (k, v) in fields {
+            r.ext_fields.set(k, *v);
+        }
+        r
+    };
+    // To the end (timestamp -1) without force: nothing moves forward.
+    let r = admin.call(reset(&[("timestamp", "-1"), ("isForce", "false")])).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    let body = String::from_utf8_lossy(&r.body).to_string();
+    assert!(body.contains(r#""queueId":0,"topic":"RS"}:4"#), "{body}");
+    // The member hears of it on its own connection (oneway).
+    let n = tokio::time::timeout(Duration::from_secs(5), member.recv()).await??;
+    assert_eq!(n.code, rq::RESET_CONSUMER_CLIENT_OFFSET);
+    assert!(n.is_oneway());
+    assert_eq!(n.ext_fields.get("group"), Some("rg"));
+    assert_eq!(n.ext_fields.get("isForce"), Some("false"));
+    assert_eq!(String::from_utf8_lossy(&n.body), body);
+    // Queue 1 exactly to 2, forced.
+    let r = admin
+        .call(reset(&[
+            ("timestamp", "0"),
+            ("isForce", "true"),
+            ("queueId", "1"),
+            ("offset", "2"),
+        ]))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert_eq!(r.ext_fields.get("rokkaNotified"), Some("1"));
+    let n = tokio::time::timeout(Duration::from_secs(5), member.recv()).await??;
+    assert!(String::from_utf8_lossy(&n.body).ends_with(r#""queueId":1,"topic":"RS"}:2}}"#));
+    assert_eq!(admin.call(committed("1")).await?.ext_fields.get("offset"), Some("2"));
+    // The member, not yet moved, commits its old position: ignored.
+    assert_eq!(member.call(commit("1", "4")).await?.code, rs::SUCCESS);
+    assert_eq!(admin.call(committed("1")).await?.ext_fields.get("offset"), Some("2"));
+    // Its pull at the new offset shows it moved: its commits count again.
+    let mut pull = pull_req("RS", 1, 2, "*", 0);
+    pull.ext_fields.set("consumerGroup", "rg");
+    let r = member.call(pull).await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    assert_eq!(member.call(commit("1", "5")).await?.code, rs::SUCCESS);
+    assert_eq!(admin.call(committed("1")).await?.ext_fields.get("offset"), Some("5"));
+    // Forced to the start of every queue by time (0 = before the first).
+    let r = admin.call(reset(&[("timestamp", "0"), ("isForce", "true")])).await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    for q in ["0", "1"] {
+        assert_eq!(admin.call(committed(q)).await?.ext_fields.get("offset"), Some("0"));
+    }
+    // A commit at the reset offset releases the hold too.
+    assert_eq!(member.call(commit("0", "0")).await?.code, rs::SUCCESS);
+    assert_eq!(member.call(commit("0", "3")).await?.code, rs::SUCCESS);
+    assert_eq!(admin.call(committed("0")).await?.ext_fields.get("offset"), Some("3"));
+    // Refusals: an unknown topic, a queue out of range.
+    let mut r = reset(&[("timestamp", "-1"), ("isForce", "true")]);
+    r.ext_fields.set("topic", "Nope");
+    assert_eq!(admin.call(r).await?.code, rs::TOPIC_NOT_EXIST);
+    let r = admin
+        .call(reset(&[
+            ("timestamp", "0"),
+            ("isForce", "true"),
+            ("queueId", "7"),
+            ("offset", "0"),
+        ]))
+        .await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR);
+    Ok(())
+}

@@ -24,8 +24,8 @@ use bytes::Buf;
 use kafka_protocol::messages::*;
 use kafka_protocol::messages::{
     create_partitions_request::*, create_topics_request::*, delete_topics_request::*, describe_configs_request::*,
-    describe_groups_response::*, incremental_alter_configs_request::*, metadata_response::*, offset_commit_request::*,
-    offset_fetch_request::*,
+    describe_groups_response::*, incremental_alter_configs_request::*, leave_group_request, metadata_response::*,
+    offset_commit_request::*, offset_fetch_request::*,
 };
 use kafka_protocol::protocol::Decodable;
 use serde_json::{json, Value};
@@ -131,6 +131,16 @@ pub enum GroupAction {
         /// Commit the plan (without it: a dry run).
         #[arg(long)]
         execute: bool,
+        /// Reset while members run: Kafka members are removed from the
+        /// group (they rejoin and start at the new offsets), RocketMQ
+        /// members are told through their brokers (as mqadmin
+        /// resetOffsetByTime -f does).
+        #[arg(long)]
+        force: bool,
+        /// RocketMQ name server(s), to reach the brokers of a forced reset's
+        /// RocketMQ members.
+        #[arg(long, env = "ROKKA_NAMESRV", default_value = "127.0.0.1:9876")]
+        namesrv: String,
     },
     /// Deletes a group that has no members, with its committed offsets.
     Delete { group: String },
@@ -312,6 +322,8 @@ pub fn group(conn: &Conn, action: &GroupAction) -> ExitCode {
             to_timestamp,
             shift_by,
             execute,
+            force,
+            namesrv,
         } => {
             let to = if *to_earliest {
                 Some(Target::Earliest)
@@ -325,7 +337,13 @@ pub fn group(conn: &Conn, action: &GroupAction) -> ExitCode {
                 shift_by.map(Target::Shift)
             };
             match to {
-                Some(to) => group_reset(&mut c, group, topics, partitions, to, *execute),
+                Some(to) => {
+                    let force = match force.then(|| credentials(conn)).transpose() {
+                        Ok(creds) => creds.map(|creds| remoting::Remoting::new(namesrv, creds)),
+                        Err(code) => return code,
+                    };
+                    group_reset(&mut c, group, topics, partitions, to, *execute, force)
+                }
                 None => {
                     eprintln!(
                         "rokka: say where to: --to-earliest, --to-latest, --to-offset N, --to-timestamp MS or --shift-by N"
@@ -889,13 +907,14 @@ fn group_reset(
     only: &[i32],
     to: Target,
     execute: bool,
+    mut force: Option<remoting::Remoting>,
 ) -> Result<Report> {
     let v = view(c, group)?;
     let d = &v.described;
-    if !d.members.is_empty() {
+    if !d.members.is_empty() && force.is_none() {
         let who: Vec<String> = d.members.iter().map(|m| m.client_id.to_string()).collect();
         return Err(AdminError::Refused(format!(
-            "group {group} is {} with {} member(s) ({}): offsets are reset only while it has none — stop its consumers first",
+            "group {group} is {} with {} member(s) ({}): offsets are reset only while it has none — stop its consumers first, or --force",
             d.group_state,
             d.members.len(),
             who.join(", ")
@@ -965,40 +984,169 @@ fn group_reset(
                 .with_committed_leader_epoch(-1),
         );
     }
+    let live = Section::new("members", &["member_id", "client_id", "protocol", "action"]);
     if !execute {
         return Ok(Report {
             sections: vec![plan],
             message: Some("dry run: nothing committed (add --execute to commit this plan)".into()),
         });
     }
+    let mut sections = vec![plan, live];
+    let mut kafka_removed = 0;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let members = if attempt == 1 {
+            v.described.members.clone()
+        } else {
+            view(c, group)?.described.members
+        };
+        if force.is_some() {
+            kafka_removed += remove_kafka_members(c, &v.coordinator, group, &members, &mut sections[1])?;
+        }
+        match commit_offsets(c, &v.coordinator, group, &commits)? {
+            None => break,
+            // A Kafka member rejoined between its removal and the commit.
+            Some(code) if force.is_some() && attempt < 3 && [22, 25, 27].contains(&code) => continue,
+            Some(code) => {
+                check(code, None, &format!("committing the offsets of {group}"))?;
+            }
+        }
+    }
+    let mut told = 0;
+    let rocketmq_members: Vec<&DescribedGroupMember> = v
+        .described
+        .members
+        .iter()
+        .filter(|m| m.member_id == m.client_id)
+        .collect();
+    if let (Some(r), false) = (force.as_mut(), rocketmq_members.is_empty()) {
+        for m in &rocketmq_members {
+            sections[1].rows.push(vec![
+                json!(m.member_id.to_string()),
+                json!(m.client_id.to_string()),
+                json!("rocketmq"),
+                json!("told to move (RESET_CONSUMER_CLIENT_OFFSET)"),
+            ]);
+        }
+        let topics: BTreeSet<&String> = keys.iter().map(|(t, _)| t).collect();
+        for t in topics {
+            for b in r.route(t)? {
+                let resp = r.ok(
+                    &b.addr,
+                    remoting::code::INVOKE_BROKER_TO_RESET_OFFSET,
+                    &[
+                        ("topic", t.clone()),
+                        ("group", group.to_string()),
+                        ("timestamp", "-1".to_string()),
+                        ("isForce", "true".to_string()),
+                        ("rokkaCommitted", "true".to_string()),
+                    ],
+                    &format!("telling the RocketMQ consumers of {group} on {} ({})", b.name, b.addr),
+                )?;
+                told += resp
+                    .ext_fields
+                    .get("rokkaNotified")
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    if sections[1].rows.is_empty() {
+        sections.pop();
+    }
+    let mut message = format!("committed {} offset(s) for group {group}", keys.len());
+    if kafka_removed > 0 {
+        message.push_str(&format!(
+            "; {kafka_removed} Kafka member(s) removed from the group (they rejoin at the new offsets)"
+        ));
+    }
+    if !rocketmq_members.is_empty() {
+        message.push_str(&format!(
+            "; {told} RocketMQ consumer connection(s) told to move (they resume about 10-30 s later)"
+        ));
+    }
+    Ok(Report {
+        sections,
+        message: Some(message),
+    })
+}
+
+/// LeaveGroup (v4, KIP-345/KIP-571) for the Kafka members among `members`
+/// (RocketMQ members carry their client id as member id); how many left.
+fn remove_kafka_members(
+    c: &mut Client,
+    coordinator: &str,
+    group: &str,
+    members: &[DescribedGroupMember],
+    report: &mut Section,
+) -> Result<usize> {
+    let kafka: Vec<&DescribedGroupMember> = members.iter().filter(|m| m.member_id != m.client_id).collect();
+    if kafka.is_empty() {
+        return Ok(0);
+    }
+    let req = LeaveGroupRequest::default()
+        .with_group_id(GroupId(s(group)))
+        .with_members(
+            kafka
+                .iter()
+                .map(|m| {
+                    leave_group_request::MemberIdentity::default()
+                        .with_member_id(m.member_id.clone())
+                        .with_group_instance_id(m.group_instance_id.clone())
+                })
+                .collect(),
+        );
+    let r: LeaveGroupResponse = c.call_at(coordinator, ApiKey::LeaveGroup, 4, &req)?;
+    check(r.error_code, None, &format!("removing the members of {group}"))?;
+    let mut removed = 0;
+    for (m, resp) in kafka.iter().zip(&r.members) {
+        // Gone already (its session ended) counts as removed.
+        if resp.error_code != 0 && resp.error_code != 25 {
+            check(
+                resp.error_code,
+                None,
+                &format!("removing member {} of {group}", m.member_id),
+            )?;
+        }
+        removed += 1;
+        report.rows.push(vec![
+            json!(m.member_id.to_string()),
+            json!(m.client_id.to_string()),
+            json!("kafka"),
+            json!("removed (rejoins at the new offsets)"),
+        ]);
+    }
+    Ok(removed)
+}
+
+/// An admin OffsetCommit (no member, generation -1); the first error code.
+fn commit_offsets(
+    c: &mut Client,
+    coordinator: &str,
+    group: &str,
+    commits: &BTreeMap<String, Vec<OffsetCommitRequestPartition>>,
+) -> Result<Option<i16>> {
     let req = OffsetCommitRequest::default()
         .with_group_id(GroupId(s(group)))
         .with_generation_id_or_member_epoch(-1)
         .with_retention_time_ms(-1)
         .with_topics(
             commits
-                .into_iter()
+                .iter()
                 .map(|(t, parts)| {
                     OffsetCommitRequestTopic::default()
-                        .with_name(TopicName(s(&t)))
-                        .with_partitions(parts)
+                        .with_name(TopicName(s(t)))
+                        .with_partitions(parts.clone())
                 })
                 .collect(),
         );
-    let r: OffsetCommitResponse = c.call_at(&v.coordinator, ApiKey::OffsetCommit, 8, &req)?;
-    for t in &r.topics {
-        for p in &t.partitions {
-            check(
-                p.error_code,
-                None,
-                &format!("committing {}/{} for {group}", t.name.0, p.partition_index),
-            )?;
-        }
-    }
-    Ok(Report {
-        sections: vec![plan],
-        message: Some(format!("committed {} offset(s) for group {group}", keys.len())),
-    })
+    let r: OffsetCommitResponse = c.call_at(coordinator, ApiKey::OffsetCommit, 8, &req)?;
+    Ok(r.topics
+        .iter()
+        .flat_map(|t| &t.partitions)
+        .map(|p| p.error_code)
+        .find(|e| *e != 0))
 }
 
 fn group_delete(c: &mut Client, group: &str) -> Result<Report> {

@@ -33,6 +33,7 @@ pub mod code {
     pub const GET_MIN_OFFSET: i32 = 31;
     pub const VIEW_MESSAGE_BY_ID: i32 = 33;
     pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
+    pub const INVOKE_BROKER_TO_RESET_OFFSET: i32 = 222;
 }
 
 /// One broker (set master) serving a topic, and its queue counts.

@@ -36,6 +36,10 @@ pub use send::split_batch;
 /// (group, topic, queue id) → (holding client id, last granted at ms).
 type QueueLocks = std::collections::HashMap<(String, String, i64), (String, u64)>;
 
+/// (group, topic, queue id) → (the offset it was reset to, held until ms):
+/// commits from clients still at the old position are ignored meanwhile.
+type ResetHolds = std::collections::HashMap<(String, String, u32), (u64, u64)>;
+
 /// The RocketMQ broker: state shared by its connections.
 #[derive(Debug)]
 pub struct RocketMq {
@@ -47,6 +51,7 @@ pub struct RocketMq {
     clients: Mutex<Clients>,
     /// Orderly-consumption queue locks: (group, topic, queue) → (client id, taken at ms).
     locks: Mutex<QueueLocks>,
+    resets: Mutex<ResetHolds>,
     epoch: Instant,
     limits: crate::server::Limits,
 }
@@ -81,6 +86,7 @@ impl RocketMq {
             store_host,
             clients: Mutex::new(Clients::default()),
             locks: Mutex::new(Default::default()),
+            resets: Mutex::new(Default::default()),
             epoch: Instant::now(),
         }
     }
@@ -251,6 +257,7 @@ impl RocketMq {
             rq::UPDATE_AND_CREATE_TOPIC => rokka_broker::offload(|| self.create_topic(&cmd)),
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
             rq::GET_CONSUME_STATS => self.consume_stats(&cmd),
+            rq::INVOKE_BROKER_TO_RESET_OFFSET => self.reset_offset(&cmd),
             rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd),
             // What these append must be durable before the client is told
             // (sync flush): the consumer moves its offset past a sent-back

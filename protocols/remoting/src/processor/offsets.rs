@@ -86,6 +86,14 @@ impl RocketMq {
                 )),
             );
         }
+        // A RocketMQ client's commit of its old position after a reset is
+        // acknowledged and ignored (RocketMQ 5 does the same).
+        if leader_epoch < 0
+            && metadata.is_empty()
+            && self.stale_after_reset(group, topic, queue as u32, offset as u64, false)
+        {
+            return self.reply(req, rs::SUCCESS, None);
+        }
         let stored = self.broker.store().offsets().commit_bounded(
             group,
             topic,
@@ -102,6 +110,240 @@ impl RocketMq {
             );
         }
         self.reply(req, rs::SUCCESS, None)
+    }
+
+    /// INVOKE_BROKER_TO_RESET_OFFSET (mqadmin resetOffsetByTime; RocketMQ's
+    /// `Broker2Client.resetOffset`): the group's offsets of `topic` on this
+    /// broker set move to the first message stored at or after `timestamp`
+    /// (-1: the end), or, for `queueId` with `offset`, to that offset;
+    /// backwards only unless `isForce`. With Rokka's `rokkaCommitted=true`
+    /// nothing moves and what is committed is announced (`rokka group
+    /// reset-offsets --force` commits through the Kafka coordinator first).
+    /// The offsets are committed here, every live consumer of the group is
+    /// told (RESET_CONSUMER_CLIENT_OFFSET, oneway) so it drops what it
+    /// fetched and continues from them, and meanwhile commits of the old
+    /// position are ignored (`offset_reset_hold_ms`). The answer's body is
+    /// the offset table (ResetOffsetBody).
+    pub(super) fn reset_offset(&self, req: &RemotingCommand) -> RemotingCommand {
+        use crate::remote_offsets::MessageQueue;
+        let group = req.ext_fields.get("group").unwrap_or_default();
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        if group.is_empty() || topic.is_empty() {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("group and topic are required".into()));
+        }
+        if self.broker.cluster_view().is_some_and(|v| !v.is_master()) {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some("offsets are reset on the master of the broker set".into()),
+            );
+        }
+        let Some(info) = self.broker.topics().get(topic) else {
+            return self.reply(req, rs::TOPIC_NOT_EXIST, Some(format!("topic[{topic}] not exist")));
+        };
+        let queues = match self.broker.own_set() {
+            Some(set) if !info.placement.is_empty() => info.queues_on(set),
+            _ => info.partitions,
+        };
+        let committed_only = ext_bool(req, "rokkaCommitted", "rokkaCommitted");
+        let force = ext_bool(req, "isForce", "isForce");
+        let timestamp = ext_i64(req, "timestamp", "timestamp").unwrap_or(-1);
+        let one = ext_i64(req, "queueId", "queueId").filter(|q| *q >= 0);
+        let exact = ext_i64(req, "offset", "offset").filter(|o| *o >= 0 && one.is_some());
+        if one.is_some_and(|q| q >= i64::from(queues)) {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!(
+                    "queueId {} is illegal, topic {topic} has {queues} queues here",
+                    one.unwrap_or(-1)
+                )),
+            );
+        }
+        let store = self.broker.store();
+        let offsets = store.offsets();
+        let mut table: Vec<(u32, u64)> = Vec::new();
+        for q in 0..queues {
+            if one.is_some_and(|o| o != i64::from(q)) {
+                continue;
+            }
+            let current = offsets.get(group, topic, q).map(|o| o.offset);
+            let new = if committed_only {
+                match current {
+                    Some(c) => c,
+                    None => continue,
+                }
+            } else {
+                let (lo, hi) = (store.min_offset(topic, q), store.max_offset(topic, q));
+                let target = match exact {
+                    Some(o) => o as u64,
+                    None if timestamp < 0 => hi,
+                    None => store.offset_by_store_time(topic, q, timestamp),
+                }
+                .clamp(lo, hi.max(lo));
+                match current {
+                    Some(c) if !force && target >= c => c,
+                    _ => target,
+                }
+            };
+            table.push((q, new));
+        }
+        // Held before committing: a stale commit racing this one is ignored.
+        if !self.hold_resets(group, topic, &table) {
+            metrics::counter!("rokka_rocketmq_offset_resets_refused_total").increment(1);
+            return self.reply(
+                req,
+                rs::SYSTEM_BUSY,
+                Some(format!(
+                    "too many offset resets held (rocketmq.max_offset_resets_held = {})",
+                    self.config.max_offset_resets_held
+                )),
+            );
+        }
+        if !committed_only {
+            for (q, o) in &table {
+                if !offsets.commit_bounded(group, topic, *q, *o, "", -1) {
+                    return self.reply(
+                        req,
+                        rs::SYSTEM_ERROR,
+                        Some("the committed-offset table is full (store.max_committed_offsets)".into()),
+                    );
+                }
+            }
+        }
+        metrics::counter!("rokka_rocketmq_offset_resets_total").increment(table.len() as u64);
+        let broker_name = match self.broker.cluster_view() {
+            Some(c) => c.set.clone(),
+            None => self.config.broker_name.clone(),
+        };
+        let table: Vec<(MessageQueue, u64)> = table
+            .into_iter()
+            .map(|(q, o)| {
+                let mq = MessageQueue {
+                    broker_name: broker_name.clone(),
+                    queue_id: q,
+                    topic: topic.to_string(),
+                };
+                (mq, o)
+            })
+            .collect();
+        let body = crate::remote_offsets::encode_reset_offsets(&table);
+        let told = self.tell_reset(group, topic, timestamp, force, &table, &body);
+        tracing::info!(
+            group,
+            topic,
+            queues = table.len(),
+            consumers_told = told,
+            "consumer offsets reset"
+        );
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        r.ext_fields.set("rokkaNotified", told.to_string());
+        r.body = Bytes::from(body);
+        r
+    }
+
+    /// RESET_CONSUMER_CLIENT_OFFSET to each live member of `group`; how many
+    /// were sent. A C++ client takes the table as a list (ResetOffsetBodyForC).
+    fn tell_reset(
+        &self,
+        group: &str,
+        topic: &str,
+        timestamp: i64,
+        force: bool,
+        table: &[(crate::remote_offsets::MessageQueue, u64)],
+        body: &[u8],
+    ) -> usize {
+        let members: Vec<(Conn, crate::command::LanguageCode)> = {
+            let c = self.clients();
+            c.groups
+                .get(group)
+                .map(|g| {
+                    g.members
+                        .iter()
+                        .filter_map(|m| c.clients.get(m))
+                        .filter(|cl| !cl.conn.is_closed())
+                        .map(|cl| (cl.conn.clone(), cl.language))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut told = 0;
+        for (conn, language) in members {
+            let mut n = RemotingCommand::request(rq::RESET_CONSUMER_CLIENT_OFFSET, conn.next_opaque());
+            n.flag = FLAG_ONEWAY;
+            n.version = self.config.server_version;
+            n.ext_fields.set("topic", topic);
+            n.ext_fields.set("group", group);
+            n.ext_fields.set("timestamp", timestamp.to_string());
+            n.ext_fields.set("isForce", force.to_string());
+            n.body = if language == crate::command::LanguageCode::Cpp {
+                let list: Vec<Value> = table
+                    .iter()
+                    .map(|(m, o)| {
+                        json!({"topic": m.topic, "brokerName": m.broker_name, "queueId": m.queue_id, "offset": o})
+                    })
+                    .collect();
+                Bytes::from(json!({ "offsetTable": list }).to_string())
+            } else {
+                Bytes::copy_from_slice(body)
+            };
+            if conn.send(n) {
+                told += 1;
+            }
+        }
+        metrics::counter!("rokka_rocketmq_reset_notifications_total").increment(told as u64);
+        told
+    }
+
+    /// Holds each reset queue until its consumer is at the new offset (or
+    /// `offset_reset_hold_ms` passed); false when the table is full.
+    fn hold_resets(&self, group: &str, topic: &str, table: &[(u32, u64)]) -> bool {
+        let hold = self.config.offset_reset_hold_ms;
+        if hold == 0 || table.is_empty() {
+            return true;
+        }
+        let now = self.now_ms();
+        let max = self.config.max_offset_resets_held as usize;
+        let mut r = self.resets.lock().unwrap_or_else(|p| p.into_inner());
+        let fresh = table
+            .iter()
+            .filter(|(q, _)| !r.contains_key(&(group.to_string(), topic.to_string(), *q)))
+            .count();
+        if r.len() + fresh > max {
+            r.retain(|_, (_, until)| *until > now);
+            if r.len() + fresh > max {
+                return false;
+            }
+        }
+        for (q, o) in table {
+            r.insert((group.to_string(), topic.to_string(), *q), (*o, now + hold));
+        }
+        metrics::gauge!("rokka_rocketmq_offset_resets_held").set(r.len() as f64);
+        true
+    }
+
+    /// Whether a RocketMQ client's commit of `offset` is ignored: the queue
+    /// was reset and the client is not yet at the reset offset. A commit or
+    /// a pull (`pulled`) at the reset offset, or the hold's end, releases it.
+    pub(super) fn stale_after_reset(&self, group: &str, topic: &str, queue: u32, offset: u64, pulled: bool) -> bool {
+        let mut r = self.resets.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_empty() {
+            return false;
+        }
+        let key = (group.to_string(), topic.to_string(), queue);
+        let Some(&(at, until)) = r.get(&key) else {
+            return false;
+        };
+        if offset == at || until <= self.now_ms() {
+            r.remove(&key);
+            metrics::gauge!("rokka_rocketmq_offset_resets_held").set(r.len() as f64);
+            return false;
+        }
+        if pulled {
+            return false;
+        }
+        metrics::counter!("rokka_rocketmq_stale_commits_ignored_total").increment(1);
+        true
     }
 
     pub(super) fn offset_queries(&self, req: &RemotingCommand) -> RemotingCommand {

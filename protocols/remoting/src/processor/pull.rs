@@ -37,8 +37,12 @@ impl RocketMq {
         // A replica does not take commits (RocketMQ's slave neither): the
         // master's offset table replaces its own.
         let replica = self.broker.cluster_view().is_some_and(|v| !v.is_master());
+        // A pull at a reset queue's new offset: its consumer moved.
+        let _ = self.stale_after_reset(&group, &topic, q, offset, true);
         if sys_flag & 0x1 != 0 && !replica {
-            if let Some(c) = ext_i64(req, "commitOffset", "commitOffset").filter(|c| *c >= 0) {
+            if let Some(c) = ext_i64(req, "commitOffset", "commitOffset")
+                .filter(|c| *c >= 0 && !self.stale_after_reset(&group, &topic, q, *c as u64, false))
+            {
                 // Refused past store.max_committed_offsets (counted); the pull is still served.
                 let _ = self
                     .broker
