@@ -479,3 +479,45 @@ def test_a_group_is_consumed_by_pop_or_by_queue_owners_never_both(rokka, clients
     finally:
         k2.close()
     assert metric(rokka, "rokka_mixed_group_conflicts_total", group=group) >= 2
+
+
+def test_a_pop_group_shows_its_consumers_and_follows_a_forced_reset(rokka, clients):
+    """`rokka group describe` lists a live SimpleConsumer (protocol
+    rocketmq-pop); `reset-offsets` refuses while it lives unless forced;
+    forced, the broker's pop state follows the new committed offsets and
+    the same consumer receives everything again."""
+    import json
+    import subprocess
+
+    from rokka_fixture import rokka_bin
+
+    def cli(*args, expect=0):
+        p = subprocess.run(
+            [rokka_bin(), "group", *args, "--brokers", rokka.bootstrap, "--output", "json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == expect, f"rokka group {' '.join(args)}: exit {p.returncode}, {p.stderr}{p.stdout}"
+        return (json.loads(p.stdout) if p.stdout.strip() else {}), p.stderr
+
+    topic, group = name("g5-reset"), name("g5-reset-g")
+    p = clients.producer(topic)
+    bodies = sorted(f"r-{i}".encode() for i in range(12))
+    for b in bodies:
+        p.send(message(topic, b))
+    c = clients.consumer(group, topic)
+    assert sorted(m.body for m in receive_all(c, 12)) == bodies
+    d, _ = cli("describe", group)
+    pops = [m for m in d["members"] if m["protocol"] == "rocketmq-pop"]
+    assert len(pops) == 1 and d["group"][0]["state"] == "Stable", d
+    assert sum(x["lag"] for x in d["offsets"] if x["topic"] == topic) == 0, d
+    _, err = cli("reset-offsets", group, "--topic", topic, "--to-earliest", "--execute", expect=1)
+    assert "member" in err and "--force" in err, err
+    out, _ = cli("reset-offsets", group, "--topic", topic, "--to-earliest", "--execute", "--force")
+    assert {x["new"] for x in out["plan"]} == {0}, out
+    assert [m["protocol"] for m in out["members"]] == ["rocketmq-pop"], out
+    again = receive_all(c, 12)
+    assert sorted(m.body for m in again) == bodies, "the pop group starts over at the reset offsets"
+    assert all(m.delivery_attempt == 1 for m in again)
+    assert metric(rokka, "rokka_rocketmq5_pop_rewinds_total") >= 1

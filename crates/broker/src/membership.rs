@@ -150,6 +150,22 @@ impl Membership {
             .is_some_and(|c| c.values().any(|at| now_ms - *at < POP_CONSUMER_LIVE_MS))
     }
 
+    /// The pop consumers of `group` heard from lately, by client id.
+    pub fn pop_consumers(&self, group: &str, now_ms: i64) -> Vec<String> {
+        let p = self.pop_consumers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ids: Vec<String> = p
+            .get(group)
+            .map(|c| {
+                c.iter()
+                    .filter(|(_, at)| now_ms - **at < POP_CONSUMER_LIVE_MS)
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort();
+        ids
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Groups> {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -38,6 +38,11 @@ pub struct QueuePops {
     pub cursor: u64,
     /// Handed out, not acked, by offset.
     pub in_flight: BTreeMap<u64, InFlight>,
+    /// The group's committed offset as this state last wrote or adopted
+    /// it: a different one in the offset table was set by someone else
+    /// (an offset reset) and moves the cursor there.
+    #[serde(default)]
+    pub committed: Option<u64>,
 }
 
 impl QueuePops {
@@ -127,6 +132,8 @@ struct Saved {
     queue: u32,
     cursor: u64,
     in_flight: Vec<(u64, InFlight)>,
+    #[serde(default)]
+    committed: Option<u64>,
 }
 
 impl Pops {
@@ -178,7 +185,7 @@ impl Pops {
         }
         let st = Arc::new(Mutex::new(QueuePops {
             cursor: init(),
-            in_flight: BTreeMap::new(),
+            ..QueuePops::default()
         }));
         q.insert(key, Arc::clone(&st));
         metrics::gauge!("rokka_rocketmq5_pop_queues").set(q.len() as f64);
@@ -203,6 +210,7 @@ impl Pops {
                         QueuePops {
                             cursor: s.cursor,
                             in_flight: s.in_flight.into_iter().collect(),
+                            committed: s.committed,
                         },
                     )
                 })
@@ -229,6 +237,7 @@ impl Pops {
                 queue,
                 cursor: st.cursor,
                 in_flight: st.in_flight.into_iter().collect(),
+                committed: st.committed,
             })
             .collect();
         crate::json_file::write(path, &saved, false)?;
@@ -385,6 +394,20 @@ impl Pops {
         self.next_delivery.fetch_max(max_delivery + 1, Ordering::Relaxed);
         drop(q);
         self.publish_gauge();
+    }
+
+    /// Starts a queue's state over at `offset` (its committed offset was
+    /// reset elsewhere): what was in flight is forgotten, its handles go
+    /// stale.
+    pub fn rewind(&self, st: &mut QueuePops, offset: u64) {
+        let n = st.in_flight.len() as u64;
+        st.in_flight.clear();
+        st.cursor = offset;
+        st.committed = Some(offset);
+        self.in_flight.fetch_sub(n, Ordering::Relaxed);
+        self.changed();
+        self.publish_gauge();
+        metrics::counter!("rokka_rocketmq5_pop_rewinds_total").increment(1);
     }
 
     /// Drops a group's state of a queue (its offsets were reset).

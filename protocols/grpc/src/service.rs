@@ -327,12 +327,44 @@ impl Messaging {
     }
 
     /// Commits the group's lowest unacked offset when it moved.
-    fn commit_watermark(&self, group: &str, topic: &str, q: u32, st: &QueuePops) {
+    fn commit_watermark(&self, group: &str, topic: &str, q: u32, st: &mut QueuePops) {
         let w = st.low_watermark();
         let offsets = self.broker.store().offsets();
         if offsets.get(group, topic, q).is_none_or(|c| c.offset != w) {
             // Refused past store.max_committed_offsets (counted there).
-            let _ = offsets.commit_bounded(group, topic, q, w, "", -1);
+            if offsets.commit_bounded(group, topic, q, w, "", -1) {
+                st.committed = Some(w);
+            }
+        } else {
+            st.committed = Some(w);
+        }
+    }
+
+    /// A queue's committed offset changed under the pop state (an offset
+    /// reset by the admin CLI, a Kafka admin commit, mqadmin): the group
+    /// continues from there, as Apache RocketMQ 5 resets a pop group's
+    /// progress; deleted offsets start it over where a new group starts.
+    fn follow_reset(&self, group: &str, topic: &str, q: u32, st: &mut QueuePops) {
+        let now = self.broker.store().offsets().get(group, topic, q).map(|c| c.offset);
+        match (now, st.committed) {
+            (Some(c), Some(mine)) if c != mine => {
+                tracing::info!(
+                    group,
+                    topic,
+                    queue = q,
+                    from = mine,
+                    to = c,
+                    "pop group follows an offset reset"
+                );
+                self.pops.rewind(st, c);
+            }
+            (None, Some(_)) => {
+                let start = self.start_offset(group, topic, q);
+                self.pops.rewind(st, start);
+                st.committed = None;
+            }
+            (Some(c), None) => st.committed = Some(c),
+            _ => {}
         }
     }
 
@@ -418,6 +450,7 @@ impl Messaging {
                 continue;
             };
             let mut st = pop::lock(&st);
+            self.follow_reset(group, topic, q, &mut st);
             // A FIFO group's queue gives out one batch at a time, in
             // order: nothing more while some of it is in flight and
             // invisible (Apache's orderly pop).
@@ -494,7 +527,7 @@ impl Messaging {
                     }
                 }
             }
-            self.commit_watermark(group, topic, q, &st);
+            self.commit_watermark(group, topic, q, &mut st);
             out.next_visible_ms = earliest(out.next_visible_ms, st.next_visible_ms());
         }
         out
@@ -787,7 +820,7 @@ impl Messaging {
             });
         }
         for (q, st) in touched {
-            self.commit_watermark(&group, &topic, q, &pop::lock(&st));
+            self.commit_watermark(&group, &topic, q, &mut pop::lock(&st));
         }
         let overall = overall(entries.iter().map(|e| e.status.as_ref()), "no entry to ack");
         pb::AckMessageResponse {
@@ -861,7 +894,7 @@ impl Messaging {
             }
         }
         self.pops.forget(&mut st, r.offset);
-        self.commit_watermark(&group, &topic, r.queue, &st);
+        self.commit_watermark(&group, &topic, r.queue, &mut st);
         ok()
     }
 

@@ -807,13 +807,7 @@ pub fn group_describe(c: &mut Client, group: &str) -> Result<Report> {
         for p in &parts {
             owner.insert(p.clone(), m.client_id.to_string());
         }
-        // RocketMQ clients are members under their client id; Kafka
-        // members' ids are the client id and a suffix the coordinator gave.
-        let protocol = if m.member_id == m.client_id {
-            "rocketmq"
-        } else {
-            "kafka"
-        };
+        let protocol = member_protocol(d, m);
         members.rows.push(vec![
             json!(m.member_id.to_string()),
             json!(m.client_id.to_string()),
@@ -1018,8 +1012,25 @@ fn group_reset(
         .described
         .members
         .iter()
-        .filter(|m| m.member_id == m.client_id)
+        .filter(|m| member_protocol(&v.described, m) == "rocketmq")
         .collect();
+    if force.is_some() {
+        // Pop consumers keep no position of their own: the broker's pop
+        // state follows the committed offsets at their next receive.
+        for m in v
+            .described
+            .members
+            .iter()
+            .filter(|m| member_protocol(&v.described, m) == "rocketmq-pop")
+        {
+            sections[1].rows.push(vec![
+                json!(m.member_id.to_string()),
+                json!(m.client_id.to_string()),
+                json!("rocketmq-pop"),
+                json!("follows the new offsets at its next receive"),
+            ]);
+        }
+    }
     if let (Some(r), false) = (force.as_mut(), rocketmq_members.is_empty()) {
         for m in &rocketmq_members {
             sections[1].rows.push(vec![
@@ -1070,6 +1081,20 @@ fn group_reset(
         sections,
         message: Some(message),
     })
+}
+
+/// Which protocol a described member speaks: RocketMQ clients are members
+/// under their client id (RocketMQ 5 pop consumers in a group described
+/// as `rocketmq-pop`, as they never share one with queue owners); Kafka
+/// members' ids are the client id and a suffix the coordinator gave.
+fn member_protocol(d: &DescribedGroup, m: &DescribedGroupMember) -> &'static str {
+    if m.member_id != m.client_id {
+        "kafka"
+    } else if d.protocol_data.as_str() == "rocketmq-pop" {
+        "rocketmq-pop"
+    } else {
+        "rocketmq"
+    }
 }
 
 /// LeaveGroup (v4, KIP-345/KIP-571) for the Kafka members among `members`

@@ -300,6 +300,7 @@ pub fn describe(k: &Kafka, r: DescribeGroupsRequest, version: i16) -> DescribeGr
 /// topics as subscription, their averaging share as assignment); a group with
 /// only RocketMQ members shows as Stable with protocol `rocketmq-averagely`.
 fn describe_rocketmq_members(k: &Kafka, name: &str, d: &mut DescribedGroup) {
+    describe_pop_consumers(k, name, d);
     let m = k.broker.membership().get(name);
     if m.rocketmq.is_empty() {
         return;
@@ -320,6 +321,30 @@ fn describe_rocketmq_members(k: &Kafka, name: &str, d: &mut DescribedGroup) {
                 .with_client_host(str_bytes(id.split('@').next().unwrap_or_default()))
                 .with_member_metadata(crate::mixed::encode_subscription(&m.rocketmq_topics))
                 .with_member_assignment(crate::mixed::share(k, &m.rocketmq_topics, &ids, id)),
+        );
+    }
+}
+
+/// A group's RocketMQ 5 pop consumers (gRPC) as members: client id as
+/// member id, no assignment (a pop takes from any queue); a group with only
+/// them shows as Stable with protocol `rocketmq-pop` (they never share a
+/// group with queue owners).
+fn describe_pop_consumers(k: &Kafka, name: &str, d: &mut DescribedGroup) {
+    let ids = k.broker.membership().pop_consumers(name, rokka_store::now_ms());
+    if ids.is_empty() {
+        return;
+    }
+    if d.members.is_empty() {
+        d.group_state = str_bytes("Stable");
+        d.protocol_type = str_bytes("consumer");
+        d.protocol_data = str_bytes("rocketmq-pop");
+    }
+    for id in ids {
+        d.members.push(
+            DescribedGroupMember::default()
+                .with_member_id(str_bytes(&id))
+                .with_client_id(str_bytes(&id))
+                .with_client_host(str_bytes(id.split('@').next().unwrap_or_default())),
         );
     }
 }
