@@ -363,3 +363,7 @@ def test_dlq_list_show_and_resend(rokka):
     assert out["message"] == "2 dead letter(s): 0 resent, 2 failed"
     # Nothing dead-lettered: an empty answer, not an error.
     assert "no dead letters" in rmq_cli(rokka, "dlq", "list", "cli-nobody")[0]["message"]
+    # The retries went through the delay levels; their delivery progress
+    # is the broker's own, not a group to list.
+    listed = {g["group"] for g in cli(rokka, "group", "list")[0]["groups"]}
+    assert group in listed and "%SCHEDULE%" not in listed, listed

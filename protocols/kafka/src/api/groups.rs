@@ -202,6 +202,10 @@ fn all_groups(k: &Kafka) -> Vec<(String, String, String, &'static str)> {
         v
     });
     for g in k.broker.store().offsets().groups() {
+        // The delay levels' delivery progress is the broker's, not a group.
+        if g == rokka_broker::schedule::PROGRESS_GROUP {
+            continue;
+        }
         if !out.iter().any(|(n, _, _, _)| *n == g) {
             out.push((g, "Empty".into(), "consumer".into(), "classic"));
         }
