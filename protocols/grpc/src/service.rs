@@ -58,6 +58,9 @@ fn ok() -> pb::Status {
 }
 
 fn status(code: pb::Code, message: impl Into<String>) -> pb::Status {
+    if code != pb::Code::Ok {
+        metrics::counter!("rokka_rocketmq5_errors_total", "code" => code.as_str_name()).increment(1);
+    }
     pb::Status {
         code: code as i32,
         message: message.into(),

@@ -290,7 +290,10 @@ pub async fn handle(
     };
     metrics::histogram!("rokka_kafka_request_seconds", "api" => name).record(started.elapsed().as_secs_f64());
     match resp {
-        Some(api::Response::Kind(r)) => encode_response(key, version, correlation_id, &r).map(|b| Some(vec![b])),
+        Some(api::Response::Kind(r)) => {
+            crate::errors::count(name, &r);
+            encode_response(key, version, correlation_id, &r).map(|b| Some(vec![b]))
+        }
         Some(api::Response::Fetch(f)) => Ok(Some(api::encode_fetch(&f, version, correlation_id))),
         None => Ok(None),
     }

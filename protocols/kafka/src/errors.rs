@@ -39,6 +39,74 @@ pub const INVALID_RECORD: i16 = 87;
 pub const UNKNOWN_TOPIC_ID: i16 = 100;
 pub const UNKNOWN_SERVER_ERROR: i16 = -1;
 
+/// An error code as a metric label without allocating: the number as
+/// text for Kafka's codes (-1..=160), `other` beyond.
+pub fn label(code: i16) -> &'static str {
+    static LABELS: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| (-1..=160).map(|c: i16| c.to_string()).collect());
+    usize::try_from(i32::from(code) + 1)
+        .ok()
+        .and_then(|i| LABELS.get(i))
+        .map_or("other", String::as_str)
+}
+
+/// Counts the error codes of a response whose errors are not counted where
+/// they arise (Produce, Fetch and ConsumerGroupHeartbeat count their own):
+/// top-level, per group, per topic and per partition codes of the group,
+/// offset, topic and transaction APIs, under `rokka_kafka_errors_total`.
+pub fn count(api: &'static str, resp: &kafka_protocol::messages::ResponseKind) {
+    use kafka_protocol::messages::ResponseKind as R;
+    let add = |c: i16| {
+        if c != NONE {
+            metrics::counter!("rokka_kafka_errors_total", "api" => api, "code" => label(c)).increment(1);
+        }
+    };
+    let all = |it: &mut dyn Iterator<Item = i16>| it.for_each(add);
+    match resp {
+        R::JoinGroup(r) => add(r.error_code),
+        R::SyncGroup(r) => add(r.error_code),
+        R::Heartbeat(r) => add(r.error_code),
+        R::LeaveGroup(r) => {
+            add(r.error_code);
+            all(&mut r.members.iter().map(|m| m.error_code));
+        }
+        R::OffsetCommit(r) => all(&mut r.topics.iter().flat_map(|t| t.partitions.iter().map(|p| p.error_code))),
+        R::TxnOffsetCommit(r) => all(&mut r.topics.iter().flat_map(|t| t.partitions.iter().map(|p| p.error_code))),
+        R::OffsetFetch(r) => {
+            add(r.error_code);
+            all(&mut r.topics.iter().flat_map(|t| t.partitions.iter().map(|p| p.error_code)));
+            for g in &r.groups {
+                add(g.error_code);
+                all(&mut g.topics.iter().flat_map(|t| t.partitions.iter().map(|p| p.error_code)));
+            }
+        }
+        R::FindCoordinator(r) => {
+            add(r.error_code);
+            all(&mut r.coordinators.iter().map(|c| c.error_code));
+        }
+        R::DescribeGroups(r) => all(&mut r.groups.iter().map(|g| g.error_code)),
+        R::DeleteGroups(r) => all(&mut r.results.iter().map(|g| g.error_code)),
+        R::ListOffsets(r) => all(&mut r.topics.iter().flat_map(|t| t.partitions.iter().map(|p| p.error_code))),
+        R::Metadata(r) => all(&mut r.topics.iter().map(|t| t.error_code)),
+        R::CreateTopics(r) => all(&mut r.topics.iter().map(|t| t.error_code)),
+        R::DeleteTopics(r) => all(&mut r.responses.iter().map(|t| t.error_code)),
+        R::CreatePartitions(r) => all(&mut r.results.iter().map(|t| t.error_code)),
+        R::InitProducerId(r) => add(r.error_code),
+        R::AddPartitionsToTxn(r) => {
+            add(r.error_code);
+            all(&mut r
+                .results_by_topic_v3_and_below
+                .iter()
+                .flat_map(|t| t.results_by_partition.iter().map(|p| p.partition_error_code)));
+        }
+        R::AddOffsetsToTxn(r) => add(r.error_code),
+        R::EndTxn(r) => add(r.error_code),
+        R::SaslHandshake(r) => add(r.error_code),
+        R::SaslAuthenticate(r) => add(r.error_code),
+        _ => {}
+    }
+}
+
 /// The Kafka error code for a broker error.
 pub fn code(e: &BrokerError) -> i16 {
     match e {

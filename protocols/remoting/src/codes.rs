@@ -74,6 +74,19 @@ pub mod response {
 /// The metric label for a request code: the number for codes Rokka knows,
 /// `other` for the rest (a client may send any i32; each would otherwise
 /// make a new time series).
+/// A response code as a metric label: RocketMQ's ResponseCode values
+/// 0..=30 and 200..=215 (the permission and filter ones) as text, `other` beyond.
+pub fn response_label(code: i32) -> &'static str {
+    static LABELS: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| (0..=30).chain(200..=215).map(|c: i32| c.to_string()).collect());
+    let i = match code {
+        0..=30 => code as usize,
+        200..=215 => (code - 200 + 31) as usize,
+        _ => return "other",
+    };
+    LABELS.get(i).map_or("other", String::as_str)
+}
+
 pub fn label(code: i32) -> &'static str {
     match code {
         10 => "10",

@@ -310,7 +310,7 @@ fn alter_result(
     match stored {
         Ok(()) => (errors::NONE, None),
         Err((code, msg)) => {
-            metrics::counter!("rokka_kafka_errors_total", "api" => "AlterConfigs", "code" => code.to_string())
+            metrics::counter!("rokka_kafka_errors_total", "api" => "AlterConfigs", "code" => crate::errors::label(code))
                 .increment(1);
             (code, Some(msg))
         }

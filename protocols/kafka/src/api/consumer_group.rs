@@ -128,7 +128,7 @@ pub fn heartbeat(
         k.broker.membership().remove_consumer_protocol_group(&group);
     }
     if resp.error != errors::NONE {
-        metrics::counter!("rokka_kafka_errors_total", "api" => "ConsumerGroupHeartbeat", "code" => resp.error.to_string())
+        metrics::counter!("rokka_kafka_errors_total", "api" => "ConsumerGroupHeartbeat", "code" => crate::errors::label(resp.error))
             .increment(1);
     }
     let assignment = resp.assignment.as_ref().map(|tps| {

@@ -32,7 +32,8 @@ pub async fn handle(k: &Kafka, mut r: FetchRequest, version: i16, who: Option<&c
     let mode = match k.fetch_sessions.begin(&mut r, version) {
         Ok(m) => m,
         Err(code) => {
-            metrics::counter!("rokka_kafka_errors_total", "api" => "Fetch", "code" => code.to_string()).increment(1);
+            metrics::counter!("rokka_kafka_errors_total", "api" => "Fetch", "code" => crate::errors::label(code))
+                .increment(1);
             return FetchReply {
                 resp: FetchResponse::default().with_error_code(code).with_session_id(0),
                 records: Vec::new(),

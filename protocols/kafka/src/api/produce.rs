@@ -222,7 +222,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                     }
                 }
                 Err(code) => {
-                    metrics::counter!("rokka_kafka_errors_total", "api" => "Produce", "code" => code.to_string())
+                    metrics::counter!("rokka_kafka_errors_total", "api" => "Produce", "code" => crate::errors::label(code))
                         .increment(1);
                     resp.error_code = code;
                 }

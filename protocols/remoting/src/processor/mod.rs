@@ -295,6 +295,14 @@ impl RocketMq {
         };
         metrics::histogram!("rokka_rocketmq_request_seconds", "code" => crate::codes::label(code))
             .record(started.elapsed().as_secs_f64());
+        if resp.code != rs::SUCCESS {
+            metrics::counter!(
+                "rokka_rocketmq_errors_total",
+                "code" => crate::codes::label(code),
+                "response" => crate::codes::response_label(resp.code)
+            )
+            .increment(1);
+        }
         (!oneway).then_some(resp)
     }
 
