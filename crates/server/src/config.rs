@@ -96,9 +96,18 @@ pub struct ConsoleConfig {
     /// Serve the console. Off unless set; `rokka` run with no config file
     /// (the embedded defaults) serves it on `listen` (loopback).
     pub enabled: bool,
-    /// Its address. It has no login of its own: beyond loopback it needs
+    /// Its address. Without `login`, beyond loopback it needs
     /// `security.allow_unauthenticated_non_loopback`, as every open listener.
     pub listen: SocketAddr,
+    /// Each visitor logs in with a user of the shared user table (SCRAM or
+    /// PLAIN, as Kafka clients do) and the console acts as that user, so
+    /// the ACLs decide what each one sees and may resend. Needs
+    /// `kafka.sasl_listen` (the console logs in there for them).
+    pub login: bool,
+    /// A logged-in session ends after this long without a page.
+    pub session_timeout_ms: u64,
+    /// Sessions held at once; a login beyond it is refused until one ends.
+    pub max_sessions: u32,
     /// With `password`: the console's admin calls log into the Kafka SASL
     /// listener (PLAIN) and sign RocketMQ requests as this user, so the ACLs
     /// decide what it may show and resend ("" = anonymous, plaintext).
@@ -111,6 +120,9 @@ impl Default for ConsoleConfig {
         ConsoleConfig {
             enabled: false,
             listen: SocketAddr::from(([127, 0, 0, 1], 9180)),
+            login: false,
+            session_timeout_ms: 30 * 60 * 1000,
+            max_sessions: 1000,
             user: String::new(),
             password: String::new(),
         }
@@ -200,7 +212,12 @@ impl Config {
             "rocketmq.namesrv_listen",
             self.rocketmq.namesrv_listen,
         );
-        check(self.console.enabled, "console.listen", self.console.listen);
+        // With its own login the console's users authenticate.
+        check(
+            self.console.enabled && !self.console.login,
+            "console.listen",
+            self.console.listen,
+        );
         // A metrics endpoint whose scrapers present certificates is not open.
         check(
             self.metrics.enabled && self.metrics.tls_client_ca.is_empty(),
@@ -304,6 +321,16 @@ mod tests {
             ["metrics.listen"]
         );
         assert!(metrics("tls_certificate = \"s.pem\"\ntls_key = \"s.key\"\ntls_client_ca = \"ca.pem\"")?.is_empty());
+        // The console: open unless its visitors log in.
+        let console = |extra: &str| -> Result<Vec<&'static str>, ConfigError> {
+            let c = Config::parse(
+                &format!("[console]\nenabled = true\nlisten = \"0.0.0.0:9180\"\n{extra}"),
+                "t.toml",
+            )?;
+            Ok(c.non_loopback_listeners().iter().map(|(k, _)| *k).collect())
+        };
+        assert_eq!(console("")?, ["console.listen"]);
+        assert!(console("login = true")?.is_empty());
         Ok(())
     }
 

@@ -42,18 +42,116 @@ pub struct Console {
     samples: Mutex<HashMap<String, (Instant, i64)>>,
     /// Forms carry it: a page elsewhere cannot post to the console.
     token: String,
+    /// `console.login`: who is logged in.
+    login: Option<Login>,
+}
+
+/// A page being served: the console, and whom its admin calls log in as
+/// (the visitor's session with `console.login`, else `console.user`).
+pub struct Ctx {
+    console: Arc<Console>,
+    credentials: Option<admin::Credentials>,
+}
+
+impl std::ops::Deref for Ctx {
+    type Target = Console;
+    fn deref(&self) -> &Console {
+        &self.console
+    }
+}
+
+/// `console.login`: sessions by the random token their cookie carries.
+pub struct Login {
+    sessions: Mutex<HashMap<String, Session>>,
+    timeout: Duration,
+    max: usize,
+}
+
+struct Session {
+    credentials: admin::Credentials,
+    last_seen: Instant,
+}
+
+const COOKIE: &str = "rokka_session";
+
+impl Login {
+    pub fn new(cfg: &crate::config::ConsoleConfig) -> Login {
+        Login {
+            sessions: Mutex::new(HashMap::new()),
+            timeout: Duration::from_millis(cfg.session_timeout_ms),
+            max: cfg.max_sessions as usize,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Session>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session's credentials, its idle time restarted; None when it
+    /// is unknown or ran out.
+    fn visit(&self, token: &str) -> Option<admin::Credentials> {
+        let mut s = self.lock();
+        let live = s.get(token).is_some_and(|x| x.last_seen.elapsed() < self.timeout);
+        if !live {
+            if s.remove(token).is_some() {
+                metrics::gauge!("rokka_console_sessions").set(s.len() as f64);
+            }
+            return None;
+        }
+        let x = s.get_mut(token)?;
+        x.last_seen = Instant::now();
+        Some(x.credentials.clone())
+    }
+
+    /// A new session's token; None when `max_sessions` live ones are held.
+    fn open(&self, credentials: admin::Credentials) -> Option<String> {
+        let mut s = self.lock();
+        if s.len() >= self.max {
+            let timeout = self.timeout;
+            s.retain(|_, x| x.last_seen.elapsed() < timeout);
+            if s.len() >= self.max {
+                return None;
+            }
+        }
+        let token = random_hex(32);
+        s.insert(
+            token.clone(),
+            Session {
+                credentials,
+                last_seen: Instant::now(),
+            },
+        );
+        metrics::gauge!("rokka_console_sessions").set(s.len() as f64);
+        Some(token)
+    }
+
+    fn close(&self, token: &str) {
+        let mut s = self.lock();
+        s.remove(token);
+        metrics::gauge!("rokka_console_sessions").set(s.len() as f64);
+    }
+}
+
+fn random_hex(n: usize) -> String {
+    let mut raw = vec![0u8; n];
+    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw);
+    raw.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Console {
-    pub fn new(kafka: String, namesrv: String, credentials: Option<admin::Credentials>) -> Console {
-        let mut raw = [0u8; 16];
-        let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw);
+    pub fn new(
+        kafka: String,
+        namesrv: String,
+        credentials: Option<admin::Credentials>,
+        login: Option<Login>,
+    ) -> Console {
         Console {
             kafka,
             namesrv,
             credentials,
             samples: Mutex::new(HashMap::new()),
-            token: raw.iter().map(|b| format!("{b:02x}")).collect(),
+            token: random_hex(16),
+            login,
         }
     }
 }
@@ -246,6 +344,15 @@ async fn answer(req: Request<Incoming>, c: Arc<Console>) -> Result<Response<Full
         }
         (Some(_), None) => false,
     };
+    let cookie = req
+        .headers()
+        .get_all(hyper::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.to_string());
     let posted = if method == Method::POST {
         match Limited::new(req.into_body(), MAX_FORM_BYTES).collect().await {
             Ok(b) => Some(form(&String::from_utf8_lossy(&b.to_bytes()))),
@@ -253,6 +360,59 @@ async fn answer(req: Request<Incoming>, c: Arc<Console>) -> Result<Response<Full
         }
     } else {
         None
+    };
+    let mut set_cookie = None;
+    let credentials = match &c.login {
+        None => c.credentials.clone(),
+        Some(login) => {
+            let session = cookie.as_deref().and_then(|t| login.visit(t));
+            match (session, &method, path.as_str()) {
+                (Some(creds), _, _) if path != "/login" => Some(creds),
+                (_, &Method::POST, "/login") => {
+                    let f = posted.unwrap_or_default();
+                    if !same_origin || param(&f, "token") != Some(c.token.as_str()) {
+                        return Ok(html_response(
+                            StatusCode::FORBIDDEN,
+                            page("Log in", "<p class=\"error\">refused: not a form of this console</p>"),
+                            None,
+                        ));
+                    }
+                    let creds = admin::Credentials {
+                        user: param(&f, "user").unwrap_or_default().to_string(),
+                        password: f
+                            .iter()
+                            .find(|(k, _)| k == "password")
+                            .map(|(_, v)| v.clone())
+                            .unwrap_or_default(),
+                    };
+                    return Ok(log_in(c, creds).await);
+                }
+                (_, &Method::GET, "/login") => {
+                    return Ok(html_response(StatusCode::OK, login_page(&c, None), None));
+                }
+                _ => return Ok(redirect("/login", None)),
+            }
+        }
+    };
+    if let (Some(login), &Method::POST, "/logout") = (&c.login, &method, path.as_str()) {
+        if !same_origin || posted.as_deref().and_then(|f| param(f, "token")) != Some(c.token.as_str()) {
+            return Ok(html_response(
+                StatusCode::FORBIDDEN,
+                page("Log out", "<p class=\"error\">refused: not a form of this console</p>"),
+                None,
+            ));
+        }
+        if let Some(t) = cookie.as_deref() {
+            login.close(t);
+        }
+        set_cookie = Some(format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"));
+        return Ok(redirect("/login", set_cookie));
+    }
+    let who = c.login.as_ref().and(credentials.as_ref()).map(|cr| cr.user.clone());
+    let token = c.token.clone();
+    let c = Ctx {
+        console: c,
+        credentials,
     };
     let (status, html) = match (&method, path.as_str(), posted) {
         (&Method::GET, "/", _) => (StatusCode::OK, render(c, overview).await),
@@ -296,18 +456,111 @@ async fn answer(req: Request<Incoming>, c: Arc<Console>) -> Result<Response<Full
             page("Not allowed", "<p>GET, and POST for forms.</p>"),
         ),
     };
+    let html = match who {
+        // Who is logged in, and the way out, on every page.
+        Some(user) => html.replacen(
+            "</nav>",
+            &format!(
+                "<form method=\"post\" action=\"/logout\" class=\"inline\" style=\"display:inline;float:right\">\
+                 <span id=\"user\">{}</span> <input type=\"hidden\" name=\"token\" value=\"{}\">\
+                 <button type=\"submit\" id=\"logout\">Log out</button></form></nav>",
+                esc(&user),
+                token
+            ),
+            1,
+        ),
+        None => html,
+    };
+    Ok(html_response(status, html, set_cookie))
+}
+
+fn html_response(status: StatusCode, html: String, set_cookie: Option<String>) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(html)));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(
+    let h = resp.headers_mut();
+    h.insert(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("text/html; charset=utf-8"),
     );
     // Not framed by other sites.
-    resp.headers_mut().insert(
+    h.insert(
         hyper::header::HeaderName::from_static("x-frame-options"),
         hyper::header::HeaderValue::from_static("DENY"),
     );
-    Ok(resp)
+    if let Some(v) = set_cookie.and_then(|v| hyper::header::HeaderValue::from_str(&v).ok()) {
+        h.insert(hyper::header::SET_COOKIE, v);
+    }
+    resp
+}
+
+fn redirect(to: &'static str, set_cookie: Option<String>) -> Response<Full<Bytes>> {
+    let mut r = html_response(StatusCode::SEE_OTHER, String::new(), set_cookie);
+    r.headers_mut()
+        .insert(hyper::header::LOCATION, hyper::header::HeaderValue::from_static(to));
+    r
+}
+
+fn login_page(c: &Console, failed: Option<&str>) -> String {
+    let error = failed
+        .map(|why| format!("<p class=\"error\" id=\"error\">{}</p>", esc(why)))
+        .unwrap_or_default();
+    page(
+        "Log in",
+        &format!(
+            "{error}<form method=\"post\" action=\"/login\">\
+             <p><label>User <input name=\"user\" id=\"user\" autocomplete=\"username\"></label></p>\
+             <p><label>Password <input name=\"password\" id=\"password\" type=\"password\" \
+             autocomplete=\"current-password\"></label></p>\
+             <input type=\"hidden\" name=\"token\" value=\"{}\">\
+             <p><button type=\"submit\" id=\"login\">Log in</button></p></form>",
+            c.token
+        ),
+    )
+}
+
+/// Checks the credentials the way a Kafka client would be checked (a SASL
+/// login to this node's listener) and opens a session for them.
+async fn log_in(c: Arc<Console>, creds: admin::Credentials) -> Response<Full<Bytes>> {
+    let check = Arc::clone(&c);
+    let tried = creds.clone();
+    let ok = tokio::task::spawn_blocking(move || {
+        admin::KafkaClient::new(&check.kafka, Some(tried))
+            .metadata(Some(&[]))
+            .is_ok()
+    })
+    .await
+    .unwrap_or(false);
+    let Some(login) = c.login.as_ref() else {
+        return redirect("/", None);
+    };
+    if !ok || creds.user.is_empty() {
+        metrics::counter!("rokka_console_logins_total", "result" => "failed").increment(1);
+        tracing::info!(user = creds.user, "console: login failed");
+        return html_response(
+            StatusCode::UNAUTHORIZED,
+            login_page(&c, Some("login failed: unknown user or wrong password")),
+            None,
+        );
+    }
+    let user = creds.user.clone();
+    match login.open(creds) {
+        Some(token) => {
+            metrics::counter!("rokka_console_logins_total", "result" => "ok").increment(1);
+            tracing::info!(user, "console: logged in");
+            redirect(
+                "/",
+                Some(format!("{COOKIE}={token}; HttpOnly; SameSite=Strict; Path=/")),
+            )
+        }
+        None => {
+            metrics::counter!("rokka_console_logins_total", "result" => "full").increment(1);
+            html_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                login_page(&c, Some("too many sessions (console.max_sessions): try again later")),
+                None,
+            )
+        }
+    }
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
@@ -317,9 +570,9 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
 }
 
 /// Runs a page's blocking admin calls off the async workers.
-async fn render<F>(c: Arc<Console>, f: F) -> String
+async fn render<F>(c: Ctx, f: F) -> String
 where
-    F: FnOnce(&Console) -> String + Send + 'static,
+    F: FnOnce(&Ctx) -> String + Send + 'static,
 {
     let started = Instant::now();
     let out = tokio::task::spawn_blocking(move || f(&c)).await;
@@ -336,7 +589,7 @@ where
     }
 }
 
-fn overview(c: &Console) -> String {
+fn overview(c: &Ctx) -> String {
     let mut k = admin::KafkaClient::new(&c.kafka, c.credentials.clone());
     let mut body = String::new();
     match admin::cluster_report(&mut k) {
@@ -354,7 +607,7 @@ fn overview(c: &Console) -> String {
     page("Overview", &body)
 }
 
-fn topic_page(c: &Console, topic: &str) -> String {
+fn topic_page(c: &Ctx, topic: &str) -> String {
     let mut k = admin::KafkaClient::new(&c.kafka, c.credentials.clone());
     let mut body = format!(
         "<p><a href=\"/messages?topic={t}&queue=0&offset=0\">Browse messages</a></p>",
@@ -371,7 +624,7 @@ fn topic_page(c: &Console, topic: &str) -> String {
     page(&format!("Topic {topic}"), &body)
 }
 
-fn group_page(c: &Console, group: &str) -> String {
+fn group_page(c: &Ctx, group: &str) -> String {
     let mut k = admin::KafkaClient::new(&c.kafka, c.credentials.clone());
     let mut body = format!("<p><a href=\"/dlq?group={}\">Dead letters</a></p>", enc(group));
     match admin::group_describe(&mut k, group) {
@@ -381,7 +634,7 @@ fn group_page(c: &Console, group: &str) -> String {
     page(&format!("Group {group}"), &body)
 }
 
-fn messages_page(c: &Console, q: &[(String, String)]) -> String {
+fn messages_page(c: &Ctx, q: &[(String, String)]) -> String {
     let v = |k: &str| esc(param(q, k).unwrap_or(""));
     let mut body = format!(
         "<form method=\"get\" action=\"/messages\" class=\"inline\">\
@@ -424,7 +677,7 @@ fn messages_page(c: &Console, q: &[(String, String)]) -> String {
     page("Messages", &body)
 }
 
-fn dlq_page(c: &Console, group: &str) -> String {
+fn dlq_page(c: &Ctx, group: &str) -> String {
     let mut r = admin::RemotingClient::new(&c.namesrv, c.credentials.clone());
     let mut body = String::new();
     match admin::dlq_list(&mut r, group, 500) {
@@ -454,7 +707,7 @@ fn dlq_page(c: &Console, group: &str) -> String {
     page(&format!("Dead letters of {group}"), &body)
 }
 
-fn resend_page(c: &Console, f: &[(String, String)]) -> String {
+fn resend_page(c: &Ctx, f: &[(String, String)]) -> String {
     let Some(group) = param(f, "group") else {
         return page("Resend", "<p class=\"error\">no group</p>");
     };

@@ -718,7 +718,7 @@ async fn serve(
         listeners.extend(tasks);
     }
     if cfg.console.enabled {
-        let sasl = !cfg.console.user.is_empty();
+        let sasl = !cfg.console.user.is_empty() || cfg.console.login;
         let kafka = bound
             .get(if sasl { "kafka_sasl" } else { "kafka" })
             .map(|a| a.to_string());
@@ -728,7 +728,7 @@ async fn serve(
         };
         let Some(kafka) = kafka else {
             return Err(if sasl {
-                "console.user needs kafka.sasl_listen (the console logs in there)".into()
+                "console.user and console.login need kafka.sasl_listen (the console logs in there)".into()
             } else {
                 "the console needs the Kafka listener (kafka.enabled)".into()
             });
@@ -738,14 +738,15 @@ async fn serve(
             .map_err(|e| format!("console on {}: {e}", cfg.console.listen))?;
         let addr = l.local_addr()?;
         bound.insert("console", addr);
-        let credentials = sasl.then(|| admin::Credentials {
+        let credentials = (!cfg.console.user.is_empty()).then(|| admin::Credentials {
             user: cfg.console.user.clone(),
             password: cfg.console.password.clone(),
         });
-        tracing::info!(listen = %addr, "web console at http://{addr}/");
+        let login = cfg.console.login.then(|| console::Login::new(&cfg.console));
+        tracing::info!(listen = %addr, login = cfg.console.login, "web console at http://{addr}/");
         listeners.push(tokio::spawn(console::serve(
             l,
-            Arc::new(console::Console::new(kafka, namesrv, credentials)),
+            Arc::new(console::Console::new(kafka, namesrv, credentials, login)),
             stop_rx.clone(),
         )));
     }
