@@ -521,3 +521,23 @@ def test_a_pop_group_shows_its_consumers_and_follows_a_forced_reset(rokka, clien
     assert sorted(m.body for m in again) == bodies, "the pop group starts over at the reset offsets"
     assert all(m.delivery_attempt == 1 for m in again)
     assert metric(rokka, "rokka_rocketmq5_pop_rewinds_total") >= 1
+
+
+def test_ready_and_invisible_messages_per_group(rokka, clients):
+    """RIP-46's ready and in-flight counts per topic and group, read at
+    scrape time: what is left to receive, and what is out and invisible."""
+    topic, group = name("g5-ready"), name("g5-ready-g")
+    p = clients.producer(topic)
+    for i in range(6):
+        p.send(message(topic, f"ready-{i}".encode()))
+    c = clients.consumer(group, topic)
+    got = []
+    deadline = time.time() + 20
+    while not got and time.time() < deadline:
+        got = c.receive(2, 30)
+    assert 1 <= len(got) <= 2, got
+    assert metric(rokka, "rokka_rocketmq5_messages_invisible", topic=topic, group=group) == len(got)
+    assert metric(rokka, "rokka_rocketmq5_messages_ready", topic=topic, group=group) == 6 - len(got)
+    for m in got:
+        c.ack(m)
+    assert metric(rokka, "rokka_rocketmq5_messages_invisible", topic=topic, group=group) == 0

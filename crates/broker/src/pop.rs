@@ -108,7 +108,7 @@ pub enum HandleError {
     Stale,
 }
 
-type Key = (String, String, u32);
+pub type Key = (String, String, u32);
 
 /// Every group's pop state, with budgets on the in-flight entries and on
 /// the (group, topic, queue) states.
@@ -359,6 +359,24 @@ impl Pops {
 
     fn publish_gauge(&self) {
         metrics::gauge!("rokka_rocketmq5_messages_inflight").set(self.in_flight.load(Ordering::Relaxed) as f64);
+    }
+
+    /// Per (group, topic, queue) with a pop state: its cursor, the
+    /// messages in flight whose invisible time is over at `now_ms`, and
+    /// those still invisible (for RIP-46's ready and inflight counts).
+    pub fn progress(&self, now_ms: i64) -> BTreeMap<Key, (u64, u64, u64)> {
+        let queues: Vec<(Key, Arc<Mutex<QueuePops>>)> = lock(&self.queues)
+            .iter()
+            .map(|(k, v)| (k.clone(), Arc::clone(v)))
+            .collect();
+        queues
+            .into_iter()
+            .map(|(k, st)| {
+                let st = lock(&st);
+                let due = st.in_flight.values().filter(|f| f.visible_at_ms <= now_ms).count() as u64;
+                (k, (st.cursor, due, st.in_flight.len() as u64 - due))
+            })
+            .collect()
     }
 
     /// Every queue's state, for persisting.

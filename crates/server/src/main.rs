@@ -664,6 +664,7 @@ async fn serve(
             u32::from(cfg.rocketmq.access_message_in_memory_max_ratio),
         ));
         broker.add_txn_check_sink(Arc::clone(&messaging) as Arc<dyn rokka_broker::transaction::TxnCheckSink>);
+        collectors.add(Arc::clone(&messaging) as Arc<dyn rokka_broker::scrape::Collect>);
         tracing::info!(grpc = %addr, tls = tls.is_some(), "RocketMQ 5 gRPC listener");
         listeners.push(tokio::spawn(rokka_grpc::serve(
             l,

@@ -261,6 +261,49 @@ impl Messaging {
         }
     }
 
+    /// Pops of one group per topic are counted at scrape time (series exist
+    /// while the pop state does).
+    fn ready_families(&self) -> [rokka_broker::scrape::Family; 2] {
+        use rokka_broker::scrape::Family;
+        let store = self.broker.store();
+        let mut ready = Family::gauge(
+            "rokka_rocketmq5_messages_ready",
+            "pop groups: messages ready to be received per topic and group (not handed out yet, or back from an ended invisible time)",
+        );
+        let mut hidden = Family::gauge(
+            "rokka_rocketmq5_messages_invisible",
+            "pop groups: messages handed out, not acked and still invisible, per topic and group",
+        );
+        let progress = self.pops.progress(rokka_store::now_ms());
+        let pairs: std::collections::BTreeSet<(&str, &str)> =
+            progress.keys().map(|(g, t, _)| (g.as_str(), t.as_str())).collect();
+        for (group, topic) in pairs {
+            let partitions = self.broker.topics().get(topic).map_or(0, |t| t.partitions);
+            let (mut r, mut h) = (0u64, 0u64);
+            // Every queue of the topic: those not popped yet from where the
+            // group would start on them.
+            for q in 0..partitions {
+                let end = store.max_offset(topic, q);
+                match progress.get(&(group.to_string(), topic.to_string(), q)) {
+                    Some((cursor, due, invisible)) => {
+                        r += end.saturating_sub(*cursor) + due;
+                        h += invisible;
+                    }
+                    None => r += end.saturating_sub(self.start_offset(group, topic, q)),
+                }
+            }
+            ready.push(
+                vec![("topic", topic.to_string()), ("group", group.to_string())],
+                r as f64,
+            );
+            hidden.push(
+                vec![("topic", topic.to_string()), ("group", group.to_string())],
+                h as f64,
+            );
+        }
+        [ready, hidden]
+    }
+
     /// Writes the pop state if it changed (the listener calls this every
     /// `grpc.pop_state_flush_ms` and at shutdown).
     pub fn persist_pops(&self) {
@@ -1531,5 +1574,13 @@ impl pb::messaging_service_server::MessagingService for Service {
         Ok(Response::new(pb::SyncLiteSubscriptionResponse {
             status: Some(status(pb::Code::NotImplemented, "lite topics are not supported")),
         }))
+    }
+}
+
+/// RIP-46's ready and in-flight messages per topic and group, read at
+/// each scrape.
+impl rokka_broker::scrape::Collect for Messaging {
+    fn collect(&self, out: &mut Vec<rokka_broker::scrape::Family>) {
+        out.extend(self.ready_families());
     }
 }
