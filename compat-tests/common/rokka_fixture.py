@@ -164,6 +164,19 @@ data_dir = "{workdir}/data"
         self.proc = None
         self.log = open(self.log_path, "ab")
 
+    def restart_with_authorization(self):
+        """Stops, turns `security.authorization` on (after the config's
+        `super_users` line, which the suite wrote) and starts again: users
+        are made first with it off, as Kafka's SCRAM users are made before
+        its authorizer has anyone to trust."""
+        self.stop()
+        with open(self.config) as f:
+            text = f.read()
+        assert "super_users = " in text, "the config names the super users"
+        with open(self.config, "w") as f:
+            f.write(text.replace("\nsuper_users = ", "\nauthorization = true\nsuper_users = ", 1))
+        self.start()
+
     # The addresses of the last start (0 before the first).
     @property
     def kafka_port(self):

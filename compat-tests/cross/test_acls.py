@@ -68,12 +68,7 @@ def rokka():
         # her password is her RocketMQ secret and her Kafka SCRAM password.
         h = run_harness(r, "create-carol", "create-user", f"127.0.0.1:{r.broker_port}", "carol", CAROL)
         assert h.lines("created carol"), h.lines()
-        r.stop()
-        with open(r.config) as f:
-            text = f.read()
-        with open(r.config, "w") as f:
-            f.write(text.replace('super_users = ["User:admin"]', 'super_users = ["User:admin"]\nauthorization = true'))
-        r.start()
+        r.restart_with_authorization()
         yield r
     finally:
         tap.close()

@@ -50,12 +50,7 @@ def rokka():
             f.result(15)
         for f in plain.create_topics([NewTopic("LoginPublic", 1), NewTopic("LoginSecret", 1)]).values():
             f.result(15)
-        r.stop()
-        with open(r.config) as f:
-            text = f.read()
-        with open(r.config, "w") as f:
-            f.write(text.replace('super_users = ["User:admin"]', 'super_users = ["User:admin"]\nauthorization = true'))
-        r.start()
+        r.restart_with_authorization()
         admin = AdminClient({
             "bootstrap.servers": f"127.0.0.1:{r.sasl_port}",
             "security.protocol": "sasl_plaintext",

@@ -36,12 +36,7 @@ def rokka():
         # RocketMQ secret and its SCRAM/PLAIN password.
         for user, pw in PASSWORDS.items():
             assert "created " + user in harness(r, "create-user", f"127.0.0.1:{r.broker_port}", user, pw)
-        r.stop()
-        with open(r.config) as f:
-            text = f.read()
-        with open(r.config, "w") as f:
-            f.write(text.replace('super_users = ["User:admin"]', 'super_users = ["User:admin"]\nauthorization = true'))
-        r.start()
+        r.restart_with_authorization()
         admin = kafka_admin(r)
         allow = lambda rt, n, op: ACL("User:grace", "*", op, ACLPermissionType.ALLOW, ResourcePattern(rt, n))  # noqa: E731
         res = admin.create_acls([

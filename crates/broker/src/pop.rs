@@ -361,14 +361,20 @@ impl Pops {
         metrics::gauge!("rokka_rocketmq5_messages_inflight").set(self.in_flight.load(Ordering::Relaxed) as f64);
     }
 
+    /// Every queue's state handle (the map's lock is released before any
+    /// queue's is taken).
+    fn handles(&self) -> Vec<(Key, Arc<Mutex<QueuePops>>)> {
+        lock(&self.queues)
+            .iter()
+            .map(|(k, v)| (k.clone(), Arc::clone(v)))
+            .collect()
+    }
+
     /// Per (group, topic, queue) with a pop state: its cursor, the
     /// messages in flight whose invisible time is over at `now_ms`, and
     /// those still invisible (for RIP-46's ready and inflight counts).
     pub fn progress(&self, now_ms: i64) -> BTreeMap<Key, (u64, u64, u64)> {
-        let queues: Vec<(Key, Arc<Mutex<QueuePops>>)> = lock(&self.queues)
-            .iter()
-            .map(|(k, v)| (k.clone(), Arc::clone(v)))
-            .collect();
+        let queues = self.handles();
         queues
             .into_iter()
             .map(|(k, st)| {
@@ -381,10 +387,7 @@ impl Pops {
 
     /// Every queue's state, for persisting.
     pub fn snapshot(&self) -> Vec<(String, String, u32, QueuePops)> {
-        let queues: Vec<(Key, Arc<Mutex<QueuePops>>)> = lock(&self.queues)
-            .iter()
-            .map(|(k, v)| (k.clone(), Arc::clone(v)))
-            .collect();
+        let queues = self.handles();
         queues
             .into_iter()
             .filter_map(|((g, t, q), st)| {
