@@ -22,11 +22,45 @@ pub const EXT_METADATA: &str = "rokkaMetadata";
 /// Ext field carrying a forwarded Kafka commit's leader epoch.
 pub const EXT_LEADER_EPOCH: &str = "rokkaLeaderEpoch";
 
+/// Connections kept to each other node's broker listener: a call that
+/// waits (a transaction END waiting for its markers to be durable) holds
+/// one, and the others still carry offset commits and reads.
+pub const CONNECTIONS_PER_NODE: usize = 4;
+
+/// Up to [`CONNECTIONS_PER_NODE`] kept connections to one address, opened
+/// as calls overlap: a call takes a free one, else waits for one in turn.
+pub struct Pool {
+    conns: Vec<tokio::sync::Mutex<NsConn>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl Pool {
+    pub fn new(addr: &str, size: usize) -> Pool {
+        Pool {
+            conns: (0..size.max(1))
+                .map(|_| tokio::sync::Mutex::new(NsConn::new(addr)))
+                .collect(),
+            next: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// One request on a free connection (connecting it if needed).
+    pub async fn call(&self, cmd: RemotingCommand, timeout: Duration) -> Result<RemotingCommand, String> {
+        for c in &self.conns {
+            if let Ok(mut conn) = c.try_lock() {
+                return conn.call(cmd, timeout).await;
+            }
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
+        self.conns[i].lock().await.call(cmd, timeout).await
+    }
+}
+
 pub struct RemotingOffsets {
     broker: Arc<Broker>,
-    /// One kept connection per master address (bounded by the cluster's
+    /// Kept connections per master address (bounded by the cluster's
     /// nodes: addresses come from their etcd registrations).
-    conns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<NsConn>>>>,
+    conns: Mutex<HashMap<String, Arc<Pool>>>,
     opaque: AtomicI32,
     timeout: Duration,
 }
@@ -71,11 +105,10 @@ impl RemotingOffsets {
             Arc::clone(
                 conns
                     .entry(addr.clone())
-                    .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(NsConn::new(&addr)))),
+                    .or_insert_with(|| Arc::new(Pool::new(&addr, CONNECTIONS_PER_NODE))),
             )
         };
-        let mut c = conn.lock().await;
-        c.call(cmd, self.timeout).await
+        conn.call(cmd, self.timeout).await
     }
 
     /// A request to another set's master with a fresh opaque.
@@ -297,6 +330,70 @@ pub fn parse_consume_stats(body: &[u8]) -> Result<Vec<(MessageQueue, OffsetWrapp
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A call kept waiting on one connection does not hold up the next call
+    /// to the same address: it goes out on a second connection.
+    #[tokio::test]
+    async fn a_slow_call_does_not_hold_up_the_next() -> Result<(), Box<dyn std::error::Error>> {
+        use bytes::BytesMut;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = l.local_addr()?.to_string();
+        // Answers each request; one with remark "slow" after 3 s.
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = BytesMut::new();
+                    loop {
+                        while let Ok(Some(req)) = crate::codec::decode(&mut buf, crate::DEFAULT_MAX_FRAME) {
+                            if req.ext_fields.get("slow").is_some() {
+                                tokio::time::sleep(Duration::from_secs(3)).await;
+                            }
+                            let mut out = BytesMut::new();
+                            crate::codec::encode(&req.response(0, 0), &mut out);
+                            if s.write_all(&out).await.is_err() {
+                                return;
+                            }
+                        }
+                        match s.read_buf(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) => {}
+                        }
+                    }
+                });
+            }
+        });
+        let pool = Arc::new(Pool::new(&addr, 2));
+        let mut slow = RemotingCommand::request(1, 1);
+        slow.ext_fields.set("slow", "1");
+        let p = Arc::clone(&pool);
+        let waiting = tokio::spawn(async move { p.call(slow, Duration::from_secs(10)).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        let r = pool
+            .call(RemotingCommand::request(1, 2), Duration::from_secs(10))
+            .await?;
+        assert_eq!(r.opaque, 2);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "answered beside the slow call"
+        );
+        assert_eq!(waiting.await??.opaque, 1);
+        // With one connection the second call waits for the first.
+        let single = Arc::new(Pool::new(&addr, 1));
+        let mut slow = RemotingCommand::request(1, 3);
+        slow.ext_fields.set("slow", "1");
+        let p = Arc::clone(&single);
+        let waiting = tokio::spawn(async move { p.call(slow, Duration::from_secs(10)).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
+        single
+            .call(RemotingCommand::request(1, 4), Duration::from_secs(10))
+            .await?;
+        assert!(started.elapsed() >= Duration::from_secs(2));
+        waiting.await??;
+        Ok(())
+    }
 
     #[test]
     fn consume_stats_round_trip_with_object_keys() {
