@@ -842,7 +842,8 @@ async fn offset_reset_tells_the_members_and_holds_off_stale_commits() -> TestRes
     assert_eq!(member.call(commit("0", "0")).await?.code, rs::SUCCESS);
     assert_eq!(member.call(commit("0", "3")).await?.code, rs::SUCCESS);
     assert_eq!(admin.call(committed("0")).await?.ext_fields.get("offset"), Some("3"));
-    // Refusals: an unknown topic, a queue out of range.
+    // Refusals: no target, an unknown topic, a queue out of range.
+    assert_eq!(admin.call(reset(&[("isForce", "true")])).await?.code, rs::SYSTEM_ERROR);
     let mut r = reset(&[("timestamp", "-1"), ("isForce", "true")]);
     r.ext_fields.set("topic", "Nope");
     assert_eq!(admin.call(r).await?.code, rs::TOPIC_NOT_EXIST);

@@ -147,9 +147,18 @@ impl RocketMq {
         };
         let committed_only = ext_bool(req, "rokkaCommitted", "rokkaCommitted");
         let force = ext_bool(req, "isForce", "isForce");
-        let timestamp = ext_i64(req, "timestamp", "timestamp").unwrap_or(-1);
         let one = ext_i64(req, "queueId", "queueId").filter(|q| *q >= 0);
         let exact = ext_i64(req, "offset", "offset").filter(|o| *o >= 0 && one.is_some());
+        let Some(timestamp) = ext_i64(req, "timestamp", "timestamp")
+            .or(exact.map(|_| -1))
+            .or(committed_only.then_some(-1))
+        else {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some("timestamp is required (-1: the end), or queueId with offset".into()),
+            );
+        };
         if one.is_some_and(|q| q >= i64::from(queues)) {
             return self.reply(
                 req,
