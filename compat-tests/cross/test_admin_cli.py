@@ -281,6 +281,47 @@ def test_a_forced_reset_moves_live_members_of_both_protocols(rokka):
     assert not once, f"delivered only once, not again after the reset: {once}; kafka {len(kafka_got)}, rocketmq {len(rmq_got)}"
 
 
+def test_the_rocketmq_admin_client_resets_a_live_group_by_time(rokka):
+    """mqadmin resetOffsetByTime through rocketmq-client-rust's admin
+    (INVOKE_BROKER_TO_RESET_OFFSET to the topic's master): the broker moves
+    the group to the first message stored at or after the time, answers the
+    table the admin prints, and tells the live member, which consumes from
+    there again."""
+    from collections import Counter
+
+    topic, group = "CliAdminReset", "cli-admin-reset"
+    create(rokka, topic)
+    kafka_produce(rokka, topic, [dict(value=f"old-{i}".encode(), partition=i % 4) for i in range(8)], compression=None)
+    time.sleep(0.05)
+    mid = int(time.time() * 1000)
+    time.sleep(0.05)
+    again = [f"new-{i}".encode() for i in range(8)]
+    kafka_produce(rokka, topic, [dict(value=b, partition=i % 4) for i, b in enumerate(again)], compression=None)
+    rmq = RocketMQMember(rokka, "admin-reset-member", topic, group, 45)
+    try:
+        wait_for(
+            lambda: committed(rokka, group, topic, 4) == [4] * 4,
+            lambda: f"the member to consume all 16; committed {committed(rokka, group, topic, 4)}",
+            timeout=35,
+        )
+        lines = harness(rokka, "reset-offset", topic, group, mid, "true")
+        assert sorted(l for l in lines if l.startswith("reset ")) == [f"reset {q} 2" for q in range(4)], lines
+        # The member's commits of its old position do not undo it...
+        time.sleep(1)
+        assert committed(rokka, group, topic, 4) == [2] * 4
+        # ...and it consumes the newer half again.
+        wait_for(
+            lambda: committed(rokka, group, topic, 4) == [4] * 4,
+            lambda: f"the member to consume from the reset; committed {committed(rokka, group, topic, 4)}",
+            timeout=30,
+        )
+    finally:
+        got = rmq.finish(90)
+    counts = Counter(got)
+    assert all(counts[b] >= 2 for b in again), counts
+    assert all(counts[f"old-{i}".encode()] == 1 for i in range(8)), counts
+
+
 def rmq_cli(rokka, *args, expect=0):
     """Runs a RocketMQ-side admin command (`message`, `dlq`) in JSON."""
     p = subprocess.run(

@@ -91,6 +91,45 @@ async fn create_user(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) ->
     }
 }
 
+/// `reset-offset <topic> <group> <timestamp ms> <force>`: mqadmin
+/// resetOffsetByTime through the admin client (INVOKE_BROKER_TO_RESET_OFFSET
+/// to each master of the topic); prints each queue's new offset.
+async fn reset_offset(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    use rocketmq_client_rust::OffsetAdmin;
+    let (Some(topic), Some(group), Some(ts), Some(force)) = (args.first(), args.get(1), args.get(2), args.get(3))
+    else {
+        eprintln!("compat: reset-offset <topic> <group> <timestamp ms> <force>");
+        return Ok(false);
+    };
+    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
+    admin.set_namesrv_addr(namesrv.to_string());
+    admin.start().await?;
+    let r = admin
+        .reset_offset_by_timestamp(
+            None,
+            topic.as_str().into(),
+            group.as_str().into(),
+            ts.parse().unwrap_or(0),
+            force == "true",
+        )
+        .await;
+    admin.shutdown().await;
+    match r {
+        Ok(table) => {
+            let mut rows: Vec<(i32, u64)> = table.iter().map(|(mq, o)| (mq.queue_id(), *o)).collect();
+            rows.sort_unstable();
+            for (q, o) in rows {
+                println!("compat: reset {q} {o}");
+            }
+            Ok(true)
+        }
+        Err(e) => {
+            println!("compat: reset-offset failed: {e}");
+            Ok(false)
+        }
+    }
+}
+
 /// `COMPAT_FAULT` (unset in the suite), see above.
 fn fault() -> Option<String> {
     std::env::var("COMPAT_FAULT").ok().filter(|f| !f.is_empty())
@@ -226,6 +265,7 @@ async fn main() -> ClientResult<()> {
         "cross-consume" => cross_consume(&rt, &namesrv, &args[3..]).await?,
         "cross-member" => cross_member(&rt, &namesrv, &args[3..]).await?,
         "create-user" => create_user(&rt, &namesrv, &args[3..]).await?,
+        "reset-offset" => reset_offset(&rt, &namesrv, &args[3..]).await?,
         "dur-send" => durability::send(&rt, &namesrv, &args[3..]).await?,
         "dur-delayed" => durability::delayed(&rt, &namesrv, &args[3..]).await?,
         "dur-consume" => durability::consume(&rt, &namesrv, &args[3..]).await?,
