@@ -156,8 +156,10 @@ fn main() -> ExitCode {
         None => Config::default(),
     };
     if args.config.is_none() {
-        // The embedded defaults serve the console, on loopback.
+        // The embedded defaults serve the console and the RocketMQ 5 gRPC
+        // listener too, on loopback: every client family works out of the box.
         cfg.console.enabled = true;
+        cfg.grpc.enabled = true;
     }
     if let Some(dir) = args.data_dir {
         cfg.store.data_dir = dir;
