@@ -118,9 +118,9 @@ def remoting(port, code, ext, timeout=5):
 class Cluster:
     """Nodes 1..n of one broker set."""
 
-    def __init__(self, name, n=3, min_isr=2, extra="", metrics_extra="", kafka_extra=""):
+    def __init__(self, name, n=3, min_isr=2, extra="", metrics_extra="", kafka_extra="", grpc=False):
         """`extra`: more `[cluster]` lines, or a function of the node id
-        returning them."""
+        returning them; `grpc`: each node serves RocketMQ 5 clients too."""
         self.dir = results_dir("cluster", name)
         self.etcd = Etcd(self.dir)
         self.nodes = {}
@@ -133,6 +133,7 @@ class Cluster:
                 group_extra="initial_rebalance_delay_ms = 0\nmin_session_timeout_ms = 1000",
                 metrics_extra=metrics_extra,
                 kafka_extra=kafka_extra,
+                grpc_extra="" if grpc else None,
                 cluster_extra=(
                     f'etcd_endpoints = ["{self.etcd.endpoint}"]\nname = "{name}"\nnode_id = {i}\n'
                     f'min_insync_replicas = {min_isr}\nlease_ttl_secs = 2\n'
@@ -192,7 +193,7 @@ class TwoSets(Cluster):
     """Two broker sets of two nodes (1, 2: set-a; 3, 4: set-b) behind one
     etcd, each set taking writes with one in-sync member (min ISR 1)."""
 
-    def __init__(self, name, metrics_extra="", kafka_extra="", sections=""):
+    def __init__(self, name, metrics_extra="", kafka_extra="", sections="", grpc=False):
         """`sections`: whole config tables after the others (`[security]`...)."""
         super().__init__(
             name,
@@ -201,6 +202,7 @@ class TwoSets(Cluster):
             extra=lambda i: f'broker_set = "{SETS[i]}"\n{sections}',
             metrics_extra=metrics_extra,
             kafka_extra=kafka_extra,
+            grpc=grpc,
         )
 
     def sets_known(self, i):

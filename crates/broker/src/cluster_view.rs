@@ -28,6 +28,9 @@ pub struct NodeInfo {
     /// Kafka SASL (without TLS) listener, `host:port`; empty: none.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kafka_sasl: String,
+    /// RocketMQ 5 gRPC listener, `host:port` as advertised; empty: none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub grpc: String,
 }
 
 impl NodeInfo {

@@ -693,6 +693,12 @@ async fn serve(
             kafka: host("kafka"),
             kafka_ssl: host("kafka_ssl"),
             kafka_sasl: host("kafka_sasl"),
+            // RocketMQ 5 clients are routed to each set's master here.
+            grpc: if cfg.grpc.advertised_addr.is_empty() {
+                host("grpc")
+            } else {
+                cfg.grpc.advertised_addr.clone()
+            },
             broker: host("broker"),
             namesrv: host("namesrv"),
             replication: String::new(),

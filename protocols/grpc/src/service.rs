@@ -53,6 +53,49 @@ pub struct Messaging {
     guard: Guard,
 }
 
+/// `host:port` as gRPC endpoints (IPv4, IPv6 or a domain name).
+fn endpoints_of(addr: &str) -> pb::Endpoints {
+    let (host, port) = match addr.rsplit_once(':') {
+        Some((h, p)) => (
+            h.trim_start_matches('[').trim_end_matches(']'),
+            p.parse().unwrap_or(8081),
+        ),
+        None => (addr, 8081),
+    };
+    let scheme = match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => pb::AddressScheme::IPv4,
+        Ok(std::net::IpAddr::V6(_)) => pb::AddressScheme::IPv6,
+        Err(_) => pb::AddressScheme::DomainName,
+    };
+    pb::Endpoints {
+        scheme: scheme as i32,
+        addresses: vec![pb::Address {
+            host: host.to_string(),
+            port,
+        }],
+    }
+}
+
+/// Queues `0..n` of `topic` on the broker `name` at `endpoints`.
+fn push_queues(out: &mut Vec<pb::MessageQueue>, topic: &str, name: &str, endpoints: pb::Endpoints, n: u32) {
+    out.extend((0..n).map(|id| pb::MessageQueue {
+        topic: Some(resource(topic)),
+        id: id as i32,
+        permission: pb::Permission::ReadWrite as i32,
+        broker: Some(pb::Broker {
+            name: name.to_string(),
+            id: 0,
+            endpoints: Some(endpoints.clone()),
+        }),
+        accept_message_types: vec![
+            pb::MessageType::Normal as i32,
+            pb::MessageType::Fifo as i32,
+            pb::MessageType::Delay as i32,
+            pb::MessageType::Transaction as i32,
+        ],
+    }));
+}
+
 fn ok() -> pb::Status {
     status(pb::Code::Ok, "OK")
 }
@@ -313,36 +356,37 @@ impl Messaging {
         }
     }
 
-    fn queues_of(&self, topic: &str, partitions: u32) -> Vec<pb::MessageQueue> {
-        let endpoints = pb::Endpoints {
-            scheme: if self.advertised.is_ipv4() {
-                pb::AddressScheme::IPv4
-            } else {
-                pb::AddressScheme::IPv6
-            } as i32,
-            addresses: vec![pb::Address {
-                host: self.advertised.ip().to_string(),
-                port: i32::from(self.advertised.port()),
-            }],
+    /// A topic's message queues as routes give them: on a single node all
+    /// here; in cluster mode each broker set's queues under the set's name
+    /// with its master's gRPC address (a set with no master, or whose
+    /// master serves no gRPC, is left out until it has one), as Apache's
+    /// proxy routes to each broker's queues.
+    fn queues_of(&self, topic: &str, info: &rokka_broker::topics::TopicInfo) -> Vec<pb::MessageQueue> {
+        let mut out = Vec::new();
+        let Some(view) = self.broker.cluster_view() else {
+            let here = endpoints_of(&self.advertised.to_string());
+            push_queues(&mut out, topic, &self.broker_name, here, info.partitions);
+            return out;
         };
-        (0..partitions)
-            .map(|id| pb::MessageQueue {
-                topic: Some(resource(topic)),
-                id: id as i32,
-                permission: pb::Permission::ReadWrite as i32,
-                broker: Some(pb::Broker {
-                    name: self.broker_name.clone(),
-                    id: 0,
-                    endpoints: Some(endpoints.clone()),
-                }),
-                accept_message_types: vec![
-                    pb::MessageType::Normal as i32,
-                    pb::MessageType::Fifo as i32,
-                    pb::MessageType::Delay as i32,
-                    pb::MessageType::Transaction as i32,
-                ],
-            })
-            .collect()
+        let sets: Vec<(String, u32)> = if info.placement.is_empty() {
+            vec![(view.set.clone(), info.partitions)]
+        } else {
+            let names: std::collections::BTreeSet<&str> = info.placement.iter().map(|r| r.set.as_str()).collect();
+            names.into_iter().map(|s| (s.to_string(), info.queues_on(s))).collect()
+        };
+        for (set, n) in sets {
+            let master = view
+                .set_named(&set)
+                .and_then(|s| s.master)
+                .and_then(|m| view.node(m))
+                .map(|node| node.grpc.as_str())
+                .filter(|a| !a.is_empty());
+            match master {
+                Some(addr) => push_queues(&mut out, topic, &set, endpoints_of(addr), n),
+                None => metrics::counter!("rokka_rocketmq5_route_sets_missing_total").increment(1),
+            }
+        }
+        out
     }
 
     /// Where a group with no pop state and nothing committed starts on a
@@ -1112,7 +1156,7 @@ impl pb::messaging_service_server::MessagingService for Service {
         let resp = match m.broker.topic_or_create(&topic, may_create, None) {
             Ok(Some(info)) => pb::QueryRouteResponse {
                 status: Some(ok()),
-                message_queues: m.queues_of(&topic, info.partitions),
+                message_queues: m.queues_of(&topic, &info),
             },
             Ok(None) => pb::QueryRouteResponse {
                 status: Some(status(pb::Code::TopicNotFound, format!("topic {topic} not found"))),
@@ -1207,17 +1251,21 @@ impl pb::messaging_service_server::MessagingService for Service {
         // broker pops over all of that broker's queues), and the broker
         // hands each message to one member at a time.
         let resp = match m.broker.topics().get(&topic) {
-            Some(_) => pb::QueryAssignmentResponse {
-                status: Some(ok()),
-                assignments: m
-                    .queues_of(&topic, 1)
-                    .into_iter()
-                    .map(|mut q| {
-                        q.id = -1;
-                        pb::Assignment { message_queue: Some(q) }
-                    })
-                    .collect(),
-            },
+            Some(info) => {
+                let mut seen = std::collections::BTreeSet::new();
+                pb::QueryAssignmentResponse {
+                    status: Some(ok()),
+                    assignments: m
+                        .queues_of(&topic, &info)
+                        .into_iter()
+                        .filter(|q| seen.insert(q.broker.as_ref().map(|b| b.name.clone())))
+                        .map(|mut q| {
+                            q.id = -1;
+                            pb::Assignment { message_queue: Some(q) }
+                        })
+                        .collect(),
+                }
+            }
             None => pb::QueryAssignmentResponse {
                 status: Some(status(pb::Code::TopicNotFound, format!("topic {topic} not found"))),
                 assignments: Vec::new(),
