@@ -125,3 +125,33 @@ def test_a_login_posted_from_elsewhere_is_refused(rokka):
     # Without a session cookie, a page is a redirect to the login form.
     with urllib.request.urlopen(url(rokka, "/group?name=x"), timeout=30) as r:
         assert r.url.endswith("/login") and "password" in r.read().decode()
+
+
+def test_an_address_that_keeps_failing_is_held_off(rokka):
+    """After `login_max_failures_per_address` (5) wrong passwords, logins
+    from the address are refused (429) for the window, a right password
+    too. Last in the file: this address stays held off for a minute."""
+    import re
+
+    with urllib.request.urlopen(url(rokka, "/login"), timeout=30) as r:
+        token = re.search(r'name="token" value="([0-9a-f]+)"', r.read().decode()).group(1)
+
+    def attempt(password):
+        data = f"user=alice&password={password}&token={token}".encode()
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url(rokka, "/login"), data=data), timeout=30) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    before = metric(rokka, "rokka_console_logins_total", result="failed")
+    codes = []
+    for _ in range(10):
+        codes.append(attempt("wrong"))
+        if codes[-1] == 429:
+            break
+    assert 401 in codes and codes[-1] == 429, codes
+    assert metric(rokka, "rokka_console_logins_total", result="failed") - before <= 5
+    assert attempt(PASSWORDS["alice"]) == 429, "held off: even the right password"
+    assert metric(rokka, "rokka_console_logins_total", result="held_off") >= 2
+    assert metric(rokka, "rokka_console_login_failing_addresses") >= 1

@@ -108,6 +108,10 @@ pub struct ConsoleConfig {
     pub session_timeout_ms: u64,
     /// Sessions held at once; a login beyond it is refused until one ends.
     pub max_sessions: u32,
+    /// Failed logins from one address within `login_failure_window_ms`
+    /// after which its logins are refused until the window has passed.
+    pub login_max_failures_per_address: u32,
+    pub login_failure_window_ms: u64,
     /// With `password`: the console's admin calls log into the Kafka SASL
     /// listener (PLAIN) and sign RocketMQ requests as this user, so the ACLs
     /// decide what it may show and resend ("" = anonymous, plaintext).
@@ -123,6 +127,8 @@ impl Default for ConsoleConfig {
             login: false,
             session_timeout_ms: 30 * 60 * 1000,
             max_sessions: 1000,
+            login_max_failures_per_address: 5,
+            login_failure_window_ms: 60_000,
             user: String::new(),
             password: String::new(),
         }

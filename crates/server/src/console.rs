@@ -65,6 +65,10 @@ pub struct Login {
     sessions: Mutex<HashMap<String, Session>>,
     timeout: Duration,
     max: usize,
+    /// Whose users a login is checked against (the one user table).
+    broker: Arc<rokka_broker::Broker>,
+    /// Failed logins per address: held off past the budget.
+    failures: rokka_broker::limits::AuthFailures,
 }
 
 struct Session {
@@ -75,11 +79,17 @@ struct Session {
 const COOKIE: &str = "rokka_session";
 
 impl Login {
-    pub fn new(cfg: &crate::config::ConsoleConfig) -> Login {
+    pub fn new(cfg: &crate::config::ConsoleConfig, broker: Arc<rokka_broker::Broker>) -> Login {
         Login {
             sessions: Mutex::new(HashMap::new()),
             timeout: Duration::from_millis(cfg.session_timeout_ms),
             max: cfg.max_sessions as usize,
+            broker,
+            failures: rokka_broker::limits::AuthFailures::new(
+                "rokka_console_login_failing_addresses",
+                cfg.login_max_failures_per_address,
+                Duration::from_millis(cfg.login_failure_window_ms),
+            ),
         }
     }
 
@@ -166,7 +176,7 @@ pub async fn serve(listener: TcpListener, console: Arc<Console>, mut shutdown: w
             },
             _ = shutdown.changed() => return,
         };
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -180,7 +190,7 @@ pub async fn serve(listener: TcpListener, console: Arc<Console>, mut shutdown: w
         let c = Arc::clone(&console);
         tokio::spawn(async move {
             let _permit = permit;
-            let service = hyper::service::service_fn(move |req| answer(req, Arc::clone(&c)));
+            let service = hyper::service::service_fn(move |req| answer(req, Arc::clone(&c), peer.ip()));
             let http = hyper::server::conn::http1::Builder::new();
             let _ = tokio::time::timeout(PAGE_TIMEOUT, http.serve_connection(TokioIo::new(stream), service)).await;
         });
@@ -327,7 +337,11 @@ fn error(e: &admin::AdminError) -> String {
     format!("<p class=\"error\" id=\"error\">{}</p>", esc(&e.to_string()))
 }
 
-async fn answer(req: Request<Incoming>, c: Arc<Console>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    req: Request<Incoming>,
+    c: Arc<Console>,
+    peer: std::net::IpAddr,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = form(req.uri().query().unwrap_or(""));
@@ -385,7 +399,7 @@ async fn answer(req: Request<Incoming>, c: Arc<Console>) -> Result<Response<Full
                             .map(|(_, v)| v.clone())
                             .unwrap_or_default(),
                     };
-                    return Ok(log_in(c, creds).await);
+                    return Ok(log_in(c, creds, peer).await);
                 }
                 (_, &Method::GET, "/login") => {
                     return Ok(html_response(StatusCode::OK, login_page(&c, None), None));
@@ -518,24 +532,34 @@ fn login_page(c: &Console, failed: Option<&str>) -> String {
     )
 }
 
-/// Checks the credentials the way a Kafka client would be checked (a SASL
-/// login to this node's listener) and opens a session for them.
-async fn log_in(c: Arc<Console>, creds: admin::Credentials) -> Response<Full<Bytes>> {
-    let check = Arc::clone(&c);
-    let tried = creds.clone();
-    let ok = tokio::task::spawn_blocking(move || {
-        admin::KafkaClient::new(&check.kafka, Some(tried))
-            .metadata(Some(&[]))
-            .is_ok()
-    })
-    .await
-    .unwrap_or(false);
+/// Checks the credentials against the one user table (as the SASL
+/// listeners check a PLAIN login) and opens a session for them; an address
+/// that failed `login_max_failures_per_address` times is held off for the
+/// rest of `login_failure_window_ms`.
+async fn log_in(c: Arc<Console>, creds: admin::Credentials, peer: std::net::IpAddr) -> Response<Full<Bytes>> {
     let Some(login) = c.login.as_ref() else {
         return redirect("/", None);
     };
-    if !ok || creds.user.is_empty() {
+    if login.failures.blocked(peer) {
+        metrics::counter!("rokka_console_logins_total", "result" => "held_off").increment(1);
+        return html_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            login_page(&c, Some("too many failed logins from this address: try again later")),
+            None,
+        );
+    }
+    let broker = Arc::clone(&login.broker);
+    let tried = creds.clone();
+    // Salted-password checks are CPU work: off the async workers.
+    let ok = tokio::task::spawn_blocking(move || {
+        !tried.user.is_empty() && broker.users().check_password(&tried.user, tried.password.as_bytes())
+    })
+    .await
+    .unwrap_or(false);
+    if !ok {
+        login.failures.failed(peer);
         metrics::counter!("rokka_console_logins_total", "result" => "failed").increment(1);
-        tracing::info!(user = creds.user, "console: login failed");
+        tracing::info!(user = creds.user, %peer, "console: login failed");
         return html_response(
             StatusCode::UNAUTHORIZED,
             login_page(&c, Some("login failed: unknown user or wrong password")),

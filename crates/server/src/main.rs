@@ -751,7 +751,11 @@ async fn serve(
             user: cfg.console.user.clone(),
             password: cfg.console.password.clone(),
         });
-        let login = cfg.console.login.then(|| console::Login::new(&cfg.console));
+        let login = match (cfg.console.login, &broker) {
+            (false, _) => None,
+            (true, Some(b)) => Some(console::Login::new(&cfg.console, Arc::clone(b))),
+            (true, None) => return Err("console.login needs the broker's user table (kafka or rocketmq broker)".into()),
+        };
         tracing::info!(listen = %addr, login = cfg.console.login, "web console at http://{addr}/");
         listeners.push(tokio::spawn(console::serve(
             l,
