@@ -508,16 +508,25 @@ def test_a_pop_group_shows_its_consumers_and_follows_a_forced_reset(rokka, clien
         p.send(message(topic, b))
     c = clients.consumer(group, topic)
     assert sorted(m.body for m in receive_all(c, 12)) == bodies
+    # One more, received and held unacked across the reset.
+    p.send(message(topic, b"r-late"))
+    held = receive_all(c, 1, ack=False)
+    assert [m.body for m in held] == [b"r-late"], held
+    bodies = sorted(bodies + [b"r-late"])
     d, _ = cli("describe", group)
     pops = [m for m in d["members"] if m["protocol"] == "rocketmq-pop"]
     assert len(pops) == 1 and d["group"][0]["state"] == "Stable", d
-    assert sum(x["lag"] for x in d["offsets"] if x["topic"] == topic) == 0, d
+    assert sum(x["lag"] for x in d["offsets"] if x["topic"] == topic) == 1, d
     _, err = cli("reset-offsets", group, "--topic", topic, "--to-earliest", "--execute", expect=1)
     assert "member" in err and "--force" in err, err
     out, _ = cli("reset-offsets", group, "--topic", topic, "--to-earliest", "--execute", "--force")
     assert {x["new"] for x in out["plan"]} == {0}, out
     assert [m["protocol"] for m in out["members"]] == ["rocketmq-pop"], out
-    again = receive_all(c, 12)
+    # The handle from before the reset is stale: its ack must not commit
+    # past the reset.
+    with pytest.raises(Exception):
+        c.ack(held[0])
+    again = receive_all(c, 13)
     assert sorted(m.body for m in again) == bodies, "the pop group starts over at the reset offsets"
     assert all(m.delivery_attempt == 1 for m in again)
     assert metric(rokka, "rokka_rocketmq5_pop_rewinds_total") >= 1

@@ -375,7 +375,6 @@ async fn answer(
     } else {
         None
     };
-    let mut set_cookie = None;
     let credentials = match &c.login {
         None => c.credentials.clone(),
         Some(login) => {
@@ -419,8 +418,8 @@ async fn answer(
         if let Some(t) = cookie.as_deref() {
             login.close(t);
         }
-        set_cookie = Some(format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0"));
-        return Ok(redirect("/login", set_cookie));
+        let expired = format!("{COOKIE}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0");
+        return Ok(redirect("/login", Some(expired)));
     }
     let who = c.login.as_ref().and(credentials.as_ref()).map(|cr| cr.user.clone());
     let token = c.token.clone();
@@ -485,7 +484,7 @@ async fn answer(
         ),
         None => html,
     };
-    Ok(html_response(status, html, set_cookie))
+    Ok(html_response(status, html, None))
 }
 
 fn html_response(status: StatusCode, html: String, set_cookie: Option<String>) -> Response<Full<Bytes>> {

@@ -417,15 +417,17 @@ impl Messaging {
     }
 
     /// Commits the group's lowest unacked offset when it moved.
+    /// The state knows what it last committed (a change by anyone else is
+    /// followed before the state is used: `follow_reset` at the start of a
+    /// receive, an ack, a change of invisible time or a forward to the DLQ),
+    /// so an unmoved watermark costs no offset-table lookup.
     fn commit_watermark(&self, group: &str, topic: &str, q: u32, st: &mut QueuePops) {
         let w = st.low_watermark();
-        let offsets = self.broker.store().offsets();
-        if offsets.get(group, topic, q).is_none_or(|c| c.offset != w) {
-            // Refused past store.max_committed_offsets (counted there).
-            if offsets.commit_bounded(group, topic, q, w, "", -1) {
-                st.committed = Some(w);
-            }
-        } else {
+        if st.committed == Some(w) {
+            return;
+        }
+        // Refused past store.max_committed_offsets (counted there).
+        if self.broker.store().offsets().commit_bounded(group, topic, q, w, "", -1) {
             st.committed = Some(w);
         }
     }
@@ -881,7 +883,14 @@ impl Messaging {
                 Some(r) => match self.pops.existing(&group, &topic, r.queue) {
                     None => Err(HandleError::NotInFlight),
                     Some(st) => {
-                        let res = self.pops.ack(&mut pop::lock(&st), &r);
+                        let mut locked = pop::lock(&st);
+                        // A reset since the handout wins: its handles are
+                        // stale, and the ack must not commit past it.
+                        if !touched.contains_key(&r.queue) {
+                            self.follow_reset(&group, &topic, r.queue, &mut locked);
+                        }
+                        let res = self.pops.ack(&mut locked, &r);
+                        drop(locked);
                         touched.insert(r.queue, st);
                         res
                     }
@@ -939,9 +948,10 @@ impl Messaging {
                 "nothing of this group is in flight there",
             );
         };
-        let res = self
-            .pops
-            .change_invisible(&mut pop::lock(&st), &r, rokka_store::now_ms() + ms);
+        let mut locked = pop::lock(&st);
+        self.follow_reset(&group, &topic, r.queue, &mut locked);
+        let res = self.pops.change_invisible(&mut locked, &r, rokka_store::now_ms() + ms);
+        drop(locked);
         match res {
             Ok(n) => pb::ChangeInvisibleDurationResponse {
                 status: Some(ok()),
@@ -968,6 +978,7 @@ impl Messaging {
             );
         };
         let mut st = pop::lock(&st);
+        self.follow_reset(&group, &topic, r.queue, &mut st);
         match st.in_flight.get(&r.offset) {
             Some(f) if f.delivery == r.delivery => {}
             _ => {

@@ -978,25 +978,36 @@ fn group_reset(
                 .with_committed_leader_epoch(-1),
         );
     }
-    let live = Section::new("members", &["member_id", "client_id", "protocol", "action"]);
     if !execute {
         return Ok(Report {
             sections: vec![plan],
             message: Some("dry run: nothing committed (add --execute to commit this plan)".into()),
         });
     }
+    let live = Section::new("members", &["member_id", "client_id", "protocol", "action"]);
     let mut sections = vec![plan, live];
-    let mut kafka_removed = 0;
+    // Kafka members removed, by client id: one that rejoins before the
+    // commit and is removed again is still one.
+    let mut kafka_removed = BTreeSet::new();
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let members = if attempt == 1 {
-            v.described.members.clone()
+        let described = if attempt == 1 {
+            v.described.clone()
         } else {
-            view(c, group)?.described.members
+            view(c, group)?.described
         };
         if force.is_some() {
-            kafka_removed += remove_kafka_members(c, &v.coordinator, group, &members, &mut sections[1])?;
+            for m in remove_kafka_members(c, &v.coordinator, group, &described)? {
+                if kafka_removed.insert(m.client_id.to_string()) {
+                    sections[1].rows.push(vec![
+                        json!(m.member_id.to_string()),
+                        json!(m.client_id.to_string()),
+                        json!("kafka"),
+                        json!("removed (rejoins at the new offsets)"),
+                    ]);
+                }
+            }
         }
         match commit_offsets(c, &v.coordinator, group, &commits)? {
             None => break,
@@ -1067,9 +1078,10 @@ fn group_reset(
         sections.pop();
     }
     let mut message = format!("committed {} offset(s) for group {group}", keys.len());
-    if kafka_removed > 0 {
+    if !kafka_removed.is_empty() {
         message.push_str(&format!(
-            "; {kafka_removed} Kafka member(s) removed from the group (they rejoin at the new offsets)"
+            "; {} Kafka member(s) removed from the group (they rejoin at the new offsets)",
+            kafka_removed.len()
         ));
     }
     if !rocketmq_members.is_empty() {
@@ -1097,18 +1109,21 @@ fn member_protocol(d: &DescribedGroup, m: &DescribedGroupMember) -> &'static str
     }
 }
 
-/// LeaveGroup (v4, KIP-345/KIP-571) for the Kafka members among `members`
-/// (RocketMQ members carry their client id as member id); how many left.
+/// LeaveGroup (v4, KIP-345/KIP-571) for the group's Kafka members; those
+/// removed (gone already — their session ended — counts as removed).
 fn remove_kafka_members(
     c: &mut Client,
     coordinator: &str,
     group: &str,
-    members: &[DescribedGroupMember],
-    report: &mut Section,
-) -> Result<usize> {
-    let kafka: Vec<&DescribedGroupMember> = members.iter().filter(|m| m.member_id != m.client_id).collect();
+    described: &DescribedGroup,
+) -> Result<Vec<DescribedGroupMember>> {
+    let kafka: Vec<&DescribedGroupMember> = described
+        .members
+        .iter()
+        .filter(|m| member_protocol(described, m) == "kafka")
+        .collect();
     if kafka.is_empty() {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     let req = LeaveGroupRequest::default()
         .with_group_id(GroupId(s(group)))
@@ -1124,9 +1139,7 @@ fn remove_kafka_members(
         );
     let r: LeaveGroupResponse = c.call_at(coordinator, ApiKey::LeaveGroup, 4, &req)?;
     check(r.error_code, None, &format!("removing the members of {group}"))?;
-    let mut removed = 0;
     for (m, resp) in kafka.iter().zip(&r.members) {
-        // Gone already (its session ended) counts as removed.
         if resp.error_code != 0 && resp.error_code != 25 {
             check(
                 resp.error_code,
@@ -1134,15 +1147,8 @@ fn remove_kafka_members(
                 &format!("removing member {} of {group}", m.member_id),
             )?;
         }
-        removed += 1;
-        report.rows.push(vec![
-            json!(m.member_id.to_string()),
-            json!(m.client_id.to_string()),
-            json!("kafka"),
-            json!("removed (rejoins at the new offsets)"),
-        ]);
     }
-    Ok(removed)
+    Ok(kafka.into_iter().cloned().collect())
 }
 
 /// An admin OffsetCommit (no member, generation -1); the first error code.

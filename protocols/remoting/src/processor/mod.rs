@@ -52,6 +52,9 @@ pub struct RocketMq {
     /// Orderly-consumption queue locks: (group, topic, queue) → (client id, taken at ms).
     locks: Mutex<QueueLocks>,
     resets: Mutex<ResetHolds>,
+    /// `resets.len()`, so that a pull or commit — asked on every one —
+    /// takes no lock while no reset is held.
+    resets_held: std::sync::atomic::AtomicUsize,
     epoch: Instant,
     limits: crate::server::Limits,
 }
@@ -87,6 +90,7 @@ impl RocketMq {
             clients: Mutex::new(Clients::default()),
             locks: Mutex::new(Default::default()),
             resets: Mutex::new(Default::default()),
+            resets_held: Default::default(),
             epoch: Instant::now(),
         }
     }
@@ -257,7 +261,7 @@ impl RocketMq {
             rq::UPDATE_AND_CREATE_TOPIC => rokka_broker::offload(|| self.create_topic(&cmd)),
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
             rq::GET_CONSUME_STATS => self.consume_stats(&cmd),
-            rq::INVOKE_BROKER_TO_RESET_OFFSET => self.reset_offset(&cmd),
+            rq::INVOKE_BROKER_TO_RESET_OFFSET => self.reset_offset(&cmd).await,
             rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd),
             // What these append must be durable before the client is told
             // (sync flush): the consumer moves its offset past a sent-back

@@ -123,8 +123,9 @@ impl RocketMq {
     /// told (RESET_CONSUMER_CLIENT_OFFSET, oneway) so it drops what it
     /// fetched and continues from them, and meanwhile commits of the old
     /// position are ignored (`offset_reset_hold_ms`). The answer's body is
-    /// the offset table (ResetOffsetBody).
-    pub(super) fn reset_offset(&self, req: &RemotingCommand) -> RemotingCommand {
+    /// the offset table (ResetOffsetBody). In cluster mode the new offsets
+    /// are held by the set's in-sync replicas before anyone is told.
+    pub(super) async fn reset_offset(&self, req: &RemotingCommand) -> RemotingCommand {
         use crate::remote_offsets::MessageQueue;
         let group = req.ext_fields.get("group").unwrap_or_default();
         let topic = req.ext_fields.get("topic").unwrap_or_default();
@@ -220,6 +221,11 @@ impl RocketMq {
                 }
             }
         }
+        if !committed_only {
+            if let Err(e) = self.broker.offsets_durable().await {
+                return self.reply(req, rs::SYSTEM_ERROR, Some(e));
+            }
+        }
         metrics::counter!("rokka_rocketmq_offset_resets_total").increment(table.len() as u64);
         let broker_name = match self.broker.cluster_view() {
             Some(c) => c.set.clone(),
@@ -236,7 +242,7 @@ impl RocketMq {
                 (mq, o)
             })
             .collect();
-        let body = crate::remote_offsets::encode_reset_offsets(&table);
+        let body = Bytes::from(crate::remote_offsets::encode_reset_offsets(&table));
         let told = self.tell_reset(group, topic, timestamp, force, &table, &body);
         tracing::info!(
             group,
@@ -247,7 +253,7 @@ impl RocketMq {
         );
         let mut r = self.reply(req, rs::SUCCESS, None);
         r.ext_fields.set("rokkaNotified", told.to_string());
-        r.body = Bytes::from(body);
+        r.body = body;
         r
     }
 
@@ -260,7 +266,7 @@ impl RocketMq {
         timestamp: i64,
         force: bool,
         table: &[(crate::remote_offsets::MessageQueue, u64)],
-        body: &[u8],
+        body: &Bytes,
     ) -> usize {
         let members: Vec<(Conn, crate::command::LanguageCode)> = {
             let c = self.clients();
@@ -276,6 +282,7 @@ impl RocketMq {
                 })
                 .unwrap_or_default()
         };
+        let mut cpp_body: Option<Bytes> = None;
         let mut told = 0;
         for (conn, language) in members {
             let mut n = RemotingCommand::request(rq::RESET_CONSUMER_CLIENT_OFFSET, conn.next_opaque());
@@ -286,15 +293,19 @@ impl RocketMq {
             n.ext_fields.set("timestamp", timestamp.to_string());
             n.ext_fields.set("isForce", force.to_string());
             n.body = if language == crate::command::LanguageCode::Cpp {
-                let list: Vec<Value> = table
-                    .iter()
-                    .map(|(m, o)| {
-                        json!({"topic": m.topic, "brokerName": m.broker_name, "queueId": m.queue_id, "offset": o})
+                cpp_body
+                    .get_or_insert_with(|| {
+                        let list: Vec<Value> = table
+                            .iter()
+                            .map(|(m, o)| {
+                                json!({"topic": m.topic, "brokerName": m.broker_name, "queueId": m.queue_id, "offset": o})
+                            })
+                            .collect();
+                        Bytes::from(json!({ "offsetTable": list }).to_string())
                     })
-                    .collect();
-                Bytes::from(json!({ "offsetTable": list }).to_string())
+                    .clone()
             } else {
-                Bytes::copy_from_slice(body)
+                body.clone()
             };
             if conn.send(n) {
                 told += 1;
@@ -320,6 +331,7 @@ impl RocketMq {
             .count();
         if r.len() + fresh > max {
             r.retain(|_, (_, until)| *until > now);
+            self.resets_counted(r.len());
             if r.len() + fresh > max {
                 return false;
             }
@@ -327,7 +339,7 @@ impl RocketMq {
         for (q, o) in table {
             r.insert((group.to_string(), topic.to_string(), *q), (*o, now + hold));
         }
-        metrics::gauge!("rokka_rocketmq_offset_resets_held").set(r.len() as f64);
+        self.resets_counted(r.len());
         true
     }
 
@@ -335,17 +347,17 @@ impl RocketMq {
     /// was reset and the client is not yet at the reset offset. A commit or
     /// a pull (`pulled`) at the reset offset, or the hold's end, releases it.
     pub(super) fn stale_after_reset(&self, group: &str, topic: &str, queue: u32, offset: u64, pulled: bool) -> bool {
-        let mut r = self.resets.lock().unwrap_or_else(|p| p.into_inner());
-        if r.is_empty() {
+        if self.resets_held.load(std::sync::atomic::Ordering::Relaxed) == 0 {
             return false;
         }
+        let mut r = self.resets.lock().unwrap_or_else(|p| p.into_inner());
         let key = (group.to_string(), topic.to_string(), queue);
         let Some(&(at, until)) = r.get(&key) else {
             return false;
         };
         if offset == at || until <= self.now_ms() {
             r.remove(&key);
-            metrics::gauge!("rokka_rocketmq_offset_resets_held").set(r.len() as f64);
+            self.resets_counted(r.len());
             return false;
         }
         if pulled {
@@ -353,6 +365,11 @@ impl RocketMq {
         }
         metrics::counter!("rokka_rocketmq_stale_commits_ignored_total").increment(1);
         true
+    }
+
+    fn resets_counted(&self, n: usize) {
+        self.resets_held.store(n, std::sync::atomic::Ordering::Relaxed);
+        metrics::gauge!("rokka_rocketmq_offset_resets_held").set(n as f64);
     }
 
     pub(super) fn offset_queries(&self, req: &RemotingCommand) -> RemotingCommand {
