@@ -33,6 +33,15 @@ pub struct ClusterConfig {
     /// Most connections the replication listener serves at once (the set's
     /// replicas; more are closed at once).
     pub replication_max_connections: u32,
+    /// TLS on the replication stream, both ways authenticated: this node's
+    /// certificate chain (PEM; it must name the host other nodes reach it
+    /// by, and serve as a TLS server and client), its key, and the CA that
+    /// signed every node's certificate. A master takes only replicas whose
+    /// certificate that CA signed; a replica talks only to a master whose
+    /// certificate it signed. All three or none (plaintext).
+    pub replication_certificate: String,
+    pub replication_key: String,
+    pub replication_ca: String,
     /// Host other nodes use to reach this one (its listeners' ports); the
     /// listen address's host when empty.
     pub advertised_host: String,
@@ -85,6 +94,9 @@ impl Default for ClusterConfig {
             broker_set: "broker-a".into(),
             replication_listen: SocketAddr::from(([127, 0, 0, 1], 10912)),
             replication_max_connections: 8,
+            replication_certificate: String::new(),
+            replication_key: String::new(),
+            replication_ca: String::new(),
             advertised_host: String::new(),
             min_insync_replicas: 2,
             replica_lag_max_ms: 10_000,
@@ -102,6 +114,11 @@ impl Default for ClusterConfig {
 }
 
 impl ClusterConfig {
+    /// TLS on the replication stream (all three paths set).
+    pub fn replication_tls(&self) -> bool {
+        !self.replication_certificate.is_empty()
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         if !self.enabled {
             return Ok(());
@@ -124,9 +141,44 @@ impl ClusterConfig {
         if self.remote_timeout_ms == 0 {
             return Err("cluster.remote_timeout_ms must be at least 1".into());
         }
+        let tls = [
+            &self.replication_certificate,
+            &self.replication_key,
+            &self.replication_ca,
+        ];
+        if tls.iter().any(|p| p.is_empty()) && tls.iter().any(|p| !p.is_empty()) {
+            return Err(
+                "cluster.replication_certificate, replication_key and replication_ca go together: set all three \
+                 (TLS on the replication stream) or none"
+                    .into(),
+            );
+        }
         if self.lease_ttl_secs < 2 {
             return Err("cluster.lease_ttl_secs must be at least 2".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replication_tls_takes_all_three_paths_or_none() {
+        let on = |cert: &str, key: &str, ca: &str| ClusterConfig {
+            enabled: true,
+            replication_certificate: cert.into(),
+            replication_key: key.into(),
+            replication_ca: ca.into(),
+            ..ClusterConfig::default()
+        };
+        assert!(on("", "", "").validate().is_ok());
+        assert!(on("n.pem", "n.key", "ca.pem").validate().is_ok());
+        assert!(on("n.pem", "n.key", "ca.pem").replication_tls());
+        for half in [on("n.pem", "", ""), on("n.pem", "n.key", ""), on("", "", "ca.pem")] {
+            let err = half.validate().err().unwrap_or_default();
+            assert!(err.contains("go together"), "{err}");
+        }
     }
 }

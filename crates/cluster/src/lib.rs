@@ -393,6 +393,22 @@ pub async fn start(
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<(Vec<tokio::task::JoinHandle<()>>, std::net::SocketAddr), String> {
     cfg.validate()?;
+    // TLS on the replication stream: the same certificate serves replicas
+    // (as master) and is shown to the master (as replica).
+    let (acceptor, connector) = if cfg.replication_tls() {
+        let (cert, key, ca) = (
+            std::path::Path::new(&cfg.replication_certificate),
+            std::path::Path::new(&cfg.replication_key),
+            std::path::Path::new(&cfg.replication_ca),
+        );
+        let acceptor = rokka_broker::tls::acceptor(cert, key, Some(ca))
+            .map_err(|e| format!("cluster.replication_certificate: {e}"))?;
+        let connector =
+            rokka_broker::tls::connector(cert, key, ca).map_err(|e| format!("cluster.replication_certificate: {e}"))?;
+        (Some(acceptor), Some(connector))
+    } else {
+        (None, None)
+    };
     store.set_leader(false);
     let listener = tokio::net::TcpListener::bind(cfg.replication_listen)
         .await
@@ -405,7 +421,13 @@ pub async fn start(
     };
     let mut me = me;
     me.replication = format!("{host}:{}", bound.port());
-    tracing::info!(listen = %bound, node = cfg.node_id, set = %cfg.broker_set, "cluster mode: replication listener");
+    tracing::info!(
+        listen = %bound,
+        node = cfg.node_id,
+        set = %cfg.broker_set,
+        tls = cfg.replication_tls(),
+        "cluster mode: replication listener"
+    );
     broker.set_own_set(&cfg.broker_set);
     let shared = Shared::new(cfg, Arc::clone(&store), broker);
     let weak = Arc::downgrade(&shared);
@@ -427,8 +449,17 @@ pub async fn start(
     shared.broker.users().join_cluster();
     shared.broker.acls().join_cluster();
     let mut tasks = Vec::new();
-    tasks.push(tokio::spawn(stream::serve(listener, Arc::clone(&shared), stop.clone())));
-    tasks.push(tokio::spawn(stream::follow(Arc::clone(&shared), stop.clone())));
+    tasks.push(tokio::spawn(stream::serve(
+        listener,
+        Arc::clone(&shared),
+        acceptor,
+        stop.clone(),
+    )));
+    tasks.push(tokio::spawn(stream::follow(
+        Arc::clone(&shared),
+        connector,
+        stop.clone(),
+    )));
     tasks.push(tokio::spawn(controller.run(stop.clone())));
     let sh = Arc::clone(&shared);
     let mut st = stop.clone();

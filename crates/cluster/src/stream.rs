@@ -13,6 +13,11 @@
 //! u32 length | Kafka groups as of their last rebalance (JSON; empty when
 //! unchanged) | u64 that groups version (0 when none went)`; a FETCH may
 //! end with `u64` the groups version the replica applied.
+//!
+//! With `cluster.replication_certificate` (and its key and CA) the stream
+//! runs over TLS authenticated both ways: the master takes only replicas
+//! presenting a certificate the cluster CA signed, and a replica checks
+//! that the master's certificate names the address it connected to.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,8 +25,10 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use rokka_store::replication::{divergence, EpochStart};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::{Role, Shared};
 
@@ -37,6 +44,8 @@ pub const MAX_FRAME: usize = (64 << 20) + 2 * MAX_SNAPSHOT;
 /// any other frame a replica may send (FETCH is 16 bytes).
 const MAX_HELLO: usize = 1 << 20;
 const MAX_FETCH: usize = 64;
+/// How long a TLS handshake on the replication port may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bytes of entries one DATA frame carries at most (about).
 const FETCH_BYTES: u32 = 4 << 20;
 
@@ -66,15 +75,17 @@ struct Welcome {
 
 type Res<T> = Result<T, String>;
 
-async fn write_frame(s: &mut TcpStream, kind: u8, payload: &[u8]) -> Res<()> {
+async fn write_frame<S: AsyncWrite + Unpin>(s: &mut S, kind: u8, payload: &[u8]) -> Res<()> {
     let mut b = BytesMut::with_capacity(5 + payload.len());
     b.put_u32(payload.len() as u32 + 1);
     b.put_u8(kind);
     b.put_slice(payload);
-    s.write_all(&b).await.map_err(|e| format!("write: {e}"))
+    s.write_all(&b).await.map_err(|e| format!("write: {e}"))?;
+    // Over TLS the last records may still be buffered (a no-op on TCP).
+    s.flush().await.map_err(|e| format!("write: {e}"))
 }
 
-async fn read_frame(s: &mut TcpStream, max: usize) -> Res<(u8, Bytes)> {
+async fn read_frame<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Res<(u8, Bytes)> {
     let len = s.read_u32().await.map_err(|e| format!("read: {e}"))? as usize;
     if len == 0 || len > max {
         return Err(format!("frame of {len} bytes"));
@@ -88,7 +99,12 @@ async fn read_frame(s: &mut TcpStream, max: usize) -> Res<(u8, Bytes)> {
 
 /// Serves replicas while this node is master (connections are refused
 /// otherwise).
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn serve(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    tls: Option<TlsAcceptor>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(
         shared.cfg.replication_max_connections.max(1) as usize,
     ));
@@ -108,8 +124,19 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: tokio::
                 };
                 metrics::gauge!("rokka_replication_connections").increment(1.0);
                 let sh = Arc::clone(&shared);
+                let tls = tls.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = serve_replica(s, &sh).await {
+                    let _ = s.set_nodelay(true);
+                    let served = match tls {
+                        None => serve_replica(s, &sh).await,
+                        Some(tls) => {
+                            match handshake("master", tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(s))).await {
+                                Ok(s) => serve_replica(s, &sh).await,
+                                Err(e) => Err(e),
+                            }
+                        }
+                    };
+                    if let Err(e) = served {
                         tracing::info!(%peer, error = e, "replica connection ended");
                     }
                     metrics::gauge!("rokka_replication_connections").decrement(1.0);
@@ -124,8 +151,22 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stop: tokio::
     }
 }
 
-async fn serve_replica(mut s: TcpStream, sh: &Shared) -> Res<()> {
-    let _ = s.set_nodelay(true);
+/// A TLS handshake's outcome, counted by side and result
+/// (`rokka_replication_tls_handshakes_total`).
+async fn handshake<S>(
+    side: &'static str,
+    h: impl std::future::Future<Output = Result<std::io::Result<S>, tokio::time::error::Elapsed>>,
+) -> Res<S> {
+    let (result, out) = match h.await {
+        Ok(Ok(s)) => ("ok", Ok(s)),
+        Ok(Err(e)) => ("failed", Err(format!("TLS handshake: {e}"))),
+        Err(_) => ("timeout", Err("TLS handshake timed out".to_string())),
+    };
+    metrics::counter!("rokka_replication_tls_handshakes_total", "side" => side, "result" => result).increment(1);
+    out
+}
+
+async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, sh: &Shared) -> Res<()> {
     let (kind, body) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s, MAX_HELLO))
         .await
         .map_err(|_| "no HELLO within 5 s".to_string())??;
@@ -194,7 +235,7 @@ async fn serve_replica(mut s: TcpStream, sh: &Shared) -> Res<()> {
     result
 }
 
-async fn fetch_loop(s: &mut TcpStream, sh: &Shared, replica: u32, epoch: u32) -> Res<()> {
+async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, sh: &Shared, replica: u32, epoch: u32) -> Res<()> {
     let store = &sh.store;
     // Caught up = holding everything the previous answer carried; a new
     // replica must first reach what the master had when it connected.
@@ -415,7 +456,7 @@ fn wire_len(e: &Bytes) -> u64 {
 /// Follows the master while this node is a replica: connects, truncates
 /// where told, fetches and appends, until the role changes or the stream
 /// breaks (then again, after a short pause).
-pub async fn follow(shared: Arc<Shared>, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn follow(shared: Arc<Shared>, tls: Option<TlsConnector>, mut stop: tokio::sync::watch::Receiver<bool>) {
     loop {
         if *stop.borrow() {
             return;
@@ -426,7 +467,7 @@ pub async fn follow(shared: Arc<Shared>, mut stop: tokio::sync::watch::Receiver<
         };
         if let Some((master, epoch, addr)) = target {
             let r = tokio::select! {
-                r = follow_once(&shared, master, epoch, &addr) => r,
+                r = follow_once(&shared, tls.as_ref(), master, epoch, &addr) => r,
                 _ = stop.changed() => return,
             };
             if let Err(e) = r {
@@ -441,13 +482,25 @@ pub async fn follow(shared: Arc<Shared>, mut stop: tokio::sync::watch::Receiver<
     }
 }
 
-async fn follow_once(sh: &Shared, master: u32, epoch: u32, addr: &str) -> Res<()> {
-    let store = &sh.store;
-    let mut s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
+async fn follow_once(sh: &Shared, tls: Option<&TlsConnector>, master: u32, epoch: u32, addr: &str) -> Res<()> {
+    let s = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(addr))
         .await
         .map_err(|_| format!("connect {addr}: timed out"))?
         .map_err(|e| format!("connect {addr}: {e}"))?;
     let _ = s.set_nodelay(true);
+    let Some(tls) = tls else {
+        return follow_stream(sh, master, epoch, s).await;
+    };
+    // The master's certificate must name the host its address has.
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = ServerName::try_from(host.to_string()).map_err(|e| format!("master address {addr}: {e}"))?;
+    let s = handshake("replica", tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.connect(name, s))).await?;
+    follow_stream(sh, master, epoch, s).await
+}
+
+async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u32, epoch: u32, mut s: S) -> Res<()> {
+    let store = &sh.store;
     let hello = Hello {
         cluster: sh.cfg.name.clone(),
         set: sh.cfg.broker_set.clone(),

@@ -230,8 +230,10 @@ impl Config {
             "metrics.listen",
             self.metrics.listen,
         );
+        // With TLS there, only nodes holding a certificate the cluster CA
+        // signed replicate.
         check(
-            self.cluster.enabled,
+            self.cluster.enabled && !self.cluster.replication_tls(),
             "cluster.replication_listen",
             self.cluster.replication_listen,
         );
@@ -337,6 +339,19 @@ mod tests {
         };
         assert_eq!(console("")?, ["console.listen"]);
         assert!(console("login = true")?.is_empty());
+        // The replication port: open unless only certified nodes replicate.
+        let replication = |extra: &str| -> Result<Vec<&'static str>, ConfigError> {
+            let c = Config::parse(
+                &format!("[cluster]\nenabled = true\nreplication_listen = \"0.0.0.0:10912\"\n{extra}"),
+                "t.toml",
+            )?;
+            Ok(c.non_loopback_listeners().iter().map(|(k, _)| *k).collect())
+        };
+        assert_eq!(replication("")?, ["cluster.replication_listen"]);
+        assert!(replication(
+            "replication_certificate = \"n.pem\"\nreplication_key = \"n.key\"\nreplication_ca = \"ca.pem\""
+        )?
+        .is_empty());
         Ok(())
     }
 
