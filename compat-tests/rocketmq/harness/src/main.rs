@@ -56,6 +56,25 @@ fn acl_hook() -> Option<Arc<rocketmq_client_rust::AclClientRPCHook>> {
     )))
 }
 
+/// The client's connections (name server and brokers) over TLS when
+/// `COMPAT_TLS_CA` names the CA to trust (the client checks the server's
+/// certificate, tls.client.authServer, and that it names the address);
+/// with `COMPAT_TLS_CERT` and `COMPAT_TLS_KEY` it presents a certificate
+/// too. Otherwise plaintext, the client's defaults.
+fn client_config() -> ClientConfig {
+    let mut c = ClientConfig::default();
+    if let Some(ca) = std::env::var("COMPAT_TLS_CA").ok().filter(|p| !p.is_empty()) {
+        c.set_use_tls(true);
+        c.set_tls_client_auth_server(true);
+        c.tls_config.client.trust_cert_path = Some(ca);
+        if let (Ok(cert), Ok(key)) = (std::env::var("COMPAT_TLS_CERT"), std::env::var("COMPAT_TLS_KEY")) {
+            c.tls_config.client.cert_path = Some(cert);
+            c.tls_config.client.key_path = Some(key);
+        }
+    }
+    c
+}
+
 /// `create-user <broker> <name> <password>`: RocketMQ 5's AUTH_CREATE_USER
 /// through the admin client (signed when credentials are set).
 async fn create_user(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
@@ -207,6 +226,10 @@ const SETTLE: Duration = Duration::from_secs(2);
 
 #[tokio::main]
 async fn main() -> ClientResult<()> {
+    // rustls is built with two crypto providers here (the client's
+    // dependencies ask for both): a TLS connection needs the process
+    // default chosen, or the client cannot build its TLS config.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let args: Vec<String> = std::env::args().collect();
     let namesrv = args.get(1).cloned().unwrap_or_else(|| "127.0.0.1:9876".into());
     let scenario = args.get(2).cloned().unwrap_or_else(|| "send-consume".into());
@@ -288,6 +311,7 @@ async fn send_consume(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bo
     const N: usize = 200;
     let topic = "CompatSendConsume";
     let mut producer = DefaultMQProducer::builder(Arc::clone(rt))
+        .client_config(client_config())
         .producer_group("compat-pg".to_string())
         .name_server_addr(namesrv.to_string())
         .build();
@@ -351,6 +375,7 @@ async fn consume_all(
 ) -> ClientResult<Vec<Vec<u8>>> {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let mut consumer = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .client_config(client_config())
         .consumer_group(group.to_string())
         .name_server_addr(namesrv.to_string())
         .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
