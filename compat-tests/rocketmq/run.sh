@@ -164,15 +164,16 @@ refused() {
   fi
   echo "#   ($name: refused, as it should be)"; : > "$dir/client.log"
 }
-# tls_case NAME MODE CLIENT_CA: a case with fresh certificates, rokka started.
+# tls_case NAME MODE CLIENT_CA [config lines]: a case with fresh
+# certificates, rokka started.
 tls_case() {
-  local name=$1 mode=$2 client_ca=$3
+  local name=$1 mode=$2 client_ca=$3; shift 3
   new_case "$name"; mkdir -p "$dir/pki"
   python3 -c 'import sys; sys.path.insert(0, sys.argv[1]); from pki import make_pki; make_pki(sys.argv[2])' \
     "$root/compat-tests/common" "$dir/pki"
   local lines=("tls_mode = \"$mode\"" "tls_certificate = \"$dir/pki/server.pem\"" "tls_key = \"$dir/pki/server.key\"")
   [[ -n $client_ca ]] && lines+=("tls_client_ca = \"$dir/pki/ca.pem\"")
-  write_config "${lines[@]}"; rc=0; start_rokka || rc=1
+  write_config "${lines[@]}" "$@"; rc=0; start_rokka || rc=1
 }
 tls_case tls-enforcing enforcing ""
 if [[ $rc == 0 ]]; then
@@ -203,6 +204,27 @@ if [[ $rc == 0 ]]; then
   stop_rokka "$pid" || rc=1
 fi
 end_case $rc tls-permissive
+# A client certificate names the principal the ACLs decide for (as Kafka's
+# SSL principal, `User:<subject DN>`): the certificate's CN=alice is a super
+# user, a plaintext client beside it on the permissive port is
+# User:ANONYMOUS and refused (NO_PERMISSION).
+tls_case tls-certificate-principal permissive yes "[security]" "authorization = true" 'super_users = ["User:CN=alice"]'
+if [[ $rc == 0 ]]; then
+  run_client tls-alice-certificate env COMPAT_TLS_CA="$dir/pki/ca.pem" COMPAT_TLS_CERT="$dir/pki/client.pem" \
+    COMPAT_TLS_KEY="$dir/pki/client.key" "$harness" "127.0.0.1:$ns" send-consume || rc=1
+  refused tls-anonymous-plaintext "$harness" "127.0.0.1:$ns" send-consume || rc=1
+  denied=$(python3 - "$mp" <<'EOF'
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+print(int(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+              if l.startswith("rokka_authorization_denied_total{") and 'protocol="rocketmq"' in l)))
+EOF
+  )
+  echo "# tls-certificate-principal: RocketMQ requests denied: $denied"
+  if [[ $denied -lt 1 ]]; then echo "FAILED - rocketmq tls-certificate-principal: nothing denied"; rc=1; fi
+  stop_rokka "$pid" || rc=1
+fi
+end_case $rc tls-certificate-principal
 
 # two_phase NAME FIRST SECOND [config lines]: FIRST, a restart, then SECOND
 # on the same data (and the same ports).

@@ -80,3 +80,14 @@ fn roots(ca: &Path) -> Result<RootCertStore, String> {
     }
     Ok(roots)
 }
+
+/// The principal a client certificate names: `User:` and the subject's
+/// distinguished name in RFC 4514 form (`User:CN=alice,O=example`), as
+/// Kafka's default SSL principal builder names it; None without a
+/// certificate (or one whose subject cannot be read).
+pub fn peer_principal(conn: &rustls::ServerConnection) -> Option<String> {
+    use x509_cert::der::Decode as _;
+    let leaf = conn.peer_certificates()?.first()?;
+    let cert = x509_cert::Certificate::from_der(leaf.as_ref()).ok()?;
+    Some(format!("User:{}", cert.tbs_certificate.subject))
+}

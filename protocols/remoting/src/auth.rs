@@ -13,7 +13,9 @@
 //! Signature an HMAC (SHA-1, or SHA-256) under its RocketMQ secret of the
 //! request's extFields values in key order (Signature left out) followed by
 //! its body. A verified request is `User:<AccessKey>`; one without an
-//! AccessKey is `User:ANONYMOUS`; a wrong or unknown one is refused
+//! AccessKey is the connection's client certificate's principal
+//! (`User:<subject DN>`, TLS listeners with a client CA) or else
+//! `User:ANONYMOUS`; a wrong or unknown one is refused
 //! NO_PERMISSION. Like a RocketMQ broker with `aclEnable = false`, nothing
 //! is checked with authorization off.
 
@@ -100,10 +102,15 @@ pub struct Denials {
 }
 
 /// The request's principal: `User:<AccessKey>` once its Signature is
-/// verified, `User:ANONYMOUS` without an AccessKey; Err: why it is refused.
-fn principal<'a>(broker: &Broker, cmd: &'a RemotingCommand) -> Result<Cow<'a, str>, String> {
+/// verified; without an AccessKey, the connection's certificate's
+/// (`certified`) or `User:ANONYMOUS`; Err: why it is refused.
+fn principal<'a>(
+    broker: &Broker,
+    certified: Option<&'a str>,
+    cmd: &'a RemotingCommand,
+) -> Result<Cow<'a, str>, String> {
     let Some(ak) = cmd.ext_fields.get("AccessKey") else {
-        return Ok(Cow::Borrowed(ANONYMOUS));
+        return Ok(Cow::Borrowed(certified.unwrap_or(ANONYMOUS)));
     };
     let Some(signature) = cmd.ext_fields.get("Signature") else {
         return Err(format!("AccessKey {ak} without a Signature"));
@@ -146,7 +153,7 @@ pub fn check(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand)
             "credentials",
         );
     }
-    let who = match principal(broker, cmd) {
+    let who = match principal(broker, conn.certificate_principal.as_deref(), cmd) {
         Ok(p) => p,
         Err(remark) => {
             metrics::counter!("rokka_rocketmq_authentications_failed_total", "reason" => "signature").increment(1);

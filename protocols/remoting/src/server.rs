@@ -110,6 +110,10 @@ pub struct Conn {
     pub denials: Arc<crate::auth::Denials>,
     /// The listener's failed signature checks per address.
     pub auth_failures: Arc<rokka_broker::limits::AuthFailures>,
+    /// `User:<subject DN>` of the client certificate a TLS connection
+    /// presented (listeners with `rocketmq.tls_client_ca`): the principal of
+    /// its requests that carry no AccessKey, as Kafka's SSL principal.
+    pub certificate_principal: Option<Arc<str>>,
 }
 
 impl Conn {
@@ -257,6 +261,10 @@ trait Halves {
     type R: AsyncRead + Unpin + Send + 'static;
     type W: AsyncWrite + Unpin + Send + 'static;
     fn halves(self) -> (Self::R, Self::W);
+    /// Who the client certificate names, if one was presented.
+    fn certificate_principal(&self) -> Option<Arc<str>> {
+        None
+    }
 }
 
 impl Halves for TcpStream {
@@ -273,6 +281,9 @@ impl Halves for tokio_rustls::server::TlsStream<TcpStream> {
     fn halves(self) -> (Self::R, Self::W) {
         tokio::io::split(self)
     }
+    fn certificate_principal(&self) -> Option<Arc<str>> {
+        rokka_broker::tls::peer_principal(self.get_ref().1).map(Arc::from)
+    }
 }
 
 async fn run<S: Service, T: Halves>(
@@ -283,6 +294,7 @@ async fn run<S: Service, T: Halves>(
     _slot: ConnSlot,
 ) {
     metrics::gauge!("rokka_rocketmq_connections").increment(1.0);
+    let certificate_principal = stream.certificate_principal();
     let (mut rd, mut wr) = stream.halves();
     let (tx, mut rx) = mpsc::unbounded_channel::<Outbound>();
     let limits = rmq.limits();
@@ -295,6 +307,7 @@ async fn run<S: Service, T: Halves>(
         unwritten: Arc::clone(&unwritten),
         denials: Arc::default(),
         auth_failures: Arc::clone(&rmq.limits().auth_failures),
+        certificate_principal,
     };
     let writer = tokio::spawn(async move {
         let mut out = BytesMut::new();
