@@ -12,6 +12,7 @@ pub mod config;
 pub mod convert;
 pub mod dynamic;
 pub mod error;
+pub mod internal;
 pub mod json_file;
 pub mod kafka_txn;
 pub mod limits;
@@ -88,6 +89,9 @@ pub struct Broker {
     own_set: std::sync::OnceLock<String>,
     /// Cluster mode: other sets' committed offsets (set once at start).
     remote_offsets: std::sync::OnceLock<Arc<dyn remote::RemoteOffsets>>,
+    /// Cluster mode: the secret this cluster's own calls between sets are
+    /// signed with (shared through etcd).
+    cluster_secret: std::sync::OnceLock<internal::ClusterSecret>,
     remote_txns: std::sync::OnceLock<Arc<dyn remote::RemoteTxns>>,
     /// Cluster mode: where new topics are created first (etcd).
     cluster_topics: std::sync::OnceLock<Arc<dyn remote::ClusterTopics>>,
@@ -159,6 +163,7 @@ impl Broker {
             topic_changes: std::sync::Mutex::new(TopicChanges::default()),
             own_set: std::sync::OnceLock::new(),
             remote_offsets: std::sync::OnceLock::new(),
+            cluster_secret: std::sync::OnceLock::new(),
             remote_txns: std::sync::OnceLock::new(),
             cluster_topics: std::sync::OnceLock::new(),
             replicated_groups: std::sync::OnceLock::new(),
@@ -392,6 +397,16 @@ impl Broker {
     }
 
     /// Cluster mode: how other sets' committed offsets are reached.
+    /// Cluster mode: the secret calls between sets are signed with (set
+    /// once, when the node joins).
+    pub fn set_cluster_secret(&self, secret: internal::ClusterSecret) {
+        let _ = self.cluster_secret.set(secret);
+    }
+
+    pub fn cluster_secret(&self) -> Option<&internal::ClusterSecret> {
+        self.cluster_secret.get()
+    }
+
     pub fn set_remote_offsets(&self, r: Arc<dyn remote::RemoteOffsets>) {
         let _ = self.remote_offsets.set(r);
     }

@@ -87,7 +87,33 @@ impl Controller {
             publish_all_groups: true,
         };
         c.register().await?;
+        let secret = c.cluster_secret().await?;
+        c.sh.broker.set_cluster_secret(secret);
         Ok(c)
+    }
+
+    /// The secret the cluster's own calls between sets are signed with
+    /// (rokka_broker::internal): made by the first node that finds none,
+    /// read by every other.
+    async fn cluster_secret(&mut self) -> Res<rokka_broker::internal::ClusterSecret> {
+        let key = format!("{}internal/secret", self.prefix);
+        let fresh = rokka_broker::internal::ClusterSecret::generate()?;
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), fresh, None)]);
+        self.client.txn(txn).await.map_err(err("cluster secret"))?;
+        let got = self
+            .client
+            .get(key.clone(), None)
+            .await
+            .map_err(err("cluster secret"))?;
+        let stored = got
+            .kvs()
+            .first()
+            .and_then(|kv| kv.value_str().ok())
+            .ok_or_else(|| format!("etcd {key}: no cluster secret"))?;
+        rokka_broker::internal::ClusterSecret::from_stored(stored)
+            .ok_or_else(|| format!("etcd {key}: not a cluster secret (32 bytes or more, base64)"))
     }
 
     /// Where this node's broker creates topics first.

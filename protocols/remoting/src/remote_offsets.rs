@@ -94,8 +94,10 @@ impl RemotingOffsets {
             .ok_or_else(|| format!("master {m} of {set} has no broker address"))
     }
 
-    pub(crate) async fn call(&self, set: &str, cmd: RemotingCommand) -> Result<RemotingCommand, String> {
+    pub(crate) async fn call(&self, set: &str, mut cmd: RemotingCommand) -> Result<RemotingCommand, String> {
         let addr = self.master_addr(set)?;
+        // As the cluster's own call, whatever the ACLs say of User:ANONYMOUS.
+        crate::auth::sign_as_cluster(&self.broker, &mut cmd);
         let conn = {
             let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
             // Addresses of nodes gone from the view are dropped.
