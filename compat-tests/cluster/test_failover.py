@@ -260,6 +260,79 @@ def test_a_group_assigned_just_before_its_coordinators_kill_keeps_its_generation
     assert [e for e in events[1:] if e[0] == "assign"] == [], f"the group rebalanced after the failover: {events}"
 
 
+def test_a_kip848_group_goes_on_with_the_new_coordinator_without_rejoining(cluster):
+    """A KIP-848 consumer group (librdkafka, group.protocol=consumer) is
+    replicated with the set (group epoch, members and their epochs,
+    assignments), as Kafka keeps it in `__consumer_offsets`: its
+    coordinator — the master — is SIGKILLed while the member consumes, and
+    the member's heartbeats go on at the new master with the epoch it had:
+    no heartbeat is refused there, nothing is revoked or lost and assigned
+    again, and every message is read once."""
+    topic = "failover-kip848"
+    assert in_sync(cluster, [1, 2, 3], timeout=60)
+    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all"})
+    for i in range(100):
+        p.produce(topic, key=str(i).encode(), value=f"k{i}".encode())
+    assert p.flush(60) == 0
+    assert in_sync(cluster, [1, 2, 3], timeout=60)
+    old = cluster.master()
+    events = []
+    c = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap(),
+            "group.id": "failover-kip848-g",
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    c.subscribe(
+        [topic],
+        on_assign=lambda _c, parts: events.append(("assign", sorted(tp.partition for tp in parts))),
+        on_revoke=lambda _c, parts: events.append(("revoke", sorted(tp.partition for tp in parts))),
+        on_lost=lambda _c, parts: events.append(("lost", sorted(tp.partition for tp in parts))),
+    )
+    got = []
+
+    def consume(until, deadline):
+        while len(got) < until and time.time() < deadline:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                got.append(m.value().decode())
+                c.commit(message=m, asynchronous=False)
+
+    new = None
+    try:
+        consume(100, time.time() + 60)
+        # The group as it is now reaches the replicas with the stream.
+        settle = time.time() + 2
+        while time.time() < settle:
+            c.poll(0.2)
+        cluster.nodes[old].kill()
+        new = cluster.master(exclude=(old,))
+        p = Producer({"bootstrap.servers": cluster.nodes[new].bootstrap, "acks": "all"})
+        for i in range(100, 200):
+            p.produce(topic, key=str(i).encode(), value=f"k{i}".encode())
+        assert p.flush(60) == 0
+        consume(200, time.time() + 60)
+        # Heartbeats reach the new coordinator (the interval it gives, 5 s).
+        settle = time.time() + 8
+        while time.time() < settle:
+            c.poll(0.5)
+        refused = {
+            k: v
+            for k, v in cluster.nodes[new].metric_values().items()
+            if k.startswith("rokka_kafka_errors_total{") and 'api="ConsumerGroupHeartbeat"' in k and v
+        }
+    finally:
+        c.close()
+        cluster.nodes[old].start()
+    assert sorted(got) == sorted(f"k{i}" for i in range(200)), (len(got), len(set(got)), events)
+    assert events[0] == ("assign", [0, 1]), events
+    assert events[1:] == [] or events[1:] == [("revoke", [0, 1])], f"the member rejoined after the failover: {events}"
+    assert not refused, f"the new coordinator refused the member's heartbeats: {refused}"
+
+
 def test_the_dashboards_cluster_metrics_are_exported(cluster):
     """After the failovers above: every cluster metric the Grafana dashboard
     and the alert rules use is exported by the nodes, with its HELP."""

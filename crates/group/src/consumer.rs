@@ -20,6 +20,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use serde::{Deserialize, Serialize};
+
 use crate::types::code;
 
 /// (topic, partition).
@@ -182,6 +184,149 @@ fn fail(error: i16, msg: &str, member_id: &str, epoch: i32) -> HeartbeatResponse
         heartbeat_interval_ms: 0,
         assignment: None,
     }
+}
+
+/// A consumer group as a coordinator taking over loads it (Kafka keeps
+/// the same in `__consumer_offsets`: group epoch, target assignment,
+/// members with their epochs, subscriptions and current assignments).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupRecord {
+    name: String,
+    epoch: i32,
+    assignment_epoch: i32,
+    assignor: String,
+    members: Vec<MemberRecord>,
+    target: Vec<(String, Vec<Tp>)>,
+    topics: Vec<(String, u32)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct MemberRecord {
+    id: String,
+    instance_id: Option<String>,
+    rack_id: Option<String>,
+    client_id: String,
+    client_host: String,
+    epoch: i32,
+    previous_epoch: i32,
+    state: String,
+    subscribed: Vec<String>,
+    names: Vec<String>,
+    regex: Option<String>,
+    assignor: Option<String>,
+    rebalance_timeout_ms: u64,
+    assigned: Vec<Tp>,
+    revoking: Vec<Tp>,
+}
+
+impl GroupRecord {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn of(g: &ConsumerGroup) -> GroupRecord {
+        GroupRecord {
+            name: g.name.clone(),
+            epoch: g.epoch,
+            assignment_epoch: g.assignment_epoch,
+            assignor: g.assignor.clone(),
+            members: g
+                .members
+                .values()
+                .map(|m| MemberRecord {
+                    id: m.id.clone(),
+                    instance_id: m.instance_id.clone(),
+                    rack_id: m.rack_id.clone(),
+                    client_id: m.client_id.clone(),
+                    client_host: m.client_host.clone(),
+                    epoch: m.epoch,
+                    previous_epoch: m.previous_epoch,
+                    state: m.state.name().to_string(),
+                    subscribed: m.subscribed.iter().cloned().collect(),
+                    names: m.names.iter().cloned().collect(),
+                    regex: m.regex.as_ref().map(|(r, _)| r.clone()),
+                    assignor: m.assignor.clone(),
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    assigned: m.assigned.iter().cloned().collect(),
+                    revoking: m.revoking.iter().cloned().collect(),
+                })
+                .collect(),
+            target: g
+                .target
+                .iter()
+                .map(|(id, tps)| (id.clone(), tps.iter().cloned().collect()))
+                .collect(),
+            topics: g.topics.iter().map(|(t, n)| (t.clone(), *n)).collect(),
+        }
+    }
+
+    /// The group as its new coordinator holds it: every member's session
+    /// (and a revocation's deadline) starting at `now`; each member is sent
+    /// its assignment again at its next heartbeat. A member whose
+    /// subscription's expression no longer compiles is left out (it
+    /// rejoins).
+    fn load(self, now: u64) -> ConsumerGroup {
+        let members = self
+            .members
+            .into_iter()
+            .filter_map(|m| {
+                let regex = match m.regex {
+                    Some(r) => Some((r.clone(), regex::Regex::new(&format!("^(?:{r})$")).ok()?)),
+                    None => None,
+                };
+                let state = match m.state.as_str() {
+                    "UNREVOKED_PARTITIONS" => MemberState::UnrevokedPartitions,
+                    "UNRELEASED_PARTITIONS" => MemberState::UnreleasedPartitions,
+                    _ => MemberState::Stable,
+                };
+                let revoking: BTreeSet<Tp> = m.revoking.into_iter().collect();
+                let member = Member {
+                    id: m.id.clone(),
+                    instance_id: m.instance_id,
+                    rack_id: m.rack_id,
+                    client_id: m.client_id,
+                    client_host: m.client_host,
+                    epoch: m.epoch,
+                    previous_epoch: m.previous_epoch,
+                    state,
+                    subscribed: m.subscribed.into_iter().collect(),
+                    names: m.names.into_iter().collect(),
+                    regex,
+                    assignor: m.assignor,
+                    rebalance_timeout_ms: m.rebalance_timeout_ms,
+                    assigned: m.assigned.into_iter().collect(),
+                    revoke_deadline: (!revoking.is_empty()).then(|| now + m.rebalance_timeout_ms.max(1)),
+                    revoking,
+                    last_heartbeat: now,
+                    sent: None,
+                };
+                Some((m.id, member))
+            })
+            .collect();
+        ConsumerGroup {
+            name: self.name,
+            epoch: self.epoch,
+            assignment_epoch: self.assignment_epoch,
+            assignor: self.assignor,
+            members,
+            target: self
+                .target
+                .into_iter()
+                .map(|(id, tps)| (id, tps.into_iter().collect()))
+                .collect(),
+            topics: self.topics.into_iter().collect(),
+        }
+    }
+}
+
+/// See [`ConsumerGroups::heartbeat_mark`].
+#[derive(Debug, PartialEq)]
+pub struct HeartbeatMark {
+    epoch: i32,
+    assignment_epoch: i32,
+    members: usize,
+    #[allow(clippy::type_complexity)]
+    member: Option<(i32, MemberState, BTreeSet<Tp>, BTreeSet<Tp>, BTreeSet<String>)>,
 }
 
 /// The consumer groups and their heartbeat logic.
@@ -523,6 +668,49 @@ impl ConsumerGroups {
         n
     }
 
+    /// Every group as a coordinator taking over would load it, by name.
+    pub fn records(&self) -> Vec<GroupRecord> {
+        self.groups.values().map(GroupRecord::of).collect()
+    }
+
+    /// What a heartbeat of `member` in `group` may change of the group's
+    /// record: its epochs, its size and that member (a heartbeat moves no
+    /// other member; a new target comes with a new epoch). Compared before
+    /// and after, at the cost of one member.
+    pub fn heartbeat_mark(&self, group: &str, member: &str) -> Option<HeartbeatMark> {
+        let g = self.groups.get(group)?;
+        Some(HeartbeatMark {
+            epoch: g.epoch,
+            assignment_epoch: g.assignment_epoch,
+            members: g.members.len(),
+            member: g.members.get(member).map(|m| {
+                (
+                    m.epoch,
+                    m.state,
+                    m.assigned.clone(),
+                    m.revoking.clone(),
+                    m.subscribed.clone(),
+                )
+            }),
+        })
+    }
+
+    /// Replaces the groups with a master's records (see [`GroupRecord::load`]).
+    pub fn load_records(&mut self, records: Vec<GroupRecord>, now: u64) {
+        self.groups = records.into_iter().map(|r| (r.name.clone(), r.load(now))).collect();
+    }
+
+    /// Every member's session (and revocation deadline) starts again at
+    /// `now`: a coordinator taking over, which members could not reach.
+    pub fn restart_sessions(&mut self, now: u64) {
+        for m in self.groups.values_mut().flat_map(|g| g.members.values_mut()) {
+            m.last_heartbeat = now;
+            if m.revoke_deadline.is_some() {
+                m.revoke_deadline = Some(now + m.rebalance_timeout_ms.max(1));
+            }
+        }
+    }
+
     /// Empty groups with nothing committed (`has_offsets` says which have)
     /// are forgotten.
     pub fn forget_unused(&mut self, has_offsets: impl Fn(&str) -> bool) -> usize {
@@ -784,6 +972,57 @@ mod tests {
         assert_eq!(c.groups["g"].state(), "Stable");
         // A stale epoch is fenced.
         assert_eq!(beat(&mut c, "a", 1, None, 60).error, err::FENCED_MEMBER_EPOCH);
+    }
+
+    #[test]
+    fn a_coordinator_taking_over_keeps_epochs_members_and_assignments() -> Result<(), String> {
+        let mut c = ConsumerGroups::default();
+        join(&mut c, "a", &["t"], 0);
+        let b = join(&mut c, "b", &["t"], 10);
+        // Mid-reconciliation: a still has three to revoke.
+        let keep = beat(&mut c, "a", 1, None, 20).assignment.unwrap_or_default();
+        assert_eq!(c.groups["g"].members["a"].revoking.len(), 3);
+        let records = c.records();
+        let wire = serde_json::to_vec(&records).map_err(|e| e.to_string())?;
+        let got: Vec<GroupRecord> = serde_json::from_slice(&wire).map_err(|e| e.to_string())?;
+        assert_eq!(got, records);
+        let mut next = ConsumerGroups::default();
+        let later = 1_000_000;
+        next.load_records(got, later);
+        assert_eq!(next.records(), records, "loaded as it was");
+        assert_eq!(next.groups["g"].state(), "Reconciling");
+        // Sessions, and a's time to revoke (its 30 s rebalance timeout), run
+        // from the load.
+        assert_eq!(next.tick(later + 29_999, &CFG), 0);
+        // The members go on with their epochs: a finishes revoking, b gets
+        // the three; nobody owns a partition twice; a stale epoch is fenced.
+        assert_eq!(beat(&mut next, "a", 1, Some(keep.clone()), later + 10).member_epoch, 2);
+        let b2 = beat(&mut next, "b", b.member_epoch, Some(Vec::new()), later + 20);
+        assert_eq!((b2.error, b2.assignment.map(|a| a.len())), (0, Some(3)));
+        assert!(owners(&next).values().all(|o| o.len() == 1));
+        assert_eq!(next.groups["g"].state(), "Stable");
+        assert_eq!(
+            beat(&mut next, "a", 1, None, later + 30).error,
+            err::FENCED_MEMBER_EPOCH
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_heartbeat_mark_moves_with_what_a_record_keeps() {
+        let mut c = ConsumerGroups::default();
+        assert!(c.heartbeat_mark("g", "a").is_none());
+        join(&mut c, "a", &["t"], 0);
+        let settled = c.heartbeat_mark("g", "a");
+        let owned: Vec<Tp> = c.groups["g"].members["a"].assigned.iter().cloned().collect();
+        beat(&mut c, "a", 1, Some(owned), 10);
+        assert_eq!(
+            c.heartbeat_mark("g", "a"),
+            settled,
+            "a plain heartbeat changes nothing kept"
+        );
+        join(&mut c, "b", &["t"], 20);
+        assert_ne!(c.heartbeat_mark("g", "a"), settled, "a member joined");
     }
 
     struct Named;

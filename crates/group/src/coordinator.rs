@@ -150,30 +150,60 @@ mod b64 {
     }
 }
 
-/// Every classic group as a coordinator taking over would load it (see
-/// [`GroupCoordinator::records`]): cheap to take under the coordinator's
-/// lock, encoded and decoded outside it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GroupRecords(Vec<GroupRecord>);
+/// Every group as a coordinator taking over would load it (see
+/// [`GroupCoordinator::records`]): the classic groups and the KIP-848
+/// consumer groups; cheap to take under the coordinator's lock, encoded and
+/// decoded outside it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GroupRecords {
+    classic: Vec<GroupRecord>,
+    consumer: Vec<crate::consumer::GroupRecord>,
+}
+
+/// The JSON of [`GroupRecords`] with consumer groups (without any, the
+/// classic records' array alone, as before they were replicated: a replica
+/// of an older version still reads it).
+#[derive(Serialize, Deserialize)]
+struct AllRecords {
+    classic: Vec<GroupRecord>,
+    consumer: Vec<crate::consumer::GroupRecord>,
+}
 
 impl GroupRecords {
     /// The records as a replica receives them (JSON).
     pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.0).unwrap_or_default()
+        if self.consumer.is_empty() {
+            return serde_json::to_vec(&self.classic).unwrap_or_default();
+        }
+        serde_json::to_vec(&AllRecords {
+            classic: self.classic.clone(),
+            consumer: self.consumer.clone(),
+        })
+        .unwrap_or_default()
     }
 
     pub fn decode(b: &[u8]) -> Result<GroupRecords, String> {
-        serde_json::from_slice(b)
-            .map(GroupRecords)
+        if let Ok(classic) = serde_json::from_slice::<Vec<GroupRecord>>(b) {
+            return Ok(GroupRecords {
+                classic,
+                consumer: Vec::new(),
+            });
+        }
+        serde_json::from_slice::<AllRecords>(b)
+            .map(|a| GroupRecords {
+                classic: a.classic,
+                consumer: a.consumer,
+            })
             .map_err(|e| format!("group records: {e}"))
     }
 
+    /// Groups of both kinds.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.classic.len() + self.consumer.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
     }
 }
 
@@ -444,7 +474,16 @@ impl GroupCoordinator {
         let max = self.config.max_groups as usize;
         let may_create = max == 0 || self.group_count() < max;
         let cfg = self.consumer_config();
+        // What a coordinator taking over would load changes with the
+        // group's epochs, members and assignments.
+        let (group, member) = (req.group.clone(), req.member_id.clone());
+        let before = self.consumer.heartbeat_mark(&group, &member);
         let r = self.consumer.heartbeat(req, now, topics, &cfg, may_create);
+        // (A joining member's id is the one the response gives it; its
+        // joining changes the group's size anyway.)
+        if self.consumer.heartbeat_mark(&group, &r.member_id) != before {
+            records_changed();
+        }
         if r.error == code::COORDINATOR_NOT_AVAILABLE {
             self.refused_groups += 1;
         } else if r.error == code::GROUP_MAX_SIZE_REACHED {
@@ -1073,7 +1112,9 @@ impl GroupCoordinator {
     pub fn tick(&mut self, now: u64) -> Vec<Reply> {
         let mut out = Vec::new();
         let cfg = self.consumer_config();
-        self.consumer.tick(now, &cfg);
+        if self.consumer.tick(now, &cfg) > 0 {
+            records_changed();
+        }
         let config = self.config.clone();
         for g in self.groups.values_mut() {
             g.pending.retain(|_, deadline| *deadline > now);
@@ -1122,10 +1163,11 @@ impl GroupCoordinator {
         let before = self.groups.len();
         self.groups
             .retain(|name, g| !(g.state == GroupState::Empty && g.pending.is_empty() && !has_offsets(name)));
-        if self.groups.len() != before {
+        let consumer = self.consumer.forget_unused(&has_offsets);
+        if self.groups.len() != before || consumer > 0 {
             records_changed();
         }
-        before - self.groups.len() + self.consumer.forget_unused(&has_offsets)
+        before - self.groups.len() + consumer
     }
 
     /// Counts changes of what [`GroupCoordinator::records`] returns (it
@@ -1134,20 +1176,29 @@ impl GroupCoordinator {
         RECORD_CHANGES.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Every classic group as a coordinator taking over would load it: as
-    /// of its last completed rebalance, or emptied.
+    /// Every group as a coordinator taking over would load it: a classic
+    /// group as of its last completed rebalance (or emptied), a consumer
+    /// group (KIP-848) as it is.
     pub fn records(&self) -> GroupRecords {
-        let mut all: Vec<GroupRecord> = self.groups.values().filter_map(|g| g.record.clone()).collect();
-        all.sort_by(|a, b| a.name.cmp(&b.name));
-        GroupRecords(all)
+        let mut classic: Vec<GroupRecord> = self.groups.values().filter_map(|g| g.record.clone()).collect();
+        classic.sort_by(|a, b| a.name.cmp(&b.name));
+        GroupRecords {
+            classic,
+            consumer: self.consumer.records(),
+        }
     }
 
-    /// Replaces the classic groups with a master's [`GroupCoordinator::records`]
+    /// Replaces the groups (classic and consumer) with a master's [`GroupCoordinator::records`]
     /// (a replica keeps them to take over with): each Stable with its
     /// members' sessions starting at `now`, or Empty. How many.
     pub fn load_records(&mut self, records: GroupRecords, now: u64) -> usize {
-        let n = records.0.len();
-        self.groups = records.0.into_iter().map(|r| (r.name.clone(), r.load(now))).collect();
+        let n = records.len();
+        self.groups = records
+            .classic
+            .into_iter()
+            .map(|r| (r.name.clone(), r.load(now)))
+            .collect();
+        self.consumer.load_records(records.consumer, now);
         // What this node ships if it becomes master again is what it holds
         // now, not what it encoded when it last was.
         records_changed();
@@ -1157,6 +1208,7 @@ impl GroupCoordinator {
     /// Every member's session starts again at `now` (a coordinator taking
     /// over: members could not reach it while it was not one).
     pub fn restart_sessions(&mut self, now: u64) {
+        self.consumer.restart_sessions(now);
         for g in self.groups.values_mut() {
             for m in g.members.values_mut() {
                 m.last_heartbeat = now;

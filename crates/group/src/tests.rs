@@ -597,3 +597,42 @@ fn a_coordinator_taking_over_keeps_members_generation_and_assignment() {
     let bad = text.replacen("\"assignment\":\"", "\"assignment\":\"!", 1);
     assert!(GroupRecords::decode(bad.as_bytes()).is_err(), "{bad}");
 }
+
+#[test]
+fn consumer_groups_go_to_a_coordinator_taking_over_with_the_classic_ones() -> Result<(), String> {
+    let (mut h, _a) = stable_one();
+    let classic_only = h.c.records().encode();
+    assert!(
+        classic_only.starts_with(b"["),
+        "without consumer groups, the older form"
+    );
+    let v = h.c.record_changes();
+    let topics = |t: &str| (t == "t").then_some(4u32);
+    let r = h.c.consumer_heartbeat(
+        crate::consumer::HeartbeatRequest {
+            group: "cg".into(),
+            member_id: "m1".into(),
+            member_epoch: 0,
+            rebalance_timeout_ms: 30_000,
+            subscribed_topics: Some(vec!["t".into()]),
+            owned: Some(Vec::new()),
+            ..Default::default()
+        },
+        h.now,
+        &topics,
+    );
+    assert_eq!((r.error, r.member_epoch), (NONE, 1));
+    assert!(h.c.record_changes() > v, "a member joining is a change to ship");
+    let records = h.c.records();
+    let wire = records.encode();
+    assert_eq!(GroupRecords::decode(&wire).as_ref(), Ok(&records));
+    let mut next = GroupCoordinator::new(GroupConfig::default());
+    assert_eq!(GroupRecords::decode(&wire).map(|r| next.load_records(r, 7)), Ok(2));
+    assert_eq!(next.state("g"), Some(GroupState::Stable));
+    let g = next.consumer.groups.get("cg").ok_or("the consumer group")?;
+    assert_eq!(
+        (g.epoch, g.members["m1"].epoch, g.members["m1"].assigned.len()),
+        (1, 1, 4)
+    );
+    Ok(())
+}
