@@ -53,3 +53,63 @@ def test_plaintext_is_refused_on_the_tls_port(tls_rokka):
             call(b"", timeout=5)
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
     assert tls_rokka.metric_values().get('rokka_rocketmq5_tls_handshakes_total{result="failed"}', 0) >= 1
+
+
+@pytest.fixture(scope="module")
+def mtls_rokka():
+    pki = make_pki(results_dir("rocketmq5", "mtls-pki"))
+    extra = (
+        GRPC + f'tls_certificate = "{pki["server.pem"]}"\ntls_key = "{pki["server.key"]}"\n'
+        f'tls_client_ca = "{pki["ca.pem"]}"\n'
+    )
+    # Kafka's plaintext clients (User:ANONYMOUS) make the topic; every gRPC
+    # caller presents a certificate.
+    sections = '[security]\nauthorization = true\nsuper_users = ["User:CN=alice", "User:ANONYMOUS"]\n'
+    with running("rocketmq5", "mtls", grpc_extra=extra + sections) as r:
+        r.pki = pki
+        yield r
+
+
+def query_route(r, topic, cert, key):
+    """QueryRoute over gRPC with a client certificate (grpcio, the RocketMQ
+    client's own protocol modules: the Python client has no setting for a
+    client certificate); the answer's status code, or the RpcError's."""
+    from rocketmq.grpc_protocol import definition_pb2, service_pb2, service_pb2_grpc
+
+    pki = r.pki
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=open(pki["ca.pem"], "rb").read(),
+        private_key=open(key, "rb").read() if key else None,
+        certificate_chain=open(cert, "rb").read() if cert else None,
+    )
+    with grpc.secure_channel(f"127.0.0.1:{r.grpc_port}", creds) as ch:
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
+        req = service_pb2.QueryRouteRequest(
+            topic=definition_pb2.Resource(name=topic),
+            endpoints=definition_pb2.Endpoints(
+                scheme=definition_pb2.AddressScheme.IPv4,
+                addresses=[definition_pb2.Address(host="127.0.0.1", port=r.grpc_port)],
+            ),
+        )
+        try:
+            resp = stub.QueryRoute(req, timeout=10)
+        except grpc.RpcError as e:
+            return e.code()
+        return resp.status.code
+
+
+def test_a_client_certificate_names_the_caller_the_acls_decide_for(mtls_rokka):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": mtls_rokka.bootstrap})
+    for f in admin.create_topics([NewTopic("g5-mtls", 2, 1)]).values():
+        f.result(15)
+    pki = mtls_rokka.pki
+    # CN=alice is a super user; CN=node, signed by the same CA, has no ACL.
+    assert query_route(mtls_rokka, "g5-mtls", pki["client.pem"], pki["client.key"]) == 20000  # OK
+    assert query_route(mtls_rokka, "g5-mtls", pki["node.pem"], pki["node.key"]) == 40300  # FORBIDDEN
+    # No certificate: no TLS session at all.
+    assert query_route(mtls_rokka, "g5-mtls", None, None) == grpc.StatusCode.UNAVAILABLE
+    denied = sum(v for k, v in mtls_rokka.metric_values().items()
+                 if k.startswith("rokka_authorization_denied_total{") and 'protocol="rocketmq5"' in k)
+    assert denied >= 1

@@ -194,8 +194,10 @@ impl Config {
             }
         };
         check(self.kafka.enabled, "kafka.listen", self.kafka.listen);
-        // gRPC clients may call unsigned (User:ANONYMOUS), as RocketMQ's.
-        check(self.grpc.enabled, "grpc.listen", self.grpc.listen);
+        // gRPC clients may call unsigned (User:ANONYMOUS), as RocketMQ's,
+        // unless every one presents a certificate (TLS with a client CA).
+        let grpc_certified = !self.grpc.tls_certificate.is_empty() && !self.grpc.tls_client_ca.is_empty();
+        check(self.grpc.enabled && !grpc_certified, "grpc.listen", self.grpc.listen);
         if let Some(ssl) = self.kafka.ssl_listen {
             // Encrypted is not authenticated: the same rule, unless its
             // clients authenticate (SASL_SSL, or client certificates).

@@ -638,10 +638,11 @@ async fn serve(
         let tls = if cfg.grpc.tls_certificate.is_empty() {
             None
         } else {
+            let ca = (!cfg.grpc.tls_client_ca.is_empty()).then(|| std::path::Path::new(&cfg.grpc.tls_client_ca));
             let acceptor = rokka_broker::tls::acceptor_for(
                 cfg.grpc.tls_certificate.as_ref(),
                 cfg.grpc.tls_key.as_ref(),
-                None,
+                ca,
                 &[b"h2"],
             )
             .map_err(|e| format!("gRPC TLS: {e}"))?;

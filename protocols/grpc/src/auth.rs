@@ -83,13 +83,22 @@ impl Guard {
 
     /// The call's principal; Err: UNAUTHORIZED and why. Only asked with
     /// authorization on.
-    pub fn principal(&self, broker: &Broker, md: &MetadataMap, peer: Option<SocketAddr>) -> Result<String, pb::Status> {
+    /// A call without credentials is who its client certificate names
+    /// (`certified`), or `User:ANONYMOUS`.
+    pub fn principal(
+        &self,
+        broker: &Broker,
+        md: &MetadataMap,
+        peer: Option<SocketAddr>,
+        certified: Option<&str>,
+    ) -> Result<String, pb::Status> {
         let header = md.get("authorization").map(|v| v.to_str());
+        let unsigned = || Ok(certified.unwrap_or(ANONYMOUS).to_string());
         let (ak, sig) = match header {
-            None => return Ok(ANONYMOUS.to_string()),
+            None => return unsigned(),
             Some(Err(_)) => return Err(self.failed(peer, "signature", "authorization header is not text".into())),
             Some(Ok(h)) => match parse(h) {
-                Some(("", _)) => return Ok(ANONYMOUS.to_string()),
+                Some(("", _)) => return unsigned(),
                 Some(p) => p,
                 None => {
                     return Err(self.failed(
@@ -179,7 +188,13 @@ impl Guard {
         if !broker.acls().enabled() {
             return Ok(None);
         }
-        self.principal(broker, req.metadata(), req.remote_addr()).map(Some)
+        self.principal(
+            broker,
+            req.metadata(),
+            crate::peer(req),
+            crate::certificate_principal(req),
+        )
+        .map(Some)
     }
 
     /// [`Guard::who`] then [`Guard::authorize`]: `None` if the call may go
@@ -187,7 +202,7 @@ impl Guard {
     pub fn check<T>(&self, broker: &Broker, req: &tonic::Request<T>, needs: &[Need<'_>]) -> Option<pb::Status> {
         match self.who(broker, req) {
             Ok(None) => None,
-            Ok(Some(who)) => self.authorize(broker, &who, req.remote_addr(), needs).err(),
+            Ok(Some(who)) => self.authorize(broker, &who, crate::peer(req), needs).err(),
             Err(s) => Some(s),
         }
     }

@@ -17,6 +17,10 @@ pub struct GrpcConfig {
     /// and Node clients' default). With both set every connection is TLS.
     pub tls_certificate: String,
     pub tls_key: String,
+    /// PEM CAs whose client certificates are required; a call without an
+    /// `authorization` header is then `User:<subject DN>` (as on Kafka's
+    /// SSL listener). Empty: none asked.
+    pub tls_client_ca: String,
     /// At most this many client connections at once (more are closed at
     /// accept, counted in `rokka_rocketmq5_connections_refused_total`).
     pub max_connections: u32,
@@ -81,6 +85,7 @@ impl Default for GrpcConfig {
             advertised_addr: String::new(),
             tls_certificate: String::new(),
             tls_key: String::new(),
+            tls_client_ca: String::new(),
             max_connections: 1024,
             max_concurrent_streams: 256,
             max_request_bytes: 8 << 20,

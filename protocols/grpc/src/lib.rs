@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
 pub use config::GrpcConfig;
 pub use service::{Messaging, Service};
@@ -35,7 +35,27 @@ pub struct Conn {
     io: Box<dyn Io>,
     local: SocketAddr,
     peer: SocketAddr,
+    principal: Option<Arc<str>>,
     _slot: Slot,
+}
+
+/// What a call knows of its connection: its addresses, and who the client
+/// certificate names (`User:<subject DN>`) when it presented one.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    pub principal: Option<Arc<str>>,
+}
+
+/// The caller's address.
+pub fn peer<T>(req: &tonic::Request<T>) -> Option<SocketAddr> {
+    req.extensions().get::<ConnInfo>().map(|c| c.peer)
+}
+
+/// Who the caller's client certificate names, if it presented one.
+pub fn certificate_principal<T>(req: &tonic::Request<T>) -> Option<&str> {
+    req.extensions().get::<ConnInfo>().and_then(|c| c.principal.as_deref())
 }
 
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -51,11 +71,12 @@ impl Drop for Slot {
 }
 
 impl Connected for Conn {
-    type ConnectInfo = TcpConnectInfo;
-    fn connect_info(&self) -> TcpConnectInfo {
-        TcpConnectInfo {
-            local_addr: Some(self.local),
-            remote_addr: Some(self.peer),
+    type ConnectInfo = ConnInfo;
+    fn connect_info(&self) -> ConnInfo {
+        ConnInfo {
+            local: self.local,
+            peer: self.peer,
+            principal: self.principal.clone(),
         }
     }
 }
@@ -141,6 +162,7 @@ pub async fn serve(
                         io: Box::new(tcp),
                         local,
                         peer,
+                        principal: None,
                         _slot: slot,
                     };
                     if tx.send(Ok(conn)).await.is_err() {
@@ -154,10 +176,12 @@ pub async fn serve(
                             Ok(Ok(s)) => {
                                 metrics::counter!("rokka_rocketmq5_tls_handshakes_total", "result" => "ok")
                                     .increment(1);
+                                let principal = rokka_broker::tls::peer_principal(s.get_ref().1).map(Arc::from);
                                 let conn = Conn {
                                     io: Box::new(s),
                                     local,
                                     peer,
+                                    principal,
                                     _slot: slot,
                                 };
                                 let _ = tx.send(Ok(conn)).await;

@@ -1151,14 +1151,12 @@ impl pb::messaging_service_server::MessagingService for Service {
                 if let Err(s) = m.guard.authorize(
                     &m.broker,
                     &who,
-                    req.remote_addr(),
+                    crate::peer(&req),
                     &[rocketmq_topic(topic, Op::Describe)],
                 ) {
                     return refused(s);
                 }
-                let host = req
-                    .remote_addr()
-                    .map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
+                let host = crate::peer(&req).map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
                 m.broker.acls().allows(&who, host, (Rt::Topic, topic, Op::Create))
             }
         };
@@ -1222,7 +1220,7 @@ impl pb::messaging_service_server::MessagingService for Service {
             let needs: Vec<Need<'_>> = topics.into_iter().map(|t| rocketmq_topic(t, Op::Write)).collect();
             guard!(self, req, &needs, SendMessageResponse);
         }
-        let peer = req.remote_addr();
+        let peer = crate::peer(&req);
         let req = req.into_inner();
         // On this task: the store offloads its own steps that may block (a
         // file or segment to make), the broker its topic-table writes.
@@ -1505,7 +1503,7 @@ impl pb::messaging_service_server::MessagingService for Service {
             .guard
             .who(&m.broker, &req)
             .map_err(|s| Status::unauthenticated(s.message))?;
-        let peer = req.remote_addr();
+        let peer = crate::peer(&req);
         let count = &m.telemetry_streams;
         if count.fetch_add(1, Ordering::Relaxed) >= m.config.max_telemetry_streams {
             count.fetch_sub(1, Ordering::Relaxed);
