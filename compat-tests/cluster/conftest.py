@@ -250,3 +250,14 @@ class AsOneBroker:
 
     def metric_values(self):
         return {k: float(v) for k, v in (l.rsplit(" ", 1) for l in self.metrics().splitlines())}
+
+
+def sasl_conf(node, user, password):
+    """A SCRAM-SHA-512 client of `node`'s SASL_PLAINTEXT listener."""
+    return {
+        "bootstrap.servers": f"127.0.0.1:{node.sasl_port}",
+        "security.protocol": "sasl_plaintext",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": user,
+        "sasl.password": password,
+    }

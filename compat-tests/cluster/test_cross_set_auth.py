@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
-from conftest import TwoSets
+from conftest import TwoSets, sasl_conf
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +40,8 @@ def cluster():
     c.close()
 
 
-def sasl_conf(node):
-    return {
-        "bootstrap.servers": f"127.0.0.1:{node.sasl_port}",
-        "security.protocol": "sasl_plaintext",
-        "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "dora",
-        "sasl.password": "dora-pw",
-    }
+def dora(node):
+    return sasl_conf(node, "dora", "dora-pw")
 
 
 def test_a_coordinator_commits_offsets_of_the_other_set_under_acls(cluster):
@@ -77,16 +71,16 @@ def test_a_coordinator_commits_offsets_of_the_other_set_under_acls(cluster):
     deadline = time.time() + 20
     while True:
         try:
-            AdminClient(sasl_conf(cluster.nodes[1])).list_topics(timeout=5)
+            AdminClient(dora(cluster.nodes[1])).list_topics(timeout=5)
             break
         except Exception:
             assert time.time() < deadline, "dora logs in"
             time.sleep(0.5)
-    p = Producer(sasl_conf(cluster.nodes[2]))
+    p = Producer(dora(cluster.nodes[2]))
     for i in range(40):
         p.produce("guarded", value=f"g-{i}".encode(), partition=i % 4)
     assert p.flush(30) == 0
-    c = Consumer({**sasl_conf(cluster.nodes[3]), "group.id": "guarded-g", "auto.offset.reset": "earliest",
+    c = Consumer({**dora(cluster.nodes[3]), "group.id": "guarded-g", "auto.offset.reset": "earliest",
                   "enable.auto.commit": False})
     c.subscribe(["guarded"])
     got, deadline = [], time.time() + 40

@@ -20,7 +20,7 @@ from confluent_kafka.admin import (
     UserScramCredentialDeletion,
     UserScramCredentialUpsertion,
 )
-from conftest import TwoSets
+from conftest import TwoSets, sasl_conf
 
 
 @pytest.fixture(scope="module")
@@ -35,16 +35,6 @@ def cluster():
     )
     yield c
     c.close()
-
-
-def sasl_conf(node, user, password):
-    return {
-        "bootstrap.servers": f"127.0.0.1:{node.sasl_port}",
-        "security.protocol": "sasl_plaintext",
-        "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": user,
-        "sasl.password": password,
-    }
 
 
 def test_a_user_made_on_one_node_logs_in_everywhere(cluster):
