@@ -85,37 +85,211 @@ fn text(v: &Value) -> Option<String> {
     }
 }
 
+/// A JSON value as an extFields string, taking its text when it is one.
+fn into_text(v: Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s),
+        other => text(&other),
+    }
+}
+
+/// What a JSON header is read into, in one pass: the scalar fields as JSON
+/// values (numbers cost no allocation), extFields straight into
+/// (key, value) pairs — no tree of values, no map, no copies.
+#[derive(Default)]
+struct JsonHeader {
+    code: Option<Value>,
+    language: Option<Value>,
+    version: Option<Value>,
+    opaque: Option<Value>,
+    flag: Option<Value>,
+    remark: Option<Value>,
+    ext: Vec<(String, String)>,
+}
+
+/// The header's top-level keys; others are skipped unread.
+enum Key {
+    Code,
+    Language,
+    Version,
+    Opaque,
+    Flag,
+    Remark,
+    ExtFields,
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Key {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Key, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Key;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a header field name")
+            }
+            fn visit_str<E: serde::de::Error>(self, k: &str) -> Result<Key, E> {
+                Ok(match k {
+                    "code" => Key::Code,
+                    "language" => Key::Language,
+                    "version" => Key::Version,
+                    "opaque" => Key::Opaque,
+                    "flag" => Key::Flag,
+                    "remark" => Key::Remark,
+                    "extFields" => Key::ExtFields,
+                    _ => Key::Other,
+                })
+            }
+        }
+        d.deserialize_identifier(V)
+    }
+}
+
+/// Marks "the header is JSON but not an object" in a serde error.
+const NOT_AN_OBJECT: &str = "rokka: not an object";
+
+impl<'de> serde::Deserialize<'de> for JsonHeader {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<JsonHeader, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = JsonHeader;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<JsonHeader, A::Error> {
+                let mut h = JsonHeader::default();
+                // A key given twice: the last one counts (as in a map).
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        Key::Code => h.code = Some(map.next_value()?),
+                        Key::Language => h.language = Some(map.next_value()?),
+                        Key::Version => h.version = Some(map.next_value()?),
+                        Key::Opaque => h.opaque = Some(map.next_value()?),
+                        Key::Flag => h.flag = Some(map.next_value()?),
+                        Key::Remark => h.remark = Some(map.next_value()?),
+                        Key::ExtFields => h.ext = map.next_value::<ExtPairs>()?.0,
+                        Key::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(h)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<JsonHeader, A::Error> {
+                Err(serde::de::Error::custom(NOT_AN_OBJECT))
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<JsonHeader, E> {
+                Err(E::custom(NOT_AN_OBJECT))
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<JsonHeader, E> {
+                Err(E::custom(NOT_AN_OBJECT))
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<JsonHeader, E> {
+                Err(E::custom(NOT_AN_OBJECT))
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<JsonHeader, E> {
+                Err(E::custom(NOT_AN_OBJECT))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<JsonHeader, E> {
+                Err(E::custom(NOT_AN_OBJECT))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<JsonHeader, E> {
+                Err(E::custom(NOT_AN_OBJECT))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// extFields as (key, text) pairs in key order, a key given twice keeping
+/// its last value (what reading them into a map and out gave); a value that
+/// is not an object's (null, a string...) gives none.
+struct ExtPairs(Vec<(String, String)>);
+
+impl<'de> serde::Deserialize<'de> for ExtPairs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ExtPairs, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ExtPairs;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("extFields")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ExtPairs, A::Error> {
+                let mut v: Vec<(String, Option<String>)> = Vec::with_capacity(map.size_hint().unwrap_or(16).min(64));
+                while let Some(k) = map.next_key::<String>()? {
+                    // null: no value (a later one may still give the key one).
+                    let value: Value = map.next_value()?;
+                    v.push((k, into_text(value)));
+                }
+                // Key order (stable: a key given twice keeps its values in
+                // the order given); of those, the last counts.
+                v.sort_by(|a, b| a.0.cmp(&b.0));
+                v.dedup_by(|later, kept| {
+                    if later.0 == kept.0 {
+                        std::mem::swap(later, kept);
+                        true
+                    } else {
+                        false
+                    }
+                });
+                Ok(ExtPairs(v.into_iter().filter_map(|(k, t)| Some((k, t?))).collect()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<ExtPairs, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(ExtPairs(Vec::new()))
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<ExtPairs, E> {
+                Ok(ExtPairs(Vec::new()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<ExtPairs, E> {
+                Ok(ExtPairs(Vec::new()))
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<ExtPairs, E> {
+                Ok(ExtPairs(Vec::new()))
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<ExtPairs, E> {
+                Ok(ExtPairs(Vec::new()))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<ExtPairs, E> {
+                Ok(ExtPairs(Vec::new()))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<ExtPairs, E> {
+                Ok(ExtPairs(Vec::new()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
 fn decode_json(h: &[u8]) -> Result<RemotingCommand, FrameError> {
-    let v: Value = serde_json::from_slice(h).map_err(|e| bad(format!("JSON header: {e}")))?;
-    let Value::Object(o) = v else {
-        return Err(bad("JSON header is not an object"));
-    };
-    let code = o
-        .get("code")
+    let header: JsonHeader = serde_json::from_slice(h).map_err(|e| {
+        if e.to_string().starts_with(NOT_AN_OBJECT) {
+            bad("JSON header is not an object")
+        } else {
+            bad(format!("JSON header: {e}"))
+        }
+    })?;
+    let code = header
+        .code
+        .as_ref()
         .and_then(int)
         .ok_or_else(|| bad("JSON header without a code"))?;
-    let language = match o.get("language") {
+    let language = match &header.language {
         Some(Value::String(s)) => LanguageCode::from_name(s),
         Some(v) => int(v).map_or(LanguageCode::Other, |c| LanguageCode::from_code(c as u8)),
         None => LanguageCode::Other,
     };
-    let field = |k: &str| o.get(k).and_then(int).unwrap_or(0) as i32;
-    let mut ext = ExtFields::default();
-    if let Some(Value::Object(e)) = o.get("extFields") {
-        for (k, v) in e {
-            if let Some(t) = text(v) {
-                ext.0.push((k.clone(), t));
-            }
-        }
-    }
+    let field = |v: &Option<Value>| v.as_ref().and_then(int).unwrap_or(0) as i32;
     Ok(RemotingCommand {
         code: code as i32,
         language,
-        version: field("version"),
-        opaque: field("opaque"),
-        flag: field("flag"),
-        remark: o.get("remark").and_then(|r| r.as_str()).map(String::from),
-        ext_fields: ext,
+        version: field(&header.version),
+        opaque: field(&header.opaque),
+        flag: field(&header.flag),
+        remark: match header.remark {
+            Some(Value::String(r)) => Some(r),
+            _ => None,
+        },
+        ext_fields: ExtFields(header.ext),
         serialize_type: SerializeType::Json,
         body: Bytes::new(),
     })
