@@ -65,7 +65,7 @@ def read_frame(s):
     return kind, body
 
 
-def tls_hello(port, ca, cert=None, key=None):
+def tls_hello(port, ca, cert=None, key=None, node_id=99):
     """A HELLO over TLS: the answer frame, or None when the connection
     ends first (the master refused the handshake)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -75,7 +75,7 @@ def tls_hello(port, ca, cert=None, key=None):
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
         try:
             with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
-                s.sendall(hello_frame(99))
+                s.sendall(hello_frame(node_id))
                 return read_frame(s)
         except (ssl.SSLError, ConnectionError):
             return None
@@ -112,6 +112,12 @@ def test_only_peers_with_a_cluster_certificate_get_the_stream(cluster):
     # which still checks who the node is.
     kind, body = tls_hello(port, pki["ca.pem"], pki["node.pem"], pki["node.key"])
     assert kind == REFUSE and b"not a live member" in body, (kind, body)
+    # A certificate of the cluster's CA for someone else (alice's client
+    # certificate) cannot pass for the live replica.
+    replica_id = next(i for i in cluster.nodes if i != m)
+    kind, body = tls_hello(port, pki["ca.pem"], pki["client.pem"], pki["client.key"], node_id=replica_id)
+    assert kind == REFUSE and b"certificate is for" in body, (kind, body)
+    assert cluster.wait_in_sync(size=2), "the real replica's stream goes on"
 
     deadline = time.time() + 10
     while handshakes(master, "master", "failed") < failed + 3 and time.time() < deadline:

@@ -91,3 +91,37 @@ pub fn peer_principal(conn: &rustls::ServerConnection) -> Option<String> {
     let cert = x509_cert::Certificate::from_der(leaf.as_ref()).ok()?;
     Some(format!("User:{}", cert.tbs_certificate.subject))
 }
+
+/// The names a client certificate is for: its subjectAltName DNS names
+/// (lower case) and IP addresses (as text); empty without a certificate or
+/// with none readable.
+pub fn peer_names(conn: &rustls::ServerConnection) -> Vec<String> {
+    use x509_cert::der::Decode as _;
+    use x509_cert::ext::pkix::name::GeneralName;
+    use x509_cert::ext::pkix::SubjectAltName;
+    let Some(leaf) = conn.peer_certificates().and_then(|c| c.first()) else {
+        return Vec::new();
+    };
+    let Ok(cert) = x509_cert::Certificate::from_der(leaf.as_ref()) else {
+        return Vec::new();
+    };
+    let Ok(Some((_, san))) = cert.tbs_certificate.get::<SubjectAltName>() else {
+        return Vec::new();
+    };
+    san.0
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::DnsName(d) => Some(d.as_str().to_ascii_lowercase()),
+            GeneralName::IpAddress(ip) => match ip.as_bytes() {
+                &[a, b, c, d] => Some(std::net::IpAddr::from([a, b, c, d]).to_string()),
+                b if b.len() == 16 => {
+                    let mut o = [0u8; 16];
+                    o.copy_from_slice(b);
+                    Some(std::net::IpAddr::from(o).to_string())
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}

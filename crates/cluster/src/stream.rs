@@ -105,9 +105,12 @@ pub async fn serve(
     tls: Option<TlsAcceptor>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(
-        shared.cfg.replication_max_connections.max(1) as usize,
-    ));
+    let max = shared.cfg.replication_max_connections.max(1) as usize;
+    let slots = Arc::new(tokio::sync::Semaphore::new(max));
+    // With TLS a connection takes a slot only once its certificate is
+    // verified; handshakes in progress have a budget of their own, so
+    // peers that never finish one cannot keep the set's replicas out.
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(max));
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -115,33 +118,43 @@ pub async fn serve(
         };
         match accepted {
             Ok((s, peer)) => {
-                // A set has a few replicas: the port takes at most
-                // `replication_max_connections` at once, whoever connects.
-                let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-                    metrics::counter!("rokka_replication_connections_refused_total").increment(1);
-                    tracing::warn!(%peer, "replication connection refused: replication_max_connections reached");
-                    continue;
-                };
-                metrics::gauge!("rokka_replication_connections").increment(1.0);
+                let _ = s.set_nodelay(true);
                 let sh = Arc::clone(&shared);
-                let tls = tls.clone();
-                tokio::spawn(async move {
-                    let _ = s.set_nodelay(true);
-                    let served = match tls {
-                        None => serve_replica(s, &sh).await,
-                        Some(tls) => {
-                            match handshake("master", tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(s))).await {
-                                Ok(s) => serve_replica(s, &sh).await,
-                                Err(e) => Err(e),
-                            }
-                        }
-                    };
-                    if let Err(e) = served {
-                        tracing::info!(%peer, error = e, "replica connection ended");
+                let slots = Arc::clone(&slots);
+                match tls.clone() {
+                    None => {
+                        // A set has a few replicas: the port takes at most
+                        // `replication_max_connections` at once, whoever connects.
+                        let Some(permit) = slot(&slots, peer) else { continue };
+                        tokio::spawn(async move {
+                            let served = serve_replica(s, &sh, None).await;
+                            ended(peer, served, permit);
+                        });
                     }
-                    metrics::gauge!("rokka_replication_connections").decrement(1.0);
-                    drop(permit);
-                });
+                    Some(tls) => {
+                        let Ok(shaking) = Arc::clone(&handshakes).try_acquire_owned() else {
+                            metrics::counter!("rokka_replication_connections_refused_total").increment(1);
+                            continue;
+                        };
+                        tokio::spawn(async move {
+                            let s = handshake("master", tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(s))).await;
+                            drop(shaking);
+                            let s = match s {
+                                Ok(s) => s,
+                                Err(e) => {
+                                    tracing::debug!(%peer, error = e, "replication TLS handshake failed");
+                                    return;
+                                }
+                            };
+                            // Who the certificate is for: the node it claims
+                            // to be must be registered at one of these.
+                            let names = rokka_broker::tls::peer_names(s.get_ref().1);
+                            let Some(permit) = slot(&slots, peer) else { return };
+                            let served = serve_replica(s, &sh, Some(names)).await;
+                            ended(peer, served, permit);
+                        });
+                    }
+                }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "replication accept failed");
@@ -149,6 +162,37 @@ pub async fn serve(
             }
         }
     }
+}
+
+/// One of the `replication_max_connections` slots, or None (counted,
+/// logged) when all are taken.
+fn slot(slots: &Arc<tokio::sync::Semaphore>, peer: std::net::SocketAddr) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    match Arc::clone(slots).try_acquire_owned() {
+        Ok(permit) => {
+            metrics::gauge!("rokka_replication_connections").increment(1.0);
+            Some(permit)
+        }
+        Err(_) => {
+            metrics::counter!("rokka_replication_connections_refused_total").increment(1);
+            tracing::warn!(%peer, "replication connection refused: replication_max_connections reached");
+            None
+        }
+    }
+}
+
+/// A replica connection is over: why (logged), and its slot freed.
+fn ended(peer: std::net::SocketAddr, served: Res<()>, permit: tokio::sync::OwnedSemaphorePermit) {
+    if let Err(e) = served {
+        tracing::info!(%peer, error = e, "replica connection ended");
+    }
+    metrics::gauge!("rokka_replication_connections").decrement(1.0);
+    drop(permit);
+}
+
+/// The host of `host:port` (an IPv6 address without its brackets).
+fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 /// A TLS handshake's outcome, counted by side and result
@@ -166,7 +210,12 @@ async fn handshake<S>(
     out
 }
 
-async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, sh: &Shared) -> Res<()> {
+/// `certified`: over TLS, the names the peer's certificate is for.
+async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
+    mut s: S,
+    sh: &Shared,
+    certified: Option<Vec<String>>,
+) -> Res<()> {
     let (kind, body) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s, MAX_HELLO))
         .await
         .map_err(|_| "no HELLO within 5 s".to_string())??;
@@ -188,6 +237,23 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, sh: &Shared)
         let why = format!("node {} is not a live member of this set", hello.node_id);
         write_frame(&mut s, REFUSE, why.as_bytes()).await?;
         return Err(why);
+    }
+    // Over TLS the certificate must be the claimed node's: a certificate
+    // of the cluster's CA issued for another host cannot pass for it.
+    if let Some(names) = &certified {
+        let registered = sh.node_addr(hello.node_id);
+        let host = registered.as_deref().map(|a| host_of(a).to_ascii_lowercase());
+        if !host.as_ref().is_some_and(|h| names.iter().any(|n| n == h)) {
+            metrics::counter!("rokka_replication_tls_handshakes_total", "side" => "master", "result" => "wrong_node")
+                .increment(1);
+            let why = format!(
+                "the certificate is for {names:?}, not node {}'s registered host {}",
+                hello.node_id,
+                host.as_deref().unwrap_or("(none)")
+            );
+            write_frame(&mut s, REFUSE, why.as_bytes()).await?;
+            return Err(why);
+        }
     }
     if hello.cluster != sh.cfg.name || hello.set != sh.cfg.broker_set {
         let why = format!(
@@ -492,9 +558,7 @@ async fn follow_once(sh: &Shared, tls: Option<&TlsConnector>, master: u32, epoch
         return follow_stream(sh, master, epoch, s).await;
     };
     // The master's certificate must name the host its address has.
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let name = ServerName::try_from(host.to_string()).map_err(|e| format!("master address {addr}: {e}"))?;
+    let name = ServerName::try_from(host_of(addr).to_string()).map_err(|e| format!("master address {addr}: {e}"))?;
     let s = handshake("replica", tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.connect(name, s))).await?;
     follow_stream(sh, master, epoch, s).await
 }

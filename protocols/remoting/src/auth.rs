@@ -135,8 +135,54 @@ fn signed_content(cmd: &RemotingCommand) -> impl Iterator<Item = &[u8]> + Clone 
         .chain(std::iter::once(cmd.body.as_ref()))
 }
 
+/// The request codes the cluster's own calls use (a Kafka coordinator's
+/// offset commits and reads on another set's master, transaction joins and
+/// ends): a request signed as the cluster may be one of these only.
+const CLUSTER_CALLS: [i32; 5] = [
+    rq::UPDATE_CONSUMER_OFFSET,
+    rq::QUERY_CONSUMER_OFFSET,
+    rq::GET_CONSUME_STATS,
+    rq::ROKKA_TXN_JOIN,
+    rq::ROKKA_TXN_END,
+];
+
+/// The extField carrying when a cluster call was signed (ms since the epoch).
+const CLUSTER_TIME: &str = "rokkaTime";
+
+/// How far a cluster call's signing time may be from the master's clock.
+const CLUSTER_MAX_SKEW_MS: u64 = 60_000;
+
+/// What a cluster call's signature covers: a version tag, the request
+/// code, every extFields key and value (Signature left out) in key order,
+/// and the body, each length-prefixed, so no part can be moved into
+/// another.
+fn cluster_content(cmd: &RemotingCommand) -> Vec<u8> {
+    let mut fields: Vec<&(String, String)> = cmd.ext_fields.0.iter().filter(|(k, _)| k != "Signature").collect();
+    fields.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut out =
+        Vec::with_capacity(64 + cmd.body.len() + fields.iter().map(|(k, v)| 8 + k.len() + v.len()).sum::<usize>());
+    out.extend_from_slice(b"rokka-cluster-call-v1");
+    out.extend_from_slice(&cmd.code.to_be_bytes());
+    for part in fields
+        .iter()
+        .flat_map(|(k, v)| [k.as_bytes(), v.as_bytes()])
+        .chain(std::iter::once(cmd.body.as_ref()))
+    {
+        out.extend_from_slice(&(part.len() as u64).to_be_bytes());
+        out.extend_from_slice(part);
+    }
+    out
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Signs a call to another set's master as the cluster's own
-/// (rokka_broker::internal); unsigned outside cluster mode.
+/// (rokka_broker::internal): its code, fields, body and the time;
+/// unsigned outside cluster mode.
 pub fn sign_as_cluster(broker: &Broker, cmd: &mut RemotingCommand) {
     let Some(secret) = broker.cluster_secret() else {
         return;
@@ -146,8 +192,29 @@ pub fn sign_as_cluster(broker: &Broker, cmd: &mut RemotingCommand) {
         "AccessKey",
         format!("{}node-{node}", rokka_broker::internal::ACCESS_KEY_PREFIX),
     );
-    let signature = secret.sign(signed_content(cmd));
+    cmd.ext_fields.set(CLUSTER_TIME, now_ms().to_string());
+    let signature = secret.sign(std::iter::once(cluster_content(cmd).as_slice()));
     cmd.ext_fields.set("Signature", signature);
+}
+
+/// Whether `cmd`, whose AccessKey is the cluster's, is one of its calls,
+/// signed with this cluster's secret within the allowed clock skew; Err:
+/// why not.
+fn verify_cluster_call(broker: &Broker, cmd: &RemotingCommand) -> Result<(), &'static str> {
+    if !CLUSTER_CALLS.contains(&cmd.code) {
+        return Err("not a call the cluster makes between its sets");
+    }
+    let (Some(secret), Some(sig)) = (broker.cluster_secret(), cmd.ext_fields.get("Signature")) else {
+        return Err("not signed by this cluster");
+    };
+    if !secret.verify(std::iter::once(cluster_content(cmd).as_slice()), sig) {
+        return Err("not signed by this cluster");
+    }
+    let signed_at = cmd.ext_fields.get(CLUSTER_TIME).and_then(|t| t.parse::<u64>().ok());
+    match signed_at {
+        Some(t) if now_ms().abs_diff(t) <= CLUSTER_MAX_SKEW_MS => Ok(()),
+        _ => Err("signed too long ago (or the nodes' clocks are more than a minute apart)"),
+    }
 }
 
 /// `None`: the request may be served; `Some(remark)`: answer
@@ -171,19 +238,17 @@ pub fn check(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand)
     // failing signatures from a node's address must not bring upon it).
     if let Some(ak) = cmd.ext_fields.get("AccessKey") {
         if ak.starts_with(rokka_broker::internal::ACCESS_KEY_PREFIX) {
-            let signed = match (broker.cluster_secret(), cmd.ext_fields.get("Signature")) {
-                (Some(secret), Some(sig)) => secret.verify(signed_content(cmd), sig),
-                _ => false,
+            return match verify_cluster_call(broker, cmd) {
+                Ok(()) => None,
+                Err(why) => {
+                    metrics::counter!("rokka_rocketmq_authentications_failed_total", "reason" => "cluster_signature")
+                        .increment(1);
+                    refused(
+                        format!("AccessKey {ak} is the cluster's own, and the request is {why}"),
+                        "credentials",
+                    )
+                }
             };
-            if signed {
-                return None;
-            }
-            metrics::counter!("rokka_rocketmq_authentications_failed_total", "reason" => "cluster_signature")
-                .increment(1);
-            return refused(
-                format!("AccessKey {ak} is the cluster's own, and the request is not signed by this cluster"),
-                "credentials",
-            );
         }
     }
     // Every signed request is verified, whatever it asks.
@@ -232,6 +297,57 @@ mod tests {
             c.ext_fields.set(k, *v);
         }
         c
+    }
+
+    #[test]
+    fn a_cluster_call_is_signed_whole_and_for_its_code_and_time_only() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = std::sync::Arc::new(rokka_store::MessageStore::open(rokka_store::StoreConfig::for_tests(
+            dir.path().join("data"),
+        ))?);
+        let broker = Broker::new(store, rokka_broker::BrokerConfig::default())?;
+        let secret = rokka_broker::internal::ClusterSecret::generate()?;
+        let secret = rokka_broker::internal::ClusterSecret::from_stored(&secret).ok_or("secret")?;
+        broker.set_cluster_secret(secret);
+        let mut stats = cmd(rq::GET_CONSUME_STATS, &[("consumerGroup", "payments")]);
+        sign_as_cluster(&broker, &mut stats);
+        assert_eq!(verify_cluster_call(&broker, &stats), Ok(()));
+        // The same fields under another code: refused.
+        let mut other = stats.clone();
+        other.code = rq::UPDATE_AND_CREATE_TOPIC;
+        assert!(verify_cluster_call(&broker, &other).is_err());
+        // Bytes moved from one field into another (same concatenation).
+        let mut moved = stats.clone();
+        moved.code = rq::QUERY_CONSUMER_OFFSET;
+        let ak = stats.ext_fields.get("AccessKey").unwrap_or_default().to_string();
+        moved.ext_fields = crate::command::ExtFields::default();
+        for (k, v) in &stats.ext_fields.0 {
+            match k.as_str() {
+                "AccessKey" => moved.ext_fields.set("AccessKey", format!("{ak}pay")),
+                "consumerGroup" => moved.ext_fields.set("topic", "ments"),
+                _ => moved.ext_fields.set(k, v.clone()),
+            }
+        }
+        assert!(verify_cluster_call(&broker, &moved).is_err());
+        // A changed body, a signing time out of the window: refused.
+        let mut body = stats.clone();
+        body.body = bytes::Bytes::from_static(b"x");
+        assert!(verify_cluster_call(&broker, &body).is_err());
+        let mut stale = cmd(rq::GET_CONSUME_STATS, &[("consumerGroup", "payments")]);
+        sign_as_cluster(&broker, &mut stale);
+        let old = (now_ms() - 2 * CLUSTER_MAX_SKEW_MS).to_string();
+        stale.ext_fields.set(CLUSTER_TIME, old);
+        let resigned = broker
+            .cluster_secret()
+            .map(|s| s.sign(std::iter::once(cluster_content(&stale).as_slice())))
+            .unwrap_or_default();
+        stale.ext_fields.set("Signature", resigned);
+        assert!(verify_cluster_call(&broker, &stale).is_err(), "signed two minutes ago");
+        // A code the cluster never sends, even signed with its secret.
+        let mut delete = cmd(rq::UPDATE_AND_CREATE_TOPIC, &[("topic", "t")]);
+        sign_as_cluster(&broker, &mut delete);
+        assert!(verify_cluster_call(&broker, &delete).is_err());
+        Ok(())
     }
 
     #[test]
