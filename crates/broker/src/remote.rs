@@ -122,9 +122,11 @@ pub trait ReplicatedGroups: Send + Sync + std::fmt::Debug {
     /// Counts changes of [`ReplicatedGroups::snapshot`] (may count more).
     fn changes(&self) -> u64;
     /// The groups as a coordinator taking over loads them (encoded once
-    /// per change; may block: call it off the runtime).
-    fn snapshot(&self) -> bytes::Bytes;
-    /// A replica: replaces its groups with a master's snapshot; how many
-    /// (may block: call it off the runtime).
-    fn load(&self, snapshot: &[u8]) -> Result<usize, String>;
+    /// per change; may block: call it off the runtime): the classic groups,
+    /// and the KIP-848 consumer groups apart (empty when there are none),
+    /// so a replica of a version without them still reads the first.
+    fn snapshot(&self) -> (bytes::Bytes, bytes::Bytes);
+    /// A replica: replaces its groups with a master's snapshot (`consumer`
+    /// None or empty: none); how many (may block: call it off the runtime).
+    fn load(&self, classic: &[u8], consumer: Option<&[u8]>) -> Result<usize, String>;
 }

@@ -11,8 +11,11 @@
 //! u32 length | Kafka transaction state (log lines; empty when unchanged) |
 //! u64 the master's count of transaction-state changes |
 //! u32 length | Kafka groups as of their last rebalance (JSON; empty when
-//! unchanged) | u64 that groups version (0 when none went)`; a FETCH may
-//! end with `u64` the groups version the replica applied.
+//! unchanged) | u64 that groups version (0 when none went) | u32 length |
+//! the KIP-848 consumer groups of that version (JSON; empty when none went
+//! or there are none)`; a FETCH may end with `u64` the groups version the
+//! replica applied. (Each field after the entries was added later: a
+//! reader takes what it knows and ignores what follows.)
 //!
 //! With `cluster.replication_certificate` (and its key and CA) the stream
 //! runs over TLS authenticated both ways: the master takes only replicas
@@ -417,14 +420,24 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, sh: &Shared, r
                     }
                     false => None,
                 };
-                let shipped = groups.put(&mut b, version, || match snap {
-                    // The cached bytes themselves: no copy per replica.
-                    Some(Ok(s)) => Ok(s),
-                    Some(Err(e)) => Err(e.to_string()),
-                    None => Err("not due".into()),
-                });
+                let (classic, consumer) = match snap {
+                    Some(Ok((c, k))) => (Ok(c), Some(k)),
+                    Some(Err(e)) => (Err(e.to_string()), None),
+                    None => (Err("not due".into()), None),
+                };
+                // The cached bytes themselves: no copy per replica.
+                let shipped = groups.put(&mut b, version, || classic);
                 // Which version went, for the replica to say it applied it.
                 b.put_u64(if shipped { version } else { 0 });
+                // Its consumer groups, with it (an older replica stops
+                // reading before them).
+                match consumer.filter(|k| shipped && k.len() <= MAX_SNAPSHOT) {
+                    Some(k) => {
+                        b.put_u32(k.len() as u32);
+                        b.put_slice(&k);
+                    }
+                    None => b.put_u32(0),
+                }
             }
             None => b.put_u32(0),
         }
@@ -681,6 +694,14 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
         };
         // Which version they are (a master older than this field: 0).
         let groups_version = if body.remaining() >= 8 { body.get_u64() } else { 0 };
+        // That version's consumer groups (none from an older master).
+        let consumer_groups = match body.remaining() >= 4 {
+            true => {
+                let len = body.get_u32() as usize;
+                (len > 0 && body.remaining() >= len).then(|| body.split_to(len))
+            }
+            false => None,
+        };
         if txns.is_some() {
             applied_txn = master_txn;
         }
@@ -691,7 +712,7 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
                 // Not once this node has taken over: it coordinates the
                 // groups itself then.
                 if let (Some(snap), Some(g), false) = (groups, broker.replicated_groups(), st.is_leader()) {
-                    match g.load(&snap) {
+                    match g.load(&snap, consumer_groups.as_deref()) {
                         Ok(_) => applied.store(groups_version, std::sync::atomic::Ordering::Release),
                         Err(e) => {
                             // The log and offsets still replicate; the

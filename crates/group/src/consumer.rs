@@ -325,8 +325,23 @@ pub struct HeartbeatMark {
     epoch: i32,
     assignment_epoch: i32,
     members: usize,
-    #[allow(clippy::type_complexity)]
-    member: Option<(i32, MemberState, BTreeSet<Tp>, BTreeSet<Tp>, BTreeSet<String>)>,
+    member: Option<MemberMark>,
+}
+
+/// What a [`GroupRecord`] keeps of one member (all but its identity, which
+/// a heartbeat does not change).
+#[derive(Debug, PartialEq)]
+struct MemberMark {
+    epoch: i32,
+    previous_epoch: i32,
+    state: MemberState,
+    assigned: BTreeSet<Tp>,
+    revoking: BTreeSet<Tp>,
+    subscribed: BTreeSet<String>,
+    names: BTreeSet<String>,
+    regex: Option<String>,
+    assignor: Option<String>,
+    rebalance_timeout_ms: u64,
 }
 
 /// The consumer groups and their heartbeat logic.
@@ -683,14 +698,17 @@ impl ConsumerGroups {
             epoch: g.epoch,
             assignment_epoch: g.assignment_epoch,
             members: g.members.len(),
-            member: g.members.get(member).map(|m| {
-                (
-                    m.epoch,
-                    m.state,
-                    m.assigned.clone(),
-                    m.revoking.clone(),
-                    m.subscribed.clone(),
-                )
+            member: g.members.get(member).map(|m| MemberMark {
+                epoch: m.epoch,
+                previous_epoch: m.previous_epoch,
+                state: m.state,
+                assigned: m.assigned.clone(),
+                revoking: m.revoking.clone(),
+                subscribed: m.subscribed.clone(),
+                names: m.names.clone(),
+                regex: m.regex.as_ref().map(|(r, _)| r.clone()),
+                assignor: m.assignor.clone(),
+                rebalance_timeout_ms: m.rebalance_timeout_ms,
             }),
         })
     }

@@ -160,41 +160,31 @@ pub struct GroupRecords {
     consumer: Vec<crate::consumer::GroupRecord>,
 }
 
-/// The JSON of [`GroupRecords`] with consumer groups (without any, the
-/// classic records' array alone, as before they were replicated: a replica
-/// of an older version still reads it).
-#[derive(Serialize, Deserialize)]
-struct AllRecords {
-    classic: Vec<GroupRecord>,
-    consumer: Vec<crate::consumer::GroupRecord>,
-}
-
 impl GroupRecords {
-    /// The records as a replica receives them (JSON).
-    pub fn encode(&self) -> Vec<u8> {
-        if self.consumer.is_empty() {
-            return serde_json::to_vec(&self.classic).unwrap_or_default();
-        }
-        serde_json::to_vec(&AllRecords {
-            classic: self.classic.clone(),
-            consumer: self.consumer.clone(),
-        })
-        .unwrap_or_default()
+    /// The records as a replica receives them (JSON): the classic groups'
+    /// array (as before consumer groups were replicated, so an older
+    /// replica reads it), and the consumer groups' array apart (empty when
+    /// there are none).
+    pub fn encode(&self) -> (Vec<u8>, Vec<u8>) {
+        let classic = serde_json::to_vec(&self.classic).unwrap_or_default();
+        let consumer = match self.consumer.is_empty() {
+            true => Vec::new(),
+            false => serde_json::to_vec(&self.consumer).unwrap_or_default(),
+        };
+        (classic, consumer)
     }
 
-    pub fn decode(b: &[u8]) -> Result<GroupRecords, String> {
-        if let Ok(classic) = serde_json::from_slice::<Vec<GroupRecord>>(b) {
-            return Ok(GroupRecords {
-                classic,
-                consumer: Vec::new(),
-            });
-        }
-        serde_json::from_slice::<AllRecords>(b)
-            .map(|a| GroupRecords {
-                classic: a.classic,
-                consumer: a.consumer,
-            })
-            .map_err(|e| format!("group records: {e}"))
+    /// `consumer` None or empty: no consumer groups (a master older than
+    /// them sends none).
+    pub fn decode(classic: &[u8], consumer: Option<&[u8]>) -> Result<GroupRecords, String> {
+        let classic = serde_json::from_slice(classic).map_err(|e| format!("group records: {e}"))?;
+        let consumer = match consumer {
+            Some(c) if !c.is_empty() => {
+                serde_json::from_slice(c).map_err(|e| format!("consumer group records: {e}"))?
+            }
+            _ => Vec::new(),
+        };
+        Ok(GroupRecords { classic, consumer })
     }
 
     /// Groups of both kinds.
@@ -546,6 +536,7 @@ impl GroupCoordinator {
                 return error(code::INCONSISTENT_GROUP_PROTOCOL, &req.member_id);
             }
             self.consumer.groups.remove(&req.group);
+            records_changed();
         }
         if !self.groups.contains_key(&req.group) {
             if !req.member_id.is_empty() {
@@ -1316,6 +1307,7 @@ impl GroupCoordinator {
                 return code::NON_EMPTY_GROUP;
             }
             self.consumer.groups.remove(group);
+            records_changed();
             return code::NONE;
         }
         match self.groups.get(group).map(|g| g.state) {

@@ -541,10 +541,11 @@ fn a_coordinator_taking_over_keeps_members_generation_and_assignment() {
     let records = h.c.records();
     // What a replica receives: the members' metadata and assignment as
     // base64, not arrays of numbers.
-    let wire = records.encode();
+    let (wire, consumer) = records.encode();
+    assert!(consumer.is_empty(), "no consumer groups, no second part");
     let text = String::from_utf8_lossy(&wire).into_owned();
     assert!(text.contains(r#""assignment":"QQ==""#), "{text}");
-    let got = GroupRecords::decode(&wire);
+    let got = GroupRecords::decode(&wire, None);
     assert_eq!(got.as_ref(), Ok(&records));
     // A replica loads the records; its clock is its own.
     let mut next = GroupCoordinator::new(GroupConfig::default());
@@ -578,14 +579,14 @@ fn a_coordinator_taking_over_keeps_members_generation_and_assignment() {
     assert_eq!(h.state(), GroupState::Empty);
     assert!(h.c.record_changes() > before);
     let mut third = GroupCoordinator::new(GroupConfig::default());
-    let emptied = GroupRecords::decode(&h.c.records().encode());
+    let emptied = GroupRecords::decode(&h.c.records().encode().0, None);
     assert_eq!(emptied.map(|r| third.load_records(r, 0)), Ok(1));
     assert_eq!(third.state("g"), Some(GroupState::Empty));
-    assert!(GroupRecords::decode(b"not json").is_err());
+    assert!(GroupRecords::decode(b"not json", None).is_err());
     // An older master's form (numbers) is still read.
     let old_form = text.replace(r#""assignment":"QQ==""#, r#""assignment":[65]"#);
     assert_eq!(
-        GroupRecords::decode(old_form.as_bytes()),
+        GroupRecords::decode(old_form.as_bytes(), None),
         Ok(records.clone()),
         "{old_form}"
     );
@@ -595,17 +596,14 @@ fn a_coordinator_taking_over_keeps_members_generation_and_assignment() {
     assert!(third.record_changes() > v);
     // A member's metadata that is not base64 is refused whole.
     let bad = text.replacen("\"assignment\":\"", "\"assignment\":\"!", 1);
-    assert!(GroupRecords::decode(bad.as_bytes()).is_err(), "{bad}");
+    assert!(GroupRecords::decode(bad.as_bytes(), None).is_err(), "{bad}");
 }
 
 #[test]
 fn consumer_groups_go_to_a_coordinator_taking_over_with_the_classic_ones() -> Result<(), String> {
     let (mut h, _a) = stable_one();
-    let classic_only = h.c.records().encode();
-    assert!(
-        classic_only.starts_with(b"["),
-        "without consumer groups, the older form"
-    );
+    let (_, none) = h.c.records().encode();
+    assert!(none.is_empty(), "without consumer groups, no second part");
     let v = h.c.record_changes();
     let topics = |t: &str| (t == "t").then_some(4u32);
     let r = h.c.consumer_heartbeat(
@@ -624,10 +622,17 @@ fn consumer_groups_go_to_a_coordinator_taking_over_with_the_classic_ones() -> Re
     assert_eq!((r.error, r.member_epoch), (NONE, 1));
     assert!(h.c.record_changes() > v, "a member joining is a change to ship");
     let records = h.c.records();
-    let wire = records.encode();
-    assert_eq!(GroupRecords::decode(&wire).as_ref(), Ok(&records));
+    let (classic, consumer) = records.encode();
+    assert_eq!(GroupRecords::decode(&classic, Some(&consumer)).as_ref(), Ok(&records));
+    // The classic part alone is what a replica of an older version reads:
+    // the classic groups' array, as before.
+    let older: Result<Vec<serde_json::Value>, _> = serde_json::from_slice(&classic);
+    assert_eq!(older.map(|v| v.len()).ok(), Some(1));
     let mut next = GroupCoordinator::new(GroupConfig::default());
-    assert_eq!(GroupRecords::decode(&wire).map(|r| next.load_records(r, 7)), Ok(2));
+    assert_eq!(
+        GroupRecords::decode(&classic, Some(&consumer)).map(|r| next.load_records(r, 7)),
+        Ok(2)
+    );
     assert_eq!(next.state("g"), Some(GroupState::Stable));
     let g = next.consumer.groups.get("cg").ok_or("the consumer group")?;
     assert_eq!(

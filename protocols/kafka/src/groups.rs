@@ -24,8 +24,9 @@ pub struct Groups {
     waiters: Mutex<HashMap<Token, oneshot::Sender<Reply>>>,
     next_token: AtomicU64,
     epoch: Instant,
-    /// The groups' records as last encoded for the replicas, and their version.
-    encoded: Mutex<Option<(u64, Bytes)>>,
+    /// The groups' records as last encoded for the replicas (classic,
+    /// consumer), and their version.
+    encoded: Mutex<Option<(u64, (Bytes, Bytes))>>,
 }
 
 impl rokka_broker::remote::ReplicatedGroups for Groups {
@@ -33,7 +34,7 @@ impl rokka_broker::remote::ReplicatedGroups for Groups {
         self.with(|c| c.record_changes())
     }
 
-    fn snapshot(&self) -> Bytes {
+    fn snapshot(&self) -> (Bytes, Bytes) {
         // Taken under the lock (cheap clones), encoded outside it, once per
         // version however many replicas ask.
         let records = self.with(|c| {
@@ -46,15 +47,16 @@ impl rokka_broker::remote::ReplicatedGroups for Groups {
         match records {
             Err(cached) => cached,
             Ok((version, records)) => {
-                let b = Bytes::from(records.encode());
+                let (classic, consumer) = records.encode();
+                let b = (Bytes::from(classic), Bytes::from(consumer));
                 *self.encoded.lock().unwrap_or_else(|p| p.into_inner()) = Some((version, b.clone()));
                 b
             }
         }
     }
 
-    fn load(&self, snapshot: &[u8]) -> Result<usize, String> {
-        let records = GroupRecords::decode(snapshot)?;
+    fn load(&self, classic: &[u8], consumer: Option<&[u8]>) -> Result<usize, String> {
+        let records = GroupRecords::decode(classic, consumer)?;
         let now = self.now();
         Ok(self.with(|c| c.load_records(records, now)))
     }

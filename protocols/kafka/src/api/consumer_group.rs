@@ -72,7 +72,7 @@ impl rokka_group::consumer::Topics for Ids<'_> {
     }
 }
 
-pub fn heartbeat(
+pub async fn heartbeat(
     k: &Kafka,
     r: ConsumerGroupHeartbeatRequest,
     client_id: &str,
@@ -117,11 +117,28 @@ pub fn heartbeat(
             .with_member_epoch(0);
     }
     let leaving = req.member_epoch < 0;
-    let (resp, members_left) = k.groups.with(|c| {
+    let (mut resp, members_left, changed) = k.groups.with(|c| {
+        let before = c.record_changes();
         let r = c.consumer_heartbeat(req, now, &ids);
         let left = c.consumer.groups.get(&group).map_or(0, |g| g.members.len());
-        (r, left)
+        (r, left, c.record_changes() != before)
     });
+    // Cluster mode: what the heartbeat changed (a member's new epoch or
+    // assignment, a member come or gone) is held by the set's in-sync
+    // replicas before the member is told, as Kafka answers after its
+    // record is written, so a coordinator taking over knows the epoch the
+    // member has. Not confirmed in time: retriable (the member sends its
+    // previous epoch again, which is taken).
+    if changed && resp.error == errors::NONE {
+        if let Err(e) = k.broker.groups_durable().await {
+            tracing::debug!(group, error = e, "consumer group change not replicated");
+            resp.error = match k.broker.cluster_view() {
+                Some(v) if !v.is_master() => super::not_coordinator::NOT_COORDINATOR,
+                _ => errors::COORDINATOR_NOT_AVAILABLE,
+            };
+            resp.assignment = None;
+        }
+    }
     if resp.error == errors::NONE && resp.member_epoch > 0 {
         k.broker.membership().add_consumer_protocol_group(&group);
     } else if leaving && members_left == 0 {

@@ -219,7 +219,7 @@ async fn guarded(
             false => ResponseKind::LeaveGroup(LeaveGroupResponse::default().with_error_code(guard::GROUP_DENIED)),
         },
         RequestKind::ConsumerGroupHeartbeat(r) => match guard::group_member(k, who, &r.group_id) {
-            true => ResponseKind::ConsumerGroupHeartbeat(consumer_group::heartbeat(k, r, client_id, peer)),
+            true => ResponseKind::ConsumerGroupHeartbeat(consumer_group::heartbeat(k, r, client_id, peer).await),
             false => ResponseKind::ConsumerGroupHeartbeat(
                 ConsumerGroupHeartbeatResponse::default().with_error_code(guard::GROUP_DENIED),
             ),
