@@ -5,6 +5,7 @@
 //! cargo bench -p rokka-store --bench store            # all cases
 //! cargo bench -p rokka-store --bench store -- sync    # cases whose name contains "sync"
 //! cargo bench -p rokka-store --bench store -- sustained  # 3 GiB appends past the first segments
+//! cargo bench -p rokka-store --bench store -- startup    # open after a clean close, 4 and 16 GiB (not in "all")
 //! ```
 //! Data goes to `$ROKKA_BENCH_DIR` (default `target/bench-data`), deleted after
 //! each case. Results are in docs/benchmarks.md.
@@ -402,6 +403,10 @@ fn main() -> R {
             raw_msync(appenders, sync_duration())?;
         }
     }
+    // Only when asked for: it writes ROKKA_BENCH_STARTUP_GIB (16) GiB.
+    if std::env::args().skip(1).any(|a| a.contains("startup")) {
+        startup()?;
+    }
     if want("read_seq") {
         // Same run, both ways: the cost of checking what is served.
         for verify in [false, true] {
@@ -409,5 +414,76 @@ fn main() -> R {
         }
         read_sequential(100, 3_000_000, true)?;
     }
+    Ok(())
+}
+
+/// Drops the page cache (root only); whether it did.
+fn drop_caches() -> bool {
+    // Written back first, so dropping leaves nothing dirty behind.
+    std::process::Command::new("sync").status().is_ok_and(|s| s.success())
+        && std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
+}
+
+/// How long a store with a clean checkpoint takes to open, as it grows:
+/// Kafka batches (16 × 1 KiB) over 8 queues up to a quarter of
+/// ROKKA_BENCH_STARTUP_GIB (default 16) and then to all of it, closed
+/// cleanly, opened again with the page cache warm and dropped (root).
+fn startup() -> R {
+    let gib: u64 = std::env::var("ROKKA_BENCH_STARTUP_GIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    let cfg = config("startup", FlushMode::Async);
+    let dir = cfg.data_dir.clone();
+    let value = vec![0x5Au8; 1024];
+    let values: Vec<&[u8]> = (0..16).map(|_| value.as_slice()).collect();
+    let batch = build_test_batch(&values, 1_700_000_000_000);
+    let mut i = 0u64;
+    for target in [(gib / 4).max(1) << 30, gib << 30] {
+        let store = MessageStore::open(cfg.clone())?;
+        let t = Instant::now();
+        loop {
+            let (_, end, _) = store.commitlog_offsets();
+            if end >= target {
+                break;
+            }
+            store.append_kafka_batch("startup", (i % 8) as u32, &batch)?;
+            i += 1;
+        }
+        let filled = t.elapsed();
+        let (_, mut end, _) = store.commitlog_offsets();
+        store.close()?;
+        drop(store);
+        println!(
+            "startup: {:.1} GiB stored ({:.0} s to write), clean close",
+            end as f64 / (1u64 << 30) as f64,
+            filled.as_secs_f64()
+        );
+        for cold in [false, true] {
+            if cold && !drop_caches() {
+                println!("startup: page cache not dropped (not root): cold open not measured");
+                continue;
+            }
+            let t = Instant::now();
+            let store = MessageStore::open(cfg.clone())?;
+            let open = t.elapsed();
+            let (_, reopened_end, _) = store.commitlog_offsets();
+            assert_eq!(reopened_end, end, "the reopened store ends where it was closed");
+            let t = Instant::now();
+            store.append_kafka_batch("startup", 0, &batch)?;
+            let first = t.elapsed();
+            end = store.commitlog_offsets().1;
+            store.close()?;
+            drop(store);
+            println!(
+                "startup_open_{}_{:.0}GiB {:>8.3} s to open, first append {:.1} ms",
+                if cold { "cold" } else { "warm" },
+                end as f64 / (1u64 << 30) as f64,
+                open.as_secs_f64(),
+                first.as_secs_f64() * 1e3
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
