@@ -410,12 +410,22 @@ def test_the_admin_cli_logs_in_and_obeys_the_acls(rokka):
     # Anonymous on the plaintext listener: no ACL lets it create topics.
     rc, _, err = cli("topic", "create", "cli-anonymous", "--brokers", rokka.bootstrap)
     assert rc == 1 and "AUTHORIZATION_FAILED" in err, err
-    # carol may read acl-carol (her ACLs above): signed, the lookup by key works.
+    # carol may read and write acl-cli-carol (ACLs made here, so this test
+    # stands alone): signed, the lookup by key of what she sent works.
+    admin = AdminClient(sasl(rokka, "admin"))
+    for f in admin.create_topics([NewTopic("acl-cli-carol", 2, 1)]).values():
+        f.result(15)
+    create(admin, [
+        acl(ResourceType.TOPIC, "acl-cli-carol", "User:carol", AclOperation.WRITE),
+        acl(ResourceType.TOPIC, "acl-cli-carol", "User:carol", AclOperation.READ),
+    ])
+    run_harness(rokka, "cli-carol-produce", "cross-produce", "acl-cli-carol", 2, env=signed_as("carol", CAROL))
     ns = ["--namesrv", f"127.0.0.1:{rokka.namesrv_port}"]
-    rc, out, err = cli("message", "get", "--topic", "acl-carol", "--key", "key-1", *ns, "--user", "carol", "--password", CAROL)
+    get = ["message", "get", "--topic", "acl-cli-carol", "--key", "key-1", *ns]
+    rc, out, err = cli(*get, "--user", "carol", "--password", CAROL)
     assert rc == 0, err
     assert [m["body"] for m in out["messages"]] == ["rmq-1-é"]
-    rc, _, err = cli("message", "get", "--topic", "acl-carol", "--key", "key-1", *ns, "--user", "carol", "--password", "x")
+    rc, _, err = cli(*get, "--user", "carol", "--password", "x")
     assert rc == 1 and "signature mismatch" in err, err
-    rc, _, err = cli("message", "get", "--topic", "acl-carol", "--key", "key-1", *ns)
+    rc, _, err = cli(*get)
     assert rc == 1 and "response code 16" in err, err
