@@ -55,6 +55,10 @@ pub struct RocketMq {
     /// `resets.len()`, so that a pull or commit — asked on every one —
     /// takes no lock while no reset is held.
     resets_held: std::sync::atomic::AtomicUsize,
+    /// When expired holds were last dropped (ms on `epoch`): at most once
+    /// a second, so a hold whose queue is never pulled again does not keep
+    /// every pull and commit on the locked path.
+    resets_pruned_at: std::sync::atomic::AtomicU64,
     epoch: Instant,
     limits: crate::server::Limits,
 }
@@ -91,6 +95,7 @@ impl RocketMq {
             locks: Mutex::new(Default::default()),
             resets: Mutex::new(Default::default()),
             resets_held: Default::default(),
+            resets_pruned_at: Default::default(),
             epoch: Instant::now(),
         }
     }
@@ -450,5 +455,34 @@ mod tests {
             parse_lock_batch(br#"{"consumerGroup":"g"}"#).map(|_| ()),
             Err("consumerGroup and clientId are required")
         );
+    }
+}
+
+#[cfg(test)]
+mod reset_hold_tests {
+    use super::*;
+
+    #[test]
+    fn expired_holds_go_and_take_pulls_off_the_locked_path() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(rokka_store::MessageStore::open(rokka_store::StoreConfig::for_tests(
+            dir.path().join("data"),
+        ))?);
+        let broker = Arc::new(Broker::new(store, rokka_broker::BrokerConfig::default())?);
+        let config = RocketMqConfig {
+            offset_reset_hold_ms: 50,
+            ..RocketMqConfig::default()
+        };
+        let rmq = RocketMq::new(broker, config, "127.0.0.1:10911".parse()?);
+        assert!(rmq.hold_resets("g", "t", &[(0, 5)]));
+        assert_eq!(rmq.resets_held.load(std::sync::atomic::Ordering::Relaxed), 1);
+        // A commit of the old position within the hold is stale.
+        assert!(rmq.stale_after_reset("g", "t", 0, 9, false));
+        // Queue 0 is never pulled again; pulls of another queue, once the
+        // hold ran out, drop it.
+        std::thread::sleep(std::time::Duration::from_millis(1_100));
+        assert!(!rmq.stale_after_reset("g", "t", 1, 3, true));
+        assert_eq!(rmq.resets_held.load(std::sync::atomic::Ordering::Relaxed), 0);
+        Ok(())
     }
 }

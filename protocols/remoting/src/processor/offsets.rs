@@ -317,7 +317,7 @@ impl RocketMq {
 
     /// Holds each reset queue until its consumer is at the new offset (or
     /// `offset_reset_hold_ms` passed); false when the table is full.
-    fn hold_resets(&self, group: &str, topic: &str, table: &[(u32, u64)]) -> bool {
+    pub(super) fn hold_resets(&self, group: &str, topic: &str, table: &[(u32, u64)]) -> bool {
         let hold = self.config.offset_reset_hold_ms;
         if hold == 0 || table.is_empty() {
             return true;
@@ -351,11 +351,18 @@ impl RocketMq {
             return false;
         }
         let mut r = self.resets.lock().unwrap_or_else(|p| p.into_inner());
+        let now = self.now_ms();
+        let pruned_at = self.resets_pruned_at.load(std::sync::atomic::Ordering::Relaxed);
+        if now.saturating_sub(pruned_at) >= 1_000 {
+            self.resets_pruned_at.store(now, std::sync::atomic::Ordering::Relaxed);
+            r.retain(|_, (_, until)| *until > now);
+            self.resets_counted(r.len());
+        }
         let key = (group.to_string(), topic.to_string(), queue);
         let Some(&(at, until)) = r.get(&key) else {
             return false;
         };
-        if offset == at || until <= self.now_ms() {
+        if offset == at || until <= now {
             r.remove(&key);
             self.resets_counted(r.len());
             return false;
