@@ -39,10 +39,11 @@ use crate::{Role, Shared};
 /// carries; a larger one is not shipped (counted and logged).
 const MAX_SNAPSHOT: usize = 256 << 20;
 /// Largest DATA frame a replica accepts: entries of about [`FETCH_BYTES`]
-/// plus one entry of up to the store's largest, plus the two tables. (A
-/// frame comes only from the master the replica chose; it is read into a
-/// buffer of its own length.)
-pub const MAX_FRAME: usize = (64 << 20) + 2 * MAX_SNAPSHOT;
+/// plus one entry of up to the store's largest, plus the three tables
+/// (committed offsets, Kafka transactions, Kafka groups with their consumer
+/// groups). (A frame comes only from the master the replica chose; it is
+/// read into a buffer of its own length.)
+pub const MAX_FRAME: usize = (64 << 20) + 3 * MAX_SNAPSHOT;
 /// Largest frame a master reads before it knows who sent it (HELLO), and
 /// any other frame a replica may send (FETCH is 16 bytes).
 const MAX_HELLO: usize = 1 << 20;
@@ -403,10 +404,10 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, sh: &Shared, r
         if sh.groups_acks.awaited() {
             groups.due = Instant::now();
         }
-        offsets.put(&mut b, store.offsets().changes(), || Ok(store.offsets().snapshot()));
+        offsets.put(&mut b, store.offsets().changes(), 0, || Ok(store.offsets().snapshot()));
         let t = sh.broker.kafka_txns();
         let txn_changes = t.changes();
-        txns.put(&mut b, txn_changes, || t.snapshot().map_err(|e| e.to_string()));
+        txns.put(&mut b, txn_changes, 0, || t.snapshot().map_err(|e| e.to_string()));
         b.put_u64(txn_changes);
         match kafka_groups {
             Some(g) => {
@@ -421,23 +422,20 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, sh: &Shared, r
                     false => None,
                 };
                 let (classic, consumer) = match snap {
-                    Some(Ok((c, k))) => (Ok(c), Some(k)),
-                    Some(Err(e)) => (Err(e.to_string()), None),
-                    None => (Err("not due".into()), None),
+                    Some(Ok((c, k))) => (Ok(c), k),
+                    Some(Err(e)) => (Err(e.to_string()), Bytes::new()),
+                    None => (Err("not due".into()), Bytes::new()),
                 };
-                // The cached bytes themselves: no copy per replica.
-                let shipped = groups.put(&mut b, version, || classic);
+                // One budget for both parts: a version goes whole or not at
+                // all (refused as too large, the replica keeps its copy).
+                let shipped = groups.put(&mut b, version, consumer.len(), || classic);
                 // Which version went, for the replica to say it applied it.
                 b.put_u64(if shipped { version } else { 0 });
                 // Its consumer groups, with it (an older replica stops
                 // reading before them).
-                match consumer.filter(|k| shipped && k.len() <= MAX_SNAPSHOT) {
-                    Some(k) => {
-                        b.put_u32(k.len() as u32);
-                        b.put_slice(&k);
-                    }
-                    None => b.put_u32(0),
-                }
+                let consumer = if shipped { consumer } else { Bytes::new() };
+                b.put_u32(consumer.len() as u32);
+                b.put_slice(&consumer);
             }
             None => b.put_u32(0),
         }
@@ -484,7 +482,15 @@ impl Shipped {
 
     /// Appends `u32 length | table` to `b` when due (length 0 otherwise);
     /// whether it went.
-    fn put<S: AsRef<[u8]>>(&mut self, b: &mut BytesMut, changes: u64, snapshot: impl FnOnce() -> Res<S>) -> bool {
+    /// `with`: bytes that go in the same frame with the table and count
+    /// toward its size (the consumer groups with the classic ones).
+    fn put<S: AsRef<[u8]>>(
+        &mut self,
+        b: &mut BytesMut,
+        changes: u64,
+        with: usize,
+        snapshot: impl FnOnce() -> Res<S>,
+    ) -> bool {
         if !self.due_for(changes) {
             b.put_u32(0);
             return false;
@@ -498,8 +504,9 @@ impl Shipped {
             }
         };
         let snap = snap.as_ref();
-        self.due = Instant::now() + self.min_interval.max(Duration::from_nanos(snap.len() as u64 * 20));
-        if snap.len() > MAX_SNAPSHOT {
+        let size = snap.len() + with;
+        self.due = Instant::now() + self.min_interval.max(Duration::from_nanos(size as u64 * 20));
+        if size > MAX_SNAPSHOT {
             if !self.refused {
                 tracing::error!(
                     table = self.table,
@@ -765,31 +772,39 @@ mod tests {
     fn a_table_goes_once_per_change_and_not_more_often_than_its_size_allows() {
         let mut t = Shipped::new("offsets", Duration::from_millis(200));
         let mut b = BytesMut::new();
-        t.put(&mut b, 1, || Ok(b"v1".to_vec()));
+        t.put(&mut b, 1, 0, || Ok(b"v1".to_vec()));
         assert_eq!(section(&b), Some(&b"v1"[..]));
         // Unchanged: nothing, even once due.
         t.due = Instant::now();
         let mut b = BytesMut::new();
-        t.put(&mut b, 1, || Err::<Vec<u8>, String>("not taken when unchanged".into()));
+        t.put(&mut b, 1, 0, || {
+            Err::<Vec<u8>, String>("not taken when unchanged".into())
+        });
         assert_eq!(section(&b), None);
         // Changed but not yet due: nothing; due: the new table.
         t.due = Instant::now() + Duration::from_secs(60);
         let mut b = BytesMut::new();
-        t.put(&mut b, 2, || Ok(b"v2".to_vec()));
+        t.put(&mut b, 2, 0, || Ok(b"v2".to_vec()));
         assert_eq!(section(&b), None);
         t.due = Instant::now();
         let mut b = BytesMut::new();
-        t.put(&mut b, 2, || Ok(vec![7u8; 10 << 20]));
+        t.put(&mut b, 2, 0, || Ok(vec![7u8; 10 << 20]));
         assert_eq!(section(&b).map(<[u8]>::len), Some(10 << 20));
         // 10 MiB at 50 MB/s: not again for about 0.2 s.
         assert!(t.due >= Instant::now() + Duration::from_millis(150));
         // A table that cannot be taken is skipped, and tried again.
         t.due = Instant::now();
         let mut b = BytesMut::new();
-        t.put(&mut b, 3, || Err::<Vec<u8>, String>("disk".into()));
+        t.put(&mut b, 3, 0, || Err::<Vec<u8>, String>("disk".into()));
         assert_eq!(section(&b), None);
         let mut b = BytesMut::new();
-        t.put(&mut b, 3, || Ok(b"v3".to_vec()));
+        t.put(&mut b, 3, 0, || Ok(b"v3".to_vec()));
         assert_eq!(section(&b), Some(&b"v3"[..]));
+        // What goes with it counts toward its size: past the budget together,
+        // the version does not go (nor, then, what goes with it).
+        t.due = Instant::now();
+        let mut b = BytesMut::new();
+        assert!(!t.put(&mut b, 4, MAX_SNAPSHOT, || Ok(b"v4".to_vec())));
+        assert_eq!(section(&b), None);
     }
 }
