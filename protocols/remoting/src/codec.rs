@@ -108,6 +108,8 @@ struct JsonHeader {
 }
 
 /// The header's top-level keys; others are skipped unread.
+#[derive(serde::Deserialize)]
+#[serde(field_identifier, rename_all = "camelCase")]
 enum Key {
     Code,
     Language,
@@ -116,36 +118,9 @@ enum Key {
     Flag,
     Remark,
     ExtFields,
+    #[serde(other)]
     Other,
 }
-
-impl<'de> serde::Deserialize<'de> for Key {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Key, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Key;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a header field name")
-            }
-            fn visit_str<E: serde::de::Error>(self, k: &str) -> Result<Key, E> {
-                Ok(match k {
-                    "code" => Key::Code,
-                    "language" => Key::Language,
-                    "version" => Key::Version,
-                    "opaque" => Key::Opaque,
-                    "flag" => Key::Flag,
-                    "remark" => Key::Remark,
-                    "extFields" => Key::ExtFields,
-                    _ => Key::Other,
-                })
-            }
-        }
-        d.deserialize_identifier(V)
-    }
-}
-
-/// Marks "the header is JSON but not an object" in a serde error.
-const NOT_AN_OBJECT: &str = "rokka: not an object";
 
 impl<'de> serde::Deserialize<'de> for JsonHeader {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<JsonHeader, D::Error> {
@@ -174,29 +149,8 @@ impl<'de> serde::Deserialize<'de> for JsonHeader {
                 }
                 Ok(h)
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, _: A) -> Result<JsonHeader, A::Error> {
-                Err(serde::de::Error::custom(NOT_AN_OBJECT))
-            }
-            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<JsonHeader, E> {
-                Err(E::custom(NOT_AN_OBJECT))
-            }
-            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<JsonHeader, E> {
-                Err(E::custom(NOT_AN_OBJECT))
-            }
-            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<JsonHeader, E> {
-                Err(E::custom(NOT_AN_OBJECT))
-            }
-            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<JsonHeader, E> {
-                Err(E::custom(NOT_AN_OBJECT))
-            }
-            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<JsonHeader, E> {
-                Err(E::custom(NOT_AN_OBJECT))
-            }
-            fn visit_unit<E: serde::de::Error>(self) -> Result<JsonHeader, E> {
-                Err(E::custom(NOT_AN_OBJECT))
-            }
         }
-        d.deserialize_any(V)
+        d.deserialize_map(V)
     }
 }
 
@@ -261,12 +215,11 @@ impl<'de> serde::Deserialize<'de> for ExtPairs {
 }
 
 fn decode_json(h: &[u8]) -> Result<RemotingCommand, FrameError> {
-    let header: JsonHeader = serde_json::from_slice(h).map_err(|e| {
-        if e.to_string().starts_with(NOT_AN_OBJECT) {
-            bad("JSON header is not an object")
-        } else {
-            bad(format!("JSON header: {e}"))
-        }
+    // Nothing inside a header can be of a wrong type (every value is taken
+    // as it comes): a data error is the header itself not being an object.
+    let header: JsonHeader = serde_json::from_slice(h).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => bad("JSON header is not an object"),
+        _ => bad(format!("JSON header: {e}")),
     })?;
     let code = header
         .code
