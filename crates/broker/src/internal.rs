@@ -3,11 +3,12 @@
 //! go over that master's RocketMQ listener. Under authorization they must
 //! not be `User:ANONYMOUS`, whom a group's or topic's ACLs need not name:
 //! the coordinator already authorized its client, so the call is signed as
-//! the cluster's own — RocketMQ's AccessKey/Signature scheme with the
-//! AccessKey `rokka-cluster:<node>` and an HMAC-SHA256 under a secret the
-//! nodes share through etcd (made once, by the first node that starts) —
-//! and a master takes a request so signed without checking ACLs. A
-//! signature that does not verify is refused like any other.
+//! the cluster's own — AccessKey `rokka-cluster:node-<id>`, an HMAC-SHA256
+//! under a secret the nodes share through etcd (made once, by the first
+//! node that starts) of the request's code, fields, body and signing time
+//! (protocols/remoting's `auth`) — and a master takes a request so signed,
+//! of the few codes those calls use, without checking ACLs. Anything else
+//! with that AccessKey is refused.
 
 use base64::Engine as _;
 use ring::hmac;
@@ -43,26 +44,16 @@ impl ClusterSecret {
         Ok(base64::engine::general_purpose::STANDARD.encode(raw))
     }
 
-    /// The signature (base64) of a request's content: its extFields values
-    /// in key order, Signature left out, then its body.
-    pub fn sign<'a>(&self, content: impl Iterator<Item = &'a [u8]>) -> String {
-        let mut ctx = hmac::Context::with_key(&self.0);
-        for part in content {
-            ctx.update(part);
-        }
-        base64::engine::general_purpose::STANDARD.encode(ctx.sign().as_ref())
+    /// The signature (base64) of `content` (what a cluster call signs:
+    /// protocols/remoting's `cluster_content`).
+    pub fn sign(&self, content: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(hmac::sign(&self.0, content).as_ref())
     }
 
-    /// Whether `signature` is this secret's over `content`.
-    pub fn verify<'a>(&self, content: impl Iterator<Item = &'a [u8]>, signature: &str) -> bool {
-        let Some(given) = crate::users::unb64(signature) else {
-            return false;
-        };
-        let mut ctx = hmac::Context::with_key(&self.0);
-        for part in content {
-            ctx.update(part);
-        }
-        crate::users::equal(ctx.sign().as_ref(), &given)
+    /// Whether `signature` is this secret's over `content` (compared in
+    /// constant time).
+    pub fn verify(&self, content: &[u8], signature: &str) -> bool {
+        crate::users::unb64(signature).is_some_and(|given| hmac::verify(&self.0, content, &given).is_ok())
     }
 }
 
@@ -75,15 +66,11 @@ mod tests {
         let stored = ClusterSecret::generate()?;
         let a = ClusterSecret::from_stored(&stored).ok_or("stored form")?;
         let b = ClusterSecret::from_stored(&ClusterSecret::generate()?).ok_or("stored form")?;
-        let content = [b"g1".as_slice(), b"7", b"body"];
-        let sig = a.sign(content.iter().copied());
-        assert!(a.verify(content.iter().copied(), &sig));
-        assert!(!b.verify(content.iter().copied(), &sig), "another cluster's secret");
-        assert!(
-            !a.verify([b"g1".as_slice(), b"8", b"body"].iter().copied(), &sig),
-            "other content"
-        );
-        assert!(!a.verify(content.iter().copied(), "not base64!"));
+        let sig = a.sign(b"g1 7 body");
+        assert!(a.verify(b"g1 7 body", &sig));
+        assert!(!b.verify(b"g1 7 body", &sig), "another cluster's secret");
+        assert!(!a.verify(b"g1 8 body", &sig), "other content");
+        assert!(!a.verify(b"g1 7 body", "not base64!"));
         assert!(ClusterSecret::from_stored("c2hvcnQ=").is_none(), "too short a secret");
         Ok(())
     }
