@@ -219,38 +219,36 @@ struct MemberRecord {
     revoking: Vec<Tp>,
 }
 
-impl GroupRecord {
-    pub fn name(&self) -> &str {
-        &self.name
+impl MemberRecord {
+    fn of(m: &Member) -> MemberRecord {
+        MemberRecord {
+            id: m.id.clone(),
+            instance_id: m.instance_id.clone(),
+            rack_id: m.rack_id.clone(),
+            client_id: m.client_id.clone(),
+            client_host: m.client_host.clone(),
+            epoch: m.epoch,
+            previous_epoch: m.previous_epoch,
+            state: m.state.name().to_string(),
+            subscribed: m.subscribed.iter().cloned().collect(),
+            names: m.names.iter().cloned().collect(),
+            regex: m.regex.as_ref().map(|(r, _)| r.clone()),
+            assignor: m.assignor.clone(),
+            rebalance_timeout_ms: m.rebalance_timeout_ms,
+            assigned: m.assigned.iter().cloned().collect(),
+            revoking: m.revoking.iter().cloned().collect(),
+        }
     }
+}
 
+impl GroupRecord {
     fn of(g: &ConsumerGroup) -> GroupRecord {
         GroupRecord {
             name: g.name.clone(),
             epoch: g.epoch,
             assignment_epoch: g.assignment_epoch,
             assignor: g.assignor.clone(),
-            members: g
-                .members
-                .values()
-                .map(|m| MemberRecord {
-                    id: m.id.clone(),
-                    instance_id: m.instance_id.clone(),
-                    rack_id: m.rack_id.clone(),
-                    client_id: m.client_id.clone(),
-                    client_host: m.client_host.clone(),
-                    epoch: m.epoch,
-                    previous_epoch: m.previous_epoch,
-                    state: m.state.name().to_string(),
-                    subscribed: m.subscribed.iter().cloned().collect(),
-                    names: m.names.iter().cloned().collect(),
-                    regex: m.regex.as_ref().map(|(r, _)| r.clone()),
-                    assignor: m.assignor.clone(),
-                    rebalance_timeout_ms: m.rebalance_timeout_ms,
-                    assigned: m.assigned.iter().cloned().collect(),
-                    revoking: m.revoking.iter().cloned().collect(),
-                })
-                .collect(),
+            members: g.members.values().map(MemberRecord::of).collect(),
             target: g
                 .target
                 .iter()
@@ -325,23 +323,8 @@ pub struct HeartbeatMark {
     epoch: i32,
     assignment_epoch: i32,
     members: usize,
-    member: Option<MemberMark>,
-}
-
-/// What a [`GroupRecord`] keeps of one member (all but its identity, which
-/// a heartbeat does not change).
-#[derive(Debug, PartialEq)]
-struct MemberMark {
-    epoch: i32,
-    previous_epoch: i32,
-    state: MemberState,
-    assigned: BTreeSet<Tp>,
-    revoking: BTreeSet<Tp>,
-    subscribed: BTreeSet<String>,
-    names: BTreeSet<String>,
-    regex: Option<String>,
-    assignor: Option<String>,
-    rebalance_timeout_ms: u64,
+    /// The heartbeating member as its record keeps it.
+    member: Option<MemberRecord>,
 }
 
 /// The consumer groups and their heartbeat logic.
@@ -698,18 +681,7 @@ impl ConsumerGroups {
             epoch: g.epoch,
             assignment_epoch: g.assignment_epoch,
             members: g.members.len(),
-            member: g.members.get(member).map(|m| MemberMark {
-                epoch: m.epoch,
-                previous_epoch: m.previous_epoch,
-                state: m.state,
-                assigned: m.assigned.clone(),
-                revoking: m.revoking.clone(),
-                subscribed: m.subscribed.clone(),
-                names: m.names.clone(),
-                regex: m.regex.as_ref().map(|(r, _)| r.clone()),
-                assignor: m.assignor.clone(),
-                rebalance_timeout_ms: m.rebalance_timeout_ms,
-            }),
+            member: g.members.get(member).map(MemberRecord::of),
         })
     }
 
