@@ -113,3 +113,17 @@ def test_a_client_certificate_names_the_caller_the_acls_decide_for(mtls_rokka):
     denied = sum(v for k, v in mtls_rokka.metric_values().items()
                  if k.startswith("rokka_authorization_denied_total{") and 'protocol="rocketmq5"' in k)
     assert denied >= 1
+
+
+def test_client_certificates_asked_on_a_plaintext_port_stop_the_start():
+    """grpc.tls_client_ca without a server certificate would ask no one for
+    a certificate: the node does not start, and says why."""
+    from rokka_fixture import Rokka
+
+    r = Rokka(results_dir("rocketmq5", "mtls-no-cert"), grpc_extra=GRPC + 'tls_client_ca = "ca.pem"\n')
+    with pytest.raises(RuntimeError):
+        r.start(timeout=15)
+    r.close()
+    with open(r.log_path) as f:
+        log = f.read()
+    assert "grpc.tls_client_ca needs grpc.tls_certificate" in log, log[-2000:]

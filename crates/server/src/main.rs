@@ -636,6 +636,11 @@ async fn serve(
         let addr = l.local_addr()?;
         bound.insert("grpc", addr);
         let tls = if cfg.grpc.tls_certificate.is_empty() {
+            // Client certificates asked for on a plaintext port would be
+            // asked of no one: refused, as for the metrics endpoint.
+            if !cfg.grpc.tls_client_ca.is_empty() {
+                return Err("grpc.tls_client_ca needs grpc.tls_certificate and grpc.tls_key".into());
+            }
             None
         } else {
             let ca = (!cfg.grpc.tls_client_ca.is_empty()).then(|| std::path::Path::new(&cfg.grpc.tls_client_ca));
