@@ -17,6 +17,17 @@ wait_file() { for _ in $(seq 600); do [[ -s $1 ]] && return 0; kill -0 "$2" 2>/d
 # port KEY: the port rokka reported for a listener (ports.json of the last start).
 port() { python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))[sys.argv[2]].rsplit(":",1)[1])' "$dir/ports.json" "$1"; }
 
+# metric_sum NAME LABEL: the sum of rokka's NAME samples whose labels hold
+# LABEL (e.g. 'result="ok"'), from the case's metrics port.
+metric_sum() {
+  python3 - "$mp" "$1" "$2" <<'EOF'
+import sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+print(int(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
+              if l.startswith(sys.argv[2] + "{") and sys.argv[3] in l)))
+EOF
+}
+
 # new_case NAME: a kept directory under the results directory (rokka.log,
 # client.log; the data is removed when the case passes).
 case_n=0
@@ -121,21 +132,10 @@ new_case binary-headers; write_config; rc=0; start_rokka || rc=1
 if [[ $rc == 0 ]]; then
   run_client binary-headers env ROCKETMQ_SERIALIZE_TYPE=ROCKETMQ "$harness" "127.0.0.1:$ns" send-consume || rc=1
   if [[ $rc == 0 ]]; then
-    frames=$(python3 - "$mp" <<'EOF'
-import sys, urllib.request
-text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
-n = {"json": 0, "rocketmq": 0}
-for line in text.splitlines():
-    if line.startswith("rokka_rocketmq_frames_total{"):
-        for k in n:
-            if f'serialize="{k}"' in line:
-                n[k] += float(line.rsplit(" ", 1)[1])
-print(int(n["rocketmq"]), int(n["json"]))
-EOF
-    )
-    read -r bin json <<<"$frames"
+    bin=$(metric_sum rokka_rocketmq_frames_total 'serialize="rocketmq"')
+    json=$(metric_sum rokka_rocketmq_frames_total 'serialize="json"')
     echo "# binary-headers: $bin ROCKETMQ frames, $json JSON frames"
-    if [[ $bin -lt 100 || $json -ne 0 ]]; then echo "FAILED - rocketmq binary-headers: frames $frames"; rc=1; fi
+    if [[ $bin -lt 100 || $json -ne 0 ]]; then echo "FAILED - rocketmq binary-headers: frames $bin $json"; rc=1; fi
   fi
   stop_rokka "$pid" || rc=1
 fi
@@ -148,14 +148,7 @@ end_case $rc binary-headers
 # get nothing; with a client CA, only a client presenting a certificate it
 # signed; permissive serves plaintext and TLS clients on the same ports.
 # tls_counts RESULT: rokka's count of RocketMQ TLS handshakes with RESULT.
-tls_counts() {
-  python3 - "$mp" "$1" <<'EOF'
-import sys, urllib.request
-text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
-print(int(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
-              if l.startswith("rokka_rocketmq_tls_handshakes_total{") and f'result="{sys.argv[2]}"' in l)))
-EOF
-}
+tls_counts() { metric_sum rokka_rocketmq_tls_handshakes_total "result=\"$1\""; }
 # refused NAME ARGS...: the client must fail (within 60 s).
 refused() {
   local name=$1; shift
@@ -213,13 +206,7 @@ if [[ $rc == 0 ]]; then
   run_client tls-alice-certificate env COMPAT_TLS_CA="$dir/pki/ca.pem" COMPAT_TLS_CERT="$dir/pki/client.pem" \
     COMPAT_TLS_KEY="$dir/pki/client.key" "$harness" "127.0.0.1:$ns" send-consume || rc=1
   refused tls-anonymous-plaintext "$harness" "127.0.0.1:$ns" send-consume || rc=1
-  denied=$(python3 - "$mp" <<'EOF'
-import sys, urllib.request
-text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
-print(int(sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines()
-              if l.startswith("rokka_authorization_denied_total{") and 'protocol="rocketmq"' in l)))
-EOF
-  )
+  denied=$(metric_sum rokka_authorization_denied_total 'protocol="rocketmq"')
   echo "# tls-certificate-principal: RocketMQ requests denied: $denied"
   if [[ $denied -lt 1 ]]; then echo "FAILED - rocketmq tls-certificate-principal: nothing denied"; rc=1; fi
   stop_rokka "$pid" || rc=1
