@@ -36,6 +36,14 @@ def in_sync(cluster, ids, timeout=30):
     return False
 
 
+def produce_acked(bootstrap, topic, values):
+    """Every value (keyed by its index) produced with acks=all, all acknowledged."""
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    for i, v in enumerate(values):
+        p.produce(topic, key=str(i).encode(), value=v.encode())
+    assert p.flush(60) == 0
+
+
 def read_all(cluster, partitions=2):
     return read_topic(cluster.bootstrap(), TOPIC, partitions)
 
@@ -214,10 +222,7 @@ def test_a_group_assigned_just_before_its_coordinators_kill_keeps_its_generation
     rebalance (no revocation, no second assignment)."""
     topic = "failover-assigned"
     assert in_sync(cluster, [1, 2, 3], timeout=60)
-    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all"})
-    for i in range(200):
-        p.produce(topic, key=str(i).encode(), value=f"a{i}".encode())
-    assert p.flush(60) == 0
+    produce_acked(cluster.bootstrap(), topic, [f"a{i}" for i in range(200)])
     assert in_sync(cluster, [1, 2, 3], timeout=60)
     old = cluster.master()
     events = []
@@ -270,10 +275,7 @@ def test_a_kip848_group_goes_on_with_the_new_coordinator_without_rejoining(clust
     again, and every message is read once."""
     topic = "failover-kip848"
     assert in_sync(cluster, [1, 2, 3], timeout=60)
-    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all"})
-    for i in range(100):
-        p.produce(topic, key=str(i).encode(), value=f"k{i}".encode())
-    assert p.flush(60) == 0
+    produce_acked(cluster.bootstrap(), topic, [f"k{i}" for i in range(100)])
     assert in_sync(cluster, [1, 2, 3], timeout=60)
     old = cluster.master()
     events = []
@@ -310,10 +312,7 @@ def test_a_kip848_group_goes_on_with_the_new_coordinator_without_rejoining(clust
             c.poll(0.2)
         cluster.nodes[old].kill()
         new = cluster.master(exclude=(old,))
-        p = Producer({"bootstrap.servers": cluster.nodes[new].bootstrap, "acks": "all"})
-        for i in range(100, 200):
-            p.produce(topic, key=str(i).encode(), value=f"k{i}".encode())
-        assert p.flush(60) == 0
+        produce_acked(cluster.nodes[new].bootstrap, topic, [f"k{i}" for i in range(100, 200)])
         consume(200, time.time() + 60)
         # Heartbeats reach the new coordinator (the interval it gives, 5 s).
         settle = time.time() + 8
