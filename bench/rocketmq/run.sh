@@ -34,7 +34,7 @@ for _ in $(seq 300); do [[ -s $dir/ports.json ]] && break; sleep 0.1; done
 port() { python3 -c 'import json,sys;print(json.load(open(sys.argv[1]))[sys.argv[2]].rsplit(":",1)[1])' "$dir/ports.json" "$1"; }
 ns=$(port namesrv); mp=$(port metrics)
 rc=0
-timeout 900 "$root/compat-tests/rocketmq/harness/target/release/rokka-rocketmq-compat" "127.0.0.1:$ns" bench "$scale" "$stages" \
+BENCH_ROKKA_PID=$pid timeout 900 "$root/compat-tests/rocketmq/harness/target/release/rokka-rocketmq-compat" "127.0.0.1:$ns" bench "$scale" "$stages" \
   > "$dir/client.log" 2>&1 || rc=$?
 grep '^compat: ' "$dir/client.log" | sed 's/^compat: //'
 echo "rokka CPU: $(ps -o times= -p $pid) s"

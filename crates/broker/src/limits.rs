@@ -150,7 +150,12 @@ impl ByteBudget {
     pub async fn reserve(&self, bytes: usize) -> Reserved {
         let kib = bytes.div_ceil(1024).clamp(1, self.total_kib);
         let permit = Arc::clone(&self.sem).acquire_many_owned(kib as u32).await.ok();
-        metrics::gauge!("rokka_inflight_request_bytes", "listener" => self.listener).increment((kib * 1024) as f64);
+        crate::hot_metrics::gauge_add(
+            "rokka_inflight_request_bytes",
+            "listener",
+            self.listener,
+            (kib * 1024) as f64,
+        );
         Reserved {
             _permit: permit,
             listener: self.listener,
@@ -166,8 +171,12 @@ impl ByteBudget {
 
 impl Drop for Reserved {
     fn drop(&mut self) {
-        metrics::gauge!("rokka_inflight_request_bytes", "listener" => self.listener)
-            .decrement((self.kib * 1024) as f64);
+        crate::hot_metrics::gauge_add(
+            "rokka_inflight_request_bytes",
+            "listener",
+            self.listener,
+            -((self.kib * 1024) as f64),
+        );
     }
 }
 

@@ -12,7 +12,10 @@
 //! writing only when a topic is first seen or forgotten. Budget: at most
 //! `max_topics` entries (the broker's topic cap); past it the map starts
 //! over (the series stay registered in the recorder, handles are made
-//! again on next use). Deleted topics are forgotten.
+//! again on next use). Deleted topics are forgotten. Handles from an
+//! earlier [`crate::hot_metrics`] epoch are made again, so a topic idle
+//! past `metrics.idle_timeout_ms` (its series dropped by the recorder)
+//! counts into a registered series when it is used again.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -23,6 +26,8 @@ use metrics::Counter;
 struct TopicTraffic {
     messages: Counter,
     bytes: Counter,
+    /// The [`crate::hot_metrics::epoch`] they were made in.
+    epoch: u64,
 }
 
 /// One family of per-topic counters (e.g. Kafka in).
@@ -46,20 +51,28 @@ impl TopicCounters {
     /// Counts `messages` and `bytes` for `topic`: under the read lock once
     /// its handles exist (no clone, no allocation), made on first use.
     pub fn record(&self, topic: &str, messages: u64, bytes: u64) {
+        let epoch = crate::hot_metrics::epoch();
         if let Some(t) = self.map.read().unwrap_or_else(|p| p.into_inner()).get(topic) {
-            t.messages.increment(messages);
-            t.bytes.increment(bytes);
-            return;
+            if t.epoch == epoch {
+                t.messages.increment(messages);
+                t.bytes.increment(bytes);
+                return;
+            }
         }
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
         if !map.contains_key(topic) && map.len() >= self.max_topics {
             map.clear();
         }
         let n = map.len();
-        let t = map.entry(topic.to_string()).or_insert_with(|| TopicTraffic {
+        let make = || TopicTraffic {
             messages: metrics::counter!(self.messages, "topic" => topic.to_string()),
             bytes: metrics::counter!(self.bytes, "topic" => topic.to_string()),
-        });
+            epoch,
+        };
+        if map.get(topic).is_none_or(|t| t.epoch != epoch) {
+            map.insert(topic.to_string(), make());
+        }
+        let Some(t) = map.get(topic) else { return };
         t.messages.increment(messages);
         t.bytes.increment(bytes);
         if map.len() != n {
@@ -200,7 +213,31 @@ mod tests {
     }
 
     #[test]
+    fn a_topic_idle_past_an_epoch_counts_into_a_registered_series_again() {
+        let _serial = crate::hot_metrics::EPOCH_TESTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let (first, second) = (Counting::default(), Counting::default());
+        let c = TopicCounters::new("t_messages_total", "t_bytes_total", 8);
+        metrics::with_local_recorder(&first, || c.record("a", 2, 100));
+        assert_eq!(first.get("t_messages_total", "a"), 2);
+        // The recorder dropped the series (idle): within the epoch the kept
+        // handle still counts into the dropped one...
+        metrics::with_local_recorder(&second, || c.record("a", 1, 1));
+        assert_eq!(second.get("t_messages_total", "a"), 0);
+        // ...and in the next one into a series registered again.
+        crate::hot_metrics::new_epoch();
+        metrics::with_local_recorder(&second, || c.record("a", 1, 1));
+        assert_eq!(second.get("t_messages_total", "a"), 1);
+        assert_eq!(second.get("t_bytes_total", "a"), 1);
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
     fn cached_handles_count_per_topic_and_stay_bounded() {
+        let _serial = crate::hot_metrics::EPOCH_TESTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let recorder = Counting::default();
         metrics::with_local_recorder(&recorder, || {
             let c = TopicCounters::new("t_messages_total", "t_bytes_total", 2);

@@ -318,6 +318,7 @@ async fn serve(
             .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)?
             .install_recorder()
             .map_err(|e| format!("metrics recorder: {e}"))?;
+        rokka_broker::hot_metrics::set_idle_timeout(idle).map_err(|e| format!("metrics epoch thread: {e}"))?;
         help::describe_all();
         let l = TcpListener::bind(cfg.metrics.listen)
             .await

@@ -12,7 +12,19 @@ pub fn message_id(host: SocketAddr, phys: u64) -> String {
     }
     raw.extend_from_slice(&i32::from(host.port()).to_be_bytes());
     raw.extend_from_slice(&phys.to_be_bytes());
-    raw.iter().map(|b| format!("{b:02X}")).collect()
+    upper_hex(&raw)
+}
+
+/// `bytes` as upper-case hex, two digits each (one allocation; a
+/// `format!` per byte was 16–28 allocations per message id).
+pub fn upper_hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    s
 }
 
 /// Splits a message id into store host and CommitLog offset.
@@ -49,6 +61,7 @@ mod tests {
         let h: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 10911));
         let id = message_id(h, 0x1234);
         assert_eq!(id, "7F00000100002A9F0000000000001234");
+        assert_eq!(upper_hex(&[0x00, 0x0f, 0xab, 0xff, 0x90]), "000FABFF90");
         assert_eq!(parse_message_id(&id), Some((h, 0x1234)));
         let h6: SocketAddr = "[::1]:10911".parse().unwrap_or(h);
         assert_eq!(parse_message_id(&message_id(h6, 9)), Some((h6, 9)));

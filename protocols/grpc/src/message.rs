@@ -155,11 +155,7 @@ pub fn incoming(m: &pb::Message, max_body: usize) -> Result<Incoming, Refused> {
 /// bytes standing for the host and process, the time and a sequence.
 pub fn new_message_id() -> String {
     let r: [u8; 16] = rand::random();
-    let mut s = String::from("01");
-    for b in r {
-        s.push_str(&format!("{b:02X}"));
-    }
-    s
+    format!("01{}", rokka_store::msgid::upper_hex(&r))
 }
 
 pub fn timestamp_ms(t: &prost_types::Timestamp) -> i64 {

@@ -240,7 +240,7 @@ pub async fn handle(
         return Err(Close(format!("unknown API key {key_raw}")));
     };
     let name = api_name(key);
-    metrics::counter!("rokka_kafka_requests_total", "api" => name).increment(1);
+    rokka_broker::hot_metrics::count("rokka_kafka_requests_total", "api", name, 1);
     if !versions::served(key, version) {
         metrics::counter!("rokka_kafka_errors_total", "api" => name, "code" => "35").increment(1);
         return match api::unsupported_version_response(key, version) {
@@ -288,7 +288,12 @@ pub async fn handle(
         }
         req => api::dispatch(k, &header, req, version, peer, at, who).await?,
     };
-    metrics::histogram!("rokka_kafka_request_seconds", "api" => name).record(started.elapsed().as_secs_f64());
+    rokka_broker::hot_metrics::record(
+        "rokka_kafka_request_seconds",
+        "api",
+        name,
+        started.elapsed().as_secs_f64(),
+    );
     match resp {
         Some(api::Response::Kind(r)) => {
             crate::errors::count(name, &r);

@@ -360,11 +360,20 @@ impl NameServer {
 impl Service for NameServer {
     async fn process(&self, cmd: RemotingCommand, conn: &Conn) -> Option<RemotingCommand> {
         let started = Instant::now();
-        metrics::counter!("rokka_rocketmq_requests_total", "code" => crate::codes::label(cmd.code)).increment(1);
+        rokka_broker::hot_metrics::count(
+            "rokka_rocketmq_requests_total",
+            "code",
+            crate::codes::label(cmd.code),
+            1,
+        );
         let oneway = cmd.flag & FLAG_ONEWAY != 0;
         let resp = self.handle(&cmd, conn).await;
-        metrics::histogram!("rokka_rocketmq_request_seconds", "code" => crate::codes::label(cmd.code))
-            .record(started.elapsed().as_secs_f64());
+        rokka_broker::hot_metrics::record(
+            "rokka_rocketmq_request_seconds",
+            "code",
+            crate::codes::label(cmd.code),
+            started.elapsed().as_secs_f64(),
+        );
         (!oneway).then_some(resp)
     }
 

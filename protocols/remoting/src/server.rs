@@ -327,8 +327,12 @@ async fn run<S: Service, T: Halves>(
             out.clear();
             // Written: these requests no longer count against the connection.
             unwritten.fetch_sub(permits.len(), Ordering::Relaxed);
-            metrics::gauge!("rokka_rocketmq_unwritten_answers", "listener" => listener)
-                .set(unwritten.load(Ordering::Relaxed) as f64);
+            rokka_broker::hot_metrics::gauge_set(
+                "rokka_rocketmq_unwritten_answers",
+                "listener",
+                listener,
+                unwritten.load(Ordering::Relaxed) as f64,
+            );
             permits.clear();
         }
         // Closed with answers unwritten: they are dropped with the connection.
@@ -367,7 +371,7 @@ async fn run<S: Service, T: Halves>(
                         crate::command::SerializeType::Json => "json",
                         crate::command::SerializeType::RocketMq => "rocketmq",
                     };
-                    metrics::counter!("rokka_rocketmq_frames_total", "serialize" => serialize).increment(1);
+                    rokka_broker::hot_metrics::count("rokka_rocketmq_frames_total", "serialize", serialize, 1);
                     // At the in-flight limit, wait (reading nothing) until an
                     // answer has been written.
                     let permit = match Arc::clone(&inflight).try_acquire_owned() {

@@ -852,6 +852,50 @@ fn rate(label: &str, n: usize, bytes: usize, t: Duration) {
     );
 }
 
+/// CPU time (user + system, seconds) of a process so far, from
+/// `/proc/<pid>/stat` (fields 14 and 15, in clock ticks of 1/100 s).
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: count from its ')'.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// The CPU the client (this process) and rokka (`BENCH_ROKKA_PID`, when
+/// given) spent on a stage, printed per message so the broker's own share
+/// of a send is visible next to the client's on the shared cores.
+struct StageCpu {
+    client: Option<f64>,
+    rokka: Option<f64>,
+}
+
+impl StageCpu {
+    fn start() -> Self {
+        StageCpu {
+            client: cpu_seconds("self"),
+            rokka: rokka_pid().and_then(|p| cpu_seconds(&p)),
+        }
+    }
+
+    fn report(&self, n: usize) {
+        let per = |before: Option<f64>, now: Option<f64>| match (before, now) {
+            (Some(b), Some(a)) => format!("{:.2} µs", (a - b) * 1e6 / n.max(1) as f64),
+            _ => "-".to_string(),
+        };
+        println!(
+            "compat: bench   CPU per message: client {}, rokka {}",
+            per(self.client, cpu_seconds("self")),
+            per(self.rokka, rokka_pid().and_then(|p| cpu_seconds(&p)))
+        );
+    }
+}
+
+fn rokka_pid() -> Option<String> {
+    std::env::var("BENCH_ROKKA_PID").ok().filter(|p| !p.is_empty())
+}
+
 /// Sends `n` messages of `size` bytes from `tasks` concurrent tasks over one
 /// producer; `kind` is sync, oneway or batch (64 per batch).
 async fn bench_send(
@@ -863,6 +907,7 @@ async fn bench_send(
     tasks: usize,
 ) -> ClientResult<()> {
     let body = vec![b'x'; size];
+    let cpu = StageCpu::start();
     let started = Instant::now();
     let mut handles = Vec::new();
     for _ in 0..tasks {
@@ -910,6 +955,7 @@ async fn bench_send(
         size,
         started.elapsed(),
     );
+    cpu.report(n / tasks * tasks);
     if !lat.is_empty() {
         lat.sort_unstable();
         let q = |f: f64| lat[((lat.len() - 1) as f64 * f) as usize].as_micros();
@@ -944,7 +990,11 @@ async fn bench(rt: &Arc<ClientRuntime>, namesrv: &str, scale: f64, stages: &str)
     let batch_n = n(640_000);
     bench_send(&p, "BenchBatch", "batch", 100, batch_n, 4).await?;
     if on("oneway") {
-        bench_send(&p, "BenchOneway", "oneway", 100, n(300_000), 4).await?;
+        // 4 sending tasks, and 16: the client's own cost per oneway send
+        // falls with more of them in flight on its connection.
+        for tasks in [4, 16] {
+            bench_send(&p, "BenchOneway", "oneway", 100, n(300_000), tasks).await?;
+        }
     }
     if !on("consume") {
         return Ok(true);

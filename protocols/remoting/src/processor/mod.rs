@@ -216,7 +216,7 @@ impl RocketMq {
     async fn handle(&self, cmd: RemotingCommand, conn: &Conn) -> Option<RemotingCommand> {
         let started = Instant::now();
         let code = cmd.code;
-        metrics::counter!("rokka_rocketmq_requests_total", "code" => crate::codes::label(code)).increment(1);
+        rokka_broker::hot_metrics::count("rokka_rocketmq_requests_total", "code", crate::codes::label(code), 1);
         let oneway = cmd.flag & FLAG_ONEWAY != 0;
         if let Some(remark) = crate::auth::check(&self.broker, conn, &cmd) {
             return (!oneway).then(|| self.reply(&cmd, crate::auth::NO_PERMISSION, Some(remark)));
@@ -302,8 +302,12 @@ impl RocketMq {
                 Some(format!(" request type {other} not supported")),
             ),
         };
-        metrics::histogram!("rokka_rocketmq_request_seconds", "code" => crate::codes::label(code))
-            .record(started.elapsed().as_secs_f64());
+        rokka_broker::hot_metrics::record(
+            "rokka_rocketmq_request_seconds",
+            "code",
+            crate::codes::label(code),
+            started.elapsed().as_secs_f64(),
+        );
         if resp.code != rs::SUCCESS {
             metrics::counter!(
                 "rokka_rocketmq_errors_total",

@@ -138,6 +138,11 @@ impl RocketMq {
             .traffic()
             .rocketmq_in
             .record(&topic, results.len() as u64, bytes as u64);
+        let end = results.iter().map(|x| x.end_offset).max().unwrap_or(0);
+        if req.is_oneway() {
+            // No answer goes out: nothing to put in one.
+            return Ok((self.reply(req, rs::SUCCESS, None), end));
+        }
         let host = self.store_host;
         let ids: Vec<String> = results.iter().map(|r| msgid::message_id(host, r.phys_offset)).collect();
         let mut r = self.reply(req, rs::SUCCESS, None);
@@ -151,7 +156,6 @@ impl RocketMq {
         }
         r.ext_fields.set("MSG_REGION", "DefaultRegion");
         r.ext_fields.set("TRACE_ON", "true");
-        let end = results.iter().map(|x| x.end_offset).max().unwrap_or(0);
         Ok((r, end))
     }
 

@@ -1,0 +1,213 @@
+//! Metric updates on request paths with neither a label allocation nor a
+//! registry lookup per request.
+//!
+//! `metrics::counter!(name, "code" => label)` with a label value that is
+//! not a literal builds a label vector (a heap allocation) and looks the
+//! series up in the recorder's registry (hashing name and labels, a shared
+//! lock) on every call. Here each thread keeps the handles it has used,
+//! keyed by the addresses of the `&'static str` name, label key and label
+//! value: an update is a lookup in a small thread-local map and the
+//! handle's own atomic operation.
+//!
+//! Idle series: rokka's Prometheus recorder drops a counter or histogram
+//! series that was not updated for `metrics.idle_timeout_ms`; a handle kept
+//! past that would go on updating a series no longer exported. So kept
+//! handles belong to an *epoch* that a ticker thread advances every quarter
+//! of that timeout ([`set_idle_timeout`]); a handle from an earlier epoch
+//! is made again (a registry lookup, which registers the series anew). A
+//! handle is thus used at most a quarter timeout after it was made, and a
+//! series it kept updating is never idle long enough to be dropped.
+//!
+//! Concurrency: any thread; nothing shared but the epoch (read, relaxed).
+//! Budget: at most [`MAX_PER_THREAD`] handles per thread (the label values
+//! come from fixed tables: request codes, API names, listener names); past
+//! it a thread's map starts over.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram};
+
+/// Handles kept per thread at most.
+pub const MAX_PER_THREAD: usize = 4096;
+
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+
+/// Which series: the addresses and lengths of name, label key and value.
+type Key = (usize, usize, usize, usize);
+
+enum Handle {
+    Counter(Counter),
+    Gauge(Gauge),
+    Histogram(Histogram),
+}
+
+thread_local! {
+    static HANDLES: RefCell<HashMap<Key, (Handle, u64), foldhash::fast::FixedState>> = const {
+        RefCell::new(HashMap::with_hasher(foldhash::fast::FixedState::with_seed(0x726f6b6b61)))
+    };
+}
+
+fn key(name: &'static str, label: &'static str, value: &'static str) -> Key {
+    (
+        name.as_ptr() as usize,
+        label.as_ptr() as usize,
+        value.as_ptr() as usize,
+        value.len(),
+    )
+}
+
+/// Runs `f` on the thread's handle for the series, made on first use and
+/// again in a new epoch. `make` must make the handle kind `f` expects.
+fn with(k: Key, make: impl FnOnce() -> Handle, f: impl FnOnce(&Handle)) {
+    let epoch = EPOCH.load(Ordering::Relaxed);
+    HANDLES.with(|h| {
+        let mut map = h.borrow_mut();
+        if let Some((handle, made)) = map.get(&k) {
+            if *made == epoch {
+                f(handle);
+                return;
+            }
+        }
+        if map.len() >= MAX_PER_THREAD && !map.contains_key(&k) {
+            map.clear();
+        }
+        let handle = make();
+        f(&handle);
+        map.insert(k, (handle, epoch));
+    });
+}
+
+/// Adds `n` to the counter `name{label="value"}`.
+pub fn count(name: &'static str, label: &'static str, value: &'static str, n: u64) {
+    with(
+        key(name, label, value),
+        || Handle::Counter(metrics::counter!(name, label => value)),
+        |h| {
+            if let Handle::Counter(c) = h {
+                c.increment(n);
+            }
+        },
+    );
+}
+
+/// Records `v` in the histogram `name{label="value"}`.
+pub fn record(name: &'static str, label: &'static str, value: &'static str, v: f64) {
+    with(
+        key(name, label, value),
+        || Handle::Histogram(metrics::histogram!(name, label => value)),
+        |h| {
+            if let Handle::Histogram(x) = h {
+                x.record(v);
+            }
+        },
+    );
+}
+
+/// Adds `delta` (may be negative) to the gauge `name{label="value"}`.
+pub fn gauge_add(name: &'static str, label: &'static str, value: &'static str, delta: f64) {
+    with(
+        key(name, label, value),
+        || Handle::Gauge(metrics::gauge!(name, label => value)),
+        |h| {
+            if let Handle::Gauge(g) = h {
+                g.increment(delta);
+            }
+        },
+    );
+}
+
+/// Sets the gauge `name{label="value"}`.
+pub fn gauge_set(name: &'static str, label: &'static str, value: &'static str, v: f64) {
+    with(
+        key(name, label, value),
+        || Handle::Gauge(metrics::gauge!(name, label => value)),
+        |h| {
+            if let Handle::Gauge(g) = h {
+                g.set(v);
+            }
+        },
+    );
+}
+
+/// The epoch kept handles belong to (for caches elsewhere, e.g.
+/// [`crate::traffic`]: a handle made in another epoch is made again).
+pub fn epoch() -> u64 {
+    EPOCH.load(Ordering::Relaxed)
+}
+
+/// Starts a new epoch now (every kept handle is made again on next use):
+/// after a recorder is installed, so handles made before it (no-ops) go.
+pub fn new_epoch() {
+    EPOCH.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The recorder drops counters and histograms idle for `timeout`
+/// (`None`: never): starts a new epoch now and, with a timeout, every
+/// quarter of it from a thread of its own. Call once, after installing the
+/// recorder.
+pub fn set_idle_timeout(timeout: Option<Duration>) -> std::io::Result<()> {
+    new_epoch();
+    if let Some(t) = timeout {
+        let every = (t / 4).max(Duration::from_millis(1));
+        std::thread::Builder::new()
+            .name("rokka-metric-epoch".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                new_epoch();
+            })?;
+    }
+    Ok(())
+}
+
+/// Held by tests that start epochs or count registrations, so that they
+/// do not see each other's epochs.
+#[cfg(test)]
+pub(crate) static EPOCH_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handle_is_made_again_in_a_new_epoch_and_counts_go_to_the_live_series() {
+        let _serial = EPOCH_TESTS.lock().unwrap_or_else(|p| p.into_inner());
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            count("t_hot_total", "code", "10", 2);
+            count("t_hot_total", "code", "10", 3);
+            count("t_hot_total", "code", "11", 1);
+            record("t_hot_seconds", "code", "10", 0.5);
+            gauge_add("t_hot_bytes", "listener", "kafka", 1024.0);
+            gauge_add("t_hot_bytes", "listener", "kafka", -24.0);
+            gauge_set("t_hot_level", "listener", "kafka", 7.0);
+        });
+        let text = handle.render();
+        assert!(text.contains("t_hot_total{code=\"10\"} 5"), "{text}");
+        assert!(text.contains("t_hot_total{code=\"11\"} 1"), "{text}");
+        assert!(text.contains("t_hot_seconds_count{code=\"10\"} 1"), "{text}");
+        assert!(text.contains("t_hot_bytes{listener=\"kafka\"} 1000"), "{text}");
+        assert!(text.contains("t_hot_level{listener=\"kafka\"} 7"), "{text}");
+
+        // A series dropped from the registry (as the recorder drops an idle
+        // one): the kept handle would count into nothing; after a new epoch
+        // the count reaches a registered series again.
+        let other = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let other_handle = other.handle();
+        metrics::with_local_recorder(&other, || count("t_hot_total", "code", "10", 1));
+        assert!(
+            !other_handle.render().contains("t_hot_total"),
+            "the kept handle is used in its epoch"
+        );
+        new_epoch();
+        metrics::with_local_recorder(&other, || count("t_hot_total", "code", "10", 1));
+        assert!(
+            other_handle.render().contains("t_hot_total{code=\"10\"} 1"),
+            "{}",
+            other_handle.render()
+        );
+    }
+}
