@@ -102,6 +102,78 @@ impl TopicCounters {
     }
 }
 
+/// A counter labelled by consumer group, and by topic too when
+/// `topic_label` is set (gRPC messages received and acked), as kept handles
+/// found by `&str`: the same bounds and epochs as [`TopicCounters`] (at
+/// most `max` series; past it the map starts over).
+pub struct GroupCounter {
+    name: &'static str,
+    topic_label: bool,
+    max: usize,
+    /// group → topic ("" without the label) → handle and its epoch.
+    map: RwLock<HashMap<String, ByTopic>>,
+}
+
+/// A group's kept handles by topic, each with the epoch it was made in.
+type ByTopic = HashMap<String, (Counter, u64)>;
+
+impl GroupCounter {
+    pub fn new(name: &'static str, topic_label: bool, max: usize) -> GroupCounter {
+        GroupCounter {
+            name,
+            topic_label,
+            max: max.max(1),
+            map: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Adds `n` for `group` (and `topic`, ignored without the label).
+    pub fn add(&self, group: &str, topic: &str, n: u64) {
+        let topic = if self.topic_label { topic } else { "" };
+        let epoch = crate::hot_metrics::epoch();
+        if let Some((c, made)) = self
+            .map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(group)
+            .and_then(|t| t.get(topic))
+        {
+            if *made == epoch {
+                c.increment(n);
+                return;
+            }
+        }
+        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        let known = map.get(group).is_some_and(|t| t.contains_key(topic));
+        if !known && map.values().map(HashMap::len).sum::<usize>() >= self.max {
+            map.clear();
+        }
+        let c = if self.topic_label {
+            metrics::counter!(self.name, "topic" => topic.to_string(), "group" => group.to_string())
+        } else {
+            metrics::counter!(self.name, "group" => group.to_string())
+        };
+        c.increment(n);
+        map.entry(group.to_string())
+            .or_default()
+            .insert(topic.to_string(), (c, epoch));
+    }
+
+    /// Series with kept handles.
+    pub fn len(&self) -> usize {
+        self.map
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(HashMap::len)
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Every per-topic traffic family the frontends count.
 pub struct Traffic {
     pub kafka_in: TopicCounters,
@@ -109,6 +181,10 @@ pub struct Traffic {
     pub rocketmq_in: TopicCounters,
     pub rocketmq_out: TopicCounters,
     pub rocketmq5_sent: TopicCounters,
+    /// `rokka_rocketmq5_messages_received_total{topic,group}`.
+    pub rocketmq5_received: GroupCounter,
+    /// `rokka_rocketmq5_messages_acked_total{group}`.
+    pub rocketmq5_acked: GroupCounter,
 }
 
 impl std::fmt::Debug for Traffic {
@@ -149,6 +225,8 @@ impl Traffic {
                 "rokka_rocketmq5_bytes_sent_total",
                 max_topics,
             ),
+            rocketmq5_received: GroupCounter::new("rokka_rocketmq5_messages_received_total", true, max_topics),
+            rocketmq5_acked: GroupCounter::new("rokka_rocketmq5_messages_acked_total", false, max_topics),
         }
     }
 
@@ -231,6 +309,33 @@ mod tests {
         assert_eq!(second.get("t_messages_total", "a"), 1);
         assert_eq!(second.get("t_bytes_total", "a"), 1);
         assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn group_counters_count_per_group_and_topic_and_stay_bounded() {
+        let _serial = crate::hot_metrics::EPOCH_TESTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let recorder = Counting::default();
+        metrics::with_local_recorder(&recorder, || {
+            let received = GroupCounter::new("t_received_total", true, 2);
+            received.add("g1", "a", 3);
+            received.add("g1", "a", 2);
+            received.add("g1", "b", 1);
+            assert_eq!(received.len(), 2);
+            assert_eq!(recorder.registrations.load(Ordering::Relaxed), 2);
+            // A third series past the cap starts the map over.
+            received.add("g2", "a", 1);
+            assert_eq!(received.len(), 1);
+            let acked = GroupCounter::new("t_acked_total", false, 8);
+            acked.add("g1", "a", 1);
+            acked.add("g1", "b", 1);
+            assert_eq!(acked.len(), 1, "no topic label: one series per group");
+        });
+        // Counting keys series by name and topic label only.
+        assert_eq!(recorder.get("t_received_total", "a"), 6);
+        assert_eq!(recorder.get("t_received_total", "b"), 1);
+        assert_eq!(recorder.get("t_acked_total", ""), 2);
     }
 
     #[test]

@@ -734,7 +734,7 @@ impl Messaging {
                     return fail(pb::Code::MessageNotFound, "no new message".into());
                 }
                 let n = popped.messages.len() as u64;
-                metrics::counter!("rokka_rocketmq5_messages_received_total", "topic" => topic.clone(), "group" => group.clone()).increment(n);
+                self.broker.traffic().rocketmq5_received.add(&group, &topic, n);
                 let mut out = vec![pb::ReceiveMessageResponse {
                     content: Some(pb::receive_message_response::Content::Status(ok())),
                 }];
@@ -898,7 +898,7 @@ impl Messaging {
             };
             let s = match st {
                 Ok(f) => {
-                    metrics::counter!("rokka_rocketmq5_messages_acked_total", "group" => group.clone()).increment(1);
+                    self.broker.traffic().rocketmq5_acked.add(&group, "", 1);
                     let took = (rokka_store::now_ms() - f.first_handed_ms).max(0) as f64 / 1000.0;
                     metrics::histogram!("rokka_rocketmq5_process_time_seconds").record(took);
                     ok()
@@ -1104,7 +1104,7 @@ fn client_id<T>(req: &Request<T>) -> String {
 }
 
 fn call(method: &'static str) {
-    metrics::counter!("rokka_rocketmq5_requests_total", "method" => method).increment(1);
+    rokka_broker::hot_metrics::count("rokka_rocketmq5_requests_total", "method", method, 1);
 }
 
 /// Answers the call `$resp` with a refusal if its caller may not do
