@@ -127,7 +127,8 @@ fn principal<'a>(
 /// A request's signed content: its extFields values in key order
 /// (Signature left out), then its body.
 fn signed_content(cmd: &RemotingCommand) -> impl Iterator<Item = &[u8]> + Clone {
-    let mut fields: Vec<&(String, String)> = cmd.ext_fields.0.iter().filter(|(k, _)| k != "Signature").collect();
+    let mut fields: Vec<&(crate::command::FieldName, String)> =
+        cmd.ext_fields.0.iter().filter(|(k, _)| k != "Signature").collect();
     fields.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     fields
         .into_iter()
@@ -157,7 +158,8 @@ const CLUSTER_MAX_SKEW_MS: u64 = 60_000;
 /// and the body, each length-prefixed, so no part can be moved into
 /// another.
 fn cluster_content(cmd: &RemotingCommand) -> Vec<u8> {
-    let mut fields: Vec<&(String, String)> = cmd.ext_fields.0.iter().filter(|(k, _)| k != "Signature").collect();
+    let mut fields: Vec<&(crate::command::FieldName, String)> =
+        cmd.ext_fields.0.iter().filter(|(k, _)| k != "Signature").collect();
     fields.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     let mut out =
         Vec::with_capacity(64 + cmd.body.len() + fields.iter().map(|(k, v)| 8 + k.len() + v.len()).sum::<usize>());
@@ -322,7 +324,7 @@ mod tests {
         let ak = stats.ext_fields.get("AccessKey").unwrap_or_default().to_string();
         moved.ext_fields = crate::command::ExtFields::default();
         for (k, v) in &stats.ext_fields.0 {
-            match k.as_str() {
+            match k.as_ref() {
                 "AccessKey" => moved.ext_fields.set("AccessKey", format!("{ak}pay")),
                 "consumerGroup" => moved.ext_fields.set("topic", "ments"),
                 _ => moved.ext_fields.set(k, v.clone()),

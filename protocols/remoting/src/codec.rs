@@ -4,7 +4,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use serde_json::Value;
 
-use crate::command::{ExtFields, LanguageCode, RemotingCommand, SerializeType};
+use crate::command::{ExtFields, FieldName, LanguageCode, RemotingCommand, SerializeType};
 
 /// Largest frame accepted by default (RocketMQ's frameMaxLength, 16 MiB).
 pub const DEFAULT_MAX_FRAME: usize = 16 * 1024 * 1024;
@@ -104,7 +104,7 @@ struct JsonHeader {
     opaque: Option<Value>,
     flag: Option<Value>,
     remark: Option<Value>,
-    ext: Vec<(String, String)>,
+    ext: Vec<(FieldName, String)>,
 }
 
 /// The header's top-level keys; others are skipped unread.
@@ -157,7 +157,27 @@ impl<'de> serde::Deserialize<'de> for JsonHeader {
 /// extFields as (key, text) pairs in key order, a key given twice keeping
 /// its last value (what reading them into a map and out gave); a value that
 /// is not an object's (null, a string...) gives none.
-struct ExtPairs(Vec<(String, String)>);
+struct ExtPairs(Vec<(FieldName, String)>);
+
+/// An extFields key read as a [`FieldName`] (no allocation for the names
+/// of the table).
+struct Name(FieldName);
+
+impl<'de> serde::Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Name, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Name;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an extFields key")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Name, E> {
+                Ok(Name(crate::command::field_name(s)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
 
 impl<'de> serde::Deserialize<'de> for ExtPairs {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ExtPairs, D::Error> {
@@ -168,8 +188,8 @@ impl<'de> serde::Deserialize<'de> for ExtPairs {
                 f.write_str("extFields")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ExtPairs, A::Error> {
-                let mut v: Vec<(String, Option<String>)> = Vec::with_capacity(map.size_hint().unwrap_or(16).min(64));
-                while let Some(k) = map.next_key::<String>()? {
+                let mut v: Vec<(FieldName, Option<String>)> = Vec::with_capacity(map.size_hint().unwrap_or(16).min(64));
+                while let Some(Name(k)) = map.next_key::<Name>()? {
                     // null: no value (a later one may still give the key one).
                     let value: Value = map.next_value()?;
                     v.push((k, into_text(value)));
@@ -298,7 +318,9 @@ fn decode_binary(header: &[u8]) -> Result<RemotingCommand, FrameError> {
             let b = take(&mut e, 2, "extFields key length")?;
             u16::from_be_bytes([b[0], b[1]]) as usize
         };
-        let k = utf8(take(&mut e, kl, "extFields key")?, "extFields key")?;
+        let k = std::str::from_utf8(take(&mut e, kl, "extFields key")?)
+            .map(crate::command::field_name)
+            .map_err(|_| bad("extFields key is not UTF-8"))?;
         let vl = be_i32(&mut e, "extFields value length")?;
         if vl < 0 {
             return Err(bad("negative extFields value length"));

@@ -74,10 +74,92 @@ impl LanguageCode {
     }
 }
 
+/// An extFields key. The names clients send on every request are borrowed
+/// from a table ([`field_name`]), so reading a header allocates no string
+/// for them; others are owned.
+pub type FieldName = std::borrow::Cow<'static, str>;
+
+/// `k` as a [`FieldName`]: borrowed when it is a name of the table.
+pub fn field_name(k: &str) -> FieldName {
+    let known: &'static str = match k {
+        "AccessKey" => "AccessKey",
+        "Signature" => "Signature",
+        "a" => "a",
+        "b" => "b",
+        "batch" => "batch",
+        "bname" => "bname",
+        "bodyCrc32" => "bodyCrc32",
+        "bornHost" => "bornHost",
+        "bornTimestamp" => "bornTimestamp",
+        "brokerAddr" => "brokerAddr",
+        "brokerId" => "brokerId",
+        "brokerName" => "brokerName",
+        "c" => "c",
+        "clientID" => "clientID",
+        "clusterName" => "clusterName",
+        "commitLogOffset" => "commitLogOffset",
+        "commitOffset" => "commitOffset",
+        "commitOrRollback" => "commitOrRollback",
+        "compressed" => "compressed",
+        "consumerGroup" => "consumerGroup",
+        "d" => "d",
+        "defaultTopic" => "defaultTopic",
+        "defaultTopicQueueNums" => "defaultTopicQueueNums",
+        "delayLevel" => "delayLevel",
+        "e" => "e",
+        "enableActingMaster" => "enableActingMaster",
+        "expressionType" => "expressionType",
+        "f" => "f",
+        "flag" => "flag",
+        "fromTransactionCheck" => "fromTransactionCheck",
+        "g" => "g",
+        "group" => "group",
+        "groupSysFlag" => "groupSysFlag",
+        "h" => "h",
+        "haServerAddr" => "haServerAddr",
+        "i" => "i",
+        "j" => "j",
+        "k" => "k",
+        "l" => "l",
+        "m" => "m",
+        "masterAddr" => "masterAddr",
+        "maxMsgBytes" => "maxMsgBytes",
+        "maxMsgNums" => "maxMsgNums",
+        "maxOffset" => "maxOffset",
+        "maxReconsumeTimes" => "maxReconsumeTimes",
+        "minOffset" => "minOffset",
+        "msgId" => "msgId",
+        "n" => "n",
+        "nextBeginOffset" => "nextBeginOffset",
+        "offset" => "offset",
+        "originMsgId" => "originMsgId",
+        "originTopic" => "originTopic",
+        "producerGroup" => "producerGroup",
+        "properties" => "properties",
+        "queueId" => "queueId",
+        "queueOffset" => "queueOffset",
+        "reconsumeTimes" => "reconsumeTimes",
+        "storeHost" => "storeHost",
+        "subVersion" => "subVersion",
+        "subscription" => "subscription",
+        "suggestWhichBrokerId" => "suggestWhichBrokerId",
+        "suspendTimeoutMillis" => "suspendTimeoutMillis",
+        "sysFlag" => "sysFlag",
+        "timestamp" => "timestamp",
+        "topic" => "topic",
+        "topicSysFlag" => "topicSysFlag",
+        "tranStateTableOffset" => "tranStateTableOffset",
+        "transactionId" => "transactionId",
+        "unitMode" => "unitMode",
+        _ => return FieldName::Owned(k.to_owned()),
+    };
+    FieldName::Borrowed(known)
+}
+
 /// `extFields`: string → string in the sender's order (kept, so a binary
 /// header re-encodes to the same bytes).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ExtFields(pub Vec<(String, String)>);
+pub struct ExtFields(pub Vec<(FieldName, String)>);
 
 impl ExtFields {
     pub fn get(&self, key: &str) -> Option<&str> {
@@ -89,7 +171,7 @@ impl ExtFields {
         let value = value.into();
         match self.0.iter_mut().find(|(k, _)| k == key) {
             Some(slot) => slot.1 = value,
-            None => self.0.push((key.to_string(), value)),
+            None => self.0.push((field_name(key), value)),
         }
     }
 

@@ -138,7 +138,7 @@ impl Remoting {
         cmd.opaque = self.opaque;
         if let Some(c) = &self.credentials {
             cmd.ext_fields.set("AccessKey", c.user.clone());
-            let mut fields: Vec<&(String, String)> = cmd.ext_fields.0.iter().collect();
+            let mut fields: Vec<_> = cmd.ext_fields.0.iter().collect();
             fields.sort_by(|a, b| a.0.cmp(&b.0));
             let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY, c.password.as_bytes());
             let mut ctx = ring::hmac::Context::with_key(&key);

@@ -35,7 +35,7 @@ pub fn reference_json(h: &[u8]) -> Option<RemotingCommand> {
                 other => Some(other.to_string()),
             };
             if let Some(t) = t {
-                ext.0.push((k.clone(), t));
+                ext.0.push((k.clone().into(), t));
             }
         }
     }
