@@ -110,10 +110,12 @@ pub struct Crossed {
 /// Counts conversions (callers converting message by message add up and
 /// record once per request).
 pub fn record_metrics(direction: &'static str, c: &Crossed) {
-    metrics::counter!("rokka_cross_conversions_total", "direction" => direction).increment(c.messages);
-    metrics::counter!("rokka_cross_conversion_bytes_total", "direction" => direction).increment(c.bytes);
+    if c.messages > 0 {
+        crate::hot_metrics::count("rokka_cross_conversions_total", "direction", direction, c.messages);
+        crate::hot_metrics::count("rokka_cross_conversion_bytes_total", "direction", direction, c.bytes);
+    }
     if c.dropped > 0 {
-        metrics::counter!("rokka_cross_dropped_fields_total", "direction" => direction).increment(c.dropped);
+        crate::hot_metrics::count("rokka_cross_dropped_fields_total", "direction", direction, c.dropped);
     }
 }
 

@@ -60,6 +60,9 @@ impl TopicCounters {
             }
         }
         let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
+        // Read again under the lock: a thread that read the epoch before it
+        // moved must not replace a handle made in the new one.
+        let epoch = crate::hot_metrics::epoch();
         if !map.contains_key(topic) && map.len() >= self.max_topics {
             map.clear();
         }
@@ -110,12 +113,16 @@ pub struct GroupCounter {
     name: &'static str,
     topic_label: bool,
     max: usize,
-    /// group → topic ("" without the label) → handle and its epoch.
-    map: RwLock<HashMap<String, ByTopic>>,
+    kept: RwLock<GroupHandles>,
 }
 
-/// A group's kept handles by topic, each with the epoch it was made in.
-type ByTopic = HashMap<String, (Counter, u64)>;
+/// group → topic ("" without the label) → handle and the epoch it was made
+/// in, and how many handles that is.
+#[derive(Default)]
+struct GroupHandles {
+    map: HashMap<String, HashMap<String, (Counter, u64)>>,
+    len: usize,
+}
 
 impl GroupCounter {
     pub fn new(name: &'static str, topic_label: bool, max: usize) -> GroupCounter {
@@ -123,7 +130,7 @@ impl GroupCounter {
             name,
             topic_label,
             max: max.max(1),
-            map: RwLock::new(HashMap::new()),
+            kept: RwLock::new(GroupHandles::default()),
         }
     }
 
@@ -132,9 +139,10 @@ impl GroupCounter {
         let topic = if self.topic_label { topic } else { "" };
         let epoch = crate::hot_metrics::epoch();
         if let Some((c, made)) = self
-            .map
+            .kept
             .read()
             .unwrap_or_else(|p| p.into_inner())
+            .map
             .get(group)
             .and_then(|t| t.get(topic))
         {
@@ -143,10 +151,17 @@ impl GroupCounter {
                 return;
             }
         }
-        let mut map = self.map.write().unwrap_or_else(|p| p.into_inner());
-        let known = map.get(group).is_some_and(|t| t.contains_key(topic));
-        if !known && map.values().map(HashMap::len).sum::<usize>() >= self.max {
-            map.clear();
+        let mut kept = self.kept.write().unwrap_or_else(|p| p.into_inner());
+        let epoch = crate::hot_metrics::epoch();
+        if let Some((c, made)) = kept.map.get(group).and_then(|t| t.get(topic)) {
+            if *made == epoch {
+                c.increment(n);
+                return;
+            }
+        }
+        let known = kept.map.get(group).is_some_and(|t| t.contains_key(topic));
+        if !known && kept.len >= self.max {
+            *kept = GroupHandles::default();
         }
         let c = if self.topic_label {
             metrics::counter!(self.name, "topic" => topic.to_string(), "group" => group.to_string())
@@ -154,19 +169,42 @@ impl GroupCounter {
             metrics::counter!(self.name, "group" => group.to_string())
         };
         c.increment(n);
-        map.entry(group.to_string())
+        let added = kept
+            .map
+            .entry(group.to_string())
             .or_default()
-            .insert(topic.to_string(), (c, epoch));
+            .insert(topic.to_string(), (c, epoch))
+            .is_none();
+        if added {
+            kept.len += 1;
+            self.gauge(kept.len);
+        }
+    }
+
+    /// Drops a deleted topic's handles (with the topic label).
+    pub fn forget_topic(&self, topic: &str) {
+        if !self.topic_label {
+            return;
+        }
+        let mut kept = self.kept.write().unwrap_or_else(|p| p.into_inner());
+        let mut removed = 0;
+        kept.map.retain(|_, by_topic| {
+            removed += usize::from(by_topic.remove(topic).is_some());
+            !by_topic.is_empty()
+        });
+        if removed > 0 {
+            kept.len -= removed;
+            self.gauge(kept.len);
+        }
+    }
+
+    fn gauge(&self, n: usize) {
+        metrics::gauge!("rokka_topic_metric_handles", "family" => self.name).set(n as f64);
     }
 
     /// Series with kept handles.
     pub fn len(&self) -> usize {
-        self.map
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .map(HashMap::len)
-            .sum()
+        self.kept.read().unwrap_or_else(|p| p.into_inner()).len
     }
 
     pub fn is_empty(&self) -> bool {
@@ -245,6 +283,7 @@ impl Traffic {
         for f in self.families() {
             f.forget(topic);
         }
+        self.rocketmq5_received.forget_topic(topic);
     }
 }
 
@@ -255,7 +294,8 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Mutex};
 
-    /// Counters by "name{topic}", each registration of a series counted.
+    /// Counters by "name{label=value,...}" (labels in the order given),
+    /// each registration of a series counted.
     #[derive(Default)]
     struct Counting {
         series: Mutex<HashMap<String, Arc<AtomicU64>>>,
@@ -263,10 +303,10 @@ mod tests {
     }
 
     impl Counting {
-        fn get(&self, name: &str, topic: &str) -> u64 {
+        fn get(&self, name: &str, labels: &str) -> u64 {
             let series = self.series.lock().unwrap_or_else(|p| p.into_inner());
             series
-                .get(&format!("{name}{{{topic}}}"))
+                .get(&format!("{name}{{{labels}}}"))
                 .map_or(0, |c| c.load(Ordering::Relaxed))
         }
     }
@@ -277,8 +317,8 @@ mod tests {
         fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
         fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
             self.registrations.fetch_add(1, Ordering::Relaxed);
-            let topic = key.labels().find(|l| l.key() == "topic").map_or("", |l| l.value());
-            let id = format!("{}{{{topic}}}", key.name());
+            let labels: Vec<String> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+            let id = format!("{}{{{}}}", key.name(), labels.join(","));
             let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
             Counter::from_arc(Arc::clone(series.entry(id).or_default()))
         }
@@ -298,16 +338,16 @@ mod tests {
         let (first, second) = (Counting::default(), Counting::default());
         let c = TopicCounters::new("t_messages_total", "t_bytes_total", 8);
         metrics::with_local_recorder(&first, || c.record("a", 2, 100));
-        assert_eq!(first.get("t_messages_total", "a"), 2);
+        assert_eq!(first.get("t_messages_total", "topic=a"), 2);
         // The recorder dropped the series (idle): within the epoch the kept
         // handle still counts into the dropped one...
         metrics::with_local_recorder(&second, || c.record("a", 1, 1));
-        assert_eq!(second.get("t_messages_total", "a"), 0);
+        assert_eq!(second.get("t_messages_total", "topic=a"), 0);
         // ...and in the next one into a series registered again.
         crate::hot_metrics::new_epoch();
         metrics::with_local_recorder(&second, || c.record("a", 1, 1));
-        assert_eq!(second.get("t_messages_total", "a"), 1);
-        assert_eq!(second.get("t_bytes_total", "a"), 1);
+        assert_eq!(second.get("t_messages_total", "topic=a"), 1);
+        assert_eq!(second.get("t_bytes_total", "topic=a"), 1);
         assert_eq!(c.len(), 1);
     }
 
@@ -327,15 +367,20 @@ mod tests {
             // A third series past the cap starts the map over.
             received.add("g2", "a", 1);
             assert_eq!(received.len(), 1);
+            received.add("g2", "b", 1);
+            // A deleted topic's series go.
+            received.forget_topic("a");
+            assert_eq!(received.len(), 1);
             let acked = GroupCounter::new("t_acked_total", false, 8);
             acked.add("g1", "a", 1);
             acked.add("g1", "b", 1);
             assert_eq!(acked.len(), 1, "no topic label: one series per group");
         });
-        // Counting keys series by name and topic label only.
-        assert_eq!(recorder.get("t_received_total", "a"), 6);
-        assert_eq!(recorder.get("t_received_total", "b"), 1);
-        assert_eq!(recorder.get("t_acked_total", ""), 2);
+        assert_eq!(recorder.get("t_received_total", "topic=a,group=g1"), 5);
+        assert_eq!(recorder.get("t_received_total", "topic=b,group=g1"), 1);
+        assert_eq!(recorder.get("t_received_total", "topic=a,group=g2"), 1);
+        assert_eq!(recorder.get("t_received_total", "topic=b,group=g2"), 1);
+        assert_eq!(recorder.get("t_acked_total", "group=g1"), 2);
     }
 
     #[test]
@@ -360,9 +405,9 @@ mod tests {
             c.forget("c");
             assert!(c.is_empty());
         });
-        assert_eq!(recorder.get("t_messages_total", "a"), 6);
-        assert_eq!(recorder.get("t_bytes_total", "a"), 151);
-        assert_eq!(recorder.get("t_messages_total", "b"), 1);
-        assert_eq!(recorder.get("t_bytes_total", "c"), 1);
+        assert_eq!(recorder.get("t_messages_total", "topic=a"), 6);
+        assert_eq!(recorder.get("t_bytes_total", "topic=a"), 151);
+        assert_eq!(recorder.get("t_messages_total", "topic=b"), 1);
+        assert_eq!(recorder.get("t_bytes_total", "topic=c"), 1);
     }
 }

@@ -377,8 +377,12 @@ async fn run<S: Service, T: Halves>(
                     let permit = match Arc::clone(&inflight).try_acquire_owned() {
                         Ok(p) => p,
                         Err(_) => {
-                            metrics::counter!("rokka_rocketmq_inflight_waits_total", "listener" => listener)
-                                .increment(1);
+                            rokka_broker::hot_metrics::count(
+                                "rokka_rocketmq_inflight_waits_total",
+                                "listener",
+                                listener,
+                                1,
+                            );
                             tokio::select! {
                                 p = Arc::clone(&inflight).acquire_owned() => match p {
                                     Ok(p) => p,
@@ -415,8 +419,12 @@ async fn run<S: Service, T: Halves>(
                         let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
                         let wait = limits.bytes.available_kib() * 1024 < len + 4;
                         if wait {
-                            metrics::counter!("rokka_inflight_request_bytes_waits_total", "listener" => listener)
-                                .increment(1);
+                            rokka_broker::hot_metrics::count(
+                                "rokka_inflight_request_bytes_waits_total",
+                                "listener",
+                                listener,
+                                1,
+                            );
                         }
                         head = tokio::select! {
                             r = limits.bytes.reserve(len + 4) => Some(r),

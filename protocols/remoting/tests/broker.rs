@@ -192,6 +192,45 @@ fn bodies(r: &RemotingCommand) -> Vec<String> {
     out
 }
 
+/// Oneway sends are stored and never answered, with async flush (sent on
+/// the connection's task) and sync flush (a task each, waiting for the
+/// disk).
+#[tokio::test]
+async fn oneway_sends_are_stored_and_not_answered() -> TestResult {
+    for mode in [rokka_store::FlushMode::Async, rokka_store::FlushMode::Sync] {
+        let dir = tempfile::tempdir()?;
+        let mut config = StoreConfig::for_tests(dir.path());
+        config.flush_mode = mode;
+        let store = Arc::new(MessageStore::open(config)?);
+        let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+        let l = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = l.local_addr()?;
+        let rmq = Arc::new(RocketMq::new(broker, RocketMqConfig::default(), addr));
+        let (_stop, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(serve(l, rmq, rx));
+        let mut c = Client::connect(addr).await?;
+        for (i, v2) in [(0, false), (1, true)] {
+            let mut s = send_req("OW", 0, &format!("ow{i}"), "TagA", v2);
+            s.flag = FLAG_ONEWAY;
+            c.send(s).await?;
+        }
+        // Every frame back answers a pull: nothing for the sends.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let op = c.send(pull_req("OW", 0, 0, "*", 0)).await?;
+            let r = tokio::time::timeout(Duration::from_secs(10), c.recv()).await??;
+            assert!(r.is_response() && r.opaque == op, "{mode:?}: {r:?}");
+            if bodies(&r).len() == 2 {
+                assert_eq!(bodies(&r), vec!["ow0", "ow1"], "{mode:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "{mode:?}: oneway sends not stored");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn route_send_pull_offsets() -> TestResult {
     let dir = tempfile::tempdir()?;
