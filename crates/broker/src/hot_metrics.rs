@@ -38,18 +38,60 @@ pub const MAX_PER_THREAD: usize = 4096;
 
 static EPOCH: AtomicU64 = AtomicU64::new(0);
 
-/// Which series: the metric kind, then the address and length of name,
+/// Which series: the handle kind, then the address and length of name,
 /// label key and value.
 type Key = (u8, [(usize, usize); 3]);
-
-const COUNTER: u8 = 0;
-const GAUGE: u8 = 1;
-const HISTOGRAM: u8 = 2;
 
 enum Handle {
     Counter(Counter),
     Gauge(Gauge),
     Histogram(Histogram),
+}
+
+/// A handle kind: how to make one and find it in a [`Handle`].
+trait Kind: Sized {
+    const TAG: u8;
+    fn make(name: &'static str, label: &'static str, value: &'static str) -> Handle;
+    fn of(h: &Handle) -> Option<&Self>;
+}
+
+impl Kind for Counter {
+    const TAG: u8 = 0;
+    fn make(name: &'static str, label: &'static str, value: &'static str) -> Handle {
+        Handle::Counter(metrics::counter!(name, label => value))
+    }
+    fn of(h: &Handle) -> Option<&Counter> {
+        match h {
+            Handle::Counter(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+impl Kind for Gauge {
+    const TAG: u8 = 1;
+    fn make(name: &'static str, label: &'static str, value: &'static str) -> Handle {
+        Handle::Gauge(metrics::gauge!(name, label => value))
+    }
+    fn of(h: &Handle) -> Option<&Gauge> {
+        match h {
+            Handle::Gauge(g) => Some(g),
+            _ => None,
+        }
+    }
+}
+
+impl Kind for Histogram {
+    const TAG: u8 = 2;
+    fn make(name: &'static str, label: &'static str, value: &'static str) -> Handle {
+        Handle::Histogram(metrics::histogram!(name, label => value))
+    }
+    fn of(h: &Handle) -> Option<&Histogram> {
+        match h {
+            Handle::Histogram(x) => Some(x),
+            _ => None,
+        }
+    }
 }
 
 thread_local! {
@@ -58,87 +100,57 @@ thread_local! {
     };
 }
 
-fn key(kind: u8, name: &'static str, label: &'static str, value: &'static str) -> Key {
+/// Runs `f` on the thread's `T` handle for `name{label="value"}`, made on
+/// first use and again in a new epoch (the kind is part of the key, so the
+/// handle found is always a `T`).
+fn with<T: Kind>(name: &'static str, label: &'static str, value: &'static str, f: impl Fn(&T)) {
     let at = |s: &'static str| (s.as_ptr() as usize, s.len());
-    (kind, [at(name), at(label), at(value)])
-}
-
-/// Runs `f` on the thread's handle for the series, made on first use and
-/// again in a new epoch. `make` makes the handle kind the key names (the
-/// kind is part of the key, so `f` always gets the kind it expects).
-fn with(k: Key, make: impl Fn() -> Handle, f: impl Fn(&Handle)) {
+    let k: Key = (T::TAG, [at(name), at(label), at(value)]);
+    let apply = |h: &Handle| {
+        if let Some(t) = T::of(h) {
+            f(t);
+        }
+    };
     let epoch = EPOCH.load(Ordering::Relaxed);
     let kept = HANDLES.try_with(|h| {
         let mut map = h.borrow_mut();
         if let Some((handle, made)) = map.get(&k) {
             if *made == epoch {
-                f(handle);
+                apply(handle);
                 return;
             }
         }
         if map.len() >= MAX_PER_THREAD && !map.contains_key(&k) {
             map.clear();
         }
-        let handle = make();
-        f(&handle);
+        let handle = T::make(name, label, value);
+        apply(&handle);
         map.insert(k, (handle, epoch));
     });
     if kept.is_err() {
         // The thread is ending (its handles already dropped): no kept handle.
-        f(&make());
+        apply(&T::make(name, label, value));
     }
 }
 
 /// Adds `n` to the counter `name{label="value"}`.
 pub fn count(name: &'static str, label: &'static str, value: &'static str, n: u64) {
-    with(
-        key(COUNTER, name, label, value),
-        || Handle::Counter(metrics::counter!(name, label => value)),
-        |h| {
-            if let Handle::Counter(c) = h {
-                c.increment(n);
-            }
-        },
-    );
+    with(name, label, value, |c: &Counter| c.increment(n));
 }
 
 /// Records `v` in the histogram `name{label="value"}`.
 pub fn record(name: &'static str, label: &'static str, value: &'static str, v: f64) {
-    with(
-        key(HISTOGRAM, name, label, value),
-        || Handle::Histogram(metrics::histogram!(name, label => value)),
-        |h| {
-            if let Handle::Histogram(x) = h {
-                x.record(v);
-            }
-        },
-    );
+    with(name, label, value, |h: &Histogram| h.record(v));
 }
 
 /// Adds `delta` (may be negative) to the gauge `name{label="value"}`.
 pub fn gauge_add(name: &'static str, label: &'static str, value: &'static str, delta: f64) {
-    with(
-        key(GAUGE, name, label, value),
-        || Handle::Gauge(metrics::gauge!(name, label => value)),
-        |h| {
-            if let Handle::Gauge(g) = h {
-                g.increment(delta);
-            }
-        },
-    );
+    with(name, label, value, |g: &Gauge| g.increment(delta));
 }
 
 /// Sets the gauge `name{label="value"}`.
 pub fn gauge_set(name: &'static str, label: &'static str, value: &'static str, v: f64) {
-    with(
-        key(GAUGE, name, label, value),
-        || Handle::Gauge(metrics::gauge!(name, label => value)),
-        |h| {
-            if let Handle::Gauge(g) = h {
-                g.set(v);
-            }
-        },
-    );
+    with(name, label, value, |g: &Gauge| g.set(v));
 }
 
 /// The epoch kept handles belong to (for caches elsewhere, e.g.

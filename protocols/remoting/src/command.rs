@@ -79,81 +79,89 @@ impl LanguageCode {
 /// for them; others are owned.
 pub type FieldName = std::borrow::Cow<'static, str>;
 
-/// `k` as a [`FieldName`]: borrowed when it is a name of the table.
+/// `k` as a [`FieldName`]: borrowed when it is a name of the table (the
+/// fields the broker reads and the clients' common ones, SEND_MESSAGE_V2's
+/// one-letter names among them).
 pub fn field_name(k: &str) -> FieldName {
-    let known: &'static str = match k {
-        "AccessKey" => "AccessKey",
-        "Signature" => "Signature",
-        "a" => "a",
-        "b" => "b",
-        "batch" => "batch",
-        "bname" => "bname",
-        "bodyCrc32" => "bodyCrc32",
-        "bornHost" => "bornHost",
-        "bornTimestamp" => "bornTimestamp",
-        "brokerAddr" => "brokerAddr",
-        "brokerId" => "brokerId",
-        "brokerName" => "brokerName",
-        "c" => "c",
-        "clientID" => "clientID",
-        "clusterName" => "clusterName",
-        "commitLogOffset" => "commitLogOffset",
-        "commitOffset" => "commitOffset",
-        "commitOrRollback" => "commitOrRollback",
-        "compressed" => "compressed",
-        "consumerGroup" => "consumerGroup",
-        "d" => "d",
-        "defaultTopic" => "defaultTopic",
-        "defaultTopicQueueNums" => "defaultTopicQueueNums",
-        "delayLevel" => "delayLevel",
-        "e" => "e",
-        "enableActingMaster" => "enableActingMaster",
-        "expressionType" => "expressionType",
-        "f" => "f",
-        "flag" => "flag",
-        "fromTransactionCheck" => "fromTransactionCheck",
-        "g" => "g",
-        "group" => "group",
-        "groupSysFlag" => "groupSysFlag",
-        "h" => "h",
-        "haServerAddr" => "haServerAddr",
-        "i" => "i",
-        "j" => "j",
-        "k" => "k",
-        "l" => "l",
-        "m" => "m",
-        "masterAddr" => "masterAddr",
-        "maxMsgBytes" => "maxMsgBytes",
-        "maxMsgNums" => "maxMsgNums",
-        "maxOffset" => "maxOffset",
-        "maxReconsumeTimes" => "maxReconsumeTimes",
-        "minOffset" => "minOffset",
-        "msgId" => "msgId",
-        "n" => "n",
-        "nextBeginOffset" => "nextBeginOffset",
-        "offset" => "offset",
-        "originMsgId" => "originMsgId",
-        "originTopic" => "originTopic",
-        "producerGroup" => "producerGroup",
-        "properties" => "properties",
-        "queueId" => "queueId",
-        "queueOffset" => "queueOffset",
-        "reconsumeTimes" => "reconsumeTimes",
-        "storeHost" => "storeHost",
-        "subVersion" => "subVersion",
-        "subscription" => "subscription",
-        "suggestWhichBrokerId" => "suggestWhichBrokerId",
-        "suspendTimeoutMillis" => "suspendTimeoutMillis",
-        "sysFlag" => "sysFlag",
-        "timestamp" => "timestamp",
-        "topic" => "topic",
-        "topicSysFlag" => "topicSysFlag",
-        "tranStateTableOffset" => "tranStateTableOffset",
-        "transactionId" => "transactionId",
-        "unitMode" => "unitMode",
-        _ => return FieldName::Owned(k.to_owned()),
-    };
-    FieldName::Borrowed(known)
+    macro_rules! table {
+        ($($name:literal),* $(,)?) => {
+            match k {
+                $($name => FieldName::Borrowed($name),)*
+                _ => FieldName::Owned(k.to_owned()),
+            }
+        };
+    }
+    table!(
+        "AccessKey",
+        "Signature",
+        "a",
+        "b",
+        "batch",
+        "bname",
+        "bodyCrc32",
+        "bornHost",
+        "bornTimestamp",
+        "brokerAddr",
+        "brokerId",
+        "brokerName",
+        "c",
+        "clientID",
+        "clusterName",
+        "commitLogOffset",
+        "commitOffset",
+        "commitOrRollback",
+        "compressed",
+        "consumerGroup",
+        "d",
+        "defaultTopic",
+        "defaultTopicQueueNums",
+        "delayLevel",
+        "e",
+        "enableActingMaster",
+        "expressionType",
+        "f",
+        "flag",
+        "fromTransactionCheck",
+        "g",
+        "group",
+        "groupSysFlag",
+        "h",
+        "haServerAddr",
+        "i",
+        "j",
+        "k",
+        "l",
+        "m",
+        "masterAddr",
+        "maxMsgBytes",
+        "maxMsgNums",
+        "maxOffset",
+        "maxReconsumeTimes",
+        "minOffset",
+        "msgId",
+        "n",
+        "nextBeginOffset",
+        "offset",
+        "originMsgId",
+        "originTopic",
+        "producerGroup",
+        "properties",
+        "queueId",
+        "queueOffset",
+        "reconsumeTimes",
+        "storeHost",
+        "subVersion",
+        "subscription",
+        "suggestWhichBrokerId",
+        "suspendTimeoutMillis",
+        "sysFlag",
+        "timestamp",
+        "topic",
+        "topicSysFlag",
+        "tranStateTableOffset",
+        "transactionId",
+        "unitMode",
+    )
 }
 
 /// `extFields`: string → string in the sender's order (kept, so a binary
@@ -231,5 +239,21 @@ impl RemotingCommand {
             serialize_type: self.serialize_type,
             ..RemotingCommand::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod field_name_tests {
+    use super::*;
+
+    #[test]
+    fn known_field_names_are_borrowed_others_owned() {
+        assert!(matches!(field_name("topic"), FieldName::Borrowed("topic")));
+        assert!(matches!(field_name("a"), FieldName::Borrowed("a")));
+        assert!(matches!(field_name("zz"), FieldName::Owned(ref o) if o == "zz"));
+        let mut e = ExtFields::default();
+        e.set("queueId", "3");
+        e.set("custom", "x");
+        assert_eq!((e.get("queueId"), e.get("custom")), (Some("3"), Some("x")));
     }
 }
