@@ -2,15 +2,21 @@
  * a 512 MiB sparse file in the current directory, mapped shared and made
  * resident 2 MiB at a time, timed. Mode 0: MADV_POPULATE_READ (what the
  * store does ahead of its writer in async mode), 1: MADV_POPULATE_WRITE,
- * 2: one byte written per page, 3: fallocate first, then populate-read.
+ * 2: one byte written per page, 3: fallocate first, then populate-read,
+ * 4: populate-read under MADV_RANDOM (no read-ahead: base 4 KiB page-cache
+ * folios instead of read-ahead's large ones; FileHugePages in /proc/meminfo
+ * shows which). Modes 5 and 6 time msync instead: 64 stored 1 KiB messages
+ * (64 x 1141 B) written and msynced per round into a fallocated, already
+ * written file, 3 s, in large folios (5) or base pages (6).
  *   gcc -O2 bench/coldstart/populate_probe.c -o /tmp/populate_probe
- *   for m in 0 1 2 3; do /tmp/populate_probe $m; done
+ *   for m in 0 1 2 3 4 5 6; do sleep 8; /tmp/populate_probe $m; done
  * Run it several times: on a guest that hands freed pages back to the host
  * the cost moves with how fresh the memory it gets is. */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,12 +38,40 @@ int main(int argc, char **argv) {
     unlink(path);
     int fd = open(path, O_RDWR | O_CREAT, 0644);
     if (fd < 0 || ftruncate(fd, n) != 0) { perror(path); return 1; }
-    if (mode == 3 && fallocate(fd, 0, 0, n) != 0) { perror("fallocate"); return 1; }
+    if ((mode == 3 || mode >= 5) && fallocate(fd, 0, 0, n) != 0) { perror("fallocate"); return 1; }
     char *p = mmap(0, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) { perror("mmap"); return 1; }
+    if (mode >= 5) {
+        const size_t chunk = 64 * 1141;
+        if (mode == 6) madvise(p, n, MADV_RANDOM);
+        madvise(p, n, MADV_POPULATE_WRITE);
+        madvise(p, n, MADV_NORMAL);
+        msync(p, n, MS_SYNC);
+        size_t pos = 0;
+        long syncs = 0;
+        double t = now();
+        while (now() - t < 3.0) {
+            if (pos + chunk > n) pos = 0;
+            memset(p + pos, 0x5a, chunk);
+            size_t from = pos & ~4095UL;
+            msync(p + from, pos + chunk - from, MS_SYNC);
+            pos += chunk;
+            syncs++;
+        }
+        printf("mode %d: %.0f us per 64-message msync\n", mode, (now() - t) * 1e6 / syncs);
+        munmap(p, n);
+        close(fd);
+        unlink(path);
+        return 0;
+    }
     double t = now();
     for (size_t o = 0; o < n; o += step) {
         if (mode == 0 || mode == 3) madvise(p + o, step, MADV_POPULATE_READ);
+        else if (mode == 4) {
+            madvise(p + o, step, MADV_RANDOM);
+            madvise(p + o, step, MADV_POPULATE_READ);
+            madvise(p + o, step, MADV_NORMAL);
+        }
         else if (mode == 1) madvise(p + o, step, MADV_POPULATE_WRITE);
         else for (size_t i = 0; i < step; i += 4096) p[o + i] = 1;
     }
