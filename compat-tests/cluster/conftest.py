@@ -124,24 +124,31 @@ class Cluster:
         self.dir = results_dir("cluster", name)
         self.etcd = Etcd(self.dir)
         self.nodes = {}
+        self._make = lambda i, more="": Rokka(
+            os.path.join(self.dir, f"node{i}"),
+            broker_extra="default_partitions = 2",
+            group_extra="initial_rebalance_delay_ms = 0\nmin_session_timeout_ms = 1000",
+            metrics_extra=metrics_extra,
+            kafka_extra=kafka_extra,
+            grpc_extra="" if grpc else None,
+            cluster_extra=(
+                f'etcd_endpoints = ["{self.etcd.endpoint}"]\nname = "{name}"\nnode_id = {i}\n'
+                f'min_insync_replicas = {min_isr}\nlease_ttl_secs = 2\n'
+                f'{extra(i) if callable(extra) else extra}{more}'
+            ),
+        )
         for i in range(1, n + 1):
-            wd = os.path.join(self.dir, f"node{i}")
-            os.makedirs(wd, exist_ok=True)
-            self.nodes[i] = Rokka(
-                wd,
-                broker_extra="default_partitions = 2",
-                group_extra="initial_rebalance_delay_ms = 0\nmin_session_timeout_ms = 1000",
-                metrics_extra=metrics_extra,
-                kafka_extra=kafka_extra,
-                grpc_extra="" if grpc else None,
-                cluster_extra=(
-                    f'etcd_endpoints = ["{self.etcd.endpoint}"]\nname = "{name}"\nnode_id = {i}\n'
-                    f'min_insync_replicas = {min_isr}\nlease_ttl_secs = 2\n'
-                    f'{extra(i) if callable(extra) else extra}'
-                ),
-            )
+            os.makedirs(os.path.join(self.dir, f"node{i}"), exist_ok=True)
+            self.nodes[i] = self._make(i)
         for node in self.nodes.values():
             node.start()
+
+    def add_node(self, i, more=""):
+        """Node `i` (with `more` [cluster] lines), started now."""
+        os.makedirs(os.path.join(self.dir, f"node{i}"), exist_ok=True)
+        self.nodes[i] = self._make(i, more)
+        self.nodes[i].start()
+        return self.nodes[i]
 
     def bootstrap(self):
         return ",".join(n.bootstrap for n in self.nodes.values() if n.proc)

@@ -347,6 +347,22 @@ impl Broker {
             .map(|i| TopicInfo::sets_of(&i.placement, own, i.partitions)))
     }
 
+    /// Cluster mode: the cluster's record of a topic this node has not
+    /// taken from etcd yet, read from the cluster's table now, in this
+    /// node's form. `Ok(None)`: no such topic there, or one whose record
+    /// has no placement (made before sets existed) in a cluster of several
+    /// sets, which only that set's master can place.
+    pub async fn cluster_topic(&self, name: &str) -> std::result::Result<Option<TopicInfo>, String> {
+        let (Some(own), Some(cluster)) = (self.own_set(), self.cluster_topics.get()) else {
+            return Ok(None);
+        };
+        let info = cluster.get(name).await?;
+        let one_set = self.cluster_view().is_some_and(|v| v.sets.len() <= 1);
+        Ok(info
+            .filter(|i| !i.placement.is_empty() || one_set)
+            .map(|i| i.local_form(own)))
+    }
+
     /// The Kafka frontend's groups, as replication ships them.
     pub fn set_replicated_groups(&self, g: Arc<dyn remote::ReplicatedGroups>) {
         let _ = self.replicated_groups.set(g);

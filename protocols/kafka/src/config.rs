@@ -51,6 +51,13 @@ pub struct KafkaConfig {
     /// Most partitions one fetch session may hold; a larger fetch goes
     /// without a session.
     pub max_fetch_session_partitions: u32,
+    /// Cluster mode: a Metadata request naming a topic this node has not
+    /// taken from etcd yet reads etcd's topic table at once; at most this
+    /// many such reads run at once (more are answered from the table as it
+    /// is).
+    pub metadata_topic_lookups: u32,
+    /// Such a read gives up after this long (the topic is then unknown).
+    pub metadata_topic_lookup_timeout_ms: u64,
     /// Address of the SSL listener (Kafka `listeners = SSL://…`), served
     /// beside the plaintext one; absent = none.
     pub ssl_listen: Option<SocketAddr>,
@@ -115,6 +122,8 @@ impl Default for KafkaConfig {
             max_fetch_sessions: 1000,
             fetch_session_idle_ms: 120_000,
             max_fetch_session_partitions: 10_000,
+            metadata_topic_lookups: 4,
+            metadata_topic_lookup_timeout_ms: 2_000,
             ssl_listen: None,
             ssl_advertised_port: 0,
             ssl_certificate: String::new(),

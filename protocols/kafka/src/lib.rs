@@ -56,6 +56,8 @@ pub struct Kafka {
     pub sasl_checks: tokio::sync::Semaphore,
     /// Failed authentications by source address.
     pub sasl_failures: rokka_broker::limits::AuthFailures,
+    /// Cluster mode: Metadata's reads of etcd's topic table running now.
+    pub topic_lookups: tokio::sync::Semaphore,
 }
 
 impl Kafka {
@@ -94,7 +96,9 @@ impl Kafka {
             config.sasl_max_failures_per_address,
             std::time::Duration::from_millis(config.sasl_failure_window_ms),
         );
+        let topic_lookups = tokio::sync::Semaphore::new(config.metadata_topic_lookups as usize);
         Kafka {
+            topic_lookups,
             sasl_failures,
             sasl_checks,
             conns,

@@ -71,17 +71,24 @@ pub fn fetch(
 /// Metadata: DESCRIBE on each topic named (refused ones answered
 /// TOPIC_AUTHORIZATION_FAILED), auto-creation only with CREATE; a request
 /// for every topic leaves out the ones the caller may not describe.
-pub fn metadata(k: &Kafka, who: &Caller, r: MetadataRequest, version: i16, at: &crate::Endpoint) -> MetadataResponse {
+pub fn metadata(
+    k: &Kafka,
+    who: &Caller,
+    r: MetadataRequest,
+    version: i16,
+    at: &crate::Endpoint,
+    learned: &super::metadata::Learned,
+) -> MetadataResponse {
     use kafka_protocol::messages::metadata_response::MetadataResponseTopic;
     if !who.checked(k) {
-        return super::metadata::handle(k, r, version, at);
+        return super::metadata::handle(k, r, version, at, learned);
     }
     let all = match &r.topics {
         None => true,
         Some(list) => version == 0 && list.is_empty(),
     };
     if all {
-        let mut resp = super::metadata::handle(k, r, version, at);
+        let mut resp = super::metadata::handle(k, r, version, at, learned);
         resp.topics.retain(|t| {
             t.name
                 .as_ref()
@@ -107,13 +114,15 @@ pub fn metadata(k: &Kafka, who: &Caller, r: MetadataRequest, version: i16, at: &
     // (auto-creation needs CREATE).
     let unknown = if creating {
         split_off(&mut topics, |t| {
-            name_of(t).is_none_or(|n| k.broker.topics().get(&n).is_some() || who.may_create_topic(k, &n))
+            name_of(t).is_none_or(|n| {
+                k.broker.topics().get(&n).is_some() || learned.contains_key(&n) || who.may_create_topic(k, &n)
+            })
         })
     } else {
         Vec::new()
     };
     req.topics = Some(topics);
-    let mut resp = super::metadata::handle(k, req, version, at);
+    let mut resp = super::metadata::handle(k, req, version, at, learned);
     for (t, code) in denied.into_iter().map(|t| (t, TOPIC)).chain(
         unknown
             .into_iter()

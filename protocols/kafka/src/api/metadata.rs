@@ -70,7 +70,70 @@ pub fn topic_entry(k: &Kafka, name: &str, info: &TopicInfo, version: i16) -> Met
         .with_partitions(partitions)
 }
 
-pub fn handle(k: &Kafka, r: MetadataRequest, version: i16, at: &crate::Endpoint) -> MetadataResponse {
+/// Topics a Metadata request names that this node has not taken from the
+/// cluster yet, read from etcd's topic table (cluster mode; empty
+/// otherwise): a topic created on another node a moment ago is answered as
+/// it is, not as unknown. Kafka's brokers learn new topics asynchronously
+/// too, but a consumer group's leader that sees a subscribed topic missing
+/// assigns none of it until its next metadata refresh (librdkafka: 5
+/// minutes). At most `kafka.metadata_topic_lookups` reads at once over all
+/// requests, each within `kafka.metadata_topic_lookup_timeout_ms`; beyond
+/// that the table answers as it is.
+pub async fn from_cluster(k: &Kafka, r: &MetadataRequest) -> Learned {
+    let mut learned = Learned::new();
+    let (Some(list), Some(_)) = (r.topics.as_ref(), k.broker.own_set()) else {
+        return learned;
+    };
+    let wait = std::time::Duration::from_millis(k.config.metadata_topic_lookup_timeout_ms.max(1));
+    for t in list {
+        let Some(name) = t.name.as_ref().map(|n| n.0.as_str()) else {
+            continue;
+        };
+        if learned.contains_key(name)
+            || k.broker.topics().get(name).is_some()
+            || rokka_store::validate_topic(name).is_err()
+        {
+            continue;
+        }
+        let outcome = match k.topic_lookups.try_acquire() {
+            Err(_) => Err("busy"),
+            Ok(_permit) => match tokio::time::timeout(wait, k.broker.cluster_topic(name)).await {
+                Ok(Ok(Some(info))) => Ok(info),
+                Ok(Ok(None)) => Err("absent"),
+                Ok(Err(e)) => {
+                    tracing::debug!(topic = name, error = e, "Metadata: reading etcd's topic table failed");
+                    Err("error")
+                }
+                Err(_) => Err("timeout"),
+            },
+        };
+        let result = match &outcome {
+            Ok(_) => "found",
+            Err(r) => r,
+        };
+        rokka_broker::hot_metrics::count("rokka_kafka_metadata_topic_lookups_total", "result", result, 1);
+        match outcome {
+            Ok(info) => {
+                learned.insert(name.to_string(), info);
+            }
+            // Busy now: so are the rest of this request's.
+            Err("busy") => break,
+            Err(_) => {}
+        }
+    }
+    learned
+}
+
+/// Topics read from the cluster's table for one Metadata request.
+pub type Learned = std::collections::HashMap<String, TopicInfo>;
+
+pub fn handle(
+    k: &Kafka,
+    r: MetadataRequest,
+    version: i16,
+    at: &crate::Endpoint,
+    learned: &Learned,
+) -> MetadataResponse {
     let broker = k.broker.as_ref();
     // Before v4 there is no flag and creation is always allowed.
     let allow_create = version < 4 || r.allow_auto_topic_creation;
@@ -96,6 +159,7 @@ pub fn handle(k: &Kafka, r: MetadataRequest, version: i16, at: &crate::Endpoint)
                 let name = t.name.map(|n| n.0.to_string()).unwrap_or_default();
                 match rokka_broker::offload(|| broker.topic_or_create(&name, allow_create, None)) {
                     Ok(Some(info)) => topic_entry(k, &name, &info, version),
+                    Ok(None) if learned.contains_key(&name) => topic_entry(k, &name, &learned[&name], version),
                     Ok(None) => MetadataResponseTopic::default()
                         .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)
                         .with_name(Some(TopicName(str_bytes(&name)))),

@@ -91,7 +91,10 @@ async fn guarded(
     use rokka_broker::acl::Operation as Op;
     Ok(Some(Response::Kind(match req {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE)),
-        RequestKind::Metadata(r) => ResponseKind::Metadata(guard::metadata(k, who, r, version, at)),
+        RequestKind::Metadata(r) => {
+            let learned = metadata::from_cluster(k, &r).await;
+            ResponseKind::Metadata(guard::metadata(k, who, r, version, at, &learned))
+        }
         RequestKind::Produce(mut r) => {
             let acks = r.acks;
             let denied = guard::produce(k, who, &mut r);

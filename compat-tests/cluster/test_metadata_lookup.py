@@ -1,0 +1,92 @@
+"""A topic created on one node is answered by every node's Metadata at
+once, not only after that node's next read of etcd (`cluster.
+poll_interval_ms`): a consumer group whose leader asks a node that has not
+taken the topic yet would otherwise be assigned none of it until its next
+metadata refresh (librdkafka: 5 minutes). Node 2 here reads etcd every 30 s,
+so the whole test runs inside the window in which only etcd's topic table
+(read at once, `kafka.metadata_topic_lookups`) knows the topic."""
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from conftest import Cluster
+
+FOUND = 'rokka_kafka_metadata_topic_lookups_total{result="found"}'
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = Cluster("metadata-lookup", n=1, min_isr=1)
+    yield c
+    c.close()
+
+
+def test_a_topic_created_on_another_node_is_answered_at_once(cluster):
+    assert cluster.master(timeout=30) == 1
+    # Node 1 is master before node 2 starts: node 2's first read of etcd
+    # (at its start) finds it, and its next is 30 s away.
+    slow = cluster.add_node(2, "poll_interval_ms = 30000\n")
+    started = time.time()
+    deadline = started + 10
+    while cluster.role(2) != "replica" and time.time() < deadline:
+        time.sleep(0.1)
+    assert cluster.role(2) == "replica"
+    fast = cluster.nodes[1]
+    admin = AdminClient({"bootstrap.servers": fast.bootstrap})
+    for f in admin.create_topics([NewTopic("made-elsewhere", 4, 1)]).values():
+        f.result(15)
+
+    # Asked without auto-creation, through node 2 only: a producer handle
+    # (no group coordinator to connect to) with allow.auto.create.topics
+    # off, as consumers ask.
+    probe = Producer({"bootstrap.servers": slow.bootstrap, "allow.auto.create.topics": False})
+    try:
+        md = probe.list_topics("made-elsewhere", timeout=10)
+        t = md.topics["made-elsewhere"]
+        assert t.error is None, t.error
+        assert sorted(t.partitions) == [0, 1, 2, 3]
+        assert all(p.leader == 1 and p.error is None for p in t.partitions.values()), t.partitions
+        # A topic nobody created stays unknown.
+        gone = probe.list_topics("never-made", timeout=10).topics["never-made"]
+        assert gone.error is not None and gone.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART, gone.error
+    finally:
+        probe.flush(1)
+    seen = slow.metric_values()
+    assert seen.get(FOUND, 0) >= 1, {k: v for k, v in seen.items() if "lookups" in k}
+
+    # The user's case: a group whose members know only node 2 subscribes
+    # right after the topic was made and reads all of it.
+    p = Producer({"bootstrap.servers": fast.bootstrap, "acks": "all"})
+    want = {f"m{i}" for i in range(40)}
+    for i, v in enumerate(sorted(want)):
+        p.produce("made-elsewhere", value=v.encode(), partition=i % 4)
+    assert p.flush(15) == 0
+    members = [
+        Consumer(
+            {
+                "bootstrap.servers": slow.bootstrap,
+                "group.id": "made-elsewhere-group",
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": 6000,
+            }
+        )
+        for _ in range(2)
+    ]
+    got = set()
+    try:
+        for m in members:
+            m.subscribe(["made-elsewhere"])
+        deadline = time.time() + 20
+        while got != want and time.time() < deadline:
+            for m in members:
+                for x in m.consume(50, 0.2):
+                    if not x.error():
+                        got.add(x.value().decode())
+    finally:
+        for m in members:
+            m.close()
+    assert got == want, sorted(want - got)[:10]
+    # All of it inside node 2's 30 s between reads of etcd: its own table
+    # never had the topic while it answered.
+    assert time.time() - started < 28, time.time() - started
