@@ -410,6 +410,10 @@ pub struct GroupCoordinator {
     /// JoinGroups refused by `max_groups` / `max_group_size`.
     refused_groups: u64,
     refused_members: u64,
+    /// Classic members dropped at a tick: session ran out / no SyncGroup
+    /// within the rebalance timeout.
+    expired_sessions: u64,
+    expired_syncs: u64,
     /// KIP-848 consumer groups (names exclusive with `groups`).
     pub consumer: crate::consumer::ConsumerGroups,
 }
@@ -425,6 +429,8 @@ impl GroupCoordinator {
             superseded_syncs: 0,
             refused_groups: 0,
             refused_members: 0,
+            expired_sessions: 0,
+            expired_syncs: 0,
             consumer: crate::consumer::ConsumerGroups::default(),
         }
     }
@@ -496,6 +502,12 @@ impl GroupCoordinator {
     /// sent another while they were parked.
     pub fn superseded(&self) -> (u64, u64) {
         (self.superseded_joins, self.superseded_syncs)
+    }
+
+    /// (members whose session ran out, members dropped for not syncing
+    /// within the rebalance timeout) so far.
+    pub fn expired(&self) -> (u64, u64) {
+        (self.expired_sessions, self.expired_syncs)
     }
 
     pub fn config(&self) -> &GroupConfig {
@@ -849,6 +861,11 @@ impl GroupCoordinator {
             g.leader = g.join_order.first().cloned();
         }
         g.state = GroupState::CompletingRebalance;
+        // Members that do not send their SyncGroup within the rebalance
+        // timeout are dropped (Kafka's pending-sync expiry): a leader that
+        // keeps heartbeating but never assigns would hold the group, and
+        // its followers' parked syncs, for good.
+        g.rebalance_deadline = now + g.max_rebalance_timeout();
         let ids: Vec<String> = g.join_order.clone();
         for id in ids {
             let resp = g.join_response(&id);
@@ -1098,8 +1115,10 @@ impl GroupCoordinator {
     }
 
     /// Time passes: expires members whose session ran out (members parked in
-    /// a join or sync are kept alive), expires unused pending member ids,
-    /// completes rebalances whose delay or timeout passed.
+    /// a join or sync are kept alive) and, in CompletingRebalance past the
+    /// rebalance timeout, members that have not synced; expires unused
+    /// pending member ids; completes rebalances whose delay or timeout
+    /// passed.
     pub fn tick(&mut self, now: u64) -> Vec<Reply> {
         let mut out = Vec::new();
         let cfg = self.consumer_config();
@@ -1109,13 +1128,26 @@ impl GroupCoordinator {
         let config = self.config.clone();
         for g in self.groups.values_mut() {
             g.pending.retain(|_, deadline| *deadline > now);
-            let expired: Vec<String> = g
+            let mut expired: Vec<String> = g
                 .members
                 .values()
                 .filter(|m| m.awaiting_join.is_none() && m.awaiting_sync.is_none())
                 .filter(|m| m.last_heartbeat + m.session_timeout_ms <= now)
                 .map(|m| m.id.clone())
                 .collect();
+            self.expired_sessions += expired.len() as u64;
+            if g.state == GroupState::CompletingRebalance && now >= g.rebalance_deadline {
+                // The rebalance timeout passed with the assignment not in:
+                // whoever has not synced (the leader among them) goes.
+                let unsynced: Vec<String> = g
+                    .members
+                    .values()
+                    .filter(|m| m.awaiting_sync.is_none() && !expired.contains(&m.id))
+                    .map(|m| m.id.clone())
+                    .collect();
+                self.expired_syncs += unsynced.len() as u64;
+                expired.extend(unsynced);
+            }
             if !expired.is_empty() {
                 for id in &expired {
                     Self::drop_member(g, id, &mut out);

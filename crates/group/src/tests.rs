@@ -228,6 +228,7 @@ fn session_timeout_expires_a_silent_member_and_the_survivor_takes_over() {
     }
     assert!(h.now - silent_since >= SESSION);
     assert_eq!(h.state(), GroupState::PreparingRebalance, "b expired");
+    assert_eq!(h.c.expired(), (1, 0));
     assert_eq!(h.c.heartbeat("g", &b, None, 2, h.now), UNKNOWN_MEMBER_ID);
     assert_eq!(h.c.heartbeat("g", &a, None, 2, h.now), REBALANCE_IN_PROGRESS);
     let (ta, r) = h.join(&a);
@@ -250,6 +251,34 @@ fn rebalance_timeout_drops_members_that_do_not_rejoin() {
     let j = join_reply(&r, tb);
     assert_eq!((j.generation, j.members.len()), (2, 1), "a was dropped");
     assert_eq!(h.c.heartbeat("g", &a, None, 1, h.now), UNKNOWN_MEMBER_ID);
+}
+
+#[test]
+fn a_leader_that_never_syncs_is_dropped_at_the_rebalance_timeout() {
+    let (mut h, a) = stable_one();
+    let (b, tb, r) = h.new_member();
+    assert!(r.is_empty());
+    let (ta, r) = h.join(&a);
+    let ja = join_reply(&r, ta);
+    let jb = join_reply(&r, tb);
+    assert_eq!((ja.generation, ja.leader.as_str()), (2, a.as_str()));
+    assert_eq!(h.state(), GroupState::CompletingRebalance);
+    // b syncs and waits; a keeps heartbeating and never sends its sync.
+    let (ts, r) = h.sync(&b, jb.generation, &[]);
+    assert!(r.is_empty(), "b waits for the leader");
+    let mut r = Vec::new();
+    for _ in 0..(REBALANCE / 1_000) {
+        assert!(r.is_empty(), "gave up early: {r:?}");
+        assert_eq!(h.c.heartbeat("g", &a, None, 2, h.now), NONE);
+        r = h.advance(1_000);
+    }
+    assert_eq!(sync_reply(&r, ts).error, REBALANCE_IN_PROGRESS);
+    assert_eq!(h.state(), GroupState::PreparingRebalance);
+    assert_eq!(h.c.expired(), (0, 1), "a dropped for its sync, b kept");
+    assert_eq!(h.c.heartbeat("g", &a, None, 2, h.now), UNKNOWN_MEMBER_ID);
+    let (tb, r) = h.join(&b);
+    let j = join_reply(&r, tb);
+    assert_eq!((j.generation, j.members.len(), j.leader.as_str()), (3, 1, b.as_str()));
 }
 
 #[test]

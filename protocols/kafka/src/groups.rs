@@ -232,6 +232,9 @@ impl Groups {
         let (joins, syncs) = self.with(|c| c.superseded());
         metrics::counter!("rokka_group_superseded_requests_total", "api" => "join").absolute(joins);
         metrics::counter!("rokka_group_superseded_requests_total", "api" => "sync").absolute(syncs);
+        let (sessions, unsynced) = self.with(|c| c.expired());
+        metrics::counter!("rokka_group_members_expired_total", "reason" => "session").absolute(sessions);
+        metrics::counter!("rokka_group_members_expired_total", "reason" => "no_sync").absolute(unsynced);
         let (groups, members, count) = self.with(|c| {
             let (g, m) = c.refused();
             (g, m, c.group_count())
