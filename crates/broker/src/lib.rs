@@ -381,11 +381,12 @@ impl Broker {
 
     /// Returns once every committed offset so far is held by the set's
     /// in-sync replicas (at once on a single node); an error when they did
-    /// not confirm in time or this node is no longer master.
-    pub async fn offsets_durable(&self) -> std::result::Result<(), String> {
+    /// not confirm in time (the replication timeout, or `within` when
+    /// shorter) or this node is no longer master.
+    pub async fn offsets_durable(&self, within: Option<std::time::Duration>) -> std::result::Result<(), String> {
         match self.replicated_tables.get() {
             Some(r) => {
-                r.replicated(remote::Table::Offsets, self.store.offsets().changes())
+                r.replicated(remote::Table::Offsets, self.store.offsets().changes(), within)
                     .await
             }
             None => Ok(()),
@@ -398,7 +399,10 @@ impl Broker {
     /// [`Broker::offsets_durable`].
     pub async fn txns_durable(&self) -> std::result::Result<(), String> {
         match self.replicated_tables.get() {
-            Some(r) => r.replicated(remote::Table::KafkaTxns, self.kafka_txns.changes()).await,
+            Some(r) => {
+                r.replicated(remote::Table::KafkaTxns, self.kafka_txns.changes(), None)
+                    .await
+            }
             None => Ok(()),
         }
     }
@@ -406,9 +410,9 @@ impl Broker {
     /// Returns once the Kafka groups as of now (every rebalance completed
     /// so far) are held by the set's in-sync replicas (at once on a single
     /// node); an error as for [`Broker::offsets_durable`].
-    pub async fn groups_durable(&self) -> std::result::Result<(), String> {
+    pub async fn groups_durable(&self, within: Option<std::time::Duration>) -> std::result::Result<(), String> {
         match (self.replicated_tables.get(), self.replicated_groups.get()) {
-            (Some(r), Some(g)) => r.replicated(remote::Table::KafkaGroups, g.changes()).await,
+            (Some(r), Some(g)) => r.replicated(remote::Table::KafkaGroups, g.changes(), within).await,
             _ => Ok(()),
         }
     }

@@ -109,8 +109,9 @@ pub enum Table {
 pub trait ReplicatedTables: Send + Sync + std::fmt::Debug {
     /// Waits until every in-sync replica holds `table` as of `version`
     /// (at once with none); an error when this node is no longer master or
-    /// the replicas did not confirm within the replication timeout.
-    fn replicated(&self, table: Table, version: u64) -> RemoteCall<'_, ()>;
+    /// the replicas did not confirm within the replication timeout, or
+    /// `within` when that is shorter.
+    fn replicated(&self, table: Table, version: u64, within: Option<std::time::Duration>) -> RemoteCall<'_, ()>;
 }
 
 /// Cluster mode: the Kafka group coordinator's groups (members, generation,

@@ -344,11 +344,17 @@ impl TableAcks {
 struct TableReplication(std::sync::Weak<Shared>);
 
 impl rokka_broker::remote::ReplicatedTables for TableReplication {
-    fn replicated(&self, table: Table, version: u64) -> rokka_broker::remote::RemoteCall<'_, ()> {
+    fn replicated(
+        &self,
+        table: Table,
+        version: u64,
+        within: Option<Duration>,
+    ) -> rokka_broker::remote::RemoteCall<'_, ()> {
         Box::pin(async move {
             let sh = self.0.upgrade().ok_or("cluster mode stopped")?;
             let acks = sh.acks(table);
-            let deadline = tokio::time::Instant::now() + Duration::from_millis(sh.cfg.replication_timeout_ms);
+            let wait = Duration::from_millis(sh.cfg.replication_timeout_ms).min(within.unwrap_or(Duration::MAX));
+            let deadline = tokio::time::Instant::now() + wait;
             acks.waiters.fetch_add(1, Ordering::AcqRel);
             let res = loop {
                 let progress = acks.progress.notified();
@@ -363,10 +369,7 @@ impl rokka_broker::remote::ReplicatedTables for TableReplication {
                 // Replicas' waiting fetches answer now, with the table.
                 sh.appended.notify_waiters();
                 if tokio::time::timeout_at(deadline, progress).await.is_err() {
-                    break Err(format!(
-                        "replicas did not confirm within {} ms",
-                        sh.cfg.replication_timeout_ms
-                    ));
+                    break Err(format!("replicas did not confirm within {} ms", wait.as_millis()));
                 }
             };
             acks.waiters.fetch_sub(1, Ordering::AcqRel);
@@ -474,4 +477,51 @@ pub async fn start(
         }
     }));
     Ok((tasks, bound))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rokka_broker::remote::ReplicatedTables;
+
+    /// A master whose in-sync replica never confirms: a wait bounded by
+    /// `within` ends then (not at the replication timeout), is counted as
+    /// a failure, and leaves no waiter behind; a replica's confirmation
+    /// ends it at once.
+    #[test]
+    fn table_waits_end_at_the_shorter_bound() -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(MessageStore::open(rokka_store::StoreConfig {
+            data_dir: dir.path().to_path_buf(),
+            preallocate: false,
+            commitlog_segment_bytes: 8 << 20,
+            ..Default::default()
+        })?);
+        let broker = Arc::new(Broker::new(Arc::clone(&store), Default::default())?);
+        let cfg = ClusterConfig {
+            node_id: 1,
+            replication_timeout_ms: 20_000,
+            ..Default::default()
+        };
+        let sh = Shared::new(cfg, store, broker);
+        sh.set_role(Role::Master { epoch: 1 });
+        sh.set_sss(vec![1, 2]);
+        let tables = TableReplication(Arc::downgrade(&sh));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+        let t = std::time::Instant::now();
+        let r = rt.block_on(tables.replicated(Table::Offsets, 1, Some(Duration::from_millis(300))));
+        let took = t.elapsed();
+        assert!(r.is_err(), "{r:?}");
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+            "{took:?}"
+        );
+        assert!(!sh.offsets_acks.awaited(), "a waiter left behind");
+        // Replica 2 holds version 1: answered at once.
+        sh.offsets_acks.held(2, 1);
+        let t = std::time::Instant::now();
+        let r = rt.block_on(tables.replicated(Table::Offsets, 1, Some(Duration::from_millis(300))));
+        assert!(r.is_ok() && t.elapsed() < Duration::from_millis(300), "{r:?}");
+        Ok(())
+    }
 }

@@ -41,6 +41,12 @@ pub struct GroupConfig {
     /// Most topic names one KIP-848 member may subscribe to (0 = no
     /// limit); more is INVALID_REQUEST.
     pub consumer_max_subscribed_topics: u32,
+    /// Cluster mode: longest an OffsetCommit or a completing SyncGroup
+    /// waits for the set's in-sync replicas to hold it before it is answered
+    /// COORDINATOR_NOT_AVAILABLE (Kafka offsets.commit.timeout.ms). Under
+    /// the 9 s a librdkafka member with the smallest session timeout (6 s)
+    /// waits for its SyncGroup, so it gets an answer it can retry.
+    pub commit_timeout_ms: u64,
 }
 
 impl Default for GroupConfig {
@@ -55,6 +61,7 @@ impl Default for GroupConfig {
             consumer_session_timeout_ms: 45_000,
             consumer_heartbeat_interval_ms: 5_000,
             consumer_max_subscribed_topics: 10_000,
+            commit_timeout_ms: 5_000,
         }
     }
 }

@@ -27,6 +27,8 @@ pub struct Groups {
     /// The groups' records as last encoded for the replicas (classic,
     /// consumer), and their version.
     encoded: Mutex<Option<(u64, (Bytes, Bytes))>>,
+    /// `group.commit_timeout_ms`.
+    pub commit_timeout: std::time::Duration,
 }
 
 impl rokka_broker::remote::ReplicatedGroups for Groups {
@@ -65,6 +67,7 @@ impl rokka_broker::remote::ReplicatedGroups for Groups {
 impl Groups {
     pub fn new(config: GroupConfig) -> Groups {
         Groups {
+            commit_timeout: std::time::Duration::from_millis(config.commit_timeout_ms.max(1)),
             coord: Mutex::new(GroupCoordinator::new(config)),
             waiters: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(1),

@@ -130,7 +130,7 @@ pub async fn heartbeat(
     // member has. Not confirmed in time: retriable (the member sends its
     // previous epoch again, which is taken).
     if changed && resp.error == errors::NONE {
-        if let Err(e) = k.broker.groups_durable().await {
+        if let Err(e) = k.broker.groups_durable(Some(k.groups.commit_timeout)).await {
             tracing::debug!(group, error = e, "consumer group change not replicated");
             resp.error = match k.broker.cluster_view() {
                 Some(v) if !v.is_master() => super::not_coordinator::NOT_COORDINATOR,

@@ -117,7 +117,7 @@ pub async fn sync(k: &Kafka, r: SyncGroupRequest, version: i16) -> SyncGroupResp
     // failover knows this generation. Not confirmed in time: retriable,
     // the member rejoins and is given its assignment again.
     if resp.error == crate::errors::NONE {
-        if let Err(e) = k.broker.groups_durable().await {
+        if let Err(e) = k.broker.groups_durable(Some(k.groups.commit_timeout)).await {
             tracing::debug!(group, error = e, "group's rebalance not replicated");
             // Kafka's mapping of a failed group write: leadership lost is
             // NOT_COORDINATOR, anything else COORDINATOR_NOT_AVAILABLE.

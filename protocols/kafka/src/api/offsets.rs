@@ -130,7 +130,7 @@ pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCo
             .any(|(pi, p)| p.error_code == errors::NONE && !remote.iter().any(|(rt, rp, ..)| *rt == ti && *rp == pi))
     });
     if local_ok {
-        if let Err(e) = k.broker.offsets_durable().await {
+        if let Err(e) = k.broker.offsets_durable(Some(k.groups.commit_timeout)).await {
             tracing::debug!(group, error = e, "offset commit not replicated");
             for (ti, t) in topics.iter_mut().enumerate() {
                 for (pi, p) in t.partitions.iter_mut().enumerate() {

@@ -252,7 +252,7 @@ impl RocketMq {
                 // are persisted asynchronously, as RocketMQ does).
                 let forwarded = cmd.ext_fields.get(crate::remote_offsets::EXT_LEADER_EPOCH).is_some();
                 if r.code == rs::SUCCESS && forwarded {
-                    if let Err(e) = self.broker.offsets_durable().await {
+                    if let Err(e) = self.broker.offsets_durable(None).await {
                         r.code = rs::SYSTEM_ERROR;
                         r.remark = Some(e);
                     }

@@ -222,7 +222,7 @@ impl RocketMq {
             }
         }
         if !committed_only {
-            if let Err(e) = self.broker.offsets_durable().await {
+            if let Err(e) = self.broker.offsets_durable(None).await {
                 return self.reply(req, rs::SYSTEM_ERROR, Some(e));
             }
         }
