@@ -7,7 +7,9 @@
  * folios instead of read-ahead's large ones; FileHugePages in /proc/meminfo
  * shows which). Modes 5 and 6 time msync instead: 64 stored 1 KiB messages
  * (64 x 1141 B) written and msynced per round into a fallocated, already
- * written file, 3 s, in large folios (5) or base pages (6).
+ * written file, 3 s, in large folios (5) or base pages (6). Mode 7 touches
+ * 512 MiB of anonymous memory in 4 KiB pages (MADV_NOHUGEPAGE), for
+ * comparison with what a heap-only broker pays.
  *   gcc -O2 bench/coldstart/populate_probe.c -o /tmp/populate_probe
  *   for m in 0 1 2 3 4 5 6; do sleep 8; /tmp/populate_probe $m; done
  * Run it several times: on a guest that hands freed pages back to the host
@@ -38,14 +40,23 @@ int main(int argc, char **argv) {
     unlink(path);
     int fd = open(path, O_RDWR | O_CREAT, 0644);
     if (fd < 0 || ftruncate(fd, n) != 0) { perror(path); return 1; }
+    if (mode == 7) {
+        char *a = mmap(0, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (a == MAP_FAILED || madvise(a, n, MADV_NOHUGEPAGE) != 0) { perror("anonymous"); return 1; }
+        double t = now();
+        for (size_t i = 0; i < n; i += 4096) a[i] = 1;
+        printf("mode 7: %.3f s per GiB\n", (now() - t) * (1 << 30) / n);
+        close(fd);
+        unlink(path);
+        return 0;
+    }
     if ((mode == 3 || mode >= 5) && fallocate(fd, 0, 0, n) != 0) { perror("fallocate"); return 1; }
     char *p = mmap(0, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) { perror("mmap"); return 1; }
     if (mode >= 5) {
         const size_t chunk = 64 * 1141;
-        if (mode == 6) madvise(p, n, MADV_RANDOM);
-        madvise(p, n, MADV_POPULATE_WRITE);
-        madvise(p, n, MADV_NORMAL);
+        if ((mode == 6 && madvise(p, n, MADV_RANDOM) != 0) || madvise(p, n, MADV_POPULATE_WRITE) != 0 ||
+            madvise(p, n, MADV_NORMAL) != 0) { perror("madvise"); return 1; }
         msync(p, n, MS_SYNC);
         size_t pos = 0;
         long syncs = 0;
@@ -66,14 +77,14 @@ int main(int argc, char **argv) {
     }
     double t = now();
     for (size_t o = 0; o < n; o += step) {
-        if (mode == 0 || mode == 3) madvise(p + o, step, MADV_POPULATE_READ);
-        else if (mode == 4) {
-            madvise(p + o, step, MADV_RANDOM);
-            madvise(p + o, step, MADV_POPULATE_READ);
-            madvise(p + o, step, MADV_NORMAL);
-        }
-        else if (mode == 1) madvise(p + o, step, MADV_POPULATE_WRITE);
+        int rc = 0;
+        if (mode == 0 || mode == 3) rc = madvise(p + o, step, MADV_POPULATE_READ);
+        else if (mode == 4)
+            rc = madvise(p + o, step, MADV_RANDOM) || madvise(p + o, step, MADV_POPULATE_READ) ||
+                 madvise(p + o, step, MADV_NORMAL);
+        else if (mode == 1) rc = madvise(p + o, step, MADV_POPULATE_WRITE);
         else for (size_t i = 0; i < step; i += 4096) p[o + i] = 1;
+        if (rc != 0) { perror("madvise"); return 1; }
     }
     printf("mode %d: %.3f s per GiB\n", mode, (now() - t) * (1 << 30) / n);
     munmap(p, n);

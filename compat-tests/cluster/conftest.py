@@ -134,7 +134,7 @@ class Cluster:
             cluster_extra=(
                 f'etcd_endpoints = ["{self.etcd.endpoint}"]\nname = "{name}"\nnode_id = {i}\n'
                 f'min_insync_replicas = {min_isr}\nlease_ttl_secs = 2\n'
-                f'{extra(i) if callable(extra) else extra}{more}'
+                f'{extra(i) if callable(extra) else extra}\n{more}'
             ),
         )
         for i in range(1, n + 1):

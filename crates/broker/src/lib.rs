@@ -62,6 +62,10 @@ pub fn offload<R>(f: impl FnOnce() -> R) -> R {
     rokka_store::offload(f)
 }
 
+/// How long a topic deleted here is not looked up in etcd's table (its
+/// deletion reaches etcd with the controller's next sync).
+const DELETED_LATELY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The broker: store + topic table + wake-ups.
 #[derive(Debug)]
 pub struct Broker {
@@ -86,6 +90,9 @@ pub struct Broker {
     /// Cluster mode: topics this node created, changed or deleted that
     /// the controller has not yet written to etcd.
     topic_changes: std::sync::Mutex<TopicChanges>,
+    /// Cluster mode: topics deleted here lately (until etcd surely has
+    /// the deletion), which lookups in etcd's table must not bring back.
+    deleted_lately: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Cluster mode: this node's broker set (set once at start).
     own_set: std::sync::OnceLock<String>,
     /// Cluster mode: other sets' committed offsets (set once at start).
@@ -162,6 +169,7 @@ impl Broker {
             dynamic,
             cluster: std::sync::RwLock::new(None),
             topic_changes: std::sync::Mutex::new(TopicChanges::default()),
+            deleted_lately: std::sync::Mutex::new(std::collections::HashMap::new()),
             own_set: std::sync::OnceLock::new(),
             remote_offsets: std::sync::OnceLock::new(),
             cluster_secret: std::sync::OnceLock::new(),
@@ -297,6 +305,11 @@ impl Broker {
             let mut c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());
             c.deleted.remove(name);
             c.created.insert(name.to_string());
+            drop(c);
+            self.deleted_lately
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(name);
         }
         self.topics
             .get(name)
@@ -332,35 +345,48 @@ impl Broker {
         Some(TopicInfo::sets_of(&info.placement, own, info.partitions))
     }
 
-    /// Cluster mode: [`Broker::topic_sets`] of a topic this node has not
-    /// taken from the cluster yet, read from the cluster's table. `Ok(None)`:
-    /// no such topic there either.
-    pub async fn cluster_topic_sets(&self, name: &str) -> std::result::Result<Option<Vec<(String, u32)>>, String> {
-        let (Some(own), Some(cluster)) = (self.own_set(), self.cluster_topics.get()) else {
-            return Ok(None);
+    /// Cluster mode: a topic this node has not taken from etcd yet (its
+    /// table follows etcd every `cluster.poll_interval_ms`), read from the
+    /// cluster's table now for a frontend asked about it — a topic created
+    /// on another node a moment ago is answered as it is. In this node's
+    /// form; a record without a placement (made before sets existed) only
+    /// in a one-set cluster. At most as many reads at once as `permits`
+    /// has (never waited for: `busy`), each within `within`.
+    ///
+    /// `None`: not looked up (not cluster mode, no view of the cluster yet,
+    /// an invalid name, or a topic deleted here lately that etcd may still
+    /// hold); else the record or why not, as a metric label: `absent`,
+    /// `error`, `timeout`, `busy`.
+    pub async fn look_up_cluster_topic(
+        &self,
+        name: &str,
+        permits: &tokio::sync::Semaphore,
+        within: std::time::Duration,
+    ) -> Option<std::result::Result<TopicInfo, &'static str>> {
+        let (Some(own), Some(cluster), Some(view)) = (self.own_set(), self.cluster_topics.get(), self.cluster_view())
+        else {
+            return None;
         };
-        let info = cluster.get(name).await?;
-        // A record without a placement (made before sets existed) is the
-        // whole topic on one set, which only that set's master registers.
-        Ok(info
-            .filter(|i| !i.placement.is_empty())
-            .map(|i| TopicInfo::sets_of(&i.placement, own, i.partitions)))
-    }
-
-    /// Cluster mode: the cluster's record of a topic this node has not
-    /// taken from etcd yet, read from the cluster's table now, in this
-    /// node's form. `Ok(None)`: no such topic there, or one whose record
-    /// has no placement (made before sets existed) in a cluster of several
-    /// sets, which only that set's master can place.
-    pub async fn cluster_topic(&self, name: &str) -> std::result::Result<Option<TopicInfo>, String> {
-        let (Some(own), Some(cluster)) = (self.own_set(), self.cluster_topics.get()) else {
-            return Ok(None);
+        if rokka_store::validate_topic(name).is_err() {
+            return None;
+        }
+        if let Some(at) = self.deleted_lately.lock().unwrap_or_else(|p| p.into_inner()).get(name) {
+            if at.elapsed() < DELETED_LATELY {
+                return None;
+            }
+        }
+        let Ok(_permit) = permits.try_acquire() else {
+            return Some(Err("busy"));
         };
-        let info = cluster.get(name).await?;
-        let one_set = self.cluster_view().is_some_and(|v| v.sets.len() <= 1);
-        Ok(info
-            .filter(|i| !i.placement.is_empty() || one_set)
-            .map(|i| i.local_form(own)))
+        Some(match tokio::time::timeout(within, cluster.get(name)).await {
+            Ok(Ok(Some(info))) if !info.placement.is_empty() || view.sets.len() <= 1 => Ok(info.local_form(own)),
+            Ok(Ok(_)) => Err("absent"),
+            Ok(Err(e)) => {
+                tracing::debug!(topic = name, error = e, "reading etcd's topic table failed");
+                Err("error")
+            }
+            Err(_) => Err("timeout"),
+        })
     }
 
     /// The Kafka frontend's groups, as replication ships them.
@@ -535,6 +561,15 @@ impl Broker {
             let mut c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());
             c.created.remove(name);
             c.deleted.insert(name.to_string());
+            drop(c);
+            let mut d = self.deleted_lately.lock().unwrap_or_else(|p| p.into_inner());
+            let now = std::time::Instant::now();
+            d.retain(|_, at| now.duration_since(*at) < DELETED_LATELY);
+            // Deletions are an operator's (ACL-guarded) requests; a bound
+            // all the same.
+            if d.len() < 100_000 {
+                d.insert(name.to_string(), now);
+            }
         }
         Ok(())
     }
@@ -868,6 +903,97 @@ mod tests {
         assert!(b.topics().get("auto").is_some());
         b.delete_topic("auto")?;
         assert!(b.topics().get("auto").is_none());
+        Ok(())
+    }
+
+    /// etcd's topic table, as a map; counts its reads.
+    #[derive(Debug, Default)]
+    struct Table {
+        topics: std::sync::Mutex<std::collections::HashMap<String, TopicInfo>>,
+        gets: std::sync::atomic::AtomicUsize,
+    }
+
+    impl remote::ClusterTopics for Table {
+        fn create(&self, name: &str, info: &TopicInfo) -> std::result::Result<Option<TopicInfo>, String> {
+            let mut t = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+            Ok(match t.get(name) {
+                Some(existing) => Some(existing.clone()),
+                None => {
+                    t.insert(name.to_string(), info.clone());
+                    None
+                }
+            })
+        }
+
+        fn get<'a>(&'a self, name: &'a str) -> remote::RemoteCall<'a, Option<TopicInfo>> {
+            self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let found = self.topics.lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned();
+            Box::pin(async move { Ok(found) })
+        }
+    }
+
+    /// A node asked about a topic it has not taken from etcd yet reads
+    /// etcd's table: in its own form, records without a placement only in
+    /// a one-set cluster, bounded by the permits, never for an invalid
+    /// name or a topic it deleted itself a moment ago.
+    #[test]
+    fn topics_not_taken_yet_are_looked_up_in_the_cluster_table() -> std::result::Result<(), Box<dyn std::error::Error>>
+    {
+        use std::sync::atomic::Ordering::Relaxed;
+        let dir = tempfile::tempdir()?;
+        let b = broker(dir.path())?;
+        b.create_topic("gone", 2)?;
+        let table = Arc::new(Table::default());
+        let q = |set: &str, queue| QueueRef { set: set.into(), queue };
+        let placed = TopicTable::new_info(3, Default::default(), vec![q("a", 0), q("b", 0), q("a", 1)]);
+        let unplaced = TopicTable::new_info(4, Default::default(), Vec::new());
+        for (name, info) in [("placed", &placed), ("unplaced", &unplaced), ("gone", &unplaced)] {
+            table
+                .topics
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(name.into(), info.clone());
+        }
+        let permits = tokio::sync::Semaphore::new(1);
+        let within = std::time::Duration::from_secs(1);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+        let look = |name: &str| rt.block_on(b.look_up_cluster_topic(name, &permits, within));
+        // Not in cluster mode: nothing is read.
+        assert_eq!(look("placed"), None);
+        b.set_own_set("a");
+        b.set_cluster_topics(Arc::clone(&table) as Arc<dyn remote::ClusterTopics>);
+        let set = |name: &str| cluster_view::SetView {
+            name: name.into(),
+            ..Default::default()
+        };
+        b.set_cluster_view(cluster_view::ClusterView {
+            set: "a".into(),
+            sets: vec![set("a"), set("b")],
+            ..Default::default()
+        });
+        let found = look("placed").ok_or("not looked up")?.map_err(|e| e.to_string())?;
+        assert_eq!((found.partitions, found.kafka_partitions()), (2, 3), "this node's form");
+        assert_eq!(look("unplaced"), Some(Err("absent")), "no placement, two sets");
+        assert_eq!(look("nowhere"), Some(Err("absent")));
+        assert_eq!(look("bad/name"), None);
+        // Deleted here: etcd may hold it until the next sync; not read.
+        b.delete_topic("gone")?;
+        let reads = table.gets.load(Relaxed);
+        assert_eq!(look("gone"), None);
+        assert_eq!(table.gets.load(Relaxed), reads);
+        // No permit free: busy, nothing read.
+        let held = permits.try_acquire()?;
+        assert_eq!(look("placed"), Some(Err("busy")));
+        assert_eq!(table.gets.load(Relaxed), reads);
+        drop(held);
+        // One set: a record without a placement is all on it.
+        b.set_cluster_view(cluster_view::ClusterView {
+            set: "a".into(),
+            sets: vec![set("a")],
+            ..Default::default()
+        });
+        let found = look("unplaced").ok_or("not looked up")?.map_err(|e| e.to_string())?;
+        assert_eq!(found.kafka_partitions(), 4);
         Ok(())
     }
 }

@@ -355,7 +355,16 @@ impl rokka_broker::remote::ReplicatedTables for TableReplication {
             let acks = sh.acks(table);
             let wait = Duration::from_millis(sh.cfg.replication_timeout_ms).min(within.unwrap_or(Duration::MAX));
             let deadline = tokio::time::Instant::now() + wait;
+            // Counted while waiting, also when the request is dropped
+            // mid-wait (its client gone).
+            struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+            impl Drop for Waiting<'_> {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
             acks.waiters.fetch_add(1, Ordering::AcqRel);
+            let waiting = Waiting(&acks.waiters);
             let res = loop {
                 let progress = acks.progress.notified();
                 tokio::pin!(progress);
@@ -372,7 +381,7 @@ impl rokka_broker::remote::ReplicatedTables for TableReplication {
                     break Err(format!("replicas did not confirm within {} ms", wait.as_millis()));
                 }
             };
-            acks.waiters.fetch_sub(1, Ordering::AcqRel);
+            drop(waiting);
             let result = if res.is_ok() { "replicated" } else { "failed" };
             match table {
                 Table::Offsets => metrics::counter!("rokka_cluster_offset_commits_total", "result" => result),
@@ -517,11 +526,30 @@ mod tests {
             "{took:?}"
         );
         assert!(!sh.offsets_acks.awaited(), "a waiter left behind");
-        // Replica 2 holds version 1: answered at once.
-        sh.offsets_acks.held(2, 1);
+        // Replica 2 confirms version 1 while the wait runs: it ends then.
+        let confirm = {
+            let sh = Arc::clone(&sh);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                sh.offsets_acks.held(2, 1);
+            })
+        };
         let t = std::time::Instant::now();
-        let r = rt.block_on(tables.replicated(Table::Offsets, 1, Some(Duration::from_millis(300))));
-        assert!(r.is_ok() && t.elapsed() < Duration::from_millis(300), "{r:?}");
+        let r = rt.block_on(tables.replicated(Table::Offsets, 1, Some(Duration::from_secs(10))));
+        let took = t.elapsed();
+        confirm.join().map_err(|_| "confirming thread panicked")?;
+        assert!(r.is_ok() && took < Duration::from_secs(5), "{r:?} after {took:?}");
+        assert!(!sh.offsets_acks.awaited());
+        // A wait dropped midway (its client gone) leaves no waiter either.
+        let dropped = rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_millis(50),
+                tables.replicated(Table::Offsets, 2, Some(Duration::from_secs(10))),
+            )
+            .await
+        });
+        assert!(dropped.is_err(), "{dropped:?}");
+        assert!(!sh.offsets_acks.awaited(), "a dropped wait left its waiter");
         Ok(())
     }
 }

@@ -288,7 +288,9 @@ struct Group {
     join_order: Vec<String>,
     /// Member ids handed out with MEMBER_ID_REQUIRED → deadline to rejoin.
     pending: HashMap<String, u64>,
-    /// When the current PreparingRebalance must complete regardless.
+    /// When the current PreparingRebalance must complete regardless, or
+    /// (in CompletingRebalance) when members without a SyncGroup are
+    /// dropped.
     rebalance_deadline: u64,
     /// Initial-delay state while it applies: (deadline, cap, whether a
     /// member joined since the deadline was set).
@@ -1243,7 +1245,14 @@ impl GroupCoordinator {
             for m in g.members.values_mut() {
                 m.last_heartbeat = now;
             }
-            if g.state == GroupState::PreparingRebalance {
+            // Both waits on members restart: the join's for members to
+            // rejoin, the sync's for the leader's assignment (a node that
+            // coordinates again after a spell as replica or fenced kept its
+            // own groups and their old deadlines).
+            if matches!(
+                g.state,
+                GroupState::PreparingRebalance | GroupState::CompletingRebalance
+            ) {
                 g.rebalance_deadline = now + g.max_rebalance_timeout();
             }
         }

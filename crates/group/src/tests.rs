@@ -282,6 +282,27 @@ fn a_leader_that_never_syncs_is_dropped_at_the_rebalance_timeout() {
 }
 
 #[test]
+fn coordinating_again_restarts_the_wait_for_the_leaders_sync() {
+    let (mut h, a) = stable_one();
+    let (b, tb, _) = h.new_member();
+    let (ta, r) = h.join(&a);
+    join_reply(&r, ta);
+    let jb = join_reply(&r, tb);
+    let (ts, r) = h.sync(&b, jb.generation, &[]);
+    assert!(r.is_empty());
+    // This node stops coordinating (no ticks) past the rebalance timeout,
+    // then coordinates again: the leader gets a full timeout to sync.
+    h.now += REBALANCE + 5_000;
+    h.c.restart_sessions(h.now);
+    let r = h.advance(1_000);
+    assert!(r.is_empty(), "dropped at once: {r:?}");
+    assert_eq!(h.state(), GroupState::CompletingRebalance);
+    let (_, r) = h.sync(&a, 2, &[(&a, "x"), (&b, "y")]);
+    assert_eq!(sync_reply(&r, ts).assignment, Bytes::from("y"));
+    assert_eq!(h.c.expired(), (0, 0));
+}
+
+#[test]
 fn leaving_members_rebalance_and_the_last_one_empties_the_group() {
     let (mut h, a) = stable_one();
     let (code_, codes, r) = h.c.leave("g", &[(a.clone(), None), ("ghost".into(), None)], h.now);

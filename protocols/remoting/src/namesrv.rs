@@ -180,32 +180,21 @@ impl NameServer {
         // (created elsewhere a moment ago; the registrations may then name
         // only the sets whose master registered it already), else the
         // registrations alone answer.
-        if rokka_store::validate_topic(topic).is_err() {
+        let wait = std::time::Duration::from_millis(self.config.namesrv_route_lookup_timeout_ms.max(1));
+        let Some(outcome) = b.look_up_cluster_topic(topic, &self.lookups, wait).await else {
             return self.table().route(topic);
-        }
-        let outcome = match self.lookups.try_acquire() {
-            Err(_) => Err("busy"),
-            Ok(_permit) => {
-                let wait = std::time::Duration::from_millis(self.config.namesrv_route_lookup_timeout_ms.max(1));
-                match tokio::time::timeout(wait, b.cluster_topic_sets(topic)).await {
-                    Ok(Ok(Some(known))) => Ok(known),
-                    Ok(Ok(None)) => Err("absent"),
-                    Ok(Err(e)) => {
-                        tracing::debug!(topic, error = e, "route lookup in the cluster's topic table failed");
-                        Err("error")
-                    }
-                    Err(_) => Err("timeout"),
-                }
-            }
         };
         let result = match &outcome {
             Ok(_) => "found",
             Err(r) => r,
         };
-        metrics::counter!("rokka_rocketmq_namesrv_route_lookups_total", "result" => result).increment(1);
-        match outcome {
-            Ok(known) => self.table().route_with(topic, &known, &masters()),
-            Err(_) => self.table().route(topic),
+        rokka_broker::hot_metrics::count("rokka_rocketmq_namesrv_route_lookups_total", "result", result, 1);
+        match (outcome, b.own_set()) {
+            (Ok(info), Some(own)) => {
+                let known = rokka_broker::TopicInfo::sets_of(&info.placement, own, info.partitions);
+                self.table().route_with(topic, &known, &masters())
+            }
+            _ => self.table().route(topic),
         }
     }
 

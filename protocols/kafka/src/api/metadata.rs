@@ -8,6 +8,7 @@ use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
 use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, TopicName};
+use rokka_broker::acl::{Operation as Op, ResourceType as Rt};
 use rokka_broker::TopicInfo;
 
 use super::str_bytes;
@@ -72,40 +73,40 @@ pub fn topic_entry(k: &Kafka, name: &str, info: &TopicInfo, version: i16) -> Met
 
 /// Topics a Metadata request names that this node has not taken from the
 /// cluster yet, read from etcd's topic table (cluster mode; empty
-/// otherwise): a topic created on another node a moment ago is answered as
-/// it is, not as unknown. Kafka's brokers learn new topics asynchronously
-/// too, but a consumer group's leader that sees a subscribed topic missing
-/// assigns none of it until its next metadata refresh (librdkafka: 5
-/// minutes). At most `kafka.metadata_topic_lookups` reads at once over all
-/// requests, each within `kafka.metadata_topic_lookup_timeout_ms`; beyond
-/// that the table answers as it is.
-pub async fn from_cluster(k: &Kafka, r: &MetadataRequest) -> Learned {
+/// otherwise, see [`rokka_broker::Broker::look_up_cluster_topic`]): a topic
+/// created on another node a moment ago is answered as it is, not as
+/// unknown. Kafka's brokers learn new topics asynchronously too, but a
+/// consumer group's leader that sees a subscribed topic missing assigns
+/// none of it until its next metadata refresh (librdkafka: 5 minutes).
+/// Only names the caller may DESCRIBE, each once, at most
+/// `kafka.metadata_topic_lookups` per request (and at once over all
+/// requests), all within `kafka.metadata_topic_lookup_timeout_ms`.
+pub async fn from_cluster(k: &Kafka, r: &MetadataRequest, who: &crate::authz::Caller) -> Learned {
     let mut learned = Learned::new();
     let (Some(list), Some(_)) = (r.topics.as_ref(), k.broker.own_set()) else {
         return learned;
     };
-    let wait = std::time::Duration::from_millis(k.config.metadata_topic_lookup_timeout_ms.max(1));
+    let budget = k.config.metadata_topic_lookups as usize;
+    let within = std::time::Duration::from_millis(k.config.metadata_topic_lookup_timeout_ms.max(1));
+    let deadline = std::time::Instant::now() + within;
+    let mut asked = std::collections::HashSet::new();
     for t in list {
         let Some(name) = t.name.as_ref().map(|n| n.0.as_str()) else {
             continue;
         };
-        if learned.contains_key(name)
-            || k.broker.topics().get(name).is_some()
-            || rokka_store::validate_topic(name).is_err()
+        if asked.len() >= budget {
+            break;
+        }
+        if k.broker.topics().get(name).is_some()
+            || asked.contains(name)
+            || (who.checked(k) && !who.may(k, Rt::Topic, name, Op::Describe))
         {
             continue;
         }
-        let outcome = match k.topic_lookups.try_acquire() {
-            Err(_) => Err("busy"),
-            Ok(_permit) => match tokio::time::timeout(wait, k.broker.cluster_topic(name)).await {
-                Ok(Ok(Some(info))) => Ok(info),
-                Ok(Ok(None)) => Err("absent"),
-                Ok(Err(e)) => {
-                    tracing::debug!(topic = name, error = e, "Metadata: reading etcd's topic table failed");
-                    Err("error")
-                }
-                Err(_) => Err("timeout"),
-            },
+        asked.insert(name);
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Some(outcome) = k.broker.look_up_cluster_topic(name, &k.topic_lookups, left).await else {
+            continue;
         };
         let result = match &outcome {
             Ok(_) => "found",
@@ -116,8 +117,8 @@ pub async fn from_cluster(k: &Kafka, r: &MetadataRequest) -> Learned {
             Ok(info) => {
                 learned.insert(name.to_string(), info);
             }
-            // Busy now: so are the rest of this request's.
-            Err("busy") => break,
+            // No read could start, or the time is up: the rest are not read.
+            Err("busy" | "timeout") => break,
             Err(_) => {}
         }
     }
@@ -157,9 +158,13 @@ pub fn handle(
                     };
                 }
                 let name = t.name.map(|n| n.0.to_string()).unwrap_or_default();
+                // Read from the cluster's table for this request: answered
+                // as it is there (never created again here).
+                if let (Some(info), None) = (learned.get(&name), broker.topics().get(&name)) {
+                    return topic_entry(k, &name, info, version);
+                }
                 match rokka_broker::offload(|| broker.topic_or_create(&name, allow_create, None)) {
                     Ok(Some(info)) => topic_entry(k, &name, &info, version),
-                    Ok(None) if learned.contains_key(&name) => topic_entry(k, &name, &learned[&name], version),
                     Ok(None) => MetadataResponseTopic::default()
                         .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)
                         .with_name(Some(TopicName(str_bytes(&name)))),

@@ -92,7 +92,7 @@ async fn guarded(
     Ok(Some(Response::Kind(match req {
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE)),
         RequestKind::Metadata(r) => {
-            let learned = metadata::from_cluster(k, &r).await;
+            let learned = metadata::from_cluster(k, &r, who).await;
             ResponseKind::Metadata(guard::metadata(k, who, r, version, at, &learned))
         }
         RequestKind::Produce(mut r) => {
