@@ -68,15 +68,24 @@ def test_a_group_with_a_kafka_and_a_rocketmq_member_and_its_lag(rokka, browser):
     create(rokka, topic)
     kafka_produce(rokka, topic, [dict(value=f"c-{i}".encode(), partition=i % 4) for i in range(20)], compression=None)
     stop = threading.Event()
+    # What the Kafka member last had, for the failure message.
+    kafka_seen = {"polls": 0, "records": 0, "assignment": None}
 
     def kafka_member():
         k = KafkaConsumer(topic, bootstrap_servers=rokka.bootstrap, group_id=group, client_id="console-kafka",
                           auto_offset_reset="earliest", enable_auto_commit=True, auto_commit_interval_ms=300)
         while not stop.is_set():
-            k.poll(timeout_ms=200)
+            # Long enough for a join to complete inside one poll on a loaded
+            # machine (kafka-python runs its group protocol within poll).
+            got = k.poll(timeout_ms=1000)
+            kafka_seen["polls"] += 1
+            kafka_seen["records"] += sum(len(v) for v in got.values())
+            kafka_seen["assignment"] = sorted(tp.partition for tp in k.assignment())
         k.close()
 
-    rmq = RocketMQMember(rokka, "console-member", topic, group, 20)
+    # The RocketMQ member outlives the wait below (40 s): both members must
+    # be in the group for it to settle.
+    rmq = RocketMQMember(rokka, "console-member", topic, group, 45)
     t = threading.Thread(target=kafka_member)
     t.start()
     try:
@@ -103,7 +112,11 @@ def test_a_group_with_a_kafka_and_a_rocketmq_member_and_its_lag(rokka, browser):
                 and {o["owner"] for o in offsets} == {m["client_id"] for m in members}
             )
 
-        wait_for(settled, lambda: f"both members and lag 0 on every queue; last {seen[0]}", timeout=40)
+        wait_for(
+            settled,
+            lambda: f"both members and lag 0 on every queue; last {seen[0]}; the Kafka member: {kafka_seen}",
+            timeout=40,
+        )
         shot(browser, rokka, "group")
         members, offsets = seen[0]
         assert "console-kafka" in {m["client_id"] for m in members}
