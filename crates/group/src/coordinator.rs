@@ -1137,25 +1137,20 @@ impl GroupCoordinator {
         let config = self.config.clone();
         for g in self.groups.values_mut() {
             g.pending.retain(|_, deadline| *deadline > now);
-            let mut expired: Vec<String> = g
-                .members
-                .values()
-                .filter(|m| m.awaiting_join.is_none() && m.awaiting_sync.is_none())
-                .filter(|m| m.last_heartbeat + m.session_timeout_ms <= now)
-                .map(|m| m.id.clone())
-                .collect();
-            self.expired_sessions += expired.len() as u64;
-            if g.state == GroupState::CompletingRebalance && now >= g.rebalance_deadline {
-                // The rebalance timeout passed with the assignment not in:
-                // whoever has not synced (the leader among them) goes.
-                let unsynced: Vec<String> = g
-                    .members
-                    .values()
-                    .filter(|m| m.awaiting_sync.is_none() && !expired.contains(&m.id))
-                    .map(|m| m.id.clone())
-                    .collect();
-                self.expired_syncs += unsynced.len() as u64;
-                expired.extend(unsynced);
+            // The rebalance timeout passed in CompletingRebalance with the
+            // assignment not in: whoever has not synced (the leader among
+            // them) goes too.
+            let sync_overdue = g.state == GroupState::CompletingRebalance && now >= g.rebalance_deadline;
+            let mut expired: Vec<String> = Vec::new();
+            for m in g.members.values().filter(|m| m.awaiting_sync.is_none()) {
+                if m.awaiting_join.is_none() && m.last_heartbeat + m.session_timeout_ms <= now {
+                    self.expired_sessions += 1;
+                } else if sync_overdue {
+                    self.expired_syncs += 1;
+                } else {
+                    continue;
+                }
+                expired.push(m.id.clone());
             }
             if !expired.is_empty() {
                 for id in &expired {

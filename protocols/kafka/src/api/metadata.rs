@@ -158,9 +158,10 @@ pub fn handle(
                     };
                 }
                 let name = t.name.map(|n| n.0.to_string()).unwrap_or_default();
-                // Read from the cluster's table for this request: answered
-                // as it is there (never created again here).
-                if let (Some(info), None) = (learned.get(&name), broker.topics().get(&name)) {
+                // Read from the cluster's table for this request (this
+                // node's table had no such topic): answered as it is there,
+                // never created again here.
+                if let Some(info) = learned.get(&name) {
                     return topic_entry(k, &name, info, version);
                 }
                 match rokka_broker::offload(|| broker.topic_or_create(&name, allow_create, None)) {
