@@ -40,6 +40,17 @@ cargo --version
 rustc --version
 echo "node $(node --version), npm $(npm --version), $(python3 --version), $(cmake --version | head -1)"
 
+# CI builds once: incremental compilation state would only take disk space
+# the suites' data shares.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# disk_report WHEN: the space left where the build and the suites' data go
+# (a nearly full disk fails writes everywhere; the summary shows it).
+disk_report() {
+  echo "disk $1: $(df -h --output=used,avail,pcent "$root" | tail -1 | tr -s ' ') used/avail/use; target/ $(du -sh "$root/target" 2>/dev/null | cut -f1)"
+}
+disk_at_start=$(disk_report "at the start")
+echo "$disk_at_start"
+
 # ---- steps ---------------------------------------------------------------
 declare -a names=() codes=() secs=()
 # run_step NAME TIMEOUT CMD...: output to the terminal and to results/NAME.log.
@@ -88,6 +99,8 @@ if ((failed)); then
   done < <(grep -rl -E 'ERROR|panicked' --include=rokka.log "$ROKKA_RESULTS_DIR" 2>/dev/null | head -20)
 fi
 step "summary"
+echo "$disk_at_start"
+disk_report "at the end"
 for i in "${!names[@]}"; do
   if [[ ${codes[$i]} == 0 ]]; then verdict=ok; else verdict="FAILED (exit ${codes[$i]})"; fi
   printf '%-24s %-18s %5s s\n' "${names[$i]}" "$verdict" "${secs[$i]}"

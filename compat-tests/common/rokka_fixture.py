@@ -135,6 +135,15 @@ class Rokka:
         console_section = (
             f"[console]\nenabled = true\n{line['console']}\n{console_extra}" if console_extra is not None else ""
         )
+        # The suites share the machine's disk with the build: how full it is
+        # is not what they test (cross/test_retention.py sets its own
+        # threshold; the store's fault tests cover the refusal), so the
+        # disk-use guards are off unless a caller names them.
+        disk_guards = "\n".join(
+            f"{key} = 0"
+            for key in ("disk_max_used_percent", "disk_refuse_writes_percent")
+            if key not in store_extra and key not in store_base
+        )
         with open(self.config, "w") as f:
             f.write(
                 f"""
@@ -146,6 +155,7 @@ level = "info"
 [store]
 data_dir = "{workdir}/data"
 {store_base}
+{disk_guards}
 {store_extra}
 [kafka]
 {line["kafka"]}

@@ -36,7 +36,7 @@ fn node_config(dir: &std::path::Path, extra: &str, kafka: &str) -> std::io::Resu
         &cfg,
         format!(
             "{extra}\n[metrics]\nlisten = \"127.0.0.1:0\"\n[store]\ndata_dir = \"{}\"\ncommitlog_segment_bytes = 8388608\n\
-             preallocate = false\n[kafka]\nlisten = \"{kafka}\"\n[rocketmq]\nnamesrv_listen = \"127.0.0.1:0\"\n\
+             preallocate = false\ndisk_max_used_percent = 0\ndisk_refuse_writes_percent = 0\n[kafka]\nlisten = \"{kafka}\"\n[rocketmq]\nnamesrv_listen = \"127.0.0.1:0\"\n\
              broker_listen = \"127.0.0.1:0\"\n",
             dir.join("data").display()
         ),
