@@ -66,6 +66,38 @@ pub fn offload<R>(f: impl FnOnce() -> R) -> R {
 /// deletion reaches etcd with the controller's next sync).
 const DELETED_LATELY: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Why [`Broker::look_up_cluster_topic`] has no record for a name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupMiss {
+    /// etcd's table does not hold it (or holds it without a placement in a
+    /// cluster of several sets).
+    Absent,
+    /// Reading etcd failed.
+    Error,
+    /// Reading etcd took longer than allowed.
+    Timeout,
+    /// Every lookup permit was taken: nothing was read.
+    Busy,
+}
+
+impl LookupMiss {
+    /// The `result` label of the lookup metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            LookupMiss::Absent => "absent",
+            LookupMiss::Error => "error",
+            LookupMiss::Timeout => "timeout",
+            LookupMiss::Busy => "busy",
+        }
+    }
+
+    /// No further lookups are worth making for the same request: none can
+    /// start, or its time is up.
+    pub fn ends_request(self) -> bool {
+        matches!(self, LookupMiss::Timeout | LookupMiss::Busy)
+    }
+}
+
 /// The broker: store + topic table + wake-ups.
 #[derive(Debug)]
 pub struct Broker {
@@ -355,14 +387,13 @@ impl Broker {
     ///
     /// `None`: not looked up (not cluster mode, no view of the cluster yet,
     /// an invalid name, or a topic deleted here lately that etcd may still
-    /// hold); else the record or why not, as a metric label: `absent`,
-    /// `error`, `timeout`, `busy`.
+    /// hold); else the record or why not.
     pub async fn look_up_cluster_topic(
         &self,
         name: &str,
         permits: &tokio::sync::Semaphore,
         within: std::time::Duration,
-    ) -> Option<std::result::Result<TopicInfo, &'static str>> {
+    ) -> Option<std::result::Result<TopicInfo, LookupMiss>> {
         let (Some(own), Some(cluster), Some(view)) = (self.own_set(), self.cluster_topics.get(), self.cluster_view())
         else {
             return None;
@@ -376,16 +407,16 @@ impl Broker {
             }
         }
         let Ok(_permit) = permits.try_acquire() else {
-            return Some(Err("busy"));
+            return Some(Err(LookupMiss::Busy));
         };
         Some(match tokio::time::timeout(within, cluster.get(name)).await {
             Ok(Ok(Some(info))) if !info.placement.is_empty() || view.sets.len() <= 1 => Ok(info.local_form(own)),
-            Ok(Ok(_)) => Err("absent"),
+            Ok(Ok(_)) => Err(LookupMiss::Absent),
             Ok(Err(e)) => {
                 tracing::debug!(topic = name, error = e, "reading etcd's topic table failed");
-                Err("error")
+                Err(LookupMiss::Error)
             }
-            Err(_) => Err("timeout"),
+            Err(_) => Err(LookupMiss::Timeout),
         })
     }
 
@@ -971,10 +1002,14 @@ mod tests {
             sets: vec![set("a"), set("b")],
             ..Default::default()
         });
-        let found = look("placed").ok_or("not looked up")?.map_err(|e| e.to_string())?;
+        let found = look("placed").ok_or("not looked up")?.map_err(|e| e.label())?;
         assert_eq!((found.partitions, found.kafka_partitions()), (2, 3), "this node's form");
-        assert_eq!(look("unplaced"), Some(Err("absent")), "no placement, two sets");
-        assert_eq!(look("nowhere"), Some(Err("absent")));
+        assert_eq!(
+            look("unplaced"),
+            Some(Err(LookupMiss::Absent)),
+            "no placement, two sets"
+        );
+        assert_eq!(look("nowhere"), Some(Err(LookupMiss::Absent)));
         assert_eq!(look("bad/name"), None);
         // Deleted here: etcd may hold it until the next sync; not read.
         b.delete_topic("gone")?;
@@ -983,7 +1018,7 @@ mod tests {
         assert_eq!(table.gets.load(Relaxed), reads);
         // No permit free: busy, nothing read.
         let held = permits.try_acquire()?;
-        assert_eq!(look("placed"), Some(Err("busy")));
+        assert_eq!(look("placed"), Some(Err(LookupMiss::Busy)));
         assert_eq!(table.gets.load(Relaxed), reads);
         drop(held);
         // One set: a record without a placement is all on it.
@@ -992,7 +1027,7 @@ mod tests {
             sets: vec![set("a")],
             ..Default::default()
         });
-        let found = look("unplaced").ok_or("not looked up")?.map_err(|e| e.to_string())?;
+        let found = look("unplaced").ok_or("not looked up")?.map_err(|e| e.label())?;
         assert_eq!(found.kafka_partitions(), 4);
         Ok(())
     }

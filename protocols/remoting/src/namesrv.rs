@@ -186,7 +186,7 @@ impl NameServer {
         };
         let result = match &outcome {
             Ok(_) => "found",
-            Err(r) => r,
+            Err(miss) => miss.label(),
         };
         rokka_broker::hot_metrics::count("rokka_rocketmq_namesrv_route_lookups_total", "result", result, 1);
         match (outcome, b.own_set()) {

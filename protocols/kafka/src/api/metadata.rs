@@ -110,7 +110,7 @@ pub async fn from_cluster(k: &Kafka, r: &MetadataRequest, who: &crate::authz::Ca
         };
         let result = match &outcome {
             Ok(_) => "found",
-            Err(r) => r,
+            Err(miss) => miss.label(),
         };
         rokka_broker::hot_metrics::count("rokka_kafka_metadata_topic_lookups_total", "result", result, 1);
         match outcome {
@@ -118,7 +118,7 @@ pub async fn from_cluster(k: &Kafka, r: &MetadataRequest, who: &crate::authz::Ca
                 learned.insert(name.to_string(), info);
             }
             // No read could start, or the time is up: the rest are not read.
-            Err("busy" | "timeout") => break,
+            Err(miss) if miss.ends_request() => break,
             Err(_) => {}
         }
     }
