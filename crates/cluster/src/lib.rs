@@ -501,10 +501,8 @@ mod tests {
     fn table_waits_end_at_the_shorter_bound() -> std::result::Result<(), Box<dyn std::error::Error>> {
         let dir = tempfile::tempdir()?;
         let store = Arc::new(MessageStore::open(rokka_store::StoreConfig {
-            data_dir: dir.path().to_path_buf(),
-            preallocate: false,
             commitlog_segment_bytes: 8 << 20,
-            ..Default::default()
+            ..rokka_store::StoreConfig::for_tests(dir.path())
         })?);
         let broker = Arc::new(Broker::new(Arc::clone(&store), Default::default())?);
         let cfg = ClusterConfig {
