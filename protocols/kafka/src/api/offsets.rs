@@ -29,6 +29,84 @@ fn remote_done(op: &'static str, started: std::time::Instant, ok: bool) {
     }
 }
 
+/// Forwarded commits of one OffsetCommit in flight at once: the forwarder
+/// keeps a few connections per node (4), so more would only queue.
+const FORWARDS_IN_FLIGHT: usize = 8;
+
+/// A forwarded commit: (topic index, partition index) in the request, the
+/// topic, the set whose master holds the queue, the queue, the offset.
+type Forward = (usize, usize, String, String, u32, RemoteOffset);
+
+/// Commits `remote` on their sets' masters through `fw`, side by side (at
+/// most [`FORWARDS_IN_FLIGHT`] at once), all within `within`; the (topic
+/// index, partition index) of those that failed or did not finish in time.
+async fn forward_commits(
+    fw: std::sync::Arc<dyn rokka_broker::remote::RemoteOffsets>,
+    within: std::time::Duration,
+    group: &str,
+    remote: Vec<Forward>,
+) -> Vec<(usize, usize)> {
+    let deadline = tokio::time::Instant::now() + within;
+    let keys: Vec<(usize, usize)> = remote.iter().map(|(ti, pi, ..)| (*ti, *pi)).collect();
+    // Answered (failed or not) by index into `keys`; the rest fail.
+    let mut answered = vec![false; keys.len()];
+    let mut failed = Vec::new();
+    let mut running = tokio::task::JoinSet::new();
+    let mut todo = remote.into_iter().enumerate();
+    loop {
+        while running.len() < FORWARDS_IN_FLIGHT {
+            let Some((i, (_, _, name, set, q, o))) = todo.next() else {
+                break;
+            };
+            let (fw, group) = (std::sync::Arc::clone(&fw), group.to_string());
+            running.spawn(async move {
+                let started = std::time::Instant::now();
+                let res = fw.commit(&set, &group, &name, q, o).await;
+                remote_done("commit", started, res.is_ok());
+                if let Err(e) = &res {
+                    tracing::debug!(
+                        group,
+                        topic = name,
+                        set,
+                        queue = q,
+                        error = e,
+                        "offset commit forward failed"
+                    );
+                }
+                (i, res.is_ok())
+            });
+        }
+        match tokio::time::timeout_at(deadline, running.join_next()).await {
+            Ok(Some(Ok((i, ok)))) => {
+                answered[i] = true;
+                if !ok {
+                    failed.push(keys[i]);
+                }
+            }
+            // A forward that panicked stays unanswered: it fails.
+            Ok(Some(Err(_))) => {}
+            Ok(None) => break,
+            Err(_) => {
+                running.abort_all();
+                remote_timed_out(group, answered.iter().filter(|a| !**a).count());
+                break;
+            }
+        }
+    }
+    failed.extend(keys.iter().zip(&answered).filter(|(_, a)| !**a).map(|(k, _)| *k));
+    failed
+}
+
+/// The forwards of one commit still unanswered at `group.commit_timeout_ms`.
+fn remote_timed_out(group: &str, n: usize) {
+    metrics::counter!("rokka_cluster_remote_offset_errors_total", "op" => "commit_timeout").increment(n as u64);
+    tracing::debug!(
+        group,
+        forwards = n,
+        "offset commit forwards not answered within group.commit_timeout_ms"
+    );
+}
+
 pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitResponse {
     let group = r.group_id.0.to_string();
     // v0/v1 are not served; from v2 the generation and member are checked.
@@ -143,24 +221,25 @@ pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCo
     }
     // Another set's queue: committed on its master. A failed forward is
     // COORDINATOR_NOT_AVAILABLE (the client retries the commit), never a
-    // commit silently lost.
-    for (ti, pi, set, q, o) in remote {
-        let name = topics[ti].name.0.to_string();
-        let started = std::time::Instant::now();
-        let res = match k.broker.remote_offsets() {
-            Some(fw) => fw.commit(&set, &group, &name, q, o).await,
-            None => Err("no route to other broker sets".into()),
+    // commit silently lost. The forwards run side by side (at most
+    // FORWARDS_IN_FLIGHT at once), all within group.commit_timeout_ms, as
+    // this set's own commits are: one slow master does not hold the answer
+    // for its whole replication timeout per partition.
+    if !remote.is_empty() {
+        let failed = match k.broker.remote_offsets() {
+            Some(fw) => {
+                let forwards = remote
+                    .into_iter()
+                    .map(|(ti, pi, set, q, o)| (ti, pi, topics[ti].name.0.to_string(), set, q, o))
+                    .collect();
+                forward_commits(std::sync::Arc::clone(fw), k.groups.commit_timeout, &group, forwards).await
+            }
+            None => {
+                tracing::debug!(group, "offset commit forward failed: no route to other broker sets");
+                remote.into_iter().map(|(ti, pi, ..)| (ti, pi)).collect()
+            }
         };
-        remote_done("commit", started, res.is_ok());
-        if let Err(e) = res {
-            tracing::debug!(
-                group,
-                topic = name,
-                set,
-                queue = q,
-                error = e,
-                "offset commit forward failed"
-            );
+        for (ti, pi) in failed {
             topics[ti].partitions[pi].error_code = errors::COORDINATOR_NOT_AVAILABLE;
         }
     }
@@ -377,5 +456,82 @@ pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetc
         resp.with_error_code(top_error)
     } else {
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rokka_broker::remote::{RemoteCall, RemoteOffsets};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// A master per queue: queue 0 never answers, queue 1 refuses, the
+    /// others commit after 20 ms; counts the forwards in flight at once.
+    #[derive(Debug, Default)]
+    struct Masters {
+        now: AtomicUsize,
+        most: AtomicUsize,
+    }
+
+    impl RemoteOffsets for Masters {
+        fn commit<'a>(&'a self, _: &'a str, _: &'a str, _: &'a str, queue: u32, _: RemoteOffset) -> RemoteCall<'a, ()> {
+            Box::pin(async move {
+                let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+                self.most.fetch_max(n, Ordering::SeqCst);
+                let wait = if queue == 0 { 3_600_000 } else { 20 };
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                self.now.fetch_sub(1, Ordering::SeqCst);
+                if queue == 1 {
+                    Err("refused".into())
+                } else {
+                    Ok(())
+                }
+            })
+        }
+
+        fn group_offsets<'a>(&'a self, _: &'a str, _: &'a str) -> RemoteCall<'a, Vec<(String, u32, u64)>> {
+            Box::pin(async { Ok(Vec::new()) })
+        }
+
+        fn fetch<'a>(&'a self, _: &'a str, _: &'a str, _: &'a str, _: u32) -> RemoteCall<'a, Option<RemoteOffset>> {
+            Box::pin(async { Ok(None) })
+        }
+    }
+
+    fn forwards(queues: std::ops::Range<u32>) -> Vec<Forward> {
+        queues
+            .map(|q| {
+                let o = RemoteOffset {
+                    offset: 7,
+                    metadata: String::new(),
+                    leader_epoch: -1,
+                };
+                (0, q as usize, "t".to_string(), "b".to_string(), q, o)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn forwarded_commits_run_side_by_side_and_end_at_the_commit_timeout() {
+        let masters = Arc::new(Masters::default());
+        let fw: Arc<dyn RemoteOffsets> = Arc::clone(&masters) as _;
+        // 30 forwards, 8 at a time (one after another before).
+        let failed = forward_commits(Arc::clone(&fw), Duration::from_secs(30), "g", forwards(2..32)).await;
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(masters.most.load(Ordering::SeqCst), FORWARDS_IN_FLIGHT);
+        // A master that never answers fails its partition at the bound
+        // (it waited forever before); a refusal fails its own; the rest
+        // are committed.
+        let started = std::time::Instant::now();
+        let mut failed = forward_commits(fw, Duration::from_millis(300), "g", forwards(0..12)).await;
+        failed.sort_unstable();
+        assert_eq!(failed, vec![(0, 0), (0, 1)]);
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(20),
+            "{took:?}"
+        );
     }
 }
