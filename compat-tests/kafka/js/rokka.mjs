@@ -30,6 +30,10 @@ listen = "127.0.0.1:0"
 data_dir = "${dir}/data"
 commitlog_segment_bytes = 67108864
 preallocate = false
+# The suites share the machine's disk with the build: its fill level is not
+# what they test (see compat-tests/common/rokka_fixture.py).
+disk_max_used_percent = 0
+disk_refuse_writes_percent = 0
 [kafka]
 listen = "127.0.0.1:0"
 ${kafkaExtra}

@@ -219,7 +219,8 @@ fn store_check_finds_damage_and_reappends_lost_found() -> TestResult {
         &cfg_path,
         format!(
             "[store]\ndata_dir = \"{}\"\ncommitlog_segment_bytes = {}\nmax_message_bytes = 4194304\n\
-             consume_queue_entries_per_file = 1024\nindex_slots = 4096\nindex_entries = 16384\n",
+             consume_queue_entries_per_file = 1024\nindex_slots = 4096\nindex_entries = 16384\n\
+             disk_max_used_percent = 0\ndisk_refuse_writes_percent = 0\n",
             data.display(),
             store_cfg(&data).commitlog_segment_bytes
         ),

@@ -36,46 +36,52 @@ impl NsConn {
         }
     }
 
-    /// Sends one request and waits for its response.
+    /// Sends one request and waits for its response. The connection is
+    /// taken for the exchange and kept only after a whole one: a call
+    /// dropped midway (its caller gave up) or failed leaves no half-written
+    /// request or unread answer on a connection used again — it is closed.
     pub async fn call(&mut self, cmd: RemotingCommand, timeout: Duration) -> Result<RemotingCommand, String> {
-        let res = tokio::time::timeout(timeout, self.exchange(&cmd))
+        let stream = self.stream.take();
+        let res = tokio::time::timeout(timeout, exchange(&self.addr, stream, &mut self.buf, &cmd))
             .await
             .unwrap_or_else(|_| Err(format!("{}: no answer within {timeout:?}", self.addr)));
-        if res.is_err() {
-            self.stream = None;
-        }
-        res
+        res.map(|(stream, answer)| {
+            self.stream = Some(stream);
+            answer
+        })
     }
+}
 
-    async fn exchange(&mut self, cmd: &RemotingCommand) -> Result<RemotingCommand, String> {
-        let addr = &self.addr;
-        if self.stream.is_none() {
+/// One request on `stream` (a new connection to `addr` when `None`) and
+/// its answer; the stream back with it.
+async fn exchange(
+    addr: &str,
+    stream: Option<TcpStream>,
+    buf: &mut BytesMut,
+    cmd: &RemotingCommand,
+) -> Result<(TcpStream, RemotingCommand), String> {
+    let mut s = match stream {
+        Some(s) => s,
+        None => {
             let s = TcpStream::connect(addr)
                 .await
                 .map_err(|e| format!("connect {addr}: {e}"))?;
             let _ = s.set_nodelay(true);
-            self.stream = Some(s);
-            self.buf.clear();
+            buf.clear();
+            s
         }
-        let Some(s) = self.stream.as_mut() else {
-            return Err(format!("{addr}: not connected"));
-        };
-        let mut out = BytesMut::new();
-        encode(cmd, &mut out);
-        s.write_all(&out).await.map_err(|e| format!("write to {addr}: {e}"))?;
-        loop {
-            while let Some(r) = decode(&mut self.buf, crate::DEFAULT_MAX_FRAME).map_err(|e| format!("{addr}: {e}"))? {
-                if r.is_response() && r.opaque == cmd.opaque {
-                    return Ok(r);
-                }
+    };
+    let mut out = BytesMut::new();
+    encode(cmd, &mut out);
+    s.write_all(&out).await.map_err(|e| format!("write to {addr}: {e}"))?;
+    loop {
+        while let Some(r) = decode(buf, crate::DEFAULT_MAX_FRAME).map_err(|e| format!("{addr}: {e}"))? {
+            if r.is_response() && r.opaque == cmd.opaque {
+                return Ok((s, r));
             }
-            if s.read_buf(&mut self.buf)
-                .await
-                .map_err(|e| format!("read from {addr}: {e}"))?
-                == 0
-            {
-                return Err(format!("{addr} closed the connection"));
-            }
+        }
+        if s.read_buf(buf).await.map_err(|e| format!("read from {addr}: {e}"))? == 0 {
+            return Err(format!("{addr} closed the connection"));
         }
     }
 }
@@ -166,5 +172,60 @@ pub async fn run(rmq: Arc<RocketMq>, embedded: Option<Arc<NameServer>>, mut shut
         if let Err(e) = conn.call(c, Duration::from_secs(2)).await {
             tracing::warn!(namesrv = addr, error = e, "UNREGISTER_BROKER failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer whose first connection reads and never answers, and whose
+    /// later ones answer every request; the connections it accepted.
+    async fn peer() -> std::io::Result<(String, Arc<std::sync::atomic::AtomicUsize>)> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?.to_string();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                let first = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0;
+                tokio::spawn(async move {
+                    let mut buf = BytesMut::new();
+                    while s.read_buf(&mut buf).await.is_ok_and(|n| n > 0) {
+                        while let Ok(Some(req)) = decode(&mut buf, crate::DEFAULT_MAX_FRAME) {
+                            if !first {
+                                let mut out = BytesMut::new();
+                                encode(&req.response(rs::SUCCESS, 0), &mut out);
+                                if s.write_all(&out).await.is_err() {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        Ok((addr, accepted))
+    }
+
+    #[tokio::test]
+    async fn a_call_dropped_midway_leaves_no_connection_behind() -> Result<(), Box<dyn std::error::Error>> {
+        let (addr, accepted) = peer().await?;
+        let mut conn = NsConn::new(&addr);
+        // The caller gives up (drops the call) while it waits for an answer.
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(200),
+            conn.call(RemotingCommand::request(rq::HEART_BEAT, 1), Duration::from_secs(60)),
+        )
+        .await;
+        assert!(gave_up.is_err(), "the first connection never answers");
+        // The next call does not reuse that connection (its answer would
+        // never come): a new one answers at once.
+        let answer = conn
+            .call(RemotingCommand::request(rq::HEART_BEAT, 2), Duration::from_secs(5))
+            .await?;
+        assert_eq!((answer.opaque, answer.code), (2, rs::SUCCESS));
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+        Ok(())
     }
 }

@@ -40,6 +40,10 @@ type Forward = (usize, usize, String, String, u32, RemoteOffset);
 /// Commits `remote` on their sets' masters through `fw`, side by side (at
 /// most [`FORWARDS_IN_FLIGHT`] at once), all within `within`; the (topic
 /// index, partition index) of those that failed or did not finish in time.
+/// A queue named twice is committed once, with its last offset (as a
+/// request's last entry for a partition wins here), and both get that
+/// outcome. No forward starts after the deadline: one that has not started
+/// by then fails without being sent.
 async fn forward_commits(
     fw: std::sync::Arc<dyn rokka_broker::remote::RemoteOffsets>,
     within: std::time::Duration,
@@ -48,21 +52,32 @@ async fn forward_commits(
 ) -> Vec<(usize, usize)> {
     let deadline = tokio::time::Instant::now() + within;
     let keys: Vec<(usize, usize)> = remote.iter().map(|(ti, pi, ..)| (*ti, *pi)).collect();
-    // Answered (failed or not) by index into `keys`; the rest fail.
-    let mut answered = vec![false; keys.len()];
-    let mut failed = Vec::new();
+    // The entry whose forward stands for each: the last naming its queue.
+    let mut last = std::collections::HashMap::new();
+    for (i, (_, _, name, set, q, _)) in remote.iter().enumerate() {
+        last.insert((name.clone(), set.clone(), *q), i);
+    }
+    let stands_for: Vec<usize> = remote
+        .iter()
+        .map(|(_, _, name, set, q, _)| last.get(&(name.clone(), set.clone(), *q)).copied().unwrap_or(0))
+        .collect();
+    drop(last);
+    // Per entry: committed (Some(true)), failed (Some(false)), no answer.
+    let mut outcome: Vec<Option<bool>> = vec![None; keys.len()];
+    let mut started = 0usize;
     let mut running = tokio::task::JoinSet::new();
-    let mut todo = remote.into_iter().enumerate();
+    let mut todo = remote.into_iter().enumerate().filter(|(i, _)| stands_for[*i] == *i);
     loop {
-        while running.len() < FORWARDS_IN_FLIGHT {
+        while running.len() < FORWARDS_IN_FLIGHT && tokio::time::Instant::now() < deadline {
             let Some((i, (_, _, name, set, q, o))) = todo.next() else {
                 break;
             };
+            started += 1;
             let (fw, group) = (std::sync::Arc::clone(&fw), group.to_string());
             running.spawn(async move {
-                let started = std::time::Instant::now();
+                let t = std::time::Instant::now();
                 let res = fw.commit(&set, &group, &name, q, o).await;
-                remote_done("commit", started, res.is_ok());
+                remote_done("commit", t, res.is_ok());
                 if let Err(e) = &res {
                     tracing::debug!(
                         group,
@@ -77,24 +92,24 @@ async fn forward_commits(
             });
         }
         match tokio::time::timeout_at(deadline, running.join_next()).await {
-            Ok(Some(Ok((i, ok)))) => {
-                answered[i] = true;
-                if !ok {
-                    failed.push(keys[i]);
-                }
-            }
-            // A forward that panicked stays unanswered: it fails.
-            Ok(Some(Err(_))) => {}
+            Ok(Some(Ok((i, ok)))) => outcome[i] = Some(ok),
+            // Its entry stays unanswered: it fails.
+            Ok(Some(Err(e))) => tracing::warn!(group, error = %e, "an offset commit forward did not finish"),
             Ok(None) => break,
-            Err(_) => {
-                running.abort_all();
-                remote_timed_out(group, answered.iter().filter(|a| !**a).count());
-                break;
-            }
+            Err(_) => break,
         }
     }
-    failed.extend(keys.iter().zip(&answered).filter(|(_, a)| !**a).map(|(k, _)| *k));
-    failed
+    // Past the deadline: those still running are given up (and counted).
+    let answered = outcome.iter().filter(|o| o.is_some()).count();
+    if !running.is_empty() {
+        running.abort_all();
+        remote_timed_out(group, started.saturating_sub(answered));
+    }
+    keys.into_iter()
+        .enumerate()
+        .filter(|(i, _)| outcome[stands_for[*i]] != Some(true))
+        .map(|(_, k)| k)
+        .collect()
 }
 
 /// The forwards of one commit still unanswered at `group.commit_timeout_ms`.
@@ -201,47 +216,56 @@ pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCo
     // This set's commits are answered once its in-sync replicas hold them
     // (Kafka writes its offsets topic with acks=all): a commit the client
     // was told of survives a failover. Not confirmed in time: retriable.
+    let remote_keys: std::collections::HashSet<(usize, usize)> = remote.iter().map(|(ti, pi, ..)| (*ti, *pi)).collect();
     let local_ok = topics.iter().enumerate().any(|(ti, t)| {
         t.partitions
             .iter()
             .enumerate()
-            .any(|(pi, p)| p.error_code == errors::NONE && !remote.iter().any(|(rt, rp, ..)| *rt == ti && *rp == pi))
+            .any(|(pi, p)| p.error_code == errors::NONE && !remote_keys.contains(&(ti, pi)))
     });
-    if local_ok {
-        if let Err(e) = k.broker.offsets_durable(Some(k.groups.commit_timeout)).await {
-            tracing::debug!(group, error = e, "offset commit not replicated");
-            for (ti, t) in topics.iter_mut().enumerate() {
-                for (pi, p) in t.partitions.iter_mut().enumerate() {
-                    if p.error_code == errors::NONE && !remote.iter().any(|(rt, rp, ..)| *rt == ti && *rp == pi) {
-                        p.error_code = errors::COORDINATOR_NOT_AVAILABLE;
-                    }
+    let local_wait = async {
+        if local_ok {
+            k.broker.offsets_durable(Some(k.groups.commit_timeout)).await
+        } else {
+            Ok(())
+        }
+    };
+    // Another set's queue: committed on its master. A failed forward is
+    // COORDINATOR_NOT_AVAILABLE (the client retries the commit), never a
+    // commit silently lost. The forwards run side by side (at most
+    // FORWARDS_IN_FLIGHT at once) and while this set's own commits wait
+    // for its replicas, all within group.commit_timeout_ms: one slow
+    // master does not hold the answer for its replication timeout per
+    // partition.
+    let forwards: Vec<Forward> = remote
+        .into_iter()
+        .map(|(ti, pi, set, q, o)| (ti, pi, topics[ti].name.0.to_string(), set, q, o))
+        .collect();
+    let remote_wait = async {
+        if forwards.is_empty() {
+            return Vec::new();
+        }
+        match k.broker.remote_offsets() {
+            Some(fw) => forward_commits(std::sync::Arc::clone(fw), k.groups.commit_timeout, &group, forwards).await,
+            None => {
+                tracing::debug!(group, "offset commit forward failed: no route to other broker sets");
+                forwards.into_iter().map(|(ti, pi, ..)| (ti, pi)).collect()
+            }
+        }
+    };
+    let (local, failed) = tokio::join!(local_wait, remote_wait);
+    if let Err(e) = local {
+        tracing::debug!(group, error = e, "offset commit not replicated");
+        for (ti, t) in topics.iter_mut().enumerate() {
+            for (pi, p) in t.partitions.iter_mut().enumerate() {
+                if p.error_code == errors::NONE && !remote_keys.contains(&(ti, pi)) {
+                    p.error_code = errors::COORDINATOR_NOT_AVAILABLE;
                 }
             }
         }
     }
-    // Another set's queue: committed on its master. A failed forward is
-    // COORDINATOR_NOT_AVAILABLE (the client retries the commit), never a
-    // commit silently lost. The forwards run side by side (at most
-    // FORWARDS_IN_FLIGHT at once), all within group.commit_timeout_ms, as
-    // this set's own commits are: one slow master does not hold the answer
-    // for its whole replication timeout per partition.
-    if !remote.is_empty() {
-        let failed = match k.broker.remote_offsets() {
-            Some(fw) => {
-                let forwards = remote
-                    .into_iter()
-                    .map(|(ti, pi, set, q, o)| (ti, pi, topics[ti].name.0.to_string(), set, q, o))
-                    .collect();
-                forward_commits(std::sync::Arc::clone(fw), k.groups.commit_timeout, &group, forwards).await
-            }
-            None => {
-                tracing::debug!(group, "offset commit forward failed: no route to other broker sets");
-                remote.into_iter().map(|(ti, pi, ..)| (ti, pi)).collect()
-            }
-        };
-        for (ti, pi) in failed {
-            topics[ti].partitions[pi].error_code = errors::COORDINATOR_NOT_AVAILABLE;
-        }
+    for (ti, pi) in failed {
+        topics[ti].partitions[pi].error_code = errors::COORDINATOR_NOT_AVAILABLE;
     }
     if tracing::enabled!(tracing::Level::DEBUG) {
         for t in &topics {
@@ -464,20 +488,26 @@ mod tests {
     use super::*;
     use rokka_broker::remote::{RemoteCall, RemoteOffsets};
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
     /// A master per queue: queue 0 never answers, queue 1 refuses, the
-    /// others commit after 20 ms; counts the forwards in flight at once.
+    /// others commit after 20 ms; counts the forwards in flight at once and
+    /// keeps each call's (queue, offset).
     #[derive(Debug, Default)]
     struct Masters {
         now: AtomicUsize,
         most: AtomicUsize,
+        calls: Mutex<Vec<(u32, u64)>>,
     }
 
     impl RemoteOffsets for Masters {
-        fn commit<'a>(&'a self, _: &'a str, _: &'a str, _: &'a str, queue: u32, _: RemoteOffset) -> RemoteCall<'a, ()> {
+        fn commit<'a>(&'a self, _: &'a str, _: &'a str, _: &'a str, queue: u32, o: RemoteOffset) -> RemoteCall<'a, ()> {
             Box::pin(async move {
+                self.calls
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((queue, o.offset));
                 let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
                 self.most.fetch_max(n, Ordering::SeqCst);
                 let wait = if queue == 0 { 3_600_000 } else { 20 };
@@ -500,15 +530,27 @@ mod tests {
         }
     }
 
-    fn forwards(queues: std::ops::Range<u32>) -> Vec<Forward> {
+    impl Masters {
+        fn calls(&self) -> Vec<(u32, u64)> {
+            let mut c = self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            c.sort_unstable();
+            c
+        }
+    }
+
+    /// Entries (partition index = position) for `queues`, offset 7 unless
+    /// given.
+    fn forwards(queues: impl IntoIterator<Item = (u32, u64)>) -> Vec<Forward> {
         queues
-            .map(|q| {
+            .into_iter()
+            .enumerate()
+            .map(|(pi, (q, offset))| {
                 let o = RemoteOffset {
-                    offset: 7,
+                    offset,
                     metadata: String::new(),
                     leader_epoch: -1,
                 };
-                (0, q as usize, "t".to_string(), "b".to_string(), q, o)
+                (0, pi, "t".to_string(), "b".to_string(), q, o)
             })
             .collect()
     }
@@ -518,14 +560,26 @@ mod tests {
         let masters = Arc::new(Masters::default());
         let fw: Arc<dyn RemoteOffsets> = Arc::clone(&masters) as _;
         // 30 forwards, 8 at a time (one after another before).
-        let failed = forward_commits(Arc::clone(&fw), Duration::from_secs(30), "g", forwards(2..32)).await;
+        let failed = forward_commits(
+            Arc::clone(&fw),
+            Duration::from_secs(30),
+            "g",
+            forwards((2..32).map(|q| (q, 7))),
+        )
+        .await;
         assert!(failed.is_empty(), "{failed:?}");
         assert_eq!(masters.most.load(Ordering::SeqCst), FORWARDS_IN_FLIGHT);
         // A master that never answers fails its partition at the bound
         // (it waited forever before); a refusal fails its own; the rest
         // are committed.
         let started = std::time::Instant::now();
-        let mut failed = forward_commits(fw, Duration::from_millis(300), "g", forwards(0..12)).await;
+        let mut failed = forward_commits(
+            Arc::clone(&fw),
+            Duration::from_millis(300),
+            "g",
+            forwards((0..12).map(|q| (q, 7))),
+        )
+        .await;
         failed.sort_unstable();
         assert_eq!(failed, vec![(0, 0), (0, 1)]);
         let took = started.elapsed();
@@ -533,5 +587,31 @@ mod tests {
             took >= Duration::from_millis(300) && took < Duration::from_secs(20),
             "{took:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_queue_named_twice_is_committed_once_with_its_last_offset() {
+        let masters = Arc::new(Masters::default());
+        let fw: Arc<dyn RemoteOffsets> = Arc::clone(&masters) as _;
+        let failed = forward_commits(fw, Duration::from_secs(30), "g", forwards([(5, 10), (6, 3), (5, 20)])).await;
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(masters.calls(), vec![(5, 20), (6, 3)]);
+    }
+
+    #[tokio::test]
+    async fn no_forward_starts_after_the_deadline() {
+        let masters = Arc::new(Masters::default());
+        let fw: Arc<dyn RemoteOffsets> = Arc::clone(&masters) as _;
+        // Eight queues whose masters never answer take every slot; the
+        // twelve after them are never sent, and every entry fails.
+        let entries = (0..8).map(|_| (0, 7)).chain((2..14).map(|q| (q, 7)));
+        let mut entries: Vec<Forward> = forwards(entries);
+        // Distinct sets, so the eight are not one queue named eight times.
+        for (n, e) in entries.iter_mut().enumerate().take(8) {
+            e.3 = format!("set{n}");
+        }
+        let failed = forward_commits(fw, Duration::from_millis(300), "g", entries).await;
+        assert_eq!(failed.len(), 20);
+        assert_eq!(masters.calls().len(), FORWARDS_IN_FLIGHT);
     }
 }
