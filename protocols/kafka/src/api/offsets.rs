@@ -289,35 +289,87 @@ pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCo
     OffsetCommitResponse::default().with_topics(topics)
 }
 
-/// (offset, metadata, leader epoch) committed, or (-1, "", -1); another
-/// set's queue is read on its master (an unreachable one: an error code).
-async fn committed(k: &Kafka, group: &str, topic: &str, partition: i32) -> Result<(i64, Option<String>, i32), i16> {
-    let info = k.broker.topics().get(topic);
-    let none = (-1, Some(String::new()), -1);
-    match place(k, info.as_ref(), partition) {
-        Place::Here(q) => Ok(match k.broker.store().offsets().get(group, topic, q) {
-            Some(o) => (o.offset as i64, Some(o.metadata), o.leader_epoch),
-            None => none,
-        }),
-        Place::Set(set, q) => {
-            let started = std::time::Instant::now();
-            let res = match k.broker.remote_offsets() {
-                Some(fw) => fw.fetch(&set, group, topic, q).await,
-                None => Err("no route to other broker sets".into()),
-            };
-            remote_done("fetch", started, res.is_ok());
-            match res {
-                Ok(Some(o)) => Ok((o.offset as i64, Some(o.metadata), o.leader_epoch)),
-                Ok(None) => Ok(none),
-                Err(e) => {
-                    tracing::debug!(group, topic, set, queue = q, error = e, "offset fetch forward failed");
+fn log_fetch(group: &str, topic: &str, partition: i32, c: &Result<Committed, i16>) {
+    if let Ok((offset, ..)) = c {
+        tracing::debug!(group, topic, partition, offset, "offset fetch");
+    }
+}
+
+/// A committed offset as OffsetFetch answers it: offset (-1: none),
+/// metadata, leader epoch.
+type Committed = (i64, Option<String>, i32);
+
+/// What `group` has committed for each of `wanted`'s partitions, in their
+/// order: this set's queues from the store, another set's asked of its
+/// master — side by side (at most [`FORWARDS_IN_FLIGHT`] at once), and once
+/// a set's master failed to answer, its other queues are not asked (they
+/// fail too: COORDINATOR_NOT_AVAILABLE, which the client retries).
+async fn committed_all(k: &Kafka, group: &str, wanted: &[(String, Vec<i32>)]) -> Vec<Vec<Result<Committed, i16>>> {
+    let none = || (-1, Some(String::new()), -1);
+    let mut out: Vec<Vec<Result<Committed, i16>>> = Vec::with_capacity(wanted.len());
+    let mut remote = Vec::new();
+    for (ti, (topic, ps)) in wanted.iter().enumerate() {
+        let info = k.broker.topics().get(topic);
+        let mut row = Vec::with_capacity(ps.len());
+        for (pi, &p) in ps.iter().enumerate() {
+            row.push(match place(k, info.as_ref(), p) {
+                Place::Here(q) => Ok(match k.broker.store().offsets().get(group, topic, q) {
+                    Some(o) => (o.offset as i64, Some(o.metadata), o.leader_epoch),
+                    None => none(),
+                }),
+                Place::Set(set, q) => {
+                    remote.push((ti, pi, set, q));
                     Err(errors::COORDINATOR_NOT_AVAILABLE)
                 }
-            }
+                Place::Unknown => Ok(none()),
+            });
         }
-        Place::Unknown => Ok(none),
+        out.push(row);
     }
-    .inspect(|(offset, _, _)| tracing::debug!(group, topic, partition, offset, "offset fetch"))
+    if remote.is_empty() {
+        return out;
+    }
+    let Some(fw) = k.broker.remote_offsets().cloned() else {
+        tracing::debug!(group, "offset fetch forward failed: no route to other broker sets");
+        return out;
+    };
+    let mut failed_sets = std::collections::HashSet::new();
+    let mut running = tokio::task::JoinSet::new();
+    let mut todo = remote.into_iter();
+    loop {
+        while running.len() < FORWARDS_IN_FLIGHT {
+            let Some((ti, pi, set, q)) = todo.next() else {
+                break;
+            };
+            if failed_sets.contains(&set) {
+                continue;
+            }
+            let (fw, group, topic) = (std::sync::Arc::clone(&fw), group.to_string(), wanted[ti].0.clone());
+            running.spawn(async move {
+                let started = std::time::Instant::now();
+                let res = fw.fetch(&set, &group, &topic, q).await;
+                remote_done("fetch", started, res.is_ok());
+                let res = match res {
+                    Ok(Some(o)) => Ok((o.offset as i64, Some(o.metadata), o.leader_epoch)),
+                    Ok(None) => Ok(none()),
+                    Err(e) => {
+                        tracing::debug!(group, topic, set, queue = q, error = e, "offset fetch forward failed");
+                        Err(set)
+                    }
+                };
+                (ti, pi, res)
+            });
+        }
+        match running.join_next().await {
+            Some(Ok((ti, pi, Ok(c)))) => out[ti][pi] = Ok(c),
+            Some(Ok((_, _, Err(set)))) => {
+                failed_sets.insert(set);
+            }
+            Some(Err(e)) => tracing::warn!(group, error = %e, "an offset fetch forward did not finish"),
+            None => break,
+        }
+    }
+    out
 }
 
 /// (topic, partitions) requested, or every committed one when `None`: this
@@ -401,10 +453,12 @@ pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetc
                 Ok(w) => (w, errors::NONE),
                 Err(code) => (Vec::new(), code),
             };
-            for (t, ps) in wanted {
+            let found = committed_all(k, &group, &wanted).await;
+            for ((t, ps), found) in wanted.into_iter().zip(found) {
                 let mut partitions = Vec::with_capacity(ps.len());
-                for p in ps {
-                    let (off, meta, epoch) = match committed(k, &group, &t, p).await {
+                for (p, c) in ps.into_iter().zip(found) {
+                    log_fetch(&group, &t, p, &c);
+                    let (off, meta, epoch) = match c {
                         Ok(c) => c,
                         Err(code) => {
                             group_error = code;
@@ -449,10 +503,12 @@ pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetc
         Ok(w) => (w, errors::NONE),
         Err(code) => (Vec::new(), code),
     };
-    for (t, ps) in wanted {
+    let found = committed_all(k, &group, &wanted).await;
+    for ((t, ps), found) in wanted.into_iter().zip(found) {
         let mut partitions = Vec::with_capacity(ps.len());
-        for p in ps {
-            let (off, meta, epoch, code) = match committed(k, &group, &t, p).await {
+        for (p, c) in ps.into_iter().zip(found) {
+            log_fetch(&group, &t, p, &c);
+            let (off, meta, epoch, code) = match c {
                 Ok((o, m, e)) => (o, m, e, errors::NONE),
                 Err(code) => {
                     top_error = code;
@@ -525,8 +581,21 @@ mod tests {
             Box::pin(async { Ok(Vec::new()) })
         }
 
-        fn fetch<'a>(&'a self, _: &'a str, _: &'a str, _: &'a str, _: u32) -> RemoteCall<'a, Option<RemoteOffset>> {
-            Box::pin(async { Ok(None) })
+        /// Queue 0 has 40 committed, queue 1 nothing, queue 2 refuses.
+        fn fetch<'a>(&'a self, _: &'a str, _: &'a str, _: &'a str, queue: u32) -> RemoteCall<'a, Option<RemoteOffset>> {
+            Box::pin(async move {
+                self.calls.lock().unwrap_or_else(|p| p.into_inner()).push((queue, 0));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                match queue {
+                    0 => Ok(Some(RemoteOffset {
+                        offset: 40,
+                        metadata: "m".into(),
+                        leader_epoch: 3,
+                    })),
+                    1 => Ok(None),
+                    _ => Err("refused".into()),
+                }
+            })
         }
     }
 
@@ -613,5 +682,44 @@ mod tests {
         let failed = forward_commits(fw, Duration::from_millis(300), "g", entries).await;
         assert_eq!(failed.len(), 20);
         assert_eq!(masters.calls().len(), FORWARDS_IN_FLIGHT);
+    }
+
+    #[tokio::test]
+    async fn an_offset_fetch_reads_this_sets_queues_here_and_the_others_on_their_master(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        use rokka_broker::topics::{QueueRef, TopicTable};
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(rokka_store::MessageStore::open(rokka_store::StoreConfig::for_tests(
+            dir.path(),
+        ))?);
+        let broker = Arc::new(rokka_broker::Broker::new(store, Default::default())?);
+        broker.set_own_set("a");
+        let q = |set: &str, queue| QueueRef { set: set.into(), queue };
+        // Kafka partitions 0..4: a/0, b/0, b/1, b/2.
+        let placement = vec![q("a", 0), q("b", 0), q("b", 1), q("b", 2)];
+        let info = TopicTable::new_info(4, Default::default(), placement).local_form("a");
+        broker.topics().insert_new("t", info)?;
+        broker.store().offsets().commit("g", "t", 0, 9, "here");
+        let masters = Arc::new(Masters::default());
+        broker.set_remote_offsets(Arc::clone(&masters) as Arc<dyn RemoteOffsets>);
+        let addr: std::net::SocketAddr = "127.0.0.1:9092".parse()?;
+        let k = crate::Kafka::new(broker, Default::default(), Default::default(), addr);
+        let found = committed_all(&k, "g", &[("t".to_string(), vec![0, 1, 2, 3, 7])]).await;
+        assert_eq!(
+            found,
+            vec![vec![
+                Ok((9, Some("here".to_string()), -1)),
+                Ok((40, Some("m".to_string()), 3)),
+                Ok((-1, Some(String::new()), -1)),
+                Err(errors::COORDINATOR_NOT_AVAILABLE),
+                Ok((-1, Some(String::new()), -1)),
+            ]]
+        );
+        assert_eq!(
+            masters.calls().len(),
+            3,
+            "the three queues of set b were asked of its master"
+        );
+        Ok(())
     }
 }
