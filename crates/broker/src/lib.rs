@@ -81,6 +81,15 @@ pub enum LookupMiss {
 }
 
 impl LookupMiss {
+    /// The `result` label of the lookup metrics for an outcome of
+    /// [`Broker::look_up_cluster_topic`]: `found`, or the miss's.
+    pub fn outcome_label(outcome: &std::result::Result<TopicInfo, LookupMiss>) -> &'static str {
+        match outcome {
+            Ok(_) => "found",
+            Err(miss) => miss.label(),
+        }
+    }
+
     /// The `result` label of the lookup metrics.
     pub fn label(self) -> &'static str {
         match self {

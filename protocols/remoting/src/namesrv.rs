@@ -184,10 +184,7 @@ impl NameServer {
         let Some(outcome) = b.look_up_cluster_topic(topic, &self.lookups, wait).await else {
             return self.table().route(topic);
         };
-        let result = match &outcome {
-            Ok(_) => "found",
-            Err(miss) => miss.label(),
-        };
+        let result = rokka_broker::LookupMiss::outcome_label(&outcome);
         rokka_broker::hot_metrics::count("rokka_rocketmq_namesrv_route_lookups_total", "result", result, 1);
         match (outcome, b.own_set()) {
             (Ok(info), Some(own)) => {

@@ -108,10 +108,7 @@ pub async fn from_cluster(k: &Kafka, r: &MetadataRequest, who: &crate::authz::Ca
         let Some(outcome) = k.broker.look_up_cluster_topic(name, &k.topic_lookups, left).await else {
             continue;
         };
-        let result = match &outcome {
-            Ok(_) => "found",
-            Err(miss) => miss.label(),
-        };
+        let result = rokka_broker::LookupMiss::outcome_label(&outcome);
         rokka_broker::hot_metrics::count("rokka_kafka_metadata_topic_lookups_total", "result", result, 1);
         match outcome {
             Ok(info) => {

@@ -37,6 +37,48 @@ const FORWARDS_IN_FLIGHT: usize = 8;
 /// topic, the set whose master holds the queue, the queue, the offset.
 type Forward = (usize, usize, String, String, u32, RemoteOffset);
 
+/// Runs `calls` side by side, at most [`FORWARDS_IN_FLIGHT`] at once,
+/// handing each result to `done`, which says whether to start more. None
+/// starts after `deadline`; those still running then are aborted (their
+/// results never reach `done`). Returns how many were aborted so.
+async fn side_by_side<T, F>(
+    calls: impl IntoIterator<Item = F>,
+    deadline: Option<tokio::time::Instant>,
+    mut done: impl FnMut(T) -> bool,
+) -> usize
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = T> + Send + 'static,
+{
+    let mut calls = calls.into_iter();
+    let mut running = tokio::task::JoinSet::new();
+    let mut more = true;
+    loop {
+        while more && running.len() < FORWARDS_IN_FLIGHT && deadline.is_none_or(|d| tokio::time::Instant::now() < d) {
+            let Some(call) = calls.next() else {
+                break;
+            };
+            running.spawn(call);
+        }
+        let next = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, running.join_next()).await {
+                Ok(next) => next,
+                Err(_) => break,
+            },
+            None => running.join_next().await,
+        };
+        match next {
+            Some(Ok(t)) => more &= done(t),
+            // Its result never comes: the caller counts it as failed.
+            Some(Err(e)) => tracing::warn!(error = %e, "a forwarded offset call did not finish"),
+            None => break,
+        }
+    }
+    let aborted = running.len();
+    running.abort_all();
+    aborted
+}
+
 /// Commits `remote` on their sets' masters through `fw`, side by side (at
 /// most [`FORWARDS_IN_FLIGHT`] at once), all within `within`; the (topic
 /// index, partition index) of those that failed or did not finish in time.
@@ -53,28 +95,24 @@ async fn forward_commits(
     let deadline = tokio::time::Instant::now() + within;
     let keys: Vec<(usize, usize)> = remote.iter().map(|(ti, pi, ..)| (*ti, *pi)).collect();
     // The entry whose forward stands for each: the last naming its queue.
-    let mut last = std::collections::HashMap::new();
-    for (i, (_, _, name, set, q, _)) in remote.iter().enumerate() {
-        last.insert((name.clone(), set.clone(), *q), i);
-    }
-    let stands_for: Vec<usize> = remote
-        .iter()
-        .map(|(_, _, name, set, q, _)| last.get(&(name.clone(), set.clone(), *q)).copied().unwrap_or(0))
-        .collect();
-    drop(last);
-    // Per entry: committed (Some(true)), failed (Some(false)), no answer.
-    let mut outcome: Vec<Option<bool>> = vec![None; keys.len()];
-    let mut started = 0usize;
-    let mut running = tokio::task::JoinSet::new();
-    let mut todo = remote.into_iter().enumerate().filter(|(i, _)| stands_for[*i] == *i);
-    loop {
-        while running.len() < FORWARDS_IN_FLIGHT && tokio::time::Instant::now() < deadline {
-            let Some((i, (_, _, name, set, q, o))) = todo.next() else {
-                break;
-            };
-            started += 1;
+    let stands_for: Vec<usize> = {
+        let mut last = std::collections::HashMap::new();
+        for (i, (_, _, name, set, q, _)) in remote.iter().enumerate() {
+            last.insert((name.as_str(), set.as_str(), *q), i);
+        }
+        remote
+            .iter()
+            .enumerate()
+            .map(|(i, (_, _, name, set, q, _))| last.get(&(name.as_str(), set.as_str(), *q)).copied().unwrap_or(i))
+            .collect()
+    };
+    let calls = remote
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| stands_for[*i] == *i)
+        .map(|(i, (_, _, name, set, q, o))| {
             let (fw, group) = (std::sync::Arc::clone(&fw), group.to_string());
-            running.spawn(async move {
+            async move {
                 let t = std::time::Instant::now();
                 let res = fw.commit(&set, &group, &name, q, o).await;
                 remote_done("commit", t, res.is_ok());
@@ -89,21 +127,17 @@ async fn forward_commits(
                     );
                 }
                 (i, res.is_ok())
-            });
-        }
-        match tokio::time::timeout_at(deadline, running.join_next()).await {
-            Ok(Some(Ok((i, ok)))) => outcome[i] = Some(ok),
-            // Its entry stays unanswered: it fails.
-            Ok(Some(Err(e))) => tracing::warn!(group, error = %e, "an offset commit forward did not finish"),
-            Ok(None) => break,
-            Err(_) => break,
-        }
-    }
-    // Past the deadline: those still running are given up (and counted).
-    let answered = outcome.iter().filter(|o| o.is_some()).count();
-    if !running.is_empty() {
-        running.abort_all();
-        remote_timed_out(group, started.saturating_sub(answered));
+            }
+        });
+    // Per entry: committed (Some(true)), failed (Some(false)), no answer.
+    let mut outcome: Vec<Option<bool>> = vec![None; keys.len()];
+    let aborted = side_by_side(calls, Some(deadline), |(i, ok)| {
+        outcome[i] = Some(ok);
+        true
+    })
+    .await;
+    if aborted > 0 {
+        remote_timed_out(group, aborted);
     }
     keys.into_iter()
         .enumerate()
@@ -301,9 +335,10 @@ type Committed = (i64, Option<String>, i32);
 
 /// What `group` has committed for each of `wanted`'s partitions, in their
 /// order: this set's queues from the store, another set's asked of its
-/// master — side by side (at most [`FORWARDS_IN_FLIGHT`] at once), and once
-/// a set's master failed to answer, its other queues are not asked (they
-/// fail too: COORDINATOR_NOT_AVAILABLE, which the client retries).
+/// master — side by side (at most [`FORWARDS_IN_FLIGHT`] at once); once
+/// one has failed, no more are asked (they fail too, with
+/// COORDINATOR_NOT_AVAILABLE, which the client retries: one failure is the
+/// group's error, or the whole response's, anyway).
 async fn committed_all(k: &Kafka, group: &str, wanted: &[(String, Vec<i32>)]) -> Vec<Vec<Result<Committed, i16>>> {
     let none = || (-1, Some(String::new()), -1);
     let mut out: Vec<Vec<Result<Committed, i16>>> = Vec::with_capacity(wanted.len());
@@ -333,42 +368,33 @@ async fn committed_all(k: &Kafka, group: &str, wanted: &[(String, Vec<i32>)]) ->
         tracing::debug!(group, "offset fetch forward failed: no route to other broker sets");
         return out;
     };
-    let mut failed_sets = std::collections::HashSet::new();
-    let mut running = tokio::task::JoinSet::new();
-    let mut todo = remote.into_iter();
-    loop {
-        while running.len() < FORWARDS_IN_FLIGHT {
-            let Some((ti, pi, set, q)) = todo.next() else {
-                break;
+    let calls = remote.into_iter().map(|(ti, pi, set, q)| {
+        let (fw, group, topic) = (std::sync::Arc::clone(&fw), group.to_string(), wanted[ti].0.clone());
+        async move {
+            let started = std::time::Instant::now();
+            let res = fw.fetch(&set, &group, &topic, q).await;
+            remote_done("fetch", started, res.is_ok());
+            let res = match res {
+                Ok(Some(o)) => Some((o.offset as i64, Some(o.metadata), o.leader_epoch)),
+                Ok(None) => Some(none()),
+                Err(e) => {
+                    tracing::debug!(group, topic, set, queue = q, error = e, "offset fetch forward failed");
+                    None
+                }
             };
-            if failed_sets.contains(&set) {
-                continue;
-            }
-            let (fw, group, topic) = (std::sync::Arc::clone(&fw), group.to_string(), wanted[ti].0.clone());
-            running.spawn(async move {
-                let started = std::time::Instant::now();
-                let res = fw.fetch(&set, &group, &topic, q).await;
-                remote_done("fetch", started, res.is_ok());
-                let res = match res {
-                    Ok(Some(o)) => Ok((o.offset as i64, Some(o.metadata), o.leader_epoch)),
-                    Ok(None) => Ok(none()),
-                    Err(e) => {
-                        tracing::debug!(group, topic, set, queue = q, error = e, "offset fetch forward failed");
-                        Err(set)
-                    }
-                };
-                (ti, pi, res)
-            });
+            (ti, pi, res)
         }
-        match running.join_next().await {
-            Some(Ok((ti, pi, Ok(c)))) => out[ti][pi] = Ok(c),
-            Some(Ok((_, _, Err(set)))) => {
-                failed_sets.insert(set);
-            }
-            Some(Err(e)) => tracing::warn!(group, error = %e, "an offset fetch forward did not finish"),
-            None => break,
+    });
+    // One unanswered read fails the answer (the group's error, or the
+    // response's): no more are started then.
+    side_by_side(calls, None, |(ti, pi, res)| match res {
+        Some(c) => {
+            out[ti][pi] = Ok(c);
+            true
         }
-    }
+        None => false,
+    })
+    .await;
     out
 }
 
@@ -720,6 +746,17 @@ mod tests {
             3,
             "the three queues of set b were asked of its master"
         );
+        // Twenty queues whose master refuses: once one has failed no more
+        // are asked (the first eight were already under way).
+        let placement = (2..22).map(|n| q("b", n)).collect();
+        let info = TopicTable::new_info(20, Default::default(), placement).local_form("a");
+        k.broker.topics().insert_new("u", info)?;
+        let found = committed_all(&k, "g", &[("u".to_string(), (0..20).collect())]).await;
+        assert!(
+            found[0].iter().all(|c| *c == Err(errors::COORDINATOR_NOT_AVAILABLE)),
+            "{found:?}"
+        );
+        assert_eq!(masters.calls().len(), 3 + FORWARDS_IN_FLIGHT);
         Ok(())
     }
 }
