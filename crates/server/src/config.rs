@@ -117,6 +117,12 @@ pub struct ConsoleConfig {
     /// decide what it may show and resend ("" = anonymous, plaintext).
     pub user: String,
     pub password: String,
+    /// Connections served at once (each page a connection's request); more
+    /// wait in the listener's accept queue.
+    pub max_connections: u32,
+    /// One connection's deadline, its pages' admin calls included; a
+    /// connection still open then is closed.
+    pub connection_timeout_ms: u64,
 }
 
 impl Default for ConsoleConfig {
@@ -131,6 +137,8 @@ impl Default for ConsoleConfig {
             login_failure_window_ms: 60_000,
             user: String::new(),
             password: String::new(),
+            max_connections: 8,
+            connection_timeout_ms: 60_000,
         }
     }
 }
@@ -154,6 +162,10 @@ pub struct MetricsConfig {
     pub tls_key: String,
     /// PEM CA: scrapers must present a certificate it signed (mTLS).
     pub tls_client_ca: String,
+    /// Scrape connections served at once; more wait in the accept queue.
+    pub max_connections: u32,
+    /// One scrape connection's deadline (its TLS handshake included).
+    pub connection_timeout_ms: u64,
 }
 
 impl Default for MetricsConfig {
@@ -166,6 +178,8 @@ impl Default for MetricsConfig {
             tls_certificate: String::new(),
             tls_key: String::new(),
             tls_client_ca: String::new(),
+            max_connections: 16,
+            connection_timeout_ms: 30_000,
         }
     }
 }
@@ -252,6 +266,19 @@ impl Config {
             path: origin.to_string(),
             message: e.to_string(),
         })?;
+        for (key, zero) in [
+            ("metrics.max_connections", cfg.metrics.max_connections == 0),
+            ("metrics.connection_timeout_ms", cfg.metrics.connection_timeout_ms == 0),
+            ("console.max_connections", cfg.console.max_connections == 0),
+            ("console.connection_timeout_ms", cfg.console.connection_timeout_ms == 0),
+        ] {
+            if zero {
+                return Err(ConfigError::Parse {
+                    path: origin.to_string(),
+                    message: format!("{key} must be at least 1 (0 would serve no connection)"),
+                });
+            }
+        }
         Ok(cfg)
     }
 
@@ -396,5 +423,17 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default()
             .contains("commitlog_segment_bytes"));
+        for text in [
+            "[metrics]\nmax_connections = 0\n",
+            "[console]\nconnection_timeout_ms = 0\n",
+        ] {
+            let err = Config::parse(text, "t.toml").map(|_| ()).err();
+            let key = if text.contains("max_connections") {
+                "metrics.max_connections"
+            } else {
+                "console.connection_timeout_ms"
+            };
+            assert!(err.map(|e| e.to_string()).unwrap_or_default().contains(key), "{text}");
+        }
     }
 }

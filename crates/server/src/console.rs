@@ -24,11 +24,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::admin::{self, Report};
+use crate::endpoint::ConnBudget;
 
-/// One page's deadline (its admin calls included).
-const PAGE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Pages served at once; more connections wait in the accept queue.
-const MAX_PAGES: usize = 8;
 /// A form post larger than this is refused.
 const MAX_FORM_BYTES: usize = 256 * 1024;
 
@@ -166,14 +163,18 @@ impl Console {
     }
 }
 
-pub async fn serve(listener: TcpListener, console: Arc<Console>, mut shutdown: watch::Receiver<bool>) {
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_PAGES));
+/// Serves pages until `shutdown`, each connection within `budget`
+/// (`console.max_connections`, `console.connection_timeout_ms`: one deadline
+/// for a connection's pages, their admin calls included).
+pub async fn serve(
+    listener: TcpListener,
+    console: Arc<Console>,
+    budget: Arc<ConnBudget>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     loop {
-        let permit = tokio::select! {
-            p = Arc::clone(&permits).acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => return,
-            },
+        let slot = tokio::select! {
+            s = budget.acquire() => s,
             _ = shutdown.changed() => return,
         };
         let (stream, peer) = tokio::select! {
@@ -188,11 +189,13 @@ pub async fn serve(listener: TcpListener, console: Arc<Console>, mut shutdown: w
             _ = shutdown.changed() => return,
         };
         let c = Arc::clone(&console);
+        let budget = Arc::clone(&budget);
         tokio::spawn(async move {
-            let _permit = permit;
             let service = hyper::service::service_fn(move |req| answer(req, Arc::clone(&c), peer.ip()));
             let http = hyper::server::conn::http1::Builder::new();
-            let _ = tokio::time::timeout(PAGE_TIMEOUT, http.serve_connection(TokioIo::new(stream), service)).await;
+            budget
+                .serve(slot, http.serve_connection(TokioIo::new(stream), service))
+                .await;
         });
     }
 }

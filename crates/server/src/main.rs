@@ -343,11 +343,17 @@ async fn serve(
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
         tracing::info!(listen = %addr, scheme, "Prometheus metrics at /metrics");
+        let budget = endpoint::ConnBudget::new(
+            "metrics",
+            m.max_connections,
+            std::time::Duration::from_millis(m.connection_timeout_ms),
+        );
         listeners.push(tokio::spawn(endpoint::serve(
             l,
             tls,
             handle,
             collectors.clone(),
+            Arc::new(budget),
             stop_rx.clone(),
         )));
     }
@@ -764,9 +770,15 @@ async fn serve(
             (true, None) => return Err("console.login needs the broker's user table (kafka or rocketmq broker)".into()),
         };
         tracing::info!(listen = %addr, login = cfg.console.login, "web console at http://{addr}/");
+        let budget = endpoint::ConnBudget::new(
+            "console",
+            cfg.console.max_connections,
+            std::time::Duration::from_millis(cfg.console.connection_timeout_ms),
+        );
         listeners.push(tokio::spawn(console::serve(
             l,
             Arc::new(console::Console::new(kafka, namesrv, credentials, login)),
+            Arc::new(budget),
             stop_rx.clone(),
         )));
     }
