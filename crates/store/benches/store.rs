@@ -42,6 +42,14 @@ fn config(name: &str, mode: FlushMode) -> StoreConfig {
     {
         cfg.sync_flush_depth = depth;
     }
+    // ROKKA_BENCH_GATHER_MAX_US=200: the fixed 200 µs gather window the
+    // group commit had before it followed the syncs' time.
+    if let Some(us) = std::env::var("ROKKA_BENCH_GATHER_MAX_US")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        cfg.sync_gather_max_us = us;
+    }
     cfg
 }
 

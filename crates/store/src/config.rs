@@ -44,6 +44,10 @@ pub struct StoreConfig {
     /// Sync mode: how many group-commit syncs may be in flight at once
     /// (appenders woken by one sync fill the next while it runs).
     pub sync_flush_depth: usize,
+    /// Sync mode: the longest a group commit waits for the producers recent
+    /// syncs served to append again (a third of a recent sync's time, at
+    /// least 200 µs, at most this; 0 = a sync never waits), µs.
+    pub sync_gather_max_us: u64,
     /// How often ConsumeQueues and index are flushed and the checkpoint written.
     pub checkpoint_interval_ms: u64,
     /// Largest message body (or Kafka batch) accepted.
@@ -97,6 +101,7 @@ impl Default for StoreConfig {
             flush_interval_ms: 500,
             sync_flush_timeout_ms: 5_000,
             sync_flush_depth: 1,
+            sync_gather_max_us: 5_000,
             checkpoint_interval_ms: 1_000,
             max_message_bytes: 4 * 1024 * 1024,
             preallocate: true,
@@ -134,6 +139,11 @@ impl StoreConfig {
         }
         if !(1..=16).contains(&self.sync_flush_depth) {
             return Err(StoreError::Config("sync_flush_depth must be 1..=16".into()));
+        }
+        if self.sync_gather_max_us > 1_000_000 {
+            return Err(StoreError::Config(
+                "sync_gather_max_us must be at most 1000000 (1 s)".into(),
+            ));
         }
         if self.consume_queue_entries_per_file < 2 {
             return Err(StoreError::Config(

@@ -221,6 +221,8 @@ pub(crate) struct FlushRequests {
     pub waiting: std::collections::BinaryHeap<Waiting>,
     /// Size of `waiting` at which waiters that gave up are dropped from it.
     pub prune_at: usize,
+    /// What recent syncs took, µs (a moving average; 0 before the first).
+    pub sync_micros: u64,
 }
 
 /// Below this many waiters the heap is never pruned.

@@ -75,10 +75,11 @@ fn async_flusher(inner: &Inner) {
 /// carry what one cannot. The flushed position moves only over syncs that
 /// all finished, oldest first.
 ///
-/// A sync waits, up to [`GATHER_WINDOW`] from its first waiter, for as many
+/// A sync waits, up to its gather window from its first waiter, for as many
 /// waiters as recent syncs could have covered split over the depth, so
 /// concurrent producers share a sync instead of taking turns and settle
-/// into `depth` cohorts; a lone producer (a batch of 1) never waits.
+/// into `depth` cohorts; a lone producer (a batch of 1) never waits. The
+/// window is a share of what recent syncs took (see [`gather_window`]).
 fn sync_flusher(inner: &Inner) {
     let depth = inner.config.sync_flush_depth.max(1);
     let flush = &inner.flush;
@@ -110,8 +111,9 @@ fn sync_flusher(inner: &Inner) {
                 .0;
             continue;
         }
+        let gather = gather_window(req.sync_micros, inner.config.sync_gather_max_us);
         if req.arrivals < req.batch_goal(depth) {
-            if let Some(deadline) = req.first_arrival.map(|t| t + GATHER_WINDOW) {
+            if let Some(deadline) = req.first_arrival.map(|t| t + gather) {
                 let now = Instant::now();
                 if now < deadline {
                     req = flush
@@ -143,9 +145,10 @@ fn sync_flusher(inner: &Inner) {
 
         let t = Instant::now();
         let synced = inner.log.sync_range(from, to);
+        let took = t.elapsed();
         match &synced {
             Ok(()) => {
-                inner.metrics.flush_seconds.record(t.elapsed().as_secs_f64());
+                inner.metrics.flush_seconds.record(took.as_secs_f64());
                 inner.metrics.group_commit_waiters.record(waiters as f64);
             }
             Err(e) => tracing::error!(error = %e, "CommitLog sync failed"),
@@ -155,6 +158,17 @@ fn sync_flusher(inner: &Inner) {
         if synced.is_err() {
             continue;
         }
+        // A moving average over about the last eight syncs.
+        let took = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        req.sync_micros = if req.sync_micros == 0 {
+            took
+        } else {
+            req.sync_micros.saturating_mul(7).saturating_add(took) / 8
+        };
+        inner
+            .metrics
+            .sync_gather_window
+            .set(gather_window(req.sync_micros, inner.config.sync_gather_max_us).as_secs_f64());
         if let Some(s) = req.in_flight.iter_mut().find(|s| s.end == to) {
             s.done = true;
         }
@@ -177,8 +191,20 @@ fn sync_flusher(inner: &Inner) {
     req.wake_all();
 }
 
-/// Longest a sync waits for expected producers to join it.
-const GATHER_WINDOW: Duration = Duration::from_micros(200);
+/// How long a sync waits for expected producers to join it: a third of
+/// what recent syncs took (`sync_micros`, a moving average), at least
+/// [`GATHER_MIN`] and at most `max_us` (`store.sync_gather_max_us`).
+/// Waiting costs the producers already there that long once; a batch split
+/// in two costs those left out a whole sync more, and the split persists
+/// (the halves take turns). Where a sync takes 2–3 ms, 64–256 producers
+/// woken together need more than 200 µs to append again on two cores
+/// (docs/benchmarks.md); where it takes 0.4 ms, 200 µs is what they get.
+pub(crate) fn gather_window(sync_micros: u64, max_us: u64) -> Duration {
+    let max = Duration::from_micros(max_us);
+    Duration::from_micros(sync_micros / 3).clamp(GATHER_MIN.min(max), max)
+}
+
+const GATHER_MIN: Duration = Duration::from_micros(200);
 
 /// Sleeps up to `d`, waking early on shutdown.
 fn sleep(inner: &Inner, d: Duration) {
@@ -349,4 +375,23 @@ fn compaction_floor(inner: &Inner) -> Vec<(String, u32, u64)> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gather_window_is_a_third_of_recent_syncs_within_its_bounds() {
+        let us = Duration::from_micros;
+        // Before any sync, and for fast syncs: the floor.
+        assert_eq!(gather_window(0, 5_000), us(200));
+        assert_eq!(gather_window(400, 5_000), us(200));
+        // Slow syncs: a third of them.
+        assert_eq!(gather_window(3_000, 5_000), us(1_000));
+        // At most the configured longest, which also lowers the floor.
+        assert_eq!(gather_window(60_000, 5_000), us(5_000));
+        assert_eq!(gather_window(3_000, 100), us(100));
+        assert_eq!(gather_window(3_000, 0), Duration::ZERO);
+    }
 }
