@@ -997,9 +997,9 @@ async fn bench(rt: &Arc<ClientRuntime>, namesrv: &str, scale: f64, stages: &str)
     let batch_n = n(640_000);
     bench_send(&p, "BenchBatch", "batch", 100, batch_n, 4).await?;
     if on("oneway") {
-        // 4 sending tasks, and 16: the client's own cost per oneway send
-        // falls with more of them in flight on its connection.
-        for tasks in [4, 16] {
+        // 4 sending tasks, 16 and 64: the client's own cost per oneway
+        // send falls with more of them in flight on its connection.
+        for tasks in [4, 16, 64] {
             bench_send(&p, "BenchOneway", "oneway", 100, n(300_000), tasks).await?;
         }
     }
