@@ -224,6 +224,12 @@ fn append_sync(size: usize, threads: u64, duration: Duration) -> R {
     Ok(())
 }
 
+/// `ROKKA_BENCH_THINK_US=N`: each sync-mode task pauses a random 0..N µs
+/// after each durable append (producers that do not arrive together).
+fn think_us() -> Option<u64> {
+    std::env::var("ROKKA_BENCH_THINK_US").ok().and_then(|v| v.parse().ok())
+}
+
 /// The production shape: `tasks` tokio tasks on a 2-worker runtime, each
 /// appending and awaiting `durable()`.
 fn append_sync_async(size: usize, tasks: u64, duration: Duration) -> R {
@@ -246,10 +252,18 @@ fn append_sync_async(size: usize, tasks: u64, duration: Duration) -> R {
             handles.push(tokio::spawn(async move {
                 let body = vec![0x5Au8; size];
                 let deadline = Instant::now() + duration;
+                let mut seed = th.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
                 while Instant::now() < deadline {
                     let r = store.append_message(&MessageInput::new("sbench", (th % 8) as u32, &body, b""))?;
                     store.durable(r.end_offset).await?;
                     done.fetch_add(1, Ordering::Relaxed);
+                    if let Some(think) = think_us() {
+                        // xorshift: each producer pauses a different while.
+                        seed ^= seed << 13;
+                        seed ^= seed >> 7;
+                        seed ^= seed << 17;
+                        tokio::time::sleep(Duration::from_micros(seed % think.max(1))).await;
+                    }
                 }
                 Ok::<(), rokka_store::StoreError>(())
             }));
