@@ -191,11 +191,9 @@ pub async fn serve(
         let c = Arc::clone(&console);
         let budget = Arc::clone(&budget);
         tokio::spawn(async move {
+            let deadline = budget.deadline();
             let service = hyper::service::service_fn(move |req| answer(req, Arc::clone(&c), peer.ip()));
-            let http = hyper::server::conn::http1::Builder::new();
-            budget
-                .serve(slot, http.serve_connection(TokioIo::new(stream), service))
-                .await;
+            budget.serve_http(slot, deadline, TokioIo::new(stream), service).await;
         });
     }
 }

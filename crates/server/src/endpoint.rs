@@ -19,8 +19,9 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 /// The connection budget of one of rokka's HTTP servers (`server` names it
 /// in the metrics: "metrics", "console"): at most `max` connections served
-/// at once, each for at most `timeout` (its TLS handshake included); beyond
-/// the budget, new connections wait in the listener's accept queue.
+/// at once, each until its deadline (`timeout` after it was accepted, a TLS
+/// handshake included); beyond the budget, new connections wait in the
+/// listener's accept queue.
 pub struct ConnBudget {
     server: &'static str,
     permits: std::sync::Arc<Semaphore>,
@@ -30,6 +31,29 @@ pub struct ConnBudget {
 /// A place in the budget for the next connection accepted.
 pub struct ConnSlot {
     _permit: OwnedSemaphorePermit,
+}
+
+/// At most this long a request still being served at its connection's
+/// deadline may take to finish before the connection is cut (and at most
+/// the connection's timeout itself).
+const GRACE: Duration = Duration::from_secs(10);
+
+/// `rokka_http_connections` of one server, raised while it lives (lowered
+/// however the connection's task ends).
+struct OpenConn(metrics::Gauge);
+
+impl OpenConn {
+    fn new(server: &'static str) -> OpenConn {
+        let g = metrics::gauge!("rokka_http_connections", "server" => server);
+        g.increment(1.0);
+        OpenConn(g)
+    }
+}
+
+impl Drop for OpenConn {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
 }
 
 impl ConnBudget {
@@ -43,7 +67,8 @@ impl ConnBudget {
     }
 
     /// A place for the next connection, waiting while the budget is full
-    /// (each such wait counted in `rokka_http_connection_budget_waits_total`).
+    /// (each time it is found full counted once in
+    /// `rokka_http_connection_budget_waits_total`).
     pub async fn acquire(&self) -> ConnSlot {
         let permit = match std::sync::Arc::clone(&self.permits).try_acquire_owned() {
             Ok(p) => p,
@@ -64,17 +89,45 @@ impl ConnBudget {
         ConnSlot { _permit: permit }
     }
 
-    /// Runs one connection's service within the budget's deadline; one that
-    /// outlives it is dropped (closed) and counted.
-    pub async fn serve<F: std::future::Future>(&self, slot: ConnSlot, conn: F) {
-        let open = metrics::gauge!("rokka_http_connections", "server" => self.server);
-        open.increment(1.0);
-        if tokio::time::timeout(self.timeout, conn).await.is_err() {
-            metrics::counter!("rokka_http_connections_timed_out_total", "server" => self.server).increment(1);
-            tracing::debug!(server = self.server, "HTTP connection closed at its deadline");
+    /// The deadline of a connection accepted now.
+    pub fn deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.timeout
+    }
+
+    /// Serves HTTP/1 on `io` until the client closes or `deadline`. At the
+    /// deadline an idle (keep-alive) connection is closed at once and a
+    /// request being served may finish within [`GRACE`] (or the timeout,
+    /// if shorter); one that does not
+    /// (a client sending its request slowly, or not reading the answer) is
+    /// cut and counted in `rokka_http_connections_timed_out_total`.
+    pub async fn serve_http<I, S>(&self, slot: ConnSlot, deadline: tokio::time::Instant, io: I, service: S)
+    where
+        S: hyper::service::HttpService<Incoming>,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        S::ResBody: 'static,
+        <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+        I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    {
+        let _open = OpenConn::new(self.server);
+        let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+        tokio::pin!(conn);
+        let cut = tokio::select! {
+            _ = conn.as_mut() => false,
+            _ = tokio::time::sleep_until(deadline) => {
+                conn.as_mut().graceful_shutdown();
+                tokio::time::timeout(GRACE.min(self.timeout), conn.as_mut()).await.is_err()
+            }
+        };
+        if cut {
+            self.timed_out();
         }
-        open.decrement(1.0);
         drop(slot);
+    }
+
+    /// Counts a connection cut at its deadline.
+    pub fn timed_out(&self) {
+        metrics::counter!("rokka_http_connections_timed_out_total", "server" => self.server).increment(1);
+        tracing::debug!(server = self.server, "HTTP connection cut at its deadline");
     }
 }
 
@@ -93,11 +146,15 @@ pub async fn serve(
     let mut upkeep = tokio::time::interval(Duration::from_secs(5));
     loop {
         // The recorder's upkeep runs while the budget is full too.
-        let slot = loop {
-            tokio::select! {
-                s = budget.acquire() => break s,
-                _ = upkeep.tick() => handle.run_upkeep(),
-                _ = shutdown.changed() => return,
+        let slot = {
+            let next = budget.acquire();
+            tokio::pin!(next);
+            loop {
+                tokio::select! {
+                    s = &mut next => break s,
+                    _ = upkeep.tick() => handle.run_upkeep(),
+                    _ = shutdown.changed() => return,
+                }
             }
         };
         let (stream, peer) = tokio::select! {
@@ -120,26 +177,26 @@ pub async fn serve(
         let tls = tls.clone();
         let budget = std::sync::Arc::clone(&budget);
         tokio::spawn(async move {
+            let deadline = budget.deadline();
             let service = hyper::service::service_fn(move |req| answer(req, h.clone(), c.clone()));
-            let http = hyper::server::conn::http1::Builder::new();
-            // One deadline for the handshake and the scrape.
-            let conn = async move {
-                match tls {
-                    None => http.serve_connection(TokioIo::new(stream), service).await,
-                    Some(tls) => match tls.accept(stream).await {
-                        Ok(s) => {
-                            metrics::counter!("rokka_metrics_tls_handshakes_total", "result" => "ok").increment(1);
-                            http.serve_connection(TokioIo::new(s), service).await
-                        }
-                        Err(e) => {
-                            metrics::counter!("rokka_metrics_tls_handshakes_total", "result" => "failed").increment(1);
-                            tracing::debug!(%peer, error = %e, "metrics endpoint: TLS handshake failed");
-                            Ok(())
-                        }
-                    },
-                }
-            };
-            budget.serve(slot, conn).await;
+            match tls {
+                None => budget.serve_http(slot, deadline, TokioIo::new(stream), service).await,
+                // One deadline for the handshake and the scrape.
+                Some(tls) => match tokio::time::timeout_at(deadline, tls.accept(stream)).await {
+                    Ok(Ok(s)) => {
+                        metrics::counter!("rokka_metrics_tls_handshakes_total", "result" => "ok").increment(1);
+                        budget.serve_http(slot, deadline, TokioIo::new(s), service).await
+                    }
+                    Ok(Err(e)) => {
+                        metrics::counter!("rokka_metrics_tls_handshakes_total", "result" => "failed").increment(1);
+                        tracing::debug!(%peer, error = %e, "metrics endpoint: TLS handshake failed");
+                    }
+                    Err(_) => {
+                        metrics::counter!("rokka_metrics_tls_handshakes_total", "result" => "failed").increment(1);
+                        budget.timed_out();
+                    }
+                },
+            }
         });
     }
 }
@@ -224,6 +281,33 @@ mod tests {
         drop(idle);
         let text = answer_of(scrape).await?;
         assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_kept_alive_connection_is_closed_at_its_deadline_and_a_slow_request_cut_after_its_grace(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        let (addr, _stop) = endpoint(2, Duration::from_millis(300)).await?;
+        // Served, then kept alive and idle: closed at the deadline.
+        let mut kept = TcpStream::connect(addr).await?;
+        kept.write_all(b"GET /metrics HTTP/1.1\r\nHost: rokka\r\n\r\n").await?;
+        let mut head = [0u8; 12];
+        tokio::time::timeout(Duration::from_secs(10), kept.read_exact(&mut head)).await??;
+        assert_eq!(&head, b"HTTP/1.1 200");
+        // A request whose headers never end: cut after the deadline and
+        // its grace (here the 300 ms timeout again).
+        let mut slow = TcpStream::connect(addr).await?;
+        slow.write_all(b"GET /metrics HTTP/1.1\r\nHost: ro").await?;
+        let t = std::time::Instant::now();
+        answer_of(kept).await?;
+        answer_of(slow).await?;
+        assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+        // Both places are free again.
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(addr).await?;
+            s.write_all(GET).await?;
+            assert!(answer_of(s).await?.starts_with("HTTP/1.1 200"));
+        }
         Ok(())
     }
 

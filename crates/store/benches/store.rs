@@ -249,6 +249,7 @@ fn append_sync_async(size: usize, tasks: u64, duration: Duration) -> R {
         for th in 0..tasks {
             let store = Arc::clone(&store);
             let done = Arc::clone(&done);
+            let think = think_us();
             handles.push(tokio::spawn(async move {
                 let body = vec![0x5Au8; size];
                 let deadline = Instant::now() + duration;
@@ -257,7 +258,7 @@ fn append_sync_async(size: usize, tasks: u64, duration: Duration) -> R {
                     let r = store.append_message(&MessageInput::new("sbench", (th % 8) as u32, &body, b""))?;
                     store.durable(r.end_offset).await?;
                     done.fetch_add(1, Ordering::Relaxed);
-                    if let Some(think) = think_us() {
+                    if let Some(think) = think {
                         // xorshift: each producer pauses a different while.
                         seed ^= seed << 13;
                         seed ^= seed >> 7;

@@ -85,6 +85,10 @@ fn sync_flusher(inner: &Inner) {
     let flush = &inner.flush;
     let lock = || flush.requested.lock().unwrap_or_else(|p| p.into_inner());
     let mut req = lock();
+    inner
+        .metrics
+        .sync_gather_window
+        .set(gather_window(req.sync_micros, inner.config.sync_gather_max_us).as_secs_f64());
     while !inner.stop.load(Ordering::Acquire) {
         if inner.log.failure().is_some() {
             // Final: tell waiters (they fail at once) and idle.
