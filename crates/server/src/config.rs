@@ -423,16 +423,14 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default()
             .contains("commitlog_segment_bytes"));
-        for text in [
-            "[metrics]\nmax_connections = 0\n",
-            "[console]\nconnection_timeout_ms = 0\n",
+        for (text, key) in [
+            ("[metrics]\nmax_connections = 0\n", "metrics.max_connections"),
+            (
+                "[console]\nconnection_timeout_ms = 0\n",
+                "console.connection_timeout_ms",
+            ),
         ] {
             let err = Config::parse(text, "t.toml").map(|_| ()).err();
-            let key = if text.contains("max_connections") {
-                "metrics.max_connections"
-            } else {
-                "console.connection_timeout_ms"
-            };
             assert!(err.map(|e| e.to_string()).unwrap_or_default().contains(key), "{text}");
         }
     }

@@ -191,9 +191,9 @@ pub async fn serve(
         let c = Arc::clone(&console);
         let budget = Arc::clone(&budget);
         tokio::spawn(async move {
-            let deadline = budget.deadline();
+            let (conn, deadline) = budget.accepted(slot);
             let service = hyper::service::service_fn(move |req| answer(req, Arc::clone(&c), peer.ip()));
-            budget.serve_http(slot, deadline, TokioIo::new(stream), service).await;
+            budget.serve_http(conn, deadline, TokioIo::new(stream), service).await;
         });
     }
 }

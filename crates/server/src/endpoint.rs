@@ -33,6 +33,14 @@ pub struct ConnSlot {
     _permit: OwnedSemaphorePermit,
 }
 
+/// An accepted connection holding its place in the budget, counted in
+/// `rokka_http_connections` from its accept (a TLS handshake included)
+/// until it is dropped, however its task ends.
+pub struct Accepted {
+    _slot: ConnSlot,
+    _open: OpenConn,
+}
+
 /// At most this long a request still being served at its connection's
 /// deadline may take to finish before the connection is cut (and at most
 /// the connection's timeout itself).
@@ -89,9 +97,13 @@ impl ConnBudget {
         ConnSlot { _permit: permit }
     }
 
-    /// The deadline of a connection accepted now.
-    pub fn deadline(&self) -> tokio::time::Instant {
-        tokio::time::Instant::now() + self.timeout
+    /// A connection accepted now in `slot`, and its deadline.
+    pub fn accepted(&self, slot: ConnSlot) -> (Accepted, tokio::time::Instant) {
+        let conn = Accepted {
+            _slot: slot,
+            _open: OpenConn::new(self.server),
+        };
+        (conn, tokio::time::Instant::now() + self.timeout)
     }
 
     /// Serves HTTP/1 on `io` until the client closes or `deadline`. At the
@@ -100,7 +112,7 @@ impl ConnBudget {
     /// if shorter); one that does not
     /// (a client sending its request slowly, or not reading the answer) is
     /// cut and counted in `rokka_http_connections_timed_out_total`.
-    pub async fn serve_http<I, S>(&self, slot: ConnSlot, deadline: tokio::time::Instant, io: I, service: S)
+    pub async fn serve_http<I, S>(&self, conn: Accepted, deadline: tokio::time::Instant, io: I, service: S)
     where
         S: hyper::service::HttpService<Incoming>,
         S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -108,20 +120,19 @@ impl ConnBudget {
         <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
         I: hyper::rt::Read + hyper::rt::Write + Unpin,
     {
-        let _open = OpenConn::new(self.server);
-        let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
-        tokio::pin!(conn);
+        let http = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
+        tokio::pin!(http);
         let cut = tokio::select! {
-            _ = conn.as_mut() => false,
+            _ = http.as_mut() => false,
             _ = tokio::time::sleep_until(deadline) => {
-                conn.as_mut().graceful_shutdown();
-                tokio::time::timeout(GRACE.min(self.timeout), conn.as_mut()).await.is_err()
+                http.as_mut().graceful_shutdown();
+                tokio::time::timeout(GRACE.min(self.timeout), http.as_mut()).await.is_err()
             }
         };
         if cut {
             self.timed_out();
         }
-        drop(slot);
+        drop(conn);
     }
 
     /// Counts a connection cut at its deadline.
@@ -177,15 +188,15 @@ pub async fn serve(
         let tls = tls.clone();
         let budget = std::sync::Arc::clone(&budget);
         tokio::spawn(async move {
-            let deadline = budget.deadline();
+            let (conn, deadline) = budget.accepted(slot);
             let service = hyper::service::service_fn(move |req| answer(req, h.clone(), c.clone()));
             match tls {
-                None => budget.serve_http(slot, deadline, TokioIo::new(stream), service).await,
+                None => budget.serve_http(conn, deadline, TokioIo::new(stream), service).await,
                 // One deadline for the handshake and the scrape.
                 Some(tls) => match tokio::time::timeout_at(deadline, tls.accept(stream)).await {
                     Ok(Ok(s)) => {
                         metrics::counter!("rokka_metrics_tls_handshakes_total", "result" => "ok").increment(1);
-                        budget.serve_http(slot, deadline, TokioIo::new(s), service).await
+                        budget.serve_http(conn, deadline, TokioIo::new(s), service).await
                     }
                     Ok(Err(e)) => {
                         metrics::counter!("rokka_metrics_tls_handshakes_total", "result" => "failed").increment(1);
@@ -267,6 +278,13 @@ mod tests {
         Ok(String::from_utf8_lossy(&out).into_owned())
     }
 
+    /// A whole scrape on a new connection: the answer's text.
+    async fn scrape(addr: SocketAddr) -> Result<String, Box<dyn std::error::Error>> {
+        let mut s = TcpStream::connect(addr).await?;
+        s.write_all(GET).await?;
+        answer_of(s).await
+    }
+
     #[tokio::test]
     async fn a_scrape_waits_while_the_budget_is_held_and_is_served_after() -> Result<(), Box<dyn std::error::Error>> {
         let (addr, _stop) = endpoint(1, Duration::from_secs(60)).await?;
@@ -303,11 +321,8 @@ mod tests {
         answer_of(slow).await?;
         assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
         // Both places are free again.
-        for _ in 0..2 {
-            let mut s = TcpStream::connect(addr).await?;
-            s.write_all(GET).await?;
-            assert!(answer_of(s).await?.starts_with("HTTP/1.1 200"));
-        }
+        let (a, b) = tokio::join!(scrape(addr), scrape(addr));
+        assert!(a?.starts_with("HTTP/1.1 200") && b?.starts_with("HTTP/1.1 200"));
         Ok(())
     }
 
