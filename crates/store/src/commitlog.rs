@@ -514,7 +514,10 @@ fn prepare_range(f: &MappedFile, from: usize, to: usize, write_back: bool) -> st
     }
     f.prefault_range(from, to - from, write_back)?;
     if write_back {
-        f.flush_range(from, to - from)?;
+        crate::fault::check("prepare-msync")?;
+        // Through a descriptor of its own: an error here must also reach
+        // the flusher's msync of this file (see `flush_range_apart`).
+        f.flush_range_apart(from, to - from)?;
     }
     metrics::counter!("rokka_store_prepared_bytes_total").increment((to - from) as u64);
     Ok(())

@@ -191,6 +191,31 @@ impl MappedFile {
         self.map.flush_range(pos, len)
     }
 
+    /// Writes `[pos, pos + len)` back like [`MappedFile::flush_range`] but
+    /// through a mapping of its own over a new descriptor of the file. Linux
+    /// reports a write-back error once per open file (the first fsync or
+    /// msync after it takes it), whatever range failed: a write-back that is
+    /// not the store's acknowledgement (the allocator writing back the window
+    /// ahead of the writer) must not take an error from the file's main
+    /// mapping, whose next msync is what tells producers their data is on
+    /// disk. A descriptor opened now reports only errors from now on, to this
+    /// call.
+    pub fn flush_range_apart(&self, pos: usize, len: usize) -> io::Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        if pos.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("flush {pos}+{len} past the end of {}", self.path.display()),
+            ));
+        }
+        let file = OpenOptions::new().read(true).write(true).open(&self.path)?;
+        // (memmap2 maps from the page holding `pos` and syncs from there.)
+        let map = MmapOptions::new().offset(pos as u64).len(len).map_raw(&file)?;
+        map.flush()
+    }
+
     /// Populates the page tables of `[pos, pos + len)` without changing its
     /// bytes — for writing (MADV_POPULATE_WRITE, which dirties the pages) or
     /// for reading (MADV_POPULATE_READ, pages stay clean) — so the writer
@@ -271,6 +296,34 @@ mod tests {
         g.read_into(100, &mut out);
         assert_eq!(&out, b"hello");
         assert_eq!(g.len(), 8192);
+        Ok(())
+    }
+
+    #[test]
+    fn a_range_is_written_back_through_a_mapping_of_its_own() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("f");
+        let f = MappedFile::create(&path, 3 * 4096)?;
+        f.write_at(5000, b"apart");
+        // An unaligned start is widened to its page.
+        f.flush_range_apart(5000, 5)?;
+        f.flush_range_apart(0, 3 * 4096)?;
+        f.flush_range_apart(100, 0)?;
+        assert!(f.flush_range_apart(3 * 4096 - 1, 2).is_err());
+        assert!(f.flush_range_apart(usize::MAX, 2).is_err());
+        let mut out = [0u8; 5];
+        std::fs::File::open(&path).and_then(|mut r| {
+            use std::io::{Read, Seek};
+            r.seek(io::SeekFrom::Start(5000))?;
+            r.read_exact(&mut out)
+        })?;
+        assert_eq!(&out, b"apart");
+        std::fs::remove_file(&path)?;
+        // Reopening a removed file fails: reported, never a panic.
+        assert_eq!(
+            f.flush_range_apart(0, 4096).err().map(|e| e.kind()),
+            Some(io::ErrorKind::NotFound)
+        );
         Ok(())
     }
 }

@@ -434,3 +434,31 @@ fn an_append_that_reaches_the_writer_after_close_is_refused_not_lost() -> TestRe
     assert_eq!(read_all(&store, "Before", 0).len(), 1);
     Ok(())
 }
+
+#[test]
+fn a_failed_write_back_ahead_of_the_writer_loses_no_acknowledgement() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = sync_config(dir.path());
+    cfg.preallocate = true;
+    cfg.prefault_window_bytes = 8192;
+    // Every write-back of the window ahead fails (it is done through a
+    // descriptor of its own, so it cannot take an error the flusher's msync
+    // must see): a missed preparation, counted, never a failure of the
+    // messages the flusher acknowledges.
+    fault::inject("prepare-msync", libc::EIO, None);
+    let store = MessageStore::open(cfg.clone())?;
+    let mut last = 0;
+    for i in 0..400u64 {
+        let r = append(&store, "W", 0, 1, i)?;
+        store.wait_durable(r.end_offset)?;
+        last = r.end_offset;
+    }
+    let (_, _, flushed) = store.commitlog_offsets();
+    assert!(flushed >= last, "flushed {flushed} < acknowledged {last}");
+    drop(store);
+    fault::clear();
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(read_all(&store, "W", 0).len(), 400);
+    Ok(())
+}
