@@ -10,10 +10,18 @@ use tokio::sync::Notify;
 
 type Waiters = Vec<Weak<Notify>>;
 
+/// The waiters per (topic, queue), and the size at which the next sweep of
+/// keys whose waiters have all gone runs.
+#[derive(Debug, Default)]
+struct Table {
+    map: HashMap<(String, u32), Waiters>,
+    sweep_at: usize,
+}
+
 /// Registry of waiters per (topic, queue).
 #[derive(Debug, Default)]
 pub struct Arrivals {
-    waiters: Mutex<HashMap<(String, u32), Waiters>>,
+    waiters: Mutex<Table>,
     /// Sync flush: queues appended to since the last flush (at most one
     /// entry per queue; drained by every flush).
     pending: Option<Mutex<HashMap<String, HashSet<u32>>>>,
@@ -44,18 +52,28 @@ impl Arrivals {
     /// Registers `waiter` to be notified on the next append to (topic, queue).
     /// Registration is one-shot: re-register after each wake-up.
     pub fn register(&self, topic: &str, queue: u32, waiter: &Arc<Notify>) {
-        let mut m = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-        // Keys come from clients (any topic name a fetch lists): a key whose
-        // waiters have all gone is dropped once the map has doubled, so it
-        // holds about twice the queues someone is waiting on, not every
-        // name ever asked for.
-        if m.len() >= 1024 && m.len().is_power_of_two() {
-            m.retain(|_, l| {
+        let mut t = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        // Keys come from clients (any topic name a fetch lists): keys whose
+        // waiters have all gone are dropped once the map has doubled since
+        // the last sweep, so it holds about twice the queues someone is
+        // waiting on, not every name ever asked for — and a map that stays
+        // at one size is not swept on every registration.
+        if t.map.len() >= t.sweep_at.max(1024) {
+            t.map.retain(|_, l| {
                 l.retain(|w| w.strong_count() > 0);
                 !l.is_empty()
             });
+            t.sweep_at = t.map.len() * 2;
         }
-        let list = m.entry((topic.to_string(), queue)).or_default();
+        let list = t.map.entry((topic.to_string(), queue)).or_default();
+        // The same waiter again (a request naming a queue twice): nothing
+        // to add, and no rescan of the list.
+        if list
+            .last()
+            .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(waiter)))
+        {
+            return;
+        }
         list.retain(|w| w.strong_count() > 0);
         list.push(Arc::downgrade(waiter));
     }
@@ -83,11 +101,11 @@ impl Arrivals {
 
     fn wake(&self, topic: &str, queue: u32) {
         let list = {
-            let mut m = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
-            if m.is_empty() {
+            let mut t = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
+            if t.map.is_empty() {
                 return;
             }
-            m.remove(&(topic.to_string(), queue))
+            t.map.remove(&(topic.to_string(), queue))
         };
         for w in list.into_iter().flatten() {
             if let Some(n) = w.upgrade() {
@@ -98,7 +116,7 @@ impl Arrivals {
 
     /// Number of (topic, queue) keys with registered waiters.
     pub fn waiting_queues(&self) -> usize {
-        self.waiters.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner()).map.len()
     }
 }
 
@@ -129,6 +147,31 @@ mod tests {
             a.register(&format!("no-such-topic-{i}"), 0, &n);
         }
         assert!(a.waiting_queues() <= 2048, "{} keys kept", a.waiting_queues());
+    }
+
+    #[test]
+    fn a_queue_named_again_by_one_waiter_is_registered_once() {
+        let a = Arrivals::default();
+        let n = Arc::new(Notify::new());
+        for _ in 0..100_000 {
+            a.register("t", 0, &n);
+        }
+        let t = a.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        assert_eq!(t.map.get(&("t".to_string(), 0)).map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn a_map_of_live_waiters_is_swept_once_per_doubling() {
+        let a = Arrivals::default();
+        let live: Vec<_> = (0..1024u32).map(|_| Arc::new(Notify::new())).collect();
+        for (i, n) in live.iter().enumerate() {
+            a.register("t", i as u32, n);
+        }
+        // 1024 live keys: the sweep keeps them all and moves its mark to
+        // twice that, so registering more on the same keys sweeps no more.
+        a.register("t", 0, &live[1]);
+        assert_eq!(a.waiters.lock().map(|t| t.sweep_at).unwrap_or(0), 2048);
+        assert_eq!(a.waiting_queues(), 1024);
     }
 
     #[tokio::test]

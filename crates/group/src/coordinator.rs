@@ -32,6 +32,10 @@ pub struct GroupConfig {
     /// group (Kafka group.max.size; 0 = no limit); a new member beyond it
     /// gets GROUP_MAX_SIZE_REACHED.
     pub max_group_size: u32,
+    /// Most protocols (assignors) one JoinGroup may list (0 = no limit);
+    /// more is INCONSISTENT_GROUP_PROTOCOL. Real clients list one to three;
+    /// choosing the group's protocol compares every member's lists.
+    pub max_member_protocols: u32,
     /// A KIP-848 consumer-group member that sends no heartbeat for this
     /// long is fenced (Kafka group.consumer.session.timeout.ms).
     pub consumer_session_timeout_ms: u64,
@@ -58,6 +62,7 @@ impl Default for GroupConfig {
             offsets_retention_ms: 7 * 24 * 3600 * 1000,
             max_groups: 100_000,
             max_group_size: 10_000,
+            max_member_protocols: 64,
             consumer_session_timeout_ms: 45_000,
             consumer_heartbeat_interval_ms: 5_000,
             consumer_max_subscribed_topics: 10_000,
@@ -419,6 +424,7 @@ pub struct GroupCoordinator {
     /// JoinGroups refused by `max_groups` / `max_group_size`.
     refused_groups: u64,
     refused_members: u64,
+    refused_protocols: u64,
     /// Classic members dropped at a tick: session ran out / no SyncGroup
     /// within the rebalance timeout.
     expired_sessions: u64,
@@ -438,6 +444,7 @@ impl GroupCoordinator {
             superseded_syncs: 0,
             refused_groups: 0,
             refused_members: 0,
+            refused_protocols: 0,
             expired_sessions: 0,
             expired_syncs: 0,
             consumer: crate::consumer::ConsumerGroups::default(),
@@ -497,9 +504,10 @@ impl GroupCoordinator {
         r
     }
 
-    /// JoinGroups refused so far by (`max_groups`, `max_group_size`).
-    pub fn refused(&self) -> (u64, u64) {
-        (self.refused_groups, self.refused_members)
+    /// JoinGroups refused so far by (`max_groups`, `max_group_size`,
+    /// `max_member_protocols`).
+    pub fn refused(&self) -> (u64, u64, u64) {
+        (self.refused_groups, self.refused_members, self.refused_protocols)
     }
 
     /// Groups held now (classic and consumer).
@@ -531,7 +539,7 @@ impl GroupCoordinator {
 
     /// JoinGroup. Accepted in every state but Dead; parks the request (its
     /// reply comes from this or a later event) unless answered at once.
-    pub fn join(&mut self, req: JoinRequest, token: Token, now: u64) -> Vec<Reply> {
+    pub fn join(&mut self, mut req: JoinRequest, token: Token, now: u64) -> Vec<Reply> {
         let error = |e: i16, member_id: &str| {
             vec![Reply::Join(
                 token,
@@ -546,6 +554,14 @@ impl GroupCoordinator {
         if req.group.is_empty() {
             return error(code::INVALID_GROUP_ID, &req.member_id);
         }
+        let max_protocols = self.config.max_member_protocols as usize;
+        if max_protocols > 0 && req.protocols.len() > max_protocols {
+            self.refused_protocols += 1;
+            return error(code::INCONSISTENT_GROUP_PROTOCOL, &req.member_id);
+        }
+        // A protocol listed twice counts once (its first metadata).
+        let mut seen = std::collections::HashSet::with_capacity(req.protocols.len());
+        req.protocols.retain(|(name, _)| seen.insert(name.clone()));
         if req.session_timeout_ms < self.config.min_session_timeout_ms
             || req.session_timeout_ms > self.config.max_session_timeout_ms
         {

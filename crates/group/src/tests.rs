@@ -465,7 +465,7 @@ fn a_group_beyond_max_group_size_refuses_new_members_only() {
         .collect();
     assert!(!errors.contains(&GROUP_MAX_SIZE_REACHED), "{errors:?}");
     assert_eq!(h.c.member_count("g"), 2, "{b} and {a} stay");
-    assert_eq!(h.c.refused(), (0, 1));
+    assert_eq!(h.c.refused(), (0, 1, 0));
 }
 
 #[test]
@@ -490,7 +490,7 @@ fn max_groups_refuses_a_new_group_until_unused_ones_are_forgotten() {
             "{g}"
         );
     }
-    assert_eq!(c.refused(), (1, 0));
+    assert_eq!(c.refused(), (1, 0, 0));
     // Pending ids keep their groups until they lapse; then a group without
     // offsets is forgotten and one with offsets kept.
     assert_eq!(c.forget_unused_groups(|_| false), 0);
@@ -690,4 +690,31 @@ fn consumer_groups_go_to_a_coordinator_taking_over_with_the_classic_ones() -> Re
         (1, 1, 4)
     );
     Ok(())
+}
+
+#[test]
+fn a_join_listing_too_many_protocols_is_refused_and_a_repeated_one_counts_once() {
+    let mut c = GroupCoordinator::new(GroupConfig {
+        max_member_protocols: 3,
+        initial_rebalance_delay_ms: 0,
+        ..GroupConfig::default()
+    });
+    let many: Vec<(String, String)> = (0..4).map(|i| (format!("p{i}"), "m".to_string())).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let mut req = H::join_req("", &many, None);
+    req.require_known_member_id = false;
+    let r = c.join(req, 1, 1_000);
+    assert_eq!(join_reply(&r, 1).error, INCONSISTENT_GROUP_PROTOCOL);
+    assert_eq!(c.refused(), (0, 0, 1));
+    assert_eq!(c.member_count("g"), 0);
+    // Three listed, one of them twice: within the limit, the group forms
+    // on the first listed and the member's list holds each name once.
+    let mut req = H::join_req("", &[("range", "first"), ("range", "again"), ("roundrobin", "m")], None);
+    req.require_known_member_id = false;
+    let r = c.join(req, 2, 1_000);
+    let j = join_reply(&r, 2);
+    assert_eq!(j.error, NONE);
+    assert_eq!(j.protocol_name.as_deref(), Some("range"));
+    assert_eq!(j.members.len(), 1);
+    assert_eq!(&j.members[0].2[..], b"first");
 }

@@ -253,9 +253,10 @@ impl ConsumerOffsets {
 
     /// Every (topic, queue) → offset of `group`.
     pub fn group_offsets(&self, group: &str) -> Vec<(String, u32, CommittedOffset)> {
+        // Keys sort by group first: the group's rows only, not the table.
         self.lock()
-            .iter()
-            .filter(|(k, _)| k.group == group)
+            .range(Self::key(group, "", 0)..)
+            .take_while(|(k, _)| k.group == group)
             .map(|(k, v)| (k.topic.clone(), k.queue, v.clone()))
             .collect()
     }
@@ -334,6 +335,21 @@ mod tests {
             Some((10, "m".into()))
         );
         assert_eq!(t2.group_offsets("g1").len(), 2);
+        // A group whose name another's starts with, and one sorting around it.
+        t2.commit("g", "t", 3, 1, "");
+        t2.commit("g10", "a", 0, 2, "");
+        t2.commit("f", "z", 0, 3, "");
+        let rows = |g: &str| {
+            t2.group_offsets(g)
+                .into_iter()
+                .map(|(t, q, o)| (t, q, o.offset))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(rows("g"), vec![("t".to_string(), 3, 1)]);
+        assert_eq!(rows("g1"), vec![("t".to_string(), 0, 10), ("t".to_string(), 1, 20)]);
+        assert_eq!(rows("g10"), vec![("a".to_string(), 0, 2)]);
+        assert!(rows("h").is_empty() && rows("").is_empty());
+        assert_eq!(t2.delete_group("g") + t2.delete_group("g10") + t2.delete_group("f"), 3);
         assert_eq!(t2.groups(), vec!["g1".to_string(), "g2".to_string()]);
         assert_eq!(t2.delete_group("g1"), 2);
         assert!(t2.get("g1", "t", 1).is_none());

@@ -238,12 +238,10 @@ impl Groups {
         let (sessions, unsynced) = self.with(|c| c.expired());
         metrics::counter!("rokka_group_members_expired_total", "reason" => "session").absolute(sessions);
         metrics::counter!("rokka_group_members_expired_total", "reason" => "no_sync").absolute(unsynced);
-        let (groups, members, count) = self.with(|c| {
-            let (g, m) = c.refused();
-            (g, m, c.group_count())
-        });
+        let ((groups, members, protocols), count) = self.with(|c| (c.refused(), c.group_count()));
         metrics::counter!("rokka_group_joins_refused_total", "reason" => "max_groups").absolute(groups);
         metrics::counter!("rokka_group_joins_refused_total", "reason" => "max_group_size").absolute(members);
+        metrics::counter!("rokka_group_joins_refused_total", "reason" => "max_member_protocols").absolute(protocols);
         metrics::gauge!("rokka_groups").set(count as f64);
         let parked = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).len();
         metrics::gauge!("rokka_group_parked_requests").set(parked as f64);

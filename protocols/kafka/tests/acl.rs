@@ -139,6 +139,27 @@ async fn refused_parts_get_their_error_and_the_rest_is_served() -> TestResult {
         "{codes:?}"
     );
 
+    // A transactional batch without a transactional id, to a topic the
+    // caller may write: refused as Kafka refuses it (its records would join
+    // whichever producer's transaction its producer id names).
+    let mut txn_batch = rokka_store::record::kafka::build_test_batch(&[b"v"], 1_000);
+    txn_batch[22] |= 0x10;
+    let p: ProduceResponse = call(
+        &mut c,
+        ApiKey::Produce,
+        9,
+        &ProduceRequest::default()
+            .with_acks(-1)
+            .with_timeout_ms(5000)
+            .with_topic_data(vec![TopicProduceData::default()
+                .with_name(TopicName(s("ok-1")))
+                .with_partition_data(vec![PartitionProduceData::default()
+                    .with_index(0)
+                    .with_records(Some(bytes::Bytes::from(txn_batch)))])]),
+    )
+    .await?;
+    assert_eq!(p.responses[0].partition_responses[0].error_code, TXN_DENIED);
+
     // DeleteTopics and DescribeConfigs (a topic, and the broker: cluster).
     let d: DeleteTopicsResponse = call(
         &mut c,

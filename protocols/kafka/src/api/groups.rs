@@ -201,12 +201,13 @@ fn all_groups(k: &Kafka) -> Vec<(String, String, String, &'static str)> {
         }));
         v
     });
+    let live: std::collections::HashSet<String> = out.iter().map(|(n, _, _, _)| n.clone()).collect();
     for g in k.broker.store().offsets().groups() {
         // The delay levels' delivery progress is the broker's, not a group.
         if g == rokka_broker::schedule::PROGRESS_GROUP {
             continue;
         }
-        if !out.iter().any(|(n, _, _, _)| *n == g) {
+        if !live.contains(&g) {
             out.push((g, "Empty".into(), "consumer".into(), "classic"));
         }
     }
@@ -240,9 +241,13 @@ pub fn list(k: &Kafka, r: ListGroupsRequest, version: i16) -> ListGroupsResponse
 }
 
 pub fn describe(k: &Kafka, r: DescribeGroupsRequest, version: i16) -> DescribeGroupsResponse {
+    // A group named twice is described once: a small request must not make
+    // a response of every member's metadata once per repeat.
+    let mut seen = std::collections::HashSet::with_capacity(r.groups.len().min(1024));
     let groups = r
         .groups
         .into_iter()
+        .filter(|gid| seen.insert(gid.clone()))
         .map(|gid| {
             let name = gid.0.to_string();
             let (view, consumer) = k

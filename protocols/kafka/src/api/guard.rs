@@ -14,11 +14,13 @@ use crate::Kafka;
 
 /// Produce: WRITE on the transactional id (if any; refused, every
 /// partition is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED) and on each
-/// topic.
+/// topic. A request carrying transactional batches needs a transactional
+/// id it may write, as Kafka's: else anyone allowed to write a topic could
+/// put records into another producer's transaction by its producer id.
 pub fn produce(k: &Kafka, who: &Caller, r: &mut ProduceRequest) -> (Parts, i16) {
     let txn_ok = match &r.transactional_id {
         Some(t) => who.may(k, Rt::TransactionalId, t.0.as_str(), Op::Write),
-        None => true,
+        None => !has_transactional_batches(r),
     };
     let denied = split_off(&mut r.topic_data, |t| {
         txn_ok && who.may(k, Rt::Topic, t.name.0.as_str(), Op::Write)
@@ -27,6 +29,33 @@ pub fn produce(k: &Kafka, who: &Caller, r: &mut ProduceRequest) -> (Parts, i16) 
     .map(|t| (t.name, t.partition_data.iter().map(|p| p.index).collect()))
     .collect();
     (denied, if txn_ok { TOPIC } else { TXN })
+}
+
+/// Whether any record batch of the request is transactional (magic 2,
+/// attributes bit 4). Batches are read by their length fields only; a
+/// malformed one ends the walk (the handler refuses it).
+fn has_transactional_batches(r: &ProduceRequest) -> bool {
+    const LENGTH: usize = 8;
+    const MAGIC: usize = 16;
+    const ATTRIBUTES: usize = 21;
+    r.topic_data
+        .iter()
+        .flat_map(|t| t.partition_data.iter())
+        .filter_map(|p| p.records.as_ref())
+        .any(|records| {
+            let mut b: &[u8] = records;
+            while b.len() > ATTRIBUTES + 1 {
+                let len = i32::from_be_bytes([b[LENGTH], b[LENGTH + 1], b[LENGTH + 2], b[LENGTH + 3]]);
+                if b[MAGIC] >= 2 && b[ATTRIBUTES + 1] & 0x10 != 0 {
+                    return true;
+                }
+                let Some(next) = usize::try_from(len).ok().and_then(|l| l.checked_add(12)) else {
+                    return false;
+                };
+                b = b.get(next..).unwrap_or_default();
+            }
+            false
+        })
 }
 
 pub fn produce_denied(resp: &mut ProduceResponse, (denied, code): (Parts, i16)) {

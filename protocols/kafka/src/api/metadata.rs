@@ -137,46 +137,52 @@ pub fn handle(
     let allow_create = version < 4 || r.allow_auto_topic_creation;
     let topics = match r.topics {
         // v0: an empty list means all topics; v1+: null means all.
-        Some(list) if !(version == 0 && list.is_empty()) => list
-            .into_iter()
-            .map(|t| {
-                // v10+: a topic may be asked for by id alone (KIP-848
-                // consumers resolve their assignment's topic ids so).
-                if t.name.is_none() && !t.topic_id.is_nil() {
-                    let found = broker
-                        .topics()
-                        .name_of_id(t.topic_id.as_bytes())
-                        .and_then(|name| broker.topics().get(&name).map(|info| (name, info)));
-                    return match found {
-                        Some((name, info)) => topic_entry(k, &name, &info, version),
-                        None => MetadataResponseTopic::default()
-                            .with_error_code(errors::UNKNOWN_TOPIC_ID)
-                            .with_topic_id(t.topic_id),
-                    };
-                }
-                let name = t.name.map(|n| n.0.to_string()).unwrap_or_default();
-                // Read from the cluster's table for this request (this
-                // node's table had no such topic): answered as it is there,
-                // never created again here.
-                if let Some(info) = learned.get(&name) {
-                    return topic_entry(k, &name, info, version);
-                }
-                match rokka_broker::offload(|| broker.topic_or_create(&name, allow_create, None)) {
-                    Ok(Some(info)) => topic_entry(k, &name, &info, version),
-                    Ok(None) => MetadataResponseTopic::default()
-                        .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)
-                        .with_name(Some(TopicName(str_bytes(&name)))),
-                    Err(e) => MetadataResponseTopic::default()
-                        .with_error_code(match e {
-                            rokka_broker::BrokerError::Store(rokka_store::StoreError::InvalidTopic(_)) => {
-                                errors::INVALID_TOPIC_EXCEPTION
-                            }
-                            other => errors::code(&other),
-                        })
-                        .with_name(Some(TopicName(str_bytes(&name)))),
-                }
-            })
-            .collect(),
+        Some(list) if !(version == 0 && list.is_empty()) => {
+            // A topic asked for twice is answered once (Kafka reads the
+            // list as a set): one small request must not make a response
+            // of every partition once per repeat.
+            let mut seen = std::collections::HashSet::with_capacity(list.len().min(1024));
+            list.into_iter()
+                .filter(|t| seen.insert((t.name.clone(), t.topic_id)))
+                .map(|t| {
+                    // v10+: a topic may be asked for by id alone (KIP-848
+                    // consumers resolve their assignment's topic ids so).
+                    if t.name.is_none() && !t.topic_id.is_nil() {
+                        let found = broker
+                            .topics()
+                            .name_of_id(t.topic_id.as_bytes())
+                            .and_then(|name| broker.topics().get(&name).map(|info| (name, info)));
+                        return match found {
+                            Some((name, info)) => topic_entry(k, &name, &info, version),
+                            None => MetadataResponseTopic::default()
+                                .with_error_code(errors::UNKNOWN_TOPIC_ID)
+                                .with_topic_id(t.topic_id),
+                        };
+                    }
+                    let name = t.name.map(|n| n.0.to_string()).unwrap_or_default();
+                    // Read from the cluster's table for this request (this
+                    // node's table had no such topic): answered as it is there,
+                    // never created again here.
+                    if let Some(info) = learned.get(&name) {
+                        return topic_entry(k, &name, info, version);
+                    }
+                    match rokka_broker::offload(|| broker.topic_or_create(&name, allow_create, None)) {
+                        Ok(Some(info)) => topic_entry(k, &name, &info, version),
+                        Ok(None) => MetadataResponseTopic::default()
+                            .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)
+                            .with_name(Some(TopicName(str_bytes(&name)))),
+                        Err(e) => MetadataResponseTopic::default()
+                            .with_error_code(match e {
+                                rokka_broker::BrokerError::Store(rokka_store::StoreError::InvalidTopic(_)) => {
+                                    errors::INVALID_TOPIC_EXCEPTION
+                                }
+                                other => errors::code(&other),
+                            })
+                            .with_name(Some(TopicName(str_bytes(&name)))),
+                    }
+                })
+                .collect()
+        }
         _ => broker
             .topics()
             .all()

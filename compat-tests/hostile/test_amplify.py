@@ -1,0 +1,152 @@
+"""Small requests that ask for a lot: a Metadata request naming one topic
+tens of thousands of times, a Fetch naming one partition as often, a
+JoinGroup listing a hundred thousand assignors. Each is answered at the cost
+of what it names once (or refused), and a real librdkafka producer and
+consumer keep working beside them."""
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
+from rokka_fixture import running  # noqa: E402
+from test_hostile import kafka_frame, recv_exact  # noqa: E402
+
+TOPIC = "amplify"
+PARTITIONS = 8
+REPEATS = 50_000
+
+
+@pytest.fixture(scope="module")
+def rokka():
+    with running("hostile", "amplify", group_extra="max_member_protocols = 16\ninitial_rebalance_delay_ms = 0") as r:
+        yield r
+
+
+def kstr(s):
+    b = s.encode()
+    return struct.pack(">h", len(b)) + b
+
+
+def call(sock, frame):
+    sock.sendall(frame)
+    n = struct.unpack(">i", recv_exact(sock, 4))[0]
+    return recv_exact(sock, n)
+
+
+def produce_some(rokka, n=50):
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "acks": "all", "message.timeout.ms": 20000})
+    for i in range(n):
+        p.produce(TOPIC, value=f"v{i}".encode(), partition=i % PARTITIONS)
+    return p.flush(30)
+
+
+def create_topic(rokka):
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    for f in a.create_topics([NewTopic(TOPIC, num_partitions=PARTITIONS, replication_factor=1)]).values():
+        f.result(30)
+
+
+def test_metadata_naming_a_topic_again_and_again_answers_it_once(rokka):
+    create_topic(rokka)
+    # Metadata v1: topics array of strings.
+    body = struct.pack(">i", REPEATS) + kstr(TOPIC) * REPEATS
+    with socket.create_connection(("127.0.0.1", rokka.kafka_port), timeout=30) as s:
+        resp = call(s, kafka_frame(3, 1, body))
+    # One topic entry of 8 partitions (each repeat would add ~250 bytes: ~12 MB).
+    assert len(resp) < 4096, f"Metadata response of {len(resp)} bytes"
+    assert resp.count(TOPIC.encode()) == 1
+    assert produce_some(rokka) == 0
+
+
+def test_a_fetch_naming_a_partition_again_and_again_stalls_no_producer(rokka):
+    # Fetch v4: replica, max_wait, min_bytes, max_bytes, isolation, then
+    # one topic whose partitions array names partition 0 of an empty topic
+    # REPEATS times at offset 0 (nothing to read: it waits on them).
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    for f in a.create_topics([NewTopic("amplify-wait", num_partitions=1, replication_factor=1)]).values():
+        f.result(30)
+    part = struct.pack(">iqi", 0, 0, 1024)
+    body = struct.pack(">iiiib", -1, 20000, 1, 1 << 20, 0)
+    body += struct.pack(">i", 1) + kstr("amplify-wait") + struct.pack(">i", REPEATS) + part * REPEATS
+    done = {}
+
+    def fetch():
+        t = time.time()
+        with socket.create_connection(("127.0.0.1", rokka.kafka_port), timeout=60) as s:
+            done["resp"] = call(s, kafka_frame(1, 4, body))
+        done["secs"] = time.time() - t
+
+    th = threading.Thread(target=fetch)
+    th.start()
+    time.sleep(1)
+    assert th.is_alive(), "the fetch did not wait"
+    # While it waits registered on that partition, appends to other
+    # partitions go on, and an append to its partition wakes it.
+    t = time.time()
+    assert produce_some(rokka, 200) == 0
+    produced_in = time.time() - t
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "acks": "all"})
+    p.produce("amplify-wait", value=b"wake", partition=0)
+    assert p.flush(30) == 0
+    th.join(60)
+    assert not th.is_alive(), "the fetch was never answered"
+    assert produced_in < 15, f"producing beside the fetch took {produced_in:.1f} s"
+    # Woken by the append, well before its 20 s wait ran out.
+    assert "resp" in done and done["secs"] < 15, done.get("secs")
+    assert b"wake" in done["resp"]
+
+
+def test_a_join_listing_too_many_protocols_is_refused_and_a_group_still_forms(rokka):
+    n = 100_000
+    protocols = b"".join(kstr(f"p{i}") + struct.pack(">i", 0) for i in range(n))
+    body = kstr("amplify-group") + struct.pack(">i", 10000) + kstr("") + kstr("consumer")
+    body += struct.pack(">i", n) + protocols
+    t = time.time()
+    with socket.create_connection(("127.0.0.1", rokka.kafka_port), timeout=30) as s:
+        resp = call(s, kafka_frame(11, 0, body))
+    err = struct.unpack(">h", resp[4:6])[0]
+    assert err == 23, f"JoinGroup with {n} protocols: error {err}"
+    assert time.time() - t < 10
+
+    def refused():
+        return sum(
+            v
+            for k, v in rokka.metric_values().items()
+            if k.startswith("rokka_group_joins_refused_total") and 'reason="max_member_protocols"' in k
+        )
+
+    # (The group counters are brought up to date by the coordinator's tick.)
+    deadline = time.time() + 20
+    while refused() < 1 and time.time() < deadline:
+        time.sleep(0.5)
+    assert refused() == 1, refused()
+    # A real consumer group on the same name forms and reads.
+    assert produce_some(rokka, 8) == 0
+    c = Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": "amplify-group",
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+        }
+    )
+    try:
+        c.subscribe([TOPIC])
+        got = 0
+        deadline = time.time() + 60
+        while got == 0 and time.time() < deadline:
+            m = c.poll(0.5)
+            got += m is not None and m.error() is None
+        assert got, "the consumer group read nothing"
+    finally:
+        c.close()
