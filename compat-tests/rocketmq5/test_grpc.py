@@ -550,3 +550,14 @@ def test_ready_and_invisible_messages_per_group(rokka, clients):
     for m in got:
         c.ack(m)
     assert metric(rokka, "rokka_rocketmq5_messages_invisible", topic=topic, group=group) == 0
+
+
+def test_sends_to_the_brokers_own_topics_are_forbidden(rokka, clients):
+    # The transaction op topic: a record there would be read back as the
+    # broker's own (other producers' half messages marked resolved).
+    topic = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+    p = clients.producer(topic)
+    with pytest.raises(Exception) as e:  # noqa: PT011 - the client's own exception type is checked below
+        p.send(message(topic, b"0,1,2,"))
+    assert type(e.value).__name__ == "ForbiddenException", repr(e.value)
+    assert "is forbidden" in str(e.value), repr(e.value)

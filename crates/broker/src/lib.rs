@@ -58,6 +58,27 @@ pub struct TopicChanges {
 /// off first (`block_in_place`); elsewhere (tests, a current-thread
 /// runtime) it simply runs. Appends need not be wrapped: the store offloads
 /// its own slow steps ([`rokka_store::offload`]).
+/// Topics the broker writes itself and reads back as its own state (delay
+/// levels, the timer wheel, transactions) or that RocketMQ reserves: no
+/// client may send to them, whatever its protocol — RocketMQ's
+/// `TopicValidator.isNotAllowedSendTopic` (answered NO_PERMISSION), as Kafka
+/// refuses appends to its internal topics. A record sent there would be
+/// read back as the broker's own (an op record marking other producers'
+/// half messages resolved, a delay record with any real topic).
+pub fn is_send_forbidden_topic(name: &str) -> bool {
+    [
+        schedule::SCHEDULE_TOPIC,
+        transaction::HALF_TOPIC,
+        transaction::OP_TOPIC,
+        transaction::CHECK_MAX_TOPIC,
+        timer::TIMER_TOPIC,
+        timer::TIMER_OP_TOPIC,
+        "SELF_TEST_TOPIC",
+        "OFFSET_MOVED_EVENT",
+    ]
+    .contains(&name)
+}
+
 pub fn offload<R>(f: impl FnOnce() -> R) -> R {
     rokka_store::offload(f)
 }

@@ -179,7 +179,7 @@ impl Broker {
         if real.is_empty() {
             return Ok(()); // nothing to deliver to: dropped, as RocketMQ does
         }
-        let info = self.topic_or_create(&real, true, Some(qid + 1))?;
+        let info = self.topic_or_create(&real, true, Some(qid.saturating_add(1)))?;
         let partitions = info.map_or(0, |i| i.partitions);
         let props = without(&m.user_properties(), &[REAL_TOPIC, REAL_QID, DELAY]);
         let input = m.as_input(&real, if qid < partitions { qid } else { 0 }, &props);

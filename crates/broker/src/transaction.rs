@@ -215,6 +215,17 @@ impl Broker {
 
     /// END_TRANSACTION: commits or rolls back the half message at
     /// (`half_offset`, `half_phys`) of producer group `group`.
+    /// The topic the half message at CommitLog offset `half_phys` is bound
+    /// for (its REAL_TOPIC), None when no half message is there: what
+    /// ending it writes to, so what an ACL check of the end must name (the
+    /// request's own topic field is the client's to fill).
+    pub fn half_message_topic(&self, half_phys: u64) -> Option<String> {
+        match self.store.read_at(half_phys).map(|b| rokka_store::decode_entry(&b)) {
+            Some(Ok(Entry::Message(m))) if m.topic_str() == HALF_TOPIC => Some(prop_str(&m, REAL_TOPIC)),
+            _ => None,
+        }
+    }
+
     pub fn end_transaction(&self, group: &str, half_offset: u64, half_phys: u64, commit: bool) -> Result<Ended> {
         let mut st = self.tx_state();
         if half_offset < st.floor || st.resolved.contains(&half_offset) {
@@ -237,7 +248,7 @@ impl Broker {
         if commit {
             let real = prop_str(&m, REAL_TOPIC);
             let qid: u32 = prop_str(&m, REAL_QID).parse().unwrap_or(0);
-            let info = self.topic_or_create(&real, true, Some(qid + 1))?;
+            let info = self.topic_or_create(&real, true, Some(qid.saturating_add(1)))?;
             let partitions = info.map_or(1, |i| i.partitions);
             let props = without(&m.user_properties(), &[REAL_TOPIC, REAL_QID, "TRAN_MSG"]);
             let input = MessageInput {

@@ -791,6 +791,12 @@ impl Messaging {
             }
         };
 
+        if rokka_broker::is_send_forbidden_topic(&inc.topic) {
+            return refused(
+                pb::Code::Forbidden,
+                format!("Sending message to topic[{}] is forbidden.", inc.topic),
+            );
+        }
         let info = match self.broker.topic_or_create(&inc.topic, true, None) {
             Ok(Some(t)) => t,
             Ok(None) => return refused(pb::Code::TopicNotFound, format!("topic {} not found", inc.topic)),
@@ -1478,6 +1484,18 @@ impl pb::messaging_service_server::MessagingService for Service {
             }));
         };
         let m = Arc::clone(&self.0);
+        // The id names a half message; the ACL check above was of the
+        // request's topic: they must be one (else WRITE on any topic would
+        // end other topics' transactions).
+        let bound_for = rokka_broker::offload(|| m.broker.half_message_topic(phys));
+        if bound_for.as_deref().is_some_and(|t| t != name(&req.topic)) {
+            return Ok(Response::new(pb::EndTransactionResponse {
+                status: Some(status(
+                    pb::Code::InvalidTransactionId,
+                    "the transaction id is not of a message of this topic",
+                )),
+            }));
+        }
         let res = rokka_broker::offload(|| m.broker.end_transaction("", off, phys, commit));
         let s = match res {
             // The committed message (or the rollback's op record) must be

@@ -289,6 +289,58 @@ pub fn check(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand)
     None
 }
 
+/// A further check once a handler knows what a request touches (the topic
+/// of the record a CommitLog offset names: VIEW_MESSAGE_BY_ID and
+/// CONSUMER_SEND_MSG_BACK carry only the offset). `check` has already
+/// verified the request's credentials; the cluster's own calls pass.
+pub fn check_need(
+    broker: &Broker,
+    conn: &crate::server::Conn,
+    cmd: &RemotingCommand,
+    need: (Rt, &str, Op),
+) -> Option<String> {
+    if !broker.acls().enabled() {
+        return None;
+    }
+    if cmd
+        .ext_fields
+        .get("AccessKey")
+        .is_some_and(|ak| ak.starts_with(rokka_broker::internal::ACCESS_KEY_PREFIX))
+        && verify_cluster_call(broker, cmd).is_ok()
+    {
+        return None;
+    }
+    let refused = |remark: String| {
+        metrics::counter!("rokka_authorization_denied_total", "protocol" => "rocketmq", "resource" => need.0.label())
+            .increment(1);
+        if !conn.denials.logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(peer = %conn.peer, code = cmd.code, remark, "RocketMQ request denied (further denials on this connection are only counted)");
+        }
+        Some(remark)
+    };
+    match principal(broker, conn.certificate_principal.as_deref(), cmd) {
+        Ok(who) if allowed(broker, &who, conn.peer.ip(), need) => None,
+        Ok(who) => {
+            let (rt, name, op) = need;
+            refused(format!("no permission: {who} may not {op:?} {} {name}", rt.label()))
+        }
+        Err(remark) => refused(remark),
+    }
+}
+
+/// The topic a stored record is read as: its real topic when it waits in
+/// one of the broker's own (a delayed or half message), else its own.
+pub fn topic_of_record(e: &rokka_store::Entry) -> String {
+    match e {
+        rokka_store::Entry::Message(m) => m
+            .property(rokka_broker::schedule::REAL_TOPIC)
+            .filter(|_| rokka_broker::is_send_forbidden_topic(m.topic_str()))
+            .map(|t| String::from_utf8_lossy(t).into_owned())
+            .unwrap_or_else(|| m.topic_str().to_string()),
+        other => other.topic_str().to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

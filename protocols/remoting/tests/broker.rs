@@ -897,3 +897,144 @@ async fn offset_reset_tells_the_members_and_holds_off_stale_commits() -> TestRes
     assert_eq!(r.code, rs::SYSTEM_ERROR);
     Ok(())
 }
+
+/// The broker's own topics (delay levels, timer wheel, transactions) take
+/// no client's sends: NO_PERMISSION, as RocketMQ's TopicValidator; nothing
+/// is stored there, and a send to a user topic still works.
+#[tokio::test]
+async fn sends_to_the_brokers_own_topics_are_forbidden() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    let mut c = Client::connect(addr).await?;
+    for topic in [
+        "SCHEDULE_TOPIC_XXXX",
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+        "rmq_sys_wheel_timer",
+        "rmq_sys_timer_op",
+    ] {
+        for v2 in [false, true] {
+            let r = c.call(send_req(topic, 0, "0,1,2,", "d", v2)).await?;
+            assert_eq!(r.code, 16, "{topic}: {:?}", r.remark);
+            assert!(
+                r.remark.as_deref().is_some_and(|m| m.contains("forbidden")),
+                "{:?}",
+                r.remark
+            );
+        }
+        let stored: u64 = (0..32).map(|q| broker.store().max_offset(topic, q)).sum();
+        assert_eq!(stored, 0, "{topic}");
+    }
+    let r = c.call(send_req("user-topic", 0, "ok", "T", true)).await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    Ok(())
+}
+
+/// With ACLs on, a CommitLog offset names any record: viewing it needs READ
+/// on the record's topic, and sending it back into the caller's retry topic
+/// READ on the topic it was sent to, not only on the caller's group.
+#[tokio::test]
+async fn records_named_by_offset_are_read_only_with_read_on_their_topic() -> TestResult {
+    use rokka_broker::acl::{Acl, AclSettings, Operation, PatternType, Permission, ResourceType};
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    broker.acls().configure(AclSettings {
+        enabled: true,
+        max_acls: 100,
+        ..AclSettings::default()
+    });
+    let allow = |rt, name: &str, op| Acl {
+        resource_type: rt,
+        name: name.into(),
+        pattern: PatternType::Literal,
+        principal: "User:ANONYMOUS".into(),
+        host: "*".into(),
+        operation: op,
+        permission: Permission::Allow,
+    };
+    let made = broker.acls().create(vec![
+        allow(ResourceType::Topic, "open", Operation::All),
+        allow(ResourceType::Group, "g", Operation::Read),
+    ]);
+    assert!(made.iter().all(|r| r.is_ok()), "{made:?}");
+    broker.create_topic("open", 1)?;
+    broker.create_topic("secret", 1)?;
+    let stored = |topic: &str, body: &'static [u8]| -> Result<u64, Box<dyn std::error::Error>> {
+        let input = MessageInput::new(topic, 0, body, b"");
+        Ok(broker.append_messages(std::slice::from_ref(&input))?[0].phys_offset)
+    };
+    let open = stored("open", b"readable")?;
+    let secret = stored("secret", b"not yours")?;
+    let mut c = Client::connect(addr).await?;
+    let view = |phys: u64| req(rq::VIEW_MESSAGE_BY_ID, &[("offset", &phys.to_string())]);
+    let r = c.call(view(open)).await?;
+    assert_eq!((r.code, bodies(&r)), (rs::SUCCESS, vec!["readable".to_string()]));
+    let r = c.call(view(secret)).await?;
+    assert_eq!(r.code, 16, "{:?}", r.remark);
+    assert!(bodies(&r).is_empty());
+    let back = |phys: u64| {
+        req(
+            rq::CONSUMER_SEND_MSG_BACK,
+            &[
+                ("group", "g"),
+                ("offset", &phys.to_string()),
+                ("delayLevel", "0"),
+                ("originMsgId", "X"),
+            ],
+        )
+    };
+    let r = c.call(back(secret)).await?;
+    assert_eq!(r.code, 16, "{:?}", r.remark);
+    assert_eq!(broker.store().max_offset("%RETRY%g", 0), 0, "nothing copied");
+    let r = c.call(back(open)).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    Ok(())
+}
+
+/// With ACLs on, ending a transaction needs WRITE on the topic its half
+/// message is bound for, whatever topic the request names (or none).
+#[tokio::test]
+async fn ending_a_transaction_needs_write_on_its_messages_topic() -> TestResult {
+    use rokka_broker::acl::{Acl, AclSettings, Operation, PatternType, Permission, ResourceType};
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    let mut c = Client::connect(addr).await?;
+    // A half message for "secret", sent before the ACLs were switched on.
+    let props = properties::encode([("TRAN_MSG", "true"), ("PGROUP", "pg"), ("UNIQ_KEY", "TX1")]);
+    let mut half = send_req("secret", 0, "pending", "", false);
+    half.ext_fields.set("properties", props);
+    half.ext_fields.set("sysFlag", "4");
+    let r = c.call(half).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    let off = r.ext_fields.get("queueOffset").unwrap_or_default().to_string();
+    let msg_id = r.ext_fields.get("msgId").unwrap_or_default().to_string();
+    let phys = i64::from_str_radix(&msg_id[msg_id.len() - 16..], 16)?.to_string();
+    broker.acls().configure(AclSettings {
+        enabled: true,
+        max_acls: 100,
+        ..AclSettings::default()
+    });
+    let made = broker.acls().create(vec![Acl {
+        resource_type: ResourceType::Topic,
+        name: "open".into(),
+        pattern: PatternType::Literal,
+        principal: "User:ANONYMOUS".into(),
+        host: "*".into(),
+        operation: Operation::All,
+        permission: Permission::Allow,
+    }]);
+    assert!(made.iter().all(|r| r.is_ok()), "{made:?}");
+    for topic in [Some("open"), None] {
+        let mut ext = vec![
+            ("producerGroup", "pg"),
+            ("tranStateTableOffset", off.as_str()),
+            ("commitLogOffset", phys.as_str()),
+            ("commitOrRollback", "8"),
+        ];
+        ext.extend(topic.map(|t| ("topic", t)));
+        let r = c.call(req(rq::END_TRANSACTION, &ext)).await?;
+        assert_eq!(r.code, 16, "topic {topic:?}: {:?}", r.remark);
+    }
+    assert_eq!(broker.store().max_offset("secret", 0), 0, "nothing committed");
+    Ok(())
+}

@@ -137,6 +137,10 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                 // idempotent producer bump its epoch and write again what
                 // the master already has).
                 Err(errors::NOT_LEADER_OR_FOLLOWER)
+            } else if rokka_broker::is_send_forbidden_topic(&topic) {
+                // The broker's own topics (Kafka: "Cannot append to
+                // internal topic").
+                Err(errors::INVALID_TOPIC_EXCEPTION)
             } else if !exists || p.index < 0 {
                 Err(errors::UNKNOWN_TOPIC_OR_PARTITION)
             } else if let Err(code) = at {

@@ -66,11 +66,21 @@ impl RocketMq {
     /// VIEW_MESSAGE_BY_ID: the stored message at a CommitLog offset (the
     /// offset part of a message id); a Kafka batch answers with its first
     /// record, converted.
-    pub(super) fn view_message(&self, req: &RemotingCommand) -> RemotingCommand {
+    pub(super) fn view_message(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let phys = ext_i64(req, "offset", "offset").unwrap_or(-1);
         metrics::counter!("rokka_rocketmq_queries_total", "kind" => "id").increment(1);
         let rec = (phys >= 0).then(|| self.broker.store().read_at(phys as u64)).flatten();
-        let body = match rec.as_ref().map(rokka_store::decode_entry) {
+        let entry = rec.as_ref().map(rokka_store::decode_entry);
+        // Any offset may be asked for: READ on the record's topic, whose
+        // ACLs would otherwise be read around.
+        if let Some(Ok(e)) = &entry {
+            let topic = crate::auth::topic_of_record(e);
+            let need = rokka_broker::acl::rocketmq_topic(&topic, rokka_broker::acl::Operation::Read);
+            if let Some(remark) = crate::auth::check_need(&self.broker, conn, req, need) {
+                return self.reply(req, crate::auth::NO_PERMISSION, Some(remark));
+            }
+        }
+        let body = match entry {
             Some(Ok(Entry::Message(_))) => rec.unwrap_or_default(),
             Some(Ok(Entry::KafkaBatch(b))) => {
                 let mut out = BytesMut::new();

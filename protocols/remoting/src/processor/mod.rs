@@ -271,13 +271,16 @@ impl RocketMq {
             // What these append must be durable before the client is told
             // (sync flush): the consumer moves its offset past a sent-back
             // message, the producer forgets a resolved transaction.
-            rq::CONSUMER_SEND_MSG_BACK => self.durable_then(rokka_broker::offload(|| self.send_back(&cmd))).await,
-            rq::QUERY_MESSAGE => self.query_message(&cmd),
-            rq::END_TRANSACTION => {
-                self.durable_then(rokka_broker::offload(|| self.end_transaction(&cmd)))
+            rq::CONSUMER_SEND_MSG_BACK => {
+                self.durable_then(rokka_broker::offload(|| self.send_back(&cmd, conn)))
                     .await
             }
-            rq::VIEW_MESSAGE_BY_ID => self.view_message(&cmd),
+            rq::QUERY_MESSAGE => self.query_message(&cmd),
+            rq::END_TRANSACTION => {
+                self.durable_then(rokka_broker::offload(|| self.end_transaction(&cmd, conn)))
+                    .await
+            }
+            rq::VIEW_MESSAGE_BY_ID => self.view_message(&cmd, conn),
             rq::AUTH_CREATE_USER
             | rq::AUTH_UPDATE_USER
             | rq::AUTH_DELETE_USER

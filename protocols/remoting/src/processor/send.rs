@@ -20,6 +20,13 @@ impl RocketMq {
         let Some(topic) = ext(req, "topic", "b").map(String::from) else {
             return Err(self.reply(req, rs::MESSAGE_ILLEGAL, Some("topic missing".into())));
         };
+        if rokka_broker::is_send_forbidden_topic(&topic) {
+            return Err(self.reply(
+                req,
+                crate::auth::NO_PERMISSION,
+                Some(format!("Sending message to topic[{topic}] is forbidden.")),
+            ));
+        }
         let want_queues = ext_i64(req, "defaultTopicQueueNums", "d")
             .unwrap_or(4)
             .clamp(1, i64::from(self.config.max_auto_create_queues)) as u32;
@@ -164,7 +171,7 @@ impl RocketMq {
     /// (3 + times, or the level the consumer asked for), or to `%DLQ%<group>`
     /// once it was reconsumed `maxReconsumeTimes` (default 16) times or the
     /// consumer asked for a negative level. Both are ordinary topics.
-    pub(super) fn send_back(&self, req: &RemotingCommand) -> RemotingCommand {
+    pub(super) fn send_back(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         use rokka_broker::schedule::{without, DELAY, REAL_QID, REAL_TOPIC};
         let group = req.ext_fields.get("group").unwrap_or_default().to_string();
         let phys = ext_i64(req, "offset", "offset").unwrap_or(-1);
@@ -191,6 +198,18 @@ impl RocketMq {
                 Some(format!("look message by offset failed, {phys}")),
             );
         };
+        // The offset is the client's to name: READ on the topic the record
+        // was sent to as well as on the group (else any record could be
+        // copied into the caller's own retry topic and read there).
+        let read_as = crate::auth::topic_of_record(&Entry::Message(m.clone()));
+        let read_as = m
+            .property("RETRY_TOPIC")
+            .map(|t| String::from_utf8_lossy(t).into_owned())
+            .unwrap_or(read_as);
+        let need = rokka_broker::acl::rocketmq_topic(&read_as, rokka_broker::acl::Operation::Read);
+        if let Some(remark) = crate::auth::check_need(&self.broker, conn, req, need) {
+            return self.reply(req, crate::auth::NO_PERMISSION, Some(remark));
+        }
         let user = m.user_properties();
         let origin_topic = m
             .property("RETRY_TOPIC")

@@ -23,7 +23,7 @@ impl RocketMq {
 
     /// END_TRANSACTION (usually oneway): 8 commits, 12 rolls back, 0 (unknown)
     /// leaves the half message for a later check.
-    pub(super) fn end_transaction(&self, req: &RemotingCommand) -> RemotingCommand {
+    pub(super) fn end_transaction(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let group = req.ext_fields.get("producerGroup").unwrap_or_default();
         let half_offset = ext_i64(req, "tranStateTableOffset", "tranStateTableOffset").unwrap_or(-1);
         let half_phys = ext_i64(req, "commitLogOffset", "commitLogOffset").unwrap_or(-1);
@@ -39,6 +39,14 @@ impl RocketMq {
                 rs::SYSTEM_ERROR,
                 Some("tranStateTableOffset and commitLogOffset are required".into()),
             );
+        }
+        // WRITE on the topic the half message is bound for (what ending it
+        // writes to), whatever topic the request names.
+        if let Some(real) = self.broker.half_message_topic(half_phys as u64) {
+            let need = rokka_broker::acl::rocketmq_topic(&real, rokka_broker::acl::Operation::Write);
+            if let Some(remark) = crate::auth::check_need(&self.broker, conn, req, need) {
+                return self.reply(req, crate::auth::NO_PERMISSION, Some(remark));
+            }
         }
         match self
             .broker

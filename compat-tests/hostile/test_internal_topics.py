@@ -1,0 +1,55 @@
+"""The broker's own topics (delay levels, the timer wheel, transactions)
+take no client's records, whatever its protocol: librdkafka gets Kafka's
+"invalid topic" (as Kafka refuses appends to its internal topics), a
+RocketMQ send NO_PERMISSION (RocketMQ's TopicValidator); a user topic
+beside them is written as ever."""
+import json
+import os
+import socket
+import struct
+import sys
+
+import pytest
+from confluent_kafka import KafkaError, Producer
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
+from rokka_fixture import running  # noqa: E402
+from test_hostile import recv_exact, rmq_frame  # noqa: E402
+
+OWN = ["SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "RMQ_SYS_TRANS_OP_HALF_TOPIC", "rmq_sys_wheel_timer"]
+
+
+@pytest.fixture(scope="module")
+def rokka():
+    with running("hostile", "internal-topics") as r:
+        yield r
+
+
+def test_kafka_producers_cannot_write_the_brokers_own_topics(rokka):
+    errors = {}
+
+    def report(err, msg):
+        errors[msg.topic()] = err
+
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "message.timeout.ms": 15000, "retries": 0})
+    for t in OWN + ["user-topic"]:
+        p.produce(t, value=b"0,1,2,", partition=0, on_delivery=report)
+    p.flush(30)
+    assert errors.get("user-topic") is None, errors
+    for t in OWN:
+        e = errors.get(t)
+        assert e is not None and e.code() == KafkaError.TOPIC_EXCEPTION, f"{t}: {e}"
+
+
+def test_rocketmq_sends_to_the_brokers_own_topics_are_refused(rokka):
+    with socket.create_connection(("127.0.0.1", rokka.broker_port), timeout=10) as s:
+        for i, t in enumerate(OWN):
+            props = "TAGS\x01d\x02UNIQ_KEY\x01AB\x02"
+            ext = {"producerGroup": "pg", "topic": t, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+                   "queueId": "0", "sysFlag": "0", "bornTimestamp": "1700000000000", "flag": "0", "properties": props}
+            s.sendall(rmq_frame(10, i + 1, ext, body=b"0,1,2,"))
+            n = struct.unpack(">i", recv_exact(s, 4))[0]
+            frame = recv_exact(s, n)
+            hlen = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
+            r = json.loads(frame[4 : 4 + hlen])
+            assert r["code"] == 16 and "forbidden" in r.get("remark", ""), f"{t}: {r}"
