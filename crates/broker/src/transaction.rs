@@ -306,10 +306,18 @@ impl Broker {
                 let Ok(Entry::Message(m)) = e.decode() else {
                     continue;
                 };
-                let immunity = prop_str(&m, "CHECK_IMMUNITY_TIME_IN_SECONDS")
+                // A producer's own immunity (seconds; never under the
+                // check timeout, as RocketMQ's getImmunityTime): a half
+                // immune longer than the halves after it is passed over,
+                // not waited on, so it holds up no one else's check.
+                let own = prop_str(&m, "CHECK_IMMUNITY_TIME_IN_SECONDS")
                     .parse::<i64>()
-                    .map_or(timeout_ms, |s| s * 1000);
-                if m.store_timestamp + immunity > now_ms {
+                    .ok()
+                    .map(|s| s.saturating_mul(1000).max(timeout_ms));
+                if m.store_timestamp.saturating_add(own.unwrap_or(timeout_ms)) > now_ms {
+                    if own.is_some() {
+                        continue;
+                    }
                     // Later halves are younger still.
                     break 'scan;
                 }
@@ -463,6 +471,31 @@ mod tests {
             b.end_transaction("pg", u.queue_offset, u.phys_offset, true)?,
             Ended::AlreadyResolved
         );
+        Ok(())
+    }
+
+    #[test]
+    fn a_half_immune_for_long_holds_up_no_later_check() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        b.create_topic("Real", 2)?;
+        for immunity in ["9223372036854775807", "1000000000"] {
+            let props = properties::encode([
+                ("TRAN_MSG", "true"),
+                ("PGROUP", "pg"),
+                ("UNIQ_KEY", "IMMUNE"),
+                ("CHECK_IMMUNITY_TIME_IN_SECONDS", immunity),
+            ]);
+            let mut m = MessageInput::new("Real", 1, b"immune", props.as_bytes());
+            m.sys_flag = sysflag::TRANSACTION_PREPARED;
+            b.append_half(&m)?;
+        }
+        let later = half(&b, b"plain")?;
+        // (An immunity in seconds that overflows milliseconds saturates.)
+        let due = b.due_checks(rokka_store::now_ms() + 61_000, 60_000, 5);
+        let offsets: Vec<u64> = due.iter().map(|d| d.half_offset).collect();
+        assert_eq!(offsets, vec![later.queue_offset]);
         Ok(())
     }
 }

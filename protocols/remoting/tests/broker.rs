@@ -1038,3 +1038,40 @@ async fn ending_a_transaction_needs_write_on_its_messages_topic() -> TestResult 
     assert_eq!(broker.store().max_offset("secret", 0), 0, "nothing committed");
     Ok(())
 }
+
+/// A held pull whose tag filter matches nothing in a long backlog scans a
+/// bounded stretch of it and is answered PULL_RETRY_IMMEDIATELY from where
+/// it got to (as RocketMQ's maxFilterMessageCount), not the whole queue in
+/// one request; the client's next pull goes on from there.
+#[tokio::test]
+async fn a_filtered_out_backlog_is_scanned_a_stretch_per_pull() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    broker.create_topic("backlog", 1)?;
+    let props = properties::encode([("TAGS", "A")]);
+    let inputs: Vec<MessageInput<'_>> = (0..5000)
+        .map(|_| MessageInput::new("backlog", 0, b"a", props.as_bytes()))
+        .collect();
+    for chunk in inputs.chunks(500) {
+        broker.append_messages(chunk)?;
+    }
+    let mut c = Client::connect(addr).await?;
+    let mut offset = 0u64;
+    let mut pulls = 0;
+    loop {
+        let r = c.call(pull_req("backlog", 0, offset, "B", 1_000)).await?;
+        pulls += 1;
+        let next: u64 = r.ext_fields.get("nextBeginOffset").unwrap_or("0").parse()?;
+        if r.code == 20 {
+            assert!(next > offset, "no progress at {offset}");
+            assert!(next - offset <= 17 * 32, "one pull scanned {} entries", next - offset);
+            offset = next;
+            continue;
+        }
+        // The end of the backlog: held, then nothing found.
+        assert_eq!(r.code, rs::PULL_NOT_FOUND, "{:?}", r.remark);
+        break;
+    }
+    assert!(pulls >= 5000 / (17 * 32), "{pulls} pulls");
+    Ok(())
+}

@@ -2,6 +2,10 @@
 
 use super::*;
 
+/// Most rounds of filtered-out messages one held pull scans before it is
+/// answered (each reads up to the pull's maxMsgNums queue entries).
+const MAX_FILTERED_ROUNDS: u32 = 16;
+
 impl RocketMq {
     pub(super) async fn pull(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let topic = req.ext_fields.get("topic").unwrap_or_default().to_string();
@@ -64,6 +68,11 @@ impl RocketMq {
         let codes = tag_codes(&expr);
         let deadline = Instant::now() + Duration::from_millis(suspend_ms);
         let mut offset = offset;
+        // Rounds of a held pull that found only filtered-out messages: a
+        // backlog of them is scanned a bounded stretch per request (as
+        // RocketMQ's maxFilterMessageCount), yielding between rounds, and
+        // then answered PULL_RETRY_IMMEDIATELY from where the scan got to.
+        let mut filtered_rounds = 0;
         loop {
             let waiter = Arc::new(Notify::new());
             if sys_flag & 0x2 != 0 {
@@ -72,9 +81,16 @@ impl RocketMq {
             let (resp, next) = self.pull_once(req, &topic, q, offset, max_msgs, codes.as_deref());
             let now = Instant::now();
             if resp.code != rs::PULL_NOT_FOUND || sys_flag & 0x2 == 0 || now >= deadline {
-                if resp.code == rs::PULL_RETRY_IMMEDIATELY && sys_flag & 0x2 != 0 && now < deadline && next > offset {
+                if resp.code == rs::PULL_RETRY_IMMEDIATELY
+                    && sys_flag & 0x2 != 0
+                    && now < deadline
+                    && next > offset
+                    && filtered_rounds < MAX_FILTERED_ROUNDS
+                {
                     // Everything scanned was filtered out: keep going from there.
+                    filtered_rounds += 1;
                     offset = next;
+                    tokio::task::yield_now().await;
                     continue;
                 }
                 return resp;

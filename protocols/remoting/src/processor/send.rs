@@ -52,7 +52,9 @@ impl RocketMq {
         let born = ext_i64(req, "bornTimestamp", "g").unwrap_or_else(rokka_store::now_ms);
         let flag = ext_i64(req, "flag", "h").unwrap_or(0) as i32;
         let props = ext(req, "properties", "i").unwrap_or_default().to_string();
-        let reconsume = ext_i64(req, "reconsumeTimes", "j").unwrap_or(0) as i32;
+        let reconsume = ext_i64(req, "reconsumeTimes", "j")
+            .unwrap_or(0)
+            .clamp(0, i64::from(i32::MAX)) as i32;
         let batch = req.code == rq::SEND_BATCH_MESSAGE || ext_bool(req, "batch", "m");
         // Owned parts of each message, then borrowed inputs.
         let parts: Vec<(i32, Bytes, String)> = if batch {
@@ -242,7 +244,7 @@ impl RocketMq {
             }
         }
         let input = MessageInput {
-            reconsume_times: times + 1,
+            reconsume_times: times.saturating_add(1),
             ..m.as_input(&topic, 0, &props)
         };
         let res = if dlq {
