@@ -57,6 +57,23 @@ def test_acks(rokka, topic, acks):
     assert [m.offset() for m in got] == list(range(200))
 
 
+def test_acks_other_than_minus_one_zero_one_are_refused(rokka, topic):
+    # librdkafka takes acks up to 1000 and leaves the check to the broker:
+    # Kafka answers INVALID_REQUIRED_ACKS and stores nothing.
+    errors = []
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "acks": "2", "message.timeout.ms": 15000, "retries": 0})
+    for i in range(3):
+        p.produce(topic, value=f"v{i}".encode(), partition=0, on_delivery=lambda err, msg: errors.append(err))
+    p.flush(30)
+    assert len(errors) == 3 and all(e is not None and e.code() == KafkaError.INVALID_REQUIRED_ACKS for e in errors), errors
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": "g-acks2"})
+    try:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    finally:
+        c.close()
+    assert (low, high) == (0, 0)
+
+
 def test_keys_headers_timestamps_byte_exact(rokka, topic):
     msgs = [
         {

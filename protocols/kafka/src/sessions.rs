@@ -68,7 +68,6 @@ pub struct FetchSessions {
 #[derive(Debug, Default)]
 struct Inner {
     sessions: HashMap<i32, Session>,
-    next_id: i32,
 }
 
 /// The key a topic is cached under: its name, or its id from v13.
@@ -88,7 +87,6 @@ impl FetchSessions {
             idle,
             inner: Mutex::new(Inner {
                 sessions: HashMap::new(),
-                next_id: 1,
             }),
         }
     }
@@ -128,10 +126,13 @@ impl FetchSessions {
                     inner.sessions.remove(&oldest);
                     metrics::counter!("rokka_kafka_fetch_sessions_evicted_total").increment(1);
                 }
+                // Random, as Kafka's: a session id is all a fetch needs to
+                // use or close a session, so one must not be guessable
+                // from one's own (sequential ids let any client close or
+                // take over every other client's sessions).
                 let id = loop {
-                    let id = inner.next_id;
-                    inner.next_id = if id == i32::MAX { 1 } else { id + 1 };
-                    if !inner.sessions.contains_key(&id) {
+                    let id = rand::random::<i32>() & i32::MAX;
+                    if id != 0 && !inner.sessions.contains_key(&id) {
                         break id;
                     }
                 };
@@ -347,6 +348,24 @@ mod tests {
         let mut r = req(b, 2, &[1, 2]);
         assert_eq!(s.begin(&mut r, 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
         assert_eq!(s.begin(&mut req(b, 3, &[]), 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
+    }
+
+    #[test]
+    fn session_ids_are_not_guessable_from_ones_own() {
+        let s = FetchSessions::new(64, 8, Duration::from_secs(60));
+        let ids: Vec<i32> = (0..64)
+            .filter_map(|_| match s.begin(&mut req(0, 0, &[0]), 12) {
+                Ok(Mode::New(id)) => Some(id),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ids.len(), 64);
+        assert!(ids.iter().all(|id| *id > 0));
+        // Sequential ids would make every neighbour one apart.
+        let neighbours = ids.windows(2).filter(|w| (w[1] - w[0]).abs() == 1).count();
+        assert!(neighbours < 2, "{ids:?}");
+        let distinct: std::collections::HashSet<_> = ids.iter().collect();
+        assert_eq!(distinct.len(), 64);
     }
 
     #[test]

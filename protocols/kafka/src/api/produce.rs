@@ -130,7 +130,10 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                 _ => Err(errors::UNKNOWN_TOPIC_OR_PARTITION),
             };
             let q = at.unwrap_or(0);
-            let result = if !store.is_leader() {
+            let result = if !matches!(r.acks, -1..=1) {
+                // Kafka takes acks of -1, 0 or 1 only (nothing is stored).
+                Err(errors::INVALID_REQUIRED_ACKS)
+            } else if !store.is_leader() {
                 // Cluster mode, not the set's master: before any sequence
                 // check, so a retry goes to the master with its sequence
                 // intact (an OUT_OF_ORDER answer here would make an
