@@ -64,8 +64,17 @@ def test_group_offsets_alter_list_delete(rokka, topic):
     k.alter_group_offsets(group, {KTP(topic, 0): OffsetAndMetadata(3, "m", -1), KTP(topic, 1): OffsetAndMetadata(4, "", -1)})
     offs = k.list_group_offsets(group)[group]
     assert {tp.partition: om.offset for tp, om in offs.items()} == {0: 3, 1: 4}
-    k.delete_group_offsets(group, [KTP(topic, 0)])
+    from kafka.errors import NoError, UnknownTopicOrPartitionError
+
+    res = k.delete_group_offsets(group, [KTP(topic, 0), KTP(topic, 7), KTP(topic, -1), KTP("no-such-topic-x", 0)])
+    assert res == {
+        KTP(topic, 0): NoError,
+        KTP(topic, 7): UnknownTopicOrPartitionError,
+        KTP(topic, -1): UnknownTopicOrPartitionError,
+        KTP("no-such-topic-x", 0): UnknownTopicOrPartitionError,
+    }, res
     offs = k.list_group_offsets(group)[group]
+    # Partition -1 named no offset: partition 1's stays.
     assert {tp.partition: om.offset for tp, om in offs.items() if om.offset >= 0} == {1: 4}
     k.close()
 

@@ -522,15 +522,25 @@ pub fn offset_delete(k: &Kafka, r: OffsetDeleteRequest) -> OffsetDeleteResponse 
         .map(|t| {
             let name = t.name.0.to_string();
             let busy = subscribed.contains(&name);
+            let info = k.broker.topics().get(&name);
             let partitions = t
                 .partitions
                 .into_iter()
                 .map(|p| {
-                    let code = if busy {
-                        errors::GROUP_SUBSCRIBED_TO_TOPIC
-                    } else {
-                        offsets.delete(&group, &name, p.partition_index.max(0) as u32);
-                        errors::NONE
+                    // The partition's queue as commits place it (several
+                    // broker sets: another set's partition is not a queue
+                    // of this one's).
+                    let placed = info.as_ref().map(|i| i.placed(p.partition_index, k.broker.own_set()));
+                    let code = match placed {
+                        None | Some(rokka_broker::Placed::Unknown) => errors::UNKNOWN_TOPIC_OR_PARTITION,
+                        Some(_) if busy => errors::GROUP_SUBSCRIBED_TO_TOPIC,
+                        Some(rokka_broker::Placed::Here(q)) => {
+                            offsets.delete(&group, &name, q);
+                            errors::NONE
+                        }
+                        // Its offset lives with that set's master, which
+                        // this request does not reach: said, not pretended.
+                        Some(rokka_broker::Placed::Set(..)) => errors::UNKNOWN_SERVER_ERROR,
                     };
                     OffsetDeleteResponsePartition::default()
                         .with_partition_index(p.partition_index)
