@@ -105,3 +105,26 @@ def test_list_offsets_max_timestamp_is_the_record_with_the_highest_time(rokka, t
     got = a.list_offsets({tp: OffsetSpec.max_timestamp()})[tp].result(10)
     assert (got.offset, got.timestamp) == (5, 900)
     assert a.list_offsets({tp: OffsetSpec.latest()})[tp].result(10).offset == 6
+
+
+def test_validate_only_answers_what_creating_would(rokka, topic):
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewPartitions
+
+    a = fill(rokka, topic, 1)
+    # More partitions than broker.max_partitions (1024): refused alike with
+    # and without validate_only, and nothing is made.
+    for validate in (True, False):
+        f = a.create_topics([NewTopic(f"{topic}-big", num_partitions=5000, replication_factor=1)], validate_only=validate)
+        with pytest.raises(KafkaException) as e:
+            f[f"{topic}-big"].result(10)
+        assert e.value.args[0].code() == KafkaError.INVALID_PARTITIONS, e.value
+        f = a.create_partitions([NewPartitions(topic, 5000)], validate_only=validate)
+        with pytest.raises(KafkaException) as e:
+            f[topic].result(10)
+        assert e.value.args[0].code() == KafkaError.INVALID_PARTITIONS, e.value
+    assert f"{topic}-big" not in a.list_topics(timeout=10).topics
+    assert len(a.list_topics(timeout=10).topics[topic].partitions) == 1
+    # Within it, validate_only says yes and changes nothing.
+    a.create_partitions([NewPartitions(topic, 3)], validate_only=True)[topic].result(10)
+    assert len(a.list_topics(timeout=10).topics[topic].partitions) == 1

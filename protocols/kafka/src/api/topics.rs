@@ -133,6 +133,14 @@ fn plan(k: &Kafka, t: &CreatableTopic) -> Result<Plan, (i16, String)> {
             "Number of partitions must be larger than 0.".into(),
         ));
     }
+    // Checked here too so validate_only answers what creating would.
+    let max = broker.config().max_partitions;
+    if partitions as u32 > max {
+        return Err((
+            errors::INVALID_PARTITIONS,
+            format!("at most {max} partitions per topic (broker.max_partitions)"),
+        ));
+    }
     let configs = topic_config::validate_all(
         t.configs
             .iter()
@@ -195,16 +203,22 @@ pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartiti
         .topics
         .into_iter()
         .map(|t| {
-            let res = if r.validate_only {
+            let max = k.broker.config().max_partitions;
+            let res = if t.count <= 0 {
+                Err((errors::INVALID_PARTITIONS, "count must be positive".to_string()))
+            } else if r.validate_only {
+                // What the real request would answer, without doing it.
                 match k.broker.topics().get(t.name.0.as_str()) {
                     None => Err((errors::UNKNOWN_TOPIC_OR_PARTITION, "unknown topic".to_string())),
                     Some(i) if t.count as u32 <= i.kafka_partitions() => {
                         Err((errors::INVALID_PARTITIONS, "the new count must be larger".to_string()))
                     }
+                    Some(_) if t.count as u32 > max => Err((
+                        errors::INVALID_PARTITIONS,
+                        format!("at most {max} partitions (broker.max_partitions)"),
+                    )),
                     Some(_) => Ok(()),
                 }
-            } else if t.count <= 0 {
-                Err((errors::INVALID_PARTITIONS, "count must be positive".to_string()))
             } else {
                 k.broker
                     .add_partitions(t.name.0.as_str(), t.count as u32)
