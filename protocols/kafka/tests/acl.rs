@@ -245,6 +245,7 @@ async fn refused_parts_get_their_error_and_the_rest_is_served() -> TestResult {
         ApiKey::InitProducerId,
         4,
         &InitProducerIdRequest::default()
+            .with_transactional_id(None)
             .with_transaction_timeout_ms(60_000)
             .with_producer_id(ProducerId(-1))
             .with_producer_epoch(-1),

@@ -354,3 +354,71 @@ async fn dynamic_broker_configs_layer_under_topic_configs() -> TestResult {
     assert_eq!((c.value.as_deref(), c.config_source), (Some("600000"), 3));
     Ok(())
 }
+
+/// An unknown FindCoordinator key type is INVALID_REQUEST (not taken as a
+/// group); an idempotent producer at its last epoch gets a new id from
+/// epoch 0 instead of its own id at epoch 0 (which its earlier batches fence).
+#[tokio::test]
+async fn unknown_coordinator_types_and_the_last_producer_epoch() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut c = TcpStream::connect(addr).await?;
+    let r: FindCoordinatorResponse = call(
+        &mut c,
+        ApiKey::FindCoordinator,
+        3,
+        &FindCoordinatorRequest::default()
+            .with_key(StrBytes::from_static_str("g"))
+            .with_key_type(2),
+    )
+    .await?;
+    assert_eq!(r.error_code, 42);
+    let r: FindCoordinatorResponse = call(
+        &mut c,
+        ApiKey::FindCoordinator,
+        4,
+        &FindCoordinatorRequest::default()
+            .with_coordinator_keys(vec![StrBytes::from_static_str("g")])
+            .with_key_type(7),
+    )
+    .await?;
+    assert_eq!(
+        r.coordinators.iter().map(|c| c.error_code).collect::<Vec<_>>(),
+        vec![42]
+    );
+    let r: FindCoordinatorResponse = call(
+        &mut c,
+        ApiKey::FindCoordinator,
+        4,
+        &FindCoordinatorRequest::default()
+            .with_coordinator_keys(vec![StrBytes::from_static_str("g")])
+            .with_key_type(0),
+    )
+    .await?;
+    assert_eq!(r.coordinators.iter().map(|c| c.error_code).collect::<Vec<_>>(), vec![0]);
+    let init = |id: i64, epoch: i16| {
+        InitProducerIdRequest::default()
+            .with_transactional_id(None)
+            .with_transaction_timeout_ms(60_000)
+            .with_producer_id(ProducerId(id))
+            .with_producer_epoch(epoch)
+    };
+    // An empty transactional id is not null: INVALID_REQUEST, as Kafka.
+    let r: InitProducerIdResponse = call(
+        &mut c,
+        ApiKey::InitProducerId,
+        4,
+        &init(-1, -1).with_transactional_id(Some(TransactionalId(StrBytes::from_static_str("")))),
+    )
+    .await?;
+    assert_eq!(r.error_code, 42);
+    let r: InitProducerIdResponse = call(&mut c, ApiKey::InitProducerId, 4, &init(-1, -1)).await?;
+    let id = r.producer_id.0;
+    let r: InitProducerIdResponse = call(&mut c, ApiKey::InitProducerId, 4, &init(id, 3)).await?;
+    assert_eq!((r.error_code, r.producer_id.0, r.producer_epoch), (0, id, 4));
+    let r: InitProducerIdResponse = call(&mut c, ApiKey::InitProducerId, 4, &init(id, i16::MAX - 1)).await?;
+    assert_eq!(r.error_code, 0);
+    assert_ne!(r.producer_id.0, id);
+    assert_eq!(r.producer_epoch, 0);
+    Ok(())
+}

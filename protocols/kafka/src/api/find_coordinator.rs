@@ -9,6 +9,30 @@ use super::str_bytes;
 use crate::Kafka;
 
 pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16, at: &crate::Endpoint) -> FindCoordinatorResponse {
+    // Groups (0) and transactional ids (1) have coordinators; any other
+    // key type is INVALID_REQUEST, as Kafka's.
+    if !matches!(r.key_type, 0 | 1) {
+        let err = crate::errors::INVALID_REQUEST;
+        let message = Some(str_bytes(&format!("unknown coordinator key type {}", r.key_type)));
+        if version >= 4 {
+            let coordinators = r
+                .coordinator_keys
+                .into_iter()
+                .map(|key| {
+                    Coordinator::default()
+                        .with_key(key)
+                        .with_error_code(err)
+                        .with_error_message(message.clone())
+                        .with_node_id(BrokerId(-1))
+                })
+                .collect();
+            return FindCoordinatorResponse::default().with_coordinators(coordinators);
+        }
+        return FindCoordinatorResponse::default()
+            .with_error_code(err)
+            .with_error_message(message)
+            .with_node_id(BrokerId(-1));
+    }
     let mut host = str_bytes(&at.host);
     let mut node = BrokerId(k.config.node_id);
     let mut port = at.port;
