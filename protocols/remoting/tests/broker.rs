@@ -1075,3 +1075,79 @@ async fn a_filtered_out_backlog_is_scanned_a_stretch_per_pull() -> TestResult {
     assert!(pulls >= 5000 / (17 * 32), "{pulls} pulls");
     Ok(())
 }
+
+/// A SQL92 subscription is refused at the pull (the broker filters by tag
+/// only: read as a tag it would silently match nothing), from the request
+/// or from the heartbeat; a heartbeat's subscriptions replace the group's,
+/// so a topic the consumer dropped is not filtered by its old expression.
+#[tokio::test]
+async fn sql92_subscriptions_are_refused_and_heartbeats_replace_subscriptions() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    broker.create_topic("t", 1)?;
+    let mut c = Client::connect(addr).await?;
+    let mut p = pull_req("t", 0, 0, "a > 5", 0);
+    p.ext_fields.set("expressionType", "SQL92");
+    let r = c.call(p).await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR);
+    assert!(
+        r.remark.as_deref().is_some_and(|m| m.contains("SQL92")),
+        "{:?}",
+        r.remark
+    );
+    let heartbeat = |subs: &str| {
+        let mut h = req(rq::HEART_BEAT, &[]);
+        h.body = Bytes::from(format!(
+            r#"{{"clientID":"c1","producerDataSet":[],"consumerDataSet":[{{"groupName":"cg","messageModel":"CLUSTERING","subscriptionDataSet":[{subs}]}}]}}"#
+        ));
+        h
+    };
+    // The heartbeat's filter (a pull without the subscription flag).
+    let pull_by_heartbeat = || {
+        let mut p = pull_req("t", 0, 0, "", 0);
+        p.ext_fields.set("sysFlag", "2");
+        p
+    };
+    let r = c
+        .call(heartbeat(
+            r#"{"topic":"t","subString":"a > 5","expressionType":"SQL92"}"#,
+        ))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    assert_eq!(c.call(pull_by_heartbeat()).await?.code, rs::SYSTEM_ERROR);
+    let r = c
+        .call(heartbeat(r#"{"topic":"u","subString":"*","expressionType":"TAG"}"#))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    assert_eq!(c.call(pull_by_heartbeat()).await?.code, rs::PULL_NOT_FOUND);
+    Ok(())
+}
+
+/// A send to a retry topic past the group's maxReconsumeTimes lands in the
+/// group's dead-letter topic (as RocketMQ's SendMessageProcessor); within
+/// it, in the retry topic; a batch to a retry topic is refused.
+#[tokio::test]
+async fn retry_sends_past_their_limit_go_to_the_dead_letter_topic() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    let mut c = Client::connect(addr).await?;
+    let retry = |times: &str, max: &str| {
+        let mut r = send_req("%RETRY%cg", 0, "poison", "T", true);
+        r.ext_fields.set("j", times);
+        r.ext_fields.set("l", max);
+        r
+    };
+    let r = c.call(retry("3", "16")).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert_eq!(broker.store().max_offset("%RETRY%cg", 0), 1);
+    let r = c.call(retry("17", "16")).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert_eq!(broker.store().max_offset("%RETRY%cg", 0), 1, "not retried again");
+    assert_eq!(broker.store().max_offset("%DLQ%cg", 0), 1);
+    assert_eq!(broker.topics().get("%DLQ%cg").map(|t| t.partitions), Some(1));
+    let mut b = send_req("%RETRY%cg", 0, "", "T", false);
+    b.code = rq::SEND_BATCH_MESSAGE;
+    let r = c.call(b).await?;
+    assert_eq!(r.code, rs::MESSAGE_ILLEGAL, "{:?}", r.remark);
+    Ok(())
+}

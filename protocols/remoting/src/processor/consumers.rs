@@ -110,16 +110,25 @@ impl RocketMq {
                 }
                 let group = c.groups.entry(g.clone()).or_default();
                 group.clustering = cd.clustering;
-                let mut subs_changed = false;
-                for (topic, expression, expression_type) in cd.subscriptions {
-                    let sub = Subscription {
-                        expression,
-                        expression_type,
-                    };
-                    if group.subscriptions.get(&topic) != Some(&sub) {
-                        group.subscriptions.insert(topic, sub);
-                        subs_changed = true;
-                    }
+                // The heartbeat's subscriptions replace the group's, as
+                // RocketMQ's ConsumerGroupInfo.updateSubscription (a topic a
+                // consumer dropped goes; the table is at most one heartbeat).
+                let subs: std::collections::BTreeMap<String, Subscription> = cd
+                    .subscriptions
+                    .into_iter()
+                    .map(|(topic, expression, expression_type)| {
+                        (
+                            topic,
+                            Subscription {
+                                expression,
+                                expression_type,
+                            },
+                        )
+                    })
+                    .collect();
+                let subs_changed = group.subscriptions != subs;
+                if subs_changed {
+                    group.subscriptions = subs;
                 }
                 let joined_now = group.members.insert(client_id.clone());
                 if group.clustering {

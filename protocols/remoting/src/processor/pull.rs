@@ -56,15 +56,33 @@ impl RocketMq {
             }
         }
         // The filter: from the request when it carries one, else the heartbeat's.
-        let expr = if sys_flag & 0x4 != 0 {
-            req.ext_fields.get("subscription").unwrap_or("*").to_string()
+        let (expr, kind) = if sys_flag & 0x4 != 0 {
+            (
+                req.ext_fields.get("subscription").unwrap_or("*").to_string(),
+                req.ext_fields.get("expressionType").unwrap_or("TAG").to_string(),
+            )
         } else {
             self.clients()
                 .groups
                 .get(&group)
                 .and_then(|g| g.subscriptions.get(&topic))
-                .map_or_else(|| "*".to_string(), |s| s.expression.clone())
+                .map_or_else(
+                    || ("*".to_string(), "TAG".to_string()),
+                    |s| (s.expression.clone(), s.expression_type.clone()),
+                )
         };
+        // Tags only: a SQL92 filter read as a tag expression would match
+        // nothing, silently. RocketMQ's broker without property filtering
+        // answers so.
+        if !kind.is_empty() && !kind.eq_ignore_ascii_case("TAG") {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!(
+                    "The broker does not support consumer to filter message by {kind}"
+                )),
+            );
+        }
         let codes = tag_codes(&expr);
         let deadline = Instant::now() + Duration::from_millis(suspend_ms);
         let mut offset = offset;

@@ -27,9 +27,40 @@ impl RocketMq {
                 Some(format!("Sending message to topic[{topic}] is forbidden.")),
             ));
         }
-        let want_queues = ext_i64(req, "defaultTopicQueueNums", "d")
-            .unwrap_or(4)
-            .clamp(1, i64::from(self.config.max_auto_create_queues)) as u32;
+        let batch = req.code == rq::SEND_BATCH_MESSAGE || ext_bool(req, "batch", "m");
+        let reconsume = ext_i64(req, "reconsumeTimes", "j")
+            .unwrap_or(0)
+            .clamp(0, i64::from(i32::MAX)) as i32;
+        // A retry topic's sends (a consumer's re-send after a failed
+        // send-back, an orderly consumer past its retries): past the
+        // group's maxReconsumeTimes the message goes to its dead-letter
+        // topic, with no delay, as RocketMQ's SendMessageProcessor does —
+        // else a poison message loops through the retry topic for ever.
+        let mut dlq_group = None;
+        if let Some(g) = topic.strip_prefix("%RETRY%") {
+            if batch {
+                return Err(self.reply(
+                    req,
+                    rs::MESSAGE_ILLEGAL,
+                    Some(format!("batch request does not support retry group {topic}")),
+                ));
+            }
+            let max = ext_i64(req, "maxReconsumeTimes", "l").unwrap_or(16);
+            if i64::from(reconsume) > max {
+                dlq_group = Some(g.to_string());
+            }
+        }
+        let topic = match &dlq_group {
+            Some(g) => format!("%DLQ%{g}"),
+            None => topic,
+        };
+        let want_queues = if dlq_group.is_some() {
+            1
+        } else {
+            ext_i64(req, "defaultTopicQueueNums", "d")
+                .unwrap_or(4)
+                .clamp(1, i64::from(self.config.max_auto_create_queues)) as u32
+        };
         let info = match self.broker.topic_or_create(&topic, true, Some(want_queues)) {
             Ok(Some(t)) => t,
             Ok(None) => {
@@ -41,7 +72,11 @@ impl RocketMq {
             }
             Err(e) => return Err(self.reply(req, rs::MESSAGE_ILLEGAL, Some(e.to_string()))),
         };
-        let mut queue = ext_i64(req, "queueId", "e").unwrap_or(-1);
+        let mut queue = if dlq_group.is_some() {
+            0
+        } else {
+            ext_i64(req, "queueId", "e").unwrap_or(-1)
+        };
         if queue < 0 {
             queue = i64::from(rand::random::<u32>() % info.partitions.max(1));
         }
@@ -51,11 +86,22 @@ impl RocketMq {
         let sys_flag = ext_i64(req, "sysFlag", "f").unwrap_or(0) as i32;
         let born = ext_i64(req, "bornTimestamp", "g").unwrap_or_else(rokka_store::now_ms);
         let flag = ext_i64(req, "flag", "h").unwrap_or(0) as i32;
-        let props = ext(req, "properties", "i").unwrap_or_default().to_string();
-        let reconsume = ext_i64(req, "reconsumeTimes", "j")
-            .unwrap_or(0)
-            .clamp(0, i64::from(i32::MAX)) as i32;
-        let batch = req.code == rq::SEND_BATCH_MESSAGE || ext_bool(req, "batch", "m");
+        let mut props = ext(req, "properties", "i").unwrap_or_default().to_string();
+        if let Some(g) = &dlq_group {
+            // Dead letters wait for no one: no delay level, no timer.
+            let kept = rokka_broker::schedule::without(
+                props.as_bytes(),
+                &[
+                    rokka_broker::schedule::DELAY,
+                    "TIMER_DELAY_SEC",
+                    "TIMER_DELAY_MS",
+                    "TIMER_DELIVER_MS",
+                    "__STARTDELIVERTIME",
+                ],
+            );
+            props = String::from_utf8_lossy(&kept).into_owned();
+            metrics::counter!("rokka_rocketmq_dlq_messages_total", "group" => g.clone()).increment(1);
+        }
         // Owned parts of each message, then borrowed inputs.
         let parts: Vec<(i32, Bytes, String)> = if batch {
             match split_batch(&req.body) {
