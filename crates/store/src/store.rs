@@ -1216,7 +1216,27 @@ impl MessageStore {
             }
         }
         if entries.is_empty() {
-            return status_only(ReadStatus::OffsetMoved, q.min_offset());
+            // Nothing readable where the first entry points. Retention
+            // removed the CommitLog under it (the queue's start catches up
+            // later): continue past the entries whose records are gone.
+            let log_min = self.inner.log.min_offset();
+            if let Some(first) = cqs.first().filter(|e| e.phys_offset < log_min) {
+                let past = cqs
+                    .iter()
+                    .find(|e| e.phys_offset >= log_min)
+                    .map_or_else(|| cqs.last().map_or(offset, |e| e.end_offset()), |e| e.base_offset);
+                return status_only(ReadStatus::OffsetMoved, past.max(q.min_offset()).max(first.base_offset));
+            }
+            if q.min_offset() > offset {
+                return status_only(ReadStatus::OffsetMoved, q.min_offset());
+            }
+            // Else the entry points where no record is (past the log's
+            // end, across a segment's end: a damaged ConsumeQueue). Not a
+            // moved start: that answer would send consumers back over the
+            // queue to the same entry, round and round.
+            self.inner.metrics.damaged_entries.increment(1);
+            let at = cqs.first().map_or(offset, |e| e.base_offset.max(offset));
+            return status_only(ReadStatus::Damaged, at);
         }
         let next = entries.last().map_or(offset, |e| e.cq.end_offset());
         QueueRead {

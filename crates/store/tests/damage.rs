@@ -67,6 +67,27 @@ fn a_queue_entry_pointing_at_another_record_is_not_served() -> TestResult {
 }
 
 #[test]
+fn a_queue_entry_pointing_past_the_log_is_damaged_not_a_moved_start() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(dir.path()))?;
+    for i in 0..5 {
+        append(&store, "P", 0, 6, i)?;
+    }
+    // Entry 3 points far past the CommitLog's end: no record can be read
+    // there. "Moved to the queue's start" (0) would send a consumer back
+    // over entries 0..3 to this one again, round and round.
+    let cq = dir.path().join("consumequeue/P/0/00000000000000000000");
+    let f = OpenOptions::new().read(true).write(true).open(&cq)?;
+    f.write_all_at(&(1u64 << 40).to_be_bytes(), 3 * 48)?;
+    drop(f);
+    let at = store.read("P", 0, 3, 100, 1 << 20);
+    assert_eq!((at.status, at.next_offset), (ReadStatus::Damaged, 3));
+    assert_eq!(store.read("P", 0, 0, 100, 1 << 20).entries.len(), 3);
+    assert_eq!(store.read("P", 0, 4, 100, 1 << 20).status, ReadStatus::Found);
+    Ok(())
+}
+
+#[test]
 fn verification_can_be_turned_off() -> TestResult {
     let dir = tempfile::tempdir()?;
     let mut cfg = small_config(dir.path());
