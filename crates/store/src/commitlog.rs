@@ -874,21 +874,54 @@ pub fn valid_entry_follows(log: &CommitLog, pos: u64, max_entry: usize) -> bool 
 }
 
 /// Copies the bytes of the segment holding `pos` from `pos` to its last
-/// non-zero byte into `dir/<pos as 20 digits>`, before recovery cuts them.
-pub fn save_tail(log: &CommitLog, pos: u64, dir: &Path) -> Result<PathBuf> {
+/// non-zero byte into `dir/<pos as 20 digits>`, before recovery cuts them;
+/// None when there are none (a tail of zeros: nothing to keep). Read and
+/// written a chunk at a time: a cut near the start of a 1 GiB segment
+/// costs a chunk of memory, not the segment.
+pub fn save_tail(log: &CommitLog, pos: u64, dir: &Path) -> Result<Option<PathBuf>> {
+    use std::io::Write as _;
+    const CHUNK: usize = 1 << 20;
     let segs = log.segments();
-    let path = dir.join(file_name(pos));
     let Some(seg) = CommitLog::segment_of(&segs, pos) else {
-        return Ok(path);
+        return Ok(None);
     };
     let rel = (pos - seg.start) as usize;
-    let mut tail = vec![0u8; seg.file.len() - rel];
-    seg.file.read_into(rel, &mut tail);
-    let keep = tail.iter().rposition(|b| *b != 0).map_or(0, |i| i + 1);
-    tail.truncate(keep);
+    let len = seg.file.len();
+    let mut buf = vec![0u8; CHUNK];
+    // The last non-zero byte, looking back from the segment's end.
+    let mut keep_end = rel;
+    let mut hi = len;
+    while hi > rel {
+        let lo = hi.saturating_sub(CHUNK).max(rel);
+        let b = &mut buf[..hi - lo];
+        seg.file.read_into(lo, b);
+        if let Some(i) = b.iter().rposition(|x| *x != 0) {
+            keep_end = lo + i + 1;
+            break;
+        }
+        hi = lo;
+    }
+    if keep_end == rel {
+        return Ok(None);
+    }
+    let path = dir.join(file_name(pos));
     std::fs::create_dir_all(dir).map_err(StoreError::io("create dir", dir))?;
-    crate::checkpoint::write_atomically(&path, &tail)?;
-    Ok(path)
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
+    let mut at = rel;
+    while at < keep_end {
+        let n = (keep_end - at).min(CHUNK);
+        seg.file.read_into(at, &mut buf[..n]);
+        f.write_all(&buf[..n]).map_err(StoreError::io("write", &tmp))?;
+        at += n;
+    }
+    f.sync_all().map_err(StoreError::io("fsync", &tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(StoreError::io("rename", &path))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(StoreError::io("fsync", dir))?;
+    Ok(Some(path))
 }
 
 /// Zeroes the segment holding `end` from `end` onwards and flushes it.

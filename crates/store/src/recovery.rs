@@ -510,18 +510,27 @@ fn recover(
             }
             // Past the checkpoint these were never known durable (a crash can
             // write pages out of order), so the log is cut here as Kafka and
-            // RocketMQ do — but the cut bytes are kept, not silently dropped.
-            let saved = commitlog::save_tail(log, *pos, &log.dir().join("../lost+found"))?;
+            // RocketMQ do — but the cut bytes are kept (below), not silently dropped.
             tracing::error!(
                 path = %path.display(),
                 offset = pos,
                 why,
-                saved = %saved.display(),
-                "damaged entry followed by valid ones past the checkpoint: cut the log there, kept the cut bytes"
+                "damaged entry followed by valid ones past the checkpoint: cutting the log there"
             );
         } else {
             tracing::warn!(path = %path.display(), offset = pos, why, "truncating torn CommitLog tail");
         }
+    }
+    // Whatever is cut, and not zeros, is kept in lost+found first: a torn
+    // last entry, or a damaged header (a zeroed sector, a size out of
+    // range) whose followers a scan cannot find — a tail that is only a
+    // torn write costs its few bytes, one that is not is not lost.
+    if let Some(saved) = commitlog::save_tail(log, end, &log.dir().join("../lost+found"))? {
+        tracing::error!(
+            offset = end,
+            saved = %saved.display(),
+            "bytes past the recovered end of the CommitLog were cut; a copy is kept (`rokka store check` can re-append them)"
+        );
     }
     commitlog::zero_tail(log, end)?;
     log.drop_segments_after(end)?;

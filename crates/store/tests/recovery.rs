@@ -227,6 +227,41 @@ fn damaged_middle_record_past_the_checkpoint_cuts_the_log_and_keeps_the_rest() -
 }
 
 #[test]
+fn a_zeroed_header_past_the_checkpoint_cuts_the_log_and_keeps_the_rest() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path());
+    let rs = fill_and_crash(dir.path(), 200)?;
+    // A zeroed sector where record 150 starts: to a scan it looks like the
+    // end of the log, with nothing damaged to say why.
+    let (seg, pos) = segment_of(dir.path(), &cfg, rs[150].phys_offset);
+    write_at(&seg, pos, &[0u8; 16])?;
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(store.max_offset("R", 0), 150);
+    drop(store);
+    // What was cut is kept (from record 150 to the end of record 199).
+    let saved = dir
+        .path()
+        .join("lost+found")
+        .join(format!("{:020}", rs[150].phys_offset));
+    let kept = std::fs::read(&saved)?;
+    let expect = rs[199].phys_offset + u64::from(rs[199].size) - rs[150].phys_offset;
+    assert_eq!(kept.len() as u64, expect);
+    assert_eq!(&kept[..16], &[0u8; 16]);
+    assert_recovered_to(dir.path(), 150)
+}
+
+#[test]
+fn a_clean_crash_keeps_nothing_in_lost_and_found() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    fill_and_crash(dir.path(), 50)?;
+    let store = MessageStore::open(config(dir.path()))?;
+    assert_eq!(store.max_offset("R", 0), 50);
+    drop(store);
+    assert!(!dir.path().join("lost+found").exists());
+    Ok(())
+}
+
+#[test]
 fn damaged_middle_record_without_a_checkpoint_is_an_error_naming_the_file() -> TestResult {
     let dir = tempfile::tempdir()?;
     let cfg = config(dir.path());
