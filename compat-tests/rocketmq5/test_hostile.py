@@ -74,3 +74,57 @@ def test_oversized_malformed_and_unknown_requests_get_status_codes(rokka):
     resp = service_pb2.AckMessageResponse.FromString(raw_call(rokka, "AckMessage", req.SerializeToString()))
     assert resp.entries[0].status.code == 40013  # INVALID_RECEIPT_HANDLE
     still_serves(rokka)
+
+
+def test_offsets_of_queues_that_do_not_exist_are_refused(rokka):
+    # The committed-offset table is shared by every protocol and budgeted:
+    # UpdateOffset names an existing topic's existing queue, or is refused.
+    from rocketmq.grpc_protocol import service_pb2
+
+    topic = f"g5-upd-{uuid.uuid4().hex[:8]}"
+    c = Clients(rokka)
+    try:
+        c.producer(topic).send(message(topic, b"x"))
+    finally:
+        c.close()
+
+    def update(t, q):
+        req = service_pb2.UpdateOffsetRequest()
+        req.group.name = "g5-upd-group"
+        req.message_queue.topic.name = t
+        req.message_queue.id = q
+        req.offset = 1
+        return service_pb2.UpdateOffsetResponse.FromString(raw_call(rokka, "UpdateOffset", req.SerializeToString()))
+
+    assert update(topic, 0).status.code == 20000  # OK
+    assert update(topic, 4096).status.code == 40000  # BAD_REQUEST: no such queue
+    assert update(f"{topic}-none", 0).status.code == 40402  # TOPIC_NOT_FOUND
+
+
+def test_a_transaction_id_of_another_topics_message_is_refused(rokka):
+    # EndTransaction's id names a half message; the request's topic (what
+    # the ACL check reads) must be that message's.
+    from rocketmq import Producer
+    from rocketmq.grpc_protocol import definition_pb2, service_pb2
+    from test_grpc import Checker, config
+
+    secret, mine = f"g5-tx-secret-{uuid.uuid4().hex[:6]}", f"g5-tx-mine-{uuid.uuid4().hex[:6]}"
+    p = Producer(config(rokka), (secret, mine), checker=Checker())
+    p.startup()
+    try:
+        # A topic of "mine" exists; the half message is of "secret".
+        p.send(message(mine, b"mine"))
+        receipt = p.send(message(secret, b"pending"), p.begin_transaction())
+    finally:
+        p.shutdown()
+    end = service_pb2.EndTransactionRequest()
+    end.topic.name = mine
+    end.message_id = receipt.message_id
+    end.transaction_id = receipt.transaction_id
+    end.resolution = definition_pb2.COMMIT
+    resp = service_pb2.EndTransactionResponse.FromString(raw_call(rokka, "EndTransaction", end.SerializeToString()))
+    assert resp.status.code == 40008, resp  # INVALID_TRANSACTION_ID
+    # Named with its own topic it ends.
+    end.topic.name = secret
+    resp = service_pb2.EndTransactionResponse.FromString(raw_call(rokka, "EndTransaction", end.SerializeToString()))
+    assert resp.status.code == 20000, resp

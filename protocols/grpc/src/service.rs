@@ -1375,10 +1375,20 @@ impl pb::messaging_service_server::MessagingService for Service {
         let req = req.into_inner();
         let mq = req.message_queue.unwrap_or_default();
         let (group, topic) = (name(&req.group).to_string(), name(&mq.topic).to_string());
+        let partitions = self.0.broker.topics().get(&topic).map(|t| t.partitions);
         let s = if group.is_empty() || topic.is_empty() || mq.id < 0 || req.offset < 0 {
             status(
                 pb::Code::BadRequest,
                 "group, topic, queue and a non-negative offset are required",
+            )
+        } else if partitions.is_none() {
+            // As the remoting path: offsets only of queues that exist (the
+            // committed-offset table is shared, and budgeted).
+            status(pb::Code::TopicNotFound, format!("topic {topic} not found"))
+        } else if partitions.is_some_and(|n| mq.id as u64 >= u64::from(n)) {
+            status(
+                pb::Code::BadRequest,
+                format!("queue {} out of range for {topic}", mq.id),
             )
         } else {
             let q = mq.id as u32;
