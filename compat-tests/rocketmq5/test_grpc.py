@@ -423,6 +423,28 @@ def test_a_fifo_group_gets_a_queue_one_batch_at_a_time_in_order(rokka, clients):
     assert [m.body for m in rest] == [f"o-{i}".encode() for i in range(2, 6)], "in send order after the acks"
 
 
+def test_a_fifo_queue_redelivers_to_a_receive_asking_for_fewer_than_are_due(rokka, clients):
+    topic = name("g5-ordered-few")
+    p = clients.producer(topic)
+    for i in range(3):
+        p.send(message(topic, f"f-{i}".encode(), group="one-order"))
+    c = clients.consumer("g5-fifo-ordered", topic)
+    first = []
+    deadline = time.time() + 10
+    while len(first) < 2 and time.time() < deadline:
+        first += c.receive(2 - len(first), 2)
+    assert [m.body for m in first] == [b"f-0", b"f-1"]
+    time.sleep(3)
+    # Both are due again; asking for one must give the first of them, not
+    # read as "some still invisible" and hold the queue for good.
+    again = []
+    deadline = time.time() + 10
+    while not again and time.time() < deadline:
+        again = c.receive(1, 5)
+    assert [m.body for m in again] == [b"f-0"]
+    assert again[0].delivery_attempt == 2
+
+
 def test_a_group_is_consumed_by_pop_or_by_queue_owners_never_both(rokka, clients):
     """docs/rocketmq5.md: while a group has live Kafka (or remoting)
     members, pops of it are refused; while it has live pop consumers,

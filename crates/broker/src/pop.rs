@@ -69,6 +69,16 @@ impl QueuePops {
     pub fn next_visible_ms(&self) -> Option<i64> {
         self.in_flight.values().map(|f| f.visible_at_ms).min()
     }
+
+    /// When the next in-flight message still invisible at `now_ms` becomes
+    /// visible (None: none is).
+    pub fn next_visible_after(&self, now_ms: i64) -> Option<i64> {
+        self.in_flight
+            .values()
+            .map(|f| f.visible_at_ms)
+            .filter(|v| *v > now_ms)
+            .min()
+    }
 }
 
 /// A receipt handle's contents.
@@ -489,6 +499,18 @@ mod tests {
         assert!(pops.ack(&mut st, &a3).is_ok());
         assert_eq!(pops.ack(&mut st, &a3), Err(HandleError::NotInFlight));
         assert_eq!((st.low_watermark(), pops.in_flight()), (7, 0));
+    }
+
+    #[test]
+    fn the_next_visible_time_after_now_leaves_out_what_is_due() {
+        let pops = Pops::new(10, 10);
+        let st = pops.queue("g", "t", 0, || 0).expect("room");
+        let mut st = lock(&st);
+        pops.hand_out(&mut st, 0, 0, 1_000, 0);
+        pops.hand_out(&mut st, 0, 1, 5_000, 0);
+        assert_eq!(st.next_visible_ms(), Some(1_000));
+        assert_eq!(st.next_visible_after(2_000), Some(5_000));
+        assert_eq!(st.next_visible_after(6_000), None);
     }
 
     #[test]

@@ -546,11 +546,15 @@ impl Messaging {
             // A FIFO group's queue gives out one batch at a time, in
             // order: nothing more while some of it is in flight and
             // invisible (Apache's orderly pop).
-            let due = st.due(now, room);
+            // (Which are due is decided over all of them, not the room
+            // left: a receive asking for fewer than are due must not read
+            // as some still invisible, and block the queue for good.)
+            let mut due = st.due(now, usize::MAX);
             if fifo && st.in_flight.len() > due.len() {
-                out.next_visible_ms = earliest(out.next_visible_ms, st.next_visible_ms());
+                out.next_visible_ms = earliest(out.next_visible_ms, st.next_visible_after(now));
                 continue;
             }
+            due.truncate(room);
             let redelivering = !due.is_empty();
             // Redeliveries first: messages whose invisible time is over.
             for (off, f) in due {
@@ -750,7 +754,11 @@ impl Messaging {
             }
             let mut wait = deadline - now;
             if let Some(v) = popped.next_visible_ms {
-                let until = (v - rokka_store::now_ms()).max(1) as u64;
+                // Due already and still not handed out (its dead-letter
+                // write failed, say): looked at again in a while, not in a
+                // busy loop.
+                let now_ms = rokka_store::now_ms();
+                let until = if v > now_ms { (v - now_ms) as u64 } else { 100 };
                 wait = wait.min(Duration::from_millis(until));
             }
             metrics::gauge!("rokka_rocketmq5_receives_held").increment(1.0);
