@@ -892,7 +892,10 @@ impl MessageStore {
             q.raise_min_offset(offset)
         };
         let mut starts = self.inner.log_starts.lock().unwrap_or_else(|p| p.into_inner());
-        starts.insert(format!("{topic}/{queue_id}"), start);
+        if starts.insert(format!("{topic}/{queue_id}"), start) == Some(start) {
+            // Nothing moved (asked again): no rewrite and fsync of the file.
+            return Ok(start);
+        }
         let json = serde_json::to_vec_pretty(&*starts)
             .map_err(|e| StoreError::bad_file(self.inner.dir.join("log_starts.json"), e.to_string()))?;
         crate::checkpoint::write_atomically(&self.inner.dir.join("log_starts.json"), &json)?;

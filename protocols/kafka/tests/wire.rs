@@ -422,3 +422,66 @@ async fn unknown_coordinator_types_and_the_last_producer_epoch() -> TestResult {
     assert_eq!(r.producer_epoch, 0);
     Ok(())
 }
+
+/// DeleteRecords naming one partition many times is one deletion (the last
+/// offset given) with one answer, as Kafka reads the request into a map.
+#[tokio::test]
+async fn delete_records_naming_a_partition_again_is_one_deletion() -> TestResult {
+    use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut c = TcpStream::connect(addr).await?;
+    let _: CreateTopicsResponse = call(
+        &mut c,
+        ApiKey::CreateTopics,
+        5,
+        &CreateTopicsRequest::default().with_topics(vec![
+            kafka_protocol::messages::create_topics_request::CreatableTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("dr")))
+                .with_num_partitions(1)
+                .with_replication_factor(1),
+        ]),
+    )
+    .await?;
+    let values: Vec<Vec<u8>> = (0..10).map(|i| vec![b'a' + i]).collect();
+    let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
+    let r: ProduceResponse = call(
+        &mut c,
+        ApiKey::Produce,
+        9,
+        &produce_req(
+            "dr",
+            Bytes::from(rokka_store::record::kafka::build_test_batch(&refs, 1_000)),
+        ),
+    )
+    .await?;
+    assert_eq!(r.responses[0].partition_responses[0].error_code, 0);
+    let parts: Vec<DeleteRecordsPartition> = (0..5000)
+        .map(|i| {
+            DeleteRecordsPartition::default()
+                .with_partition_index(0)
+                .with_offset(if i == 4999 { 7 } else { 3 })
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let r: DeleteRecordsResponse = call(
+        &mut c,
+        ApiKey::DeleteRecords,
+        2,
+        &DeleteRecordsRequest::default()
+            .with_timeout_ms(5000)
+            .with_topics(vec![DeleteRecordsTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("dr")))
+                .with_partitions(parts)]),
+    )
+    .await?;
+    assert_eq!(r.topics.len(), 1);
+    let got: Vec<(i32, i64, i16)> = r.topics[0]
+        .partitions
+        .iter()
+        .map(|p| (p.partition_index, p.low_watermark, p.error_code))
+        .collect();
+    assert_eq!(got, vec![(0, 7, 0)]);
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    Ok(())
+}

@@ -449,26 +449,50 @@ pub fn describe_cluster(k: &Kafka, _r: DescribeClusterRequest, at: &crate::Endpo
 
 pub fn delete_records(k: &Kafka, r: DeleteRecordsRequest) -> DeleteRecordsResponse {
     let store = k.broker.store();
-    let topics = r
-        .topics
+    // A partition named twice is one deletion (the last offset given), as
+    // Kafka reads the request into a map: each costs a rewrite and fsync of
+    // the log starts.
+    let mut topic_at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut part_at: std::collections::HashMap<(usize, i32), usize> = std::collections::HashMap::new();
+    let mut unique: Vec<(TopicName, Vec<(i32, i64)>)> = Vec::new();
+    for t in r.topics {
+        let ti = *topic_at.entry(t.name.0.to_string()).or_insert_with(|| {
+            unique.push((t.name.clone(), Vec::new()));
+            unique.len() - 1
+        });
+        for p in t.partitions {
+            match part_at.entry((ti, p.partition_index)) {
+                std::collections::hash_map::Entry::Occupied(at) => unique[ti].1[*at.get()].1 = p.offset,
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(unique[ti].1.len());
+                    unique[ti].1.push((p.partition_index, p.offset));
+                }
+            }
+        }
+    }
+    let topics = unique
         .into_iter()
-        .map(|t| {
-            let name = t.name.0.to_string();
+        .map(|(topic_name, parts)| {
+            let name = topic_name.0.to_string();
             let info = k.broker.topics().get(&name);
-            let partitions = t
-                .partitions
+            let partitions = parts
                 .into_iter()
-                .map(|p| {
+                .map(|(partition_index, offset)| {
                     let res = DeleteRecordsPartitionResult::default()
-                        .with_partition_index(p.partition_index)
+                        .with_partition_index(partition_index)
                         .with_low_watermark(-1);
-                    let q = match super::queue_of(k, info.as_ref(), p.partition_index) {
+                    if !store.is_leader() {
+                        // Cluster mode: the set's master deletes (a replica
+                        // would move only its own start).
+                        return res.with_error_code(errors::NOT_LEADER_OR_FOLLOWER);
+                    }
+                    let q = match super::queue_of(k, info.as_ref(), partition_index) {
                         Ok(q) => q,
                         Err(code) => return res.with_error_code(code),
                     };
                     let hw = store.max_offset(&name, q);
                     // -1 means "up to the high watermark".
-                    let target = if p.offset == -1 { hw as i64 } else { p.offset };
+                    let target = if offset == -1 { hw as i64 } else { offset };
                     if target < 0 || target as u64 > hw {
                         return res.with_error_code(errors::OFFSET_OUT_OF_RANGE);
                     }
@@ -479,7 +503,7 @@ pub fn delete_records(k: &Kafka, r: DeleteRecordsRequest) -> DeleteRecordsRespon
                 })
                 .collect();
             DeleteRecordsTopicResult::default()
-                .with_name(t.name)
+                .with_name(topic_name)
                 .with_partitions(partitions)
         })
         .collect();
