@@ -705,6 +705,48 @@ impl CommitLogWriter {
         }
     }
 
+    /// Rolls to a new segment now when `total` bytes (a batch's entries)
+    /// do not fit in the active one but would fit in a fresh one, so the
+    /// batch's roll (the step that can fail: a full disk, a file that cannot
+    /// be made) happens before any of its entries is written.
+    pub fn make_room(&mut self, total: usize) -> Result<()> {
+        let fits_fresh = total + 8 <= self.segment_bytes as usize;
+        match &self.active {
+            Some(seg) if fits_fresh && self.wrote + total + 8 > seg.file.len() => {
+                // The roll `append` would do for an entry of that size.
+                self.append_roll(total)
+            }
+            None => self.append_roll(total.min(self.segment_bytes as usize - 8)),
+            _ => Ok(()),
+        }
+    }
+
+    fn append_roll(&mut self, size: usize) -> Result<()> {
+        let start = match &self.active {
+            Some(seg) => {
+                let remaining = seg.file.len() - self.wrote;
+                if remaining >= 8 {
+                    let mut blank = [0u8; 8];
+                    blank[0..4].copy_from_slice(&(remaining as u32).to_be_bytes());
+                    blank[4..8].copy_from_slice(&BLANK_MAGIC.to_be_bytes());
+                    seg.file.write_at(self.wrote, &blank);
+                }
+                seg.end()
+            }
+            None => self.log.write_pos(),
+        };
+        let seg = self.next_segment(start)?;
+        if size + 8 > seg.file.len() {
+            return Err(StoreError::MessageTooLarge {
+                size,
+                limit: seg.file.len() - 8,
+            });
+        }
+        self.active = Some(seg);
+        self.wrote = 0;
+        Ok(())
+    }
+
     /// Reserves `size` bytes for one entry, rolling to a new segment (after a
     /// BLANK filler) when it does not fit with 8 bytes to spare, and lets
     /// `encode` fill them given the entry's offset. Returns that offset.
@@ -716,33 +758,11 @@ impl CommitLogWriter {
             None => true,
         };
         if need_roll {
-            let start = match &self.active {
-                Some(seg) => {
-                    let remaining = seg.file.len() - self.wrote;
-                    // Appends always leave room for the filler, but a
-                    // recovered end can fall in a segment's last 7 bytes
-                    // (a checkpoint's end there, scanned past nothing):
-                    // those stay zero, which scans step over as they do a
-                    // filler.
-                    if remaining >= 8 {
-                        let mut blank = [0u8; 8];
-                        blank[0..4].copy_from_slice(&(remaining as u32).to_be_bytes());
-                        blank[4..8].copy_from_slice(&BLANK_MAGIC.to_be_bytes());
-                        seg.file.write_at(self.wrote, &blank);
-                    }
-                    seg.end()
-                }
-                None => self.log.write_pos(),
-            };
-            let seg = self.next_segment(start)?;
-            if !fits(&seg, 0) {
-                return Err(StoreError::MessageTooLarge {
-                    size,
-                    limit: seg.file.len() - 8,
-                });
-            }
-            self.active = Some(seg);
-            self.wrote = 0;
+            // Appends always leave room for the filler, but a recovered end
+            // can fall in a segment's last 7 bytes (a checkpoint's end
+            // there, scanned past nothing): those stay zero, which scans
+            // step over as they do a filler.
+            self.append_roll(size)?;
         }
         let Some(seg) = &self.active else {
             return Err(StoreError::ShutDown);

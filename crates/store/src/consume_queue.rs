@@ -399,6 +399,26 @@ impl ConsumeQueue {
     /// Makes sure the file the next entry goes to exists (writer only), so
     /// an append can fail here — before its record is written to the
     /// CommitLog — rather than after it is published.
+    /// Makes the files the next `n` entries go to exist (writer only): a
+    /// batch fails before any of its records exists, not part-way.
+    pub fn reserve_n(&self, n: u64) -> Result<()> {
+        let idx = self.entries.load(Ordering::Relaxed);
+        let mut at = idx;
+        while at < idx.saturating_add(n) {
+            let present = {
+                let f = self.files();
+                at.checked_sub(f.base_entry)
+                    .is_some_and(|rel| ((rel / self.entries_per_file) as usize) < f.list.len())
+            };
+            if !present {
+                self.create_file(at)?;
+            }
+            // The first entry of the next file.
+            at = (at / self.entries_per_file + 1) * self.entries_per_file;
+        }
+        Ok(())
+    }
+
     pub fn reserve(&self) -> Result<()> {
         let idx = self.entries.load(Ordering::Relaxed);
         let present = {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use rokka_store::config::FlushMode;
-use rokka_store::{fault, MessageStore, StoreConfig, StoreError};
+use rokka_store::{fault, MessageInput, MessageStore, StoreConfig, StoreError};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -460,5 +460,33 @@ fn a_failed_write_back_ahead_of_the_writer_loses_no_acknowledgement() -> TestRes
     fault::clear();
     let store = MessageStore::open(cfg)?;
     assert_eq!(read_all(&store, "W", 0).len(), 400);
+    Ok(())
+}
+
+#[test]
+fn a_batch_that_needs_a_segment_it_cannot_have_stores_nothing() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(dir.path()))?;
+    // Fill the first segment (256 KiB) to within a batch of its end.
+    let big = vec![7u8; 8 * 1024];
+    let mut n = 0u64;
+    while store.commitlog_offsets().1 + 40 * 1024 < 256 * 1024 {
+        store.append_message(&MessageInput::new("B", 0, &big, b""))?;
+        n += 1;
+    }
+    // A batch of 8 × 8 KiB crosses into the next segment, which cannot be
+    // made: refused whole — none of its records readable, no offset taken.
+    fault::inject("create", libc::ENOSPC, None);
+    let batch: Vec<MessageInput<'_>> = (0..8).map(|_| MessageInput::new("B", 0, &big, b"")).collect();
+    assert!(store.append_messages(&batch).is_err());
+    assert_eq!(store.max_offset("B", 0), n, "part of the batch was stored");
+    fault::clear();
+    // Retried once the disk has room: stored once.
+    let r = store.append_messages(&batch)?;
+    assert_eq!(r.len(), 8);
+    assert_eq!(r[0].queue_offset, n);
+    assert_eq!(store.max_offset("B", 0), n + 8);
+    assert_eq!(read_all(&store, "B", 0).len() as u64, n + 8);
     Ok(())
 }
