@@ -1151,3 +1151,30 @@ async fn retry_sends_past_their_limit_go_to_the_dead_letter_topic() -> TestResul
     assert_eq!(r.code, rs::MESSAGE_ILLEGAL, "{:?}", r.remark);
     Ok(())
 }
+
+/// A client id a live consumer registered on its connection cannot be used
+/// from another connection to unlock (or take) its orderly queues.
+#[tokio::test]
+async fn another_connection_cannot_lock_or_unlock_with_a_live_clients_id() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut owner = Client::connect(addr).await?;
+    let mut hb = req(rq::HEART_BEAT, &[]);
+    hb.body = Bytes::from_static(
+        br#"{"clientID":"victim","producerDataSet":[],"consumerDataSet":[{"groupName":"og","messageModel":"CLUSTERING","subscriptionDataSet":[]}]}"#,
+    );
+    assert_eq!(owner.call(hb).await?.code, rs::SUCCESS);
+    let r = owner.call(lock_req(rq::LOCK_BATCH_MQ, "victim", &[0])).await?;
+    assert_eq!(locked(&r)?, vec![0]);
+    let mut other = Client::connect(addr).await?;
+    let r = other.call(lock_req(rq::UNLOCK_BATCH_MQ, "victim", &[0])).await?;
+    assert_eq!(r.code, 16, "{:?}", r.remark);
+    let r = other.call(lock_req(rq::LOCK_BATCH_MQ, "victim", &[0])).await?;
+    assert_eq!(r.code, 16, "{:?}", r.remark);
+    // Still the owner's: another client id cannot take it either.
+    let r = other.call(lock_req(rq::LOCK_BATCH_MQ, "thief", &[0])).await?;
+    assert_eq!(locked(&r)?, Vec::<i64>::new());
+    let r = owner.call(lock_req(rq::LOCK_BATCH_MQ, "victim", &[0])).await?;
+    assert_eq!(locked(&r)?, vec![0]);
+    Ok(())
+}

@@ -267,7 +267,7 @@ impl RocketMq {
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
             rq::GET_CONSUME_STATS => self.consume_stats(&cmd),
             rq::INVOKE_BROKER_TO_RESET_OFFSET => self.reset_offset(&cmd).await,
-            rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd),
+            rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd, conn),
             // What these append must be durable before the client is told
             // (sync flush): the consumer moves its offset past a sent-back
             // message, the producer forgets a resolved transaction.

@@ -416,11 +416,35 @@ impl RocketMq {
     /// LOCK_BATCH_MQ / UNLOCK_BATCH_MQ (digest §2.8): a queue is granted when
     /// free, already held by the asker, or its holder's lock is older than
     /// `lock_expiry_ms`; granting renews it. Unlock frees the asker's locks.
-    pub(super) fn lock_batch(&self, req: &RemotingCommand) -> RemotingCommand {
+    pub(super) fn lock_batch(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let LockBatch { group, client, queues } = match parse_lock_batch(&req.body) {
             Ok(b) => b,
             Err(why) => return self.reply(req, rs::SYSTEM_ERROR, Some(why.into())),
         };
+        // The group is in the body: READ on it, as a pull of the group needs.
+        let need = (
+            rokka_broker::acl::ResourceType::Group,
+            group.as_str(),
+            rokka_broker::acl::Operation::Read,
+        );
+        if let Some(remark) = crate::auth::check_need(&self.broker, conn, req, need) {
+            return self.reply(req, crate::auth::NO_PERMISSION, Some(remark));
+        }
+        // A client id a live client registered on another connection is
+        // not this connection's to lock or unlock with (else anyone could
+        // free or take another consumer's orderly queues by its id).
+        let elsewhere = self
+            .clients()
+            .clients
+            .get(&client)
+            .is_some_and(|cl| cl.conn.peer != conn.peer && !cl.conn.is_closed());
+        if elsewhere {
+            return self.reply(
+                req,
+                crate::auth::NO_PERMISSION,
+                Some(format!("client {client} is registered on another connection")),
+            );
+        }
         let now = self.now_ms();
         let expiry = self.config.lock_expiry_ms;
         let mut granted = Vec::new();
