@@ -1606,8 +1606,16 @@ impl pb::messaging_service_server::MessagingService for Service {
                     // verification): nothing asks for them yet.
                     _ => continue,
                 };
-                if tx.send(Ok(reply)).await.is_err() {
-                    return;
+                // A client that sends settings but never reads the replies
+                // fills the stream's buffer: it is closed after the idle
+                // timeout, not held (with its slot) until its connection goes.
+                match tokio::time::timeout(idle, tx.send(Ok(reply))).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        metrics::counter!("rokka_rocketmq5_telemetry_unread_closed_total").increment(1);
+                        return;
+                    }
                 }
             }
         });
