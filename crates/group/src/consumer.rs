@@ -28,6 +28,9 @@ use crate::types::code;
 pub type Tp = (String, u32);
 
 /// Error codes of the consumer protocol (Kafka's numbering).
+/// Longest SubscribedTopicRegex a KIP-848 member may send.
+const MAX_REGEX_BYTES: usize = 16 * 1024;
+
 pub mod err {
     pub const INVALID_REQUEST: i16 = 42;
     pub const INVALID_REGULAR_EXPRESSION: i16 = 121;
@@ -421,6 +424,16 @@ impl ConsumerGroups {
             .and_then(|m| m.regex.clone());
         let compiled = match req.subscribed_regex.as_deref() {
             Some(re) if current.as_ref().is_some_and(|(s, _)| s == re) => current,
+            // Compiled under the coordinator's lock: a pattern is bounded
+            // in length (the regex crate bounds what it compiles to).
+            Some(re) if re.len() > MAX_REGEX_BYTES => {
+                return fail(
+                    err::INVALID_REGULAR_EXPRESSION,
+                    &format!("SubscribedTopicRegex is longer than {MAX_REGEX_BYTES} bytes."),
+                    &req.member_id,
+                    req.member_epoch,
+                )
+            }
             Some(re) if !re.is_empty() => match regex::Regex::new(&format!("^(?:{re})$")) {
                 Ok(r) => Some((re.to_string(), r)),
                 Err(e) => {
@@ -1063,6 +1076,24 @@ mod tests {
         );
         assert_eq!(bad.error, err::INVALID_REGULAR_EXPRESSION);
         assert!(!c.groups["g"].members.contains_key("b"), "refused before joining");
+        // A valid pattern too long to compile under the lock: refused too.
+        let long = c.heartbeat(
+            HeartbeatRequest {
+                group: "g".into(),
+                member_id: "b".into(),
+                member_epoch: 0,
+                rebalance_timeout_ms: 30_000,
+                subscribed_regex: Some("t|".repeat(MAX_REGEX_BYTES / 2 + 1)),
+                owned: Some(Vec::new()),
+                ..HeartbeatRequest::default()
+            },
+            0,
+            &Named,
+            &CFG,
+            true,
+        );
+        assert_eq!(long.error, err::INVALID_REGULAR_EXPRESSION);
+        assert!(!c.groups["g"].members.contains_key("b"));
     }
 
     #[test]
