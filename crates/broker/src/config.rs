@@ -11,6 +11,10 @@ pub struct BrokerConfig {
     pub default_partitions: u32,
     /// Most partitions (queues) one topic may have.
     pub max_partitions: u32,
+    /// Most topics the broker holds (0 = no limit): names come from
+    /// clients (auto-creation, retry topics of consumer groups); creating
+    /// one more is refused (counted in `rokka_topics_refused_total`).
+    pub max_topics: u32,
     /// Delay of each RocketMQ delay level, 1 … n, in ms (`messageDelayLevel`).
     pub delay_levels_ms: Vec<u64>,
     /// Most bytes one Kafka record batch may decompress to: a Produce whose
@@ -58,6 +62,7 @@ impl Default for BrokerConfig {
             auto_create_topics: true,
             default_partitions: 1,
             max_partitions: 1024,
+            max_topics: 100_000,
             delay_levels_ms: crate::schedule::LEVELS_MS.iter().map(|l| *l as u64).collect(),
             max_batch_decompressed_bytes: 64 * 1024 * 1024,
             producer_id_expiration_ms: 24 * 3600 * 1000,

@@ -18,6 +18,9 @@ pub enum BrokerError {
     TopicExists(String),
     #[error("invalid partition count: {0}")]
     InvalidPartitions(String),
+    /// `broker.max_topics` topics exist already.
+    #[error("too many topics: the broker holds {0} (broker.max_topics)")]
+    TooManyTopics(u32),
     /// A timer message due later than the broker keeps messages (RocketMQ
     /// `timerMaxDelaySec`; Rokka also caps it at the retention period, so
     /// no timer message is deleted before it is delivered).
@@ -55,6 +58,7 @@ impl BrokerError {
             | BrokerError::UnknownPartition { .. }
             | BrokerError::TopicExists(_)
             | BrokerError::InvalidPartitions(_)
+            | BrokerError::TooManyTopics(_)
             | BrokerError::TimerTooFar { .. } => false,
         }
     }

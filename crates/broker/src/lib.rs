@@ -264,6 +264,7 @@ impl Broker {
                 b.store.set_compacted(&name, compact)?;
             }
         }
+        metrics::gauge!("rokka_topics").set(b.topics.count() as f64);
         Ok(b)
     }
 
@@ -307,6 +308,11 @@ impl Broker {
         configs: std::collections::BTreeMap<String, String>,
     ) -> Result<TopicInfo> {
         rokka_store::validate_topic(name)?;
+        let max = self.config.max_topics;
+        if max > 0 && self.topics.count() >= max as usize && self.topics.get(name).is_none() {
+            metrics::counter!("rokka_topics_refused_total").increment(1);
+            return Err(BrokerError::TooManyTopics(max));
+        }
         if partitions == 0 || partitions > self.config.max_partitions {
             return Err(BrokerError::InvalidPartitions(format!(
                 "{partitions} is outside 1..={}",
@@ -363,6 +369,7 @@ impl Broker {
             offload(|| self.store.set_compacted(name, true))?;
         }
         tracing::info!(topic = name, partitions, here = local, "topic created");
+        metrics::gauge!("rokka_topics").set(self.topics.count() as f64);
         if self.cluster_view().is_some() {
             let mut c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());
             c.deleted.remove(name);
@@ -618,6 +625,7 @@ impl Broker {
         self.forget_topic_transactions(name);
         self.traffic.forget(name);
         tracing::info!(topic = name, "topic deleted");
+        metrics::gauge!("rokka_topics").set(self.topics.count() as f64);
         if self.cluster_view().is_some() {
             let mut c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());
             c.created.remove(name);
@@ -940,6 +948,37 @@ mod tests {
     fn broker(dir: &std::path::Path) -> Result<Broker> {
         let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
         Broker::new(store, BrokerConfig::default())
+    }
+
+    #[test]
+    fn topics_beyond_max_topics_are_refused_until_one_goes() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(
+            store,
+            BrokerConfig {
+                max_topics: 3,
+                ..BrokerConfig::default()
+            },
+        )?;
+        let have = b.topics().count();
+        for i in have..3 {
+            b.create_topic(&format!("t{i}"), 1)?;
+        }
+        assert!(matches!(
+            b.create_topic("one-more", 1),
+            Err(BrokerError::TooManyTopics(3))
+        ));
+        assert!(matches!(
+            b.topic_or_create("auto-more", true, None),
+            Err(BrokerError::TooManyTopics(3))
+        ));
+        // An existing name is still "exists", not "too many".
+        let existing = b.topics().names().into_iter().next().unwrap_or_default();
+        assert!(matches!(b.create_topic(&existing, 1), Err(BrokerError::TopicExists(_))));
+        b.delete_topic(&existing)?;
+        b.create_topic("one-more", 1)?;
+        Ok(())
     }
 
     #[test]

@@ -278,6 +278,11 @@ impl TopicTable {
         self.version.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// How many topics there are.
+    pub fn count(&self) -> usize {
+        self.topics.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     pub fn get(&self, name: &str) -> Option<TopicInfo> {
         self.topics.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
     }

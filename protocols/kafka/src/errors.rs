@@ -29,6 +29,7 @@ pub const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
 pub const INVALID_CONFIG: i16 = 40;
 pub const INVALID_REQUEST: i16 = 42;
 pub const INVALID_REQUIRED_ACKS: i16 = 21;
+pub const POLICY_VIOLATION: i16 = 44;
 pub const UNSUPPORTED_FOR_MESSAGE_FORMAT: i16 = 43;
 pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
 pub const INVALID_PRODUCER_EPOCH: i16 = 47;
@@ -120,6 +121,8 @@ pub fn code(e: &BrokerError) -> i16 {
         BrokerError::Remote(_) => COORDINATOR_NOT_AVAILABLE,
         BrokerError::Io(..) | BrokerError::BadFile { .. } | BrokerError::Corrupt(_) => KAFKA_STORAGE_ERROR,
         BrokerError::TimerTooFar { .. } => INVALID_REQUEST,
+        // Kafka's answer to a creation its policy refuses.
+        BrokerError::TooManyTopics(_) => POLICY_VIOLATION,
     }
 }
 

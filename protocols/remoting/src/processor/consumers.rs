@@ -144,7 +144,10 @@ impl RocketMq {
         for t in retry_topics {
             if self.broker.topics().get(&t).is_none() {
                 match self.broker.create_topic(&t, 1) {
-                    Ok(_) | Err(rokka_broker::BrokerError::TopicExists(_)) => {}
+                    // (Past broker.max_topics: counted, not logged at every heartbeat.)
+                    Ok(_)
+                    | Err(rokka_broker::BrokerError::TopicExists(_))
+                    | Err(rokka_broker::BrokerError::TooManyTopics(_)) => {}
                     Err(e) => tracing::warn!(topic = t, error = %e, "cannot create the retry topic"),
                 }
             }
