@@ -543,7 +543,8 @@ impl ConsumeQueue {
             };
             let in_file = rel % self.entries_per_file;
             let n = (self.entries_per_file - in_file).min(end - idx);
-            file.flush_range(in_file as usize * ENTRY_SIZE, n as usize * ENTRY_SIZE)
+            crate::fault::check("cq-msync")
+                .and_then(|()| file.flush_range(in_file as usize * ENTRY_SIZE, n as usize * ENTRY_SIZE))
                 .map_err(StoreError::io("flush", file.path()))?;
             idx += n;
         }

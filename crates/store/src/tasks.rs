@@ -261,15 +261,24 @@ pub(crate) fn checkpoint(inner: &Inner, clean: bool) -> Result<Checkpoint> {
     let t = Instant::now();
     inner.log.flush_to(end)?;
     inner.metrics.flush_seconds.record(t.elapsed().as_secs_f64());
+    // A failed write-back of a queue or the index is final, as the
+    // CommitLog's: Linux reports it once, so the next checkpoint's msync
+    // would succeed and record as durable entries whose pages were lost.
     for q in inner.all_queues() {
-        q.flush()?;
+        if let Err(e) = q.flush() {
+            return Err(inner.log.fail(format!("ConsumeQueue write-back: {e}")));
+        }
     }
     if let Some(index) = &inner.index {
         // msync outside the index lock so appends are not held up; everything
         // up to `mark` was written before the snapshot.
         let file = index.lock().unwrap_or_else(|p| p.into_inner()).active_file();
         if let Some(f) = file {
-            f.flush_range(0, f.len()).map_err(StoreError::io("flush", f.path()))?;
+            if let Err(e) = crate::fault::check("index-msync").and_then(|()| f.flush_range(0, f.len())) {
+                return Err(inner
+                    .log
+                    .fail(format!("IndexFile write-back {}: {e}", f.path().display())));
+            }
         }
     }
     let cp = Checkpoint {

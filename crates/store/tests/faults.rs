@@ -490,3 +490,29 @@ fn a_batch_that_needs_a_segment_it_cannot_have_stores_nothing() -> TestResult {
     assert_eq!(read_all(&store, "B", 0).len() as u64, n + 8);
     Ok(())
 }
+
+#[test]
+fn a_failed_queue_or_index_write_back_is_final() -> TestResult {
+    for step in ["cq-msync", "index-msync"] {
+        let _g = serial();
+        let dir = tempfile::tempdir()?;
+        let store = MessageStore::open(small_config(dir.path()))?;
+        append(&store, "Q", 0, 1, 0)?;
+        store.checkpoint()?;
+        append(&store, "Q", 0, 1, 1)?;
+        fault::inject(step, libc::EIO, Some(1));
+        assert!(store.checkpoint().is_err(), "{step}");
+        // The fault is used up; a later checkpoint's msync would pass. It
+        // must not record as durable what the failed one lost.
+        match store.checkpoint() {
+            Err(StoreError::StorageFailed(why)) => assert!(why.contains("write-back"), "{step}: {why}"),
+            other => panic!("{step}: expected StorageFailed, got {other:?}"),
+        }
+        assert!(matches!(
+            append(&store, "Q", 0, 1, 2),
+            Err(StoreError::StorageFailed(_))
+        ));
+        fault::clear();
+    }
+    Ok(())
+}
