@@ -52,12 +52,6 @@ pub struct TopicChanges {
     pub deleted: std::collections::BTreeSet<String>,
 }
 
-/// Runs `f`, which may block on the disk (file creation, fsync, a topic
-/// table write), without stalling the async tasks that share its worker
-/// thread: on a multi-threaded runtime the worker hands its other tasks
-/// off first (`block_in_place`); elsewhere (tests, a current-thread
-/// runtime) it simply runs. Appends need not be wrapped: the store offloads
-/// its own slow steps ([`rokka_store::offload`]).
 /// Topics the broker writes itself and reads back as its own state (delay
 /// levels, the timer wheel, transactions) or that RocketMQ reserves: no
 /// client may send to them, whatever its protocol — RocketMQ's
@@ -79,6 +73,12 @@ pub fn is_send_forbidden_topic(name: &str) -> bool {
     .contains(&name)
 }
 
+/// Runs `f`, which may block on the disk (file creation, fsync, a topic
+/// table write), without stalling the async tasks that share its worker
+/// thread: on a multi-threaded runtime the worker hands its other tasks
+/// off first (`block_in_place`); elsewhere (tests, a current-thread
+/// runtime) it simply runs. Appends need not be wrapped: the store offloads
+/// its own slow steps ([`rokka_store::offload`]).
 pub fn offload<R>(f: impl FnOnce() -> R) -> R {
     rokka_store::offload(f)
 }
@@ -308,8 +308,15 @@ impl Broker {
         configs: std::collections::BTreeMap<String, String>,
     ) -> Result<TopicInfo> {
         rokka_store::validate_topic(name)?;
+        // (The broker's own topics, made on first use — delay levels,
+        // transactions, the timer wheel — are not clients' names: never
+        // refused, else a transaction could be committed and not marked.)
         let max = self.config.max_topics;
-        if max > 0 && self.topics.count() >= max as usize && self.topics.get(name).is_none() {
+        if max > 0
+            && !is_send_forbidden_topic(name)
+            && self.topics.count() >= max as usize
+            && self.topics.get(name).is_none()
+        {
             metrics::counter!("rokka_topics_refused_total").increment(1);
             return Err(BrokerError::TooManyTopics(max));
         }
@@ -974,10 +981,19 @@ mod tests {
             Err(BrokerError::TooManyTopics(3))
         ));
         // An existing name is still "exists", not "too many".
-        let existing = b.topics().names().into_iter().next().unwrap_or_default();
+        let existing = b
+            .topics()
+            .names()
+            .into_iter()
+            .find(|n| !is_send_forbidden_topic(n))
+            .unwrap_or_default();
         assert!(matches!(b.create_topic(&existing, 1), Err(BrokerError::TopicExists(_))));
         b.delete_topic(&existing)?;
         b.create_topic("one-more", 1)?;
+        // The broker's own topics, made on first use, are never refused.
+        if b.topics().get(transaction::OP_TOPIC).is_none() {
+            b.create_topic(transaction::OP_TOPIC, 1)?;
+        }
         Ok(())
     }
 

@@ -22,6 +22,8 @@ use crate::{Broker, BrokerError, Result};
 pub const HALF_TOPIC: &str = "RMQ_SYS_TRANS_HALF_TOPIC";
 pub const OP_TOPIC: &str = "RMQ_SYS_TRANS_OP_HALF_TOPIC";
 pub const CHECK_MAX_TOPIC: &str = "TRANS_CHECK_MAX_TIME_TOPIC";
+/// Longest CHECK_IMMUNITY_TIME_IN_SECONDS a half message's producer gets.
+const MAX_IMMUNITY_MS: i64 = 3_600_000;
 /// The offset-table group holding the half queue's scan progress.
 pub const PROGRESS_GROUP: &str = "CID_RMQ_SYS_TRANS";
 pub const TRANSACTION_ID: &str = "__transactionId__";
@@ -213,8 +215,6 @@ impl Broker {
         Ok(())
     }
 
-    /// END_TRANSACTION: commits or rolls back the half message at
-    /// (`half_offset`, `half_phys`) of producer group `group`.
     /// The topic the half message at CommitLog offset `half_phys` is bound
     /// for (its REAL_TOPIC), None when no half message is there: what
     /// ending it writes to, so what an ACL check of the end must name (the
@@ -226,6 +226,8 @@ impl Broker {
         }
     }
 
+    /// END_TRANSACTION: commits or rolls back the half message at
+    /// (`half_offset`, `half_phys`) of producer group `group`.
     pub fn end_transaction(&self, group: &str, half_offset: u64, half_phys: u64, commit: bool) -> Result<Ended> {
         let mut st = self.tx_state();
         if half_offset < st.floor || st.resolved.contains(&half_offset) {
@@ -307,13 +309,19 @@ impl Broker {
                     continue;
                 };
                 // A producer's own immunity (seconds; never under the
-                // check timeout, as RocketMQ's getImmunityTime): a half
-                // immune longer than the halves after it is passed over,
-                // not waited on, so it holds up no one else's check.
+                // check timeout, as RocketMQ's getImmunityTime, and at most
+                // an hour): a half immune longer than the halves after it
+                // is passed over, not waited on, so it holds up no one
+                // else's check — and the scan, which restarts at the first
+                // unresolved half, re-reads what follows it for at most that
+                // long.
                 let own = prop_str(&m, "CHECK_IMMUNITY_TIME_IN_SECONDS")
                     .parse::<i64>()
                     .ok()
-                    .map(|s| s.saturating_mul(1000).max(timeout_ms));
+                    .map(|s| {
+                        s.saturating_mul(1000)
+                            .clamp(timeout_ms, MAX_IMMUNITY_MS.max(timeout_ms))
+                    });
                 if m.store_timestamp.saturating_add(own.unwrap_or(timeout_ms)) > now_ms {
                     if own.is_some() {
                         continue;
@@ -496,6 +504,9 @@ mod tests {
         let due = b.due_checks(rokka_store::now_ms() + 61_000, 60_000, 5);
         let offsets: Vec<u64> = due.iter().map(|d| d.half_offset).collect();
         assert_eq!(offsets, vec![later.queue_offset]);
+        // Past an hour every immunity has run out: both are checked then.
+        let due = b.due_checks(rokka_store::now_ms() + 3_700_000, 60_000, 5);
+        assert_eq!(due.len(), 3);
         Ok(())
     }
 }

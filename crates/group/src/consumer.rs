@@ -27,10 +27,10 @@ use crate::types::code;
 /// (topic, partition).
 pub type Tp = (String, u32);
 
-/// Error codes of the consumer protocol (Kafka's numbering).
 /// Longest SubscribedTopicRegex a KIP-848 member may send.
 const MAX_REGEX_BYTES: usize = 16 * 1024;
 
+/// Error codes of the consumer protocol (Kafka's numbering).
 pub mod err {
     pub const INVALID_REQUEST: i16 = 42;
     pub const INVALID_REGULAR_EXPRESSION: i16 = 121;

@@ -396,9 +396,6 @@ impl ConsumeQueue {
         self.entry(idx)
     }
 
-    /// Makes sure the file the next entry goes to exists (writer only), so
-    /// an append can fail here — before its record is written to the
-    /// CommitLog — rather than after it is published.
     /// Makes the files the next `n` entries go to exist (writer only): a
     /// batch fails before any of its records exists, not part-way.
     pub fn reserve_n(&self, n: u64) -> Result<()> {
@@ -419,6 +416,9 @@ impl ConsumeQueue {
         Ok(())
     }
 
+    /// Makes sure the file the next entry goes to exists (writer only), so
+    /// an append can fail here — before its record is written to the
+    /// CommitLog — rather than after it is published.
     pub fn reserve(&self) -> Result<()> {
         let idx = self.entries.load(Ordering::Relaxed);
         let present = {

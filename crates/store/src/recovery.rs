@@ -525,12 +525,26 @@ fn recover(
     // last entry, or a damaged header (a zeroed sector, a size out of
     // range) whose followers a scan cannot find — a tail that is only a
     // torn write costs its few bytes, one that is not is not lost.
-    if let Some(saved) = commitlog::save_tail(log, end, &log.dir().join("../lost+found"))? {
-        tracing::error!(
+    // A copy that cannot be written (a full disk, a lost+found the broker
+    // may not write) stops the start only when intact entries were cut; a
+    // torn tail is cut with an error logged, as before copies were kept.
+    let intact_cut = scan_end
+        .stopped_by
+        .as_ref()
+        .is_some_and(|(_, pos, _)| commitlog::valid_entry_follows(log, *pos, max_entry));
+    match commitlog::save_tail(log, end, &log.dir().join("../lost+found")) {
+        Ok(Some(saved)) => tracing::error!(
             offset = end,
             saved = %saved.display(),
             "bytes past the recovered end of the CommitLog were cut; a copy is kept (`rokka store check` can re-append them)"
-        );
+        ),
+        Ok(None) => {}
+        Err(e) if !intact_cut => tracing::error!(
+            offset = end,
+            error = %e,
+            "bytes past the recovered end of the CommitLog were cut and could not be copied to lost+found"
+        ),
+        Err(e) => return Err(e),
     }
     commitlog::zero_tail(log, end)?;
     log.drop_segments_after(end)?;

@@ -1244,11 +1244,13 @@ impl MessageStore {
             // later): continue past the entries whose records are gone.
             let log_min = self.inner.log.min_offset();
             if let Some(first) = cqs.first().filter(|e| e.phys_offset < log_min) {
-                let past = cqs
-                    .iter()
-                    .find(|e| e.phys_offset >= log_min)
-                    .map_or_else(|| cqs.last().map_or(offset, |e| e.end_offset()), |e| e.base_offset);
-                return status_only(ReadStatus::OffsetMoved, past.max(q.min_offset()).max(first.base_offset));
+                // The first entry whose record is still there (a binary
+                // search of the queue), not only past this read's batch.
+                let past = q.offset_at_phys(log_min);
+                return status_only(
+                    ReadStatus::OffsetMoved,
+                    past.max(q.min_offset()).max(first.end_offset()),
+                );
             }
             if q.min_offset() > offset {
                 return status_only(ReadStatus::OffsetMoved, q.min_offset());

@@ -251,6 +251,22 @@ fn a_zeroed_header_past_the_checkpoint_cuts_the_log_and_keeps_the_rest() -> Test
 }
 
 #[test]
+fn a_torn_tail_that_cannot_be_copied_is_still_cut_and_the_store_starts() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path());
+    let rs = fill_and_crash(dir.path(), 50)?;
+    // A torn last record (half of it zeroed), and a lost+found the store
+    // cannot write into (a file where the directory would go).
+    let (seg, pos) = segment_of(dir.path(), &cfg, rs[49].phys_offset);
+    let half = u64::from(rs[49].size) / 2;
+    write_at(&seg, pos + half, &vec![0u8; half as usize])?;
+    std::fs::write(dir.path().join("lost+found"), b"not a directory")?;
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(store.max_offset("R", 0), 49);
+    Ok(())
+}
+
+#[test]
 fn a_clean_crash_keeps_nothing_in_lost_and_found() -> TestResult {
     let dir = tempfile::tempdir()?;
     fill_and_crash(dir.path(), 50)?;

@@ -1178,3 +1178,32 @@ async fn another_connection_cannot_lock_or_unlock_with_a_live_clients_id() -> Te
     assert_eq!(locked(&r)?, vec![0]);
     Ok(())
 }
+
+/// With auto-creation off the dead-letter topic is still made for a retry
+/// send past its limit (as send-back makes it), not refused TOPIC_NOT_EXIST.
+#[tokio::test]
+async fn the_dead_letter_topic_is_made_with_auto_creation_off() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(
+        store,
+        BrokerConfig {
+            auto_create_topics: false,
+            ..BrokerConfig::default()
+        },
+    )?);
+    broker.create_topic("%RETRY%cg", 1)?;
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), RocketMqConfig::default(), addr));
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, rmq, rx));
+    let mut c = Client::connect(addr).await?;
+    let mut r = send_req("%RETRY%cg", 0, "poison", "T", true);
+    r.ext_fields.set("j", "17");
+    r.ext_fields.set("l", "16");
+    let r = c.call(r).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert_eq!(broker.store().max_offset("%DLQ%cg", 0), 1);
+    Ok(())
+}

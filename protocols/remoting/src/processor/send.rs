@@ -54,6 +54,14 @@ impl RocketMq {
             Some(g) => format!("%DLQ%{g}"),
             None => topic,
         };
+        if dlq_group.is_some() && self.broker.topics().get(&topic).is_none() {
+            // Made whatever auto-creation says, as send-back makes it (and
+            // RocketMQ's createTopicInSendMessageBackMethod).
+            match self.broker.create_topic(&topic, 1) {
+                Ok(_) | Err(rokka_broker::BrokerError::TopicExists(_)) => {}
+                Err(e) => return Err(self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string()))),
+            }
+        }
         let want_queues = if dlq_group.is_some() {
             1
         } else {
