@@ -343,7 +343,9 @@ impl Compiled {
     }
 
     fn applies_to(&self, principal: &str, host: IpAddr) -> bool {
-        (self.any_principal || self.principal == principal) && self.host.is_none_or(|h| h == host)
+        // (An IPv4 peer on a dual-stack listener arrives as ::ffff:a.b.c.d.)
+        (self.any_principal || self.principal == principal)
+            && self.host.is_none_or(|h| h.to_canonical() == host.to_canonical())
     }
 }
 
@@ -580,7 +582,10 @@ impl Acls {
         let mine = |a: &&Acl| {
             a.resource_type == rt
                 && (a.principal == principal || is_wildcard_principal(&a.principal))
-                && (a.host == WILDCARD || a.host.parse::<IpAddr>().is_ok_and(|h| h == host))
+                && (a.host == WILDCARD
+                    || a.host
+                        .parse::<IpAddr>()
+                        .is_ok_and(|h| h.to_canonical() == host.to_canonical()))
         };
         let denied = |a: &Acl| {
             t.acls.iter().filter(mine).any(|d| {
@@ -764,8 +769,9 @@ pub fn cluster_key(a: &Acl) -> String {
     d.as_ref()[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// `User:*` (Kafka's only wildcard principal: `Group:*` names no one).
 fn is_wildcard_principal(p: &str) -> bool {
-    p.split_once(':').is_some_and(|(_, n)| n == WILDCARD)
+    p == "User:*"
 }
 
 #[cfg(test)]
@@ -846,6 +852,8 @@ mod tests {
         }]);
         assert!(!a.authorize(alice, LOCAL, Topic, "hosted", Write));
         assert!(a.authorize(alice, "10.0.0.1".parse().expect("ip"), Topic, "hosted", Write));
+        // The same peer on a dual-stack listener (IPv4-mapped).
+        assert!(a.authorize(alice, "::ffff:10.0.0.1".parse().expect("ip"), Topic, "hosted", Write));
         // The budget.
         let r = a.create(vec![acl(Topic, "x", Literal, alice, Read, Allow)]);
         assert_eq!(r[0].as_ref().map_err(|e| e.code), Err(code::POLICY_VIOLATION));
@@ -862,6 +870,14 @@ mod tests {
             !a.authorize("User:bob", LOCAL, Topic, "orders", Read),
             "named, so not open"
         );
+    }
+
+    #[test]
+    fn only_user_star_is_a_wildcard_principal() {
+        assert!(is_wildcard_principal("User:*"));
+        assert!(!is_wildcard_principal("Group:*"));
+        assert!(!is_wildcard_principal("Foo:*"));
+        assert!(!is_wildcard_principal("User:alice"));
     }
 
     #[test]

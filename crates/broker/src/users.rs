@@ -314,6 +314,16 @@ impl Users {
         }
     }
 
+    /// What a user name may be: 1 to 256 bytes, no ':' (a name is the
+    /// principal `User:<name>`; one with ':' would be taken as a principal
+    /// itself — `User:admin` a super user, `CN=…` a certificate's) and no
+    /// control characters.
+    const USER_NAME_RULE: &str = "user names are 1 to 256 bytes, without ':' or control characters";
+
+    fn valid_user_name(user: &str) -> bool {
+        (1..=256).contains(&user.len()) && !user.contains(':') && !user.chars().any(char::is_control)
+    }
+
     /// Sets `user`'s credential for `m` from a salted password.
     pub fn upsert(
         &self,
@@ -323,8 +333,8 @@ impl Users {
         salt: Vec<u8>,
         salted_password: &[u8],
     ) -> std::result::Result<(), Refused> {
-        if user.is_empty() || user.len() > 256 {
-            return Err(refused(code::UNACCEPTABLE_CREDENTIAL, "user names are 1 to 256 bytes"));
+        if !Self::valid_user_name(user) {
+            return Err(refused(code::UNACCEPTABLE_CREDENTIAL, Self::USER_NAME_RULE));
         }
         if iterations < m.min_iterations() || iterations > Mechanism::MAX_ITERATIONS {
             return Err(refused(
@@ -386,8 +396,8 @@ impl Users {
     /// iterations), so the same name and password serve Kafka SASL too.
     pub fn set_password(&self, user: &str, password: &str, must_exist: bool) -> std::result::Result<(), Refused> {
         use ring::rand::SecureRandom as _;
-        if user.is_empty() || user.len() > 256 {
-            return Err(refused(code::UNACCEPTABLE_CREDENTIAL, "user names are 1 to 256 bytes"));
+        if !Self::valid_user_name(user) {
+            return Err(refused(code::UNACCEPTABLE_CREDENTIAL, Self::USER_NAME_RULE));
         }
         if password.is_empty() || password.len() > 1024 {
             return Err(refused(code::UNACCEPTABLE_CREDENTIAL, "passwords are 1 to 1024 bytes"));
@@ -680,6 +690,28 @@ mod tests {
 
     /// RFC 7677's SCRAM-SHA-256 example: user, password "pencil", the
     /// salt and iterations give the ServerKey and StoredKey it implies.
+    #[test]
+    fn user_names_that_would_read_as_principals_are_refused() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io(PathBuf::new(), e))?;
+        let users = Users::open(dir.path(), 10)?;
+        for bad in ["User:admin", "User:ANONYMOUS", "a:b", "", "tab\there"] {
+            assert!(users.set_password(bad, "pw", false).is_err(), "{bad:?}");
+        }
+        let salt = vec![1u8; 16];
+        let salted = Mechanism::Sha256.salted_password(b"pw", &salt, 4096);
+        assert!(users
+            .upsert("User:admin", Mechanism::Sha256, 4096, salt.clone(), &salted)
+            .is_err());
+        // Names a certificate subject or an e-mail address would use are fine.
+        assert!(users.set_password("CN=alice,OU=ops", "pw", false).is_ok());
+        assert!(users
+            .upsert("bob@example.com", Mechanism::Sha256, 4096, salt, &salted)
+            .is_ok());
+        assert!(users.exists("CN=alice,OU=ops") && users.exists("bob@example.com"));
+        assert!(!users.exists("User:admin"));
+        Ok(())
+    }
+
     #[test]
     fn a_rocketmq_password_is_its_secret_and_the_users_scram_credentials() -> Result<()> {
         let dir = tempfile::tempdir().map_err(|e| BrokerError::Io(PathBuf::new(), e))?;
