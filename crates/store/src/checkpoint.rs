@@ -130,8 +130,27 @@ pub fn write_private_atomically(path: &Path, data: &[u8]) -> Result<()> {
     finish_atomically(f, &tmp, path, data)
 }
 
-fn finish_atomically(mut f: File, tmp: &Path, path: &Path, data: &[u8]) -> Result<()> {
-    f.write_all(data).map_err(StoreError::io("write", tmp))?;
+fn finish_atomically(f: File, tmp: &Path, path: &Path, data: &[u8]) -> Result<()> {
+    finish_atomically_with(f, tmp, path, |f| {
+        f.write_all(data).map_err(StoreError::io("write", tmp))
+    })
+}
+
+/// [`write_atomically`] with the contents written by `fill` (a file too
+/// large to hold in memory, written a chunk at a time).
+pub fn write_atomically_with(path: &Path, fill: impl FnOnce(&mut File) -> Result<()>) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let f = File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
+    finish_atomically_with(f, &tmp, path, fill)
+}
+
+fn finish_atomically_with(
+    mut f: File,
+    tmp: &Path,
+    path: &Path,
+    fill: impl FnOnce(&mut File) -> Result<()>,
+) -> Result<()> {
+    fill(&mut f)?;
     f.sync_all().map_err(StoreError::io("fsync", tmp))?;
     drop(f);
     std::fs::rename(tmp, path).map_err(StoreError::io("rename", path))?;

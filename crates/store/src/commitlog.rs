@@ -710,13 +710,14 @@ impl CommitLogWriter {
     /// batch's roll (the step that can fail: a full disk, a file that cannot
     /// be made) happens before any of its entries is written.
     pub fn make_room(&mut self, total: usize) -> Result<()> {
+        // (With no active segment the first append rolls before it
+        // writes anything: nothing to do here.)
         let fits_fresh = total + 8 <= self.segment_bytes as usize;
         match &self.active {
             Some(seg) if fits_fresh && self.wrote + total + 8 > seg.file.len() => {
                 // The roll `append` would do for an entry of that size.
                 self.append_roll(total)
             }
-            None => self.append_roll(total.min(self.segment_bytes as usize - 8)),
             _ => Ok(()),
         }
     }
@@ -926,21 +927,16 @@ pub fn save_tail(log: &CommitLog, pos: u64, dir: &Path) -> Result<Option<PathBuf
     }
     let path = dir.join(file_name(pos));
     std::fs::create_dir_all(dir).map_err(StoreError::io("create dir", dir))?;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(StoreError::io("create", &tmp))?;
-    let mut at = rel;
-    while at < keep_end {
-        let n = (keep_end - at).min(CHUNK);
-        seg.file.read_into(at, &mut buf[..n]);
-        f.write_all(&buf[..n]).map_err(StoreError::io("write", &tmp))?;
-        at += n;
-    }
-    f.sync_all().map_err(StoreError::io("fsync", &tmp))?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(StoreError::io("rename", &path))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(StoreError::io("fsync", dir))?;
+    crate::checkpoint::write_atomically_with(&path, |f| {
+        let mut at = rel;
+        while at < keep_end {
+            let n = (keep_end - at).min(CHUNK);
+            seg.file.read_into(at, &mut buf[..n]);
+            f.write_all(&buf[..n]).map_err(StoreError::io("write", &path))?;
+            at += n;
+        }
+        Ok(())
+    })?;
     Ok(Some(path))
 }
 

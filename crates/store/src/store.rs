@@ -583,16 +583,16 @@ impl MessageStore {
             inner.check_writable()?;
             let store_ts = now_ms().max(w.last_store_ts);
             w.last_store_ts = store_ts;
-            let sizes: Vec<usize> = msgs
-                .iter()
-                .map(|m| message::encoded_len(m, &store_host, record_crc))
-                .collect();
             if msgs.len() > 1 {
                 // A batch is stored whole or not at all: the steps that can
                 // fail (a segment roll, a queue file to make) are taken
                 // before its first record is written — else a producer told
                 // of a failure retries a batch partly stored (duplicates).
-                w.cl.make_room(sizes.iter().sum())?;
+                w.cl.make_room(
+                    msgs.iter()
+                        .map(|m| message::encoded_len(m, &store_host, record_crc))
+                        .sum(),
+                )?;
                 let mut per_queue: Vec<(&str, u32, u64)> = Vec::new();
                 for m in msgs.iter().filter(|m| m.is_consumable()) {
                     match per_queue.iter_mut().find(|(t, q, _)| *t == m.topic && *q == m.queue_id) {
@@ -604,7 +604,7 @@ impl MessageStore {
                     inner.queue_for(&mut w, topic, queue_id).reserve_n(n)?;
                 }
             }
-            for ((m, body_crc32), size) in msgs.iter().zip(crcs).zip(sizes) {
+            for (m, body_crc32) in msgs.iter().zip(crcs) {
                 let q = inner.queue_for(&mut w, m.topic, m.queue_id);
                 let consumable = m.is_consumable();
                 if consumable {
@@ -614,6 +614,7 @@ impl MessageStore {
                     q.reserve()?;
                 }
                 let queue_offset = if consumable { q.max_offset() } else { 0 };
+                let size = message::encoded_len(m, &store_host, record_crc);
                 let phys = w.cl.append(size, |buf, phys| {
                     let at = message::Placement {
                         queue_offset,
