@@ -225,15 +225,8 @@ pub fn check(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand)
     if !broker.acls().enabled() {
         return None;
     }
-    let (peer, denials) = (conn.peer, &*conn.denials);
-    let refused = |remark: String, resource: &'static str| {
-        metrics::counter!("rokka_authorization_denied_total", "protocol" => "rocketmq", "resource" => resource)
-            .increment(1);
-        if !denials.logged.swap(true, Ordering::Relaxed) {
-            tracing::warn!(%peer, code = cmd.code, remark, "RocketMQ request denied (further denials on this connection are only counted)");
-        }
-        Some(remark)
-    };
+    let peer = conn.peer;
+    let refused = |remark: String, resource: &'static str| refuse(conn, cmd, remark, resource);
     // The cluster's own calls between sets: served as the coordinator
     // that makes them already authorized its client, whatever the ACLs say
     // of the connection (checked before the hold-off, which a client
@@ -289,6 +282,16 @@ pub fn check(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand)
     None
 }
 
+/// A refusal: counted, logged once per connection, its remark returned.
+fn refuse(conn: &crate::server::Conn, cmd: &RemotingCommand, remark: String, resource: &'static str) -> Option<String> {
+    metrics::counter!("rokka_authorization_denied_total", "protocol" => "rocketmq", "resource" => resource)
+        .increment(1);
+    if !conn.denials.logged.swap(true, Ordering::Relaxed) {
+        tracing::warn!(peer = %conn.peer, code = cmd.code, remark, "RocketMQ request denied (further denials on this connection are only counted)");
+    }
+    Some(remark)
+}
+
 /// A further check once a handler knows what a request touches (the topic
 /// of the record a CommitLog offset names: VIEW_MESSAGE_BY_ID and
 /// CONSUMER_SEND_MSG_BACK carry only the offset). `check` has already
@@ -310,14 +313,7 @@ pub fn check_need(
     {
         return None;
     }
-    let refused = |remark: String| {
-        metrics::counter!("rokka_authorization_denied_total", "protocol" => "rocketmq", "resource" => need.0.label())
-            .increment(1);
-        if !conn.denials.logged.swap(true, Ordering::Relaxed) {
-            tracing::warn!(peer = %conn.peer, code = cmd.code, remark, "RocketMQ request denied (further denials on this connection are only counted)");
-        }
-        Some(remark)
-    };
+    let refused = |remark: String| refuse(conn, cmd, remark, need.0.label());
     match principal(broker, conn.certificate_principal.as_deref(), cmd) {
         Ok(who) if allowed(broker, &who, conn.peer.ip(), need) => None,
         Ok(who) => {
@@ -332,13 +328,17 @@ pub fn check_need(
 /// one of the broker's own (a delayed or half message), else its own.
 pub fn topic_of_record(e: &rokka_store::Entry) -> String {
     match e {
-        rokka_store::Entry::Message(m) => m
-            .property(rokka_broker::schedule::REAL_TOPIC)
-            .filter(|_| rokka_broker::is_send_forbidden_topic(m.topic_str()))
-            .map(|t| String::from_utf8_lossy(t).into_owned())
-            .unwrap_or_else(|| m.topic_str().to_string()),
+        rokka_store::Entry::Message(m) => topic_of_message(m),
         other => other.topic_str().to_string(),
     }
+}
+
+/// [`topic_of_record`] of a stored message.
+pub fn topic_of_message(m: &rokka_store::record::message::MessageView) -> String {
+    m.property(rokka_broker::schedule::REAL_TOPIC)
+        .filter(|_| rokka_broker::is_send_forbidden_topic(m.topic_str()))
+        .map(|t| String::from_utf8_lossy(t).into_owned())
+        .unwrap_or_else(|| m.topic_str().to_string())
 }
 
 #[cfg(test)]

@@ -257,11 +257,10 @@ impl RocketMq {
         // The offset is the client's to name: READ on the topic the record
         // was sent to as well as on the group (else any record could be
         // copied into the caller's own retry topic and read there).
-        let read_as = crate::auth::topic_of_record(&Entry::Message(m.clone()));
         let read_as = m
             .property("RETRY_TOPIC")
             .map(|t| String::from_utf8_lossy(t).into_owned())
-            .unwrap_or(read_as);
+            .unwrap_or_else(|| crate::auth::topic_of_message(&m));
         let need = rokka_broker::acl::rocketmq_topic(&read_as, rokka_broker::acl::Operation::Read);
         if let Some(remark) = crate::auth::check_need(&self.broker, conn, req, need) {
             return self.reply(req, crate::auth::NO_PERMISSION, Some(remark));
