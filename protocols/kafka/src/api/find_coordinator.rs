@@ -4,34 +4,40 @@
 
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
 use kafka_protocol::messages::{BrokerId, FindCoordinatorRequest, FindCoordinatorResponse};
+use kafka_protocol::protocol::StrBytes;
 
 use super::str_bytes;
 use crate::Kafka;
+
+/// Every key of the request answered with `err` (v4+: one per key; before,
+/// the request's one).
+fn refused(r: FindCoordinatorRequest, version: i16, err: i16, message: Option<StrBytes>) -> FindCoordinatorResponse {
+    if version >= 4 {
+        let coordinators = r
+            .coordinator_keys
+            .into_iter()
+            .map(|key| {
+                Coordinator::default()
+                    .with_key(key)
+                    .with_error_code(err)
+                    .with_error_message(message.clone())
+                    .with_node_id(BrokerId(-1))
+            })
+            .collect();
+        return FindCoordinatorResponse::default().with_coordinators(coordinators);
+    }
+    FindCoordinatorResponse::default()
+        .with_error_code(err)
+        .with_error_message(message)
+        .with_node_id(BrokerId(-1))
+}
 
 pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16, at: &crate::Endpoint) -> FindCoordinatorResponse {
     // Groups (0) and transactional ids (1) have coordinators; any other
     // key type is INVALID_REQUEST, as Kafka's.
     if !matches!(r.key_type, 0 | 1) {
-        let err = crate::errors::INVALID_REQUEST;
         let message = Some(str_bytes(&format!("unknown coordinator key type {}", r.key_type)));
-        if version >= 4 {
-            let coordinators = r
-                .coordinator_keys
-                .into_iter()
-                .map(|key| {
-                    Coordinator::default()
-                        .with_key(key)
-                        .with_error_code(err)
-                        .with_error_message(message.clone())
-                        .with_node_id(BrokerId(-1))
-                })
-                .collect();
-            return FindCoordinatorResponse::default().with_coordinators(coordinators);
-        }
-        return FindCoordinatorResponse::default()
-            .with_error_code(err)
-            .with_error_message(message)
-            .with_node_id(BrokerId(-1));
+        return refused(r, version, crate::errors::INVALID_REQUEST, message);
     }
     let mut host = str_bytes(&at.host);
     let mut node = BrokerId(k.config.node_id);
@@ -65,25 +71,7 @@ pub fn handle(k: &Kafka, r: FindCoordinatorRequest, version: i16, at: &crate::En
                 host = str_bytes(&h);
                 port = p;
             }
-            None => {
-                let err = crate::errors::COORDINATOR_NOT_AVAILABLE;
-                if version >= 4 {
-                    let coordinators = r
-                        .coordinator_keys
-                        .into_iter()
-                        .map(|key| {
-                            Coordinator::default()
-                                .with_key(key)
-                                .with_error_code(err)
-                                .with_node_id(BrokerId(-1))
-                        })
-                        .collect();
-                    return FindCoordinatorResponse::default().with_coordinators(coordinators);
-                }
-                return FindCoordinatorResponse::default()
-                    .with_error_code(err)
-                    .with_node_id(BrokerId(-1));
-            }
+            None => return refused(r, version, crate::errors::COORDINATOR_NOT_AVAILABLE, None),
         }
     }
     if version >= 4 {
