@@ -15,7 +15,8 @@ from confluent_kafka import Consumer, Producer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
 from rokka_fixture import running  # noqa: E402
-from test_hostile import kafka_frame, recv_exact  # noqa: E402
+from test_hostile import kafka_frame  # noqa: E402
+from test_names import call, kstr  # noqa: E402
 
 TOPIC = "amplify"
 PARTITIONS = 8
@@ -26,17 +27,6 @@ REPEATS = 50_000
 def rokka():
     with running("hostile", "amplify", group_extra="max_member_protocols = 16\ninitial_rebalance_delay_ms = 0") as r:
         yield r
-
-
-def kstr(s):
-    b = s.encode()
-    return struct.pack(">h", len(b)) + b
-
-
-def call(sock, frame):
-    sock.sendall(frame)
-    n = struct.unpack(">i", recv_exact(sock, 4))[0]
-    return recv_exact(sock, n)
 
 
 def produce_some(rokka, n=50):
