@@ -737,8 +737,8 @@ impl Controller {
         self.sh.set_role(Role::Master { epoch: st.epoch });
         // Members of the sync state set get replica_lag_max_ms to connect.
         for id in st.sss.iter().filter(|id| **id != self.me.id) {
-            self.sh.replica_connected(*id);
-            self.sh.replica_progress(*id, 0, true);
+            let stream = self.sh.replica_connected(*id);
+            self.sh.replica_progress(*id, stream, 0, Some(Instant::now()));
         }
         Ok(())
     }

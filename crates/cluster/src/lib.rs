@@ -58,9 +58,13 @@ impl Role {
 struct Progress {
     /// Log end the replica acknowledged (its last fetch offset).
     end: u64,
-    /// Last time it held everything the master had sent it.
+    /// Last time it held everything the master's log had (Kafka's
+    /// lastCaughtUpTime).
     caught_up_at: Instant,
     connected: bool,
+    /// Which stream the replica's progress comes from (a replica that
+    /// reconnects has a new one; the old stream's end does not touch it).
+    stream: u64,
 }
 
 /// State the controller, the stream and the watermark task share.
@@ -74,6 +78,8 @@ pub struct Shared {
     /// The sync state set holds this node alone (read on every append).
     alone: std::sync::atomic::AtomicBool,
     replicas: Mutex<HashMap<u32, Progress>>,
+    /// Replication streams opened (each replica stream's token).
+    streams: AtomicU64,
     /// Live nodes' replication addresses.
     addrs: Mutex<HashMap<u32, String>>,
     hw: AtomicU64,
@@ -105,6 +111,7 @@ impl Shared {
             sss: Mutex::new(Vec::new()),
             alone: std::sync::atomic::AtomicBool::new(true),
             replicas: Mutex::new(HashMap::new()),
+            streams: AtomicU64::new(0),
             addrs: Mutex::new(HashMap::new()),
             hw: AtomicU64::new(0),
             newer_epoch: AtomicU32::new(0),
@@ -198,30 +205,43 @@ impl Shared {
         self.addrs.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
     }
 
-    pub(crate) fn replica_connected(&self, id: u32) {
+    /// Replica `id` has a new stream: the token its progress and its end
+    /// are reported with (an older stream of the same replica, still
+    /// ending, changes nothing after this).
+    pub(crate) fn replica_connected(&self, id: u32) -> u64 {
+        let stream = self.streams.fetch_add(1, Ordering::AcqRel) + 1;
         let mut r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
         let e = r.entry(id).or_insert(Progress {
             end: 0,
             caught_up_at: Instant::now() - Duration::from_secs(3600),
             connected: true,
+            stream,
         });
         e.connected = true;
+        e.stream = stream;
+        stream
     }
 
-    pub(crate) fn replica_disconnected(&self, id: u32) {
+    /// Stream `stream` of replica `id` ended (nothing if the replica has
+    /// a newer one).
+    pub(crate) fn replica_disconnected(&self, id: u32, stream: u64) {
         if let Some(p) = self.replicas.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&id) {
-            p.connected = false;
+            if p.stream == stream {
+                p.connected = false;
+            }
         }
     }
 
-    /// A fetch from `id` at `end`; `caught_up` if it holds all it was sent.
-    pub(crate) fn replica_progress(&self, id: u32, end: u64, caught_up: bool) {
+    /// A fetch from `id` at `end` on stream `stream`; `caught_up`: when
+    /// the replica last held everything the master's log had (None: not
+    /// known by this fetch).
+    pub(crate) fn replica_progress(&self, id: u32, stream: u64, end: u64, caught_up: Option<Instant>) {
         {
             let mut r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(p) = r.get_mut(&id) {
+            if let Some(p) = r.get_mut(&id).filter(|p| p.stream == stream) {
                 p.end = end;
-                if caught_up {
-                    p.caught_up_at = Instant::now();
+                if let Some(t) = caught_up {
+                    p.caught_up_at = p.caught_up_at.max(t);
                 }
             }
         }

@@ -94,8 +94,18 @@ async fn read_frame<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Res<(u8, Byt
     if len == 0 || len > max {
         return Err(format!("frame of {len} bytes"));
     }
-    let mut b = vec![0u8; len];
-    s.read_exact(&mut b).await.map_err(|e| format!("read: {e}"))?;
+    // Grown as the bytes arrive: a peer's length alone (up to MAX_FRAME,
+    // 832 MiB) does not get memory it never sends.
+    let mut b = Vec::with_capacity(len.min(1 << 20));
+    let got = AsyncReadExt::take(&mut *s, len as u64)
+        .read_to_end(&mut b)
+        .await
+        .map_err(|e| format!("read: {e}"))?;
+    if got < len {
+        return Err(format!(
+            "read: the peer closed the stream {got} bytes into a {len}-byte frame"
+        ));
+    }
     let mut b = Bytes::from(b);
     let kind = b.get_u8();
     Ok((kind, b))
@@ -299,17 +309,27 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
     sh.offsets_acks.forget(replica);
     sh.groups_acks.forget(replica);
     sh.txns_acks.forget(replica);
-    sh.replica_connected(replica);
-    let result = fetch_loop(&mut s, sh, replica, epoch).await;
-    sh.replica_disconnected(replica);
+    let stream = sh.replica_connected(replica);
+    let result = fetch_loop(&mut s, sh, replica, stream, epoch).await;
+    sh.replica_disconnected(replica, stream);
     result
 }
 
-async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, sh: &Shared, replica: u32, epoch: u32) -> Res<()> {
+async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    sh: &Shared,
+    replica: u32,
+    stream: u64,
+    epoch: u32,
+) -> Res<()> {
     let store = &sh.store;
-    // Caught up = holding everything the previous answer carried; a new
-    // replica must first reach what the master had when it connected.
-    let mut last_sent_end = store.log_end();
+    // Caught up, as Kafka's leader judges a follower: a fetch from the log
+    // end is caught up now; one from at least the end the log had when the
+    // previous fetch was answered was caught up then. (Holding all the
+    // previous answer carried is not enough: a replica far behind gets a
+    // frame's worth at a time, and would count as caught up — able to join
+    // the sync state set and be elected — while megabytes behind.)
+    let mut answered: Option<(u64, Instant)> = None;
     // Committed offsets (and delay/timer progress, same table) and the
     // Kafka transaction coordinator's state go with the stream.
     let mut offsets = Shipped::new("offsets", Duration::from_millis(200));
@@ -345,7 +365,12 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, sh: &Shared, r
         if from > end_now {
             return Err(format!("replica asks from {from}, past the end {end_now}"));
         }
-        sh.replica_progress(replica, from, from >= last_sent_end);
+        let caught_up = match answered {
+            _ if from >= end_now => Some(Instant::now()),
+            Some((end, at)) if from >= end => Some(at),
+            _ => None,
+        };
+        sh.replica_progress(replica, stream, from, caught_up);
         // It applied the last DATA frame before asking again: it holds
         // the offset table that frame (or an earlier one) carried.
         if let Some(v) = offsets.sent {
@@ -380,6 +405,9 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, sh: &Shared, r
                 break;
             }
         }
+        // The log's end as this answer is made: reaching it is being
+        // caught up as of now.
+        answered = Some((store.log_end(), Instant::now()));
         let entries = if store.log_end() > from {
             store
                 .read_log(from, max)
@@ -388,7 +416,6 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, sh: &Shared, r
         } else {
             Vec::new()
         };
-        last_sent_end = from + entries.iter().map(wire_len).sum::<u64>();
         let mut b = BytesMut::with_capacity(16 + entries.iter().map(|e| e.len() + 4).sum::<usize>());
         b.put_u64(sh.high_watermark());
         b.put_u32(epoch);
@@ -526,16 +553,6 @@ impl Shipped {
         metrics::counter!("rokka_replication_tables_shipped_total", "table" => self.table).increment(1);
         self.sent = Some(changes);
         true
-    }
-}
-
-/// How far an entry moves the log: a BLANK filler covers the rest of its
-/// segment (its size field), anything else its length.
-fn wire_len(e: &Bytes) -> u64 {
-    if e.len() == 8 && e[4..8] == rokka_store::record::BLANK_MAGIC.to_be_bytes() {
-        u64::from(u32::from_be_bytes([e[0], e[1], e[2], e[3]]))
-    } else {
-        e.len() as u64
     }
 }
 
@@ -762,6 +779,167 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rokka_broker::cluster_view::ClusterView;
+    use rokka_broker::Broker;
+    use rokka_store::{MessageInput, MessageStore, StoreConfig};
+
+    type TestResult = std::result::Result<(), Box<dyn std::error::Error>>;
+
+    /// Node 1, master of its set at epoch 1 with node 2 a live member,
+    /// serving replicas on a loopback port; `mb` MiB of messages stored.
+    struct Master {
+        sh: Arc<Shared>,
+        addr: std::net::SocketAddr,
+        _stop: tokio::sync::watch::Sender<bool>,
+        _dir: tempfile::TempDir,
+    }
+
+    async fn master(mb: usize) -> std::result::Result<Master, Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let broker = Arc::new(Broker::new(Arc::clone(&store), Default::default())?);
+        let cfg = crate::ClusterConfig {
+            node_id: 1,
+            ..Default::default()
+        };
+        let view = ClusterView {
+            cluster: cfg.name.clone(),
+            self_id: 1,
+            set: cfg.broker_set.clone(),
+            members: vec![1, 2],
+            ..Default::default()
+        };
+        let sh = Shared::new(cfg, Arc::clone(&store), broker);
+        store.begin_epoch(1)?;
+        sh.set_role(Role::Master { epoch: 1 });
+        sh.set_sss(vec![1]);
+        sh.publish_view(view);
+        let body = vec![7u8; 256 << 10];
+        for _ in 0..mb * 4 {
+            store.append_message(&MessageInput::new("T", 0, &body, b""))?;
+        }
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(serve(listener, Arc::clone(&sh), None, rx));
+        Ok(Master {
+            sh,
+            addr,
+            _stop: stop,
+            _dir: dir,
+        })
+    }
+
+    /// Connects as node 2 with an empty log: the stream, after WELCOME.
+    async fn replica(m: &Master) -> std::result::Result<TcpStream, Box<dyn std::error::Error>> {
+        let mut s = TcpStream::connect(m.addr).await?;
+        let hello = Hello {
+            cluster: m.sh.cfg.name.clone(),
+            set: m.sh.cfg.broker_set.clone(),
+            node_id: 2,
+            epochs: Vec::new(),
+            end: 0,
+            segment_bytes: m.sh.store.config().commitlog_segment_bytes,
+        };
+        write_frame(&mut s, HELLO, &serde_json::to_vec(&hello)?).await?;
+        let (kind, body) = read_frame(&mut s, MAX_HELLO).await?;
+        assert_eq!(kind, WELCOME, "{}", String::from_utf8_lossy(&body));
+        Ok(s)
+    }
+
+    /// One FETCH from `from`: where the next one starts (a BLANK filler
+    /// moves it to its segment's end, as a replica's append does).
+    async fn fetch(s: &mut TcpStream, from: u64) -> std::result::Result<u64, Box<dyn std::error::Error>> {
+        let mut f = BytesMut::new();
+        f.put_u64(from);
+        f.put_u32(1);
+        f.put_u32(FETCH_BYTES);
+        write_frame(s, FETCH, &f).await?;
+        let (kind, mut body) = read_frame(s, MAX_FRAME).await?;
+        assert_eq!(kind, DATA);
+        let _hw = body.get_u64();
+        let _epoch = body.get_u32();
+        let mut at = from;
+        for _ in 0..body.get_u32() {
+            let len = body.get_u32() as usize;
+            let e = body.split_to(len);
+            at = match e.len() == 8 && e[4..8] == rokka_store::record::BLANK_MAGIC.to_be_bytes() {
+                true => {
+                    let size = u64::from(u32::from_be_bytes([e[0], e[1], e[2], e[3]]));
+                    at + size
+                }
+                false => at + e.len() as u64,
+            };
+        }
+        Ok(at)
+    }
+
+    /// A replica far behind gets a frame's worth per fetch: holding all of
+    /// the previous answer is not being caught up (it would join the sync
+    /// state set, and could be elected, megabytes short). It is once it
+    /// reaches the end the log had when a fetch was answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_far_behind_is_not_in_sync_until_it_reaches_the_log_end() -> TestResult {
+        let m = master(12).await?;
+        let end = m.sh.store.log_end();
+        let mut s = replica(&m).await?;
+        let mut at = fetch(&mut s, 0).await?;
+        assert!(at > 0 && at < end / 2, "{at} of {end}");
+        at = fetch(&mut s, at).await?;
+        assert!(at < end, "{at} of {end}");
+        assert!(m.sh.in_sync_replicas().is_empty(), "in sync at {at} of {end}");
+        while at < end {
+            at = fetch(&mut s, at).await?;
+            if at < end {
+                assert!(m.sh.in_sync_replicas().is_empty(), "in sync at {at} of {end}");
+            }
+        }
+        // The fetch from the end says it holds everything.
+        let _ = tokio::time::timeout(Duration::from_secs(2), fetch(&mut s, at)).await;
+        assert_eq!(m.sh.in_sync_replicas(), vec![2]);
+        Ok(())
+    }
+
+    /// A replica that reconnects while its old stream is still open: the
+    /// old stream's end does not mark the new one disconnected (the replica
+    /// would stay out of the sync state set, and the high watermark would
+    /// count it as holding nothing, for as long as the new stream runs).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_old_stream_ending_leaves_the_new_one_connected() -> TestResult {
+        let m = master(1).await?;
+        let end = m.sh.store.log_end();
+        let mut old = replica(&m).await?;
+        let mut at = 0;
+        while at < end {
+            at = fetch(&mut old, at).await?;
+        }
+        let mut new = replica(&m).await?;
+        let mut at = 0;
+        while at < end {
+            at = fetch(&mut new, at).await?;
+        }
+        drop(old);
+        // The old stream's task sees the close and ends.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), fetch(&mut new, at)).await;
+        assert_eq!(m.sh.in_sync_replicas(), vec![2]);
+        Ok(())
+    }
+
+    /// A frame's declared length is not memory taken up front: a peer
+    /// that declares the largest frame and sends a few bytes ends the read
+    /// with an error.
+    #[tokio::test]
+    async fn a_frame_shorter_than_declared_is_an_error() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        let writer = tokio::spawn(async move {
+            let _ = a.write_all(&(MAX_FRAME as u32).to_be_bytes()).await;
+            let _ = a.write_all(&[DATA, 1, 2, 3]).await;
+        });
+        let r = read_frame(&mut b, MAX_FRAME).await;
+        let _ = writer.await;
+        assert!(r.as_ref().is_err_and(|e| e.contains("closed")), "{r:?}");
+    }
 
     fn section(b: &BytesMut) -> Option<&[u8]> {
         let len = u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize;
