@@ -44,6 +44,18 @@ pub struct SetState {
     pub sss: Vec<u32>,
 }
 
+impl SetState {
+    /// As read from etcd: the sync state set sorted, each member once (a
+    /// member written twice would count twice toward
+    /// `min_insync_replicas`).
+    fn read(value: &[u8]) -> Result<SetState, serde_json::Error> {
+        let mut s: SetState = serde_json::from_slice(value)?;
+        s.sss.sort_unstable();
+        s.sss.dedup();
+        Ok(s)
+    }
+}
+
 pub struct Controller {
     sh: Arc<Shared>,
     client: Client,
@@ -58,6 +70,8 @@ pub struct Controller {
     /// Every local consumer group is to be published again (a new lease
     /// took the old keys with it).
     publish_all_groups: bool,
+    /// The revision of this set's state last logged as unreadable.
+    unreadable_logged: Option<i64>,
 }
 
 type Res<T> = Result<T, String>;
@@ -85,6 +99,7 @@ impl Controller {
             prefix,
             synced: None,
             publish_all_groups: true,
+            unreadable_logged: None,
         };
         c.register().await?;
         let secret = c.cluster_secret().await?;
@@ -225,6 +240,8 @@ impl Controller {
             .map_err(err("get"))?;
         let mut nodes: Vec<NodeInfo> = Vec::new();
         let mut state: Option<(SetState, i64)> = None;
+        // This set's state, there but unreadable: (why, its revision).
+        let mut unreadable: Option<(String, i64)> = None;
         let mut topics: BTreeMap<String, TopicInfo> = BTreeMap::new();
         // Every set's state and drain mark (the cluster view carries them).
         let mut others: BTreeMap<String, SetState> = BTreeMap::new();
@@ -277,8 +294,10 @@ impl Controller {
                     nodes.push(n);
                 }
             } else if key == state_key {
-                let s: SetState = serde_json::from_slice(kv.value()).map_err(|e| format!("set state {key}: {e}"))?;
-                state = Some((s, kv.mod_revision()));
+                match SetState::read(kv.value()) {
+                    Ok(s) => state = Some((s, kv.mod_revision())),
+                    Err(e) => unreadable = Some((e.to_string(), kv.mod_revision())),
+                }
             } else if let Some(rest) = key.strip_prefix(&members_prefix) {
                 let Some((node, group)) = rest.split_once('/') else {
                     continue;
@@ -292,7 +311,7 @@ impl Controller {
                 }
             } else if let Some(rest) = key.strip_prefix(&sets_prefix) {
                 if let Some(set) = rest.strip_suffix("/state") {
-                    match serde_json::from_slice::<SetState>(kv.value()) {
+                    match SetState::read(kv.value()) {
                         Ok(s) => {
                             others.insert(set.to_string(), s);
                         }
@@ -323,11 +342,29 @@ impl Controller {
         );
         let me = self.me.id;
         let role = self.sh.role();
+        metrics::gauge!("rokka_cluster_state_unreadable").set(if unreadable.is_some() { 1.0 } else { 0.0 });
+        match &unreadable {
+            // No election, hand-over or sync-state-set change on a state
+            // this node cannot read (every node reads the same bytes: none
+            // acts on them); roles stay as they are and the rest of the
+            // step (users, ACLs, topics) goes on. Logged once per revision.
+            Some((why, rev)) if self.unreadable_logged != Some(*rev) => {
+                tracing::error!(
+                    key = state_key,
+                    error = why,
+                    "this broker set's state in etcd is unreadable: no election until it is repaired"
+                );
+                self.unreadable_logged = Some(*rev);
+            }
+            Some(_) => {}
+            None => self.unreadable_logged = None,
+        }
         match state {
+            None if unreadable.is_some() => {}
             None => {
                 let st = SetState {
                     master: Some(me),
-                    epoch: 1,
+                    epoch: self.next_epoch(0)?,
                     sss: vec![me],
                 };
                 if self.put_state(&st, None).await? {
@@ -359,13 +396,16 @@ impl Controller {
                         let next = if others.is_empty() {
                             SetState {
                                 master: Some(me),
-                                epoch: st.epoch + 1,
+                                epoch: self.next_epoch(st.epoch)?,
                                 sss: vec![me],
                             }
                         } else {
                             SetState {
                                 master: None,
-                                epoch: st.epoch,
+                                // A newer epoch a replica showed this node
+                                // (its history is past etcd's): the next
+                                // election goes above it.
+                                epoch: st.epoch.max(self.sh.newer_epoch()),
                                 sss: others,
                             }
                         };
@@ -393,7 +433,7 @@ impl Controller {
                         if candidates.first() == Some(&me) {
                             let next = SetState {
                                 master: Some(me),
-                                epoch: st.epoch + 1,
+                                epoch: self.next_epoch(st.epoch)?,
                                 sss: candidates,
                             };
                             if self.put_state(&next, Some(rev)).await? {
@@ -726,6 +766,28 @@ impl Controller {
             replica_read_lag_bytes: self.sh.cfg.replica_read_lag_bytes,
             sets,
         });
+    }
+
+    /// The epoch a master elected over a state of epoch `base` takes: past
+    /// it, past this node's own epoch history and past any epoch a replica
+    /// showed (a state in etcd older than the nodes' histories — etcd wiped
+    /// or restored from a backup — must not start an epoch the nodes
+    /// already wrote under: histories that share an epoch number but not
+    /// its writes would not be told apart when a replica truncates).
+    fn next_epoch(&self, base: u32) -> Res<u32> {
+        let local = self.sh.store.epochs().last().map_or(0, |e| e.epoch);
+        let highest = base.max(local).max(self.sh.newer_epoch());
+        if highest > base {
+            tracing::warn!(
+                etcd = base,
+                local,
+                seen = self.sh.newer_epoch(),
+                "the set's epoch in etcd is behind the nodes' histories: the new epoch goes past them"
+            );
+        }
+        highest
+            .checked_add(1)
+            .ok_or_else(|| "the set's epoch numbers are exhausted".to_string())
     }
 
     fn become_master(&self, st: &SetState) -> Res<()> {

@@ -269,6 +269,20 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
             return Err(why);
         }
     }
+    // A replica whose history went past this master's epoch (etcd's state
+    // older than the nodes': wiped, or restored from a backup): following
+    // would mix two sets of writes under one epoch number. This master
+    // steps down; the set elects again past that epoch.
+    let their_last = hello.epochs.last().map_or(0, |e| e.epoch);
+    if their_last > epoch {
+        sh.saw_newer_epoch(their_last);
+        let why = format!(
+            "node {}'s history reaches epoch {their_last}, past this master's {epoch}: stepping down",
+            hello.node_id
+        );
+        write_frame(&mut s, REFUSE, why.as_bytes()).await?;
+        return Err(why);
+    }
     if hello.cluster != sh.cfg.name || hello.set != sh.cfg.broker_set {
         let why = format!(
             "replica of {}/{} at the master of {}/{}",
@@ -923,6 +937,28 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let _ = tokio::time::timeout(Duration::from_secs(2), fetch(&mut new, at)).await;
         assert_eq!(m.sh.in_sync_replicas(), vec![2]);
+        Ok(())
+    }
+
+    /// A replica whose history is past this master's epoch (etcd's state
+    /// went back) is refused, and the master knows a newer epoch exists
+    /// (it steps down; the set elects past it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_with_a_newer_epoch_is_refused_and_the_master_steps_down() -> TestResult {
+        let m = master(0).await?;
+        let mut s = TcpStream::connect(m.addr).await?;
+        let hello = Hello {
+            cluster: m.sh.cfg.name.clone(),
+            set: m.sh.cfg.broker_set.clone(),
+            node_id: 2,
+            epochs: vec![EpochStart { epoch: 1, start: 0 }, EpochStart { epoch: 5, start: 0 }],
+            end: 0,
+            segment_bytes: m.sh.store.config().commitlog_segment_bytes,
+        };
+        write_frame(&mut s, HELLO, &serde_json::to_vec(&hello)?).await?;
+        let (kind, body) = read_frame(&mut s, MAX_HELLO).await?;
+        assert_eq!(kind, REFUSE, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(m.sh.newer_epoch(), 5);
         Ok(())
     }
 

@@ -93,8 +93,17 @@ impl MessageStore {
     pub fn begin_epoch(&self, epoch: u32) -> Result<()> {
         let _w = self.inner.writer();
         let mut epochs = self.inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
-        if epochs.last().is_some_and(|e| e.epoch >= epoch) {
-            return Ok(());
+        match epochs.last() {
+            Some(e) if e.epoch == epoch => return Ok(()),
+            // Writes under an older epoch than this log already has would
+            // be told apart from nobody's (the controller elects past it).
+            Some(e) if e.epoch > epoch => {
+                return Err(StoreError::Config(format!(
+                    "cannot begin epoch {epoch}: this log's history already reached epoch {}",
+                    e.epoch
+                )))
+            }
+            _ => {}
         }
         let mut next = epochs.clone();
         next.push(EpochStart {

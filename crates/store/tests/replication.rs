@@ -154,3 +154,18 @@ fn acknowledgements_left_from_before_a_truncation_do_not_answer_new_writes() -> 
     );
     Ok(())
 }
+
+/// An epoch below the history's last is refused (writes under it would
+/// share a number with another master's); the same epoch again is a no-op.
+#[test]
+fn an_epoch_below_the_history_is_refused() -> TestResult {
+    let d = tempfile::tempdir()?;
+    let s = MessageStore::open(small_config(d.path()))?;
+    s.begin_epoch(3)?;
+    s.begin_epoch(3)?;
+    assert!(s.begin_epoch(1).is_err());
+    assert_eq!(s.epochs().last().map(|e| e.epoch), Some(3));
+    s.begin_epoch(4)?;
+    assert_eq!(s.epochs().len(), 2);
+    Ok(())
+}
