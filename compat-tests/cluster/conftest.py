@@ -1,5 +1,8 @@
 """etcd (Debian's etcd-server) and a set of rokka nodes in cluster mode, on
 loopback ports, for the cluster suite."""
+import base64
+import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -115,12 +118,38 @@ def remoting(port, code, ext, timeout=5):
 
 
 
+def etcd_get(endpoint, key):
+    """The value of `key` in etcd (its v3 JSON gateway), or None."""
+    body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+    req = urllib.request.Request(f"{endpoint}/v3/kv/range", data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        kvs = json.load(r).get("kvs") or []
+    return base64.b64decode(kvs[0]["value"]) if kvs else None
+
+
+def signed_hello(cluster, node_id, set_name="broker-a", segment_bytes=67108864, secret=None):
+    """A replication HELLO (JSON) as node `node_id` with an empty log,
+    signed as a node signs it: HMAC-SHA256 under the cluster secret (from
+    etcd, unless `secret`, raw bytes, is given) of its fields."""
+    if secret is None:
+        secret = base64.b64decode(etcd_get(cluster.etcd.endpoint, f"/rokka/{cluster.name}/internal/secret"))
+    hello = {"cluster": cluster.name, "set": set_name, "node_id": node_id, "epochs": [], "end": 0,
+             "segment_bytes": segment_bytes, "at": int(time.time() * 1000)}
+    content = "\n".join(
+        ["rokka-replication-hello", cluster.name, set_name, str(node_id), str(hello["at"]), "0",
+         str(segment_bytes), "[]"]
+    ).encode()
+    hello["proof"] = base64.b64encode(hmac.new(secret, content, hashlib.sha256).digest()).decode()
+    return json.dumps(hello).encode()
+
+
 class Cluster:
     """Nodes 1..n of one broker set."""
 
     def __init__(self, name, n=3, min_isr=2, extra="", metrics_extra="", kafka_extra="", grpc=False):
         """`extra`: more `[cluster]` lines, or a function of the node id
         returning them; `grpc`: each node serves RocketMQ 5 clients too."""
+        self.name = name
         self.dir = results_dir("cluster", name)
         self.etcd = Etcd(self.dir)
         self.nodes = {}

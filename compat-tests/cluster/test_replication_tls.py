@@ -12,7 +12,7 @@ import time
 
 import pytest
 from confluent_kafka import Producer
-from conftest import Cluster, read_topic, results_dir
+from conftest import Cluster, read_topic, results_dir, signed_hello
 from pki import make_pki
 
 HELLO = 1
@@ -40,11 +40,10 @@ def handshakes(node, side, result):
     )
 
 
-def hello_frame(node_id):
-    body = json.dumps(
-        {"cluster": "replication-tls", "set": "broker-a", "node_id": node_id, "epochs": [], "end": 0,
-         "segment_bytes": 67108864}
-    ).encode()
+def hello_frame(cluster, node_id):
+    """A HELLO signed with the cluster secret: what a node of the cluster
+    sends (the certificate is then what decides)."""
+    body = signed_hello(cluster, node_id)
     return struct.pack(">IB", len(body) + 1, HELLO) + body
 
 
@@ -65,7 +64,7 @@ def read_frame(s):
     return kind, body
 
 
-def tls_hello(port, ca, cert=None, key=None, node_id=99):
+def tls_hello(cluster, port, ca, cert=None, key=None, node_id=99):
     """A HELLO over TLS: the answer frame, or None when the connection
     ends first (the master refused the handshake)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -75,7 +74,7 @@ def tls_hello(port, ca, cert=None, key=None, node_id=99):
     with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
         try:
             with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
-                s.sendall(hello_frame(node_id))
+                s.sendall(hello_frame(cluster, node_id))
                 return read_frame(s)
         except (ssl.SSLError, ConnectionError):
             return None
@@ -93,7 +92,7 @@ def test_only_peers_with_a_cluster_certificate_get_the_stream(cluster):
 
     # Plaintext: no frame back, at most a TLS alert.
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(hello_frame(99))
+        s.sendall(hello_frame(cluster, 99))
         got = b""
         try:
             while True:
@@ -106,16 +105,16 @@ def test_only_peers_with_a_cluster_certificate_get_the_stream(cluster):
     assert got == b"" or got[0] == 0x15, f"a plaintext HELLO got {got[:40]!r}"
 
     pki = cluster.pki
-    assert tls_hello(port, pki["ca.pem"]) is None, "a peer without a certificate"
-    assert tls_hello(port, pki["ca.pem"], pki["rogue-node.pem"], pki["rogue-node.key"]) is None, "another CA's node"
+    assert tls_hello(cluster, port, pki["ca.pem"]) is None, "a peer without a certificate"
+    assert tls_hello(cluster, port, pki["ca.pem"], pki["rogue-node.pem"], pki["rogue-node.key"]) is None, "another CA's node"
     # A certificate of the cluster's CA gets through TLS to the protocol,
     # which still checks who the node is.
-    kind, body = tls_hello(port, pki["ca.pem"], pki["node.pem"], pki["node.key"])
+    kind, body = tls_hello(cluster, port, pki["ca.pem"], pki["node.pem"], pki["node.key"])
     assert kind == REFUSE and b"not a live member" in body, (kind, body)
     # A certificate of the cluster's CA for someone else (alice's client
     # certificate) cannot pass for the live replica.
     replica_id = next(i for i in cluster.nodes if i != m)
-    kind, body = tls_hello(port, pki["ca.pem"], pki["client.pem"], pki["client.key"], node_id=replica_id)
+    kind, body = tls_hello(cluster, port, pki["ca.pem"], pki["client.pem"], pki["client.key"], node_id=replica_id)
     assert kind == REFUSE and b"certificate is for" in body, (kind, body)
     assert cluster.wait_in_sync(size=2), "the real replica's stream goes on"
 

@@ -6,7 +6,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
-from conftest import Cluster
+from conftest import Cluster, signed_hello
 
 
 @pytest.fixture(scope="module")
@@ -108,14 +108,17 @@ def test_the_replication_port_refuses_strangers_and_lying_lengths(cluster):
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(struct.pack(">I", 0xFFFFFFF0) + b"\x01")
         assert closed(s)
-    hello = json.dumps(
+    unsigned = json.dumps(
         {"cluster": "smoke", "set": "broker-a", "node_id": 99, "epochs": [], "end": 0, "segment_bytes": 67108864}
     ).encode()
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(struct.pack(">I", len(hello) + 1) + b"\x01" + hello)
-        n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
-        frame = s.recv(n, socket.MSG_WAITALL)
-        assert frame[0] == 3 and b"not a live member" in frame, frame
+    # Without the cluster secret's proof: refused before anything else is
+    # said; with it, a node that is not a live member is refused.
+    for hello, why in ((unsigned, b"cluster secret"), (signed_hello(cluster, 99), b"not a live member")):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(struct.pack(">I", len(hello) + 1) + b"\x01" + hello)
+            n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+            frame = s.recv(n, socket.MSG_WAITALL)
+            assert frame[0] == 3 and why in frame, frame
     p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all"})
     p.produce("smoke", value=b"after strangers")
     assert p.flush(30) == 0

@@ -234,11 +234,19 @@ impl Shared {
 
     /// A fetch from `id` at `end` on stream `stream`; `caught_up`: when
     /// the replica last held everything the master's log had (None: not
-    /// known by this fetch).
+    /// known by this fetch). The replica's newest stream reports; an older
+    /// one still open reports once the newest has ended (it takes over).
     pub(crate) fn replica_progress(&self, id: u32, stream: u64, end: u64, caught_up: Option<Instant>) {
         {
             let mut r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(p) = r.get_mut(&id).filter(|p| p.stream == stream) {
+            if let Some(p) = r.get_mut(&id) {
+                if p.stream != stream {
+                    if p.connected {
+                        return;
+                    }
+                    p.stream = stream;
+                    p.connected = true;
+                }
                 p.end = end;
                 if let Some(t) = caught_up {
                     p.caught_up_at = p.caught_up_at.max(t);

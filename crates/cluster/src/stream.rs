@@ -33,6 +33,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+use rokka_broker::internal::ClusterSecret;
+
 use crate::{Role, Shared};
 
 /// Largest state table (committed offsets, Kafka transactions) a DATA frame
@@ -67,6 +69,16 @@ struct Hello {
     epochs: Vec<EpochStart>,
     end: u64,
     segment_bytes: u64,
+    /// When it was sent (ms since the epoch): a proof is good for
+    /// [`HELLO_MAX_AGE`] either way.
+    #[serde(default)]
+    at: i64,
+    /// HMAC under the cluster secret of everything above
+    /// ([`Hello::content`]): who knows the secret (it is in etcd) is a node
+    /// of the cluster; anyone else cannot pass for one, and the master
+    /// serves its log to nobody else.
+    #[serde(default)]
+    proof: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -75,6 +87,53 @@ struct Welcome {
     epochs: Vec<EpochStart>,
     end: u64,
     truncate_to: u64,
+    /// HMAC under the cluster secret of the answer and the HELLO's proof
+    /// ([`Welcome::content`]): a replica truncates its log only on its
+    /// master's word, not on a stranger's that answered in its place.
+    #[serde(default)]
+    proof: String,
+}
+
+/// How far a HELLO's time may be from the master's clock.
+const HELLO_MAX_AGE: u64 = 60_000;
+
+impl Hello {
+    fn content(&self) -> Vec<u8> {
+        let epochs = serde_json::to_string(&self.epochs).unwrap_or_default();
+        format!(
+            "rokka-replication-hello\n{}\n{}\n{}\n{}\n{}\n{}\n{epochs}",
+            self.cluster, self.set, self.node_id, self.at, self.end, self.segment_bytes
+        )
+        .into_bytes()
+    }
+}
+
+impl Welcome {
+    fn content(&self, hello_proof: &str) -> Vec<u8> {
+        let epochs = serde_json::to_string(&self.epochs).unwrap_or_default();
+        format!(
+            "rokka-replication-welcome\n{hello_proof}\n{}\n{}\n{}\n{epochs}",
+            self.epoch, self.end, self.truncate_to
+        )
+        .into_bytes()
+    }
+}
+
+/// Why a HELLO's proof does not pass, if it does not.
+fn check_hello(secret: Option<&ClusterSecret>, hello: &Hello) -> Option<&'static str> {
+    let Some(secret) = secret else {
+        return Some("this node has no cluster secret yet");
+    };
+    if hello.proof.is_empty() {
+        return Some("no proof of the cluster secret (a node older than replication authentication?)");
+    }
+    if !secret.verify(&hello.content(), &hello.proof) {
+        return Some("its proof is not the cluster secret's");
+    }
+    if rokka_store::now_ms().abs_diff(hello.at) > HELLO_MAX_AGE {
+        return Some("its proof is more than a minute from this node's clock");
+    }
+    None
 }
 
 type Res<T> = Result<T, String>;
@@ -237,6 +296,12 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
         return Err(format!("expected HELLO, got frame kind {kind}"));
     }
     let hello: Hello = serde_json::from_slice(&body).map_err(|e| format!("bad HELLO: {e}"))?;
+    if let Some(why) = check_hello(sh.broker.cluster_secret(), &hello) {
+        metrics::counter!("rokka_replication_unauthenticated_total", "side" => "master").increment(1);
+        let why = format!("HELLO as node {} refused: {why}", hello.node_id);
+        write_frame(&mut s, REFUSE, why.as_bytes()).await?;
+        return Err(why);
+    }
     let store = &sh.store;
     let Role::Master { epoch } = sh.role() else {
         let why = "not the master".to_string();
@@ -303,12 +368,17 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
     let epochs = store.epochs();
     let end = store.log_end();
     let truncate_to = divergence(&epochs, end, &hello.epochs, hello.end);
-    let welcome = Welcome {
+    let mut welcome = Welcome {
         epoch,
         epochs,
         end,
         truncate_to,
+        proof: String::new(),
     };
+    // check_hello passed: the secret is there.
+    if let Some(secret) = sh.broker.cluster_secret() {
+        welcome.proof = secret.sign(&welcome.content(&hello.proof));
+    }
     let json = serde_json::to_vec(&welcome).map_err(|e| e.to_string())?;
     write_frame(&mut s, WELCOME, &json).await?;
     tracing::info!(
@@ -616,14 +686,21 @@ async fn follow_once(sh: &Shared, tls: Option<&TlsConnector>, master: u32, epoch
 
 async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u32, epoch: u32, mut s: S) -> Res<()> {
     let store = &sh.store;
-    let hello = Hello {
+    let secret = sh
+        .broker
+        .cluster_secret()
+        .ok_or_else(|| "this node has no cluster secret yet".to_string())?;
+    let mut hello = Hello {
         cluster: sh.cfg.name.clone(),
         set: sh.cfg.broker_set.clone(),
         node_id: sh.cfg.node_id,
         epochs: store.epochs(),
         end: store.log_end(),
         segment_bytes: store.config().commitlog_segment_bytes,
+        at: rokka_store::now_ms(),
+        proof: String::new(),
     };
+    hello.proof = secret.sign(&hello.content());
     let json = serde_json::to_vec(&hello).map_err(|e| e.to_string())?;
     write_frame(&mut s, HELLO, &json).await?;
     let (kind, body) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s, MAX_HELLO))
@@ -636,6 +713,12 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
         return Err(format!("expected WELCOME, got kind {kind}"));
     }
     let welcome: Welcome = serde_json::from_slice(&body).map_err(|e| format!("bad WELCOME: {e}"))?;
+    if welcome.proof.is_empty() || !secret.verify(&welcome.content(&hello.proof), &welcome.proof) {
+        metrics::counter!("rokka_replication_unauthenticated_total", "side" => "replica").increment(1);
+        return Err(format!(
+            "the WELCOME from {master}'s address is not signed with the cluster secret: not followed"
+        ));
+    }
     if welcome.epoch < epoch {
         return Err(format!(
             "master {master} is at epoch {}, the set at {epoch}",
@@ -803,6 +886,8 @@ mod tests {
     /// serving replicas on a loopback port; `mb` MiB of messages stored.
     struct Master {
         sh: Arc<Shared>,
+        /// The cluster secret's stored form.
+        secret: String,
         addr: std::net::SocketAddr,
         _stop: tokio::sync::watch::Sender<bool>,
         _dir: tempfile::TempDir,
@@ -823,6 +908,8 @@ mod tests {
             members: vec![1, 2],
             ..Default::default()
         };
+        let secret = ClusterSecret::generate()?;
+        broker.set_cluster_secret(ClusterSecret::from_stored(&secret).ok_or("secret")?);
         let sh = Shared::new(cfg, Arc::clone(&store), broker);
         store.begin_epoch(1)?;
         sh.set_role(Role::Master { epoch: 1 });
@@ -838,27 +925,117 @@ mod tests {
         tokio::spawn(serve(listener, Arc::clone(&sh), None, rx));
         Ok(Master {
             sh,
+            secret,
             addr,
             _stop: stop,
             _dir: dir,
         })
     }
 
-    /// Connects as node 2 with an empty log: the stream, after WELCOME.
-    async fn replica(m: &Master) -> std::result::Result<TcpStream, Box<dyn std::error::Error>> {
-        let mut s = TcpStream::connect(m.addr).await?;
-        let hello = Hello {
+    /// Node 2's HELLO with an empty log (history `epochs`), signed under
+    /// `secret` (stored form) as of `at`.
+    fn hello(m: &Master, epochs: Vec<EpochStart>, secret: &str, at: i64) -> std::result::Result<Hello, String> {
+        let mut h = Hello {
             cluster: m.sh.cfg.name.clone(),
             set: m.sh.cfg.broker_set.clone(),
             node_id: 2,
-            epochs: Vec::new(),
+            epochs,
             end: 0,
             segment_bytes: m.sh.store.config().commitlog_segment_bytes,
+            at,
+            proof: String::new(),
         };
-        write_frame(&mut s, HELLO, &serde_json::to_vec(&hello)?).await?;
+        h.proof = ClusterSecret::from_stored(secret).ok_or("secret")?.sign(&h.content());
+        Ok(h)
+    }
+
+    /// Sends `h`: the answer's kind and body.
+    async fn greet(m: &Master, h: &Hello) -> std::result::Result<(TcpStream, u8, Bytes), Box<dyn std::error::Error>> {
+        let mut s = TcpStream::connect(m.addr).await?;
+        write_frame(&mut s, HELLO, &serde_json::to_vec(h)?).await?;
         let (kind, body) = read_frame(&mut s, MAX_HELLO).await?;
+        Ok((s, kind, body))
+    }
+
+    /// Connects as node 2 with an empty log: the stream, after WELCOME
+    /// (signed under the cluster secret, over this HELLO's proof).
+    async fn replica(m: &Master) -> std::result::Result<TcpStream, Box<dyn std::error::Error>> {
+        let h = hello(m, Vec::new(), &m.secret, rokka_store::now_ms())?;
+        let (s, kind, body) = greet(m, &h).await?;
         assert_eq!(kind, WELCOME, "{}", String::from_utf8_lossy(&body));
+        let w: Welcome = serde_json::from_slice(&body)?;
+        let secret = ClusterSecret::from_stored(&m.secret).ok_or("secret")?;
+        assert!(secret.verify(&w.content(&h.proof), &w.proof));
         Ok(s)
+    }
+
+    /// Only a node that knows the cluster secret is served: a HELLO with
+    /// no proof, one under another secret, one whose fields were changed
+    /// after signing, or one a minute old, is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_hello_without_the_cluster_secret_is_refused() -> TestResult {
+        let m = master(0).await?;
+        let now = rokka_store::now_ms();
+        let mut unsigned = hello(&m, Vec::new(), &m.secret, now)?;
+        unsigned.proof.clear();
+        let other = hello(&m, Vec::new(), &ClusterSecret::generate()?, now)?;
+        let mut altered = hello(&m, Vec::new(), &m.secret, now)?;
+        altered.node_id = 3;
+        let stale = hello(&m, Vec::new(), &m.secret, now - 120_000)?;
+        for h in [unsigned, other, altered, stale] {
+            let (_s, kind, body) = greet(&m, &h).await?;
+            assert_eq!(kind, REFUSE, "{h:?}: {}", String::from_utf8_lossy(&body));
+        }
+        assert!(m.sh.in_sync_replicas().is_empty());
+        replica(&m).await?;
+        Ok(())
+    }
+
+    /// A replica truncates only on its master's word: a WELCOME that is not
+    /// signed with the cluster secret (a stranger answering at the master's
+    /// address) is not followed, and the log stays whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_does_not_follow_an_unsigned_welcome() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        store.begin_epoch(1)?;
+        store.append_message(&MessageInput::new("T", 0, b"kept", b""))?;
+        let end = store.log_end();
+        let broker = Arc::new(Broker::new(Arc::clone(&store), Default::default())?);
+        broker.set_cluster_secret(ClusterSecret::from_stored(&ClusterSecret::generate()?).ok_or("secret")?);
+        let cfg = crate::ClusterConfig {
+            node_id: 2,
+            ..Default::default()
+        };
+        let sh = Shared::new(cfg, Arc::clone(&store), broker);
+        sh.set_role(Role::Replica { master: 1, epoch: 1 });
+        let (mine, mut theirs) = tokio::io::duplex(1 << 16);
+        let stranger = tokio::spawn(async move {
+            let _ = read_frame(&mut theirs, MAX_HELLO).await;
+            let w = Welcome {
+                epoch: 1,
+                epochs: Vec::new(),
+                end: 0,
+                truncate_to: 0,
+                proof: ClusterSecret::from_stored(&ClusterSecret::generate()?)
+                    .ok_or("secret")?
+                    .sign(b"anything"),
+            };
+            write_frame(
+                &mut theirs,
+                WELCOME,
+                &serde_json::to_vec(&w).map_err(|e| e.to_string())?,
+            )
+            .await?;
+            // Held open: the replica ends the stream, not the stranger.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok::<_, String>(())
+        });
+        let r = follow_stream(&sh, 1, 1, mine).await;
+        assert!(r.as_ref().is_err_and(|e| e.contains("not signed")), "{r:?}");
+        assert_eq!(store.log_end(), end);
+        stranger.abort();
+        Ok(())
     }
 
     /// One FETCH from `from`: where the next one starts (a BLANK filler
@@ -937,6 +1114,13 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         let _ = tokio::time::timeout(Duration::from_secs(2), fetch(&mut new, at)).await;
         assert_eq!(m.sh.in_sync_replicas(), vec![2]);
+        // A newer stream that ends at once: the one still open reports
+        // again with its next fetch (it takes over).
+        drop(replica(&m).await?);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(m.sh.in_sync_replicas().is_empty());
+        let _ = tokio::time::timeout(Duration::from_secs(2), fetch(&mut new, at)).await;
+        assert_eq!(m.sh.in_sync_replicas(), vec![2]);
         Ok(())
     }
 
@@ -946,17 +1130,9 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_replica_with_a_newer_epoch_is_refused_and_the_master_steps_down() -> TestResult {
         let m = master(0).await?;
-        let mut s = TcpStream::connect(m.addr).await?;
-        let hello = Hello {
-            cluster: m.sh.cfg.name.clone(),
-            set: m.sh.cfg.broker_set.clone(),
-            node_id: 2,
-            epochs: vec![EpochStart { epoch: 1, start: 0 }, EpochStart { epoch: 5, start: 0 }],
-            end: 0,
-            segment_bytes: m.sh.store.config().commitlog_segment_bytes,
-        };
-        write_frame(&mut s, HELLO, &serde_json::to_vec(&hello)?).await?;
-        let (kind, body) = read_frame(&mut s, MAX_HELLO).await?;
+        let epochs = vec![EpochStart { epoch: 1, start: 0 }, EpochStart { epoch: 5, start: 0 }];
+        let h = hello(&m, epochs, &m.secret, rokka_store::now_ms())?;
+        let (_s, kind, body) = greet(&m, &h).await?;
         assert_eq!(kind, REFUSE, "{}", String::from_utf8_lossy(&body));
         assert_eq!(m.sh.newer_epoch(), 5);
         Ok(())
