@@ -87,6 +87,11 @@ struct Welcome {
     epochs: Vec<EpochStart>,
     end: u64,
     truncate_to: u64,
+    /// Where the master's log starts, when the replica's (cut at
+    /// `truncate_to`) ends below it: what lies between is gone from the
+    /// master (retention), so the replica drops its log and continues there.
+    #[serde(default)]
+    restart_at: Option<u64>,
     /// HMAC under the cluster secret of the answer and the HELLO's proof
     /// ([`Welcome::content`]): a replica truncates its log only on its
     /// master's word, not on a stranger's that answered in its place.
@@ -112,8 +117,8 @@ impl Welcome {
     fn content(&self, hello_proof: &str) -> Vec<u8> {
         let epochs = serde_json::to_string(&self.epochs).unwrap_or_default();
         format!(
-            "rokka-replication-welcome\n{hello_proof}\n{}\n{}\n{}\n{epochs}",
-            self.epoch, self.end, self.truncate_to
+            "rokka-replication-welcome\n{hello_proof}\n{}\n{}\n{}\n{:?}\n{epochs}",
+            self.epoch, self.end, self.truncate_to, self.restart_at
         )
         .into_bytes()
     }
@@ -368,11 +373,15 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
     let epochs = store.epochs();
     let end = store.log_end();
     let truncate_to = divergence(&epochs, end, &hello.epochs, hello.end);
+    // Below the master's first retained segment nothing can be sent: the
+    // replica continues at that start.
+    let start = store.commitlog_offsets().0;
     let mut welcome = Welcome {
         epoch,
         epochs,
         end,
         truncate_to,
+        restart_at: (truncate_to < start).then_some(start),
         proof: String::new(),
     };
     // check_hello passed: the secret is there.
@@ -385,6 +394,7 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
         replica = hello.node_id,
         their_end = hello.end,
         truncate_to,
+        restart_at = ?welcome.restart_at,
         "replica connected"
     );
     let replica = hello.node_id;
@@ -728,19 +738,29 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
     // Truncation and the epoch history write files (fsync): off the runtime.
     let epochs = Arc::new(welcome.epochs);
     let (st, to, ep) = (Arc::clone(store), welcome.truncate_to, Arc::clone(&epochs));
-    let truncated = tokio::task::spawn_blocking(move || -> rokka_store::Result<bool> {
+    let restart_at = welcome.restart_at;
+    let (truncated, restarted) = tokio::task::spawn_blocking(move || -> rokka_store::Result<(bool, bool)> {
         let cut = to < st.log_end();
         if cut {
             st.truncate_log(to)?;
         }
+        // The master's log starts past this one's end: what lies between
+        // is gone there; this log continues at its start.
+        let restart = restart_at.filter(|s| *s >= st.log_end());
+        if let Some(s) = restart {
+            st.restart_log_at(s)?;
+        }
         st.adopt_epochs(&ep)?;
-        Ok(cut)
+        Ok((cut, restart.is_some()))
     })
     .await
     .map_err(|e| e.to_string())?
     .map_err(|e| format!("truncate to {to}: {e}"))?;
     if truncated {
         metrics::counter!("rokka_replication_truncations_total").increment(1);
+    }
+    if restarted {
+        metrics::counter!("rokka_replication_log_restarts_total").increment(1);
     }
     tracing::info!(
         master,
@@ -1017,6 +1037,7 @@ mod tests {
                 epochs: Vec::new(),
                 end: 0,
                 truncate_to: 0,
+                restart_at: None,
                 proof: ClusterSecret::from_stored(&ClusterSecret::generate()?)
                     .ok_or("secret")?
                     .sign(b"anything"),
@@ -1135,6 +1156,55 @@ mod tests {
         let (_s, kind, body) = greet(&m, &h).await?;
         assert_eq!(kind, REFUSE, "{}", String::from_utf8_lossy(&body));
         assert_eq!(m.sh.newer_epoch(), 5);
+        Ok(())
+    }
+
+    /// A replica whose log ends below the master's first retained segment
+    /// (here: a new one, with an empty log) continues at that start and
+    /// then holds what the master holds (it would otherwise ask for an
+    /// offset the master no longer has, and reconnect forever).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_below_the_masters_start_restarts_there_and_catches_up() -> TestResult {
+        let m = master(12).await?;
+        let mut segs: Vec<_> = std::fs::read_dir(m._dir.path().join("commitlog"))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        segs.sort();
+        let old = std::time::SystemTime::now() - Duration::from_secs(100 * 3600);
+        for p in &segs[..segs.len() - 1] {
+            std::fs::File::options().write(true).open(p)?.set_modified(old)?;
+        }
+        m.sh.store.checkpoint()?;
+        assert!(m.sh.store.run_retention()? > 0);
+        let start = m.sh.store.commitlog_offsets().0;
+        assert!(start > 0);
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let broker = Arc::new(Broker::new(Arc::clone(&store), Default::default())?);
+        broker.set_cluster_secret(ClusterSecret::from_stored(&m.secret).ok_or("secret")?);
+        let cfg = crate::ClusterConfig {
+            node_id: 2,
+            ..Default::default()
+        };
+        let sh = Shared::new(cfg, Arc::clone(&store), broker);
+        sh.set_role(Role::Replica { master: 1, epoch: 1 });
+        let s = TcpStream::connect(m.addr).await?;
+        let follower = {
+            let sh = Arc::clone(&sh);
+            tokio::spawn(async move { follow_stream(&sh, 1, 1, s).await })
+        };
+        let end = m.sh.store.log_end();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while store.log_end() < end && Instant::now() < deadline && !follower.is_finished() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(store.log_end(), end);
+        assert_eq!(store.commitlog_offsets().0, start);
+        assert_eq!(store.min_offset("T", 0), m.sh.store.min_offset("T", 0));
+        assert_eq!(store.max_offset("T", 0), m.sh.store.max_offset("T", 0));
+        sh.set_role(Role::Unknown);
+        let ended = tokio::time::timeout(Duration::from_secs(5), follower).await?;
+        assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");
         Ok(())
     }
 

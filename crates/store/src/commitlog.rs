@@ -257,6 +257,16 @@ impl CommitLog {
         Ok(())
     }
 
+    /// Removes every segment (a replica restarting its log at its master's
+    /// start: `MessageStore::restart_log_at`).
+    pub(crate) fn drop_all_segments(&self) -> Result<()> {
+        let mut segs = self.segments.write().unwrap_or_else(|p| p.into_inner());
+        while let Some(s) = segs.pop() {
+            std::fs::remove_file(s.file.path()).map_err(StoreError::io("remove", s.file.path()))?;
+        }
+        Ok(())
+    }
+
     /// Deletes the oldest segment if `pred` allows it (never the last one).
     pub(crate) fn delete_oldest_if(&self, pred: impl Fn(&Segment) -> bool) -> Result<Option<Segment>> {
         let mut segs = self.segments.write().unwrap_or_else(|p| p.into_inner());

@@ -242,6 +242,53 @@ impl MessageStore {
         Ok(inner.log.write_pos())
     }
 
+    /// Drops the whole log — every CommitLog segment and every
+    /// ConsumeQueue — and continues it at `offset`, the first offset of its
+    /// master's log: a replica whose log ends below that (away for longer
+    /// than the master's retention, or new to a set whose first segments are
+    /// gone) cannot be sent what lies between, so it holds what the master
+    /// holds from there on. `offset` is at or past this log's end; the
+    /// epoch history stays (the master's is adopted as entries come).
+    /// Compacted topics' clean logs stay as they were.
+    pub fn restart_log_at(&self, offset: u64) -> Result<()> {
+        let inner = &*self.inner;
+        let mut w = inner.writer();
+        let end = inner.log.write_pos();
+        if offset < end {
+            return Err(StoreError::Config(format!(
+                "cannot restart the CommitLog at {offset}: it ends at {end}"
+            )));
+        }
+        if offset == end && inner.log.min_offset() == end {
+            return Ok(());
+        }
+        tracing::warn!(
+            end,
+            start = offset,
+            "the master's log starts past this replica's end: this log is dropped and continues at the master's start"
+        );
+        inner.log.drop_all_segments()?;
+        inner.log.set_recovered(offset);
+        let removed: Vec<_> = w.queues.drain().collect();
+        inner.queues.write().unwrap_or_else(|p| p.into_inner()).clear();
+        for (_, queues) in removed {
+            for q in queues.values() {
+                q.destroy()?;
+            }
+        }
+        let mut cl = CommitLogWriter::new(
+            std::sync::Arc::clone(&inner.log),
+            offset,
+            inner.config.commitlog_segment_bytes,
+            crate::commitlog::Preparation::of(&inner.config),
+        )?;
+        cl.refuse_writes_above(inner.config.disk_refuse_writes_percent);
+        w.cl = cl;
+        w.last_record = 0;
+        drop(w);
+        crate::tasks::checkpoint(inner, false).map(|_| ())
+    }
+
     /// Cuts the CommitLog at `offset` (an entry boundary at or below its
     /// end) with every ConsumeQueue entry at or past it, and the epoch
     /// history past it. For a node about to follow a master whose history

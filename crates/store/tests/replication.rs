@@ -169,3 +169,69 @@ fn an_epoch_below_the_history_is_refused() -> TestResult {
     assert_eq!(s.epochs().len(), 2);
     Ok(())
 }
+
+fn age_all_but_newest(dir: &std::path::Path, keep: usize) -> std::io::Result<()> {
+    let mut segs: Vec<_> = std::fs::read_dir(dir.join("commitlog"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    segs.sort();
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(100 * 3600);
+    for p in &segs[..segs.len().saturating_sub(keep)] {
+        std::fs::File::options().write(true).open(p)?.set_modified(old)?;
+    }
+    Ok(())
+}
+
+/// A master whose first segments retention deleted: a new replica, and
+/// one that was away with an older prefix, cannot be sent what lies below
+/// the master's start; each drops its log, continues at that start, and
+/// then holds what the master holds — queues starting where the master's
+/// do — also after a reopen.
+#[test]
+fn a_replica_behind_the_masters_start_restarts_its_log_there() -> TestResult {
+    let (dm, dn, dp) = (tempfile::tempdir()?, tempfile::tempdir()?, tempfile::tempdir()?);
+    let master = MessageStore::open(small_config(dm.path()))?;
+    let stale = MessageStore::open(small_config(dp.path()))?;
+    stale.set_leader(false);
+    master.begin_epoch(1)?;
+    for i in 0..600u64 {
+        append(&master, "T", (i % 2) as u32, 4, i)?;
+    }
+    follow(&master, &stale)?;
+    stale.adopt_epochs(&master.epochs())?;
+    for i in 600..3000u64 {
+        append(&master, "T", (i % 2) as u32, 4, i)?;
+    }
+    kafka_batch(&master, "K", 3)?;
+    master.checkpoint()?;
+    age_all_but_newest(dm.path(), 2)?;
+    assert!(master.run_retention()? > 0);
+    let (start, _, _) = master.commitlog_offsets();
+    assert!(start > stale.log_end(), "{start} vs {}", stale.log_end());
+    // What the master cannot send: the stale replica's end is gone there.
+    assert!(master.read_log(stale.log_end(), 1 << 16).is_err());
+    let fresh = MessageStore::open(small_config(dn.path()))?;
+    fresh.set_leader(false);
+    for replica in [&fresh, &stale] {
+        if replica.log_end() > 0 {
+            assert!(replica.restart_log_at(replica.log_end() - 1).is_err(), "below its end");
+        }
+        replica.restart_log_at(start)?;
+        assert_eq!(replica.log_end(), start);
+        follow(&master, replica)?;
+        replica.adopt_epochs(&master.epochs())?;
+        assert_eq!(replica.log_end(), master.log_end());
+        for (t, q) in [("T", 0), ("T", 1), ("K", 1)] {
+            assert_eq!(replica.min_offset(t, q), master.min_offset(t, q), "{t}/{q}");
+            assert_eq!(read_all(replica, t, q), read_all(&master, t, q), "{t}/{q}");
+        }
+    }
+    // Reopened, the restarted log is what it was.
+    let want = read_all(&stale, "T", 1);
+    stale.close()?;
+    drop(stale);
+    let stale = MessageStore::open(small_config(dp.path()))?;
+    assert_eq!(stale.log_end(), master.log_end());
+    assert_eq!(read_all(&stale, "T", 1), want);
+    Ok(())
+}
