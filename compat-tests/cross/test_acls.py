@@ -429,3 +429,105 @@ def test_the_admin_cli_logs_in_and_obeys_the_acls(rokka):
     assert rc == 1 and "signature mismatch" in err, err
     rc, _, err = cli(*get)
     assert rc == 1 and "response code 16" in err, err
+
+
+class RemotingConn:
+    """One kept connection for raw RocketMQ remoting requests (a name
+    server drops a broker when the connection it registered on closes)."""
+
+    def __init__(self, port):
+        import socket
+
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.opaque = 0
+
+    def call(self, code, ext, body=b""):
+        """(response code, remark, body)."""
+        import json
+        import socket
+        import struct
+
+        self.opaque += 1
+        header = json.dumps({"code": code, "language": "JAVA", "version": 0, "opaque": self.opaque, "flag": 0,
+                             "extFields": ext}).encode()
+        self.s.sendall(struct.pack(">II", 4 + len(header) + len(body), len(header)) + header + body)
+        n = struct.unpack(">I", self.s.recv(4, socket.MSG_WAITALL))[0]
+        data = self.s.recv(n, socket.MSG_WAITALL)
+        hlen = struct.unpack(">I", data[:4])[0] & 0xFFFFFF
+        h = json.loads(data[4:4 + hlen])
+        return h["code"], h.get("remark") or "", data[4 + hlen:]
+
+    def close(self):
+        self.s.close()
+
+
+def signed(ext, body, user, secret):
+    """`ext` with RocketMQ's AccessKey and Signature (HMAC-SHA1 of the
+    field values in key order, then the body; AclClientRPCHook)."""
+    import base64
+    import hashlib
+    import hmac
+
+    ext = {**ext, "AccessKey": user}
+    content = "".join(ext[k] for k in sorted(ext)).encode() + body
+    return {**ext, "Signature": base64.b64encode(hmac.new(secret.encode(), content, hashlib.sha1).digest()).decode()}
+
+
+def test_only_the_cluster_registers_brokers_at_the_name_server(rokka):
+    """Under authorization, a REGISTER_BROKER puts an address in the routes
+    of every topic it names — a stranger's would take the clients' sends —
+    so it needs CLUSTER_ACTION on the cluster (anonymous here has nothing):
+    refused, the routes untouched; the same registration signed by a super
+    user is taken, and UNREGISTER_BROKER is held to the same rule."""
+    import json
+    import zlib
+
+    REGISTER, UNREGISTER, ROUTE, SUCCESS = 103, 104, 105, 0
+    admin = AdminClient(sasl(rokka, "admin"))
+    for f in admin.create_topics([NewTopic("acl-routes", 1, 1)]).values():
+        f.result(15)
+    body = json.dumps({
+        "topicConfigSerializeWrapper": {
+            "topicConfigTable": {"acl-routes": {"topicName": "acl-routes", "readQueueNums": 1, "writeQueueNums": 1,
+                                                "perm": 6, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0,
+                                                "order": False, "attributes": {}}},
+            "dataVersion": {"counter": 1, "stateVersion": 0, "timestamp": 0},
+        },
+        "filterServerList": [],
+    }).encode()
+    ext = {"brokerName": "mallory", "brokerAddr": "127.0.0.1:1", "clusterName": "DefaultCluster",
+           "haServerAddr": "", "brokerId": "0", "compressed": "false",
+           "bodyCrc32": str(zlib.crc32(body) & 0x7FFFFFFF)}
+    conn = RemotingConn(rokka.namesrv_port)
+
+    def route_addrs():
+        code, remark, data = conn.call(ROUTE, {"topic": "acl-routes"})
+        assert code == SUCCESS, remark
+        return [a for b in json.loads(data)["brokerDatas"] for a in b["brokerAddrs"].values()]
+
+    for who in ({}, {"user": "carol", "secret": CAROL}):
+        fields = signed(ext, body, who["user"], who["secret"]) if who else ext
+        code, remark, _ = conn.call(REGISTER, fields, body)
+        assert code == NO_PERMISSION and "ClusterAction" in remark, (who, code, remark)
+    assert "127.0.0.1:1" not in route_addrs()
+    # The ACL decides: carol, granted CLUSTER_ACTION, registers.
+    grant = acl(ResourceType.BROKER, "kafka-cluster", "User:carol", AclOperation.CLUSTER_ACTION)
+    create(admin, [grant])
+    try:
+        code, remark, _ = conn.call(REGISTER, signed(ext, body, "carol", CAROL), body)
+        assert code == SUCCESS, remark
+        assert "127.0.0.1:1" in route_addrs()
+        unreg = {"brokerName": "mallory", "brokerAddr": "127.0.0.1:1", "clusterName": "DefaultCluster",
+                 "brokerId": "0"}
+        code, remark, _ = conn.call(UNREGISTER, unreg)
+        assert code == NO_PERMISSION, (code, remark)
+        assert "127.0.0.1:1" in route_addrs()
+        code, remark, _ = conn.call(UNREGISTER, signed(unreg, b"", "carol", CAROL))
+        assert code == SUCCESS, remark
+        assert "127.0.0.1:1" not in route_addrs()
+    finally:
+        conn.close()
+        for f in admin.delete_acls([AclBindingFilter(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL,
+                                                     "User:carol", "*", AclOperation.ANY,
+                                                     AclPermissionType.ANY)]).values():
+            f.result(15)

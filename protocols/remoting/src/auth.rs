@@ -4,7 +4,8 @@
 //! commits and send-backs a READ on the group, offset and consumer
 //! queries a DESCRIBE, and the admin codes what Kafka's admin APIs need
 //! (UPDATE_AND_CREATE_TOPIC: CREATE, DELETE_TOPIC_IN_NAMESRV: DELETE on
-//! the topic, GET_ALL_TOPIC_CONFIG: DESCRIBE on the cluster). A refusal is
+//! the topic, GET_ALL_TOPIC_CONFIG: DESCRIBE on the cluster, a name server's
+//! REGISTER_BROKER and UNREGISTER_BROKER: CLUSTER_ACTION on the cluster). A refusal is
 //! answered NO_PERMISSION with a remark naming what was missing, logged
 //! once per connection and counted.
 //!
@@ -81,6 +82,10 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
         rq::END_TRANSACTION if !f("topic").is_empty() => [Some(topic_need(f("topic"), Op::Write)), None],
         rq::UPDATE_AND_CREATE_TOPIC => [Some((Rt::Topic, f("topic"), Op::Create)), None],
         rq::DELETE_TOPIC_IN_NAMESRV => [Some((Rt::Topic, f("topic"), Op::Delete)), None],
+        // A broker's registration puts its address in every route of the
+        // topics it names: what a Kafka broker's own calls to the
+        // controller need.
+        rq::REGISTER_BROKER | rq::UNREGISTER_BROKER => [Some((Rt::Cluster, CLUSTER_NAME, Op::ClusterAction)), None],
         rq::GET_ALL_TOPIC_CONFIG | rq::AUTH_GET_USER | rq::AUTH_LIST_USERS => {
             [Some((Rt::Cluster, CLUSTER_NAME, Op::Describe)), None]
         }

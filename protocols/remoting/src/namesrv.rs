@@ -279,6 +279,13 @@ impl NameServer {
         r
     }
 
+    /// Why the ACLs of the broker in this process refuse `cmd` (None: they
+    /// allow it, authorization is off, or there is no broker here).
+    fn refuses(&self, conn: &Conn, cmd: &RemotingCommand) -> Option<String> {
+        let broker = self.local.as_ref().map(|l| l.broker()).or(self.cluster.as_ref());
+        broker.and_then(|b| crate::auth::check(b, conn, cmd))
+    }
+
     async fn handle(&self, cmd: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         self.register_local(false);
         match cmd.code {
@@ -308,8 +315,7 @@ impl NameServer {
                 self.json_body(cmd, json!({"topicList": v}))
             }
             rq::DELETE_TOPIC_IN_NAMESRV => {
-                let broker = self.local.as_ref().map(|l| l.broker()).or(self.cluster.as_ref());
-                if let Some(remark) = broker.and_then(|b| crate::auth::check(b, conn, cmd)) {
+                if let Some(remark) = self.refuses(conn, cmd) {
                     return self.reply(cmd, crate::auth::NO_PERMISSION, Some(remark));
                 }
                 self.table()
@@ -317,22 +323,31 @@ impl NameServer {
                 self.reply(cmd, rs::SUCCESS, None)
             }
             rq::GET_KVLIST_BY_NAMESPACE => self.reply(cmd, rs::QUERY_NOT_FOUND, Some("no KV config".into())),
-            rq::REGISTER_BROKER => match wire::from_command(cmd) {
-                Ok(r) => {
-                    self.apply(&r, Some(conn.peer));
-                    let mut resp = self.reply(cmd, rs::SUCCESS, None);
-                    resp.ext_fields.set("haServerAddr", "");
-                    resp.ext_fields.set("masterAddr", "");
-                    resp
+            // With a broker (and so an ACL table) in this process and
+            // authorization on, only who may act as the cluster registers
+            // or unregisters a broker (a name server alone, as RocketMQ's,
+            // takes any: keep it on a trusted network).
+            rq::REGISTER_BROKER | rq::UNREGISTER_BROKER => {
+                if let Some(remark) = self.refuses(conn, cmd) {
+                    return self.reply(cmd, crate::auth::NO_PERMISSION, Some(remark));
                 }
-                Err(e) => {
-                    tracing::warn!(peer = %conn.peer, error = e, "bad REGISTER_BROKER");
-                    self.reply(cmd, rs::SYSTEM_ERROR, Some(e))
+                if cmd.code == rq::UNREGISTER_BROKER {
+                    self.unregister(cmd);
+                    return self.reply(cmd, rs::SUCCESS, None);
                 }
-            },
-            rq::UNREGISTER_BROKER => {
-                self.unregister(cmd);
-                self.reply(cmd, rs::SUCCESS, None)
+                match wire::from_command(cmd) {
+                    Ok(r) => {
+                        self.apply(&r, Some(conn.peer));
+                        let mut resp = self.reply(cmd, rs::SUCCESS, None);
+                        resp.ext_fields.set("haServerAddr", "");
+                        resp.ext_fields.set("masterAddr", "");
+                        resp
+                    }
+                    Err(e) => {
+                        tracing::warn!(peer = %conn.peer, error = e, "bad REGISTER_BROKER");
+                        self.reply(cmd, rs::SYSTEM_ERROR, Some(e))
+                    }
+                }
             }
             other => self.reply(
                 cmd,
