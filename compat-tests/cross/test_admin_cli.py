@@ -7,6 +7,7 @@ import subprocess
 import threading
 import time
 
+import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from kafka import KafkaConsumer
@@ -371,6 +372,19 @@ def test_message_get_by_offset_key_id_and_time(rokka):
     assert rmq_cli(rokka, "message", "get", "--topic", topic, "--key", "no-such-key")[0]["messages"] == []
     _, err = rmq_cli(rokka, "message", "get", "--id", "00" * 16, expect=1)
     assert "no message" in err
+    # An offset id names an address: one that is no broker the name server
+    # lists is not contacted (the request would carry a signature).
+    import socket
+
+    with socket.socket() as lure:
+        lure.bind(("127.0.0.1", 0))
+        lure.listen(1)
+        lure.settimeout(0.5)
+        port = lure.getsockname()[1]
+        _, err = rmq_cli(rokka, "message", "get", "--id", f"7F000001{port:08X}{0:016X}", expect=1)
+        assert "no broker the name server lists" in err, err
+        with pytest.raises(socket.timeout):
+            lure.accept()
 
 
 def test_dlq_list_show_and_resend(rokka):

@@ -166,3 +166,27 @@ def test_a_dead_letter_is_shown_and_resent(rokka, browser):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 403
+
+
+def test_a_page_of_another_name_is_refused(rokka):
+    """DNS rebinding: a site whose name was pointed at the console's address
+    would read its pages as its own. The console answers to IP addresses,
+    localhost and console.allowed_hosts only (421 otherwise, counted)."""
+    import http.client
+
+    def get(host):
+        c = http.client.HTTPConnection("127.0.0.1", rokka.console_port, timeout=30)
+        c.putrequest("GET", "/", skip_host=True)
+        c.putheader("Host", host)
+        c.endheaders()
+        r = c.getresponse()
+        body = r.read()
+        c.close()
+        return r.status, body
+
+    assert get(f"attacker.example:{rokka.console_port}")[0] == 421
+    for host in (f"127.0.0.1:{rokka.console_port}", f"localhost:{rokka.console_port}"):
+        status, body = get(host)
+        assert status == 200 and b"<nav" in body, (host, status)
+    got = {k: v for k, v in rokka.metric_values().items() if "wrong_host" in k}
+    assert sum(got.values()) >= 1, got

@@ -123,6 +123,11 @@ pub struct ConsoleConfig {
     /// One connection's deadline, its pages' admin calls included; a
     /// connection still open then is closed.
     pub connection_timeout_ms: u64,
+    /// Host names (the request's Host header, without its port) the console
+    /// answers to besides IP addresses and `localhost`: a page of another
+    /// site whose name was pointed at this address (DNS rebinding) is
+    /// refused.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ConsoleConfig {
@@ -139,6 +144,7 @@ impl Default for ConsoleConfig {
             password: String::new(),
             max_connections: 8,
             connection_timeout_ms: 60_000,
+            allowed_hosts: Vec::new(),
         }
     }
 }

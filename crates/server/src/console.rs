@@ -41,6 +41,8 @@ pub struct Console {
     token: String,
     /// `console.login`: who is logged in.
     login: Option<Login>,
+    /// `console.allowed_hosts`, lowercased.
+    allowed_hosts: Vec<String>,
 }
 
 /// A page being served: the console, and whom its admin calls log in as
@@ -151,6 +153,7 @@ impl Console {
         namesrv: String,
         credentials: Option<admin::Credentials>,
         login: Option<Login>,
+        allowed_hosts: Vec<String>,
     ) -> Console {
         Console {
             kafka,
@@ -159,7 +162,28 @@ impl Console {
             samples: Mutex::new(HashMap::new()),
             token: random_hex(16),
             login,
+            allowed_hosts: allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
         }
+    }
+
+    /// Whether a request's Host header names this console: an IP address,
+    /// `localhost`, or one of `console.allowed_hosts` (any port). A name
+    /// that is none of these is another site's pointed at this address
+    /// (DNS rebinding): its pages would read the console as their own.
+    fn answers_to(&self, host: &str) -> bool {
+        let name = match host.strip_prefix('[') {
+            // [v6]:port
+            Some(rest) => {
+                return rest
+                    .split_once(']')
+                    .is_some_and(|(a, _)| a.parse::<std::net::Ipv6Addr>().is_ok())
+            }
+            None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+        };
+        let name = name.to_ascii_lowercase();
+        name.parse::<std::net::Ipv4Addr>().is_ok()
+            || name == "localhost"
+            || self.allowed_hosts.contains(&name)
     }
 }
 
@@ -343,6 +367,18 @@ async fn answer(
     c: Arc<Console>,
     peer: std::net::IpAddr,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    // No Host (HTTP/1.0 tools) is no browser's page.
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .map(|h| h.to_str().unwrap_or("\u{fffd}"));
+    if host.is_some_and(|h| !c.answers_to(h)) {
+        metrics::counter!("rokka_console_requests_total", "page" => "any", "result" => "wrong_host").increment(1);
+        return Ok(plain(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this console answers to its IP address, localhost and console.allowed_hosts only\n",
+        ));
+    }
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let query = form(req.uri().query().unwrap_or(""));
@@ -808,5 +844,30 @@ mod tests {
         );
         assert_eq!(enc("%DLQ%g 1"), "%25DLQ%25g%201");
         assert!(cell("topic", &Value::String("<t>".into())).contains("&lt;t&gt;"));
+    }
+
+    #[test]
+    fn the_console_answers_to_addresses_localhost_and_its_allowed_names_only() {
+        let c = Console::new(String::new(), String::new(), None, None, vec!["Console.Example".into()]);
+        for ok in [
+            "127.0.0.1:9180",
+            "10.1.2.3",
+            "[::1]:9180",
+            "localhost:9180",
+            "LOCALHOST",
+            "console.example:443",
+        ] {
+            assert!(c.answers_to(ok), "{ok}");
+        }
+        for refused in [
+            "evil.example:9180",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example",
+            "[::1",
+            "[evil]:80",
+            "",
+        ] {
+            assert!(!c.answers_to(refused), "{refused}");
+        }
     }
 }

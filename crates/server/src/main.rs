@@ -777,7 +777,13 @@ async fn serve(
         );
         listeners.push(tokio::spawn(console::serve(
             l,
-            Arc::new(console::Console::new(kafka, namesrv, credentials, login)),
+            Arc::new(console::Console::new(
+                kafka,
+                namesrv,
+                credentials,
+                login,
+                cfg.console.allowed_hosts.clone(),
+            )),
             Arc::new(budget),
             stop_rx.clone(),
         )));

@@ -362,6 +362,14 @@ pub fn get(
         if sec.rows.is_empty() {
             if let Some((host, phys)) = rokka_store::msgid::parse_message_id(id) {
                 let addr = host.to_string();
+                // The id names an address: only a broker the name server
+                // lists is asked (an id is anyone's text: the console's or
+                // the CLI's signed request goes to no one else).
+                if !r.broker_addrs()?.contains(&addr) {
+                    return Err(AdminError::Refused(format!(
+                        "no message with id {id}: it names {addr}, which is no broker the name server lists"
+                    )));
+                }
                 let resp = r.call(
                     &addr,
                     request(code::VIEW_MESSAGE_BY_ID, &[("offset", phys.to_string())]),

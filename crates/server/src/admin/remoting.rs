@@ -32,6 +32,7 @@ pub mod code {
     pub const GET_MAX_OFFSET: i32 = 30;
     pub const GET_MIN_OFFSET: i32 = 31;
     pub const VIEW_MESSAGE_BY_ID: i32 = 33;
+    pub const GET_BROKER_CLUSTER_INFO: i32 = 106;
     pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
     pub const INVOKE_BROKER_TO_RESET_OFFSET: i32 = 222;
 }
@@ -199,6 +200,37 @@ impl Remoting {
             ) {
                 Ok(r) if r.code == SUCCESS => return parse_route(&r.body),
                 Ok(r) => return Err(refused(&r, &format!("route of {topic}"))),
+                Err(e @ AdminError::Connect(..)) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| AdminError::Usage("no name server address given (--namesrv)".into())))
+    }
+
+    /// Every broker address the name server lists (GET_BROKER_CLUSTER_INFO),
+    /// masters and replicas.
+    pub fn broker_addrs(&mut self) -> Result<Vec<String>> {
+        let mut last = None;
+        for ns in self.namesrv.clone() {
+            match self.call(&ns, request(code::GET_BROKER_CLUSTER_INFO, &[])) {
+                Ok(r) if r.code == SUCCESS => {
+                    let text = String::from_utf8_lossy(&r.body);
+                    let v: Value = serde_json::from_str(&text)
+                        .or_else(|_| serde_json::from_str(&quote_bare_keys(&text)))
+                        .map_err(|e| AdminError::Protocol(format!("the cluster the name server sent: {e}")))?;
+                    let mut out: Vec<String> = v["brokerAddrTable"]
+                        .as_object()
+                        .into_iter()
+                        .flat_map(|t| t.values())
+                        .filter_map(|b| b["brokerAddrs"].as_object())
+                        .flat_map(|a| a.values())
+                        .filter_map(|a| a.as_str().map(str::to_string))
+                        .collect();
+                    out.sort();
+                    out.dedup();
+                    return Ok(out);
+                }
+                Ok(r) => return Err(refused(&r, "the cluster's brokers")),
                 Err(e @ AdminError::Connect(..)) => last = Some(e),
                 Err(e) => return Err(e),
             }
