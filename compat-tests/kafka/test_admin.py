@@ -4,7 +4,7 @@ offsets (kafka-python)."""
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from kafka import KafkaAdminClient
 from kafka import TopicPartition as KTP
@@ -31,6 +31,16 @@ def test_describe_configs_and_cluster(rokka, topic):
     cluster = a.describe_cluster().result(10)
     assert cluster.cluster_id == "rokka-cluster"
     assert [n.id for n in cluster.nodes] == [0]
+
+
+def test_a_replication_factor_past_the_brokers_is_refused(rokka, topic):
+    """One node: a partition has one replica; 2 is more than there are
+    (INVALID_REPLICATION_FACTOR, as Kafka), -1 is the broker's (1)."""
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    with pytest.raises(KafkaException) as e:
+        a.create_topics([NewTopic(topic, num_partitions=1, replication_factor=2)])[topic].result(10)
+    assert e.value.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR
+    a.create_topics([NewTopic(topic, num_partitions=1)])[topic].result(10)
 
 
 def test_delete_records_moves_the_log_start(rokka, topic):

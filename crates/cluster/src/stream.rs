@@ -41,11 +41,11 @@ use crate::{Role, Shared};
 /// carries; a larger one is not shipped (counted and logged).
 const MAX_SNAPSHOT: usize = 256 << 20;
 /// Largest DATA frame a replica accepts: entries of about [`FETCH_BYTES`]
-/// plus one entry of up to the store's largest, plus the three tables
+/// plus one entry of up to the store's largest, plus the four tables
 /// (committed offsets, Kafka transactions, Kafka groups with their consumer
-/// groups). (A frame comes only from the master the replica chose; it is
-/// read into a buffer of its own length.)
-pub const MAX_FRAME: usize = (64 << 20) + 3 * MAX_SNAPSHOT;
+/// groups, queue starts). (A frame comes only from the master the replica
+/// chose; it is read as its bytes arrive.)
+pub const MAX_FRAME: usize = (64 << 20) + 4 * MAX_SNAPSHOT;
 /// Largest frame a master reads before it knows who sent it (HELLO), and
 /// any other frame a replica may send (FETCH is 16 bytes).
 const MAX_HELLO: usize = 1 << 20;
@@ -433,6 +433,7 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(
     // The Kafka groups as of their last rebalance, for a replica taking
     // over as coordinator.
     let mut groups = Shipped::new("kafka_groups", Duration::from_millis(100));
+    let mut log_starts = Shipped::new("log_starts", Duration::from_millis(200));
     loop {
         let (kind, mut body) = tokio::time::timeout(Duration::from_secs(30), read_frame(s, MAX_FETCH))
             .await
@@ -558,8 +559,20 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(
                 b.put_u32(consumer.len() as u32);
                 b.put_slice(&consumer);
             }
-            None => b.put_u32(0),
+            None => {
+                // No groups, no version, no consumer groups (whole, so
+                // what follows is read where it is).
+                b.put_u32(0);
+                b.put_u64(0);
+                b.put_u32(0);
+            }
         }
+        // Queue starts DeleteRecords raised: a record deleted on the master
+        // stays deleted on the replica, and after a failover.
+        let starts_changes = store.log_starts_changes();
+        log_starts.put(&mut b, starts_changes, 0, || {
+            serde_json::to_vec(&store.log_starts().0).map_err(|e| e.to_string())
+        });
         write_frame(s, DATA, &b).await?;
     }
 }
@@ -772,6 +785,9 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
     let mut applied_txn: Option<u64> = None;
     // The master's Kafka groups version this node loaded (0: none yet).
     let groups_applied = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    // The master's queue starts this node has not reached yet (their
+    // queues still to come, or ending below them).
+    let mut starts_pending: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
     loop {
         if sh.role() != (Role::Replica { master, epoch }) {
             return Ok(());
@@ -843,13 +859,35 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
             }
             false => None,
         };
+        // The queue starts DeleteRecords raised (a master older than this
+        // field sends none).
+        let log_starts = match body.remaining() >= 4 {
+            true => {
+                let len = body.get_u32() as usize;
+                (len > 0 && body.remaining() >= len).then(|| body.split_to(len))
+            }
+            false => None,
+        };
+        if let Some(t) = &log_starts {
+            // The master's whole table: what is not reached yet is taken
+            // again as entries come.
+            match serde_json::from_slice(t) {
+                Ok(table) => starts_pending = table,
+                Err(e) => {
+                    metrics::counter!("rokka_replication_tables_rejected_total", "table" => "log_starts").increment(1);
+                    tracing::warn!(error = %e, "cannot read the master's queue starts");
+                }
+            }
+        }
         if txns.is_some() {
             applied_txn = master_txn;
         }
-        if !entries.is_empty() || txns.is_some() || groups.is_some() {
+        let starts_due = !starts_pending.is_empty() && (log_starts.is_some() || !entries.is_empty());
+        if !entries.is_empty() || txns.is_some() || groups.is_some() || starts_due {
             let (st, ep, broker) = (Arc::clone(store), Arc::clone(&epochs), Arc::clone(&sh.broker));
             let applied = Arc::clone(&groups_applied);
-            tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let pending = std::mem::take(&mut starts_pending);
+            starts_pending = tokio::task::spawn_blocking(move || -> Result<_, String> {
                 // Not once this node has taken over: it coordinates the
                 // groups itself then.
                 if let (Some(snap), Some(g), false) = (groups, broker.replicated_groups(), st.is_leader()) {
@@ -876,7 +914,10 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
                         .map_err(|e| format!("transaction state: {e}"))?,
                     None => broker.resolve_open_transactions(),
                 }
-                Ok(())
+                match starts_due {
+                    true => st.adopt_log_starts(&pending).map_err(|e| format!("queue starts: {e}")),
+                    false => Ok(pending),
+                }
             })
             .await
             .map_err(|e| e.to_string())??;
@@ -1159,6 +1200,66 @@ mod tests {
         Ok(())
     }
 
+    /// Node 2 following `m` with an empty log of its own (the task runs
+    /// until its role changes).
+    async fn follower(
+        m: &Master,
+    ) -> std::result::Result<
+        (Arc<Shared>, tokio::task::JoinHandle<Res<()>>, tempfile::TempDir),
+        Box<dyn std::error::Error>,
+    > {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let broker = Arc::new(Broker::new(Arc::clone(&store), Default::default())?);
+        broker.set_cluster_secret(ClusterSecret::from_stored(&m.secret).ok_or("secret")?);
+        let cfg = crate::ClusterConfig {
+            node_id: 2,
+            ..Default::default()
+        };
+        let sh = Shared::new(cfg, store, broker);
+        sh.set_role(Role::Replica { master: 1, epoch: 1 });
+        let s = TcpStream::connect(m.addr).await?;
+        let task = {
+            let sh = Arc::clone(&sh);
+            tokio::spawn(async move { follow_stream(&sh, 1, 1, s).await })
+        };
+        Ok((sh, task, dir))
+    }
+
+    /// Waits (20 s at most) until `done`.
+    async fn until(done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// DeleteRecords on the master reaches the replica: the records stay
+    /// deleted there (and so after a failover), also when the queue starts
+    /// arrive before the replica has the entries they lie in.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn queue_starts_from_delete_records_reach_the_replica() -> TestResult {
+        let m = master(8).await?;
+        let end = m.sh.store.max_offset("T", 0);
+        assert!(end > 20, "{end}");
+        // Before the replica holds any of it: taken once the entries come.
+        assert_eq!(m.sh.store.delete_records("T", 0, 10)?, 10);
+        let (sh, follower, _dir) = follower(&m).await?;
+        let log_end = m.sh.store.log_end();
+        until(|| sh.store.log_end() >= log_end && sh.store.min_offset("T", 0) == 10).await;
+        assert_eq!(sh.store.log_end(), log_end);
+        assert_eq!(sh.store.min_offset("T", 0), 10);
+        // And once it is caught up.
+        assert_eq!(m.sh.store.delete_records("T", 0, end - 1)?, end - 1);
+        until(|| sh.store.min_offset("T", 0) == end - 1).await;
+        assert_eq!(sh.store.min_offset("T", 0), end - 1);
+        assert_eq!(sh.store.log_starts().0.get("T/0"), Some(&(end - 1)));
+        sh.set_role(Role::Unknown);
+        let ended = tokio::time::timeout(Duration::from_secs(5), follower).await?;
+        assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");
+        Ok(())
+    }
+
     /// A replica whose log ends below the master's first retained segment
     /// (here: a new one, with an empty log) continues at that start and
     /// then holds what the master holds (it would otherwise ask for an
@@ -1178,26 +1279,10 @@ mod tests {
         assert!(m.sh.store.run_retention()? > 0);
         let start = m.sh.store.commitlog_offsets().0;
         assert!(start > 0);
-        let dir = tempfile::tempdir()?;
-        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
-        let broker = Arc::new(Broker::new(Arc::clone(&store), Default::default())?);
-        broker.set_cluster_secret(ClusterSecret::from_stored(&m.secret).ok_or("secret")?);
-        let cfg = crate::ClusterConfig {
-            node_id: 2,
-            ..Default::default()
-        };
-        let sh = Shared::new(cfg, Arc::clone(&store), broker);
-        sh.set_role(Role::Replica { master: 1, epoch: 1 });
-        let s = TcpStream::connect(m.addr).await?;
-        let follower = {
-            let sh = Arc::clone(&sh);
-            tokio::spawn(async move { follow_stream(&sh, 1, 1, s).await })
-        };
+        let (sh, follower, _dir) = follower(&m).await?;
+        let store = Arc::clone(&sh.store);
         let end = m.sh.store.log_end();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while store.log_end() < end && Instant::now() < deadline && !follower.is_finished() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until(|| store.log_end() >= end).await;
         assert_eq!(store.log_end(), end);
         assert_eq!(store.commitlog_offsets().0, start);
         assert_eq!(store.min_offset("T", 0), m.sh.store.min_offset("T", 0));

@@ -181,9 +181,7 @@ impl Console {
             None => host.rsplit_once(':').map_or(host, |(h, _)| h),
         };
         let name = name.to_ascii_lowercase();
-        name.parse::<std::net::Ipv4Addr>().is_ok()
-            || name == "localhost"
-            || self.allowed_hosts.contains(&name)
+        name.parse::<std::net::Ipv4Addr>().is_ok() || name == "localhost" || self.allowed_hosts.contains(&name)
     }
 }
 

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Instant;
 
@@ -244,6 +244,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         _lock_file: lock_file,
         recovery: report,
         log_starts: Mutex::new(log_starts),
+        log_starts_changes: AtomicU64::new(0),
         deleted: Mutex::new(deleted),
         flush_listener: std::sync::OnceLock::new(),
         append_listener: std::sync::OnceLock::new(),

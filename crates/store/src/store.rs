@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -306,6 +306,8 @@ pub(crate) struct Inner {
     pub recovery: RecoveryReport,
     /// Queue starts raised by DeleteRecords, "topic/queue" → offset.
     pub log_starts: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Changes of `log_starts` since open (what replication ships).
+    pub log_starts_changes: AtomicU64,
     /// Deleted topics → CommitLog end at deletion (queues.json).
     pub deleted: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Checkpoints (periodic, explicit, at delete and close) take turns:
@@ -900,6 +902,42 @@ impl MessageStore {
         Ok(true)
     }
 
+    /// The queue starts DeleteRecords raised ("topic/queue" → first
+    /// offset), and how many changes they have had since open.
+    pub fn log_starts(&self) -> (std::collections::BTreeMap<String, u64>, u64) {
+        let starts = self.inner.log_starts.lock().unwrap_or_else(|p| p.into_inner());
+        (starts.clone(), self.inner.log_starts_changes.load(Ordering::Acquire))
+    }
+
+    /// How many changes the queue starts DeleteRecords raised have had.
+    pub fn log_starts_changes(&self) -> u64 {
+        self.inner.log_starts_changes.load(Ordering::Acquire)
+    }
+
+    /// A replica takes its master's queue starts: each raises its queue's
+    /// start (never lowers it). Returns those not yet reached — the queue
+    /// not there yet, or ending below the start (entries still to come) —
+    /// to be taken again once more of the log is in.
+    pub fn adopt_log_starts(
+        &self,
+        starts: &std::collections::BTreeMap<String, u64>,
+    ) -> Result<std::collections::BTreeMap<String, u64>> {
+        let mut pending = std::collections::BTreeMap::new();
+        for (key, start) in starts {
+            let Some((topic, q)) = key.rsplit_once('/') else {
+                continue;
+            };
+            let Ok(q) = q.parse::<u32>() else { continue };
+            if self.queue(topic, q).map_or(0, |c| c.max_offset()) < *start {
+                pending.insert(key.clone(), *start);
+            }
+            if self.queue(topic, q).is_some() {
+                self.delete_records(topic, q, *start)?;
+            }
+        }
+        Ok(pending)
+    }
+
     /// Makes offsets below `offset` of (topic, queue) unreadable (Kafka
     /// DeleteRecords): the queue's first offset becomes `offset` (clamped to
     /// the end), persisted in `log_starts.json`. Returns the new first offset.
@@ -917,6 +955,7 @@ impl MessageStore {
             // Nothing moved (asked again): no rewrite and fsync of the file.
             return Ok(start);
         }
+        self.inner.log_starts_changes.fetch_add(1, Ordering::AcqRel);
         let json = serde_json::to_vec_pretty(&*starts)
             .map_err(|e| StoreError::bad_file(self.inner.dir.join("log_starts.json"), e.to_string()))?;
         crate::checkpoint::write_atomically(&self.inner.dir.join("log_starts.json"), &json)?;

@@ -32,7 +32,10 @@ pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsRe
             let outcome = plan(k, &t).and_then(|(partitions, configs)| {
                 if version >= 5 {
                     res.num_partitions = partitions as i32;
-                    res.replication_factor = 1;
+                    res.replication_factor = match t.replication_factor {
+                        -1 => set_size(k) as i16,
+                        rf => rf,
+                    };
                     res.configs = Some(
                         super::admin::topic_entries(k, &configs, false, false)
                             .into_iter()
@@ -76,6 +79,19 @@ pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsRe
     CreateTopicsResponse::default().with_topics(topics)
 }
 
+/// The brokers of this node's set (its own id alone on a single node).
+fn set_members(k: &Kafka) -> Vec<i32> {
+    match k.broker.cluster_view() {
+        Some(v) if !v.members.is_empty() => v.members.iter().map(|m| *m as i32).collect(),
+        _ => vec![k.config.node_id],
+    }
+}
+
+/// How many replicas a partition here has: the set's live members.
+fn set_size(k: &Kafka) -> usize {
+    set_members(k).len()
+}
+
 /// What a CreateTopics entry asks for, checked as Kafka checks it: the
 /// partition count (from `num_partitions` or the explicit assignment) and
 /// the validated config overrides.
@@ -98,25 +114,35 @@ fn plan(k: &Kafka, t: &CreatableTopic) -> Result<Plan, (i16, String)> {
                 "Partitions should be a consecutive 0-based integer sequence".into(),
             ));
         }
+        // A partition's replicas are its broker set's members: an
+        // assignment may name them (each once), not other brokers.
+        let members = set_members(k);
         for a in &t.assignments {
             let ids: Vec<i32> = a.broker_ids.iter().map(|b| b.0).collect();
-            if ids != [k.config.node_id] {
+            let mut distinct = ids.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            if ids.is_empty() || distinct.len() != ids.len() || !ids.iter().all(|id| members.contains(id)) {
                 return Err((
                     errors::INVALID_REPLICA_ASSIGNMENT,
                     format!(
-                        "partition {} is assigned to brokers {ids:?}; this broker set has one broker, {}",
-                        a.partition_index, k.config.node_id
+                        "partition {} is assigned to brokers {ids:?}; this broker set's brokers are {members:?}",
+                        a.partition_index
                     ),
                 ));
             }
         }
         t.assignments.len() as i32
     } else {
-        if !(t.replication_factor == -1 || t.replication_factor == 1) {
+        // Each partition has its broker set's members as replicas: a
+        // factor up to their number is what the set gives (Kafka refuses
+        // one larger than its live brokers).
+        let available = set_size(k);
+        if t.replication_factor == 0 || t.replication_factor < -1 || t.replication_factor as i64 > available as i64 {
             return Err((
                 errors::INVALID_REPLICATION_FACTOR,
                 format!(
-                    "Unable to replicate the partition {} time(s): this broker set has one broker.",
+                    "Replication factor: {} larger than available brokers: {available}.",
                     t.replication_factor
                 ),
             ));
