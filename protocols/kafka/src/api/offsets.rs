@@ -386,8 +386,12 @@ async fn committed_all(k: &Kafka, group: &str, wanted: &[(String, Vec<i32>)]) ->
         }
     });
     // One unanswered read fails the answer (the group's error, or the
-    // response's): no more are started then.
-    side_by_side(calls, None, |(ti, pi, res)| match res {
+    // response's): no more are started then. All within
+    // group.commit_timeout_ms: a slow master does not hold the answer for
+    // its timeout per round of reads (those not read by then are the
+    // retriable error already in their place).
+    let deadline = tokio::time::Instant::now() + k.groups.commit_timeout;
+    side_by_side(calls, Some(deadline), |(ti, pi, res)| match res {
         Some(c) => {
             out[ti][pi] = Ok(c);
             true
@@ -607,11 +611,16 @@ mod tests {
             Box::pin(async { Ok(Vec::new()) })
         }
 
-        /// Queue 0 has 40 committed, queue 1 nothing, queue 2 refuses.
+        /// Queue 0 has 40 committed, queue 1 nothing, queue 2 refuses;
+        /// queues from 100 on answer nothing committed after 200 ms.
         fn fetch<'a>(&'a self, _: &'a str, _: &'a str, _: &'a str, queue: u32) -> RemoteCall<'a, Option<RemoteOffset>> {
             Box::pin(async move {
                 self.calls.lock().unwrap_or_else(|p| p.into_inner()).push((queue, 0));
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                let wait = if queue >= 100 { 200 } else { 20 };
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                if queue >= 100 {
+                    return Ok(None);
+                }
                 match queue {
                     0 => Ok(Some(RemoteOffset {
                         offset: 40,
@@ -708,6 +717,41 @@ mod tests {
         let failed = forward_commits(fw, Duration::from_millis(300), "g", entries).await;
         assert_eq!(failed.len(), 20);
         assert_eq!(masters.calls().len(), FORWARDS_IN_FLIGHT);
+    }
+
+    /// A slow master: an OffsetFetch of many of its queues answers within
+    /// group.commit_timeout_ms, those not read by then retriable.
+    #[tokio::test]
+    async fn an_offset_fetch_of_a_slow_masters_queues_ends_at_the_commit_timeout(
+    ) -> Result<(), Box<dyn std::error::Error>> {
+        use rokka_broker::topics::{QueueRef, TopicTable};
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(rokka_store::MessageStore::open(rokka_store::StoreConfig::for_tests(
+            dir.path(),
+        ))?);
+        let broker = Arc::new(rokka_broker::Broker::new(store, Default::default())?);
+        broker.set_own_set("a");
+        // 200 partitions on set b, 200 ms a read, 8 at a time: 5 s.
+        let placement = (100..300).map(|queue| QueueRef { set: "b".into(), queue }).collect();
+        let info = TopicTable::new_info(200, Default::default(), placement).local_form("a");
+        broker.topics().insert_new("slow", info)?;
+        broker.set_remote_offsets(Arc::new(Masters::default()) as Arc<dyn RemoteOffsets>);
+        let addr: std::net::SocketAddr = "127.0.0.1:9092".parse()?;
+        let group = rokka_group::GroupConfig {
+            commit_timeout_ms: 500,
+            ..Default::default()
+        };
+        let k = crate::Kafka::new(broker, Default::default(), group, addr);
+        let started = std::time::Instant::now();
+        let found = committed_all(&k, "g", &[("slow".to_string(), (0..200).collect())]).await;
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(3), "{took:?}");
+        let read = found[0].iter().filter(|c| c.is_ok()).count();
+        assert!(read > 0 && read < 200, "{read}");
+        assert!(found[0]
+            .iter()
+            .all(|c| c.is_ok() || *c == Err(errors::COORDINATOR_NOT_AVAILABLE)));
+        Ok(())
     }
 
     #[tokio::test]
