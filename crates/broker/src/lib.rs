@@ -312,11 +312,8 @@ impl Broker {
         // transactions, the timer wheel — are not clients' names: never
         // refused, else a transaction could be committed and not marked.)
         let max = self.config.max_topics;
-        if max > 0
-            && !is_send_forbidden_topic(name)
-            && self.topics.count() >= max as usize
-            && self.topics.get(name).is_none()
-        {
+        let capped = max > 0 && !is_send_forbidden_topic(name);
+        if capped && self.topics.count() >= max as usize && self.topics.get(name).is_none() {
             metrics::counter!("rokka_topics_refused_total").increment(1);
             return Err(BrokerError::TooManyTopics(max));
         }
@@ -369,7 +366,18 @@ impl Broker {
         }
         // (The controller may have taken this node's own new record from
         // etcd already: it is still this request's topic.)
-        if !offload(|| self.topics.insert_new(name, info))? && !created_in_cluster {
+        // Checked again under the table's lock (creations at once cannot
+        // pass the cap together); not once the cluster's table took it.
+        let cap = match capped && !created_in_cluster {
+            true => max as usize,
+            false => usize::MAX,
+        };
+        let inserted = offload(|| self.topics.insert_new_within(name, info, cap)).inspect_err(|e| {
+            if matches!(e, BrokerError::TooManyTopics(_)) {
+                metrics::counter!("rokka_topics_refused_total").increment(1);
+            }
+        })?;
+        if !inserted && !created_in_cluster {
             return Err(BrokerError::TopicExists(name.to_string()));
         }
         if compact {
@@ -955,6 +963,33 @@ mod tests {
     fn broker(dir: &std::path::Path) -> Result<Broker> {
         let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
         Broker::new(store, BrokerConfig::default())
+    }
+
+    #[test]
+    fn creations_at_once_do_not_pass_max_topics_together() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Arc::new(Broker::new(
+            store,
+            BrokerConfig {
+                max_topics: 40,
+                ..BrokerConfig::default()
+            },
+        )?);
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let b = Arc::clone(&b);
+                std::thread::spawn(move || {
+                    (0..20)
+                        .filter(|i| b.create_topic(&format!("race-{t}-{i}"), 1).is_ok())
+                        .count()
+                })
+            })
+            .collect();
+        let made: usize = threads.into_iter().map(|t| t.join().unwrap_or(usize::MAX)).sum();
+        assert!(b.topics().count() <= 40, "{} topics", b.topics().count());
+        assert!(made > 0 && made <= 40, "{made}");
+        Ok(())
     }
 
     #[test]

@@ -351,9 +351,19 @@ impl TopicTable {
 
     /// Adds `name` as `info`; `Ok(false)` if it already exists.
     pub fn insert_new(&self, name: &str, info: TopicInfo) -> Result<bool> {
+        self.insert_new_within(name, info, usize::MAX)
+    }
+
+    /// As [`TopicTable::insert_new`], refused (`TooManyTopics`) when the
+    /// table holds `max` topics already: checked under the table's lock,
+    /// so concurrent creations cannot pass the cap together.
+    pub fn insert_new_within(&self, name: &str, info: TopicInfo, max: usize) -> Result<bool> {
         let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
         if t.contains_key(name) {
             return Ok(false);
+        }
+        if t.len() >= max {
+            return Err(BrokerError::TooManyTopics(u32::try_from(max).unwrap_or(u32::MAX)));
         }
         t.insert(name.to_string(), info);
         self.persist(&t)?;
