@@ -119,3 +119,50 @@ def test_a_client_cannot_pass_for_the_cluster(cluster):
     h = remoting(port, 15, ext)
     assert h["code"] == 16, h  # NO_PERMISSION
     assert "not signed by this cluster" in h.get("remark", ""), h
+
+
+def remoting_body(port, code, ext):
+    """One raw remoting request: (header, body bytes)."""
+    header = json.dumps({"code": code, "language": "JAVA", "version": 0, "opaque": 1, "flag": 0,
+                         "extFields": ext}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(struct.pack(">II", 4 + len(header), len(header)) + header)
+        n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+        data = s.recv(n, socket.MSG_WAITALL)
+    hlen = struct.unpack(">I", data[:4])[0] & 0xFFFFFF
+    return json.loads(data[4 : 4 + hlen]), data[4 + hlen:]
+
+
+def test_nodes_register_at_each_others_name_servers_under_acls(cluster):
+    """Once the cluster resource has ACLs, User:ANONYMOUS may not register
+    brokers (CLUSTER_ACTION); the nodes' own registrations are signed as
+    the cluster's and still taken: a node restarted is listed again by
+    every name server. A stranger's registration is refused."""
+    cluster.masters(60)
+    admin = AdminClient({"bootstrap.servers": cluster.nodes[1].bootstrap})
+    acl = AclBinding(ResourceType.BROKER, "kafka-cluster", ResourcePatternType.LITERAL, "User:dora", "*",
+                     AclOperation.DESCRIBE, AclPermissionType.ALLOW)
+    before = cluster.nodes[1].metric_values().get("rokka_acls", 0)
+    for f in admin.create_acls([acl]).values():
+        f.result(15)
+    deadline = time.time() + 20
+    while any(n.metric_values().get("rokka_acls", 0) < before + 1 for n in cluster.nodes.values()):
+        assert time.time() < deadline, "the cluster ACL reaches every node"
+        time.sleep(0.2)
+    ext = {"brokerName": "mallory", "brokerAddr": "127.0.0.1:1", "clusterName": "DefaultCluster",
+           "haServerAddr": "", "brokerId": "0"}
+    h, _ = remoting_body(cluster.nodes[1].namesrv_port, 103, ext)
+    assert h["code"] == 16, h
+    # Node 4 restarts: it registers afresh with every node's name server.
+    node = cluster.nodes[4]
+    node.stop()
+    node.start()
+    addr = f"127.0.0.1:{node.broker_port}"
+    for i in (1, 2, 3):
+        deadline = time.time() + 30
+        while True:
+            h, body = remoting_body(cluster.nodes[i].namesrv_port, 106, {})
+            if h["code"] == 0 and addr.encode() in body:
+                break
+            assert time.time() < deadline, f"node {i}'s name server does not list node 4 again: {body[:400]!r}"
+            time.sleep(0.5)

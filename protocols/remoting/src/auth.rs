@@ -144,7 +144,10 @@ fn signed_content(cmd: &RemotingCommand) -> impl Iterator<Item = &[u8]> + Clone 
 /// The request codes the cluster's own calls use (a Kafka coordinator's
 /// offset commits and reads on another set's master, transaction joins and
 /// ends): a request signed as the cluster may be one of these only.
-const CLUSTER_CALLS: [i32; 5] = [
+const CLUSTER_CALLS: [i32; 7] = [
+    // Each node registers with every node's name server.
+    rq::REGISTER_BROKER,
+    rq::UNREGISTER_BROKER,
     rq::UPDATE_CONSUMER_OFFSET,
     rq::QUERY_CONSUMER_OFFSET,
     rq::GET_CONSUME_STATS,

@@ -129,12 +129,12 @@ pub async fn run(rmq: Arc<RocketMq>, embedded: Option<Arc<NameServer>>, mut shut
         for addr in &addrs {
             let conn = conns.entry(addr.clone()).or_insert_with(|| NsConn::new(addr));
             opaque = opaque.wrapping_add(1);
-            let res = conn
-                .call(
-                    crate::namesrv::wire::to_command(&reg, opaque, version),
-                    Duration::from_secs(3),
-                )
-                .await;
+            let mut cmd = crate::namesrv::wire::to_command(&reg, opaque, version);
+            // In cluster mode, as the cluster's own call: a name server
+            // with authorization on takes registrations from the cluster
+            // (or a user with CLUSTER_ACTION) only.
+            crate::auth::sign_as_cluster(rmq.broker(), &mut cmd);
+            let res = conn.call(cmd, Duration::from_secs(3)).await;
             metrics::counter!("rokka_rocketmq_broker_registrations_total").increment(1);
             let was_failing = failing.get(addr).copied().unwrap_or(false);
             match res {
@@ -169,6 +169,7 @@ pub async fn run(rmq: Arc<RocketMq>, embedded: Option<Arc<NameServer>>, mut shut
         c.ext_fields.set("brokerAddr", reg.broker_addr.as_str());
         c.ext_fields.set("clusterName", reg.cluster.as_str());
         c.ext_fields.set("brokerId", reg.broker_id.to_string());
+        crate::auth::sign_as_cluster(rmq.broker(), &mut c);
         if let Err(e) = conn.call(c, Duration::from_secs(2)).await {
             tracing::warn!(namesrv = addr, error = e, "UNREGISTER_BROKER failed");
         }
