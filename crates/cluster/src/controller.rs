@@ -799,8 +799,7 @@ impl Controller {
         self.sh.set_role(Role::Master { epoch: st.epoch });
         // Members of the sync state set get replica_lag_max_ms to connect.
         for id in st.sss.iter().filter(|id| **id != self.me.id) {
-            let stream = self.sh.replica_connected(*id);
-            self.sh.replica_progress(*id, stream, 0, Some(Instant::now()));
+            self.sh.expect_replica(*id);
         }
         Ok(())
     }

@@ -80,6 +80,9 @@ pub struct Shared {
     replicas: Mutex<HashMap<u32, Progress>>,
     /// Replication streams opened (each replica stream's token).
     streams: AtomicU64,
+    /// HELLO proofs taken within the last two proof lifetimes: one seen
+    /// again is a replay.
+    pub(crate) hellos: Mutex<HashMap<String, Instant>>,
     /// Live nodes' replication addresses.
     addrs: Mutex<HashMap<u32, String>>,
     hw: AtomicU64,
@@ -112,6 +115,7 @@ impl Shared {
             alone: std::sync::atomic::AtomicBool::new(true),
             replicas: Mutex::new(HashMap::new()),
             streams: AtomicU64::new(0),
+            hellos: Mutex::new(HashMap::new()),
             addrs: Mutex::new(HashMap::new()),
             hw: AtomicU64::new(0),
             newer_epoch: AtomicU32::new(0),
@@ -220,6 +224,25 @@ impl Shared {
         e.connected = true;
         e.stream = stream;
         stream
+    }
+
+    /// Replica `id`, in the sync state set of a master just elected, counts
+    /// as connected and caught up for `replica_lag_max_ms` while it
+    /// connects — unless its stream is there already (it connected between
+    /// the role change and this call): that stream is kept.
+    pub(crate) fn expect_replica(&self, id: u32) {
+        self.replicas
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_insert(Progress {
+                end: 0,
+                caught_up_at: Instant::now(),
+                connected: true,
+                // No stream: the first real one takes its place.
+                stream: 0,
+            });
+        self.update_high_watermark();
     }
 
     /// Stream `stream` of replica `id` ended (nothing if the replica has

@@ -124,6 +124,27 @@ impl Welcome {
     }
 }
 
+/// HELLOs remembered (their proofs) at most: past it, new handshakes
+/// wait until older proofs expire.
+const MAX_HELLOS_SEEN: usize = 4096;
+
+/// Why a HELLO whose proof passed is still refused: a proof seen before
+/// (a replay of a captured HELLO, within its lifetime), or too many
+/// handshakes within two lifetimes to remember them all.
+fn first_use(sh: &Shared, proof: &str) -> Option<&'static str> {
+    let mut seen = sh.hellos.lock().unwrap_or_else(|p| p.into_inner());
+    let life = Duration::from_millis(2 * HELLO_MAX_AGE);
+    seen.retain(|_, at| at.elapsed() <= life);
+    if seen.contains_key(proof) {
+        return Some("its proof was used before (a replayed HELLO)");
+    }
+    if seen.len() >= MAX_HELLOS_SEEN {
+        return Some("too many handshakes in the last two minutes");
+    }
+    seen.insert(proof.to_string(), Instant::now());
+    None
+}
+
 /// Why a HELLO's proof does not pass, if it does not.
 fn check_hello(secret: Option<&ClusterSecret>, hello: &Hello) -> Option<&'static str> {
     let Some(secret) = secret else {
@@ -301,7 +322,7 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
         return Err(format!("expected HELLO, got frame kind {kind}"));
     }
     let hello: Hello = serde_json::from_slice(&body).map_err(|e| format!("bad HELLO: {e}"))?;
-    if let Some(why) = check_hello(sh.broker.cluster_secret(), &hello) {
+    if let Some(why) = check_hello(sh.broker.cluster_secret(), &hello).or_else(|| first_use(sh, &hello.proof)) {
         metrics::counter!("rokka_replication_unauthenticated_total", "side" => "master").increment(1);
         let why = format!("HELLO as node {} refused: {why}", hello.node_id);
         write_frame(&mut s, REFUSE, why.as_bytes()).await?;
@@ -339,20 +360,6 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
             return Err(why);
         }
     }
-    // A replica whose history went past this master's epoch (etcd's state
-    // older than the nodes': wiped, or restored from a backup): following
-    // would mix two sets of writes under one epoch number. This master
-    // steps down; the set elects again past that epoch.
-    let their_last = hello.epochs.last().map_or(0, |e| e.epoch);
-    if their_last > epoch {
-        sh.saw_newer_epoch(their_last);
-        let why = format!(
-            "node {}'s history reaches epoch {their_last}, past this master's {epoch}: stepping down",
-            hello.node_id
-        );
-        write_frame(&mut s, REFUSE, why.as_bytes()).await?;
-        return Err(why);
-    }
     if hello.cluster != sh.cfg.name || hello.set != sh.cfg.broker_set {
         let why = format!(
             "replica of {}/{} at the master of {}/{}",
@@ -366,6 +373,20 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
             "store.commitlog_segment_bytes is {} on the replica and {} on the master: they must match",
             hello.segment_bytes,
             store.config().commitlog_segment_bytes
+        );
+        write_frame(&mut s, REFUSE, why.as_bytes()).await?;
+        return Err(why);
+    }
+    // A replica whose history went past this master's epoch (etcd's state
+    // older than the nodes': wiped, or restored from a backup): following
+    // would mix two sets of writes under one epoch number. This master
+    // steps down; the set elects again past that epoch.
+    let their_last = hello.epochs.last().map_or(0, |e| e.epoch);
+    if their_last > epoch {
+        sh.saw_newer_epoch(their_last);
+        let why = format!(
+            "node {}'s history reaches epoch {their_last}, past this master's {epoch}: stepping down",
+            hello.node_id
         );
         write_frame(&mut s, REFUSE, why.as_bytes()).await?;
         return Err(why);
@@ -1049,6 +1070,15 @@ mod tests {
         }
         assert!(m.sh.in_sync_replicas().is_empty());
         replica(&m).await?;
+        // A HELLO captured and sent again within its lifetime: refused.
+        // (Another time than the HELLO just sent: a HELLO of the same
+        // millisecond is the same HELLO.)
+        let h = hello(&m, Vec::new(), &m.secret, rokka_store::now_ms() + 7)?;
+        let (_first, kind, _) = greet(&m, &h).await?;
+        assert_eq!(kind, WELCOME);
+        let (_again, kind, body) = greet(&m, &h).await?;
+        assert_eq!(kind, REFUSE);
+        assert!(String::from_utf8_lossy(&body).contains("replayed"));
         Ok(())
     }
 

@@ -245,6 +245,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         recovery: report,
         log_starts: Mutex::new(log_starts),
         log_starts_changes: AtomicU64::new(0),
+        log_starts_written: Mutex::new(0),
         deleted: Mutex::new(deleted),
         flush_listener: std::sync::OnceLock::new(),
         append_listener: std::sync::OnceLock::new(),

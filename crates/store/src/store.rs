@@ -308,6 +308,9 @@ pub(crate) struct Inner {
     pub log_starts: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Changes of `log_starts` since open (what replication ships).
     pub log_starts_changes: AtomicU64,
+    /// The change of `log_starts` last written to its file (writes take
+    /// turns under it).
+    pub log_starts_written: Mutex<u64>,
     /// Deleted topics → CommitLog end at deletion (queues.json).
     pub deleted: Mutex<std::collections::BTreeMap<String, u64>>,
     /// Checkpoints (periodic, explicit, at delete and close) take turns:
@@ -928,10 +931,11 @@ impl MessageStore {
                 continue;
             };
             let Ok(q) = q.parse::<u32>() else { continue };
+            // Taken whole once the queue reaches it (a start moved a
+            // frame at a time would rewrite the file with every frame).
             if self.queue(topic, q).map_or(0, |c| c.max_offset()) < *start {
                 pending.insert(key.clone(), *start);
-            }
-            if self.queue(topic, q).is_some() {
+            } else {
                 self.delete_records(topic, q, *start)?;
             }
         }
@@ -950,15 +954,25 @@ impl MessageStore {
             let _w = self.inner.writer();
             q.raise_min_offset(offset)
         };
-        let mut starts = self.inner.log_starts.lock().unwrap_or_else(|p| p.into_inner());
-        if starts.insert(format!("{topic}/{queue_id}"), start) == Some(start) {
-            // Nothing moved (asked again): no rewrite and fsync of the file.
-            return Ok(start);
+        let (json, version) = {
+            let mut starts = self.inner.log_starts.lock().unwrap_or_else(|p| p.into_inner());
+            if starts.insert(format!("{topic}/{queue_id}"), start) == Some(start) {
+                // Nothing moved (asked again): no rewrite and fsync of the file.
+                return Ok(start);
+            }
+            let version = self.inner.log_starts_changes.fetch_add(1, Ordering::AcqRel) + 1;
+            let json = serde_json::to_vec_pretty(&*starts)
+                .map_err(|e| StoreError::bad_file(self.inner.dir.join("log_starts.json"), e.to_string()))?;
+            (json, version)
+        };
+        // Written (and fsynced) outside the table's lock, which readers
+        // (the replication stream) take; a newer table already written is
+        // not overwritten by this older one.
+        let mut written = self.inner.log_starts_written.lock().unwrap_or_else(|p| p.into_inner());
+        if *written < version {
+            crate::checkpoint::write_atomically(&self.inner.dir.join("log_starts.json"), &json)?;
+            *written = version;
         }
-        self.inner.log_starts_changes.fetch_add(1, Ordering::AcqRel);
-        let json = serde_json::to_vec_pretty(&*starts)
-            .map_err(|e| StoreError::bad_file(self.inner.dir.join("log_starts.json"), e.to_string()))?;
-        crate::checkpoint::write_atomically(&self.inner.dir.join("log_starts.json"), &json)?;
         Ok(start)
     }
 
