@@ -50,6 +50,9 @@ pub const MAX_FRAME: usize = (64 << 20) + 4 * MAX_SNAPSHOT;
 /// any other frame a replica may send (FETCH is 16 bytes).
 const MAX_HELLO: usize = 1 << 20;
 const MAX_FETCH: usize = 64;
+/// Largest WELCOME a replica reads (one that restarts its log names every
+/// queue of the master).
+const MAX_WELCOME: usize = 64 << 20;
 /// How long a TLS handshake on the replication port may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bytes of entries one DATA frame carries at most (about).
@@ -92,6 +95,11 @@ struct Welcome {
     /// master (retention), so the replica drops its log and continues there.
     #[serde(default)]
     restart_at: Option<u64>,
+    /// With `restart_at`: per queue ("topic/queue"), the master's queue
+    /// offset of its first entry at or past that start (its end when none
+    /// is), where the replica's queue continues (offsets never go back).
+    #[serde(default)]
+    continue_at: std::collections::BTreeMap<String, u64>,
     /// HMAC under the cluster secret of the answer and the HELLO's proof
     /// ([`Welcome::content`]): a replica truncates its log only on its
     /// master's word, not on a stranger's that answered in its place.
@@ -117,8 +125,12 @@ impl Welcome {
     fn content(&self, hello_proof: &str) -> Vec<u8> {
         let epochs = serde_json::to_string(&self.epochs).unwrap_or_default();
         format!(
-            "rokka-replication-welcome\n{hello_proof}\n{}\n{}\n{}\n{:?}\n{epochs}",
-            self.epoch, self.end, self.truncate_to, self.restart_at
+            "rokka-replication-welcome\n{hello_proof}\n{}\n{}\n{}\n{:?}\n{}\n{epochs}",
+            self.epoch,
+            self.end,
+            self.truncate_to,
+            self.restart_at,
+            serde_json::to_string(&self.continue_at).unwrap_or_default()
         )
         .into_bytes()
     }
@@ -397,12 +409,17 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
     // Below the master's first retained segment nothing can be sent: the
     // replica continues at that start.
     let start = store.commitlog_offsets().0;
+    let restart_at = (truncate_to < start).then_some(start);
     let mut welcome = Welcome {
         epoch,
         epochs,
         end,
         truncate_to,
-        restart_at: (truncate_to < start).then_some(start),
+        restart_at,
+        continue_at: match restart_at {
+            Some(s) => store.queue_offsets_at(s),
+            None => Default::default(),
+        },
         proof: String::new(),
     };
     // check_hello passed: the secret is there.
@@ -747,16 +764,17 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
     hello.proof = secret.sign(&hello.content());
     let json = serde_json::to_vec(&hello).map_err(|e| e.to_string())?;
     write_frame(&mut s, HELLO, &json).await?;
-    let (kind, body) = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut s, MAX_HELLO))
+    // (A WELCOME that restarts this log names every queue of the master.)
+    let (kind, body) = tokio::time::timeout(Duration::from_secs(30), read_frame(&mut s, MAX_WELCOME))
         .await
-        .map_err(|_| "no WELCOME within 5 s".to_string())??;
+        .map_err(|_| "no WELCOME within 30 s".to_string())??;
     if kind == REFUSE {
         return Err(format!("refused: {}", String::from_utf8_lossy(&body)));
     }
     if kind != WELCOME {
         return Err(format!("expected WELCOME, got kind {kind}"));
     }
-    let welcome: Welcome = serde_json::from_slice(&body).map_err(|e| format!("bad WELCOME: {e}"))?;
+    let mut welcome: Welcome = serde_json::from_slice(&body).map_err(|e| format!("bad WELCOME: {e}"))?;
     if welcome.proof.is_empty() || !secret.verify(&welcome.content(&hello.proof), &welcome.proof) {
         metrics::counter!("rokka_replication_unauthenticated_total", "side" => "replica").increment(1);
         return Err(format!(
@@ -773,6 +791,7 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
     let epochs = Arc::new(welcome.epochs);
     let (st, to, ep) = (Arc::clone(store), welcome.truncate_to, Arc::clone(&epochs));
     let restart_at = welcome.restart_at;
+    let continue_at = std::mem::take(&mut welcome.continue_at);
     let (truncated, restarted) = tokio::task::spawn_blocking(move || -> rokka_store::Result<(bool, bool)> {
         let cut = to < st.log_end();
         if cut {
@@ -782,7 +801,7 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
         // is gone there; this log continues at its start.
         let restart = restart_at.filter(|s| *s >= st.log_end());
         if let Some(s) = restart {
-            st.restart_log_at(s)?;
+            st.restart_log_at(s, &continue_at)?;
         }
         st.adopt_epochs(&ep)?;
         Ok((cut, restart.is_some()))
@@ -1109,6 +1128,7 @@ mod tests {
                 end: 0,
                 truncate_to: 0,
                 restart_at: None,
+                continue_at: Default::default(),
                 proof: ClusterSecret::from_stored(&ClusterSecret::generate()?)
                     .ok_or("secret")?
                     .sign(b"anything"),

@@ -310,6 +310,29 @@ impl ConsumeQueue {
         }
     }
 
+    /// An empty queue continues at `offset` and keeps it across a reopen
+    /// (a replica whose log restarted at its master's first offset: its
+    /// next entry, if any, is at `offset`): one dead entry ending there,
+    /// at CommitLog offset 0 — below the restarted log's start, as
+    /// retention leaves a queue whose entries all went.
+    pub(crate) fn continue_after_restart(&self, offset: u64) -> Result<()> {
+        if offset == 0 || self.entries.load(Ordering::Acquire) != 0 {
+            return Ok(());
+        }
+        self.append(CqEntry {
+            phys_offset: 0,
+            size: 1,
+            count: 1,
+            base_offset: offset - 1,
+            tag_code: 0,
+            store_timestamp: 0,
+            msg_timestamp: 0,
+        })?;
+        self.min_entry.store(1, Ordering::Release);
+        self.min_offset.store(offset, Ordering::Release);
+        Ok(())
+    }
+
     /// Number of entries written.
     pub fn entry_count(&self) -> u64 {
         self.entries.load(Ordering::Acquire)

@@ -55,6 +55,8 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "lost+found",
     crate::replication::EPOCHS_FILE,
     "epochs.tmp",
+    crate::replication::RESTART_MARKER,
+    "restarting.tmp",
 ];
 
 pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
@@ -64,6 +66,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     std::fs::create_dir_all(&dir).map_err(StoreError::io("create dir", &dir))?;
     let lock_file = lock(&dir)?;
     check_top_level(&dir)?;
+    crate::replication::finish_restart(&dir)?;
 
     let abort = dir.join("abort");
     let had_abort = abort.exists();

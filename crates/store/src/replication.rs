@@ -24,6 +24,57 @@ use crate::store::{Inner, MessageStore};
 
 /// File of the epoch history, beside the checkpoint.
 pub(crate) const EPOCHS_FILE: &str = "epochs.json";
+/// Present while a replica's log is being dropped to restart at its
+/// master's start (`MessageStore::restart_log_at`).
+pub(crate) const RESTART_MARKER: &str = "restarting";
+
+/// Removes every compacted queue's clean log, keeping each topic's mark.
+fn drop_clean_logs(dir: &Path) -> Result<()> {
+    let root = dir.join("compacted");
+    let Ok(topics) = std::fs::read_dir(&root) else {
+        return Ok(());
+    };
+    for topic in topics {
+        let topic = topic.map_err(StoreError::io("read dir", &root))?.path();
+        let Ok(queues) = std::fs::read_dir(&topic) else {
+            continue;
+        };
+        for q in queues {
+            let q = q.map_err(StoreError::io("read dir", &topic))?.path();
+            if q.is_dir() {
+                std::fs::remove_dir_all(&q).map_err(StoreError::io("remove", &q))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// At open: a restart of the log (`MessageStore::restart_log_at`) cut
+/// short by a crash is finished — the CommitLog, queues, index, clean logs
+/// and the files describing them dropped — so the store opens empty (its
+/// master then has it restart again).
+pub(crate) fn finish_restart(dir: &Path) -> Result<()> {
+    let marker = dir.join(RESTART_MARKER);
+    if !marker.exists() {
+        return Ok(());
+    }
+    tracing::warn!(dir = %dir.display(), "finishing a restart of the log cut short: the log is dropped");
+    for d in ["commitlog", "consumequeue", "index"] {
+        let p = dir.join(d);
+        if p.exists() {
+            std::fs::remove_dir_all(&p).map_err(StoreError::io("remove", &p))?;
+        }
+    }
+    drop_clean_logs(dir)?;
+    for f in ["checkpoint", crate::manifest::FILE, "log_starts.json", "abort"] {
+        let p = dir.join(f);
+        if p.exists() {
+            std::fs::remove_file(&p).map_err(StoreError::io("remove", &p))?;
+        }
+    }
+    std::fs::remove_file(&marker).map_err(StoreError::io("remove", &marker))?;
+    crate::sys::fsync_dir(dir)
+}
 
 /// One line of the epoch history: `epoch` began writing at `start`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -242,15 +293,19 @@ impl MessageStore {
         Ok(inner.log.write_pos())
     }
 
-    /// Drops the whole log — every CommitLog segment and every
-    /// ConsumeQueue — and continues it at `offset`, the first offset of its
-    /// master's log: a replica whose log ends below that (away for longer
-    /// than the master's retention, or new to a set whose first segments are
-    /// gone) cannot be sent what lies between, so it holds what the master
-    /// holds from there on. `offset` is at or past this log's end; the
-    /// epoch history stays (the master's is adopted as entries come).
-    /// Compacted topics' clean logs stay as they were.
-    pub fn restart_log_at(&self, offset: u64) -> Result<()> {
+    /// Drops the whole log — every CommitLog segment, every ConsumeQueue,
+    /// compacted topics' clean logs (their marks stay) — and continues it
+    /// at `offset`, the first offset of its master's log: a replica whose
+    /// log ends below that (away for longer than the master's retention,
+    /// or new to a set whose first segments are gone) cannot be sent what
+    /// lies between, so it holds what the master holds from there on. Each
+    /// queue of `continue_at` ("topic/queue" → the master's queue offset of
+    /// its first entry at or past `offset`, or its end) continues there, so
+    /// offsets never go back, idle queues included. `offset` is at or past
+    /// this log's end; the epoch history stays (the master's is adopted as
+    /// entries come). A crash part-way finishes the drop at the next open
+    /// (a marker file); the replica is then told to restart again.
+    pub fn restart_log_at(&self, offset: u64, continue_at: &std::collections::BTreeMap<String, u64>) -> Result<()> {
         let inner = &*self.inner;
         let mut w = inner.writer();
         let end = inner.log.write_pos();
@@ -259,14 +314,13 @@ impl MessageStore {
                 "cannot restart the CommitLog at {offset}: it ends at {end}"
             )));
         }
-        if offset == end && inner.log.min_offset() == end {
-            return Ok(());
-        }
         tracing::warn!(
             end,
             start = offset,
             "the master's log starts past this replica's end: this log is dropped and continues at the master's start"
         );
+        let marker = inner.dir.join(RESTART_MARKER);
+        crate::checkpoint::write_atomically(&marker, offset.to_string().as_bytes())?;
         inner.log.drop_all_segments()?;
         inner.log.set_recovered(offset);
         let removed: Vec<_> = w.queues.drain().collect();
@@ -275,6 +329,10 @@ impl MessageStore {
             for q in queues.values() {
                 q.destroy()?;
             }
+        }
+        {
+            let _g = inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
+            drop_clean_logs(&inner.dir)?;
         }
         let mut cl = CommitLogWriter::new(
             std::sync::Arc::clone(&inner.log),
@@ -285,8 +343,31 @@ impl MessageStore {
         cl.refuse_writes_above(inner.config.disk_refuse_writes_percent);
         w.cl = cl;
         w.last_record = 0;
+        for (key, at) in continue_at {
+            let Some((topic, q)) = key.rsplit_once('/') else {
+                continue;
+            };
+            let (Ok(q), Ok(())) = (q.parse::<u32>(), crate::validate_topic(topic)) else {
+                continue;
+            };
+            inner.queue_for(&mut w, topic, q).continue_after_restart(*at)?;
+        }
         drop(w);
-        crate::tasks::checkpoint(inner, false).map(|_| ())
+        crate::tasks::checkpoint(inner, false)?;
+        std::fs::remove_file(&marker).map_err(StoreError::io("remove", &marker))?;
+        crate::sys::fsync_dir(&inner.dir)
+    }
+
+    /// Per queue, "topic/queue" → the queue offset of its first entry at
+    /// or past CommitLog offset `phys` (its end when none is): where a
+    /// replica restarting its log at `phys` continues each queue.
+    pub fn queue_offsets_at(&self, phys: u64) -> std::collections::BTreeMap<String, u64> {
+        self.inner
+            .all_queues()
+            .iter()
+            .map(|q| (format!("{}/{}", q.topic(), q.queue_id()), q.offset_at_phys(phys)))
+            .filter(|(_, o)| *o > 0)
+            .collect()
     }
 
     /// Cuts the CommitLog at `offset` (an entry boundary at or below its

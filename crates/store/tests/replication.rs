@@ -197,6 +197,10 @@ fn a_replica_behind_the_masters_start_restarts_its_log_there() -> TestResult {
     for i in 0..600u64 {
         append(&master, "T", (i % 2) as u32, 4, i)?;
     }
+    // A queue written only in the first segments: idle after them.
+    for i in 0..30u64 {
+        append(&master, "I", 0, 4, i)?;
+    }
     follow(&master, &stale)?;
     stale.adopt_epochs(&master.epochs())?;
     for i in 600..3000u64 {
@@ -213,19 +217,27 @@ fn a_replica_behind_the_masters_start_restarts_its_log_there() -> TestResult {
     let fresh = MessageStore::open(small_config(dn.path()))?;
     fresh.set_leader(false);
     for replica in [&fresh, &stale] {
+        let continue_at = master.queue_offsets_at(start);
         if replica.log_end() > 0 {
-            assert!(replica.restart_log_at(replica.log_end() - 1).is_err(), "below its end");
+            assert!(
+                replica.restart_log_at(replica.log_end() - 1, &continue_at).is_err(),
+                "below its end"
+            );
         }
-        replica.restart_log_at(start)?;
+        replica.restart_log_at(start, &continue_at)?;
         assert_eq!(replica.log_end(), start);
         follow(&master, replica)?;
         replica.adopt_epochs(&master.epochs())?;
         assert_eq!(replica.log_end(), master.log_end());
-        for (t, q) in [("T", 0), ("T", 1), ("K", 1)] {
+        for (t, q) in [("T", 0), ("T", 1), ("K", 1), ("I", 0)] {
             assert_eq!(replica.min_offset(t, q), master.min_offset(t, q), "{t}/{q}");
+            assert_eq!(replica.max_offset(t, q), master.max_offset(t, q), "{t}/{q}");
             assert_eq!(read_all(replica, t, q), read_all(&master, t, q), "{t}/{q}");
         }
     }
+    // The idle queue's offsets do not go back: it ends where the master's does.
+    assert_eq!(master.max_offset("I", 0), 30);
+    assert_eq!(master.min_offset("I", 0), 30);
     // Reopened, the restarted log is what it was.
     let want = read_all(&stale, "T", 1);
     stale.close()?;
@@ -233,5 +245,35 @@ fn a_replica_behind_the_masters_start_restarts_its_log_there() -> TestResult {
     let stale = MessageStore::open(small_config(dp.path()))?;
     assert_eq!(stale.log_end(), master.log_end());
     assert_eq!(read_all(&stale, "T", 1), want);
+    assert_eq!((stale.min_offset("I", 0), stale.max_offset("I", 0)), (30, 30));
+    // More for the idle queue lands where it continues.
+    append(&master, "I", 0, 4, 30)?;
+    stale.set_leader(false);
+    follow(&master, &stale)?;
+    assert_eq!(read_all(&stale, "I", 0), read_all(&master, "I", 0));
+    assert_eq!(stale.max_offset("I", 0), 31);
+    Ok(())
+}
+
+/// A restart of the log cut short by a crash (its marker left, the drop
+/// half done) is finished at the next open: the store opens empty.
+#[test]
+fn a_restart_cut_short_is_finished_at_open() -> TestResult {
+    let d = tempfile::tempdir()?;
+    {
+        let s = MessageStore::open(small_config(d.path()))?;
+        for i in 0..1500u64 {
+            append(&s, "T", (i % 2) as u32, 4, i)?;
+        }
+        s.close()?;
+    }
+    // The marker written, then the crash: segments and queues still there.
+    std::fs::write(d.path().join("restarting"), b"999999")?;
+    let s = MessageStore::open(small_config(d.path()))?;
+    assert_eq!(s.log_end(), 0);
+    assert_eq!(s.max_offset("T", 0), 0);
+    assert!(!d.path().join("restarting").exists());
+    append(&s, "T", 0, 4, 1)?;
+    assert_eq!(s.max_offset("T", 0), 1);
     Ok(())
 }
