@@ -101,6 +101,9 @@ pub struct Membership {
     /// Kafka members) do not share a group: each would deliver the same
     /// messages again.
     pop_consumers: Mutex<HashMap<String, HashMap<String, i64>>>,
+    /// A controller publishes this node's groups (cluster mode: set by its
+    /// first `take_local_changes`): only then are changes kept for it.
+    published: std::sync::atomic::AtomicBool,
 }
 
 /// A pop consumer not heard from this long (ms) is gone (clients heartbeat
@@ -215,7 +218,9 @@ impl Membership {
             if e.is_empty() {
                 g.local.remove(group);
             }
-            if changed {
+            // (Without a controller nothing takes them: every group name
+            // ever seen would stay.)
+            if changed && self.published.load(std::sync::atomic::Ordering::Acquire) {
                 g.dirty.insert(group.to_string());
             }
             let after = g.effective(group).unwrap_or_default();
@@ -286,6 +291,10 @@ impl Membership {
     /// to publish; `all` takes every local group (after a new lease).
     pub fn take_local_changes(&self, all: bool) -> Vec<(String, Option<GroupMembers>)> {
         let mut g = self.lock();
+        // From now on changes are kept; the first call takes every local
+        // group (the controller's first asks for all).
+        let first = !self.published.swap(true, std::sync::atomic::Ordering::AcqRel);
+        let all = all || first;
         let names: BTreeSet<String> = if all {
             let mut n: BTreeSet<String> = g.local.keys().cloned().collect();
             n.extend(std::mem::take(&mut g.dirty));
@@ -390,6 +399,26 @@ pub fn allocate_averagely(queues: usize, ids: &[String], me: &str) -> Vec<usize>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Without a controller (one node) no change is kept for it: group
+    /// names churned through are not remembered; with one, changes are.
+    #[test]
+    fn changes_are_kept_only_for_a_controller() {
+        let m = Membership::default();
+        let one = |s: &str| BTreeSet::from([s.to_string()]);
+        for i in 0..1000 {
+            let g = format!("g{i}");
+            m.set_kafka(&g, one("m"), one("t"));
+            m.set_kafka(&g, BTreeSet::new(), BTreeSet::new());
+        }
+        m.set_kafka("kept", one("m"), one("t"));
+        assert!(m.lock().dirty.is_empty());
+        // A controller's first look takes every local group.
+        let first = m.take_local_changes(false);
+        assert_eq!(first.iter().map(|(g, _)| g.as_str()).collect::<Vec<_>>(), ["kept"]);
+        m.set_kafka("g1", one("m"), one("t"));
+        assert_eq!(m.take_local_changes(false).len(), 1);
+    }
 
     fn ids(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("m{i}")).collect()
