@@ -31,7 +31,8 @@ def rokka():
         "names",
         store_extra=f"max_committed_offsets = {MAX_OFFSETS}",
         group_extra=f"max_groups = {MAX_GROUPS}\nmax_group_size = 5\ninitial_rebalance_delay_ms = 0",
-        rocketmq_extra=f"max_clients = {MAX_RMQ_CLIENTS}\nmax_consumer_groups = {MAX_RMQ_GROUPS}",
+        rocketmq_extra=f"max_clients = {MAX_RMQ_CLIENTS}\nmax_consumer_groups = {MAX_RMQ_GROUPS}\n"
+        "max_groups_per_client = 5",
     ) as r:
         yield r
 
@@ -158,3 +159,41 @@ def test_invented_names_stay_within_their_caps(rokka):
     assert r.returncode == 0, f"RocketMQ client failed after the flood: {r.stdout[-1500:]} {r.stderr[-1500:]}"
     with open(rokka.log_path, "rb") as f:
         assert b"panicked" not in f.read()
+
+
+def test_a_heartbeat_cannot_make_the_broker_keep_more_than_a_client_sends(rokka):
+    """One heartbeat's names are bounded as RocketMQ's clients bound them
+    (ids, groups, topics of at most 255 bytes; at most 1000 groups): a
+    megabyte client id is refused whole, and a client naming new groups
+    heartbeat after heartbeat stays within rocketmq.max_groups_per_client."""
+    before = metric(rokka, "rokka_rocketmq_heartbeats_refused_total")
+    with socket.create_connection(("127.0.0.1", rokka.broker_port), timeout=10) as s:
+        for body in (
+            {"clientID": "x" * (1 << 20), "producerDataSet": [], "consumerDataSet": []},
+            {"clientID": "c-long-group", "producerDataSet": [],
+             "consumerDataSet": [{"groupName": "g" * 300, "subscriptionDataSet": []}]},
+            {"clientID": "c-many", "producerDataSet": [],
+             "consumerDataSet": [{"groupName": f"m{j}", "subscriptionDataSet": []} for j in range(1001)]},
+            {"clientID": "c-long-topic", "producerDataSet": [], "consumerDataSet": [
+                {"groupName": "ok", "subscriptionDataSet": [{"topic": "t" * 300, "subString": "*"}]}]},
+        ):
+            r = rmq_call(s, 34, 7, json.dumps(body).encode())
+            assert r["code"] == 1, (r, str(body)[:80])
+        # Groups one heartbeat at a time: past the per-client cap (5 here),
+        # each new one is refused and the client stays in five.
+        answers = []
+        for j in range(8):
+            body = {"clientID": "c-roamer", "producerDataSet": [],
+                    "consumerDataSet": [{"groupName": f"roam-{j}", "messageModel": "CLUSTERING",
+                                         "subscriptionDataSet": []}]}
+            s.sendall(rmq_frame(34, 100 + j, body=json.dumps(body).encode()))
+            while True:  # past the broker's own requests (NOTIFY_CONSUMER_IDS_CHANGED)
+                n = struct.unpack(">i", recv_exact(s, 4))[0]
+                frame = recv_exact(s, n)
+                hlen = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
+                h = json.loads(frame[4 : 4 + hlen])
+                if h.get("flag", 0) & 1 and h.get("opaque") == 100 + j:
+                    answers.append(h["code"])
+                    break
+        assert answers[:5] == [0] * 5 and all(a != 0 for a in answers[5:]), answers
+    assert metric(rokka, "rokka_rocketmq_heartbeats_refused_total") >= before + 7

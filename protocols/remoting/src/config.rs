@@ -85,6 +85,9 @@ pub struct RocketMqConfig {
     /// Most consumer groups with live members at once (0 = no limit); a
     /// heartbeat naming a new group beyond it is refused for that group.
     pub max_consumer_groups: u32,
+    /// Most consumer groups one client is a member of (0 = no limit); a
+    /// heartbeat naming a new group beyond it is refused for that group.
+    pub max_groups_per_client: u32,
     /// A consumer group with no committed offset on a queue that still
     /// starts at 0 begins at 0 (QUERY_CONSUMER_OFFSET answers 0) while the
     /// queue's first message lies within the newest this-% of physical
@@ -159,6 +162,7 @@ impl Default for RocketMqConfig {
             max_offset_resets_held: 100_000,
             max_clients: 100_000,
             max_consumer_groups: 100_000,
+            max_groups_per_client: 1_000,
             access_message_in_memory_max_ratio: 40,
             namesrv_route_lookups: 4,
             tls_mode: TlsMode::Disabled,

@@ -4,9 +4,12 @@ use super::*;
 
 impl RocketMq {
     pub(super) fn heartbeat(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
-        let hb = match parse_heartbeat(&req.body) {
+        let hb = match parse_heartbeat(&req.body).and_then(|hb| check_heartbeat(&hb).map(|()| hb)) {
             Ok(hb) => hb,
-            Err(why) => return self.reply(req, rs::SYSTEM_ERROR, Some(why.into())),
+            Err(why) => {
+                metrics::counter!("rokka_rocketmq_heartbeats_refused_total", "reason" => "malformed").increment(1);
+                return self.reply(req, rs::SYSTEM_ERROR, Some(why.into()));
+            }
         };
         let client_id = hb.client_id;
         let now = self.now_ms();
@@ -15,6 +18,7 @@ impl RocketMq {
         let mut conflict: Option<String> = None;
         let max_clients = self.config.max_clients as usize;
         let max_groups = self.config.max_consumer_groups as usize;
+        let max_per_client = self.config.max_groups_per_client as usize;
         let mut refused: Option<String> = None;
         {
             let mut c = self.clients();
@@ -47,6 +51,19 @@ impl RocketMq {
                         .increment(1);
                     refused = Some(format!(
                         "consumer group {g} refused: too many consumer groups (rocketmq.max_consumer_groups = {max_groups})"
+                    ));
+                    continue;
+                }
+                let member_of = c.clients.get(&client_id).map_or(0, |cl| cl.consumer_groups.len());
+                let new_here = !c
+                    .clients
+                    .get(&client_id)
+                    .is_some_and(|cl| cl.consumer_groups.contains(&g));
+                if max_per_client > 0 && member_of >= max_per_client && new_here {
+                    metrics::counter!("rokka_rocketmq_heartbeats_refused_total", "reason" => "max_groups_per_client")
+                        .increment(1);
+                    refused = Some(format!(
+                        "consumer group {g} refused: client {client_id} is in too many groups (rocketmq.max_groups_per_client = {max_per_client})"
                     ));
                     continue;
                 }
@@ -335,6 +352,43 @@ pub(super) fn json_list<'a>(v: &'a Value, k: &str) -> impl Iterator<Item = &'a V
 }
 
 /// Parses a HEART_BEAT body; the error is the response's remark.
+/// Longest client id, group or topic a heartbeat may name (RocketMQ's
+/// clients check 255 characters).
+const MAX_HEARTBEAT_NAME: usize = 255;
+/// Most groups, and subscriptions per group, one heartbeat may name.
+const MAX_HEARTBEAT_ENTRIES: usize = 1000;
+/// Longest subscription expression.
+const MAX_EXPRESSION: usize = 64 << 10;
+
+/// A heartbeat's names within what a RocketMQ client sends: a broker keeps
+/// them (per client, per group), so a heartbeat may not make it keep more.
+pub fn check_heartbeat(hb: &Heartbeat) -> Result<(), &'static str> {
+    let name_ok = |n: &str| !n.is_empty() && n.len() <= MAX_HEARTBEAT_NAME;
+    if !name_ok(&hb.client_id) {
+        return Err("heartbeat clientID is empty or longer than 255 bytes");
+    }
+    if hb.consumers.len() > MAX_HEARTBEAT_ENTRIES || hb.producer_groups.len() > MAX_HEARTBEAT_ENTRIES {
+        return Err("heartbeat names more than 1000 groups");
+    }
+    if !hb.producer_groups.iter().all(|g| name_ok(g)) {
+        return Err("heartbeat producer group is empty or longer than 255 bytes");
+    }
+    for c in &hb.consumers {
+        if !name_ok(&c.group) {
+            return Err("heartbeat consumer group is empty or longer than 255 bytes");
+        }
+        if c.subscriptions.len() > MAX_HEARTBEAT_ENTRIES {
+            return Err("heartbeat group has more than 1000 subscriptions");
+        }
+        for (topic, expression, kind) in &c.subscriptions {
+            if !name_ok(topic) || expression.len() > MAX_EXPRESSION || kind.len() > MAX_HEARTBEAT_NAME {
+                return Err("heartbeat subscription topic longer than 255 bytes or expression longer than 64 KiB");
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn parse_heartbeat(body: &[u8]) -> Result<Heartbeat, &'static str> {
     let body = serde_json::from_slice::<Value>(body).map_err(|_| "heartbeat body is not JSON")?;
     let client_id = body
