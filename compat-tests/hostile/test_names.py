@@ -197,3 +197,22 @@ def test_a_heartbeat_cannot_make_the_broker_keep_more_than_a_client_sends(rokka)
                     break
         assert answers[:5] == [0] * 5 and all(a != 0 for a in answers[5:]), answers
     assert metric(rokka, "rokka_rocketmq_heartbeats_refused_total") >= before + 7
+
+
+def test_a_group_id_longer_than_max_id_bytes_is_not_kept(rokka):
+    """kafka.max_id_bytes (1024): a JoinGroup or OffsetCommit naming a
+    longer group id is INVALID_GROUP_ID (24) — a 100 MB commit once copied
+    its group id into every partition's key — and nothing is kept; 1024
+    bytes is still a group."""
+    kafka = ("127.0.0.1", rokka.kafka_port)
+    long_id = "L" * 1025
+    before = metric(rokka, "rokka_kafka_ids_refused_total")
+    offsets_before = metric(rokka, "rokka_committed_offsets")
+    with socket.create_connection(kafka, timeout=10) as s:
+        resp = call(s, join_v0(long_id))
+        assert struct.unpack(">h", resp[4:6])[0] == 24
+        assert commit_error(call(s, commit_v2(long_id, "names-real", 0, 1)), "names-real") == 24
+        ok = commit_error(call(s, commit_v2("K" * 1024, "names-real", 0, 1)), "names-real")
+        assert ok in (0, 28), ok
+    assert metric(rokka, "rokka_kafka_ids_refused_total") == before + 2
+    assert metric(rokka, "rokka_committed_offsets") <= offsets_before + 1

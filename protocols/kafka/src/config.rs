@@ -42,6 +42,10 @@ pub struct KafkaConfig {
     /// Longest metadata string an OffsetCommit may store (Kafka
     /// `offset.metadata.max.bytes`); longer is OFFSET_METADATA_TOO_LARGE.
     pub max_offset_metadata_bytes: u32,
+    /// Longest group id or transactional id a request may make the broker
+    /// keep (a group, committed offsets, a transaction); longer is
+    /// INVALID_GROUP_ID (INVALID_REQUEST for a transactional id).
+    pub max_id_bytes: u32,
     /// Incremental fetch sessions kept (Kafka
     /// `max.incremental.fetch.session.cache.slots`; 0 = none: every fetch
     /// is a full one). At the limit the least recently used goes.
@@ -119,6 +123,7 @@ impl Default for KafkaConfig {
             max_inflight_request_bytes: 256 * 1024 * 1024,
             max_fetch_bytes: 57_671_680,
             max_offset_metadata_bytes: 4096,
+            max_id_bytes: 1024,
             max_fetch_sessions: 1000,
             fetch_session_idle_ms: 120_000,
             max_fetch_session_partitions: 10_000,

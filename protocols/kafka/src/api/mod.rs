@@ -8,6 +8,7 @@ mod fetch;
 mod find_coordinator;
 mod groups;
 mod guard;
+mod id_len;
 mod init_producer_id;
 mod leader_epoch;
 mod list_offsets;
@@ -68,6 +69,9 @@ pub async fn dispatch(
     if let RequestKind::Fetch(r) = req {
         let who = who.checked(k).then_some(who);
         return Ok(Some(Response::Fetch(fetch::handle(k, r, version, who).await)));
+    }
+    if let Some(resp) = id_len::check(k, &req) {
+        return Ok(Some(Response::Kind(resp)));
     }
     if let Some(resp) = not_coordinator::check(k, &req, version) {
         metrics::counter!("rokka_kafka_not_coordinator_total").increment(1);

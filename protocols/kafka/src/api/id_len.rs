@@ -1,0 +1,111 @@
+//! Group ids and transactional ids a client names are kept — a group's
+//! record, each committed offset's key, a transaction's state — so their
+//! length is bounded (`kafka.max_id_bytes`; Kafka allows any string its
+//! wire format carries, 32767 bytes). A request that would make the broker
+//! keep a longer one is answered with the error Kafka answers for a bad id
+//! (INVALID_GROUP_ID; for a transactional id INVALID_REQUEST), counted in
+//! `rokka_kafka_ids_refused_total`. Requests that only read (OffsetFetch,
+//! DescribeGroups, ...) keep nothing and are answered as for an unknown id.
+
+use kafka_protocol::messages::*;
+
+use crate::errors;
+use crate::Kafka;
+
+fn too_long(k: &Kafka, id: &str) -> bool {
+    id.len() > k.config.max_id_bytes as usize
+}
+
+fn refused(kind: &'static str) {
+    metrics::counter!("rokka_kafka_ids_refused_total", "id" => kind).increment(1);
+}
+
+/// The answer to `req` when it names a group or transactional id longer
+/// than `kafka.max_id_bytes` that it would make the broker keep; None to
+/// handle it.
+pub fn check(k: &Kafka, req: &RequestKind) -> Option<ResponseKind> {
+    let g = errors::INVALID_GROUP_ID;
+    let resp = match req {
+        RequestKind::JoinGroup(r) if too_long(k, &r.group_id) => {
+            ResponseKind::JoinGroup(JoinGroupResponse::default().with_error_code(g).with_generation_id(-1))
+        }
+        RequestKind::ConsumerGroupHeartbeat(r) if too_long(k, &r.group_id) => ResponseKind::ConsumerGroupHeartbeat(
+            ConsumerGroupHeartbeatResponse::default()
+                .with_error_code(g)
+                .with_error_message(Some(crate::api::str_bytes(
+                    "the group id is longer than kafka.max_id_bytes",
+                ))),
+        ),
+        RequestKind::OffsetCommit(r) if too_long(k, &r.group_id) => {
+            use kafka_protocol::messages::offset_commit_response::*;
+            let topics = r
+                .topics
+                .iter()
+                .map(|t| {
+                    let parts = t
+                        .partitions
+                        .iter()
+                        .map(|p| {
+                            OffsetCommitResponsePartition::default()
+                                .with_partition_index(p.partition_index)
+                                .with_error_code(g)
+                        })
+                        .collect();
+                    OffsetCommitResponseTopic::default()
+                        .with_name(t.name.clone())
+                        .with_partitions(parts)
+                })
+                .collect();
+            ResponseKind::OffsetCommit(OffsetCommitResponse::default().with_topics(topics))
+        }
+        RequestKind::TxnOffsetCommit(r) if too_long(k, &r.group_id) || too_long(k, &r.transactional_id) => {
+            use kafka_protocol::messages::txn_offset_commit_response::*;
+            let code = if too_long(k, &r.group_id) {
+                g
+            } else {
+                errors::INVALID_REQUEST
+            };
+            let topics = r
+                .topics
+                .iter()
+                .map(|t| {
+                    let parts = t
+                        .partitions
+                        .iter()
+                        .map(|p| {
+                            TxnOffsetCommitResponsePartition::default()
+                                .with_partition_index(p.partition_index)
+                                .with_error_code(code)
+                        })
+                        .collect();
+                    TxnOffsetCommitResponseTopic::default()
+                        .with_name(t.name.clone())
+                        .with_partitions(parts)
+                })
+                .collect();
+            ResponseKind::TxnOffsetCommit(TxnOffsetCommitResponse::default().with_topics(topics))
+        }
+        RequestKind::AddOffsetsToTxn(r) if too_long(k, &r.group_id) || too_long(k, &r.transactional_id) => {
+            let code = if too_long(k, &r.group_id) {
+                g
+            } else {
+                errors::INVALID_REQUEST
+            };
+            ResponseKind::AddOffsetsToTxn(AddOffsetsToTxnResponse::default().with_error_code(code))
+        }
+        RequestKind::InitProducerId(r) if r.transactional_id.as_ref().is_some_and(|t| too_long(k, t)) => {
+            ResponseKind::InitProducerId(
+                InitProducerIdResponse::default()
+                    .with_error_code(errors::INVALID_REQUEST)
+                    .with_producer_id(ProducerId(-1))
+                    .with_producer_epoch(-1),
+            )
+        }
+        _ => return None,
+    };
+    refused(match resp {
+        ResponseKind::InitProducerId(_) => "transactional_id",
+        _ => "group_id",
+    });
+    Some(resp)
+}
