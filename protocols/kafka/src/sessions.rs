@@ -273,15 +273,20 @@ fn upsert(s: &mut Session, r: &FetchRequest, version: i16) {
         let k = key(t, version);
         let topic = s.parts.entry(k.clone()).or_default();
         for p in &t.partitions {
+            // Kept apart from the request's frame (the name and any tagged
+            // field would be slices of it, keeping it whole for the
+            // session's life).
+            let mut request = p.clone();
+            request.unknown_tagged_fields.clear();
             match topic.get_mut(&p.partition) {
-                Some(existing) => existing.request = p.clone(),
+                Some(existing) => existing.request = request,
                 None => {
                     topic.insert(
                         p.partition,
                         Part {
-                            topic: t.topic.clone(),
+                            topic: TopicName(kafka_protocol::protocol::StrBytes::from_string(t.topic.to_string())),
                             topic_id: t.topic_id,
-                            request: p.clone(),
+                            request,
                             sent_hw: -2,
                             sent_lso: -2,
                             sent_start: -2,

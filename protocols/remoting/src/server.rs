@@ -55,6 +55,8 @@ pub struct Limits {
     unwritten: Arc<std::sync::atomic::AtomicUsize>,
     /// Failed signature checks per source address.
     pub auth_failures: Arc<rokka_broker::limits::AuthFailures>,
+    /// `max_unwritten_pushes_per_connection`.
+    pub max_pushes: usize,
 }
 
 impl Limits {
@@ -70,6 +72,7 @@ impl Limits {
             max_inflight: config.max_inflight_requests_per_connection.max(1) as usize,
             bytes: ByteBudget::new(listener, config.max_inflight_request_bytes),
             unwritten: Arc::default(),
+            max_pushes: config.max_unwritten_pushes_per_connection.max(1) as usize,
             auth_failures: Arc::new(rokka_broker::limits::AuthFailures::new(
                 "rokka_rocketmq_auth_failing_addresses",
                 config.auth_max_failures_per_address,
@@ -106,6 +109,10 @@ pub struct Conn {
     tx: mpsc::UnboundedSender<Outbound>,
     next_opaque: Arc<AtomicI32>,
     unwritten: Arc<std::sync::atomic::AtomicUsize>,
+    /// Server-initiated requests queued to this connection and not yet
+    /// written (at most `max_pushes`).
+    pushes: Arc<std::sync::atomic::AtomicUsize>,
+    max_pushes: usize,
     /// Authorization refusals on this connection (logged once).
     pub denials: Arc<crate::auth::Denials>,
     /// The listener's failed signature checks per address.
@@ -117,11 +124,24 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// Queues a command for this connection; false when it is closed.
-    /// (Server-initiated requests: few, and bounded by the connection's
-    /// clients and groups, so they need no permit.)
+    /// Queues a server-initiated request (NOTIFY_CONSUMER_IDS_CHANGED,
+    /// CHECK_TRANSACTION_STATE, RESET_CONSUMER_CLIENT_OFFSET) for this
+    /// connection; false when it is closed, or when
+    /// `rocketmq.max_unwritten_pushes_per_connection` are queued already — a client that does not
+    /// read its connection is not sent more (dropped, counted in
+    /// `rokka_rocketmq_pushes_dropped_total`: each is a hint the broker
+    /// repeats or the client recovers from by its own polling).
     pub fn send(&self, cmd: RemotingCommand) -> bool {
-        self.tx.send((cmd, None)).is_ok()
+        if self.pushes.fetch_add(1, Ordering::AcqRel) >= self.max_pushes {
+            self.pushes.fetch_sub(1, Ordering::AcqRel);
+            metrics::counter!("rokka_rocketmq_pushes_dropped_total").increment(1);
+            return false;
+        }
+        if self.tx.send((cmd, None)).is_err() {
+            self.pushes.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
     }
 
     fn answer(&self, cmd: RemotingCommand, permit: Held) -> bool {
@@ -300,11 +320,14 @@ async fn run<S: Service, T: Halves>(
     let limits = rmq.limits();
     let listener = limits.listener;
     let unwritten = Arc::clone(&limits.unwritten);
+    let pushes: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
     let conn = Conn {
         peer,
         tx,
         next_opaque: Arc::new(AtomicI32::new(1)),
         unwritten: Arc::clone(&unwritten),
+        pushes: Arc::clone(&pushes),
+        max_pushes: limits.max_pushes,
         denials: Arc::default(),
         auth_failures: Arc::clone(&rmq.limits().auth_failures),
         certificate_principal,
@@ -314,12 +337,16 @@ async fn run<S: Service, T: Halves>(
         let mut permits = Vec::new();
         while let Some((cmd, permit)) = rx.recv().await {
             encode(&cmd, &mut out);
+            let mut pushed = usize::from(permit.is_none());
             permits.extend(permit);
             // Gather whatever else is already queued into the same write.
             while let Ok((more, permit)) = rx.try_recv() {
                 encode(&more, &mut out);
+                pushed += usize::from(permit.is_none());
                 permits.extend(permit);
             }
+            // Taken off the queue: room for more pushes.
+            pushes.fetch_sub(pushed, Ordering::AcqRel);
             // (TLS holds what it encrypted until flushed.)
             if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
                 break;
@@ -462,4 +489,42 @@ async fn run<S: Service, T: Halves>(
     rmq.connection_closed(&conn);
     drop(conn);
     metrics::gauge!("rokka_rocketmq_connections").decrement(1.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection whose pushes are never taken off its queue (a client
+    /// that does not read): past its budget they are dropped;
+    /// once the writer takes them, there is room again.
+    #[test]
+    fn pushes_to_a_connection_that_is_not_read_are_bounded() {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Outbound>();
+        let conn = Conn {
+            peer: SocketAddr::from(([127, 0, 0, 1], 1)),
+            tx,
+            next_opaque: Arc::new(AtomicI32::new(1)),
+            unwritten: Arc::default(),
+            pushes: Arc::default(),
+            max_pushes: 1024,
+            denials: Arc::default(),
+            auth_failures: Arc::new(rokka_broker::limits::AuthFailures::new(
+                "test_failing_addresses",
+                5,
+                Duration::from_secs(1),
+            )),
+            certificate_principal: None,
+        };
+        let push = || RemotingCommand::request(crate::codes::request::NOTIFY_CONSUMER_IDS_CHANGED, 1);
+        for _ in 0..1024 {
+            assert!(conn.send(push()));
+        }
+        assert!(!conn.send(push()));
+        // The writer takes one (and says so): one more fits.
+        assert!(rx.try_recv().is_ok());
+        conn.pushes.fetch_sub(1, Ordering::AcqRel);
+        assert!(conn.send(push()));
+        assert!(!conn.send(push()));
+    }
 }

@@ -45,7 +45,9 @@ pub async fn join(
         protocols: r
             .protocols
             .into_iter()
-            .map(|p| (p.name.to_string(), p.metadata))
+            // Copied: the request's bytes are one buffer with the whole
+            // frame, which a kept slice would keep whole.
+            .map(|p| (p.name.to_string(), bytes::Bytes::copy_from_slice(&p.metadata)))
             .collect(),
         require_known_member_id: version >= 4,
     };
@@ -99,7 +101,7 @@ pub async fn sync(k: &Kafka, r: SyncGroupRequest, version: i16) -> SyncGroupResp
         assignments: r
             .assignments
             .into_iter()
-            .map(|a| (a.member_id.to_string(), a.assignment))
+            .map(|a| (a.member_id.to_string(), bytes::Bytes::copy_from_slice(&a.assignment)))
             .collect(),
     };
     // A mixed group's leader assignment is replaced by Rokka's (the share of
