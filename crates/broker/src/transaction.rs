@@ -88,13 +88,15 @@ impl Broker {
     }
 
     /// Every `interval`, asks a live producer (of whichever frontend has
-    /// one) about each half message unresolved past `timeout_ms`; one
-    /// checked `max_checks` times is discarded (`due_checks`).
+    /// one) about each half message unresolved past `timeout_ms`, at most
+    /// `per_scan` of them a scan (the rest the next); one checked
+    /// `max_checks` times is discarded (`due_checks`).
     pub async fn run_transaction_checks(
         self: std::sync::Arc<Self>,
         interval: std::time::Duration,
         timeout_ms: i64,
         max_checks: u32,
+        per_scan: usize,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         let mut tick = tokio::time::interval(interval.max(std::time::Duration::from_millis(100)));
@@ -104,8 +106,10 @@ impl Broker {
                 _ = shutdown.changed() => return,
             }
             let b = std::sync::Arc::clone(&self);
-            let Ok(due) =
-                tokio::task::spawn_blocking(move || b.due_checks(rokka_store::now_ms(), timeout_ms, max_checks)).await
+            let Ok(due) = tokio::task::spawn_blocking(move || {
+                b.due_checks_within(rokka_store::now_ms(), timeout_ms, max_checks, per_scan)
+            })
+            .await
             else {
                 continue;
             };
@@ -274,6 +278,13 @@ impl Broker {
     /// checked once more; those checked `max_checks` times already are
     /// discarded to `TRANS_CHECK_MAX_TIME_TOPIC` instead.
     pub fn due_checks(&self, now_ms: i64, timeout_ms: i64, max_checks: u32) -> Vec<DueCheck> {
+        self.due_checks_within(now_ms, timeout_ms, max_checks, usize::MAX)
+    }
+
+    /// As [`Broker::due_checks`], at most `per_scan` checks (each holds a
+    /// copy of its message): the scan stops there, and the next goes on
+    /// from the first half still unresolved.
+    pub fn due_checks_within(&self, now_ms: i64, timeout_ms: i64, max_checks: u32, per_scan: usize) -> Vec<DueCheck> {
         if self.topics.get(HALF_TOPIC).is_none() {
             return Vec::new();
         }
@@ -327,6 +338,10 @@ impl Broker {
                         continue;
                     }
                     // Later halves are younger still.
+                    break 'scan;
+                }
+                if due.len() >= per_scan {
+                    metrics::counter!("rokka_rocketmq_transaction_scans_cut_total").increment(1);
                     break 'scan;
                 }
                 let n = st.checks.entry(off).or_insert(0);
@@ -479,6 +494,23 @@ mod tests {
             b.end_transaction("pg", u.queue_offset, u.phys_offset, true)?,
             Ended::AlreadyResolved
         );
+        Ok(())
+    }
+
+    /// A scan hands out at most `per_scan` checks (each a copy of its
+    /// message); the rest are left for the scans after it.
+    #[test]
+    fn a_scan_checks_at_most_its_budget() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        b.create_topic("Real", 2)?;
+        for i in 0..5u8 {
+            half(&b, &[i])?;
+        }
+        let later = rokka_store::now_ms() + 61_000;
+        assert_eq!(b.due_checks_within(later, 60_000, 3, 2).len(), 2);
+        assert_eq!(b.due_checks_within(later, 60_000, 3, 10).len(), 5);
         Ok(())
     }
 

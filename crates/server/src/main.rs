@@ -630,6 +630,7 @@ async fn serve(
             std::time::Duration::from_millis(r.transaction_check_interval_ms),
             r.transaction_timeout_ms as i64,
             r.transaction_check_max,
+            r.transaction_checks_per_scan.max(1) as usize,
             stop_rx.clone(),
         )));
     }

@@ -44,6 +44,9 @@ pub struct RocketMqConfig {
     pub transaction_check_interval_ms: u64,
     /// Checks per half message; after the last one it is discarded to TRANS_CHECK_MAX_TIME_TOPIC.
     pub transaction_check_max: u32,
+    /// Half messages checked at most per scan (each check holds a copy of
+    /// its message); the rest wait for the next scan.
+    pub transaction_checks_per_scan: u32,
     /// The `version` this server reports (MQVersion ordinal; ≥ 401 for JSON route bodies).
     pub server_version: i32,
     /// Most open connections on each listener (name server, broker; 0 = no
@@ -154,6 +157,7 @@ impl Default for RocketMqConfig {
             transaction_timeout_ms: 6_000,
             transaction_check_interval_ms: 30_000,
             transaction_check_max: 15,
+            transaction_checks_per_scan: 2_000,
             server_version: 479,
             max_connections: 10_000,
             max_connections_per_ip: 2_000,
