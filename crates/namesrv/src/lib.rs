@@ -391,6 +391,13 @@ impl RouteTable {
         self.topics.remove(topic).is_some()
     }
 
+    /// Whether (broker name, id) is registered.
+    pub fn is_registered(&self, broker_name: &str, broker_id: i64) -> bool {
+        self.brokers
+            .get(broker_name)
+            .is_some_and(|e| e.members.contains_key(&broker_id))
+    }
+
     /// Live registrations: (broker name, id) pairs.
     pub fn broker_count(&self) -> usize {
         self.brokers.values().map(|e| e.members.len()).sum()

@@ -91,6 +91,9 @@ pub struct RocketMqConfig {
     /// Most consumer groups one client is a member of (0 = no limit); a
     /// heartbeat naming a new group beyond it is refused for that group.
     pub max_groups_per_client: u32,
+    /// Registrations (broker name, id) a name server holds at most; a new
+    /// one beyond it is refused.
+    pub namesrv_max_brokers: u32,
     /// Requests the broker sends a client (NOTIFY_CONSUMER_IDS_CHANGED,
     /// CHECK_TRANSACTION_STATE, RESET_CONSUMER_CLIENT_OFFSET) queued to one
     /// connection and not yet written at most; more are dropped.
@@ -171,6 +174,7 @@ impl Default for RocketMqConfig {
             max_clients: 100_000,
             max_consumer_groups: 100_000,
             max_groups_per_client: 1_000,
+            namesrv_max_brokers: 1_024,
             max_unwritten_pushes_per_connection: 1_024,
             access_message_in_memory_max_ratio: 40,
             namesrv_route_lookups: 4,

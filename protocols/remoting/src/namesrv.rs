@@ -21,6 +21,13 @@ use crate::config::RocketMqConfig;
 use crate::processor::RocketMq;
 use crate::server::{Conn, Service};
 
+/// Longest cluster, broker, address or topic name a registration may carry.
+const MAX_NAME_BYTES: usize = 255;
+/// Most topics one registration may list (as `broker.max_topics`).
+const MAX_TOPICS_PER_BROKER: usize = 100_000;
+/// Longest heartbeat timeout a registration may ask for.
+const MAX_HEARTBEAT_TIMEOUT_MS: u64 = 3_600_000;
+
 /// REGISTER_BROKER frames ⇄ [`Registration`]s.
 pub mod wire {
     use super::*;
@@ -96,16 +103,33 @@ pub mod wire {
                 }
             }
         }
-        Ok(Registration {
+        let r = Registration {
             cluster: need("clusterName")?,
             broker_name: need("brokerName")?,
             broker_addr: need("brokerAddr")?,
             broker_id: f("brokerId").and_then(|v| v.parse().ok()).unwrap_or(0),
             ha_addr: f("haServerAddr").unwrap_or_default().to_string(),
-            timeout_ms: f("heartbeatTimeoutMillis").and_then(|v| v.parse().ok()),
+            // A broker's own heartbeat timeout, within reason (it holds the
+            // registration that long after the broker went silent).
+            timeout_ms: f("heartbeatTimeoutMillis")
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(|t| t.clamp(1_000, MAX_HEARTBEAT_TIMEOUT_MS)),
             data_version,
             topics,
-        })
+        };
+        // What the route table keeps is bounded: names as RocketMQ bounds
+        // them, the topics a broker may hold.
+        let long = |s: &str| s.len() > MAX_NAME_BYTES;
+        if long(&r.cluster) || long(&r.broker_name) || long(&r.broker_addr) || long(&r.ha_addr) {
+            return Err("REGISTER_BROKER with a cluster, broker name or address longer than 255 bytes".into());
+        }
+        if r.topics.len() > MAX_TOPICS_PER_BROKER {
+            return Err(format!("REGISTER_BROKER with more than {MAX_TOPICS_PER_BROKER} topics"));
+        }
+        if r.topics.iter().any(|t| t.name.is_empty() || long(&t.name)) {
+            return Err("REGISTER_BROKER with an empty topic name or one longer than 255 bytes".into());
+        }
+        Ok(r)
     }
 }
 
@@ -201,6 +225,14 @@ impl NameServer {
 
     fn table(&self) -> std::sync::MutexGuard<'_, RouteTable> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `r` is a new registration and `namesrv_max_brokers` are
+    /// registered already.
+    fn full_for(&self, r: &Registration) -> bool {
+        let max = self.config.namesrv_max_brokers as usize;
+        let t = self.table();
+        max > 0 && t.broker_count() >= max && !t.is_registered(&r.broker_name, r.broker_id)
     }
 
     fn apply(&self, r: &Registration, peer: Option<SocketAddr>) {
@@ -336,6 +368,17 @@ impl NameServer {
                     return self.reply(cmd, rs::SUCCESS, None);
                 }
                 match wire::from_command(cmd) {
+                    Ok(r) if self.full_for(&r) => {
+                        metrics::counter!("rokka_rocketmq_namesrv_registrations_refused_total").increment(1);
+                        let max = self.config.namesrv_max_brokers;
+                        self.reply(
+                            cmd,
+                            rs::SYSTEM_ERROR,
+                            Some(format!(
+                                "too many brokers registered (rocketmq.namesrv_max_brokers = {max})"
+                            )),
+                        )
+                    }
                     Ok(r) => {
                         self.apply(&r, Some(conn.peer));
                         let mut resp = self.reply(cmd, rs::SUCCESS, None);
@@ -434,6 +477,30 @@ mod tests {
         let mut bad = cmd.clone();
         bad.body = Bytes::from(format!("{} ", String::from_utf8_lossy(&cmd.body)));
         assert!(wire::from_command(&bad).is_err(), "CRC must be checked");
+        // What the table would keep is bounded: names, topic names, the
+        // heartbeat timeout (clamped).
+        for long in [
+            Registration {
+                broker_name: "b".repeat(256),
+                ..r.clone()
+            },
+            Registration {
+                cluster: "c".repeat(256),
+                ..r.clone()
+            },
+            Registration {
+                topics: vec![topic(&"t".repeat(256), 1)],
+                ..r.clone()
+            },
+        ] {
+            assert!(wire::from_command(&wire::to_command(&long, 1, 479)).is_err());
+        }
+        let slow = Registration {
+            timeout_ms: Some(u64::MAX / 2),
+            ..r.clone()
+        };
+        let back = wire::from_command(&wire::to_command(&slow, 1, 479))?;
+        assert_eq!(back.timeout_ms, Some(MAX_HEARTBEAT_TIMEOUT_MS));
         Ok(())
     }
 }

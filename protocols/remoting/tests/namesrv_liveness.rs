@@ -158,3 +158,28 @@ async fn one_address_two_broker_names_two_connections() -> TestResult {
     let _ = stop.send(true);
     Ok(())
 }
+
+/// rocketmq.namesrv_max_brokers: a new registration beyond it is refused
+/// (SYSTEM_ERROR) and not routed; a registered broker's heartbeat still
+/// goes through.
+#[tokio::test]
+async fn registrations_beyond_namesrv_max_brokers_are_refused() -> TestResult {
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let ns_addr = l.local_addr()?;
+    let cfg = RocketMqConfig {
+        namesrv_max_brokers: 2,
+        ..RocketMqConfig::default()
+    };
+    let ns = Arc::new(NameServer::new(cfg, None));
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, ns, rx));
+    let mut c = Client::connect(ns_addr).await?;
+    for (i, want) in [(0, rs::SUCCESS), (1, rs::SUCCESS), (2, rs::SYSTEM_ERROR)] {
+        let r = registration(&format!("b{i}"), &format!("10.0.0.{i}:10911"), &format!("T{i}"));
+        assert_eq!(c.call(wire::to_command(&r, 0, 453)).await?.code, want, "broker {i}");
+    }
+    assert_eq!(route_code(&mut c, "T2").await?, rs::TOPIC_NOT_EXIST);
+    let again = registration("b1", "10.0.0.1:10911", "T1");
+    assert_eq!(c.call(wire::to_command(&again, 0, 453)).await?.code, rs::SUCCESS);
+    Ok(())
+}
