@@ -24,6 +24,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::types::code;
 
+/// Longest topic name (Kafka allows 249; Rokka 255).
+const MAX_TOPIC_NAME: usize = 255;
+
 /// (topic, partition).
 pub type Tp = (String, u32);
 
@@ -573,19 +576,26 @@ impl ConsumerGroups {
             m.rebalance_timeout_ms = req.rebalance_timeout_ms as u64;
         }
         if let Some(t) = &req.subscribed_topics {
-            m.names = t.iter().cloned().collect();
+            // (A name no topic can have — longer than a topic name may be —
+            // is not kept.)
+            m.names = t.iter().filter(|n| n.len() <= MAX_TOPIC_NAME).cloned().collect();
         }
         if req.subscribed_regex.is_some() {
             m.regex = compiled;
         }
-        // Every member's topics now (a regular expression may match topics
-        // created since its last heartbeat).
+        // Every member's topics now: this member's, and those of members
+        // with a regular expression (it may match topics created since
+        // their last heartbeat). The others' are as they were — not
+        // recomputed (a copy of every member's names per heartbeat).
         let all_names = if g.members.values().any(|mm| mm.regex.is_some()) {
             topics.names()
         } else {
             Vec::new()
         };
-        for mm in g.members.values_mut() {
+        for (id, mm) in g.members.iter_mut() {
+            if *id != member_id && mm.regex.is_none() {
+                continue;
+            }
             let mut subs = mm.names.clone();
             if let Some((_, re)) = &mm.regex {
                 subs.extend(all_names.iter().filter(|n| re.is_match(n)).cloned());
