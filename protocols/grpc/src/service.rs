@@ -213,6 +213,10 @@ struct ProducerStream {
 
 static STREAMS: AtomicU64 = AtomicU64::new(1);
 
+/// Topics a producer's telemetry settings are kept with at most (they
+/// decide which producers a transaction check may go to).
+const MAX_PUBLISHING_TOPICS: usize = 1000;
+
 /// The transaction id a producer ends a half message with: where the
 /// half message is (its queue offset and CommitLog offset).
 fn transaction_id(half_offset: u64, half_phys: u64) -> String {
@@ -1591,7 +1595,17 @@ impl pb::messaging_service_server::MessagingService for Service {
                                     client_id.clone(),
                                     ProducerStream {
                                         stream,
-                                        topics: p.topics.iter().map(|t| t.name.clone()).collect(),
+                                        // What a producer may publish to, as
+                                        // kept: topic names (at most 255 bytes),
+                                        // at most MAX_PUBLISHING_TOPICS of them.
+                                        topics: p
+                                            .topics
+                                            .iter()
+                                            .map(|t| &t.name)
+                                            .filter(|n| n.len() <= 255)
+                                            .take(MAX_PUBLISHING_TOPICS)
+                                            .cloned()
+                                            .collect(),
                                         tx: tx.clone(),
                                     },
                                 );
