@@ -175,7 +175,7 @@ def test_a_heartbeat_cannot_make_the_broker_keep_more_than_a_client_sends(rokka)
             {"clientID": "c-many", "producerDataSet": [],
              "consumerDataSet": [{"groupName": f"m{j}", "subscriptionDataSet": []} for j in range(1001)]},
             {"clientID": "c-long-topic", "producerDataSet": [], "consumerDataSet": [
-                {"groupName": "ok", "subscriptionDataSet": [{"topic": "t" * 300, "subString": "*"}]}]},
+                {"groupName": "ok", "subscriptionDataSet": [{"topic": "t" * 600, "subString": "*"}]}]},
         ):
             r = rmq_call(s, 34, 7, json.dumps(body).encode())
             assert r["code"] == 1, (r, str(body)[:80])
@@ -200,19 +200,19 @@ def test_a_heartbeat_cannot_make_the_broker_keep_more_than_a_client_sends(rokka)
 
 
 def test_a_group_id_longer_than_max_id_bytes_is_not_kept(rokka):
-    """kafka.max_id_bytes (1024): a JoinGroup or OffsetCommit naming a
+    """kafka.max_id_bytes (4096): a JoinGroup or OffsetCommit naming a
     longer group id is INVALID_GROUP_ID (24) — a 100 MB commit once copied
-    its group id into every partition's key — and nothing is kept; 1024
+    its group id into every partition's key — and nothing is kept; 4096
     bytes is still a group."""
     kafka = ("127.0.0.1", rokka.kafka_port)
-    long_id = "L" * 1025
+    long_id = "L" * 4097
     before = metric(rokka, "rokka_kafka_ids_refused_total")
     offsets_before = metric(rokka, "rokka_committed_offsets")
     with socket.create_connection(kafka, timeout=10) as s:
         resp = call(s, join_v0(long_id))
         assert struct.unpack(">h", resp[4:6])[0] == 24
         assert commit_error(call(s, commit_v2(long_id, "names-real", 0, 1)), "names-real") == 24
-        ok = commit_error(call(s, commit_v2("K" * 1024, "names-real", 0, 1)), "names-real")
+        ok = commit_error(call(s, commit_v2("K" * 4096, "names-real", 0, 1)), "names-real")
         assert ok in (0, 28), ok
     assert metric(rokka, "rokka_kafka_ids_refused_total") == before + 2
     assert metric(rokka, "rokka_committed_offsets") <= offsets_before + 1

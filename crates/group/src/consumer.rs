@@ -613,10 +613,14 @@ impl ConsumerGroups {
             bump = true;
         }
         // The group's subscribed topics as they are now.
-        let wanted: BTreeSet<String> = g.members.values().flat_map(|m| m.subscribed.iter().cloned()).collect();
+        let wanted: BTreeSet<&str> = g
+            .members
+            .values()
+            .flat_map(|m| m.subscribed.iter().map(String::as_str))
+            .collect();
         let metadata: BTreeMap<String, u32> = wanted
             .iter()
-            .filter_map(|t| topics.partitions(t).map(|n| (t.clone(), n)))
+            .filter_map(|t| topics.partitions(t).map(|n| (t.to_string(), n)))
             .collect();
         if metadata != g.topics {
             g.topics = metadata;

@@ -732,6 +732,16 @@ impl CommitLogWriter {
         }
     }
 
+    /// Makes the segment the next append writes to, if there is none yet
+    /// (a log restarted at an offset holds a segment from there at once:
+    /// a reopen finds where it starts).
+    pub fn open_segment(&mut self) -> Result<()> {
+        match self.active {
+            Some(_) => Ok(()),
+            None => self.append_roll(0),
+        }
+    }
+
     fn append_roll(&mut self, size: usize) -> Result<()> {
         let start = match &self.active {
             Some(seg) => {

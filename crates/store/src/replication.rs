@@ -321,41 +321,52 @@ impl MessageStore {
         );
         let marker = inner.dir.join(RESTART_MARKER);
         crate::checkpoint::write_atomically(&marker, offset.to_string().as_bytes())?;
-        inner.log.drop_all_segments()?;
-        inner.log.set_recovered(offset);
-        let removed: Vec<_> = w.queues.drain().collect();
-        inner.queues.write().unwrap_or_else(|p| p.into_inner()).clear();
-        for (_, queues) in removed {
-            for q in queues.values() {
-                q.destroy()?;
+        // Past the marker the log is being dropped: a step that fails
+        // leaves the store failed (nothing more is appended to a half
+        // dropped log) until a reopen finishes the drop.
+        let dropped = (|| -> Result<()> {
+            inner.log.drop_all_segments()?;
+            inner.log.set_recovered(offset);
+            let removed: Vec<_> = w.queues.drain().collect();
+            inner.queues.write().unwrap_or_else(|p| p.into_inner()).clear();
+            for (_, queues) in removed {
+                for q in queues.values() {
+                    q.destroy()?;
+                }
             }
-        }
-        {
-            let _g = inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
-            drop_clean_logs(&inner.dir)?;
-        }
-        let mut cl = CommitLogWriter::new(
-            std::sync::Arc::clone(&inner.log),
-            offset,
-            inner.config.commitlog_segment_bytes,
-            crate::commitlog::Preparation::of(&inner.config),
-        )?;
-        cl.refuse_writes_above(inner.config.disk_refuse_writes_percent);
-        w.cl = cl;
-        w.last_record = 0;
-        for (key, at) in continue_at {
-            let Some((topic, q)) = key.rsplit_once('/') else {
-                continue;
-            };
-            let (Ok(q), Ok(())) = (q.parse::<u32>(), crate::validate_topic(topic)) else {
-                continue;
-            };
-            inner.queue_for(&mut w, topic, q).continue_after_restart(*at)?;
-        }
+            {
+                let _g = inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
+                drop_clean_logs(&inner.dir)?;
+            }
+            let mut cl = CommitLogWriter::new(
+                std::sync::Arc::clone(&inner.log),
+                offset,
+                inner.config.commitlog_segment_bytes,
+                crate::commitlog::Preparation::of(&inner.config),
+            )?;
+            cl.refuse_writes_above(inner.config.disk_refuse_writes_percent);
+            // The first segment now, at `offset`: a reopen before the first
+            // entry finds where the log starts.
+            cl.open_segment()?;
+            w.cl = cl;
+            w.last_record = 0;
+            for (key, at) in continue_at {
+                let Some((topic, q)) = key.rsplit_once('/') else {
+                    continue;
+                };
+                let (Ok(q), Ok(())) = (q.parse::<u32>(), crate::validate_topic(topic)) else {
+                    continue;
+                };
+                inner.queue_for(&mut w, topic, q).continue_after_restart(*at)?;
+            }
+            Ok(())
+        })();
         drop(w);
-        crate::tasks::checkpoint(inner, false)?;
-        std::fs::remove_file(&marker).map_err(StoreError::io("remove", &marker))?;
-        crate::sys::fsync_dir(&inner.dir)
+        let done = dropped
+            .and_then(|()| crate::tasks::checkpoint(inner, false).map(|_| ()))
+            .and_then(|()| std::fs::remove_file(&marker).map_err(StoreError::io("remove", &marker)))
+            .and_then(|()| crate::sys::fsync_dir(&inner.dir));
+        done.map_err(|e| inner.log.fail(format!("restarting the log at {offset} failed: {e}")))
     }
 
     /// Per queue, "topic/queue" → the queue offset of its first entry at

@@ -277,3 +277,30 @@ fn a_restart_cut_short_is_finished_at_open() -> TestResult {
     assert_eq!(s.max_offset("T", 0), 1);
     Ok(())
 }
+
+/// A log restarted at an offset and closed (or killed) before its first
+/// entry opens again there, its queues where they continue.
+#[test]
+fn a_restarted_log_reopens_before_its_first_entry() -> TestResult {
+    let d = tempfile::tempdir()?;
+    let cfg = small_config(d.path());
+    let start = 4 * cfg.commitlog_segment_bytes;
+    let continue_at = std::collections::BTreeMap::from([("T/0".to_string(), 77u64)]);
+    {
+        let s = MessageStore::open(cfg.clone())?;
+        s.set_leader(false);
+        s.restart_log_at(start, &continue_at)?;
+        s.close()?;
+    }
+    let s = MessageStore::open(cfg.clone())?;
+    assert_eq!(s.log_end(), start);
+    assert_eq!((s.min_offset("T", 0), s.max_offset("T", 0)), (77, 77));
+    // Killed rather than closed (no clean checkpoint): the same.
+    s.restart_log_at(start + cfg.commitlog_segment_bytes, &continue_at)?;
+    drop(s);
+    let _ = std::fs::write(d.path().join("abort"), b"");
+    let s = MessageStore::open(cfg)?;
+    assert_eq!(s.log_end(), start + small_config(d.path()).commitlog_segment_bytes);
+    assert_eq!((s.min_offset("T", 0), s.max_offset("T", 0)), (77, 77));
+    Ok(())
+}

@@ -44,7 +44,8 @@ pub struct KafkaConfig {
     pub max_offset_metadata_bytes: u32,
     /// Longest group id or transactional id a request may make the broker
     /// keep (a group, committed offsets, a transaction); longer is
-    /// INVALID_GROUP_ID (INVALID_REQUEST for a transactional id).
+    /// INVALID_GROUP_ID (INVALID_REQUEST for a transactional id); 0 = no
+    /// limit.
     pub max_id_bytes: u32,
     /// Incremental fetch sessions kept (Kafka
     /// `max.incremental.fetch.session.cache.slots`; 0 = none: every fetch
@@ -123,7 +124,7 @@ impl Default for KafkaConfig {
             max_inflight_request_bytes: 256 * 1024 * 1024,
             max_fetch_bytes: 57_671_680,
             max_offset_metadata_bytes: 4096,
-            max_id_bytes: 1024,
+            max_id_bytes: 4096,
             max_fetch_sessions: 1000,
             fetch_session_idle_ms: 120_000,
             max_fetch_session_partitions: 10_000,

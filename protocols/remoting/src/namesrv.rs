@@ -21,8 +21,11 @@ use crate::config::RocketMqConfig;
 use crate::processor::RocketMq;
 use crate::server::{Conn, Service};
 
-/// Longest cluster, broker, address or topic name a registration may carry.
+/// Longest cluster, broker or address name a registration may carry.
 const MAX_NAME_BYTES: usize = 255;
+/// Longest topic: retry topics carry a group's name, pop retry topics a
+/// group's and a topic's (`%RETRY%<group>+<topic>`).
+const MAX_TOPIC_BYTES: usize = 512;
 /// Most topics one registration may list (as `broker.max_topics`).
 const MAX_TOPICS_PER_BROKER: usize = 100_000;
 /// Longest heartbeat timeout a registration may ask for.
@@ -126,8 +129,11 @@ pub mod wire {
         if r.topics.len() > MAX_TOPICS_PER_BROKER {
             return Err(format!("REGISTER_BROKER with more than {MAX_TOPICS_PER_BROKER} topics"));
         }
-        if r.topics.iter().any(|t| t.name.is_empty() || long(&t.name)) {
-            return Err("REGISTER_BROKER with an empty topic name or one longer than 255 bytes".into());
+        if r.topics
+            .iter()
+            .any(|t| t.name.is_empty() || t.name.len() > MAX_TOPIC_BYTES)
+        {
+            return Err("REGISTER_BROKER with an empty topic name or one longer than 512 bytes".into());
         }
         Ok(r)
     }
@@ -489,7 +495,7 @@ mod tests {
                 ..r.clone()
             },
             Registration {
-                topics: vec![topic(&"t".repeat(256), 1)],
+                topics: vec![topic(&"t".repeat(513), 1)],
                 ..r.clone()
             },
         ] {

@@ -13,7 +13,7 @@ use crate::errors;
 use crate::Kafka;
 
 fn too_long(k: &Kafka, id: &str) -> bool {
-    id.len() > k.config.max_id_bytes as usize
+    k.config.max_id_bytes > 0 && id.len() > k.config.max_id_bytes as usize
 }
 
 fn refused(kind: &'static str) {

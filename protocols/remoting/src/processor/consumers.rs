@@ -352,9 +352,12 @@ pub(super) fn json_list<'a>(v: &'a Value, k: &str) -> impl Iterator<Item = &'a V
 }
 
 /// Parses a HEART_BEAT body; the error is the response's remark.
-/// Longest client id, group or topic a heartbeat may name (RocketMQ's
-/// clients check 255 characters).
+/// Longest client id or group a heartbeat may name (RocketMQ's clients
+/// check 255 characters).
 const MAX_HEARTBEAT_NAME: usize = 255;
+/// Longest topic a subscription may name: a retry topic is its group's
+/// name with a prefix, a pop retry topic `%RETRY%<group>+<topic>`.
+const MAX_HEARTBEAT_TOPIC: usize = 512;
 /// Most groups, and subscriptions per group, one heartbeat may name.
 const MAX_HEARTBEAT_ENTRIES: usize = 1000;
 /// Longest subscription expression.
@@ -381,8 +384,12 @@ pub fn check_heartbeat(hb: &Heartbeat) -> Result<(), &'static str> {
             return Err("heartbeat group has more than 1000 subscriptions");
         }
         for (topic, expression, kind) in &c.subscriptions {
-            if !name_ok(topic) || expression.len() > MAX_EXPRESSION || kind.len() > MAX_HEARTBEAT_NAME {
-                return Err("heartbeat subscription topic longer than 255 bytes or expression longer than 64 KiB");
+            if topic.is_empty()
+                || topic.len() > MAX_HEARTBEAT_TOPIC
+                || expression.len() > MAX_EXPRESSION
+                || kind.len() > MAX_HEARTBEAT_NAME
+            {
+                return Err("heartbeat subscription topic longer than 512 bytes or expression longer than 64 KiB");
             }
         }
     }
