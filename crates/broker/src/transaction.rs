@@ -44,6 +44,9 @@ struct TxState {
     resolved: BTreeSet<u64>,
     /// Checks sent per half-queue offset (since start).
     checks: HashMap<u64, u32>,
+    /// A scan cut at its budget: the next hands out checks from this
+    /// half on (the ones before it were just checked), then starts over.
+    resume_from: Option<u64>,
 }
 
 /// What END_TRANSACTION did.
@@ -301,6 +304,7 @@ impl Broker {
         let mut at = start;
         let mut contiguous = true;
         let mut progress = start;
+        let mut cut = None;
         'scan: while at < end {
             let read = self.store.read(HALF_TOPIC, 0, at, 256, 1 << 20);
             if read.entries.is_empty() {
@@ -340,8 +344,12 @@ impl Broker {
                     // Later halves are younger still.
                     break 'scan;
                 }
+                if st.resume_from.is_some_and(|r| off < r) {
+                    continue;
+                }
                 if due.len() >= per_scan {
                     metrics::counter!("rokka_rocketmq_transaction_scans_cut_total").increment(1);
+                    cut = Some(off);
                     break 'scan;
                 }
                 let n = st.checks.entry(off).or_insert(0);
@@ -378,6 +386,8 @@ impl Broker {
                 });
             }
         }
+        // Cut: the next scan goes on from here; done: it starts over.
+        st.resume_from = cut;
         self.publish_pending(&st);
         drop(st);
         for (off, m) in discard {
@@ -509,8 +519,20 @@ mod tests {
             half(&b, &[i])?;
         }
         let later = rokka_store::now_ms() + 61_000;
-        assert_eq!(b.due_checks_within(later, 60_000, 3, 2).len(), 2);
-        assert_eq!(b.due_checks_within(later, 60_000, 3, 10).len(), 5);
+        let round = |n| -> Vec<u64> {
+            b.due_checks_within(later, 60_000, 10, n)
+                .iter()
+                .map(|d| d.half_offset)
+                .collect()
+        };
+        // Two a scan, round the five: the halves after the first two are
+        // not left waiting while those stay unanswered.
+        assert_eq!(round(2), [0, 1]);
+        assert_eq!(round(2), [2, 3]);
+        assert_eq!(round(2), [4]);
+        assert_eq!(round(2), [0, 1]);
+        assert_eq!(round(10), [2, 3, 4]);
+        assert_eq!(round(10).len(), 5);
         Ok(())
     }
 
