@@ -146,9 +146,11 @@ def signed_hello(cluster, node_id, set_name="broker-a", segment_bytes=67108864, 
 class Cluster:
     """Nodes 1..n of one broker set."""
 
-    def __init__(self, name, n=3, min_isr=2, extra="", metrics_extra="", kafka_extra="", grpc=False):
+    def __init__(self, name, n=3, min_isr=2, extra="", metrics_extra="", kafka_extra="", grpc=False, store_base=None):
         """`extra`: more `[cluster]` lines, or a function of the node id
-        returning them; `grpc`: each node serves RocketMQ 5 clients too."""
+        returning them; `grpc`: each node serves RocketMQ 5 clients too;
+        `store_base`: the `[store]` lines (the fixture's shared ones when
+        None)."""
         self.name = name
         self.dir = results_dir("cluster", name)
         self.etcd = Etcd(self.dir)
@@ -160,6 +162,7 @@ class Cluster:
             metrics_extra=metrics_extra,
             kafka_extra=kafka_extra,
             grpc_extra="" if grpc else None,
+            **({} if store_base is None else {"store_base": store_base}),
             cluster_extra=(
                 f'etcd_endpoints = ["{self.etcd.endpoint}"]\nname = "{name}"\nnode_id = {i}\n'
                 f'min_insync_replicas = {min_isr}\nlease_ttl_secs = 2\n'
