@@ -140,3 +140,21 @@ def test_a_join_listing_too_many_protocols_is_refused_and_a_group_still_forms(ro
         assert got, "the consumer group read nothing"
     finally:
         c.close()
+
+
+def test_a_fetch_asking_for_no_bytes_is_answered_at_once(rokka):
+    """Kafka answers a Fetch at once when min_bytes are there — min_bytes 0
+    at once — rather than after max_wait_ms (here 60 s, past the socket's
+    10 s: a wait would fail the read)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    empty = "amplify-empty"
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    for f in a.create_topics([NewTopic(empty, num_partitions=1, replication_factor=1)]).values():
+        f.result(30)
+    # At its end (offset 0 of an empty partition): nothing to read.
+    body = struct.pack(">iiiib", -1, 60_000, 0, 1 << 20, 0)
+    body += struct.pack(">i", 1) + kstr(empty) + struct.pack(">i", 1) + struct.pack(">iqi", 0, 0, 1 << 20)
+    with socket.create_connection(("127.0.0.1", rokka.kafka_port), timeout=10) as s:
+        resp = call(s, kafka_frame(1, 4, body))
+    assert len(resp) > 8

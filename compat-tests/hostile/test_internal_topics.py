@@ -53,3 +53,33 @@ def test_rocketmq_sends_to_the_brokers_own_topics_are_refused(rokka):
             hlen = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
             r = json.loads(frame[4 : 4 + hlen])
             assert r["code"] == 16 and "forbidden" in r.get("remark", ""), f"{t}: {r}"
+
+
+def test_the_brokers_own_topics_are_internal_and_acks0_writes_to_them_close(rokka):
+    """Kafka metadata marks the broker's own topics internal (is_internal),
+    as __consumer_offsets — pattern subscriptions and mirroring leave them;
+    an acks=0 produce that fails (here: to one of them) is not answered,
+    and closes its connection, as Kafka's broker does, so the producer
+    refreshes its metadata instead of writing on into the void."""
+    from kafka import KafkaAdminClient
+
+    # A delayed RocketMQ message makes the delay-level topic.
+    with socket.create_connection(("127.0.0.1", rokka.broker_port), timeout=10) as s:
+        props = "DELAY\x012\x02UNIQ_KEY\x01DL\x02"
+        ext = {"producerGroup": "pg", "topic": "user-topic", "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+               "queueId": "0", "sysFlag": "0", "bornTimestamp": "1700000000000", "flag": "0", "properties": props}
+        s.sendall(rmq_frame(10, 1, ext, body=b"later"))
+        n = struct.unpack(">i", recv_exact(s, 4))[0]
+        frame = recv_exact(s, n)
+        hlen = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
+        assert json.loads(frame[4 : 4 + hlen])["code"] == 0
+    a = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
+    described = {t["name"]: t for t in a.describe_topics()}
+    a.close()
+    assert described["SCHEDULE_TOPIC_XXXX"]["is_internal"] is True, described["SCHEDULE_TOPIC_XXXX"]
+    assert described["user-topic"]["is_internal"] is False
+    before = rokka.metric_values().get("rokka_kafka_acks0_failures_closed_total", 0)
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "acks": 0, "message.timeout.ms": 5000})
+    p.produce("SCHEDULE_TOPIC_XXXX", value=b"x", partition=0)
+    p.flush(10)
+    assert rokka.metric_values().get("rokka_kafka_acks0_failures_closed_total", 0) >= before + 1

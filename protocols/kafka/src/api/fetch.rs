@@ -117,7 +117,9 @@ async fn fetch(k: &Kafka, r: &FetchRequest, version: i16) -> FetchReply {
         }
         let (resp, bytes, any_error) = collect(k, r, version, &names);
         let now = Instant::now();
-        if bytes >= min_bytes.max(1) || any_error || now >= deadline {
+        // As Kafka's ReplicaManager: answered at once when nothing is asked
+        // for or `min_bytes` are there (min_bytes 0: at once).
+        if r.topics.is_empty() || bytes >= min_bytes || any_error || now >= deadline {
             return served(k, resp, bytes);
         }
         let _ = tokio::time::timeout(deadline - now, waiter.notified()).await;

@@ -68,6 +68,10 @@ pub fn topic_entry(k: &Kafka, name: &str, info: &TopicInfo, version: i16) -> Met
         } else {
             uuid::Uuid::nil()
         })
+        // The broker's own topics (delays, transaction halves, the timer
+        // wheel): internal, as Kafka's __consumer_offsets — pattern
+        // subscriptions (exclude.internal.topics) and mirroring leave them.
+        .with_is_internal(rokka_broker::is_send_forbidden_topic(name))
         .with_partitions(partitions)
 }
 

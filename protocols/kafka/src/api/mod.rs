@@ -102,18 +102,32 @@ async fn guarded(
         RequestKind::Produce(mut r) => {
             let acks = r.acks;
             let denied = guard::produce(k, who, &mut r);
-            let resp = if r.topic_data.is_empty() {
-                (acks != 0).then(ProduceResponse::default)
+            let mut resp = if r.topic_data.is_empty() {
+                ProduceResponse::default()
             } else {
                 produce::handle(k, r, version).await
             };
-            match resp {
-                Some(mut resp) => {
-                    guard::produce_denied(&mut resp, denied);
-                    ResponseKind::Produce(resp)
+            guard::produce_denied(&mut resp, denied);
+            if acks == 0 {
+                // No answer; but a failed partition closes the connection,
+                // as Kafka's broker does, so the producer refreshes its
+                // metadata rather than writing on into the void (a former
+                // master, a topic gone, a refusal).
+                let failed = resp
+                    .responses
+                    .iter()
+                    .flat_map(|t| &t.partition_responses)
+                    .find(|p| p.error_code != crate::errors::NONE);
+                if let Some(p) = failed {
+                    metrics::counter!("rokka_kafka_acks0_failures_closed_total").increment(1);
+                    return Err(Close(format!(
+                        "an acks=0 produce failed (error {}): closing, as Kafka does, so the producer refreshes its metadata",
+                        p.error_code
+                    )));
                 }
-                None => return Ok(None),
+                return Ok(None);
             }
+            ResponseKind::Produce(resp)
         }
         RequestKind::OffsetForLeaderEpoch(mut r) => {
             let denied = guard::leader_epoch(k, who, &mut r);

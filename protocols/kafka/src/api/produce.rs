@@ -104,7 +104,9 @@ fn shape(
     Ok(out)
 }
 
-pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<ProduceResponse> {
+/// The answer to a Produce; for acks=0 it is not sent (the caller closes
+/// the connection when it carries an error, as Kafka does).
+pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceResponse {
     let broker = k.broker.as_ref();
     let store = broker.store();
     let mut durable_up_to = 0u64;
@@ -242,9 +244,6 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
                 .with_partition_responses(parts),
         );
     }
-    if r.acks == 0 {
-        return None;
-    }
     if r.acks == -1 && durable_up_to > 0 {
         if let Err(e) = store.durable(durable_up_to).await {
             let code = errors::store_code(&e);
@@ -257,5 +256,5 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> Option<Produc
             }
         }
     }
-    Some(ProduceResponse::default().with_responses(responses))
+    ProduceResponse::default().with_responses(responses)
 }
