@@ -28,6 +28,18 @@ pub(crate) const EPOCHS_FILE: &str = "epochs.json";
 /// master's start (`MessageStore::restart_log_at`).
 pub(crate) const RESTART_MARKER: &str = "restarting";
 
+/// A CommitLog writer continuing at `offset`, as the store's config has it.
+fn writer_at(inner: &Inner, offset: u64) -> Result<CommitLogWriter> {
+    let mut cl = CommitLogWriter::new(
+        std::sync::Arc::clone(&inner.log),
+        offset,
+        inner.config.commitlog_segment_bytes,
+        crate::commitlog::Preparation::of(&inner.config),
+    )?;
+    cl.refuse_writes_above(inner.config.disk_refuse_writes_percent);
+    Ok(cl)
+}
+
 /// Removes every compacted queue's clean log, keeping each topic's mark.
 fn drop_clean_logs(dir: &Path) -> Result<()> {
     let root = dir.join("compacted");
@@ -338,13 +350,7 @@ impl MessageStore {
                 let _g = inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
                 drop_clean_logs(&inner.dir)?;
             }
-            let mut cl = CommitLogWriter::new(
-                std::sync::Arc::clone(&inner.log),
-                offset,
-                inner.config.commitlog_segment_bytes,
-                crate::commitlog::Preparation::of(&inner.config),
-            )?;
-            cl.refuse_writes_above(inner.config.disk_refuse_writes_percent);
+            let mut cl = writer_at(inner, offset)?;
             // The first segment now, at `offset`: a reopen before the first
             // entry finds where the log starts.
             cl.open_segment()?;
@@ -416,14 +422,7 @@ impl MessageStore {
         for q in inner.all_queues() {
             q.truncate_from_phys(offset)?;
         }
-        let mut cl = CommitLogWriter::new(
-            std::sync::Arc::clone(&inner.log),
-            offset,
-            inner.config.commitlog_segment_bytes,
-            crate::commitlog::Preparation::of(&inner.config),
-        )?;
-        cl.refuse_writes_above(inner.config.disk_refuse_writes_percent);
-        w.cl = cl;
+        w.cl = writer_at(inner, offset)?;
         w.last_record = 0;
         {
             let mut epochs = inner.epochs.lock().unwrap_or_else(|p| p.into_inner());

@@ -37,53 +37,15 @@ pub fn check(k: &Kafka, req: &RequestKind) -> Option<ResponseKind> {
                 ))),
         ),
         RequestKind::OffsetCommit(r) if too_long(k, &r.group_id) => {
-            use kafka_protocol::messages::offset_commit_response::*;
-            let topics = r
-                .topics
-                .iter()
-                .map(|t| {
-                    let parts = t
-                        .partitions
-                        .iter()
-                        .map(|p| {
-                            OffsetCommitResponsePartition::default()
-                                .with_partition_index(p.partition_index)
-                                .with_error_code(g)
-                        })
-                        .collect();
-                    OffsetCommitResponseTopic::default()
-                        .with_name(t.name.clone())
-                        .with_partitions(parts)
-                })
-                .collect();
-            ResponseKind::OffsetCommit(OffsetCommitResponse::default().with_topics(topics))
+            ResponseKind::OffsetCommit(super::not_coordinator::offset_commit_refused(r, g))
         }
         RequestKind::TxnOffsetCommit(r) if too_long(k, &r.group_id) || too_long(k, &r.transactional_id) => {
-            use kafka_protocol::messages::txn_offset_commit_response::*;
             let code = if too_long(k, &r.group_id) {
                 g
             } else {
                 errors::INVALID_REQUEST
             };
-            let topics = r
-                .topics
-                .iter()
-                .map(|t| {
-                    let parts = t
-                        .partitions
-                        .iter()
-                        .map(|p| {
-                            TxnOffsetCommitResponsePartition::default()
-                                .with_partition_index(p.partition_index)
-                                .with_error_code(code)
-                        })
-                        .collect();
-                    TxnOffsetCommitResponseTopic::default()
-                        .with_name(t.name.clone())
-                        .with_partitions(parts)
-                })
-                .collect();
-            ResponseKind::TxnOffsetCommit(TxnOffsetCommitResponse::default().with_topics(topics))
+            ResponseKind::TxnOffsetCommit(super::not_coordinator::txn_offset_commit_refused(r, code))
         }
         RequestKind::AddOffsetsToTxn(r) if too_long(k, &r.group_id) || too_long(k, &r.transactional_id) => {
             let code = if too_long(k, &r.group_id) {

@@ -38,28 +38,7 @@ pub fn check(k: &Kafka, req: &RequestKind, version: i16) -> Option<ResponseKind>
             ResponseKind::ConsumerGroupHeartbeat(ConsumerGroupHeartbeatResponse::default().with_error_code(E)),
         ),
         RequestKind::OffsetCommit(r) if elsewhere(k, r.group_id.as_str()) => {
-            use kafka_protocol::messages::offset_commit_response::*;
-            let topics = r
-                .topics
-                .iter()
-                .map(|t| {
-                    let parts = t
-                        .partitions
-                        .iter()
-                        .map(|p| {
-                            OffsetCommitResponsePartition::default()
-                                .with_partition_index(p.partition_index)
-                                .with_error_code(E)
-                        })
-                        .collect();
-                    OffsetCommitResponseTopic::default()
-                        .with_name(t.name.clone())
-                        .with_partitions(parts)
-                })
-                .collect();
-            Some(ResponseKind::OffsetCommit(
-                OffsetCommitResponse::default().with_topics(topics),
-            ))
+            Some(ResponseKind::OffsetCommit(offset_commit_refused(r, E)))
         }
         RequestKind::OffsetFetch(r) if version < 8 && elsewhere(k, r.group_id.as_str()) => Some(
             ResponseKind::OffsetFetch(OffsetFetchResponse::default().with_error_code(E)),
@@ -127,29 +106,56 @@ pub fn check(k: &Kafka, req: &RequestKind, version: i16) -> Option<ResponseKind>
             ))
         }
         RequestKind::TxnOffsetCommit(r) if elsewhere(k, r.group_id.as_str()) => {
-            use kafka_protocol::messages::txn_offset_commit_response::*;
-            let topics = r
-                .topics
-                .iter()
-                .map(|t| {
-                    let parts = t
-                        .partitions
-                        .iter()
-                        .map(|p| {
-                            TxnOffsetCommitResponsePartition::default()
-                                .with_partition_index(p.partition_index)
-                                .with_error_code(E)
-                        })
-                        .collect();
-                    TxnOffsetCommitResponseTopic::default()
-                        .with_name(t.name.clone())
-                        .with_partitions(parts)
-                })
-                .collect();
-            Some(ResponseKind::TxnOffsetCommit(
-                TxnOffsetCommitResponse::default().with_topics(topics),
-            ))
+            Some(ResponseKind::TxnOffsetCommit(txn_offset_commit_refused(r, E)))
         }
         _ => None,
     }
+}
+
+/// An OffsetCommit answered `code` for every partition it names.
+pub(super) fn offset_commit_refused(r: &OffsetCommitRequest, code: i16) -> OffsetCommitResponse {
+    use kafka_protocol::messages::offset_commit_response::*;
+    let topics = r
+        .topics
+        .iter()
+        .map(|t| {
+            let parts = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    OffsetCommitResponsePartition::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(code)
+                })
+                .collect();
+            OffsetCommitResponseTopic::default()
+                .with_name(t.name.clone())
+                .with_partitions(parts)
+        })
+        .collect();
+    OffsetCommitResponse::default().with_topics(topics)
+}
+
+/// A TxnOffsetCommit answered `code` for every partition it names.
+pub(super) fn txn_offset_commit_refused(r: &TxnOffsetCommitRequest, code: i16) -> TxnOffsetCommitResponse {
+    use kafka_protocol::messages::txn_offset_commit_response::*;
+    let topics = r
+        .topics
+        .iter()
+        .map(|t| {
+            let parts = t
+                .partitions
+                .iter()
+                .map(|p| {
+                    TxnOffsetCommitResponsePartition::default()
+                        .with_partition_index(p.partition_index)
+                        .with_error_code(code)
+                })
+                .collect();
+            TxnOffsetCommitResponseTopic::default()
+                .with_name(t.name.clone())
+                .with_partitions(parts)
+        })
+        .collect();
+    TxnOffsetCommitResponse::default().with_topics(topics)
 }
