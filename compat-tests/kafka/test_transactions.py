@@ -274,3 +274,62 @@ def test_describe_producers_shows_the_open_transaction(rokka):
         assert [x.current_transaction_start_offset for x in state.active_producers] == [-1], state
     finally:
         k.close()
+
+
+def test_a_consumer_waits_for_offsets_an_open_transaction_holds(rokka):
+    """KIP-447: librdkafka's read_committed consumer asks OffsetFetch for
+    stable offsets. While a transaction holds offsets of the group's
+    partition (sent to it, not yet committed), the broker answers
+    UNSTABLE_OFFSET_COMMIT and the consumer retries instead of starting from
+    the offset before the transaction — where it would process again what
+    the transaction consumed (duplicates under exactly-once)."""
+    import threading
+
+    src = new_topic(rokka, partitions=1)
+    plain = Producer({"bootstrap.servers": rokka.bootstrap})
+    for i in range(20):
+        plain.produce(src, f"in-{i}".encode(), partition=0)
+    assert plain.flush(10) == 0
+    group = f"stable-{src}"
+    # Group metadata without membership (generation -1): what a producer
+    # committing for a group it does not consume from sends.
+    meta = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group}).consumer_group_metadata()
+    p = txn_producer(rokka, f"tid-{src}")
+    p.begin_transaction()
+    p.send_offsets_to_transaction([TopicPartition(src, 0, 5)], meta, 30)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    p.send_offsets_to_transaction([TopicPartition(src, 0, 12)], meta, 30)
+
+    committed_at = []
+
+    def commit_later():
+        time.sleep(4)
+        committed_at.append(time.time())
+        p.commit_transaction(30)
+
+    c = Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    c.subscribe([src])
+    t = threading.Thread(target=commit_later)
+    t.start()
+    first = None
+    deadline = time.time() + 40
+    while first is None and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            first = (m.offset(), time.time())
+    t.join()
+    c.close()
+    assert first is not None, "the consumer got nothing after the transaction committed"
+    # Without the wait it starts at 5 (the offset before the transaction),
+    # before the commit.
+    assert first[0] == 12, first
+    assert committed_at and first[1] >= committed_at[0], (first, committed_at)

@@ -1300,6 +1300,23 @@ impl Broker {
         self.kafka_txns.persist(&[line]).map_err(|_| code::KAFKA_STORAGE_ERROR)
     }
 
+    /// The partitions `group` has transactional offsets for that are not
+    /// applied yet (TxnOffsetCommit taken, the transaction not complete):
+    /// (topic, broker set of the queue — `None` this node's —, queue). An
+    /// OffsetFetch with `require_stable` answers UNSTABLE_OFFSET_COMMIT for
+    /// them (KIP-447), as Kafka's group coordinator does until the marker.
+    pub fn pending_txn_offsets(&self, group: &str) -> BTreeSet<(String, Option<String>, u32)> {
+        let inner = lock(&self.kafka_txns.inner);
+        inner
+            .txns
+            .values()
+            .filter(|m| matches!(m.state, TxnState::Ongoing) || m.state.is_prepare())
+            .flat_map(|m| m.offsets.iter())
+            .filter(|o| o.group == group)
+            .map(|o| (o.topic.clone(), o.set.clone(), o.partition))
+            .collect()
+    }
+
     /// Several broker sets, participant side: producer `producer_id`'s part
     /// on this set of the transaction set `coordinator` coordinates, made
     /// Ongoing under `epoch` (made only when `create`: a coordinator's

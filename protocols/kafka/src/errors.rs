@@ -38,6 +38,7 @@ pub const UNKNOWN_LEADER_EPOCH: i16 = 75;
 pub const FENCED_LEADER_EPOCH: i16 = 74;
 pub const GROUP_SUBSCRIBED_TO_TOPIC: i16 = 86;
 pub const INVALID_RECORD: i16 = 87;
+pub const UNSTABLE_OFFSET_COMMIT: i16 = 88;
 pub const UNKNOWN_TOPIC_ID: i16 = 100;
 pub const UNKNOWN_SERVER_ERROR: i16 = -1;
 

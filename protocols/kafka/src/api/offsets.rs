@@ -402,6 +402,50 @@ async fn committed_all(k: &Kafka, group: &str, wanted: &[(String, Vec<i32>)]) ->
     out
 }
 
+/// The partitions of `wanted` (by index) whose committed offset is not
+/// stable: a transaction holding offsets for them has not completed
+/// (KIP-447). Asked for with `require_stable` (librdkafka and the Java
+/// consumer under read_committed): answered UNSTABLE_OFFSET_COMMIT, which
+/// they retry, rather than the offset before the transaction — a consumer
+/// taking over a partition would start from it and process again what the
+/// transaction consumed.
+fn unstable(k: &Kafka, group: &str, wanted: &[(String, Vec<i32>)]) -> Vec<Vec<bool>> {
+    let pending = k.broker.pending_txn_offsets(group);
+    wanted
+        .iter()
+        .map(|(topic, ps)| {
+            if !pending.iter().any(|(t, _, _)| t == topic) {
+                return vec![false; ps.len()];
+            }
+            let info = k.broker.topics().get(topic);
+            ps.iter()
+                .map(|&p| {
+                    let (set, q) = match place(k, info.as_ref(), p) {
+                        Place::Here(q) => (None, q),
+                        Place::Set(s, q) => (Some(s), q),
+                        Place::Unknown => return false,
+                    };
+                    pending.contains(&(topic.clone(), set, q))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// [`unstable`] when the request requires stable offsets, else none.
+fn stability(k: &Kafka, require_stable: bool, group: &str, wanted: &[(String, Vec<i32>)]) -> Vec<Vec<bool>> {
+    if require_stable {
+        let u = unstable(k, group, wanted);
+        let n: usize = u.iter().map(|ps| ps.iter().filter(|x| **x).count()).sum();
+        if n > 0 {
+            metrics::counter!("rokka_kafka_offset_fetch_unstable_total").increment(n as u64);
+        }
+        u
+    } else {
+        wanted.iter().map(|(_, ps)| vec![false; ps.len()]).collect()
+    }
+}
+
 /// (topic, partitions) requested, or every committed one when `None`: this
 /// set's queues as their Kafka partitions, and in cluster mode those the
 /// group has committed on every other set (asked of their masters; one
@@ -484,15 +528,17 @@ pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetc
                 Err(code) => (Vec::new(), code),
             };
             let found = committed_all(k, &group, &wanted).await;
-            for ((t, ps), found) in wanted.into_iter().zip(found) {
+            let unstable = stability(k, r.require_stable, &group, &wanted);
+            for (((t, ps), found), unstable) in wanted.into_iter().zip(found).zip(unstable) {
                 let mut partitions = Vec::with_capacity(ps.len());
-                for (p, c) in ps.into_iter().zip(found) {
+                for ((p, c), unstable) in ps.into_iter().zip(found).zip(unstable) {
                     log_fetch(&group, &t, p, &c);
-                    let (off, meta, epoch) = match c {
-                        Ok(c) => c,
+                    let (off, meta, epoch, code) = match c {
+                        Ok(_) if unstable => (-1, Some(String::new()), -1, errors::UNSTABLE_OFFSET_COMMIT),
+                        Ok((o, m, e)) => (o, m, e, errors::NONE),
                         Err(code) => {
                             group_error = code;
-                            (-1, Some(String::new()), -1)
+                            (-1, Some(String::new()), -1, errors::NONE)
                         }
                     };
                     partitions.push(
@@ -500,7 +546,8 @@ pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetc
                             .with_partition_index(p)
                             .with_committed_offset(off)
                             .with_committed_leader_epoch(epoch)
-                            .with_metadata(meta.map(|m| str_bytes(&m))),
+                            .with_metadata(meta.map(|m| str_bytes(&m)))
+                            .with_error_code(code),
                     );
                 }
                 topics.push(
@@ -534,11 +581,13 @@ pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetc
         Err(code) => (Vec::new(), code),
     };
     let found = committed_all(k, &group, &wanted).await;
-    for ((t, ps), found) in wanted.into_iter().zip(found) {
+    let unstable = stability(k, version >= 7 && r.require_stable, &group, &wanted);
+    for (((t, ps), found), unstable) in wanted.into_iter().zip(found).zip(unstable) {
         let mut partitions = Vec::with_capacity(ps.len());
-        for (p, c) in ps.into_iter().zip(found) {
+        for ((p, c), unstable) in ps.into_iter().zip(found).zip(unstable) {
             log_fetch(&group, &t, p, &c);
             let (off, meta, epoch, code) = match c {
+                Ok(_) if unstable => (-1, Some(String::new()), -1, errors::UNSTABLE_OFFSET_COMMIT),
                 Ok((o, m, e)) => (o, m, e, errors::NONE),
                 Err(code) => {
                     top_error = code;
