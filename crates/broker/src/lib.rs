@@ -516,6 +516,23 @@ impl Broker {
         }
     }
 
+    /// Returns once the queue starts DeleteRecords raised, as of `version`
+    /// (the store's count of their changes), are taken by the set's
+    /// in-sync replicas (at once on a single node), as Kafka's
+    /// DelayedDeleteRecords waits for the followers' low watermarks: a
+    /// failover does not bring deleted records back. An error as for
+    /// [`Broker::offsets_durable`].
+    pub async fn log_starts_durable(
+        &self,
+        version: u64,
+        within: Option<std::time::Duration>,
+    ) -> std::result::Result<(), String> {
+        match self.replicated_tables.get() {
+            Some(r) => r.replicated(remote::Table::LogStarts, version, within).await,
+            None => Ok(()),
+        }
+    }
+
     /// Returns once the Kafka groups as of now (every rebalance completed
     /// so far) are held by the set's in-sync replicas (at once on a single
     /// node); an error as for [`Broker::offsets_durable`].

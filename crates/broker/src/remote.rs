@@ -99,6 +99,8 @@ pub enum Table {
     KafkaGroups,
     /// The Kafka transaction state (coordinator's and participants').
     KafkaTxns,
+    /// The queue starts Kafka DeleteRecords raised.
+    LogStarts,
 }
 
 /// Cluster mode: the committed-offset table and the Kafka groups reach the

@@ -98,6 +98,8 @@ pub struct Shared {
     pub(crate) groups_acks: TableAcks,
     /// Which Kafka transaction state each replica holds.
     pub(crate) txns_acks: TableAcks,
+    /// Which queue starts (DeleteRecords) each replica has taken.
+    pub(crate) starts_acks: TableAcks,
 }
 
 impl Shared {
@@ -124,6 +126,7 @@ impl Shared {
             offsets_acks: TableAcks::default(),
             groups_acks: TableAcks::default(),
             txns_acks: TableAcks::default(),
+            starts_acks: TableAcks::default(),
         })
     }
 
@@ -147,6 +150,7 @@ impl Shared {
                 self.offsets_acks.forget_all();
                 self.groups_acks.forget_all();
                 self.txns_acks.forget_all();
+                self.starts_acks.forget_all();
                 // What was visible as a replica stays visible; the watermark
                 // moves on as the replicas reconnect and fetch.
                 let visible = self.store.high_watermark().unwrap_or(0).min(self.store.log_end());
@@ -177,6 +181,7 @@ impl Shared {
         self.offsets_acks.progress.notify_waiters();
         self.groups_acks.progress.notify_waiters();
         self.txns_acks.progress.notify_waiters();
+        self.starts_acks.progress.notify_waiters();
     }
 
     /// Whether every in-sync replica holds the table `acks` tracks as of
@@ -194,6 +199,7 @@ impl Shared {
             Table::Offsets => &self.offsets_acks,
             Table::KafkaGroups => &self.groups_acks,
             Table::KafkaTxns => &self.txns_acks,
+            Table::LogStarts => &self.starts_acks,
         }
     }
 
@@ -438,6 +444,7 @@ impl rokka_broker::remote::ReplicatedTables for TableReplication {
                 Table::Offsets => metrics::counter!("rokka_cluster_offset_commits_total", "result" => result),
                 Table::KafkaGroups => metrics::counter!("rokka_cluster_group_syncs_total", "result" => result),
                 Table::KafkaTxns => metrics::counter!("rokka_cluster_transaction_syncs_total", "result" => result),
+                Table::LogStarts => metrics::counter!("rokka_cluster_delete_records_total", "result" => result),
             }
             .increment(1);
             res

@@ -441,6 +441,7 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
     sh.offsets_acks.forget(replica);
     sh.groups_acks.forget(replica);
     sh.txns_acks.forget(replica);
+    sh.starts_acks.forget(replica);
     let stream = sh.replica_connected(replica);
     let result = fetch_loop(&mut s, sh, replica, stream, epoch).await;
     sh.replica_disconnected(replica, stream);
@@ -485,6 +486,9 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(
         // The Kafka groups version the replica applied (a replica older
         // than this field: whatever was sent counts as applied).
         let groups_applied = (body.remaining() >= 8).then(|| body.get_u64());
+        // The queue starts version it has taken whole (a replica older than
+        // this field: whatever was sent counts as taken).
+        let starts_applied = (body.remaining() >= 8).then(|| body.get_u64());
         if their_epoch > epoch {
             sh.saw_newer_epoch(their_epoch);
             return Err(format!(
@@ -515,23 +519,27 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(
         if let Some(v) = groups_applied.or(groups.sent) {
             sh.groups_acks.held(replica, v);
         }
+        if let Some(v) = starts_applied.or(log_starts.sent) {
+            sh.starts_acks.held(replica, v);
+        }
         let kafka_groups = sh.broker.replicated_groups();
         // Long poll: answer as soon as something is appended, a table is
         // awaited that this replica does not have yet, or after 200 ms.
         let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
-        let answer_now = |offsets: &Shipped, groups: &Shipped| {
+        let answer_now = |offsets: &Shipped, groups: &Shipped, starts: &Shipped| {
             store.log_end() > from
                 || sh.role() != (Role::Master { epoch })
                 || (sh.offsets_acks.awaited() && !offsets.settled(store.offsets().changes()))
+                || (sh.starts_acks.awaited() && !starts.settled(store.log_starts_changes()))
                 || (sh.txns_acks.awaited() && !txns.settled(sh.broker.kafka_txns().changes()))
                 || (sh.groups_acks.awaited() && kafka_groups.is_some_and(|g| !groups.settled(g.changes())))
         };
-        while !answer_now(&offsets, &groups) {
+        while !answer_now(&offsets, &groups, &log_starts) {
             let woken = sh.appended.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
             // Whatever changed between the check and `enable` is seen now.
-            if answer_now(&offsets, &groups) {
+            if answer_now(&offsets, &groups, &log_starts) {
                 break;
             }
             if tokio::time::timeout_at(deadline, woken).await.is_err() {
@@ -563,6 +571,9 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(
         }
         if sh.groups_acks.awaited() {
             groups.due = Instant::now();
+        }
+        if sh.starts_acks.awaited() {
+            log_starts.due = Instant::now();
         }
         offsets.put(&mut b, store.offsets().changes(), 0, || Ok(store.offsets().snapshot()));
         let t = sh.broker.kafka_txns();
@@ -611,6 +622,9 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(
         log_starts.put(&mut b, starts_changes, 0, || {
             serde_json::to_vec(&store.log_starts().0).map_err(|e| e.to_string())
         });
+        // The version of the table this stream sent last, for the replica
+        // to say when it has taken it whole.
+        b.put_u64(log_starts.sent.unwrap_or(0));
         write_frame(s, DATA, &b).await?;
     }
 }
@@ -828,6 +842,9 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
     // The master's queue starts this node has not reached yet (their
     // queues still to come, or ending below them).
     let mut starts_pending: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    // The master's version of the last queue-start table it sent, and the
+    // version this node has taken whole (every start reached).
+    let (mut starts_received, mut starts_applied) = (0u64, 0u64);
     loop {
         if sh.role() != (Role::Replica { master, epoch }) {
             return Ok(());
@@ -837,6 +854,7 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
         f.put_u32(welcome.epoch);
         f.put_u32(FETCH_BYTES);
         f.put_u64(groups_applied.load(std::sync::atomic::Ordering::Acquire));
+        f.put_u64(starts_applied);
         write_frame(&mut s, FETCH, &f).await?;
         let (kind, mut body) = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut s, MAX_FRAME))
             .await
@@ -908,11 +926,16 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
             }
             false => None,
         };
+        // Its version (a master older than this field sends none).
+        let starts_version = (body.remaining() >= 8).then(|| body.get_u64());
         if let Some(t) = &log_starts {
             // The master's whole table: what is not reached yet is taken
             // again as entries come.
             match serde_json::from_slice(t) {
-                Ok(table) => starts_pending = table,
+                Ok(table) => {
+                    starts_pending = table;
+                    starts_received = starts_version.unwrap_or(starts_received);
+                }
                 Err(e) => {
                     metrics::counter!("rokka_replication_tables_rejected_total", "table" => "log_starts").increment(1);
                     tracing::warn!(error = %e, "cannot read the master's queue starts");
@@ -961,6 +984,9 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
             })
             .await
             .map_err(|e| e.to_string())??;
+        }
+        if starts_pending.is_empty() {
+            starts_applied = starts_received;
         }
         let end = store.log_end();
         // While this copy of the transaction state is older than the
@@ -1294,15 +1320,24 @@ mod tests {
         assert!(end > 20, "{end}");
         // Before the replica holds any of it: taken once the entries come.
         assert_eq!(m.sh.store.delete_records("T", 0, 10)?, 10);
+        let version = m.sh.store.log_starts_changes();
+        // What the master's DeleteRecords waits for: the replica says it
+        // has taken a version only once every start in it is reached.
+        let taken = |v: u64| {
+            let held = m.sh.starts_acks.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.get(&2).is_some_and(|h| *h >= v)
+        };
         let (sh, follower, _dir) = follower(&m).await?;
         let log_end = m.sh.store.log_end();
-        until(|| sh.store.log_end() >= log_end && sh.store.min_offset("T", 0) == 10).await;
+        until(|| taken(version)).await;
+        assert_eq!(sh.store.min_offset("T", 0), 10, "acknowledged before it was taken");
+        until(|| sh.store.log_end() >= log_end).await;
         assert_eq!(sh.store.log_end(), log_end);
-        assert_eq!(sh.store.min_offset("T", 0), 10);
         // And once it is caught up.
         assert_eq!(m.sh.store.delete_records("T", 0, end - 1)?, end - 1);
-        until(|| sh.store.min_offset("T", 0) == end - 1).await;
-        assert_eq!(sh.store.min_offset("T", 0), end - 1);
+        let version = m.sh.store.log_starts_changes();
+        until(|| taken(version)).await;
+        assert_eq!(sh.store.min_offset("T", 0), end - 1, "acknowledged before it was taken");
         assert_eq!(sh.store.log_starts().0.get("T/0"), Some(&(end - 1)));
         sh.set_role(Role::Unknown);
         let ended = tokio::time::timeout(Duration::from_secs(5), follower).await?;

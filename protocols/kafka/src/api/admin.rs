@@ -510,6 +510,40 @@ pub fn delete_records(k: &Kafka, r: DeleteRecordsRequest) -> DeleteRecordsRespon
     DeleteRecordsResponse::default().with_topics(topics)
 }
 
+/// Cluster mode: a DeleteRecords is answered once the set's in-sync
+/// replicas have taken the new starts (as Kafka's DelayedDeleteRecords
+/// waits for the followers' low watermarks) — a failover right after the
+/// answer would otherwise bring the deleted records back. Not confirmed
+/// within the request's timeout (or the replication timeout, when
+/// shorter): REQUEST_TIMED_OUT for the partitions deleted, which stay
+/// deleted on the master and reach the replicas with the stream; this node
+/// no longer master: NOT_LEADER_OR_FOLLOWER.
+pub async fn delete_records_replicated(k: &Kafka, resp: &mut DeleteRecordsResponse, timeout_ms: i32) {
+    let deleted = resp
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter())
+        .any(|p| p.error_code == errors::NONE);
+    if !deleted {
+        return;
+    }
+    let version = k.broker.store().log_starts_changes();
+    let within = std::time::Duration::from_millis(timeout_ms.max(0) as u64);
+    if let Err(e) = k.broker.log_starts_durable(version, Some(within)).await {
+        let code = match k.broker.store().is_leader() {
+            true => errors::REQUEST_TIMED_OUT,
+            false => errors::NOT_LEADER_OR_FOLLOWER,
+        };
+        tracing::info!(error = e, "DeleteRecords not confirmed by the replicas");
+        for p in resp.topics.iter_mut().flat_map(|t| t.partitions.iter_mut()) {
+            if p.error_code == errors::NONE {
+                p.error_code = code;
+                p.low_watermark = -1;
+            }
+        }
+    }
+}
+
 /// Topics named in a consumer-protocol subscription (version, topic array).
 fn subscribed_topics(metadata: &[u8]) -> Vec<String> {
     let mut out = Vec::new();

@@ -392,7 +392,9 @@ async fn guarded(
         }
         RequestKind::DeleteRecords(mut r) => {
             let denied = guard::delete_records(k, who, &mut r);
+            let timeout_ms = r.timeout_ms;
             let mut resp = rokka_broker::offload(|| admin::delete_records(k, r));
+            admin::delete_records_replicated(k, &mut resp, timeout_ms).await;
             guard::delete_records_denied(&mut resp, denied);
             ResponseKind::DeleteRecords(resp)
         }
