@@ -333,3 +333,37 @@ def test_a_consumer_waits_for_offsets_an_open_transaction_holds(rokka):
     # before the commit.
     assert first[0] == 12, first
     assert committed_at and first[1] >= committed_at[0], (first, committed_at)
+
+
+def test_offsets_for_times_stops_at_what_the_isolation_level_reads(rokka):
+    """ListOffsets by timestamp (librdkafka's offsets_for_times): a
+    read_committed consumer is not handed an offset inside an open
+    transaction (past the last stable offset: not found, -1, as Kafka's
+    fetchOffsetForTimestamp); read_uncommitted finds it."""
+    topic = new_topic(rokka, partitions=1)
+    # Ahead of now: the COMMIT markers (stamped with the broker's clock)
+    # are earlier than every record looked for.
+    base = int(time.time() * 1000) + 60_000
+    p = txn_producer(rokka, f"tid-{topic}")
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic, f"c{i}".encode(), partition=0, timestamp=base + i)
+    p.commit_transaction(30)
+    p.begin_transaction()
+    for i in range(2):
+        p.produce(topic, f"o{i}".encode(), partition=0, timestamp=base + 1000 + i)
+    assert p.flush(10) == 0
+
+    def lookup(isolation, ts):
+        c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": f"oft-{uuid.uuid4().hex[:8]}", "isolation.level": isolation})
+        try:
+            return c.offsets_for_times([TopicPartition(topic, 0, ts)], timeout=10)[0].offset
+        finally:
+            c.close()
+
+    # Three records and the COMMIT marker: the open transaction starts at 4.
+    assert lookup("read_committed", base + 1) == 1
+    assert lookup("read_uncommitted", base + 1000) == 4
+    assert lookup("read_committed", base + 1000) == -1
+    p.commit_transaction(30)
+    assert lookup("read_committed", base + 1000) == 4

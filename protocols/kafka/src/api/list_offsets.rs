@@ -116,13 +116,17 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                     if let Some(code) = errors::check_leader_epoch(epoch, p.current_leader_epoch) {
                         return resp.with_error_code(code);
                     }
-                    let (offset, ts) = match p.timestamp {
-                        // READ_COMMITTED sees the log up to the last stable offset.
-                        LATEST if r.isolation_level == 1 => {
-                            let hw = store.max_offset(&name, q);
-                            (broker.kafka_txns().last_stable_offset(&name, q, hw) as i64, -1)
+                    // What the isolation level may read: READ_COMMITTED up
+                    // to the last stable offset, else the high watermark.
+                    let fetchable = || {
+                        let hw = store.max_offset(&name, q);
+                        match r.isolation_level {
+                            1 => broker.kafka_txns().last_stable_offset(&name, q, hw) as i64,
+                            _ => hw as i64,
                         }
-                        LATEST => (store.max_offset(&name, q) as i64, -1),
+                    };
+                    let (offset, ts) = match p.timestamp {
+                        LATEST => (fetchable(), -1),
                         EARLIEST | EARLIEST_LOCAL => (store.min_offset(&name, q) as i64, -1),
                         LATEST_TIERED => (-1, -1),
                         MAX_TIMESTAMP => {
@@ -136,6 +140,13 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                             k.broker.config().max_batch_decompressed_bytes as usize,
                         ),
                     };
+                    // A record found by time past what the isolation level
+                    // reads is not found (Kafka's fetchOffsetForTimestamp):
+                    // offset, timestamp and leader epoch -1.
+                    let searched = p.timestamp >= 0 || p.timestamp == MAX_TIMESTAMP;
+                    if offset < 0 || (searched && offset >= fetchable()) {
+                        return resp;
+                    }
                     resp.with_offset(offset)
                         .with_timestamp(ts)
                         .with_leader_epoch(if version >= 4 { epoch } else { -1 })
