@@ -310,3 +310,36 @@ def test_idempotent_retry_is_acknowledged_not_appended(rokka, topic):
         raw.close()
     assert [(base, n, p, seq) for base, n, p, _, seq, _ in stored] == [(0, 3, pid, 0), (3, 2, pid, 3)]
     assert [v for *_, values in stored for v in values] == [b"a0", b"a1", b"a2", b"b3", b"b4"]
+
+
+def test_offset_commit_to_a_group_the_coordinator_does_not_hold(rokka, topic):
+    """OffsetCommit as Kafka's coordinator answers it for a group it does
+    not hold (expired, deleted, lost with a coordinator): a generation is an
+    older one — ILLEGAL_GENERATION, the consumer rejoins —; none, with no
+    member id, is a standalone consumer or an admin, and is taken."""
+    from kafka.protocol.consumer import OffsetCommitRequest
+
+    admin = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    raw = RawClient(rokka)
+    T = OffsetCommitRequest.OffsetCommitRequestTopic
+    group = f"gone-{topic}"
+
+    def commit(member, generation):
+        req = OffsetCommitRequest(
+            group_id=group, generation_id_or_member_epoch=generation, member_id=member, retention_time_ms=-1,
+            topics=[T(name=topic, partitions=[T.OffsetCommitRequestPartition(partition_index=0, committed_offset=3, committed_metadata="")])],
+            max_version=7,
+        )
+        return raw.request(req).topics[0].partitions[0].error_code
+
+    try:
+        assert commit("consumer-1-abc", 5) == 22  # ILLEGAL_GENERATION
+        assert commit("", -1) == 0
+    finally:
+        raw.close()
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group})
+    try:
+        assert c.committed([TopicPartition(topic, 0)], timeout=10)[0].offset == 3
+    finally:
+        c.close()

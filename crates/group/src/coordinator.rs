@@ -1277,7 +1277,12 @@ impl GroupCoordinator {
             return c;
         }
         let Some(g) = self.groups.get(group) else {
-            return if member_id.is_empty() && generation < 0 {
+            // Kafka's handleCommitOffsets: a generation from a group that
+            // is not there (expired, deleted, or lost with its coordinator)
+            // is an older generation; a member id without one is unknown.
+            return if generation >= 0 {
+                code::ILLEGAL_GENERATION
+            } else if member_id.is_empty() {
                 code::NONE
             } else {
                 code::UNKNOWN_MEMBER_ID

@@ -718,3 +718,23 @@ fn a_join_listing_too_many_protocols_is_refused_and_a_repeated_one_counts_once()
     assert_eq!(j.members.len(), 1);
     assert_eq!(&j.members[0].2[..], b"first");
 }
+
+/// OffsetCommit validation as Kafka's classic coordinator answers it: to a
+/// group it does not hold, a generation is an older one
+/// (ILLEGAL_GENERATION: the consumer rejoins), none with no member id is a
+/// standalone consumer or an admin (accepted), a member id without a
+/// generation is unknown; to a group with members, only its members at its
+/// generation.
+#[test]
+fn offset_commit_validation_follows_kafka() {
+    let h = H::new();
+    assert_eq!(h.c.validate_commit("gone", "m-1", None, 7), ILLEGAL_GENERATION);
+    assert_eq!(h.c.validate_commit("gone", "", None, -1), NONE);
+    assert_eq!(h.c.validate_commit("gone", "m-1", None, -1), UNKNOWN_MEMBER_ID);
+    let (h, id) = stable_one();
+    assert_eq!(h.c.validate_commit("g", "", None, -1), UNKNOWN_MEMBER_ID);
+    assert_eq!(h.c.validate_commit("g", "other", None, 1), UNKNOWN_MEMBER_ID);
+    assert_eq!(h.c.validate_commit("g", &id, None, 99), ILLEGAL_GENERATION);
+    let generation = h.c.describe("g").map_or(-1, |g| g.generation);
+    assert_eq!(h.c.validate_commit("g", &id, None, generation), NONE);
+}
