@@ -200,3 +200,46 @@ def test_list_describe_delete_groups(rokka, topic):
     c.close()
     a.delete_consumer_groups([group])[group].result(10)
     assert group not in [g.group_id for g in a.list_consumer_groups().result(10).valid]
+
+
+def test_describe_groups_shows_no_assignment_while_a_rebalance_replaces_it(rokka, topic):
+    """DescribeGroups (kafka-python's admin) during a rebalance: the members
+    are listed without metadata and assignment, as Kafka's coordinator
+    answers outside Stable (the assignment a rebalance is replacing would
+    otherwise show partitions a member may no longer own); once Stable, the
+    assignments are there again."""
+    from kafka import KafkaAdminClient
+
+    make_topic(rokka, topic, 2)
+    group = f"dg-{topic}"
+    a = Member(rokka, group, topic)
+    wait_for(lambda: a.assigned == [0, 1], what="the first member's assignment")
+    admin = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
+    b = None
+    try:
+        d = admin.describe_groups([group])[group]
+        assert d["group_state"] == "Stable" and d["members"][0]["member_assignment"], d
+        # The first member stops answering: the second one's join starts a
+        # rebalance that waits for it until its session (6 s) runs out.
+        a.proc.send_signal(signal.SIGSTOP)
+        b = Member(rokka, group, topic)
+        seen = None
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            d = admin.describe_groups([group])[group]
+            if d["group_state"] == "PreparingRebalance":
+                seen = d
+                break
+            time.sleep(0.1)
+        assert seen is not None, "no rebalance seen"
+        assert seen["members"], seen
+        assert all(not m["member_assignment"] and not m["member_metadata"] for m in seen["members"]), seen
+        wait_for(lambda: b.assigned == [0, 1], what="the second member's assignment")
+        d = admin.describe_groups([group])[group]
+        assert d["group_state"] == "Stable" and all(m["member_assignment"] for m in d["members"]), d
+    finally:
+        admin.close()
+        a.proc.send_signal(signal.SIGCONT)
+        a.kill()
+        if b is not None:
+            b.leave()

@@ -283,12 +283,19 @@ pub fn describe(k: &Kafka, r: DescribeGroupsRequest, version: i16) -> DescribeGr
                                 })
                                 .with_client_id(str_bytes(&m.client_id))
                                 .with_client_host(str_bytes(&m.client_host))
+                                // Outside Stable neither (Kafka's
+                                // summaryNoMetadata): a rebalance is
+                                // replacing the assignment.
                                 .with_member_metadata(if v.state == GroupState::Stable {
                                     m.metadata
                                 } else {
                                     Bytes::new()
                                 })
-                                .with_member_assignment(m.assignment)
+                                .with_member_assignment(if v.state == GroupState::Stable {
+                                    m.assignment
+                                } else {
+                                    Bytes::new()
+                                })
                         })
                         .collect();
                 }
