@@ -101,6 +101,9 @@ pub struct Membership {
     /// Kafka members) do not share a group: each would deliver the same
     /// messages again.
     pop_consumers: Mutex<HashMap<String, HashMap<String, i64>>>,
+    /// Pop consumers tracked at most (`grpc.max_pop_consumers`; 0 until
+    /// set: [`MAX_POP_CONSUMERS`]).
+    max_pop_consumers: std::sync::atomic::AtomicUsize,
     /// A controller publishes this node's groups (cluster mode: set by its
     /// first `take_local_changes`): only then are changes kept for it.
     published: std::sync::atomic::AtomicBool,
@@ -109,21 +112,36 @@ pub struct Membership {
 /// A pop consumer not heard from this long (ms) is gone (clients heartbeat
 /// every 10 s).
 pub const POP_CONSUMER_LIVE_MS: i64 = 30_000;
-/// Pop consumers tracked at most (over every group).
+/// Pop consumers tracked at most (over every group) unless
+/// `grpc.max_pop_consumers` says otherwise.
 pub const MAX_POP_CONSUMERS: usize = 100_000;
 
 impl Membership {
+    /// Pop consumers tracked at most, over every group (at least 1).
+    pub fn set_max_pop_consumers(&self, max: usize) {
+        self.max_pop_consumers
+            .store(max.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn max_pop_consumers(&self) -> usize {
+        match self.max_pop_consumers.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => MAX_POP_CONSUMERS,
+            n => n,
+        }
+    }
+
     /// A pop consumer of `group` was heard from at `now_ms`.
     pub fn note_pop_consumer(&self, group: &str, client_id: &str, now_ms: i64) {
+        let max = self.max_pop_consumers();
         let mut p = self.pop_consumers.lock().unwrap_or_else(|p| p.into_inner());
         let total: usize = p.values().map(HashMap::len).sum();
-        if total >= MAX_POP_CONSUMERS {
+        if total >= max {
             // Forget the silent ones first.
             p.retain(|_, clients| {
                 clients.retain(|_, at| now_ms - *at < POP_CONSUMER_LIVE_MS);
                 !clients.is_empty()
             });
-            if p.values().map(HashMap::len).sum::<usize>() >= MAX_POP_CONSUMERS
+            if p.values().map(HashMap::len).sum::<usize>() >= max
                 && !p.get(group).is_some_and(|c| c.contains_key(client_id))
             {
                 metrics::counter!("rokka_rocketmq5_pop_consumers_untracked_total").increment(1);
@@ -399,6 +417,27 @@ pub fn allocate_averagely(queues: usize, ids: &[String], me: &str) -> Vec<usize>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `grpc.max_pop_consumers`: past it silent pop consumers are forgotten
+    /// first, then a new one is not tracked; those tracked keep being
+    /// heard from.
+    #[test]
+    fn pop_consumers_are_tracked_up_to_the_budget() {
+        let m = Membership::default();
+        m.set_max_pop_consumers(2);
+        m.note_pop_consumer("g", "a", 0);
+        m.note_pop_consumer("g", "b", 1_000);
+        m.note_pop_consumer("h", "c", 2_000);
+        assert_eq!(m.pop_consumers("g", 2_000), ["a", "b"]);
+        assert!(!m.has_pop_consumers("h", 2_000));
+        m.note_pop_consumer("g", "a", 3_000);
+        assert_eq!(m.pop_consumers("g", 3_000), ["a", "b"]);
+        // "b" silent past the live time: forgotten for a new one.
+        let later = 1_000 + POP_CONSUMER_LIVE_MS;
+        m.note_pop_consumer("h", "c", later);
+        assert!(m.has_pop_consumers("h", later));
+        assert_eq!(m.pop_consumers("g", later), ["a"]);
+    }
 
     /// Without a controller (one node) no change is kept for it: group
     /// names churned through are not remembered; with one, changes are.

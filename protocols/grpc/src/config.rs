@@ -58,6 +58,12 @@ pub struct GrpcConfig {
     /// in-flight messages); past it, idle ones are let go, else receives
     /// on new queues answer TOO_MANY_REQUESTS.
     pub max_pop_queues: u32,
+    /// Pop consumers (client ids of Simple/Push consumers, per group)
+    /// tracked at most, over every group: a group with live pop consumers
+    /// is not shared with queue owners. Past it silent ones are forgotten
+    /// first, then new ones are not tracked
+    /// (`rokka_rocketmq5_pop_consumers_untracked_total`).
+    pub max_pop_consumers: u32,
     /// How often the pop state (cursors, in-flight messages and their
     /// handles) is written to `<data_dir>/config/pop-state.json` when it
     /// changed (ms); also at shutdown. After a crash, acks of the last
@@ -98,6 +104,7 @@ impl Default for GrpcConfig {
             max_invisible_ms: 12 * 3600 * 1000,
             max_in_flight_messages: 100_000,
             max_pop_queues: 100_000,
+            max_pop_consumers: 100_000,
             pop_state_flush_ms: 1000,
             max_telemetry_streams: 1024,
             idle_timeout_ms: 600_000,

@@ -286,6 +286,9 @@ impl Messaging {
     ) -> Messaging {
         let store_host = broker.store().config().store_host;
         let pops = Pops::new(config.max_in_flight_messages, config.max_pop_queues as usize);
+        broker
+            .membership()
+            .set_max_pop_consumers(config.max_pop_consumers as usize);
         let pop_state = broker.store().config().data_dir.join("config").join("pop-state.json");
         if let Err(e) = pops.load(&pop_state) {
             // Unreadable: pops start again from the committed offsets
