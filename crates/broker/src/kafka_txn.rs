@@ -1266,7 +1266,7 @@ impl Broker {
         let table = self.store.offsets();
         if offsets
             .iter()
-            .any(|o| o.set.is_none() && !table.has_room_for(&o.group, &o.topic, o.partition))
+            .any(|o| o.set.is_none() && !table.has_room_for(&o.group, &o.topic, o.partition, &o.metadata))
         {
             metrics::counter!("rokka_offset_commits_refused_total").increment(1);
             return Err(code::INVALID_COMMIT_OFFSET_SIZE);

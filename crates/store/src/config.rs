@@ -82,6 +82,11 @@ pub struct StoreConfig {
     /// rewritten whole. A commit that would add an entry beyond it is
     /// refused; commits to existing entries always succeed.
     pub max_committed_offsets: u64,
+    /// Most bytes the committed-offset table may hold, about (names,
+    /// metadata and a per-entry overhead; 0 = no limit): a client commit
+    /// that would grow it past this is refused as one past
+    /// `max_committed_offsets` is.
+    pub max_committed_offset_bytes: u64,
     /// Check every entry a read returns (CRC, and that it is the record its
     /// ConsumeQueue entry points at: topic, queue, offset, position); a
     /// damaged entry is never served.
@@ -114,6 +119,7 @@ impl Default for StoreConfig {
             store_host: SocketAddr::from(([127, 0, 0, 1], 10911)),
             offsets_flush_interval_ms: 5_000,
             max_committed_offsets: 1_000_000,
+            max_committed_offset_bytes: 512 << 20,
             verify_reads: true,
         }
     }

@@ -79,6 +79,22 @@ pub struct ConsumerOffsets {
     changes: std::sync::atomic::AtomicU64,
     /// Most entries a client commit may grow the table to.
     max_entries: AtomicUsize,
+    /// What the table holds in memory, about ([`cost`] of every entry;
+    /// changed under the table's lock).
+    bytes: AtomicUsize,
+    /// Most bytes a client commit may grow the table to.
+    max_bytes: AtomicUsize,
+}
+
+/// Memory an entry takes, about: its names and metadata, and what the
+/// map, the strings and the value take besides.
+fn cost(k: &Key, metadata: &str) -> usize {
+    const ENTRY_OVERHEAD: usize = 128;
+    k.group.len() + k.topic.len() + metadata.len() + ENTRY_OVERHEAD
+}
+
+fn total_cost(t: &BTreeMap<Key, CommittedOffset>) -> usize {
+    t.iter().map(|(k, v)| cost(k, &v.metadata)).sum()
 }
 
 impl ConsumerOffsets {
@@ -97,10 +113,12 @@ impl ConsumerOffsets {
         };
         Ok(ConsumerOffsets {
             path: path.to_path_buf(),
+            bytes: AtomicUsize::new(total_cost(&table)),
             table: Mutex::new(table),
             dirty: AtomicBool::new(false),
             changes: std::sync::atomic::AtomicU64::new(0),
             max_entries: AtomicUsize::new(usize::MAX),
+            max_bytes: AtomicUsize::new(usize::MAX),
         })
     }
 
@@ -122,7 +140,11 @@ impl ConsumerOffsets {
     /// Replaces the whole table with a master's [`ConsumerOffsets::snapshot`].
     pub fn replace_with(&self, snapshot: &[u8]) -> Result<()> {
         let table = parse(snapshot, &self.path)?;
-        *self.lock() = table;
+        let bytes = total_cost(&table);
+        let mut t = self.lock();
+        *t = table;
+        self.bytes.store(bytes, Ordering::Relaxed);
+        drop(t);
         self.touch();
         Ok(())
     }
@@ -165,9 +187,41 @@ impl ConsumerOffsets {
         self.max_entries.store(n, Ordering::Relaxed);
     }
 
+    /// Caps the bytes (about: names, metadata and per-entry overhead)
+    /// [`ConsumerOffsets::commit_bounded`] may grow the table to (0 = no
+    /// limit).
+    pub fn set_max_bytes(&self, n: u64) {
+        let n = if n == 0 {
+            usize::MAX
+        } else {
+            n.min(usize::MAX as u64) as usize
+        };
+        self.max_bytes.store(n, Ordering::Relaxed);
+    }
+
+    /// What the table holds in memory, about.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Whether a client commit of `key` with `metadata` fits the budgets
+    /// of `t`: a new entry needs room for one more entry, and one that
+    /// grows the table (a new entry, longer metadata) room for its bytes.
+    /// Commits that do not grow the table always fit.
+    fn fits(&self, t: &BTreeMap<Key, CommittedOffset>, key: &Key, metadata: &str) -> bool {
+        let old = t.get(key).map(|v| cost(key, &v.metadata));
+        if old.is_none() && t.len() >= self.max_entries.load(Ordering::Relaxed) {
+            return false;
+        }
+        let new = cost(key, metadata);
+        let grows = new.saturating_sub(old.unwrap_or(0));
+        grows == 0 || self.bytes.load(Ordering::Relaxed).saturating_add(grows) <= self.max_bytes.load(Ordering::Relaxed)
+    }
+
     /// A client's commit: as [`ConsumerOffsets::commit`], but refused
     /// (false, counted in `rokka_offset_commits_refused_total`) when it
-    /// would add an entry to a table already holding `max_committed_offsets`.
+    /// would add an entry to a table already holding `max_committed_offsets`,
+    /// or grow it past `max_committed_offset_bytes`.
     pub fn commit_bounded(
         &self,
         group: &str,
@@ -180,10 +234,11 @@ impl ConsumerOffsets {
         self.insert(group, topic, queue, offset, metadata, leader_epoch, true)
     }
 
-    /// Whether a client commit for (group, topic, queue) would fit now.
-    pub fn has_room_for(&self, group: &str, topic: &str, queue: u32) -> bool {
+    /// Whether a client commit for (group, topic, queue) with `metadata`
+    /// would fit now.
+    pub fn has_room_for(&self, group: &str, topic: &str, queue: u32, metadata: &str) -> bool {
         let t = self.lock();
-        t.len() < self.max_entries.load(Ordering::Relaxed) || t.contains_key(&Self::key(group, topic, queue))
+        self.fits(&t, &Self::key(group, topic, queue), metadata)
     }
 
     /// A commit already acknowledged elsewhere (a Kafka transaction's
@@ -220,16 +275,32 @@ impl ConsumerOffsets {
             leader_epoch,
         };
         let mut t = self.lock();
-        if capped && t.len() >= self.max_entries.load(Ordering::Relaxed) && !t.contains_key(&key) {
+        if capped && !self.fits(&t, &key, metadata) {
             drop(t);
             metrics::counter!("rokka_offset_commits_refused_total").increment(1);
             return false;
         }
-        t.insert(key, v);
+        self.put(&mut t, key, v);
         metrics::gauge!("rokka_committed_offsets").set(t.len() as f64);
+        metrics::gauge!("rokka_committed_offsets_bytes").set(self.bytes() as f64);
         drop(t);
         self.touch();
         true
+    }
+
+    /// Inserts into `t` (the locked table), keeping the byte count.
+    fn put(&self, t: &mut BTreeMap<Key, CommittedOffset>, key: Key, v: CommittedOffset) {
+        let new = cost(&key, &v.metadata);
+        let old = t.insert(key.clone(), v).map_or(0, |o| cost(&key, &o.metadata));
+        self.resize(old, new);
+    }
+
+    /// The byte count after an entry costing `old` now costs `new`
+    /// (called under the table's lock).
+    fn resize(&self, old: usize, new: usize) {
+        let b = self.bytes.load(Ordering::Relaxed);
+        self.bytes
+            .store(b.saturating_sub(old).saturating_add(new), Ordering::Relaxed);
     }
 
     /// Records `offset` as the next offset `group` consumes from (topic,
@@ -242,7 +313,9 @@ impl ConsumerOffsets {
             commit_timestamp: crate::now_ms(),
             leader_epoch: -1,
         };
-        self.lock().insert(Self::key(group, topic, queue), v);
+        let mut t = self.lock();
+        self.put(&mut t, Self::key(group, topic, queue), v);
+        drop(t);
         self.touch();
     }
 
@@ -278,7 +351,16 @@ impl ConsumerOffsets {
 
     /// Deletes one offset; returns whether it existed.
     pub fn delete(&self, group: &str, topic: &str, queue: u32) -> bool {
-        let had = self.lock().remove(&Self::key(group, topic, queue)).is_some();
+        let key = Self::key(group, topic, queue);
+        let mut t = self.lock();
+        let had = match t.remove(&key) {
+            Some(v) => {
+                self.resize(cost(&key, &v.metadata), 0);
+                true
+            }
+            None => false,
+        };
+        drop(t);
         if had {
             self.touch();
         }
@@ -289,7 +371,15 @@ impl ConsumerOffsets {
     pub fn delete_group(&self, group: &str) -> usize {
         let mut t = self.lock();
         let before = t.len();
-        t.retain(|k, _| k.group != group);
+        let mut freed = 0;
+        t.retain(|k, v| {
+            let keep = k.group != group;
+            if !keep {
+                freed += cost(k, &v.metadata);
+            }
+            keep
+        });
+        self.resize(freed, 0);
         let n = before - t.len();
         if n > 0 {
             self.touch();
@@ -372,6 +462,50 @@ mod tests {
         assert_eq!(t.get("g3", "t", 0), None);
         t.delete_group("g2");
         assert!(t.commit_bounded("g3", "t", 0, 1, "", -1), "room once a group is gone");
+        Ok(())
+    }
+
+    /// `max_committed_offset_bytes`: commits that grow the table past it
+    /// (a new entry, longer metadata) are refused, others always go; the
+    /// count follows deletions, reloads and a master's snapshot.
+    #[test]
+    fn client_commits_cannot_grow_the_table_past_its_bytes() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| StoreError::Config(e.to_string()))?;
+        let p = dir.path().join("offsets.json");
+        let t = ConsumerOffsets::load(&p)?;
+        let one = cost(&ConsumerOffsets::key("g1", "t", 0), "");
+        t.set_max_bytes(2 * one as u64 + 10);
+        assert!(t.commit_bounded("g1", "t", 0, 1, "", -1));
+        assert!(t.commit_bounded("g2", "t", 0, 1, "", -1));
+        assert_eq!(t.bytes(), 2 * one);
+        assert!(!t.commit_bounded("g3", "t", 0, 1, "", -1), "a third entry");
+        assert!(
+            t.commit_bounded("g1", "t", 0, 2, "0123456789", -1),
+            "metadata within the budget"
+        );
+        assert!(
+            !t.commit_bounded("g1", "t", 0, 3, "0123456789x", -1),
+            "longer metadata past it"
+        );
+        assert!(
+            t.commit_bounded("g1", "t", 0, 4, "", -1),
+            "shorter metadata always goes"
+        );
+        assert_eq!(t.get("g1", "t", 0).map(|c| c.offset), Some(4));
+        assert_eq!(t.bytes(), 2 * one);
+        assert!(t.delete("g2", "t", 0));
+        assert_eq!(t.bytes(), one);
+        assert!(t.commit_bounded("g3", "t", 0, 1, "", -1), "room once an entry is gone");
+        // The broker's own entries are counted too.
+        t.commit("g4", "t", 0, 1, "");
+        assert_eq!(t.bytes(), 3 * one);
+        t.delete_group("g4");
+        assert_eq!(t.bytes(), 2 * one);
+        t.persist()?;
+        assert_eq!(ConsumerOffsets::load(&p)?.bytes(), 2 * one);
+        let other = ConsumerOffsets::load(&dir.path().join("other.json"))?;
+        other.replace_with(&t.snapshot())?;
+        assert_eq!(other.bytes(), 2 * one);
         Ok(())
     }
 }

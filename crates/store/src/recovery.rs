@@ -198,6 +198,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     };
     let offsets = ConsumerOffsets::load(&dir.join("offsets.json"))?;
     offsets.set_max_entries(config.max_committed_offsets);
+    offsets.set_max_bytes(config.max_committed_offset_bytes);
     // After a recovery that rebuilt anything (a crash can lose an async
     // tail, a scan can cut a torn one), committed offsets and delay/timer
     // progress (same table) past their queue's recovered end are pulled back
