@@ -300,6 +300,25 @@ fn pick<'a>(route: &'a [BrokerQueues], topic: &str, want: Option<&str>) -> Resul
 }
 
 #[allow(clippy::too_many_arguments)]
+/// Whether `listed`, a broker address the name server lists (`ip:port`
+/// or `host:port`, as the broker advertises itself), is `addr`, the
+/// address a message id names: the same text, the same socket address
+/// written another way, or a host name that resolves to it (the name
+/// server's entries are registered by the brokers, under
+/// CLUSTER_ACTION when authorization is on).
+fn names(listed: &str, addr: std::net::SocketAddr) -> bool {
+    use std::net::ToSocketAddrs;
+    if listed == addr.to_string() {
+        return true;
+    }
+    if let Ok(a) = listed.parse::<std::net::SocketAddr>() {
+        return a == addr;
+    }
+    listed
+        .to_socket_addrs()
+        .is_ok_and(|mut resolved| resolved.any(|a| a == addr))
+}
+
 pub fn get(
     r: &mut Remoting,
     topic: Option<&str>,
@@ -365,7 +384,7 @@ pub fn get(
                 // The id names an address: only a broker the name server
                 // lists is asked (an id is anyone's text: the console's or
                 // the CLI's signed request goes to no one else).
-                if !r.broker_addrs()?.contains(&addr) {
+                if !r.broker_addrs()?.iter().any(|listed| names(listed, host)) {
                     return Err(AdminError::Refused(format!(
                         "no message with id {id}: it names {addr}, which is no broker the name server lists"
                     )));
@@ -739,6 +758,19 @@ pub fn dlq_resend(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A message id's address matches the name server's entry for its
+    /// broker however the broker advertises itself; any other does not.
+    #[test]
+    fn an_ids_address_matches_its_brokers_listed_name() {
+        let addr: std::net::SocketAddr = "127.0.0.1:10911".parse().expect("addr");
+        assert!(names("127.0.0.1:10911", addr));
+        assert!(names("localhost:10911", addr));
+        assert!(!names("localhost:10912", addr));
+        assert!(!names("127.0.0.2:10911", addr));
+        let v6: std::net::SocketAddr = "[::1]:10911".parse().expect("addr");
+        assert!(names("[0:0:0:0:0:0:0:1]:10911", v6));
+    }
 
     #[test]
     fn resends_drop_where_the_broker_parked_it() {
