@@ -299,7 +299,6 @@ fn pick<'a>(route: &'a [BrokerQueues], topic: &str, want: Option<&str>) -> Resul
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 /// Whether `listed`, a broker address the name server lists (`ip:port`
 /// or `host:port`, as the broker advertises itself), is `addr`, the
 /// address a message id names: the same text, the same socket address
@@ -319,6 +318,7 @@ fn names(listed: &str, addr: std::net::SocketAddr) -> bool {
         .is_ok_and(|mut resolved| resolved.any(|a| a == addr))
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn get(
     r: &mut Remoting,
     topic: Option<&str>,
