@@ -217,8 +217,9 @@ def test_a_kafka_offset_reset_is_where_rocketmq_pulls_from(rokka):
 
 class RocketMQMember:
     """A harness `cross-member`: a clustering push consumer of rocketmq-client-rust
-    that shuts down cleanly after `secs` seconds and then prints what it consumed.
-    Its output goes to a file next to rokka.log."""
+    that shuts down cleanly after `secs` seconds, or when `finish` is called if
+    sooner, and then prints what it consumed. Its output goes to a file next
+    to rokka.log."""
 
     def __init__(self, rokka, name, topic, group, secs):
         import subprocess
@@ -228,7 +229,8 @@ class RocketMQMember:
         self.path = os.path.join(rokka.workdir, f"harness-{name}.log")
         self._out = open(self.path, "w")
         self.proc = subprocess.Popen(
-            [HARNESS, f"127.0.0.1:{rokka.namesrv_port}", "cross-member", topic, group, str(secs)],
+            [HARNESS, f"127.0.0.1:{rokka.namesrv_port}", "cross-member", topic, group, str(secs), "stdin"],
+            stdin=subprocess.PIPE,
             stdout=self._out,
             stderr=subprocess.STDOUT,
             text=True,
@@ -238,7 +240,9 @@ class RocketMQMember:
         return self.proc.poll() is None
 
     def finish(self, timeout):
-        """Waits for the clean shutdown; the bodies consumed."""
+        """Has the member leave now (its input ends: a clean shutdown, as
+        at the end of its `secs`); the bodies consumed."""
+        self.proc.stdin.close()
         self.proc.wait(timeout=timeout)
         self._out.close()
         out = open(self.path, errors="replace").read()
@@ -246,6 +250,7 @@ class RocketMQMember:
         return [bytes.fromhex(l.split()[2]) for l in out.splitlines() if l.startswith("compat: got ")]
 
     def kill(self):
+        self.proc.stdin.close()
         if self.running():
             self.proc.kill()
             self.proc.wait()

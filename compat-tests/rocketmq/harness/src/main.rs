@@ -1161,15 +1161,34 @@ async fn cross_consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) 
     Ok(lines.len() >= n)
 }
 
-/// `cross-member <topic> <group> <seconds>`: a clustering push consumer
-/// (offsets persisted every second) that runs for `seconds`, then shuts down
-/// cleanly and prints every body it consumed (`compat: got <hex>`).
+/// `cross-member <topic> <group> <seconds> [stdin]`: a clustering push
+/// consumer (offsets persisted every second) that runs for `seconds` — or,
+/// with `stdin`, until its standard input ends, if sooner (a test closes it
+/// once it has what it waited for) — then shuts down cleanly and prints
+/// every body it consumed (`compat: got <hex>`).
 async fn cross_member(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
     let topic = args.first().map_or("Cross", String::as_str);
     let group = args.get(1).map_or("cross-cg", String::as_str);
     let secs: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let until_stdin_ends = args.get(3).is_some_and(|a| a == "stdin");
     let (mut c, got) = member(rt, namesrv, group, topic).await?;
-    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let stdin_ended = async {
+        if !until_stdin_ends {
+            return std::future::pending().await;
+        }
+        use tokio::io::AsyncReadExt;
+        let mut stdin = tokio::io::stdin();
+        let mut buf = [0u8; 256];
+        while let Ok(n) = stdin.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_secs(secs)) => {}
+        _ = stdin_ended => {}
+    }
     c.shutdown().await;
     let got = lock(&got).clone();
     for b in &got {
