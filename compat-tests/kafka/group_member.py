@@ -1,5 +1,7 @@
 """A confluent-kafka group member run as a child process, so a test can
-SIGKILL it. Prints its assignment as JSON lines on stdout; exits on stdin EOF."""
+SIGKILL it. Prints its assignment as JSON lines on stdout; exits on stdin EOF.
+Arguments: bootstrap, group, topic, and the session timeout (ms, 6000 if
+not given)."""
 import json
 import sys
 import threading
@@ -7,11 +9,12 @@ import threading
 from confluent_kafka import Consumer
 
 bootstrap, group, topic = sys.argv[1:4]
+session_ms = int(sys.argv[4]) if len(sys.argv) > 4 else 6000
 c = Consumer(
     {
         "bootstrap.servers": bootstrap,
         "group.id": group,
-        "session.timeout.ms": 6000,
+        "session.timeout.ms": session_ms,
         "heartbeat.interval.ms": 500,
         "auto.offset.reset": "earliest",
     }

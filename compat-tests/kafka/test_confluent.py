@@ -325,16 +325,18 @@ def test_offset_commit_to_a_group_the_coordinator_does_not_hold(rokka, topic):
     T = OffsetCommitRequest.OffsetCommitRequestTopic
     group = f"gone-{topic}"
 
-    def commit(member, generation):
+    def commit(member, generation, version=7):
         req = OffsetCommitRequest(
             group_id=group, generation_id_or_member_epoch=generation, member_id=member, retention_time_ms=-1,
             topics=[T(name=topic, partitions=[T.OffsetCommitRequestPartition(partition_index=0, committed_offset=3, committed_metadata="")])],
-            max_version=7,
+            max_version=version,
         )
         return raw.request(req).topics[0].partitions[0].error_code
 
     try:
         assert commit("consumer-1-abc", 5) == 22  # ILLEGAL_GENERATION
+        # v9 (KIP-848 consumers): a member epoch for a group not held.
+        assert commit("consumer-1-abc", 5, version=9) == 69  # GROUP_ID_NOT_FOUND
         assert commit("", -1) == 0
     finally:
         raw.close()

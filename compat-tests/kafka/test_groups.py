@@ -21,9 +21,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Member:
     """A group member in a child process; its stdout lines are parsed."""
 
-    def __init__(self, rokka, group, topic):
+    def __init__(self, rokka, group, topic, session_ms=6000):
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "group_member.py"), rokka.bootstrap, group, topic],
+            [sys.executable, os.path.join(HERE, "group_member.py"), rokka.bootstrap, group, topic, str(session_ms)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -212,7 +212,9 @@ def test_describe_groups_shows_no_assignment_while_a_rebalance_replaces_it(rokka
 
     make_topic(rokka, topic, 2)
     group = f"dg-{topic}"
-    a = Member(rokka, group, topic)
+    # A session long enough for the rebalance below to be seen however
+    # slowly the second member starts.
+    a = Member(rokka, group, topic, session_ms=12000)
     wait_for(lambda: a.assigned == [0, 1], what="the first member's assignment")
     admin = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
     b = None
@@ -220,11 +222,11 @@ def test_describe_groups_shows_no_assignment_while_a_rebalance_replaces_it(rokka
         d = admin.describe_groups([group])[group]
         assert d["group_state"] == "Stable" and d["members"][0]["member_assignment"], d
         # The first member stops answering: the second one's join starts a
-        # rebalance that waits for it until its session (6 s) runs out.
+        # rebalance that waits for it until its session (12 s) runs out.
         a.proc.send_signal(signal.SIGSTOP)
         b = Member(rokka, group, topic)
         seen = None
-        deadline = time.time() + 5
+        deadline = time.time() + 11
         while time.time() < deadline:
             d = admin.describe_groups([group])[group]
             if d["group_state"] == "PreparingRebalance":

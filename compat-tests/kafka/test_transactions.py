@@ -303,8 +303,21 @@ def test_a_consumer_waits_for_offsets_an_open_transaction_holds(rokka):
 
     committed_at = []
 
+    def unstable_answers():
+        for line in rokka.metrics().splitlines():
+            if line.startswith("rokka_kafka_offset_fetch_unstable_total "):
+                return float(line.split()[1])
+        return 0.0
+
+    before = unstable_answers()
+
     def commit_later():
-        time.sleep(4)
+        # Once the consumer has been told to wait (however slowly it got
+        # there), and a little more.
+        deadline = time.time() + 30
+        while unstable_answers() == before and time.time() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)
         committed_at.append(time.time())
         p.commit_transaction(30)
 
@@ -333,6 +346,7 @@ def test_a_consumer_waits_for_offsets_an_open_transaction_holds(rokka):
     # before the commit.
     assert first[0] == 12, first
     assert committed_at and first[1] >= committed_at[0], (first, committed_at)
+    assert unstable_answers() > before, "the consumer was never told to wait"
 
 
 def test_offsets_for_times_stops_at_what_the_isolation_level_reads(rokka):

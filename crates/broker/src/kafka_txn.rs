@@ -1264,10 +1264,11 @@ impl Broker {
     /// are its own).
     fn offsets_fit(&self, offsets: &[PendingOffset]) -> std::result::Result<(), i16> {
         let table = self.store.offsets();
-        if offsets
+        let here = offsets
             .iter()
-            .any(|o| o.set.is_none() && !table.has_room_for(&o.group, &o.topic, o.partition, &o.metadata))
-        {
+            .filter(|o| o.set.is_none())
+            .map(|o| (o.group.as_str(), o.topic.as_str(), o.partition, o.metadata.as_str()));
+        if !table.has_room_for_all(here) {
             metrics::counter!("rokka_offset_commits_refused_total").increment(1);
             return Err(code::INVALID_COMMIT_OFFSET_SIZE);
         }

@@ -117,10 +117,10 @@ pub const POP_CONSUMER_LIVE_MS: i64 = 30_000;
 pub const MAX_POP_CONSUMERS: usize = 100_000;
 
 impl Membership {
-    /// Pop consumers tracked at most, over every group (at least 1).
+    /// Pop consumers tracked at most, over every group (0: no limit).
     pub fn set_max_pop_consumers(&self, max: usize) {
-        self.max_pop_consumers
-            .store(max.max(1), std::sync::atomic::Ordering::Relaxed);
+        let max = if max == 0 { usize::MAX } else { max };
+        self.max_pop_consumers.store(max, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn max_pop_consumers(&self) -> usize {

@@ -985,7 +985,7 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
             .await
             .map_err(|e| e.to_string())??;
         }
-        if starts_pending.is_empty() {
+        if !store.log_starts_waiting(&starts_pending) {
             starts_applied = starts_received;
         }
         let end = store.log_end();
@@ -1318,8 +1318,10 @@ mod tests {
         let m = master(8).await?;
         let end = m.sh.store.max_offset("T", 0);
         assert!(end > 20, "{end}");
-        // Before the replica holds any of it: taken once the entries come.
-        assert_eq!(m.sh.store.delete_records("T", 0, 10)?, 10);
+        // Before the replica holds any of it, past the first frame it is
+        // sent: taken once the entries come.
+        let first = end - 4;
+        assert_eq!(m.sh.store.delete_records("T", 0, first)?, first);
         let version = m.sh.store.log_starts_changes();
         // What the master's DeleteRecords waits for: the replica says it
         // has taken a version only once every start in it is reached.
@@ -1330,15 +1332,30 @@ mod tests {
         let (sh, follower, _dir) = follower(&m).await?;
         let log_end = m.sh.store.log_end();
         until(|| taken(version)).await;
-        assert_eq!(sh.store.min_offset("T", 0), 10, "acknowledged before it was taken");
+        assert!(taken(version), "the replica never said it took the starts");
+        assert_eq!(sh.store.min_offset("T", 0), first, "acknowledged before it was taken");
         until(|| sh.store.log_end() >= log_end).await;
         assert_eq!(sh.store.log_end(), log_end);
         // And once it is caught up.
         assert_eq!(m.sh.store.delete_records("T", 0, end - 1)?, end - 1);
         let version = m.sh.store.log_starts_changes();
         until(|| taken(version)).await;
+        assert!(taken(version), "the replica never said it took the starts");
         assert_eq!(sh.store.min_offset("T", 0), end - 1, "acknowledged before it was taken");
         assert_eq!(sh.store.log_starts().0.get("T/0"), Some(&(end - 1)));
+        // A start of a queue the replica does not hold (its topic deleted
+        // there; its own starts of it go with it) does not hold back the
+        // others.
+        assert!(sh.store.delete_topic("T")?);
+        assert_eq!(sh.store.log_starts().0.get("T/0"), None);
+        for _ in 0..10 {
+            m.sh.store.append_message(&MessageInput::new("V", 0, b"v", b""))?;
+        }
+        assert_eq!(m.sh.store.delete_records("V", 0, 5)?, 5);
+        let version = m.sh.store.log_starts_changes();
+        until(|| taken(version)).await;
+        assert!(taken(version), "held back by a queue the replica does not hold");
+        assert_eq!(sh.store.min_offset("V", 0), 5);
         sh.set_role(Role::Unknown);
         let ended = tokio::time::timeout(Duration::from_secs(5), follower).await?;
         assert!(matches!(ended, Ok(Ok(()))), "{ended:?}");

@@ -111,7 +111,7 @@ impl ConsumerOffsets {
                 })
             }
         };
-        Ok(ConsumerOffsets {
+        let o = ConsumerOffsets {
             path: path.to_path_buf(),
             bytes: AtomicUsize::new(total_cost(&table)),
             table: Mutex::new(table),
@@ -119,7 +119,9 @@ impl ConsumerOffsets {
             changes: std::sync::atomic::AtomicU64::new(0),
             max_entries: AtomicUsize::new(usize::MAX),
             max_bytes: AtomicUsize::new(usize::MAX),
-        })
+        };
+        o.gauges(&o.lock());
+        Ok(o)
     }
 
     fn touch(&self) {
@@ -144,6 +146,7 @@ impl ConsumerOffsets {
         let mut t = self.lock();
         *t = table;
         self.bytes.store(bytes, Ordering::Relaxed);
+        self.gauges(&t);
         drop(t);
         self.touch();
         Ok(())
@@ -234,15 +237,28 @@ impl ConsumerOffsets {
         self.insert(group, topic, queue, offset, metadata, leader_epoch, true)
     }
 
-    /// Whether a client commit for (group, topic, queue) with `metadata`
-    /// would fit now.
-    pub fn has_room_for(&self, group: &str, topic: &str, queue: u32, metadata: &str) -> bool {
+    /// Whether client commits of every (group, topic, queue, metadata) of
+    /// `all` together would fit now (a key named twice counts once, with
+    /// its last metadata).
+    pub fn has_room_for_all<'a>(&self, all: impl IntoIterator<Item = (&'a str, &'a str, u32, &'a str)>) -> bool {
+        let mut wanted: BTreeMap<Key, &str> = BTreeMap::new();
+        for (g, t, q, m) in all {
+            wanted.insert(Self::key(g, t, q), m);
+        }
         let t = self.lock();
-        self.fits(&t, &Self::key(group, topic, queue), metadata)
+        let (mut new_keys, mut grows) = (0usize, 0usize);
+        for (key, metadata) in &wanted {
+            let old = t.get(key).map(|v| cost(key, &v.metadata));
+            new_keys += usize::from(old.is_none());
+            grows += cost(key, metadata).saturating_sub(old.unwrap_or(0));
+        }
+        (new_keys == 0 || t.len().saturating_add(new_keys) <= self.max_entries.load(Ordering::Relaxed))
+            && (grows == 0
+                || self.bytes.load(Ordering::Relaxed).saturating_add(grows) <= self.max_bytes.load(Ordering::Relaxed))
     }
 
     /// A commit already acknowledged elsewhere (a Kafka transaction's
-    /// offsets, checked with [`ConsumerOffsets::has_room_for`] when they
+    /// offsets, checked with [`ConsumerOffsets::has_room_for_all`] when they
     /// were sent): never refused, whatever filled the table meanwhile.
     pub fn commit_acknowledged(
         &self,
@@ -281,8 +297,6 @@ impl ConsumerOffsets {
             return false;
         }
         self.put(&mut t, key, v);
-        metrics::gauge!("rokka_committed_offsets").set(t.len() as f64);
-        metrics::gauge!("rokka_committed_offsets_bytes").set(self.bytes() as f64);
         drop(t);
         self.touch();
         true
@@ -293,6 +307,7 @@ impl ConsumerOffsets {
         let new = cost(&key, &v.metadata);
         let old = t.insert(key.clone(), v).map_or(0, |o| cost(&key, &o.metadata));
         self.resize(old, new);
+        self.gauges(t);
     }
 
     /// The byte count after an entry costing `old` now costs `new`
@@ -301,6 +316,12 @@ impl ConsumerOffsets {
         let b = self.bytes.load(Ordering::Relaxed);
         self.bytes
             .store(b.saturating_sub(old).saturating_add(new), Ordering::Relaxed);
+    }
+
+    /// The gauges of the table's size, from `t` (the locked table).
+    fn gauges(&self, t: &BTreeMap<Key, CommittedOffset>) {
+        metrics::gauge!("rokka_committed_offsets").set(t.len() as f64);
+        metrics::gauge!("rokka_committed_offsets_bytes").set(self.bytes() as f64);
     }
 
     /// Records `offset` as the next offset `group` consumes from (topic,
@@ -356,6 +377,7 @@ impl ConsumerOffsets {
         let had = match t.remove(&key) {
             Some(v) => {
                 self.resize(cost(&key, &v.metadata), 0);
+                self.gauges(&t);
                 true
             }
             None => false,
@@ -380,6 +402,7 @@ impl ConsumerOffsets {
             keep
         });
         self.resize(freed, 0);
+        self.gauges(&t);
         let n = before - t.len();
         if n > 0 {
             self.touch();
@@ -501,6 +524,12 @@ mod tests {
         assert_eq!(t.bytes(), 3 * one);
         t.delete_group("g4");
         assert_eq!(t.bytes(), 2 * one);
+        // Transactional offsets are checked together.
+        assert!(t.has_room_for_all([("g1", "t", 0, ""), ("g3", "t", 0, "")]));
+        assert!(!t.has_room_for_all([("g1", "t", 0, ""), ("g5", "t", 0, "")]));
+        t.set_max_bytes(4 * one as u64);
+        assert!(t.has_room_for_all([("g5", "t", 0, ""), ("g6", "t", 0, "")]));
+        assert!(!t.has_room_for_all([("g5", "t", 0, ""), ("g6", "t", 0, ""), ("g7", "t", 0, "")]));
         t.persist()?;
         assert_eq!(ConsumerOffsets::load(&p)?.bytes(), 2 * one);
         let other = ConsumerOffsets::load(&dir.path().join("other.json"))?;

@@ -247,8 +247,10 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         closed: AtomicBool::new(false),
         _lock_file: lock_file,
         recovery: report,
+        // A table read back is a version (1) of its own: one a replica has
+        // not said it took (its first fetch says 0).
+        log_starts_changes: AtomicU64::new(u64::from(!log_starts.is_empty())),
         log_starts: Mutex::new(log_starts),
-        log_starts_changes: AtomicU64::new(0),
         log_starts_written: Mutex::new(0),
         deleted: Mutex::new(deleted),
         flush_listener: std::sync::OnceLock::new(),

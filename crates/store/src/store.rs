@@ -901,6 +901,13 @@ impl MessageStore {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(topic);
         }
+        // Its queue starts go with it: a topic made again under the name
+        // starts at 0, and a replica without its queues is not waited for.
+        self.change_log_starts(|starts| {
+            let before = starts.len();
+            starts.retain(|key, _| key.rsplit_once('/').is_none_or(|(t, _)| t != topic));
+            starts.len() != before
+        })?;
         crate::tasks::checkpoint(&self.inner, false)?;
         Ok(true)
     }
@@ -942,6 +949,20 @@ impl MessageStore {
         Ok(pending)
     }
 
+    /// Whether a queue this store holds is still below one of `pending`
+    /// (starts [`MessageStore::adopt_log_starts`] has not taken yet). A
+    /// start of a queue it does not hold — its topic deleted here, or its
+    /// entries not come yet — does not count: a master waiting for its
+    /// replicas to take its starts is not held back by queues they lack
+    /// (the start is still taken if the queue comes).
+    pub fn log_starts_waiting(&self, pending: &std::collections::BTreeMap<String, u64>) -> bool {
+        pending.keys().any(|key| {
+            key.rsplit_once('/')
+                .and_then(|(t, q)| Some((t, q.parse::<u32>().ok()?)))
+                .is_some_and(|(t, q)| self.queue(t, q).is_some())
+        })
+    }
+
     /// Makes offsets below `offset` of (topic, queue) unreadable (Kafka
     /// DeleteRecords): the queue's first offset becomes `offset` (clamped to
     /// the end), persisted in `log_starts.json`. Returns the new first offset.
@@ -954,11 +975,21 @@ impl MessageStore {
             let _w = self.inner.writer();
             q.raise_min_offset(offset)
         };
+        // Nothing moved (asked again): no rewrite and fsync of the file.
+        self.change_log_starts(|starts| starts.insert(format!("{topic}/{queue_id}"), start) != Some(start))?;
+        Ok(start)
+    }
+
+    /// Changes the queue-start table with `change` (which says whether it
+    /// changed anything): a new version, and the file rewritten.
+    fn change_log_starts(
+        &self,
+        change: impl FnOnce(&mut std::collections::BTreeMap<String, u64>) -> bool,
+    ) -> Result<()> {
         let (json, version) = {
             let mut starts = self.inner.log_starts.lock().unwrap_or_else(|p| p.into_inner());
-            if starts.insert(format!("{topic}/{queue_id}"), start) == Some(start) {
-                // Nothing moved (asked again): no rewrite and fsync of the file.
-                return Ok(start);
+            if !change(&mut starts) {
+                return Ok(());
             }
             let version = self.inner.log_starts_changes.fetch_add(1, Ordering::AcqRel) + 1;
             let json = serde_json::to_vec_pretty(&*starts)
@@ -973,7 +1004,7 @@ impl MessageStore {
             crate::checkpoint::write_atomically(&self.inner.dir.join("log_starts.json"), &json)?;
             *written = version;
         }
-        Ok(start)
+        Ok(())
     }
 
     /// Marks `topic` compacted or not (persisted in

@@ -374,6 +374,20 @@ fn delete_records_raises_the_start_and_survives_restarts() -> TestResult {
     let store = MessageStore::open(cfg)?;
     assert_eq!(store.min_offset("D", 0), 11);
     assert_eq!(store.delete_records("D", 0, 99)?, 13, "clamped to the end");
+    // Deleting the topic drops its starts: made again under the name, it
+    // starts at 0, also after a restart.
+    let version = store.log_starts_changes();
+    assert!(store.delete_topic("D")?);
+    assert!(store.log_starts_changes() > version);
+    assert_eq!(store.log_starts().0.get("D/0"), None);
+    for i in 0..3 {
+        append(&store, "D", 0, 1, i)?;
+    }
+    assert_eq!(store.min_offset("D", 0), 0);
+    drop(store);
+    let store = MessageStore::open(small_config(dir.path()))?;
+    assert_eq!(store.min_offset("D", 0), 0);
+    assert_eq!(store.read("D", 0, 0, 10, 1 << 20).entries.len(), 3);
     Ok(())
 }
 

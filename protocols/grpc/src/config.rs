@@ -62,7 +62,7 @@ pub struct GrpcConfig {
     /// tracked at most, over every group: a group with live pop consumers
     /// is not shared with queue owners. Past it silent ones are forgotten
     /// first, then new ones are not tracked
-    /// (`rokka_rocketmq5_pop_consumers_untracked_total`).
+    /// (`rokka_rocketmq5_pop_consumers_untracked_total`). 0 = no limit.
     pub max_pop_consumers: u32,
     /// How often the pop state (cursors, in-flight messages and their
     /// handles) is written to `<data_dir>/config/pop-state.json` when it

@@ -159,14 +159,22 @@ fn remote_timed_out(group: &str, n: usize) {
 pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCommitResponse {
     let group = r.group_id.0.to_string();
     // v0/v1 are not served; from v2 the generation and member are checked.
-    let _ = version;
     let member_check = k.groups.with(|c| {
-        c.validate_commit(
+        let code = c.validate_commit(
             &group,
             r.member_id.as_str(),
             r.group_instance_id.as_ref().map(|s| s.as_str()),
             r.generation_id_or_member_epoch,
-        )
+        );
+        // v9+ (KIP-848 consumers): a member epoch for a group the
+        // coordinator does not hold is GROUP_ID_NOT_FOUND, as Kafka's
+        // OffsetMetadataManager answers (older versions: ILLEGAL_GENERATION).
+        let missing = c.state(&group).is_none() && !c.consumer.groups.contains_key(&group);
+        if code == rokka_group::code::ILLEGAL_GENERATION && version >= 9 && missing {
+            rokka_group::code::GROUP_ID_NOT_FOUND
+        } else {
+            code
+        }
     });
     let offsets = k.broker.store().offsets();
     let offsets_asked: std::collections::HashMap<(String, i32), i64> = if tracing::enabled!(tracing::Level::DEBUG) {
