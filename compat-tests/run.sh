@@ -72,7 +72,8 @@ run_step clippy 1500 cargo clippy --workspace --all-targets --locked -- -D warni
 # binary end to end. Each stops itself; the timeout only guards a hang.
 run_step compat-lint 300 bash compat-tests/lint.sh
 run_step workspace-tests 1200 cargo test --workspace --locked
-run_step fuzz 900 bash fuzz/run.sh all 20
+# Short runs: the targets built at opt-level 1 (a minute less to build cold).
+run_step fuzz 900 env FUZZ_OPT_LEVEL="${FUZZ_OPT_LEVEL:-1}" bash fuzz/run.sh all 20
 # One debug build of rokka serves every suite.
 run_step build-rokka 900 cargo build -p rokka-server --locked
 export ROKKA_BIN="$root/target/debug/rokka"
