@@ -57,6 +57,27 @@ def read_all(rokka, topic, partitions, isolation, expect=None, wait=8.0):
     return got
 
 
+def fill(rokka, topic, n):
+    """n plain records in-0 … in-(n-1) on partition 0 of `topic`."""
+    plain = Producer({"bootstrap.servers": rokka.bootstrap})
+    for i in range(n):
+        plain.produce(topic, f"in-{i}".encode(), partition=0)
+    assert plain.flush(10) == 0
+
+
+def group_consumer(rokka, group):
+    """A read_committed member of `group` that commits only when told."""
+    return Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+
+
 def test_commit_abort_and_abort_then_commit(rokka):
     topic = new_topic(rokka)
     p = txn_producer(rokka, f"tid-{topic}")
@@ -102,20 +123,9 @@ def test_open_transaction_is_invisible_to_read_committed_until_it_commits(rokka)
 def test_offsets_sent_to_a_transaction_commit_with_it(rokka):
     src = new_topic(rokka, partitions=1)
     dst = new_topic(rokka, partitions=1)
-    plain = Producer({"bootstrap.servers": rokka.bootstrap})
-    for i in range(20):
-        plain.produce(src, f"in-{i}".encode(), partition=0)
-    assert plain.flush(10) == 0
+    fill(rokka, src, 20)
     group = f"ctp-{src}"
-    c = Consumer(
-        {
-            "bootstrap.servers": rokka.bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-        }
-    )
+    c = group_consumer(rokka, group)
     c.subscribe([src])
     got = []
     deadline = time.time() + 30
@@ -286,10 +296,7 @@ def test_a_consumer_waits_for_offsets_an_open_transaction_holds(rokka):
     import threading
 
     src = new_topic(rokka, partitions=1)
-    plain = Producer({"bootstrap.servers": rokka.bootstrap})
-    for i in range(20):
-        plain.produce(src, f"in-{i}".encode(), partition=0)
-    assert plain.flush(10) == 0
+    fill(rokka, src, 20)
     group = f"stable-{src}"
     # Group metadata without membership (generation -1): what a producer
     # committing for a group it does not consume from sends.
@@ -321,15 +328,7 @@ def test_a_consumer_waits_for_offsets_an_open_transaction_holds(rokka):
         committed_at.append(time.time())
         p.commit_transaction(30)
 
-    c = Consumer(
-        {
-            "bootstrap.servers": rokka.bootstrap,
-            "group.id": group,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-        }
-    )
+    c = group_consumer(rokka, group)
     c.subscribe([src])
     t = threading.Thread(target=commit_later)
     t.start()

@@ -93,6 +93,15 @@ fn cost(k: &Key, metadata: &str) -> usize {
     k.group.len() + k.topic.len() + metadata.len() + ENTRY_OVERHEAD
 }
 
+/// A configured budget (0 = no limit) as a bound.
+fn cap(n: u64) -> usize {
+    if n == 0 {
+        usize::MAX
+    } else {
+        n.min(usize::MAX as u64) as usize
+    }
+}
+
 fn total_cost(t: &BTreeMap<Key, CommittedOffset>) -> usize {
     t.iter().map(|(k, v)| cost(k, &v.metadata)).sum()
 }
@@ -182,24 +191,14 @@ impl ConsumerOffsets {
     /// Caps the entries [`ConsumerOffsets::commit_bounded`] may grow the
     /// table to (0 = no limit).
     pub fn set_max_entries(&self, n: u64) {
-        let n = if n == 0 {
-            usize::MAX
-        } else {
-            n.min(usize::MAX as u64) as usize
-        };
-        self.max_entries.store(n, Ordering::Relaxed);
+        self.max_entries.store(cap(n), Ordering::Relaxed);
     }
 
     /// Caps the bytes (about: names, metadata and per-entry overhead)
     /// [`ConsumerOffsets::commit_bounded`] may grow the table to (0 = no
     /// limit).
     pub fn set_max_bytes(&self, n: u64) {
-        let n = if n == 0 {
-            usize::MAX
-        } else {
-            n.min(usize::MAX as u64) as usize
-        };
-        self.max_bytes.store(n, Ordering::Relaxed);
+        self.max_bytes.store(cap(n), Ordering::Relaxed);
     }
 
     /// What the table holds in memory, about.
