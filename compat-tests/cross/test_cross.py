@@ -239,11 +239,14 @@ class RocketMQMember:
     def running(self):
         return self.proc.poll() is None
 
-    def finish(self, timeout):
+    def finish(self, timeout, now=True):
         """Has the member leave now (its input ends: a clean shutdown, as
-        at the end of its `secs`); the bodies consumed."""
-        self.proc.stdin.close()
+        at the end of its `secs`) — or, not `now`, once its `secs` are up;
+        the bodies consumed."""
+        if now:
+            self.proc.stdin.close()
         self.proc.wait(timeout=timeout)
+        self.proc.stdin.close()
         self._out.close()
         out = open(self.path, errors="replace").read()
         assert self.proc.returncode == 0, f"{self.path}: {out[-2000:]}"
@@ -341,7 +344,9 @@ def test_rocketmq_consumers_replaced_one_by_one_by_kafka_consumers(rokka):
         consumed_since(1, 0)
         assert a.running() and b.running(), "both RocketMQ members were in the group when kafka-member-1 joined"
         # The first RocketMQ member leaves: its queues move to the others.
-        rmq_a = a.finish(timeout=60)
+        # Each leaves at the end of its lifetime: until then it consumes
+        # (the test checks every member consumed something).
+        rmq_a = a.finish(timeout=60, now=False)
         membership(1, ["kafka-member-1"])
         # A second Kafka member joins.
         threads[2] = threading.Thread(target=kafka_member, args=(2,))
@@ -350,7 +355,7 @@ def test_rocketmq_consumers_replaced_one_by_one_by_kafka_consumers(rokka):
         consumed_since(2, 0)
         assert b.running(), "the second RocketMQ member was in the group when kafka-member-2 joined"
         # The last RocketMQ member leaves: the Kafka members hold every queue.
-        rmq_b = b.finish(timeout=60)
+        rmq_b = b.finish(timeout=60, now=False)
         final = membership(0, ["kafka-member-1", "kafka-member-2"])
         assert all(len(ps) == 2 for _, _, ps in final), final
         n1, n2 = len(kafka_got[1]), len(kafka_got[2])
