@@ -169,8 +169,11 @@ pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCo
         // v9+ (KIP-848 consumers): a member epoch for a group the
         // coordinator does not hold is GROUP_ID_NOT_FOUND, as Kafka's
         // OffsetMetadataManager answers (older versions: ILLEGAL_GENERATION).
-        let missing = c.state(&group).is_none() && !c.consumer.groups.contains_key(&group);
-        if code == rokka_group::code::ILLEGAL_GENERATION && version >= 9 && missing {
+        if code == rokka_group::code::ILLEGAL_GENERATION
+            && version >= 9
+            && c.state(&group).is_none()
+            && !c.consumer.groups.contains_key(&group)
+        {
             rokka_group::code::GROUP_ID_NOT_FOUND
         } else {
             code
@@ -422,18 +425,21 @@ fn unstable(k: &Kafka, group: &str, wanted: &[(String, Vec<i32>)]) -> Vec<Vec<bo
     wanted
         .iter()
         .map(|(topic, ps)| {
-            if !pending.iter().any(|(t, _, _)| t == topic) {
+            // This topic's held queues: (set, queue).
+            let held: Vec<(Option<&str>, u32)> = pending
+                .iter()
+                .filter(|(t, _, _)| t == topic)
+                .map(|(_, s, q)| (s.as_deref(), *q))
+                .collect();
+            if held.is_empty() {
                 return vec![false; ps.len()];
             }
             let info = k.broker.topics().get(topic);
             ps.iter()
-                .map(|&p| {
-                    let (set, q) = match place(k, info.as_ref(), p) {
-                        Place::Here(q) => (None, q),
-                        Place::Set(s, q) => (Some(s), q),
-                        Place::Unknown => return false,
-                    };
-                    pending.contains(&(topic.clone(), set, q))
+                .map(|&p| match place(k, info.as_ref(), p) {
+                    Place::Here(q) => held.contains(&(None, q)),
+                    Place::Set(s, q) => held.contains(&(Some(s.as_str()), q)),
+                    Place::Unknown => false,
                 })
                 .collect()
         })
