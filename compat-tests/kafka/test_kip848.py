@@ -33,14 +33,15 @@ def rokka():
 
 
 class Member:
-    def __init__(self, rokka, group, topic):
+    def __init__(self, rokka, group, topic, instance=None):
         self.p = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "kip848_member.py"), rokka.bootstrap, group, topic],
+            [sys.executable, os.path.join(HERE, "kip848_member.py"), rokka.bootstrap, group, topic]
+            + ([instance] if instance else []),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
-        self.assigned, self.msgs, self.lock = [], [], threading.Lock()
+        self.assigned, self.msgs, self.errors, self.lock = [], [], [], threading.Lock()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self):
@@ -54,6 +55,8 @@ class Member:
                     self.assigned = ev["assigned"]
                 elif "msg" in ev:
                     self.msgs.append(ev["msg"])
+                elif "error" in ev:
+                    self.errors.append(ev)
 
     def now(self):
         with self.lock:
@@ -147,6 +150,55 @@ def test_three_members_one_leaves_one_killed(rokka):
     assert hb > 10, "the members spoke the consumer protocol"
     classic = after.get('rokka_kafka_requests_total{api="JoinGroup"}', 0) - before.get('rokka_kafka_requests_total{api="JoinGroup"}', 0)
     assert classic == 0, "no classic JoinGroup"
+
+
+def test_a_static_member_comes_back_to_its_partitions_and_its_instance_id_is_not_shared(rokka):
+    """KIP-848 static membership (group.instance.id): a static member that
+    stops leaves with epoch -2 and keeps its partitions for its session
+    timeout — the other member is not rebalanced — and the same instance id
+    coming back gets them again; a second member with an instance id in use
+    is refused (UNRELEASED_INSTANCE_ID) and the holder keeps its partitions,
+    never two owners of one partition (Kafka's GroupMetadataManager)."""
+    topic, group, parts = "kip848-s", "kip848-sg", 4
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(topic, num_partitions=parts, replication_factor=1)])[topic].result(10)
+    dyn = Member(rokka, group, topic)
+    s1 = Member(rokka, group, topic, instance="inst-1")
+    ms = [dyn, s1]
+    try:
+        wait_split(ms, parts, [2, 2])
+        mine, theirs = s1.now(), dyn.now()
+        s1.leave()
+        # Within the static member's session nothing moves.
+        until = time.time() + SESSION_MS / 1000 / 2
+        while time.time() < until:
+            assert dyn.now() == theirs, "the other member was rebalanced by a static member's leave"
+            time.sleep(0.2)
+        s2 = Member(rokka, group, topic, instance="inst-1")
+        ms.append(s2)
+        deadline = time.time() + 20
+        while time.time() < deadline and s2.now() != mine:
+            assert dyn.now() == theirs, "the other member was rebalanced by the static member's return"
+            time.sleep(0.2)
+        assert s2.now() == mine, f"came back to {s2.now()}, had {mine}"
+        assert dyn.now() == theirs
+        # The instance id in use: a second member with it gets nothing.
+        s3 = Member(rokka, group, topic, instance="inst-1")
+        ms.append(s3)
+        until = time.time() + 8
+        while time.time() < until:
+            owners = [p for m in (dyn, s2, s3) for p in m.now()]
+            assert sorted(owners) == list(range(parts)), f"two owners: {dyn.now()} {s2.now()} {s3.now()}"
+            assert s2.now() == mine and not s3.now()
+            time.sleep(0.2)
+        with s3.lock:
+            # librdkafka: a fatal error naming UNRELEASED_INSTANCE_ID's text.
+            refused = [e for e in s3.errors if "instance ID is still used" in e["error"] or e["code"] == 111]
+        assert refused, f"the second member was not told: {s3.errors}"
+    finally:
+        for m in ms:
+            if m.p.poll() is None:
+                m.kill()
 
 
 def test_describe_and_list_consumer_groups(rokka):

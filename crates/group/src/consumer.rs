@@ -13,6 +13,12 @@
 //!   takes the target's epoch (state Stable).
 //! * A member silent for the session timeout, or not revoking within its
 //!   rebalance timeout, is fenced: removed, its partitions freed.
+//! * A static member (one with an instance id) that leaves with epoch -2
+//!   keeps its place and partitions for its session timeout: the same
+//!   instance id joining again takes them over without a rebalance. While
+//!   its holder is in the group, the instance id is refused to another
+//!   member (UNRELEASED_INSTANCE_ID), and a member it was taken from is
+//!   fenced (FENCED_INSTANCE_ID), as in Kafka's GroupMetadataManager.
 //!
 //! Topics are named here; the frontend maps Kafka topic ids at the edge.
 //! Every method takes `now` (ms) and is pure state, like the classic
@@ -30,12 +36,16 @@ const MAX_TOPIC_NAME: usize = 255;
 /// (topic, partition).
 pub type Tp = (String, u32);
 
+/// The member epoch a static member leaves with (temporarily).
+const LEAVE_STATIC_EPOCH: i32 = -2;
+
 /// Longest SubscribedTopicRegex a KIP-848 member may send.
 const MAX_REGEX_BYTES: usize = 16 * 1024;
 
 /// Error codes of the consumer protocol (Kafka's numbering).
 pub mod err {
     pub const INVALID_REQUEST: i16 = 42;
+    pub const FENCED_INSTANCE_ID: i16 = 82;
     pub const INVALID_REGULAR_EXPRESSION: i16 = 121;
     pub const FENCED_MEMBER_EPOCH: i16 = 110;
     pub const UNRELEASED_INSTANCE_ID: i16 = 111;
@@ -87,6 +97,9 @@ pub struct Member {
     pub assigned: BTreeSet<Tp>,
     /// What it must give up before others may take it.
     pub revoking: BTreeSet<Tp>,
+    /// Left as a static member (epoch -2): its place and partitions are
+    /// kept for its instance id until its session times out.
+    pub left: bool,
     last_heartbeat: u64,
     revoke_deadline: Option<u64>,
     /// The assignment last sent, so an unchanged one is not resent.
@@ -223,6 +236,8 @@ struct MemberRecord {
     rebalance_timeout_ms: u64,
     assigned: Vec<Tp>,
     revoking: Vec<Tp>,
+    #[serde(default)]
+    left: bool,
 }
 
 impl MemberRecord {
@@ -243,6 +258,7 @@ impl MemberRecord {
             rebalance_timeout_ms: m.rebalance_timeout_ms,
             assigned: m.assigned.iter().cloned().collect(),
             revoking: m.revoking.iter().cloned().collect(),
+            left: m.left,
         }
     }
 }
@@ -301,6 +317,7 @@ impl GroupRecord {
                     assigned: m.assigned.into_iter().collect(),
                     revoke_deadline: (!revoking.is_empty()).then(|| now + m.rebalance_timeout_ms.max(1)),
                     revoking,
+                    left: m.left,
                     last_heartbeat: now,
                     sent: None,
                 };
@@ -450,10 +467,19 @@ impl ConsumerGroups {
             },
             _ => None,
         };
-        // Leaving: -1 (dynamic), -2 (static, temporarily).
+        // Leaving: -1 (dynamic), -2 (static, temporarily: the member keeps
+        // its place and partitions for its instance id until its session
+        // times out).
         if req.member_epoch < 0 {
             if let Some(g) = self.groups.get_mut(&req.group) {
-                if g.members.remove(&req.member_id).is_some() {
+                let stays = req.member_epoch == LEAVE_STATIC_EPOCH
+                    && g.members.get(&req.member_id).is_some_and(|m| m.instance_id.is_some());
+                if stays {
+                    if let Some(m) = g.members.get_mut(&req.member_id) {
+                        m.left = true;
+                        m.last_heartbeat = now;
+                    }
+                } else if g.members.remove(&req.member_id).is_some() {
                     g.epoch += 1;
                     g.target.remove(&req.member_id);
                 }
@@ -493,6 +519,8 @@ impl ConsumerGroups {
         let Some(g) = self.groups.get_mut(&req.group) else {
             return fail(code::COORDINATOR_NOT_AVAILABLE, "group vanished", &member_id, 0);
         };
+        // Anything that changes the group moves its epoch, once.
+        let mut bump = joining;
         // The member: new on epoch 0, else known with a matching epoch.
         if joining {
             if !g.members.contains_key(&member_id) && config.max_size > 0 && g.members.len() >= config.max_size {
@@ -503,47 +531,101 @@ impl ConsumerGroups {
                     0,
                 );
             }
+            // A static member joining: the instance id must be free, or
+            // held by a member that left with epoch -2, whose place and
+            // partitions the new member takes over.
+            let mut replaced = None;
             if let Some(inst) = &req.instance_id {
-                // A static member rejoining takes its instance id over.
-                let old: Vec<String> = g
+                let holder = g
                     .members
                     .values()
-                    .filter(|m| m.instance_id.as_ref() == Some(inst) && m.id != member_id)
-                    .map(|m| m.id.clone())
-                    .collect();
-                for o in old {
-                    g.members.remove(&o);
-                    g.target.remove(&o);
+                    .find(|m| m.instance_id.as_ref() == Some(inst) && m.id != member_id);
+                match holder {
+                    Some(h) if !h.left => {
+                        return fail(
+                            err::UNRELEASED_INSTANCE_ID,
+                            &format!(
+                                "Static member {member_id} with instance id {inst} cannot join the group \
+                                 because the instance id is owned by {} member.",
+                                h.id
+                            ),
+                            &member_id,
+                            0,
+                        );
+                    }
+                    Some(h) => {
+                        let old = h.id.clone();
+                        replaced = g.members.remove(&old).map(|m| (m, g.target.remove(&old)));
+                    }
+                    None => {}
                 }
             }
             let rejoin = g.members.remove(&member_id).is_some();
-            g.members.insert(
-                member_id.clone(),
-                Member {
-                    id: member_id.clone(),
-                    instance_id: req.instance_id.clone(),
-                    rack_id: req.rack_id.clone(),
-                    client_id: req.client_id.clone(),
-                    client_host: req.client_host.clone(),
-                    epoch: 0,
-                    previous_epoch: 0,
-                    state: MemberState::Stable,
-                    subscribed: BTreeSet::new(),
-                    names: BTreeSet::new(),
-                    regex: None,
-                    assignor: None,
-                    rebalance_timeout_ms: req.rebalance_timeout_ms.max(0) as u64,
-                    assigned: BTreeSet::new(),
-                    revoking: BTreeSet::new(),
-                    last_heartbeat: now,
-                    revoke_deadline: None,
-                    sent: None,
-                },
-            );
-            if rejoin {
-                g.target.remove(&member_id);
+            if let Some((mut m, target)) = replaced {
+                // The place as it was: epoch, partitions, subscription; the
+                // group's epoch does not move unless the subscription does.
+                m.id.clone_from(&member_id);
+                m.left = false;
+                m.rack_id.clone_from(&req.rack_id);
+                m.client_id.clone_from(&req.client_id);
+                m.client_host.clone_from(&req.client_host);
+                m.rebalance_timeout_ms = req.rebalance_timeout_ms.max(0) as u64;
+                m.last_heartbeat = now;
+                m.sent = None;
+                g.members.insert(member_id.clone(), m);
+                if let Some(t) = target {
+                    g.target.insert(member_id.clone(), t);
+                }
+                bump = false;
+            } else {
+                g.members.insert(
+                    member_id.clone(),
+                    Member {
+                        id: member_id.clone(),
+                        instance_id: req.instance_id.clone(),
+                        rack_id: req.rack_id.clone(),
+                        client_id: req.client_id.clone(),
+                        client_host: req.client_host.clone(),
+                        epoch: 0,
+                        previous_epoch: 0,
+                        state: MemberState::Stable,
+                        subscribed: BTreeSet::new(),
+                        names: BTreeSet::new(),
+                        regex: None,
+                        assignor: None,
+                        rebalance_timeout_ms: req.rebalance_timeout_ms.max(0) as u64,
+                        assigned: BTreeSet::new(),
+                        revoking: BTreeSet::new(),
+                        left: false,
+                        last_heartbeat: now,
+                        revoke_deadline: None,
+                        sent: None,
+                    },
+                );
+                if rejoin {
+                    g.target.remove(&member_id);
+                }
             }
         } else {
+            // A static member's instance id taken over by another member
+            // fences this one.
+            if let Some(inst) = &req.instance_id {
+                if let Some(h) = g
+                    .members
+                    .values()
+                    .find(|m| m.instance_id.as_ref() == Some(inst) && m.id != member_id)
+                {
+                    return fail(
+                        err::FENCED_INSTANCE_ID,
+                        &format!(
+                            "Static member {member_id} with instance id {inst} was fenced by member {}.",
+                            h.id
+                        ),
+                        &member_id,
+                        req.member_epoch,
+                    );
+                }
+            }
             let Some(m) = g.members.get(&member_id) else {
                 return fail(
                     code::UNKNOWN_MEMBER_ID,
@@ -557,7 +639,7 @@ impl ConsumerGroups {
                     .owned
                     .as_ref()
                     .is_some_and(|o| o.iter().all(|tp| m.assigned.contains(tp)));
-            if req.member_epoch != m.epoch && !lost_response {
+            if m.left || (req.member_epoch != m.epoch && !lost_response) {
                 return fail(
                     err::FENCED_MEMBER_EPOCH,
                     &format!("The member epoch {} does not match {}.", req.member_epoch, m.epoch),
@@ -566,8 +648,6 @@ impl ConsumerGroups {
                 );
             }
         }
-        // Anything that changes the group moves its epoch, once.
-        let mut bump = joining;
         let Some(m) = g.members.get_mut(&member_id) else {
             return fail(code::UNKNOWN_MEMBER_ID, "unknown member", &member_id, req.member_epoch);
         };
@@ -960,6 +1040,130 @@ mod tests {
         o
     }
 
+    fn join_static(c: &mut ConsumerGroups, id: &str, instance: &str, now: u64) -> HeartbeatResponse {
+        c.heartbeat(
+            HeartbeatRequest {
+                group: "g".into(),
+                member_id: id.into(),
+                member_epoch: 0,
+                instance_id: Some(instance.into()),
+                rebalance_timeout_ms: 30_000,
+                subscribed_topics: Some(vec!["t".into()]),
+                owned: Some(Vec::new()),
+                ..HeartbeatRequest::default()
+            },
+            now,
+            &topics,
+            &CFG,
+            true,
+        )
+    }
+
+    fn beat_static(c: &mut ConsumerGroups, id: &str, instance: &str, epoch: i32, now: u64) -> HeartbeatResponse {
+        c.heartbeat(
+            HeartbeatRequest {
+                group: "g".into(),
+                member_id: id.into(),
+                member_epoch: epoch,
+                instance_id: Some(instance.into()),
+                rebalance_timeout_ms: -1,
+                ..HeartbeatRequest::default()
+            },
+            now,
+            &topics,
+            &CFG,
+            true,
+        )
+    }
+
+    fn partitions(r: &HeartbeatResponse) -> Vec<Tp> {
+        let mut v = r.assignment.clone().unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_static_member_leaving_keeps_its_place_for_its_instance_id() {
+        let mut c = ConsumerGroups::default();
+        let a = join_static(&mut c, "a1", "inst-a", 0);
+        let b = join(&mut c, "b", &["t"], 10);
+        // Converge: a revokes three, b takes them.
+        let keep = beat_static(&mut c, "a1", "inst-a", a.member_epoch, 20)
+            .assignment
+            .unwrap_or_default();
+        let a2 = c.heartbeat(
+            HeartbeatRequest {
+                group: "g".into(),
+                member_id: "a1".into(),
+                member_epoch: a.member_epoch,
+                instance_id: Some("inst-a".into()),
+                rebalance_timeout_ms: -1,
+                owned: Some(keep.clone()),
+                ..HeartbeatRequest::default()
+            },
+            30,
+            &topics,
+            &CFG,
+            true,
+        );
+        beat(&mut c, "b", b.member_epoch, Some(Vec::new()), 40);
+        assert_eq!(c.groups["g"].state(), "Stable");
+        let epoch = c.groups["g"].epoch;
+        // a leaves as a static member: still in the group, nothing moves.
+        let left = beat_static(&mut c, "a1", "inst-a", -2, 50);
+        assert_eq!((left.error, left.member_epoch), (0, -2));
+        assert_eq!(c.groups["g"].members.len(), 2);
+        assert_eq!(c.groups["g"].epoch, epoch, "no rebalance for a static leave");
+        // Its old id may not heartbeat on.
+        assert_eq!(
+            beat_static(&mut c, "a1", "inst-a", a2.member_epoch, 55).error,
+            err::FENCED_MEMBER_EPOCH
+        );
+        // The same instance id with a new member id: the same partitions,
+        // the same epochs.
+        let a3 = join_static(&mut c, "a2", "inst-a", 60);
+        assert_eq!(a3.error, 0, "{a3:?}");
+        let mut keep_sorted = keep.clone();
+        keep_sorted.sort();
+        assert_eq!(partitions(&a3), keep_sorted);
+        assert_eq!(a3.member_epoch, a2.member_epoch);
+        assert_eq!(c.groups["g"].epoch, epoch);
+        assert!(!c.groups["g"].members.contains_key("a1"));
+        assert!(owners(&c).values().all(|o| o.len() == 1));
+        // The member it replaced is fenced.
+        assert_eq!(
+            beat_static(&mut c, "a1", "inst-a", a2.member_epoch, 65).error,
+            err::FENCED_INSTANCE_ID
+        );
+        // A second member with the instance id while a2 holds it: refused,
+        // and a2 keeps everything.
+        let dup = join_static(&mut c, "a3", "inst-a", 70);
+        assert_eq!(dup.error, err::UNRELEASED_INSTANCE_ID);
+        assert_eq!(c.groups["g"].members.len(), 2);
+        let a4 = beat_static(&mut c, "a2", "inst-a", a3.member_epoch, 80);
+        assert_eq!((a4.error, a4.member_epoch), (0, a3.member_epoch));
+        assert_eq!(c.groups["g"].members["a2"].assigned.len(), 3);
+    }
+
+    #[test]
+    fn a_static_member_that_does_not_come_back_goes_at_its_session_timeout() {
+        let mut c = ConsumerGroups::default();
+        let a = join_static(&mut c, "a1", "inst-a", 0);
+        assert_eq!(partitions(&a).len(), 6);
+        beat_static(&mut c, "a1", "inst-a", -2, 1_000);
+        assert_eq!(
+            c.tick(1_000 + CFG.session_timeout_ms - 1, &CFG),
+            0,
+            "kept within its session"
+        );
+        assert_eq!(c.tick(1_000 + CFG.session_timeout_ms, &CFG), 1);
+        assert!(c.groups["g"].members.is_empty());
+        // A dynamic member leaving with -2 (no instance id) just leaves.
+        let b = join(&mut c, "b", &["t"], 50_000);
+        beat(&mut c, "b", -2, None, 50_010);
+        assert!(c.groups["g"].members.is_empty(), "{b:?}");
+    }
+
     #[test]
     fn members_converge_without_two_owners_of_a_partition() {
         let mut c = ConsumerGroups::default();
@@ -1166,6 +1370,7 @@ mod tests {
                     rebalance_timeout_ms: 0,
                     assigned: BTreeSet::new(),
                     revoking: BTreeSet::new(),
+                    left: false,
                     last_heartbeat: 0,
                     revoke_deadline: None,
                     sent: None,

@@ -219,7 +219,8 @@ pub fn describe(k: &Kafka, r: ConsumerGroupDescribeRequest) -> ConsumerGroupDesc
                                     .with_member_id(str_bytes(&m.id))
                                     .with_instance_id(m.instance_id.as_deref().map(str_bytes))
                                     .with_rack_id(m.rack_id.as_deref().map(str_bytes))
-                                    .with_member_epoch(m.epoch)
+                                    // A static member that left: -2, as Kafka's record says.
+                                    .with_member_epoch(if m.left { -2 } else { m.epoch })
                                     .with_client_id(str_bytes(&m.client_id))
                                     .with_client_host(str_bytes(&m.client_host))
                                     .with_subscribed_topic_names(
