@@ -21,9 +21,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Member:
     """A group member in a child process; its stdout lines are parsed."""
 
-    def __init__(self, rokka, group, topic, session_ms=6000):
+    def __init__(self, rokka, group, topic, session_ms=6000, instance="", assignor=""):
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "group_member.py"), rokka.bootstrap, group, topic, str(session_ms)],
+            [
+                sys.executable,
+                os.path.join(HERE, "group_member.py"),
+                rokka.bootstrap,
+                group,
+                topic,
+                str(session_ms),
+                instance,
+                assignor,
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
@@ -245,3 +254,44 @@ def test_describe_groups_shows_no_assignment_while_a_rebalance_replaces_it(rokka
         a.kill()
         if b is not None:
             b.leave()
+
+
+def test_a_static_member_restarts_without_a_rebalance(rokka, topic):
+    """KIP-345 static membership with librdkafka (group.instance.id) and the
+    cooperative-sticky assignor, whose subscription metadata names the
+    partitions a member owns — so a restarted member's metadata differs
+    from what it last sent. A static member that stops (no LeaveGroup) and
+    comes back within its session takes its partitions again with no
+    rebalance: the group's generation does not move (Kafka rebalances only
+    if the group's selected protocol would change) and the other member
+    keeps its partitions throughout."""
+    make_topic(rokka, topic, 4)
+    group = f"static-{topic}"
+    key = f'rokka_group_rebalances_total{{group="{group}"}}'
+    s = Member(rokka, group, topic, session_ms=30000, instance="inst-1", assignor="cooperative-sticky")
+    wait_for(lambda: s.assigned == [0, 1, 2, 3], what="the static member's assignment")
+    d = Member(rokka, group, topic, session_ms=30000, assignor="cooperative-sticky")
+    s2 = None
+    try:
+        wait_for(
+            lambda: owned_exactly_once([s, d], 4) and len(d.assigned or []) == 2,
+            what="the two members' split",
+        )
+        mine, theirs = list(s.assigned), list(d.assigned)
+        # The group settles (a cooperative rebalance may take two rounds).
+        time.sleep(2)
+        before = rokka.metric_values().get(key, 0)
+        s.leave()
+        s2 = Member(rokka, group, topic, session_ms=30000, instance="inst-1", assignor="cooperative-sticky")
+        wait_for(lambda: s2.assigned == mine, timeout=20, what="the restarted member's partitions")
+        time.sleep(2)
+        assert d.assigned == theirs, f"the other member moved: {d.assigned}"
+        after = rokka.metric_values().get(key, 0)
+        assert after == before, f"{after - before} rebalances for a static member's restart"
+        assert s2.assigned == mine
+    finally:
+        d.leave()
+        if s2 is not None:
+            s2.leave()
+        if s.proc.poll() is None:
+            s.kill()

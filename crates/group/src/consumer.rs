@@ -478,6 +478,13 @@ impl ConsumerGroups {
                     if let Some(m) = g.members.get_mut(&req.member_id) {
                         m.left = true;
                         m.last_heartbeat = now;
+                        // What it was still giving up is free at once
+                        // (Kafka clears the pending revocation).
+                        m.revoking.clear();
+                        m.revoke_deadline = None;
+                        if m.state == MemberState::UnrevokedPartitions {
+                            m.state = MemberState::Stable;
+                        }
                     }
                 } else if g.members.remove(&req.member_id).is_some() {
                     g.epoch += 1;
@@ -536,10 +543,12 @@ impl ConsumerGroups {
             // partitions the new member takes over.
             let mut replaced = None;
             if let Some(inst) = &req.instance_id {
+                // (Its own id counts when it left: a client that keeps its
+                // member id subscribes again.)
                 let holder = g
                     .members
                     .values()
-                    .find(|m| m.instance_id.as_ref() == Some(inst) && m.id != member_id);
+                    .find(|m| m.instance_id.as_ref() == Some(inst) && (m.id != member_id || m.left));
                 match holder {
                     Some(h) if !h.left => {
                         return fail(
@@ -572,6 +581,16 @@ impl ConsumerGroups {
                 m.rebalance_timeout_ms = req.rebalance_timeout_ms.max(0) as u64;
                 m.last_heartbeat = now;
                 m.sent = None;
+                // The new process owns nothing yet: what the target no
+                // longer gives this member is free at once, not revoked.
+                if let Some(t) = &target {
+                    m.assigned.retain(|tp| t.contains(tp));
+                }
+                m.revoking.clear();
+                m.revoke_deadline = None;
+                if m.state == MemberState::UnrevokedPartitions {
+                    m.state = MemberState::Stable;
+                }
                 g.members.insert(member_id.clone(), m);
                 if let Some(t) = target {
                     g.target.insert(member_id.clone(), t);
@@ -1143,6 +1162,30 @@ mod tests {
         let a4 = beat_static(&mut c, "a2", "inst-a", a3.member_epoch, 80);
         assert_eq!((a4.error, a4.member_epoch), (0, a3.member_epoch));
         assert_eq!(c.groups["g"].members["a2"].assigned.len(), 3);
+    }
+
+    #[test]
+    fn a_static_leave_frees_what_it_was_revoking_and_its_own_id_may_come_back() {
+        let mut c = ConsumerGroups::default();
+        let a = join_static(&mut c, "a1", "inst-a", 0);
+        assert_eq!(partitions(&a).len(), 6);
+        let b = join(&mut c, "b", &["t"], 10);
+        let mut keep = beat_static(&mut c, "a1", "inst-a", a.member_epoch, 20)
+            .assignment
+            .unwrap_or_default();
+        keep.sort();
+        assert_eq!(c.groups["g"].members["a1"].revoking.len(), 3, "a1 gives up three");
+        // It leaves (static) before reporting the revocation: the three
+        // are free at once, not after its session.
+        beat_static(&mut c, "a1", "inst-a", -2, 30);
+        assert!(c.groups["g"].members["a1"].revoking.is_empty());
+        let b2 = beat(&mut c, "b", b.member_epoch, Some(Vec::new()), 40);
+        assert_eq!(partitions(&b2).len(), 3, "{b2:?}");
+        // The same process subscribes again under its own id: its three.
+        let a2 = join_static(&mut c, "a1", "inst-a", 50);
+        assert_eq!((a2.error, partitions(&a2)), (0, keep));
+        assert!(!c.groups["g"].members["a1"].left);
+        assert!(owners(&c).values().all(|o| o.len() == 1));
     }
 
     #[test]

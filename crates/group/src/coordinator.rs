@@ -386,6 +386,8 @@ impl Group {
             leader,
             member_id: member_id.to_string(),
             members,
+            skip_assignment: false,
+            durable: false,
         }
     }
 
@@ -645,7 +647,8 @@ impl GroupCoordinator {
                 Self::try_complete_join(g, now, &mut out);
                 return out;
             }
-            return error(code::UNKNOWN_MEMBER_ID, &req.member_id);
+            // A replaced static member's old id: fenced (Kafka's validateMember).
+            return error(unknown_or_fenced(g, req.instance_id.as_deref()), &req.member_id);
         }
         if let (Some(inst), Some(m)) = (&req.instance_id, g.members.get(&req.member_id)) {
             if m.instance_id.as_ref() != Some(inst) {
@@ -688,6 +691,7 @@ impl GroupCoordinator {
         config: &GroupConfig,
     ) -> Vec<Reply> {
         let mut out = Vec::new();
+        let leader_before = g.leader.clone();
         let Some(mut m) = g.members.remove(old_id) else {
             return out;
         };
@@ -712,11 +716,15 @@ impl GroupCoordinator {
                 },
             ));
         }
-        let same_metadata = m.protocols == req.protocols;
+        // Kafka's replaceStaticMember then updateMember: the new id with the
+        // join's protocols and timeouts, the assignment kept.
         m.id = new_id.clone();
         m.last_heartbeat = now;
+        m.protocols = req.protocols.clone();
         m.session_timeout_ms = req.session_timeout_ms;
         m.rebalance_timeout_ms = req.rebalance_timeout_ms;
+        m.client_id = req.client_id.clone();
+        m.client_host = req.client_host.clone();
         for id in g.join_order.iter_mut() {
             if id == old_id {
                 *id = new_id.clone();
@@ -726,9 +734,26 @@ impl GroupCoordinator {
             g.leader = Some(new_id.clone());
         }
         g.members.insert(new_id.clone(), m);
-        if g.state == GroupState::Stable && same_metadata {
-            // KIP-345: no rebalance; the new id gets the current generation.
-            out.push(Reply::Join(token, g.join_response(&new_id)));
+        if g.state == GroupState::Stable && g.select_protocol() == g.protocol {
+            // KIP-345: no rebalance while the group's selected protocol
+            // stays (a restarted member's metadata — owned partitions, user
+            // data — may differ); the new id gets the current generation
+            // and its assignment at SyncGroup. The record names the new id,
+            // so a coordinator taking over does not fence it.
+            g.record = Some(GroupRecord::of(g));
+            records_changed();
+            let mut resp = g.join_response(&new_id);
+            if req.skip_assignment_supported {
+                // v9+: the leader is told the group keeps its assignment.
+                resp.skip_assignment = resp.leader == new_id;
+            } else {
+                // Before v9 the returning leader is answered as a follower
+                // (the leader as it was), so it does not assign.
+                resp.members.clear();
+                resp.leader = leader_before.unwrap_or_default();
+            }
+            resp.durable = true;
+            out.push(Reply::Join(token, resp));
             return out;
         }
         // The old id's parked requests were fenced above: nothing to supersede.
@@ -858,15 +883,23 @@ impl GroupCoordinator {
             return;
         }
         g.initial_delay = None;
-        // Members that did not rejoin in time are dropped.
+        // Dynamic members that did not rejoin in time are dropped; static
+        // members stay (their session expires them), assigned by the
+        // leader like the others (Kafka's completeClassicGroupJoin).
         let missing: Vec<String> = g
             .members
             .values()
-            .filter(|m| m.awaiting_join.is_none())
+            .filter(|m| m.awaiting_join.is_none() && m.instance_id.is_none())
             .map(|m| m.id.clone())
             .collect();
         for id in missing {
             g.remove_member(&id);
+        }
+        if !g.members.is_empty() && g.members.values().all(|m| m.awaiting_join.is_none()) {
+            // Only static members that have not rejoined: no leader to
+            // assign; wait another rebalance timeout (or their sessions).
+            g.rebalance_deadline = now + g.max_rebalance_timeout().max(1);
+            return;
         }
         g.pending.clear();
         g.generation += 1;
@@ -882,8 +915,10 @@ impl GroupCoordinator {
             return;
         }
         g.protocol = g.select_protocol();
-        if g.leader.as_ref().is_none_or(|l| !g.members.contains_key(l)) {
-            g.leader = g.join_order.first().cloned();
+        // The leader is a member that rejoined (it must assign).
+        let rejoined = |g: &Group, id: &String| g.members.get(id).is_some_and(|m| m.awaiting_join.is_some());
+        if g.leader.as_ref().is_none_or(|l| !rejoined(g, l)) {
+            g.leader = g.join_order.iter().find(|id| rejoined(g, id)).cloned();
         }
         g.state = GroupState::CompletingRebalance;
         // Members that do not send their SyncGroup within the rebalance
@@ -1273,8 +1308,26 @@ impl GroupCoordinator {
     /// error code. A commit with no member id and generation -1 (admin or
     /// standalone consumer) is accepted while the group has no members.
     pub fn validate_commit(&self, group: &str, member_id: &str, instance_id: Option<&str>, generation: i32) -> i16 {
+        self.validate(group, member_id, instance_id, generation, false)
+    }
+
+    /// [`Self::validate_commit`] for a TxnOffsetCommit (v3+, a member's
+    /// generation or epoch), as Kafka's validateTransactionalOffsetCommit:
+    /// no REBALANCE_IN_PROGRESS while the group completes a rebalance (the
+    /// offsets apply only when the transaction commits), and a consumer
+    /// group's stale member epoch is ILLEGAL_GENERATION (the producer
+    /// aborts and retries; STALE_MEMBER_EPOCH would be fatal to it).
+    pub fn validate_txn_commit(&self, group: &str, member_id: &str, instance_id: Option<&str>, generation: i32) -> i16 {
+        self.validate(group, member_id, instance_id, generation, true)
+    }
+
+    fn validate(&self, group: &str, member_id: &str, instance_id: Option<&str>, generation: i32, txn: bool) -> i16 {
         if let Some(c) = self.consumer.validate_commit(group, member_id, generation) {
-            return c;
+            return if txn && c == crate::consumer::err::STALE_MEMBER_EPOCH {
+                code::ILLEGAL_GENERATION
+            } else {
+                c
+            };
         }
         let Some(g) = self.groups.get(group) else {
             // Kafka's handleCommitOffsets: a generation from a group that
@@ -1311,7 +1364,7 @@ impl GroupCoordinator {
                 if generation != g.generation {
                     return code::ILLEGAL_GENERATION;
                 }
-                if state == GroupState::CompletingRebalance {
+                if state == GroupState::CompletingRebalance && !txn {
                     return code::REBALANCE_IN_PROGRESS;
                 }
                 code::NONE

@@ -43,6 +43,7 @@ impl H {
                 .map(|(n, m)| (n.to_string(), Bytes::from(m.to_string())))
                 .collect(),
             require_known_member_id: true,
+            skip_assignment_supported: true,
         }
     }
 
@@ -396,6 +397,163 @@ fn static_member_rejoin_keeps_generation_and_fences_the_old_id() {
     assert_eq!(h.state(), GroupState::Stable);
     assert_eq!(h.c.heartbeat("g", &old, Some("inst-1"), 1, h.now), FENCED_INSTANCE_ID);
     assert_eq!(h.c.heartbeat("g", &j.member_id, Some("inst-1"), 1, h.now), NONE);
+}
+
+/// A group of a static leader ("inst-1", joined first) and a dynamic
+/// member, Stable at generation 1: (harness, static id, dynamic id).
+fn stable_static_and_dynamic() -> (H, String, String) {
+    let mut h = H::new();
+    // Static members have sessions longer than a rebalance (a restart
+    // fits in them).
+    let mut req = H::join_req("", &[("range", "owned=none")], Some("inst-1"));
+    req.session_timeout_ms = 3 * REBALANCE;
+    let (ts, _) = h.join_with(req);
+    let (d, td, _) = h.new_member();
+    let r = h.advance(7_000);
+    let s = join_reply(&r, ts).member_id;
+    assert_eq!(join_reply(&r, td).generation, 1);
+    let (tl, r) = h.sync(&s, 1, &[(&s, "S"), (&d, "D")]);
+    sync_reply(&r, tl);
+    assert_eq!(h.state(), GroupState::Stable);
+    (h, s, d)
+}
+
+#[test]
+fn a_static_member_returning_with_other_metadata_keeps_the_group_stable_and_its_record() {
+    let (mut h, s, d) = stable_static_and_dynamic();
+    let records = h.c.record_changes();
+    // Restarted: the same instance id, its metadata now different (a
+    // cooperative client's owned partitions), the protocol the same.
+    let (t, r) = h.join_with(H::join_req("", &[("range", "owned=p0,p1")], Some("inst-1")));
+    let j = join_reply(&r, t);
+    assert_eq!((j.error, j.generation), (NONE, 1), "no rebalance");
+    assert_eq!(h.state(), GroupState::Stable);
+    assert!(j.durable, "answered once the record is replicated");
+    // v9: the returning leader is told to skip the assignment.
+    assert_eq!(j.leader, j.member_id);
+    assert!(j.skip_assignment);
+    assert_eq!(j.members.len(), 2);
+    let (ts, r) = h.sync(&j.member_id, 1, &[]);
+    assert_eq!(sync_reply(&r, ts).assignment, Bytes::from("S"));
+    // The record names the new id: a coordinator taking over knows it.
+    assert!(h.c.record_changes() > records);
+    let mut next = GroupCoordinator::new(GroupConfig::default());
+    next.load_records(h.c.records(), 0);
+    assert_eq!(next.heartbeat("g", &j.member_id, Some("inst-1"), 1, 0), NONE);
+    assert_eq!(next.heartbeat("g", &s, Some("inst-1"), 1, 0), FENCED_INSTANCE_ID);
+    assert_eq!(
+        h.c.heartbeat("g", &d, None, 1, h.now),
+        NONE,
+        "the other member undisturbed"
+    );
+    // Before v9 the returning leader is answered as a follower: the leader
+    // as it was, no members.
+    let mut req = H::join_req("", &[("range", "owned=p0")], Some("inst-1"));
+    req.skip_assignment_supported = false;
+    let (t, r) = h.join_with(req);
+    let j2 = join_reply(&r, t);
+    assert_eq!((j2.error, j2.generation), (NONE, 1));
+    assert_eq!(j2.leader, j.member_id);
+    assert!(j2.members.is_empty() && !j2.skip_assignment);
+    // Its replaced id joining again with the instance id is fenced.
+    let (t, r) = h.join_with(H::join_req(&j.member_id, &[("range", "x")], Some("inst-1")));
+    assert_eq!(join_reply(&r, t).error, FENCED_INSTANCE_ID);
+}
+
+#[test]
+fn a_static_member_that_has_not_rejoined_stays_through_a_rebalance() {
+    let (mut h, s, d) = stable_static_and_dynamic();
+    // A third member joins; the static member is restarting and does not
+    // rejoin within the rebalance timeout, the dynamic one does.
+    let (_e, te, _) = h.new_member();
+    let (td, _) = h.join_with(H::join_req(&d, &[("range", "meta")], None));
+    let r = h.advance(REBALANCE + 1_000);
+    let je = join_reply(&r, te);
+    let jd = join_reply(&r, td);
+    assert_eq!(je.generation, 2);
+    // Still a member, named to the leader (a member that rejoined) for
+    // the assignment.
+    let leader = if jd.members.is_empty() { &je } else { &jd };
+    assert_eq!(leader.members.len(), 3, "{leader:?}");
+    assert!(leader
+        .members
+        .iter()
+        .any(|(id, inst, _)| *id == s && inst.as_deref() == Some("inst-1")));
+    assert_ne!(leader.leader, s);
+    // It comes back: same generation, no further rebalance once Stable.
+    let (tl, _) = h.sync(&leader.leader, 2, &[(&s, "S2")]);
+    let _ = tl;
+    let other = if leader.leader == je.member_id { &jd } else { &je };
+    h.sync(&other.member_id, 2, &[]);
+    assert_eq!(h.state(), GroupState::Stable);
+    let mut back = H::join_req("", &[("range", "owned=none")], Some("inst-1"));
+    back.session_timeout_ms = 3 * REBALANCE;
+    let (t, r) = h.join_with(back);
+    let j = join_reply(&r, t);
+    assert_eq!((j.error, j.generation), (NONE, 2));
+    let (ts, r) = h.sync(&j.member_id, 2, &[]);
+    assert_eq!(sync_reply(&r, ts).assignment, Bytes::from("S2"));
+    // Only static members left and none rejoins: the join waits, then
+    // their sessions end it.
+    let mut h = H::new();
+    let (t1, _) = h.join_with(H::join_req("", &[("range", "m")], Some("inst-a")));
+    let r = h.advance(3_000);
+    let a = join_reply(&r, t1).member_id;
+    let (ts, r) = h.sync(&a, 1, &[(&a, "A")]);
+    sync_reply(&r, ts);
+    h.c.force_rebalance("g", h.now);
+    h.advance(REBALANCE + 1_000);
+    assert_ne!(h.state(), GroupState::CompletingRebalance, "no leader that rejoined");
+    h.advance(SESSION);
+    assert_eq!(h.state(), GroupState::Empty);
+}
+
+#[test]
+fn transactional_offset_commits_are_validated_as_kafka_does() {
+    let (mut h, a) = stable_one();
+    let (b, _tb, _) = h.new_member();
+    let (ta, mut r) = h.join(&a);
+    r.extend(h.advance(1_000));
+    let _ = join_reply(&r, ta);
+    assert_eq!(h.state(), GroupState::CompletingRebalance);
+    // A plain commit waits for the rebalance; a transactional one does not.
+    assert_eq!(h.c.validate_commit("g", &b, None, 2), REBALANCE_IN_PROGRESS);
+    assert_eq!(h.c.validate_txn_commit("g", &b, None, 2), NONE);
+    assert_eq!(h.c.validate_txn_commit("g", &b, None, 1), ILLEGAL_GENERATION);
+    // A consumer group (KIP-848): a stale member epoch is ILLEGAL_GENERATION
+    // for a transaction (STALE_MEMBER_EPOCH for a plain commit).
+    let cfg = crate::consumer::ConsumerConfig {
+        session_timeout_ms: SESSION,
+        heartbeat_interval_ms: 1_000,
+        max_size: 0,
+        max_subscribed_topics: 0,
+    };
+    let topics = |t: &str| (t == "t").then_some(2u32);
+    let r = h.c.consumer.heartbeat(
+        crate::consumer::HeartbeatRequest {
+            group: "k".into(),
+            member_epoch: 0,
+            rebalance_timeout_ms: 30_000,
+            subscribed_topics: Some(vec!["t".into()]),
+            owned: Some(Vec::new()),
+            ..crate::consumer::HeartbeatRequest::default()
+        },
+        h.now,
+        &topics,
+        &cfg,
+        true,
+    );
+    assert_eq!(r.error, NONE);
+    let stale = r.member_epoch - 1;
+    assert_eq!(
+        h.c.validate_commit("k", &r.member_id, None, stale),
+        crate::consumer::err::STALE_MEMBER_EPOCH
+    );
+    assert_eq!(
+        h.c.validate_txn_commit("k", &r.member_id, None, stale),
+        ILLEGAL_GENERATION
+    );
+    assert_eq!(h.c.validate_txn_commit("k", &r.member_id, None, r.member_epoch), NONE);
 }
 
 #[test]

@@ -59,6 +59,9 @@ pub struct JoinRequest {
     pub protocols: Vec<(String, Bytes)>,
     /// JoinGroup v4+: a dynamic member's first join gets MEMBER_ID_REQUIRED.
     pub require_known_member_id: bool,
+    /// JoinGroup v9+: the answer may tell the leader to skip the
+    /// assignment (a static member's return that changes nothing).
+    pub skip_assignment_supported: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -71,6 +74,12 @@ pub struct JoinResponse {
     pub member_id: String,
     /// (member id, instance id, metadata) — for the leader only.
     pub members: Vec<(String, Option<String>, Bytes)>,
+    /// JoinGroup v9+: the leader need not assign (the group keeps its
+    /// assignment).
+    pub skip_assignment: bool,
+    /// The group's record changed with this answer (a static member's
+    /// new id): answered once the set's replicas hold it.
+    pub durable: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -337,6 +337,7 @@ mod tests {
             protocol_type: "consumer".into(),
             protocols: vec![("range".into(), Bytes::from_static(b"m"))],
             require_known_member_id: false,
+            skip_assignment_supported: false,
         }
     }
 

@@ -50,6 +50,7 @@ pub async fn join(
             .map(|p| (p.name.to_string(), bytes::Bytes::copy_from_slice(&p.metadata)))
             .collect(),
         require_known_member_id: version >= 4,
+        skip_assignment_supported: version >= 9,
     };
     let topics = req
         .protocols
@@ -62,7 +63,25 @@ pub async fn join(
             .with_generation_id(-1)
             .with_member_id(str_bytes(&req.member_id));
     }
-    let resp = k.groups.join(req).await;
+    let group = req.group.clone();
+    let mut resp = k.groups.join(req).await;
+    // A static member's new id taken without a rebalance is answered once
+    // the set's in-sync replicas hold the group's record (Kafka writes it
+    // first): a coordinator taking over would fence the member otherwise.
+    // Not confirmed in time: retriable, the member joins again.
+    if resp.durable && resp.error == crate::errors::NONE {
+        if let Err(e) = k.broker.groups_durable(Some(k.groups.commit_timeout)).await {
+            tracing::debug!(group, error = e, "static member's new id not replicated");
+            resp = rokka_group::JoinResponse {
+                error: match k.broker.cluster_view() {
+                    Some(v) if !v.is_master() => super::not_coordinator::NOT_COORDINATOR,
+                    _ => crate::errors::COORDINATOR_NOT_AVAILABLE,
+                },
+                generation: -1,
+                ..rokka_group::JoinResponse::default()
+            };
+        }
+    }
     let members = resp
         .members
         .into_iter()
@@ -86,6 +105,9 @@ pub async fn join(
         .with_members(members);
     if version >= 7 {
         out.protocol_type = resp.protocol_type.map(|p| str_bytes(&p));
+    }
+    if version >= 9 {
+        out.skip_assignment = resp.skip_assignment;
     }
     out
 }

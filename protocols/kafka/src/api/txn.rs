@@ -94,7 +94,7 @@ pub async fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -
     // v3 (KIP-447): a member of the group commits under its generation.
     let member = if version >= 3 && !r.member_id.is_empty() {
         k.groups.with(|c| {
-            c.validate_commit(
+            c.validate_txn_commit(
                 &group,
                 r.member_id.as_str(),
                 r.group_instance_id.as_ref().map(|s| s.as_str()),
