@@ -1152,6 +1152,45 @@ async fn retry_sends_past_their_limit_go_to_the_dead_letter_topic() -> TestResul
     Ok(())
 }
 
+/// A group holding queue locks (an orderly group) sends to its retry topic
+/// only past its own retries: such a send goes to the dead-letter topic
+/// even with reconsumeTimes equal to the maximum (clients before RocketMQ
+/// 5.1.1 do not raise it), as RocketMQ 5.1.1+ brokers do; once its locks
+/// expire, the count decides again.
+#[tokio::test]
+async fn an_orderly_groups_retry_sends_go_to_the_dead_letter_topic() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = RocketMqConfig {
+        lock_expiry_ms: 400,
+        ..RocketMqConfig::default()
+    };
+    let (addr, broker, _stop) = serve_broker(dir.path(), cfg).await?;
+    let mut c = Client::connect(addr).await?;
+    let retry = || {
+        let mut r = send_req("%RETRY%og", 0, "poison", "T", true);
+        r.ext_fields.set("j", "16");
+        r.ext_fields.set("l", "16");
+        r
+    };
+    // Not locked: at the maximum, still retried.
+    let r = c.call(retry()).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert_eq!(broker.store().max_offset("%RETRY%og", 0), 1);
+    // The group locks a queue (lock_req's group is "og").
+    let r = c.call(lock_req(rq::LOCK_BATCH_MQ, "a", &[0])).await?;
+    assert_eq!(locked(&r)?, vec![0]);
+    let r = c.call(retry()).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert_eq!(broker.store().max_offset("%RETRY%og", 0), 1, "not retried again");
+    assert_eq!(broker.store().max_offset("%DLQ%og", 0), 1);
+    // Expired locks do not count.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let r = c.call(retry()).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert_eq!(broker.store().max_offset("%RETRY%og", 0), 2);
+    Ok(())
+}
+
 /// A client id a live consumer registered on its connection cannot be used
 /// from another connection to unlock (or take) its orderly queues.
 #[tokio::test]

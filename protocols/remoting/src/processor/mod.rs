@@ -34,7 +34,8 @@ pub use offsets::{parse_lock_batch, LockBatch};
 pub use send::split_batch;
 
 /// (group, topic, queue id) → (holding client id, last granted at ms).
-type QueueLocks = std::collections::HashMap<(String, String, i64), (String, u64)>;
+// Ordered by group first: whether a group holds any lock is a range.
+type QueueLocks = std::collections::BTreeMap<(String, String, i64), (String, u64)>;
 
 /// (group, topic, queue id) → (the offset it was reset to, held until ms):
 /// commits from clients still at the old position are ignored meanwhile.

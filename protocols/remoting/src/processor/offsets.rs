@@ -489,6 +489,19 @@ impl RocketMq {
         self.json_body(req, json!({"lockOKMQSet": granted}))
     }
 
+    /// Whether `group` holds a queue lock that has not expired: its
+    /// consumers consume orderly (RocketMQ's RebalanceLockManager
+    /// isLockAllExpired, negated).
+    pub(super) fn group_holds_locks(&self, group: &str) -> bool {
+        let now = self.now_ms();
+        let expiry = self.config.lock_expiry_ms;
+        let locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks
+            .range((group.to_string(), String::new(), i64::MIN)..)
+            .take_while(|((g, _, _), _)| g == group)
+            .any(|(_, (_, at))| at.saturating_add(expiry) >= now)
+    }
+
     /// GET_CONSUME_STATS: per queue of this broker, the group's committed
     /// offset and the queue's end (what `mqadmin consumerProgress` shows as
     /// lag). With a topic: every queue of it here (0 where nothing is

@@ -248,15 +248,19 @@ impl RocketMq {
             }
             ReadStatus::NoNewMessages => (rs::PULL_NOT_FOUND, offset, Bytes::new()),
             ReadStatus::NoSuchQueue if offset == 0 => (rs::PULL_NOT_FOUND, 0, Bytes::new()),
-            ReadStatus::NoSuchQueue => (rs::PULL_OFFSET_MOVED, 0, Bytes::new()),
             // A replica does not move a consumer's offset on its own
-            // bounds (its retention runs apart from the master's, and it may
-            // lag): it sends the consumer back to the master, as a RocketMQ
-            // slave does (offsetCheckInSlave off).
-            ReadStatus::OffsetMoved | ReadStatus::OffsetOverflow if view.as_ref().is_some_and(|v| !v.is_master()) => {
+            // bounds (its retention runs apart from the master's, it may
+            // lag, or not hold the queue yet): it sends the consumer back
+            // to the master, as a RocketMQ slave does (offsetCheckInSlave
+            // off) — else a queue the replica has not made yet would move
+            // the consumer to 0.
+            ReadStatus::NoSuchQueue | ReadStatus::OffsetMoved | ReadStatus::OffsetOverflow
+                if view.as_ref().is_some_and(|v| !v.is_master()) =>
+            {
                 suggest = 0;
                 (rs::PULL_RETRY_IMMEDIATELY, offset, Bytes::new())
             }
+            ReadStatus::NoSuchQueue => (rs::PULL_OFFSET_MOVED, 0, Bytes::new()),
             ReadStatus::OffsetMoved => (rs::PULL_OFFSET_MOVED, min, Bytes::new()),
             ReadStatus::OffsetOverflow => (rs::PULL_OFFSET_MOVED, max, Bytes::new()),
             // A damaged entry is never served: an error, which clients

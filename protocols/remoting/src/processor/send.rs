@@ -36,6 +36,10 @@ impl RocketMq {
         // group's maxReconsumeTimes the message goes to its dead-letter
         // topic, with no delay, as RocketMQ's SendMessageProcessor does —
         // else a poison message loops through the retry topic for ever.
+        // So does any such send of a group holding queue locks (an orderly
+        // group, RocketMQ 5.1.1+): its consumers retry locally and send
+        // back only past their maximum, with the count not raised by
+        // clients before 5.1.1 (equal to the maximum, not past it).
         let mut dlq_group = None;
         if let Some(g) = topic.strip_prefix("%RETRY%") {
             if batch {
@@ -46,7 +50,7 @@ impl RocketMq {
                 ));
             }
             let max = ext_i64(req, "maxReconsumeTimes", "l").unwrap_or(16);
-            if i64::from(reconsume) > max {
+            if i64::from(reconsume) > max || self.group_holds_locks(g) {
                 dlq_group = Some(g.to_string());
             }
         }
