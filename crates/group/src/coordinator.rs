@@ -930,9 +930,11 @@ impl GroupCoordinator {
         for id in ids {
             let resp = g.join_response(&id);
             if let Some(m) = g.members.get_mut(&id) {
-                m.last_heartbeat = now;
                 m.assignment = Bytes::new();
+                // Sessions start again for the members answered; a static
+                // member that has not rejoined keeps its own clock.
                 if let Some(t) = m.awaiting_join.take() {
+                    m.last_heartbeat = now;
                     out.push(Reply::Join(t, resp));
                 }
             }
