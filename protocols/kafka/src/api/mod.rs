@@ -94,7 +94,7 @@ async fn guarded(
     use kafka_protocol::messages::*;
     use rokka_broker::acl::Operation as Op;
     Ok(Some(Response::Kind(match req {
-        RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE)),
+        RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE, version)),
         RequestKind::Metadata(r) => {
             let learned = metadata::from_cluster(k, &r, who).await;
             ResponseKind::Metadata(guard::metadata(k, who, r, version, at, &learned))
@@ -450,10 +450,10 @@ pub fn unsupported_version_response(key: ApiKey, version: i16) -> Option<Respons
     if version < valid.min || version > valid.max {
         // Not even encodable at that version: only ApiVersions has a rule
         // for this (answer in v0).
-        return (key == ApiKey::ApiVersions).then(|| ResponseKind::ApiVersions(api_versions::handle(E)));
+        return (key == ApiKey::ApiVersions).then(|| ResponseKind::ApiVersions(api_versions::handle(E, 0)));
     }
     Some(match key {
-        ApiKey::ApiVersions => ResponseKind::ApiVersions(api_versions::handle(E)),
+        ApiKey::ApiVersions => ResponseKind::ApiVersions(api_versions::handle(E, version)),
         ApiKey::FindCoordinator => ResponseKind::FindCoordinator(FindCoordinatorResponse::default().with_error_code(E)),
         ApiKey::JoinGroup => ResponseKind::JoinGroup(JoinGroupResponse::default().with_error_code(E)),
         ApiKey::SyncGroup => ResponseKind::SyncGroup(SyncGroupResponse::default().with_error_code(E)),
