@@ -992,8 +992,24 @@ impl Broker {
                     if pid != m.producer_id || (epoch != m.epoch && Some(epoch) != m.last_epoch) {
                         return Err(code::PRODUCER_FENCED);
                     }
+                    if epoch != m.epoch && m.state != TxnState::Ongoing {
+                        // A retry of a bump it was given (its answer lost):
+                        // the current epoch again, not bumped twice (Kafka's
+                        // prepareIncrementProducerEpoch). No other producer
+                        // came in between: one would have cleared the last
+                        // epoch.
+                        return Ok(Initialized {
+                            producer_id: m.producer_id,
+                            epoch: m.epoch,
+                        });
+                    }
                 }
                 let mut next = m.clone();
+                // The epoch before this bump, which a retry of this call may
+                // name — only for the producer itself (KIP-360); a new
+                // incarnation fences every earlier epoch (Kafka sets the
+                // last epoch to -1).
+                next.last_epoch = expected.map(|_| m.epoch);
                 let (new_pid, new_epoch) = if m.epoch >= i16::MAX - 1 {
                     (self.producers.allocate_id(), 0)
                 } else {
@@ -1003,7 +1019,6 @@ impl Broker {
                     // The earlier incarnation's transaction is aborted
                     // under the new epoch, which fences it.
                     next.epoch = m.epoch.saturating_add(1).min(i16::MAX - 1);
-                    next.last_epoch = Some(m.epoch);
                     next.state = TxnState::PrepareAbort;
                     next.update_ms = now;
                     Some(Ending {
@@ -1757,6 +1772,8 @@ impl Broker {
                     && now_ms - m.start_ms > m.timeout_ms
                 {
                     m.epoch = m.epoch.saturating_add(1).min(i16::MAX - 1);
+                    // A fence: no earlier epoch may re-initialise.
+                    m.last_epoch = None;
                     m.state = TxnState::PrepareAbort;
                     m.update_ms = now_ms;
                     due.push(m.clone());
@@ -2177,6 +2194,45 @@ mod tests {
         assert_eq!(b.txn_expire(rokka_store::now_ms() + 5_000).await, 1);
         assert!(b.kafka_txns().is_aborted("T", 0, pid, 0));
         assert_eq!(b.txn_end("slow", pid, ep, true).await, Err(code::PRODUCER_FENCED));
+        // The fence is final: the timed-out epoch cannot re-initialise.
+        assert_eq!(
+            b.txn_init_producer_id("slow", 1_000, Some((pid, ep))).await.err(),
+            Some(code::PRODUCER_FENCED)
+        );
+        Ok(())
+    }
+
+    /// KIP-360 as Kafka's prepareIncrementProducerEpoch: a producer bumping
+    /// its own epoch (after an abortable error) may retry the call whose
+    /// answer it lost and gets the same epoch, not a second bump; a new
+    /// incarnation (no producer id given) fences every earlier epoch, so
+    /// neither the old epoch nor the one before may re-initialise.
+    #[tokio::test]
+    async fn a_lost_bump_answer_is_retried_and_a_new_incarnation_fences_for_good() -> Result<()> {
+        let (_dir, b) = fresh()?;
+        let first = b.txn_init_producer_id("r", 60_000, None).await.map_err(kafka_err)?;
+        let (pid, e0) = (first.producer_id, first.epoch);
+        // The producer bumps its epoch itself; the answer is lost, it retries.
+        let bumped = b.txn_init_producer_id("r", 60_000, Some((pid, e0))).await.map_err(kafka_err)?;
+        assert_eq!((bumped.producer_id, bumped.epoch), (pid, e0 + 1));
+        let again = b.txn_init_producer_id("r", 60_000, Some((pid, e0))).await.map_err(kafka_err)?;
+        assert_eq!((again.producer_id, again.epoch), (pid, e0 + 1), "a retry is not bumped again");
+        // Naming the current epoch bumps.
+        let next = b.txn_init_producer_id("r", 60_000, Some((pid, e0 + 1))).await.map_err(kafka_err)?;
+        assert_eq!(next.epoch, e0 + 2);
+        // A zombie with an open transaction, then a new incarnation.
+        b.txn_add_partitions("r", pid, e0 + 2, &[("T".into(), crate::Placed::Here(0))])
+            .await
+            .map_err(kafka_err)?;
+        let fresh_one = b.txn_init_producer_id("r", 60_000, None).await.map_err(kafka_err)?;
+        assert!(fresh_one.epoch > e0 + 2);
+        for old in [e0 + 1, e0 + 2] {
+            assert_eq!(
+                b.txn_init_producer_id("r", 60_000, Some((pid, old))).await.err(),
+                Some(code::PRODUCER_FENCED),
+                "epoch {old} re-initialised after a new incarnation"
+            );
+        }
         Ok(())
     }
 }
