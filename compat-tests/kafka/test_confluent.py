@@ -373,3 +373,70 @@ def test_api_versions_features_as_each_version_may_be_told_them(rokka):
     assert seen[3][0] == {"group.version": (1, 1)}, seen[3]
     assert seen[4][0] == {"group.version": (0, 1), "transaction.version": (0, 0)}, seen[4]
     assert seen[3][1] == seen[4][1] == {"group.version": 1}
+
+
+def test_a_committed_offset_past_an_empty_partition_resets_at_once(rokka, topic):
+    """A group's committed offset past the end of a partition nothing was
+    written to yet (a seek, offsets carried over): the fetch is
+    OFFSET_OUT_OF_RANGE at once, as Kafka's log read answers, so
+    `auto.offset.reset=latest` resets to the empty partition's end (0) and
+    the records produced afterwards are all consumed — not found out of
+    range only once they arrive and skipped by the reset."""
+    admin = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    group = f"past-{topic}"
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+    c.close()
+    c = Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "latest",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+        }
+    )
+    try:
+        c.subscribe([topic])
+        deadline = time.time() + 20
+        while time.time() < deadline and not c.assignment():
+            c.poll(0.2)
+        # Let the fetcher reach the partition (and reset) before producing.
+        end = time.time() + 3
+        while time.time() < end:
+            c.poll(0.2)
+        p = Producer({"bootstrap.servers": rokka.bootstrap})
+        for i in range(3):
+            p.produce(topic, f"m{i}".encode(), partition=0)
+        assert p.flush(10) == 0
+        got = []
+        deadline = time.time() + 20
+        while time.time() < deadline and len(got) < 3:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.value())
+        assert got == [b"m0", b"m1", b"m2"], got
+    finally:
+        c.close()
+
+
+def test_a_deleted_topics_committed_offsets_go_with_it(rokka, topic):
+    """Deleting a topic drops every group's committed offsets of it (as
+    Kafka's coordinator does): a topic made again under the name does not
+    start its groups at the old topic's offsets."""
+    admin = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(10)
+    group = f"del-{topic}"
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[TopicPartition(topic, 0, 7), TopicPartition(topic, 1, 9)], asynchronous=False)
+        got = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
+        assert [tp.offset for tp in got] == [7, 9]
+        admin.delete_topics([topic])[topic].result(10)
+        time.sleep(0.5)
+        admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(10)
+        got = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=10)
+        assert [tp.offset for tp in got] == [-1001, -1001], got  # OFFSET_INVALID: nothing committed
+    finally:
+        c.close()

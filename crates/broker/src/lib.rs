@@ -654,6 +654,13 @@ impl Broker {
             return Err(BrokerError::UnknownTopic(name.to_string()));
         }
         self.store.delete_topic(name)?;
+        // Its committed offsets go with it (Kafka's coordinator and
+        // RocketMQ's deleteTopic drop them): a topic made again under the
+        // name starts its groups afresh, not at offsets of the old one.
+        let dropped = self.store.offsets().delete_topic(name);
+        if dropped > 0 {
+            tracing::info!(topic = name, offsets = dropped, "committed offsets of the deleted topic dropped");
+        }
         self.forget_topic_transactions(name);
         self.traffic.forget(name);
         tracing::info!(topic = name, "topic deleted");

@@ -409,6 +409,30 @@ impl ConsumerOffsets {
         n
     }
 
+    /// Deletes every group's offsets of `topic` (the topic was deleted, as
+    /// Kafka's coordinator and RocketMQ's deleteTopic drop them); returns
+    /// how many.
+    pub fn delete_topic(&self, topic: &str) -> usize {
+        let mut t = self.lock();
+        let before = t.len();
+        let mut freed = 0;
+        t.retain(|k, v| {
+            let keep = k.topic != topic;
+            if !keep {
+                freed += cost(k, &v.metadata);
+            }
+            keep
+        });
+        self.resize(freed, 0);
+        self.gauges(&t);
+        let n = before - t.len();
+        drop(t);
+        if n > 0 {
+            self.touch();
+        }
+        n
+    }
+
     /// Writes the table if it changed since the last write.
     pub fn persist_if_dirty(&self) -> Result<()> {
         if self.dirty.swap(false, Ordering::AcqRel) {

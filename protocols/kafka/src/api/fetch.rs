@@ -306,8 +306,14 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                             k.broker.traffic().kafka_out.record(name, n, bytes as u64);
                         }
                     }
-                    ReadStatus::NoNewMessages | ReadStatus::NoSuchQueue => {}
-                    ReadStatus::OffsetMoved | ReadStatus::OffsetOverflow => {
+                    ReadStatus::NoNewMessages => {}
+                    // A queue nothing was written to yet is empty at 0.
+                    ReadStatus::NoSuchQueue if offset == 0 => {}
+                    // Past the end of a log (an empty one here): out of
+                    // range at once, as Kafka's log read, so the consumer
+                    // resets now, not after the first records arrive (when
+                    // `latest` would skip them).
+                    ReadStatus::NoSuchQueue | ReadStatus::OffsetMoved | ReadStatus::OffsetOverflow => {
                         tracing::debug!(topic = name, queue = q, offset, min, max, "fetch out of range");
                         pd.error_code = errors::OFFSET_OUT_OF_RANGE;
                         any_error = true;
