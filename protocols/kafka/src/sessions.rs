@@ -225,6 +225,11 @@ impl FetchSessions {
         let mut session = inner.sessions.get_mut(&id);
         let mut all = std::mem::take(records).into_iter();
         let mut kept = Vec::new();
+        // Partitions an incremental answer carried records of: they go to
+        // the end of the session's order (Kafka's IncrementalFetchContext),
+        // so the next fetch fills its byte budget from the others first —
+        // else the first partitions with a backlog would starve the rest.
+        let mut served: Vec<(String, i32)> = Vec::new();
         for t in &mut resp.responses {
             let key = if version >= 13 {
                 t.topic_id.to_string()
@@ -248,6 +253,9 @@ impl FetchSessions {
                     }
                     None => true,
                 };
+                if incremental && !pieces.is_empty() && cached.as_ref().is_some_and(|m| m.contains_key(&p.partition_index)) {
+                    served.push((key.clone(), p.partition_index));
+                }
                 if send || !incremental {
                     t.partitions.push(p);
                     kept.push(pieces);
@@ -256,6 +264,11 @@ impl FetchSessions {
         }
         resp.responses.retain(|t| !t.partitions.is_empty());
         *records = kept;
+        if let (Some(s), false) = (session, served.is_empty()) {
+            let moved: std::collections::HashSet<&(String, i32)> = served.iter().collect();
+            s.order.retain(|k| !moved.contains(k));
+            s.order.extend(served.iter().cloned());
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -353,6 +366,49 @@ mod tests {
         let mut r = req(b, 2, &[1, 2]);
         assert_eq!(s.begin(&mut r, 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
         assert_eq!(s.begin(&mut req(b, 3, &[]), 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
+    }
+
+    /// Partitions an incremental answer carried records of go to the end
+    /// of the session's order: the next fetch covers the others first.
+    #[test]
+    fn partitions_that_were_served_go_to_the_end_of_the_next_fetch() {
+        use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+        let s = FetchSessions::new(4, 8, Duration::from_secs(60));
+        let Ok(Mode::New(id)) = s.begin(&mut req(0, 0, &[0, 1, 2]), 12) else {
+            panic!("no session")
+        };
+        let order = |r: &FetchRequest| -> Vec<i32> {
+            r.topics
+                .iter()
+                .flat_map(|t| t.partitions.iter().map(|p| p.partition))
+                .collect()
+        };
+        let resp = || {
+            FetchResponse::default().with_responses(vec![FetchableTopicResponse::default()
+                .with_topic(TopicName(StrBytes::from_static_str("t")))
+                .with_partitions(
+                    (0..3)
+                        .map(|p| PartitionData::default().with_partition_index(p).with_high_watermark(9))
+                        .collect(),
+                )])
+        };
+        let mut r = req(id, 1, &[]);
+        assert!(matches!(s.begin(&mut r, 12), Ok(Mode::Incremental(_))));
+        assert_eq!(order(&r), vec![0, 1, 2]);
+        // Partition 0 had records (1 and 2 none).
+        let mut out = resp();
+        let mut recs = vec![vec![Bytes::from_static(b"x")], Vec::new(), Vec::new()];
+        s.trim(id, true, 12, &mut out, &mut recs);
+        let mut r = req(id, 2, &[]);
+        assert!(matches!(s.begin(&mut r, 12), Ok(Mode::Incremental(_))));
+        assert_eq!(order(&r), vec![1, 2, 0]);
+        // A full answer (the session's first) does not reorder.
+        let mut out = resp();
+        let mut recs = vec![Vec::new(), vec![Bytes::from_static(b"x")], Vec::new()];
+        s.trim(id, false, 12, &mut out, &mut recs);
+        let mut r = req(id, 3, &[]);
+        assert!(matches!(s.begin(&mut r, 12), Ok(Mode::Incremental(_))));
+        assert_eq!(order(&r), vec![1, 2, 0]);
     }
 
     #[test]
