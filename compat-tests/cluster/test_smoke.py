@@ -49,6 +49,53 @@ def test_one_master_and_metadata_names_the_set(cluster):
     assert len(got) == 100
 
 
+def test_a_long_poll_is_answered_once_the_replicas_have_the_records(cluster):
+    """A fetch sees what the high watermark covers: a consumer waiting in a
+    long poll (fetch.wait.max.ms 5 s here) is answered when the set's
+    replicas have taken new records and the watermark moved — not at the
+    end of its poll (the append itself comes before the watermark)."""
+    from confluent_kafka import TopicPartition
+
+    topic = "smoke-latency"
+    p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all", "linger.ms": 0, "enable.idempotence": True})
+    p.produce(topic, b"first", partition=0)
+    assert p.flush(30) == 0
+    c = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap(),
+            "group.id": "smoke-latency",
+            "fetch.wait.max.ms": 5000,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.time() + 30
+        first = None
+        while first is None and time.time() < deadline:
+            m = c.poll(0.5)
+            if m is not None and m.error() is None:
+                first = m.value()
+        assert first == b"first"
+        waits = []
+        for i in range(4):
+            # The consumer is in its next long poll by now.
+            time.sleep(1.0)
+            t0 = time.time()
+            p.produce(topic, f"m{i}".encode(), partition=0)
+            assert p.flush(30) == 0
+            got = None
+            while got != f"m{i}".encode() and time.time() < t0 + 15:
+                m = c.poll(0.1)
+                if m is not None and m.error() is None:
+                    got = m.value()
+            assert got == f"m{i}".encode()
+            waits.append(time.time() - t0)
+        assert max(waits) < 2.0, f"records reached the consumer after {waits} s (its poll is 5 s)"
+    finally:
+        c.close()
+
+
 def list_offsets(port, topic, current_leader_epoch):
     """ListOffsets v4 (latest) with a current leader epoch, raw over a socket
     with kafka-python's own request and response classes: (error, leader_epoch)."""

@@ -1,7 +1,10 @@
 //! Wake-ups for long polls: a waiter registers on the queues it reads, and an
 //! append to a queue wakes exactly the waiters registered on that queue.
 //! In sync-flush mode an append is not visible to readers until it is on
-//! disk, so the wake-up waits for the flush ([`Arrivals::deferred`]).
+//! disk, so the wake-up waits for the flush ([`Arrivals::deferred`]). In
+//! cluster mode readers see only what the high watermark covers: a queue
+//! written past it is held ([`Arrivals::hold`]) and woken when the
+//! watermark reaches its records ([`Arrivals::visible_up_to`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
@@ -25,6 +28,10 @@ pub struct Arrivals {
     /// Sync flush: queues appended to since the last flush (at most one
     /// entry per queue; drained by every flush).
     pending: Option<Mutex<HashMap<String, HashSet<u32>>>>,
+    /// Cluster mode: queues written past the high watermark → (the log
+    /// position the watermark must reach to wake them, the furthest one
+    /// written). At most one entry per queue.
+    held: Mutex<HashMap<(String, u32), (u64, u64)>>,
 }
 
 impl Arrivals {
@@ -33,6 +40,7 @@ impl Arrivals {
         Arrivals {
             waiters: Mutex::default(),
             pending: Some(Mutex::default()),
+            held: Mutex::default(),
         }
     }
 
@@ -114,6 +122,57 @@ impl Arrivals {
         }
     }
 
+    /// Cluster mode: (topic, queue) was written up to log position `end`,
+    /// past what the high watermark covered: its waiters are woken once
+    /// the watermark reaches `end` ([`Arrivals::visible_up_to`]). `hw` is
+    /// read again once the queue is held, so a watermark that rose in
+    /// between is not missed.
+    pub fn hold(&self, topic: &str, queue: u32, end: u64, hw: impl Fn() -> Option<u64>) {
+        {
+            let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            match h.get_mut(&(topic.to_string(), queue)) {
+                Some((_, max)) => *max = (*max).max(end),
+                None => {
+                    h.insert((topic.to_string(), queue), (end, end));
+                }
+            }
+        }
+        if let Some(now) = hw() {
+            if now >= end {
+                self.visible_up_to(now);
+            }
+        }
+    }
+
+    /// The high watermark rose to `hw`: the held queues whose records it
+    /// now covers are woken (a queue written further stays held for the
+    /// rest, woken again at the next rise).
+    pub fn visible_up_to(&self, hw: u64) {
+        let due: Vec<(String, u32)> = {
+            let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
+            if h.is_empty() {
+                return;
+            }
+            let mut due = Vec::new();
+            h.retain(|k, (min, max)| {
+                if *min > hw {
+                    return true;
+                }
+                due.push(k.clone());
+                if *max > hw {
+                    *min = hw + 1;
+                    true
+                } else {
+                    false
+                }
+            });
+            due
+        };
+        for (t, q) in due {
+            self.wake(&t, q);
+        }
+    }
+
     /// Number of (topic, queue) keys with registered waiters.
     pub fn waiting_queues(&self) -> usize {
         self.waiters.lock().unwrap_or_else(|p| p.into_inner()).map.len()
@@ -123,6 +182,40 @@ impl Arrivals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_queue_written_past_the_watermark_wakes_when_it_is_reached() {
+        let a = Arrivals::default();
+        let n = Arc::new(Notify::new());
+        let woke = |n: &Arc<Notify>| {
+            let n = Arc::clone(n);
+            async move {
+                tokio::time::timeout(std::time::Duration::from_millis(50), n.notified())
+                    .await
+                    .is_ok()
+            }
+        };
+        a.register("t", 0, &n);
+        a.hold("t", 0, 100, || Some(40));
+        a.hold("t", 0, 300, || Some(40));
+        a.visible_up_to(80);
+        assert!(!woke(&n).await, "not yet covered");
+        a.visible_up_to(150);
+        assert!(woke(&n).await, "its first records are visible");
+        // Written further: held for the rest, woken at the next rise.
+        a.register("t", 0, &n);
+        a.visible_up_to(200);
+        assert!(woke(&n).await);
+        a.register("t", 0, &n);
+        a.visible_up_to(300);
+        assert!(woke(&n).await);
+        a.register("t", 0, &n);
+        a.visible_up_to(400);
+        assert!(!woke(&n).await, "nothing held any more");
+        // A watermark that rose before the hold was recorded is not missed.
+        a.hold("t", 0, 500, || Some(600));
+        assert!(woke(&n).await);
+    }
 
     #[tokio::test]
     async fn wakes_exactly_the_waiters_of_the_queue() {

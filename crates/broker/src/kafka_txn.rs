@@ -1621,7 +1621,7 @@ impl Broker {
                 }
                 let r = crate::offload(|| self.store.append_kafka_batch(t, *p, &marker))?;
                 end = end.max(r.end_offset);
-                self.arrivals.notify(t, *p);
+                self.arrived(t, *p);
                 let mut parts = lock(&self.kafka_txns.parts);
                 let Some(pt) = parts.entry(t, *p) else { continue };
                 pt.ongoing.remove(&m.producer_id);
@@ -2213,12 +2213,25 @@ mod tests {
         let first = b.txn_init_producer_id("r", 60_000, None).await.map_err(kafka_err)?;
         let (pid, e0) = (first.producer_id, first.epoch);
         // The producer bumps its epoch itself; the answer is lost, it retries.
-        let bumped = b.txn_init_producer_id("r", 60_000, Some((pid, e0))).await.map_err(kafka_err)?;
+        let bumped = b
+            .txn_init_producer_id("r", 60_000, Some((pid, e0)))
+            .await
+            .map_err(kafka_err)?;
         assert_eq!((bumped.producer_id, bumped.epoch), (pid, e0 + 1));
-        let again = b.txn_init_producer_id("r", 60_000, Some((pid, e0))).await.map_err(kafka_err)?;
-        assert_eq!((again.producer_id, again.epoch), (pid, e0 + 1), "a retry is not bumped again");
+        let again = b
+            .txn_init_producer_id("r", 60_000, Some((pid, e0)))
+            .await
+            .map_err(kafka_err)?;
+        assert_eq!(
+            (again.producer_id, again.epoch),
+            (pid, e0 + 1),
+            "a retry is not bumped again"
+        );
         // Naming the current epoch bumps.
-        let next = b.txn_init_producer_id("r", 60_000, Some((pid, e0 + 1))).await.map_err(kafka_err)?;
+        let next = b
+            .txn_init_producer_id("r", 60_000, Some((pid, e0 + 1)))
+            .await
+            .map_err(kafka_err)?;
         assert_eq!(next.epoch, e0 + 2);
         // A zombie with an open transaction, then a new incarnation.
         b.txn_add_partitions("r", pid, e0 + 2, &[("T".into(), crate::Placed::Here(0))])

@@ -207,6 +207,25 @@ impl Broker {
                 a
             }
         };
+        // Cluster mode: readers see what the high watermark covers; a
+        // queue written past it is woken when the watermark reaches it (on
+        // a master after its replicas took the records, on a replica when
+        // the master's watermark comes) — not at the end of the poll.
+        {
+            let w = Arc::downgrade(&arrivals);
+            store.set_watermark_listener(move |hw| {
+                if let Some(a) = w.upgrade() {
+                    a.visible_up_to(hw);
+                }
+            });
+            let w = Arc::downgrade(&arrivals);
+            let st = Arc::downgrade(&store);
+            store.set_replicated_listener(move |topic, queue, end| {
+                if let Some(a) = w.upgrade() {
+                    a.hold(topic, queue, end, || st.upgrade().and_then(|s| s.high_watermark()));
+                }
+            });
+        }
         let kafka_txns = kafka_txn::KafkaTxns::open(
             &store.config().data_dir,
             kafka_txn::TxnConfig {
@@ -284,6 +303,19 @@ impl Broker {
 
     pub fn topics(&self) -> &TopicTable {
         &self.topics
+    }
+
+    /// Wakes the long polls of (topic, queue) after an append to it — in
+    /// cluster mode also once the high watermark covers the append.
+    pub(crate) fn arrived(&self, topic: &str, queue: u32) {
+        self.arrivals.notify(topic, queue);
+        if let Some(hw) = self.store.high_watermark() {
+            let end = self.store.log_end();
+            if end > hw {
+                let store = &self.store;
+                self.arrivals.hold(topic, queue, end, || store.high_watermark());
+            }
+        }
     }
 
     pub fn arrivals(&self) -> &Arrivals {
@@ -659,7 +691,11 @@ impl Broker {
         // name starts its groups afresh, not at offsets of the old one.
         let dropped = self.store.offsets().delete_topic(name);
         if dropped > 0 {
-            tracing::info!(topic = name, offsets = dropped, "committed offsets of the deleted topic dropped");
+            tracing::info!(
+                topic = name,
+                offsets = dropped,
+                "committed offsets of the deleted topic dropped"
+            );
         }
         self.forget_topic_transactions(name);
         self.traffic.forget(name);
@@ -880,7 +916,7 @@ impl Broker {
     pub fn append_kafka_batch(&self, topic: &str, partition: u32, batch: &[u8]) -> Result<AppendResult> {
         self.check_partition(topic, partition)?;
         let r = self.store.append_kafka_batch(topic, partition, batch)?;
-        self.arrivals.notify(topic, partition);
+        self.arrived(topic, partition);
         Ok(r)
     }
 
@@ -910,7 +946,7 @@ impl Broker {
                 Ok::<u64, BrokerError>(r.queue_offset)
             })?;
         if end > 0 {
-            self.arrivals.notify(topic, partition);
+            self.arrived(topic, partition);
         } else if matches!(verdict, SequenceCheck::Duplicate(_)) {
             // A retry acknowledged with its original's offset waits, like
             // the original, until that is durable: the original's own answer
@@ -973,7 +1009,7 @@ impl Broker {
         }
         let r = self.store.append_messages(msgs)?;
         for m in msgs {
-            self.arrivals.notify(m.topic, m.queue_id);
+            self.arrived(m.topic, m.queue_id);
         }
         Ok(r)
     }

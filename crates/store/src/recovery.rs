@@ -255,6 +255,8 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         deleted: Mutex::new(deleted),
         flush_listener: std::sync::OnceLock::new(),
         append_listener: std::sync::OnceLock::new(),
+        replicated_listener: std::sync::OnceLock::new(),
+        watermark_listener: std::sync::OnceLock::new(),
         checkpoint_lock: Mutex::new(()),
         damage_logged_ms: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
         compacted: RwLock::new(compacted),

@@ -260,6 +260,8 @@ impl MessageStore {
         let max_entry = inner.config.max_message_bytes as usize + 64 * 1024;
         let mut w = inner.writer();
         inner.check_open_writable()?;
+        // The queues written to, for the replicated-append listener.
+        let mut touched: Vec<(String, u32)> = Vec::new();
         for data in entries {
             if data.len() >= 8 && data[4..8] == BLANK_MAGIC.to_be_bytes() {
                 continue;
@@ -301,8 +303,20 @@ impl MessageStore {
             inner.log.publish(w.cl.position());
             inner.dispatch(&q, &info, topic, props)?;
             inner.metrics.append_bytes.increment(data.len() as u64);
+            if info.consumable && touched.last().is_none_or(|(t, qq)| t != topic || *qq != info.queue_id) {
+                touched.push((topic.to_string(), info.queue_id));
+            }
         }
-        Ok(inner.log.write_pos())
+        let end = inner.log.write_pos();
+        drop(w);
+        if let Some(f) = inner.replicated_listener.get() {
+            touched.sort_unstable();
+            touched.dedup();
+            for (t, q) in &touched {
+                f(t, *q, end);
+            }
+        }
+        Ok(end)
     }
 
     /// Drops the whole log — every CommitLog segment, every ConsumeQueue,
@@ -461,7 +475,14 @@ impl MessageStore {
     /// Consumers see nothing at or past CommitLog offset `hw` (the set's
     /// high watermark); None lifts the limit.
     pub fn set_high_watermark(&self, hw: Option<u64>) {
-        self.inner.hw.store(hw.unwrap_or(u64::MAX), Ordering::Release);
+        let prev = self.inner.hw.swap(hw.unwrap_or(u64::MAX), Ordering::AcqRel);
+        if let (Some(h), Some(f)) = (hw, self.inner.watermark_listener.get()) {
+            // Risen (or set for the first time): readers waiting for what
+            // it now covers are told.
+            if prev == u64::MAX || h > prev {
+                f(h);
+            }
+        }
     }
 
     /// The read limit set by [`MessageStore::set_high_watermark`].

@@ -29,6 +29,10 @@ use crate::offsets::ConsumerOffsets;
 use crate::record::{self, kafka, message, properties, DispatchInfo, Entry, MessageInput};
 use crate::{now_ms, validate_topic};
 
+/// Told of each (topic, queue) a replicated append wrote to, with the
+/// log's end after it.
+pub type ReplicatedListener = Box<dyn Fn(&str, u32, u64) + Send + Sync>;
+
 /// Where an append landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AppendResult {
@@ -320,6 +324,11 @@ pub(crate) struct Inner {
     pub flush_listener: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
     /// Told after each client append (see `set_append_listener`).
     pub append_listener: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// Told of the queues a replicated append wrote to (see
+    /// `set_replicated_listener`).
+    pub replicated_listener: std::sync::OnceLock<ReplicatedListener>,
+    /// Told when the high watermark rises (see `set_watermark_listener`).
+    pub watermark_listener: std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
     /// When a damaged read was last logged (ms).
     pub damage_logged_ms: std::sync::atomic::AtomicI64,
     /// Compacted topics (`compacted/<topic>/COMPACT`).
@@ -1186,6 +1195,20 @@ impl MessageStore {
     /// messages that just became visible can be woken.
     pub fn set_flush_listener(&self, f: impl Fn() + Send + Sync + 'static) {
         let _ = self.inner.flush_listener.set(Box::new(f));
+    }
+
+    /// Called after a replicated append with each (topic, queue) it wrote
+    /// to and the log's end after it (a replica: wakes the long polls of
+    /// those queues once the high watermark reaches it). Set once.
+    pub fn set_replicated_listener(&self, f: impl Fn(&str, u32, u64) + Send + Sync + 'static) {
+        let _ = self.inner.replicated_listener.set(Box::new(f));
+    }
+
+    /// Called with the new high watermark each time it rises (cluster
+    /// mode: wakes the long polls waiting for records it makes visible).
+    /// Set once.
+    pub fn set_watermark_listener(&self, f: impl Fn(u64) + Send + Sync + 'static) {
+        let _ = self.inner.watermark_listener.set(Box::new(f));
     }
 
     /// Called after each client append (cluster mode: wakes the

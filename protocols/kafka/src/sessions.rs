@@ -253,7 +253,10 @@ impl FetchSessions {
                     }
                     None => true,
                 };
-                if incremental && !pieces.is_empty() && cached.as_ref().is_some_and(|m| m.contains_key(&p.partition_index)) {
+                if incremental
+                    && !pieces.is_empty()
+                    && cached.as_ref().is_some_and(|m| m.contains_key(&p.partition_index))
+                {
                     served.push((key.clone(), p.partition_index));
                 }
                 if send || !incremental {
