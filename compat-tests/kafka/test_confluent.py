@@ -347,34 +347,6 @@ def test_offset_commit_to_a_group_the_coordinator_does_not_hold(rokka, topic):
         c.close()
 
 
-def test_api_versions_features_as_each_version_may_be_told_them(rokka):
-    """ApiVersions' supported features as Kafka answers them (KAFKA-17011):
-    before v4 no range starts at 0 — Java clients from 3.3 until that fix
-    refuse one and never get a ready connection — and a feature whose
-    range is only 0 is left out; from v4 the ranges are as they are. A
-    finalized level 0 (the feature off) is never sent. Decoded by
-    kafka-python's protocol classes (Kafka's own message schemas)."""
-    from kafka.protocol.metadata import ApiVersionsRequest
-
-    raw = RawClient(rokka)
-    try:
-        seen = {}
-        for v in (3, 4):
-            req = ApiVersionsRequest(client_software_name="t", client_software_version="1", min_version=v, max_version=v)
-            r = raw.request(req)
-            assert r.error_code == 0, r
-            seen[v] = (
-                {f.name: (f.min_version, f.max_version) for f in r.supported_features},
-                {f.name: f.max_version_level for f in r.finalized_features},
-            )
-    finally:
-        raw.close()
-    assert all(lo >= 1 for lo, _ in seen[3][0].values()), seen[3]
-    assert seen[3][0] == {"group.version": (1, 1)}, seen[3]
-    assert seen[4][0] == {"group.version": (0, 1), "transaction.version": (0, 0)}, seen[4]
-    assert seen[3][1] == seen[4][1] == {"group.version": 1}
-
-
 def test_a_committed_offset_past_an_empty_partition_resets_at_once(rokka, topic):
     """A group's committed offset past the end of a partition nothing was
     written to yet (a seek, offsets carried over): the fetch is

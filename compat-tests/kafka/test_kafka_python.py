@@ -208,22 +208,29 @@ def test_incremental_fetch_sessions(rokka, topic):
 def test_api_versions_features_block(rokka, topic):
     """ApiVersions v3+ carries the feature levels Rokka implements, as a
     Kafka 4 broker's does: group.version 1 (the KIP-848 consumer protocol)
-    and transaction.version 0 (no KIP-890 server-side verification)."""
+    and transaction.version 0 (no KIP-890 server-side verification) — told
+    as Kafka tells each version (KAFKA-17011): before v4 no range starts at
+    0 (Java clients from 3.3 until that fix refuse one and never get a
+    ready connection) and a feature whose range is only 0 is left out; a
+    finalized level 0 (the feature off) is never sent."""
     from kafka.net.compat import KafkaNetClient
     from kafka.protocol.metadata import ApiVersionsRequest
 
     c = KafkaNetClient(bootstrap_servers=rokka.bootstrap)
+    seen = {}
     try:
         c.check_version()
         node = c.least_loaded_node()
-        r = c.send_and_receive(
-            node,
-            ApiVersionsRequest(client_software_name="compat", client_software_version="1", max_version=3),
-            timeout_ms=10000,
-        )
-        supported = {f.name: (f.min_version, f.max_version) for f in r.supported_features}
-        finalized = {f.name: (f.min_version_level, f.max_version_level) for f in r.finalized_features}
+        for v in (3, 4):
+            req = ApiVersionsRequest(client_software_name="compat", client_software_version="1", min_version=v, max_version=v)
+            r = c.send_and_receive(node, req, timeout_ms=10000)
+            assert r.error_code == 0, r
+            seen[v] = (
+                {f.name: (f.min_version, f.max_version) for f in r.supported_features},
+                {f.name: (f.min_version_level, f.max_version_level) for f in r.finalized_features},
+            )
     finally:
         c.close()
-    assert supported == {"group.version": (0, 1), "transaction.version": (0, 0)}, supported
-    assert finalized == {"group.version": (1, 1), "transaction.version": (0, 0)}, finalized
+    assert seen[3][0] == {"group.version": (1, 1)}, seen[3]
+    assert seen[4][0] == {"group.version": (0, 1), "transaction.version": (0, 0)}, seen[4]
+    assert seen[3][1] == seen[4][1] == {"group.version": (1, 1)}
