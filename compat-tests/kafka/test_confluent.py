@@ -412,3 +412,32 @@ def test_a_deleted_topics_committed_offsets_go_with_it(rokka, topic):
         assert [tp.offset for tp in got] == [-1001, -1001], got  # OFFSET_INVALID: nothing committed
     finally:
         c.close()
+
+
+def test_offsets_for_times_on_a_log_append_time_topic(rokka, topic):
+    """On a topic with message.timestamp.type=LogAppendTime every record
+    carries the batch's append time, whatever create time the producer
+    set: a time lookup finds the batch appended at or after it (its first
+    offset, with the append time), as Kafka answers — not by the create
+    times it was sent with."""
+    admin = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"message.timestamp.type": "LogAppendTime"})])[topic].result(10)
+    before = int(time.time() * 1000) - 5000
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "linger.ms": 50})
+    for i in range(5):
+        p.produce(topic, f"old-{i}".encode(), partition=0, timestamp=1_000 + i)
+    assert p.flush(10) == 0
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": f"lat-{topic}"})
+    try:
+        found = c.offsets_for_times([TopicPartition(topic, 0, before)], timeout=10)
+        assert found[0].offset == 0, found
+        c.assign([TopicPartition(topic, 0, 0)])
+        m = None
+        deadline = time.time() + 10
+        while m is None and time.time() < deadline:
+            m = c.poll(0.5)
+        assert m is not None and m.error() is None
+        kind, ts = m.timestamp()
+        assert kind == 2 and ts >= before, (kind, ts)  # TIMESTAMP_LOG_APPEND_TIME
+    finally:
+        c.close()

@@ -35,6 +35,17 @@ fn by_time(store: &MessageStore, topic: &str, q: u32, ts: i64, limit: usize) -> 
         };
         match entry.decode() {
             Ok(Entry::Message(m)) if m.born_timestamp >= ts => return (m.queue_offset as i64, m.born_timestamp),
+            // LogAppendTime: every record of the batch has its append time
+            // (the batch's max timestamp), whatever create times it carries:
+            // the batch's first offset, with that time, as Kafka answers.
+            Ok(Entry::KafkaBatch(b))
+                if rokka_store::record::kafka::BatchInfo::parse(&b.batch).is_ok_and(|i| i.is_log_append_time()) =>
+            {
+                let at = rokka_store::record::kafka::BatchInfo::parse(&b.batch).map_or(-1, |i| i.max_timestamp);
+                if at >= ts {
+                    return (b.queue_offset as i64, at);
+                }
+            }
             Ok(Entry::KafkaBatch(b)) => {
                 if let Ok(set) = rokka_broker::validate::decode(&b.batch, limit) {
                     if let Some(r) = set.records.iter().find(|r| r.timestamp >= ts) {
