@@ -4,11 +4,13 @@
 //! only partitions with records or with a changed high watermark, last
 //! stable offset or log start.
 //!
-//! The cache is bounded (`kafka.max_fetch_sessions`; the least recently
-//! used session goes first, and sessions idle for
-//! `kafka.fetch_session_idle_ms` expire). A client whose session went gets
-//! FETCH_SESSION_ID_NOT_FOUND and starts a new one with a full fetch, as
-//! with Kafka.
+//! The cache is bounded (`kafka.max_fetch_sessions`; sessions idle for
+//! `kafka.fetch_session_idle_ms` expire). A full cache makes room as
+//! Kafka's FetchSessionCache does: only a session older than two minutes
+//! with fewer partitions than the new one is evicted (the smallest, least
+//! recently used first); otherwise the new client fetches without a
+//! session (id 0) and the sessions in use stay. A client whose session went
+//! gets FETCH_SESSION_ID_NOT_FOUND and starts a new one with a full fetch.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, PoisonError};
@@ -43,6 +45,7 @@ struct Session {
     /// (topic key, partition) in the order they were added.
     order: Vec<(String, i32)>,
     used: Instant,
+    created: Instant,
 }
 
 /// What a request is, session-wise.
@@ -62,6 +65,9 @@ pub struct FetchSessions {
     /// Most partitions one session may hold.
     max_parts: usize,
     idle: Duration,
+    /// How old a session must be before a new one may evict it (Kafka's
+    /// eviction age, two minutes).
+    evict_after: Duration,
     inner: Mutex<Inner>,
 }
 
@@ -85,10 +91,17 @@ impl FetchSessions {
             max,
             max_parts: max_parts.max(1),
             idle,
+            evict_after: Duration::from_secs(120),
             inner: Mutex::new(Inner {
                 sessions: HashMap::new(),
             }),
         }
+    }
+
+    #[cfg(test)]
+    fn with_eviction_age(mut self, d: Duration) -> FetchSessions {
+        self.evict_after = d;
+        self
     }
 
     /// Resolves the session of `r` and rewrites `r.topics` to every
@@ -119,12 +132,26 @@ impl FetchSessions {
                     // one (session id 0), as Kafka answers when its cache is full.
                     return Ok(Mode::New(0));
                 }
-                while inner.sessions.len() >= self.max {
-                    let Some(oldest) = inner.sessions.iter().min_by_key(|(_, s)| s.used).map(|(id, _)| *id) else {
-                        break;
-                    };
-                    inner.sessions.remove(&oldest);
-                    metrics::counter!("rokka_kafka_fetch_sessions_evicted_total").increment(1);
+                if inner.sessions.len() >= self.max {
+                    // Room only at the expense of a smaller session that
+                    // has had its time; else this client goes without one.
+                    let evict_after = self.evict_after;
+                    let victim = inner
+                        .sessions
+                        .iter()
+                        .filter(|(_, s)| now.duration_since(s.created) >= evict_after && s.order.len() < asked)
+                        .min_by_key(|(_, s)| (s.order.len(), s.used))
+                        .map(|(id, _)| *id);
+                    match victim {
+                        Some(v) => {
+                            inner.sessions.remove(&v);
+                            metrics::counter!("rokka_kafka_fetch_sessions_evicted_total").increment(1);
+                        }
+                        None => {
+                            metrics::counter!("rokka_kafka_fetch_sessions_refused_total").increment(1);
+                            return Ok(Mode::New(0));
+                        }
+                    }
                 }
                 // Random, as Kafka's: a session id is all a fetch needs to
                 // use or close a session, so one must not be guessable
@@ -141,6 +168,7 @@ impl FetchSessions {
                     parts: BTreeMap::new(),
                     order: Vec::new(),
                     used: now,
+                    created: now,
                 };
                 upsert(&mut s, r, version);
                 inner.sessions.insert(id, s);
@@ -353,22 +381,40 @@ mod tests {
             panic!()
         };
         assert_ne!((a, b), (0, 0));
-        // A third session evicts the least recently used.
-        std::thread::sleep(Duration::from_millis(2));
-        assert!(matches!(s.begin(&mut req(b, 1, &[]), 12), Ok(Mode::Incremental(_))));
-        let Ok(Mode::New(_c)) = s.begin(&mut req(0, 0, &[1]), 12) else {
-            panic!()
-        };
+        // The cache is full of young sessions: a third client fetches
+        // without one, and both stay.
+        assert!(matches!(s.begin(&mut req(0, 0, &[0, 1]), 12), Ok(Mode::New(0))));
         assert_eq!(s.len(), 2);
-        assert_eq!(
-            s.begin(&mut req(a, 1, &[]), 12).err(),
-            Some(FETCH_SESSION_ID_NOT_FOUND),
-            "a went"
-        );
+        assert!(matches!(s.begin(&mut req(a, 1, &[]), 12), Ok(Mode::Incremental(_))));
+        assert!(matches!(s.begin(&mut req(b, 1, &[]), 12), Ok(Mode::Incremental(_))));
         // b grows past two partitions: dropped.
         let mut r = req(b, 2, &[1, 2]);
         assert_eq!(s.begin(&mut r, 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
         assert_eq!(s.begin(&mut req(b, 3, &[]), 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
+    }
+
+    /// Kafka's eviction: a session that has had its time goes for a larger
+    /// new one, the smallest (then least recently used) first; never for a
+    /// new one that is not larger.
+    #[test]
+    fn a_full_cache_evicts_only_older_smaller_sessions() {
+        let s = FetchSessions::new(2, 8, Duration::from_secs(60)).with_eviction_age(Duration::from_millis(20));
+        let Ok(Mode::New(a)) = s.begin(&mut req(0, 0, &[0]), 12) else {
+            panic!()
+        };
+        let Ok(Mode::New(b)) = s.begin(&mut req(0, 0, &[0, 1, 2]), 12) else {
+            panic!()
+        };
+        std::thread::sleep(Duration::from_millis(30));
+        // One partition: not larger than a (1): no session, nothing evicted.
+        assert!(matches!(s.begin(&mut req(0, 0, &[5]), 12), Ok(Mode::New(0))));
+        // Two partitions: a (the smaller) goes, b stays.
+        let Ok(Mode::New(c)) = s.begin(&mut req(0, 0, &[0, 1]), 12) else {
+            panic!()
+        };
+        assert!(c != 0);
+        assert_eq!(s.begin(&mut req(a, 1, &[]), 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
+        assert!(matches!(s.begin(&mut req(b, 1, &[]), 12), Ok(Mode::Incremental(_))));
     }
 
     /// Partitions an incremental answer carried records of go to the end
