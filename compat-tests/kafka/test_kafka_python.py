@@ -234,3 +234,52 @@ def test_api_versions_features_block(rokka, topic):
     assert seen[3][0] == {"group.version": (1, 1)}, seen[3]
     assert seen[4][0] == {"group.version": (0, 1), "transaction.version": (0, 0)}, seen[4]
     assert seen[3][1] == seen[4][1] == {"group.version": (1, 1)}
+
+
+def test_a_fetch_session_takes_turns_among_partitions_with_a_backlog(rokka, topic):
+    """KIP-227 as Kafka's IncrementalFetchContext: a partition an
+    incremental answer carried records of goes to the end of the session's
+    order, so when each answer has room for one partition's records
+    (max_bytes 1: the first batch only), the partitions with a backlog take
+    turns — the first one does not starve the rest. Through kafka-python's
+    protocol classes."""
+    from kafka.admin import KafkaAdminClient as Admin, NewTopic as NT
+    from kafka.net.compat import KafkaNetClient
+    from kafka.protocol.consumer import FetchRequest
+
+    a = Admin(bootstrap_servers=rokka.bootstrap)
+    a.create_topics([NT(topic, 3, 1)])
+    a.close()
+    p = KafkaProducer(bootstrap_servers=rokka.bootstrap)
+    for part in range(3):
+        for i in range(3):
+            p.send(topic, f"p{part}-{i}".encode(), partition=part).get(timeout=10)
+    p.close()
+    c = KafkaNetClient(bootstrap_servers=rokka.bootstrap)
+    try:
+        c.check_version()
+        node = c.least_loaded_node()
+        T = FetchRequest.FetchTopic
+        P = T.FetchPartition
+
+        def fetch(session_id, epoch, parts):
+            req = FetchRequest(
+                replica_id=-1, max_wait_ms=50, min_bytes=0, max_bytes=1, isolation_level=0,
+                session_id=session_id, session_epoch=epoch,
+                topics=[T(topic=topic, partitions=[P(partition=p, fetch_offset=0, partition_max_bytes=1 << 20) for p in parts])] if parts else [],
+                forgotten_topics_data=[],
+                rack_id="",
+                max_version=12,
+            )
+            r = c.send_and_receive(node, req, timeout_ms=10000)
+            served = [p.partition_index for t in r.responses for p in t.partitions if p.records]
+            return r.error_code, r.session_id, served
+
+        err, sid, served = fetch(0, 0, [0, 1, 2])
+        assert err == 0 and sid != 0 and served == [0], (err, sid, served)
+        turns = [fetch(sid, e, [])[2] for e in range(1, 7)]
+    finally:
+        c.close()
+    # A full answer does not reorder; then each incremental answer serves
+    # the partition that waited longest.
+    assert turns == [[0], [1], [2], [0], [1], [2]], turns
