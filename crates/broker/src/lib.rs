@@ -791,11 +791,12 @@ impl Broker {
         Ok(())
     }
 
-    /// Cluster mode: this node has just become its set's master. State
-    /// kept from the log is rebuilt from it on first use, as a new Kafka
-    /// partition leader does (idempotent producers' sequences).
+    /// Cluster mode: this node has just become its set's master.
+    /// Idempotent producers' states are kept: as a replica it recorded the
+    /// batches it replicated ([`ProducerStates::observe`]), as a Kafka
+    /// follower does; one it does not hold is rebuilt from the log on
+    /// first use.
     pub fn became_master(&self) {
-        self.producers.clear();
         // Producer ids come from the clock (ms × 1024): ids this node hands
         // out from now on start past any the old master can have given.
         self.producers.reseed_ids();

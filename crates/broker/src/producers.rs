@@ -341,6 +341,51 @@ impl ProducerStates {
     }
 }
 
+impl ProducerStates {
+    /// A replica: records a batch its master appended at `base_offset`, as
+    /// a Kafka follower's ProducerStateManager does, so the master this
+    /// node may become knows each producer's last batches — a retry after
+    /// a failover is answered with its offset, not appended twice (a state
+    /// rebuilt from the newest entries misses a producer whose batches
+    /// others' writes pushed back).
+    pub fn observe(&self, topic: &str, partition: u32, info: &BatchInfo, base_offset: u64) {
+        if info.producer_id < 0 || info.base_sequence < 0 {
+            return;
+        }
+        let now_ms = u64::try_from(rokka_store::now_ms()).unwrap_or(0);
+        let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let table = &mut *guard;
+        table.expire(now_ms, self.limits.expiration_ms);
+        let key = (info.producer_id, topic.to_string(), partition);
+        if !table.states.contains_key(&key) {
+            while table.states.len() >= self.limits.max_states && table.pop_oldest() {}
+            table.insert(key.clone(), PartitionState::default(), now_ms);
+        }
+        let Some(st) = table.states.get_mut(&key) else {
+            return;
+        };
+        let first = info.base_sequence;
+        let last = next_seq(first, info.record_count.max(1) - 1);
+        if info.producer_epoch != st.epoch {
+            st.batches.clear();
+            st.epoch = info.producer_epoch;
+        }
+        // The same batch seen again (an entry re-sent after a reconnect) is
+        // kept once.
+        if !st.batches.iter().any(|b| b.base_offset == base_offset) {
+            st.batches.push_back(CachedBatch {
+                first_seq: first,
+                last_seq: last,
+                base_offset,
+            });
+            while st.batches.len() > CACHED_BATCHES {
+                st.batches.pop_front();
+            }
+        }
+        table.touch(&key, now_ms);
+    }
+}
+
 /// The producer's last batches on this partition, from the newest entries.
 fn rebuild(store: &MessageStore, topic: &str, partition: u32, producer_id: i64) -> PartitionState {
     let mut st = PartitionState::default();
@@ -461,6 +506,30 @@ mod tests {
         assert_eq!(h.send(2, 7, 5), SequenceCheck::OutOfOrder);
         assert_eq!(h.send(3, 7, 1), SequenceCheck::Append);
         assert_eq!(h.p.len(), 1);
+        Ok(())
+    }
+
+    /// A replica records the batches it replicates: as master it knows a
+    /// retry of one (Duplicate with its offset) and the next sequence, where
+    /// a table without them would accept the retry as new.
+    #[test]
+    fn batches_observed_as_a_replica_are_known_as_master() -> Result<(), Box<dyn std::error::Error>> {
+        let now = u64::try_from(rokka_store::now_ms())?;
+        let mut h = H::new(ProducerLimits::default())?;
+        for (seq, offset) in [(0, 40), (1, 41), (2, 42)] {
+            h.p.observe("T", 0, &batch(9, seq), offset);
+        }
+        // The same entry re-sent: kept once.
+        h.p.observe("T", 0, &batch(9, 2), 42);
+        h.next_offset = 43;
+        assert_eq!(h.send(now, 9, 1), SequenceCheck::Duplicate(41));
+        assert_eq!(h.send(now, 9, 2), SequenceCheck::Duplicate(42));
+        assert_eq!(h.send(now, 9, 4), SequenceCheck::OutOfOrder);
+        assert_eq!(h.send(now, 9, 3), SequenceCheck::Append);
+        // Without them (cleared, as after a truncation), the retry would
+        // have been taken as a new producer's first batch.
+        h.p.clear();
+        assert_eq!(h.send(now, 9, 1), SequenceCheck::Append);
         Ok(())
     }
 

@@ -823,6 +823,11 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
     .await
     .map_err(|e| e.to_string())?
     .map_err(|e| format!("truncate to {to}: {e}"))?;
+    if truncated || restarted {
+        // Producers' states may name batches the cut removed: rebuilt from
+        // the log as it now is.
+        sh.broker.producers().clear();
+    }
     if truncated {
         metrics::counter!("rokka_replication_truncations_total").increment(1);
     }
@@ -970,6 +975,17 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
                 if !entries.is_empty() {
                     st.append_replicated(&entries).map_err(|e| format!("append: {e}"))?;
                     st.adopt_epochs(&ep).map_err(|e| format!("append: {e}"))?;
+                    // Idempotent producers' last batches, kept as the
+                    // master keeps them (a failover's retries stay single).
+                    for data in &entries {
+                        if let Ok(rokka_store::Entry::KafkaBatch(b)) = rokka_store::record::decode_entry(data) {
+                            if let Ok(info) = rokka_store::record::kafka::BatchInfo::parse(&b.batch) {
+                                broker
+                                    .producers()
+                                    .observe(b.topic_str(), b.queue_id, &info, b.queue_offset);
+                            }
+                        }
+                    }
                 }
                 match txns {
                     Some(t) => broker
