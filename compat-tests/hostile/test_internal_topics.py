@@ -6,6 +6,7 @@ beside them is written as ever."""
 import json
 import os
 import socket
+import time
 import struct
 import sys
 
@@ -82,4 +83,9 @@ def test_the_brokers_own_topics_are_internal_and_acks0_writes_to_them_close(rokk
     p = Producer({"bootstrap.servers": rokka.bootstrap, "acks": 0, "message.timeout.ms": 5000})
     p.produce("SCHEDULE_TOPIC_XXXX", value=b"x", partition=0)
     p.flush(10)
+    # acks=0: flushed once written to the socket, maybe before the broker
+    # read it.
+    deadline = time.time() + 10
+    while time.time() < deadline and rokka.metric_values().get("rokka_kafka_acks0_failures_closed_total", 0) < before + 1:
+        time.sleep(0.1)
     assert rokka.metric_values().get("rokka_kafka_acks0_failures_closed_total", 0) >= before + 1
