@@ -6,9 +6,9 @@ beside them is written as ever."""
 import json
 import os
 import socket
-import time
 import struct
 import sys
+import time
 
 import pytest
 from confluent_kafka import KafkaError, Producer
