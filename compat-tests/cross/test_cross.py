@@ -145,6 +145,43 @@ def test_rocketmq_messages_reach_kafka_consumers(rokka):
         assert ts_type == 1 and started - 1000 <= ts <= int(time.time() * 1000)
 
 
+def expected_padded_body(i, pad):
+    """The body the harness's `cross-produce <topic> <n> <pad>` sends."""
+    body = f"rmq-{i}-é".encode()
+    while len(body) < pad:
+        body += f" {i}:{len(body)}".encode()
+    return body
+
+
+def test_compressed_rocketmq_bodies_reach_kafka_consumers_uncompressed(rokka):
+    """RocketMQ producers compress bodies over 4 KiB (zlib, the COMPRESSED
+    flag) and only remoting consumers undo it themselves: a Kafka consumer
+    gets the body as the producer gave it — not the compressed bytes."""
+    topic = "CrossR2KZ"
+    pad = 10_000
+    harness(rokka, "cross-produce", topic, 6, pad)
+    c = Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": "cross-r2k-z",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    c.subscribe([topic])
+    got = []
+    deadline = time.time() + 30
+    while len(got) < 6 and time.time() < deadline:
+        m = c.poll(1.0)
+        if m is not None and m.error() is None:
+            got.append(m)
+    c.close()
+    assert len(got) == 6
+    for m in got:
+        i = int(m.key().decode().split("-")[1])
+        assert len(m.value()) >= pad and m.value() == expected_padded_body(i, pad), m.value()[:40]
+
+
 def test_a_group_moves_from_rocketmq_to_kafka_and_back(rokka):
     topic, group = "CrossMigrate", "cross-migrate"
     create(rokka, topic)

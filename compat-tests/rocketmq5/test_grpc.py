@@ -292,6 +292,23 @@ def test_remoting_and_kafka_messages_cross_to_a_grpc_consumer(rokka, clients):
     assert len({m.message_id for m in got}) == 8
 
 
+def test_a_compressed_remoting_body_reaches_a_grpc_consumer_as_sent(rokka, clients):
+    """A remoting producer compresses bodies over 4 KiB (zlib, the
+    COMPRESSED flag): a gRPC consumer gets the body as the producer gave
+    it, its digest over those bytes — not the compressed bytes."""
+    topic = name("g5-z")
+    harness(rokka, "cross-produce", topic, 3, 10_000)
+    c = clients.consumer(name("g5-z-g"), topic)
+    got = receive_all(c, 3)
+    assert len(got) == 3
+    for m in got:
+        i = int(next(iter(m.keys)).split("-")[1])
+        want = f"rmq-{i}-é".encode()
+        while len(want) < 10_000:
+            want += f" {i}:{len(want)}".encode()
+        assert m.body == want, m.body[:40]
+
+
 def test_a_group_moves_from_remoting_push_consumers_to_a_simple_consumer(rokka, clients):
     topic, group = name("g5-move"), name("g5-move-g")
     harness(rokka, "cross-produce", topic, 10)

@@ -6,7 +6,7 @@
 //!
 //! | Kafka record | RocketMQ message |
 //! |---|---|
-//! | value (null → empty) | body |
+//! | value (null → empty) | body (a body its producer compressed — COMPRESSED flag, zlib/LZ4/Zstandard — decompressed) |
 //! | key | `KEYS` (the whole string); a key that is not UTF-8 or holds 0x01/0x02 goes to `KAFKA_KEY_HEX` |
 //! | headers | user properties (1:1; unsafe or reserved names dropped, counted) |
 //! | header `rocketmq.tags` | `TAGS` (and so tag filters) |
@@ -305,6 +305,41 @@ fn properties_key(props: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
     key
 }
 
+/// RocketMQ's compression bits in a message's sysFlag: 0 (RocketMQ 4's
+/// zlib), 1 LZ4 (frame), 2 Zstandard, 3 zlib.
+const COMPRESSION_TYPE: i32 = 0x7 << 8;
+
+/// Most bytes a stored body is decompressed to (a hostile body must not
+/// make one message take more).
+pub const MAX_PLAIN_BODY: usize = 64 << 20;
+
+/// A stored RocketMQ message's body as its producer gave it: RocketMQ
+/// producers compress bodies over 4 KiB (zlib unless told otherwise) and
+/// set the COMPRESSED flag, which only remoting consumers undo themselves —
+/// a Kafka record's value and a gRPC message (sent as IDENTITY) carry the
+/// body uncompressed. None when the body cannot be decompressed (or would
+/// exceed [`MAX_PLAIN_BODY`]).
+pub fn plain_body(m: &MessageView) -> Option<std::borrow::Cow<'_, [u8]>> {
+    use std::io::Read;
+    if m.sys_flag & rmsg::sysflag::COMPRESSED == 0 {
+        return Some(std::borrow::Cow::Borrowed(&m.body[..]));
+    }
+    let mut out = Vec::new();
+    let limit = MAX_PLAIN_BODY as u64 + 1;
+    let read = match (m.sys_flag & COMPRESSION_TYPE) >> 8 {
+        0 | 3 => flate2::read::ZlibDecoder::new(&m.body[..])
+            .take(limit)
+            .read_to_end(&mut out),
+        1 => lz4::Decoder::new(&m.body[..]).and_then(|d| d.take(limit).read_to_end(&mut out)),
+        2 => zstd::stream::read::Decoder::new(&m.body[..]).and_then(|d| d.take(limit).read_to_end(&mut out)),
+        _ => return None,
+    };
+    match read {
+        Ok(_) if out.len() <= MAX_PLAIN_BODY => Some(std::borrow::Cow::Owned(out)),
+        _ => None,
+    }
+}
+
 /// A stored RocketMQ message as a one-record magic-2 batch at its queue
 /// offset: value = body, key = `KEYS` (or `KAFKA_KEY_HEX` decoded), headers =
 /// user properties plus `rocketmq.tags`, CreateTime = born timestamp. Adds
@@ -333,12 +368,21 @@ pub fn rocketmq_to_kafka_batch(m: &MessageView, leader_epoch: i32, c: &mut Cross
             c.dropped += 1;
         }
     }
-    let mut rec = BytesMut::with_capacity(32 + m.body.len() + m.properties.len());
+    // The value as the producer sent it (a compressed body decompressed;
+    // one that cannot be is passed on as stored, and counted).
+    let body = match plain_body(m) {
+        Some(b) => b,
+        None => {
+            c.dropped += 1;
+            std::borrow::Cow::Borrowed(&m.body[..])
+        }
+    };
+    let mut rec = BytesMut::with_capacity(32 + body.len() + m.properties.len());
     rec.put_u8(0); // attributes
     varint(&mut rec, 0); // timestamp delta
     varint(&mut rec, 0); // offset delta
     put_bytes(&mut rec, key.as_deref());
-    put_bytes(&mut rec, Some(&m.body));
+    put_bytes(&mut rec, Some(&body));
     varint(&mut rec, headers.len() as i64);
     for (k, v) in &headers {
         put_bytes(&mut rec, Some(k));
@@ -564,6 +608,61 @@ mod tests {
         let set = RecordBatchDecoder::decode(&mut batch.clone()).map_err(|e| e.to_string())?;
         assert_eq!(set.records[0].headers.len(), 1);
         assert_eq!(header(&set.records[0], "ok").map(|b| &b[..]), Some(&b"w"[..]));
+        Ok(())
+    }
+
+    /// RocketMQ producers' compressed bodies (the COMPRESSED flag; zlib as
+    /// RocketMQ 4, LZ4 frames, Zstandard, zlib by type) cross as their
+    /// producer gave them; a body that does not decompress is passed on as
+    /// stored and counted.
+    #[test]
+    fn compressed_rocketmq_bodies_cross_uncompressed() -> Result<(), String> {
+        use kafka_protocol::records::{Compression, RecordBatchDecoder};
+        use std::io::Write;
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        let view = stored_batch(&[record(0, Some(b"k"), Some(b"v"), &[])], Compression::None)?;
+        let mut out = BytesMut::new();
+        kafka_batch_to_rocketmq(&view, 0, None, host, 1 << 20, &mut out)?;
+        let base = pulled(&out)?.remove(0);
+        let plain: Vec<u8> = (0..20_000u32).flat_map(|i| (i % 251).to_be_bytes()).collect();
+        let zlib = {
+            let mut e = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::new(5));
+            e.write_all(&plain).map_err(|e| e.to_string())?;
+            e.finish().map_err(|e| e.to_string())?
+        };
+        let lz4 = {
+            let mut e = lz4::EncoderBuilder::new()
+                .build(Vec::new())
+                .map_err(|e| e.to_string())?;
+            e.write_all(&plain).map_err(|e| e.to_string())?;
+            let (v, r) = e.finish();
+            r.map_err(|e| e.to_string())?;
+            v
+        };
+        let zstd = zstd::encode_all(&plain[..], 3).map_err(|e| e.to_string())?;
+        for (kind, body) in [(0, &zlib), (3, &zlib), (1, &lz4), (2, &zstd)] {
+            let mut m = base.clone();
+            m.sys_flag |= rmsg::sysflag::COMPRESSED | (kind << 8);
+            m.body = Bytes::copy_from_slice(body);
+            assert_eq!(plain_body(&m).as_deref(), Some(&plain[..]), "type {kind}");
+            let mut c = Crossed::default();
+            let batch = rocketmq_to_kafka_batch(&m, 0, &mut c);
+            let set = RecordBatchDecoder::decode(&mut batch.clone()).map_err(|e| e.to_string())?;
+            assert_eq!(set.records[0].value.as_deref(), Some(&plain[..]), "type {kind}");
+            assert_eq!(c.dropped, 0);
+        }
+        // Not what its flag says: passed on as stored, counted.
+        let mut m = base.clone();
+        m.sys_flag |= rmsg::sysflag::COMPRESSED;
+        m.body = Bytes::from_static(b"not zlib");
+        assert_eq!(plain_body(&m), None);
+        let mut c = Crossed::default();
+        let batch = rocketmq_to_kafka_batch(&m, 0, &mut c);
+        let set = RecordBatchDecoder::decode(&mut batch.clone()).map_err(|e| e.to_string())?;
+        assert_eq!(set.records[0].value.as_deref(), Some(&b"not zlib"[..]));
+        assert_eq!(c.dropped, 1);
+        // Uncompressed: borrowed as stored.
+        assert!(matches!(plain_body(&base), Some(std::borrow::Cow::Borrowed(_))));
         Ok(())
     }
 }

@@ -236,6 +236,16 @@ pub fn outgoing(m: &MessageView, store_host: SocketAddr, h: Option<&Handout>) ->
     } else {
         pb::MessageType::Normal
     };
+    // A body a remoting producer compressed (over 4 KiB, the COMPRESSED
+    // flag) goes out decompressed as IDENTITY — every SDK reads that; one
+    // that cannot be decompressed goes as stored, marked GZIP as Apache's
+    // proxy marks every compressed body (the Java client detects the
+    // format).
+    let (body, encoding) = match rokka_broker::convert::plain_body(m) {
+        Some(std::borrow::Cow::Borrowed(_)) => (m.body.clone(), pb::Encoding::Identity),
+        Some(std::borrow::Cow::Owned(b)) => (bytes::Bytes::from(b), pb::Encoding::Identity),
+        None => (m.body.clone(), pb::Encoding::Gzip),
+    };
     let message_id = properties::get(props, properties::UNIQ_KEY)
         .map(text)
         .unwrap_or_else(|| rokka_store::msgid::message_id(m.store_host, m.phys_offset));
@@ -249,9 +259,9 @@ pub fn outgoing(m: &MessageView, store_host: SocketAddr, h: Option<&Handout>) ->
         // checks it the same way (their CRC32 renderings disagree).
         body_digest: Some(pb::Digest {
             r#type: pb::DigestType::Md5 as i32,
-            checksum: format!("{:X}", md5::compute(&m.body)),
+            checksum: format!("{:X}", md5::compute(&body)),
         }),
-        body_encoding: pb::Encoding::Identity as i32,
+        body_encoding: encoding as i32,
         message_type: message_type as i32,
         born_timestamp: Some(timestamp(m.born_timestamp)),
         born_host: m.born_host.ip().to_string(),
@@ -284,7 +294,7 @@ pub fn outgoing(m: &MessageView, store_host: SocketAddr, h: Option<&Handout>) ->
         }),
         user_properties: user,
         system_properties: Some(sys),
-        body: m.body.clone(),
+        body,
     }
 }
 

@@ -1065,14 +1065,21 @@ fn hexs(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// `cross-produce <topic> <n>`: sync sends with keys, tags and user
+/// `cross-produce <topic> <n> [pad]`: sync sends with keys, tags and user
 /// properties, for a Kafka consumer to check (compat-tests/cross).
 async fn cross_produce(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
     let topic = args.first().map_or("Cross", String::as_str);
     let n: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10);
+    // Optional: bodies padded to this many bytes — over 4 KiB the client
+    // compresses them (zlib, the COMPRESSED flag), as every RocketMQ
+    // producer does by default.
+    let pad: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(0);
     let mut p = producer(rt, namesrv, "cross-pg", 4).await?;
     for i in 0..n {
-        let body = format!("rmq-{i}-é").into_bytes();
+        let mut body = format!("rmq-{i}-é").into_bytes();
+        while body.len() < pad {
+            body.extend_from_slice(format!(" {i}:{}", body.len()).as_bytes());
+        }
         let msg = Message::builder()
             .topic(topic)
             .tags(if i % 2 == 0 { "TagX" } else { "TagY" })
