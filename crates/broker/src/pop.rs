@@ -362,6 +362,23 @@ impl Pops {
         }
     }
 
+    /// Keeps the handout `delivery` of `offset` invisible until
+    /// `visible_at_ms`, its handle unchanged (a push consumer's auto-renew:
+    /// the client acks with the handle it was given). False when that
+    /// handout is no longer in flight (acked, or delivered again).
+    pub fn renew(&self, st: &mut QueuePops, offset: u64, delivery: u64, visible_at_ms: i64) -> bool {
+        match st.in_flight.get_mut(&offset) {
+            Some(f) if f.delivery == delivery => {
+                if visible_at_ms != f.visible_at_ms {
+                    f.visible_at_ms = visible_at_ms;
+                    self.changed();
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Messages in flight over every group.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Relaxed)

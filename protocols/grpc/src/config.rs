@@ -46,6 +46,14 @@ pub struct GrpcConfig {
     pub min_invisible_ms: u64,
     /// The longest invisible duration (ms; Apache: 12 h).
     pub max_invisible_ms: u64,
+    /// A ReceiveMessage with `auto_renew` (every SDK's push consumer):
+    /// its messages are invisible this long (Apache's proxy
+    /// defaultInvisibleTimeMills, 60 s) and renewed by as much while their
+    /// client is alive (it heartbeats or receives) and they are not acked.
+    pub auto_renew_invisible_ms: u64,
+    /// The longest a message is kept invisible by renewals (Apache's
+    /// renewMaxTimeMillis, 3 h); then it is delivered again.
+    pub auto_renew_max_ms: u64,
     /// Groups that consume in order (Apache: a subscription group with
     /// consumeMessageOrderly): a queue hands such a group one batch at a
     /// time, the next only once it is acked (or its invisible time ended
@@ -102,6 +110,8 @@ impl Default for GrpcConfig {
             fifo_groups: Vec::new(),
             min_invisible_ms: 10_000,
             max_invisible_ms: 12 * 3600 * 1000,
+            auto_renew_invisible_ms: 60_000,
+            auto_renew_max_ms: 3 * 3600 * 1000,
             max_in_flight_messages: 100_000,
             max_pop_queues: 100_000,
             max_pop_consumers: 100_000,

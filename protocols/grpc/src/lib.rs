@@ -214,6 +214,21 @@ pub async fn serve(
             }
         })
     };
+    // Push consumers' auto-renewed messages are looked at every 5 s (or a
+    // quarter of a renewal, if shorter) while their clients live (Apache's
+    // proxy: renewSchedulePeriodMillis).
+    let renewer = {
+        let m = Arc::clone(&messaging);
+        let every = Duration::from_millis((config.auto_renew_invisible_ms.max(1000) / 4).min(5000));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                let m = Arc::clone(&m);
+                let _ = tokio::task::spawn_blocking(move || m.renew_due(rokka_store::now_ms(), None)).await;
+            }
+        })
+    };
     let svc = pb::messaging_service_server::MessagingServiceServer::new(Service(Arc::clone(&messaging)))
         .max_decoding_message_size(config.max_request_bytes.max(1024) as usize);
     let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
@@ -233,6 +248,7 @@ pub async fn serve(
     }
     acceptor.abort();
     flusher.abort();
+    renewer.abort();
     // Acks up to the stop are kept: a restart delivers none of them again.
     let _ = tokio::task::spawn_blocking(move || messaging.persist_pops()).await;
 }

@@ -51,6 +51,18 @@ pub struct Messaging {
     memory_ratio: u32,
     /// Authentication and ACL checks (security.authorization).
     guard: Guard,
+    /// Messages handed out to `auto_renew` receives, kept invisible while
+    /// their client lives: (group, topic, queue, offset) → the renewal.
+    renewals: std::sync::Mutex<HashMap<(String, String, u32, u64), Renewal>>,
+}
+
+/// An auto-renewed handout: its client, the delivery its handle names, and
+/// until when it may be renewed.
+#[derive(Debug, Clone)]
+struct Renewal {
+    client: String,
+    delivery: u64,
+    until_ms: i64,
 }
 
 /// `host:port` as gRPC endpoints (IPv4, IPv6 or a domain name).
@@ -308,7 +320,105 @@ impl Messaging {
             telemetry_streams: Arc::new(AtomicU32::new(0)),
             producers: std::sync::Mutex::new(HashMap::new()),
             memory_ratio,
+            renewals: std::sync::Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Records the messages of an `auto_renew` receive for renewal.
+    fn note_renewals(&self, group: &str, topic: &str, client: &str, messages: &[pb::Message]) {
+        let now = rokka_store::now_ms();
+        let until = now.saturating_add(self.config.auto_renew_max_ms as i64);
+        let max = self.config.max_in_flight_messages.max(1) as usize;
+        let mut r = self.renewals.lock().unwrap_or_else(|p| p.into_inner());
+        for m in messages {
+            let Some(h) = m
+                .system_properties
+                .as_ref()
+                .and_then(|p| p.receipt_handle.as_deref())
+                .and_then(Receipt::decode)
+            else {
+                continue;
+            };
+            if r.len() >= max {
+                // Bounded as the messages in flight are: one not recorded
+                // is just not renewed.
+                metrics::counter!("rokka_rocketmq5_renewals_untracked_total").increment(1);
+                break;
+            }
+            r.insert(
+                (group.to_string(), topic.to_string(), h.queue, h.offset),
+                Renewal {
+                    client: client.to_string(),
+                    delivery: h.delivery,
+                    until_ms: until,
+                },
+            );
+        }
+        metrics::gauge!("rokka_rocketmq5_renewed_messages").set(r.len() as f64);
+    }
+
+    /// Renews the auto-renewed messages whose invisible time ends within
+    /// half a renewal, while their client lives (a heartbeat
+    /// or receive within the last 30 s) and within `auto_renew_max_ms`;
+    /// forgets those acked, delivered again, or past renewing. A client
+    /// that said it is leaving (`released`) has its messages made visible
+    /// at once, as Apache's proxy releases an offline client's handles.
+    /// Returns how many were renewed.
+    pub fn renew_due(&self, now_ms: i64, released: Option<&str>) -> usize {
+        let slice = self.config.auto_renew_invisible_ms.max(1000) as i64;
+        let entries: Vec<((String, String, u32, u64), Renewal)> = {
+            let r = self.renewals.lock().unwrap_or_else(|p| p.into_inner());
+            r.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        };
+        let mut live: HashMap<String, Vec<String>> = HashMap::new();
+        let mut gone = Vec::new();
+        let mut renewed = 0;
+        for ((group, topic, queue, offset), rn) in entries {
+            let key = (group.clone(), topic.clone(), queue, offset);
+            let Some(st) = self.pops.existing(&group, &topic, queue) else {
+                gone.push(key);
+                continue;
+            };
+            let mut st = pop::lock(&st);
+            let due = st
+                .in_flight
+                .get(&offset)
+                .filter(|f| f.delivery == rn.delivery)
+                .map(|f| f.visible_at_ms);
+            let Some(visible_at) = due else {
+                gone.push(key);
+                continue;
+            };
+            if released == Some(rn.client.as_str()) {
+                self.pops.renew(&mut st, offset, rn.delivery, now_ms);
+                gone.push(key);
+                continue;
+            }
+            let alive = live
+                .entry(group.clone())
+                .or_insert_with(|| self.broker.membership().pop_consumers(&group, now_ms))
+                .contains(&rn.client);
+            if !alive || now_ms >= rn.until_ms {
+                // Left to its invisible time: delivered again after it.
+                gone.push(key);
+                continue;
+            }
+            if visible_at - now_ms < slice / 2 {
+                let next = (now_ms + slice).min(rn.until_ms.max(now_ms));
+                if self.pops.renew(&mut st, offset, rn.delivery, next) {
+                    renewed += 1;
+                }
+            }
+        }
+        let mut r = self.renewals.lock().unwrap_or_else(|p| p.into_inner());
+        for k in gone {
+            r.remove(&k);
+        }
+        metrics::gauge!("rokka_rocketmq5_renewed_messages").set(r.len() as f64);
+        if renewed > 0 {
+            metrics::counter!("rokka_rocketmq5_invisible_renewals_total").increment(renewed as u64);
+        }
+        renewed
     }
 
     /// Pops of one group per topic are counted at scrape time (series exist
@@ -686,8 +796,18 @@ impl Messaging {
             );
         }
         let codes = rokka_broker::convert::tag_codes(&filter.expression);
-        let invisible_ms = req.invisible_duration.as_ref().map_or(30_000, message::duration_ms);
-        if invisible_ms < self.config.min_invisible_ms as i64 || invisible_ms > self.config.max_invisible_ms as i64 {
+        // auto_renew (push consumers): Apache's proxy's default invisible
+        // time, renewed while the client lives (renew_due); else the
+        // client's.
+        let invisible_ms = if req.auto_renew {
+            self.config.auto_renew_invisible_ms.max(1000) as i64
+        } else {
+            req.invisible_duration.as_ref().map_or(30_000, message::duration_ms)
+        };
+        if !req.auto_renew
+            && (invisible_ms < self.config.min_invisible_ms as i64
+                || invisible_ms > self.config.max_invisible_ms as i64)
+        {
             return fail(
                 pb::Code::IllegalInvisibleTime,
                 format!(
@@ -746,6 +866,9 @@ impl Messaging {
                 }
                 let n = popped.messages.len() as u64;
                 self.broker.traffic().rocketmq5_received.add(&group, &topic, n);
+                if req.auto_renew {
+                    self.note_renewals(&group, &topic, client_id, &popped.messages);
+                }
                 let mut out = vec![pb::ReceiveMessageResponse {
                     content: Some(pb::receive_message_response::Content::Status(ok())),
                 }];
@@ -1651,6 +1774,9 @@ impl pb::messaging_service_server::MessagingService for Service {
         if !group.is_empty() {
             self.0.broker.membership().forget_pop_consumer(group, &id);
         }
+        // Its auto-renewed messages go back to the group at once.
+        let m = Arc::clone(&self.0);
+        let _ = tokio::task::spawn_blocking(move || m.renew_due(rokka_store::now_ms(), Some(&id))).await;
         Ok(Response::new(pb::NotifyClientTerminationResponse {
             status: Some(ok()),
         }))
