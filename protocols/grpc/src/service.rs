@@ -286,7 +286,16 @@ struct Popped {
     next_visible_ms: Option<i64>,
     /// A queue had no room for its pop state (grpc.max_pop_queues).
     refused: bool,
+    /// A queue's scan stopped at its budget with messages left to look at
+    /// (a tag filter skipping a backlog): the receive looks again at once.
+    more: bool,
 }
+
+/// Messages one pop looks at per queue, filtered out or not (Apache reads
+/// up to ~16 KiB of ConsumeQueue entries per pop): a tag filter skips a
+/// backlog of other tags a stretch at a time, not `batch` messages per
+/// long poll.
+const POP_SCAN_MESSAGES: usize = 4096;
 
 impl Messaging {
     pub fn new(
@@ -638,6 +647,7 @@ impl Messaging {
             messages: Vec::new(),
             next_visible_ms: None,
             refused: false,
+            more: false,
         };
         let now = rokka_store::now_ms();
         let store = self.broker.store();
@@ -715,29 +725,45 @@ impl Messaging {
                     st.cursor = max;
                 }
                 let lso = self.broker.kafka_txns().last_stable_offset(topic, q, max);
-                let from = st.cursor;
-                if from < lso {
-                    let read = store.read(topic, q, from, room as u32, cap);
-                    if read.status == ReadStatus::Found {
-                        let mut next = read.next_offset.min(lso);
-                        'entries: for e in &read.entries {
-                            for m in messages_of(&self.broker, self.store_host, topic, q, e, from) {
-                                if m.queue_offset >= lso || out.messages.len() >= batch || !self.pops.has_room() {
-                                    next = m.queue_offset;
-                                    break 'entries;
-                                }
-                                let code = rokka_store::record::properties::tag_code(&m.properties) as i32;
-                                if codes.is_some_and(|c| !c.contains(&code)) {
-                                    continue;
-                                }
-                                let (r, attempt) =
-                                    self.pops.hand_out(&mut st, q, m.queue_offset, now + invisible_ms, now);
-                                out.messages
-                                    .push(message::outgoing(&m, self.store_host, Some(&handout(r, attempt))));
-                            }
-                        }
-                        st.cursor = st.cursor.max(next);
+                // Reads from the cursor until the batch is full, the
+                // stable end is reached, or the scan budget is spent (a
+                // filter may skip many messages for each it takes).
+                let mut scanned = 0usize;
+                loop {
+                    let from = st.cursor;
+                    if from >= lso || out.messages.len() >= batch || !self.pops.has_room() {
+                        break;
                     }
+                    if scanned >= POP_SCAN_MESSAGES {
+                        out.more = true;
+                        break;
+                    }
+                    let want = (batch - out.messages.len()).max(if codes.is_some() { 64 } else { 1 });
+                    let read = store.read(topic, q, from, want as u32, cap);
+                    if read.status != ReadStatus::Found {
+                        break;
+                    }
+                    let mut next = read.next_offset.min(lso);
+                    'entries: for e in &read.entries {
+                        for m in messages_of(&self.broker, self.store_host, topic, q, e, from) {
+                            if m.queue_offset >= lso || out.messages.len() >= batch || !self.pops.has_room() {
+                                next = m.queue_offset;
+                                break 'entries;
+                            }
+                            scanned += 1;
+                            let code = rokka_store::record::properties::tag_code(&m.properties) as i32;
+                            if codes.is_some_and(|c| !c.contains(&code)) {
+                                continue;
+                            }
+                            let (r, attempt) = self.pops.hand_out(&mut st, q, m.queue_offset, now + invisible_ms, now);
+                            out.messages
+                                .push(message::outgoing(&m, self.store_host, Some(&handout(r, attempt))));
+                        }
+                    }
+                    if next <= st.cursor {
+                        break;
+                    }
+                    st.cursor = next;
                 }
             }
             self.commit_watermark(group, topic, q, &mut st);
@@ -881,6 +907,13 @@ impl Messaging {
                     )),
                 });
                 return out;
+            }
+            if popped.more {
+                // A filter skipped a stretch of other messages: on at once
+                // with the next (Apache wakes the pop again while messages
+                // are left), until the long poll's deadline.
+                tokio::task::yield_now().await;
+                continue;
             }
             let mut wait = deadline - now;
             if let Some(v) = popped.next_visible_ms {
