@@ -330,6 +330,54 @@ def test_a_tag_filter_finds_its_messages_behind_a_backlog_of_others(rokka, clien
     assert took < 20, f"{took:.1f} s to find them"
 
 
+def test_a_receive_without_a_long_polling_time_polls_until_its_deadline(rokka, clients):
+    """A ReceiveMessage that gives no long_polling_timeout (the Go
+    SimpleConsumer's, which relies on the call's deadline) long-polls until
+    about a second before its deadline, as Apache's proxy derives it — not
+    answered MESSAGE_NOT_FOUND at once (a tight request loop). Raw, with
+    grpcio and Apache's generated stubs the Python client ships."""
+    import threading
+
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as d
+    from rocketmq.grpc_protocol import service_pb2 as s
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+    topic, group = name("g5-deadline"), name("g5-deadline-g")
+    p = clients.producer(topic)
+    p.send(message(topic, b"warm-up"))
+    # The group starts from its first message: take the warm-up away.
+    c = clients.consumer(group, topic)
+    assert [m.body for m in receive_all(c, 1)] == [b"warm-up"]
+    later = threading.Timer(2.0, lambda: p.send(message(topic, b"after 2 s")))
+    chan = grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}")
+    try:
+        stub = MessagingServiceStub(chan)
+        req = s.ReceiveMessageRequest(
+            group=d.Resource(name=group),
+            message_queue=d.MessageQueue(topic=d.Resource(name=topic), id=-1),
+            filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"),
+            batch_size=1,
+            auto_renew=False,
+        )
+        req.invisible_duration.seconds = 30
+        meta = [("x-mq-client-id", "raw-deadline-client"), ("x-mq-language", "GOLANG"), ("x-mq-protocol", "v2")]
+        t0 = time.time()
+        later.start()
+        bodies, codes = [], []
+        for r in stub.ReceiveMessage(req, timeout=8, metadata=meta):
+            if r.HasField("status"):
+                codes.append(r.status.code)
+            if r.HasField("message"):
+                bodies.append(r.message.body)
+        took = time.time() - t0
+    finally:
+        later.cancel()
+        chan.close()
+    assert bodies == [b"after 2 s"], (codes, bodies, took)
+    assert 1.5 <= took < 7.5, took
+
+
 def test_a_group_moves_from_remoting_push_consumers_to_a_simple_consumer(rokka, clients):
     topic, group = name("g5-move"), name("g5-move-g")
     harness(rokka, "cross-produce", topic, 10)

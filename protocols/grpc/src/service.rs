@@ -146,6 +146,25 @@ fn not_durable(e: &rokka_store::StoreError) -> pb::Status {
     status(code, e.to_string())
 }
 
+/// A `grpc-timeout` header's value (`<digits><unit>`, unit H M S m u n)
+/// in milliseconds.
+fn grpc_timeout_ms(v: &str) -> Option<u64> {
+    if v.len() < 2 || v.len() > 9 {
+        return None;
+    }
+    let (n, unit) = v.split_at(v.len() - 1);
+    let n: u64 = n.parse().ok()?;
+    Some(match unit {
+        "H" => n.saturating_mul(3_600_000),
+        "M" => n.saturating_mul(60_000),
+        "S" => n.saturating_mul(1000),
+        "m" => n,
+        "u" => n / 1000,
+        "n" => n / 1_000_000,
+        _ => return None,
+    })
+}
+
 /// The earlier of two optional times.
 fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
     match (a, b) {
@@ -1476,7 +1495,21 @@ impl pb::messaging_service_server::MessagingService for Service {
             return Ok(Response::new(Box::pin(tokio_stream::iter([Ok(refused)]))));
         }
         let client_id = client_id(&req);
-        let out = self.0.receive(req.into_inner(), &client_id).await;
+        let deadline_ms = req
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(grpc_timeout_ms);
+        let mut inner = req.into_inner();
+        if inner.long_polling_timeout.is_none() {
+            // No long polling time given (the Go SimpleConsumer relies on
+            // the call's deadline): the deadline less a second to answer
+            // in, as Apache's proxy derives it.
+            if let Some(ms) = deadline_ms {
+                inner.long_polling_timeout = Some(message::duration(ms.saturating_sub(1000) as i64));
+            }
+        }
+        let out = self.0.receive(inner, &client_id).await;
         Ok(Response::new(Box::pin(tokio_stream::iter(out.into_iter().map(Ok)))))
     }
 
@@ -1859,5 +1892,23 @@ impl pb::messaging_service_server::MessagingService for Service {
 impl rokka_broker::scrape::Collect for Messaging {
     fn collect(&self, out: &mut Vec<rokka_broker::scrape::Family>) {
         out.extend(self.ready_families());
+    }
+}
+
+#[cfg(test)]
+mod timeout_tests {
+    use super::grpc_timeout_ms;
+
+    #[test]
+    fn grpc_timeout_headers_are_read_in_every_unit() {
+        assert_eq!(grpc_timeout_ms("30S"), Some(30_000));
+        assert_eq!(grpc_timeout_ms("2500m"), Some(2500));
+        assert_eq!(grpc_timeout_ms("1M"), Some(60_000));
+        assert_eq!(grpc_timeout_ms("1H"), Some(3_600_000));
+        assert_eq!(grpc_timeout_ms("5000000u"), Some(5000));
+        assert_eq!(grpc_timeout_ms("7000000000n"), None, "more than 8 digits");
+        assert_eq!(grpc_timeout_ms("70000000n"), Some(70));
+        assert_eq!(grpc_timeout_ms("10x"), None);
+        assert_eq!(grpc_timeout_ms("S"), None);
     }
 }
