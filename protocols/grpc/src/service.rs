@@ -506,10 +506,21 @@ impl Messaging {
     /// with its master's gRPC address (a set with no master, or whose
     /// master serves no gRPC, is left out until it has one), as Apache's
     /// proxy routes to each broker's queues.
-    fn queues_of(&self, topic: &str, info: &rokka_broker::topics::TopicInfo) -> Vec<pb::MessageQueue> {
+    /// `dialled`: the endpoints the client's request says it reached this
+    /// node at — what a single node listening on a wildcard address (and
+    /// no `grpc.advertised_addr`) routes to, as Apache's proxy does.
+    fn queues_of(
+        &self,
+        topic: &str,
+        info: &rokka_broker::topics::TopicInfo,
+        dialled: Option<&pb::Endpoints>,
+    ) -> Vec<pb::MessageQueue> {
         let mut out = Vec::new();
         let Some(view) = self.broker.cluster_view() else {
-            let here = endpoints_of(&self.advertised.to_string());
+            let here = match dialled {
+                Some(d) if self.advertised.ip().is_unspecified() && !d.addresses.is_empty() => d.clone(),
+                _ => endpoints_of(&self.advertised.to_string()),
+            };
             push_queues(&mut out, topic, &self.broker_name, here, info.partitions);
             return out;
         };
@@ -1361,7 +1372,7 @@ impl pb::messaging_service_server::MessagingService for Service {
         let resp = match m.broker.topic_or_create(&topic, may_create, None) {
             Ok(Some(info)) => pb::QueryRouteResponse {
                 status: Some(ok()),
-                message_queues: m.queues_of(&topic, &info),
+                message_queues: m.queues_of(&topic, &info, req.endpoints.as_ref()),
             },
             Ok(None) => pb::QueryRouteResponse {
                 status: Some(status(pb::Code::TopicNotFound, format!("topic {topic} not found"))),
@@ -1461,7 +1472,7 @@ impl pb::messaging_service_server::MessagingService for Service {
                 pb::QueryAssignmentResponse {
                     status: Some(ok()),
                     assignments: m
-                        .queues_of(&topic, &info)
+                        .queues_of(&topic, &info, req.endpoints.as_ref())
                         .into_iter()
                         .filter(|q| seen.insert(q.broker.as_ref().map(|b| b.name.clone())))
                         .map(|mut q| {
@@ -1910,5 +1921,51 @@ mod timeout_tests {
         assert_eq!(grpc_timeout_ms("70000000n"), Some(70));
         assert_eq!(grpc_timeout_ms("10x"), None);
         assert_eq!(grpc_timeout_ms("S"), None);
+    }
+}
+
+#[cfg(test)]
+mod route_tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn node(advertised: &str) -> Result<(tempfile::TempDir, Messaging), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(rokka_store::MessageStore::open(rokka_store::StoreConfig::for_tests(
+            dir.path(),
+        ))?);
+        let broker = Arc::new(Broker::new(store, rokka_broker::BrokerConfig::default())?);
+        broker.create_topic("t", 2)?;
+        let m = Messaging::new(
+            broker,
+            GrpcConfig::default(),
+            "broker-a".into(),
+            advertised.parse()?,
+            90,
+        );
+        Ok((dir, m))
+    }
+
+    /// A single node on a wildcard address routes clients to the endpoints
+    /// they dialled (Apache's proxy), not to 0.0.0.0; an advertised or
+    /// bound concrete address is routed to as it is.
+    #[test]
+    fn a_wildcard_listener_routes_to_the_address_the_client_dialled() -> Result<(), Box<dyn std::error::Error>> {
+        let dialled = endpoints_of("broker.example:8081");
+        let (_d, m) = node("0.0.0.0:8081")?;
+        let info = m.broker.topics().get("t").ok_or("no topic")?;
+        let qs = m.queues_of("t", &info, Some(&dialled));
+        assert_eq!(qs.len(), 2);
+        assert!(qs
+            .iter()
+            .all(|q| q.broker.as_ref().and_then(|b| b.endpoints.as_ref()) == Some(&dialled)));
+        let (_d2, m2) = node("127.0.0.1:8081")?;
+        let qs = m2.queues_of("t", &info, Some(&dialled));
+        let here = endpoints_of("127.0.0.1:8081");
+        assert!(qs
+            .iter()
+            .all(|q| q.broker.as_ref().and_then(|b| b.endpoints.as_ref()) == Some(&here)));
+        Ok(())
     }
 }
