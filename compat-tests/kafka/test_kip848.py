@@ -201,6 +201,54 @@ def test_a_static_member_comes_back_to_its_partitions_and_its_instance_id_is_not
                 m.kill()
 
 
+def test_offsets_of_a_topic_a_member_subscribes_to_are_not_deleted(rokka):
+    """OffsetDelete (kafka-consumer-groups --delete-offsets) on a KIP-848
+    group whose member subscribes to the topic: GROUP_SUBSCRIBED_TO_TOPIC,
+    the offsets kept (Kafka's ModernGroup.isSubscribedToTopic); once the
+    member is gone they may go. Sent with kafka-python's protocol classes."""
+    from kafka.net.compat import KafkaNetClient
+    from kafka.protocol.consumer.group import OffsetDeleteRequest
+
+    topic, group = "kip848-od", "kip848-odg"
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(10)
+    want = produce(rokka, topic, "od", 5, 1)
+    m = Member(rokka, group, topic)
+    net = KafkaNetClient(bootstrap_servers=rokka.bootstrap)
+    try:
+        wait_consumed([m], want)
+        c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group})
+        deadline = time.time() + 20
+        while time.time() < deadline and c.committed([TopicPartition(topic, 0)], timeout=10)[0].offset != 5:
+            time.sleep(0.3)
+        net.check_version()
+        node = net.least_loaded_node()
+        T = OffsetDeleteRequest.OffsetDeleteRequestTopic
+
+        def delete():
+            req = OffsetDeleteRequest(
+                group_id=group, topics=[T(name=topic, partitions=[T.OffsetDeleteRequestPartition(partition_index=0)])]
+            )
+            r = net.send_and_receive(node, req, timeout_ms=10000)
+            return r.error_code, r.topics[0].partitions[0].error_code if r.topics else None
+
+        assert delete() == (0, 86), "GROUP_SUBSCRIBED_TO_TOPIC"
+        assert c.committed([TopicPartition(topic, 0)], timeout=10)[0].offset == 5, "kept"
+        m.leave()
+        deadline = time.time() + 20
+        got = delete()
+        while time.time() < deadline and got != (0, 0):
+            time.sleep(0.5)
+            got = delete()
+        assert got == (0, 0)
+        assert c.committed([TopicPartition(topic, 0)], timeout=10)[0].offset < 0, "deleted once nobody subscribes"
+        c.close()
+    finally:
+        net.close()
+        if m.p.poll() is None:
+            m.kill()
+
+
 def test_describe_and_list_consumer_groups(rokka):
     topic, group = "kip848-d", "kip848-dg"
     a = AdminClient({"bootstrap.servers": rokka.bootstrap})

@@ -568,12 +568,21 @@ pub fn offset_delete(k: &Kafka, r: OffsetDeleteRequest) -> OffsetDeleteResponse 
     let group = r.group_id.0.to_string();
     let offsets = k.broker.store().offsets();
     let view = k.groups.with(|c| c.describe(&group));
-    if view.is_none() && offsets.group_offsets(&group).is_empty() {
+    // A KIP-848 group's members' subscriptions (Kafka's
+    // ModernGroup.isSubscribedToTopic).
+    let consumer_subscribed: Option<Vec<String>> = k.groups.with(|c| {
+        c.consumer
+            .groups
+            .get(&group)
+            .map(|g| g.members.values().flat_map(|m| m.subscribed.iter().cloned()).collect())
+    });
+    if view.is_none() && consumer_subscribed.is_none() && offsets.group_offsets(&group).is_empty() {
         return OffsetDeleteResponse::default().with_error_code(errors::GROUP_ID_NOT_FOUND);
     }
-    let subscribed: Vec<String> = view
+    let mut subscribed: Vec<String> = view
         .map(|v| v.members.iter().flat_map(|m| subscribed_topics(&m.metadata)).collect())
         .unwrap_or_default();
+    subscribed.extend(consumer_subscribed.unwrap_or_default());
     let topics = r
         .topics
         .into_iter()
