@@ -441,3 +441,54 @@ def test_offsets_for_times_on_a_log_append_time_topic(rokka, topic):
         assert kind == 2 and ts >= before, (kind, ts)  # TIMESTAMP_LOG_APPEND_TIME
     finally:
         c.close()
+
+
+def test_admin_answers_as_kafka_for_existing_compacted_and_unknown(rokka, topic):
+    """Admin requests answered as Kafka's controller and partition leader do
+    (librdkafka's admin, kafka-python's protocol classes):
+    - CreateTopics of a topic that exists is TOPIC_ALREADY_EXISTS whatever
+      replication factor it asks (create-or-find tools count on it; this
+      single node would refuse 3 replicas otherwise);
+    - DeleteRecords on a topic whose cleanup.policy is compact only is
+      POLICY_VIOLATION, its records kept;
+    - ElectLeaders for all partitions lists none (none needs an election),
+      so the call as a whole succeeds;
+    - DeleteTopics v6 by an unknown topic id answers UNKNOWN_TOPIC_ID with
+      that id."""
+    import uuid
+
+    from confluent_kafka import ElectionType
+    from kafka.protocol.admin import DeleteTopicsRequest
+
+    admin = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    err = None
+    try:
+        admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(10)
+    except Exception as e:  # noqa: BLE001 - the future's KafkaException
+        err = e.args[0]
+    assert err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS, err
+    compacted = topic + "-c"
+    admin.create_topics([NewTopic(compacted, 1, 1, config={"cleanup.policy": "compact"})])[compacted].result(10)
+    p = Producer({"bootstrap.servers": rokka.bootstrap})
+    for i in range(3):
+        p.produce(compacted, key=f"k{i}".encode(), value=b"v", partition=0)
+    assert p.flush(10) == 0
+    err = None
+    try:
+        admin.delete_records([TopicPartition(compacted, 0, 2)])[TopicPartition(compacted, 0)].result(10)
+    except Exception as e:  # noqa: BLE001
+        err = e.args[0]
+    assert err is not None and err.code() == KafkaError.POLICY_VIOLATION, err
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": f"lo-{topic}"})
+    assert c.get_watermark_offsets(TopicPartition(compacted, 0), timeout=10)[0] == 0, "nothing deleted"
+    c.close()
+    assert admin.elect_leaders(ElectionType.PREFERRED, None).result(10) == {}
+    raw = RawClient(rokka)
+    try:
+        gone = uuid.uuid4()
+        T = DeleteTopicsRequest.DeleteTopicState
+        r = raw.request(DeleteTopicsRequest(topics=[T(name=None, topic_id=gone)], timeout_ms=10000, min_version=6, max_version=6))
+        assert [(x.topic_id, x.error_code) for x in r.responses] == [(gone, 100)], r  # UNKNOWN_TOPIC_ID
+    finally:
+        raw.close()

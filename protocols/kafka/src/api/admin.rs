@@ -475,12 +475,19 @@ pub fn delete_records(k: &Kafka, r: DeleteRecordsRequest) -> DeleteRecordsRespon
         .map(|(topic_name, parts)| {
             let name = topic_name.0.to_string();
             let info = k.broker.topics().get(&name);
+            // A compacted topic without `delete` in its cleanup.policy
+            // keeps its records: POLICY_VIOLATION, as Kafka's
+            // Partition.deleteRecordsOnLeader.
+            let compact_only = info.is_some() && k.broker.topic_config(&name).is_some_and(|c| c.compact && !c.delete);
             let partitions = parts
                 .into_iter()
                 .map(|(partition_index, offset)| {
                     let res = DeleteRecordsPartitionResult::default()
                         .with_partition_index(partition_index)
                         .with_low_watermark(-1);
+                    if compact_only {
+                        return res.with_error_code(errors::POLICY_VIOLATION);
+                    }
                     if !store.is_leader() {
                         // Cluster mode: the set's master deletes (a replica
                         // would move only its own start).

@@ -29,7 +29,17 @@ pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsRe
         .map(|t| {
             let name = t.name.0.to_string();
             let mut res = CreatableTopicResult::default().with_name(t.name.clone());
-            let outcome = plan(k, &t).and_then(|(partitions, configs)| {
+            // A topic that exists is TOPIC_ALREADY_EXISTS before anything
+            // else is looked at (Kafka's ReplicationControlManager): tools
+            // that create-or-find (Kafka Connect's internal topics) count
+            // on it whatever replication factor or configs they ask.
+            let exists = broker.topics().get(&name).is_some();
+            let outcome = if exists {
+                Err((errors::TOPIC_ALREADY_EXISTS, format!("Topic '{name}' already exists.")))
+            } else {
+                plan(k, &t)
+            };
+            let outcome = outcome.and_then(|(partitions, configs)| {
                 if version >= 5 {
                     res.num_partitions = partitions as i32;
                     res.replication_factor = match t.replication_factor {
@@ -183,29 +193,32 @@ pub fn delete(k: &Kafka, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsRe
     } else {
         Vec::new()
     };
-    let names: Vec<TopicName> = if version >= 6 {
+    // (name, the id asked by): an id is echoed even when unknown, as Kafka
+    // answers (the Java Admin matches results by it).
+    let names: Vec<(TopicName, Option<uuid::Uuid>)> = if version >= 6 {
         r.topics
             .into_iter()
             .map(|t| match t.name {
-                Some(n) => n,
+                Some(n) => (n, None),
                 None => {
                     let id = *t.topic_id.as_bytes();
                     let name = all.iter().find(|(_, i)| i.topic_id == id).map(|(n, _)| n.clone());
                     // An unknown id stays unnamed and is answered UNKNOWN_TOPIC_ID.
-                    TopicName(str_bytes(&name.unwrap_or_default()))
+                    (TopicName(str_bytes(&name.unwrap_or_default())), Some(t.topic_id))
                 }
             })
             .collect()
     } else {
-        r.topic_names
+        r.topic_names.into_iter().map(|n| (n, None)).collect()
     };
     let responses = names
         .into_iter()
-        .map(|n| {
-            let id = all
-                .iter()
-                .find(|(name, _)| *name == n.0.as_str())
-                .map_or(uuid::Uuid::nil(), |(_, i)| uuid::Uuid::from_bytes(i.topic_id));
+        .map(|(n, asked)| {
+            let id = asked.unwrap_or_else(|| {
+                all.iter()
+                    .find(|(name, _)| *name == n.0.as_str())
+                    .map_or(uuid::Uuid::nil(), |(_, i)| uuid::Uuid::from_bytes(i.topic_id))
+            });
             let code = if n.0.is_empty() {
                 errors::UNKNOWN_TOPIC_ID
             } else {
