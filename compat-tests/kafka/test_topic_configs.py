@@ -80,6 +80,37 @@ def test_unknown_and_invalid_configs_are_refused(rokka):
     assert "cfg-bad" not in md.topics
 
 
+def test_described_defaults_alter_back_and_kafkas_ranges_hold(rokka):
+    """Every value DescribeConfigs reports for a topic is accepted back by
+    an alter (local.retention.* -2, compression.gzip.level -1, as Kafka's
+    LogConfig allows); what Kafka refuses is refused: tiered storage (off
+    here), a codec level out of range, min.compaction.lag.ms above
+    max.compaction.lag.ms."""
+    a = admin(rokka)
+    a.create_topics([NewTopic("cfg-ranges", num_partitions=1, replication_factor=1)])["cfg-ranges"].result(10)
+    described = describe(a, "cfg-ranges")
+    res = ConfigResource(
+        ResourceType.TOPIC,
+        "cfg-ranges",
+        incremental_configs=[
+            ConfigEntry(name, e.value, incremental_operation=AlterConfigOpType.SET)
+            for name, e in described.items()
+            if e.value is not None and not e.is_read_only
+        ],
+    )
+    a.incremental_alter_configs([res])[res].result(10)
+    for config, words in (
+        ({"remote.storage.enable": "true"}, "Tiered Storage"),
+        ({"compression.gzip.level": "10"}, "compression.gzip.level"),
+        ({"min.compaction.lag.ms": "10", "max.compaction.lag.ms": "5"}, "conflict"),
+    ):
+        f = a.create_topics([NewTopic("cfg-range-bad", num_partitions=1, replication_factor=1, config=config)])["cfg-range-bad"]
+        with pytest.raises(KafkaException) as e:
+            f.result(10)
+        err = e.value.args[0]
+        assert err.code() == KafkaError.INVALID_CONFIG and words in err.str(), err
+
+
 def test_explicit_replica_assignment_sets_the_partition_count(rokka):
     a = admin(rokka)
     a.create_topics([NewTopic("cfg-assign", num_partitions=3, replica_assignment=[[0], [0], [0]])])["cfg-assign"].result(10)

@@ -192,19 +192,37 @@ pub fn validate(name: &str, value: &str) -> Result<String, String> {
             if !v.eq_ignore_ascii_case("true") && !v.eq_ignore_ascii_case("false") {
                 return bad("Expected value to be either true or false");
             }
+            // No tiered storage here: said, not pretended (Kafka's message
+            // for a broker with it off).
+            if name == "remote.storage.enable" && v.eq_ignore_ascii_case("true") {
+                return Err(
+                    "Tiered Storage functionality is disabled in the broker. Topic cannot be configured with remote log storage."
+                        .to_string(),
+                );
+            }
             return Ok(v.to_ascii_lowercase());
         }
         Kind::Int | Kind::Short => {
             let Ok(n) = v.parse::<i32>() else {
                 return bad("Not a number of type INT");
             };
-            let min = match name {
-                "max.message.bytes" => 0,
-                "min.insync.replicas" | "segment.bytes" | "segment.index.bytes" => 1,
-                _ => 0,
+            // Kafka's LogConfig ranges.
+            let range = match name {
+                "min.insync.replicas" | "segment.bytes" => (1, i32::MAX),
+                // Records.LOG_OVERHEAD.
+                "segment.index.bytes" => (4, i32::MAX),
+                // -1: the codec's default (GzipCompression).
+                "compression.gzip.level" if n == -1 => (-1, -1),
+                "compression.gzip.level" => (1, 9),
+                "compression.lz4.level" => (1, 17),
+                "compression.zstd.level" => (-131_072, 22),
+                _ => (0, i32::MAX),
             };
-            if n < min {
-                return bad(&format!("Value must be at least {min}"));
+            if n < range.0 {
+                return bad(&format!("Value must be at least {}", range.0));
+            }
+            if n > range.1 {
+                return bad(&format!("Value must be no more than {}", range.1));
             }
         }
         Kind::Long => {
@@ -212,7 +230,10 @@ pub fn validate(name: &str, value: &str) -> Result<String, String> {
                 return bad("Not a number of type LONG");
             };
             let min = match name {
-                "retention.ms" | "retention.bytes" | "local.retention.ms" | "local.retention.bytes" => -1,
+                "retention.ms" | "retention.bytes" => -1,
+                // -2: as retention.ms / retention.bytes (their default).
+                "local.retention.ms" | "local.retention.bytes" => -2,
+                "segment.ms" | "max.compaction.lag.ms" | "flush.messages" => 1,
                 _ => 0,
             };
             if n < min {
@@ -255,6 +276,14 @@ pub fn validate_all<'a>(
             return Err(format!("Null value not supported for topic configs: {name}"));
         };
         out.insert(name.to_string(), validate(name, value)?);
+    }
+    let lag = |k: &str| out.get(k).and_then(|v| v.parse::<i64>().ok());
+    if let (Some(min), Some(max)) = (lag("min.compaction.lag.ms"), lag("max.compaction.lag.ms")) {
+        if min > max {
+            return Err(format!(
+                "conflict topic config setting min.compaction.lag.ms ({min}) > max.compaction.lag.ms ({max})"
+            ));
+        }
     }
     Ok(out)
 }
@@ -411,6 +440,49 @@ mod tests {
         assert!(validate("min.insync.replicas", "0").is_err());
         assert_eq!(validate("preallocate", "TRUE"), Ok("true".into()));
         assert!(validate_all([("max.message.bytes", None)]).is_err());
+    }
+
+    /// Kafka's LogConfig ranges: its own defaults are accepted back (a
+    /// described config altered again), what it refuses is refused.
+    #[test]
+    fn values_are_checked_against_kafkas_ranges() {
+        for (name, v) in [
+            ("local.retention.ms", "-2"),
+            ("local.retention.bytes", "-2"),
+            ("compression.gzip.level", "-1"),
+            ("compression.gzip.level", "9"),
+            ("compression.lz4.level", "17"),
+            ("compression.zstd.level", "-131072"),
+            ("flush.ms", "0"),
+            ("remote.storage.enable", "false"),
+        ] {
+            assert!(validate(name, v).is_ok(), "{name}={v}");
+        }
+        for (name, v) in [
+            ("local.retention.ms", "-3"),
+            ("compression.gzip.level", "0"),
+            ("compression.gzip.level", "10"),
+            ("compression.lz4.level", "0"),
+            ("compression.lz4.level", "18"),
+            ("compression.zstd.level", "23"),
+            ("segment.ms", "0"),
+            ("max.compaction.lag.ms", "0"),
+            ("flush.messages", "0"),
+            ("segment.index.bytes", "3"),
+        ] {
+            assert!(validate(name, v).is_err(), "{name}={v}");
+        }
+        assert!(validate("remote.storage.enable", "true").is_err_and(|e| e.contains("Tiered Storage")));
+        assert!(validate_all([
+            ("min.compaction.lag.ms", Some("10")),
+            ("max.compaction.lag.ms", Some("5"))
+        ])
+        .is_err_and(|e| e.contains("conflict topic config setting")));
+        assert!(validate_all([
+            ("min.compaction.lag.ms", Some("5")),
+            ("max.compaction.lag.ms", Some("10"))
+        ])
+        .is_ok());
     }
 
     #[test]
