@@ -492,3 +492,25 @@ def test_admin_answers_as_kafka_for_existing_compacted_and_unknown(rokka, topic)
         assert [(x.topic_id, x.error_code) for x in r.responses] == [(gone, 100)], r  # UNKNOWN_TOPIC_ID
     finally:
         raw.close()
+
+
+def test_authorized_operations_are_answered_when_asked(rokka, topic):
+    """DescribeCluster, Metadata (describe_topics) and DescribeGroups with
+    include_authorized_operations answer the operations the caller may do
+    (all of the resource type's with authorization off, as Kafka's
+    AuthHelper) — UIs show or hide what they offer by them; not null."""
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AclOperation
+
+    admin = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    cluster = admin.describe_cluster(include_authorized_operations=True).result(10)
+    assert set(cluster.authorized_operations or []) >= {AclOperation.DESCRIBE, AclOperation.ALTER, AclOperation.CREATE}, cluster
+    t = admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True)[topic].result(10)
+    assert set(t.authorized_operations or []) >= {AclOperation.READ, AclOperation.WRITE, AclOperation.DESCRIBE}, t
+    group = f"ops-{topic}"
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+    c.close()
+    g = admin.describe_consumer_groups([group], include_authorized_operations=True)[group].result(10)
+    assert set(g.authorized_operations or []) == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}, g

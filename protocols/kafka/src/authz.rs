@@ -79,6 +79,44 @@ impl Caller {
         k.broker.acls().authorize(&self.principal, self.host, rt, name, op)
     }
 
+    /// Kafka's authorized-operations field for `(rt, name)`: a bit (1 <<
+    /// the operation's code) for each operation of the resource type the
+    /// caller may do (every one with authorization off), as Kafka's
+    /// AuthHelper answers an `include_*_authorized_operations` request.
+    pub fn authorized_operations(&self, k: &Kafka, rt: ResourceType, name: &str) -> i32 {
+        use Operation as O;
+        let ops: &[Operation] = match rt {
+            ResourceType::Topic => &[
+                O::Read,
+                O::Write,
+                O::Create,
+                O::Delete,
+                O::Alter,
+                O::Describe,
+                O::DescribeConfigs,
+                O::AlterConfigs,
+            ],
+            ResourceType::Group => &[O::Read, O::Describe, O::Delete],
+            ResourceType::Cluster => &[
+                O::Create,
+                O::ClusterAction,
+                O::DescribeConfigs,
+                O::AlterConfigs,
+                O::IdempotentWrite,
+                O::Alter,
+                O::Describe,
+            ],
+            _ => &[],
+        };
+        ops.iter()
+            .filter(|op| self.sees(k, rt, name, **op))
+            .fold(0, |bits, op| bits | (1 << op.code()))
+    }
+
+    pub fn cluster_operations(&self, k: &Kafka) -> i32 {
+        self.authorized_operations(k, ResourceType::Cluster, CLUSTER_NAME)
+    }
+
     pub fn may_cluster(&self, k: &Kafka, op: Operation) -> bool {
         self.may(k, ResourceType::Cluster, CLUSTER_NAME, op)
     }

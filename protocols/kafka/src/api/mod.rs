@@ -97,7 +97,23 @@ async fn guarded(
         RequestKind::ApiVersions(_) => ResponseKind::ApiVersions(api_versions::handle(crate::errors::NONE, version)),
         RequestKind::Metadata(r) => {
             let learned = metadata::from_cluster(k, &r, who).await;
-            ResponseKind::Metadata(guard::metadata(k, who, r, version, at, &learned))
+            let (ops_topics, ops_cluster) = (
+                r.include_topic_authorized_operations,
+                r.include_cluster_authorized_operations,
+            );
+            let mut resp = guard::metadata(k, who, r, version, at, &learned);
+            if version >= 8 && ops_topics {
+                for t in resp.topics.iter_mut().filter(|t| t.error_code == 0) {
+                    if let Some(n) = &t.name {
+                        t.topic_authorized_operations =
+                            who.authorized_operations(k, rokka_broker::acl::ResourceType::Topic, n.0.as_str());
+                    }
+                }
+            }
+            if (8..=10).contains(&version) && ops_cluster {
+                resp.cluster_authorized_operations = who.cluster_operations(k);
+            }
+            ResponseKind::Metadata(resp)
         }
         RequestKind::Produce(mut r) => {
             let acks = r.acks;
@@ -247,7 +263,14 @@ async fn guarded(
         },
         RequestKind::ConsumerGroupDescribe(mut r) => {
             let denied = guard::groups(k, who, &mut r.group_ids, Op::Describe);
+            let ops = r.include_authorized_operations;
             let mut resp = consumer_group::describe(k, r);
+            if ops {
+                for g in resp.groups.iter_mut().filter(|g| g.error_code == 0) {
+                    g.authorized_operations =
+                        who.authorized_operations(k, rokka_broker::acl::ResourceType::Group, g.group_id.0.as_str());
+                }
+            }
             for g in denied {
                 resp.groups.push(
                     consumer_group_describe_response::DescribedGroup::default()
@@ -264,7 +287,14 @@ async fn guarded(
         }
         RequestKind::DescribeGroups(mut r) => {
             let denied = guard::groups(k, who, &mut r.groups, Op::Describe);
+            let ops = version >= 3 && r.include_authorized_operations;
             let mut resp = groups::describe(k, r, version);
+            if ops {
+                for g in resp.groups.iter_mut().filter(|g| g.error_code == 0) {
+                    g.authorized_operations =
+                        who.authorized_operations(k, rokka_broker::acl::ResourceType::Group, g.group_id.0.as_str());
+                }
+            }
             for g in denied {
                 resp.groups.push(
                     describe_groups_response::DescribedGroup::default()
@@ -307,6 +337,13 @@ async fn guarded(
         RequestKind::DescribeTopicPartitions(r) => {
             let mut resp = log_dirs::describe_topic_partitions(k, r);
             guard::describe_topic_partitions(k, who, &mut resp);
+            // No flag in this request: always answered, as Kafka does.
+            for t in resp.topics.iter_mut().filter(|t| t.error_code == 0) {
+                if let Some(n) = &t.name {
+                    t.topic_authorized_operations =
+                        who.authorized_operations(k, rokka_broker::acl::ResourceType::Topic, n.0.as_str());
+                }
+            }
             ResponseKind::DescribeTopicPartitions(resp)
         }
         RequestKind::DescribeLogDirs(r) => match who.may_cluster(k, Op::Describe) {
@@ -357,7 +394,14 @@ async fn guarded(
                 ListPartitionReassignmentsResponse::default().with_error_code(guard::CLUSTER_DENIED),
             ),
         },
-        RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(k, r, at)),
+        RequestKind::DescribeCluster(r) => {
+            let ops = r.include_cluster_authorized_operations;
+            let mut resp = admin::describe_cluster(k, r, at);
+            if ops {
+                resp.cluster_authorized_operations = who.cluster_operations(k);
+            }
+            ResponseKind::DescribeCluster(resp)
+        }
         RequestKind::DescribeUserScramCredentials(r) => match who.may_cluster(k, Op::Describe) {
             true => ResponseKind::DescribeUserScramCredentials(scram::describe(k, r)),
             false => ResponseKind::DescribeUserScramCredentials(
