@@ -390,34 +390,23 @@ impl ConsumerOffsets {
 
     /// Deletes every offset of `group`; returns how many.
     pub fn delete_group(&self, group: &str) -> usize {
-        let mut t = self.lock();
-        let before = t.len();
-        let mut freed = 0;
-        t.retain(|k, v| {
-            let keep = k.group != group;
-            if !keep {
-                freed += cost(k, &v.metadata);
-            }
-            keep
-        });
-        self.resize(freed, 0);
-        self.gauges(&t);
-        let n = before - t.len();
-        if n > 0 {
-            self.touch();
-        }
-        n
+        self.delete_where(|k| k.group == group)
     }
 
     /// Deletes every group's offsets of `topic` (the topic was deleted, as
     /// Kafka's coordinator and RocketMQ's deleteTopic drop them); returns
     /// how many.
     pub fn delete_topic(&self, topic: &str) -> usize {
+        self.delete_where(|k| k.topic == topic)
+    }
+
+    /// Deletes the entries whose key `gone` says; returns how many.
+    fn delete_where(&self, gone: impl Fn(&Key) -> bool) -> usize {
         let mut t = self.lock();
         let before = t.len();
         let mut freed = 0;
         t.retain(|k, v| {
-            let keep = k.topic != topic;
+            let keep = !gone(k);
             if !keep {
                 freed += cost(k, &v.metadata);
             }
