@@ -105,6 +105,17 @@ def test_kafka_records_reach_rocketmq_consumers(rokka):
     assert sorted(d.keys for d in tagged) == sorted(f"key-{i}" for i in range(0, 40, 2))
 
 
+def poll_n(c, n, secs=30):
+    """Up to `n` records a confluent-kafka consumer polls within `secs`."""
+    got = []
+    deadline = time.time() + secs
+    while len(got) < n and time.time() < deadline:
+        m = c.poll(1.0)
+        if m is not None and m.error() is None:
+            got.append(m)
+    return got
+
+
 def test_rocketmq_messages_reach_kafka_consumers(rokka):
     topic = "CrossR2K"
     started = int(time.time() * 1000)
@@ -118,12 +129,7 @@ def test_rocketmq_messages_reach_kafka_consumers(rokka):
         }
     )
     c.subscribe([topic])
-    got = []
-    deadline = time.time() + 30
-    while len(got) < 30 and time.time() < deadline:
-        m = c.poll(1.0)
-        if m is not None and m.error() is None:
-            got.append(m)
+    got = poll_n(c, 30)
     # Nothing more was stored than the 30 sent (the poll above stops at 30).
     parts = c.list_topics(topic, timeout=10).topics[topic].partitions
     stored = sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
@@ -169,12 +175,7 @@ def test_compressed_rocketmq_bodies_reach_kafka_consumers_uncompressed(rokka):
         }
     )
     c.subscribe([topic])
-    got = []
-    deadline = time.time() + 30
-    while len(got) < 6 and time.time() < deadline:
-        m = c.poll(1.0)
-        if m is not None and m.error() is None:
-            got.append(m)
+    got = poll_n(c, 6)
     c.close()
     assert len(got) == 6
     for m in got:
