@@ -111,6 +111,23 @@ def test_described_defaults_alter_back_and_kafkas_ranges_hold(rokka):
         assert err.code() == KafkaError.INVALID_CONFIG and words in err.str(), err
 
 
+def test_deleting_a_config_name_not_set_is_a_no_op(rokka):
+    """IncrementalAlterConfigs DELETE of a name the topic does not set —
+    even one Rokka does not know — succeeds, as Kafka answers it (tools
+    that reset a list of names send them whatever the topic has)."""
+    a = admin(rokka)
+    a.create_topics([NewTopic("cfg-del", num_partitions=1, replication_factor=1)])["cfg-del"].result(10)
+    res = ConfigResource(
+        ResourceType.TOPIC,
+        "cfg-del",
+        incremental_configs=[
+            ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
+            ConfigEntry("some.future.setting", None, incremental_operation=AlterConfigOpType.DELETE),
+        ],
+    )
+    a.incremental_alter_configs([res])[res].result(10)
+
+
 def test_explicit_replica_assignment_sets_the_partition_count(rokka):
     a = admin(rokka)
     a.create_topics([NewTopic("cfg-assign", num_partitions=3, replica_assignment=[[0], [0], [0]])])["cfg-assign"].result(10)

@@ -364,8 +364,23 @@ pub fn incremental_alter_configs(k: &Kafka, r: IncrementalAlterConfigsRequest) -
         .map(|res| {
             let name = res.resource_name.to_string();
             let next = alter_target(k, res.resource_type, &name).and_then(|(target, mut configs)| {
+                // A name given twice is refused whole (Kafka's
+                // ConfigAdminManager: "duplicate config keys").
+                let mut seen = std::collections::HashSet::new();
+                if let Some(c) = res.configs.iter().find(|c| !seen.insert(c.name.as_str())) {
+                    return Err((
+                        errors::INVALID_REQUEST,
+                        format!("Error due to duplicate config keys: {}", c.name.as_str()),
+                    ));
+                }
                 for c in &res.configs {
                     let key = c.name.as_str();
+                    // Deleting a name that is not set, known or not, is a
+                    // no-op (Kafka answers it NONE).
+                    if c.config_operation == OP_DELETE && target.spec(key).is_err() {
+                        configs.remove(key);
+                        continue;
+                    }
                     let spec = target.spec(key)?;
                     let value = c.value.as_ref().map(|v| v.to_string());
                     match c.config_operation {
