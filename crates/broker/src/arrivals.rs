@@ -170,6 +170,17 @@ impl Arrivals {
         };
         for (t, q) in due {
             self.wake(&t, q);
+            // Sync flush: readers see only what is also flushed here (a
+            // replica's watermark does not wait for its own flush): the
+            // next flush wakes them again.
+            if let Some(pending) = &self.pending {
+                pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(t)
+                    .or_default()
+                    .insert(q);
+            }
         }
     }
 

@@ -310,8 +310,9 @@ fn properties_key(props: &[u8]) -> Option<std::borrow::Cow<'_, [u8]>> {
 const COMPRESSION_TYPE: i32 = 0x7 << 8;
 
 /// Most bytes a stored body is decompressed to (a hostile body must not
-/// make one message take more).
-pub const MAX_PLAIN_BODY: usize = 64 << 20;
+/// make one message take more; RocketMQ's own limit on a message is 4 MiB
+/// as sent).
+pub const MAX_PLAIN_BODY: usize = 16 << 20;
 
 /// A stored RocketMQ message's body as its producer gave it: RocketMQ
 /// producers compress bodies over 4 KiB (zlib unless told otherwise) and

@@ -309,12 +309,12 @@ impl Broker {
     /// cluster mode also once the high watermark covers the append.
     pub(crate) fn arrived(&self, topic: &str, queue: u32) {
         self.arrivals.notify(topic, queue);
-        if let Some(hw) = self.store.high_watermark() {
-            let end = self.store.log_end();
-            if end > hw {
-                let store = &self.store;
-                self.arrivals.hold(topic, queue, end, || store.high_watermark());
-            }
+        if self.store.high_watermark().is_some() {
+            // Held whatever the watermark now (hold reads it again once
+            // held: a rise between here and there is not missed).
+            let store = &self.store;
+            self.arrivals
+                .hold(topic, queue, self.store.log_end(), || store.high_watermark());
         }
     }
 

@@ -849,7 +849,8 @@ impl ConsumerGroups {
         }
         Some(match g.members.get(member_id) {
             None => code::UNKNOWN_MEMBER_ID,
-            Some(m) if m.epoch != epoch => err::STALE_MEMBER_EPOCH,
+            // A static member that left is at epoch -2 (Kafka's record).
+            Some(m) if m.left || m.epoch != epoch => err::STALE_MEMBER_EPOCH,
             Some(_) => code::NONE,
         })
     }

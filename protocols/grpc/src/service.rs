@@ -308,7 +308,14 @@ struct Popped {
     /// A queue's scan stopped at its budget with messages left to look at
     /// (a tag filter skipping a backlog): the receive looks again at once.
     more: bool,
+    /// Body bytes of `messages` (a receive stops adding past
+    /// [`POP_BODY_BYTES`]: decompressed bodies can be large).
+    bytes: usize,
 }
+
+/// Body bytes one receive answers with at most (past them it stops, the
+/// first message whatever its size).
+const POP_BODY_BYTES: usize = 32 << 20;
 
 /// Messages one pop looks at per queue, filtered out or not (Apache reads
 /// up to ~16 KiB of ConsumeQueue entries per pop): a tag filter skips a
@@ -399,10 +406,12 @@ impl Messaging {
             r.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
         };
         let mut live: HashMap<String, Vec<String>> = HashMap::new();
-        let mut gone = Vec::new();
+        // (key, the delivery it named when looked at): removed only if it
+        // still names it (a receive may have recorded a newer one since).
+        let mut gone: Vec<((String, String, u32, u64), u64)> = Vec::new();
         let mut renewed = 0;
         for ((group, topic, queue, offset), rn) in entries {
-            let key = (group.clone(), topic.clone(), queue, offset);
+            let key = ((group.clone(), topic.clone(), queue, offset), rn.delivery);
             let Some(st) = self.pops.existing(&group, &topic, queue) else {
                 gone.push(key);
                 continue;
@@ -439,8 +448,10 @@ impl Messaging {
             }
         }
         let mut r = self.renewals.lock().unwrap_or_else(|p| p.into_inner());
-        for k in gone {
-            r.remove(&k);
+        for (k, delivery) in gone {
+            if r.get(&k).is_some_and(|now| now.delivery == delivery) {
+                r.remove(&k);
+            }
         }
         metrics::gauge!("rokka_rocketmq5_renewed_messages").set(r.len() as f64);
         if renewed > 0 {
@@ -678,6 +689,7 @@ impl Messaging {
             next_visible_ms: None,
             refused: false,
             more: false,
+            bytes: 0,
         };
         let now = rokka_store::now_ms();
         let store = self.broker.store();
@@ -690,7 +702,7 @@ impl Messaging {
         };
         for i in 0..partitions {
             let room = batch - out.messages.len();
-            if room == 0 {
+            if room == 0 || out.bytes >= POP_BODY_BYTES {
                 break;
             }
             let q = (first + i) % partitions;
@@ -715,6 +727,9 @@ impl Messaging {
             let redelivering = !due.is_empty();
             // Redeliveries first: messages whose invisible time is over.
             for (off, f) in due {
+                if out.bytes >= POP_BODY_BYTES {
+                    break;
+                }
                 let Some(m) = self.message_at(topic, q, off) else {
                     // Gone (retention): nothing to deliver again.
                     self.pops.forget(&mut st, off);
@@ -738,8 +753,9 @@ impl Messaging {
                 let (r, attempt) = self.pops.hand_out(&mut st, q, off, now + invisible_ms, now);
                 metrics::counter!("rokka_rocketmq5_messages_redelivered_total", "group" => group.to_string())
                     .increment(1);
-                out.messages
-                    .push(message::outgoing(&m, self.store_host, Some(&handout(r, attempt))));
+                let msg = message::outgoing(&m, self.store_host, Some(&handout(r, attempt)));
+                out.bytes += msg.body.len();
+                out.messages.push(msg);
             }
             // New messages from the cursor.
             let room = batch - out.messages.len();
@@ -761,7 +777,11 @@ impl Messaging {
                 let mut scanned = 0usize;
                 loop {
                     let from = st.cursor;
-                    if from >= lso || out.messages.len() >= batch || !self.pops.has_room() {
+                    if from >= lso
+                        || out.messages.len() >= batch
+                        || out.bytes >= POP_BODY_BYTES
+                        || !self.pops.has_room()
+                    {
                         break;
                     }
                     if scanned >= POP_SCAN_MESSAGES {
@@ -776,7 +796,11 @@ impl Messaging {
                     let mut next = read.next_offset.min(lso);
                     'entries: for e in &read.entries {
                         for m in messages_of(&self.broker, self.store_host, topic, q, e, from) {
-                            if m.queue_offset >= lso || out.messages.len() >= batch || !self.pops.has_room() {
+                            if m.queue_offset >= lso
+                                || out.messages.len() >= batch
+                                || out.bytes >= POP_BODY_BYTES
+                                || !self.pops.has_room()
+                            {
                                 next = m.queue_offset;
                                 break 'entries;
                             }
@@ -786,8 +810,9 @@ impl Messaging {
                                 continue;
                             }
                             let (r, attempt) = self.pops.hand_out(&mut st, q, m.queue_offset, now + invisible_ms, now);
-                            out.messages
-                                .push(message::outgoing(&m, self.store_host, Some(&handout(r, attempt))));
+                            let msg = message::outgoing(&m, self.store_host, Some(&handout(r, attempt)));
+                            out.bytes += msg.body.len();
+                            out.messages.push(msg);
                         }
                     }
                     if next <= st.cursor {
@@ -1098,6 +1123,15 @@ impl Messaging {
                         }
                         let res = self.pops.ack(&mut locked, &r);
                         drop(locked);
+                        if res.is_ok() {
+                            // Acked: nothing to renew (its slot in the
+                            // renewals' bound is free at once).
+                            let mut rn = self.renewals.lock().unwrap_or_else(|p| p.into_inner());
+                            let key = (group.clone(), topic.clone(), r.queue, r.offset);
+                            if rn.get(&key).is_some_and(|x| x.delivery == r.delivery) {
+                                rn.remove(&key);
+                            }
+                        }
                         touched.insert(r.queue, st);
                         res
                     }
