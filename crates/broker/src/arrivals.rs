@@ -28,10 +28,11 @@ pub struct Arrivals {
     /// Sync flush: queues appended to since the last flush (at most one
     /// entry per queue; drained by every flush).
     pending: Option<Mutex<HashMap<String, HashSet<u32>>>>,
-    /// Cluster mode: queues written past the high watermark → (the log
-    /// position the watermark must reach to wake them, the furthest one
-    /// written). At most one entry per queue.
-    held: Mutex<HashMap<(String, u32), (u64, u64)>>,
+    /// Cluster mode: queues written past the high watermark, by topic
+    /// (looked up by `&str`: an append to a topic already held allocates
+    /// nothing) → (the log position the watermark must reach to wake them,
+    /// the furthest one written). At most one entry per queue.
+    held: Mutex<HashMap<String, HashMap<u32, (u64, u64)>>>,
 }
 
 impl Arrivals {
@@ -130,12 +131,12 @@ impl Arrivals {
     pub fn hold(&self, topic: &str, queue: u32, end: u64, hw: impl Fn() -> Option<u64>) {
         {
             let mut h = self.held.lock().unwrap_or_else(|p| p.into_inner());
-            match h.get_mut(&(topic.to_string(), queue)) {
-                Some((_, max)) => *max = (*max).max(end),
-                None => {
-                    h.insert((topic.to_string(), queue), (end, end));
-                }
-            }
+            let queues = match h.get_mut(topic) {
+                Some(q) => q,
+                None => h.entry(topic.to_string()).or_default(),
+            };
+            let e = queues.entry(queue).or_insert((end, end));
+            e.1 = e.1.max(end);
         }
         if let Some(now) = hw() {
             if now >= end {
@@ -154,17 +155,20 @@ impl Arrivals {
                 return;
             }
             let mut due = Vec::new();
-            h.retain(|k, (min, max)| {
-                if *min > hw {
-                    return true;
-                }
-                due.push(k.clone());
-                if *max > hw {
-                    *min = hw + 1;
-                    true
-                } else {
-                    false
-                }
+            h.retain(|t, queues| {
+                queues.retain(|q, (min, max)| {
+                    if *min > hw {
+                        return true;
+                    }
+                    due.push((t.clone(), *q));
+                    if *max > hw {
+                        *min = hw + 1;
+                        true
+                    } else {
+                        false
+                    }
+                });
+                !queues.is_empty()
             });
             due
         };
