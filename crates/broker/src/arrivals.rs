@@ -13,6 +13,10 @@ use tokio::sync::Notify;
 
 type Waiters = Vec<Weak<Notify>>;
 
+/// A topic's held queues → (the position the watermark must reach, the
+/// furthest written).
+type HeldQueues = HashMap<u32, (u64, u64)>;
+
 /// The waiters per (topic, queue), and the size at which the next sweep of
 /// keys whose waiters have all gone runs.
 #[derive(Debug, Default)]
@@ -32,7 +36,7 @@ pub struct Arrivals {
     /// (looked up by `&str`: an append to a topic already held allocates
     /// nothing) → (the log position the watermark must reach to wake them,
     /// the furthest one written). At most one entry per queue.
-    held: Mutex<HashMap<String, HashMap<u32, (u64, u64)>>>,
+    held: Mutex<HashMap<String, HeldQueues>>,
 }
 
 impl Arrivals {
