@@ -977,8 +977,10 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
                     st.adopt_epochs(&ep).map_err(|e| format!("append: {e}"))?;
                     // Idempotent producers' last batches, kept as the
                     // master keeps them (a failover's retries stay single).
+                    // (The Kafka decoder stops at a RocketMQ message's
+                    // magic: those are not decoded for this.)
                     for data in &entries {
-                        if let Ok(rokka_store::Entry::KafkaBatch(b)) = rokka_store::record::decode_entry(data) {
+                        if let Ok(b) = rokka_store::record::kafka::decode(data) {
                             if let Ok(info) = rokka_store::record::kafka::BatchInfo::parse(&b.batch) {
                                 broker
                                     .producers()
