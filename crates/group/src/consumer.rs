@@ -1015,16 +1015,12 @@ mod tests {
         }
     }
 
-    fn join(c: &mut ConsumerGroups, id: &str, subs: &[&str], now: u64) -> HeartbeatResponse {
+    /// A heartbeat of group "g" (topics t: 6, u: 2).
+    fn send(c: &mut ConsumerGroups, req: HeartbeatRequest, now: u64) -> HeartbeatResponse {
         c.heartbeat(
             HeartbeatRequest {
                 group: "g".into(),
-                member_id: id.into(),
-                member_epoch: 0,
-                rebalance_timeout_ms: 30_000,
-                subscribed_topics: Some(subs.iter().map(|s| s.to_string()).collect()),
-                owned: Some(Vec::new()),
-                ..HeartbeatRequest::default()
+                ..req
             },
             now,
             &topics,
@@ -1033,21 +1029,44 @@ mod tests {
         )
     }
 
+    fn join_as(c: &mut ConsumerGroups, id: &str, subs: &[&str], instance: Option<&str>, now: u64) -> HeartbeatResponse {
+        let req = HeartbeatRequest {
+            member_id: id.into(),
+            member_epoch: 0,
+            instance_id: instance.map(String::from),
+            rebalance_timeout_ms: 30_000,
+            subscribed_topics: Some(subs.iter().map(|s| s.to_string()).collect()),
+            owned: Some(Vec::new()),
+            ..HeartbeatRequest::default()
+        };
+        send(c, req, now)
+    }
+
+    fn join(c: &mut ConsumerGroups, id: &str, subs: &[&str], now: u64) -> HeartbeatResponse {
+        join_as(c, id, subs, None, now)
+    }
+
+    fn beat_as(
+        c: &mut ConsumerGroups,
+        id: &str,
+        instance: Option<&str>,
+        epoch: i32,
+        owned: Option<Vec<Tp>>,
+        now: u64,
+    ) -> HeartbeatResponse {
+        let req = HeartbeatRequest {
+            member_id: id.into(),
+            member_epoch: epoch,
+            instance_id: instance.map(String::from),
+            rebalance_timeout_ms: -1,
+            owned,
+            ..HeartbeatRequest::default()
+        };
+        send(c, req, now)
+    }
+
     fn beat(c: &mut ConsumerGroups, id: &str, epoch: i32, owned: Option<Vec<Tp>>, now: u64) -> HeartbeatResponse {
-        c.heartbeat(
-            HeartbeatRequest {
-                group: "g".into(),
-                member_id: id.into(),
-                member_epoch: epoch,
-                rebalance_timeout_ms: -1,
-                owned,
-                ..HeartbeatRequest::default()
-            },
-            now,
-            &topics,
-            &CFG,
-            true,
-        )
+        beat_as(c, id, None, epoch, owned, now)
     }
 
     fn owners(c: &ConsumerGroups) -> BTreeMap<Tp, Vec<String>> {
@@ -1061,39 +1080,11 @@ mod tests {
     }
 
     fn join_static(c: &mut ConsumerGroups, id: &str, instance: &str, now: u64) -> HeartbeatResponse {
-        c.heartbeat(
-            HeartbeatRequest {
-                group: "g".into(),
-                member_id: id.into(),
-                member_epoch: 0,
-                instance_id: Some(instance.into()),
-                rebalance_timeout_ms: 30_000,
-                subscribed_topics: Some(vec!["t".into()]),
-                owned: Some(Vec::new()),
-                ..HeartbeatRequest::default()
-            },
-            now,
-            &topics,
-            &CFG,
-            true,
-        )
+        join_as(c, id, &["t"], Some(instance), now)
     }
 
     fn beat_static(c: &mut ConsumerGroups, id: &str, instance: &str, epoch: i32, now: u64) -> HeartbeatResponse {
-        c.heartbeat(
-            HeartbeatRequest {
-                group: "g".into(),
-                member_id: id.into(),
-                member_epoch: epoch,
-                instance_id: Some(instance.into()),
-                rebalance_timeout_ms: -1,
-                ..HeartbeatRequest::default()
-            },
-            now,
-            &topics,
-            &CFG,
-            true,
-        )
+        beat_as(c, id, Some(instance), epoch, None, now)
     }
 
     fn partitions(r: &HeartbeatResponse) -> Vec<Tp> {
@@ -1111,21 +1102,7 @@ mod tests {
         let keep = beat_static(&mut c, "a1", "inst-a", a.member_epoch, 20)
             .assignment
             .unwrap_or_default();
-        let a2 = c.heartbeat(
-            HeartbeatRequest {
-                group: "g".into(),
-                member_id: "a1".into(),
-                member_epoch: a.member_epoch,
-                instance_id: Some("inst-a".into()),
-                rebalance_timeout_ms: -1,
-                owned: Some(keep.clone()),
-                ..HeartbeatRequest::default()
-            },
-            30,
-            &topics,
-            &CFG,
-            true,
-        );
+        let a2 = beat_as(&mut c, "a1", Some("inst-a"), a.member_epoch, Some(keep.clone()), 30);
         beat(&mut c, "b", b.member_epoch, Some(Vec::new()), 40);
         assert_eq!(c.groups["g"].state(), "Stable");
         let epoch = c.groups["g"].epoch;
