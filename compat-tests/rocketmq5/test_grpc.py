@@ -313,12 +313,13 @@ def test_a_tag_filter_finds_its_messages_behind_a_backlog_of_others(rokka, clien
     """A consumer filtering by tag behind thousands of other-tag messages
     gets its messages in one long poll, as Apache's proxy scans on while
     messages are left — not a batch's worth of skipped messages per poll
-    (3000 here: about 47 polls of 2 s)."""
+    (6000 here over four queues, past one pass's 1024 a queue: the scan
+    goes on at once)."""
     topic = name("g5-skip")
     # One stored message each (a Kafka batch of many records is skipped
     # whole).
     p = clients.producer(topic)
-    for i in range(3000):
+    for i in range(6000):
         p.send(message(topic, f"a-{i}".encode(), tag="TagA"))
     for i in range(3):
         p.send(message(topic, f"b-{i}".encode(), tag="TagB"))

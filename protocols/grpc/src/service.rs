@@ -318,10 +318,10 @@ struct Popped {
 const POP_BODY_BYTES: usize = 32 << 20;
 
 /// Messages one pop looks at per queue, filtered out or not (Apache reads
-/// up to ~16 KiB of ConsumeQueue entries per pop): a tag filter skips a
-/// backlog of other tags a stretch at a time, not `batch` messages per
-/// long poll.
-const POP_SCAN_MESSAGES: usize = 4096;
+/// up to ~16 KiB of ConsumeQueue entries, ~800, per pop): a tag filter
+/// skips a backlog of other tags a stretch at a time, not `batch` messages
+/// per long poll — and the queue's lock is not held for longer.
+const POP_SCAN_MESSAGES: usize = 1024;
 
 impl Messaging {
     pub fn new(
