@@ -122,6 +122,21 @@ def test_messages_sent_over_grpc_are_received_byte_exact(rokka, clients):
     assert metric(rokka, "rokka_rocketmq5_messages_acked_total") >= 30
 
 
+def test_keys_with_spaces_are_taken_as_apache_takes_them_and_control_characters_refused(rokka, clients):
+    # Apache's proxy takes a key holding spaces (the stored KEYS property is
+    # space-separated, so it reads back as its words) and refuses only a
+    # blank key or one with a control character (ILLEGAL_MESSAGE_KEY).
+    topic, group = name("g5-keys"), name("g5-keys-g")
+    p = clients.producer(topic)
+    p.send(message(topic, b"spaced", keys="order 42"))
+    with pytest.raises(Exception) as refused:
+        p.send(message(topic, b"bell", keys="bad\x07key"))
+    assert "key" in str(refused.value).lower(), refused.value
+    got = receive_all(clients.consumer(group, topic), 1)
+    assert [m.body for m in got] == [b"spaced"]
+    assert got[0].keys == {"order", "42"}
+
+
 def test_an_unacked_message_comes_back_with_attempt_2_and_its_old_handle_is_refused(rokka, clients):
     topic, group = name("g5-redeliver"), name("g5-redeliver-g")
     p = clients.producer(topic)

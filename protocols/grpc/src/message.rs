@@ -92,14 +92,18 @@ pub fn incoming(m: &pb::Message, max_body: usize) -> Result<Incoming, Refused> {
         pairs.push((properties::TAGS.into(), tag.to_string()));
     }
     if !sys.keys.is_empty() {
-        if sys
+        // As Apache's proxy (SendMessageActivity.validateMessageKey): a
+        // key may hold spaces (the stored KEYS property is space-separated,
+        // so such a key is indexed as its words, as there), but not be all
+        // whitespace or hold a control character.
+        if let Some(k) = sys
             .keys
             .iter()
-            .any(|k| k.is_empty() || k.contains(' ') || !legal_property("KEYS", k))
+            .find(|k| (!k.is_empty() && k.trim().is_empty()) || k.chars().any(char::is_control))
         {
             return Err(Refused(
                 pb::Code::IllegalMessageKey,
-                "a key is empty or holds a space".into(),
+                format!("key {k:?} is whitespace only or holds a control character"),
             ));
         }
         pairs.push((properties::KEYS.into(), sys.keys.join(" ")));
