@@ -685,3 +685,30 @@ def test_sends_to_the_brokers_own_topics_are_forbidden(rokka, clients):
         p.send(message(topic, b"0,1,2,"))
     assert type(e.value).__name__ == "ForbiddenException", repr(e.value)
     assert "is forbidden" in str(e.value), repr(e.value)
+
+
+def test_routes_name_an_advertised_dns_name_and_the_client_sends_through_it():
+    # grpc.advertised_addr as a container or a load balancer is reached: a
+    # DNS name. Routes give it as a domain-name endpoint; the client opens
+    # its sends and receives at that endpoint, not at the one it dialled.
+    from conftest import GRPC, running
+
+    with running("rocketmq5", "advertised-dns", grpc_extra=GRPC + 'advertised_addr = "localhost:1"\n') as r:
+        port = r.grpc_port
+        r.stop()
+        with open(r.config) as f:
+            text = f.read()
+        with open(r.config, "w") as f:
+            f.write(text.replace('"localhost:1"', f'"localhost:{port}"'))
+        r.start()
+        assert r.grpc_port == port
+        clients = Clients(r)
+        try:
+            topic, group = name("g5-dns"), name("g5-dns-g")
+            p = clients.producer(topic)
+            for i in range(3):
+                p.send(message(topic, f"dns-{i}".encode()))
+            got = receive_all(clients.consumer(group, topic), 3)
+            assert sorted(m.body for m in got) == [b"dns-0", b"dns-1", b"dns-2"]
+        finally:
+            clients.close()

@@ -272,6 +272,17 @@ impl Config {
             path: origin.to_string(),
             message: e.to_string(),
         })?;
+        for (key, addr) in [
+            ("rocketmq.advertised_addr", &cfg.rocketmq.advertised_addr),
+            ("grpc.advertised_addr", &cfg.grpc.advertised_addr),
+        ] {
+            if !addr.is_empty() {
+                host_port(addr).map_err(|e| ConfigError::Parse {
+                    path: origin.to_string(),
+                    message: format!("{key} {addr:?}: {e}"),
+                })?;
+            }
+        }
         for (key, zero) in [
             ("metrics.max_connections", cfg.metrics.max_connections == 0),
             ("metrics.connection_timeout_ms", cfg.metrics.connection_timeout_ms == 0),
@@ -295,6 +306,33 @@ impl Config {
         })?;
         Config::parse(&text, &path.display().to_string())
     }
+}
+
+/// An advertised address as clients are given it: `host:port`, the host
+/// an IPv4 address, a bracketed IPv6 address or a DNS name (what a
+/// container or a load balancer is reached by), the port 1–65535.
+pub fn host_port(addr: &str) -> Result<String, String> {
+    if addr.parse::<SocketAddr>().is_ok_and(|a| a.port() != 0) {
+        return Ok(addr.to_string());
+    }
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| "expected host:port".to_string())?;
+    match port.parse::<u16>() {
+        Ok(p) if p != 0 => {}
+        _ => return Err(format!("port {port:?} is not 1-65535")),
+    }
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        });
+    if !name_ok {
+        return Err(format!("host {host:?} is neither an IP address nor a DNS name"));
+    }
+    Ok(addr.to_string())
 }
 
 #[cfg(test)]
@@ -430,6 +468,12 @@ mod tests {
             .unwrap_or_default()
             .contains("commitlog_segment_bytes"));
         for (text, key) in [
+            ("[grpc]\nadvertised_addr = \"rokka\"\n", "grpc.advertised_addr"),
+            (
+                "[rocketmq]\nadvertised_addr = \"bad host:10911\"\n",
+                "rocketmq.advertised_addr",
+            ),
+            ("[grpc]\nadvertised_addr = \"rokka:0\"\n", "grpc.advertised_addr"),
             ("[metrics]\nmax_connections = 0\n", "metrics.max_connections"),
             (
                 "[console]\nconnection_timeout_ms = 0\n",
@@ -438,6 +482,10 @@ mod tests {
         ] {
             let err = Config::parse(text, "t.toml").map(|_| ()).err();
             assert!(err.map(|e| e.to_string()).unwrap_or_default().contains(key), "{text}");
+        }
+        // DNS names, IPv4 and bracketed IPv6 are advertised as given.
+        for ok in ["rokka-0.rokka.svc.cluster.local:8081", "10.0.0.7:8081", "[::1]:8081"] {
+            assert_eq!(host_port(ok).as_deref(), Ok(ok));
         }
     }
 }

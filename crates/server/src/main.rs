@@ -369,7 +369,9 @@ async fn serve(
         if cfg.store.store_host == rokka_store::StoreConfig::default().store_host {
             // Left at its default: the advertised address, else the bound one.
             let bound = l.local_addr()?;
-            cfg.store.store_host = cfg.rocketmq.advertised_addr.parse().unwrap_or(bound);
+            // A DNS name is resolved once here: message ids carry an IPv4
+            // address (RocketMQ's brokerIP1), which tools connect to.
+            cfg.store.store_host = advertised_ip(&cfg.rocketmq.advertised_addr).unwrap_or(bound);
         }
         broker_listener = Some(l);
     }
@@ -665,11 +667,9 @@ async fn serve(
             })
         };
         let advertised = if cfg.grpc.advertised_addr.is_empty() {
-            addr
+            addr.to_string()
         } else {
-            cfg.grpc
-                .advertised_addr
-                .parse()
+            config::host_port(&cfg.grpc.advertised_addr)
                 .map_err(|e| format!("grpc.advertised_addr {:?}: {e}", cfg.grpc.advertised_addr))?
         };
         let messaging = Arc::new(rokka_grpc::Messaging::new(
@@ -863,6 +863,26 @@ fn store_check(cfg: &Config, reappend: bool) -> ExitCode {
         println!("ok");
     }
     ExitCode::from(code)
+}
+
+/// The socket address of an advertised `host:port` for message ids: as
+/// written if it is an IP address, else the name's first IPv4 address (an
+/// unresolvable name: none, and the bound address is used).
+fn advertised_ip(addr: &str) -> Option<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    if addr.is_empty() {
+        return None;
+    }
+    if let Ok(a) = addr.parse() {
+        return Some(a);
+    }
+    match addr.to_socket_addrs() {
+        Ok(mut all) => all.find(std::net::SocketAddr::is_ipv4),
+        Err(e) => {
+            tracing::warn!(addr, error = %e, "rocketmq.advertised_addr does not resolve; message ids carry the bound address");
+            None
+        }
+    }
 }
 
 async fn shutdown_signal() -> std::io::Result<()> {

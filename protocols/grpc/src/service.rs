@@ -33,8 +33,9 @@ pub struct Messaging {
     /// The broker name routes give (the remoting broker's, so both
     /// protocols name the same set).
     broker_name: String,
-    /// Where clients reach this service (routes' endpoints).
-    advertised: SocketAddr,
+    /// Where clients reach this service (routes' endpoints): `host:port`,
+    /// the host an IP address or a DNS name.
+    advertised: String,
     /// The store host of message ids made from offsets.
     store_host: SocketAddr,
     pops: Pops,
@@ -328,7 +329,7 @@ impl Messaging {
         broker: Arc<Broker>,
         config: GrpcConfig,
         broker_name: String,
-        advertised: SocketAddr,
+        advertised: String,
         memory_ratio: u32,
     ) -> Messaging {
         let store_host = broker.store().config().store_host;
@@ -529,8 +530,16 @@ impl Messaging {
         let mut out = Vec::new();
         let Some(view) = self.broker.cluster_view() else {
             let here = match dialled {
-                Some(d) if self.advertised.ip().is_unspecified() && !d.addresses.is_empty() => d.clone(),
-                _ => endpoints_of(&self.advertised.to_string()),
+                Some(d)
+                    if self
+                        .advertised
+                        .parse::<SocketAddr>()
+                        .is_ok_and(|a| a.ip().is_unspecified())
+                        && !d.addresses.is_empty() =>
+                {
+                    d.clone()
+                }
+                _ => endpoints_of(&self.advertised),
             };
             push_queues(&mut out, topic, &self.broker_name, here, info.partitions);
             return out;
@@ -1971,13 +1980,7 @@ mod route_tests {
         ))?);
         let broker = Arc::new(Broker::new(store, rokka_broker::BrokerConfig::default())?);
         broker.create_topic("t", 2)?;
-        let m = Messaging::new(
-            broker,
-            GrpcConfig::default(),
-            "broker-a".into(),
-            advertised.parse()?,
-            90,
-        );
+        let m = Messaging::new(broker, GrpcConfig::default(), "broker-a".into(), advertised.into(), 90);
         Ok((dir, m))
     }
 
@@ -2000,6 +2003,20 @@ mod route_tests {
         assert!(qs
             .iter()
             .all(|q| q.broker.as_ref().and_then(|b| b.endpoints.as_ref()) == Some(&here)));
+        // An advertised DNS name (a container's or a load balancer's) is
+        // routed to as a domain name.
+        let (_d3, m3) = node("rokka.internal:18081")?;
+        let qs = m3.queues_of("t", &info, Some(&dialled));
+        let named = qs[0]
+            .broker
+            .as_ref()
+            .and_then(|b| b.endpoints.clone())
+            .ok_or("no endpoints")?;
+        assert_eq!(named.scheme, pb::AddressScheme::DomainName as i32);
+        assert_eq!(
+            (named.addresses[0].host.as_str(), named.addresses[0].port),
+            ("rokka.internal", 18081)
+        );
         Ok(())
     }
 }
