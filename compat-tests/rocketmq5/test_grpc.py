@@ -547,6 +547,64 @@ def test_a_fifo_queue_redelivers_to_a_receive_asking_for_fewer_than_are_due(rokk
     assert again[0].delivery_attempt == 2
 
 
+def test_a_fifo_receive_retried_with_its_attempt_id_gets_the_same_batch(rokka, clients):
+    """A client whose receive timed out (DEADLINE_EXCEEDED: the answer
+    lost) retries with the same attempt_id (the Java client, the Python
+    PushConsumer): a FIFO queue gives that attempt the batch it took again,
+    under new handles and not counted as a delivery, as Apache's orderly
+    pop does — not nothing until the invisible time ends. Another attempt
+    is still held back. Raw, with grpcio and Apache's generated stubs."""
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as d
+    from rocketmq.grpc_protocol import service_pb2 as s
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+    topic, group = name("g5-attempt"), "g5-fifo-ordered"
+    p = clients.producer(topic)
+    for i in range(3):
+        p.send(message(topic, f"a-{i}".encode(), group="one-order"))
+    meta = [("x-mq-client-id", "raw-attempt-client"), ("x-mq-language", "JAVA"), ("x-mq-protocol", "v2")]
+    chan = grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}")
+
+    def receive(attempt, batch=2, wait=1):
+        req = s.ReceiveMessageRequest(
+            group=d.Resource(name=group),
+            message_queue=d.MessageQueue(topic=d.Resource(name=topic), id=-1),
+            filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"),
+            batch_size=batch,
+            auto_renew=False,
+            attempt_id=attempt,
+        )
+        req.invisible_duration.seconds = 60
+        req.long_polling_timeout.seconds = wait
+        return [r.message for r in stub.ReceiveMessage(req, timeout=10, metadata=meta) if r.HasField("message")]
+
+    try:
+        stub = MessagingServiceStub(chan)
+        first = receive("attempt-1")
+        assert [m.body for m in first] == [b"a-0", b"a-1"]
+        again = receive("attempt-1")
+        assert [m.body for m in again] == [b"a-0", b"a-1"], "the same attempt gets its batch again"
+        assert [m.system_properties.delivery_attempt for m in again] == [1, 1], "not counted as a delivery"
+        assert {m.system_properties.receipt_handle for m in again}.isdisjoint(
+            m.system_properties.receipt_handle for m in first
+        )
+        assert receive("attempt-2") == [], "another attempt waits for the batch's acks"
+        ack = s.AckMessageRequest(
+            group=d.Resource(name=group),
+            topic=d.Resource(name=topic),
+            entries=[
+                s.AckMessageEntry(message_id=m.system_properties.message_id, receipt_handle=m.system_properties.receipt_handle)
+                for m in again
+            ],
+        )
+        res = stub.AckMessage(ack, timeout=10, metadata=meta)
+        assert [e.status.code for e in res.entries] == [d.Code.OK, d.Code.OK], res
+        assert [m.body for m in receive("attempt-3", wait=5)] == [b"a-2"]
+    finally:
+        chan.close()
+
+
 def test_a_group_is_consumed_by_pop_or_by_queue_owners_never_both(rokka, clients):
     """docs/rocketmq5.md: while a group has live Kafka (or remoting)
     members, pops of it are refused; while it has live pop consumers,

@@ -43,6 +43,11 @@ pub struct QueuePops {
     /// (an offset reset) and moves the cursor there.
     #[serde(default)]
     pub committed: Option<u64>,
+    /// A FIFO group: the attempt id of the receive that took the batch in
+    /// flight. A receive retried with it (a client that lost the answer)
+    /// gets the same batch again instead of waiting out its invisible time.
+    #[serde(skip)]
+    pub fifo_attempt: Option<String>,
 }
 
 impl QueuePops {
@@ -221,6 +226,9 @@ impl Pops {
                             cursor: s.cursor,
                             in_flight: s.in_flight.into_iter().collect(),
                             committed: s.committed,
+                            // Not kept across a restart: a retried
+                            // receive then waits out the invisible time.
+                            fifo_attempt: None,
                         },
                     )
                 })
@@ -314,6 +322,34 @@ impl Pops {
     }
 
     /// Acks the handout `r` names: the in-flight entry it removed.
+    /// Hands an in-flight message out again under a new receipt handle
+    /// without counting a delivery: the same attempt's retry of a receive
+    /// whose answer never reached the client (Apache's orderly pop keeps
+    /// the consumed counts for a repeated attempt id). None if it is not in
+    /// flight.
+    pub fn hand_again(
+        &self,
+        st: &mut QueuePops,
+        queue: u32,
+        offset: u64,
+        visible_at_ms: i64,
+    ) -> Option<(Receipt, u32)> {
+        let f = st.in_flight.get_mut(&offset)?;
+        let delivery = self.next_delivery.fetch_add(1, Ordering::Relaxed);
+        f.delivery = delivery;
+        f.visible_at_ms = visible_at_ms;
+        let attempt = f.attempt;
+        self.changed();
+        Some((
+            Receipt {
+                queue,
+                offset,
+                delivery,
+            },
+            attempt,
+        ))
+    }
+
     pub fn ack(&self, st: &mut QueuePops, r: &Receipt) -> Result<InFlight, HandleError> {
         match st.in_flight.get(&r.offset) {
             None => Err(HandleError::NotInFlight),

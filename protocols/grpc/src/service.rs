@@ -296,6 +296,9 @@ struct PopAsk<'a> {
     batch: usize,
     invisible_ms: i64,
     codes: Option<&'a [i32]>,
+    /// The receive's attempt id (clients resend it when retrying a receive
+    /// that timed out).
+    attempt_id: Option<&'a str>,
 }
 
 /// What one pop over the queues gave.
@@ -692,6 +695,7 @@ impl Messaging {
             batch,
             invisible_ms,
             codes,
+            attempt_id,
         } = *ask;
         let mut out = Popped {
             messages: Vec::new(),
@@ -720,6 +724,7 @@ impl Messaging {
                 continue;
             };
             let mut st = pop::lock(&st);
+            let taken_before = out.messages.len();
             self.follow_reset(group, topic, q, &mut st);
             // A FIFO group's queue gives out one batch at a time, in
             // order: nothing more while some of it is in flight and
@@ -729,6 +734,29 @@ impl Messaging {
             // as some still invisible, and block the queue for good.)
             let mut due = st.due(now, usize::MAX);
             if fifo && st.in_flight.len() > due.len() {
+                if attempt_id.is_some() && st.fifo_attempt.as_deref() == attempt_id {
+                    // The same attempt again: the client never got the
+                    // answer that took this batch (the Java client resends
+                    // its attempt id after DEADLINE_EXCEEDED). The batch
+                    // again, under new handles, its deliveries not counted
+                    // (Apache's ConsumerOrderInfoManager.checkBlock lets
+                    // the same attempt through).
+                    let offsets: Vec<u64> = st.in_flight.keys().copied().take(room).collect();
+                    for off in offsets {
+                        let Some(m) = self.message_at(topic, q, off) else {
+                            self.pops.forget(&mut st, off);
+                            continue;
+                        };
+                        if let Some((r, attempt)) = self.pops.hand_again(&mut st, q, off, now + invisible_ms) {
+                            let msg = message::outgoing(&m, self.store_host, Some(&handout(r, attempt)));
+                            out.bytes += msg.body.len();
+                            out.messages.push(msg);
+                        }
+                    }
+                    metrics::counter!("rokka_rocketmq5_fifo_attempt_retries_total").increment(1);
+                    out.next_visible_ms = earliest(out.next_visible_ms, st.next_visible_ms());
+                    continue;
+                }
                 out.next_visible_ms = earliest(out.next_visible_ms, st.next_visible_after(now));
                 continue;
             }
@@ -829,6 +857,9 @@ impl Messaging {
                     }
                     st.cursor = next;
                 }
+            }
+            if fifo && out.messages.len() > taken_before {
+                st.fifo_attempt = attempt_id.map(str::to_string);
             }
             self.commit_watermark(group, topic, q, &mut st);
             out.next_visible_ms = earliest(out.next_visible_ms, st.next_visible_ms());
@@ -940,6 +971,7 @@ impl Messaging {
                 batch,
                 invisible_ms,
                 codes: codes.as_deref(),
+                attempt_id: req.attempt_id.as_deref().filter(|a| !a.is_empty()),
             });
             let now = Instant::now();
             if !popped.messages.is_empty() || now >= deadline {
