@@ -18,6 +18,13 @@ if [[ ! -x $venv/bin/python ]]; then
   python3 -m venv "$venv"
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.txt"
+# kafka-python 2.0.2 (raw SASL tokens after SaslHandshake v0), beside the
+# current one: a venv of its own (test_sasl.py runs it as a subprocess).
+kp202="$root/target/kp202-venv"
+if [[ ! -x $kp202/bin/python ]]; then
+  python3 -m venv "$kp202"
+fi
+"$kp202/bin/pip" install -q --disable-pip-version-check kafka-python==2.0.2
 
 # The workspace tests built the debug binary already; build it if not.
 if [[ -z ${ROKKA_BIN:-} ]]; then

@@ -1,7 +1,8 @@
 """Kafka SASL (docs/security.md): SCRAM-SHA-256/512 and PLAIN against one
 users table, whose salted credentials are managed with
 AlterUserScramCredentials. Clients: confluent-kafka (librdkafka) over
-SASL_PLAINTEXT and SASL_SSL, kafka-python with PLAIN."""
+SASL_PLAINTEXT and SASL_SSL, kafka-python with PLAIN, and kafka-python 2.0.2
+(SaslHandshake v0: raw tokens) with PLAIN and SCRAM."""
 import os
 import socket
 import struct
@@ -102,6 +103,54 @@ def test_kafka_python_with_plain(sasl):
     got = [m.value.decode() for m in c]
     c.close()
     assert got == [f"plain-{i}" for i in range(10)]
+
+
+# kafka-python up to 2.0.2 (PyPI's release from 2020 into 2025, still in
+# many installs) sends SaslHandshake v0 and then the mechanism's messages
+# as raw size-prefixed tokens; run.sh installs it in a venv of its own.
+KP202 = os.path.join(os.path.dirname(__file__), "..", "..", "target", "kp202-venv", "bin", "python")
+KP202_SCRIPT = r"""
+import sys
+from kafka import KafkaConsumer, KafkaProducer
+port, mech, user, password, topic = sys.argv[1:6]
+common = dict(bootstrap_servers=f"127.0.0.1:{port}", security_protocol="SASL_PLAINTEXT",
+              sasl_mechanism=mech, sasl_plain_username=user, sasl_plain_password=password)
+p = KafkaProducer(**common)
+for i in range(5):
+    p.send(topic, f"{topic}-{i}".encode())
+p.flush(30)
+p.close()
+c = KafkaConsumer(topic, group_id=topic + "-g", auto_offset_reset="earliest", consumer_timeout_ms=20000, **common)
+got = []
+for m in c:
+    got.append(m.value.decode())
+    if len(got) == 5:
+        break
+print(",".join(got))
+c.close()
+"""
+
+
+@pytest.mark.parametrize("mech,user", [("PLAIN", "bob"), ("SCRAM-SHA-256", "bob"), ("SCRAM-SHA-512", "alice")])
+def test_kafka_python_2_0_2_with_raw_sasl_tokens(sasl, mech, user):
+    import subprocess
+
+    assert os.path.exists(KP202), "run.sh installs kafka-python 2.0.2 in target/kp202-venv"
+    topic = f"sasl-v0-{mech.lower()}"
+    out = subprocess.run(
+        [KP202, "-c", KP202_SCRIPT, str(sasl.sasl_port), mech, user, USERS[user][1], topic],
+        capture_output=True, text=True, timeout=90,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == ",".join(f"{topic}-{i}" for i in range(5))
+    # A wrong password: the connection is closed (no error can be sent in
+    # the raw form), and the client reports an authentication failure.
+    bad = subprocess.run(
+        [KP202, "-c", KP202_SCRIPT, str(sasl.sasl_port), mech, user, "wrong", topic],
+        capture_output=True, text=True, timeout=90,
+    )
+    assert bad.returncode != 0
+    assert "Authentication" in bad.stderr or "authentication" in bad.stderr or "NoBrokersAvailable" in bad.stderr, bad.stderr[-2000:]
 
 
 def test_a_wrong_password_is_an_authentication_error_not_a_hang(sasl):

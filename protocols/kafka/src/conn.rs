@@ -72,7 +72,10 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
             tracing::debug!(%peer, len, "Kafka frame too large before SASL authentication: closing");
             break;
         }
-        if len < 8 || len as usize > max {
+        // After a SaslHandshake v0: the frame is a raw SASL token (any
+        // length up to the pre-authentication cap, even empty).
+        let raw = sasl.raw_tokens();
+        if len < if raw { 0 } else { 8 } || len as usize > max {
             tracing::warn!(%peer, len, max, "Kafka frame length out of range: closing connection");
             break;
         }
@@ -94,6 +97,32 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
                 tracing::debug!(%peer, len, "Kafka frame not received within the idle timeout: closing");
                 break;
             }
+        }
+        if raw {
+            let Ok(_permit) = k.sasl_checks.acquire().await else {
+                break;
+            };
+            let r = rokka_broker::offload(|| sasl.authenticate(&k, &buf));
+            drop(_permit);
+            if sasl.failed() {
+                // No error can be told in this form: Kafka closes the
+                // connection (after the same delay).
+                k.sasl_failures.failed(peer.ip());
+                tokio::time::sleep(Duration::from_millis(k.config.sasl_failure_delay_ms)).await;
+                tracing::debug!(%peer, "Kafka SASL (raw tokens) authentication failed: closing");
+                break;
+            }
+            if let Some(user) = sasl.principal() {
+                who.authenticated(user);
+            }
+            let mut out = Vec::with_capacity(4 + r.auth_bytes.len());
+            out.extend_from_slice(&(r.auth_bytes.len() as i32).to_be_bytes());
+            out.extend_from_slice(&r.auth_bytes);
+            if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
+                break;
+            }
+            drop(reserved);
+            continue;
         }
         match handle(&k, Bytes::from(buf), peer, &at, &mut sasl, &mut who).await {
             Ok(Some(chunks)) => {
@@ -269,9 +298,11 @@ pub async fn handle(
     let started = std::time::Instant::now();
     let (header, req) = decode_body(key, version, frame).map_err(Close)?;
     let resp = match req {
-        RequestKind::SaslHandshake(r) => Some(api::Response::Kind(ResponseKind::SaslHandshake(
-            sasl.handshake(k, r.mechanism.as_str()),
-        ))),
+        RequestKind::SaslHandshake(r) => Some(api::Response::Kind(ResponseKind::SaslHandshake(sasl.handshake(
+            k,
+            r.mechanism.as_str(),
+            version,
+        )))),
         RequestKind::SaslAuthenticate(r) => {
             // PBKDF2 for PLAIN: a bounded number at once, off the
             // runtime's threads.

@@ -64,6 +64,10 @@ pub struct Sasl {
     required: bool,
     state: State,
     principal: Option<String>,
+    /// SaslHandshake v0 chose the mechanism: its messages come as raw
+    /// size-prefixed tokens, not in SaslAuthenticate (KIP-152's old form;
+    /// kafka-python up to 2.0.2 speaks only it).
+    raw: bool,
 }
 
 /// A refused authentication: the error and the message the client shows.
@@ -75,7 +79,14 @@ impl Sasl {
             required,
             state: State::Start,
             principal: None,
+            raw: false,
         }
+    }
+
+    /// Whether the next frame is a raw SASL token (after a v0 handshake,
+    /// until the exchange ends).
+    pub fn raw_tokens(&self) -> bool {
+        self.raw && matches!(self.state, State::Chosen(_) | State::ScramSent { .. })
     }
 
     /// Whether requests other than ApiVersions and SASL may be served.
@@ -93,7 +104,7 @@ impl Sasl {
         self.principal.as_deref()
     }
 
-    pub fn handshake(&mut self, k: &Kafka, mechanism: &str) -> SaslHandshakeResponse {
+    pub fn handshake(&mut self, k: &Kafka, mechanism: &str, version: i16) -> SaslHandshakeResponse {
         let enabled: Vec<&String> = k
             .config
             .sasl_mechanisms
@@ -102,10 +113,10 @@ impl Sasl {
             .collect();
         let listed = enabled.iter().map(|m| str_bytes(m)).collect();
         let resp = SaslHandshakeResponse::default().with_mechanisms(listed);
+        // On a listener without SASL, and after authenticating, Kafka's
+        // request handler answers a handshake ILLEGAL_SASL_STATE.
         if !self.required {
-            return resp
-                .with_error_code(UNSUPPORTED_SASL_MECHANISM)
-                .with_mechanisms(Vec::new());
+            return resp.with_error_code(ILLEGAL_SASL_STATE).with_mechanisms(Vec::new());
         }
         if !matches!(self.state, State::Start) {
             return resp.with_error_code(ILLEGAL_SASL_STATE);
@@ -121,12 +132,25 @@ impl Sasl {
             return resp.with_error_code(UNSUPPORTED_SASL_MECHANISM);
         }
         self.state = State::Chosen(m);
+        self.raw = version == 0;
         resp
     }
 
     /// One SaslAuthenticate: the response, and whether it failed (the
     /// caller delays the answer and closes the connection after it).
     pub fn authenticate(&mut self, k: &Kafka, bytes: &[u8]) -> SaslAuthenticateResponse {
+        // On a listener without SASL, or once authenticated: answered
+        // ILLEGAL_SASL_STATE and the connection kept (Kafka's request
+        // handler), not an authentication failure.
+        if !self.required || matches!(self.state, State::Done) {
+            return SaslAuthenticateResponse::default()
+                .with_error_code(ILLEGAL_SASL_STATE)
+                .with_error_message(Some(str_bytes(if self.required {
+                    "SaslAuthenticate request received after successful authentication"
+                } else {
+                    "SaslAuthenticate on a listener without SASL"
+                })));
+        }
         let label = match &self.state {
             State::Chosen(m) => m.label(),
             State::ScramSent { m, .. } => m.name(),

@@ -17,9 +17,9 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::OffsetFetch, 1, 9),
     (ApiKey::FindCoordinator, 0, 4),
     (ApiKey::ApiVersions, 0, 4),
-    // v0 sends raw SASL tokens after the handshake: only v1 (framed
-    // SaslAuthenticate) is served.
-    (ApiKey::SaslHandshake, 1, 1),
+    // v0: the mechanism's messages follow as raw size-prefixed tokens
+    // (kafka-python up to 2.0.2); v1: in SaslAuthenticate.
+    (ApiKey::SaslHandshake, 0, 1),
     (ApiKey::SaslAuthenticate, 0, 2),
     (ApiKey::DescribeUserScramCredentials, 0, 0),
     (ApiKey::AlterUserScramCredentials, 0, 0),
