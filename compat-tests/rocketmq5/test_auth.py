@@ -159,3 +159,42 @@ def test_the_dashboards_security_metrics_are_exported(rokka):
     missing = {m: where for m, where in used.items() if m not in seen}
     assert not missing, f"used by the dashboard but not exported: {missing}"
     assert all(seen[m] for m in used), "every one has a HELP text"
+
+
+def test_the_go_and_cpp_clients_credential_forms_name_the_user(rokka):
+    """The Go client signs `Credential=<ak>//Rocketmq`, the C++ client
+    `Credential=<ak>/<region>/RocketMQ`: the user is the part before the
+    first '/', as Apache's proxy reads it. Raw SendMessage calls with
+    grpcio and Apache's stubs, signed as those clients sign (hex HMAC-SHA1
+    of x-mq-date-time with the secret)."""
+    import hashlib
+    import hmac
+
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as d
+    from rocketmq.grpc_protocol import service_pb2 as s
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+    def send(credential, secret):
+        when = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        sig = hmac.new(secret.encode(), when.encode(), hashlib.sha1).hexdigest().upper()
+        meta = [
+            ("x-mq-client-id", f"raw-{credential}"),
+            ("x-mq-language", "GOLANG"),
+            ("x-mq-protocol", "v2"),
+            ("x-mq-date-time", when),
+            ("authorization", f"MQv2-HMAC-SHA1 Credential={credential}, SignedHeaders=x-mq-date-time, Signature={sig}"),
+        ]
+        m = d.Message(topic=d.Resource(name=TOPIC), body=b"signed")
+        m.system_properties.message_id = uuid.uuid4().hex.upper()
+        m.system_properties.body_encoding = d.Encoding.IDENTITY
+        m.system_properties.message_type = d.MessageType.NORMAL
+        with grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}") as ch:
+            res = MessagingServiceStub(ch).SendMessage(s.SendMessageRequest(messages=[m]), timeout=10, metadata=meta)
+        return res.status.code
+
+    assert send("grace//Rocketmq", PASSWORDS["grace"]) == d.Code.OK
+    assert send("grace/cn-hangzhou/RocketMQ", PASSWORDS["grace"]) == d.Code.OK
+    assert send("grace//Rocketmq", "wrong") == d.Code.UNAUTHORIZED
+    # hank may not write the topic: the user named is the one decided on.
+    assert send("hank//Rocketmq", PASSWORDS["hank"]) == d.Code.FORBIDDEN

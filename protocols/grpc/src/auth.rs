@@ -61,7 +61,10 @@ fn parse(header: &str) -> Option<(&str, &str)> {
     let (mut ak, mut sig) = (None, None);
     for part in rest.split(',') {
         match part.trim().split_once('=') {
-            Some(("Credential", v)) => ak = Some(v.trim()),
+            // `AccessKey/Region/Service` from the Go and C++ clients
+            // (`ak//Rocketmq`): the user is before the first '/', as
+            // Apache's DefaultAuthenticationContextBuilder splits it.
+            Some(("Credential", v)) => ak = v.trim().split('/').next(),
             Some(("Signature", v)) => sig = Some(v.trim()),
             _ => {}
         }
@@ -220,6 +223,11 @@ mod tests {
             parse("MQv2-HMAC-SHA1 Credential=, SignedHeaders=x-mq-date-time, Signature=ab"),
             Some(("", "ab"))
         );
+        // The Go client's `ak//Rocketmq`, the C++ client's `ak/region/RocketMQ`.
+        let go = "MQv2-HMAC-SHA1 Credential=alice//Rocketmq, SignedHeaders=x-mq-date-time, Signature=0A1b";
+        assert_eq!(parse(go), Some(("alice", "0A1b")));
+        let cpp = "MQv2-HMAC-SHA1 Credential=alice/cn-hangzhou/RocketMQ, SignedHeaders=x-mq-date-time, Signature=0A1b";
+        assert_eq!(parse(cpp), Some(("alice", "0A1b")));
         assert_eq!(parse("Basic YWxpY2U6cHc="), None);
         assert_eq!(parse("MQv2-HMAC-SHA1 Signature=ab"), None);
     }
