@@ -49,6 +49,36 @@ def test_one_master_and_metadata_names_the_set(cluster):
     assert len(got) == 100
 
 
+def test_a_topics_min_insync_replicas_is_held_against_the_sync_state_set(cluster):
+    """min.insync.replicas=2 or 3 (a common production setting) on a topic
+    of a three-node set: acks=all writes go through while the sync state
+    set has that many; 4 is more than the set has: NOT_ENOUGH_REPLICAS
+    before anything is appended, as Kafka refuses below its ISR."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import NewTopic
+
+    cluster.wait_in_sync(3)
+    a = AdminClient({"bootstrap.servers": cluster.bootstrap()})
+    topics = {n: f"smoke-minisr-{n}" for n in (2, 3, 4)}
+    fs = a.create_topics([NewTopic(t, 1, config={"min.insync.replicas": str(n)}) for n, t in topics.items()])
+    for f in fs.values():
+        f.result(15)
+    for n, t in topics.items():
+        errors = []
+        p = Producer({
+            "bootstrap.servers": cluster.bootstrap(), "acks": "all", "enable.idempotence": True,
+            "message.timeout.ms": 5000,
+        })
+        for i in range(5):
+            p.produce(t, value=f"v{i}".encode(), on_delivery=lambda e, m: errors.append(e))
+        p.flush(20)
+        if n <= 3:
+            assert errors == [None] * 5, (n, errors)
+        else:
+            assert len(errors) == 5 and all(e is not None for e in errors), errors
+            assert any(e.code() in (KafkaError.NOT_ENOUGH_REPLICAS, KafkaError._MSG_TIMED_OUT) for e in errors), errors
+
+
 def test_a_long_poll_is_answered_once_the_replicas_have_the_records(cluster):
     """A fetch sees what the high watermark covers: a consumer waiting in a
     long poll (fetch.wait.max.ms 5 s here) is answered when the set's

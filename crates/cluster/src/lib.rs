@@ -338,6 +338,7 @@ impl Shared {
         };
         let too_few = (members as u32) < self.cfg.min_insync_replicas;
         self.store.set_too_few_replicas(too_few);
+        self.store.set_in_sync_replicas(members as u32);
         let prev = self.hw.fetch_max(hw, Ordering::AcqRel);
         let hw = hw.max(prev);
         self.store.set_high_watermark(Some(hw));

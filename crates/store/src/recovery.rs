@@ -268,6 +268,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         acked: watch::channel(0).0,
         ack_timeout_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
         too_few_replicas: AtomicBool::new(false),
+        in_sync_replicas: std::sync::atomic::AtomicU32::new(1),
         config,
     });
     // Everything recovered is now on disk; record that before accepting writes,

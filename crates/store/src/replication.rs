@@ -522,6 +522,17 @@ impl MessageStore {
     pub fn set_too_few_replicas(&self, too_few: bool) {
         self.inner.too_few_replicas.store(too_few, Ordering::Release);
     }
+
+    /// The sync state set's size now (master included).
+    pub fn set_in_sync_replicas(&self, n: u32) {
+        self.inner.in_sync_replicas.store(n.max(1), Ordering::Release);
+    }
+
+    /// The sync state set's size (1 on a single node): Kafka's ISR size,
+    /// which acks=all writes to a topic need at least `min.insync.replicas` of.
+    pub fn in_sync_replicas(&self) -> u32 {
+        self.inner.in_sync_replicas.load(Ordering::Acquire)
+    }
 }
 
 #[cfg(test)]

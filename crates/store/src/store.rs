@@ -353,6 +353,9 @@ pub(crate) struct Inner {
     /// The sync state set is smaller than `min_insync_replicas`: durable
     /// waits fail at once (NOT_ENOUGH_REPLICAS).
     pub too_few_replicas: AtomicBool,
+    /// Members of the sync state set, master included (1 on a single
+    /// node): what a topic's `min.insync.replicas` is held against.
+    pub in_sync_replicas: std::sync::atomic::AtomicU32,
 }
 
 /// The store. See the crate docs.

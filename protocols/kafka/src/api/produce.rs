@@ -150,9 +150,14 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
                 Err(errors::UNKNOWN_TOPIC_OR_PARTITION)
             } else if let Err(code) = at {
                 Err(code)
-            } else if r.acks == -1 && cfg.as_ref().is_some_and(|c| c.min_insync_replicas > 1) {
-                // One replica per partition today: acks=all cannot meet
-                // a topic's min.insync.replicas above 1 (as Kafka refuses).
+            } else if r.acks == -1
+                && cfg
+                    .as_ref()
+                    .is_some_and(|c| c.min_insync_replicas > store.in_sync_replicas() as i32)
+            {
+                // acks=all needs the topic's min.insync.replicas in sync
+                // (the set's sync state set; one replica on a single node),
+                // refused before appending as Kafka's appendRecordsToLeader.
                 Err(errors::NOT_ENOUGH_REPLICAS)
             } else {
                 let shaped = p
