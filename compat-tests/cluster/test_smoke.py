@@ -162,6 +162,11 @@ def test_stale_and_future_leader_epochs_are_refused(cluster):
     assert list_offsets(port, "smoke", epoch) == (0, epoch)
     assert list_offsets(port, "smoke", epoch - 1)[0] == 74  # FENCED_LEADER_EPOCH
     assert list_offsets(port, "smoke", epoch + 1)[0] == 75  # UNKNOWN_LEADER_EPOCH
+    # A replica does not answer for the partition (Kafka's
+    # fetchOnlyFromLeader): NOT_LEADER_OR_FOLLOWER, so a client that asked
+    # it (stale metadata) looks up the leader again.
+    replica = next(i for i in cluster.nodes if i != m)
+    assert list_offsets(cluster.nodes[replica].kafka_port, "smoke", -1)[0] == 6
 
 
 def test_the_replication_port_refuses_strangers_and_lying_lengths(cluster):

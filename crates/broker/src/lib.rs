@@ -149,6 +149,8 @@ pub struct Broker {
     dynamic: dynamic::DynamicConfigs,
     /// Cluster mode: the cluster as last seen (None on a single node).
     cluster: std::sync::RwLock<Option<Arc<cluster_view::ClusterView>>>,
+    /// Cluster mode, before the first view: leadership is not known yet.
+    cluster_pending: std::sync::atomic::AtomicBool,
     /// Cluster mode: topics this node created, changed or deleted that
     /// the controller has not yet written to etcd.
     topic_changes: std::sync::Mutex<TopicChanges>,
@@ -249,6 +251,7 @@ impl Broker {
             )),
             dynamic,
             cluster: std::sync::RwLock::new(None),
+            cluster_pending: std::sync::atomic::AtomicBool::new(false),
             topic_changes: std::sync::Mutex::new(TopicChanges::default()),
             deleted_lately: std::sync::Mutex::new(std::collections::HashMap::new()),
             own_set: std::sync::OnceLock::new(),
@@ -816,6 +819,32 @@ impl Broker {
         if v.as_deref() != Some(&view) {
             *v = Some(Arc::new(view));
         }
+        self.cluster_pending.store(false, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Cluster mode starts with no view: until the first one, this node
+    /// leads nothing (clients are told to look again, as a Kafka broker
+    /// without controller metadata serves no partition).
+    pub fn await_cluster_view(&self) {
+        if self.cluster_view().is_none() {
+            self.cluster_pending.store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    /// Whether this node may answer for its partitions as their leader
+    /// (ListOffsets, OffsetForLeaderEpoch; Kafka's fetchOnlyFromLeader):
+    /// on a single node always; in cluster mode once a view names this
+    /// node its set's master.
+    pub fn leads_here(&self) -> bool {
+        match self.cluster_view() {
+            Some(v) => v.is_master(),
+            None => !self.cluster_pending.load(std::sync::atomic::Ordering::Acquire),
+        }
+    }
+
+    /// Cluster mode before the first view (see [`Broker::await_cluster_view`]).
+    pub fn cluster_view_pending(&self) -> bool {
+        self.cluster_pending.load(std::sync::atomic::Ordering::Acquire) && self.cluster_view().is_none()
     }
 
     /// Dynamic broker configs (AlterConfigs on a BROKER resource).
@@ -1024,6 +1053,26 @@ mod tests {
     fn broker(dir: &std::path::Path) -> Result<Broker> {
         let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
         Broker::new(store, BrokerConfig::default())
+    }
+
+    #[test]
+    fn cluster_mode_leads_nothing_until_a_view_names_this_node_master() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let b = broker(dir.path())?;
+        assert!(b.leads_here() && !b.cluster_view_pending(), "a single node leads");
+        b.await_cluster_view();
+        assert!(!b.leads_here() && b.cluster_view_pending());
+        let mut v = cluster_view::ClusterView {
+            self_id: 2,
+            master: Some(1),
+            ..Default::default()
+        };
+        b.set_cluster_view(v.clone());
+        assert!(!b.leads_here() && !b.cluster_view_pending(), "a replica");
+        v.master = Some(2);
+        b.set_cluster_view(v);
+        assert!(b.leads_here());
+        Ok(())
     }
 
     #[test]

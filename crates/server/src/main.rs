@@ -384,13 +384,20 @@ async fn serve(
         None
     };
     if let (true, Some(s)) = (cfg.cluster.enabled, &store) {
-        // No client write before the controller makes this node master.
+        // No client write before the controller makes this node master,
+        // and nothing read past what the set's high watermark is known to
+        // cover: a restarted node's tail may hold writes the set never
+        // took (its new master truncates them away).
         s.set_leader(false);
+        s.set_high_watermark(Some(0));
     }
     let broker = match &store {
         Some(s) => Some(Arc::new(Broker::new(Arc::clone(s), cfg.broker.clone())?)),
         None => None,
     };
+    if let (true, Some(b)) = (cfg.cluster.enabled, &broker) {
+        b.await_cluster_view();
+    }
     if let Some(broker) = &broker {
         // kafka.super_users (credential changes before the ACL table
         // existed) are super users too.

@@ -167,7 +167,8 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
         Some(v) if version >= 11 => v.preferred_read_replica(r.rack_id.as_str()),
         _ => None,
     };
-    let not_leader = version < 11 && view.as_ref().is_some_and(|v| !v.is_master());
+    // (No view yet in cluster mode: nothing is known to lead here.)
+    let not_leader = broker.cluster_view_pending() || (version < 11 && view.as_ref().is_some_and(|v| !v.is_master()));
     let mut redirected = false;
     let mut topics = Vec::with_capacity(r.topics.len());
     let mut all_records: Vec<Vec<Bytes>> = Vec::new();

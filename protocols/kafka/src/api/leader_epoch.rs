@@ -21,6 +21,7 @@ pub fn handle(k: &Kafka, r: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpoch
     let store = k.broker.store();
     let epoch = errors::leader_epoch(k);
     let cluster = k.broker.cluster_view().is_some();
+    let leads = k.broker.leads_here();
     let topics = r
         .topics
         .into_iter()
@@ -41,6 +42,11 @@ pub fn handle(k: &Kafka, r: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpoch
                     };
                     if let Some(code) = errors::check_leader_epoch(epoch, p.current_leader_epoch) {
                         return out.with_error_code(code);
+                    }
+                    // The leader answers (Kafka's lastOffsetForLeaderEpoch
+                    // with fetchOnlyFromLeader).
+                    if !leads {
+                        return out.with_error_code(errors::NOT_LEADER_OR_FOLLOWER);
                     }
                     if cluster {
                         let r = cluster_epoch_end(k, &name, q, p.leader_epoch, out);

@@ -106,6 +106,7 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
     let broker = k.broker.as_ref();
     let store = broker.store();
     let epoch = errors::leader_epoch(k);
+    let leads = broker.leads_here();
     let topics = r
         .topics
         .into_iter()
@@ -126,6 +127,13 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                     };
                     if let Some(code) = errors::check_leader_epoch(epoch, p.current_leader_epoch) {
                         return resp.with_error_code(code);
+                    }
+                    // Answered by the partition's leader only (Kafka's
+                    // fetchOnlyFromLeader; replica id -2 is a debugging
+                    // tool's, answered anywhere): a replica's view may lag,
+                    // and a restarted node's may hold an untaken tail.
+                    if r.replica_id.0 != -2 && !leads {
+                        return resp.with_error_code(errors::NOT_LEADER_OR_FOLLOWER);
                     }
                     // What the isolation level may read: READ_COMMITTED up
                     // to the last stable offset, else the high watermark.

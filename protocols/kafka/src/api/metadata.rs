@@ -25,8 +25,14 @@ pub fn topic_entry(k: &Kafka, name: &str, info: &TopicInfo, version: i16) -> Met
     // Cluster mode: a partition's set's master leads it, at the set's
     // epoch; replicas are the set's live members, the ISR its live sync
     // state set. A topic placed over several sets names each partition's.
+    let pending = k.broker.cluster_view_pending();
     let leadership = |set: &str| -> Leadership {
         let Some(v) = view.as_deref() else {
+            if pending {
+                // Cluster mode, no view yet: no leader known
+                // (LEADER_NOT_AVAILABLE; clients ask again).
+                return (BrokerId(-1), 0, Vec::new(), Vec::new());
+            }
             return (node, 0, vec![node], vec![node]);
         };
         let (master, epoch, sss, members) = match v.set_named(set) {
