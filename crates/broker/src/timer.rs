@@ -40,6 +40,24 @@ struct TimerState {
     heap: BinaryHeap<Reverse<(i64, u64, u64)>>,
 }
 
+/// The timer properties a send may carry (TIMER_DELAY_SEC, TIMER_DELAY_MS,
+/// TIMER_DELIVER_MS, __STARTDELIVERTIME).
+pub const TIMER_PROPERTIES: [&str; 4] = TIMER_PROPS;
+
+/// The first of Apache's three timer properties that is present but not a
+/// number (its send is refused MESSAGE_ILLEGAL, as Apache's
+/// WHEEL_TIMER_MSG_ILLEGAL).
+pub fn malformed_timer(props: &[u8]) -> Option<&'static str> {
+    TIMER_PROPS[..3].iter().copied().find(|k| {
+        properties::get(props, k).is_some_and(|v| {
+            std::str::from_utf8(v)
+                .ok()
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .is_none()
+        })
+    })
+}
+
 /// The absolute delivery time `props` ask for, if any (`now_ms` = arrival).
 pub fn deliver_at(props: &[u8], now_ms: i64) -> Option<i64> {
     let num = |k: &str| {

@@ -188,6 +188,22 @@ impl RocketMq {
             }
             None => (self.config.broker_name.clone(), 0, String::new()),
         };
+        // The broker's and the cluster's own topics, as every Apache broker
+        // registers them (brokerTopicEnable, clusterTopicEnable: tools such
+        // as clusterRT send to them). A registration of a single topic is
+        // also refused by Apache's name server for a broker not registered
+        // yet: a fresh broker listing TBW102 alone never got routes there.
+        for (name, queues) in [(&broker_name, 1), (&self.config.cluster_name, 16)] {
+            if !name.is_empty() && !topics.iter().any(|t| &t.name == name) {
+                topics.push(TopicConf {
+                    name: name.clone(),
+                    read_queues: queues,
+                    write_queues: queues,
+                    perm: 7,
+                    sys_flag: 0,
+                });
+            }
+        }
         Registration {
             cluster: self.config.cluster_name.clone(),
             broker_name,
@@ -375,10 +391,15 @@ impl Service for RocketMq {
 /// The send status for a stored message that could not be made durable:
 /// FLUSH_DISK_TIMEOUT (10) for the local disk, SLAVE_NOT_AVAILABLE (11)
 /// when too few replicas are in sync, FLUSH_SLAVE_TIMEOUT (12) when they
-/// did not acknowledge in time, as a RocketMQ SYNC_MASTER answers.
+/// did not acknowledge in time, as a RocketMQ SYNC_MASTER answers. A
+/// master that lost its place while waiting answers SERVICE_NOT_AVAILABLE
+/// instead: its write may be truncated away by the new master, and clients
+/// take 10–12 as stored but retry 14 (a duplicate at worst, RocketMQ's
+/// at-least-once).
 fn durable_code(e: &rokka_store::StoreError) -> i32 {
     match e {
-        rokka_store::StoreError::NotEnoughReplicas | rokka_store::StoreError::NotLeader => rs::SLAVE_NOT_AVAILABLE,
+        rokka_store::StoreError::NotLeader => rs::SERVICE_NOT_AVAILABLE,
+        rokka_store::StoreError::NotEnoughReplicas => rs::SLAVE_NOT_AVAILABLE,
         rokka_store::StoreError::ReplicationTimeout(_) => rs::FLUSH_SLAVE_TIMEOUT,
         _ => rs::FLUSH_DISK_TIMEOUT,
     }

@@ -82,7 +82,18 @@ impl RocketMq {
                     Some(format!("topic[{topic}] not exist, apply first please!")),
                 ))
             }
-            Err(e) => return Err(self.reply(req, rs::MESSAGE_ILLEGAL, Some(e.to_string()))),
+            // Apache: a topic that cannot be made is TOPIC_NOT_EXIST, a bad
+            // name INVALID_PARAMETER; passing conditions (a cluster not
+            // ready, another set's master unreachable) are SYSTEM_BUSY —
+            // each of them retried by clients, MESSAGE_ILLEGAL is not.
+            Err(e) => {
+                let code = match &e {
+                    rokka_broker::BrokerError::Store(rokka_store::StoreError::InvalidTopic(_)) => 29,
+                    e if e.is_transient() => rs::SYSTEM_BUSY,
+                    _ => rs::TOPIC_NOT_EXIST,
+                };
+                return Err(self.reply(req, code, Some(e.to_string())));
+            }
         };
         let mut queue = if dlq_group.is_some() {
             0
@@ -113,6 +124,21 @@ impl RocketMq {
             );
             props = String::from_utf8_lossy(&kept).into_owned();
             metrics::counter!("rokka_rocketmq_dlq_messages_total", "group" => g.clone()).increment(1);
+        }
+        if !batch && rokka_broker::schedule::delay_level(props.as_bytes()).is_some() {
+            // A delay level wins over the timer properties, which are
+            // dropped (Apache's HookUtils.checkIfTimerMessage).
+            let kept = rokka_broker::schedule::without(props.as_bytes(), &rokka_broker::timer::TIMER_PROPERTIES[..3]);
+            props = String::from_utf8_lossy(&kept).into_owned();
+        } else if let Some(k) = (!batch)
+            .then(|| rokka_broker::timer::malformed_timer(props.as_bytes()))
+            .flatten()
+        {
+            return Err(self.reply(
+                req,
+                rs::MESSAGE_ILLEGAL,
+                Some(format!("timer message property {k} is not a number")),
+            ));
         }
         // Owned parts of each message, then borrowed inputs.
         let parts: Vec<(i32, Bytes, String)> = if batch {
