@@ -330,7 +330,15 @@ impl NameServer {
             rq::GET_ROUTEINFO_BY_TOPIC => {
                 let topic = cmd.ext_fields.get("topic").unwrap_or_default();
                 match self.route(topic).await {
-                    Some(v) => self.json_body(cmd, v),
+                    Some(v) => {
+                        let standard = cmd.version >= STANDARD_JSON_VERSION
+                            || cmd.ext_fields.get("acceptStandardJsonOnly") == Some("true");
+                        let mut r = self.json_body(cmd, v);
+                        if !standard {
+                            r.body = Bytes::from(fastjson_broker_addrs(&String::from_utf8_lossy(&r.body)));
+                        }
+                        r
+                    }
                     None => self.reply(
                         cmd,
                         rs::TOPIC_NOT_EXIST,
@@ -453,6 +461,63 @@ impl Service for NameServer {
     }
 }
 
+/// The first client version (V4_9_4) Apache's name server answers routes
+/// to in standard JSON; to earlier ones (and without
+/// acceptStandardJsonOnly) it writes fastjson's default form.
+const STANDARD_JSON_VERSION: i32 = 401;
+
+/// A route in fastjson's default form: `brokerAddrs` keyed by bare numbers
+/// (`{0:"host:port"}`), as Apache's name server answers clients before
+/// V4_9_4 — rocketmq-client-go up to 2.1.1 reads every quoted key as
+/// broker id 0, so a replica's address could pass for the master's.
+fn fastjson_broker_addrs(json: &str) -> String {
+    const KEY: &str = "\"brokerAddrs\":{";
+    let mut out = String::with_capacity(json.len());
+    let mut rest = json;
+    while let Some(i) = rest.find(KEY) {
+        out.push_str(&rest[..i + KEY.len()]);
+        rest = &rest[i + KEY.len()..];
+        // "<digits>":"<address>" pairs up to the closing brace.
+        while let Some(after) = rest.strip_prefix('"') {
+            let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+            if digits == 0 || !after[digits..].starts_with("\":") {
+                break;
+            }
+            out.push_str(&after[..digits]);
+            out.push(':');
+            rest = &after[digits + 2..];
+            // The value: a JSON string (addresses hold no quote, but an
+            // escape is stepped over all the same).
+            let Some(v) = rest.strip_prefix('"') else { break };
+            let mut end = None;
+            let mut esc = false;
+            for (j, c) in v.char_indices() {
+                match c {
+                    _ if esc => esc = false,
+                    '\\' => esc = true,
+                    '"' => {
+                        end = Some(j);
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            let Some(end) = end else { break };
+            out.push_str(&rest[..end + 2]);
+            rest = &rest[end + 2..];
+            match rest.strip_prefix(',') {
+                Some(r) => {
+                    out.push(',');
+                    rest = r;
+                }
+                None => break,
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,5 +573,21 @@ mod tests {
         let back = wire::from_command(&wire::to_command(&slow, 1, 479))?;
         assert_eq!(back.timeout_ms, Some(MAX_HEARTBEAT_TIMEOUT_MS));
         Ok(())
+    }
+
+    #[test]
+    fn routes_to_old_clients_key_broker_addresses_by_bare_numbers() {
+        let v = serde_json::json!({"brokerDatas": [{"brokerAddrs": {"0": "10.0.0.1:10911", "1": "10.0.0.2:10911"},
+            "brokerName": "b"}, {"brokerAddrs": {}, "brokerName": "c"}], "queueDatas": []});
+        let s = fastjson_broker_addrs(&v.to_string());
+        assert!(
+            s.contains(r#""brokerAddrs":{0:"10.0.0.1:10911",1:"10.0.0.2:10911"}"#),
+            "{s}"
+        );
+        assert!(s.contains(r#""brokerAddrs":{}"#), "{s}");
+        assert!(
+            s.contains(r#""brokerName":"b""#) && s.ends_with(r#""queueDatas":[]}"#),
+            "{s}"
+        );
     }
 }
