@@ -130,10 +130,17 @@ fn principal<'a>(
 }
 
 /// A request's signed content: its extFields values in key order
-/// (Signature left out), then its body.
+/// (Signature left out), then its body. Clients up to V4_9_3 (version 399)
+/// left `_UNIQUE_KEY_QUERY` out of what they signed, and Apache's ACL
+/// leaves it out for them (PlainAccessResource, ISSUE #1409).
 fn signed_content(cmd: &RemotingCommand) -> impl Iterator<Item = &[u8]> + Clone {
-    let mut fields: Vec<&(crate::command::FieldName, String)> =
-        cmd.ext_fields.0.iter().filter(|(k, _)| k != "Signature").collect();
+    let old_client = cmd.version <= 399;
+    let mut fields: Vec<&(crate::command::FieldName, String)> = cmd
+        .ext_fields
+        .0
+        .iter()
+        .filter(|(k, _)| k != "Signature" && !(old_client && k == "_UNIQUE_KEY_QUERY"))
+        .collect();
     fields.sort_unstable_by(|a, b| a.0.cmp(&b.0));
     fields
         .into_iter()
@@ -410,6 +417,17 @@ mod tests {
         sign_as_cluster(&broker, &mut delete);
         assert!(verify_cluster_call(&broker, &delete).is_err());
         Ok(())
+    }
+
+    #[test]
+    fn clients_up_to_4_9_3_sign_without_the_unique_key_query_flag() {
+        let mut c = cmd(12, &[("topic", "t"), ("_UNIQUE_KEY_QUERY", "true"), ("Signature", "s")]);
+        c.version = 399;
+        let old: Vec<&[u8]> = signed_content(&c).collect();
+        assert_eq!(old, vec![b"t".as_slice(), b""]);
+        c.version = 401;
+        let new: Vec<&[u8]> = signed_content(&c).collect();
+        assert_eq!(new, vec![b"true".as_slice(), b"t", b""]);
     }
 
     #[test]
