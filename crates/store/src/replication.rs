@@ -493,7 +493,14 @@ impl MessageStore {
     /// Whether client appends are taken (false on a replica, or a master
     /// that lost its lease: they fail with [`StoreError::NotLeader`]).
     pub fn set_leader(&self, leader: bool) {
-        self.inner.leader.store(leader, Ordering::Release);
+        let was = self.inner.leader.swap(leader, Ordering::AcqRel);
+        if was && !leader {
+            // Writes waiting for their replicas are answered now (NotLeader:
+            // the client retries at the new master) rather than at the end
+            // of their wait, as Kafka completes a deposed leader's delayed
+            // produces at once.
+            self.inner.acked.send_modify(|_| {});
+        }
     }
 
     pub fn is_leader(&self) -> bool {

@@ -822,11 +822,15 @@ impl MessageStore {
             return Err(StoreError::NotEnoughReplicas);
         }
         let waited = tokio::time::timeout(Duration::from_millis(timeout_ms), async {
-            rx.wait_for(|a| *a >= end_offset).await.map(|_| ())
+            rx.wait_for(|a| *a >= end_offset || !inner.leader.load(Ordering::Acquire))
+                .await
+                .map(|a| *a >= end_offset)
         })
         .await;
         match waited {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(true)) => Ok(()),
+            // Lost its place while waiting (fenced, or a new master).
+            Ok(Ok(false)) => Err(StoreError::NotLeader),
             Ok(Err(_)) => Err(StoreError::ShutDown),
             Err(_) if inner.too_few_replicas.load(Ordering::Acquire) || !inner.leader.load(Ordering::Acquire) => {
                 Err(StoreError::NotEnoughReplicas)

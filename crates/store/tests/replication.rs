@@ -155,6 +155,29 @@ fn acknowledgements_left_from_before_a_truncation_do_not_answer_new_writes() -> 
     Ok(())
 }
 
+/// A write waiting for its replicas on a master that loses its place is
+/// answered at once (NotLeader: the client retries at the new master), not
+/// at the end of its wait.
+#[test]
+fn a_deposed_master_answers_its_waiting_writes_at_once() -> TestResult {
+    let d = tempfile::tempdir()?;
+    let store = std::sync::Arc::new(MessageStore::open(small_config(d.path()))?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    store.require_replica_acks(Some(30_000));
+    let end = append(&store, "T", 0, 1, 0)?.end_offset;
+    let s = std::sync::Arc::clone(&store);
+    let waiting = rt.spawn(async move { s.durable(end).await });
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    store.set_leader(false);
+    // (At the end of its wait it would be NotEnoughReplicas.)
+    let r = rt.block_on(waiting)?;
+    assert!(matches!(r, Err(StoreError::NotLeader)), "{r:?}");
+    Ok(())
+}
+
 /// An epoch below the history's last is refused (writes under it would
 /// share a number with another master's); the same epoch again is a no-op.
 #[test]

@@ -107,6 +107,16 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
     let store = broker.store();
     let epoch = errors::leader_epoch(k);
     let leads = broker.leads_here();
+    // A master elected moments ago whose high watermark has not reached
+    // the start of its epoch yet (its replicas have not fetched since):
+    // the latest offset and lookups by time are OFFSET_NOT_AVAILABLE,
+    // which clients retry (Kafka's fetchOffsetForTimestamp) — the
+    // watermark carried over may stand far behind what was committed.
+    let behind_epoch = broker.cluster_view().is_some()
+        && match (store.epochs().last().map(|e| e.start), store.high_watermark()) {
+            (Some(start), Some(hw)) => start > hw,
+            _ => false,
+        };
     let topics = r
         .topics
         .into_iter()
@@ -134,6 +144,9 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                     // and a restarted node's may hold an untaken tail.
                     if r.replica_id.0 != -2 && !leads {
                         return resp.with_error_code(errors::NOT_LEADER_OR_FOLLOWER);
+                    }
+                    if behind_epoch && !matches!(p.timestamp, EARLIEST | EARLIEST_LOCAL | LATEST_TIERED) {
+                        return resp.with_error_code(errors::OFFSET_NOT_AVAILABLE);
                     }
                     // What the isolation level may read: READ_COMMITTED up
                     // to the last stable offset, else the high watermark.
