@@ -180,6 +180,26 @@ def test_kafka_acls_decide_what_each_user_may_do(rokka):
     assert errs and all(e is not None and e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED for e in errs), errs
 
 
+def test_a_topic_the_producer_may_write_but_not_create_is_an_authorization_error(rokka):
+    """bob may write topics named acl-new-* (WRITE implies DESCRIBE) but not
+    create them: producing to one that does not exist fails at once with
+    TOPIC_AUTHORIZATION_FAILED, as Kafka answers where auto-creation is on
+    (unauthorizedForCreateTopics) — not an unknown topic waited for until
+    the message timeout. Once the topic exists (made by the admin), bob
+    writes it."""
+    admin = AdminClient(sasl(rokka, "admin"))
+    create(admin, [acl(ResourceType.TOPIC, "acl-new-", "User:bob", AclOperation.WRITE, ResourcePatternType.PREFIXED)])
+    bob = sasl(rokka, "bob")
+    t0 = time.time()
+    errs = produce(bob, "acl-new-orders", 2, "bob")
+    assert errs and all(e is not None and e.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED for e in errs), errs
+    assert time.time() - t0 < 8, "refused at once, not after the message timeout"
+    assert "acl-new-orders" not in AdminClient(sasl(rokka, "admin")).list_topics(timeout=10).topics
+    for f in admin.create_topics([NewTopic("acl-new-orders", 2, 1)]).values():
+        f.result(15)
+    assert produce(bob, "acl-new-orders", 4, "bob") == [None] * 4
+
+
 def test_kafka_python_lists_and_creates_acls(rokka):
     from kafka.admin import (
         ACL,
@@ -448,7 +468,7 @@ class RemotingConn:
         import struct
 
         self.opaque += 1
-        header = json.dumps({"code": code, "language": "JAVA", "version": 0, "opaque": self.opaque, "flag": 0,
+        header = json.dumps({"code": code, "language": "JAVA", "version": 475, "opaque": self.opaque, "flag": 0,
                              "extFields": ext}).encode()
         self.s.sendall(struct.pack(">II", 4 + len(header) + len(body), len(header)) + header + body)
         n = struct.unpack(">I", self.s.recv(4, socket.MSG_WAITALL))[0]

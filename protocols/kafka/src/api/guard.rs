@@ -125,7 +125,7 @@ pub fn metadata(
         });
         return resp;
     }
-    let creating = version < 4 || r.allow_auto_topic_creation;
+    let creating = (version < 4 || r.allow_auto_topic_creation) && k.broker.config().auto_create_topics;
     let mut req = r;
     let mut topics = req.topics.take().unwrap_or_default();
     // By id (v10+): resolved to a name for the check; unknown ids are the
@@ -139,8 +139,10 @@ pub fn metadata(
     let denied = split_off(&mut topics, |t| {
         name_of(t).is_none_or(|n| who.may(k, Rt::Topic, &n, Op::Describe))
     });
-    // Topics it may describe but not create, that do not exist: unknown
-    // (auto-creation needs CREATE).
+    // Topics it may describe but not create, that do not exist, where they
+    // would be auto-created: TOPIC_AUTHORIZATION_FAILED (Kafka's
+    // unauthorizedForCreateTopics), so producers fail at once instead of
+    // waiting for a topic that never comes.
     let unknown = if creating {
         split_off(&mut topics, |t| {
             name_of(t).is_none_or(|n| {
@@ -152,11 +154,7 @@ pub fn metadata(
     };
     req.topics = Some(topics);
     let mut resp = super::metadata::handle(k, req, version, at, learned);
-    for (t, code) in denied.into_iter().map(|t| (t, TOPIC)).chain(
-        unknown
-            .into_iter()
-            .map(|t| (t, crate::errors::UNKNOWN_TOPIC_OR_PARTITION)),
-    ) {
+    for (t, code) in denied.into_iter().chain(unknown).map(|t| (t, TOPIC)) {
         resp.topics.push(
             MetadataResponseTopic::default()
                 .with_error_code(code)
