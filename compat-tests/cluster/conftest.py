@@ -100,10 +100,10 @@ def read_topic(bootstrap, topic, partitions, timeout=60, **conf):
     return values
 
 
-def remoting(port, code, ext, timeout=5):
+def remoting(port, code, ext, timeout=5, version=475):
     """One raw RocketMQ remoting call: (response code, ext fields, body)."""
     header = json.dumps(
-        {"code": code, "language": "JAVA", "version": 0, "opaque": 1, "flag": 0, "extFields": ext}
+        {"code": code, "language": "JAVA", "version": version, "opaque": 1, "flag": 0, "extFields": ext}
     ).encode()
     frame = struct.pack(">I", 4 + len(header)) + struct.pack(">I", len(header)) + header
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:

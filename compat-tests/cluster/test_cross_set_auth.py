@@ -99,7 +99,7 @@ def test_a_coordinator_commits_offsets_of_the_other_set_under_acls(cluster):
 
 
 def remoting(port, code, ext):
-    header = json.dumps({"code": code, "language": "JAVA", "version": 0, "opaque": 1, "flag": 0,
+    header = json.dumps({"code": code, "language": "JAVA", "version": 475, "opaque": 1, "flag": 0,
                          "extFields": ext}).encode()
     frame = struct.pack(">II", 4 + len(header), len(header)) + header
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
@@ -123,7 +123,7 @@ def test_a_client_cannot_pass_for_the_cluster(cluster):
 
 def remoting_body(port, code, ext):
     """One raw remoting request: (header, body bytes)."""
-    header = json.dumps({"code": code, "language": "JAVA", "version": 0, "opaque": 1, "flag": 0,
+    header = json.dumps({"code": code, "language": "JAVA", "version": 475, "opaque": 1, "flag": 0,
                          "extFields": ext}).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
         s.sendall(struct.pack(">II", 4 + len(header), len(header)) + header)

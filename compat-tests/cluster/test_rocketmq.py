@@ -48,6 +48,16 @@ def test_routes_and_send_consume_through_a_replica_name_server(cluster):
         r = route(node, "CompatSendConsume")
         assert r.get(0) == want_master, (i, r)
         assert sorted(r) == sorted([0] + [j + 1 for j in cluster.nodes if j != m]), (i, r)
+    # A client before V4_9_4 (rocketmq-client-go up to 2.1.1 says 317) gets
+    # the route in fastjson's form, broker ids as bare numbers — it reads a
+    # quoted key as id 0, so a replica could pass for the master — as
+    # Apache's name server writes it; current clients get standard JSON.
+    node = cluster.nodes[replica]
+    _, _, old = remoting(node.namesrv_port, 105, {"topic": "CompatSendConsume"}, version=317)
+    assert f'0:"{want_master}"' in old and '"0":' not in old, old
+    _, _, new_form = remoting(node.namesrv_port, 105, {"topic": "CompatSendConsume", "acceptStandardJsonOnly": "true"},
+                              version=317)
+    assert f'"0":"{want_master}"' in new_form, new_form
     # Failover: brokerId 0 moves to the new master everywhere.
     cluster.nodes[m].kill()
     new = cluster.master(timeout=30, exclude=(m,))

@@ -331,8 +331,12 @@ impl NameServer {
                 let topic = cmd.ext_fields.get("topic").unwrap_or_default();
                 match self.route(topic).await {
                     Some(v) => {
+                        // Only where it changes what an old client reads:
+                        // a broker with replicas (a lone "0" reads as id 0
+                        // either way).
                         let standard = cmd.version >= STANDARD_JSON_VERSION
-                            || cmd.ext_fields.get("acceptStandardJsonOnly") == Some("true");
+                            || cmd.ext_fields.get("acceptStandardJsonOnly") == Some("true")
+                            || !has_replicas(&v);
                         let mut r = self.json_body(cmd, v);
                         if !standard {
                             r.body = Bytes::from(fastjson_broker_addrs(&String::from_utf8_lossy(&r.body)));
@@ -465,6 +469,14 @@ impl Service for NameServer {
 /// to in standard JSON; to earlier ones (and without
 /// acceptStandardJsonOnly) it writes fastjson's default form.
 const STANDARD_JSON_VERSION: i32 = 401;
+
+/// Whether a route names a broker with more than its master.
+fn has_replicas(route: &Value) -> bool {
+    route["brokerDatas"].as_array().is_some_and(|b| {
+        b.iter()
+            .any(|d| d["brokerAddrs"].as_object().is_some_and(|a| a.len() > 1))
+    })
+}
 
 /// A route in fastjson's default form: `brokerAddrs` keyed by bare numbers
 /// (`{0:"host:port"}`), as Apache's name server answers clients before
