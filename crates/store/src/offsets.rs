@@ -84,6 +84,10 @@ pub struct ConsumerOffsets {
     bytes: AtomicUsize,
     /// Most bytes a client commit may grow the table to.
     max_bytes: AtomicUsize,
+    /// Held across a write of the file (the flusher's and an EndTxn's may
+    /// overlap): one temp file at a time, and the snapshot taken under it,
+    /// so a later write never renames an older table into place.
+    persisting: Mutex<()>,
 }
 
 /// Memory an entry takes, about: its names and metadata, and what the
@@ -128,6 +132,7 @@ impl ConsumerOffsets {
             changes: std::sync::atomic::AtomicU64::new(0),
             max_entries: AtomicUsize::new(usize::MAX),
             max_bytes: AtomicUsize::new(usize::MAX),
+            persisting: Mutex::new(()),
         };
         o.gauges(&o.lock());
         Ok(o)
@@ -435,6 +440,10 @@ impl ConsumerOffsets {
 
     /// Writes the table now.
     pub fn persist(&self) -> Result<()> {
+        let _one_at_a_time = self
+            .persisting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let json = serde_json::to_vec_pretty(&self.file_form())
             .map_err(|e| StoreError::bad_file(&self.path, format!("encoding offsets: {e}")))?;
         write_atomically(&self.path, &json)
@@ -444,6 +453,40 @@ impl ConsumerOffsets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The flusher and EndTxn persist at once: every write leaves a whole
+    /// file holding at least what was committed before it began.
+    #[test]
+    fn concurrent_persists_leave_a_whole_and_current_file() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(StoreError::io("tmp", "/tmp"))?;
+        let p = dir.path().join("offsets.json");
+        let t = std::sync::Arc::new(ConsumerOffsets::load(&p)?);
+        let threads: Vec<_> = (0..4u32)
+            .map(|w| {
+                let t = std::sync::Arc::clone(&t);
+                std::thread::spawn(move || -> Result<()> {
+                    for i in 0..40u64 {
+                        // Groups of different name lengths: files of
+                        // different sizes through the one temp file.
+                        t.commit(&"g".repeat(1 + (w as usize) * 7), "t", w, i, "");
+                        t.persist()?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().map_err(|_| StoreError::Config("thread panicked".into()))??;
+        }
+        let back = ConsumerOffsets::load(&p)?;
+        for w in 0..4u32 {
+            assert_eq!(
+                back.get(&"g".repeat(1 + (w as usize) * 7), "t", w).map(|o| o.offset),
+                Some(39)
+            );
+        }
+        Ok(())
+    }
 
     #[test]
     fn commit_persist_reload() -> Result<()> {
