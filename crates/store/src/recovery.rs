@@ -194,7 +194,12 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         cl,
         queues: queues.clone(),
         last_store_ts: 0,
-        last_record: cp.as_ref().map_or(0, |c| c.last_record_offset),
+        // The scan's last entry, else the checkpoint's: a clean stop right
+        // after a recovery must name the record the log really ends with,
+        // or the next start scans everything again.
+        last_record: report
+            .last_record
+            .unwrap_or_else(|| cp.as_ref().map_or(0, |c| c.last_record_offset)),
     };
     let offsets = ConsumerOffsets::load(&dir.join("offsets.json"))?;
     offsets.set_max_entries(config.max_committed_offsets);
@@ -433,8 +438,10 @@ fn recover(
         idx.restore(cp.and_then(|c| c.index))?;
     }
     let mut redispatched = 0u64;
+    let mut last_record = None;
     let scan_end = commitlog::scan(log, start, max_entry, |entry, _| {
         let info = DispatchInfo::from_entry(entry);
+        last_record = Some(info.phys_offset);
         let (topic, props) = match entry {
             Entry::Message(m) => (m.topic_str(), Some(&m.properties[..])),
             Entry::KafkaBatch(k) => (k.topic_str(), None),
@@ -567,6 +574,7 @@ fn recover(
         redispatched,
         truncated_at: scan_end.stopped_by.map(|(_, pos, _)| pos),
         queues_rebuilt: 0,
+        last_record,
     };
     Ok((end, report))
 }

@@ -200,6 +200,9 @@ pub struct RecoveryReport {
     /// ConsumeQueues found shorter than the last checkpoint recorded (or
     /// missing), after which every queue was rebuilt from the CommitLog.
     pub queues_rebuilt: u64,
+    /// Where the last entry the scan found starts (what the next clean
+    /// checkpoint names as its last record), if a scan found any.
+    pub last_record: Option<u64>,
 }
 
 /// What waiters have asked the sync-mode flushers for, and the syncs in

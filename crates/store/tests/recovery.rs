@@ -85,6 +85,24 @@ fn unclean_stop_keeps_everything_written() -> TestResult {
     assert_recovered_to(dir.path(), 500)
 }
 
+/// Crash, recover, then stop cleanly with nothing appended in between: the
+/// clean checkpoint names the record the log really ends with, so the next
+/// start needs no scan (it named the old checkpoint's last record, and every
+/// such restart scanned and rebuilt everything).
+#[test]
+fn a_clean_stop_right_after_a_recovery_needs_no_scan_next() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    fill_and_crash(dir.path(), 300)?;
+    let store = MessageStore::open(config(dir.path()))?;
+    assert!(!store.recovery_report().clean);
+    store.close()?;
+    drop(store);
+    let store = MessageStore::open(config(dir.path()))?;
+    assert!(store.recovery_report().clean, "{:?}", store.recovery_report());
+    assert_eq!(read_all(&store, "R", 0).len(), 300);
+    Ok(())
+}
+
 #[test]
 fn clean_stop_needs_no_scan() -> TestResult {
     let dir = tempfile::tempdir()?;
