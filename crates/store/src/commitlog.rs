@@ -947,6 +947,24 @@ pub fn save_tail(log: &CommitLog, pos: u64, dir: &Path) -> Result<Option<PathBuf
     }
     let path = dir.join(file_name(pos));
     std::fs::create_dir_all(dir).map_err(StoreError::io("create dir", dir))?;
+    // A copy of a tail cut at the same offset is there already (a recovery
+    // interrupted while zeroing the tail, or not re-appended yet): never
+    // overwritten with less — a recovery killed part-way through zeroing
+    // would leave a copy with zeroed chunks in place of the whole one.
+    if let Ok(meta) = std::fs::metadata(&path) {
+        if meta.len() >= (keep_end - rel) as u64 {
+            return Ok(Some(path));
+        }
+        let mut n = 1;
+        let kept = loop {
+            let p = dir.join(format!("{}.earlier-{n}", file_name(pos)));
+            if !p.exists() {
+                break p;
+            }
+            n += 1;
+        };
+        std::fs::rename(&path, &kept).map_err(StoreError::io("rename", &path))?;
+    }
     crate::checkpoint::write_atomically_with(&path, |f| {
         let mut at = rel;
         while at < keep_end {
