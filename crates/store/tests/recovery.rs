@@ -427,3 +427,25 @@ fn an_end_in_a_segments_last_bytes_still_takes_appends() -> TestResult {
     drop(store);
     assert_recovered_to(dir.path(), 1)
 }
+
+/// `max_message_bytes` lowered after larger messages were written: an
+/// unclean restart keeps them (a record is bounded by its segment in the
+/// scan, not by today's limit) — before, each read as damage and the log
+/// was cut there.
+#[test]
+fn a_lowered_message_limit_does_not_cut_larger_records_already_written() -> TestResult {
+    use rokka_store::MessageInput;
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(config(dir.path()))?;
+    let big = vec![7u8; 30 * 1024];
+    for _ in 0..5 {
+        store.append_message(&MessageInput::new("Big", 0, &big, b""))?;
+    }
+    drop(store);
+    let mut lowered = config(dir.path());
+    lowered.max_message_bytes = 1024;
+    let store = MessageStore::open(lowered)?;
+    assert_eq!(store.recovery_report().truncated_at, None);
+    assert_eq!(store.max_offset("Big", 0), 5);
+    Ok(())
+}
