@@ -436,8 +436,10 @@ fn an_end_in_a_segments_last_bytes_still_takes_appends() -> TestResult {
 fn a_lowered_message_limit_does_not_cut_larger_records_already_written() -> TestResult {
     use rokka_store::MessageInput;
     let dir = tempfile::tempdir()?;
-    let store = MessageStore::open(config(dir.path()))?;
-    let big = vec![7u8; 30 * 1024];
+    let mut before = config(dir.path());
+    before.max_message_bytes = 180 * 1024;
+    let store = MessageStore::open(before)?;
+    let big = vec![7u8; 100 * 1024];
     for _ in 0..5 {
         store.append_message(&MessageInput::new("Big", 0, &big, b""))?;
     }
