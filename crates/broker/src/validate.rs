@@ -22,6 +22,12 @@ pub enum BatchError {
     /// Decompresses to more than the budget (`kafka.max_decompressed_batch_bytes`).
     #[error("record batch decompresses to more than {0} bytes")]
     TooLarge(usize),
+    /// Whole and its CRC right, but its records are not valid (a count
+    /// that lies, a record that does not parse): Kafka's
+    /// InvalidRecordException, which clients do not retry — unlike a
+    /// corrupt batch (bytes damaged on the way).
+    #[error("invalid record batch: {0}")]
+    Invalid(String),
 }
 
 fn corrupt(why: impl Into<String>) -> BatchError {
@@ -176,6 +182,17 @@ pub fn validate(batch: &[u8], max_decompressed: usize) -> Result<BatchInfo, Batc
     if !batch_crc_ok(batch) {
         return Err(corrupt("CRC-32C mismatch"));
     }
+    // Past the CRC the bytes are what the client meant to send: what is
+    // wrong with them is invalid, not corrupt.
+    check_records(batch, &info, max_decompressed).map_err(|e| match e {
+        BatchError::Corrupt(why) => BatchError::Invalid(why),
+        other => other,
+    })?;
+    Ok(info)
+}
+
+/// The records of a batch whose header and CRC passed (see [`validate`]).
+fn check_records(batch: &[u8], info: &BatchInfo, max_decompressed: usize) -> Result<(), BatchError> {
     let count = info.record_count;
     if count == 0 || count > i32::MAX as u32 {
         return Err(corrupt(format!("record count {count} out of range")));
@@ -243,7 +260,7 @@ pub fn validate(batch: &[u8], max_decompressed: usize) -> Result<BatchInfo, Batc
     if c.at != records.len() {
         return Err(corrupt(format!("{} bytes after the last record", records.len() - c.at)));
     }
-    Ok(info)
+    Ok(())
 }
 
 /// Decodes a stored batch's records, decompressing within `max_decompressed`.
@@ -260,26 +277,40 @@ pub fn decode(batch: &Bytes, max_decompressed: usize) -> Result<RecordSet, Strin
 /// snappy, 3 lz4, 4 zstd), every record and batch field kept: what Kafka
 /// does when a topic's `compression.type` differs from the producer's.
 pub fn recompress(batch: &Bytes, codec: u8, max_decompressed: usize) -> Result<Bytes, BatchError> {
-    use kafka_protocol::records::{RecordBatchEncoder, RecordEncodeOptions};
-    let compression = match codec {
-        0 => Compression::None,
-        1 => Compression::Gzip,
-        2 => Compression::Snappy,
-        3 => Compression::Lz4,
-        4 => Compression::Zstd,
-        c => return Err(corrupt(format!("unknown compression codec {c}"))),
+    use kafka_protocol::compression::{Compressor, Gzip, Lz4, Snappy, Zstd};
+    // The records section is recompressed as bytes: decoding every record
+    // and encoding it again went through a header map, which merged a
+    // record's repeated header keys (Kafka keeps each one).
+    if codec > 4 {
+        return Err(corrupt(format!("unknown compression codec {codec}")));
+    }
+    let (Some(head), Some(raw)) = (batch.get(..RECORDS_AT), batch.get(RECORDS_AT..)) else {
+        return Err(corrupt("batch shorter than its header"));
     };
-    let set = decode(batch, max_decompressed).map_err(corrupt)?;
-    let mut out = bytes::BytesMut::with_capacity(batch.len());
-    RecordBatchEncoder::encode(
-        &mut out,
-        set.records.iter(),
-        &RecordEncodeOptions {
-            version: 2,
-            compression,
-        },
-    )
-    .map_err(|e| corrupt(format!("re-encoding: {e}")))?;
+    let attributes = u16::from_be_bytes([head[21], head[22]]);
+    let records = decompress((attributes & 0x07) as u8, raw, max_decompressed)?;
+    let mut out = bytes::BytesMut::with_capacity(RECORDS_AT + records.len() / 2 + 64);
+    out.extend_from_slice(head);
+    let put = |b: &mut bytes::BytesMut| -> anyhow::Result<()> {
+        b.extend_from_slice(&records);
+        Ok(())
+    };
+    match codec {
+        0 => {
+            out.extend_from_slice(&records);
+            Ok(())
+        }
+        1 => <Gzip as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+        2 => <Snappy as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+        3 => <Lz4 as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+        _ => <Zstd as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+    }
+    .map_err(|e| corrupt(format!("compressing: {e}")))?;
+    let length = i32::try_from(out.len() - 12).map_err(|_| corrupt("recompressed batch too large"))?;
+    out[8..12].copy_from_slice(&length.to_be_bytes());
+    out[21..23].copy_from_slice(&((attributes & !0x07) | u16::from(codec)).to_be_bytes());
+    let crc = crc32c::crc32c(&out[21..]);
+    out[17..21].copy_from_slice(&crc.to_be_bytes());
     Ok(out.freeze())
 }
 
@@ -362,17 +393,17 @@ mod tests {
         let mut b = batch(3, Compression::None, b"v")?;
         b[57..61].copy_from_slice(&0x7FFF_FFF0u32.to_be_bytes());
         fix_crc(&mut b);
-        assert!(matches!(validate(&b, 1 << 20), Err(BatchError::Corrupt(_))));
+        assert!(matches!(validate(&b, 1 << 20), Err(BatchError::Invalid(_))));
         // With lastOffsetDelta agreeing, still refused: the records are not there.
         b[23..27].copy_from_slice(&0x7FFF_FFEFu32.to_be_bytes());
         fix_crc(&mut b);
-        assert!(matches!(validate(&b, 1 << 20), Err(BatchError::Corrupt(_))));
+        assert!(matches!(validate(&b, 1 << 20), Err(BatchError::Invalid(_))));
         // Fewer records claimed than present: trailing bytes.
         let mut b = batch(3, Compression::None, b"v")?;
         b[57..61].copy_from_slice(&2u32.to_be_bytes());
         b[23..27].copy_from_slice(&1u32.to_be_bytes());
         fix_crc(&mut b);
-        assert!(matches!(validate(&b, 1 << 20), Err(BatchError::Corrupt(_))));
+        assert!(matches!(validate(&b, 1 << 20), Err(BatchError::Invalid(_))));
         // And the stored-batch decoder refuses the lie without reserving for it.
         let mut b = batch(3, Compression::None, b"v")?;
         b[57..61].copy_from_slice(&0x7FFF_FFF0u32.to_be_bytes());
@@ -398,7 +429,63 @@ mod tests {
         let mut b = good.clone();
         b[RECORDS_AT] += 2; // zig-zag: +1
         fix_crc(&mut b);
-        assert!(matches!(validate(&b, 1 << 20), Err(BatchError::Corrupt(_))));
+        assert!(matches!(validate(&b, 1 << 20), Err(BatchError::Invalid(_))));
+        Ok(())
+    }
+
+    /// A record with one header key twice (tracing headers, baggage) keeps
+    /// both through recompression to the topic's codec and back: the
+    /// records section goes through as bytes, unchanged.
+    #[test]
+    fn recompression_keeps_every_record_byte_repeated_header_keys_included() -> Result<(), String> {
+        let mut headers = kafka_protocol::indexmap::IndexMap::new();
+        headers.insert(
+            kafka_protocol::protocol::StrBytes::from_static_str("hk"),
+            Some(Bytes::from_static(b"1")),
+        );
+        headers.insert(
+            kafka_protocol::protocol::StrBytes::from_static_str("hx"),
+            Some(Bytes::from_static(b"2")),
+        );
+        let rec = |offset: i64| Record {
+            transactional: false,
+            control: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset,
+            // One batch: the encoder starts a new one when offset - sequence changes.
+            sequence: offset as i32,
+            timestamp: 1_700_000_000_000,
+            key: Some(Bytes::from_static(b"k")),
+            value: Some(Bytes::from_static(b"value")),
+            headers: headers.clone(),
+            delete_horizon: false,
+        };
+        let mut out = BytesMut::new();
+        let opts = RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        };
+        RecordBatchEncoder::encode(&mut out, &[rec(0), rec(1)], &opts).map_err(|e| e.to_string())?;
+        let mut plain = out.to_vec();
+        // "hx" becomes a second "hk" in both records.
+        for i in 0..plain.len() - 1 {
+            if &plain[i..i + 2] == b"hx" {
+                plain[i + 1] = b'k';
+            }
+        }
+        fix_crc(&mut plain);
+        let plain = Bytes::from(plain);
+        validate(&plain, 1 << 20).map_err(|e| e.to_string())?;
+        for codec in 1..=4u8 {
+            let packed = recompress(&plain, codec, 1 << 20).map_err(|e| e.to_string())?;
+            assert_eq!(packed[22] & 0x07, codec);
+            assert!(validate(&packed, 1 << 20).is_ok(), "codec {codec}");
+            let back = recompress(&packed, 0, 1 << 20).map_err(|e| e.to_string())?;
+            assert_eq!(back, plain, "codec {codec}: records byte-exact");
+        }
         Ok(())
     }
 
@@ -443,7 +530,7 @@ mod tests {
         assert!(decode(&Bytes::from(bad.clone()), 1 << 20).is_err());
         assert_eq!(
             validate(&bad, 1 << 20),
-            Err(BatchError::Corrupt("header key is not UTF-8".into()))
+            Err(BatchError::Invalid("header key is not UTF-8".into()))
         );
         Ok(())
     }
