@@ -191,7 +191,9 @@ async fn corrupt_batches_are_refused() -> TestResult {
 
     // Valid CRCs over lies: a record count of 0x7FFFFFF0 (this batch, once
     // stored, aborted every RocketMQ pull of its queue), a count that
-    // disagrees with lastOffsetDelta, a record length past its fields.
+    // disagrees with lastOffsetDelta, a record length past its fields —
+    // INVALID_RECORD (the bytes arrived as sent; clients do not retry it),
+    // as Kafka's InvalidRecordException.
     let lies: [(usize, &[u8]); 3] = [
         (57, &0x7FFF_FFF0u32.to_be_bytes()),
         (57, &2u32.to_be_bytes()),
@@ -203,12 +205,14 @@ async fn corrupt_batches_are_refused() -> TestResult {
         let crc = crc32c::crc32c(&b[21..]);
         b[17..21].copy_from_slice(&crc.to_be_bytes());
         let r: ProduceResponse = call(&mut s, ApiKey::Produce, 9, &produce_req("c", Bytes::from(b))).await?;
-        assert_eq!(
-            partition(&r).0,
-            rokka_kafka::errors::CORRUPT_MESSAGE,
-            "lie at byte {at}"
-        );
+        assert_eq!(partition(&r).0, rokka_kafka::errors::INVALID_RECORD, "lie at byte {at}");
     }
+    // Two batches for one partition (v3+: one only, Kafka's
+    // validateRecords): refused whole, neither stored.
+    let mut two = batch(-1, -1, -1, &[b"first"]).to_vec();
+    two.extend_from_slice(&batch(-1, -1, -1, &[b"second"]));
+    let r: ProduceResponse = call(&mut s, ApiKey::Produce, 9, &produce_req("c", Bytes::from(two))).await?;
+    assert_eq!(partition(&r).0, rokka_kafka::errors::INVALID_RECORD);
     // Nothing of it was stored.
     assert_eq!(
         partition(

@@ -43,6 +43,14 @@ pub fn split_batches(records: &Bytes, max_decompressed: usize) -> Result<Vec<Byt
                 tracing::debug!(error = %e, "Produce batch refused");
                 return Err(errors::CORRUPT_MESSAGE);
             }
+            // Whole, CRC right, records wrong: INVALID_RECORD, which
+            // clients give up on (CORRUPT_MESSAGE they retry until their
+            // delivery timeout), as Kafka's InvalidRecordException.
+            Err(e @ BatchError::Invalid(_)) => {
+                metrics::counter!("rokka_kafka_batches_refused_total", "reason" => "invalid").increment(1);
+                tracing::debug!(error = %e, "Produce batch refused");
+                return Err(errors::INVALID_RECORD);
+            }
         }
         out.push(batch);
         at = end;
@@ -168,6 +176,15 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
                 match shaped {
                     None => Err(errors::CORRUPT_MESSAGE),
                     Some(Err(code)) => Err(code),
+                    // One batch per partition from v3 on, refused before
+                    // anything is appended (Kafka's
+                    // ProduceRequest.validateRecords): a later batch failing
+                    // would leave the earlier ones written under an error.
+                    Some(Ok(batches)) if batches.len() > 1 && version >= 3 => {
+                        metrics::counter!("rokka_kafka_batches_refused_total", "reason" => "several_batches")
+                            .increment(1);
+                        Err(errors::INVALID_RECORD)
+                    }
                     Some(Ok(batches)) => {
                         let mut base = None;
                         let mut err = None;
@@ -251,7 +268,15 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
     }
     if r.acks == -1 && durable_up_to > 0 {
         if let Err(e) = store.durable(durable_up_to).await {
-            let code = errors::store_code(&e);
+            // The records are in the log already: "not enough replicas
+            // after append" (possibly persisted to librdkafka, which a
+            // plain NOT_ENOUGH_REPLICAS would call not persisted).
+            let code = match e {
+                rokka_store::StoreError::NotEnoughReplicas | rokka_store::StoreError::ShutDown => {
+                    errors::NOT_ENOUGH_REPLICAS_AFTER_APPEND
+                }
+                e => errors::store_code(&e),
+            };
             for t in &mut responses {
                 for p in &mut t.partition_responses {
                     if p.error_code == errors::NONE {
