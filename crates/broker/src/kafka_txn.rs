@@ -322,11 +322,26 @@ impl TxnLog {
             if let Some(dir) = self.path.parent() {
                 std::fs::create_dir_all(dir).map_err(|e| BrokerError::Io(dir.to_path_buf(), e))?;
             }
-            let f = std::fs::OpenOptions::new()
+            let mut f = std::fs::OpenOptions::new()
                 .create(true)
+                .read(true)
                 .append(true)
                 .open(&self.path)
                 .map_err(|e| BrokerError::Io(self.path.clone(), e))?;
+            // A line torn by an earlier failed append ends here: close it,
+            // so it stays a line of its own (skipped at load) instead of
+            // running into the next one.
+            let len = f.metadata().map_err(|e| BrokerError::Io(self.path.clone(), e))?.len();
+            if len > 0 {
+                use std::io::{Read as _, Seek as _};
+                let mut last = [0u8; 1];
+                f.seek(std::io::SeekFrom::Start(len - 1))
+                    .and_then(|_| f.read_exact(&mut last))
+                    .map_err(|e| BrokerError::Io(self.path.clone(), e))?;
+                if last[0] != b'\n' {
+                    buf.insert(0, b'\n');
+                }
+            }
             self.file = Some(f);
         }
         let path = self.path.clone();
@@ -334,9 +349,19 @@ impl TxnLog {
             .file
             .as_mut()
             .ok_or_else(|| BrokerError::Io(path.clone(), std::io::ErrorKind::NotFound.into()))?;
-        f.write_all(&buf).map_err(|e| BrokerError::Io(path.clone(), e))?;
+        let before = f.metadata().map(|m| m.len()).ok();
         // Answered only once on disk, as Kafka's transaction log is.
-        f.sync_data().map_err(|e| BrokerError::Io(path, e))?;
+        let written = f.write_all(&buf).and_then(|()| f.sync_data());
+        if let Err(e) = written {
+            // A failed append (ENOSPC part-way, EIO on the sync) leaves
+            // nothing behind for the next one to be joined to: cut back,
+            // and the handle (whose sync state is unknown) is dropped.
+            if let Some(len) = before {
+                let _ = f.set_len(len);
+            }
+            self.file = None;
+            return Err(BrokerError::Io(path, e));
+        }
         self.lines += lines.len() as u64;
         Ok(())
     }
@@ -1871,6 +1896,31 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A line torn by a failed append (ENOSPC part-way) must not swallow
+    /// the next, acknowledged one: it is closed off before the next write.
+    #[test]
+    fn an_append_after_a_torn_line_is_read_back() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let path = dir.path().join("kafka-transactions.log");
+        std::fs::write(&path, b"{\"A\":[\"t\",0,{\"producer_id\":7,\"first_off")
+            .map_err(|e| BrokerError::Io(path.clone(), e))?;
+        let mut log = TxnLog {
+            path: path.clone(),
+            file: None,
+            lines: 0,
+        };
+        let a = AbortedTxn {
+            producer_id: 9,
+            first_offset: 3,
+            last_offset: Some(5),
+        };
+        log.append(&[Line::A("t".into(), 0, a)])?;
+        let f = std::fs::File::open(&path).map_err(|e| BrokerError::Io(path.clone(), e))?;
+        let (_, aborted) = parse_lines(std::io::BufReader::new(f), &path)?;
+        assert_eq!(aborted.get(&("t".to_string(), 0)).map(Vec::as_slice), Some(&[a][..]));
+        Ok(())
+    }
     use crate::BrokerConfig;
     use rokka_store::{MessageStore, StoreConfig};
     use std::sync::Arc;
