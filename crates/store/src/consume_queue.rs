@@ -631,7 +631,8 @@ impl ConsumeQueue {
 
     /// Moves the queue's start past entries whose CommitLog data is gone
     /// (below `commitlog_min`) and deletes files holding only such entries.
-    /// The last file is always kept so the queue keeps its end offset.
+    /// The file of the newest entry is always kept so the queue keeps its
+    /// end offset across a restart.
     pub fn advance_min(&self, commitlog_min: u64) -> Result<()> {
         let first_live = self.partition_point(|e| e.phys_offset < commitlog_min);
         if first_live <= self.min_entry.load(Ordering::Acquire) {
@@ -645,7 +646,14 @@ impl ConsumeQueue {
         // Never below a start set by DeleteRecords.
         self.min_offset.fetch_max(new_min_offset, Ordering::AcqRel);
         let mut f = self.files.write().unwrap_or_else(|p| p.into_inner());
-        while f.list.len() > 1 && f.base_entry + self.entries_per_file <= first_live {
+        // A file goes only while a later one holds an entry: the newest
+        // entry's file is what a restart reads the queue's end from (the
+        // next file, made ahead when this one filled, may still be empty).
+        let entries = self.entry_count();
+        while f.list.len() > 1
+            && f.base_entry + self.entries_per_file <= first_live
+            && entries > f.base_entry + self.entries_per_file
+        {
             let file = f.list.remove(0);
             f.base_entry += self.entries_per_file;
             std::fs::remove_file(file.path()).map_err(StoreError::io("remove", file.path()))?;
@@ -749,6 +757,28 @@ mod tests {
         cq.advance_min(250)?;
         assert_eq!(cq.min_offset(), cq.entry(3).map_or(0, |e| e.base_offset));
         assert_eq!(cq.find(0), None);
+        Ok(())
+    }
+
+    /// Retention past every entry of a queue whose entries end exactly at a
+    /// file boundary (the next file made ahead, still empty): the newest
+    /// entry's file stays, so a restart still knows where the queue ends.
+    #[test]
+    fn retention_past_every_entry_keeps_the_queues_end() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(StoreError::io("tmp", "/tmp"))?;
+        let topic: Arc<str> = Arc::from("t");
+        let cq = ConsumeQueue::new(dir.path(), Arc::clone(&topic), 0, 4);
+        for i in 0..8u64 {
+            cq.prepare()?;
+            cq.append(e(i, 1, i * 100, 1000 + i as i64))?;
+        }
+        cq.prepare()?;
+        cq.flush()?;
+        cq.advance_min(10_000)?;
+        assert_eq!((cq.min_offset(), cq.max_offset()), (8, 8));
+        drop(cq);
+        let cq = ConsumeQueue::load(dir.path(), Arc::clone(&topic), 0, 4)?;
+        assert_eq!(cq.max_offset(), 8, "the end survives the restart");
         Ok(())
     }
 
