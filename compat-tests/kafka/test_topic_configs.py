@@ -243,6 +243,29 @@ def test_enforced_configs(rokka):
     assert err is None, err
 
 
+def test_timestamp_limits_refuse_records_too_far_from_now(rokka):
+    """message.timestamp.before.max.ms / after.max.ms on a CreateTime
+    topic: a record stamped further in the past or future than allowed is
+    INVALID_TIMESTAMP (Kafka's LogValidator), one within range is stored."""
+    a = admin(rokka)
+    t = "cfg-ts-range"
+    conf = {"message.timestamp.before.max.ms": "3600000", "message.timestamp.after.max.ms": "60000"}
+    a.create_topics([NewTopic(t, num_partitions=1, replication_factor=1, config=conf)])[t].result(10)
+    now = int(time.time() * 1000)
+
+    def send(ts):
+        p = Producer({"bootstrap.servers": rokka.bootstrap, "retries": 0, "message.timeout.ms": 10000})
+        out = []
+        p.produce(t, b"v", partition=0, timestamp=ts, on_delivery=lambda err, msg: out.append(err))
+        p.flush(20)
+        return out[0]
+
+    assert send(now - 2 * 86_400_000).code() == KafkaError.INVALID_TIMESTAMP
+    assert send(now + 86_400_000).code() == KafkaError.INVALID_TIMESTAMP
+    assert send(now - 60_000) is None
+    assert len(read(rokka, t, 1)) == 1
+
+
 def test_compression_type_recompresses_what_is_stored(rokka):
     from kafka.net.compat import KafkaNetClient
     from kafka.protocol.consumer import FetchRequest

@@ -125,13 +125,13 @@ pub const SPECS: &[Spec] = &[
         "message.timestamp.after.max.ms",
         Kind::Long,
         Some("log.message.timestamp.after.max.ms"),
-        false,
+        true,
     ),
     spec(
         "message.timestamp.before.max.ms",
         Kind::Long,
         Some("log.message.timestamp.before.max.ms"),
-        false,
+        true,
     ),
     spec(
         "message.timestamp.type",
@@ -367,6 +367,10 @@ pub struct Effective {
     pub compression: Option<u8>,
     pub log_append_time: bool,
     pub min_insync_replicas: i32,
+    /// A CreateTime record's timestamp may lie at most this far before /
+    /// after the append (ms; i64::MAX = no limit).
+    pub timestamp_before_max_ms: i64,
+    pub timestamp_after_max_ms: i64,
 }
 
 impl Effective {
@@ -400,6 +404,8 @@ impl Effective {
             },
             log_append_time: get("message.timestamp.type") == "LogAppendTime",
             min_insync_replicas: int("min.insync.replicas", 1) as i32,
+            timestamp_before_max_ms: int("message.timestamp.before.max.ms", i64::MAX),
+            timestamp_after_max_ms: int("message.timestamp.after.max.ms", i64::MAX),
         }
     }
 

@@ -98,6 +98,24 @@ fn shape(
                 return Err(errors::INVALID_RECORD);
             }
         }
+        if !cfg.log_append_time
+            && !control
+            && (cfg.timestamp_before_max_ms < i64::MAX || cfg.timestamp_after_max_ms < i64::MAX)
+        {
+            // Kafka's LogValidator.validateTimestamp: a CreateTime record
+            // outside [now - before.max, now + after.max] is INVALID_TIMESTAMP.
+            let now = rokka_store::now_ms();
+            let records = rokka_broker::validate::decode(&b, max_decompressed).map_err(|_| errors::INVALID_RECORD)?;
+            let out_of_range = records.records.iter().any(|r| {
+                r.timestamp >= 0
+                    && (now.saturating_sub(r.timestamp) > cfg.timestamp_before_max_ms
+                        || r.timestamp.saturating_sub(now) > cfg.timestamp_after_max_ms)
+            });
+            if out_of_range {
+                metrics::counter!("rokka_kafka_batches_refused_total", "reason" => "timestamp").increment(1);
+                return Err(errors::INVALID_TIMESTAMP);
+            }
+        }
         if cfg.log_append_time {
             let now = rokka_store::now_ms();
             b = rokka_broker::validate::stamp_log_append_time(&b, now).map_err(|_| errors::CORRUPT_MESSAGE)?;
