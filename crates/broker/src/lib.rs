@@ -806,6 +806,11 @@ impl Broker {
         // Open transactions' first offsets, from the state the old master
         // shipped and the log it replicated.
         self.rebuild_open_transactions();
+        // Timer messages waiting and RocketMQ halves resolved: from the
+        // whole log as it is now (a replica's early load missed what it
+        // replicated since).
+        self.reload_timers();
+        self.reload_transaction_state();
     }
 
     /// Cluster mode: the cluster as last seen (None on a single node).

@@ -75,6 +75,15 @@ pub fn deliver_at(props: &[u8], now_ms: i64) -> Option<i64> {
 }
 
 impl Broker {
+    /// Cluster mode, a new master: the timer state is loaded again from
+    /// everything its log holds (as a replica it may have loaded early).
+    pub(crate) fn reload_timers(&self) {
+        *self.timers.state.lock().unwrap_or_else(|p| p.into_inner()) = TimerState::default();
+    }
+
+    /// The waiting timer messages, loaded at first use from the whole log
+    /// (everything written, whatever the read limit: in cluster mode a
+    /// starting node reads nothing until the set's watermark is known).
     fn timer_state(&self) -> std::sync::MutexGuard<'_, TimerState> {
         let mut st = self.timers.state.lock().unwrap_or_else(|p| p.into_inner());
         if !st.loaded {
@@ -82,10 +91,10 @@ impl Broker {
             let mut delivered = BTreeSet::new();
             let (mut at, end) = (
                 self.store.min_offset(TIMER_OP_TOPIC, 0),
-                self.store.max_offset(TIMER_OP_TOPIC, 0),
+                self.store.written_max_offset(TIMER_OP_TOPIC, 0),
             );
             while at < end {
-                let read = self.store.read(TIMER_OP_TOPIC, 0, at, 256, 1 << 20);
+                let read = self.store.read_written(TIMER_OP_TOPIC, 0, at, 256, 1 << 20);
                 if read.entries.is_empty() {
                     break;
                 }
@@ -102,10 +111,10 @@ impl Broker {
             }
             let (mut at, end) = (
                 self.store.min_offset(TIMER_TOPIC, 0),
-                self.store.max_offset(TIMER_TOPIC, 0),
+                self.store.written_max_offset(TIMER_TOPIC, 0),
             );
             while at < end {
-                let read = self.store.read(TIMER_TOPIC, 0, at, 256, 1 << 20);
+                let read = self.store.read_written(TIMER_TOPIC, 0, at, 256, 1 << 20);
                 if read.entries.is_empty() {
                     break;
                 }

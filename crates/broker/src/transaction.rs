@@ -141,6 +141,13 @@ impl Broker {
         Ok(())
     }
 
+    /// Cluster mode, a new master: which halves are resolved is loaded
+    /// again from everything its log holds (as a replica it may have
+    /// loaded before the entries it replicated since).
+    pub(crate) fn reload_transaction_state(&self) {
+        *self.transactions.state.lock().unwrap_or_else(|p| p.into_inner()) = TxState::default();
+    }
+
     fn tx_state(&self) -> std::sync::MutexGuard<'_, TxState> {
         let mut st = self.transactions.state.lock().unwrap_or_else(|p| p.into_inner());
         if !st.loaded {
@@ -150,10 +157,12 @@ impl Broker {
                 .offsets()
                 .get(PROGRESS_GROUP, HALF_TOPIC, 0)
                 .map_or(0, |o| o.offset);
+            // Everything written, whatever the read limit (see
+            // Broker::reload_transaction_state).
             let mut at = self.store.min_offset(OP_TOPIC, 0);
-            let end = self.store.max_offset(OP_TOPIC, 0);
+            let end = self.store.written_max_offset(OP_TOPIC, 0);
             while at < end {
-                let read = self.store.read(OP_TOPIC, 0, at, 256, 1 << 20);
+                let read = self.store.read_written(OP_TOPIC, 0, at, 256, 1 << 20);
                 if read.entries.is_empty() {
                     break;
                 }

@@ -1187,6 +1187,13 @@ impl MessageStore {
         self.queue(topic, queue_id).map_or(0, |q| self.visible_max(&q))
     }
 
+    /// The end offset of everything written to a queue (0 if it does not
+    /// exist): past the high watermark and, in sync mode, past what is
+    /// flushed. For state rebuilt from the log, with [`MessageStore::read_written`].
+    pub fn written_max_offset(&self, topic: &str, queue_id: u32) -> u64 {
+        self.queue(topic, queue_id).map_or(0, |q| q.max_offset())
+    }
+
     fn visible_max(&self, q: &ConsumeQueue) -> u64 {
         let limit = match self.inner.config.flush_mode {
             FlushMode::Async => u64::MAX,
