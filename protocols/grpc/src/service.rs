@@ -743,6 +743,9 @@ impl Messaging {
                     // the same attempt through).
                     let offsets: Vec<u64> = st.in_flight.keys().copied().take(room).collect();
                     for off in offsets {
+                        if out.bytes >= POP_BODY_BYTES {
+                            break;
+                        }
                         let Some(m) = self.message_at(topic, q, off) else {
                             self.pops.forget(&mut st, off);
                             continue;
@@ -885,7 +888,8 @@ impl Messaging {
         };
         // Cluster mode: pop state and the offsets it commits live on the
         // set's master (a replica takes no commits, as remoting's).
-        if self.broker.cluster_view().is_some_and(|v| !v.is_master()) {
+        // (Before the first view, too: the role is not known yet.)
+        if !self.broker.leads_here() {
             return fail(
                 pb::Code::HaNotAvailable,
                 "not the broker set's master: pop from the master".into(),
@@ -1740,6 +1744,17 @@ impl pb::messaging_service_server::MessagingService for Service {
         let req = req.into_inner();
         let mq = req.message_queue.clone().unwrap_or_default();
         let (topic, q) = (name(&mq.topic).to_string(), mq.id.max(0) as u32);
+        if !self.0.broker.leads_here() {
+            // A replica's (or a starting node's) queue ends lag or are not
+            // known yet: the set's master answers.
+            return Ok(Response::new(pb::QueryOffsetResponse {
+                status: Some(status(
+                    pb::Code::HaNotAvailable,
+                    "not the broker set's master: ask the master",
+                )),
+                offset: 0,
+            }));
+        }
         let store = self.0.broker.store();
         let offset = match req.query_offset_policy() {
             pb::QueryOffsetPolicy::Beginning => store.min_offset(&topic, q),

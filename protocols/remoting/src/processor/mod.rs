@@ -238,6 +238,32 @@ impl RocketMq {
         if let Some(remark) = crate::auth::check(&self.broker, conn, &cmd) {
             return (!oneway).then(|| self.reply(&cmd, crate::auth::NO_PERMISSION, Some(remark)));
         }
+        // Cluster mode before the first view: this node's read limit is 0
+        // and its role unknown, so queue ends and pulls would answer from
+        // an empty view (a consumer told its offset moved would go back to
+        // the queue's start). Refused, and retried by clients.
+        if self.broker.cluster_view_pending()
+            && matches!(
+                code,
+                rq::PULL_MESSAGE
+                    | rq::LITE_PULL_MESSAGE
+                    | rq::GET_MAX_OFFSET
+                    | rq::GET_MIN_OFFSET
+                    | rq::SEARCH_OFFSET_BY_TIMESTAMP
+                    | rq::GET_EARLIEST_MSG_STORETIME
+                    | rq::QUERY_CONSUMER_OFFSET
+                    | rq::UPDATE_CONSUMER_OFFSET
+                    | rq::GET_CONSUME_STATS
+            )
+        {
+            return (!oneway).then(|| {
+                self.reply(
+                    &cmd,
+                    rs::SYSTEM_BUSY,
+                    Some("cluster state not known yet: try again shortly".into()),
+                )
+            });
+        }
         let resp = match code {
             rq::HEART_BEAT => self.heartbeat(&cmd, conn),
             rq::UNREGISTER_CLIENT => self.unregister(&cmd),
