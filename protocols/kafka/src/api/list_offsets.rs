@@ -146,7 +146,13 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                         return resp.with_error_code(errors::NOT_LEADER_OR_FOLLOWER);
                     }
                     if behind_epoch && !matches!(p.timestamp, EARLIEST | EARLIEST_LOCAL | LATEST_TIERED) {
-                        return resp.with_error_code(errors::OFFSET_NOT_AVAILABLE);
+                        // OFFSET_NOT_AVAILABLE is defined from v5 on; older
+                        // versions get LEADER_NOT_AVAILABLE (Kafka's choice).
+                        return resp.with_error_code(if version >= 5 {
+                            errors::OFFSET_NOT_AVAILABLE
+                        } else {
+                            errors::LEADER_NOT_AVAILABLE
+                        });
                     }
                     // What the isolation level may read: READ_COMMITTED up
                     // to the last stable offset, else the high watermark.

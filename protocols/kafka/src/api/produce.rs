@@ -107,7 +107,8 @@ fn shape(
             let now = rokka_store::now_ms();
             let records = rokka_broker::validate::decode(&b, max_decompressed).map_err(|_| errors::INVALID_RECORD)?;
             let out_of_range = records.records.iter().any(|r| {
-                r.timestamp >= 0
+                // Only -1 (NO_TIMESTAMP) is exempt, as Kafka.
+                r.timestamp != -1
                     && (now.saturating_sub(r.timestamp) > cfg.timestamp_before_max_ms
                         || r.timestamp.saturating_sub(now) > cfg.timestamp_after_max_ms)
             });
