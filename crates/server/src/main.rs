@@ -817,7 +817,7 @@ async fn serve(
 /// problems, 2 not checkable.
 fn store_check(cfg: &Config, reappend: bool) -> ExitCode {
     let dir = &cfg.store.data_dir;
-    let max_entry = cfg.store.max_message_bytes as usize + 64 * 1024;
+    let max_entry = cfg.store.max_stored_entry();
     let report = match rokka_store::check::check_dir(dir, max_entry) {
         Ok(r) => r,
         Err(e) => {
@@ -884,7 +884,16 @@ fn advertised_ip(addr: &str) -> Option<std::net::SocketAddr> {
         return Some(a);
     }
     match addr.to_socket_addrs() {
-        Ok(mut all) => all.find(std::net::SocketAddr::is_ipv4),
+        Ok(mut all) => {
+            let v4 = all.find(std::net::SocketAddr::is_ipv4);
+            if v4.is_none() {
+                tracing::warn!(
+                    addr,
+                    "rocketmq.advertised_addr has no IPv4 address; message ids carry the bound address"
+                );
+            }
+            v4
+        }
         Err(e) => {
             tracing::warn!(addr, error = %e, "rocketmq.advertised_addr does not resolve; message ids carry the bound address");
             None

@@ -919,6 +919,25 @@ pub fn valid_entry_follows(log: &CommitLog, pos: u64, max_entry: usize) -> bool 
 /// None when there are none (a tail of zeros: nothing to keep). Read and
 /// written a chunk at a time: a cut near the start of a 1 GiB segment
 /// costs a chunk of memory, not the segment.
+/// Whether the copy at `path` holds the segment's `[from, to)` at every
+/// byte that is not zero there (zeroed since), a chunk (`buf`) at a time.
+fn same_where_not_zero(seg: &Segment, from: usize, to: usize, path: &Path, buf: &mut [u8]) -> Result<bool> {
+    use std::io::Read as _;
+    let mut f = std::fs::File::open(path).map_err(StoreError::io("open", path))?;
+    let mut old = vec![0u8; buf.len()];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(buf.len());
+        seg.file.read_into(at, &mut buf[..n]);
+        f.read_exact(&mut old[..n]).map_err(StoreError::io("read", path))?;
+        if !buf[..n].iter().zip(&old[..n]).all(|(new, was)| *new == 0 || new == was) {
+            return Ok(false);
+        }
+        at += n;
+    }
+    Ok(true)
+}
+
 pub fn save_tail(log: &CommitLog, pos: u64, dir: &Path) -> Result<Option<PathBuf>> {
     use std::io::Write as _;
     const CHUNK: usize = 1 << 20;
@@ -952,7 +971,11 @@ pub fn save_tail(log: &CommitLog, pos: u64, dir: &Path) -> Result<Option<PathBuf
     // overwritten with less — a recovery killed part-way through zeroing
     // would leave a copy with zeroed chunks in place of the whole one.
     if let Ok(meta) = std::fs::metadata(&path) {
-        if meta.len() >= (keep_end - rel) as u64 {
+        // Kept if it holds at least this tail and agrees with every byte
+        // of it that is not zero (the same tail, partly zeroed since); a
+        // different tail cut at the same offset later (a new crash there)
+        // is saved, and the old copy set aside.
+        if meta.len() >= (keep_end - rel) as u64 && same_where_not_zero(seg, rel, keep_end, &path, &mut buf)? {
             return Ok(Some(path));
         }
         let mut n = 1;

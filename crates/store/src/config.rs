@@ -126,6 +126,15 @@ impl Default for StoreConfig {
 }
 
 impl StoreConfig {
+    /// The largest entry the CommitLog may hold: an entry never spans two
+    /// segments, and `max_message_bytes` (plus its header) may have been
+    /// higher when older entries were written. What recovery, a replica
+    /// and `rokka store check` bound an entry by; a client-named offset
+    /// (a message id) is read within today's `max_message_bytes` instead.
+    pub fn max_stored_entry(&self) -> usize {
+        (self.commitlog_segment_bytes as usize).max(self.max_message_bytes as usize + 64 * 1024)
+    }
+
     /// Checks values that serde's types alone cannot.
     pub fn validate(&self) -> Result<(), StoreError> {
         let min_segment = u64::from(self.max_message_bytes) + 64 * 1024;

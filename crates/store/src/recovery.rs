@@ -95,7 +95,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     // Entries the log may hold: bounded by the segment (an entry never
     // spans two), not by today's `max_message_bytes` — lowered since, it
     // would read larger records already written as damage and cut them.
-    let max_entry = (config.commitlog_segment_bytes as usize).max(config.max_message_bytes as usize + 64 * 1024);
+    let max_entry = config.max_stored_entry();
 
     let clean_end = match &cp {
         Some(c) if c.clean && !had_abort => verify_clean_end(&log, c, max_entry),

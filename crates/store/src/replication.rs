@@ -257,7 +257,8 @@ impl MessageStore {
     /// BLANK fillers are not written: the writer rolls where the master's did.
     pub fn append_replicated(&self, entries: &[Bytes]) -> Result<u64> {
         let inner = &*self.inner;
-        let max_entry = inner.config.max_message_bytes as usize + 64 * 1024;
+        // The master's entries, whatever this node's max_message_bytes.
+        let max_entry = inner.config.max_stored_entry();
         let mut w = inner.writer();
         inner.check_open_writable()?;
         // The queues written to, for the replicated-append listener.

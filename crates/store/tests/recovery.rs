@@ -241,35 +241,26 @@ fn damaged_middle_record_past_the_checkpoint_cuts_the_log_and_keeps_the_rest() -
     let kept = std::fs::read(&saved)?;
     let expect = rs[199].phys_offset + u64::from(rs[199].size) - rs[150].phys_offset;
     assert_eq!(kept.len() as u64, expect);
-    assert_recovered_to(dir.path(), 150)
-}
-
-/// A recovery killed while zeroing the tail it cut leaves part of that tail
-/// zeroed; the next recovery cuts at the same offset and must not replace
-/// the whole copy in lost+found with the partly zeroed one.
-#[test]
-fn a_second_cut_at_the_same_offset_keeps_the_first_whole_copy() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let cfg = config(dir.path());
-    let rs = fill_and_crash(dir.path(), 200)?;
-    let (seg, pos) = segment_of(dir.path(), &cfg, rs[150].phys_offset);
-    let b = read_at(&seg, pos + 95, 1)?;
-    write_at(&seg, pos + 95, &[b[0] ^ 1])?;
-    let store = MessageStore::open(config(dir.path()))?;
-    drop(store);
-    let saved = dir
-        .path()
-        .join("lost+found")
-        .join(format!("{:020}", rs[150].phys_offset));
-    let first = std::fs::read(&saved)?;
-    // The tail as an interrupted zeroing leaves it: its first bytes zeroed.
-    let mut partly = first.clone();
+    // A recovery killed while zeroing the tail it cut leaves part of it
+    // zeroed: the next recovery cuts at the same offset and must not
+    // replace the whole copy with the partly zeroed one.
+    let mut partly = kept.clone();
     partly[..4096].fill(0);
     write_at(&seg, pos, &partly)?;
     let store = MessageStore::open(config(dir.path()))?;
     assert_eq!(store.max_offset("R", 0), 150);
     drop(store);
-    assert_eq!(std::fs::read(&saved)?, first, "the whole copy is kept");
+    assert_eq!(std::fs::read(&saved)?, kept, "the whole copy is kept");
+    // A different tail cut at the same offset (another crash there): saved
+    // under the offset's name, the first copy set aside, neither lost.
+    let mut other = kept.clone();
+    other[2000] ^= 0x5a;
+    write_at(&seg, pos, &other)?;
+    let store = MessageStore::open(config(dir.path()))?;
+    drop(store);
+    assert_eq!(std::fs::read(&saved)?, other, "the new tail is saved");
+    let aside = saved.with_file_name(format!("{:020}.earlier-1", rs[150].phys_offset));
+    assert_eq!(std::fs::read(&aside)?, kept, "the first copy is set aside");
     assert_recovered_to(dir.path(), 150)
 }
 
