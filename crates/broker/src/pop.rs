@@ -321,7 +321,6 @@ impl Pops {
         )
     }
 
-    /// Acks the handout `r` names: the in-flight entry it removed.
     /// Hands an in-flight message out again under a new receipt handle
     /// without counting a delivery: the same attempt's retry of a receive
     /// whose answer never reached the client (Apache's orderly pop keeps
@@ -350,6 +349,7 @@ impl Pops {
         ))
     }
 
+    /// Acks the handout `r` names: the in-flight entry it removed.
     pub fn ack(&self, st: &mut QueuePops, r: &Receipt) -> Result<InFlight, HandleError> {
         match st.in_flight.get(&r.offset) {
             None => Err(HandleError::NotInFlight),

@@ -337,24 +337,31 @@ mod tests {
     use bytes::BytesMut;
     use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 
+    /// A plain record at `offset` (its sequence the same: the encoder
+    /// starts a new batch when offset - sequence changes).
+    fn record(offset: i64, key: Option<Bytes>, value: &[u8], headers: Headers) -> Record {
+        Record {
+            transactional: false,
+            control: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset,
+            sequence: offset as i32,
+            timestamp: 1_700_000_000_000 + offset,
+            key,
+            value: Some(Bytes::copy_from_slice(value)),
+            headers,
+            delete_horizon: false,
+        }
+    }
+
+    type Headers = kafka_protocol::indexmap::IndexMap<kafka_protocol::protocol::StrBytes, Option<Bytes>>;
+
     fn batch(n: usize, compression: Compression, value: &[u8]) -> Result<Vec<u8>, String> {
         let recs: Vec<Record> = (0..n)
-            .map(|i| Record {
-                transactional: false,
-                control: false,
-                partition_leader_epoch: 0,
-                producer_id: -1,
-                producer_epoch: -1,
-                timestamp_type: TimestampType::Creation,
-                offset: i as i64,
-                // One batch: the encoder starts a new one when offset - sequence changes.
-                sequence: i as i32,
-                timestamp: 1_700_000_000_000 + i as i64,
-                key: Some(Bytes::from(format!("k{i}"))),
-                value: Some(Bytes::copy_from_slice(value)),
-                headers: Default::default(),
-                delete_horizon: false,
-            })
+            .map(|i| record(i as i64, Some(Bytes::from(format!("k{i}"))), value, Default::default()))
             .collect();
         let mut out = BytesMut::new();
         let opts = RecordEncodeOptions {
@@ -447,22 +454,7 @@ mod tests {
             kafka_protocol::protocol::StrBytes::from_static_str("hx"),
             Some(Bytes::from_static(b"2")),
         );
-        let rec = |offset: i64| Record {
-            transactional: false,
-            control: false,
-            partition_leader_epoch: 0,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset,
-            // One batch: the encoder starts a new one when offset - sequence changes.
-            sequence: offset as i32,
-            timestamp: 1_700_000_000_000,
-            key: Some(Bytes::from_static(b"k")),
-            value: Some(Bytes::from_static(b"value")),
-            headers: headers.clone(),
-            delete_horizon: false,
-        };
+        let rec = |offset: i64| record(offset, Some(Bytes::from_static(b"k")), b"value", headers.clone());
         let mut out = BytesMut::new();
         let opts = RecordEncodeOptions {
             version: 2,
@@ -496,21 +488,7 @@ mod tests {
         // takes header keys as text) and skipped its records.
         let mut headers = kafka_protocol::indexmap::IndexMap::new();
         headers.insert(kafka_protocol::protocol::StrBytes::from_static_str("hk"), None);
-        let rec = Record {
-            transactional: false,
-            control: false,
-            partition_leader_epoch: 0,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: 0,
-            sequence: 0,
-            timestamp: 1_700_000_000_000,
-            key: None,
-            value: Some(Bytes::from_static(b"v")),
-            headers,
-            delete_horizon: false,
-        };
+        let rec = record(0, None, b"v", headers);
         let mut out = BytesMut::new();
         let opts = RecordEncodeOptions {
             version: 2,

@@ -320,9 +320,11 @@ pub fn host_port(addr: &str) -> Result<String, String> {
         Ok(p) if p != 0 => {}
         _ => return Err(format!("port {port:?} is not 1-65535")),
     }
-    let name_ok = !host.is_empty()
-        && host.len() <= 253
-        && host.split('.').all(|l| {
+    // A fully qualified name may end with its root dot.
+    let name = host.strip_suffix('.').unwrap_or(host);
+    let name_ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| {
             !l.is_empty()
                 && l.len() <= 63
                 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
@@ -484,7 +486,12 @@ mod tests {
             assert!(err.map(|e| e.to_string()).unwrap_or_default().contains(key), "{text}");
         }
         // DNS names, IPv4 and bracketed IPv6 are advertised as given.
-        for ok in ["rokka-0.rokka.svc.cluster.local:8081", "10.0.0.7:8081", "[::1]:8081"] {
+        for ok in [
+            "rokka-0.rokka.svc.cluster.local:8081",
+            "rokka.example.:8081",
+            "10.0.0.7:8081",
+            "[::1]:8081",
+        ] {
             assert_eq!(host_port(ok).as_deref(), Ok(ok));
         }
     }
