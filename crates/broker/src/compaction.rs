@@ -30,7 +30,7 @@
 
 use std::collections::HashMap;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use rokka_store::record::kafka as stored;
 use rokka_store::{CqEntry, Entry, ReadEntry, ReadStatus};
 
@@ -325,38 +325,19 @@ impl Broker {
         batch: KafkaParts,
         keep: &[bool],
     ) -> Result<(Vec<u8>, CqEntry)> {
-        use kafka_protocol::records::{Compression, RecordBatchEncoder, RecordEncodeOptions};
         let corrupt = |why: String| crate::BrokerError::Corrupt(format!("{topic}/{partition}: {why}"));
         let KafkaParts { view: b, info, records } = batch;
-        let records: Vec<_> = records
-            .into_iter()
-            .zip(keep)
-            .filter_map(|(r, k)| k.then_some(r))
-            .collect();
-        let Some(first) = records.first() else {
+        let Some(first) = records.iter().zip(keep).find_map(|(r, k)| k.then_some(r)) else {
             return Err(corrupt("no record kept".into()));
         };
         let new_base = first.offset as u64;
-        let compression = match info.attributes & 0x07 {
-            1 => Compression::Gzip,
-            2 => Compression::Snappy,
-            3 => Compression::Lz4,
-            4 => Compression::Zstd,
-            _ => Compression::None,
-        };
-        let mut out = BytesMut::with_capacity(b.batch.len());
-        RecordBatchEncoder::encode(
-            &mut out,
-            records.iter(),
-            &RecordEncodeOptions {
-                version: 2,
-                compression,
-            },
-        )
-        .map_err(|e| corrupt(format!("re-encoding: {e}")))?;
-        let mut batch = out.to_vec();
+        // The kept records' bytes as they are (a record's repeated header
+        // keys included: decoding and encoding again merged them).
+        let mut batch =
+            crate::validate::filter_records(&b.batch, keep, self.config.max_batch_decompressed_bytes as usize)
+                .map_err(|e| corrupt(e.to_string()))?;
         if batch.len() < stored::BATCH_HEADER_LEN {
-            return Err(corrupt("re-encoded batch too short".into()));
+            return Err(corrupt("filtered batch too short".into()));
         }
         let last_offset = b.queue_offset + u64::from(info.last_offset_delta);
         let last_delta = (last_offset - new_base) as u32;
@@ -443,7 +424,7 @@ mod tests {
                 headers: IndexMap::new(),
             })
             .collect();
-        let mut out = BytesMut::new();
+        let mut out = bytes::BytesMut::new();
         RecordBatchEncoder::encode(
             &mut out,
             records.iter(),

@@ -314,6 +314,102 @@ pub fn recompress(batch: &Bytes, codec: u8, max_decompressed: usize) -> Result<B
     Ok(out.freeze())
 }
 
+/// Appends `v` as a zig-zag varint (Kafka's record fields).
+fn put_varint(out: &mut Vec<u8>, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        out.push((z as u8 & 0x7f) | 0x80);
+        z >>= 7;
+    }
+    out.push(z as u8);
+}
+
+/// The batch with only the records `keep` marks, each record's bytes as
+/// they were (headers, repeated keys included) but its offset delta taken
+/// from the first kept record, in the batch's codec: header fields kept but
+/// the base offset (moved to the first kept record), the record count, the
+/// length and the CRC. `lastOffsetDelta` is the caller's to set (and the
+/// CRC again after it). Err if no record is kept or `keep` is short.
+pub fn filter_records(batch: &[u8], keep: &[bool], max_decompressed: usize) -> Result<Vec<u8>, BatchError> {
+    use kafka_protocol::compression::{Compressor, Gzip, Lz4, Snappy, Zstd};
+    let (Some(head), Some(raw)) = (batch.get(..RECORDS_AT), batch.get(RECORDS_AT..)) else {
+        return Err(corrupt("batch shorter than its header"));
+    };
+    let attributes = u16::from_be_bytes([head[21], head[22]]);
+    let codec = (attributes & 0x07) as u8;
+    let records = decompress(codec, raw, max_decompressed)?;
+    let count = i32::from_be_bytes([head[57], head[58], head[59], head[60]]).max(0) as usize;
+    if keep.len() < count {
+        return Err(corrupt(format!("{} keep flags for {count} records", keep.len())));
+    }
+    let mut kept = Vec::with_capacity(records.len());
+    let first_ts = i64::from_be_bytes([
+        head[27], head[28], head[29], head[30], head[31], head[32], head[33], head[34],
+    ]);
+    let mut max_ts = i64::MIN;
+    let mut first_delta: Option<i64> = None;
+    let mut n = 0i32;
+    let mut c = Cur { b: &records, at: 0 };
+    for keep_it in keep.iter().take(count) {
+        let len = c.varint32()?;
+        let start = c.at;
+        let end = start
+            .checked_add(usize::try_from(len).map_err(|_| corrupt("negative record length"))?)
+            .filter(|e| *e <= records.len())
+            .ok_or_else(|| corrupt("record length beyond the batch"))?;
+        let mut r = Cur {
+            b: &records[..end],
+            at: start,
+        };
+        let attrs = r.byte()?;
+        let ts_delta = r.varint(10)?;
+        let offset_delta = i64::from(r.varint32()?);
+        if *keep_it {
+            let base = *first_delta.get_or_insert(offset_delta);
+            max_ts = max_ts.max(first_ts.wrapping_add(ts_delta));
+            let mut body = Vec::with_capacity(end - start);
+            body.push(attrs);
+            put_varint(&mut body, ts_delta);
+            put_varint(&mut body, offset_delta - base);
+            body.extend_from_slice(&records[r.at..end]);
+            put_varint(&mut kept, body.len() as i64);
+            kept.extend_from_slice(&body);
+            n += 1;
+        }
+        c.at = end;
+    }
+    let Some(first_delta) = first_delta else {
+        return Err(corrupt("no record kept"));
+    };
+    let mut out = bytes::BytesMut::with_capacity(RECORDS_AT + kept.len() / 2 + 64);
+    out.extend_from_slice(head);
+    let put = |b: &mut bytes::BytesMut| -> anyhow::Result<()> {
+        b.extend_from_slice(&kept);
+        Ok(())
+    };
+    match codec {
+        1 => <Gzip as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+        2 => <Snappy as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+        3 => <Lz4 as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+        4 => <Zstd as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+        _ => put(&mut out),
+    }
+    .map_err(|e| corrupt(format!("compressing: {e}")))?;
+    let base = i64::from_be_bytes([head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7]]);
+    out[0..8].copy_from_slice(&base.wrapping_add(first_delta).to_be_bytes());
+    let length = i32::try_from(out.len() - 12).map_err(|_| corrupt("filtered batch too large"))?;
+    out[8..12].copy_from_slice(&length.to_be_bytes());
+    out[57..61].copy_from_slice(&n.to_be_bytes());
+    if attributes & 0x08 == 0 {
+        // CreateTime: the newest kept record's (LogAppendTime keeps the
+        // batch's append time).
+        out[35..43].copy_from_slice(&max_ts.to_be_bytes());
+    }
+    let crc = crc32c::crc32c(&out[21..]);
+    out[17..21].copy_from_slice(&crc.to_be_bytes());
+    Ok(out.to_vec())
+}
+
 /// The batch marked LogAppendTime at `now_ms` (timestamp-type bit and max
 /// timestamp set, CRC-32C recomputed), as Kafka stamps batches of a topic
 /// with `message.timestamp.type=LogAppendTime`; consumers then take every
@@ -479,6 +575,66 @@ mod tests {
             assert_eq!(back, plain, "codec {codec}: records byte-exact");
         }
         Ok(())
+    }
+
+    /// Compaction keeps records by filtering the batch's bytes: a kept
+    /// record's repeated header keys survive, offsets move to the first
+    /// kept record, and the batch validates in every codec.
+    #[test]
+    fn filtering_records_keeps_their_bytes_and_renumbers_from_the_first_kept() -> Result<(), String> {
+        let mut headers = Headers::new();
+        headers.insert(
+            kafka_protocol::protocol::StrBytes::from_static_str("hk"),
+            Some(Bytes::from_static(b"1")),
+        );
+        headers.insert(
+            kafka_protocol::protocol::StrBytes::from_static_str("hx"),
+            Some(Bytes::from_static(b"2")),
+        );
+        for compression in [Compression::None, Compression::Gzip, Compression::Zstd] {
+            let recs: Vec<Record> = (0..3)
+                .map(|i| record(i, Some(Bytes::from(format!("k{i}"))), b"value", headers.clone()))
+                .collect();
+            let mut out = BytesMut::new();
+            let opts = RecordEncodeOptions {
+                version: 2,
+                compression,
+            };
+            RecordBatchEncoder::encode(&mut out, &recs, &opts).map_err(|e| e.to_string())?;
+            // Plain records with "hx" made a second "hk", then the codec.
+            let plain = recompress(&out.freeze(), 0, 1 << 20).map_err(|e| e.to_string())?;
+            let mut plain = plain.to_vec();
+            for i in 0..plain.len() - 1 {
+                if &plain[i..i + 2] == b"hx" {
+                    plain[i + 1] = b'k';
+                }
+            }
+            fix_crc(&mut plain);
+            let codec = out_codec(compression);
+            let packed = recompress(&Bytes::from(plain), codec, 1 << 20).map_err(|e| e.to_string())?;
+            let mut kept = filter_records(&packed, &[false, true, true], 1 << 20).map_err(|e| e.to_string())?;
+            // lastOffsetDelta is the caller's: 1 here (offsets 1 and 2 kept).
+            kept[23..27].copy_from_slice(&1u32.to_be_bytes());
+            fix_crc(&mut kept);
+            let info = validate(&kept, 1 << 20).map_err(|e| e.to_string())?;
+            assert_eq!(info.record_count, 2);
+            assert_eq!(i64::from_be_bytes(kept[0..8].try_into().map_err(|_| "base")?), 1);
+            let flat = recompress(&Bytes::from(kept), 0, 1 << 20).map_err(|e| e.to_string())?;
+            let keys = flat.windows(2).filter(|w| *w == b"hk").count();
+            assert_eq!(keys, 4, "two records, each with its two hk headers");
+            assert!(flat.windows(2).any(|w| w == b"k1") && !flat.windows(2).any(|w| w == b"k0"));
+        }
+        Ok(())
+    }
+
+    fn out_codec(c: Compression) -> u8 {
+        match c {
+            Compression::None => 0,
+            Compression::Gzip => 1,
+            Compression::Snappy => 2,
+            Compression::Lz4 => 3,
+            Compression::Zstd => 4,
+        }
     }
 
     #[test]
