@@ -340,7 +340,14 @@ impl Broker {
             return Err(corrupt("filtered batch too short".into()));
         }
         let last_offset = b.queue_offset + u64::from(info.last_offset_delta);
-        let last_delta = (last_offset - new_base) as u32;
+        let last_delta = last_offset
+            .checked_sub(new_base)
+            .and_then(|d| u32::try_from(d).ok())
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "a kept record at {new_base} is past the batch's last offset {last_offset}"
+                ))
+            })?;
         batch[23..27].copy_from_slice(&last_delta.to_be_bytes());
         batch[53..57].copy_from_slice(&info.base_sequence.to_be_bytes());
         if info.is_log_append_time() {

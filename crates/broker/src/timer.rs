@@ -193,7 +193,10 @@ impl Broker {
 
     /// Delivers the timer messages due at `now_ms`; how many.
     pub fn deliver_due_timers(&self, now_ms: i64) -> usize {
-        if self.topics.get(TIMER_TOPIC).is_none() {
+        // Only where appends are taken (cluster mode: the set's master; a
+        // node that becomes master loads the state then): a replica would
+        // retry every due timer at every tick, its state never refreshed.
+        if self.topics.get(TIMER_TOPIC).is_none() || !self.leads_here() {
             return 0;
         }
         let mut st = self.timer_state();
@@ -202,7 +205,9 @@ impl Broker {
             if due > now_ms {
                 break;
             }
-            let m = match self.store.read_at(phys).map(|b| rokka_store::decode_entry(&b)) {
+            // (Bounded as stored entries are: it may predate a lower
+            // max_message_bytes.)
+            let m = match self.store.read_stored_at(phys).map(|b| rokka_store::decode_entry(&b)) {
                 Some(Ok(Entry::Message(m))) => m,
                 _ => {
                     // Gone (retention): nothing to deliver.
@@ -268,6 +273,30 @@ mod tests {
             b.append_timer(&m, now + 4 * 24 * 3_600_000),
             Err(BrokerError::TimerTooFar { .. })
         ));
+        Ok(())
+    }
+
+    /// Only the node that takes appends delivers: a cluster node before
+    /// its view (or a replica) leaves due timers to the master, which loads
+    /// them when it becomes one.
+    #[test]
+    fn only_the_leading_node_delivers_timers() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        b.create_topic("T", 1)?;
+        let t0 = 1_000_000_000_000i64;
+        b.append_timer(&MessageInput::new("T", 0, b"due", b""), t0)?;
+        b.await_cluster_view();
+        assert_eq!(b.deliver_due_timers(t0 + 1), 0, "no view yet: nothing delivered");
+        b.set_cluster_view(crate::cluster_view::ClusterView {
+            self_id: 1,
+            master: Some(1),
+            ..Default::default()
+        });
+        b.became_master();
+        assert_eq!(b.deliver_due_timers(t0 + 1), 1);
+        assert_eq!(store.max_offset("T", 0), 1);
         Ok(())
     }
 

@@ -297,7 +297,9 @@ impl Broker {
     /// copy of its message): the scan stops there, and the next goes on
     /// from the first half still unresolved.
     pub fn due_checks_within(&self, now_ms: i64, timeout_ms: i64, max_checks: u32, per_scan: usize) -> Vec<DueCheck> {
-        if self.topics.get(HALF_TOPIC).is_none() {
+        // The master checks (a replica's resolved set is not refreshed
+        // from what the master resolves).
+        if self.topics.get(HALF_TOPIC).is_none() || !self.leads_here() {
             return Vec::new();
         }
         let mut st = self.tx_state();

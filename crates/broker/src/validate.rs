@@ -337,7 +337,8 @@ pub fn filter_records(batch: &[u8], keep: &[bool], max_decompressed: usize) -> R
     };
     let attributes = u16::from_be_bytes([head[21], head[22]]);
     let codec = (attributes & 0x07) as u8;
-    let records = decompress(codec, raw, max_decompressed)?;
+    // (An uncompressed batch is already in memory whole: no budget.)
+    let records = decompress(codec, raw, if codec == 0 { usize::MAX } else { max_decompressed })?;
     let count = i32::from_be_bytes([head[57], head[58], head[59], head[60]]).max(0) as usize;
     if keep.len() < count {
         return Err(corrupt(format!("{} keep flags for {count} records", keep.len())));

@@ -914,22 +914,23 @@ pub fn valid_entry_follows(log: &CommitLog, pos: u64, max_entry: usize) -> bool 
     (8..=max_entry as u64).contains(&size) && valid_entry_at(log, pos + size, max_entry)
 }
 
-/// Copies the bytes of the segment holding `pos` from `pos` to its last
-/// non-zero byte into `dir/<pos as 20 digits>`, before recovery cuts them;
-/// None when there are none (a tail of zeros: nothing to keep). Read and
-/// written a chunk at a time: a cut near the start of a 1 GiB segment
-/// costs a chunk of memory, not the segment.
 /// Whether the copy at `path` holds the segment's `[from, to)` at every
 /// byte that is not zero there (zeroed since), a chunk (`buf`) at a time.
 fn same_where_not_zero(seg: &Segment, from: usize, to: usize, path: &Path, buf: &mut [u8]) -> Result<bool> {
     use std::io::Read as _;
-    let mut f = std::fs::File::open(path).map_err(StoreError::io("open", path))?;
+    // A copy that cannot be read is not the same: set aside, not a reason
+    // for recovery to fail.
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Ok(false);
+    };
     let mut old = vec![0u8; buf.len()];
     let mut at = from;
     while at < to {
         let n = (to - at).min(buf.len());
         seg.file.read_into(at, &mut buf[..n]);
-        f.read_exact(&mut old[..n]).map_err(StoreError::io("read", path))?;
+        if f.read_exact(&mut old[..n]).is_err() {
+            return Ok(false);
+        }
         if !buf[..n].iter().zip(&old[..n]).all(|(new, was)| *new == 0 || new == was) {
             return Ok(false);
         }
@@ -938,6 +939,11 @@ fn same_where_not_zero(seg: &Segment, from: usize, to: usize, path: &Path, buf: 
     Ok(true)
 }
 
+/// Copies the bytes of the segment holding `pos` from `pos` to its last
+/// non-zero byte into `dir/<pos as 20 digits>`, before recovery cuts them;
+/// None when there are none (a tail of zeros: nothing to keep). Read and
+/// written a chunk at a time: a cut near the start of a 1 GiB segment
+/// costs a chunk of memory, not the segment.
 pub fn save_tail(log: &CommitLog, pos: u64, dir: &Path) -> Result<Option<PathBuf>> {
     use std::io::Write as _;
     const CHUNK: usize = 1 << 20;

@@ -1474,6 +1474,20 @@ impl MessageStore {
 
     /// The stored entry at CommitLog offset `phys` (VIEW_MESSAGE_BY_ID), if
     /// an entry really starts there.
+    /// As [`MessageStore::read_at`], an entry as large as any the log may
+    /// hold ([`StoreConfig::max_stored_entry`]): for offsets the broker
+    /// itself recorded (a timer's), never for ones a client names.
+    pub fn read_stored_at(&self, phys: u64) -> Option<Bytes> {
+        let b = self
+            .inner
+            .log
+            .read_entry_at(phys, self.inner.config.max_stored_entry())?;
+        match record::decode_entry(&b) {
+            Ok(e) if e.phys_offset() == phys => Some(b),
+            _ => None,
+        }
+    }
+
     pub fn read_at(&self, phys: u64) -> Option<Bytes> {
         let b = self.inner.log.read_entry_at(phys, self.inner.max_entry())?;
         match record::decode_entry(&b) {

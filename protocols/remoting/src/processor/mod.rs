@@ -238,6 +238,13 @@ impl RocketMq {
         if let Some(remark) = crate::auth::check(&self.broker, conn, &cmd) {
             return (!oneway).then(|| self.reply(&cmd, crate::auth::NO_PERMISSION, Some(remark)));
         }
+        // A committed offset is answered whatever the view (the table does
+        // not depend on the read limit); none committed yet is left
+        // unanswered until the view comes: older clients take an error as
+        // "none" and start from the first offset, a timeout they retry.
+        if code == rq::QUERY_CONSUMER_OFFSET && self.broker.cluster_view_pending() && !self.has_committed_offset(&cmd) {
+            return None;
+        }
         // Cluster mode before the first view: this node's read limit is 0
         // and its role unknown, so queue ends and pulls would answer from
         // an empty view (a consumer told its offset moved would go back to
@@ -251,8 +258,8 @@ impl RocketMq {
                     | rq::GET_MIN_OFFSET
                     | rq::SEARCH_OFFSET_BY_TIMESTAMP
                     | rq::GET_EARLIEST_MSG_STORETIME
-                    | rq::QUERY_CONSUMER_OFFSET
                     | rq::UPDATE_CONSUMER_OFFSET
+                    | rq::INVOKE_BROKER_TO_RESET_OFFSET
                     | rq::GET_CONSUME_STATS
             )
         {

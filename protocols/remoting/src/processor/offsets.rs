@@ -3,6 +3,14 @@
 use super::*;
 
 impl RocketMq {
+    /// Whether the request's group has an offset committed for its queue.
+    pub(super) fn has_committed_offset(&self, req: &RemotingCommand) -> bool {
+        let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        let queue = ext_i64(req, "queueId", "queueId").unwrap_or(-1).max(0) as u32;
+        self.broker.store().offsets().get(group, topic, queue).is_some()
+    }
+
     pub(super) fn query_offset(&self, req: &RemotingCommand) -> RemotingCommand {
         let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
         let topic = req.ext_fields.get("topic").unwrap_or_default();
@@ -132,7 +140,7 @@ impl RocketMq {
         if group.is_empty() || topic.is_empty() {
             return self.reply(req, rs::SYSTEM_ERROR, Some("group and topic are required".into()));
         }
-        if self.broker.cluster_view().is_some_and(|v| !v.is_master()) {
+        if !self.broker.leads_here() {
             return self.reply(
                 req,
                 rs::SYSTEM_ERROR,
