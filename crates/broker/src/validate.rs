@@ -273,11 +273,32 @@ pub fn decode(batch: &Bytes, max_decompressed: usize) -> Result<RecordSet, Strin
     RecordBatchDecoder::decode_with_custom_compression(&mut buf, Some(bounded)).map_err(|e| e.to_string())
 }
 
+/// A batch of `head` (its 61 header bytes) and `records` (a records
+/// section's plain bytes) compressed with `codec` (Kafka's id); the
+/// header's length, attributes and CRC are the caller's to set.
+fn with_records(head: &[u8], codec: u8, records: &[u8]) -> Result<bytes::BytesMut, BatchError> {
+    use kafka_protocol::compression::{Compressor, Gzip, Lz4, Snappy, Zstd};
+    let mut out = bytes::BytesMut::with_capacity(head.len() + records.len() / 2 + 64);
+    out.extend_from_slice(head);
+    let put = |b: &mut bytes::BytesMut| -> anyhow::Result<()> {
+        b.extend_from_slice(records);
+        Ok(())
+    };
+    match codec {
+        1 => <Gzip as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+        2 => <Snappy as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+        3 => <Lz4 as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+        4 => <Zstd as Compressor<bytes::BytesMut>>::compress(&mut out, put),
+        _ => put(&mut out),
+    }
+    .map_err(|e| corrupt(format!("compressing: {e}")))?;
+    Ok(out)
+}
+
 /// The batch re-encoded with `codec` (Kafka's id: 0 none, 1 gzip, 2
 /// snappy, 3 lz4, 4 zstd), every record and batch field kept: what Kafka
 /// does when a topic's `compression.type` differs from the producer's.
 pub fn recompress(batch: &Bytes, codec: u8, max_decompressed: usize) -> Result<Bytes, BatchError> {
-    use kafka_protocol::compression::{Compressor, Gzip, Lz4, Snappy, Zstd};
     // The records section is recompressed as bytes: decoding every record
     // and encoding it again went through a header map, which merged a
     // record's repeated header keys (Kafka keeps each one).
@@ -289,23 +310,7 @@ pub fn recompress(batch: &Bytes, codec: u8, max_decompressed: usize) -> Result<B
     };
     let attributes = u16::from_be_bytes([head[21], head[22]]);
     let records = decompress((attributes & 0x07) as u8, raw, max_decompressed)?;
-    let mut out = bytes::BytesMut::with_capacity(RECORDS_AT + records.len() / 2 + 64);
-    out.extend_from_slice(head);
-    let put = |b: &mut bytes::BytesMut| -> anyhow::Result<()> {
-        b.extend_from_slice(&records);
-        Ok(())
-    };
-    match codec {
-        0 => {
-            out.extend_from_slice(&records);
-            Ok(())
-        }
-        1 => <Gzip as Compressor<bytes::BytesMut>>::compress(&mut out, put),
-        2 => <Snappy as Compressor<bytes::BytesMut>>::compress(&mut out, put),
-        3 => <Lz4 as Compressor<bytes::BytesMut>>::compress(&mut out, put),
-        _ => <Zstd as Compressor<bytes::BytesMut>>::compress(&mut out, put),
-    }
-    .map_err(|e| corrupt(format!("compressing: {e}")))?;
+    let mut out = with_records(head, codec, &records)?;
     let length = i32::try_from(out.len() - 12).map_err(|_| corrupt("recompressed batch too large"))?;
     out[8..12].copy_from_slice(&length.to_be_bytes());
     out[21..23].copy_from_slice(&((attributes & !0x07) | u16::from(codec)).to_be_bytes());
@@ -331,7 +336,6 @@ fn put_varint(out: &mut Vec<u8>, v: i64) {
 /// length and the CRC. `lastOffsetDelta` is the caller's to set (and the
 /// CRC again after it). Err if no record is kept or `keep` is short.
 pub fn filter_records(batch: &[u8], keep: &[bool], max_decompressed: usize) -> Result<Vec<u8>, BatchError> {
-    use kafka_protocol::compression::{Compressor, Gzip, Lz4, Snappy, Zstd};
     let (Some(head), Some(raw)) = (batch.get(..RECORDS_AT), batch.get(RECORDS_AT..)) else {
         return Err(corrupt("batch shorter than its header"));
     };
@@ -382,20 +386,7 @@ pub fn filter_records(batch: &[u8], keep: &[bool], max_decompressed: usize) -> R
     let Some(first_delta) = first_delta else {
         return Err(corrupt("no record kept"));
     };
-    let mut out = bytes::BytesMut::with_capacity(RECORDS_AT + kept.len() / 2 + 64);
-    out.extend_from_slice(head);
-    let put = |b: &mut bytes::BytesMut| -> anyhow::Result<()> {
-        b.extend_from_slice(&kept);
-        Ok(())
-    };
-    match codec {
-        1 => <Gzip as Compressor<bytes::BytesMut>>::compress(&mut out, put),
-        2 => <Snappy as Compressor<bytes::BytesMut>>::compress(&mut out, put),
-        3 => <Lz4 as Compressor<bytes::BytesMut>>::compress(&mut out, put),
-        4 => <Zstd as Compressor<bytes::BytesMut>>::compress(&mut out, put),
-        _ => put(&mut out),
-    }
-    .map_err(|e| corrupt(format!("compressing: {e}")))?;
+    let mut out = with_records(head, codec, &kept)?;
     let base = i64::from_be_bytes([head[0], head[1], head[2], head[3], head[4], head[5], head[6], head[7]]);
     out[0..8].copy_from_slice(&base.wrapping_add(first_delta).to_be_bytes());
     let length = i32::try_from(out.len() - 12).map_err(|_| corrupt("filtered batch too large"))?;
