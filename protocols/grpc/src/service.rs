@@ -33,9 +33,12 @@ pub struct Messaging {
     /// The broker name routes give (the remoting broker's, so both
     /// protocols name the same set).
     broker_name: String,
-    /// Where clients reach this service (routes' endpoints): `host:port`,
-    /// the host an IP address or a DNS name.
-    advertised: String,
+    /// Where clients reach this service, as routes give it (from
+    /// `host:port`, the host an IP address or a DNS name).
+    advertised: pb::Endpoints,
+    /// It is a wildcard address (0.0.0.0, ::): routes give the endpoints
+    /// the client dialled instead.
+    advertised_wildcard: bool,
     /// The store host of message ids made from offsets.
     store_host: SocketAddr,
     pops: Pops,
@@ -317,6 +320,10 @@ struct Popped {
     bytes: usize,
 }
 
+/// Longest receive attempt id remembered for a FIFO queue (the clients
+/// send a 36-character UUID).
+const MAX_ATTEMPT_ID_BYTES: usize = 128;
+
 /// Body bytes one receive answers with at most (past them it stops, the
 /// first message whatever its size).
 const POP_BODY_BYTES: usize = 32 << 20;
@@ -353,7 +360,8 @@ impl Messaging {
             broker,
             config,
             broker_name,
-            advertised,
+            advertised_wildcard: advertised.parse::<SocketAddr>().is_ok_and(|a| a.ip().is_unspecified()),
+            advertised: endpoints_of(&advertised),
             store_host,
             next_queue: AtomicU64::new(0),
             telemetry_streams: Arc::new(AtomicU32::new(0)),
@@ -533,16 +541,8 @@ impl Messaging {
         let mut out = Vec::new();
         let Some(view) = self.broker.cluster_view() else {
             let here = match dialled {
-                Some(d)
-                    if self
-                        .advertised
-                        .parse::<SocketAddr>()
-                        .is_ok_and(|a| a.ip().is_unspecified())
-                        && !d.addresses.is_empty() =>
-                {
-                    d.clone()
-                }
-                _ => endpoints_of(&self.advertised),
+                Some(d) if self.advertised_wildcard && !d.addresses.is_empty() => d.clone(),
+                _ => self.advertised.clone(),
             };
             push_queues(&mut out, topic, &self.broker_name, here, info.partitions);
             return out;
@@ -975,7 +975,13 @@ impl Messaging {
                 batch,
                 invisible_ms,
                 codes: codes.as_deref(),
-                attempt_id: req.attempt_id.as_deref().filter(|a| !a.is_empty()),
+                // Remembered per FIFO queue: only ids of a sane length
+                // (clients send a UUID), so a client cannot park megabytes
+                // in every queue's state; a longer one is not retried.
+                attempt_id: req
+                    .attempt_id
+                    .as_deref()
+                    .filter(|a| !a.is_empty() && a.len() <= MAX_ATTEMPT_ID_BYTES),
             });
             let now = Instant::now();
             if !popped.messages.is_empty() || now >= deadline {
