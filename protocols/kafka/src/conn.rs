@@ -99,11 +99,9 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
             }
         }
         if raw {
-            let Ok(_permit) = k.sasl_checks.acquire().await else {
+            let Ok(r) = authenticate(&k, &mut sasl, &mut who, &buf).await else {
                 break;
             };
-            let r = rokka_broker::offload(|| sasl.authenticate(&k, &buf));
-            drop(_permit);
             if sasl.failed() {
                 // No error can be told in this form: Kafka closes the
                 // connection (after the same delay).
@@ -111,9 +109,6 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
                 tokio::time::sleep(Duration::from_millis(k.config.sasl_failure_delay_ms)).await;
                 tracing::debug!(%peer, "Kafka SASL (raw tokens) authentication failed: closing");
                 break;
-            }
-            if let Some(user) = sasl.principal() {
-                who.authenticated(user);
             }
             let mut out = Vec::with_capacity(4 + r.auth_bytes.len());
             out.extend_from_slice(&(r.auth_bytes.len() as i32).to_be_bytes());
@@ -303,20 +298,9 @@ pub async fn handle(
             r.mechanism.as_str(),
             version,
         )))),
-        RequestKind::SaslAuthenticate(r) => {
-            // PBKDF2 for PLAIN: a bounded number at once, off the
-            // runtime's threads.
-            let _permit = k
-                .sasl_checks
-                .acquire()
-                .await
-                .map_err(|_| Close("shutting down".into()))?;
-            let r = rokka_broker::offload(|| sasl.authenticate(k, &r.auth_bytes));
-            if let Some(user) = sasl.principal() {
-                who.authenticated(user);
-            }
-            Some(api::Response::Kind(ResponseKind::SaslAuthenticate(r)))
-        }
+        RequestKind::SaslAuthenticate(r) => Some(api::Response::Kind(ResponseKind::SaslAuthenticate(
+            authenticate(k, sasl, who, &r.auth_bytes).await?,
+        ))),
         req => api::dispatch(k, &header, req, version, peer, at, who).await?,
     };
     rokka_broker::hot_metrics::record(
@@ -333,6 +317,27 @@ pub async fn handle(
         Some(api::Response::Fetch(f)) => Ok(Some(api::encode_fetch(&f, version, correlation_id))),
         None => Ok(None),
     }
+}
+
+/// One SASL step (a SaslAuthenticate's bytes, or a raw token after a v0
+/// handshake): PBKDF2 for PLAIN a bounded number at once, off the
+/// runtime's threads; an authenticated user becomes the caller.
+async fn authenticate(
+    k: &Kafka,
+    sasl: &mut crate::sasl::Sasl,
+    who: &mut crate::authz::Caller,
+    bytes: &[u8],
+) -> Result<kafka_protocol::messages::SaslAuthenticateResponse, Close> {
+    let _permit = k
+        .sasl_checks
+        .acquire()
+        .await
+        .map_err(|_| Close("shutting down".into()))?;
+    let r = rokka_broker::offload(|| sasl.authenticate(k, bytes));
+    if let Some(user) = sasl.principal() {
+        who.authenticated(user);
+    }
+    Ok(r)
 }
 
 pub fn encode_response(key: ApiKey, version: i16, correlation_id: i32, resp: &ResponseKind) -> Result<Bytes, Close> {
