@@ -431,14 +431,21 @@ pub fn tag_codes(expr: &str) -> Option<Vec<i32>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use kafka_protocol::indexmap::IndexMap;
     use kafka_protocol::protocol::StrBytes;
     use kafka_protocol::records::RecordBatchDecoder;
     use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
 
-    fn record(offset: i64, key: Option<&[u8]>, value: Option<&[u8]>, headers: &[(&str, Option<&[u8]>)]) -> Record {
+    /// A plain record at `offset` (the test batches' builder, the validate
+    /// tests' too).
+    pub(crate) fn record(
+        offset: i64,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: &[(&str, Option<&[u8]>)],
+    ) -> Record {
         let mut h = IndexMap::new();
         for (k, v) in headers {
             h.insert(StrBytes::from_string(k.to_string()), v.map(Bytes::copy_from_slice));

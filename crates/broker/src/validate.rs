@@ -423,33 +423,13 @@ pub fn stamp_log_append_time(batch: &Bytes, now_ms: i64) -> Result<Bytes, BatchE
 mod tests {
     use super::*;
     use bytes::BytesMut;
-    use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+    use kafka_protocol::records::{Record, RecordBatchEncoder, RecordEncodeOptions};
 
-    /// A plain record at `offset` (its sequence the same: the encoder
-    /// starts a new batch when offset - sequence changes).
-    fn record(offset: i64, key: Option<Bytes>, value: &[u8], headers: Headers) -> Record {
-        Record {
-            transactional: false,
-            control: false,
-            partition_leader_epoch: 0,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset,
-            sequence: offset as i32,
-            timestamp: 1_700_000_000_000 + offset,
-            key,
-            value: Some(Bytes::copy_from_slice(value)),
-            headers,
-            delete_horizon: false,
-        }
-    }
-
-    type Headers = kafka_protocol::indexmap::IndexMap<kafka_protocol::protocol::StrBytes, Option<Bytes>>;
+    use crate::convert::tests::record;
 
     fn batch(n: usize, compression: Compression, value: &[u8]) -> Result<Vec<u8>, String> {
         let recs: Vec<Record> = (0..n)
-            .map(|i| record(i as i64, Some(Bytes::from(format!("k{i}"))), value, Default::default()))
+            .map(|i| record(i as i64, Some(format!("k{i}").as_bytes()), Some(value), &[]))
             .collect();
         let mut out = BytesMut::new();
         let opts = RecordEncodeOptions {
@@ -528,36 +508,45 @@ mod tests {
         Ok(())
     }
 
-    /// A record with one header key twice (tracing headers, baggage) keeps
-    /// both through recompression to the topic's codec and back: the
-    /// records section goes through as bytes, unchanged.
-    #[test]
-    fn recompression_keeps_every_record_byte_repeated_header_keys_included() -> Result<(), String> {
-        let mut headers = kafka_protocol::indexmap::IndexMap::new();
-        headers.insert(
-            kafka_protocol::protocol::StrBytes::from_static_str("hk"),
-            Some(Bytes::from_static(b"1")),
-        );
-        headers.insert(
-            kafka_protocol::protocol::StrBytes::from_static_str("hx"),
-            Some(Bytes::from_static(b"2")),
-        );
-        let rec = |offset: i64| record(offset, Some(Bytes::from_static(b"k")), b"value", headers.clone());
+    /// An uncompressed batch of `n` records (keys k0, k1, ...), each with
+    /// the header key "hk" twice — which kafka-protocol's encoder (a header
+    /// map) cannot write, so a second key is renamed in the bytes.
+    fn repeated_header_batch(n: i64) -> Result<Bytes, String> {
+        let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+        let recs: Vec<Record> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                record(
+                    i as i64,
+                    Some(k.as_bytes()),
+                    Some(b"value"),
+                    &[("hk", Some(b"1")), ("hx", Some(b"2"))],
+                )
+            })
+            .collect();
         let mut out = BytesMut::new();
         let opts = RecordEncodeOptions {
             version: 2,
             compression: Compression::None,
         };
-        RecordBatchEncoder::encode(&mut out, &[rec(0), rec(1)], &opts).map_err(|e| e.to_string())?;
+        RecordBatchEncoder::encode(&mut out, &recs, &opts).map_err(|e| e.to_string())?;
         let mut plain = out.to_vec();
-        // "hx" becomes a second "hk" in both records.
         for i in 0..plain.len() - 1 {
             if &plain[i..i + 2] == b"hx" {
                 plain[i + 1] = b'k';
             }
         }
         fix_crc(&mut plain);
-        let plain = Bytes::from(plain);
+        Ok(Bytes::from(plain))
+    }
+
+    /// A record with one header key twice (tracing headers, baggage) keeps
+    /// both through recompression to the topic's codec and back: the
+    /// records section goes through as bytes, unchanged.
+    #[test]
+    fn recompression_keeps_every_record_byte_repeated_header_keys_included() -> Result<(), String> {
+        let plain = repeated_header_batch(2)?;
         validate(&plain, 1 << 20).map_err(|e| e.to_string())?;
         for codec in 1..=4u8 {
             let packed = recompress(&plain, codec, 1 << 20).map_err(|e| e.to_string())?;
@@ -574,36 +563,9 @@ mod tests {
     /// kept record, and the batch validates in every codec.
     #[test]
     fn filtering_records_keeps_their_bytes_and_renumbers_from_the_first_kept() -> Result<(), String> {
-        let mut headers = Headers::new();
-        headers.insert(
-            kafka_protocol::protocol::StrBytes::from_static_str("hk"),
-            Some(Bytes::from_static(b"1")),
-        );
-        headers.insert(
-            kafka_protocol::protocol::StrBytes::from_static_str("hx"),
-            Some(Bytes::from_static(b"2")),
-        );
-        for compression in [Compression::None, Compression::Gzip, Compression::Zstd] {
-            let recs: Vec<Record> = (0..3)
-                .map(|i| record(i, Some(Bytes::from(format!("k{i}"))), b"value", headers.clone()))
-                .collect();
-            let mut out = BytesMut::new();
-            let opts = RecordEncodeOptions {
-                version: 2,
-                compression,
-            };
-            RecordBatchEncoder::encode(&mut out, &recs, &opts).map_err(|e| e.to_string())?;
-            // Plain records with "hx" made a second "hk", then the codec.
-            let plain = recompress(&out.freeze(), 0, 1 << 20).map_err(|e| e.to_string())?;
-            let mut plain = plain.to_vec();
-            for i in 0..plain.len() - 1 {
-                if &plain[i..i + 2] == b"hx" {
-                    plain[i + 1] = b'k';
-                }
-            }
-            fix_crc(&mut plain);
-            let codec = out_codec(compression);
-            let packed = recompress(&Bytes::from(plain), codec, 1 << 20).map_err(|e| e.to_string())?;
+        let plain = repeated_header_batch(3)?;
+        for codec in [0u8, 1, 4] {
+            let packed = recompress(&plain, codec, 1 << 20).map_err(|e| e.to_string())?;
             let mut kept = filter_records(&packed, &[false, true, true], 1 << 20).map_err(|e| e.to_string())?;
             // lastOffsetDelta is the caller's: 1 here (offsets 1 and 2 kept).
             kept[23..27].copy_from_slice(&1u32.to_be_bytes());
@@ -619,24 +581,12 @@ mod tests {
         Ok(())
     }
 
-    fn out_codec(c: Compression) -> u8 {
-        match c {
-            Compression::None => 0,
-            Compression::Gzip => 1,
-            Compression::Snappy => 2,
-            Compression::Lz4 => 3,
-            Compression::Zstd => 4,
-        }
-    }
-
     #[test]
     fn a_header_key_that_is_not_utf8_is_refused() -> Result<(), String> {
         // Found by fuzz/ (kafka_batch_convert): Produce stored such a batch,
         // then every RocketMQ pull failed to convert it (the record decoder
         // takes header keys as text) and skipped its records.
-        let mut headers = kafka_protocol::indexmap::IndexMap::new();
-        headers.insert(kafka_protocol::protocol::StrBytes::from_static_str("hk"), None);
-        let rec = record(0, None, b"v", headers);
+        let rec = record(0, None, Some(b"v"), &[("hk", None)]);
         let mut out = BytesMut::new();
         let opts = RecordEncodeOptions {
             version: 2,
