@@ -1472,24 +1472,24 @@ impl MessageStore {
         out
     }
 
-    /// The stored entry at CommitLog offset `phys` (VIEW_MESSAGE_BY_ID), if
-    /// an entry really starts there.
     /// As [`MessageStore::read_at`], an entry as large as any the log may
     /// hold ([`StoreConfig::max_stored_entry`]): for offsets the broker
     /// itself recorded (a timer's), never for ones a client names.
     pub fn read_stored_at(&self, phys: u64) -> Option<Bytes> {
-        let b = self
-            .inner
-            .log
-            .read_entry_at(phys, self.inner.config.max_stored_entry())?;
-        match record::decode_entry(&b) {
-            Ok(e) if e.phys_offset() == phys => Some(b),
-            _ => None,
-        }
+        self.read_entry_within(phys, self.inner.config.max_stored_entry())
     }
 
+    /// The stored entry at CommitLog offset `phys` (VIEW_MESSAGE_BY_ID), if
+    /// an entry really starts there: within today's `max_message_bytes`
+    /// (a client names the offset).
     pub fn read_at(&self, phys: u64) -> Option<Bytes> {
-        let b = self.inner.log.read_entry_at(phys, self.inner.max_entry())?;
+        self.read_entry_within(phys, self.inner.max_entry())
+    }
+
+    /// The whole entry starting at `phys`, if one of at most `max` bytes
+    /// that says it is at `phys` starts there.
+    fn read_entry_within(&self, phys: u64, max: usize) -> Option<Bytes> {
+        let b = self.inner.log.read_entry_at(phys, max)?;
         match record::decode_entry(&b) {
             Ok(e) if e.phys_offset() == phys => Some(b),
             _ => None,
