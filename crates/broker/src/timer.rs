@@ -44,34 +44,31 @@ struct TimerState {
 /// TIMER_DELIVER_MS, __STARTDELIVERTIME).
 pub const TIMER_PROPERTIES: [&str; 4] = TIMER_PROPS;
 
-/// The first of Apache's three timer properties that is present but not a
-/// number (its send is refused MESSAGE_ILLEGAL, as Apache's
-/// WHEEL_TIMER_MSG_ILLEGAL).
-pub fn malformed_timer(props: &[u8]) -> Option<&'static str> {
-    TIMER_PROPS[..3].iter().copied().find(|k| {
-        properties::get(props, k).is_some_and(|v| {
-            std::str::from_utf8(v)
-                .ok()
-                .and_then(|v| v.trim().parse::<i64>().ok())
-                .is_none()
-        })
-    })
+/// The absolute delivery time a send's `props` ask for, if any (`now_ms` =
+/// arrival; TIMER_DELAY_SEC, then TIMER_DELAY_MS, then TIMER_DELIVER_MS,
+/// then the legacy __STARTDELIVERTIME). Err names the first of Apache's
+/// three that is present but not a number (the send is refused
+/// MESSAGE_ILLEGAL, as Apache's WHEEL_TIMER_MSG_ILLEGAL).
+pub fn requested_time(props: &[u8], now_ms: i64) -> std::result::Result<Option<i64>, &'static str> {
+    let num = |k: &'static str| match properties::get(props, k) {
+        None => Ok(None),
+        Some(v) => std::str::from_utf8(v)
+            .ok()
+            .and_then(|v| v.trim().parse::<i64>().ok())
+            .map(Some)
+            .ok_or(k),
+    };
+    let (sec, ms, at) = (num(TIMER_PROPS[0])?, num(TIMER_PROPS[1])?, num(TIMER_PROPS[2])?);
+    Ok(sec
+        .map(|s| now_ms.saturating_add(s.saturating_mul(1000)))
+        .or_else(|| ms.map(|m| now_ms.saturating_add(m)))
+        .or(at)
+        .or_else(|| num(TIMER_PROPS[3]).ok().flatten()))
 }
 
-/// The absolute delivery time `props` ask for, if any (`now_ms` = arrival).
+/// [`requested_time`] of a stored message (checked when it was sent).
 pub fn deliver_at(props: &[u8], now_ms: i64) -> Option<i64> {
-    let num = |k: &str| {
-        properties::get(props, k)
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .and_then(|v| v.trim().parse::<i64>().ok())
-    };
-    if let Some(s) = num(TIMER_PROPS[0]) {
-        return Some(now_ms.saturating_add(s.saturating_mul(1000)));
-    }
-    if let Some(ms) = num(TIMER_PROPS[1]) {
-        return Some(now_ms.saturating_add(ms));
-    }
-    num(TIMER_PROPS[2]).or_else(|| num(TIMER_PROPS[3]))
+    requested_time(props, now_ms).ok().flatten()
 }
 
 impl Broker {

@@ -1246,3 +1246,30 @@ async fn the_dead_letter_topic_is_made_with_auto_creation_off() -> TestResult {
     assert_eq!(broker.store().max_offset("%DLQ%cg", 0), 1);
     Ok(())
 }
+
+/// Timer properties as Apache's HookUtils takes them: one that is not a
+/// number refuses the send (MESSAGE_ILLEGAL); a DELAY level wins over them
+/// (the message goes through the schedule topic, not the timer wheel).
+#[tokio::test]
+async fn a_malformed_timer_is_refused_and_a_delay_level_wins_over_timers() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    let mut c = Client::connect(addr).await?;
+    let with = |props: &[(&str, &str)]| {
+        let mut cmd = send_req("timed", 0, "x", "T", false);
+        let mut all = vec![("KEYS", "k1"), ("UNIQ_KEY", "ABCDEF0123")];
+        all.extend_from_slice(props);
+        cmd.ext_fields.set("properties", properties::encode(all));
+        cmd
+    };
+    let r = c.call(with(&[("TIMER_DELAY_SEC", "soon")])).await?;
+    assert_eq!(r.code, 13, "{:?}", r.remark);
+    let far = (rokka_store::now_ms() + 3_600_000).to_string();
+    let r = c.call(with(&[("DELAY", "1"), ("TIMER_DELIVER_MS", &far)])).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    let store = broker.store();
+    assert_eq!(store.max_offset("rmq_sys_wheel_timer", 0), 0, "not on the timer wheel");
+    let scheduled: u64 = (0..32).map(|q| store.max_offset("SCHEDULE_TOPIC_XXXX", q)).sum();
+    assert_eq!(scheduled, 1, "through the schedule topic");
+    Ok(())
+}

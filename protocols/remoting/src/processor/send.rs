@@ -125,20 +125,21 @@ impl RocketMq {
             props = String::from_utf8_lossy(&kept).into_owned();
             metrics::counter!("rokka_rocketmq_dlq_messages_total", "group" => g.clone()).increment(1);
         }
-        if !batch && rokka_broker::schedule::delay_level(props.as_bytes()).is_some() {
+        // DELAY=n (single sends only, as RocketMQ), read once.
+        let level = if batch {
+            None
+        } else {
+            rokka_broker::schedule::delay_level(props.as_bytes())
+        };
+        if level.is_some()
+            && rokka_broker::timer::TIMER_PROPERTIES[..3]
+                .iter()
+                .any(|k| rokka_store::record::properties::get(props.as_bytes(), k).is_some())
+        {
             // A delay level wins over the timer properties, which are
             // dropped (Apache's HookUtils.checkIfTimerMessage).
             let kept = rokka_broker::schedule::without(props.as_bytes(), &rokka_broker::timer::TIMER_PROPERTIES[..3]);
             props = String::from_utf8_lossy(&kept).into_owned();
-        } else if let Some(k) = (!batch)
-            .then(|| rokka_broker::timer::malformed_timer(props.as_bytes()))
-            .flatten()
-        {
-            return Err(self.reply(
-                req,
-                rs::MESSAGE_ILLEGAL,
-                Some(format!("timer message property {k} is not a number")),
-            ));
         }
         // Owned parts of each message, then borrowed inputs.
         let parts: Vec<(i32, Bytes, String)> = if batch {
@@ -181,22 +182,29 @@ impl RocketMq {
                 )),
             ));
         }
-        // DELAY=n (single sends only, as RocketMQ): through the schedule topic.
-        let delay = if batch || topic == rokka_broker::schedule::SCHEDULE_TOPIC {
-            None
-        } else {
-            rokka_broker::schedule::delay_level(parts[0].2.as_bytes())
-        };
+        // Through the schedule topic (whose own re-puts carry DELAY as state).
+        let delay = level.filter(|_| topic != rokka_broker::schedule::SCHEDULE_TOPIC);
         // A prepared transaction message waits as a half message.
         let prepared = !batch
             && sys_flag & rokka_store::record::message::sysflag::TRANSACTION_MASK
                 == rokka_store::record::message::sysflag::TRANSACTION_PREPARED;
-        // Timer messages (TIMER_DELAY_SEC / _MS, TIMER_DELIVER_MS, __STARTDELIVERTIME).
+        // Timer messages (TIMER_DELAY_SEC / _MS, TIMER_DELIVER_MS,
+        // __STARTDELIVERTIME); one that is not a number is refused (as
+        // Apache, which checks only what is not a prepared transaction).
         let timer = if batch || prepared {
             None
         } else {
-            rokka_broker::timer::deliver_at(parts[0].2.as_bytes(), rokka_store::now_ms())
-                .filter(|due| *due > rokka_store::now_ms())
+            let now = rokka_store::now_ms();
+            match rokka_broker::timer::requested_time(parts[0].2.as_bytes(), now) {
+                Ok(at) => at.filter(|due| *due > now),
+                Err(k) => {
+                    return Err(self.reply(
+                        req,
+                        rs::MESSAGE_ILLEGAL,
+                        Some(format!("timer message property {k} is not a number")),
+                    ))
+                }
+            }
         };
         let appended = match delay {
             _ if prepared => self.broker.append_half(&inputs[0]).map(|r| vec![r]),
