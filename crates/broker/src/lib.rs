@@ -675,7 +675,7 @@ impl Broker {
         }
         let n = partitions
             .unwrap_or(self.config.default_partitions)
-            .clamp(1, self.config.max_partitions);
+            .clamp(1, self.config.max_partitions.max(1));
         match self.create_topic(name, n) {
             Ok(t) => Ok(Some(t)),
             Err(BrokerError::TopicExists(_)) => Ok(self.topics.get(name)),

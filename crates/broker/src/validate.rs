@@ -19,7 +19,7 @@ pub enum BatchError {
     /// Malformed: the client (or the disk) sent bytes that are not a batch.
     #[error("corrupt record batch: {0}")]
     Corrupt(String),
-    /// Decompresses to more than the budget (`kafka.max_decompressed_batch_bytes`).
+    /// Decompresses to more than the budget (`broker.max_batch_decompressed_bytes`).
     #[error("record batch decompresses to more than {0} bytes")]
     TooLarge(usize),
     /// Whole and its CRC right, but its records are not valid (a count

@@ -296,7 +296,72 @@ impl Config {
                 });
             }
         }
+        cfg.check_ranges().map_err(|message| ConfigError::Parse {
+            path: origin.to_string(),
+            message,
+        })?;
         Ok(cfg)
+    }
+
+    /// Values each valid on its own that cannot work: a zero that would
+    /// refuse every request of its kind, a lower bound above its upper
+    /// bound, an interval a client's 32-bit field cannot carry.
+    fn check_ranges(&self) -> Result<(), String> {
+        for (key, value) in [
+            ("broker.max_partitions", u64::from(self.broker.max_partitions)),
+            ("broker.default_partitions", u64::from(self.broker.default_partitions)),
+            (
+                "rocketmq.max_auto_create_queues",
+                u64::from(self.rocketmq.max_auto_create_queues),
+            ),
+            ("console.max_sessions", u64::from(self.console.max_sessions)),
+        ] {
+            if value == 0 {
+                return Err(format!("{key} must be at least 1"));
+            }
+        }
+        for (low_key, low, high_key, high) in [
+            (
+                "group.min_session_timeout_ms",
+                self.group.min_session_timeout_ms,
+                "group.max_session_timeout_ms",
+                self.group.max_session_timeout_ms,
+            ),
+            (
+                "grpc.min_invisible_ms",
+                self.grpc.min_invisible_ms,
+                "grpc.max_invisible_ms",
+                self.grpc.max_invisible_ms,
+            ),
+            (
+                "broker.default_partitions",
+                u64::from(self.broker.default_partitions),
+                "broker.max_partitions",
+                u64::from(self.broker.max_partitions),
+            ),
+        ] {
+            if low > high {
+                return Err(format!("{low_key} ({low}) must not be above {high_key} ({high})"));
+            }
+        }
+        let s = &self.store;
+        if s.disk_refuse_writes_percent != 0
+            && s.disk_max_used_percent != 0
+            && s.disk_refuse_writes_percent < s.disk_max_used_percent
+        {
+            return Err(format!(
+                "store.disk_refuse_writes_percent ({}) must not be below store.disk_max_used_percent ({}): writes would be refused before retention frees space",
+                s.disk_refuse_writes_percent, s.disk_max_used_percent
+            ));
+        }
+        let ms = self.group.consumer_heartbeat_interval_ms;
+        if ms == 0 || ms > i32::MAX as u64 {
+            return Err(format!(
+                "group.consumer_heartbeat_interval_ms ({ms}) must be 1..={} (clients carry it in 32 bits)",
+                i32::MAX
+            ));
+        }
+        Ok(())
     }
 
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -458,6 +523,53 @@ mod tests {
             .map(|_| ())
             .err();
         assert!(err.map(|e| e.to_string()).unwrap_or_default().contains("sometimes"));
+    }
+
+    #[test]
+    fn values_that_would_refuse_or_panic_are_refused_at_load() {
+        for (text, key) in [
+            // Each of these 0s panicked the first auto-created topic or
+            // RocketMQ send (a clamp with its bounds crossed).
+            ("[broker]\nmax_partitions = 0\n", "broker.max_partitions"),
+            (
+                "[rocketmq]\nmax_auto_create_queues = 0\n",
+                "rocketmq.max_auto_create_queues",
+            ),
+            (
+                "[broker]\ndefault_partitions = 9\nmax_partitions = 8\n",
+                "broker.default_partitions",
+            ),
+            (
+                "[group]\nmin_session_timeout_ms = 9000\nmax_session_timeout_ms = 8000\n",
+                "group.min_session_timeout_ms",
+            ),
+            (
+                "[grpc]\nmin_invisible_ms = 9000\nmax_invisible_ms = 8000\n",
+                "grpc.min_invisible_ms",
+            ),
+            (
+                "[group]\nconsumer_heartbeat_interval_ms = 3000000000\n",
+                "consumer_heartbeat_interval_ms",
+            ),
+            ("[console]\nmax_sessions = 0\n", "console.max_sessions"),
+            (
+                "[store]\ndisk_max_used_percent = 90\ndisk_refuse_writes_percent = 80\n",
+                "store.disk_refuse_writes_percent",
+            ),
+        ] {
+            let msg = Config::parse(text, "t.toml")
+                .map(|_| ())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(msg.contains(key) && msg.contains("t.toml"), "{text}: {msg:?}");
+        }
+        // Off (0) on either side is not a crossing.
+        assert!(Config::parse(
+            "[store]\ndisk_max_used_percent = 90\ndisk_refuse_writes_percent = 0\n",
+            "t"
+        )
+        .is_ok());
     }
 
     #[test]

@@ -71,7 +71,7 @@ impl RocketMq {
         } else {
             ext_i64(req, "defaultTopicQueueNums", "d")
                 .unwrap_or(4)
-                .clamp(1, i64::from(self.config.max_auto_create_queues)) as u32
+                .clamp(1, i64::from(self.config.max_auto_create_queues.max(1))) as u32
         };
         let info = match self.broker.topic_or_create(&topic, true, Some(want_queues)) {
             Ok(Some(t)) => t,
