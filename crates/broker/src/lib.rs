@@ -12,7 +12,7 @@ pub mod config;
 pub mod convert;
 pub mod dynamic;
 pub mod error;
-pub mod hot_metrics;
+pub use rokka_store::hot_metrics;
 pub mod internal;
 pub mod json_file;
 pub mod kafka_txn;

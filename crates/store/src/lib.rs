@@ -21,6 +21,7 @@ pub mod config;
 pub mod consume_queue;
 pub mod error;
 pub mod fault;
+pub mod hot_metrics;
 pub mod index;
 mod manifest;
 mod mapped;

@@ -58,7 +58,11 @@ trait Kind: Sized {
 impl Kind for Counter {
     const TAG: u8 = 0;
     fn make(name: &'static str, label: &'static str, value: &'static str) -> Handle {
-        Handle::Counter(metrics::counter!(name, label => value))
+        Handle::Counter(if label.is_empty() {
+            metrics::counter!(name)
+        } else {
+            metrics::counter!(name, label => value)
+        })
     }
     fn of(h: &Handle) -> Option<&Counter> {
         match h {
@@ -71,7 +75,11 @@ impl Kind for Counter {
 impl Kind for Gauge {
     const TAG: u8 = 1;
     fn make(name: &'static str, label: &'static str, value: &'static str) -> Handle {
-        Handle::Gauge(metrics::gauge!(name, label => value))
+        Handle::Gauge(if label.is_empty() {
+            metrics::gauge!(name)
+        } else {
+            metrics::gauge!(name, label => value)
+        })
     }
     fn of(h: &Handle) -> Option<&Gauge> {
         match h {
@@ -84,7 +92,11 @@ impl Kind for Gauge {
 impl Kind for Histogram {
     const TAG: u8 = 2;
     fn make(name: &'static str, label: &'static str, value: &'static str) -> Handle {
-        Handle::Histogram(metrics::histogram!(name, label => value))
+        Handle::Histogram(if label.is_empty() {
+            metrics::histogram!(name)
+        } else {
+            metrics::histogram!(name, label => value)
+        })
     }
     fn of(h: &Handle) -> Option<&Histogram> {
         match h {
@@ -133,6 +145,16 @@ fn with<T: Kind>(name: &'static str, label: &'static str, value: &'static str, f
     }
 }
 
+/// Adds `n` to the counter `name` (no labels).
+pub fn count0(name: &'static str, n: u64) {
+    with(name, "", "", |c: &Counter| c.increment(n));
+}
+
+/// Records `v` in the histogram `name` (no labels).
+pub fn record0(name: &'static str, v: f64) {
+    with(name, "", "", |h: &Histogram| h.record(v));
+}
+
 /// Adds `n` to the counter `name{label="value"}`.
 pub fn count(name: &'static str, label: &'static str, value: &'static str, n: u64) {
     with(name, label, value, |c: &Counter| c.increment(n));
@@ -165,12 +187,31 @@ pub fn new_epoch() {
     EPOCH.fetch_add(1, Ordering::Relaxed);
 }
 
+/// Counters alerts watch: exported from the start at 0 and never dropped
+/// as idle (touched every epoch), so the first event after a quiet hour is
+/// an increase from 0, not a new series that `increase()` cannot see.
+pub const ALWAYS_EXPORTED: &[&str] = &[
+    "rokka_store_flush_timeouts_total",
+    "rokka_store_disk_full_refusals_total",
+    "rokka_store_damaged_entries_total",
+    "rokka_cluster_elections_total",
+];
+
+/// Adds 0 to each [`ALWAYS_EXPORTED`] counter: registers it (at 0) if it
+/// is not, and marks it updated so the recorder does not drop it.
+pub fn touch_always_exported() {
+    for name in ALWAYS_EXPORTED {
+        metrics::counter!(*name).increment(0);
+    }
+}
+
 /// The recorder drops counters and histograms idle for `timeout`
 /// (`None`: never): starts a new epoch now and, with a timeout, every
-/// quarter of it from a thread of its own. Call once, after installing the
-/// recorder.
+/// quarter of it from a thread of its own, which also keeps the
+/// [`ALWAYS_EXPORTED`] counters. Call once, after installing the recorder.
 pub fn set_idle_timeout(timeout: Option<Duration>) -> std::io::Result<()> {
     new_epoch();
+    touch_always_exported();
     if let Some(t) = timeout {
         let every = (t / 4).max(Duration::from_millis(1));
         std::thread::Builder::new()
@@ -178,6 +219,7 @@ pub fn set_idle_timeout(timeout: Option<Duration>) -> std::io::Result<()> {
             .spawn(move || loop {
                 std::thread::sleep(every);
                 new_epoch();
+                touch_always_exported();
             })?;
     }
     Ok(())
@@ -185,8 +227,8 @@ pub fn set_idle_timeout(timeout: Option<Duration>) -> std::io::Result<()> {
 
 /// Held by tests that start epochs or count registrations, so that they
 /// do not see each other's epochs.
-#[cfg(test)]
-pub(crate) static EPOCH_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+#[doc(hidden)]
+pub static EPOCH_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 #[cfg(test)]
 mod tests {
