@@ -394,6 +394,60 @@ def test_a_receive_without_a_long_polling_time_polls_until_its_deadline(rokka, c
     assert 1.5 <= took < 7.5, took
 
 
+def test_a_consumer_group_or_topic_longer_than_a_name_can_be_is_refused(rokka, clients):
+    """A group is kept per queue of its topic (pop state), per consumer and
+    per renewal: a call naming one longer than 255 bytes is refused
+    ILLEGAL_CONSUMER_GROUP before anything is kept, as Apache's proxy
+    validates it; a topic longer than a topic can be, ILLEGAL_TOPIC. Raw,
+    with Apache's generated stubs (the Python client checks neither)."""
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as d
+    from rocketmq.grpc_protocol import service_pb2 as s
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+    topic = name("g5-longnames")
+    clients.producer(topic).send(message(topic, b"x"))
+    meta = [("x-mq-client-id", "raw-longnames-client"), ("x-mq-language", "PYTHON"), ("x-mq-protocol", "v2")]
+    chan = grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}")
+    try:
+        stub = MessagingServiceStub(chan)
+
+        def receive(group, t):
+            req = s.ReceiveMessageRequest(
+                group=d.Resource(name=group),
+                message_queue=d.MessageQueue(topic=d.Resource(name=t), id=-1),
+                filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"),
+                batch_size=1,
+                auto_renew=False,
+            )
+            req.invisible_duration.seconds = 30
+            req.long_polling_timeout.seconds = 1
+            return [r.status.code for r in stub.ReceiveMessage(req, timeout=8, metadata=meta) if r.HasField("status")]
+
+        assert receive("g" * 256, topic) == [d.Code.ILLEGAL_CONSUMER_GROUP]
+        assert receive("g" * 20, "t" * 300) == [d.Code.ILLEGAL_TOPIC]
+        hb = stub.Heartbeat(
+            s.HeartbeatRequest(group=d.Resource(name="h" * 256), client_type=d.ClientType.SIMPLE_CONSUMER),
+            timeout=8,
+            metadata=meta,
+        )
+        assert hb.status.code == d.Code.ILLEGAL_CONSUMER_GROUP, hb.status
+        # At 255 bytes the group is served: the message is received.
+        ok = s.ReceiveMessageRequest(
+            group=d.Resource(name="g" * 255),
+            message_queue=d.MessageQueue(topic=d.Resource(name=topic), id=-1),
+            filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"),
+            batch_size=1,
+            auto_renew=False,
+        )
+        ok.invisible_duration.seconds = 30
+        ok.long_polling_timeout.seconds = 1
+        got = [r.message.body for r in stub.ReceiveMessage(ok, timeout=8, metadata=meta) if r.HasField("message")]
+        assert got == [b"x"], got
+    finally:
+        chan.close()
+
+
 def test_a_group_moves_from_remoting_push_consumers_to_a_simple_consumer(rokka, clients):
     topic, group = name("g5-move"), name("g5-move-g")
     harness(rokka, "cross-produce", topic, 10)

@@ -55,6 +55,27 @@ fn refusal(code: pb::Code, message: String) -> pb::Status {
     }
 }
 
+/// Longest consumer group a call may name (Apache's proxy: 255
+/// characters, ILLEGAL_CONSUMER_GROUP): what a call names the broker may
+/// keep (pop state per queue, consumers, renewals, metric labels).
+pub const MAX_GROUP_BYTES: usize = 255;
+
+/// A call naming a group or topic longer than either can be, refused before
+/// anything is looked up or kept (with or without authorization).
+pub fn names_refused(needs: &[Need<'_>]) -> Option<pb::Status> {
+    needs.iter().find_map(|(rt, name, _)| match rt {
+        Rt::Group if name.len() > MAX_GROUP_BYTES => Some(refusal(
+            pb::Code::IllegalConsumerGroup,
+            format!("consumer group is longer than {MAX_GROUP_BYTES} bytes"),
+        )),
+        Rt::Topic if name.len() > rokka_store::MAX_TOPIC_LEN => Some(refusal(
+            pb::Code::IllegalTopic,
+            format!("topic is longer than {} bytes", rokka_store::MAX_TOPIC_LEN),
+        )),
+        _ => None,
+    })
+}
+
 /// The parts of an `authorization` header: (AccessKey, Signature).
 fn parse(header: &str) -> Option<(&str, &str)> {
     let rest = header.trim().strip_prefix(SCHEME)?;
@@ -203,6 +224,9 @@ impl Guard {
     /// [`Guard::who`] then [`Guard::authorize`]: `None` if the call may go
     /// on (always with authorization off).
     pub fn check<T>(&self, broker: &Broker, req: &tonic::Request<T>, needs: &[Need<'_>]) -> Option<pb::Status> {
+        if let Some(s) = names_refused(needs) {
+            return Some(s);
+        }
         match self.who(broker, req) {
             Ok(None) => None,
             Ok(Some(who)) => self.authorize(broker, &who, crate::peer(req), needs).err(),
@@ -214,6 +238,23 @@ impl Guard {
 #[cfg(test)]
 mod tests {
     use super::parse;
+
+    #[test]
+    fn names_longer_than_a_group_or_topic_can_be_are_refused() {
+        use super::{names_refused, pb, Op, Rt};
+        let g = "g".repeat(256);
+        let t = "t".repeat(rokka_store::MAX_TOPIC_LEN + 1);
+        let code = |needs: &[super::Need<'_>]| names_refused(needs).map(|s| s.code);
+        assert_eq!(
+            code(&[(Rt::Group, &g, Op::Read)]),
+            Some(pb::Code::IllegalConsumerGroup as i32)
+        );
+        assert_eq!(code(&[(Rt::Topic, &t, Op::Write)]), Some(pb::Code::IllegalTopic as i32));
+        assert_eq!(
+            code(&[(Rt::Group, &g[..255], Op::Read), (Rt::Topic, "T", Op::Read)]),
+            None
+        );
+    }
 
     #[test]
     fn the_clients_authorization_header_is_read() {

@@ -584,6 +584,80 @@ async fn queue_locks_grant_one_holder() -> TestResult {
     Ok(())
 }
 
+/// Names a broker keeps — groups, client ids, topics — are bounded before
+/// a handler sees them: one lock request with a long group and many queues
+/// would otherwise keep the group once per queue.
+#[tokio::test]
+async fn long_group_client_and_topic_names_are_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut c = Client::connect(addr).await?;
+    let long = "g".repeat(256);
+    let mq: Vec<serde_json::Value> = (0..64)
+        .map(|q| serde_json::json!({"topic": "L", "brokerName": "broker-a", "queueId": q}))
+        .collect();
+    let mut lock = req(rq::LOCK_BATCH_MQ, &[]);
+    lock.body = Bytes::from(serde_json::json!({"consumerGroup": long, "clientId": "c", "mqSet": mq}).to_string());
+    let r = c.call(lock).await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR);
+    assert!(
+        r.remark.as_deref().unwrap_or_default().contains("255"),
+        "{:?}",
+        r.remark
+    );
+    let mut lock = req(rq::LOCK_BATCH_MQ, &[]);
+    lock.body = Bytes::from(
+        serde_json::json!({"consumerGroup": "g", "clientId": "c", "mqSet": [{"topic": "a/b", "queueId": 0}]})
+            .to_string(),
+    );
+    assert_eq!(c.call(lock).await?.code, rs::SYSTEM_ERROR, "a topic name with a slash");
+    for (code, ext) in [
+        (
+            rq::UPDATE_CONSUMER_OFFSET,
+            vec![
+                ("consumerGroup", long.as_str()),
+                ("topic", "T"),
+                ("queueId", "0"),
+                ("commitOffset", "1"),
+            ],
+        ),
+        (
+            rq::INVOKE_BROKER_TO_RESET_OFFSET,
+            vec![("group", long.as_str()), ("topic", "T"), ("timestamp", "0")],
+        ),
+        (
+            rq::QUERY_CONSUMER_OFFSET,
+            vec![("consumerGroup", "g"), ("topic", &*"t".repeat(300)), ("queueId", "0")],
+        ),
+    ] {
+        let r = c.call(req(code, &ext)).await?;
+        assert_eq!(r.code, rs::SYSTEM_ERROR, "code {code}");
+        assert!(
+            r.remark.as_deref().unwrap_or_default().contains("longer than"),
+            "{:?}",
+            r.remark
+        );
+    }
+    // At the limit a name is served.
+    let at = "g".repeat(255);
+    let r = c
+        .call(req(
+            rq::UPDATE_CONSUMER_OFFSET,
+            &[
+                ("consumerGroup", at.as_str()),
+                ("topic", "T"),
+                ("queueId", "0"),
+                ("commitOffset", "1"),
+            ],
+        ))
+        .await?;
+    assert_ne!(
+        r.remark.as_deref().unwrap_or_default(),
+        "consumerGroup is longer than 255 bytes"
+    );
+    Ok(())
+}
+
 /// The lock table holds live locks only, at most `max_queue_locks`: expired
 /// locks go before new ones are granted, and past the cap none is granted.
 #[tokio::test]

@@ -238,6 +238,9 @@ impl RocketMq {
         if let Some(remark) = crate::auth::check(&self.broker, conn, &cmd) {
             return (!oneway).then(|| self.reply(&cmd, crate::auth::NO_PERMISSION, Some(remark)));
         }
+        if let Some(remark) = check_names(&cmd) {
+            return (!oneway).then(|| self.reply(&cmd, rs::SYSTEM_ERROR, Some(remark)));
+        }
         // A committed offset is answered whatever the view (the table does
         // not depend on the read limit); none committed yet is left
         // unanswered until the view comes: older clients take an error as
@@ -435,6 +438,38 @@ fn durable_code(e: &rokka_store::StoreError) -> i32 {
         rokka_store::StoreError::NotEnoughReplicas => rs::SLAVE_NOT_AVAILABLE,
         rokka_store::StoreError::ReplicationTimeout(_) => rs::FLUSH_SLAVE_TIMEOUT,
         _ => rs::FLUSH_DISK_TIMEOUT,
+    }
+}
+
+/// Longest group or client id a request may name (RocketMQ's clients
+/// check group names against 255 characters): what a request names the
+/// broker may keep (offsets, locks, held resets, per-group state), often
+/// once per queue, so a name is bounded before any handler sees it.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// Header fields naming a group or a client (SEND_MESSAGE_V2 names its
+/// producer group `a`).
+const NAME_FIELDS: &[&str] = &["consumerGroup", "group", "producerGroup", "clientID", "clientId", "a"];
+
+/// The remark refusing a request whose group or client id is longer than
+/// [`MAX_NAME_BYTES`], or whose topic is longer than a topic can be.
+fn check_names(cmd: &RemotingCommand) -> Option<String> {
+    for key in NAME_FIELDS {
+        if *key == "a" && cmd.code != rq::SEND_MESSAGE_V2 {
+            continue;
+        }
+        if let Some(v) = cmd.ext_fields.get(key) {
+            if v.len() > MAX_NAME_BYTES {
+                return Some(format!("{key} is longer than {MAX_NAME_BYTES} bytes"));
+            }
+        }
+    }
+    let topic_key = if cmd.code == rq::SEND_MESSAGE_V2 { "b" } else { "topic" };
+    match cmd.ext_fields.get(topic_key) {
+        Some(t) if t.len() > rokka_store::MAX_TOPIC_LEN => {
+            Some(format!("topic is longer than {} bytes", rokka_store::MAX_TOPIC_LEN))
+        }
+        _ => None,
     }
 }
 

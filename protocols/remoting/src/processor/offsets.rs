@@ -593,14 +593,21 @@ pub fn parse_lock_batch(body: &[u8]) -> Result<LockBatch, &'static str> {
     if group.is_empty() || client.is_empty() {
         return Err("consumerGroup and clientId are required");
     }
-    let queues = body["mqSet"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|mq| {
-            let queue = mq["queueId"].as_i64()?;
-            Some((mq["topic"].as_str().unwrap_or_default().to_string(), queue, mq.clone()))
-        })
-        .collect();
+    // Each granted queue keeps the group and the client id: bounded as
+    // every request's names are (super::MAX_NAME_BYTES).
+    if group.len() > super::MAX_NAME_BYTES || client.len() > super::MAX_NAME_BYTES {
+        return Err("consumerGroup or clientId is longer than 255 bytes");
+    }
+    let mut queues = Vec::new();
+    for mq in body["mqSet"].as_array().into_iter().flatten() {
+        let Some(queue) = mq["queueId"].as_i64() else {
+            continue;
+        };
+        let topic = mq["topic"].as_str().unwrap_or_default();
+        if rokka_store::validate_topic(topic).is_err() {
+            return Err("mqSet names a topic that is not a valid topic name");
+        }
+        queues.push((topic.to_string(), queue, mq.clone()));
+    }
     Ok(LockBatch { group, client, queues })
 }
