@@ -113,7 +113,7 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
             let mut out = Vec::with_capacity(4 + r.auth_bytes.len());
             out.extend_from_slice(&(r.auth_bytes.len() as i32).to_be_bytes());
             out.extend_from_slice(&r.auth_bytes);
-            if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
+            if !write_answer(&mut wr, &[out], idle, peer).await {
                 break;
             }
             drop(reserved);
@@ -126,22 +126,11 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
                     // Answered late, then closed (Kafka's
                     // connection.failed.authentication.delay.ms).
                     tokio::time::sleep(Duration::from_millis(k.config.sasl_failure_delay_ms)).await;
-                    for c in &chunks {
-                        let _ = wr.write_all(c).await;
-                    }
-                    let _ = wr.flush().await;
+                    write_answer(&mut wr, &chunks, idle, peer).await;
                     tracing::debug!(%peer, "Kafka SASL authentication failed: closing");
                     break;
                 }
-                let mut failed = false;
-                for c in &chunks {
-                    if wr.write_all(c).await.is_err() {
-                        failed = true;
-                        break;
-                    }
-                }
-                // TLS holds what it encrypted until flushed.
-                if failed || wr.flush().await.is_err() {
+                if !write_answer(&mut wr, &chunks, idle, peer).await {
                     break;
                 }
             }
@@ -160,6 +149,32 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
         drop(reserved);
     }
     metrics::gauge!("rokka_kafka_connections").decrement(1.0);
+}
+
+/// Writes an answer and flushes it (TLS holds what it encrypted until
+/// flushed) within `idle`: false if the connection failed or its client
+/// read none of it for that long. A client that stops reading (its socket
+/// buffer full) would otherwise hold the connection, and the request
+/// bytes it reserved from the listener's budget, for good.
+async fn write_answer<W, C>(wr: &mut W, chunks: &[C], idle: Duration, peer: SocketAddr) -> bool
+where
+    W: tokio::io::AsyncWrite + Unpin,
+    C: AsRef<[u8]>,
+{
+    let write = async {
+        for c in chunks {
+            wr.write_all(c.as_ref()).await?;
+        }
+        wr.flush().await
+    };
+    match tokio::time::timeout(idle, write).await {
+        Ok(r) => r.is_ok(),
+        Err(_) => {
+            metrics::counter!("rokka_connections_write_stalled_total", "listener" => "kafka").increment(1);
+            tracing::debug!(%peer, "Kafka client read no answer within the idle timeout: closing");
+            false
+        }
+    }
 }
 
 fn api_name(key: ApiKey) -> &'static str {

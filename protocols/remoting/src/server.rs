@@ -332,6 +332,11 @@ async fn run<S: Service, T: Halves>(
         auth_failures: Arc::clone(&rmq.limits().auth_failures),
         certificate_principal,
     };
+    // Set when the writer stops (the connection failed, or its client read
+    // nothing for idle_timeout_ms): the reader stops too.
+    let writer_gone = Arc::new(tokio::sync::Notify::new());
+    let gone = Arc::clone(&writer_gone);
+    let idle = limits.idle;
     let writer = tokio::spawn(async move {
         let mut out = BytesMut::new();
         let mut permits = Vec::new();
@@ -347,9 +352,22 @@ async fn run<S: Service, T: Halves>(
             }
             // Taken off the queue: room for more pushes.
             pushes.fetch_sub(pushed, Ordering::AcqRel);
-            // (TLS holds what it encrypted until flushed.)
-            if wr.write_all(&out).await.is_err() || wr.flush().await.is_err() {
-                break;
+            // (TLS holds what it encrypted until flushed.) A client that
+            // reads nothing for idle_timeout_ms (its socket buffer full)
+            // would hold these answers' request bytes and in-flight permits
+            // for good: the connection is closed.
+            let write = async {
+                wr.write_all(&out).await?;
+                wr.flush().await
+            };
+            match tokio::time::timeout(idle, write).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => break,
+                Err(_) => {
+                    metrics::counter!("rokka_connections_write_stalled_total", "listener" => listener).increment(1);
+                    tracing::debug!(%peer, "RocketMQ client read no answer within the idle timeout: closing");
+                    break;
+                }
             }
             out.clear();
             // Written: these requests no longer count against the connection.
@@ -369,6 +387,7 @@ async fn run<S: Service, T: Halves>(
                 unwritten.fetch_sub(1, Ordering::Relaxed);
             }
         }
+        gone.notify_one();
     });
     let inflight = Arc::new(Semaphore::new(limits.max_inflight));
     let max = rmq.max_frame_bytes();
@@ -388,6 +407,7 @@ async fn run<S: Service, T: Halves>(
                         None => tokio::select! {
                             r = limits.bytes.reserve(frame_bytes(&cmd)) => r,
                             _ = shutdown.changed() => break 'conn,
+                            _ = writer_gone.notified() => break 'conn,
                         },
                     };
                     if cmd.is_response() {
@@ -416,6 +436,7 @@ async fn run<S: Service, T: Halves>(
                                     Err(_) => break 'conn,
                                 },
                                 _ = shutdown.changed() => break 'conn,
+                                _ = writer_gone.notified() => break 'conn,
                             }
                         }
                     };
@@ -456,6 +477,7 @@ async fn run<S: Service, T: Halves>(
                         head = tokio::select! {
                             r = limits.bytes.reserve(len + 4) => Some(r),
                             _ = shutdown.changed() => break 'conn,
+                            _ = writer_gone.notified() => break 'conn,
                         };
                     }
                     break;
@@ -479,6 +501,7 @@ async fn run<S: Service, T: Halves>(
                 }
             },
             _ = shutdown.changed() => break,
+            _ = writer_gone.notified() => break,
         }
     }
     // The writer goes first: once it has dropped the channel's receiver the
