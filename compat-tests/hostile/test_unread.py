@@ -15,12 +15,13 @@ from confluent_kafka import Consumer, Producer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
 from rokka_fixture import running  # noqa: E402
-from test_hostile import kafka_frame, rmq_frame  # noqa: E402
+from test_hostile import kafka_frame, rmq_frame, rss_kib  # noqa: E402
 from test_names import kstr, metric  # noqa: E402
 
 TOPIC = "unread"
 RECORDS = 24
 RECORD_BYTES = 512 * 1024
+UNWRITTEN_CAP = 8 << 20
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def rokka():
         "hostile",
         "unread",
         kafka_extra="idle_timeout_ms = 3000",
-        rocketmq_extra="idle_timeout_ms = 3000",
+        rocketmq_extra=f"idle_timeout_ms = 3000\nmax_unwritten_bytes_per_connection = {UNWRITTEN_CAP}",
     ) as r:
         p = Producer({"bootstrap.servers": r.bootstrap, "acks": "all", "linger.ms": 5})
         for i in range(RECORDS):
@@ -143,3 +144,47 @@ def test_a_rocketmq_client_that_reads_no_answer_is_closed(rokka):
         assert consume_all(rokka, "unread-k2") == RECORDS
     finally:
         s.close()
+
+
+def test_pulls_a_client_does_not_read_take_no_more_than_its_connections_bytes(rokka):
+    """Pipelined pulls (4 MiB answers each) from a client reading nothing:
+    past max_unwritten_bytes_per_connection its next requests are not read
+    and its pulls get one message each, so rokka's memory does not grow by
+    the answers of every pull it sent (hundreds of MiB here)."""
+    waits = metric(rokka, "rokka_rocketmq_unwritten_bytes_waits_total")
+    base = rss_kib(rokka.proc.pid)
+    peak = base
+    s = unread_socket(rokka.broker_port)
+    s.settimeout(0.2)
+    ext = {
+        "consumerGroup": "unread-cg2",
+        "topic": TOPIC,
+        "queueId": "0",
+        "queueOffset": "0",
+        "maxMsgNums": "32",
+        "sysFlag": "2",
+        "commitOffset": "0",
+        "suspendTimeoutMillis": "0",
+        "subscription": "*",
+        "subVersion": "0",
+        "expressionType": "TAG",
+    }
+    try:
+        frames = b"".join(rmq_frame(11, i + 1, ext) for i in range(400))
+        try:
+            s.sendall(frames)
+        except (socket.timeout, OSError):
+            pass  # rokka stopped reading: what it took is what counts
+        end = time.time() + 2.5
+        while time.time() < end:
+            peak = max(peak, rss_kib(rokka.proc.pid))
+            time.sleep(0.05)
+        waited = metric(rokka, "rokka_rocketmq_unwritten_bytes_waits_total") - waits
+    finally:
+        s.close()
+    grown_mib = (peak - base) / 1024
+    # Unbounded: up to 400 answers of 4 MiB. Bounded: the cap, plus one
+    # 512 KiB message for each pull already read when the cap was reached.
+    assert grown_mib < 300, f"rokka grew by {grown_mib:.0f} MiB"
+    assert waited > 0
+    assert wait_for(lambda: metric(rokka, "rokka_rocketmq_unwritten_bytes") == 0, 15)

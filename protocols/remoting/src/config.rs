@@ -98,6 +98,11 @@ pub struct RocketMqConfig {
     /// CHECK_TRANSACTION_STATE, RESET_CONSUMER_CLIENT_OFFSET) queued to one
     /// connection and not yet written at most; more are dropped.
     pub max_unwritten_pushes_per_connection: u32,
+    /// Bytes of answers and pushes queued to one connection and not yet
+    /// written, at most: past it the connection's next requests are not
+    /// read (nor its pulls given more than the room left, one message at
+    /// least) until the client has read some.
+    pub max_unwritten_bytes_per_connection: u64,
     /// A consumer group with no committed offset on a queue that still
     /// starts at 0 begins at 0 (QUERY_CONSUMER_OFFSET answers 0) while the
     /// queue's first message lies within the newest this-% of physical
@@ -176,6 +181,7 @@ impl Default for RocketMqConfig {
             max_groups_per_client: 1_000,
             namesrv_max_brokers: 1_024,
             max_unwritten_pushes_per_connection: 1_024,
+            max_unwritten_bytes_per_connection: 64 << 20,
             access_message_in_memory_max_ratio: 40,
             namesrv_route_lookups: 4,
             tls_mode: TlsMode::Disabled,

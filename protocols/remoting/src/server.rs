@@ -57,6 +57,11 @@ pub struct Limits {
     pub auth_failures: Arc<rokka_broker::limits::AuthFailures>,
     /// `max_unwritten_pushes_per_connection`.
     pub max_pushes: usize,
+    /// `max_unwritten_bytes_per_connection`.
+    pub max_unwritten_bytes: usize,
+    /// Bytes of answers and pushes queued and not yet written, over the
+    /// listener (`rokka_rocketmq_unwritten_bytes`).
+    unwritten_bytes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Limits {
@@ -73,6 +78,8 @@ impl Limits {
             bytes: ByteBudget::new(listener, config.max_inflight_request_bytes),
             unwritten: Arc::default(),
             max_pushes: config.max_unwritten_pushes_per_connection.max(1) as usize,
+            max_unwritten_bytes: config.max_unwritten_bytes_per_connection.max(1) as usize,
+            unwritten_bytes: Arc::default(),
             auth_failures: Arc::new(rokka_broker::limits::AuthFailures::new(
                 "rokka_rocketmq_auth_failing_addresses",
                 config.auth_max_failures_per_address,
@@ -89,6 +96,13 @@ impl Limits {
     }
 }
 
+/// What a queued command weighs against a connection's unwritten bytes: its
+/// body and a header's worth (the body is what grows: pulled messages, the
+/// half message of a transaction check).
+fn weight(cmd: &RemotingCommand) -> usize {
+    cmd.body.len() + 512
+}
+
 /// What a request holds until its answer is written: its place among the
 /// connection's requests in flight and its bytes in the listener's budget.
 #[derive(Debug)]
@@ -99,7 +113,30 @@ pub struct Held {
 
 /// A queued command and, for an answer, what its request holds (released
 /// once the answer is written).
-type Outbound = (RemotingCommand, Option<Held>);
+type Outbound = (RemotingCommand, Option<Held>, Weighed);
+
+/// A queued command's weight (see [`weight`]) in its connection's and its
+/// listener's unwritten bytes and, for an answer, its place among the
+/// listener's unwritten answers; given back when dropped — once written,
+/// or with the queue of a closed connection (an aborted writer included).
+struct Weighed {
+    bytes: usize,
+    conn: Arc<std::sync::atomic::AtomicUsize>,
+    listener: Arc<std::sync::atomic::AtomicUsize>,
+    answers: Option<Arc<std::sync::atomic::AtomicUsize>>,
+    label: &'static str,
+}
+
+impl Drop for Weighed {
+    fn drop(&mut self) {
+        self.conn.fetch_sub(self.bytes, Ordering::AcqRel);
+        let left = self.listener.fetch_sub(self.bytes, Ordering::Relaxed) - self.bytes;
+        rokka_broker::hot_metrics::gauge_set("rokka_rocketmq_unwritten_bytes", "listener", self.label, left as f64);
+        if let Some(a) = &self.answers {
+            a.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
 
 /// A connection's outbound side, for responses and for requests the server
 /// sends to the client (NOTIFY_CONSUMER_IDS_CHANGED).
@@ -121,6 +158,14 @@ pub struct Conn {
     /// presented (listeners with `rocketmq.tls_client_ca`): the principal of
     /// its requests that carry no AccessKey, as Kafka's SSL principal.
     pub certificate_principal: Option<Arc<str>>,
+    /// Bytes queued to this connection and not yet written (see [`weight`]),
+    /// and the listener's sum of them.
+    unwritten_bytes: Arc<std::sync::atomic::AtomicUsize>,
+    listener_unwritten_bytes: Arc<std::sync::atomic::AtomicUsize>,
+    /// `rocketmq.max_unwritten_bytes_per_connection`.
+    max_unwritten_bytes: usize,
+    /// The listener's metric label.
+    listener: &'static str,
 }
 
 impl Conn {
@@ -137,7 +182,8 @@ impl Conn {
             metrics::counter!("rokka_rocketmq_pushes_dropped_total").increment(1);
             return false;
         }
-        if self.tx.send((cmd, None)).is_err() {
+        let w = self.weigh(&cmd, false);
+        if self.tx.send((cmd, None, w)).is_err() {
             self.pushes.fetch_sub(1, Ordering::AcqRel);
             return false;
         }
@@ -145,8 +191,43 @@ impl Conn {
     }
 
     fn answer(&self, cmd: RemotingCommand, permit: Held) -> bool {
-        self.unwritten.fetch_add(1, Ordering::Relaxed);
-        self.tx.send((cmd, Some(permit))).is_ok()
+        let w = self.weigh(&cmd, true);
+        self.tx.send((cmd, Some(permit), w)).is_ok()
+    }
+
+    /// Counts `cmd` as queued to this connection (see [`Weighed`]).
+    fn weigh(&self, cmd: &RemotingCommand, answer: bool) -> Weighed {
+        let bytes = weight(cmd);
+        self.unwritten_bytes.fetch_add(bytes, Ordering::AcqRel);
+        let total = self.listener_unwritten_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        rokka_broker::hot_metrics::gauge_set(
+            "rokka_rocketmq_unwritten_bytes",
+            "listener",
+            self.listener,
+            total as f64,
+        );
+        if answer {
+            self.unwritten.fetch_add(1, Ordering::Relaxed);
+        }
+        Weighed {
+            bytes,
+            conn: Arc::clone(&self.unwritten_bytes),
+            listener: Arc::clone(&self.listener_unwritten_bytes),
+            answers: answer.then(|| Arc::clone(&self.unwritten)),
+            label: self.listener,
+        }
+    }
+
+    /// Bytes an answer may still take before this connection's unwritten
+    /// ones reach `rocketmq.max_unwritten_bytes_per_connection` (a pull
+    /// reads at most this much, and at least one entry).
+    pub fn answer_room(&self) -> usize {
+        self.max_unwritten_bytes
+            .saturating_sub(self.unwritten_bytes.load(Ordering::Acquire))
+    }
+
+    fn over_unwritten_bytes(&self) -> bool {
+        self.unwritten_bytes.load(Ordering::Acquire) > self.max_unwritten_bytes
     }
 
     /// An opaque for a server-initiated request.
@@ -331,7 +412,15 @@ async fn run<S: Service, T: Halves>(
         denials: Arc::default(),
         auth_failures: Arc::clone(&rmq.limits().auth_failures),
         certificate_principal,
+        unwritten_bytes: Arc::default(),
+        listener_unwritten_bytes: Arc::clone(&limits.unwritten_bytes),
+        max_unwritten_bytes: limits.max_unwritten_bytes,
+        listener,
     };
+    // Signalled after each write: a reader waiting for the connection's
+    // unwritten bytes to go down looks again.
+    let drained = Arc::new(tokio::sync::Notify::new());
+    let drained_w = Arc::clone(&drained);
     // Set when the writer stops (the connection failed, or its client read
     // nothing for idle_timeout_ms): the reader stops too.
     let writer_gone = Arc::new(tokio::sync::Notify::new());
@@ -340,15 +429,18 @@ async fn run<S: Service, T: Halves>(
     let writer = tokio::spawn(async move {
         let mut out = BytesMut::new();
         let mut permits = Vec::new();
-        while let Some((cmd, permit)) = rx.recv().await {
+        let mut weighed = Vec::new();
+        while let Some((cmd, permit, w)) = rx.recv().await {
             encode(&cmd, &mut out);
             let mut pushed = usize::from(permit.is_none());
             permits.extend(permit);
+            weighed.push(w);
             // Gather whatever else is already queued into the same write.
-            while let Ok((more, permit)) = rx.try_recv() {
+            while let Ok((more, permit, w)) = rx.try_recv() {
                 encode(&more, &mut out);
                 pushed += usize::from(permit.is_none());
                 permits.extend(permit);
+                weighed.push(w);
             }
             // Taken off the queue: room for more pushes.
             pushes.fetch_sub(pushed, Ordering::AcqRel);
@@ -371,22 +463,18 @@ async fn run<S: Service, T: Halves>(
             }
             out.clear();
             // Written: these requests no longer count against the connection.
-            unwritten.fetch_sub(permits.len(), Ordering::Relaxed);
+            weighed.clear();
+            permits.clear();
+            drained_w.notify_one();
             rokka_broker::hot_metrics::gauge_set(
                 "rokka_rocketmq_unwritten_answers",
                 "listener",
                 listener,
                 unwritten.load(Ordering::Relaxed) as f64,
             );
-            permits.clear();
         }
-        // Closed with answers unwritten: they are dropped with the connection.
-        unwritten.fetch_sub(permits.len(), Ordering::Relaxed);
-        while let Ok((_, permit)) = rx.try_recv() {
-            if permit.is_some() {
-                unwritten.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
+        // Closed with answers unwritten: they are dropped with the
+        // connection (their Weighed give back their counts).
         gone.notify_one();
     });
     let inflight = Arc::new(Semaphore::new(limits.max_inflight));
@@ -398,6 +486,16 @@ async fn run<S: Service, T: Halves>(
     let mut head: Option<Reserved> = None;
     'conn: loop {
         loop {
+            // Past its unwritten bytes the connection's next request waits,
+            // unread, until its client has read some of the answers.
+            while conn.over_unwritten_bytes() {
+                rokka_broker::hot_metrics::count("rokka_rocketmq_unwritten_bytes_waits_total", "listener", listener, 1);
+                tokio::select! {
+                    _ = drained.notified() => {}
+                    _ = shutdown.changed() => break 'conn,
+                    _ = writer_gone.notified() => break 'conn,
+                }
+            }
             match decode(&mut buf, max) {
                 Ok(Some(cmd)) => {
                     deadline = tokio::time::Instant::now() + limits.idle;
@@ -538,6 +636,10 @@ mod tests {
                 Duration::from_secs(1),
             )),
             certificate_principal: None,
+            unwritten_bytes: Arc::default(),
+            listener_unwritten_bytes: Arc::default(),
+            max_unwritten_bytes: 1 << 20,
+            listener: "test",
         };
         let push = || RemotingCommand::request(crate::codes::request::NOTIFY_CONSUMER_IDS_CHANGED, 1);
         for _ in 0..1024 {
@@ -549,5 +651,20 @@ mod tests {
         conn.pushes.fetch_sub(1, Ordering::AcqRel);
         assert!(conn.send(push()));
         assert!(!conn.send(push()));
+        // Each queued push weighs on the connection's unwritten bytes until
+        // taken and dropped (written, or with the closed connection's queue).
+        let queued = conn.unwritten_bytes.load(Ordering::Acquire);
+        assert_eq!(queued, 1024 * 512);
+        assert_eq!(conn.listener_unwritten_bytes.load(Ordering::Acquire), queued);
+        assert_eq!(conn.answer_room(), (1 << 20) - queued);
+        drop(rx.try_recv());
+        assert_eq!(conn.unwritten_bytes.load(Ordering::Acquire), queued - 512);
+        drop(rx);
+        assert_eq!(
+            conn.unwritten_bytes.load(Ordering::Acquire),
+            0,
+            "dropped with the queue"
+        );
+        assert_eq!(conn.listener_unwritten_bytes.load(Ordering::Acquire), 0);
     }
 }

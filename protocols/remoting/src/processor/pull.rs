@@ -96,7 +96,8 @@ impl RocketMq {
             if sys_flag & 0x2 != 0 {
                 self.broker.arrivals().register(&topic, q, &waiter);
             }
-            let (resp, next) = self.pull_once(req, &topic, q, offset, max_msgs, codes.as_deref());
+            let room = conn.answer_room();
+            let (resp, next) = self.pull_once(req, &topic, q, offset, (max_msgs, room), codes.as_deref());
             let now = Instant::now();
             if resp.code != rs::PULL_NOT_FOUND || sys_flag & 0x2 == 0 || now >= deadline {
                 if resp.code == rs::PULL_RETRY_IMMEDIATELY
@@ -155,11 +156,13 @@ impl RocketMq {
         topic: &str,
         q: u32,
         offset: u64,
-        max_msgs: u32,
+        (max_msgs, room): (u32, usize),
         codes: Option<&[i32]>,
     ) -> (RemotingCommand, u64) {
         let store = self.broker.store();
-        let cap = self.config.max_pull_bytes.max(1) as usize;
+        // No more than the connection's unwritten bytes have room for (a
+        // store read returns one entry at least).
+        let cap = (self.config.max_pull_bytes.max(1) as usize).min(room.max(1));
         let read = store.read(topic, q, offset, max_msgs, cap);
         let (min, max) = (read.min_offset, read.max_offset);
         // Cluster mode with replica reads: a consumer far behind the log's
