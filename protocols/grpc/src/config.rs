@@ -24,6 +24,12 @@ pub struct GrpcConfig {
     /// At most this many client connections at once (more are closed at
     /// accept, counted in `rokka_rocketmq5_connections_refused_total`).
     pub max_connections: u32,
+    /// At most this many connections from one address (0 = no limit; more
+    /// are closed at accept, `rokka_connections_refused_total{listener="grpc"}`).
+    pub max_connections_per_ip: u32,
+    /// A connection whose client sends nothing (no HTTP/2 preface, no TLS
+    /// hello) for this long after it connected is closed (ms).
+    pub preface_timeout_ms: u64,
     /// At most this many concurrent calls (HTTP/2 streams) per connection.
     pub max_concurrent_streams: u32,
     /// The largest request message (bytes) a client may send; larger ones
@@ -101,6 +107,8 @@ impl Default for GrpcConfig {
             tls_key: String::new(),
             tls_client_ca: String::new(),
             max_connections: 1024,
+            max_connections_per_ip: 256,
+            preface_timeout_ms: 10_000,
             max_concurrent_streams: 256,
             max_request_bytes: 8 << 20,
             max_body_bytes: 4 << 20,

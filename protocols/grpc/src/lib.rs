@@ -13,6 +13,7 @@ pub mod pb {
     tonic::include_proto!("apache.rocketmq.v2");
 }
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -30,13 +31,18 @@ pub use config::GrpcConfig;
 pub use service::{Messaging, Service};
 
 /// One accepted connection (TLS or plain) holding its slot of
-/// `grpc.max_connections` until it closes.
+/// `grpc.max_connections` (and of its address's
+/// `grpc.max_connections_per_ip`) until it closes.
 pub struct Conn {
     io: Box<dyn Io>,
     local: SocketAddr,
     peer: SocketAddr,
     principal: Option<Arc<str>>,
+    /// Until the client's first bytes arrive: when the connection is closed
+    /// if none have (`grpc.preface_timeout_ms`).
+    preface_deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     _slot: Slot,
+    _limits: rokka_broker::limits::ConnSlot,
 }
 
 /// What a call knows of its connection: its addresses, and who the client
@@ -83,7 +89,27 @@ impl Connected for Conn {
 
 impl AsyncRead for Conn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.io).poll_read(cx, buf);
+        if self.preface_deadline.is_some() {
+            match &r {
+                Poll::Ready(Ok(())) if buf.filled().len() > before => self.preface_deadline = None,
+                Poll::Pending => {
+                    if let Some(d) = self.preface_deadline.as_mut() {
+                        if d.as_mut().poll(cx).is_ready() {
+                            metrics::counter!("rokka_connections_idle_closed_total", "listener" => "grpc").increment(1);
+                            tracing::debug!(peer = %self.peer, "gRPC connection sent nothing within grpc.preface_timeout_ms: closing");
+                            return Poll::Ready(Err(io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                "no bytes within grpc.preface_timeout_ms",
+                            )));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        r
     }
 }
 
@@ -128,6 +154,12 @@ pub async fn serve(
     let open = Arc::new(AtomicU32::new(0));
     let local = listener.local_addr().unwrap_or(config.listen);
     let max = config.max_connections.max(1);
+    let limits = rokka_broker::limits::ConnLimits::new(
+        "grpc",
+        config.max_connections.max(1) as usize,
+        config.max_connections_per_ip as usize,
+    );
+    let preface = Duration::from_millis(config.preface_timeout_ms.max(1));
     let mut accept_stop = stop.clone();
     let acceptor = tokio::spawn(async move {
         loop {
@@ -152,6 +184,16 @@ pub async fn serve(
                 drop(tcp);
                 continue;
             }
+            let admitted = match limits.admit(peer.ip()) {
+                Ok(a) => a,
+                Err(why) => {
+                    open.fetch_sub(1, Ordering::Relaxed);
+                    metrics::counter!("rokka_rocketmq5_connections_refused_total").increment(1);
+                    tracing::debug!(%peer, reason = why.as_str(), "gRPC connection refused");
+                    drop(tcp);
+                    continue;
+                }
+            };
             metrics::gauge!("rokka_rocketmq5_connections").increment(1.0);
             let slot = Slot(Arc::clone(&open));
             let _ = tcp.set_nodelay(true);
@@ -163,7 +205,9 @@ pub async fn serve(
                         local,
                         peer,
                         principal: None,
+                        preface_deadline: Some(Box::pin(tokio::time::sleep(preface))),
                         _slot: slot,
+                        _limits: admitted,
                     };
                     if tx.send(Ok(conn)).await.is_err() {
                         return;
@@ -182,7 +226,9 @@ pub async fn serve(
                                     local,
                                     peer,
                                     principal,
+                                    preface_deadline: Some(Box::pin(tokio::time::sleep(preface))),
                                     _slot: slot,
+                                    _limits: admitted,
                                 };
                                 let _ = tx.send(Ok(conn)).await;
                             }
