@@ -323,6 +323,25 @@ def test_the_rocketmq_admin_client_resets_a_live_group_by_time(rokka):
     assert all(counts[f"old-{i}".encode()] == 1 for i in range(8)), counts
 
 
+def test_the_rocketmq_admin_client_updates_inspects_and_deletes_a_topic(rokka):
+    """mqadmin's updateTopic (8 read queues, 4 write queues, read-only),
+    topicRoute, topicStatus, brokerStatus and deleteTopic through
+    rocketmq-client-rust's admin: the broker keeps the TopicConfig it is
+    sent and routes it, answers the status of its 8 queues, and deletes
+    the topic from itself and the name server."""
+    topic = "CliAdminTopic"
+    broker = f"127.0.0.1:{rokka.broker_port}"
+    lines = harness(rokka, "admin-topic", broker, topic, 8, 4, 4)
+    assert "update topic: ok" in lines, lines
+    assert "route read 8 write 4 perm 4" in lines, lines
+    assert "topic status queues 8" in lines, lines
+    assert "broker status active true" in lines, lines
+    assert "delete topic: ok" in lines, lines
+    assert "route after delete: none" in lines, lines
+    listed = [t["topic"] for t in cli(rokka, "topic", "list")[0]["topics"]]
+    assert topic not in listed, listed
+
+
 def rmq_cli(rokka, *args, expect=0):
     """Runs a RocketMQ-side admin command (`message`, `dlq`) in JSON."""
     p = subprocess.run(

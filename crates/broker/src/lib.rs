@@ -870,6 +870,14 @@ impl Broker {
         Ok(())
     }
 
+    /// Sets a topic's RocketMQ permission and queue counts
+    /// (UPDATE_AND_CREATE_TOPIC); None: every queue, read and write.
+    pub fn set_rocketmq_topic(&self, name: &str, rocketmq: Option<topics::RocketMqTopic>) -> Result<()> {
+        offload(|| self.topics.set_rocketmq(name, rocketmq))?;
+        self.topic_changed(name);
+        Ok(())
+    }
+
     /// Replaces a topic's config overrides (validated already).
     pub fn set_topic_configs(&self, name: &str, configs: std::collections::BTreeMap<String, String>) -> Result<()> {
         let compact = self.resolve_topic_config(&configs).compact;

@@ -29,7 +29,28 @@ pub struct TopicInfo {
     /// counts them all ([`TopicInfo::cluster_form`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placement: Vec<QueueRef>,
+    /// RocketMQ's permission and queue counts where an admin set them
+    /// apart from "every queue, readable and writable" (Apache's
+    /// TopicConfig `perm`, `readQueueNums`, `writeQueueNums`;
+    /// UPDATE_AND_CREATE_TOPIC). None: all `partitions`, perm 6.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rocketmq: Option<RocketMqTopic>,
 }
+
+/// A topic's RocketMQ permission and queue counts (see
+/// [`TopicInfo::rocketmq`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RocketMqTopic {
+    pub read_queues: u32,
+    pub write_queues: u32,
+    /// Apache's PermName bits: 4 read, 2 write.
+    pub perm: u32,
+}
+
+/// Apache's PermName: readable, writable, both.
+pub const PERM_READ: u32 = 4;
+pub const PERM_WRITE: u32 = 2;
+pub const PERM_RW: u32 = PERM_READ | PERM_WRITE;
 
 /// One Kafka partition's place: a queue of a broker set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,6 +82,32 @@ pub enum Placed {
 }
 
 impl TopicInfo {
+    /// RocketMQ's (readQueueNums, writeQueueNums, perm) of this node's
+    /// queues: as an admin set them, never more than the queues there are
+    /// (with several broker sets, counts are each set's own: only the
+    /// permission applies).
+    pub fn rocketmq_queues(&self) -> (u32, u32, u32) {
+        match self.rocketmq {
+            Some(r) if self.placement.is_empty() => (
+                r.read_queues.min(self.partitions),
+                r.write_queues.min(self.partitions),
+                r.perm,
+            ),
+            Some(r) => (self.partitions, self.partitions, r.perm),
+            None => (self.partitions, self.partitions, PERM_RW),
+        }
+    }
+
+    /// Whether RocketMQ clients may send to the topic (its perm).
+    pub fn rocketmq_writable(&self) -> bool {
+        self.rocketmq.is_none_or(|r| r.perm & PERM_WRITE != 0)
+    }
+
+    /// Whether RocketMQ clients may pull from the topic (its perm).
+    pub fn rocketmq_readable(&self) -> bool {
+        self.rocketmq.is_none_or(|r| r.perm & PERM_READ != 0)
+    }
+
     /// Where partition `p` is, seen from a node of set `own`.
     pub fn placed(&self, p: i32, own: Option<&str>) -> Placed {
         match self.locate(p, own) {
@@ -346,6 +393,7 @@ impl TopicTable {
             created_ms: rokka_store::now_ms(),
             configs,
             placement,
+            rocketmq: None,
         }
     }
 
@@ -398,6 +446,31 @@ impl TopicTable {
             }
             _ => info.partitions = partitions,
         }
+        // New partitions are every protocol's: RocketMQ reads and writes
+        // all of them (an admin's smaller counts were of the old ones).
+        info.rocketmq = info.rocketmq.and_then(|r| {
+            (r.perm != PERM_RW).then_some(RocketMqTopic {
+                read_queues: info.partitions,
+                write_queues: info.partitions,
+                perm: r.perm,
+            })
+        });
+        self.persist(&t)?;
+        self.changed();
+        Ok(())
+    }
+
+    /// Sets `name`'s RocketMQ permission and queue counts (None: every
+    /// queue, read and write).
+    pub fn set_rocketmq(&self, name: &str, rocketmq: Option<RocketMqTopic>) -> Result<()> {
+        let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
+        let info = t
+            .get_mut(name)
+            .ok_or_else(|| BrokerError::UnknownTopic(name.to_string()))?;
+        if info.rocketmq == rocketmq {
+            return Ok(());
+        }
+        info.rocketmq = rocketmq;
         self.persist(&t)?;
         self.changed();
         Ok(())
@@ -468,6 +541,7 @@ mod tests {
             created_ms: 0,
             configs: BTreeMap::new(),
             placement,
+            rocketmq: None,
         }
         .local_form(own)
     }

@@ -132,7 +132,23 @@ pub struct RouteTable {
     clusters: BTreeMap<String, BTreeSet<String>>,
     /// topic → broker name → queues.
     topics: BTreeMap<String, BTreeMap<String, QueueData>>,
+    /// Broker names whose write permission an admin wiped
+    /// (WIPE_WRITE_PERM_OF_BROKER): their queues are routed read-only,
+    /// whatever they register, until ADD_WRITE_PERM_OF_BROKER.
+    write_wiped: BTreeSet<String>,
+    /// KV configs by namespace (PUT_KV_CONFIG; e.g. ORDER_TOPIC_CONFIG),
+    /// at most [`MAX_KV_ENTRIES`] in all.
+    kv: BTreeMap<String, BTreeMap<String, String>>,
+    kv_entries: usize,
 }
+
+/// KV config entries a name server keeps at most (what admins set: a few).
+pub const MAX_KV_ENTRIES: usize = 10_000;
+/// Longest KV namespace, key or value.
+pub const MAX_KV_BYTES: usize = 16 << 10;
+
+/// Apache's PermName.PERM_WRITE.
+const PERM_WRITE: u32 = 2;
 
 impl RouteTable {
     /// Applies a registration (and heartbeat); true when the routes changed.
@@ -346,7 +362,12 @@ impl RouteTable {
         let queue_datas: Vec<Value> = per
             .iter()
             .map(|(b, q)| {
-                json!({"brokerName": b, "perm": q.perm, "readQueueNums": q.read, "writeQueueNums": q.write,
+                let perm = if self.write_wiped.contains(*b) {
+                    q.perm & !PERM_WRITE
+                } else {
+                    q.perm
+                };
+                json!({"brokerName": b, "perm": perm, "readQueueNums": q.read, "writeQueueNums": q.write,
                        "topicSysFlag": q.sys_flag, "topicSynFlag": q.sys_flag})
             })
             .collect();
@@ -389,6 +410,78 @@ impl RouteTable {
     /// Removes a topic from the routes (DELETE_TOPIC_IN_NAMESRV).
     pub fn delete_topic(&mut self, topic: &str) -> bool {
         self.topics.remove(topic).is_some()
+    }
+
+    /// WIPE_WRITE_PERM_OF_BROKER (mqadmin wipeWritePerm, before taking a
+    /// broker out): its queues are routed read-only from now on, so
+    /// producers move to other brokers while consumers drain it. The
+    /// number of its topics that were writable (Apache's wipeTopicCount).
+    pub fn wipe_write_perm(&mut self, broker_name: &str) -> usize {
+        let was_wiped = !self.write_wiped.insert(broker_name.to_string());
+        if was_wiped {
+            return 0;
+        }
+        self.topics_of(broker_name, |q| q.perm & PERM_WRITE != 0)
+    }
+
+    /// ADD_WRITE_PERM_OF_BROKER (mqadmin addWritePerm): undoes a wipe; the
+    /// number of the broker's topics routed writable again.
+    pub fn add_write_perm(&mut self, broker_name: &str) -> usize {
+        if !self.write_wiped.remove(broker_name) {
+            return 0;
+        }
+        self.topics_of(broker_name, |q| q.perm & PERM_WRITE != 0)
+    }
+
+    fn topics_of(&self, broker_name: &str, pred: impl Fn(&QueueData) -> bool) -> usize {
+        self.topics
+            .values()
+            .filter(|per| per.get(broker_name).is_some_and(&pred))
+            .count()
+    }
+
+    /// PUT_KV_CONFIG; an error (the response's remark) past the budget.
+    pub fn put_kv(&mut self, namespace: &str, key: &str, value: &str) -> Result<(), String> {
+        if [namespace, key, value].iter().any(|s| s.len() > MAX_KV_BYTES) {
+            return Err(format!("namespace, key and value must be at most {MAX_KV_BYTES} bytes"));
+        }
+        let exists = self.kv.get(namespace).is_some_and(|m| m.contains_key(key));
+        if !exists && self.kv_entries >= MAX_KV_ENTRIES {
+            return Err(format!("the name server holds {MAX_KV_ENTRIES} KV configs already"));
+        }
+        if !exists {
+            self.kv_entries += 1;
+        }
+        self.kv
+            .entry(namespace.to_string())
+            .or_default()
+            .insert(key.to_string(), value.to_string());
+        Ok(())
+    }
+
+    /// GET_KV_CONFIG.
+    pub fn get_kv(&self, namespace: &str, key: &str) -> Option<&str> {
+        self.kv.get(namespace)?.get(key).map(String::as_str)
+    }
+
+    /// DELETE_KV_CONFIG; whether it was there.
+    pub fn delete_kv(&mut self, namespace: &str, key: &str) -> bool {
+        let Some(m) = self.kv.get_mut(namespace) else {
+            return false;
+        };
+        let had = m.remove(key).is_some();
+        if m.is_empty() {
+            self.kv.remove(namespace);
+        }
+        if had {
+            self.kv_entries -= 1;
+        }
+        had
+    }
+
+    /// GET_KVLIST_BY_NAMESPACE: a namespace's entries, if any.
+    pub fn kv_list(&self, namespace: &str) -> Option<&BTreeMap<String, String>> {
+        self.kv.get(namespace).filter(|m| !m.is_empty())
     }
 
     /// Whether (broker name, id) is registered.

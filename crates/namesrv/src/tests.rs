@@ -302,3 +302,48 @@ fn known_placements_fill_in_brokers_whose_registration_lags() {
         .collect();
     assert_eq!(addrs, vec!["h:5", "h:6"]);
 }
+
+#[test]
+fn a_wiped_brokers_queues_are_routed_read_only_until_write_is_added_back() {
+    let mut t = RouteTable::default();
+    t.register(&reg("a", "h:1", 0, &[("T", 4), ("U", 2)]), 0, DEFAULT_TIMEOUT, None);
+    t.register(&reg("b", "h:2", 0, &[("T", 2)]), 0, DEFAULT_TIMEOUT, None);
+    let perm_of = |t: &RouteTable, broker: &str| {
+        let route = t.route("T").unwrap_or_default();
+        route["queueDatas"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|q| q["brokerName"] == broker)
+            .map(|q| q["perm"].clone())
+    };
+    assert_eq!(t.wipe_write_perm("a"), 2, "a's two writable topics");
+    assert_eq!(t.wipe_write_perm("a"), 0, "wiped already");
+    assert_eq!(perm_of(&t, "a"), Some(json!(4)));
+    assert_eq!(perm_of(&t, "b"), Some(json!(6)));
+    // The broker registering again (its heartbeat) does not undo it.
+    t.register(&reg("a", "h:1", 0, &[("T", 4), ("U", 2)]), 10, DEFAULT_TIMEOUT, None);
+    assert_eq!(perm_of(&t, "a"), Some(json!(4)));
+    assert_eq!(t.add_write_perm("a"), 2);
+    assert_eq!(perm_of(&t, "a"), Some(json!(6)));
+    assert_eq!(t.add_write_perm("a"), 0);
+}
+
+#[test]
+fn kv_configs_are_kept_per_namespace_within_a_budget() {
+    let mut t = RouteTable::default();
+    assert_eq!(t.put_kv("ORDER_TOPIC_CONFIG", "T", "a:4"), Ok(()));
+    assert_eq!(t.get_kv("ORDER_TOPIC_CONFIG", "T"), Some("a:4"));
+    assert_eq!(t.kv_list("ORDER_TOPIC_CONFIG").map(BTreeMap::len), Some(1));
+    assert!(t.put_kv("n", "k", &"v".repeat(MAX_KV_BYTES + 1)).is_err());
+    assert!(t.delete_kv("ORDER_TOPIC_CONFIG", "T"));
+    assert!(!t.delete_kv("ORDER_TOPIC_CONFIG", "T"));
+    assert!(t.kv_list("ORDER_TOPIC_CONFIG").is_none());
+    for i in 0..MAX_KV_ENTRIES {
+        assert_eq!(t.put_kv("n", &i.to_string(), "v"), Ok(()));
+    }
+    assert!(t.put_kv("n", "one more", "v").is_err());
+    assert_eq!(t.put_kv("n", "0", "replaced"), Ok(()), "replacing takes no room");
+    assert!(t.delete_kv("n", "1"));
+    assert_eq!(t.put_kv("n", "one more", "v"), Ok(()));
+}

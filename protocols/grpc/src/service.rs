@@ -92,12 +92,31 @@ fn endpoints_of(addr: &str) -> pb::Endpoints {
     }
 }
 
-/// Queues `0..n` of `topic` on the broker `name` at `endpoints`.
-fn push_queues(out: &mut Vec<pb::MessageQueue>, topic: &str, name: &str, endpoints: pb::Endpoints, n: u32) {
+/// Queues of `topic` on the broker `name` at `endpoints`, from its
+/// (readQueueNums, writeQueueNums, perm) as Apache's proxy makes them:
+/// queues both read and written first, then those only read or only
+/// written; a topic neither readable nor writable has its queues listed
+/// with no permission.
+fn push_queues(
+    out: &mut Vec<pb::MessageQueue>,
+    topic: &str,
+    name: &str,
+    endpoints: pb::Endpoints,
+    (read, write, perm): (u32, u32, u32),
+) {
+    use rokka_broker::topics::{PERM_READ, PERM_WRITE};
+    let r = if perm & PERM_READ != 0 { read } else { 0 };
+    let w = if perm & PERM_WRITE != 0 { write } else { 0 };
+    let n = if r == 0 && w == 0 { read.max(write) } else { r.max(w) };
     out.extend((0..n).map(|id| pb::MessageQueue {
         topic: Some(resource(topic)),
         id: id as i32,
-        permission: pb::Permission::ReadWrite as i32,
+        permission: match (id < r, id < w) {
+            (true, true) => pb::Permission::ReadWrite,
+            (true, false) => pb::Permission::Read,
+            (false, true) => pb::Permission::Write,
+            (false, false) => pb::Permission::None,
+        } as i32,
         broker: Some(pb::Broker {
             name: name.to_string(),
             id: 0,
@@ -544,7 +563,7 @@ impl Messaging {
                 Some(d) if self.advertised_wildcard && !d.addresses.is_empty() => d.clone(),
                 _ => self.advertised.clone(),
             };
-            push_queues(&mut out, topic, &self.broker_name, here, info.partitions);
+            push_queues(&mut out, topic, &self.broker_name, here, info.rocketmq_queues());
             return out;
         };
         let sets: Vec<(String, u32)> = if info.placement.is_empty() {
@@ -560,8 +579,13 @@ impl Messaging {
                 .and_then(|m| view.node(m))
                 .map(|node| node.grpc.as_str())
                 .filter(|a| !a.is_empty());
+            let (read, write, perm) = if info.placement.is_empty() {
+                info.rocketmq_queues()
+            } else {
+                (n, n, info.rocketmq_queues().2)
+            };
             match master {
-                Some(addr) => push_queues(&mut out, topic, &set, endpoints_of(addr), n),
+                Some(addr) => push_queues(&mut out, topic, &set, endpoints_of(addr), (read, write, perm)),
                 None => metrics::counter!("rokka_rocketmq5_route_sets_missing_total").increment(1),
             }
         }
@@ -886,6 +910,12 @@ impl Messaging {
         let Some(info) = self.broker.topics().get(&topic) else {
             return fail(pb::Code::TopicNotFound, format!("topic {topic} not found"));
         };
+        if !info.rocketmq_readable() {
+            return fail(
+                pb::Code::Forbidden,
+                format!("the topic[{topic}] pulling message is forbidden"),
+            );
+        }
         // Cluster mode: pop state and the offsets it commits live on the
         // set's master (a replica takes no commits, as remoting's).
         // (Before the first view, too: the role is not known yet.)
@@ -1079,7 +1109,14 @@ impl Messaging {
             Ok(None) => return refused(pb::Code::TopicNotFound, format!("topic {} not found", inc.topic)),
             Err(e) => return refused(pb::Code::IllegalTopic, e.to_string()),
         };
-        let partitions = info.partitions.max(1);
+        // An admin's permission and write queue count (updateTopic).
+        if !info.rocketmq_writable() {
+            return refused(
+                pb::Code::Forbidden,
+                format!("the topic[{}] sending message is forbidden", inc.topic),
+            );
+        }
+        let partitions = info.rocketmq_queues().1.max(1);
         // A FIFO message group always lands on one queue (by its hash, as
         // Apache's proxy selects); others go round robin.
         let queue = match &inc.message_group {

@@ -81,7 +81,17 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
         rq::QUERY_MESSAGE => [Some(topic_need(f("topic"), Op::Read)), None],
         rq::END_TRANSACTION if !f("topic").is_empty() => [Some(topic_need(f("topic"), Op::Write)), None],
         rq::UPDATE_AND_CREATE_TOPIC => [Some((Rt::Topic, f("topic"), Op::Create)), None],
-        rq::DELETE_TOPIC_IN_NAMESRV => [Some((Rt::Topic, f("topic"), Op::Delete)), None],
+        rq::DELETE_TOPIC_IN_NAMESRV | rq::DELETE_TOPIC_IN_BROKER => [Some((Rt::Topic, f("topic"), Op::Delete)), None],
+        rq::GET_TOPIC_CONFIG | rq::GET_TOPIC_STATS_INFO | rq::QUERY_TOPIC_CONSUME_BY_WHO => {
+            [Some((Rt::Topic, f("topic"), Op::Describe)), None]
+        }
+        rq::GET_CONSUMER_CONNECTION_LIST => [Some((Rt::Group, f("consumerGroup"), Op::Describe)), None],
+        rq::GET_PRODUCER_CONNECTION_LIST | rq::GET_BROKER_RUNTIME_INFO | rq::GET_KV_CONFIG => {
+            [Some((Rt::Cluster, CLUSTER_NAME, Op::Describe)), None]
+        }
+        rq::PUT_KV_CONFIG | rq::DELETE_KV_CONFIG | rq::WIPE_WRITE_PERM_OF_BROKER | rq::ADD_WRITE_PERM_OF_BROKER => {
+            [Some((Rt::Cluster, CLUSTER_NAME, Op::Alter)), None]
+        }
         // A broker's registration puts its address in every route of the
         // topics it names: what a Kafka broker's own calls to the
         // controller need.

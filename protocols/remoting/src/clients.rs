@@ -20,6 +20,8 @@ pub struct Client {
     /// What the client's heartbeat said it is written in (a C++ client
     /// takes RESET_CONSUMER_CLIENT_OFFSET's body in its own shape).
     pub language: LanguageCode,
+    /// The client's remoting version (its heartbeat's).
+    pub version: i32,
     pub last_seen_ms: u64,
     pub consumer_groups: BTreeSet<String>,
     pub producer_groups: BTreeSet<String>,

@@ -372,7 +372,67 @@ impl NameServer {
                     .delete_topic(cmd.ext_fields.get("topic").unwrap_or_default());
                 self.reply(cmd, rs::SUCCESS, None)
             }
-            rq::GET_KVLIST_BY_NAMESPACE => self.reply(cmd, rs::QUERY_NOT_FOUND, Some("no KV config".into())),
+            rq::GET_KVLIST_BY_NAMESPACE => {
+                let ns = cmd.ext_fields.get("namespace").unwrap_or_default();
+                let table = self.table().kv_list(ns).cloned();
+                match table {
+                    Some(t) => self.json_body(cmd, json!({ "table": t })),
+                    None => self.reply(
+                        cmd,
+                        rs::QUERY_NOT_FOUND,
+                        Some(format!("No config item, Namespace: {ns}")),
+                    ),
+                }
+            }
+            rq::GET_KV_CONFIG => {
+                let (ns, key) = (
+                    cmd.ext_fields.get("namespace").unwrap_or_default(),
+                    cmd.ext_fields.get("key").unwrap_or_default(),
+                );
+                let value = self.table().get_kv(ns, key).map(str::to_string);
+                match value {
+                    Some(v) => {
+                        let mut r = self.reply(cmd, rs::SUCCESS, None);
+                        r.ext_fields.set("value", v);
+                        r
+                    }
+                    None => self.reply(
+                        cmd,
+                        rs::QUERY_NOT_FOUND,
+                        Some(format!("No config item, Namespace: {ns} Key: {key}")),
+                    ),
+                }
+            }
+            // Admin changes: with authorization on, who may alter the cluster.
+            rq::PUT_KV_CONFIG | rq::DELETE_KV_CONFIG | rq::WIPE_WRITE_PERM_OF_BROKER | rq::ADD_WRITE_PERM_OF_BROKER => {
+                if let Some(remark) = self.refuses(conn, cmd) {
+                    return self.reply(cmd, crate::auth::NO_PERMISSION, Some(remark));
+                }
+                let f = |k: &str| cmd.ext_fields.get(k).unwrap_or_default();
+                let mut t = self.table();
+                match cmd.code {
+                    rq::PUT_KV_CONFIG => match t.put_kv(f("namespace"), f("key"), f("value")) {
+                        Ok(()) => self.reply(cmd, rs::SUCCESS, None),
+                        Err(e) => self.reply(cmd, rs::SYSTEM_ERROR, Some(e)),
+                    },
+                    rq::DELETE_KV_CONFIG => {
+                        t.delete_kv(f("namespace"), f("key"));
+                        self.reply(cmd, rs::SUCCESS, None)
+                    }
+                    code => {
+                        let name = f("brokerName");
+                        let (n, field) = if code == rq::WIPE_WRITE_PERM_OF_BROKER {
+                            (t.wipe_write_perm(name), "wipeTopicCount")
+                        } else {
+                            (t.add_write_perm(name), "addTopicCount")
+                        };
+                        tracing::info!(broker = name, topics = n, code, "broker write permission changed");
+                        let mut r = self.reply(cmd, rs::SUCCESS, None);
+                        r.ext_fields.set(field, n.to_string());
+                        r
+                    }
+                }
+            }
             // With a broker (and so an ACL table) in this process and
             // authorization on, only who may act as the cluster registers
             // or unregisters a broker (a name server alone, as RocketMQ's,

@@ -1347,3 +1347,187 @@ async fn a_malformed_timer_is_refused_and_a_delay_level_wins_over_timers() -> Te
     assert_eq!(scheduled, 1, "through the schedule topic");
     Ok(())
 }
+
+/// mqadmin's topic and connection commands: updateTopic with read and
+/// write queue counts and a permission (kept, routed, enforced),
+/// topicStatus, consumerConnection / producerConnection, topicList -c,
+/// brokerStatus, deleteTopic; wipeWritePerm / addWritePerm and the KV
+/// configs on the name server.
+#[tokio::test]
+async fn admin_topic_configs_connections_and_name_server_perms() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, ns_addr, _stop) = start_both(dir.path()).await?;
+    let mut admin = Client::connect(addr).await?;
+    let mut ns = Client::connect(ns_addr).await?;
+    let json = |r: &RemotingCommand| serde_json::from_slice::<serde_json::Value>(&r.body).unwrap_or_default();
+    let update = |read: &str, write: &str, perm: &str| {
+        req(
+            rq::UPDATE_AND_CREATE_TOPIC,
+            &[
+                ("topic", "AT"),
+                ("readQueueNums", read),
+                ("writeQueueNums", write),
+                ("perm", perm),
+            ],
+        )
+    };
+    // Created with 8 read, 4 write queues, read-only.
+    assert_eq!(admin.call(update("8", "4", "4")).await?.code, rs::SUCCESS);
+    let r = admin.call(req(rq::GET_TOPIC_CONFIG, &[("topic", "AT")])).await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    let c = json(&r);
+    assert_eq!(
+        (
+            c["readQueueNums"].clone(),
+            c["writeQueueNums"].clone(),
+            c["perm"].clone()
+        ),
+        (8.into(), 4.into(), 4.into())
+    );
+    // Routed as set (the broker re-registers with its name server).
+    let mut route = serde_json::Value::Null;
+    for _ in 0..50 {
+        let r = ns.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "AT")])).await?;
+        route = json(&r);
+        if route["queueDatas"][0]["perm"] == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let q = &route["queueDatas"][0];
+    assert_eq!(
+        (
+            q["readQueueNums"].clone(),
+            q["writeQueueNums"].clone(),
+            q["perm"].clone()
+        ),
+        (8.into(), 4.into(), 4.into()),
+        "{route}"
+    );
+    // Read-only: sends refused, pulls served.
+    let r = admin.call(send_req("AT", 0, "x", "t", false)).await?;
+    assert_eq!(r.code, 16, "{:?}", r.remark);
+    assert!(r
+        .remark
+        .as_deref()
+        .unwrap_or_default()
+        .contains("sending message is forbidden"));
+    assert_ne!(admin.call(pull_req("AT", 0, 0, "*", 0)).await?.code, 16);
+    // Writable again; then write-only: pulls refused.
+    assert_eq!(admin.call(update("8", "8", "6")).await?.code, rs::SUCCESS);
+    assert_eq!(admin.call(send_req("AT", 5, "x", "t", false)).await?.code, rs::SUCCESS);
+    assert_eq!(admin.call(update("8", "8", "2")).await?.code, rs::SUCCESS);
+    let r = admin.call(pull_req("AT", 0, 0, "*", 0)).await?;
+    assert_eq!(r.code, 16);
+    assert!(r
+        .remark
+        .as_deref()
+        .unwrap_or_default()
+        .contains("pulling message is forbidden"));
+    assert_eq!(admin.call(update("8", "8", "6")).await?.code, rs::SUCCESS);
+    // Bad counts and system topics are INVALID_PARAMETER.
+    assert_eq!(admin.call(update("0", "4", "6")).await?.code, 29);
+    let r = admin
+        .call(req(
+            rq::UPDATE_AND_CREATE_TOPIC,
+            &[
+                ("topic", "SCHEDULE_TOPIC_XXXX"),
+                ("readQueueNums", "1"),
+                ("writeQueueNums", "1"),
+            ],
+        ))
+        .await?;
+    assert_eq!(r.code, 29);
+    // topicStatus: every queue, the one written to with its offsets.
+    let r = admin.call(req(rq::GET_TOPIC_STATS_INFO, &[("topic", "AT")])).await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    let text = String::from_utf8_lossy(&r.body).to_string();
+    assert_eq!(text.matches("\"minOffset\"").count(), 8, "{text}");
+    let q5 = text
+        .split(r#""queueId":5,"topic":"AT"}:"#)
+        .nth(1)
+        .and_then(|rest| rest.split('}').next())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        q5.contains(r#""maxOffset":1"#) && q5.contains(r#""minOffset":0"#),
+        "{text}"
+    );
+    assert!(!q5.contains(r#""lastUpdateTimestamp":0"#), "{text}");
+    let r = admin.call(req(rq::GET_TOPIC_STATS_INFO, &[("topic", "nope")])).await?;
+    assert_eq!(r.code, rs::TOPIC_NOT_EXIST);
+    // Connections: a consumer and a producer heartbeat.
+    let mut hb = req(rq::HEART_BEAT, &[]);
+    hb.body = Bytes::from(
+        r#"{"clientID":"c9","producerDataSet":[{"groupName":"pg9"}],"consumerDataSet":[{"groupName":"cg9","consumeType":"CONSUME_PASSIVELY","messageModel":"CLUSTERING","consumeFromWhere":"CONSUME_FROM_LAST_OFFSET","subscriptionDataSet":[{"topic":"AT","subString":"*","expressionType":"TAG"}]}]}"#,
+    );
+    assert_eq!(admin.call(hb).await?.code, rs::SUCCESS);
+    let r = admin
+        .call(req(rq::GET_CONSUMER_CONNECTION_LIST, &[("consumerGroup", "cg9")]))
+        .await?;
+    let c = json(&r);
+    assert_eq!(c["connectionSet"][0]["clientId"], "c9", "{c}");
+    assert_eq!(c["connectionSet"][0]["language"], "JAVA");
+    assert_eq!(c["subscriptionTable"]["AT"]["subString"], "*");
+    assert_eq!(c["messageModel"], "CLUSTERING");
+    let r = admin
+        .call(req(rq::GET_CONSUMER_CONNECTION_LIST, &[("consumerGroup", "none")]))
+        .await?;
+    assert_eq!(r.code, 206);
+    let r = admin
+        .call(req(rq::GET_PRODUCER_CONNECTION_LIST, &[("producerGroup", "pg9")]))
+        .await?;
+    assert_eq!(json(&r)["connectionSet"][0]["clientId"], "c9");
+    let r = admin
+        .call(req(rq::QUERY_TOPIC_CONSUME_BY_WHO, &[("topic", "AT")]))
+        .await?;
+    assert_eq!(json(&r)["groupList"], serde_json::json!(["cg9"]));
+    let r = admin.call(req(rq::GET_BROKER_RUNTIME_INFO, &[])).await?;
+    let t = json(&r);
+    assert_eq!(t["table"]["brokerActive"], "true");
+    assert!(
+        t["table"]["commitLogMaxOffset"]
+            .as_str()
+            .unwrap_or_default()
+            .parse::<u64>()?
+            > 0
+    );
+    // Name server: write permission wiped and added back, KV configs.
+    let r = ns
+        .call(req(rq::WIPE_WRITE_PERM_OF_BROKER, &[("brokerName", "broker-a")]))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    assert!(r.ext_fields.get("wipeTopicCount").unwrap_or("0").parse::<u64>()? >= 1);
+    let route = json(&ns.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "AT")])).await?);
+    assert_eq!(route["queueDatas"][0]["perm"], 4, "{route}");
+    let r = ns
+        .call(req(rq::ADD_WRITE_PERM_OF_BROKER, &[("brokerName", "broker-a")]))
+        .await?;
+    assert!(r.ext_fields.get("addTopicCount").unwrap_or("0").parse::<u64>()? >= 1);
+    let route = json(&ns.call(req(rq::GET_ROUTEINFO_BY_TOPIC, &[("topic", "AT")])).await?);
+    assert_eq!(route["queueDatas"][0]["perm"], 6);
+    let kv = [
+        ("namespace", "ORDER_TOPIC_CONFIG"),
+        ("key", "AT"),
+        ("value", "broker-a:8"),
+    ];
+    assert_eq!(ns.call(req(rq::PUT_KV_CONFIG, &kv)).await?.code, rs::SUCCESS);
+    let r = ns.call(req(rq::GET_KV_CONFIG, &kv[..2])).await?;
+    assert_eq!(r.ext_fields.get("value"), Some("broker-a:8"));
+    let r = ns.call(req(rq::GET_KVLIST_BY_NAMESPACE, &kv[..1])).await?;
+    assert_eq!(json(&r)["table"]["AT"], "broker-a:8");
+    assert_eq!(ns.call(req(rq::DELETE_KV_CONFIG, &kv[..2])).await?.code, rs::SUCCESS);
+    assert_eq!(
+        ns.call(req(rq::GET_KV_CONFIG, &kv[..2])).await?.code,
+        rs::QUERY_NOT_FOUND
+    );
+    // deleteTopic: gone from the broker; deleting it again succeeds.
+    let del = || req(rq::DELETE_TOPIC_IN_BROKER, &[("topic", "AT")]);
+    assert_eq!(admin.call(del()).await?.code, rs::SUCCESS);
+    assert_eq!(
+        admin.call(req(rq::GET_TOPIC_CONFIG, &[("topic", "AT")])).await?.code,
+        rs::TOPIC_NOT_EXIST
+    );
+    assert_eq!(admin.call(del()).await?.code, rs::SUCCESS);
+    Ok(())
+}

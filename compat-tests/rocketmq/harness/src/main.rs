@@ -110,6 +110,97 @@ async fn create_user(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) ->
     }
 }
 
+/// `admin-topic <broker> <topic> <read> <write> <perm>`: mqadmin's
+/// updateTopic (UPDATE_AND_CREATE_TOPIC with its TopicConfig), then what
+/// the name server routes (topicRoute), topicStatus (GET_TOPIC_STATS_INFO),
+/// brokerStatus (GET_BROKER_RUNTIME_INFO) and deleteTopic (the brokers of
+/// the cluster, then the name servers), through the admin client.
+async fn admin_topic(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    use rocketmq_client_rust::{MQAdminMutationExt, MQAdminReadExt, MQAdminTopicStatsReadExt};
+    let (Some(broker), Some(topic), Some(read), Some(write), Some(perm)) =
+        (args.first(), args.get(1), args.get(2), args.get(3), args.get(4))
+    else {
+        eprintln!("compat: admin-topic <broker> <topic> <read> <write> <perm>");
+        return Ok(false);
+    };
+    let n = |s: &String| s.parse::<u32>().unwrap_or(0);
+    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
+    admin.set_namesrv_addr(namesrv.to_string());
+    admin.start().await?;
+    let mut config = rocketmq_model::topic::TopicConfig::new(topic.as_str());
+    config.read_queue_nums = n(read);
+    config.write_queue_nums = n(write);
+    config.perm = n(perm);
+    let created = admin.upsert_topic_config(broker.as_str().into(), config).await;
+    println!(
+        "compat: update topic: {}",
+        if created.is_ok() {
+            "ok".to_string()
+        } else {
+            format!("{created:?}")
+        }
+    );
+    // The broker registers the change with its name server.
+    let mut routed = None;
+    for _ in 0..50 {
+        let route = admin.examine_topic_route_info(topic.as_str().into()).await;
+        if let Ok(Some(r)) = route {
+            if let Some(q) = r.queue_datas.first() {
+                let got = (q.read_queue_nums, q.write_queue_nums, q.perm);
+                routed = Some(got);
+                if got == (n(read), n(write), n(perm)) {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    match routed {
+        Some((r, w, p)) => println!("compat: route read {r} write {w} perm {p}"),
+        None => println!("compat: route none"),
+    }
+    match admin
+        .topic_stats_at(broker.as_str().into(), topic.as_str().into())
+        .await
+    {
+        Ok(stats) => println!("compat: topic status queues {}", stats.get_offset_table().len()),
+        Err(e) => println!("compat: topic status failed: {e}"),
+    }
+    match admin.fetch_broker_runtime_stats(broker.as_str().into()).await {
+        Ok(kv) => println!(
+            "compat: broker status active {}",
+            kv.table.get("brokerActive").map(|v| v.to_string()).unwrap_or_default()
+        ),
+        Err(e) => println!("compat: broker status failed: {e}"),
+    }
+    let removed = admin.remove_topic(topic.as_str().into(), "DefaultCluster".into()).await;
+    println!(
+        "compat: delete topic: {}",
+        if removed.is_ok() {
+            "ok".to_string()
+        } else {
+            format!("{removed:?}")
+        }
+    );
+    let mut gone = false;
+    for _ in 0..50 {
+        if matches!(
+            admin.examine_topic_route_info(topic.as_str().into()).await,
+            Ok(None) | Err(_)
+        ) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "compat: route after delete: {}",
+        if gone { "none" } else { "still there" }
+    );
+    admin.shutdown().await;
+    Ok(created.is_ok() && removed.is_ok() && gone)
+}
+
 /// `reset-offset <topic> <group> <timestamp ms> <force>`: mqadmin
 /// resetOffsetByTime through the admin client (INVOKE_BROKER_TO_RESET_OFFSET
 /// to each master of the topic); prints each queue's new offset.
@@ -289,6 +380,7 @@ async fn main() -> ClientResult<()> {
         "cross-member" => cross_member(&rt, &namesrv, &args[3..]).await?,
         "create-user" => create_user(&rt, &namesrv, &args[3..]).await?,
         "reset-offset" => reset_offset(&rt, &namesrv, &args[3..]).await?,
+        "admin-topic" => admin_topic(&rt, &namesrv, &args[3..]).await?,
         "dur-send" => durability::send(&rt, &namesrv, &args[3..]).await?,
         "dur-delayed" => durability::delayed(&rt, &namesrv, &args[3..]).await?,
         "dur-consume" => durability::consume(&rt, &namesrv, &args[3..]).await?,

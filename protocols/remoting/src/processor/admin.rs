@@ -3,27 +3,297 @@
 use super::*;
 
 impl RocketMq {
+    /// UPDATE_AND_CREATE_TOPIC (mqadmin updateTopic): creates the topic or
+    /// updates it as Apache's broker stores the TopicConfig it is sent —
+    /// its read and write queue counts and its permission. The store's
+    /// queues only grow (a smaller count leaves the queues past it unread
+    /// or unwritten by RocketMQ clients, as Apache's do).
     pub(super) fn create_topic(&self, req: &RemotingCommand) -> RemotingCommand {
+        use rokka_broker::topics::{RocketMqTopic, PERM_RW};
         let topic = req.ext_fields.get("topic").unwrap_or_default();
-        let n = ext_i64(req, "writeQueueNums", "writeQueueNums")
-            .or_else(|| ext_i64(req, "readQueueNums", "readQueueNums"))
-            .unwrap_or(8)
-            .max(1) as u32;
-        match self.broker.create_topic(topic, n) {
-            Ok(_) => self.reply(req, rs::SUCCESS, None),
+        if rokka_store::validate_topic(topic).is_err() {
+            return self.reply(
+                req,
+                rs::INVALID_PARAMETER,
+                Some(format!("The specified topic[{topic}] is invalid.")),
+            );
+        }
+        if rokka_broker::is_send_forbidden_topic(topic) {
+            return self.reply(
+                req,
+                rs::INVALID_PARAMETER,
+                Some(format!("The topic[{topic}] is conflict with system topic.")),
+            );
+        }
+        let read = ext_i64(req, "readQueueNums", "readQueueNums");
+        let write = ext_i64(req, "writeQueueNums", "writeQueueNums");
+        let (read, write) = match (read, write) {
+            (Some(r), Some(w)) => (r, w),
+            (Some(n), None) | (None, Some(n)) => (n, n),
+            (None, None) => (8, 8),
+        };
+        let max = i64::from(self.broker.config().max_partitions);
+        if !(1..=max).contains(&read) || !(1..=max).contains(&write) {
+            return self.reply(
+                req,
+                rs::INVALID_PARAMETER,
+                Some(format!("readQueueNums and writeQueueNums must be 1..={max}")),
+            );
+        }
+        // PermName: 4 read, 2 write (1, "inherit", is the TBW102 template's).
+        let perm = ext_i64(req, "perm", "perm").unwrap_or(i64::from(PERM_RW));
+        if !(0..=7).contains(&perm) {
+            return self.reply(
+                req,
+                rs::INVALID_PARAMETER,
+                Some(format!("perm {perm} is not a permission")),
+            );
+        }
+        let perm = (perm as u32) & PERM_RW;
+        let (read, write) = (read as u32, write as u32);
+        let queues = read.max(write);
+        match self.broker.create_topic(topic, queues) {
+            Ok(_) => {}
             Err(rokka_broker::BrokerError::TopicExists(_)) => {
                 // Several broker sets: the count is the topic's (every
                 // set's queues), as Kafka's partition count is.
-                let current = self.broker.topics().get(topic).map_or(n, |t| t.kafka_partitions());
-                if n > current {
-                    if let Err(e) = self.broker.add_partitions(topic, n) {
-                        return self.reply(req, 29, Some(e.to_string()));
+                let current = self.broker.topics().get(topic).map_or(queues, |t| t.kafka_partitions());
+                if queues > current {
+                    if let Err(e) = self.broker.add_partitions(topic, queues) {
+                        return self.reply(req, rs::INVALID_PARAMETER, Some(e.to_string()));
                     }
                 }
+            }
+            Err(e) => return self.reply(req, rs::INVALID_PARAMETER, Some(e.to_string())),
+        }
+        let Some(info) = self.broker.topics().get(topic) else {
+            return self.reply(req, rs::SYSTEM_ERROR, Some(format!("topic {topic} went away")));
+        };
+        let all = info.placement.is_empty() && read == info.partitions && write == info.partitions;
+        let rocketmq = (!(all && perm == PERM_RW)).then_some(RocketMqTopic {
+            read_queues: read,
+            write_queues: write,
+            perm,
+        });
+        if let Err(e) = self.broker.set_rocketmq_topic(topic, rocketmq) {
+            return self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string()));
+        }
+        self.reply(req, rs::SUCCESS, None)
+    }
+
+    /// A topic as Apache's TopicConfig JSON.
+    fn topic_config_json(name: &str, t: &rokka_broker::TopicInfo) -> Value {
+        let (read, write, perm) = t.rocketmq_queues();
+        json!({"topicName": name, "readQueueNums": read, "writeQueueNums": write, "perm": perm,
+               "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": false, "attributes": {}})
+    }
+
+    /// GET_TOPIC_CONFIG (mqadmin consumerProgress, topicStatus, the
+    /// dashboard): one topic's TopicConfig; TOPIC_NOT_EXIST if unknown.
+    pub(super) fn topic_config(&self, req: &RemotingCommand) -> RemotingCommand {
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        match self.broker.topics().get(topic) {
+            Some(t) => self.json_body(req, Self::topic_config_json(topic, &t)),
+            None => self.reply(
+                req,
+                rs::TOPIC_NOT_EXIST,
+                Some(format!("No topic in this broker. topic: {topic}")),
+            ),
+        }
+    }
+
+    /// DELETE_TOPIC_IN_BROKER (mqadmin deleteTopic, which then asks the
+    /// name servers): the topic, its messages and its committed offsets.
+    pub(super) fn delete_topic(&self, req: &RemotingCommand) -> RemotingCommand {
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        if topic.trim().is_empty() {
+            return self.reply(req, rs::INVALID_PARAMETER, Some("The specified topic is blank.".into()));
+        }
+        if rokka_broker::is_send_forbidden_topic(topic) {
+            return self.reply(
+                req,
+                rs::INVALID_PARAMETER,
+                Some(format!("The topic[{topic}] is conflict with system topic.")),
+            );
+        }
+        match self.broker.delete_topic(topic) {
+            // Deleting a topic this broker does not hold succeeds (mqadmin
+            // asks every broker of the cluster).
+            Ok(()) | Err(rokka_broker::BrokerError::UnknownTopic(_)) => {
+                tracing::info!(topic, "topic deleted (DELETE_TOPIC_IN_BROKER)");
                 self.reply(req, rs::SUCCESS, None)
             }
-            Err(e) => self.reply(req, 29, Some(e.to_string())),
+            Err(e) => self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string())),
         }
+    }
+
+    fn broker_name(&self) -> String {
+        match self.broker.cluster_view() {
+            Some(c) => c.set.clone(),
+            None => self.config.broker_name.clone(),
+        }
+    }
+
+    /// GET_TOPIC_STATS_INFO (mqadmin topicStatus): each queue's min and max
+    /// offsets and the store time of its last message.
+    pub(super) fn topic_stats(&self, req: &RemotingCommand) -> RemotingCommand {
+        use crate::remote_offsets::MessageQueue;
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        let Some(info) = self.broker.topics().get(topic) else {
+            return self.reply(req, rs::TOPIC_NOT_EXIST, Some(format!("topic[{topic}] not exist")));
+        };
+        let (read, write, _) = info.rocketmq_queues();
+        let store = self.broker.store();
+        let broker_name = self.broker_name();
+        let mut body = Vec::with_capacity(64 + read.max(write) as usize * 160);
+        body.extend_from_slice(br#"{"offsetTable":{"#);
+        for q in 0..read.max(write) {
+            if q > 0 {
+                body.push(b',');
+            }
+            let mq = MessageQueue {
+                broker_name: broker_name.clone(),
+                queue_id: q,
+                topic: topic.to_string(),
+            };
+            let last = store
+                .queue(topic, q)
+                .and_then(|cq| cq.entry(cq.entry_count().saturating_sub(1)))
+                .map_or(0, |e| e.store_timestamp);
+            // Serializing this plain struct cannot fail.
+            body.extend_from_slice(&serde_json::to_vec(&mq).unwrap_or_default());
+            body.push(b':');
+            body.extend_from_slice(
+                json!({"minOffset": store.min_offset(topic, q), "maxOffset": store.max_offset(topic, q),
+                       "lastUpdateTimestamp": last})
+                .to_string()
+                .as_bytes(),
+            );
+        }
+        body.extend_from_slice(br#"},"topicPutTps":0.0}"#);
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        r.body = Bytes::from(body);
+        r
+    }
+
+    /// A connection as Apache's Connection JSON.
+    fn connection_json(id: &str, c: &crate::clients::Client) -> Value {
+        json!({"clientId": id, "clientAddr": c.conn.peer.to_string(), "language": c.language.name(),
+               "version": c.version})
+    }
+
+    /// GET_CONSUMER_CONNECTION_LIST (mqadmin consumerConnection): a group's
+    /// live clients and subscriptions; CONSUMER_NOT_ONLINE if none.
+    pub(super) fn consumer_connections(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
+        let body = {
+            let c = self.clients();
+            c.groups.get(group).filter(|g| !g.members.is_empty()).map(|g| {
+                let conns: Vec<Value> = g
+                    .members
+                    .iter()
+                    .filter_map(|id| c.clients.get(id).map(|cl| Self::connection_json(id, cl)))
+                    .collect();
+                let subs: serde_json::Map<String, Value> = g
+                    .subscriptions
+                    .iter()
+                    .map(|(t, s)| {
+                        (
+                            t.clone(),
+                            json!({"classFilterMode": false, "topic": t, "subString": s.expression,
+                                   "tagsSet": [], "codeSet": [], "subVersion": 0,
+                                   "expressionType": s.expression_type}),
+                        )
+                    })
+                    .collect();
+                json!({"connectionSet": conns, "subscriptionTable": subs,
+                       "consumeType": "CONSUME_PASSIVELY",
+                       "messageModel": if g.clustering { "CLUSTERING" } else { "BROADCASTING" },
+                       "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET"})
+            })
+        };
+        match body {
+            Some(v) => self.json_body(req, v),
+            None => self.reply(
+                req,
+                rs::CONSUMER_NOT_ONLINE,
+                Some(format!("the consumer group[{group}] not online")),
+            ),
+        }
+    }
+
+    /// GET_PRODUCER_CONNECTION_LIST (mqadmin producerConnection): the live
+    /// clients of a producer group.
+    pub(super) fn producer_connections(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("producerGroup").unwrap_or_default();
+        let conns: Vec<Value> = {
+            let c = self.clients();
+            c.clients
+                .iter()
+                .filter(|(_, cl)| cl.producer_groups.contains(group))
+                .map(|(id, cl)| Self::connection_json(id, cl))
+                .collect()
+        };
+        if conns.is_empty() {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("the producer group not exist".into()));
+        }
+        self.json_body(req, json!({"connectionSet": conns}))
+    }
+
+    /// QUERY_TOPIC_CONSUME_BY_WHO (mqadmin topicList -c, the dashboard):
+    /// the groups consuming a topic — subscribed now, or holding offsets.
+    pub(super) fn consume_by_who(&self, req: &RemotingCommand) -> RemotingCommand {
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        let mut groups: std::collections::BTreeSet<String> = {
+            let c = self.clients();
+            c.groups
+                .iter()
+                .filter(|(_, g)| g.subscriptions.contains_key(topic))
+                .map(|(n, _)| n.clone())
+                .collect()
+        };
+        for (g, t, _, _) in self.broker.store().offsets().all() {
+            if t == topic {
+                groups.insert(g);
+            }
+        }
+        self.json_body(req, json!({"groupList": groups}))
+    }
+
+    /// GET_BROKER_RUNTIME_INFO (mqadmin brokerStatus, clusterList, the
+    /// dashboard): the KVTable of figures those tools read, as strings.
+    pub(super) fn runtime_info(&self, req: &RemotingCommand) -> RemotingCommand {
+        let store = self.broker.store();
+        // Figures Rokka does not keep per window (TPS, daily totals, thread
+        // pool queues) are 0, as an idle Apache broker reports them.
+        let table = json!({
+            "brokerVersionDesc": "V5_3_3",
+            "brokerVersion": "479",
+            "brokerActive": "true",
+            "putTps": "0.0 0.0 0.0",
+            "getTransferredTps": "0.0 0.0 0.0",
+            "msgPutTotalYesterdayMorning": "0",
+            "msgPutTotalTodayMorning": "0",
+            "msgPutTotalTodayNow": "0",
+            "msgGetTotalYesterdayMorning": "0",
+            "msgGetTotalTodayMorning": "0",
+            "msgGetTotalTodayNow": "0",
+            "sendThreadPoolQueueSize": "0",
+            "pullThreadPoolQueueSize": "0",
+            "sendThreadPoolQueueHeadWaitTimeMills": "0",
+            "pullThreadPoolQueueHeadWaitTimeMills": "0",
+            "pageCacheLockTimeMills": "0",
+            "earliestMessageTimeStamp": "0",
+            "commitLogDiskRatio": "0.0",
+            "commitLogMaxOffset": store.log_end().to_string(),
+            "dispatchBehindBytes": "0",
+            "timerReadBehind": "0",
+            "timerOffsetBehind": "0",
+            "timerCongestNum": "0",
+            "timerEnqueueTps": "0.0",
+            "timerDequeueTps": "0.0",
+        });
+        self.json_body(req, json!({"table": table}))
     }
 
     /// QUERY_MESSAGE: messages of `topic` by key (a KEYS token, or the
@@ -116,11 +386,8 @@ impl RocketMq {
     pub(super) fn all_topic_config(&self, req: &RemotingCommand) -> RemotingCommand {
         let mut table = serde_json::Map::new();
         for (name, t) in self.broker.topics().all() {
-            table.insert(
-                name.clone(),
-                json!({"topicName": name, "readQueueNums": t.partitions, "writeQueueNums": t.partitions,
-                       "perm": 6, "topicFilterType": "SINGLE_TAG", "topicSysFlag": 0, "order": false, "attributes": {}}),
-            );
+            let v = Self::topic_config_json(&name, &t);
+            table.insert(name, v);
         }
         self.json_body(
             req,

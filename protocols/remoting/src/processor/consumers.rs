@@ -34,12 +34,14 @@ impl RocketMq {
             let entry = c.clients.entry(client_id.clone()).or_insert_with(|| Client {
                 conn: conn.clone(),
                 language: req.language,
+                version: req.version,
                 last_seen_ms: now,
                 consumer_groups: Default::default(),
                 producer_groups: Default::default(),
             });
             entry.conn = conn.clone();
             entry.language = req.language;
+            entry.version = req.version;
             entry.last_seen_ms = now;
             // Producer groups only label the client; at most as many as
             // one heartbeat names (a later heartbeat replaces them).

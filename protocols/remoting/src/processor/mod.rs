@@ -161,12 +161,15 @@ impl RocketMq {
             // Several broker sets: a topic with no queue on this set is
             // routed to the sets that hold it.
             .filter(|(_, t)| t.partitions > 0)
-            .map(|(name, t)| TopicConf {
-                name,
-                read_queues: t.partitions,
-                write_queues: t.partitions,
-                perm: 6,
-                sys_flag: 0,
+            .map(|(name, t)| {
+                let (read_queues, write_queues, perm) = t.rocketmq_queues();
+                TopicConf {
+                    name,
+                    read_queues,
+                    write_queues,
+                    perm,
+                    sys_flag: 0,
+                }
             })
             .collect();
         if self.broker.config().auto_create_topics {
@@ -318,6 +321,13 @@ impl RocketMq {
             | rq::GET_EARLIEST_MSG_STORETIME => self.offset_queries(&cmd),
             rq::UPDATE_AND_CREATE_TOPIC => rokka_broker::offload(|| self.create_topic(&cmd)),
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
+            rq::GET_TOPIC_CONFIG => self.topic_config(&cmd),
+            rq::DELETE_TOPIC_IN_BROKER => rokka_broker::offload(|| self.delete_topic(&cmd)),
+            rq::GET_TOPIC_STATS_INFO => self.topic_stats(&cmd),
+            rq::GET_CONSUMER_CONNECTION_LIST => self.consumer_connections(&cmd),
+            rq::GET_PRODUCER_CONNECTION_LIST => self.producer_connections(&cmd),
+            rq::QUERY_TOPIC_CONSUME_BY_WHO => self.consume_by_who(&cmd),
+            rq::GET_BROKER_RUNTIME_INFO => self.runtime_info(&cmd),
             rq::GET_CONSUME_STATS => self.consume_stats(&cmd),
             rq::INVOKE_BROKER_TO_RESET_OFFSET => self.reset_offset(&cmd).await,
             rq::LOCK_BATCH_MQ | rq::UNLOCK_BATCH_MQ => self.lock_batch(&cmd, conn),

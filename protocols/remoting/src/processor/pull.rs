@@ -20,6 +20,13 @@ impl RocketMq {
         let Some(info) = self.broker.topics().get(&topic) else {
             return self.reply(req, rs::TOPIC_NOT_EXIST, Some(format!("topic[{topic}] not exist")));
         };
+        if !info.rocketmq_readable() {
+            return self.reply(
+                req,
+                rs::NO_PERMISSION,
+                Some(format!("the topic[{topic}] pulling message is forbidden")),
+            );
+        }
         if queue < 0 || queue >= i64::from(info.partitions) {
             return self.reply(req, 29, Some(format!("queueId {queue} out of range")));
         }

@@ -95,6 +95,15 @@ impl RocketMq {
                 return Err(self.reply(req, code, Some(e.to_string())));
             }
         };
+        // A topic whose permission an admin made read-only (updateTopic
+        // -p 4, updateTopicPerm): Apache's msgCheck.
+        if !info.rocketmq_writable() {
+            return Err(self.reply(
+                req,
+                rs::NO_PERMISSION,
+                Some(format!("the topic[{topic}] sending message is forbidden")),
+            ));
+        }
         let mut queue = if dlq_group.is_some() {
             0
         } else {
