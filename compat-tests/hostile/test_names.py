@@ -216,3 +216,33 @@ def test_a_group_id_longer_than_max_id_bytes_is_not_kept(rokka):
         assert ok in (0, 28), ok
     assert metric(rokka, "rokka_kafka_ids_refused_total") == before + 2
     assert metric(rokka, "rokka_committed_offsets") <= offsets_before + 1
+    # A member's id is kept with it too: a JoinGroup naming a longer one is
+    # INVALID_REQUEST (42).
+    with socket.create_connection(kafka, timeout=10) as s:
+        resp = call(s, join_v0("names-member-group", member="M" * 4097))
+        assert struct.unpack(">h", resp[4:6])[0] == 42
+    assert metric(rokka, "rokka_kafka_ids_refused_total") == before + 3
+
+
+def test_a_member_id_from_a_long_client_id_is_cut_and_rejoins(rokka):
+    """The broker makes a member's id from its client id (Kafka's
+    `clientId-uuid`); a client id of thousands of bytes is cut to 255 there,
+    so the member's next JoinGroup naming that id is not refused as too
+    long — librdkafka with such a client.id forms its group."""
+    c = Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": "names-long-client",
+            "client.id": "c" * 5000,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        assigned = []
+        c.subscribe(["names-real"], on_assign=lambda _c, parts: assigned.extend(parts))
+        end = time.time() + 30
+        while not assigned and time.time() < end:
+            c.poll(0.5)
+        assert assigned, "the consumer with a 5000-byte client id got no assignment"
+    finally:
+        c.close()

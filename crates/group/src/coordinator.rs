@@ -536,7 +536,14 @@ impl GroupCoordinator {
     fn new_member_id(&mut self, client_id: &str) -> String {
         self.id_seq += 1;
         let x = self.id_salt ^ self.id_seq.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        format!("{client_id}-{:016x}-{:016x}", x, self.id_seq)
+        // The client id prefixes it as Kafka's does, cut to 255 bytes: the
+        // member sends the id back on every request, and ids longer than
+        // `kafka.max_id_bytes` are refused.
+        let mut end = client_id.len().min(255);
+        while !client_id.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}-{:016x}-{:016x}", &client_id[..end], x, self.id_seq)
     }
 
     /// JoinGroup. Accepted in every state but Dead; parks the request (its

@@ -1,4 +1,4 @@
-//! Group ids and transactional ids a client names are kept — a group's
+//! Group ids, member, instance and rack ids, and transactional ids a client names are kept — a group's
 //! record, each committed offset's key, a transaction's state — so their
 //! length is bounded (`kafka.max_id_bytes`; Kafka allows any string its
 //! wire format carries, 32767 bytes). A request that would make the broker
@@ -29,6 +29,17 @@ pub fn check(k: &Kafka, req: &RequestKind) -> Option<ResponseKind> {
         RequestKind::JoinGroup(r) if too_long(k, &r.group_id) => {
             ResponseKind::JoinGroup(JoinGroupResponse::default().with_error_code(g).with_generation_id(-1))
         }
+        // A member's ids are kept with it (its instance id, and a KIP-848
+        // member's own id and rack): bounded as the group's.
+        RequestKind::JoinGroup(r)
+            if too_long(k, &r.member_id) || r.group_instance_id.as_ref().is_some_and(|i| too_long(k, i)) =>
+        {
+            ResponseKind::JoinGroup(
+                JoinGroupResponse::default()
+                    .with_error_code(errors::INVALID_REQUEST)
+                    .with_generation_id(-1),
+            )
+        }
         RequestKind::ConsumerGroupHeartbeat(r) if too_long(k, &r.group_id) => ResponseKind::ConsumerGroupHeartbeat(
             ConsumerGroupHeartbeatResponse::default()
                 .with_error_code(g)
@@ -36,6 +47,19 @@ pub fn check(k: &Kafka, req: &RequestKind) -> Option<ResponseKind> {
                     "the group id is longer than kafka.max_id_bytes",
                 ))),
         ),
+        RequestKind::ConsumerGroupHeartbeat(r)
+            if too_long(k, &r.member_id)
+                || r.instance_id.as_ref().is_some_and(|i| too_long(k, i))
+                || r.rack_id.as_ref().is_some_and(|i| too_long(k, i)) =>
+        {
+            ResponseKind::ConsumerGroupHeartbeat(
+                ConsumerGroupHeartbeatResponse::default()
+                    .with_error_code(errors::INVALID_REQUEST)
+                    .with_error_message(Some(crate::api::str_bytes(
+                        "a member, instance or rack id is longer than kafka.max_id_bytes",
+                    ))),
+            )
+        }
         RequestKind::OffsetCommit(r) if too_long(k, &r.group_id) => {
             ResponseKind::OffsetCommit(super::not_coordinator::offset_commit_refused(r, g))
         }
@@ -65,8 +89,10 @@ pub fn check(k: &Kafka, req: &RequestKind) -> Option<ResponseKind> {
         }
         _ => return None,
     };
-    refused(match resp {
+    refused(match &resp {
         ResponseKind::InitProducerId(_) => "transactional_id",
+        ResponseKind::JoinGroup(j) if j.error_code == errors::INVALID_REQUEST => "member_id",
+        ResponseKind::ConsumerGroupHeartbeat(h) if h.error_code == errors::INVALID_REQUEST => "member_id",
         _ => "group_id",
     });
     Some(resp)
