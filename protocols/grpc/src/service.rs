@@ -432,9 +432,14 @@ impl Messaging {
     /// Returns how many were renewed.
     pub fn renew_due(&self, now_ms: i64, released: Option<&str>) -> usize {
         let slice = self.config.auto_renew_invisible_ms.max(1000) as i64;
+        // A client's termination releases its own renewals only: those
+        // alone are copied out (the map may hold every client's).
         let entries: Vec<((String, String, u32, u64), Renewal)> = {
             let r = self.renewals.lock().unwrap_or_else(|p| p.into_inner());
-            r.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+            r.iter()
+                .filter(|(_, v)| released.is_none_or(|c| v.client == c))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
         };
         let mut live: HashMap<String, Vec<String>> = HashMap::new();
         // (key, the delivery it named when looked at): removed only if it
