@@ -152,6 +152,9 @@ pub struct Conn {
     max_pushes: usize,
     /// Authorization refusals on this connection (logged once).
     pub denials: Arc<crate::auth::Denials>,
+    /// A refused subscription (a mixed group's conflict) was logged for
+    /// this connection: its next heartbeats, refused alike, are not.
+    pub conflict_logged: Arc<std::sync::atomic::AtomicBool>,
     /// The listener's failed signature checks per address.
     pub auth_failures: Arc<rokka_broker::limits::AuthFailures>,
     /// `User:<subject DN>` of the client certificate a TLS connection
@@ -410,6 +413,7 @@ async fn run<S: Service, T: Halves>(
         pushes: Arc::clone(&pushes),
         max_pushes: limits.max_pushes,
         denials: Arc::default(),
+        conflict_logged: Arc::default(),
         auth_failures: Arc::clone(&rmq.limits().auth_failures),
         certificate_principal,
         unwritten_bytes: Arc::default(),
@@ -630,6 +634,7 @@ mod tests {
             pushes: Arc::default(),
             max_pushes: 1024,
             denials: Arc::default(),
+            conflict_logged: Arc::default(),
             auth_failures: Arc::new(rokka_broker::limits::AuthFailures::new(
                 "test_failing_addresses",
                 5,

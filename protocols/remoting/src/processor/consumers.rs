@@ -117,7 +117,9 @@ impl RocketMq {
                     if was {
                         changed.push(g.clone());
                     }
-                    if conflict.is_none() {
+                    // Logged once per connection (the client heartbeats
+                    // every 30 s, refused alike each time).
+                    if conflict.is_none() && !conn.conflict_logged.swap(true, std::sync::atomic::Ordering::Relaxed) {
                         tracing::warn!(group = g, client = client_id, rocketmq = ?topics, kafka = ?kafka.kafka_topics,
                             "RocketMQ consumer refused: its subscription differs from the group's Kafka members'");
                     }
