@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Cross-protocol suite: Kafka clients (kafka-python, confluent-kafka) and the
-# RocketMQ client (rocketmq-client-rust, the compat harness) on one rokka.
-# Installs its own clients: the Kafka suite's venv and the harness build.
+# RocketMQ clients (rocketmq-client-rust, the compat harness; ali-ons, npm) on
+# one rokka. Installs its own clients: the Kafka suite's venv, the harness
+# build and the npm packages.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -20,6 +21,8 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
 fi
 "$venv/bin/pip" install -q --disable-pip-version-check selenium==4.50.0
 (cd "$root/compat-tests/rocketmq/harness" && cargo build --profile ci -q --locked)
+# ali-ons, a RocketMQ remoting client in JavaScript (test_alions.py).
+(cd "$here/js" && npm ci --silent --no-audit --no-fund)
 if [[ -z ${ROKKA_BIN:-} ]]; then
   (cd "$root" && cargo build -q -p rokka-server --locked)
   export ROKKA_BIN="$root/target/debug/rokka"
