@@ -53,6 +53,7 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "queues.tmp",
     "config",
     "lost+found",
+    DAMAGED,
     crate::replication::EPOCHS_FILE,
     "epochs.tmp",
     crate::replication::RESTART_MARKER,
@@ -81,7 +82,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     let log = Arc::new(CommitLog::load(&dir.join("commitlog"))?);
     let manifest = crate::manifest::Manifest::load(&dir);
     let deleted = manifest.as_ref().map(|m| m.deleted.clone()).unwrap_or_default();
-    let mut queues = load_queues(&dir.join("consumequeue"), config.consume_queue_entries_per_file)?;
+    let (mut queues, set_aside) = load_queues(&dir, config.consume_queue_entries_per_file)?;
     let compacted = crate::compacted::load_all(&dir, &mut queues, config.consume_queue_entries_per_file)?;
     let mut index = if config.index_enabled {
         Some(IndexService::load(
@@ -135,7 +136,11 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     // one that does not (zeroed entries, a deleted directory) would hide
     // messages and hand out their offsets again: rebuild from the CommitLog.
     crate::compacted::continue_after_clean(&queues);
-    let short = manifest.as_ref().map_or_else(Vec::new, |m| short_queues(m, &queues));
+    let mut short = manifest.as_ref().map_or_else(Vec::new, |m| short_queues(m, &queues));
+    // A queue set aside is rebuilt even with no manifest to miss it by
+    // (and counted once, not again as missing).
+    short.retain(|why| !set_aside.iter().any(|(key, _)| why.starts_with(&format!("{key}: "))));
+    short.extend(set_aside.into_iter().map(|(_, why)| why));
     let (end, report) = if short.is_empty() {
         (end, report)
     } else {
@@ -319,6 +324,10 @@ pub(crate) fn lock(dir: &Path) -> Result<File> {
     }
 }
 
+/// Where ConsumeQueue directories found damaged at start are moved (kept
+/// for a look, never read again): the queues are rebuilt from the CommitLog.
+pub(crate) const DAMAGED: &str = "damaged";
+
 fn check_top_level(dir: &Path) -> Result<()> {
     for item in std::fs::read_dir(dir).map_err(StoreError::io("read dir", dir))? {
         let item = item.map_err(StoreError::io("read dir", dir))?;
@@ -332,36 +341,84 @@ fn check_top_level(dir: &Path) -> Result<()> {
 
 type QueueMap = HashMap<Arc<str>, HashMap<u32, Arc<ConsumeQueue>>>;
 
-fn load_queues(root: &Path, entries_per_file: u32) -> Result<QueueMap> {
+/// Every ConsumeQueue under `<dir>/consumequeue`, and the queues whose
+/// files were found damaged (a file of the wrong length, a gap, a name the
+/// store does not write): those are moved to `<dir>/damaged/` and left out,
+/// to be rebuilt from the CommitLog — a ConsumeQueue is derived data, and a
+/// store that refused to start over one would keep every queue from its
+/// consumers.
+fn load_queues(dir: &Path, entries_per_file: u32) -> Result<(QueueMap, Vec<(String, String)>)> {
+    let root = dir.join("consumequeue");
     let mut map: QueueMap = HashMap::new();
+    let mut set_aside = Vec::new();
     if !root.exists() {
-        return Ok(map);
+        return Ok((map, set_aside));
     }
-    for t in std::fs::read_dir(root).map_err(StoreError::io("read dir", root))? {
-        let t = t.map_err(StoreError::io("read dir", root))?;
+    for t in std::fs::read_dir(&root).map_err(StoreError::io("read dir", &root))? {
+        let t = t.map_err(StoreError::io("read dir", &root))?;
         let tpath = t.path();
-        let topic = t
+        let Some(topic) = t
             .file_name()
             .to_str()
             .filter(|n| validate_topic(n).is_ok() && tpath.is_dir())
             .map(Arc::<str>::from)
-            .ok_or_else(|| StoreError::bad_file(&tpath, "not a topic directory"))?;
+        else {
+            let key = t.file_name().to_string_lossy().into_owned();
+            set_aside.push((key, move_damaged(dir, &tpath, "not a topic directory")?));
+            continue;
+        };
         for q in std::fs::read_dir(&tpath).map_err(StoreError::io("read dir", &tpath))? {
             let q = q.map_err(StoreError::io("read dir", &tpath))?;
             let qpath = q.path();
-            let queue_id: u32 = q
+            let Some(queue_id) = q
                 .file_name()
                 .to_str()
                 .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && qpath.is_dir())
-                .and_then(|n| n.parse().ok())
-                .ok_or_else(|| StoreError::bad_file(&qpath, "not a queue directory"))?;
-            let cq = ConsumeQueue::load(root, Arc::clone(&topic), queue_id, entries_per_file)?;
-            map.entry(Arc::clone(&topic))
-                .or_default()
-                .insert(queue_id, Arc::new(cq));
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                let key = format!("{topic}/{}", q.file_name().to_string_lossy());
+                set_aside.push((key, move_damaged(dir, &qpath, "not a queue directory")?));
+                continue;
+            };
+            match ConsumeQueue::load(&root, Arc::clone(&topic), queue_id, entries_per_file) {
+                Ok(cq) => {
+                    map.entry(Arc::clone(&topic))
+                        .or_default()
+                        .insert(queue_id, Arc::new(cq));
+                }
+                Err(StoreError::BadFile { path, reason }) => {
+                    let why = format!("{}: {reason}", path.display());
+                    let key = crate::manifest::Manifest::key(&topic, queue_id);
+                    set_aside.push((key, move_damaged(dir, &qpath, &why)?));
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
-    Ok(map)
+    Ok((map, set_aside))
+}
+
+/// Moves `path` (under `<dir>/consumequeue`) to the same place under
+/// `<dir>/damaged/` (a free name: `.1`, `.2`, ... if taken); what happened,
+/// for the log and the recovery report (after the queue's key).
+fn move_damaged(dir: &Path, path: &Path, why: &str) -> Result<String> {
+    let rel = path.strip_prefix(dir).unwrap_or(path);
+    let mut to = dir.join(DAMAGED).join(rel);
+    let mut n = 0;
+    while to.exists() {
+        n += 1;
+        to = dir.join(DAMAGED).join(format!("{}.{n}", rel.display()));
+    }
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent).map_err(StoreError::io("create dir", parent))?;
+    }
+    std::fs::rename(path, &to).map_err(StoreError::io("rename", path))?;
+    tracing::error!(from = %path.display(), to = %to.display(), why, "ConsumeQueue damaged: set aside, rebuilt from the CommitLog");
+    let key = rel
+        .strip_prefix("consumequeue")
+        .map(|k| k.display().to_string())
+        .unwrap_or_default();
+    Ok(format!("{key}: {why} (moved to {})", to.display()))
 }
 
 /// After a clean stop: the last record must be intact and end exactly at the

@@ -260,3 +260,49 @@ fn an_index_file_created_just_before_a_crash_is_dropped_not_fatal() -> TestResul
     assert!(!idx.join(format!("{:020}", 99_999_999u64)).exists());
     Ok(())
 }
+
+/// A ConsumeQueue whose files are not what the store writes — an older
+/// file cut short, a stray file among them — is set aside under
+/// `damaged/` and rebuilt from the CommitLog: the store starts, and every
+/// message keeps its offset (it refused to start before).
+#[test]
+fn a_queue_with_a_file_cut_short_or_a_stray_file_is_set_aside_and_rebuilt() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.consume_queue_entries_per_file = 8;
+    let store = MessageStore::open(cfg.clone())?;
+    for i in 0..30 {
+        append(&store, "W", 1, 9, i)?;
+        append(&store, "S", 0, 9, i)?;
+    }
+    store.close()?;
+    drop(store);
+    // W/1's first file (entries 0..8, not the newest) cut to half.
+    let first = dir.path().join("consumequeue/W/1/00000000000000000000");
+    OpenOptions::new().write(true).open(&first)?.set_len(4 * 48)?;
+    // S/0 gets a file that is no ConsumeQueue's.
+    std::fs::write(dir.path().join("consumequeue/S/0/notes.txt"), b"hello")?;
+    let store = MessageStore::open(cfg.clone())?;
+    assert_eq!(store.recovery_report().queues_rebuilt, 2);
+    for topic_queue in [("W", 1), ("S", 0)] {
+        let all = read_all(&store, topic_queue.0, topic_queue.1);
+        assert_eq!(all.len(), 30, "{topic_queue:?}");
+        for (k, (off, b)) in all.iter().enumerate() {
+            assert_eq!((*off, b), (k as u64, &body(9, k as u64)));
+        }
+    }
+    assert_eq!(append(&store, "W", 1, 9, 30)?.queue_offset, 30);
+    // What was set aside is kept for a look.
+    assert!(dir
+        .path()
+        .join("damaged/consumequeue/W/1/00000000000000000000")
+        .exists());
+    assert!(dir.path().join("damaged/consumequeue/S/0/notes.txt").exists());
+    store.close()?;
+    drop(store);
+    // And the next start is an ordinary one.
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(store.recovery_report().queues_rebuilt, 0);
+    assert_eq!(read_all(&store, "W", 1).len(), 31);
+    Ok(())
+}
