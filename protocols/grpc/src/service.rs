@@ -25,6 +25,55 @@ use rokka_broker::acl::{rocketmq_topic, Operation as Op, ResourceType as Rt};
 
 type Stream_<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// A ReceiveMessage answer being written. Messages the transport has not
+/// taken when it drops the answer (the client reset the call or went away)
+/// are made visible again at once, as Apache's proxy nacks what it could
+/// not write — not left invisible for their whole invisible time.
+struct Answer {
+    items: std::collections::VecDeque<pb::ReceiveMessageResponse>,
+    m: Arc<Messaging>,
+    group: String,
+}
+
+impl Stream for Answer {
+    type Item = Result<pb::ReceiveMessageResponse, Status>;
+    fn poll_next(mut self: Pin<&mut Self>, _cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        std::task::Poll::Ready(self.items.pop_front().map(Ok))
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        let mut released = 0u64;
+        for r in self.items.drain(..) {
+            let Some(pb::receive_message_response::Content::Message(msg)) = r.content else {
+                continue;
+            };
+            let Some(handle) = msg.system_properties.and_then(|p| p.receipt_handle) else {
+                continue;
+            };
+            let nack = pb::ChangeInvisibleDurationRequest {
+                group: Some(resource(&self.group)),
+                topic: msg.topic,
+                receipt_handle: handle,
+                invisible_duration: Some(message::duration(0)),
+                ..Default::default()
+            };
+            if self
+                .m
+                .change_invisible(nack)
+                .status
+                .is_some_and(|s| s.code == pb::Code::Ok as i32)
+            {
+                released += 1;
+            }
+        }
+        if released > 0 {
+            metrics::counter!("rokka_rocketmq5_unwritten_messages_released_total").increment(released);
+        }
+    }
+}
+
 /// The node's gRPC service.
 #[derive(Debug)]
 pub struct Messaging {
@@ -1647,8 +1696,13 @@ impl pb::messaging_service_server::MessagingService for Service {
                 inner.long_polling_timeout = Some(message::duration(ms.saturating_sub(1000) as i64));
             }
         }
+        let group = name(&inner.group).to_string();
         let out = self.0.receive(inner, &client_id).await;
-        Ok(Response::new(Box::pin(tokio_stream::iter(out.into_iter().map(Ok)))))
+        Ok(Response::new(Box::pin(Answer {
+            items: out.into(),
+            m: Arc::clone(&self.0),
+            group,
+        })))
     }
 
     async fn ack_message(
@@ -2111,6 +2165,108 @@ mod route_tests {
         assert_eq!(
             (named.addresses[0].host.as_str(), named.addresses[0].port),
             ("rokka.internal", 18081)
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod answer_tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn receive_req(group: &str) -> pb::ReceiveMessageRequest {
+        pb::ReceiveMessageRequest {
+            group: Some(resource(group)),
+            message_queue: Some(pb::MessageQueue {
+                topic: Some(resource("t")),
+                id: -1,
+                ..Default::default()
+            }),
+            filter_expression: Some(pb::FilterExpression {
+                r#type: pb::FilterType::Tag as i32,
+                expression: "*".into(),
+            }),
+            batch_size: 2,
+            invisible_duration: Some(message::duration(30_000)),
+            long_polling_timeout: Some(message::duration(0)),
+            auto_renew: false,
+            ..Default::default()
+        }
+    }
+
+    fn bodies(out: &[pb::ReceiveMessageResponse]) -> Vec<Vec<u8>> {
+        out.iter()
+            .filter_map(|r| match &r.content {
+                Some(pb::receive_message_response::Content::Message(m)) => Some(m.body.to_vec()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Messages of an answer the transport did not take before dropping it
+    /// (the client reset the call) are visible again at once; those it
+    /// took stay invisible for their time.
+    #[tokio::test]
+    async fn messages_an_answer_did_not_write_are_received_again_at_once() -> Result<(), Box<dyn std::error::Error>> {
+        use tokio_stream::StreamExt;
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(rokka_store::MessageStore::open(rokka_store::StoreConfig::for_tests(
+            dir.path(),
+        ))?);
+        let broker = Arc::new(Broker::new(store, rokka_broker::BrokerConfig::default())?);
+        broker.create_topic("t", 1)?;
+        let m = Arc::new(Messaging::new(
+            broker,
+            GrpcConfig::default(),
+            "broker-a".into(),
+            "127.0.0.1:8081".into(),
+            90,
+        ));
+        let send = pb::SendMessageRequest {
+            messages: ["first", "second"]
+                .iter()
+                .map(|b| pb::Message {
+                    topic: Some(resource("t")),
+                    body: Bytes::copy_from_slice(b.as_bytes()),
+                    system_properties: Some(pb::SystemProperties {
+                        message_id: format!("id-{b}"),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        let (results, _) = m.send(send, None);
+        assert!(
+            results
+                .iter()
+                .all(|r| r.status.as_ref().is_some_and(|s| s.code == pb::Code::Ok as i32)),
+            "{results:?}"
+        );
+        let out = m.receive(receive_req("g"), "c").await;
+        assert_eq!(bodies(&out), vec![b"first".to_vec(), b"second".to_vec()]);
+        let mut answer = Answer {
+            items: out.into(),
+            m: Arc::clone(&m),
+            group: "g".into(),
+        };
+        // The transport takes what comes before the first message and the
+        // message, then the call is reset.
+        loop {
+            match answer.next().await {
+                Some(Ok(r)) if matches!(r.content, Some(pb::receive_message_response::Content::Message(_))) => break,
+                Some(Ok(_)) => {}
+                other => return Err(format!("the answer ended early: {other:?}").into()),
+            }
+        }
+        drop(answer);
+        let again = m.receive(receive_req("g"), "c").await;
+        assert_eq!(
+            bodies(&again),
+            vec![b"second".to_vec()],
+            "only the one not written comes back"
         );
         Ok(())
     }
