@@ -1786,6 +1786,14 @@ impl pb::messaging_service_server::MessagingService for Service {
                 pb::Code::BadRequest,
                 format!("queue {} out of range for {topic}", mq.id),
             )
+        } else if !self.0.broker.leads_here() {
+            // Cluster mode: offsets are committed on the set's master (a
+            // replica's table is the master's copy; a starting node's role
+            // is not known yet), as remoting's UPDATE_CONSUMER_OFFSET.
+            status(
+                pb::Code::HaNotAvailable,
+                "not the broker set's master: commit on the master",
+            )
         } else {
             let q = mq.id as u32;
             self.0.pops.reset(&group, &topic, q);
