@@ -82,6 +82,8 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     let log = Arc::new(CommitLog::load(&dir.join("commitlog"))?);
     let manifest = crate::manifest::Manifest::load(&dir);
     let deleted = manifest.as_ref().map(|m| m.deleted.clone()).unwrap_or_default();
+    let rebuild_marker = dir.join(DAMAGED).join(REBUILD_MARKER);
+    let rebuild_unfinished = rebuild_marker.exists();
     let (mut queues, set_aside) = load_queues(&dir, config.consume_queue_entries_per_file)?;
     let compacted = crate::compacted::load_all(&dir, &mut queues, config.consume_queue_entries_per_file)?;
     let mut index = if config.index_enabled {
@@ -141,6 +143,9 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     // (and counted once, not again as missing).
     short.retain(|why| !set_aside.iter().any(|(key, _)| why.starts_with(&format!("{key}: "))));
     short.extend(set_aside.into_iter().map(|(_, why)| why));
+    if rebuild_unfinished && short.is_empty() {
+        short.push("the last rebuild of the ConsumeQueues was cut short: rebuilding again".into());
+    }
     let (end, report) = if short.is_empty() {
         (end, report)
     } else {
@@ -287,6 +292,18 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     // Everything recovered is now on disk; record that before accepting writes,
     // then mark the store as running.
     crate::tasks::checkpoint(&inner, false)?;
+    // The rebuild a set-aside queue called for is checkpointed.
+    match std::fs::remove_file(&rebuild_marker) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(StoreError::Io {
+                op: "remove",
+                path: rebuild_marker,
+                source: e,
+            })
+        }
+    }
     let mut f = File::create(&abort).map_err(StoreError::io("create", &abort))?;
     writeln!(f, "{}", std::process::id()).map_err(StoreError::io("write", &abort))?;
     f.sync_all().map_err(StoreError::io("fsync", &abort))?;
@@ -327,6 +344,10 @@ pub(crate) fn lock(dir: &Path) -> Result<File> {
 /// Where ConsumeQueue directories found damaged at start are moved (kept
 /// for a look, never read again): the queues are rebuilt from the CommitLog.
 pub(crate) const DAMAGED: &str = "damaged";
+/// In `damaged/`, from before a queue is set aside until the rebuild it
+/// calls for is checkpointed: a start that finds it rebuilds every
+/// ConsumeQueue (the one before was cut short), manifest or not.
+const REBUILD_MARKER: &str = "rebuild";
 
 fn check_top_level(dir: &Path) -> Result<()> {
     for item in std::fs::read_dir(dir).map_err(StoreError::io("read dir", dir))? {
@@ -357,10 +378,15 @@ fn load_queues(dir: &Path, entries_per_file: u32) -> Result<(QueueMap, Vec<(Stri
     for t in std::fs::read_dir(&root).map_err(StoreError::io("read dir", &root))? {
         let t = t.map_err(StoreError::io("read dir", &root))?;
         let tpath = t.path();
+        // A directory that cannot be looked at (EIO, EACCES) is an error,
+        // not damage to set aside.
+        let is_dir = std::fs::metadata(&tpath)
+            .map_err(StoreError::io("stat", &tpath))?
+            .is_dir();
         let Some(topic) = t
             .file_name()
             .to_str()
-            .filter(|n| validate_topic(n).is_ok() && tpath.is_dir())
+            .filter(|n| validate_topic(n).is_ok() && is_dir)
             .map(Arc::<str>::from)
         else {
             let key = t.file_name().to_string_lossy().into_owned();
@@ -370,10 +396,13 @@ fn load_queues(dir: &Path, entries_per_file: u32) -> Result<(QueueMap, Vec<(Stri
         for q in std::fs::read_dir(&tpath).map_err(StoreError::io("read dir", &tpath))? {
             let q = q.map_err(StoreError::io("read dir", &tpath))?;
             let qpath = q.path();
+            let is_dir = std::fs::metadata(&qpath)
+                .map_err(StoreError::io("stat", &qpath))?
+                .is_dir();
             let Some(queue_id) = q
                 .file_name()
                 .to_str()
-                .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && qpath.is_dir())
+                .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && is_dir)
                 .and_then(|n| n.parse::<u32>().ok())
             else {
                 let key = format!("{topic}/{}", q.file_name().to_string_lossy());
@@ -402,6 +431,19 @@ fn load_queues(dir: &Path, entries_per_file: u32) -> Result<(QueueMap, Vec<(Stri
 /// `<dir>/damaged/` (a free name: `.1`, `.2`, ... if taken); what happened,
 /// for the log and the recovery report (after the queue's key).
 fn move_damaged(dir: &Path, path: &Path, why: &str) -> Result<String> {
+    // First, what makes a start cut short before the rebuild is
+    // checkpointed rebuild again (the queue is gone from consumequeue/).
+    let damaged = dir.join(DAMAGED);
+    let marker = damaged.join(REBUILD_MARKER);
+    if !marker.exists() {
+        std::fs::create_dir_all(&damaged).map_err(StoreError::io("create dir", &damaged))?;
+        File::create(&marker)
+            .and_then(|f| f.sync_all())
+            .map_err(StoreError::io("create", &marker))?;
+        File::open(&damaged)
+            .and_then(|d| d.sync_all())
+            .map_err(StoreError::io("fsync", &damaged))?;
+    }
     let rel = path.strip_prefix(dir).unwrap_or(path);
     let mut to = dir.join(DAMAGED).join(rel);
     let mut n = 0;

@@ -306,3 +306,35 @@ fn a_queue_with_a_file_cut_short_or_a_stray_file_is_set_aside_and_rebuilt() -> T
     assert_eq!(read_all(&store, "W", 1).len(), 31);
     Ok(())
 }
+
+/// A start killed between setting a queue aside and checkpointing the
+/// rebuild leaves `damaged/rebuild`: the next start rebuilds again, even
+/// with no `queues.json` to miss the queue by.
+#[test]
+fn a_rebuild_cut_short_is_done_again_without_a_manifest() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    for i in 0..20 {
+        append(&store, "R", 2, 9, i)?;
+    }
+    store.close()?;
+    drop(store);
+    // What the killed start left: the queue moved aside, the marker, and
+    // (here) no manifest.
+    std::fs::create_dir_all(dir.path().join("damaged/consumequeue/R"))?;
+    std::fs::rename(
+        dir.path().join("consumequeue/R/2"),
+        dir.path().join("damaged/consumequeue/R/2"),
+    )?;
+    std::fs::write(dir.path().join("damaged/rebuild"), b"")?;
+    std::fs::remove_file(dir.path().join("queues.json"))?;
+    let store = MessageStore::open(cfg.clone())?;
+    assert_eq!(read_all(&store, "R", 2).len(), 20);
+    assert_eq!(append(&store, "R", 2, 9, 20)?.queue_offset, 20);
+    assert!(
+        !dir.path().join("damaged/rebuild").exists(),
+        "cleared once checkpointed"
+    );
+    Ok(())
+}
