@@ -1,7 +1,7 @@
 """The RocketMQ 5 gRPC listener's connection budgets: connections from one
 address beyond grpc.max_connections_per_ip are closed at accept, and a
-connection that sends nothing (no HTTP/2 preface) is closed after
-grpc.preface_timeout_ms — so silent sockets from one host cannot hold the
+connection that has not sent the HTTP/2 preface (nothing, or a byte of
+it) is closed after grpc.preface_timeout_ms — so silent sockets from one host cannot hold the
 listener's slots. A connection that speaks HTTP/2 is served."""
 import os
 import socket
@@ -65,6 +65,8 @@ def test_silent_connections_are_closed_and_one_address_holds_at_most_its_share(r
     refused = metric(rokka, "rokka_connections_refused_total", 'listener="grpc"')
     idle = metric(rokka, "rokka_connections_idle_closed_total", 'listener="grpc"')
     silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(PER_IP)]
+    # One sends the preface's first byte, then nothing: no slot either.
+    silent[0].sendall(H2_PREFACE[:1])
     try:
         time.sleep(0.3)
         # One more from the same address: accepted by TCP, closed by rokka.

@@ -257,6 +257,43 @@ impl AuthFailures {
     }
 }
 
+/// How writing an answer went ([`write_with_progress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    All,
+    /// The connection failed (or closed).
+    Failed,
+    /// The client took nothing for the whole stall timeout.
+    Stalled,
+}
+
+/// Writes `chunks` and flushes them, giving up if the client takes no byte
+/// for `stall` (its socket buffer full: a client that stopped reading).
+/// The clock restarts with every write that moves bytes, so a slow reader
+/// that keeps reading is not cut off however long the whole answer takes.
+pub async fn write_with_progress<W, C>(wr: &mut W, chunks: &[C], stall: std::time::Duration) -> Written
+where
+    W: tokio::io::AsyncWrite + Unpin,
+    C: AsRef<[u8]>,
+{
+    use tokio::io::AsyncWriteExt;
+    for c in chunks {
+        let mut buf = c.as_ref();
+        while !buf.is_empty() {
+            match tokio::time::timeout(stall, wr.write(buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return Written::Failed,
+                Ok(Ok(n)) => buf = &buf[n..],
+                Err(_) => return Written::Stalled,
+            }
+        }
+    }
+    match tokio::time::timeout(stall, wr.flush()).await {
+        Ok(Ok(())) => Written::All,
+        Ok(Err(_)) => Written::Failed,
+        Err(_) => Written::Stalled,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -317,5 +354,34 @@ mod tests {
         assert_eq!(b.available_kib(), 0);
         drop(big);
         assert_eq!(b.available_kib(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_slow_reader_is_written_to_and_a_stopped_one_times_out() {
+        use tokio::io::AsyncReadExt;
+        let stall = std::time::Duration::from_millis(300);
+        let data = vec![7u8; 256 * 1024];
+        // A reader taking 16 KiB every 100 ms: the whole answer takes well
+        // over the stall time, but every write moves bytes.
+        let (mut w, mut r) = tokio::io::duplex(8 * 1024);
+        let reader = tokio::spawn(async move {
+            let mut got = 0;
+            let mut buf = vec![0u8; 16 * 1024];
+            while got < 256 * 1024 {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                match r.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got += n,
+                }
+            }
+            got
+        });
+        assert_eq!(write_with_progress(&mut w, &[&data], stall).await, Written::All);
+        assert_eq!(reader.await.unwrap_or_default(), 256 * 1024);
+        // A reader that takes nothing: stalled after the timeout.
+        let (mut w, _r) = tokio::io::duplex(8 * 1024);
+        let t = std::time::Instant::now();
+        assert_eq!(write_with_progress(&mut w, &[&data], stall).await, Written::Stalled);
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
     }
 }

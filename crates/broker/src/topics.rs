@@ -83,16 +83,15 @@ pub enum Placed {
 
 impl TopicInfo {
     /// RocketMQ's (readQueueNums, writeQueueNums, perm) of this node's
-    /// queues: as an admin set them, never more than the queues there are
-    /// (with several broker sets, counts are each set's own: only the
+    /// queues: every queue is read (Kafka producers write to all of them,
+    /// and a mixed group's Kafka members are given all of them: a smaller
+    /// read count would hide records from RocketMQ consumers and split the
+    /// group two ways); the write count and the permission as an admin set
+    /// them (with several broker sets, counts are each set's own: only the
     /// permission applies).
     pub fn rocketmq_queues(&self) -> (u32, u32, u32) {
         match self.rocketmq {
-            Some(r) if self.placement.is_empty() => (
-                r.read_queues.min(self.partitions),
-                r.write_queues.min(self.partitions),
-                r.perm,
-            ),
+            Some(r) if self.placement.is_empty() => (self.partitions, r.write_queues.min(self.partitions), r.perm),
             Some(r) => (self.partitions, self.partitions, r.perm),
             None => (self.partitions, self.partitions, PERM_RW),
         }

@@ -137,13 +137,14 @@ pub struct RouteTable {
     /// whatever they register, until ADD_WRITE_PERM_OF_BROKER.
     write_wiped: BTreeSet<String>,
     /// KV configs by namespace (PUT_KV_CONFIG; e.g. ORDER_TOPIC_CONFIG),
-    /// at most [`MAX_KV_ENTRIES`] in all.
+    /// at most [`MAX_KV_TOTAL_BYTES`] of names, keys and values in all.
     kv: BTreeMap<String, BTreeMap<String, String>>,
-    kv_entries: usize,
+    kv_bytes: usize,
 }
 
-/// KV config entries a name server keeps at most (what admins set: a few).
-pub const MAX_KV_ENTRIES: usize = 10_000;
+/// Bytes of KV configs (namespaces, keys and values) a name server keeps
+/// at most: what admins set is a few short entries.
+pub const MAX_KV_TOTAL_BYTES: usize = 1 << 20;
 /// Longest KV namespace, key or value.
 pub const MAX_KV_BYTES: usize = 16 << 10;
 
@@ -445,13 +446,17 @@ impl RouteTable {
         if [namespace, key, value].iter().any(|s| s.len() > MAX_KV_BYTES) {
             return Err(format!("namespace, key and value must be at most {MAX_KV_BYTES} bytes"));
         }
-        let exists = self.kv.get(namespace).is_some_and(|m| m.contains_key(key));
-        if !exists && self.kv_entries >= MAX_KV_ENTRIES {
-            return Err(format!("the name server holds {MAX_KV_ENTRIES} KV configs already"));
+        let old = self.kv.get(namespace).and_then(|m| m.get(key)).map(String::len);
+        let (add, remove) = match old {
+            Some(old_value) => (value.len(), old_value),
+            None => (namespace.len() + key.len() + value.len(), 0),
+        };
+        if self.kv_bytes - remove + add > MAX_KV_TOTAL_BYTES {
+            return Err(format!(
+                "the name server's KV configs would pass {MAX_KV_TOTAL_BYTES} bytes"
+            ));
         }
-        if !exists {
-            self.kv_entries += 1;
-        }
+        self.kv_bytes = self.kv_bytes - remove + add;
         self.kv
             .entry(namespace.to_string())
             .or_default()
@@ -469,14 +474,14 @@ impl RouteTable {
         let Some(m) = self.kv.get_mut(namespace) else {
             return false;
         };
-        let had = m.remove(key).is_some();
+        let had = m.remove(key);
         if m.is_empty() {
             self.kv.remove(namespace);
         }
-        if had {
-            self.kv_entries -= 1;
+        if let Some(v) = &had {
+            self.kv_bytes -= namespace.len() + key.len() + v.len();
         }
-        had
+        had.is_some()
     }
 
     /// GET_KVLIST_BY_NAMESPACE: a namespace's entries, if any.

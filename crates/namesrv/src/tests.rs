@@ -339,11 +339,16 @@ fn kv_configs_are_kept_per_namespace_within_a_budget() {
     assert!(t.delete_kv("ORDER_TOPIC_CONFIG", "T"));
     assert!(!t.delete_kv("ORDER_TOPIC_CONFIG", "T"));
     assert!(t.kv_list("ORDER_TOPIC_CONFIG").is_none());
-    for i in 0..MAX_KV_ENTRIES {
-        assert_eq!(t.put_kv("n", &i.to_string(), "v"), Ok(()));
+    // 1 MiB in all: 64 entries of 16 KiB values and their names fill it.
+    let big = "v".repeat(MAX_KV_BYTES);
+    let mut n = 0;
+    while t.put_kv("n", &format!("{n:04}"), &big).is_ok() {
+        n += 1;
     }
-    assert!(t.put_kv("n", "one more", "v").is_err());
-    assert_eq!(t.put_kv("n", "0", "replaced"), Ok(()), "replacing takes no room");
-    assert!(t.delete_kv("n", "1"));
-    assert_eq!(t.put_kv("n", "one more", "v"), Ok(()));
+    assert_eq!(n, MAX_KV_TOTAL_BYTES / (MAX_KV_BYTES + 5));
+    assert!(t.put_kv("n", "one more", &big).is_err());
+    assert_eq!(t.put_kv("n", "0000", "small"), Ok(()), "a smaller value takes less");
+    assert_eq!(t.put_kv("n", "one more", &big[..1000]), Ok(()));
+    assert!(t.delete_kv("n", "0001"));
+    assert_eq!(t.put_kv("n", "again", &big[..MAX_KV_BYTES - 10]), Ok(()));
 }

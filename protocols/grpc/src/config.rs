@@ -27,8 +27,8 @@ pub struct GrpcConfig {
     /// At most this many connections from one address (0 = no limit; more
     /// are closed at accept, `rokka_connections_refused_total{listener="grpc"}`).
     pub max_connections_per_ip: u32,
-    /// A connection whose client sends nothing (no HTTP/2 preface, no TLS
-    /// hello) for this long after it connected is closed (ms).
+    /// A connection whose client has not sent its HTTP/2 preface this
+    /// long after it connected is closed (ms).
     pub preface_timeout_ms: u64,
     /// At most this many concurrent calls (HTTP/2 streams) per connection.
     pub max_concurrent_streams: u32,

@@ -38,9 +38,12 @@ pub struct Conn {
     local: SocketAddr,
     peer: SocketAddr,
     principal: Option<Arc<str>>,
-    /// Until the client's first bytes arrive: when the connection is closed
-    /// if none have (`grpc.preface_timeout_ms`).
+    /// Until the client's HTTP/2 connection preface (24 bytes) has
+    /// arrived: when the connection is closed if it has not
+    /// (`grpc.preface_timeout_ms`; a byte and then silence holds no slot).
     preface_deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Bytes read so far while the preface deadline runs.
+    preface_read: usize,
     _slot: Slot,
     _limits: rokka_broker::limits::ConnSlot,
 }
@@ -87,21 +90,29 @@ impl Connected for Conn {
     }
 }
 
+/// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`: what every HTTP/2 client sends first.
+const H2_PREFACE_LEN: usize = 24;
+
 impl AsyncRead for Conn {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.io).poll_read(cx, buf);
         if self.preface_deadline.is_some() {
             match &r {
-                Poll::Ready(Ok(())) if buf.filled().len() > before => self.preface_deadline = None,
+                Poll::Ready(Ok(())) => {
+                    self.preface_read += buf.filled().len() - before;
+                    if self.preface_read >= H2_PREFACE_LEN {
+                        self.preface_deadline = None;
+                    }
+                }
                 Poll::Pending => {
                     if let Some(d) = self.preface_deadline.as_mut() {
                         if d.as_mut().poll(cx).is_ready() {
                             metrics::counter!("rokka_connections_idle_closed_total", "listener" => "grpc").increment(1);
-                            tracing::debug!(peer = %self.peer, "gRPC connection sent nothing within grpc.preface_timeout_ms: closing");
+                            tracing::debug!(peer = %self.peer, "gRPC connection sent no HTTP/2 preface within grpc.preface_timeout_ms: closing");
                             return Poll::Ready(Err(io::Error::new(
                                 io::ErrorKind::TimedOut,
-                                "no bytes within grpc.preface_timeout_ms",
+                                "no HTTP/2 preface within grpc.preface_timeout_ms",
                             )));
                         }
                     }
@@ -206,6 +217,7 @@ pub async fn serve(
                         peer,
                         principal: None,
                         preface_deadline: Some(Box::pin(tokio::time::sleep(preface))),
+                        preface_read: 0,
                         _slot: slot,
                         _limits: admitted,
                     };
@@ -227,6 +239,7 @@ pub async fn serve(
                                     peer,
                                     principal,
                                     preface_deadline: Some(Box::pin(tokio::time::sleep(preface))),
+                                    preface_read: 0,
                                     _slot: slot,
                                     _limits: admitted,
                                 };

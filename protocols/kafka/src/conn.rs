@@ -10,7 +10,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
 use kafka_protocol::protocol::{Decodable, Encodable};
 use rokka_broker::limits::ConnSlot;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, BufReader};
 use tokio::sync::watch;
 
 use crate::{api, versions, Endpoint, Kafka};
@@ -152,26 +152,23 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
 }
 
 /// Writes an answer and flushes it (TLS holds what it encrypted until
-/// flushed) within `idle`: false if the connection failed or its client
-/// read none of it for that long. A client that stops reading (its socket
-/// buffer full) would otherwise hold the connection, and the request
-/// bytes it reserved from the listener's budget, for good.
+/// flushed): false if the connection failed, or its client took no byte of
+/// it for `idle` (a client that stopped reading, its socket buffer full,
+/// would otherwise hold the connection, and the request bytes it reserved
+/// from the listener's budget, for good). A slow reader that keeps reading
+/// is not cut off.
 async fn write_answer<W, C>(wr: &mut W, chunks: &[C], idle: Duration, peer: SocketAddr) -> bool
 where
     W: tokio::io::AsyncWrite + Unpin,
     C: AsRef<[u8]>,
 {
-    let write = async {
-        for c in chunks {
-            wr.write_all(c.as_ref()).await?;
-        }
-        wr.flush().await
-    };
-    match tokio::time::timeout(idle, write).await {
-        Ok(r) => r.is_ok(),
-        Err(_) => {
+    use rokka_broker::limits::{write_with_progress, Written};
+    match write_with_progress(wr, chunks, idle).await {
+        Written::All => true,
+        Written::Failed => false,
+        Written::Stalled => {
             metrics::counter!("rokka_connections_write_stalled_total", "listener" => "kafka").increment(1);
-            tracing::debug!(%peer, "Kafka client read no answer within the idle timeout: closing");
+            tracing::debug!(%peer, "Kafka client read none of its answer within the idle timeout: closing");
             false
         }
     }

@@ -385,6 +385,9 @@ impl NameServer {
                 }
             }
             rq::GET_KV_CONFIG => {
+                if let Some(remark) = self.refuses(conn, cmd) {
+                    return self.reply(cmd, crate::auth::NO_PERMISSION, Some(remark));
+                }
                 let (ns, key) = (
                     cmd.ext_fields.get("namespace").unwrap_or_default(),
                     cmd.ext_fields.get("key").unwrap_or_default(),

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use rokka_broker::limits::{ByteBudget, ConnLimits, ConnSlot, Reserved};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
@@ -103,6 +103,27 @@ fn weight(cmd: &RemotingCommand) -> usize {
     cmd.body.len() + 512
 }
 
+/// Room taken among a connection's unwritten bytes for an answer being
+/// built ([`Conn::claim_room`]); given back on drop.
+#[derive(Debug)]
+pub struct RoomClaim {
+    bytes: usize,
+    conn: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl RoomClaim {
+    /// The bytes claimed (0: no room).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for RoomClaim {
+    fn drop(&mut self) {
+        self.conn.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 /// What a request holds until its answer is written: its place among the
 /// connection's requests in flight and its bytes in the listener's budget.
 #[derive(Debug)]
@@ -130,8 +151,13 @@ struct Weighed {
 impl Drop for Weighed {
     fn drop(&mut self) {
         self.conn.fetch_sub(self.bytes, Ordering::AcqRel);
-        let left = self.listener.fetch_sub(self.bytes, Ordering::Relaxed) - self.bytes;
-        rokka_broker::hot_metrics::gauge_set("rokka_rocketmq_unwritten_bytes", "listener", self.label, left as f64);
+        self.listener.fetch_sub(self.bytes, Ordering::Relaxed);
+        rokka_broker::hot_metrics::gauge_add(
+            "rokka_rocketmq_unwritten_bytes",
+            "listener",
+            self.label,
+            -(self.bytes as f64),
+        );
         if let Some(a) = &self.answers {
             a.fetch_sub(1, Ordering::Relaxed);
         }
@@ -180,6 +206,12 @@ impl Conn {
     /// `rokka_rocketmq_pushes_dropped_total`: each is a hint the broker
     /// repeats or the client recovers from by its own polling).
     pub fn send(&self, cmd: RemotingCommand) -> bool {
+        // Past the connection's unwritten bytes too (a transaction check
+        // carries its whole half message).
+        if self.over_unwritten_bytes() {
+            metrics::counter!("rokka_rocketmq_pushes_dropped_total").increment(1);
+            return false;
+        }
         if self.pushes.fetch_add(1, Ordering::AcqRel) >= self.max_pushes {
             self.pushes.fetch_sub(1, Ordering::AcqRel);
             metrics::counter!("rokka_rocketmq_pushes_dropped_total").increment(1);
@@ -202,12 +234,12 @@ impl Conn {
     fn weigh(&self, cmd: &RemotingCommand, answer: bool) -> Weighed {
         let bytes = weight(cmd);
         self.unwritten_bytes.fetch_add(bytes, Ordering::AcqRel);
-        let total = self.listener_unwritten_bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        rokka_broker::hot_metrics::gauge_set(
+        self.listener_unwritten_bytes.fetch_add(bytes, Ordering::Relaxed);
+        rokka_broker::hot_metrics::gauge_add(
             "rokka_rocketmq_unwritten_bytes",
             "listener",
             self.listener,
-            total as f64,
+            bytes as f64,
         );
         if answer {
             self.unwritten.fetch_add(1, Ordering::Relaxed);
@@ -222,11 +254,28 @@ impl Conn {
     }
 
     /// Bytes an answer may still take before this connection's unwritten
-    /// ones reach `rocketmq.max_unwritten_bytes_per_connection` (a pull
-    /// reads at most this much, and at least one entry).
+    /// ones reach `rocketmq.max_unwritten_bytes_per_connection`.
     pub fn answer_room(&self) -> usize {
         self.max_unwritten_bytes
             .saturating_sub(self.unwritten_bytes.load(Ordering::Acquire))
+    }
+
+    /// Takes up to `want` of the room left among the connection's unwritten
+    /// bytes for an answer about to be built (a pull reads no more than it
+    /// got: 0 when there is none), held until the claim is dropped — so
+    /// pulls woken together cannot each see the whole room.
+    pub fn claim_room(&self, want: usize) -> RoomClaim {
+        let max = self.max_unwritten_bytes;
+        let got = self
+            .unwritten_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                (cur < max).then(|| cur + want.min(max - cur))
+            })
+            .map_or(0, |cur| want.min(max - cur));
+        RoomClaim {
+            bytes: got,
+            conn: Arc::clone(&self.unwritten_bytes),
+        }
     }
 
     fn over_unwritten_bytes(&self) -> bool {
@@ -428,7 +477,15 @@ async fn run<S: Service, T: Halves>(
     // Set when the writer stops (the connection failed, or its client read
     // nothing for idle_timeout_ms): the reader stops too.
     let writer_gone = Arc::new(tokio::sync::Notify::new());
-    let gone = Arc::clone(&writer_gone);
+    // Told by a guard, so a writer that ends any way (a panic included)
+    // stops the reader.
+    struct Gone(Arc<tokio::sync::Notify>);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            self.0.notify_one();
+        }
+    }
+    let gone = Gone(Arc::clone(&writer_gone));
     let idle = limits.idle;
     let writer = tokio::spawn(async move {
         let mut out = BytesMut::new();
@@ -449,19 +506,16 @@ async fn run<S: Service, T: Halves>(
             // Taken off the queue: room for more pushes.
             pushes.fetch_sub(pushed, Ordering::AcqRel);
             // (TLS holds what it encrypted until flushed.) A client that
-            // reads nothing for idle_timeout_ms (its socket buffer full)
+            // takes nothing for idle_timeout_ms (its socket buffer full)
             // would hold these answers' request bytes and in-flight permits
-            // for good: the connection is closed.
-            let write = async {
-                wr.write_all(&out).await?;
-                wr.flush().await
-            };
-            match tokio::time::timeout(idle, write).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => break,
-                Err(_) => {
+            // for good: the connection is closed. A slow reader that keeps
+            // reading is not.
+            match rokka_broker::limits::write_with_progress(&mut wr, &[&out], idle).await {
+                rokka_broker::limits::Written::All => {}
+                rokka_broker::limits::Written::Failed => break,
+                rokka_broker::limits::Written::Stalled => {
                     metrics::counter!("rokka_connections_write_stalled_total", "listener" => listener).increment(1);
-                    tracing::debug!(%peer, "RocketMQ client read no answer within the idle timeout: closing");
+                    tracing::debug!(%peer, "RocketMQ client read none of its answers within the idle timeout: closing");
                     break;
                 }
             }
@@ -479,7 +533,7 @@ async fn run<S: Service, T: Halves>(
         }
         // Closed with answers unwritten: they are dropped with the
         // connection (their Weighed give back their counts).
-        gone.notify_one();
+        drop(gone);
     });
     let inflight = Arc::new(Semaphore::new(limits.max_inflight));
     let max = rmq.max_frame_bytes();
@@ -492,8 +546,10 @@ async fn run<S: Service, T: Halves>(
         loop {
             // Past its unwritten bytes the connection's next request waits,
             // unread, until its client has read some of the answers.
-            while conn.over_unwritten_bytes() {
+            if conn.over_unwritten_bytes() {
                 rokka_broker::hot_metrics::count("rokka_rocketmq_unwritten_bytes_waits_total", "listener", listener, 1);
+            }
+            while conn.over_unwritten_bytes() {
                 tokio::select! {
                     _ = drained.notified() => {}
                     _ = shutdown.changed() => break 'conn,

@@ -1425,6 +1425,15 @@ async fn admin_topic_configs_connections_and_name_server_perms() -> TestResult {
         .unwrap_or_default()
         .contains("pulling message is forbidden"));
     assert_eq!(admin.call(update("8", "8", "6")).await?.code, rs::SUCCESS);
+    // A smaller read count: every queue stays read (Kafka producers write
+    // to all of them); the write count is taken.
+    assert_eq!(admin.call(update("4", "4", "6")).await?.code, rs::SUCCESS);
+    let c = json(&admin.call(req(rq::GET_TOPIC_CONFIG, &[("topic", "AT")])).await?);
+    assert_eq!(
+        (c["readQueueNums"].clone(), c["writeQueueNums"].clone()),
+        (8.into(), 4.into())
+    );
+    assert_eq!(admin.call(update("8", "8", "6")).await?.code, rs::SUCCESS);
     // Bad counts and system topics are INVALID_PARAMETER.
     assert_eq!(admin.call(update("0", "4", "6")).await?.code, 29);
     let r = admin

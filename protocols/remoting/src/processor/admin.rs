@@ -4,10 +4,11 @@ use super::*;
 
 impl RocketMq {
     /// UPDATE_AND_CREATE_TOPIC (mqadmin updateTopic): creates the topic or
-    /// updates it as Apache's broker stores the TopicConfig it is sent —
-    /// its read and write queue counts and its permission. The store's
-    /// queues only grow (a smaller count leaves the queues past it unread
-    /// or unwritten by RocketMQ clients, as Apache's do).
+    /// updates it from the TopicConfig it is sent — its write queue count
+    /// and its permission; the store's queues grow to the larger count and
+    /// are all read (a smaller write count leaves queues past it unwritten
+    /// by RocketMQ producers, as Apache's; a smaller read count would hide
+    /// what Kafka producers write there).
     pub(super) fn create_topic(&self, req: &RemotingCommand) -> RemotingCommand {
         use rokka_broker::topics::{RocketMqTopic, PERM_RW};
         let topic = req.ext_fields.get("topic").unwrap_or_default();
@@ -69,9 +70,10 @@ impl RocketMq {
         let Some(info) = self.broker.topics().get(topic) else {
             return self.reply(req, rs::SYSTEM_ERROR, Some(format!("topic {topic} went away")));
         };
-        let all = info.placement.is_empty() && read == info.partitions && write == info.partitions;
+        // Every queue stays read (see TopicInfo::rocketmq_queues).
+        let all = info.placement.is_empty() && write == info.partitions;
         let rocketmq = (!(all && perm == PERM_RW)).then_some(RocketMqTopic {
-            read_queues: read,
+            read_queues: info.partitions,
             write_queues: write,
             perm,
         });

@@ -457,15 +457,16 @@ fn durable_code(e: &rokka_store::StoreError) -> i32 {
 /// once per queue, so a name is bounded before any handler sees it.
 pub const MAX_NAME_BYTES: usize = 255;
 
-/// Header fields naming a group or a client (SEND_MESSAGE_V2 names its
-/// producer group `a`).
+/// Header fields naming a group or a client (SEND_MESSAGE_V2 and
+/// SEND_BATCH_MESSAGE, in the V2 header, name the producer group `a`).
 const NAME_FIELDS: &[&str] = &["consumerGroup", "group", "producerGroup", "clientID", "clientId", "a"];
 
 /// The remark refusing a request whose group or client id is longer than
 /// [`MAX_NAME_BYTES`], or whose topic is longer than a topic can be.
 fn check_names(cmd: &RemotingCommand) -> Option<String> {
     for key in NAME_FIELDS {
-        if *key == "a" && cmd.code != rq::SEND_MESSAGE_V2 {
+        let v2 = cmd.code == rq::SEND_MESSAGE_V2 || cmd.code == rq::SEND_BATCH_MESSAGE;
+        if *key == "a" && !v2 {
             continue;
         }
         if let Some(v) = cmd.ext_fields.get(key) {
@@ -474,8 +475,13 @@ fn check_names(cmd: &RemotingCommand) -> Option<String> {
             }
         }
     }
-    let topic_key = if cmd.code == rq::SEND_MESSAGE_V2 { "b" } else { "topic" };
-    match cmd.ext_fields.get(topic_key) {
+    let v2 = cmd.code == rq::SEND_MESSAGE_V2 || cmd.code == rq::SEND_BATCH_MESSAGE;
+    let topic = if v2 {
+        cmd.ext_fields.get("b").or_else(|| cmd.ext_fields.get("topic"))
+    } else {
+        cmd.ext_fields.get("topic")
+    };
+    match topic {
         Some(t) if t.len() > rokka_store::MAX_TOPIC_LEN => {
             Some(format!("topic is longer than {} bytes", rokka_store::MAX_TOPIC_LEN))
         }

@@ -103,8 +103,21 @@ impl RocketMq {
             if sys_flag & 0x2 != 0 {
                 self.broker.arrivals().register(&topic, q, &waiter);
             }
-            let room = conn.answer_room();
-            let (resp, next) = self.pull_once(req, &topic, q, offset, (max_msgs, room), codes.as_deref());
+            // Room among the connection's unwritten bytes, claimed for this
+            // read (held until the answer is built and returned). None left:
+            // retried at once by the client — whose next requests are read
+            // only once it has taken some of what it was sent.
+            let claim = conn.claim_room(self.config.max_pull_bytes.max(1) as usize);
+            if claim.bytes() == 0 {
+                let store = self.broker.store();
+                let mut r = self.reply(req, rs::PULL_RETRY_IMMEDIATELY, None);
+                r.ext_fields.set("suggestWhichBrokerId", "0");
+                r.ext_fields.set("nextBeginOffset", offset.to_string());
+                r.ext_fields.set("minOffset", store.min_offset(&topic, q).to_string());
+                r.ext_fields.set("maxOffset", store.max_offset(&topic, q).to_string());
+                return r;
+            }
+            let (resp, next) = self.pull_once(req, &topic, q, offset, (max_msgs, claim.bytes()), codes.as_deref());
             let now = Instant::now();
             if resp.code != rs::PULL_NOT_FOUND || sys_flag & 0x2 == 0 || now >= deadline {
                 if resp.code == rs::PULL_RETRY_IMMEDIATELY
@@ -121,6 +134,8 @@ impl RocketMq {
                 }
                 return resp;
             }
+            // Nothing to answer yet: the room goes back while it waits.
+            drop(claim);
             metrics::gauge!("rokka_rocketmq_pulls_held").increment(1.0);
             let _ = tokio::time::timeout(deadline - now, waiter.notified()).await;
             metrics::gauge!("rokka_rocketmq_pulls_held").decrement(1.0);
