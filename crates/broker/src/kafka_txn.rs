@@ -214,7 +214,129 @@ impl Default for TxnConfig {
 struct PartTxns {
     /// Open transactions: producer id → first offset.
     ongoing: BTreeMap<i64, u64>,
-    aborted: Vec<AbortedTxn>,
+    aborted: AbortedList,
+}
+
+/// A partition's aborted transactions, indexed for what reads ask of them:
+/// whether an offset of a producer is aborted (every transactional batch a
+/// RocketMQ or gRPC consumer reads) and which overlap a range (every
+/// read_committed fetch) — neither scans the whole list, which a producer
+/// that aborts often makes long.
+#[derive(Debug, Default, Clone)]
+struct AbortedList {
+    /// Each producer's, in first-offset order (one producer's transactions
+    /// on a partition follow each other, never overlap).
+    by_producer: HashMap<i64, Vec<AbortedTxn>>,
+    /// Every entry by (first offset, producer id).
+    by_first: BTreeSet<(u64, i64)>,
+    /// Entries whose ABORT marker is not written yet (a few at most).
+    open: BTreeSet<(u64, i64)>,
+    /// No closed entry spans more offsets than this (last - first): a
+    /// range query starts this far before its range.
+    max_span: u64,
+}
+
+impl AbortedList {
+    fn len(&self) -> usize {
+        self.by_first.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &AbortedTxn> {
+        self.by_producer.values().flatten()
+    }
+
+    /// The entry of `producer_id` starting at `first`, if any.
+    fn find(&self, producer_id: i64, first: u64) -> Option<&AbortedTxn> {
+        let v = self.by_producer.get(&producer_id)?;
+        v.binary_search_by_key(&first, |a| a.first_offset).ok().map(|i| &v[i])
+    }
+
+    fn contains(&self, a: &AbortedTxn) -> bool {
+        self.find(a.producer_id, a.first_offset) == Some(a)
+    }
+
+    /// Adds `a`, or replaces the entry of its producer starting at its
+    /// first offset.
+    fn upsert(&mut self, a: AbortedTxn) {
+        let v = self.by_producer.entry(a.producer_id).or_default();
+        match v.binary_search_by_key(&a.first_offset, |x| x.first_offset) {
+            Ok(i) => v[i] = a,
+            Err(i) => v.insert(i, a),
+        }
+        let key = (a.first_offset, a.producer_id);
+        self.by_first.insert(key);
+        match a.last_offset {
+            Some(l) => {
+                self.open.remove(&key);
+                self.max_span = self.max_span.max(l.saturating_sub(a.first_offset));
+            }
+            None => {
+                self.open.insert(key);
+            }
+        }
+    }
+
+    /// Closes `producer_id`'s open entries at the ABORT marker's offset;
+    /// the entries closed.
+    fn close(&mut self, producer_id: i64, last: u64) -> Vec<AbortedTxn> {
+        let Some(v) = self.by_producer.get_mut(&producer_id) else {
+            return Vec::new();
+        };
+        let mut closed = Vec::new();
+        for a in v.iter_mut().filter(|a| a.last_offset.is_none()) {
+            a.last_offset = Some(last);
+            closed.push(*a);
+        }
+        for a in &closed {
+            self.open.remove(&(a.first_offset, a.producer_id));
+            self.max_span = self.max_span.max(last.saturating_sub(a.first_offset));
+        }
+        closed
+    }
+
+    /// Whether `offset` of a batch by `producer_id` is in one of its
+    /// aborted transactions.
+    fn is_aborted(&self, producer_id: i64, offset: u64) -> bool {
+        let Some(v) = self.by_producer.get(&producer_id) else {
+            return false;
+        };
+        let i = v.partition_point(|a| a.first_offset <= offset);
+        i > 0 && v[i - 1].last_offset.is_none_or(|l| offset < l)
+    }
+
+    /// Entries overlapping offsets `from..to`, in first-offset order.
+    fn overlapping(&self, from: u64, to: u64) -> Vec<AbortedTxn> {
+        let lo = from.saturating_sub(self.max_span);
+        let mut keys: Vec<(u64, i64)> = self.by_first.range((lo, i64::MIN)..(to, i64::MIN)).copied().collect();
+        // Open ones may start anywhere before the range.
+        keys.extend(self.open.iter().filter(|(f, _)| *f < lo));
+        keys.sort_unstable();
+        keys.dedup();
+        keys.into_iter()
+            .filter_map(|(first, pid)| self.find(pid, first).copied())
+            .filter(|a| a.first_offset < to && a.last_offset.is_none_or(|l| l >= from))
+            .collect()
+    }
+
+    /// Drops entries wholly below `start`; how many.
+    fn prune(&mut self, start: u64) -> usize {
+        let before = self.len();
+        let mut dropped = Vec::new();
+        self.by_producer.retain(|_, v| {
+            v.retain(|a| {
+                let keep = a.last_offset.is_none_or(|l| l >= start);
+                if !keep {
+                    dropped.push((a.first_offset, a.producer_id));
+                }
+                keep
+            });
+            !v.is_empty()
+        });
+        for k in &dropped {
+            self.by_first.remove(k);
+        }
+        before - self.len()
+    }
 }
 
 /// Per-partition transaction state, by topic then partition: looked up by
@@ -367,12 +489,12 @@ impl TxnLog {
     }
 }
 
-type Parsed = (HashMap<String, TxnMeta>, HashMap<(String, u32), Vec<AbortedTxn>>);
+type Parsed = (HashMap<String, TxnMeta>, HashMap<(String, u32), AbortedList>);
 
 /// The state a transaction log (or a master's snapshot of it) holds.
 fn parse_lines(r: impl BufRead, path: &Path) -> Result<Parsed> {
     let mut txns: HashMap<String, TxnMeta> = HashMap::new();
-    let mut aborted: HashMap<(String, u32), Vec<AbortedTxn>> = HashMap::new();
+    let mut aborted: HashMap<(String, u32), AbortedList> = HashMap::new();
     for (n, line) in r.lines().enumerate() {
         let line = line.map_err(|e| BrokerError::Io(path.to_path_buf(), e))?;
         if line.trim().is_empty() {
@@ -386,14 +508,7 @@ fn parse_lines(r: impl BufRead, path: &Path) -> Result<Parsed> {
                 txns.remove(&id);
             }
             Ok(Line::A(t, p, a)) => {
-                let list = aborted.entry((t, p)).or_default();
-                match list
-                    .iter_mut()
-                    .find(|x| x.producer_id == a.producer_id && x.first_offset == a.first_offset)
-                {
-                    Some(x) => *x = a,
-                    None => list.push(a),
-                }
+                aborted.entry((t, p)).or_default().upsert(a);
             }
             // A torn last line (a crash mid-append): its change was never
             // answered. Anything else is damage.
@@ -465,7 +580,7 @@ impl KafkaTxns {
             lines.push(Line::T(m.clone()));
         }
         for (t, p, pt) in lock(&self.parts).iter() {
-            for a in &pt.aborted {
+            for a in pt.aborted.iter() {
                 lines.push(Line::A(t.clone(), p, *a));
             }
         }
@@ -614,13 +729,7 @@ impl KafkaTxns {
         let parts = lock(&self.parts);
         parts
             .get(topic, partition)
-            .map(|p| {
-                p.aborted
-                    .iter()
-                    .filter(|a| a.first_offset < to && a.last_offset.is_none_or(|l| l >= from))
-                    .copied()
-                    .collect()
-            })
+            .map(|p| p.aborted.overlapping(from, to))
             .unwrap_or_default()
     }
 
@@ -652,11 +761,9 @@ impl KafkaTxns {
     /// transaction (RocketMQ consumers skip those records).
     pub fn is_aborted(&self, topic: &str, partition: u32, producer_id: i64, offset: u64) -> bool {
         let parts = lock(&self.parts);
-        parts.get(topic, partition).is_some_and(|p| {
-            p.aborted.iter().any(|a| {
-                a.producer_id == producer_id && a.first_offset <= offset && a.last_offset.is_none_or(|l| offset < l)
-            })
-        })
+        parts
+            .get(topic, partition)
+            .is_some_and(|p| p.aborted.is_aborted(producer_id, offset))
     }
 
     /// Drops aborted entries wholly below each partition's log start
@@ -666,10 +773,10 @@ impl KafkaTxns {
         let mut n = 0;
         for (t, p, pt) in parts.iter_mut() {
             let s = start(t, p);
-            let before = pt.aborted.len();
-            pt.aborted.retain(|a| a.last_offset.is_none_or(|l| l >= s));
-            n += before - pt.aborted.len();
+            n += pt.aborted.prune(s);
         }
+        let held: usize = parts.iter().map(|(_, _, pt)| pt.aborted.len()).sum();
+        metrics::gauge!("rokka_kafka_aborted_transactions").set(held as f64);
         n
     }
 
@@ -1629,7 +1736,7 @@ impl Broker {
                         };
                         if let Some(pt) = parts.entry(t, *p) {
                             if !pt.aborted.contains(&a) {
-                                pt.aborted.push(a);
+                                pt.aborted.upsert(a);
                             }
                         }
                         opened.push(Line::A(t.clone(), *p, a));
@@ -1651,11 +1758,8 @@ impl Broker {
                 let Some(pt) = parts.entry(t, *p) else { continue };
                 pt.ongoing.remove(&m.producer_id);
                 if !e.commit {
-                    for a in pt.aborted.iter_mut() {
-                        if a.producer_id == m.producer_id && a.last_offset.is_none() {
-                            a.last_offset = Some(r.queue_offset);
-                            closed.push(Line::A(t.clone(), *p, *a));
-                        }
+                    for a in pt.aborted.close(m.producer_id, r.queue_offset) {
+                        closed.push(Line::A(t.clone(), *p, a));
                     }
                 }
             }
@@ -1894,6 +1998,87 @@ impl Broker {
 }
 
 #[cfg(test)]
+mod aborted_list_tests {
+    use super::{AbortedList, AbortedTxn};
+    use rand::{Rng, SeedableRng};
+
+    /// The indexed list answers as the plain scan did, over random
+    /// histories of producers opening, aborting and closing transactions,
+    /// with pruning.
+    #[test]
+    fn the_index_answers_as_a_scan_of_every_entry() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+        for _ in 0..40 {
+            let mut list = AbortedList::default();
+            let mut model: Vec<AbortedTxn> = Vec::new();
+            let mut next = 0u64;
+            let mut open: std::collections::HashMap<i64, u64> = Default::default();
+            let mut start = 0u64;
+            for _ in 0..300 {
+                let pid = rng.gen_range(0..6i64);
+                next += rng.gen_range(1..20u64);
+                match rng.gen_range(0..10) {
+                    // An abort begins: its entry, open.
+                    0..=3 if !open.contains_key(&pid) => {
+                        let first = next;
+                        open.insert(pid, first);
+                        let a = AbortedTxn {
+                            producer_id: pid,
+                            first_offset: first,
+                            last_offset: None,
+                        };
+                        if !list.contains(&a) {
+                            list.upsert(a);
+                        }
+                        model.push(a);
+                    }
+                    // Its marker: closed.
+                    4..=6 if open.contains_key(&pid) => {
+                        open.remove(&pid);
+                        list.close(pid, next);
+                        for a in model
+                            .iter_mut()
+                            .filter(|a| a.producer_id == pid && a.last_offset.is_none())
+                        {
+                            a.last_offset = Some(next);
+                        }
+                    }
+                    7 => {
+                        start = start.max(next.saturating_sub(rng.gen_range(0..400u64)));
+                        let before = model.len();
+                        model.retain(|a| a.last_offset.is_none_or(|l| l >= start));
+                        assert_eq!(list.prune(start), before - model.len());
+                    }
+                    _ => {}
+                }
+                assert_eq!(list.len(), model.len());
+                for _ in 0..5 {
+                    let off = rng.gen_range(0..next + 10);
+                    let p = rng.gen_range(0..6i64);
+                    let want = model
+                        .iter()
+                        .any(|a| a.producer_id == p && a.first_offset <= off && a.last_offset.is_none_or(|l| off < l));
+                    assert_eq!(list.is_aborted(p, off), want, "pid {p} offset {off}");
+                    let from = rng.gen_range(0..next + 10);
+                    let to = from + rng.gen_range(0..200u64);
+                    let mut want: Vec<AbortedTxn> = model
+                        .iter()
+                        .filter(|a| a.first_offset < to && a.last_offset.is_none_or(|l| l >= from))
+                        .copied()
+                        .collect();
+                    want.sort_by_key(|a| (a.first_offset, a.producer_id));
+                    assert_eq!(list.overlapping(from, to), want, "{from}..{to}");
+                }
+            }
+            let mut all: Vec<AbortedTxn> = list.iter().copied().collect();
+            all.sort_by_key(|a| (a.first_offset, a.producer_id));
+            model.sort_by_key(|a| (a.first_offset, a.producer_id));
+            assert_eq!(all, model);
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1918,7 +2103,12 @@ mod tests {
         log.append(&[Line::A("t".into(), 0, a)])?;
         let f = std::fs::File::open(&path).map_err(|e| BrokerError::Io(path.clone(), e))?;
         let (_, aborted) = parse_lines(std::io::BufReader::new(f), &path)?;
-        assert_eq!(aborted.get(&("t".to_string(), 0)).map(Vec::as_slice), Some(&[a][..]));
+        assert_eq!(
+            aborted
+                .get(&("t".to_string(), 0))
+                .map(|l| l.iter().copied().collect::<Vec<_>>()),
+            Some(vec![a])
+        );
         Ok(())
     }
     use crate::BrokerConfig;
