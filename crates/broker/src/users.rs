@@ -288,6 +288,11 @@ impl Users {
         let creds: Vec<(Mechanism, ScramCredential)> = {
             let t = self.read();
             let Some(c) = t.users.get(user) else {
+                // An unknown user takes as long as a known one (a salted
+                // check): how long a failure takes tells no one which
+                // users exist.
+                let m = Mechanism::Sha256;
+                let _ = m.salted_password(password, b"rokka-no-such-user", m.min_iterations());
                 return false;
             };
             c.scram

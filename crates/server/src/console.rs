@@ -800,15 +800,17 @@ fn resend_page(c: &Ctx, f: &[(String, String)]) -> String {
     for ((broker, queue), offsets) in chosen {
         match admin::dlq_resend(&mut r, group, &offsets, false, queue, Some(&broker)) {
             Ok((report, _)) => {
+                let mut resent_here = 0;
                 for sec in &report.sections {
                     for row in &sec.rows {
                         match row.get(5).and_then(Value::as_str) {
-                            Some("resent") => sent += 1,
+                            Some("resent") => resent_here += 1,
                             _ => failed += 1,
                         }
                     }
                 }
-                metrics::counter!("rokka_console_resends_total", "result" => "resent").increment(sent as u64);
+                sent += resent_here;
+                metrics::counter!("rokka_console_resends_total", "result" => "resent").increment(resent_here as u64);
                 body.push_str(&tables(&report, None));
             }
             Err(e) => {

@@ -120,7 +120,7 @@ impl Client {
 
     fn conn(&mut self, addr: &str) -> Result<&mut TcpStream> {
         if !self.conns.contains_key(addr) {
-            let s = TcpStream::connect(addr).map_err(|e| AdminError::Connect(addr.to_string(), e))?;
+            let s = super::connect(addr).map_err(|e| AdminError::Connect(addr.to_string(), e))?;
             let io = |e| AdminError::Io(addr.to_string(), e);
             s.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
             s.set_write_timeout(Some(TIMEOUT)).map_err(io)?;

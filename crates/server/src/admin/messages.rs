@@ -339,8 +339,12 @@ pub fn get(
         let route = r.route(topic)?;
         let b = pick(&route, topic, broker)?;
         let mut at = offset;
-        while (sec.rows.len() as u32) < max {
-            let got = r.pull(
+        // Bounded: each round reads something or moves forward.
+        for _ in 0..10_000 {
+            if sec.rows.len() as u32 >= max {
+                break;
+            }
+            let (got, next) = r.pull_next(
                 &b.addr,
                 ADMIN_GROUP,
                 topic,
@@ -348,7 +352,18 @@ pub fn get(
                 at,
                 (max - sec.rows.len() as u32).min(32),
             )?;
-            let Some(last) = got.last() else { break };
+            let Some(last) = got.last() else {
+                // Nothing here, but the broker says where to read next
+                // (the queue's first, for an offset retention passed; past
+                // aborted or filtered records): go on from there.
+                match next {
+                    Some(n) if n > at => {
+                        at = n;
+                        continue;
+                    }
+                    _ => break,
+                }
+            };
             at = last.queue_offset as i64 + 1;
             for m in got.iter().filter(|m| m.queue_offset as i64 >= offset) {
                 sec.rows.push(message_row(&b.name, m));
@@ -434,8 +449,18 @@ pub fn get(
                 let mut at = r.offset(&b.addr, code::SEARCH_OFFSET_BY_TIMESTAMP, topic, q, Some(from))?;
                 let end = r.offset(&b.addr, code::GET_MAX_OFFSET, topic, q, None)?;
                 while at < end {
-                    let got = r.pull(&b.addr, ADMIN_GROUP, topic, q, at, 32)?;
-                    let Some(last) = got.last() else { break };
+                    let (got, next) = r.pull_next(&b.addr, ADMIN_GROUP, topic, q, at, 32)?;
+                    let Some(last) = got.last() else {
+                        // Records a read skips (an aborted transaction's):
+                        // on from where the broker says.
+                        match next {
+                            Some(n) if n > at => {
+                                at = n;
+                                continue;
+                            }
+                            _ => break,
+                        }
+                    };
                     at = last.queue_offset as i64 + 1;
                     for m in &got {
                         if m.store_timestamp > to {

@@ -170,6 +170,43 @@ pub struct Report {
     pub message: Option<String>,
 }
 
+/// How long a connection attempt to one address may take: an address
+/// that drops packets would otherwise hold a command (and a console page)
+/// for the kernel's two minutes.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Connects to `addr` (`host:port`), trying each address it resolves to
+/// for at most [`CONNECT_TIMEOUT`].
+pub fn connect(addr: &str) -> std::io::Result<std::net::TcpStream> {
+    use std::net::ToSocketAddrs;
+    let mut last = None;
+    for a in addr.to_socket_addrs()? {
+        match std::net::TcpStream::connect_timeout(&a, CONNECT_TIMEOUT) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "the address resolves to nothing")))
+}
+
+/// `s` for a terminal: control characters (escape sequences a producer
+/// put in a body, key or property; newlines that would break a row) shown
+/// as escapes, not acted on.
+pub fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    s.chars()
+        .map(|c| match c {
+            '\n' => "\\n".to_string(),
+            '\r' => "\\r".to_string(),
+            '\t' => "\\t".to_string(),
+            c if c.is_control() => format!("\\x{:02x}", c as u32),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
 pub fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".to_string(),
@@ -214,7 +251,11 @@ impl Report {
                         }
                         println!("{}:", sec.name.to_uppercase());
                     }
-                    let cells: Vec<Vec<String>> = sec.rows.iter().map(|r| r.iter().map(cell).collect()).collect();
+                    let cells: Vec<Vec<String>> = sec
+                        .rows
+                        .iter()
+                        .map(|r| r.iter().map(|v| printable(&cell(v))).collect())
+                        .collect();
                     let mut widths: Vec<usize> = sec.columns.iter().map(|c| c.len()).collect();
                     for r in &cells {
                         for (w, c) in widths.iter_mut().zip(r) {
@@ -838,6 +879,13 @@ pub fn group_describe(c: &mut Client, group: &str) -> Result<Report> {
         Some(m) => c.list_offsets(m, &keys, -1)?,
         None => Default::default(),
     };
+    // Partitions with nothing committed: their lag is what is there to
+    // read (end − earliest), not records retention already deleted.
+    let uncommitted: Vec<(String, i32)> = keys.iter().filter(|k| !v.committed.contains_key(*k)).cloned().collect();
+    let earliest = match &m {
+        Some(m) if !uncommitted.is_empty() => c.list_offsets(m, &uncommitted, -2)?,
+        _ => Default::default(),
+    };
     let mut offsets = Section::new("offsets", &["topic", "partition", "committed", "end", "lag", "owner"]);
     let mut total_lag = 0i64;
     for k in &keys {
@@ -845,7 +893,7 @@ pub fn group_describe(c: &mut Client, group: &str) -> Result<Report> {
         let end = latest.get(k).copied();
         let lag = match (committed, end) {
             (Some(c), Some(e)) => Some((e - c).max(0)),
-            (None, Some(e)) => Some(e),
+            (None, Some(e)) => Some((e - earliest.get(k).copied().unwrap_or(0)).max(0)),
             _ => None,
         };
         total_lag += lag.unwrap_or(0);
@@ -1199,6 +1247,12 @@ fn group_delete(c: &mut Client, group: &str) -> Result<Report> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn table_cells_show_control_characters_as_escapes() {
+        assert_eq!(super::printable("plain é"), "plain é");
+        assert_eq!(super::printable("a\x1b[2Jb\nc\u{7}"), "a\\x1b[2Jb\\nc\\x07");
+    }
+
     use super::kafka::error_name;
     use super::*;
     use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition;

@@ -152,7 +152,7 @@ impl Remoting {
         }
         let io = |e| AdminError::Io(addr.to_string(), e);
         if !self.conns.contains_key(addr) {
-            let s = TcpStream::connect(addr).map_err(|e| AdminError::Connect(addr.to_string(), e))?;
+            let s = super::connect(addr).map_err(|e| AdminError::Connect(addr.to_string(), e))?;
             s.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
             s.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
             s.set_nodelay(true).map_err(io)?;
@@ -263,6 +263,22 @@ impl Remoting {
         offset: i64,
         max: u32,
     ) -> Result<Vec<MessageView>> {
+        self.pull_next(addr, group, topic, queue, offset, max).map(|(m, _)| m)
+    }
+
+    /// [`RemotingClient::pull`], and where the broker says to read next
+    /// (`nextBeginOffset`): past messages a read skipped (aborted Kafka
+    /// transactions, filtered ones) or, for an offset retention passed
+    /// (PULL_OFFSET_MOVED), the queue's first.
+    pub fn pull_next(
+        &mut self,
+        addr: &str,
+        group: &str,
+        topic: &str,
+        queue: u32,
+        offset: i64,
+        max: u32,
+    ) -> Result<(Vec<MessageView>, Option<i64>)> {
         let fields = [
             ("consumerGroup", group.to_string()),
             ("topic", topic.to_string()),
@@ -278,9 +294,10 @@ impl Remoting {
             ("expressionType", "TAG".to_string()),
         ];
         let r = self.call(addr, request(code::PULL_MESSAGE, &fields))?;
+        let next = r.ext_fields.get("nextBeginOffset").and_then(|v| v.parse::<i64>().ok());
         match r.code {
-            SUCCESS => messages(&r.body),
-            PULL_NOT_FOUND | PULL_RETRY_IMMEDIATELY | PULL_OFFSET_MOVED => Ok(Vec::new()),
+            SUCCESS => Ok((messages(&r.body)?, next)),
+            PULL_NOT_FOUND | PULL_RETRY_IMMEDIATELY | PULL_OFFSET_MOVED => Ok((Vec::new(), next)),
             _ => Err(refused(&r, &format!("reading {topic}/{queue} at {offset}"))),
         }
     }
