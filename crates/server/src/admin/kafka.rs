@@ -247,50 +247,81 @@ impl Client {
         timestamp: i64,
     ) -> Result<HashMap<(String, i32), i64>> {
         let brokers = Self::brokers(m);
+        // (topic, partition) → leader, looked up once per partition.
+        let leaders: HashMap<(&str, i32), i32> = m
+            .topics
+            .iter()
+            .filter_map(|x| x.name.as_ref().map(|n| (n.0.as_str(), x)))
+            .flat_map(|(n, x)| {
+                x.partitions
+                    .iter()
+                    .map(move |q| ((n, q.partition_index), q.leader_id.0))
+            })
+            .collect();
         let mut by_leader: HashMap<String, Vec<(String, i32)>> = HashMap::new();
         for (t, p) in parts {
-            let leader = m
-                .topics
-                .iter()
-                .find(|x| x.name.as_ref().is_some_and(|n| n.0.as_str() == t))
-                .and_then(|x| x.partitions.iter().find(|q| q.partition_index == *p))
-                .and_then(|q| brokers.get(&q.leader_id.0).cloned())
+            let leader = leaders
+                .get(&(t.as_str(), *p))
+                .and_then(|l| brokers.get(l).cloned())
                 .unwrap_or_else(|| self.bootstrap.clone());
             by_leader.entry(leader).or_default().push((t.clone(), *p));
         }
+        // A partition that cannot be answered (no leader during a
+        // failover, a broker out of reach) is left out — the caller shows
+        // it empty — unless none could be: then the first error.
         let mut out = HashMap::new();
+        let mut first_err = None;
         for (addr, parts) in by_leader {
             let mut topics: Vec<ListOffsetsTopic> = Vec::new();
+            let mut index: HashMap<&str, usize> = HashMap::new();
             for (t, p) in &parts {
                 let part = ListOffsetsPartition::default()
                     .with_partition_index(*p)
                     .with_timestamp(timestamp)
                     .with_current_leader_epoch(-1);
-                match topics.iter_mut().find(|x| x.name.0.as_str() == t) {
-                    Some(x) => x.partitions.push(part),
-                    None => topics.push(
-                        ListOffsetsTopic::default()
-                            .with_name(TopicName(s(t)))
-                            .with_partitions(vec![part]),
-                    ),
+                match index.get(t.as_str()) {
+                    Some(&i) => topics[i].partitions.push(part),
+                    None => {
+                        index.insert(t.as_str(), topics.len());
+                        topics.push(
+                            ListOffsetsTopic::default()
+                                .with_name(TopicName(s(t)))
+                                .with_partitions(vec![part]),
+                        );
+                    }
                 }
             }
             let req = ListOffsetsRequest::default()
                 .with_replica_id(BrokerId(-1))
                 .with_topics(topics);
-            let r: ListOffsetsResponse = self.call_at(&addr, ApiKey::ListOffsets, 7, &req)?;
+            let r: ListOffsetsResponse = match self.call_at(&addr, ApiKey::ListOffsets, 7, &req) {
+                Ok(r) => r,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                    continue;
+                }
+            };
             for t in r.topics {
                 for p in t.partitions {
-                    check(
+                    match check(
                         p.error_code,
                         None,
                         &format!("offsets of {}/{}", t.name.0, p.partition_index),
-                    )?;
-                    out.insert((t.name.0.to_string(), p.partition_index), p.offset);
+                    ) {
+                        Ok(()) => {
+                            out.insert((t.name.0.to_string(), p.partition_index), p.offset);
+                        }
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
                 }
             }
         }
-        Ok(out)
+        match first_err {
+            Some(e) if out.is_empty() && !parts.is_empty() => Err(e),
+            _ => Ok(out),
+        }
     }
 
     /// The address of `group`'s coordinator.

@@ -1001,6 +1001,19 @@ fn group_reset(
         Target::Timestamp(ts) => c.list_offsets(&m, &keys, ts)?,
         _ => Default::default(),
     };
+    // Offsets are moved only with every partition's bounds known (a
+    // partition left out of a lookup, leaderless in a failover, would be
+    // moved to 0).
+    let timed = matches!(to, Target::Timestamp(_));
+    if let Some(k) = keys
+        .iter()
+        .find(|k| !earliest.contains_key(*k) || !latest.contains_key(*k) || (timed && !at.contains_key(*k)))
+    {
+        return Err(AdminError::Protocol(format!(
+            "the offsets of {}/{} could not be read (no leader?): nothing reset, try again",
+            k.0, k.1
+        )));
+    }
     let mut plan = Section::new("plan", &["topic", "partition", "current", "new"]);
     let mut commits: BTreeMap<String, Vec<OffsetCommitRequestPartition>> = BTreeMap::new();
     for k in &keys {
