@@ -756,10 +756,17 @@ pub fn group_list(c: &mut Client) -> Result<Report> {
         let r: ListGroupsResponse = c.call_at(&addr, ApiKey::ListGroups, 4, &ListGroupsRequest::default())?;
         check(r.error_code, None, &format!("listing groups at {addr}"))?;
         for g in r.groups {
-            groups.insert(
-                g.group_id.0.to_string(),
-                (g.group_state.to_string(), g.protocol_type.to_string()),
-            );
+            // Nodes that only hold a group's offsets (replicas, other broker
+            // sets) list it Empty: the coordinator's live state wins.
+            let (state, proto) = (g.group_state.to_string(), g.protocol_type.to_string());
+            let e = groups
+                .entry(g.group_id.0.to_string())
+                .or_insert_with(|| (state.clone(), proto.clone()));
+            if e.0 == "Empty" && state != "Empty" {
+                *e = (state, proto);
+            } else if e.1.is_empty() && !proto.is_empty() {
+                e.1 = proto;
+            }
         }
     }
     let mut sec = Section::new("groups", &["group", "state", "protocol_type"]);
