@@ -112,17 +112,29 @@ impl Login {
         Some(x.credentials.clone())
     }
 
-    /// A new session's token; None when `max_sessions` live ones are held.
+    /// A new session's token; None when `max_sessions` live ones are held
+    /// (or no secure random token can be made). A user holds at most
+    /// [`SESSIONS_PER_USER`]: logging in again past it ends that user's
+    /// least recently used session, so one user's logins cannot fill the
+    /// table and lock every other user out.
     fn open(&self, credentials: admin::Credentials) -> Option<String> {
         let mut s = self.lock();
-        if s.len() >= self.max {
-            let timeout = self.timeout;
-            s.retain(|_, x| x.last_seen.elapsed() < timeout);
-            if s.len() >= self.max {
-                return None;
+        let timeout = self.timeout;
+        s.retain(|_, x| x.last_seen.elapsed() < timeout);
+        let mine: Vec<(Instant, String)> = s
+            .iter()
+            .filter(|(_, x)| x.credentials.user == credentials.user)
+            .map(|(t, x)| (x.last_seen, t.clone()))
+            .collect();
+        if mine.len() >= SESSIONS_PER_USER {
+            if let Some((_, oldest)) = mine.into_iter().min() {
+                s.remove(&oldest);
             }
         }
-        let token = random_hex(32);
+        if s.len() >= self.max {
+            return None;
+        }
+        let token = random_hex(32)?;
         s.insert(
             token.clone(),
             Session {
@@ -141,10 +153,15 @@ impl Login {
     }
 }
 
-fn random_hex(n: usize) -> String {
+/// Sessions one user holds at most (a person's browsers and tabs).
+const SESSIONS_PER_USER: usize = 32;
+
+/// `n` random bytes as hex; None if the system's secure random source
+/// fails (a session or form token of zeros would be guessable).
+fn random_hex(n: usize) -> Option<String> {
     let mut raw = vec![0u8; n];
-    let _ = ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw);
-    raw.iter().map(|b| format!("{b:02x}")).collect()
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut raw).ok()?;
+    Some(raw.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 impl Console {
@@ -160,7 +177,13 @@ impl Console {
             namesrv,
             credentials,
             samples: Mutex::new(HashMap::new()),
-            token: random_hex(16),
+            // (Should the secure source fail: std's per-process random
+            // hash keys, which come from the OS as well.)
+            token: random_hex(16).unwrap_or_else(|| {
+                use std::hash::BuildHasher;
+                let r = std::collections::hash_map::RandomState::new();
+                format!("{:016x}{:016x}", r.hash_one(1u8), r.hash_one(2u8))
+            }),
             login,
             allowed_hosts: allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
         }
@@ -844,6 +867,35 @@ mod tests {
         );
         assert_eq!(enc("%DLQ%g 1"), "%25DLQ%25g%201");
         assert!(cell("topic", &Value::String("<t>".into())).contains("&lt;t&gt;"));
+    }
+
+    #[test]
+    fn one_users_logins_cannot_fill_the_session_table() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(rokka_store::MessageStore::open(rokka_store::StoreConfig::for_tests(
+            dir.path(),
+        ))?);
+        let broker = Arc::new(rokka_broker::Broker::new(store, rokka_broker::BrokerConfig::default())?);
+        let cfg = crate::config::ConsoleConfig {
+            max_sessions: 40,
+            ..Default::default()
+        };
+        let login = Login::new(&cfg, broker);
+        let who = |u: &str| admin::Credentials {
+            user: u.into(),
+            password: "p".into(),
+        };
+        let first = login.open(who("mallory")).ok_or("no session")?;
+        for _ in 0..100 {
+            login.open(who("mallory")).ok_or("no session")?;
+        }
+        // Mallory holds her 32 newest sessions; the oldest went.
+        assert!(login.visit(&first).is_none());
+        assert_eq!(login.lock().len(), SESSIONS_PER_USER);
+        // Others still log in.
+        let alice = login.open(who("alice")).ok_or("alice refused")?;
+        assert!(login.visit(&alice).is_some());
+        Ok(())
     }
 
     #[test]
