@@ -342,6 +342,54 @@ def test_the_rocketmq_admin_client_updates_inspects_and_deletes_a_topic(rokka):
     assert topic not in listed, listed
 
 
+def test_a_kip848_group_is_described_with_its_members_and_lag(rokka):
+    """`group describe` of a KIP-848 group (librdkafka, group.protocol =
+    consumer): DescribeGroups says it is not a classic group, so the CLI
+    asks ConsumerGroupDescribe — members, their partitions and the lag
+    (it refused the group before)."""
+    topic, group = "CliKip848", "cli-kip848"
+    cli(rokka, "topic", "create", topic, "--partitions", "4")
+    p = Producer({"bootstrap.servers": rokka.bootstrap})
+    for i in range(8):
+        p.produce(topic, value=b"v", partition=i % 4)
+    assert p.flush(30) == 0
+    c = Consumer(
+        {
+            "bootstrap.servers": rokka.bootstrap,
+            "group.id": group,
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        c.subscribe([topic])
+        got = 0
+        end = time.time() + 45
+        while got < 4 and time.time() < end:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                got += 1
+                if got == 4:
+                    c.commit(asynchronous=False)
+        assert got == 4
+        out = {}
+        end = time.time() + 20
+        while time.time() < end:
+            out, _ = cli(rokka, "group", "describe", group)
+            members = out.get("members", [])
+            if members and sum(len(m["partitions"]) for m in members) == 4:
+                break
+            time.sleep(0.5)
+        members = out["members"]
+        assert len(members) == 1 and len(members[0]["partitions"]) == 4, out
+        assert members[0]["protocol"] == "kafka"
+        assert {r["partition"] for r in out["offsets"]} == {0, 1, 2, 3}, out
+        assert sum(r["lag"] for r in out["offsets"]) == 8 - 4, out
+    finally:
+        c.close()
+
+
 def rmq_cli(rokka, *args, expect=0):
     """Runs a RocketMQ-side admin command (`message`, `dlq`) in JSON."""
     p = subprocess.run(

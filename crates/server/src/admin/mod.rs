@@ -816,11 +816,19 @@ fn view(c: &mut Client, group: &str) -> Result<GroupView> {
         .into_iter()
         .next()
         .ok_or_else(|| AdminError::Protocol("DescribeGroups answered no group".into()))?;
-    check(
-        described.error_code,
-        described.error_message.as_ref(),
-        &format!("group {group}"),
-    )?;
+    // A KIP-848 group (group.protocol=consumer) is not a classic one:
+    // described by ConsumerGroupDescribe instead.
+    let described = match consumer_group(c, &coordinator, group, &described)? {
+        Some(d) => d,
+        None => {
+            check(
+                described.error_code,
+                described.error_message.as_ref(),
+                &format!("group {group}"),
+            )?;
+            described
+        }
+    };
     let req = OffsetFetchRequest::default().with_groups(vec![OffsetFetchRequestGroup::default()
         .with_group_id(GroupId(s(group)))
         .with_member_id(None)
@@ -843,6 +851,73 @@ fn view(c: &mut Client, group: &str) -> Result<GroupView> {
         described,
         committed,
     })
+}
+
+/// A KIP-848 group as DescribeGroups would show it (members with their
+/// assignments in the consumer protocol's form), when DescribeGroups says
+/// it is not a classic group (GROUP_ID_NOT_FOUND) and ConsumerGroupDescribe
+/// knows it; None otherwise.
+fn consumer_group(
+    c: &mut Client,
+    coordinator: &str,
+    group: &str,
+    classic: &DescribedGroup,
+) -> Result<Option<DescribedGroup>> {
+    use bytes::BufMut;
+    use kafka_protocol::messages::consumer_group_describe_response as cgd;
+    use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition as AssignedTopic;
+    use kafka_protocol::protocol::Encodable;
+    const GROUP_ID_NOT_FOUND: i16 = 69;
+    if classic.error_code != GROUP_ID_NOT_FOUND {
+        return Ok(None);
+    }
+    let req = ConsumerGroupDescribeRequest::default().with_group_ids(vec![GroupId(s(group))]);
+    let r: ConsumerGroupDescribeResponse = c.call_at(coordinator, ApiKey::ConsumerGroupDescribe, 0, &req)?;
+    let Some(g) = r.groups.into_iter().next().filter(|g| g.error_code == 0) else {
+        return Ok(None);
+    };
+    let mut members = Vec::with_capacity(g.members.len());
+    for m in g.members {
+        let cgd::Member {
+            member_id,
+            instance_id,
+            client_id,
+            client_host,
+            assignment,
+            ..
+        } = m;
+        let a = ConsumerProtocolAssignment::default().with_assigned_partitions(
+            assignment
+                .topic_partitions
+                .into_iter()
+                .map(|tp| {
+                    AssignedTopic::default()
+                        .with_topic(tp.topic_name)
+                        .with_partitions(tp.partitions)
+                })
+                .collect(),
+        );
+        let mut buf = bytes::BytesMut::new();
+        buf.put_i16(0);
+        a.encode(&mut buf, 0)
+            .map_err(|e| AdminError::Protocol(format!("encoding an assignment: {e}")))?;
+        members.push(
+            DescribedGroupMember::default()
+                .with_member_id(member_id)
+                .with_group_instance_id(instance_id)
+                .with_client_id(client_id)
+                .with_client_host(client_host)
+                .with_member_assignment(buf.freeze()),
+        );
+    }
+    Ok(Some(
+        DescribedGroup::default()
+            .with_group_id(g.group_id)
+            .with_group_state(g.group_state)
+            .with_protocol_type(s("consumer"))
+            .with_protocol_data(g.assignor_name)
+            .with_members(members),
+    ))
 }
 
 pub fn group_describe(c: &mut Client, group: &str) -> Result<Report> {
