@@ -76,6 +76,24 @@ def consume_all(rokka, group):
     return got
 
 
+def pull_fields(group):
+    """A PULL_MESSAGE's header: queue 0 of the topic from offset 0, no long
+    poll, 32 messages (up to max_pull_bytes)."""
+    return {
+        "consumerGroup": group,
+        "topic": TOPIC,
+        "queueId": "0",
+        "queueOffset": "0",
+        "maxMsgNums": "32",
+        "sysFlag": "2",
+        "commitOffset": "0",
+        "suspendTimeoutMillis": "0",
+        "subscription": "*",
+        "subVersion": "0",
+        "expressionType": "TAG",
+    }
+
+
 def test_a_kafka_client_that_reads_no_answer_is_closed_and_frees_its_budget(rokka):
     before = metric(rokka, "rokka_connections_write_stalled_total")
     conns = metric(rokka, "rokka_kafka_connections")
@@ -104,19 +122,7 @@ def test_a_rocketmq_client_that_reads_no_answer_is_closed(rokka):
     before = metric(rokka, "rokka_connections_write_stalled_total")
     s = unread_socket(rokka.broker_port)
     s.settimeout(0.5)
-    ext = {
-        "consumerGroup": "unread-cg",
-        "topic": TOPIC,
-        "queueId": "0",
-        "queueOffset": "0",
-        "maxMsgNums": "32",
-        "sysFlag": "2",
-        "commitOffset": "0",
-        "suspendTimeoutMillis": "0",
-        "subscription": "*",
-        "subVersion": "0",
-        "expressionType": "TAG",
-    }
+    ext = pull_fields("unread-cg")
     closed = False
     try:
         # Pulls of up to max_pull_bytes (4 MiB) each, one every 100 ms:
@@ -156,19 +162,7 @@ def test_pulls_a_client_does_not_read_take_no_more_than_its_connections_bytes(ro
     peak = base
     s = unread_socket(rokka.broker_port)
     s.settimeout(0.2)
-    ext = {
-        "consumerGroup": "unread-cg2",
-        "topic": TOPIC,
-        "queueId": "0",
-        "queueOffset": "0",
-        "maxMsgNums": "32",
-        "sysFlag": "2",
-        "commitOffset": "0",
-        "suspendTimeoutMillis": "0",
-        "subscription": "*",
-        "subVersion": "0",
-        "expressionType": "TAG",
-    }
+    ext = pull_fields("unread-cg2")
     try:
         frames = b"".join(rmq_frame(11, i + 1, ext) for i in range(400))
         try:

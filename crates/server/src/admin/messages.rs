@@ -353,15 +353,12 @@ pub fn get(
                 (max - sec.rows.len() as u32).min(32),
             )?;
             let Some(last) = got.last() else {
-                // Nothing here, but the broker says where to read next
-                // (the queue's first, for an offset retention passed; past
-                // aborted or filtered records): go on from there.
-                match next {
-                    Some(n) if n > at => {
+                match moved_past(next, at) {
+                    Some(n) => {
                         at = n;
                         continue;
                     }
-                    _ => break,
+                    None => break,
                 }
             };
             at = last.queue_offset as i64 + 1;
@@ -451,14 +448,12 @@ pub fn get(
                 while at < end {
                     let (got, next) = r.pull_next(&b.addr, ADMIN_GROUP, topic, q, at, 32)?;
                     let Some(last) = got.last() else {
-                        // Records a read skips (an aborted transaction's):
-                        // on from where the broker says.
-                        match next {
-                            Some(n) if n > at => {
+                        match moved_past(next, at) {
+                            Some(n) => {
                                 at = n;
                                 continue;
                             }
-                            _ => break,
+                            None => break,
                         }
                     };
                     at = last.queue_offset as i64 + 1;
@@ -835,4 +830,12 @@ mod tests {
             ]
         );
     }
+}
+
+/// Where to read on after a read at `at` that returned nothing: where the
+/// broker says (`nextBeginOffset`: the queue's first for an offset
+/// retention passed, past aborted or filtered records), if that is past
+/// `at`; None to stop.
+fn moved_past(next: Option<i64>, at: i64) -> Option<i64> {
+    next.filter(|n| *n > at)
 }
