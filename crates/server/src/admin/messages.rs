@@ -775,6 +775,14 @@ pub fn dlq_resend(
     ))
 }
 
+/// Where to read on after a read at `at` that returned nothing: where the
+/// broker says (`nextBeginOffset`: the queue's first for an offset
+/// retention passed, past aborted or filtered records), if that is past
+/// `at`; None to stop.
+fn moved_past(next: Option<i64>, at: i64) -> Option<i64> {
+    next.filter(|n| *n > at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -830,12 +838,4 @@ mod tests {
             ]
         );
     }
-}
-
-/// Where to read on after a read at `at` that returned nothing: where the
-/// broker says (`nextBeginOffset`: the queue's first for an offset
-/// retention passed, past aborted or filtered records), if that is past
-/// `at`; None to stop.
-fn moved_past(next: Option<i64>, at: i64) -> Option<i64> {
-    next.filter(|n| *n > at)
 }
