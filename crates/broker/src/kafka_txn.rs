@@ -306,7 +306,7 @@ impl AbortedList {
 
     /// Entries overlapping offsets `from..to`, in first-offset order.
     fn overlapping(&self, from: u64, to: u64) -> Vec<AbortedTxn> {
-        let lo = from.saturating_sub(self.max_span);
+        let lo = from.saturating_sub(self.max_span).min(to);
         let mut keys: Vec<(u64, i64)> = self.by_first.range((lo, i64::MIN)..(to, i64::MIN)).copied().collect();
         // Open ones may start anywhere before the range.
         keys.extend(self.open.iter().filter(|(f, _)| *f < lo));

@@ -285,20 +285,22 @@ impl Users {
 
     /// Whether `password` is one of `user`'s credentials (SASL PLAIN).
     pub fn check_password(&self, user: &str, password: &[u8]) -> bool {
-        let creds: Vec<(Mechanism, ScramCredential)> = {
+        let creds: Option<Vec<(Mechanism, ScramCredential)>> = {
             let t = self.read();
-            let Some(c) = t.users.get(user) else {
-                // An unknown user takes as long as a known one (a salted
-                // check): how long a failure takes tells no one which
-                // users exist.
-                let m = Mechanism::Sha256;
-                let _ = m.salted_password(password, b"rokka-no-such-user", m.min_iterations());
-                return false;
-            };
-            c.scram
-                .iter()
-                .filter_map(|(n, c)| Some((Mechanism::from_name(n)?, c.clone())))
-                .collect()
+            t.users.get(user).map(|c| {
+                c.scram
+                    .iter()
+                    .filter_map(|(n, c)| Some((Mechanism::from_name(n)?, c.clone())))
+                    .collect()
+            })
+        };
+        let Some(creds) = creds else {
+            // An unknown user takes as long as a known one (a salted check,
+            // out of the lock): how long a failure takes tells no one which
+            // users exist.
+            let m = Mechanism::Sha256;
+            let _ = m.salted_password(password, b"rokka-no-such-user", m.min_iterations());
+            return false;
         };
         creds.iter().any(|(m, c)| c.matches_password(*m, password))
     }

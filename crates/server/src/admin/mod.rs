@@ -509,21 +509,27 @@ pub fn topic_rates(
     seen.retain(|t, _| names.contains(t));
     for t in topics {
         let name = topic_name(t);
-        let sum: i64 = t
+        let found: Vec<i64> = t
             .partitions
             .iter()
-            .filter_map(|p| ends.get(&(name.clone(), p.partition_index)))
-            .sum();
+            .filter_map(|p| ends.get(&(name.clone(), p.partition_index)).copied())
+            .collect();
+        // A partition whose end could not be read (leaderless in a
+        // failover): no total and no rate, and no sample kept (a total
+        // without it would read as a drop, then a jump).
+        let whole = found.len() == t.partitions.len();
+        let sum: i64 = found.iter().sum();
         let rate = match seen.get(&name) {
-            Some((at, before)) if now.duration_since(*at).as_secs_f64() >= 0.5 => {
+            Some((at, before)) if whole && now.duration_since(*at).as_secs_f64() >= 0.5 => {
                 let r = (sum - before).max(0) as f64 / now.duration_since(*at).as_secs_f64();
                 Some((r * 10.0).round() / 10.0)
             }
             _ => None,
         };
-        if rate.is_some() || !seen.contains_key(&name) {
+        if whole && (rate.is_some() || !seen.contains_key(&name)) {
             seen.insert(name.clone(), (now, sum));
         }
+        let sum = whole.then_some(sum);
         let rf = t.partitions.iter().map(|p| p.replica_nodes.len()).max().unwrap_or(0);
         sec.rows.push(vec![
             json!(name),
@@ -756,8 +762,9 @@ pub fn group_list(c: &mut Client) -> Result<Report> {
         let r: ListGroupsResponse = c.call_at(&addr, ApiKey::ListGroups, 4, &ListGroupsRequest::default())?;
         check(r.error_code, None, &format!("listing groups at {addr}"))?;
         for g in r.groups {
-            // Nodes that only hold a group's offsets (replicas, other broker
-            // sets) list it Empty: the coordinator's live state wins.
+            // Nodes that only hold a group's offsets (other broker sets)
+            // list it Empty: a state other than Empty wins (the
+            // coordinator's, or a replica's copy of its last record).
             let (state, proto) = (g.group_state.to_string(), g.protocol_type.to_string());
             let e = groups
                 .entry(g.group_id.0.to_string())
@@ -799,6 +806,8 @@ fn assigned(b: &bytes::Bytes) -> Vec<(String, i32)> {
 struct GroupView {
     coordinator: String,
     described: DescribedGroup,
+    /// A KIP-848 group (described by ConsumerGroupDescribe).
+    kip848: bool,
     /// (topic, partition) → committed offset.
     committed: BTreeMap<(String, i32), i64>,
 }
@@ -818,6 +827,7 @@ fn view(c: &mut Client, group: &str) -> Result<GroupView> {
         .ok_or_else(|| AdminError::Protocol("DescribeGroups answered no group".into()))?;
     // A KIP-848 group (group.protocol=consumer) is not a classic one:
     // described by ConsumerGroupDescribe instead.
+    let kip848 = described.error_code == 69;
     let described = match consumer_group(c, &coordinator, group, &described)? {
         Some(d) => d,
         None => {
@@ -849,6 +859,7 @@ fn view(c: &mut Client, group: &str) -> Result<GroupView> {
     Ok(GroupView {
         coordinator,
         described,
+        kip848,
         committed,
     })
 }
@@ -910,6 +921,8 @@ fn consumer_group(
                 .with_member_assignment(buf.freeze()),
         );
     }
+    // The group's RocketMQ clients, which the error answer lists.
+    members.extend(classic.members.iter().cloned());
     Ok(Some(
         DescribedGroup::default()
             .with_group_id(g.group_id)
@@ -964,8 +977,9 @@ pub fn group_describe(c: &mut Client, group: &str) -> Result<Report> {
     // Partitions with nothing committed: their lag is what is there to
     // read (end − earliest), not records retention already deleted.
     let uncommitted: Vec<(String, i32)> = keys.iter().filter(|k| !v.committed.contains_key(*k)).cloned().collect();
+    // (None could be read: those partitions show no lag, the page the rest.)
     let earliest = match &m {
-        Some(m) if !uncommitted.is_empty() => c.list_offsets(m, &uncommitted, -2)?,
+        Some(m) if !uncommitted.is_empty() => c.list_offsets(m, &uncommitted, -2).unwrap_or_default(),
         _ => Default::default(),
     };
     let mut offsets = Section::new("offsets", &["topic", "partition", "committed", "end", "lag", "owner"]);
@@ -975,7 +989,7 @@ pub fn group_describe(c: &mut Client, group: &str) -> Result<Report> {
         let end = latest.get(k).copied();
         let lag = match (committed, end) {
             (Some(c), Some(e)) => Some((e - c).max(0)),
-            (None, Some(e)) => Some((e - earliest.get(k).copied().unwrap_or(0)).max(0)),
+            (None, Some(e)) => earliest.get(k).map(|lo| (e - lo).max(0)),
             _ => None,
         };
         total_lag += lag.unwrap_or(0);
@@ -1035,6 +1049,13 @@ fn group_reset(
 ) -> Result<Report> {
     let v = view(c, group)?;
     let d = &v.described;
+    // KIP-848 members are not removed by an admin's LeaveGroup (that is
+    // classic groups'): stopped by their owners, or their sessions end.
+    if v.kip848 && force.is_some() && d.members.iter().any(|m| member_protocol(d, m) == "kafka") {
+        return Err(AdminError::Refused(format!(
+            "group {group} is a KIP-848 (group.protocol=consumer) group with live Kafka members: --force cannot remove them — stop those consumers first"
+        )));
+    }
     if !d.members.is_empty() && force.is_none() {
         let who: Vec<String> = d.members.iter().map(|m| m.client_id.to_string()).collect();
         return Err(AdminError::Refused(format!(

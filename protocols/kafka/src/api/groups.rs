@@ -285,6 +285,11 @@ pub fn describe(k: &Kafka, r: DescribeGroupsRequest, version: i16) -> DescribeGr
                 if version >= 6 {
                     d.error_message = Some(str_bytes(&format!("Group {name} is not a classic group.")));
                 }
+                // RocketMQ clients of the group (it may be theirs again once
+                // its Kafka members left) are listed all the same, for the
+                // admin tools (Kafka clients ignore members of an error
+                // answer).
+                describe_rocketmq_members(k, &name, &mut d);
                 return d;
             }
             match view {
