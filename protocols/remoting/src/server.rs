@@ -108,7 +108,7 @@ fn weight(cmd: &RemotingCommand) -> usize {
 #[derive(Debug)]
 pub struct RoomClaim {
     bytes: usize,
-    conn: Arc<std::sync::atomic::AtomicUsize>,
+    unwritten: Arc<Unwritten>,
 }
 
 impl RoomClaim {
@@ -120,7 +120,7 @@ impl RoomClaim {
 
 impl Drop for RoomClaim {
     fn drop(&mut self) {
-        self.conn.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.unwritten.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }
 
@@ -142,24 +142,43 @@ type Outbound = (RemotingCommand, Option<Held>, Weighed);
 /// or with the queue of a closed connection (an aborted writer included).
 struct Weighed {
     bytes: usize,
-    conn: Arc<std::sync::atomic::AtomicUsize>,
-    listener: Arc<std::sync::atomic::AtomicUsize>,
-    answers: Option<Arc<std::sync::atomic::AtomicUsize>>,
-    label: &'static str,
+    answer: bool,
+    counts: Arc<Unwritten>,
+}
+
+/// A connection's unwritten bytes, and the listener's unwritten bytes and
+/// answers it adds to (the gauges are set from these after each write).
+#[derive(Debug)]
+struct Unwritten {
+    bytes: std::sync::atomic::AtomicUsize,
+    listener_bytes: Arc<std::sync::atomic::AtomicUsize>,
+    listener_answers: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Unwritten {
+    /// Sets the listener's gauges from its counts.
+    fn export(&self, listener: &'static str) {
+        rokka_broker::hot_metrics::gauge_set(
+            "rokka_rocketmq_unwritten_answers",
+            "listener",
+            listener,
+            self.listener_answers.load(Ordering::Relaxed) as f64,
+        );
+        rokka_broker::hot_metrics::gauge_set(
+            "rokka_rocketmq_unwritten_bytes",
+            "listener",
+            listener,
+            self.listener_bytes.load(Ordering::Relaxed) as f64,
+        );
+    }
 }
 
 impl Drop for Weighed {
     fn drop(&mut self) {
-        self.conn.fetch_sub(self.bytes, Ordering::AcqRel);
-        self.listener.fetch_sub(self.bytes, Ordering::Relaxed);
-        rokka_broker::hot_metrics::gauge_add(
-            "rokka_rocketmq_unwritten_bytes",
-            "listener",
-            self.label,
-            -(self.bytes as f64),
-        );
-        if let Some(a) = &self.answers {
-            a.fetch_sub(1, Ordering::Relaxed);
+        self.counts.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.counts.listener_bytes.fetch_sub(self.bytes, Ordering::Relaxed);
+        if self.answer {
+            self.counts.listener_answers.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
@@ -171,7 +190,6 @@ pub struct Conn {
     pub peer: SocketAddr,
     tx: mpsc::UnboundedSender<Outbound>,
     next_opaque: Arc<AtomicI32>,
-    unwritten: Arc<std::sync::atomic::AtomicUsize>,
     /// Server-initiated requests queued to this connection and not yet
     /// written (at most `max_pushes`).
     pushes: Arc<std::sync::atomic::AtomicUsize>,
@@ -187,14 +205,11 @@ pub struct Conn {
     /// presented (listeners with `rocketmq.tls_client_ca`): the principal of
     /// its requests that carry no AccessKey, as Kafka's SSL principal.
     pub certificate_principal: Option<Arc<str>>,
-    /// Bytes queued to this connection and not yet written (see [`weight`]),
-    /// and the listener's sum of them.
-    unwritten_bytes: Arc<std::sync::atomic::AtomicUsize>,
-    listener_unwritten_bytes: Arc<std::sync::atomic::AtomicUsize>,
+    /// Bytes queued to this connection and not yet written (see
+    /// [`weight`]), and the listener's counts.
+    unwritten: Arc<Unwritten>,
     /// `rocketmq.max_unwritten_bytes_per_connection`.
     max_unwritten_bytes: usize,
-    /// The listener's metric label.
-    listener: &'static str,
 }
 
 impl Conn {
@@ -233,31 +248,17 @@ impl Conn {
     /// Counts `cmd` as queued to this connection (see [`Weighed`]).
     fn weigh(&self, cmd: &RemotingCommand, answer: bool) -> Weighed {
         let bytes = weight(cmd);
-        self.unwritten_bytes.fetch_add(bytes, Ordering::AcqRel);
-        self.listener_unwritten_bytes.fetch_add(bytes, Ordering::Relaxed);
-        rokka_broker::hot_metrics::gauge_add(
-            "rokka_rocketmq_unwritten_bytes",
-            "listener",
-            self.listener,
-            bytes as f64,
-        );
+        let u = &self.unwritten;
+        u.bytes.fetch_add(bytes, Ordering::AcqRel);
+        u.listener_bytes.fetch_add(bytes, Ordering::Relaxed);
         if answer {
-            self.unwritten.fetch_add(1, Ordering::Relaxed);
+            u.listener_answers.fetch_add(1, Ordering::Relaxed);
         }
         Weighed {
             bytes,
-            conn: Arc::clone(&self.unwritten_bytes),
-            listener: Arc::clone(&self.listener_unwritten_bytes),
-            answers: answer.then(|| Arc::clone(&self.unwritten)),
-            label: self.listener,
+            answer,
+            counts: Arc::clone(u),
         }
-    }
-
-    /// Bytes an answer may still take before this connection's unwritten
-    /// ones reach `rocketmq.max_unwritten_bytes_per_connection`.
-    pub fn answer_room(&self) -> usize {
-        self.max_unwritten_bytes
-            .saturating_sub(self.unwritten_bytes.load(Ordering::Acquire))
     }
 
     /// Takes up to `want` of the room left among the connection's unwritten
@@ -267,19 +268,20 @@ impl Conn {
     pub fn claim_room(&self, want: usize) -> RoomClaim {
         let max = self.max_unwritten_bytes;
         let got = self
-            .unwritten_bytes
+            .unwritten
+            .bytes
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
                 (cur < max).then(|| cur + want.min(max - cur))
             })
             .map_or(0, |cur| want.min(max - cur));
         RoomClaim {
             bytes: got,
-            conn: Arc::clone(&self.unwritten_bytes),
+            unwritten: Arc::clone(&self.unwritten),
         }
     }
 
     fn over_unwritten_bytes(&self) -> bool {
-        self.unwritten_bytes.load(Ordering::Acquire) > self.max_unwritten_bytes
+        self.unwritten.bytes.load(Ordering::Acquire) > self.max_unwritten_bytes
     }
 
     /// An opaque for a server-initiated request.
@@ -452,7 +454,11 @@ async fn run<S: Service, T: Halves>(
     let (tx, mut rx) = mpsc::unbounded_channel::<Outbound>();
     let limits = rmq.limits();
     let listener = limits.listener;
-    let unwritten = Arc::clone(&limits.unwritten);
+    let unwritten = Arc::new(Unwritten {
+        bytes: Default::default(),
+        listener_bytes: Arc::clone(&limits.unwritten_bytes),
+        listener_answers: Arc::clone(&limits.unwritten),
+    });
     let pushes: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
     let conn = Conn {
         peer,
@@ -465,10 +471,7 @@ async fn run<S: Service, T: Halves>(
         conflict_logged: Arc::default(),
         auth_failures: Arc::clone(&rmq.limits().auth_failures),
         certificate_principal,
-        unwritten_bytes: Arc::default(),
-        listener_unwritten_bytes: Arc::clone(&limits.unwritten_bytes),
         max_unwritten_bytes: limits.max_unwritten_bytes,
-        listener,
     };
     // Signalled after each write: a reader waiting for the connection's
     // unwritten bytes to go down looks again.
@@ -524,12 +527,7 @@ async fn run<S: Service, T: Halves>(
             weighed.clear();
             permits.clear();
             drained_w.notify_one();
-            rokka_broker::hot_metrics::gauge_set(
-                "rokka_rocketmq_unwritten_answers",
-                "listener",
-                listener,
-                unwritten.load(Ordering::Relaxed) as f64,
-            );
+            unwritten.export(listener);
         }
         // Closed with answers unwritten: they are dropped with the
         // connection (their Weighed give back their counts).
@@ -548,6 +546,8 @@ async fn run<S: Service, T: Halves>(
             // unread, until its client has read some of the answers.
             if conn.over_unwritten_bytes() {
                 rokka_broker::hot_metrics::count("rokka_rocketmq_unwritten_bytes_waits_total", "listener", listener, 1);
+                // (What a stalled writer holds shows while it waits.)
+                conn.unwritten.export(listener);
             }
             while conn.over_unwritten_bytes() {
                 tokio::select! {
@@ -686,7 +686,11 @@ mod tests {
             peer: SocketAddr::from(([127, 0, 0, 1], 1)),
             tx,
             next_opaque: Arc::new(AtomicI32::new(1)),
-            unwritten: Arc::default(),
+            unwritten: Arc::new(Unwritten {
+                bytes: Default::default(),
+                listener_bytes: Arc::default(),
+                listener_answers: Arc::default(),
+            }),
             pushes: Arc::default(),
             max_pushes: 1024,
             denials: Arc::default(),
@@ -697,10 +701,7 @@ mod tests {
                 Duration::from_secs(1),
             )),
             certificate_principal: None,
-            unwritten_bytes: Arc::default(),
-            listener_unwritten_bytes: Arc::default(),
             max_unwritten_bytes: 1 << 20,
-            listener: "test",
         };
         let push = || RemotingCommand::request(crate::codes::request::NOTIFY_CONSUMER_IDS_CHANGED, 1);
         for _ in 0..1024 {
@@ -714,18 +715,15 @@ mod tests {
         assert!(!conn.send(push()));
         // Each queued push weighs on the connection's unwritten bytes until
         // taken and dropped (written, or with the closed connection's queue).
-        let queued = conn.unwritten_bytes.load(Ordering::Acquire);
+        let u = Arc::clone(&conn.unwritten);
+        let queued = u.bytes.load(Ordering::Acquire);
         assert_eq!(queued, 1024 * 512);
-        assert_eq!(conn.listener_unwritten_bytes.load(Ordering::Acquire), queued);
-        assert_eq!(conn.answer_room(), (1 << 20) - queued);
+        assert_eq!(u.listener_bytes.load(Ordering::Acquire), queued);
+        assert_eq!(conn.claim_room(usize::MAX).bytes(), (1 << 20) - queued);
         drop(rx.try_recv());
-        assert_eq!(conn.unwritten_bytes.load(Ordering::Acquire), queued - 512);
+        assert_eq!(u.bytes.load(Ordering::Acquire), queued - 512);
         drop(rx);
-        assert_eq!(
-            conn.unwritten_bytes.load(Ordering::Acquire),
-            0,
-            "dropped with the queue"
-        );
-        assert_eq!(conn.listener_unwritten_bytes.load(Ordering::Acquire), 0);
+        assert_eq!(u.bytes.load(Ordering::Acquire), 0, "dropped with the queue");
+        assert_eq!(u.listener_bytes.load(Ordering::Acquire), 0);
     }
 }
