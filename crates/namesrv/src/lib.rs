@@ -289,6 +289,8 @@ impl RouteTable {
         }
         if empty {
             self.brokers.remove(broker_name);
+            // (Its wipe goes with it: the set holds known brokers only.)
+            self.write_wiped.remove(broker_name);
             self.leave_cluster(&cluster, broker_name);
         }
     }
@@ -418,6 +420,11 @@ impl RouteTable {
     /// producers move to other brokers while consumers drain it. The
     /// number of its topics that were writable (Apache's wipeTopicCount).
     pub fn wipe_write_perm(&mut self, broker_name: &str) -> usize {
+        // Only a broker the table knows (the set stays within its brokers;
+        // Apache changes only queue data that exists).
+        if !self.brokers.contains_key(broker_name) {
+            return 0;
+        }
         let was_wiped = !self.write_wiped.insert(broker_name.to_string());
         if was_wiped {
             return 0;

@@ -327,6 +327,9 @@ fn a_wiped_brokers_queues_are_routed_read_only_until_write_is_added_back() {
     assert_eq!(t.add_write_perm("a"), 2);
     assert_eq!(perm_of(&t, "a"), Some(json!(6)));
     assert_eq!(t.add_write_perm("a"), 0);
+    // Names the table does not hold are not kept.
+    assert_eq!(t.wipe_write_perm("no-such-broker"), 0);
+    assert!(t.write_wiped.is_empty());
 }
 
 #[test]

@@ -373,6 +373,9 @@ impl NameServer {
                 self.reply(cmd, rs::SUCCESS, None)
             }
             rq::GET_KVLIST_BY_NAMESPACE => {
+                if let Some(remark) = self.refuses(conn, cmd) {
+                    return self.reply(cmd, crate::auth::NO_PERMISSION, Some(remark));
+                }
                 let ns = cmd.ext_fields.get("namespace").unwrap_or_default();
                 let table = self.table().kv_list(ns).cloned();
                 match table {
