@@ -145,22 +145,13 @@ fn with<T: Kind>(name: &'static str, label: &'static str, value: &'static str, f
     }
 }
 
-/// Adds `n` to the counter `name` (no labels).
-pub fn count0(name: &'static str, n: u64) {
-    with(name, "", "", |c: &Counter| c.increment(n));
-}
-
-/// Records `v` in the histogram `name` (no labels).
-pub fn record0(name: &'static str, v: f64) {
-    with(name, "", "", |h: &Histogram| h.record(v));
-}
-
-/// Adds `n` to the counter `name{label="value"}`.
+/// Adds `n` to the counter `name{label="value"}` (`label` "": no labels).
 pub fn count(name: &'static str, label: &'static str, value: &'static str, n: u64) {
     with(name, label, value, |c: &Counter| c.increment(n));
 }
 
-/// Records `v` in the histogram `name{label="value"}`.
+/// Records `v` in the histogram `name{label="value"}` (`label` "": no
+/// labels).
 pub fn record(name: &'static str, label: &'static str, value: &'static str, v: f64) {
     with(name, label, value, |h: &Histogram| h.record(v));
 }
@@ -176,7 +167,7 @@ pub fn gauge_set(name: &'static str, label: &'static str, value: &'static str, v
 }
 
 /// The epoch kept handles belong to (for caches elsewhere, e.g.
-/// [`crate::traffic`]: a handle made in another epoch is made again).
+/// `rokka_broker::traffic`: a handle made in another epoch is made again).
 pub fn epoch() -> u64 {
     EPOCH.load(Ordering::Relaxed)
 }
@@ -187,31 +178,55 @@ pub fn new_epoch() {
     EPOCH.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Counters alerts watch: exported from the start at 0 and never dropped
-/// as idle (touched every epoch), so the first event after a quiet hour is
-/// an increase from 0, not a new series that `increase()` cannot see.
-pub const ALWAYS_EXPORTED: &[&str] = &[
-    "rokka_store_flush_timeouts_total",
-    "rokka_store_disk_full_refusals_total",
-    "rokka_store_damaged_entries_total",
-    "rokka_cluster_elections_total",
-];
+/// A counter series kept exported (see [`keep_exported`]):
+/// (name, label, value), label "" for none.
+type Series = (&'static str, &'static str, &'static str);
 
-/// Adds 0 to each [`ALWAYS_EXPORTED`] counter: registers it (at 0) if it
-/// is not, and marks it updated so the recorder does not drop it.
-pub fn touch_always_exported() {
-    for name in ALWAYS_EXPORTED {
-        metrics::counter!(*name).increment(0);
+/// Counters kept exported: registered at 0 and never dropped as idle.
+static KEPT: std::sync::Mutex<Vec<Series>> = std::sync::Mutex::new(Vec::new());
+
+/// Keeps these counter series exported for good: registered now (at 0 if
+/// new) and touched every epoch, so the recorder never drops them as
+/// idle. For counters a component holds handles to for its whole life
+/// (the store's, updated on every append with no lookup) and those alerts
+/// watch (the first event after a quiet hour is an increase from 0, not a
+/// new series `increase()` cannot see). A fixed set of series: no
+/// client-chosen labels.
+pub fn keep_exported(series: &[Series]) {
+    let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+    for s in series {
+        if !kept.contains(s) {
+            kept.push(*s);
+        }
+        touch(s);
+    }
+}
+
+fn touch(&(name, label, value): &Series) {
+    let c = if label.is_empty() {
+        metrics::counter!(name)
+    } else {
+        metrics::counter!(name, label => value)
+    };
+    c.increment(0);
+}
+
+/// Adds 0 to each kept counter: registers it (at 0) if it is not, and
+/// marks it updated so the recorder does not drop it.
+pub fn touch_kept() {
+    let kept = KEPT.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for s in &kept {
+        touch(s);
     }
 }
 
 /// The recorder drops counters and histograms idle for `timeout`
 /// (`None`: never): starts a new epoch now and, with a timeout, every
-/// quarter of it from a thread of its own, which also keeps the
-/// [`ALWAYS_EXPORTED`] counters. Call once, after installing the recorder.
+/// quarter of it from a thread of its own, which also touches the
+/// [`keep_exported`] counters. Call once, after installing the recorder.
 pub fn set_idle_timeout(timeout: Option<Duration>) -> std::io::Result<()> {
     new_epoch();
-    touch_always_exported();
+    touch_kept();
     if let Some(t) = timeout {
         let every = (t / 4).max(Duration::from_millis(1));
         std::thread::Builder::new()
@@ -219,7 +234,7 @@ pub fn set_idle_timeout(timeout: Option<Duration>) -> std::io::Result<()> {
             .spawn(move || loop {
                 std::thread::sleep(every);
                 new_epoch();
-                touch_always_exported();
+                touch_kept();
             })?;
     }
     Ok(())

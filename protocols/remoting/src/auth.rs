@@ -86,9 +86,10 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
             [Some((Rt::Topic, f("topic"), Op::Describe)), None]
         }
         rq::GET_CONSUMER_CONNECTION_LIST => [Some((Rt::Group, f("consumerGroup"), Op::Describe)), None],
-        rq::GET_PRODUCER_CONNECTION_LIST | rq::GET_BROKER_RUNTIME_INFO | rq::GET_KV_CONFIG | rq::GET_KVLIST_BY_NAMESPACE => {
-            [Some((Rt::Cluster, CLUSTER_NAME, Op::Describe)), None]
-        }
+        rq::GET_PRODUCER_CONNECTION_LIST
+        | rq::GET_BROKER_RUNTIME_INFO
+        | rq::GET_KV_CONFIG
+        | rq::GET_KVLIST_BY_NAMESPACE => [Some((Rt::Cluster, CLUSTER_NAME, Op::Describe)), None],
         rq::PUT_KV_CONFIG | rq::DELETE_KV_CONFIG | rq::WIPE_WRITE_PERM_OF_BROKER | rq::ADD_WRITE_PERM_OF_BROKER => {
             [Some((Rt::Cluster, CLUSTER_NAME, Op::Alter)), None]
         }
