@@ -279,17 +279,25 @@ impl AbortedList {
     /// Closes `producer_id`'s open entries at the ABORT marker's offset;
     /// the entries closed.
     fn close(&mut self, producer_id: i64, last: u64) -> Vec<AbortedTxn> {
-        let Some(v) = self.by_producer.get_mut(&producer_id) else {
-            return Vec::new();
-        };
-        let mut closed = Vec::new();
-        for a in v.iter_mut().filter(|a| a.last_offset.is_none()) {
-            a.last_offset = Some(last);
-            closed.push(*a);
-        }
-        for a in &closed {
-            self.open.remove(&(a.first_offset, a.producer_id));
-            self.max_span = self.max_span.max(last.saturating_sub(a.first_offset));
+        // Its open entries are in `open` (a few), not found by a walk over
+        // every transaction it ever aborted.
+        let firsts: Vec<u64> = self
+            .open
+            .iter()
+            .filter(|(_, p)| *p == producer_id)
+            .map(|(f, _)| *f)
+            .collect();
+        let mut closed = Vec::with_capacity(firsts.len());
+        for first in firsts {
+            self.open.remove(&(first, producer_id));
+            let Some(v) = self.by_producer.get_mut(&producer_id) else {
+                continue;
+            };
+            if let Ok(i) = v.binary_search_by_key(&first, |a| a.first_offset) {
+                v[i].last_offset = Some(last);
+                closed.push(v[i]);
+                self.max_span = self.max_span.max(last.saturating_sub(first));
+            }
         }
         closed
     }
@@ -322,11 +330,16 @@ impl AbortedList {
     fn prune(&mut self, start: u64) -> usize {
         let before = self.len();
         let mut dropped = Vec::new();
+        // The longest span is taken again over what stays (one long
+        // transaction pruned no longer widens every range query).
+        let mut max_span = 0;
         self.by_producer.retain(|_, v| {
             v.retain(|a| {
                 let keep = a.last_offset.is_none_or(|l| l >= start);
                 if !keep {
                     dropped.push((a.first_offset, a.producer_id));
+                } else if let Some(l) = a.last_offset {
+                    max_span = max_span.max(l.saturating_sub(a.first_offset));
                 }
                 keep
             });
@@ -335,6 +348,7 @@ impl AbortedList {
         for k in &dropped {
             self.by_first.remove(k);
         }
+        self.max_span = max_span;
         before - self.len()
     }
 }
