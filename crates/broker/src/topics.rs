@@ -29,19 +29,18 @@ pub struct TopicInfo {
     /// counts them all ([`TopicInfo::cluster_form`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub placement: Vec<QueueRef>,
-    /// RocketMQ's permission and queue counts where an admin set them
+    /// RocketMQ's permission and write queue count where an admin set them
     /// apart from "every queue, readable and writable" (Apache's
-    /// TopicConfig `perm`, `readQueueNums`, `writeQueueNums`;
-    /// UPDATE_AND_CREATE_TOPIC). None: all `partitions`, perm 6.
+    /// TopicConfig `perm`, `writeQueueNums`; UPDATE_AND_CREATE_TOPIC).
+    /// None: all `partitions`, perm 6.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rocketmq: Option<RocketMqTopic>,
 }
 
-/// A topic's RocketMQ permission and queue counts (see
-/// [`TopicInfo::rocketmq`]).
+/// A topic's RocketMQ write queue count and permission (see
+/// [`TopicInfo::rocketmq`]; every queue is read).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RocketMqTopic {
-    pub read_queues: u32,
     pub write_queues: u32,
     /// Apache's PermName bits: 4 read, 2 write.
     pub perm: u32,
@@ -449,7 +448,6 @@ impl TopicTable {
         // all of them (an admin's smaller counts were of the old ones).
         info.rocketmq = info.rocketmq.and_then(|r| {
             (r.perm != PERM_RW).then_some(RocketMqTopic {
-                read_queues: info.partitions,
                 write_queues: info.partitions,
                 perm: r.perm,
             })

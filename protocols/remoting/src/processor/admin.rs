@@ -70,10 +70,10 @@ impl RocketMq {
         let Some(info) = self.broker.topics().get(topic) else {
             return self.reply(req, rs::SYSTEM_ERROR, Some(format!("topic {topic} went away")));
         };
-        // Every queue stays read (see TopicInfo::rocketmq_queues).
-        let all = info.placement.is_empty() && write == info.partitions;
+        // Every queue stays read (see TopicInfo::rocketmq_queues); with
+        // several broker sets only the permission applies.
+        let all = !info.placement.is_empty() || write == info.partitions;
         let rocketmq = (!(all && perm == PERM_RW)).then_some(RocketMqTopic {
-            read_queues: info.partitions,
             write_queues: write,
             perm,
         });
