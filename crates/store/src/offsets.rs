@@ -367,6 +367,19 @@ impl ConsumerOffsets {
             .collect()
     }
 
+    /// Groups with an offset committed on `topic` (each once), copied
+    /// out alone — not the whole table.
+    pub fn groups_of_topic(&self, topic: &str) -> Vec<String> {
+        let mut g: Vec<String> = self
+            .lock()
+            .keys()
+            .filter(|k| k.topic == topic)
+            .map(|k| k.group.clone())
+            .collect();
+        g.dedup();
+        g
+    }
+
     /// Names of all groups with committed offsets.
     pub fn groups(&self) -> Vec<String> {
         let mut g: Vec<String> = self.lock().keys().map(|k| k.group.clone()).collect();

@@ -30,7 +30,7 @@ use crate::codes::request as rq;
 use crate::command::RemotingCommand;
 
 /// RocketMQ's ResponseCode.NO_PERMISSION.
-pub const NO_PERMISSION: i32 = 16;
+pub const NO_PERMISSION: i32 = crate::codes::response::NO_PERMISSION;
 
 /// What a request needs: at most two (resource, operation) pairs.
 type Needs<'a> = [Option<(Rt, &'a str, Op)>; 2];

@@ -178,67 +178,75 @@ impl RocketMq {
         r
     }
 
-    /// A connection as Apache's Connection JSON.
-    fn connection_json(id: &str, c: &crate::clients::Client) -> Value {
-        json!({"clientId": id, "clientAddr": c.conn.peer.to_string(), "language": c.language.name(),
-               "version": c.version})
+    /// A client's connection as Apache's Connection JSON fields (taken
+    /// under the clients' lock; the JSON is built after it).
+    fn connection_of(id: &str, c: &crate::clients::Client) -> (String, std::net::SocketAddr, &'static str, i32) {
+        (id.to_string(), c.conn.peer, c.language.name(), c.version)
+    }
+
+    fn connection_json((id, addr, language, version): (String, std::net::SocketAddr, &'static str, i32)) -> Value {
+        json!({"clientId": id, "clientAddr": addr.to_string(), "language": language, "version": version})
     }
 
     /// GET_CONSUMER_CONNECTION_LIST (mqadmin consumerConnection): a group's
     /// live clients and subscriptions; CONSUMER_NOT_ONLINE if none.
     pub(super) fn consumer_connections(&self, req: &RemotingCommand) -> RemotingCommand {
         let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
-        let body = {
+        let found = {
             let c = self.clients();
             c.groups.get(group).filter(|g| !g.members.is_empty()).map(|g| {
-                let conns: Vec<Value> = g
+                let conns: Vec<_> = g
                     .members
                     .iter()
-                    .filter_map(|id| c.clients.get(id).map(|cl| Self::connection_json(id, cl)))
+                    .filter_map(|id| c.clients.get(id).map(|cl| Self::connection_of(id, cl)))
                     .collect();
-                let subs: serde_json::Map<String, Value> = g
-                    .subscriptions
-                    .iter()
-                    .map(|(t, s)| {
-                        (
-                            t.clone(),
-                            json!({"classFilterMode": false, "topic": t, "subString": s.expression,
-                                   "tagsSet": [], "codeSet": [], "subVersion": 0,
-                                   "expressionType": s.expression_type}),
-                        )
-                    })
-                    .collect();
-                json!({"connectionSet": conns, "subscriptionTable": subs,
-                       "consumeType": "CONSUME_PASSIVELY",
-                       "messageModel": if g.clustering { "CLUSTERING" } else { "BROADCASTING" },
-                       "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET"})
+                let subs: Vec<(String, crate::clients::Subscription)> =
+                    g.subscriptions.iter().map(|(t, s)| (t.clone(), s.clone())).collect();
+                (conns, subs, g.clustering)
             })
         };
-        match body {
-            Some(v) => self.json_body(req, v),
-            None => self.reply(
+        let Some((conns, subs, clustering)) = found else {
+            return self.reply(
                 req,
                 rs::CONSUMER_NOT_ONLINE,
                 Some(format!("the consumer group[{group}] not online")),
-            ),
-        }
+            );
+        };
+        let conns: Vec<Value> = conns.into_iter().map(Self::connection_json).collect();
+        let subs: serde_json::Map<String, Value> = subs
+            .into_iter()
+            .map(|(t, s)| {
+                let v = json!({"classFilterMode": false, "topic": t, "subString": s.expression,
+                               "tagsSet": [], "codeSet": [], "subVersion": 0,
+                               "expressionType": s.expression_type});
+                (t, v)
+            })
+            .collect();
+        self.json_body(
+            req,
+            json!({"connectionSet": conns, "subscriptionTable": subs,
+                   "consumeType": "CONSUME_PASSIVELY",
+                   "messageModel": if clustering { "CLUSTERING" } else { "BROADCASTING" },
+                   "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET"}),
+        )
     }
 
     /// GET_PRODUCER_CONNECTION_LIST (mqadmin producerConnection): the live
     /// clients of a producer group.
     pub(super) fn producer_connections(&self, req: &RemotingCommand) -> RemotingCommand {
         let group = req.ext_fields.get("producerGroup").unwrap_or_default();
-        let conns: Vec<Value> = {
+        let conns: Vec<_> = {
             let c = self.clients();
             c.clients
                 .iter()
                 .filter(|(_, cl)| cl.producer_groups.contains(group))
-                .map(|(id, cl)| Self::connection_json(id, cl))
+                .map(|(id, cl)| Self::connection_of(id, cl))
                 .collect()
         };
         if conns.is_empty() {
             return self.reply(req, rs::SYSTEM_ERROR, Some("the producer group not exist".into()));
         }
+        let conns: Vec<Value> = conns.into_iter().map(Self::connection_json).collect();
         self.json_body(req, json!({"connectionSet": conns}))
     }
 
@@ -254,11 +262,7 @@ impl RocketMq {
                 .map(|(n, _)| n.clone())
                 .collect()
         };
-        for (g, t, _, _) in self.broker.store().offsets().all() {
-            if t == topic {
-                groups.insert(g);
-            }
-        }
+        groups.extend(self.broker.store().offsets().groups_of_topic(topic));
         self.json_body(req, json!({"groupList": groups}))
     }
 

@@ -457,36 +457,26 @@ fn durable_code(e: &rokka_store::StoreError) -> i32 {
 /// once per queue, so a name is bounded before any handler sees it.
 pub const MAX_NAME_BYTES: usize = 255;
 
-/// Header fields naming a group or a client (SEND_MESSAGE_V2 and
-/// SEND_BATCH_MESSAGE, in the V2 header, name the producer group `a`).
-const NAME_FIELDS: &[&str] = &["consumerGroup", "group", "producerGroup", "clientID", "clientId", "a"];
-
 /// The remark refusing a request whose group or client id is longer than
-/// [`MAX_NAME_BYTES`], or whose topic is longer than a topic can be.
+/// [`MAX_NAME_BYTES`], or whose topic is longer than a topic can be: one
+/// pass over its header fields, allocating only to refuse
+/// (SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE, in the V2 header, name the
+/// producer group `a` and the topic `b`).
 fn check_names(cmd: &RemotingCommand) -> Option<String> {
-    for key in NAME_FIELDS {
-        let v2 = cmd.code == rq::SEND_MESSAGE_V2 || cmd.code == rq::SEND_BATCH_MESSAGE;
-        if *key == "a" && !v2 {
-            continue;
-        }
-        if let Some(v) = cmd.ext_fields.get(key) {
-            if v.len() > MAX_NAME_BYTES {
-                return Some(format!("{key} is longer than {MAX_NAME_BYTES} bytes"));
-            }
-        }
-    }
     let v2 = cmd.code == rq::SEND_MESSAGE_V2 || cmd.code == rq::SEND_BATCH_MESSAGE;
-    let topic = if v2 {
-        cmd.ext_fields.get("b").or_else(|| cmd.ext_fields.get("topic"))
-    } else {
-        cmd.ext_fields.get("topic")
-    };
-    match topic {
-        Some(t) if t.len() > rokka_store::MAX_TOPIC_LEN => {
-            Some(format!("topic is longer than {} bytes", rokka_store::MAX_TOPIC_LEN))
+    for (key, value) in &cmd.ext_fields.0 {
+        let (name, limit) = match key.as_ref() {
+            k @ ("consumerGroup" | "group" | "producerGroup" | "clientID" | "clientId") => (k, MAX_NAME_BYTES),
+            "a" if v2 => ("producerGroup", MAX_NAME_BYTES),
+            "topic" => ("topic", rokka_store::MAX_TOPIC_LEN),
+            "b" if v2 => ("topic", rokka_store::MAX_TOPIC_LEN),
+            _ => continue,
+        };
+        if value.len() > limit {
+            return Some(format!("{name} is longer than {limit} bytes"));
         }
-        _ => None,
     }
+    None
 }
 
 #[cfg(test)]

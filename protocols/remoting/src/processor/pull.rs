@@ -28,7 +28,11 @@ impl RocketMq {
             );
         }
         if queue < 0 || queue >= i64::from(info.partitions) {
-            return self.reply(req, 29, Some(format!("queueId {queue} out of range")));
+            return self.reply(
+                req,
+                rs::INVALID_PARAMETER,
+                Some(format!("queueId {queue} out of range")),
+            );
         }
         let q = queue as u32;
         if !self.owns(&group, &topic, q, info.partitions, conn) {

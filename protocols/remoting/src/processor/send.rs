@@ -88,7 +88,7 @@ impl RocketMq {
             // each of them retried by clients, MESSAGE_ILLEGAL is not.
             Err(e) => {
                 let code = match &e {
-                    rokka_broker::BrokerError::Store(rokka_store::StoreError::InvalidTopic(_)) => 29,
+                    rokka_broker::BrokerError::Store(rokka_store::StoreError::InvalidTopic(_)) => rs::INVALID_PARAMETER,
                     e if e.is_transient() => rs::SYSTEM_BUSY,
                     _ => rs::TOPIC_NOT_EXIST,
                 };
@@ -113,7 +113,11 @@ impl RocketMq {
             queue = i64::from(rand::random::<u32>() % info.partitions.max(1));
         }
         if queue >= i64::from(info.partitions) {
-            return Err(self.reply(req, 29, Some(format!("queueId {queue} out of range for {topic}"))));
+            return Err(self.reply(
+                req,
+                rs::INVALID_PARAMETER,
+                Some(format!("queueId {queue} out of range for {topic}")),
+            ));
         }
         let sys_flag = ext_i64(req, "sysFlag", "f").unwrap_or(0) as i32;
         let born = ext_i64(req, "bornTimestamp", "g").unwrap_or_else(rokka_store::now_ms);
