@@ -1796,7 +1796,10 @@ impl pb::messaging_service_server::MessagingService for Service {
             )
         } else {
             let q = mq.id as u32;
-            self.0.pops.reset(&group, &topic, q);
+            // Committed first, then the pop state dropped (a receive in
+            // between would start again from the old offset; a refused
+            // commit leaves the pops alone). Not waited on replicas, as
+            // RocketMQ's consumer offsets are persisted asynchronously.
             if self
                 .0
                 .broker
@@ -1804,6 +1807,7 @@ impl pb::messaging_service_server::MessagingService for Service {
                 .offsets()
                 .commit_bounded(&group, &topic, q, req.offset as u64, "", -1)
             {
+                self.0.pops.reset(&group, &topic, q);
                 ok()
             } else {
                 status(
