@@ -283,19 +283,6 @@ impl Config {
                 })?;
             }
         }
-        for (key, zero) in [
-            ("metrics.max_connections", cfg.metrics.max_connections == 0),
-            ("metrics.connection_timeout_ms", cfg.metrics.connection_timeout_ms == 0),
-            ("console.max_connections", cfg.console.max_connections == 0),
-            ("console.connection_timeout_ms", cfg.console.connection_timeout_ms == 0),
-        ] {
-            if zero {
-                return Err(ConfigError::Parse {
-                    path: origin.to_string(),
-                    message: format!("{key} must be at least 1 (0 would serve no connection)"),
-                });
-            }
-        }
         cfg.check_ranges().map_err(|message| ConfigError::Parse {
             path: origin.to_string(),
             message,
@@ -308,6 +295,11 @@ impl Config {
     /// bound, an interval a client's 32-bit field cannot carry.
     fn check_ranges(&self) -> Result<(), String> {
         for (key, value) in [
+            ("metrics.max_connections", u64::from(self.metrics.max_connections)),
+            ("metrics.connection_timeout_ms", self.metrics.connection_timeout_ms),
+            ("console.max_connections", u64::from(self.console.max_connections)),
+            ("console.connection_timeout_ms", self.console.connection_timeout_ms),
+            ("grpc.preface_timeout_ms", self.grpc.preface_timeout_ms),
             ("broker.max_partitions", u64::from(self.broker.max_partitions)),
             ("broker.default_partitions", u64::from(self.broker.default_partitions)),
             (
@@ -352,6 +344,14 @@ impl Config {
             return Err(format!(
                 "store.disk_refuse_writes_percent ({}) must not be below store.disk_max_used_percent ({}): writes would be refused before retention frees space",
                 s.disk_refuse_writes_percent, s.disk_max_used_percent
+            ));
+        }
+        // A KIP-848 member heartbeating no sooner than its session ends is
+        // dropped between heartbeats (Kafka refuses this too).
+        if self.group.consumer_heartbeat_interval_ms >= self.group.consumer_session_timeout_ms {
+            return Err(format!(
+                "group.consumer_heartbeat_interval_ms ({}) must be below group.consumer_session_timeout_ms ({})",
+                self.group.consumer_heartbeat_interval_ms, self.group.consumer_session_timeout_ms
             ));
         }
         let ms = self.group.consumer_heartbeat_interval_ms;
@@ -552,6 +552,12 @@ mod tests {
                 "consumer_heartbeat_interval_ms",
             ),
             ("[console]\nmax_sessions = 0\n", "console.max_sessions"),
+            ("[grpc]\npreface_timeout_ms = 0\n", "grpc.preface_timeout_ms"),
+            (
+                "[group]\nconsumer_heartbeat_interval_ms = 45000\nconsumer_session_timeout_ms = 45000\n",
+                "consumer_heartbeat_interval_ms",
+            ),
+            ("[metrics]\nmax_connections = 0\n", "metrics.max_connections"),
             (
                 "[store]\ndisk_max_used_percent = 90\ndisk_refuse_writes_percent = 80\n",
                 "store.disk_refuse_writes_percent",
