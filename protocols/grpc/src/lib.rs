@@ -17,7 +17,6 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -70,11 +69,12 @@ pub fn certificate_principal<T>(req: &tonic::Request<T>) -> Option<&str> {
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-struct Slot(Arc<AtomicU32>);
+/// A connection's place in `rokka_rocketmq5_connections` (its slot in the
+/// listener's limits is its `ConnSlot`).
+struct Slot;
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
         metrics::gauge!("rokka_rocketmq5_connections").decrement(1.0);
     }
 }
@@ -162,9 +162,7 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let (tx, rx) = mpsc::channel::<io::Result<Conn>>(64);
-    let open = Arc::new(AtomicU32::new(0));
     let local = listener.local_addr().unwrap_or(config.listen);
-    let max = config.max_connections.max(1);
     let limits = rokka_broker::limits::ConnLimits::new(
         "grpc",
         config.max_connections.max(1) as usize,
@@ -189,16 +187,9 @@ pub async fn serve(
                     continue;
                 }
             };
-            if open.fetch_add(1, Ordering::Relaxed) >= max {
-                open.fetch_sub(1, Ordering::Relaxed);
-                metrics::counter!("rokka_rocketmq5_connections_refused_total").increment(1);
-                drop(tcp);
-                continue;
-            }
             let admitted = match limits.admit(peer.ip()) {
                 Ok(a) => a,
                 Err(why) => {
-                    open.fetch_sub(1, Ordering::Relaxed);
                     metrics::counter!("rokka_rocketmq5_connections_refused_total").increment(1);
                     tracing::debug!(%peer, reason = why.as_str(), "gRPC connection refused");
                     drop(tcp);
@@ -206,7 +197,7 @@ pub async fn serve(
                 }
             };
             metrics::gauge!("rokka_rocketmq5_connections").increment(1.0);
-            let slot = Slot(Arc::clone(&open));
+            let slot = Slot;
             let _ = tcp.set_nodelay(true);
             let tx = tx.clone();
             match &tls {
