@@ -167,15 +167,29 @@ impl ConsumeQueue {
             let idx = parse_file_name(&item.file_name())
                 .ok_or_else(|| StoreError::bad_file(&path, "not a ConsumeQueue file name (20 digits)"))?;
             let len = item.metadata().map_err(StoreError::io("stat", &path))?.len();
-            if idx % epf != 0 {
-                return Err(StoreError::bad_file(
-                    &path,
-                    "ConsumeQueue file name is not a multiple of entries per file",
-                ));
-            }
             names.push((idx, path, len));
         }
         names.sort();
+        // Every file (but an empty newest) of one other length, a whole
+        // number of entries: written with another
+        // `consume_queue_entries_per_file` — a config change, refused (not
+        // damage, to set aside and rebuild every queue over).
+        let written: Vec<&(u64, PathBuf, u64)> = names.iter().filter(|(_, _, l)| *l > 0).collect();
+        if let Some((_, path, len)) = written.first() {
+            if written.iter().all(|(_, _, l)| l == len) && *len != file_len && *len % ENTRY_SIZE as u64 == 0 {
+                return Err(StoreError::Config(format!(
+                    "{}: ConsumeQueue files of {} entries, but consume_queue_entries_per_file is {epf}: set it back",
+                    path.display(),
+                    len / ENTRY_SIZE as u64
+                )));
+            }
+        }
+        if let Some((_, path, _)) = names.iter().find(|(idx, _, _)| idx % epf != 0) {
+            return Err(StoreError::bad_file(
+                path,
+                "ConsumeQueue file name is not a multiple of entries per file",
+            ));
+        }
         // The newest file empty: its creation was cut short by a crash
         // (created, killed before its blocks were allocated). It holds no
         // entry; removed, the queue makes it again (as the CommitLog does).

@@ -143,6 +143,8 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     // (and counted once, not again as missing).
     short.retain(|why| !set_aside.iter().any(|(key, _)| why.starts_with(&format!("{key}: "))));
     short.extend(set_aside.into_iter().map(|(_, why)| why));
+    // (Queues the rebuild is for: the marker's reason is not one.)
+    let queues_short = short.len() as u64;
     if rebuild_unfinished && short.is_empty() {
         short.push("the last rebuild of the ConsumeQueues was cut short: rebuilding again".into());
     }
@@ -162,7 +164,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
             max_entry,
             &deleted,
         )?;
-        r.queues_rebuilt = short.len() as u64;
+        r.queues_rebuilt = queues_short;
         crate::compacted::continue_after_clean(&queues);
         let still = manifest.as_ref().map_or_else(Vec::new, |m| short_queues(m, &queues));
         if let Some(why) = still.first() {

@@ -338,3 +338,31 @@ fn a_rebuild_cut_short_is_done_again_without_a_manifest() -> TestResult {
     );
     Ok(())
 }
+
+/// ConsumeQueue files all written with another
+/// `consume_queue_entries_per_file` are a config change, refused with the
+/// setting named — not damage to set aside and rebuild every queue from.
+#[test]
+fn another_entries_per_file_is_refused_not_set_aside() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.consume_queue_entries_per_file = 8;
+    let store = MessageStore::open(cfg.clone())?;
+    for i in 0..20 {
+        append(&store, "E", 0, 9, i)?;
+    }
+    store.close()?;
+    drop(store);
+    cfg.consume_queue_entries_per_file = 16;
+    let err = MessageStore::open(cfg.clone())
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("consume_queue_entries_per_file"), "{err}");
+    assert!(!dir.path().join("damaged").exists(), "nothing set aside");
+    // Set back, it starts with every message.
+    cfg.consume_queue_entries_per_file = 8;
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(read_all(&store, "E", 0).len(), 20);
+    Ok(())
+}
