@@ -346,6 +346,14 @@ impl Config {
                 s.disk_refuse_writes_percent, s.disk_max_used_percent
             ));
         }
+        // Member ids are a client id cut to 255 bytes and a 34-byte suffix;
+        // a smaller bound would refuse the ids the broker itself hands out.
+        let ids = self.kafka.max_id_bytes;
+        if ids != 0 && ids < 289 {
+            return Err(format!(
+                "kafka.max_id_bytes ({ids}) must be 0 (no limit) or at least 289 (a member id the broker makes is up to 289 bytes)"
+            ));
+        }
         // A KIP-848 member heartbeating no sooner than its session ends is
         // dropped between heartbeats (Kafka refuses this too).
         if self.group.consumer_heartbeat_interval_ms >= self.group.consumer_session_timeout_ms {
@@ -558,6 +566,7 @@ mod tests {
                 "consumer_heartbeat_interval_ms",
             ),
             ("[metrics]\nmax_connections = 0\n", "metrics.max_connections"),
+            ("[kafka]\nmax_id_bytes = 100\n", "kafka.max_id_bytes"),
             (
                 "[store]\ndisk_max_used_percent = 90\ndisk_refuse_writes_percent = 80\n",
                 "store.disk_refuse_writes_percent",

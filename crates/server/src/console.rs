@@ -121,13 +121,9 @@ impl Login {
         let mut s = self.lock();
         let timeout = self.timeout;
         s.retain(|_, x| x.last_seen.elapsed() < timeout);
-        let mine: Vec<(Instant, String)> = s
-            .iter()
-            .filter(|(_, x)| x.credentials.user == credentials.user)
-            .map(|(t, x)| (x.last_seen, t.clone()))
-            .collect();
-        if mine.len() >= SESSIONS_PER_USER {
-            if let Some((_, oldest)) = mine.into_iter().min() {
+        let mine = || s.iter().filter(|(_, x)| x.credentials.user == credentials.user);
+        if mine().count() >= SESSIONS_PER_USER {
+            if let Some(oldest) = mine().min_by_key(|(_, x)| x.last_seen).map(|(t, _)| t.clone()) {
                 s.remove(&oldest);
             }
         }

@@ -352,16 +352,8 @@ pub fn get(
                 at,
                 (max - sec.rows.len() as u32).min(32),
             )?;
-            let Some(last) = got.last() else {
-                match moved_past(next, at) {
-                    Some(n) => {
-                        at = n;
-                        continue;
-                    }
-                    None => break,
-                }
-            };
-            at = last.queue_offset as i64 + 1;
+            let Some(n) = next_at(&got, next, at) else { break };
+            at = n;
             for m in got.iter().filter(|m| m.queue_offset as i64 >= offset) {
                 sec.rows.push(message_row(&b.name, m));
             }
@@ -447,16 +439,8 @@ pub fn get(
                 let end = r.offset(&b.addr, code::GET_MAX_OFFSET, topic, q, None)?;
                 while at < end {
                     let (got, next) = r.pull_next(&b.addr, ADMIN_GROUP, topic, q, at, 32)?;
-                    let Some(last) = got.last() else {
-                        match moved_past(next, at) {
-                            Some(n) => {
-                                at = n;
-                                continue;
-                            }
-                            None => break,
-                        }
-                    };
-                    at = last.queue_offset as i64 + 1;
+                    let Some(n) = next_at(&got, next, at) else { break };
+                    at = n;
                     for m in &got {
                         if m.store_timestamp > to {
                             break;
@@ -775,12 +759,15 @@ pub fn dlq_resend(
     ))
 }
 
-/// Where to read on after a read at `at` that returned nothing: where the
-/// broker says (`nextBeginOffset`: the queue's first for an offset
-/// retention passed, past aborted or filtered records), if that is past
-/// `at`; None to stop.
-fn moved_past(next: Option<i64>, at: i64) -> Option<i64> {
-    next.filter(|n| *n > at)
+/// Where to read on after a read at `at` that returned `got`: past its
+/// last message; when it returned none, where the broker says
+/// (`nextBeginOffset`: the queue's first for an offset retention passed,
+/// past aborted or filtered records), if that is past `at`. None to stop.
+fn next_at(got: &[MessageView], next: Option<i64>, at: i64) -> Option<i64> {
+    match got.last() {
+        Some(last) => Some(last.queue_offset as i64 + 1),
+        None => next.filter(|n| *n > at),
+    }
 }
 
 #[cfg(test)]

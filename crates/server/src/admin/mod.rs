@@ -192,9 +192,9 @@ pub fn connect(addr: &str) -> std::io::Result<std::net::TcpStream> {
 /// `s` for a terminal: control characters (escape sequences a producer
 /// put in a body, key or property; newlines that would break a row) shown
 /// as escapes, not acted on.
-pub fn printable(s: &str) -> String {
+pub fn printable(s: String) -> String {
     if !s.chars().any(char::is_control) {
-        return s.to_string();
+        return s;
     }
     s.chars()
         .map(|c| match c {
@@ -254,7 +254,7 @@ impl Report {
                     let cells: Vec<Vec<String>> = sec
                         .rows
                         .iter()
-                        .map(|r| r.iter().map(|v| printable(&cell(v))).collect())
+                        .map(|r| r.iter().map(|v| printable(cell(v))).collect())
                         .collect();
                     let mut widths: Vec<usize> = sec.columns.iter().map(|c| c.len()).collect();
                     for r in &cells {
@@ -827,7 +827,7 @@ fn view(c: &mut Client, group: &str) -> Result<GroupView> {
         .ok_or_else(|| AdminError::Protocol("DescribeGroups answered no group".into()))?;
     // A KIP-848 group (group.protocol=consumer) is not a classic one:
     // described by ConsumerGroupDescribe instead.
-    let kip848 = described.error_code == 69;
+    let kip848 = described.error_code == GROUP_ID_NOT_FOUND;
     let described = match consumer_group(c, &coordinator, group, &described)? {
         Some(d) => d,
         None => {
@@ -868,17 +868,17 @@ fn view(c: &mut Client, group: &str) -> Result<GroupView> {
 /// assignments in the consumer protocol's form), when DescribeGroups says
 /// it is not a classic group (GROUP_ID_NOT_FOUND) and ConsumerGroupDescribe
 /// knows it; None otherwise.
+/// Kafka's GROUP_ID_NOT_FOUND: what DescribeGroups answers for a KIP-848
+/// group.
+const GROUP_ID_NOT_FOUND: i16 = kafka_protocol::ResponseError::GroupIdNotFound.code();
+
 fn consumer_group(
     c: &mut Client,
     coordinator: &str,
     group: &str,
     classic: &DescribedGroup,
 ) -> Result<Option<DescribedGroup>> {
-    use bytes::BufMut;
     use kafka_protocol::messages::consumer_group_describe_response as cgd;
-    use kafka_protocol::messages::consumer_protocol_assignment::TopicPartition as AssignedTopic;
-    use kafka_protocol::protocol::Encodable;
-    const GROUP_ID_NOT_FOUND: i16 = 69;
     if classic.error_code != GROUP_ID_NOT_FOUND {
         return Ok(None);
     }
@@ -897,28 +897,20 @@ fn consumer_group(
             assignment,
             ..
         } = m;
-        let a = ConsumerProtocolAssignment::default().with_assigned_partitions(
-            assignment
-                .topic_partitions
-                .into_iter()
-                .map(|tp| {
-                    AssignedTopic::default()
-                        .with_topic(tp.topic_name)
-                        .with_partitions(tp.partitions)
-                })
-                .collect(),
-        );
-        let mut buf = bytes::BytesMut::new();
-        buf.put_i16(0);
-        a.encode(&mut buf, 0)
-            .map_err(|e| AdminError::Protocol(format!("encoding an assignment: {e}")))?;
+        // In the consumer protocol's form, as a classic member's
+        // assignment, which `assigned` reads.
+        let parts: BTreeMap<String, Vec<i32>> = assignment
+            .topic_partitions
+            .into_iter()
+            .map(|tp| (tp.topic_name.0.to_string(), tp.partitions))
+            .collect();
         members.push(
             DescribedGroupMember::default()
                 .with_member_id(member_id)
                 .with_group_instance_id(instance_id)
                 .with_client_id(client_id)
                 .with_client_host(client_host)
-                .with_member_assignment(buf.freeze()),
+                .with_member_assignment(rokka_kafka::mixed::encode_assignment(&parts)),
         );
     }
     // The group's RocketMQ clients, which the error answer lists.
@@ -1365,8 +1357,8 @@ fn group_delete(c: &mut Client, group: &str) -> Result<Report> {
 mod tests {
     #[test]
     fn table_cells_show_control_characters_as_escapes() {
-        assert_eq!(super::printable("plain é"), "plain é");
-        assert_eq!(super::printable("a\x1b[2Jb\nc\u{7}"), "a\\x1b[2Jb\\nc\\x07");
+        assert_eq!(super::printable("plain é".into()), "plain é");
+        assert_eq!(super::printable("a\x1b[2Jb\nc\u{7}".into()), "a\\x1b[2Jb\\nc\\x07");
     }
 
     use super::kafka::error_name;
