@@ -238,41 +238,49 @@ pub struct OffsetWrapper {
     pub last_timestamp: i64,
 }
 
-/// GET_CONSUME_STATS's body (RocketMQ's ConsumeStats) as its fastjson
-/// writes it: `offsetTable` is a map whose keys are MessageQueue objects
-/// (`{{"brokerName":..}:{..},..}`), which no JSON parser takes whole.
-pub fn encode_consume_stats(table: &[(MessageQueue, OffsetWrapper)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + table.len() * 160);
-    out.extend_from_slice(br#"{"consumeTps":0.0,"offsetTable":{"#);
-    for (i, (q, o)) in table.iter().enumerate() {
+/// `head`, then `{<MessageQueue>:<value>,..}`, then `tail`: a map whose
+/// keys are MessageQueue objects, as RocketMQ's fastjson writes its
+/// offset tables (`{{"brokerName":..}:..,..}`, which no JSON parser takes
+/// whole).
+fn encode_queue_table<V: serde::Serialize>(head: &[u8], table: &[(MessageQueue, V)], tail: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(head.len() + tail.len() + table.len() * 160);
+    out.extend_from_slice(head);
+    for (i, (q, v)) in table.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        // Serializing these two plain structs cannot fail.
+        // Serializing these plain structs and numbers cannot fail.
         out.extend_from_slice(&serde_json::to_vec(q).unwrap_or_default());
         out.push(b':');
-        out.extend_from_slice(&serde_json::to_vec(o).unwrap_or_default());
+        out.extend_from_slice(&serde_json::to_vec(v).unwrap_or_default());
     }
-    out.extend_from_slice(b"}}");
+    out.extend_from_slice(tail);
     out
+}
+
+/// GET_CONSUME_STATS's body (RocketMQ's ConsumeStats).
+pub fn encode_consume_stats(table: &[(MessageQueue, OffsetWrapper)]) -> Vec<u8> {
+    encode_queue_table(br#"{"consumeTps":0.0,"offsetTable":{"#, table, b"}}")
 }
 
 /// RESET_CONSUMER_CLIENT_OFFSET's and INVOKE_BROKER_TO_RESET_OFFSET's body
 /// (RocketMQ's ResetOffsetBody): `{"offsetTable":{<MessageQueue>:offset,..}}`.
 pub fn encode_reset_offsets(table: &[(MessageQueue, u64)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32 + table.len() * 96);
-    out.extend_from_slice(br#"{"offsetTable":{"#);
-    for (i, (q, o)) in table.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        // Serializing this plain struct cannot fail.
-        out.extend_from_slice(&serde_json::to_vec(q).unwrap_or_default());
-        out.push(b':');
-        out.extend_from_slice(o.to_string().as_bytes());
-    }
-    out.extend_from_slice(b"}}");
-    out
+    encode_queue_table(br#"{"offsetTable":{"#, table, b"}}")
+}
+
+/// One queue's line of GET_TOPIC_STATS_INFO (RocketMQ's TopicOffset).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TopicOffset {
+    pub min_offset: u64,
+    pub max_offset: u64,
+    pub last_update_timestamp: i64,
+}
+
+/// GET_TOPIC_STATS_INFO's body (RocketMQ's TopicStatsTable).
+pub fn encode_topic_stats(table: &[(MessageQueue, TopicOffset)]) -> Vec<u8> {
+    encode_queue_table(br#"{"offsetTable":{"#, table, br#"},"topicPutTps":0.0}"#)
 }
 
 /// Reads what [`encode_consume_stats`] (or a RocketMQ broker) writes.

@@ -129,52 +129,39 @@ impl RocketMq {
         }
     }
 
-    fn broker_name(&self) -> String {
-        match self.broker.cluster_view() {
-            Some(c) => c.set.clone(),
-            None => self.config.broker_name.clone(),
-        }
-    }
-
     /// GET_TOPIC_STATS_INFO (mqadmin topicStatus): each queue's min and max
     /// offsets and the store time of its last message.
     pub(super) fn topic_stats(&self, req: &RemotingCommand) -> RemotingCommand {
-        use crate::remote_offsets::MessageQueue;
+        use crate::remote_offsets::{MessageQueue, TopicOffset};
         let topic = req.ext_fields.get("topic").unwrap_or_default();
         let Some(info) = self.broker.topics().get(topic) else {
             return self.reply(req, rs::TOPIC_NOT_EXIST, Some(format!("topic[{topic}] not exist")));
         };
-        let (read, write, _) = info.rocketmq_queues();
+        // Every queue is read (TopicInfo::rocketmq_queues): all listed.
+        let (queues, _, _) = info.rocketmq_queues();
         let store = self.broker.store();
         let broker_name = self.broker_name();
-        let mut body = Vec::with_capacity(64 + read.max(write) as usize * 160);
-        body.extend_from_slice(br#"{"offsetTable":{"#);
-        for q in 0..read.max(write) {
-            if q > 0 {
-                body.push(b',');
-            }
-            let mq = MessageQueue {
-                broker_name: broker_name.clone(),
-                queue_id: q,
-                topic: topic.to_string(),
-            };
-            let last = store
-                .queue(topic, q)
-                .and_then(|cq| cq.entry(cq.entry_count().saturating_sub(1)))
-                .map_or(0, |e| e.store_timestamp);
-            // Serializing this plain struct cannot fail.
-            body.extend_from_slice(&serde_json::to_vec(&mq).unwrap_or_default());
-            body.push(b':');
-            body.extend_from_slice(
-                json!({"minOffset": store.min_offset(topic, q), "maxOffset": store.max_offset(topic, q),
-                       "lastUpdateTimestamp": last})
-                .to_string()
-                .as_bytes(),
-            );
-        }
-        body.extend_from_slice(br#"},"topicPutTps":0.0}"#);
+        let table: Vec<(MessageQueue, TopicOffset)> = (0..queues)
+            .map(|q| {
+                let last = store
+                    .queue(topic, q)
+                    .and_then(|cq| cq.entry(cq.entry_count().saturating_sub(1)))
+                    .map_or(0, |e| e.store_timestamp);
+                let mq = MessageQueue {
+                    broker_name: broker_name.clone(),
+                    queue_id: q,
+                    topic: topic.to_string(),
+                };
+                let offsets = TopicOffset {
+                    min_offset: store.min_offset(topic, q),
+                    max_offset: store.max_offset(topic, q),
+                    last_update_timestamp: last,
+                };
+                (mq, offsets)
+            })
+            .collect();
         let mut r = self.reply(req, rs::SUCCESS, None);
-        r.body = Bytes::from(body);
+        r.body = Bytes::from(crate::remote_offsets::encode_topic_stats(&table));
         r
     }
 

@@ -385,6 +385,15 @@ impl RocketMq {
         (!oneway).then_some(resp)
     }
 
+    /// The broker name clients know this broker by: its set's in cluster
+    /// mode, `rocketmq.broker_name` otherwise.
+    fn broker_name(&self) -> String {
+        match self.broker.cluster_view() {
+            Some(c) => c.set.clone(),
+            None => self.config.broker_name.clone(),
+        }
+    }
+
     fn json_body(&self, req: &RemotingCommand, v: Value) -> RemotingCommand {
         let mut r = self.reply(req, rs::SUCCESS, None);
         r.body = Bytes::from(v.to_string());

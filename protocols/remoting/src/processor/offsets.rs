@@ -235,10 +235,7 @@ impl RocketMq {
             }
         }
         metrics::counter!("rokka_rocketmq_offset_resets_total").increment(table.len() as u64);
-        let broker_name = match self.broker.cluster_view() {
-            Some(c) => c.set.clone(),
-            None => self.config.broker_name.clone(),
-        };
+        let broker_name = self.broker_name();
         let table: Vec<(MessageQueue, u64)> = table
             .into_iter()
             .map(|(q, o)| {
@@ -519,10 +516,7 @@ impl RocketMq {
         use crate::remote_offsets::{MessageQueue, OffsetWrapper};
         let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
         let topic = req.ext_fields.get("topic").unwrap_or_default();
-        let broker_name = match self.broker.cluster_view() {
-            Some(c) => c.set.clone(),
-            None => self.config.broker_name.clone(),
-        };
+        let broker_name = self.broker_name();
         let store = self.broker.store();
         let offsets = store.offsets();
         let queues: Vec<(String, u32, u64)> = if topic.is_empty() {
