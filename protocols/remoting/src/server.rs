@@ -153,11 +153,14 @@ struct Unwritten {
     bytes: std::sync::atomic::AtomicUsize,
     listener_bytes: Arc<std::sync::atomic::AtomicUsize>,
     listener_answers: Arc<std::sync::atomic::AtomicUsize>,
+    /// The listener's metric label.
+    listener: &'static str,
 }
 
 impl Unwritten {
     /// Sets the listener's gauges from its counts.
-    fn export(&self, listener: &'static str) {
+    fn export(&self) {
+        let listener = self.listener;
         rokka_broker::hot_metrics::gauge_set(
             "rokka_rocketmq_unwritten_answers",
             "listener",
@@ -242,7 +245,13 @@ impl Conn {
 
     fn answer(&self, cmd: RemotingCommand, permit: Held) -> bool {
         let w = self.weigh(&cmd, true);
-        self.tx.send((cmd, Some(permit), w)).is_ok()
+        if self.tx.send((cmd, Some(permit), w)).is_err() {
+            // Closed: the answer is dropped (its counts with it), after the
+            // close already set the gauges.
+            self.unwritten.export();
+            return false;
+        }
+        true
     }
 
     /// Counts `cmd` as queued to this connection (see [`Weighed`]).
@@ -458,6 +467,7 @@ async fn run<S: Service, T: Halves>(
         bytes: Default::default(),
         listener_bytes: Arc::clone(&limits.unwritten_bytes),
         listener_answers: Arc::clone(&limits.unwritten),
+        listener: limits.listener,
     });
     let pushes: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
     let conn = Conn {
@@ -527,7 +537,7 @@ async fn run<S: Service, T: Halves>(
             weighed.clear();
             permits.clear();
             drained_w.notify_one();
-            unwritten.export(listener);
+            unwritten.export();
         }
         // Closed with answers unwritten: they are dropped with the
         // connection (their Weighed give back their counts).
@@ -547,7 +557,7 @@ async fn run<S: Service, T: Halves>(
             if conn.over_unwritten_bytes() {
                 rokka_broker::hot_metrics::count("rokka_rocketmq_unwritten_bytes_waits_total", "listener", listener, 1);
                 // (What a stalled writer holds shows while it waits.)
-                conn.unwritten.export(listener);
+                conn.unwritten.export();
             }
             while conn.over_unwritten_bytes() {
                 tokio::select! {
@@ -667,6 +677,8 @@ async fn run<S: Service, T: Halves>(
     // service tells this connection's clients from a new one's.
     writer.abort();
     let _ = writer.await;
+    // What it held unwritten is given back: the gauges say so.
+    conn.unwritten.export();
     rmq.connection_closed(&conn);
     drop(conn);
     metrics::gauge!("rokka_rocketmq_connections").decrement(1.0);
@@ -690,6 +702,7 @@ mod tests {
                 bytes: Default::default(),
                 listener_bytes: Arc::default(),
                 listener_answers: Arc::default(),
+                listener: "test",
             }),
             pushes: Arc::default(),
             max_pushes: 1024,
