@@ -150,9 +150,17 @@ fn finish_atomically_with(
     path: &Path,
     fill: impl FnOnce(&mut File) -> Result<()>,
 ) -> Result<()> {
-    fill(&mut f)?;
-    f.sync_all().map_err(StoreError::io("fsync", tmp))?;
+    let written = crate::fault::check("file-write")
+        .map_err(StoreError::io("write", tmp))
+        .and_then(|()| fill(&mut f))
+        .and_then(|()| f.sync_all().map_err(StoreError::io("fsync", tmp)));
     drop(f);
+    if let Err(e) = written {
+        // A half-written temp file would keep its blocks: on a full disk,
+        // the room the next attempt (or another file) needs.
+        let _ = std::fs::remove_file(tmp);
+        return Err(e);
+    }
     std::fs::rename(tmp, path).map_err(StoreError::io("rename", path))?;
     if let Some(dir) = path.parent() {
         File::open(dir)

@@ -71,6 +71,17 @@ impl StoreError {
         move |source| StoreError::Io { op, path, source }
     }
 
+    /// An I/O error saying the file system has no room (ENOSPC) or the
+    /// quota is spent (EDQUOT): the disk is full, not failing.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            StoreError::Io { source, .. } => {
+                matches!(source.raw_os_error(), Some(code) if code == libc::ENOSPC || code == libc::EDQUOT)
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn bad_file(path: impl Into<PathBuf>, reason: impl Into<String>) -> StoreError {
         StoreError::BadFile {
             path: path.into(),

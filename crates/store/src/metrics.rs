@@ -30,6 +30,9 @@ const COUNTERS: &[(&str, &str, &str)] = &[
     ("rokka_store_clean_logs_installed_total", "", ""),
     ("rokka_store_retention_held_total", "", ""),
     ("rokka_store_disk_full_refusals_total", "", ""),
+    ("rokka_store_background_write_failures_total", "what", "checkpoint"),
+    ("rokka_store_background_write_failures_total", "what", "retention"),
+    ("rokka_store_background_write_failures_total", "what", "offsets"),
 ];
 
 pub struct StoreMetrics {
@@ -48,6 +51,9 @@ pub struct StoreMetrics {
     pub damaged_entries: Counter,
     pub compactions: Counter,
     pub retention_held: Counter,
+    checkpoint_failures: Counter,
+    retention_failures: Counter,
+    offsets_failures: Counter,
 }
 
 impl StoreMetrics {
@@ -71,6 +77,19 @@ impl StoreMetrics {
             damaged_entries: counter!("rokka_store_damaged_entries_total"),
             compactions: counter!("rokka_store_clean_logs_installed_total"),
             retention_held: counter!("rokka_store_retention_held_total"),
+            checkpoint_failures: counter!("rokka_store_background_write_failures_total", "what" => "checkpoint"),
+            retention_failures: counter!("rokka_store_background_write_failures_total", "what" => "retention"),
+            offsets_failures: counter!("rokka_store_background_write_failures_total", "what" => "offsets"),
+        }
+    }
+
+    /// Counts a failed periodic write: `what` is "checkpoint", "retention"
+    /// or "offsets".
+    pub fn background_write_failed(&self, what: &str) {
+        match what {
+            "checkpoint" => self.checkpoint_failures.increment(1),
+            "retention" => self.retention_failures.increment(1),
+            _ => self.offsets_failures.increment(1),
         }
     }
 }

@@ -451,6 +451,19 @@ impl ConsumerOffsets {
         Ok(())
     }
 
+    /// Writes the table now, unless it is unchanged since the last write
+    /// and there is no room for the file (a full disk): then what is on
+    /// disk is current and nothing is lost.
+    pub fn persist_at_close(&self) -> Result<()> {
+        match self.persist() {
+            Err(e) if e.is_no_space() && !self.dirty.load(Ordering::Acquire) => {
+                tracing::warn!(error = %e, "no room to write the committed offsets again; the last write holds them all");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
     /// Writes the table now.
     pub fn persist(&self) -> Result<()> {
         let _one_at_a_time = self

@@ -291,27 +291,44 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         in_sync_replicas: std::sync::atomic::AtomicU32::new(1),
         config,
     });
-    // Everything recovered is now on disk; record that before accepting writes,
-    // then mark the store as running.
-    crate::tasks::checkpoint(&inner, false)?;
-    // The rebuild a set-aside queue called for is checkpointed.
-    match std::fs::remove_file(&rebuild_marker) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(StoreError::Io {
-                op: "remove",
-                path: rebuild_marker,
-                source: e,
-            })
-        }
-    }
+    // The abort marker goes first: from here on the store may take writes,
+    // and a stop that does not remove it makes the next start recover.
+    // Its content (the pid) is for people; on a full disk an empty marker
+    // does the same job (creating it takes no data block).
     let mut f = File::create(&abort).map_err(StoreError::io("create", &abort))?;
-    writeln!(f, "{}", std::process::id()).map_err(StoreError::io("write", &abort))?;
+    if let Err(e) = writeln!(f, "{}", std::process::id()) {
+        tracing::warn!(path = %abort.display(), error = %e, "abort marker left empty");
+    }
     f.sync_all().map_err(StoreError::io("fsync", &abort))?;
     File::open(&dir)
         .and_then(|d| d.sync_all())
         .map_err(StoreError::io("fsync", &dir))?;
+    // Everything recovered is now on disk; record that before accepting
+    // writes. A disk with no room left for the checkpoint file does not
+    // stop the start (retention may be what frees it, and reads need no
+    // room): the last checkpoint stays, so the next start recovers from it
+    // again, and the periodic checkpoint tries again.
+    match crate::tasks::checkpoint(&inner, false) {
+        Ok(_) => {
+            // The rebuild a set-aside queue called for is checkpointed.
+            match std::fs::remove_file(&rebuild_marker) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(StoreError::Io {
+                        op: "remove",
+                        path: rebuild_marker,
+                        source: e,
+                    })
+                }
+            }
+        }
+        Err(e) if e.is_no_space() && inner.log.failure().is_none() => {
+            tracing::warn!(error = %e, "no room for the checkpoint at start: starting on the last one");
+            inner.metrics.background_write_failed("checkpoint");
+        }
+        Err(e) => return Err(e),
+    }
 
     let threads = crate::tasks::spawn(&inner)?;
     let secs = started.elapsed().as_secs_f64();

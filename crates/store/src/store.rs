@@ -1574,8 +1574,19 @@ impl MessageStore {
         drop(self.inner.writer());
         self.stop_threads();
         let inner = &*self.inner;
-        let cp = crate::tasks::checkpoint(inner, true)?;
-        inner.offsets.persist()?;
+        let cp = match crate::tasks::checkpoint(inner, true) {
+            Ok(cp) => cp,
+            Err(e) if e.is_no_space() && inner.log.failure().is_none() => {
+                // Everything is flushed; only the file that says so found no
+                // room. The abort marker stays: the next start recovers from
+                // the last checkpoint, as after a crash, and loses nothing.
+                tracing::warn!(error = %e, "no room for the clean checkpoint: the next start recovers");
+                inner.offsets.persist_at_close()?;
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        inner.offsets.persist_at_close()?;
         let abort = inner.dir.join("abort");
         if let Err(e) = std::fs::remove_file(&abort) {
             if e.kind() != std::io::ErrorKind::NotFound {

@@ -225,6 +225,11 @@ fn task_loop(inner: &Inner) {
     let mut next_cp = Instant::now() + every(cfg.checkpoint_interval_ms);
     let mut next_ret = Instant::now() + every(cfg.retention_check_interval_ms);
     let mut next_off = Instant::now() + every(cfg.offsets_flush_interval_ms);
+    let (mut cp_streak, mut ret_streak, mut off_streak) = (
+        Streak::new("checkpoint"),
+        Streak::new("retention"),
+        Streak::new("offsets"),
+    );
     while !inner.stop.load(Ordering::Acquire) {
         let wake = next_cp.min(next_ret).min(next_off);
         sleep(inner, wake.saturating_duration_since(Instant::now()));
@@ -233,22 +238,48 @@ fn task_loop(inner: &Inner) {
         }
         let now = Instant::now();
         if now >= next_cp && inner.log.failure().is_none() {
-            if let Err(e) = checkpoint(inner, false) {
-                tracing::error!(error = %e, "checkpoint failed");
-            }
+            cp_streak.note(inner, checkpoint(inner, false).map(|_| ()));
             next_cp = now + every(cfg.checkpoint_interval_ms);
         }
         if now >= next_ret {
-            if let Err(e) = retention(inner) {
-                tracing::error!(error = %e, "retention failed");
-            }
+            ret_streak.note(inner, retention(inner).map(|_| ()));
             next_ret = now + every(cfg.retention_check_interval_ms);
         }
         if now >= next_off {
-            if let Err(e) = inner.offsets.persist_if_dirty() {
-                tracing::error!(error = %e, "persisting consumer offsets failed");
-            }
+            off_streak.note(inner, inner.offsets.persist_if_dirty());
             next_off = now + every(cfg.offsets_flush_interval_ms);
+        }
+    }
+}
+
+/// A periodic write that may fail again and again (a full disk fails the
+/// checkpoint every second until retention or an operator frees room):
+/// logged when it starts failing and when it works again, counted every
+/// time (`rokka_store_background_write_failures_total{what}`).
+struct Streak {
+    what: &'static str,
+    failures: u64,
+}
+
+impl Streak {
+    fn new(what: &'static str) -> Streak {
+        Streak { what, failures: 0 }
+    }
+
+    fn note(&mut self, inner: &Inner, result: Result<()>) {
+        match result {
+            Ok(()) if self.failures > 0 => {
+                tracing::info!(what = self.what, failures = self.failures, "periodic write works again");
+                self.failures = 0;
+            }
+            Ok(()) => {}
+            Err(e) => {
+                inner.metrics.background_write_failed(self.what);
+                if self.failures == 0 {
+                    tracing::error!(what = self.what, error = %e, "periodic write failed (logged again when it works)");
+                }
+                self.failures += 1;
+            }
         }
     }
 }

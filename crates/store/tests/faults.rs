@@ -203,6 +203,77 @@ fn a_full_disk_at_segment_creation_refuses_appends_without_losing_any() -> TestR
 }
 
 #[test]
+fn a_disk_with_no_room_for_the_checkpoint_does_not_stop_a_start_or_lose_appends() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.checkpoint_interval_ms = 50;
+    let store = MessageStore::open(cfg.clone())?;
+    for i in 0..10 {
+        append(&store, "F", 0, 5, i)?;
+    }
+    store.close()?;
+    drop(store);
+    // The disk is full: no small file can be replaced (the checkpoint, the
+    // offsets). The start used to fail writing its checkpoint; it opens on
+    // the last one, marked unclean, and the segment's room still takes
+    // appends.
+    fault::inject("file-write", libc::ENOSPC, None);
+    let store = MessageStore::open(cfg.clone())?;
+    assert!(
+        dir.path().join("abort").exists(),
+        "no abort marker: a crash would trust the clean checkpoint"
+    );
+    assert_eq!(read_all(&store, "F", 0).len(), 10);
+    for i in 10..20 {
+        append(&store, "F", 0, 5, i)?;
+    }
+    // The periodic checkpoint keeps failing quietly, then works again once
+    // there is room.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let before = std::fs::read(dir.path().join("checkpoint"))?;
+    fault::clear();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_ne!(
+        std::fs::read(dir.path().join("checkpoint"))?,
+        before,
+        "the checkpoint was not written again"
+    );
+    for i in 20..25 {
+        append(&store, "F", 0, 5, i)?;
+    }
+    // A crash: the next start recovers every append.
+    drop(store);
+    let store = MessageStore::open(cfg.clone())?;
+    let all = read_all(&store, "F", 0);
+    assert_eq!(all.len(), 25);
+    for (k, (off, b)) in all.iter().enumerate() {
+        assert_eq!((*off, b), (k as u64, &body(5, k as u64)));
+    }
+    // And a crash while the disk is still full: recovery from the clean
+    // checkpoint of the first stop finds the appends past it.
+    store.close()?;
+    drop(store);
+    fault::inject("file-write", libc::ENOSPC, None);
+    let store = MessageStore::open(cfg.clone())?;
+    append(&store, "F", 0, 5, 25)?;
+    // A clean stop with no room for its checkpoint (and no offsets newer
+    // than the file's) stops, leaving the marker for the next start.
+    store.close()?;
+    drop(store);
+    assert!(dir.path().join("abort").exists());
+    let store = MessageStore::open(cfg.clone())?;
+    append(&store, "F", 0, 5, 26)?;
+    drop(store);
+    fault::clear();
+    let store = MessageStore::open(cfg)?;
+    let all = read_all(&store, "F", 0);
+    assert_eq!(all.len(), 27);
+    assert_eq!(all[26], (26, body(5, 26)));
+    Ok(())
+}
+
+#[test]
 fn emfile_creating_a_queue_file_fails_that_append_only() -> TestResult {
     let _g = serial();
     let dir = tempfile::tempdir()?;
