@@ -110,8 +110,12 @@ class Rokka:
         cluster_extra=None,
         grpc_extra=None,
         console_extra=None,
+        nofile=None,
     ):
         self.workdir = workdir
+        # An open-file limit (soft and hard) to start rokka under: rokka
+        # raises its soft limit to the hard one, so both are set.
+        self.nofile = nofile
         self.ports = {}
         self.config = os.path.join(workdir, "rokka.toml")
         self.ports_file = os.path.join(workdir, "ports.json")
@@ -250,6 +254,7 @@ data_dir = "{workdir}/data"
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
+            preexec_fn=self._limit_files if self.nofile else None,
         )
         deadline = time.time() + timeout
         while time.time() < deadline:
@@ -262,6 +267,11 @@ data_dir = "{workdir}/data"
                 raise RuntimeError(f"rokka exited with {self.proc.returncode} at start; log: {self.log_path}")
             time.sleep(0.05)
         raise RuntimeError(f"rokka did not report its ports within {timeout} s; log: {self.log_path}")
+
+    def _limit_files(self):
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc and self.proc.poll() is None:

@@ -294,6 +294,72 @@ where
     }
 }
 
+/// Accept failures of one listener (EMFILE or ENFILE while descriptors are
+/// short, ENOBUFS, ECONNABORTED...): counted in
+/// `rokka_accept_errors_total{listener}` and logged at most once a minute —
+/// a listener out of descriptors fails ten times a second, and one at its
+/// limit with connections coming and going alternates between failing and
+/// accepting — with a line when accepting works again after a logged run.
+#[derive(Debug)]
+pub struct AcceptErrors {
+    listener: &'static str,
+    run: u64,
+    run_logged: bool,
+    logged: Option<std::time::Instant>,
+}
+
+impl AcceptErrors {
+    /// How long a listener pauses after a failed accept, so it does not
+    /// spin while descriptors are short.
+    pub const PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
+    pub fn new(listener: &'static str) -> AcceptErrors {
+        AcceptErrors {
+            listener,
+            run: 0,
+            run_logged: false,
+            logged: None,
+        }
+    }
+
+    /// A connection was accepted: ends a run of failures.
+    pub fn accepted(&mut self) {
+        if self.run > 0 {
+            if self.run_logged {
+                tracing::info!(
+                    listener = self.listener,
+                    failures = self.run,
+                    "accepting connections again"
+                );
+            }
+            self.run = 0;
+            self.run_logged = false;
+        }
+    }
+
+    /// Counts (and maybe logs) a failed accept; returns whether it was
+    /// logged. The caller then pauses [`AcceptErrors::PAUSE`].
+    pub fn failed(&mut self, e: &std::io::Error) -> bool {
+        metrics::counter!("rokka_accept_errors_total", "listener" => self.listener).increment(1);
+        self.run += 1;
+        let now = std::time::Instant::now();
+        let due = self
+            .logged
+            .is_none_or(|at| now.duration_since(at) >= std::time::Duration::from_secs(60));
+        if due {
+            tracing::warn!(
+                listener = self.listener,
+                error = %e,
+                failures = self.run,
+                "accept failed (while it goes on, logged once a minute)"
+            );
+            self.logged = Some(now);
+            self.run_logged = true;
+        }
+        due
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -383,5 +449,23 @@ mod tests {
         let t = std::time::Instant::now();
         assert_eq!(write_with_progress(&mut w, &[&data], stall).await, Written::Stalled);
         assert!(t.elapsed() < std::time::Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_run_of_accept_failures_is_logged_once_until_it_ends() {
+        let mut errs = AcceptErrors::new("test");
+        let e = std::io::Error::from_raw_os_error(libc_emfile());
+        assert!(errs.failed(&e), "the first failure of a run is logged");
+        for _ in 0..100 {
+            assert!(!errs.failed(&e), "the rest of the run within a minute is not");
+        }
+        errs.accepted();
+        assert!(!errs.failed(&e), "a new run within the minute is counted, not logged");
+        errs.logged = Some(std::time::Instant::now() - std::time::Duration::from_secs(61));
+        assert!(errs.failed(&e), "a minute on, it is logged again");
+    }
+
+    fn libc_emfile() -> i32 {
+        24
     }
 }

@@ -222,6 +222,7 @@ pub async fn serve(
     // verified; handshakes in progress have a budget of their own, so
     // peers that never finish one cannot keep the set's replicas out.
     let handshakes = Arc::new(tokio::sync::Semaphore::new(max));
+    let mut accept_errors = rokka_broker::limits::AcceptErrors::new("replication");
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -229,6 +230,7 @@ pub async fn serve(
         };
         match accepted {
             Ok((s, peer)) => {
+                accept_errors.accepted();
                 let _ = s.set_nodelay(true);
                 let sh = Arc::clone(&shared);
                 let slots = Arc::clone(&slots);
@@ -268,8 +270,8 @@ pub async fn serve(
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "replication accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                accept_errors.failed(&e);
+                tokio::time::sleep(rokka_broker::limits::AcceptErrors::PAUSE).await;
             }
         }
     }

@@ -213,6 +213,7 @@ pub async fn serve(
     budget: Arc<ConnBudget>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut accept_errors = rokka_broker::limits::AcceptErrors::new("console");
     loop {
         let slot = tokio::select! {
             s = budget.acquire() => s,
@@ -220,10 +221,13 @@ pub async fn serve(
         };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(a) => a,
+                Ok(a) => {
+                    accept_errors.accepted();
+                    a
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "console: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    accept_errors.failed(&e);
+                    tokio::time::sleep(rokka_broker::limits::AcceptErrors::PAUSE).await;
                     continue;
                 }
             },

@@ -155,6 +155,7 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut upkeep = tokio::time::interval(Duration::from_secs(5));
+    let mut accept_errors = rokka_broker::limits::AcceptErrors::new("metrics");
     loop {
         // The recorder's upkeep runs while the budget is full too.
         let slot = {
@@ -170,10 +171,13 @@ pub async fn serve(
         };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok(a) => a,
+                Ok(a) => {
+                    accept_errors.accepted();
+                    a
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "metrics endpoint: accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    accept_errors.failed(&e);
+                    tokio::time::sleep(rokka_broker::limits::AcceptErrors::PAUSE).await;
                     continue;
                 }
             },

@@ -171,19 +171,23 @@ pub async fn serve(
     let preface = Duration::from_millis(config.preface_timeout_ms.max(1));
     let mut accept_stop = stop.clone();
     let acceptor = tokio::spawn(async move {
+        let mut accept_errors = rokka_broker::limits::AcceptErrors::new("grpc");
         loop {
             let accepted = tokio::select! {
                 a = listener.accept() => a,
                 _ = accept_stop.changed() => return,
             };
             let (tcp, peer) = match accepted {
-                Ok(a) => a,
+                Ok(a) => {
+                    accept_errors.accepted();
+                    a
+                }
                 Err(e) => {
                     // EMFILE and the like: counted, and a pause so the
                     // loop does not spin while descriptors are short.
                     metrics::counter!("rokka_rocketmq5_accept_errors_total").increment(1);
-                    tracing::warn!(error = %e, "gRPC accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    accept_errors.failed(&e);
+                    tokio::time::sleep(rokka_broker::limits::AcceptErrors::PAUSE).await;
                     continue;
                 }
             };

@@ -149,9 +149,14 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let at = Arc::new(at);
+    let mut accept_errors = rokka_broker::limits::AcceptErrors::new(match (at.ssl, at.sasl) {
+        (_, true) => "kafka_sasl",
+        (true, false) => "kafka_ssl",
+        (false, false) => "kafka",
+    });
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
+            accepted = listener.accept() => match accepted.inspect(|_| accept_errors.accepted()) {
                 // An address whose authentications keep failing is held
                 // off SASL listeners for a while (counted, not logged).
                 Ok((stream, peer)) if at.sasl && kafka.sasl_failures.blocked(peer.ip()) => {
@@ -200,8 +205,8 @@ pub async fn serve(
                     }
                 },
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    accept_errors.failed(&e);
+                    tokio::time::sleep(rokka_broker::limits::AcceptErrors::PAUSE).await;
                 }
             },
             _ = shutdown.changed() => break,

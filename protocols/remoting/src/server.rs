@@ -339,9 +339,10 @@ pub async fn serve_with<S: Service>(
     tls: Option<Tls>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut accept_errors = rokka_broker::limits::AcceptErrors::new(rmq.limits().listener);
     loop {
         tokio::select! {
-            accepted = listener.accept() => match accepted {
+            accepted = listener.accept() => match accepted.inspect(|_| accept_errors.accepted()) {
                 Ok((stream, peer)) => match rmq.limits().conns.admit(peer.ip()) {
                     Ok(slot) => {
                         let r = Arc::clone(&rmq);
@@ -364,8 +365,8 @@ pub async fn serve_with<S: Service>(
                     }
                 },
                 Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    accept_errors.failed(&e);
+                    tokio::time::sleep(rokka_broker::limits::AcceptErrors::PAUSE).await;
                 }
             },
             _ = shutdown.changed() => break,
