@@ -163,6 +163,24 @@ impl ByteBudget {
         }
     }
 
+    /// `bytes` now if they fit, else `None` (and nothing is taken): for a
+    /// listener that cannot hold a reader back without holding what it read.
+    pub fn try_reserve(&self, bytes: usize) -> Option<Reserved> {
+        let kib = bytes.div_ceil(1024).clamp(1, self.total_kib);
+        let permit = Arc::clone(&self.sem).try_acquire_many_owned(kib as u32).ok()?;
+        crate::hot_metrics::gauge_add(
+            "rokka_inflight_request_bytes",
+            "listener",
+            self.listener,
+            (kib * 1024) as f64,
+        );
+        Some(Reserved {
+            _permit: Some(permit),
+            listener: self.listener,
+            kib,
+        })
+    }
+
     /// KiB free now.
     pub fn available_kib(&self) -> usize {
         self.sem.available_permits()

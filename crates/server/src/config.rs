@@ -300,6 +300,7 @@ impl Config {
             ("console.max_connections", u64::from(self.console.max_connections)),
             ("console.connection_timeout_ms", self.console.connection_timeout_ms),
             ("grpc.preface_timeout_ms", self.grpc.preface_timeout_ms),
+            ("grpc.request_read_timeout_ms", self.grpc.request_read_timeout_ms),
             ("broker.max_partitions", u64::from(self.broker.max_partitions)),
             ("broker.default_partitions", u64::from(self.broker.default_partitions)),
             (
@@ -561,6 +562,7 @@ mod tests {
             ),
             ("[console]\nmax_sessions = 0\n", "console.max_sessions"),
             ("[grpc]\npreface_timeout_ms = 0\n", "grpc.preface_timeout_ms"),
+            ("[grpc]\nrequest_read_timeout_ms = 0\n", "grpc.request_read_timeout_ms"),
             (
                 "[group]\nconsumer_heartbeat_interval_ms = 45000\nconsumer_session_timeout_ms = 45000\n",
                 "consumer_heartbeat_interval_ms",

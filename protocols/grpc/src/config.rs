@@ -35,6 +35,14 @@ pub struct GrpcConfig {
     /// The largest request message (bytes) a client may send; larger ones
     /// are refused by the gRPC layer by their length prefix (OUT_OF_RANGE).
     pub max_request_bytes: u32,
+    /// Request bytes held in memory at once over the listener (0 = no
+    /// limit): a call whose bytes find no room ends RESOURCE_EXHAUSTED
+    /// (`rokka_inflight_request_bytes{listener="grpc"}`).
+    pub max_inflight_request_bytes: u64,
+    /// A request not received whole this long after its first byte (a
+    /// Telemetry message: after the message's first byte) ends
+    /// DEADLINE_EXCEEDED, and what it sent is let go (ms).
+    pub request_read_timeout_ms: u64,
     /// The largest message body a producer may send (told to producers in
     /// their settings; larger ones are refused MESSAGE_BODY_TOO_LARGE).
     pub max_body_bytes: u32,
@@ -111,6 +119,8 @@ impl Default for GrpcConfig {
             preface_timeout_ms: 10_000,
             max_concurrent_streams: 256,
             max_request_bytes: 8 << 20,
+            max_inflight_request_bytes: 256 << 20,
+            request_read_timeout_ms: 30_000,
             max_body_bytes: 4 << 20,
             max_receive_batch: 32,
             max_long_polling_ms: 30_000,

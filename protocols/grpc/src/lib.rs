@@ -4,6 +4,7 @@
 //! through it; consumers consume by pop (docs/rocketmq5.md).
 
 pub mod auth;
+pub mod budget;
 pub mod config;
 pub mod message;
 pub mod service;
@@ -285,6 +286,11 @@ pub async fn serve(
     };
     let svc = pb::messaging_service_server::MessagingServiceServer::new(Service(Arc::clone(&messaging)))
         .max_decoding_message_size(config.max_request_bytes.max(1024) as usize);
+    let svc = budget::Budgeted::new(
+        svc,
+        rokka_broker::limits::ByteBudget::new("grpc", config.max_inflight_request_bytes),
+        Duration::from_millis(config.request_read_timeout_ms.max(1)),
+    );
     let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
     let result = tonic::transport::Server::builder()
         .max_concurrent_streams(config.max_concurrent_streams.max(1))
