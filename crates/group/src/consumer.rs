@@ -358,6 +358,26 @@ pub struct ConsumerGroups {
 }
 
 impl ConsumerGroups {
+    /// About what every member holds: ids, subscriptions, assignments.
+    pub fn member_bytes(&self) -> usize {
+        let tps = |s: &BTreeSet<Tp>| s.iter().map(|(t, _)| 32 + t.len()).sum::<usize>();
+        self.groups
+            .values()
+            .flat_map(|g| g.members.values())
+            .map(|m| {
+                256 + m.id.len()
+                    + m.instance_id.as_ref().map_or(0, String::len)
+                    + m.rack_id.as_ref().map_or(0, String::len)
+                    + m.client_id.len()
+                    + m.client_host.len()
+                    + m.subscribed.iter().chain(&m.names).map(|t| 32 + t.len()).sum::<usize>()
+                    + m.regex.as_ref().map_or(0, |(r, _)| 64 + 4 * r.len())
+                    + tps(&m.assigned)
+                    + tps(&m.revoking)
+            })
+            .sum()
+    }
+
     fn new_member_id(&mut self) -> String {
         self.id_seq += 1;
         let r: u64 = rand::random();

@@ -51,6 +51,13 @@ pub struct GroupConfig {
     /// the 9 s a librdkafka member with the smallest session timeout (6 s)
     /// waits for its SyncGroup, so it gets an answer it can retry.
     pub commit_timeout_ms: u64,
+    /// About the bytes every group's members may hold at once (0 = no
+    /// limit): ids, protocol metadata, assignments, KIP-848 subscriptions.
+    /// A JoinGroup, a new KIP-848 member or a leader's assignment that
+    /// would go past it is answered COORDINATOR_NOT_AVAILABLE, which
+    /// clients retry (`rokka_group_member_bytes`,
+    /// `rokka_group_joins_refused_total{reason="max_member_bytes"}`).
+    pub max_member_bytes: u64,
 }
 
 impl Default for GroupConfig {
@@ -67,8 +74,32 @@ impl Default for GroupConfig {
             consumer_heartbeat_interval_ms: 5_000,
             consumer_max_subscribed_topics: 10_000,
             commit_timeout_ms: 5_000,
+            max_member_bytes: 512 << 20,
         }
     }
+}
+
+/// How often the coordinator counts what members hold exactly.
+const RECOUNT_MS: u64 = 1000;
+
+/// About what a classic member holds: its ids, protocol names and metadata,
+/// its assignment.
+fn member_cost(rec: &MemberRecord) -> usize {
+    128 + rec.id.len()
+        + rec.instance_id.as_ref().map_or(0, String::len)
+        + rec.client_id.len()
+        + rec.client_host.len()
+        + rec.protocols.iter().map(|(n, m)| 32 + n.len() + m.len()).sum::<usize>()
+        + rec.assignment.len()
+}
+
+/// [`member_cost`] of the member a JoinGroup makes (its id still to come).
+fn join_cost(req: &JoinRequest) -> usize {
+    128 + req.member_id.len().max(64)
+        + req.instance_id.as_ref().map_or(0, String::len)
+        + req.client_id.len()
+        + req.client_host.len()
+        + req.protocols.iter().map(|(n, m)| 32 + n.len() + m.len()).sum::<usize>()
 }
 
 /// Bumped whenever a group's [`GroupRecord`] changes or a group goes:
@@ -431,6 +462,13 @@ pub struct GroupCoordinator {
     /// within the rebalance timeout.
     expired_sessions: u64,
     expired_syncs: u64,
+    /// About what members hold (see [`GroupConfig::max_member_bytes`]):
+    /// counted exactly every [`RECOUNT_MS`], and between counts raised by
+    /// what each accepted join or assignment brings (never lowered, so it
+    /// errs on the safe side until the next count).
+    member_bytes: usize,
+    counted_at: u64,
+    refused_bytes: u64,
     /// KIP-848 consumer groups (names exclusive with `groups`).
     pub consumer: crate::consumer::ConsumerGroups,
 }
@@ -449,8 +487,43 @@ impl GroupCoordinator {
             refused_protocols: 0,
             expired_sessions: 0,
             expired_syncs: 0,
+            member_bytes: 0,
+            counted_at: 0,
+            refused_bytes: 0,
             consumer: crate::consumer::ConsumerGroups::default(),
         }
+    }
+
+    /// What members hold now, about (see [`GroupConfig::max_member_bytes`]).
+    pub fn member_bytes(&self) -> usize {
+        self.member_bytes
+    }
+
+    /// Joins, new KIP-848 members and assignments refused by `max_member_bytes`.
+    pub fn refused_for_bytes(&self) -> u64 {
+        self.refused_bytes
+    }
+
+    fn recount(&mut self, now: u64) {
+        let classic: usize = self
+            .groups
+            .values()
+            .flat_map(|g| g.members.values())
+            .map(|m| member_cost(&m.rec))
+            .sum();
+        self.member_bytes = classic + self.consumer.member_bytes();
+        self.counted_at = now;
+    }
+
+    /// Takes `more` bytes into the count if they fit the budget.
+    fn admit_bytes(&mut self, more: usize) -> bool {
+        let max = self.config.max_member_bytes;
+        if max > 0 && self.member_bytes.saturating_add(more) as u64 > max {
+            self.refused_bytes += 1;
+            return false;
+        }
+        self.member_bytes = self.member_bytes.saturating_add(more);
+        true
     }
 
     fn consumer_config(&self) -> crate::consumer::ConsumerConfig {
@@ -479,6 +552,28 @@ impl GroupCoordinator {
                 return crate::consumer::HeartbeatResponse {
                     error: code::GROUP_ID_NOT_FOUND,
                     message: Some(format!("Group {} is not a consumer group.", req.group)),
+                    member_id: req.member_id,
+                    member_epoch: req.member_epoch,
+                    ..Default::default()
+                };
+            }
+        }
+        if req.member_epoch == 0 {
+            // A member joining (or rejoining) brings its subscription.
+            let more = 256
+                + req.member_id.len()
+                + req.client_id.len()
+                + req.client_host.len()
+                + req
+                    .subscribed_topics
+                    .iter()
+                    .flatten()
+                    .map(|t| 32 + t.len())
+                    .sum::<usize>()
+                + req.subscribed_regex.as_ref().map_or(0, |r| 64 + 4 * r.len());
+            if !self.admit_bytes(more) {
+                return crate::consumer::HeartbeatResponse {
+                    error: code::COORDINATOR_NOT_AVAILABLE,
                     member_id: req.member_id,
                     member_epoch: req.member_epoch,
                     ..Default::default()
@@ -575,6 +670,16 @@ impl GroupCoordinator {
             || req.session_timeout_ms > self.config.max_session_timeout_ms
         {
             return error(code::INVALID_SESSION_TIMEOUT, &req.member_id);
+        }
+        // What the member will hold beyond what it held (a rejoin keeps its
+        // ids and usually its metadata).
+        let held = self
+            .groups
+            .get(&req.group)
+            .and_then(|g| g.members.get(&req.member_id))
+            .map_or(0, |m| member_cost(&m.rec));
+        if !self.admit_bytes(join_cost(&req).saturating_sub(held)) {
+            return error(code::COORDINATOR_NOT_AVAILABLE, &req.member_id);
         }
         if let Some(cg) = self.consumer.groups.get(&req.group) {
             // A consumer group: a classic member may only take it over empty.
@@ -1014,6 +1119,19 @@ impl GroupCoordinator {
                 if g.leader.as_deref() != Some(req.member_id.as_str()) {
                     return out;
                 }
+                let more: usize = req.assignments.iter().map(|(id, a)| id.len() + a.len()).sum();
+                let max = self.config.max_member_bytes;
+                if max > 0 && self.member_bytes.saturating_add(more) as u64 > max {
+                    // The leader's answer waits in vain like any other
+                    // parked sync: it is answered, and the group rejoins.
+                    self.refused_bytes += 1;
+                    out.extend(error(code::COORDINATOR_NOT_AVAILABLE));
+                    if let Some(m) = g.members.get_mut(&req.member_id) {
+                        m.awaiting_sync = None;
+                    }
+                    return out;
+                }
+                self.member_bytes = self.member_bytes.saturating_add(more);
                 let assignments: HashMap<String, Bytes> = req.assignments.into_iter().collect();
                 for m in g.members.values_mut() {
                     m.assignment = assignments.get(&m.id).cloned().unwrap_or_default();
@@ -1190,6 +1308,9 @@ impl GroupCoordinator {
     /// passed.
     pub fn tick(&mut self, now: u64) -> Vec<Reply> {
         let mut out = Vec::new();
+        if now >= self.counted_at.saturating_add(RECOUNT_MS) || now < self.counted_at {
+            self.recount(now);
+        }
         let cfg = self.consumer_config();
         if self.consumer.tick(now, &cfg) > 0 {
             records_changed();
@@ -1286,6 +1407,7 @@ impl GroupCoordinator {
             .map(|r| (r.name.clone(), r.load(now)))
             .collect();
         self.consumer.load_records(records.consumer, now);
+        self.recount(now);
         // What this node ships if it becomes master again is what it holds
         // now, not what it encoded when it last was.
         records_changed();

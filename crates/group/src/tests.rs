@@ -896,3 +896,57 @@ fn offset_commit_validation_follows_kafka() {
     let generation = h.c.describe("g").map_or(-1, |g| g.generation);
     assert_eq!(h.c.validate_commit("g", &id, None, generation), NONE);
 }
+
+/// `max_member_bytes`: members' metadata in many groups (names and metadata
+/// come from clients) stop at the budget, counted exactly every second;
+/// room comes back when members go.
+#[test]
+fn member_metadata_past_max_member_bytes_is_refused_until_members_go() {
+    let mut c = GroupCoordinator::new(GroupConfig {
+        max_member_bytes: 64 * 1024,
+        initial_rebalance_delay_ms: 0,
+        ..GroupConfig::default()
+    });
+    let meta = "x".repeat(10 * 1024);
+    let mut joined = Vec::new();
+    let mut refused = None;
+    for i in 0..20u64 {
+        let mut req = H::join_req("", &[("range", &meta)], None);
+        req.group = format!("g{i}");
+        req.require_known_member_id = false;
+        let r = c.join(req, i + 1, 1_000);
+        let j = join_reply(&r, i + 1);
+        if j.error == NONE {
+            joined.push((format!("g{i}"), j.member_id));
+        } else {
+            assert_eq!(j.error, COORDINATOR_NOT_AVAILABLE);
+            refused = Some(i);
+            break;
+        }
+    }
+    assert_eq!(refused, Some(6), "64 KiB holds six members of 10 KiB");
+    assert_eq!(c.refused_for_bytes(), 1);
+    assert!(c.member_bytes() <= 64 * 1024);
+    // The exact count agrees, and a rejoin with the same metadata takes no more.
+    let _ = c.tick(2_500);
+    let counted = c.member_bytes();
+    assert!(counted > 6 * 10 * 1024 && counted <= 64 * 1024, "{counted}");
+    let (g, id) = joined[0].clone();
+    let mut again = H::join_req(&id, &[("range", &meta)], None);
+    again.group = g.clone();
+    let r = c.join(again, 100, 2_600);
+    assert_eq!(join_reply(&r, 100).error, NONE);
+    // Members leave: at the next count there is room again.
+    for (g, id) in &joined {
+        let _ = c.leave(g, &[(id.clone(), None)], 2_700);
+    }
+    let mut req = H::join_req("", &[("range", &meta)], None);
+    req.group = "late".into();
+    req.require_known_member_id = false;
+    let r = c.join(req.clone(), 200, 2_800);
+    assert_eq!(join_reply(&r, 200).error, COORDINATOR_NOT_AVAILABLE, "not counted yet");
+    let _ = c.tick(3_600);
+    assert!(c.member_bytes() < 1024, "{}", c.member_bytes());
+    let r = c.join(req, 201, 3_700);
+    assert_eq!(join_reply(&r, 201).error, NONE);
+}

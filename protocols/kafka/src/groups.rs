@@ -242,6 +242,9 @@ impl Groups {
         metrics::counter!("rokka_group_joins_refused_total", "reason" => "max_groups").absolute(groups);
         metrics::counter!("rokka_group_joins_refused_total", "reason" => "max_group_size").absolute(members);
         metrics::counter!("rokka_group_joins_refused_total", "reason" => "max_member_protocols").absolute(protocols);
+        let (bytes, refused_bytes) = self.with(|c| (c.member_bytes(), c.refused_for_bytes()));
+        metrics::counter!("rokka_group_joins_refused_total", "reason" => "max_member_bytes").absolute(refused_bytes);
+        metrics::gauge!("rokka_group_member_bytes").set(bytes as f64);
         metrics::gauge!("rokka_groups").set(count as f64);
         let parked = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).len();
         metrics::gauge!("rokka_group_parked_requests").set(parked as f64);
