@@ -459,6 +459,12 @@ def test_kafka_tools_see_rocketmq_members_and_conflicts_are_refused(rokka):
         assert state == "STABLE"
         assert len(members) == 1 and "@" in members[0][0], members
         assert members[0][2] == [0, 1, 2, 3], "the only member holds every queue"
+        # ListGroups agrees: the group is Stable, not Empty (kafka-consumer-groups
+        # --list --state, the admin CLI's `group list`).
+        admin = AdminClient({"bootstrap.servers": rokka.bootstrap})  # kept alive until the answer
+        listing = admin.list_consumer_groups().result(10)
+        listed = {g.group_id: g.state.name for g in listing.valid}
+        assert listed.get(group) == "STABLE", listed
 
         # A Kafka member subscribing to another topic is refused: kafka-python
         # raises JoinGroup's error 23 INCONSISTENT_GROUP_PROTOCOL (docs/kafka.md).

@@ -187,6 +187,25 @@ impl Membership {
         ids
     }
 
+    /// Groups with live RocketMQ members: remoting clients (here or, in
+    /// cluster mode, at other nodes) or pop consumers heard from lately.
+    pub fn rocketmq_groups(&self, now_ms: i64) -> BTreeSet<String> {
+        let mut out: BTreeSet<String> = {
+            let g = self.lock();
+            g.names()
+                .into_iter()
+                .filter(|n| g.effective(n).is_some_and(|m| !m.rocketmq.is_empty()))
+                .collect()
+        };
+        let p = self.pop_consumers.lock().unwrap_or_else(|p| p.into_inner());
+        out.extend(
+            p.iter()
+                .filter(|(_, c)| c.values().any(|at| now_ms - *at < POP_CONSUMER_LIVE_MS))
+                .map(|(g, _)| g.clone()),
+        );
+        out
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Groups> {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
     }

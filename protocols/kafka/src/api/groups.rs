@@ -235,6 +235,21 @@ fn all_groups(k: &Kafka) -> Vec<(String, String, String, &'static str)> {
             out.push((g, "Empty".into(), "consumer".into(), "classic"));
         }
     }
+    // Groups with live RocketMQ clients are Stable, as DescribeGroups shows
+    // them (their clients as members), and listed even before they commit.
+    let rocketmq = k.broker.membership().rocketmq_groups(rokka_store::now_ms());
+    for (name, state, ptype, _) in out.iter_mut() {
+        if state == "Empty" && rocketmq.contains(name) {
+            *state = "Stable".into();
+            *ptype = "consumer".into();
+        }
+    }
+    let listed: std::collections::HashSet<String> = out.iter().map(|(n, _, _, _)| n.clone()).collect();
+    for g in rocketmq {
+        if !listed.contains(&g) {
+            out.push((g, "Stable".into(), "consumer".into(), "classic"));
+        }
+    }
     out.sort();
     out
 }
