@@ -672,15 +672,46 @@ impl GroupCoordinator {
             return error(code::INVALID_SESSION_TIMEOUT, &req.member_id);
         }
         // What the member will hold beyond what it held (a rejoin keeps its
-        // ids and usually its metadata).
+        // ids and usually its metadata). A first join that will be told
+        // MEMBER_ID_REQUIRED keeps nothing but a pending id; a join answered
+        // with an error gives its bytes back.
         let held = self
             .groups
             .get(&req.group)
             .and_then(|g| g.members.get(&req.member_id))
             .map_or(0, |m| member_cost(&m.rec));
-        if !self.admit_bytes(join_cost(&req).saturating_sub(held)) {
+        let first_of_two = req.member_id.is_empty() && req.require_known_member_id && req.instance_id.is_none();
+        let charge = if first_of_two {
+            0
+        } else {
+            join_cost(&req).saturating_sub(held)
+        };
+        if !self.admit_bytes(charge) {
             return error(code::COORDINATOR_NOT_AVAILABLE, &req.member_id);
         }
+        let out = self.join_admitted(req, token, now);
+        let refused = out
+            .iter()
+            .any(|r| matches!(r, Reply::Join(t, j) if *t == token && j.error != code::NONE));
+        if refused {
+            self.member_bytes = self.member_bytes.saturating_sub(charge);
+        }
+        out
+    }
+
+    /// [`GroupCoordinator::join`] once its bytes are admitted.
+    fn join_admitted(&mut self, req: JoinRequest, token: Token, now: u64) -> Vec<Reply> {
+        let error = |e: i16, member_id: &str| {
+            vec![Reply::Join(
+                token,
+                JoinResponse {
+                    error: e,
+                    generation: -1,
+                    member_id: member_id.to_string(),
+                    ..JoinResponse::default()
+                },
+            )]
+        };
         if let Some(cg) = self.consumer.groups.get(&req.group) {
             // A consumer group: a classic member may only take it over empty.
             if !cg.members.is_empty() {
@@ -1119,11 +1150,21 @@ impl GroupCoordinator {
                 if g.leader.as_deref() != Some(req.member_id.as_str()) {
                     return out;
                 }
-                let more: usize = req.assignments.iter().map(|(id, a)| id.len() + a.len()).sum();
+                // What the new assignments add over those they replace (of
+                // members in the group: others are not kept).
+                let new: usize = req
+                    .assignments
+                    .iter()
+                    .filter(|(id, _)| g.members.contains_key(id))
+                    .map(|(_, a)| a.len())
+                    .sum();
+                let old: usize = g.members.values().map(|m| m.assignment.len()).sum();
+                let more = new.saturating_sub(old);
                 let max = self.config.max_member_bytes;
                 if max > 0 && self.member_bytes.saturating_add(more) as u64 > max {
-                    // The leader's answer waits in vain like any other
-                    // parked sync: it is answered, and the group rejoins.
+                    // The leader is answered (it rejoins and syncs again);
+                    // the others stay parked until it does, or until the
+                    // rebalance timeout drops whoever has not synced.
                     self.refused_bytes += 1;
                     out.extend(error(code::COORDINATOR_NOT_AVAILABLE));
                     if let Some(m) = g.members.get_mut(&req.member_id) {

@@ -949,4 +949,16 @@ fn member_metadata_past_max_member_bytes_is_refused_until_members_go() {
     assert!(c.member_bytes() < 1024, "{}", c.member_bytes());
     let r = c.join(req, 201, 3_700);
     assert_eq!(join_reply(&r, 201).error, NONE);
+    // A first join told MEMBER_ID_REQUIRED keeps no metadata, and a join
+    // answered with an error gives its bytes back.
+    let before = c.member_bytes();
+    let mut first = H::join_req("", &[("range", &meta)], None);
+    first.group = "fresh".into();
+    let r = c.join(first, 202, 3_800);
+    assert_eq!(join_reply(&r, 202).error, MEMBER_ID_REQUIRED);
+    let mut stranger = H::join_req("nobody", &[("range", &meta)], None);
+    stranger.group = "absent".into();
+    let r = c.join(stranger, 203, 3_800);
+    assert_eq!(join_reply(&r, 203).error, UNKNOWN_MEMBER_ID);
+    assert_eq!(c.member_bytes(), before);
 }

@@ -122,8 +122,10 @@ struct Framing {
 }
 
 impl Framing {
-    /// Reads `data`; true when it ends exactly between two messages.
-    fn feed(&mut self, mut data: &[u8]) -> bool {
+    /// Reads `data`; `Some(tail)` when a message ended in it: `tail` bytes
+    /// of it follow the last message end (the start of the next message).
+    fn feed(&mut self, mut data: &[u8]) -> Option<usize> {
+        let mut tail = None;
         while !data.is_empty() {
             if self.prefix_read < 5 {
                 let take = (5 - self.prefix_read).min(data.len());
@@ -135,6 +137,7 @@ impl Framing {
                     self.left = u64::from(u32::from_be_bytes([p[1], p[2], p[3], p[4]]));
                     if self.left == 0 {
                         self.prefix_read = 0;
+                        tail = Some(data.len());
                     }
                 }
             } else {
@@ -143,10 +146,11 @@ impl Framing {
                 data = &data[take..];
                 if self.left == 0 {
                     self.prefix_read = 0;
+                    tail = Some(data.len());
                 }
             }
         }
-        self.prefix_read == 0
+        tail
     }
 }
 
@@ -159,6 +163,10 @@ pub struct Counted<B> {
     /// per message.
     streaming: bool,
     framing: Framing,
+    /// Bytes held now, and the KiB reserved for them (the budget counts
+    /// KiB: what a frame adds is reserved by the KiB its bytes newly
+    /// reach, so frames of a byte each cost their bytes, not a KiB each).
+    held_bytes: usize,
     read_timeout: Duration,
     /// Armed at the first byte of the body (of a message, streaming).
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -174,15 +182,32 @@ impl<B> Counted<B> {
             held,
             streaming,
             framing: Framing::default(),
+            held_bytes: 0,
             read_timeout,
             deadline: None,
             failed: false,
         }
     }
 
+    /// Takes `n` more bytes into what the request holds, reserving the KiB
+    /// they newly reach; false (nothing taken) if the budget has no room.
+    fn hold(&mut self, n: usize) -> bool {
+        let kib = |b: usize| b.div_ceil(1024);
+        let more = kib(self.held_bytes + n) - kib(self.held_bytes);
+        if more > 0 {
+            match self.budget.try_reserve(more * 1024) {
+                Some(r) => self.held.push(r),
+                None => return false,
+            }
+        }
+        self.held_bytes += n;
+        true
+    }
+
     fn fail(&mut self, status: tonic::Status) -> Poll<Option<Result<Frame<Bytes>, tonic::codegen::StdError>>> {
         self.failed = true;
         self.deadline = None;
+        self.held_bytes = 0;
         self.held.release();
         Poll::Ready(Some(Err(Box::new(status))))
     }
@@ -209,24 +234,35 @@ where
                 if data.is_empty() {
                     return Poll::Ready(Some(Ok(frame)));
                 }
-                match this.budget.try_reserve(data.len()) {
-                    Some(r) => this.held.push(r),
-                    None => {
-                        metrics::counter!("rokka_inflight_request_bytes_refused_total", "listener" => "grpc")
-                            .increment(1);
-                        return this.fail(tonic::Status::resource_exhausted(
-                            "the broker holds its limit of request bytes (grpc.max_inflight_request_bytes): retry",
-                        ));
-                    }
+                let len = data.len();
+                if !this.hold(len) {
+                    metrics::counter!("rokka_inflight_request_bytes_refused_total", "listener" => "grpc").increment(1);
+                    return this.fail(tonic::Status::resource_exhausted(
+                        "the broker holds its limit of request bytes (grpc.max_inflight_request_bytes): retry",
+                    ));
                 }
                 if this.deadline.is_none() {
                     this.deadline = Some(Box::pin(tokio::time::sleep(this.read_timeout)));
                 }
-                if this.streaming && this.framing.feed(data) {
-                    // Between two messages: what was read is whole messages,
-                    // handed to the decoder.
-                    this.held.release();
-                    this.deadline = None;
+                if this.streaming {
+                    if let Some(tail) = this.framing.feed(data) {
+                        // Whole messages, handed to the decoder, are let go;
+                        // what follows the last one's end starts the next,
+                        // whose deadline starts now.
+                        this.held.release();
+                        this.held_bytes = 0;
+                        this.deadline = None;
+                        if tail > 0 {
+                            if !this.hold(tail) {
+                                metrics::counter!("rokka_inflight_request_bytes_refused_total", "listener" => "grpc")
+                                    .increment(1);
+                                return this.fail(tonic::Status::resource_exhausted(
+                                    "the broker holds its limit of request bytes (grpc.max_inflight_request_bytes): retry",
+                                ));
+                            }
+                            this.deadline = Some(Box::pin(tokio::time::sleep(this.read_timeout)));
+                        }
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -305,11 +341,15 @@ mod tests {
     fn framing_finds_message_ends_across_frames() {
         let mut f = Framing::default();
         let two = [msg(3), msg(0), msg(10)].concat();
-        assert!(!f.feed(&two[..2]));
-        assert!(!f.feed(&two[2..9]));
-        assert!(f.feed(&two[9..13]), "after 3 bytes and the empty message");
-        assert!(!f.feed(&two[13..20]));
-        assert!(f.feed(&two[20..]));
+        assert_eq!(f.feed(&two[..2]), None);
+        assert_eq!(
+            f.feed(&two[2..9]),
+            Some(1),
+            "the first ends at 8, one byte of the next follows"
+        );
+        assert_eq!(f.feed(&two[9..13]), Some(0), "the empty message ends at 13");
+        assert_eq!(f.feed(&two[13..20]), None);
+        assert_eq!(f.feed(&two[20..]), Some(0));
         assert_eq!(two.len(), 28);
     }
 
@@ -371,6 +411,54 @@ mod tests {
         assert_eq!(budget.available_kib(), 1024, "a whole message is let go");
         assert!(matches!(next(&mut t).await, Some(Ok(_))));
         assert_eq!(budget.available_kib(), 1024 - 1);
+    }
+
+    #[tokio::test]
+    async fn a_frame_across_a_message_end_lets_the_message_go_and_keeps_the_rest() {
+        let budget = ByteBudget::new("test", 1024 * 1024);
+        let held = Arc::new(Held::default());
+        let stream = [msg(5000), msg(3000)].concat();
+        let frames = Frames(
+            vec![
+                Bytes::copy_from_slice(&stream[..4000]),
+                // The first message's end and 2 000 bytes of the second.
+                Bytes::copy_from_slice(&stream[4000..7005]),
+                Bytes::copy_from_slice(&stream[7005..]),
+            ]
+            .into(),
+        );
+        let mut t = Counted::new(frames, budget.clone(), Arc::clone(&held), true, Duration::from_secs(30));
+        assert!(matches!(next(&mut t).await, Some(Ok(_))));
+        assert_eq!(budget.available_kib(), 1024 - 4);
+        assert!(matches!(next(&mut t).await, Some(Ok(_))));
+        assert_eq!(
+            budget.available_kib(),
+            1024 - 2,
+            "only the second message's 2 000 bytes are held"
+        );
+        assert!(matches!(next(&mut t).await, Some(Ok(_))));
+        assert_eq!(budget.available_kib(), 1024);
+    }
+
+    #[tokio::test]
+    async fn frames_of_a_byte_each_cost_their_bytes() {
+        let budget = ByteBudget::new("test", 64 * 1024);
+        let held = Arc::new(Held::default());
+        let frames = Frames((0..10_000).map(|_| Bytes::from_static(b"x")).collect());
+        let mut a = Counted::new(
+            frames,
+            budget.clone(),
+            Arc::clone(&held),
+            false,
+            Duration::from_secs(30),
+        );
+        for _ in 0..10_000 {
+            assert!(matches!(next(&mut a).await, Some(Ok(_))));
+        }
+        assert_eq!(budget.available_kib(), 64 - 10, "10 000 bytes hold 10 KiB, not 10 000");
+        drop(a);
+        drop(held);
+        assert_eq!(budget.available_kib(), 64);
     }
 
     #[tokio::test]

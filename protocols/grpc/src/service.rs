@@ -1984,7 +1984,13 @@ impl pb::messaging_service_server::MessagingService for Service {
                         let _ = tx.send(Err(Status::deadline_exceeded("telemetry stream idle"))).await;
                         return;
                     }
-                    Ok(Err(_)) | Ok(Ok(None)) => return,
+                    // A refusal of the listener's request budget, or a
+                    // message not received whole in time: the client is told.
+                    Ok(Err(s)) => {
+                        let _ = tx.send(Err(s)).await;
+                        return;
+                    }
+                    Ok(Ok(None)) => return,
                     Ok(Ok(Some(cmd))) => cmd,
                 };
                 let reply = match next.command {
