@@ -896,3 +896,46 @@ def test_name_servers_answer_while_etcd_is_paused(cluster):
         while sum(queue_counts(n, "after-pause").values()) != 4 and time.time() < deadline:
             time.sleep(0.2)
         assert sum(queue_counts(n, "after-pause").values()) == 4, (i, queue_counts(n, "after-pause"))
+
+
+def test_a_deleted_topic_goes_from_every_set_and_comes_back_empty(cluster):
+    """DeleteTopics at one node: every node — the other set's master, both
+    replicas — drops the topic's stored queues and its committed offsets
+    (a tombstone of the topic's incarnation in etcd), so the topic made
+    again under the name starts empty on every set, as a Kafka topic made
+    again does. Before, the other set kept its queues and the new topic
+    showed the old records (and deleting a cluster's last topic brought it
+    back)."""
+    import os
+
+    masters(cluster)
+    topic, group = "deleted-and-back", "deleted-and-back-g"
+    a = create_topic(cluster, topic, 4, via=1)
+    leaders(a, topic, 4)
+    p = Producer({"bootstrap.servers": cluster.nodes[1].bootstrap, "acks": "all"})
+    for i in range(40):
+        p.produce(topic, f"old-{i}".encode(), partition=i % 4)
+    assert p.flush(20) == 0
+    c = Consumer({"bootstrap.servers": cluster.nodes[1].bootstrap, "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, q, 10) for q in range(4)], asynchronous=False)
+    c.close()
+    queue_dirs = [os.path.join(n.workdir, "data", "consumequeue", topic) for n in cluster.nodes.values()]
+    assert all(os.path.isdir(d) for d in queue_dirs), "every node holds queues of the topic (masters and replicas)"
+    for f in a.delete_topics([topic]).values():
+        f.result(15)
+    deadline = time.time() + 20
+    while any(os.path.exists(d) for d in queue_dirs) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not [d for d in queue_dirs if os.path.exists(d)], "queues left after the deletion"
+    # Made again at the other set's master: empty everywhere, no offsets.
+    a = create_topic(cluster, topic, 4, via=3)
+    leaders(a, topic, 4)
+    p = Producer({"bootstrap.servers": cluster.nodes[3].bootstrap, "acks": "all"})
+    for q in range(4):
+        p.produce(topic, f"new-{q}".encode(), partition=q)
+    assert p.flush(20) == 0
+    assert sorted(read_topic(cluster.nodes[1].bootstrap, topic, 4)) == [f"new-{q}" for q in range(4)]
+    c = Consumer({"bootstrap.servers": cluster.nodes[1].bootstrap, "group.id": group, "enable.auto.commit": False})
+    got = c.committed([TopicPartition(topic, q) for q in range(4)], timeout=15)
+    c.close()
+    assert [t.offset for t in got] == [-1001] * 4, got

@@ -50,6 +50,9 @@ pub struct TopicChanges {
     pub created: std::collections::BTreeSet<String>,
     pub changed: std::collections::BTreeSet<String>,
     pub deleted: std::collections::BTreeSet<String>,
+    /// The topic id of each deleted topic: the incarnation every node
+    /// drops the stored queues of (a tombstone in etcd).
+    pub deleted_ids: std::collections::BTreeMap<String, [u8; 16]>,
 }
 
 /// Topics the broker writes itself and reads back as its own state (delay
@@ -685,9 +688,53 @@ impl Broker {
 
     /// Deletes a topic and its queues.
     pub fn delete_topic(&self, name: &str) -> Result<()> {
+        let id = self.topics.get(name).map(|t| t.topic_id);
         if !self.topics.remove(name)? {
             return Err(BrokerError::UnknownTopic(name.to_string()));
         }
+        self.drop_topic_data(name)?;
+        tracing::info!(topic = name, "topic deleted");
+        metrics::gauge!("rokka_topics").set(self.topics.count() as f64);
+        if self.cluster_view().is_some() {
+            let mut c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());
+            c.created.remove(name);
+            c.deleted.insert(name.to_string());
+            if let Some(id) = id {
+                c.deleted_ids.insert(name.to_string(), id);
+            }
+            drop(c);
+            let mut d = self.deleted_lately.lock().unwrap_or_else(|p| p.into_inner());
+            let now = std::time::Instant::now();
+            d.retain(|_, at| now.duration_since(*at) < DELETED_LATELY);
+            // Deletions are an operator's (ACL-guarded) requests; a bound
+            // all the same.
+            if d.len() < 100_000 {
+                d.insert(name.to_string(), now);
+            }
+        }
+        Ok(())
+    }
+
+    /// Cluster mode: a topic deleted at another node (its incarnation's
+    /// tombstone is in etcd) goes here too, with its stored queues and
+    /// committed offsets, so a topic made again under the name starts
+    /// empty on every set, as a Kafka topic made again does.
+    pub fn drop_deleted_topic(&self, name: &str) -> Result<()> {
+        if offload(|| self.topics.remove(name))? {
+            offload(|| self.drop_topic_data(name))?;
+            tracing::info!(
+                topic = name,
+                "topic deleted in the cluster: its queues and offsets dropped here"
+            );
+            metrics::counter!("rokka_cluster_deleted_topics_dropped_total").increment(1);
+            metrics::gauge!("rokka_topics").set(self.topics.count() as f64);
+        }
+        Ok(())
+    }
+
+    /// A deleted topic's queues, committed offsets, transaction parts and
+    /// traffic counters.
+    fn drop_topic_data(&self, name: &str) -> Result<()> {
         self.store.delete_topic(name)?;
         // Its committed offsets go with it (Kafka's coordinator and
         // RocketMQ's deleteTopic drop them): a topic made again under the
@@ -702,22 +749,6 @@ impl Broker {
         }
         self.forget_topic_transactions(name);
         self.traffic.forget(name);
-        tracing::info!(topic = name, "topic deleted");
-        metrics::gauge!("rokka_topics").set(self.topics.count() as f64);
-        if self.cluster_view().is_some() {
-            let mut c = self.topic_changes.lock().unwrap_or_else(|p| p.into_inner());
-            c.created.remove(name);
-            c.deleted.insert(name.to_string());
-            drop(c);
-            let mut d = self.deleted_lately.lock().unwrap_or_else(|p| p.into_inner());
-            let now = std::time::Instant::now();
-            d.retain(|_, at| now.duration_since(*at) < DELETED_LATELY);
-            // Deletions are an operator's (ACL-guarded) requests; a bound
-            // all the same.
-            if d.len() < 100_000 {
-                d.insert(name.to_string(), now);
-            }
-        }
         Ok(())
     }
 

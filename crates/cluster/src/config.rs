@@ -58,6 +58,11 @@ pub struct ClusterConfig {
     /// silent this long is replaced.
     pub lease_ttl_secs: u32,
     /// How often the controller state is read from etcd.
+    /// How long a deleted topic's tombstone stays in etcd (ms): every
+    /// node that holds the deleted incarnation drops its queues and
+    /// committed offsets when it sees it; a node down longer starts from
+    /// etcd's table, which no longer names the topic.
+    pub topic_tombstone_ttl_ms: u64,
     pub poll_interval_ms: u64,
     /// Elect a node outside the sync state set when none in it is alive
     /// (may lose acknowledged messages). Off by default.
@@ -104,6 +109,7 @@ impl Default for ClusterConfig {
             replication_timeout_ms: 10_000,
             lease_ttl_secs: 3,
             poll_interval_ms: 200,
+            topic_tombstone_ttl_ms: 7 * 24 * 3600 * 1000,
             unclean_election: false,
             rack: String::new(),
             read_from_replicas: false,

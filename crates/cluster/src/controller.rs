@@ -252,6 +252,9 @@ impl Controller {
         let mut remote_members: HashMap<u32, HashMap<String, rokka_broker::membership::GroupMembers>> = HashMap::new();
         let state_key = self.state_key();
         let topics_prefix = format!("{}topics/", self.prefix);
+        // Deleted topics' incarnations: deleted-topics/<name>/<topic id>.
+        let tombstones_prefix = format!("{}deleted-topics/", self.prefix);
+        let mut tombstones: std::collections::BTreeSet<(String, [u8; 16])> = Default::default();
         // Users and their SCRAM credentials: one table for the cluster.
         let users_prefix = format!("{}users/", self.prefix);
         let mut users: BTreeMap<String, rokka_broker::users::UserRecord> = BTreeMap::new();
@@ -288,6 +291,13 @@ impl Controller {
             } else if let Some(name) = key.strip_prefix(&topics_prefix) {
                 if let Ok(t) = serde_json::from_slice::<TopicInfo>(kv.value()) {
                     topics.insert(name.to_string(), t);
+                }
+            } else if let Some(rest) = key.strip_prefix(&tombstones_prefix) {
+                if let Some(t) = rest
+                    .rsplit_once('/')
+                    .and_then(|(n, id)| Some((n.to_string(), topic_id_of(id)?)))
+                {
+                    tombstones.insert(t);
                 }
             } else if key.starts_with(&format!("{}nodes/", self.prefix)) {
                 if let Ok(n) = serde_json::from_slice::<NodeInfo>(kv.value()) {
@@ -453,7 +463,7 @@ impl Controller {
         self.sync_users(users).await?;
         self.sync_acls(acls).await?;
         self.sync_broker_default(broker_default).await?;
-        self.sync_topics(topics, revision).await
+        self.sync_topics(topics, &tombstones, revision).await
     }
 
     /// Writes this node's consumer-group members that changed (under its
@@ -598,7 +608,19 @@ impl Controller {
     /// (`partitions` = the queues placed on its set). Stored messages are
     /// never deleted by this (a replica's copy of a topic another node
     /// deleted stays until retention).
-    async fn sync_topics(&mut self, in_etcd: BTreeMap<String, TopicInfo>, revision: i64) -> Res<()> {
+    ///
+    /// A deleted topic leaves a tombstone, `deleted-topics/<name>/<topic
+    /// id>` (for `cluster.topic_tombstone_ttl_ms`): every node holding that
+    /// incarnation drops it with its stored queues and committed offsets
+    /// (replicas and other sets too), so a topic made again under the name
+    /// starts empty everywhere. A topic merely missing from etcd (etcd
+    /// started afresh) is never a reason to drop data.
+    async fn sync_topics(
+        &mut self,
+        in_etcd: BTreeMap<String, TopicInfo>,
+        tombstones: &std::collections::BTreeSet<(String, [u8; 16])>,
+        revision: i64,
+    ) -> Res<()> {
         let broker = Arc::clone(&self.sh.broker);
         let master = matches!(self.sh.role(), Role::Master { .. });
         let own = self.me.set.clone();
@@ -626,6 +648,16 @@ impl Controller {
         if quiet && self.synced == Some(seen) {
             return Ok(());
         }
+        // Incarnations deleted elsewhere go here too, data and all.
+        for (name, info) in broker.topics().all() {
+            if tombstones.contains(&(name.clone(), info.topic_id)) && !changes.created.contains(&name) {
+                let (b, n) = (Arc::clone(&broker), name.clone());
+                tokio::task::spawn_blocking(move || b.drop_deleted_topic(&n))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| e.to_string())?;
+            }
+        }
         if master && in_etcd.is_empty() {
             // A cluster's first master (or etcd started afresh): its own
             // table is the cluster's.
@@ -633,8 +665,27 @@ impl Controller {
         }
         let mut in_etcd = in_etcd;
         for name in &changes.deleted {
+            let topic_key = format!("{}topics/{name}", self.prefix);
+            let mut ops = vec![TxnOp::delete(topic_key, None)];
+            if let Some(id) = changes.deleted_ids.get(name) {
+                let lease = self
+                    .client
+                    .lease_grant(
+                        i64::try_from((self.sh.cfg.topic_tombstone_ttl_ms / 1000).max(1)).unwrap_or(i64::MAX),
+                        None,
+                    )
+                    .await
+                    .map_err(err("lease grant"))?
+                    .id();
+                let key = format!("{}deleted-topics/{name}/{}", self.prefix, hex16(id));
+                ops.push(TxnOp::put(
+                    key,
+                    b"{}".to_vec(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ));
+            }
             self.client
-                .delete(format!("{}topics/{name}", self.prefix), None)
+                .txn(Txn::new().and_then(ops))
                 .await
                 .map_err(err("delete topic"))?;
             in_etcd.remove(name);
@@ -963,4 +1014,33 @@ async fn keep_alive(client: &mut Client, sh: &Shared, id: i64) -> Res<()> {
 fn lease_renewed(sh: &Shared, sent: Instant, ttl: i64) {
     let valid = sent + Duration::from_millis((ttl.max(1) as u64 * 1000).saturating_sub(500));
     *sh.lease_valid_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(valid);
+}
+
+fn hex16(id: &[u8; 16]) -> String {
+    id.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn topic_id_of(hex: &str) -> Option<[u8; 16]> {
+    if hex.len() != 32 || !hex.is_ascii() {
+        return None;
+    }
+    let mut id = [0u8; 16];
+    for (i, b) in id.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(id)
+}
+
+#[cfg(test)]
+mod tombstone_tests {
+    use super::*;
+
+    #[test]
+    fn topic_ids_round_trip_through_their_tombstone_keys() {
+        let id = [0u8, 1, 0x7f, 0x80, 0xff, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 0xab];
+        assert_eq!(topic_id_of(&hex16(&id)), Some(id));
+        assert_eq!(topic_id_of("00"), None);
+        assert_eq!(topic_id_of(&"zz".repeat(16)), None);
+        assert_eq!(topic_id_of(&"é".repeat(16)), None);
+    }
 }
