@@ -380,3 +380,56 @@ def test_offsets_for_times_stops_at_what_the_isolation_level_reads(rokka):
     assert lookup("read_committed", base + 1000) == -1
     p.commit_transaction(30)
     assert lookup("read_committed", base + 1000) == 4
+
+
+def test_a_batch_with_an_epoch_the_coordinator_never_gave_is_refused(rokka):
+    """A transactional batch whose producer epoch is above the one the
+    coordinator gave (a broken or hostile client that knows the producer
+    id) is INVALID_PRODUCER_EPOCH, as Kafka's verification (KIP-890) says:
+    taken, it fenced the real producer's next batches and the markers of
+    its transaction, whose partition then stayed open to read_committed
+    readers for good. The real producer goes on and commits."""
+    import socket
+    import struct
+
+    from kafka import KafkaProducer
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    topic = new_topic(rokka, partitions=1)
+    p = KafkaProducer(bootstrap_servers=rokka.bootstrap, transactional_id=f"forged-{topic}")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send(topic, b"real-1", partition=0)
+    p.flush()
+    pid, epoch = p._transaction_manager.producer_id_and_epoch.producer_id, p._transaction_manager.producer_id_and_epoch.epoch
+    # The forged batch: the same producer id, its epoch plus one.
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=pid,
+                                  producer_epoch=epoch + 1, base_sequence=0, batch_size=1 << 20)
+    b.append(0, timestamp=int(time.time() * 1000), key=None, value=b"forged", headers=[])
+    batch = bytes(b.build())
+
+    def s16(x):
+        return struct.pack(">h", len(x)) + x.encode()
+
+    tid = f"forged-{topic}"
+    # Produce v3: transactional_id, acks, timeout, [topic [partition records]].
+    body = (s16(tid) + struct.pack(">hi", -1, 10000) + struct.pack(">i", 1) + s16(topic)
+            + struct.pack(">i", 1) + struct.pack(">ii", 0, len(batch)) + batch)
+    header = struct.pack(">hhi", 0, 3, 7) + s16("forger")
+    frame = struct.pack(">i", len(header) + len(body)) + header + body
+    host, port = rokka.bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(frame)
+        n = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
+        resp = s.recv(n, socket.MSG_WAITALL)
+    # correlation, [topic: name, [partition: index, error, ...]]
+    off = 4 + 4
+    tlen = struct.unpack(">h", resp[off:off + 2])[0]
+    off += 2 + tlen + 4 + 4
+    error = struct.unpack(">h", resp[off:off + 2])[0]
+    assert error == 47, f"the forged batch was answered {error}, not INVALID_PRODUCER_EPOCH"
+    # The real producer is not fenced: it sends more and commits.
+    p.send(topic, b"real-2", partition=0)
+    p.commit_transaction()
+    p.close()
+    assert read_all(rokka, topic, 1, "read_committed", expect=2) == ["real-1", "real-2"]

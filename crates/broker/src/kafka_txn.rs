@@ -1987,7 +1987,11 @@ impl Broker {
         let Some(m) = inner.txns.get(id) else {
             return Err(code::INVALID_PRODUCER_ID_MAPPING);
         };
-        if epoch < m.epoch {
+        // Only the coordinator's epoch (Kafka's verification, KIP-890): an
+        // older one is a zombie; a newer one the coordinator never gave
+        // would fence the real producer's next batches and the markers of
+        // its transaction, which would then never end on this partition.
+        if epoch != m.epoch {
             return Err(code::INVALID_PRODUCER_EPOCH);
         }
         if m.state != TxnState::Ongoing || !m.partitions.contains(&(topic.to_string(), partition)) {
