@@ -28,6 +28,75 @@ const MAX_NAME_BYTES: usize = 255;
 const MAX_TOPIC_BYTES: usize = 512;
 /// Most topics one registration may list (as `broker.max_topics`).
 const MAX_TOPICS_PER_BROKER: usize = 100_000;
+
+/// A REGISTER_BROKER body as brokers send it: typed, so a body of many
+/// small objects costs about its own size (a generic JSON value cost ~100
+/// times it), and a topic table past [`MAX_TOPICS_PER_BROKER`] is refused
+/// while it is read.
+mod reg_wire {
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    pub struct Body {
+        #[serde(rename = "topicConfigSerializeWrapper", default)]
+        pub wrapper: Option<Wrapper>,
+    }
+
+    #[derive(Deserialize, Default)]
+    pub struct Wrapper {
+        #[serde(rename = "dataVersion", default)]
+        pub data_version: Option<DataVersion>,
+        #[serde(rename = "topicConfigTable", default)]
+        pub table: Table,
+    }
+
+    #[derive(Deserialize)]
+    pub struct DataVersion {
+        pub counter: Option<u64>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Topic {
+        #[serde(rename = "readQueueNums")]
+        pub read_queues: Option<u64>,
+        #[serde(rename = "writeQueueNums")]
+        pub write_queues: Option<u64>,
+        pub perm: Option<u64>,
+        #[serde(rename = "topicSysFlag")]
+        pub sys_flag: Option<u64>,
+    }
+
+    /// The topic table, in the order sent, at most MAX_TOPICS_PER_BROKER + 1
+    /// entries (one more is refused after).
+    #[derive(Default)]
+    pub struct Table(pub Vec<(String, Topic)>);
+
+    impl<'de> Deserialize<'de> for Table {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Table, D::Error> {
+            struct V;
+            impl<'de> serde::de::Visitor<'de> for V {
+                type Value = Table;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a topic table")
+                }
+                fn visit_unit<E: serde::de::Error>(self) -> Result<Table, E> {
+                    Ok(Table::default())
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Table, A::Error> {
+                    let mut out = Vec::new();
+                    while let Some(entry) = a.next_entry::<String, Topic>()? {
+                        if out.len() > super::MAX_TOPICS_PER_BROKER {
+                            return Err(serde::de::Error::custom("more topics than a broker may register"));
+                        }
+                        out.push(entry);
+                    }
+                    Ok(Table(out))
+                }
+            }
+            d.deserialize_any(V)
+        }
+    }
+}
 /// Longest heartbeat timeout a registration may ask for.
 const MAX_HEARTBEAT_TIMEOUT_MS: u64 = 3_600_000;
 
@@ -90,20 +159,19 @@ pub mod wire {
         let mut topics = Vec::new();
         let mut data_version = 0;
         if !cmd.body.is_empty() {
-            let body: Value = serde_json::from_slice(&cmd.body).map_err(|e| format!("REGISTER_BROKER body: {e}"))?;
-            let wrapper = &body["topicConfigSerializeWrapper"];
-            data_version = wrapper["dataVersion"]["counter"].as_u64().unwrap_or(0);
-            if let Some(table) = wrapper["topicConfigTable"].as_object() {
-                for (name, t) in table {
-                    let n = |k: &str| t.get(k).and_then(Value::as_u64).unwrap_or(0) as u32;
-                    topics.push(TopicConf {
-                        name: name.clone(),
-                        read_queues: n("readQueueNums"),
-                        write_queues: n("writeQueueNums"),
-                        perm: t.get("perm").and_then(Value::as_u64).unwrap_or(6) as u32,
-                        sys_flag: n("topicSysFlag"),
-                    });
-                }
+            let body: reg_wire::Body =
+                serde_json::from_slice(&cmd.body).map_err(|e| format!("REGISTER_BROKER body: {e}"))?;
+            let wrapper = body.wrapper.unwrap_or_default();
+            data_version = wrapper.data_version.and_then(|d| d.counter).unwrap_or(0);
+            for (name, t) in wrapper.table.0 {
+                let n = |v: Option<u64>| v.unwrap_or(0) as u32;
+                topics.push(TopicConf {
+                    name,
+                    read_queues: n(t.read_queues),
+                    write_queues: n(t.write_queues),
+                    perm: t.perm.unwrap_or(6) as u32,
+                    sys_flag: n(t.sys_flag),
+                });
             }
         }
         let r = Registration {

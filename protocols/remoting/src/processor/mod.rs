@@ -552,7 +552,29 @@ mod tests {
             })
         );
         assert_eq!(parse_heartbeat(b"{}"), Err("heartbeat without clientID"));
-        assert_eq!(parse_heartbeat(b"{"), Err("heartbeat body is not JSON"));
+        assert!(parse_heartbeat(b"{").is_err_and(|e| e.starts_with("heartbeat body is not JSON")));
+        // Lists past their bounds are refused while read (a body of many
+        // tiny objects is not built first).
+        let many_groups = format!(
+            r#"{{"clientID":"c","consumerDataSet":[{}]}}"#,
+            vec!["{}"; 1002].join(",")
+        );
+        assert!(parse_heartbeat(many_groups.as_bytes()).is_err());
+        let subs = vec![r#"{"topic":"t"}"#; 1000].join(",");
+        let group = format!(r#"{{"groupName":"g","subscriptionDataSet":[{subs}]}}"#);
+        let ten = format!(
+            r#"{{"clientID":"c","consumerDataSet":[{}]}}"#,
+            vec![group.as_str(); 10].join(",")
+        );
+        assert!(parse_heartbeat(ten.as_bytes()).is_ok_and(|h| h.consumers.len() == 10));
+        let eleven = format!(
+            r#"{{"clientID":"c","consumerDataSet":[{}]}}"#,
+            vec![group.as_str(); 11].join(",")
+        );
+        assert!(
+            parse_heartbeat(eleven.as_bytes()).is_err(),
+            "10 000 subscriptions in all at most"
+        );
         let lock = br#"{"consumerGroup":"g","clientId":"c","mqSet":[{"topic":"t","queueId":3},{"topic":"t"}]}"#;
         let lock = parse_lock_batch(lock).map_err(String::from);
         assert_eq!(

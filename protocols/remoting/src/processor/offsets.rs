@@ -483,7 +483,10 @@ impl RocketMq {
             };
             if free {
                 locks.insert(key, (client.clone(), now));
-                granted.push(mq);
+                // Echoed as sent (text that parsed as JSON before).
+                if let Ok(raw) = serde_json::value::RawValue::from_string(mq) {
+                    granted.push(raw);
+                }
             }
         }
         metrics::gauge!("rokka_rocketmq_queue_locks").set(locks.len() as f64);
@@ -576,14 +579,72 @@ pub struct LockBatch {
     pub client: String,
     /// (topic, queue id, the queue as sent: echoed back when granted) of
     /// each `mqSet` entry with a numeric queue id.
-    pub queues: Vec<(String, i64, Value)>,
+    pub queues: Vec<(String, i64, String)>,
+}
+
+/// A lock or unlock body as clients send it: typed, each queue kept as
+/// the text it was sent in (a generic JSON value cost ~100 times a body
+/// of many small objects).
+#[derive(serde::Deserialize)]
+struct LockWire {
+    #[serde(rename = "consumerGroup")]
+    group: Option<String>,
+    #[serde(rename = "clientId")]
+    client: Option<String>,
+    #[serde(rename = "mqSet", default, deserialize_with = "bounded_queues")]
+    queues: Vec<Box<serde_json::value::RawValue>>,
+}
+
+/// Most queues one lock or unlock body may name (a consumer locks the
+/// queues of its orderly topics; a list of millions of `{}` is not built).
+const MAX_LOCK_QUEUES: usize = 100_000;
+
+fn bounded_queues<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Box<serde_json::value::RawValue>>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Vec<Box<serde_json::value::RawValue>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of queues")
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(Vec::new())
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(q) = a.next_element::<Box<serde_json::value::RawValue>>()? {
+                if out.len() >= MAX_LOCK_QUEUES {
+                    return Err(serde::de::Error::custom("more than 100000 queues"));
+                }
+                out.push(q);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(V)
+}
+
+#[derive(serde::Deserialize)]
+struct QueueWire {
+    topic: Option<String>,
+    #[serde(rename = "queueId")]
+    queue: Option<serde::de::IgnoredAny>,
 }
 
 /// Parses a lock or unlock body; the error is the response's remark.
+/// The `queueId` of one `mqSet` entry when it is an integer.
+fn queue_id_of(raw: &str) -> Option<i64> {
+    #[derive(serde::Deserialize)]
+    struct Id {
+        #[serde(rename = "queueId")]
+        queue: serde_json::Number,
+    }
+    serde_json::from_str::<Id>(raw).ok()?.queue.as_i64()
+}
+
 pub fn parse_lock_batch(body: &[u8]) -> Result<LockBatch, &'static str> {
-    let body = serde_json::from_slice::<Value>(body).map_err(|_| "lock body is not JSON")?;
-    let group = body["consumerGroup"].as_str().unwrap_or_default().to_string();
-    let client = body["clientId"].as_str().unwrap_or_default().to_string();
+    let body: LockWire = serde_json::from_slice(body).map_err(|_| "lock body is not JSON")?;
+    let group = body.group.unwrap_or_default();
+    let client = body.client.unwrap_or_default();
     if group.is_empty() || client.is_empty() {
         return Err("consumerGroup and clientId are required");
     }
@@ -593,15 +654,19 @@ pub fn parse_lock_batch(body: &[u8]) -> Result<LockBatch, &'static str> {
         return Err("consumerGroup or clientId is longer than 255 bytes");
     }
     let mut queues = Vec::new();
-    for mq in body["mqSet"].as_array().into_iter().flatten() {
-        let Some(queue) = mq["queueId"].as_i64() else {
+    for mq in body.queues {
+        // The queue id as a number (others are skipped, as before).
+        let Ok(q) = serde_json::from_str::<QueueWire>(mq.get()) else {
             continue;
         };
-        let topic = mq["topic"].as_str().unwrap_or_default();
-        if rokka_store::validate_topic(topic).is_err() {
+        let Some(queue) = q.queue.and_then(|_| queue_id_of(mq.get())) else {
+            continue;
+        };
+        let topic = q.topic.unwrap_or_default();
+        if rokka_store::validate_topic(&topic).is_err() {
             return Err("mqSet names a topic that is not a valid topic name");
         }
-        queues.push((topic.to_string(), queue, mq.clone()));
+        queues.push((topic, queue, mq.get().to_string()));
     }
     Ok(LockBatch { group, client, queues })
 }
