@@ -350,8 +350,6 @@ pub struct HeartbeatConsumer {
     pub subscriptions: Vec<(String, String, String)>,
 }
 
-/// The elements of the array `v[k]` (none when it is missing or not an array).
-
 /// Parses a HEART_BEAT body; the error is the response's remark.
 /// Longest client id or group a heartbeat may name (RocketMQ's clients
 /// check 255 characters).
