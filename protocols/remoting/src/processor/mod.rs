@@ -564,12 +564,12 @@ mod tests {
         let group = format!(r#"{{"groupName":"g","subscriptionDataSet":[{subs}]}}"#);
         let ten = format!(
             r#"{{"clientID":"c","consumerDataSet":[{}]}}"#,
-            vec![group.as_str(); 10].join(",")
+            [group.as_str(); 10].join(",")
         );
         assert!(parse_heartbeat(ten.as_bytes()).is_ok_and(|h| h.consumers.len() == 10));
         let eleven = format!(
             r#"{{"clientID":"c","consumerDataSet":[{}]}}"#,
-            vec![group.as_str(); 11].join(",")
+            [group.as_str(); 11].join(",")
         );
         assert!(
             parse_heartbeat(eleven.as_bytes()).is_err(),
