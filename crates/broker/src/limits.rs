@@ -113,11 +113,17 @@ impl Drop for ConnSlot {
 /// A listener-wide budget of request bytes held in memory at once (Kafka's
 /// `queued.max.request.bytes`): a connection reserves a frame's declared
 /// size before reading it and waits — not reading, so TCP pushes back on
-/// the client — until the budget has room.
+/// the client — until the budget has room. Waiters are not served in
+/// order (as Kafka's memory pool, which a muted connection tries again):
+/// a connection that declared a frame larger than the room left waits
+/// alone, while smaller frames of other connections go by — in order, one
+/// large waiter held up every request of the listener behind it.
 #[derive(Debug, Clone)]
 pub struct ByteBudget {
     listener: &'static str,
     sem: Arc<Semaphore>,
+    /// Woken when reserved bytes are returned: waiters try again.
+    freed: Arc<tokio::sync::Notify>,
     /// Permits are KiB, so a u32 request of permits covers any frame.
     total_kib: usize,
 }
@@ -125,7 +131,8 @@ pub struct ByteBudget {
 /// Bytes reserved from a [`ByteBudget`]; returned on drop.
 #[derive(Debug)]
 pub struct Reserved {
-    _permit: Option<OwnedSemaphorePermit>,
+    permit: Option<OwnedSemaphorePermit>,
+    freed: Option<Arc<tokio::sync::Notify>>,
     listener: &'static str,
     kib: usize,
 }
@@ -141,6 +148,7 @@ impl ByteBudget {
         ByteBudget {
             listener,
             sem: Arc::new(Semaphore::new(total_kib)),
+            freed: Arc::new(tokio::sync::Notify::new()),
             total_kib,
         }
     }
@@ -148,18 +156,16 @@ impl ByteBudget {
     /// Waits until `bytes` fit in the budget. A frame larger than the whole
     /// budget waits for the whole budget (and holds it alone).
     pub async fn reserve(&self, bytes: usize) -> Reserved {
-        let kib = bytes.div_ceil(1024).clamp(1, self.total_kib);
-        let permit = Arc::clone(&self.sem).acquire_many_owned(kib as u32).await.ok();
-        crate::hot_metrics::gauge_add(
-            "rokka_inflight_request_bytes",
-            "listener",
-            self.listener,
-            (kib * 1024) as f64,
-        );
-        Reserved {
-            _permit: permit,
-            listener: self.listener,
-            kib,
+        loop {
+            // Registered before trying, so a return between the try and the
+            // wait is not missed.
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(r) = self.try_reserve(bytes) {
+                return r;
+            }
+            freed.await;
         }
     }
 
@@ -175,7 +181,8 @@ impl ByteBudget {
             (kib * 1024) as f64,
         );
         Some(Reserved {
-            _permit: Some(permit),
+            permit: Some(permit),
+            freed: Some(Arc::clone(&self.freed)),
             listener: self.listener,
             kib,
         })
@@ -189,6 +196,11 @@ impl ByteBudget {
 
 impl Drop for Reserved {
     fn drop(&mut self) {
+        // The bytes go back first, then every waiter tries again.
+        drop(self.permit.take());
+        if let Some(f) = &self.freed {
+            f.notify_waiters();
+        }
         crate::hot_metrics::gauge_add(
             "rokka_inflight_request_bytes",
             "listener",
@@ -487,5 +499,29 @@ mod tests {
 
     fn libc_emfile() -> i32 {
         24
+    }
+
+    #[tokio::test]
+    async fn a_large_waiter_does_not_hold_up_smaller_frames() {
+        let b = ByteBudget::new("test", 100 * 1024);
+        let held = b.reserve(60 * 1024).await;
+        let big = tokio::spawn({
+            let b = b.clone();
+            async move { b.reserve(80 * 1024).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        // A small frame fits in what is left while the large one waits.
+        let small = tokio::time::timeout(std::time::Duration::from_millis(500), b.reserve(10 * 1024)).await;
+        assert!(small.is_ok(), "the small frame waited behind the large one");
+        drop(small);
+        drop(held);
+        let big = tokio::time::timeout(std::time::Duration::from_secs(2), big).await;
+        assert!(
+            matches!(big, Ok(Ok(_))),
+            "the large waiter got its bytes once they were returned"
+        );
+        assert_eq!(b.available_kib(), 20);
+        drop(big);
+        assert_eq!(b.available_kib(), 100);
     }
 }

@@ -39,6 +39,11 @@ pub struct KafkaConfig {
     /// Most record bytes one Fetch response carries, whatever the client
     /// asks (Kafka `fetch.max.bytes`); at least one batch is always sent.
     pub max_fetch_bytes: u32,
+    /// The longest a Fetch waits for `min_bytes` (ms), whatever its
+    /// `max_wait_ms` says: the request's bytes are held from the listener's
+    /// budget while it waits (clients ask 500 ms; a fetch asking days could
+    /// pin the budget).
+    pub max_fetch_wait_ms: u64,
     /// Longest metadata string an OffsetCommit may store (Kafka
     /// `offset.metadata.max.bytes`); longer is OFFSET_METADATA_TOO_LARGE.
     pub max_offset_metadata_bytes: u32,
@@ -121,6 +126,7 @@ impl Default for KafkaConfig {
             max_connections: 10_000,
             max_connections_per_ip: 2_000,
             idle_timeout_ms: 600_000,
+            max_fetch_wait_ms: 60_000,
             max_inflight_request_bytes: 256 * 1024 * 1024,
             max_fetch_bytes: 57_671_680,
             max_offset_metadata_bytes: 4096,

@@ -92,7 +92,11 @@ fn in_session(k: &Kafka, mut reply: FetchReply, mode: &crate::sessions::Mode, ve
 }
 
 async fn fetch(k: &Kafka, r: &FetchRequest, version: i16) -> FetchReply {
-    let deadline = Instant::now() + Duration::from_millis(r.max_wait_ms.max(0) as u64);
+    let asked = r.max_wait_ms.max(0) as u64;
+    if asked > k.config.max_fetch_wait_ms {
+        metrics::counter!("rokka_kafka_fetch_waits_capped_total").increment(1);
+    }
+    let deadline = Instant::now() + Duration::from_millis(asked.min(k.config.max_fetch_wait_ms));
     let min_bytes = r.min_bytes.max(0) as usize;
     // v13+ names topics by id: resolved once (an unknown id stays None).
     let names: Vec<Option<String>> = if version >= 13 {
