@@ -158,3 +158,38 @@ def test_a_fetch_asking_for_no_bytes_is_answered_at_once(rokka):
     with socket.create_connection(("127.0.0.1", rokka.kafka_port), timeout=10) as s:
         resp = call(s, kafka_frame(1, 4, body))
     assert len(resp) > 8
+
+
+def test_admin_requests_naming_one_thing_again_and_again_answer_it_once(rokka):
+    create_topic_if_missing(rokka)
+    with socket.create_connection(("127.0.0.1", rokka.kafka_port), timeout=60) as s:
+        # DescribeConfigs v1: [resource type, name, keys (null)], synonyms.
+        body = struct.pack(">i", REPEATS) + (b"\x02" + kstr(TOPIC) + struct.pack(">i", -1)) * REPEATS + b"\x00"
+        resp = call(s, kafka_frame(32, 1, body))
+        # One topic's configs (each repeat would add them all again: ~100 MB).
+        assert len(resp) < 64 * 1024, f"DescribeConfigs response of {len(resp)} bytes"
+        # DescribeLogDirs v1: one topic, partition 0 named REPEATS times.
+        body = struct.pack(">i", 1) + kstr(TOPIC) + struct.pack(">i", REPEATS) + struct.pack(">i", 0) * REPEATS
+        resp = call(s, kafka_frame(35, 1, body))
+        assert len(resp) < 4096, f"DescribeLogDirs response of {len(resp)} bytes"
+        # TxnOffsetCommit v0 for 200 000 partitions of a topic that does not
+        # exist: answered (each refused) without a pass over the refusals per
+        # partition, which took minutes.
+        n = 200_000
+        parts = b"".join(struct.pack(">iqh", i, 0, -1) for i in range(n))
+        body = kstr("tx-amplify") + kstr("g-amplify") + struct.pack(">qh", 1, 0)
+        body += struct.pack(">i", 1) + kstr("no-such-topic") + struct.pack(">i", n) + parts
+        t0 = time.time()
+        s.settimeout(60)
+        resp = call(s, kafka_frame(28, 0, body))
+        assert time.time() - t0 < 20, "TxnOffsetCommit of many refused partitions took too long"
+        assert len(resp) > n * 6
+    assert produce_some(rokka) == 0
+
+
+def create_topic_if_missing(rokka):
+    from confluent_kafka.admin import AdminClient
+
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    if TOPIC not in a.list_topics(timeout=10).topics:
+        create_topic(rokka)

@@ -1268,14 +1268,17 @@ impl GroupCoordinator {
         let mut codes = Vec::with_capacity(members.len());
         let mut out = Vec::new();
         let mut any = false;
+        // Static members by instance id, looked up once (a request of many
+        // entries is not a scan of every member each).
+        let mut by_instance: HashMap<String, String> = g
+            .members
+            .values()
+            .filter_map(|m| m.instance_id.clone().map(|i| (i, m.id.clone())))
+            .collect();
         for (member_id, instance_id) in members {
             // A static member may leave by instance id alone.
             let id = match instance_id {
-                Some(inst) => g
-                    .members
-                    .values()
-                    .find(|m| m.instance_id.as_ref() == Some(inst))
-                    .map(|m| m.id.clone()),
+                Some(inst) => by_instance.get(inst).cloned().filter(|id| g.members.contains_key(id)),
                 None => Some(member_id.clone()).filter(|id| g.members.contains_key(id)),
             };
             let fenced =
@@ -1284,6 +1287,9 @@ impl GroupCoordinator {
                 Some(_) if fenced => codes.push(code::FENCED_INSTANCE_ID),
                 Some(id) => {
                     Self::drop_member(g, &id, &mut out);
+                    if let Some(inst) = instance_id {
+                        by_instance.remove(inst);
+                    }
                     codes.push(code::NONE);
                     any = true;
                 }

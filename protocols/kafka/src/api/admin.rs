@@ -168,9 +168,12 @@ fn broker_scope(k: &Kafka, name: &str) -> Result<Scope, (i16, String)> {
 }
 
 pub fn describe_configs(k: &Kafka, r: DescribeConfigsRequest, version: i16) -> DescribeConfigsResponse {
+    // A resource named twice is described once.
+    let mut seen = std::collections::HashSet::with_capacity(r.resources.len().min(1024));
     let results = r
         .resources
         .into_iter()
+        .filter(|res| seen.insert((res.resource_type, res.resource_name.clone())))
         .map(|res| {
             let name = res.resource_name.to_string();
             let mut out = DescribeConfigsResult::default()

@@ -180,9 +180,13 @@ pub fn describe(k: &Kafka, r: ConsumerGroupDescribeRequest) -> ConsumerGroupDesc
                 .collect(),
         )
     };
+    // A group named twice is described once (each copy cloned the group
+    // under the coordinator's lock and answered every member again).
+    let mut seen = std::collections::HashSet::with_capacity(r.group_ids.len().min(1024));
     let groups = r
         .group_ids
         .into_iter()
+        .filter(|gid| seen.insert(gid.clone()))
         .map(|gid| {
             let view = k.groups.with(|c| {
                 c.consumer.groups.get(gid.as_str()).map(|g| {

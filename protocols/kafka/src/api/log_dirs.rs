@@ -136,12 +136,20 @@ pub fn describe_log_dirs(k: &Kafka, r: DescribeLogDirsRequest) -> DescribeLogDir
             .collect(),
     };
     let own = k.broker.own_set();
+    let by_name: std::collections::HashMap<&str, &rokka_broker::topics::TopicInfo> =
+        all.iter().map(|(n, i)| (n.as_str(), i)).collect();
+    // A topic or partition named twice is sized once (each copy walked the
+    // partition's entries again).
+    let mut seen_topics = std::collections::HashSet::with_capacity(wanted.len().min(1024));
     let topics = wanted
         .into_iter()
+        .filter(|(name, _)| seen_topics.insert(name.clone()))
         .filter_map(|(name, parts)| {
-            let info = all.iter().find(|(n, _)| *n == name).map(|(_, i)| i)?;
+            let info = *by_name.get(name.as_str())?;
+            let mut seen = std::collections::HashSet::with_capacity(parts.len().min(1024));
             let partitions = parts
                 .into_iter()
+                .filter(|p| seen.insert(*p))
                 // This node's replicas only: another set's partitions are
                 // in its nodes' directories.
                 .filter_map(|p| match info.locate(p, own) {

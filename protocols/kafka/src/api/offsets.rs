@@ -528,8 +528,14 @@ async fn wanted(
 
 pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetchResponse {
     if version >= 8 {
-        let mut groups = Vec::with_capacity(r.groups.len());
+        let mut groups = Vec::with_capacity(r.groups.len().min(1024));
+        // A group named twice is answered once (each copy read — and in
+        // cluster mode asked every other set for — all its offsets).
+        let mut seen = std::collections::HashSet::with_capacity(r.groups.len().min(1024));
         for g in r.groups {
+            if !seen.insert(g.group_id.clone()) {
+                continue;
+            }
             let group = g.group_id.0.to_string();
             let req = g.topics.map(|ts| {
                 ts.into_iter()

@@ -107,7 +107,9 @@ pub async fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -
     let max_meta = k.config.max_offset_metadata_bytes as usize;
     let own = k.broker.own_set();
     let mut pending = Vec::new();
-    let mut bad: Vec<(String, i32, i16)> = Vec::new();
+    // Looked up once per answered partition: a map, so a request of many
+    // refused partitions is not quadratic.
+    let mut bad: std::collections::HashMap<(String, i32), i16> = std::collections::HashMap::new();
     for t in &r.topics {
         let name = t.name.0.to_string();
         let info = k.broker.topics().get(&name);
@@ -122,14 +124,14 @@ pub async fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -
                 rokka_broker::Placed::Here(q) => (None, q),
                 rokka_broker::Placed::Set(s, q) => (Some(s), q),
                 rokka_broker::Placed::Unknown => {
-                    bad.push((name.clone(), p.partition_index, errors::UNKNOWN_TOPIC_OR_PARTITION));
+                    bad.insert((name.clone(), p.partition_index), errors::UNKNOWN_TOPIC_OR_PARTITION);
                     continue;
                 }
             };
             if p.committed_offset < 0 {
-                bad.push((name.clone(), p.partition_index, errors::UNKNOWN_TOPIC_OR_PARTITION));
+                bad.insert((name.clone(), p.partition_index), errors::UNKNOWN_TOPIC_OR_PARTITION);
             } else if meta.len() > max_meta {
-                bad.push((name.clone(), p.partition_index, errors::OFFSET_METADATA_TOO_LARGE));
+                bad.insert((name.clone(), p.partition_index), errors::OFFSET_METADATA_TOO_LARGE);
             } else {
                 pending.push(PendingOffset {
                     group: group.clone(),
@@ -191,10 +193,7 @@ pub async fn offset_commit(k: &Kafka, r: TxnOffsetCommitRequest, version: i16) -
                 .partitions
                 .iter()
                 .map(|p| {
-                    let c = bad
-                        .iter()
-                        .find(|(n, i, _)| *n == name && *i == p.partition_index)
-                        .map_or(all, |(_, _, c)| *c);
+                    let c = bad.get(&(name.clone(), p.partition_index)).copied().unwrap_or(all);
                     TxnOffsetCommitResponsePartition::default()
                         .with_partition_index(p.partition_index)
                         .with_error_code(c)
@@ -319,15 +318,21 @@ pub fn list(k: &Kafka, r: ListTransactionsRequest) -> ListTransactionsResponse {
 /// `kafka-transactions.sh find-hanging` looks at).
 pub fn describe_producers(k: &Kafka, r: DescribeProducersRequest) -> DescribeProducersResponse {
     use kafka_protocol::messages::describe_producers_response::{PartitionResponse, ProducerState, TopicResponse};
+    // A partition named twice is described once (each copy scanned the
+    // producer table and listed its producers again).
+    let mut seen_topics = std::collections::HashSet::with_capacity(r.topics.len().min(1024));
     let topics = r
         .topics
         .into_iter()
+        .filter(|t| seen_topics.insert(t.name.clone()))
         .map(|t| {
             let name = t.name.0.to_string();
             let info = k.broker.topics().get(&name);
+            let mut seen = std::collections::HashSet::with_capacity(t.partition_indexes.len().min(1024));
             let partitions = t
                 .partition_indexes
                 .into_iter()
+                .filter(|p| seen.insert(*p))
                 .map(|p| {
                     let q = match super::queue_of(k, info.as_ref(), p) {
                         Ok(q) => q,

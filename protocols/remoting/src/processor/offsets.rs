@@ -406,6 +406,10 @@ impl RocketMq {
                 } else {
                     lower
                 };
+                // Never past the end consumers see (in sync-flush or cluster
+                // mode the written end runs ahead of it): a consumer starting
+                // there would get PULL_OFFSET_MOVED.
+                let off = off.min(store.max_offset(topic, queue));
                 r.ext_fields.set("offset", off.to_string());
             }
             _ => {
@@ -466,11 +470,14 @@ impl RocketMq {
         }
         let max_locks = self.config.max_queue_locks as usize;
         for (topic, queue, mq) in queues {
-            if req.code == rq::LOCK_BATCH_MQ && locks.len() >= max_locks {
-                metrics::counter!("rokka_rocketmq_queue_locks_refused_total").increment(1);
-                break;
-            }
             let key = (group.clone(), topic, queue);
+            // The cap is on new locks: a renewal of a lock already in the
+            // table always goes (a table filled by one client must not stop
+            // every orderly consumer's renewals).
+            if req.code == rq::LOCK_BATCH_MQ && locks.len() >= max_locks && !locks.contains_key(&key) {
+                metrics::counter!("rokka_rocketmq_queue_locks_refused_total").increment(1);
+                continue;
+            }
             if req.code == rq::UNLOCK_BATCH_MQ {
                 if locks.get(&key).is_some_and(|(holder, _)| *holder == client) {
                     locks.remove(&key);
