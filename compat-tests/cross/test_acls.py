@@ -270,6 +270,10 @@ def test_rocketmq_clients_obey_the_same_acls(rokka):
         remark = refused(rokka.tap, mark, "acl-rg-denied")[0][1]
         assert "group acl-rg-denied" in remark and "ANONYMOUS" in remark, remark
         assert h.lines("msg ") == []
+        # Its heartbeats are refused too (Apache 5: SUB on the group): it is
+        # no member others would hand queues to.
+        beats = rokka.tap.answers(34, mark)  # HEART_BEAT
+        assert any(c == NO_PERMISSION and "acl-rg-denied" in r for c, r in beats), beats
     finally:
         h.kill()
     create(admin, [acl(ResourceType.GROUP, "acl-rg", "User:ANONYMOUS", AclOperation.READ)])

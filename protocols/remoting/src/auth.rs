@@ -74,6 +74,11 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
             (!f("topic").is_empty()).then(|| topic_need(f("topic"), Op::Describe)),
         ],
         rq::GET_CONSUMER_LIST_BY_GROUP => [Some((Rt::Group, f("consumerGroup"), Op::Describe)), None],
+        // Leaving a group is a member's act (Apache 5: SUB on the group);
+        // a heartbeat's groups and topics are checked where its body is read.
+        rq::UNREGISTER_CLIENT if !f("consumerGroup").is_empty() => {
+            [Some((Rt::Group, f("consumerGroup"), Op::Read)), None]
+        }
         rq::CONSUMER_SEND_MSG_BACK => [Some((Rt::Group, f("group"), Op::Read)), None],
         rq::GET_MAX_OFFSET | rq::GET_MIN_OFFSET | rq::SEARCH_OFFSET_BY_TIMESTAMP | rq::GET_EARLIEST_MSG_STORETIME => {
             [Some(topic_need(f("topic"), Op::Describe)), None]
