@@ -430,6 +430,18 @@ impl Drop for Allocator {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // A segment made ahead and never handed to the writer is in no
+        // segment list: left on disk past where the log now goes (a replica
+        // restarting or cutting its log replaces its writer), the next open
+        // would find a gap before it and refuse to start. The next writer
+        // makes its own.
+        if let Some((_, f)) = self.lock().ready.take() {
+            let path = f.path().to_path_buf();
+            drop(f);
+            if let Err(e) = std::fs::remove_file(&path) {
+                tracing::warn!(path = %path.display(), error = %e, "removing an unused pre-made segment failed");
+            }
+        }
     }
 }
 
@@ -1093,6 +1105,17 @@ mod tests {
             ready as usize <= seg as usize + 4 * MIB + 2 * MIB,
             "prepared up to {ready}"
         );
+        // Near this segment's end the third is made ahead; a writer dropped
+        // then (a replica restarting or cutting its log) leaves no file
+        // past its log, which the next open would take for a gap.
+        while w.position() < 2 * seg - 8 * MIB as u64 {
+            w.append(8 * MIB - 64, entry)?;
+        }
+        let _ = w.settle_preparation();
+        let count = || std::fs::read_dir(dir.path()).map(|d| d.count()).unwrap_or(0);
+        assert_eq!(count(), 3, "the next segment is made ahead");
+        drop(w);
+        assert_eq!(count(), 2, "the unused pre-made segment is left behind");
         Ok(())
     }
 

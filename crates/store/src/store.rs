@@ -1007,10 +1007,21 @@ impl MessageStore {
     ) -> Result<()> {
         let (json, version) = {
             let mut starts = self.inner.log_starts.lock().unwrap_or_else(|p| p.into_inner());
-            if !change(&mut starts) {
+            let changed = change(&mut starts);
+            let current = self.inner.log_starts_changes.load(Ordering::Acquire);
+            let unwritten = *self.inner.log_starts_written.lock().unwrap_or_else(|p| p.into_inner()) < current;
+            // Unchanged and on disk: nothing to write. Unchanged but a
+            // change before failed to be written (ENOSPC), a retry of it
+            // writes it now rather than answering success with the file
+            // behind (a crash would bring the deleted records back).
+            if !changed && !unwritten {
                 return Ok(());
             }
-            let version = self.inner.log_starts_changes.fetch_add(1, Ordering::AcqRel) + 1;
+            let version = if changed {
+                self.inner.log_starts_changes.fetch_add(1, Ordering::AcqRel) + 1
+            } else {
+                current
+            };
             let json = serde_json::to_vec_pretty(&*starts)
                 .map_err(|e| StoreError::bad_file(self.inner.dir.join("log_starts.json"), e.to_string()))?;
             (json, version)

@@ -274,6 +274,30 @@ fn a_disk_with_no_room_for_the_checkpoint_does_not_stop_a_start_or_lose_appends(
 }
 
 #[test]
+fn a_delete_records_retried_after_a_failed_write_is_written() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    for i in 0..10 {
+        append(&store, "R", 0, 6, i)?;
+    }
+    fault::inject("file-write", libc::ENOSPC, Some(1));
+    assert!(store.delete_records("R", 0, 5).is_err(), "the first try found no room");
+    // The retry asks for the same start: it must write the file, not
+    // answer success because the table in memory already says so.
+    assert_eq!(store.delete_records("R", 0, 5)?, 5);
+    drop(store);
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(
+        store.min_offset("R", 0),
+        5,
+        "the deleted records came back after a crash"
+    );
+    Ok(())
+}
+
+#[test]
 fn emfile_creating_a_queue_file_fails_that_append_only() -> TestResult {
     let _g = serial();
     let dir = tempfile::tempdir()?;
