@@ -516,6 +516,12 @@ impl MessageStore {
             .store(timeout_ms.unwrap_or(u64::MAX), Ordering::Release);
     }
 
+    /// Whether [`MessageStore::durable`] waits for the set's replicas (a
+    /// master whose acknowledgements need them).
+    pub fn waits_for_replicas(&self) -> bool {
+        self.inner.ack_timeout_ms.load(Ordering::Acquire) != u64::MAX
+    }
+
     /// The master's high watermark moved: waiting acknowledgements up to it
     /// are answered.
     pub fn set_acked(&self, offset: u64) {

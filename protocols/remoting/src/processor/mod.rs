@@ -422,9 +422,13 @@ impl Service for RocketMq {
         self.drop_connection(conn);
     }
 
-    /// Pulls may be held by long polling, sends wait for the flush in
-    /// sync mode, and another set's transaction calls wait for markers and
-    /// replication; everything else finishes at once.
+    /// Pulls may be held by long polling, sends (and send-backs and
+    /// transaction ends, which append) wait for the flush in sync mode and
+    /// for the set's replicas in cluster mode, and another set's transaction
+    /// calls wait for markers and replication; everything else finishes at
+    /// once. What may wait runs on a task of its own, so the connection's
+    /// other requests (heartbeats, pulls, further sends) are not held up
+    /// behind it.
     fn inline(&self, cmd: &RemotingCommand) -> bool {
         match cmd.code {
             // User changes fsync users.json and, in cluster mode, wait for etcd.
@@ -435,8 +439,13 @@ impl Service for RocketMq {
             | rq::AUTH_CREATE_USER
             | rq::AUTH_UPDATE_USER
             | rq::AUTH_DELETE_USER => false,
-            rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => {
-                self.broker.store().config().flush_mode == rokka_store::FlushMode::Async
+            rq::SEND_MESSAGE
+            | rq::SEND_MESSAGE_V2
+            | rq::SEND_BATCH_MESSAGE
+            | rq::CONSUMER_SEND_MSG_BACK
+            | rq::END_TRANSACTION => {
+                let store = self.broker.store();
+                store.config().flush_mode == rokka_store::FlushMode::Async && !store.waits_for_replicas()
             }
             _ => true,
         }
