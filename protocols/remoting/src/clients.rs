@@ -25,6 +25,11 @@ pub struct Client {
     pub last_seen_ms: u64,
     pub consumer_groups: BTreeSet<String>,
     pub producer_groups: BTreeSet<String>,
+    /// When a heartbeat last named each of its consumer groups (ms): a
+    /// group its heartbeats stopped naming (its consumer shut down, the
+    /// unregister lost) is left after the client timeout, while the client
+    /// lives on in its other groups (Apache's per-group channel expiry).
+    pub group_seen_ms: std::collections::HashMap<String, u64>,
 }
 
 #[derive(Debug, Default)]

@@ -1540,3 +1540,59 @@ async fn admin_topic_configs_connections_and_name_server_perms() -> TestResult {
     assert_eq!(admin.call(del()).await?.code, rs::SUCCESS);
     Ok(())
 }
+
+/// A client whose heartbeats stop naming one of its groups (that consumer
+/// shut down, its UNREGISTER_CLIENT lost) leaves that group after the
+/// client timeout while it stays in the groups it still names — else the
+/// group's other members keep handing it queues no one pulls.
+#[tokio::test]
+async fn a_group_a_live_clients_heartbeats_stop_naming_is_left() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let cfg = RocketMqConfig {
+        client_timeout_ms: 300,
+        ..RocketMqConfig::default()
+    };
+    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), cfg, addr));
+    let (_stop, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, Arc::clone(&rmq), rx));
+    let hb = |groups: &[&str]| {
+        let consumers: Vec<String> = groups
+            .iter()
+            .map(|g| format!(r#"{{"groupName":"{g}","messageModel":"CLUSTERING","subscriptionDataSet":[]}}"#))
+            .collect();
+        let mut h = req(rq::HEART_BEAT, &[]);
+        h.body = Bytes::from(format!(
+            r#"{{"clientID":"c1","producerDataSet":[],"consumerDataSet":[{}]}}"#,
+            consumers.join(",")
+        ));
+        h
+    };
+    let mut c = Client::connect(addr).await?;
+    assert_eq!(c.call(hb(&["ga", "gb"])).await?.code, rs::SUCCESS);
+    assert_eq!(consumer_ids(&mut c, "ga").await?, serde_json::json!(["c1"]));
+    // Only gb from now on, past the timeout.
+    for _ in 0..5 {
+        tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+        assert_eq!(c.call(hb(&["gb"])).await?.code, rs::SUCCESS);
+        rmq.expire_clients();
+    }
+    assert_ne!(
+        consumer_ids(&mut c, "ga").await?,
+        serde_json::json!(["c1"]),
+        "still a member of ga"
+    );
+    assert_eq!(consumer_ids(&mut c, "gb").await?, serde_json::json!(["c1"]));
+    Ok(())
+}
+
+async fn consumer_ids(c: &mut Client, group: &str) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let r = c
+        .call(req(rq::GET_CONSUMER_LIST_BY_GROUP, &[("consumerGroup", group)]))
+        .await?;
+    let list: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
+    Ok(list["consumerIdList"].clone())
+}

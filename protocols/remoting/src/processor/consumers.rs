@@ -61,6 +61,7 @@ impl RocketMq {
                 last_seen_ms: now,
                 consumer_groups: Default::default(),
                 producer_groups: Default::default(),
+                group_seen_ms: Default::default(),
             });
             entry.conn = conn.clone();
             entry.language = req.language;
@@ -122,6 +123,7 @@ impl RocketMq {
                 }
                 if let Some(cl) = c.clients.get_mut(&client_id) {
                     cl.consumer_groups.insert(g.clone());
+                    cl.group_seen_ms.insert(g.clone(), now);
                 }
                 // A mixed group's members must agree on topics.
                 let topics: BTreeSet<String> = cd
@@ -269,6 +271,7 @@ impl RocketMq {
                     }
                     if let Some(cl) = c.clients.get_mut(client_id) {
                         cl.consumer_groups.remove(g);
+                        cl.group_seen_ms.remove(g);
                     }
                     changed
                 }
@@ -318,6 +321,31 @@ impl RocketMq {
             for id in gone {
                 tracing::info!(client = id, "RocketMQ client expired");
                 changed.extend(c.remove_client(&id));
+            }
+            // Groups a live client's heartbeats stopped naming.
+            let stale: Vec<(String, String)> = c
+                .clients
+                .iter()
+                .flat_map(|(id, cl)| {
+                    cl.consumer_groups
+                        .iter()
+                        .filter(|g| cl.group_seen_ms.get(*g).is_some_and(|at| at + timeout < now))
+                        .map(move |g| (id.clone(), g.clone()))
+                })
+                .collect();
+            for (id, g) in stale {
+                tracing::info!(
+                    client = id,
+                    group = g,
+                    "RocketMQ client left a group its heartbeats no longer name"
+                );
+                if c.leave_group(&g, &id) {
+                    changed.push(g.clone());
+                }
+                if let Some(cl) = c.clients.get_mut(&id) {
+                    cl.consumer_groups.remove(&g);
+                    cl.group_seen_ms.remove(&g);
+                }
             }
             metrics::gauge!("rokka_rocketmq_clients").set(c.clients.len() as f64);
             metrics::gauge!("rokka_rocketmq_consumer_groups").set(c.groups.len() as f64);
