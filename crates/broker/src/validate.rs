@@ -178,21 +178,44 @@ impl Cur<'_> {
 /// header lengths, header keys UTF-8, no trailing bytes; compressed records
 /// decompressed within `max_decompressed` bytes. Returns the parsed header.
 pub fn validate(batch: &[u8], max_decompressed: usize) -> Result<BatchInfo, BatchError> {
+    validate_timed(batch, max_decompressed).map(|(info, _)| info)
+}
+
+/// [`validate`], and the highest record timestamp the records carry (the
+/// base timestamp plus the largest delta): what Kafka's LogValidator takes
+/// as the batch's max timestamp for its time index, whatever the header
+/// says.
+pub fn validate_timed(batch: &[u8], max_decompressed: usize) -> Result<(BatchInfo, i64), BatchError> {
     let info = BatchInfo::parse(batch).map_err(|e| corrupt(e.to_string()))?;
     if !batch_crc_ok(batch) {
         return Err(corrupt("CRC-32C mismatch"));
     }
     // Past the CRC the bytes are what the client meant to send: what is
     // wrong with them is invalid, not corrupt.
-    check_records(batch, &info, max_decompressed).map_err(|e| match e {
+    let max_delta = check_records(batch, &info, max_decompressed).map_err(|e| match e {
         BatchError::Corrupt(why) => BatchError::Invalid(why),
         other => other,
     })?;
-    Ok(info)
+    Ok((info, info.base_timestamp.wrapping_add(max_delta)))
 }
 
-/// The records of a batch whose header and CRC passed (see [`validate`]).
-fn check_records(batch: &[u8], info: &BatchInfo, max_decompressed: usize) -> Result<(), BatchError> {
+/// The batch with its header's max timestamp set to `max_timestamp` (the
+/// CRC-32C recomputed): a header that claims a later time than its
+/// records carry would otherwise lead every lookup by time to it.
+pub fn set_max_timestamp(batch: &Bytes, max_timestamp: i64) -> Result<Bytes, BatchError> {
+    if batch.len() < 61 {
+        return Err(corrupt("batch shorter than its header"));
+    }
+    let mut b = batch.to_vec();
+    b[35..43].copy_from_slice(&max_timestamp.to_be_bytes());
+    let crc = crc32c::crc32c(&b[21..]);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    Ok(Bytes::from(b))
+}
+
+/// The records of a batch whose header and CRC passed (see [`validate`]);
+/// the largest timestamp delta among them.
+fn check_records(batch: &[u8], info: &BatchInfo, max_decompressed: usize) -> Result<i64, BatchError> {
     let count = info.record_count;
     if count == 0 || count > i32::MAX as u32 {
         return Err(corrupt(format!("record count {count} out of range")));
@@ -222,6 +245,7 @@ fn check_records(batch: &[u8], info: &BatchInfo, max_decompressed: usize) -> Res
         )));
     }
     let mut c = Cur { b: records, at: 0 };
+    let mut max_delta = i64::MIN;
     for i in 0..count as i64 {
         let len = c.varint32()?;
         if len < 0 {
@@ -237,7 +261,7 @@ fn check_records(batch: &[u8], info: &BatchInfo, max_decompressed: usize) -> Res
             at: start,
         };
         r.byte()?; // attributes
-        r.varint(10)?; // timestamp delta
+        max_delta = max_delta.max(r.varint(10)?); // timestamp delta
         let offset_delta = r.varint32()?;
         if i64::from(offset_delta) != i {
             return Err(corrupt(format!("record {i}: offset delta {offset_delta}")));
@@ -260,7 +284,7 @@ fn check_records(batch: &[u8], info: &BatchInfo, max_decompressed: usize) -> Res
     if c.at != records.len() {
         return Err(corrupt(format!("{} bytes after the last record", records.len() - c.at)));
     }
-    Ok(())
+    Ok(max_delta)
 }
 
 /// Decodes a stored batch's records, decompressing within `max_decompressed`.

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
-use rokka_broker::validate::{validate, BatchError};
+use rokka_broker::validate::BatchError;
 use rokka_broker::{Located, SequenceCheck};
 
 use crate::errors;
@@ -31,9 +31,21 @@ pub fn split_batches(records: &Bytes, max_decompressed: usize) -> Result<Vec<Byt
         if records[at + 16] != 2 {
             return Err(errors::UNSUPPORTED_FOR_MESSAGE_FORMAT);
         }
-        let batch = records.slice(at..end);
-        match validate(&batch, max_decompressed) {
-            Ok(_) => {}
+        let mut batch = records.slice(at..end);
+        match rokka_broker::validate::validate_timed(&batch, max_decompressed) {
+            Ok((info, records_max)) => {
+                // CreateTime batches: the header's max timestamp is what the
+                // records carry, as Kafka's LogValidator takes it for its
+                // time index (a header claiming i64::MAX led every later
+                // lookup by time to this batch and read the partition to its
+                // end). LogAppendTime and control batches are the broker's.
+                let broker_time = info.attributes & 0x08 != 0 || info.attributes & 0x20 != 0;
+                if !broker_time && info.max_timestamp != records_max {
+                    metrics::counter!("rokka_kafka_batch_max_timestamps_corrected_total").increment(1);
+                    batch = rokka_broker::validate::set_max_timestamp(&batch, records_max)
+                        .map_err(|_| errors::CORRUPT_MESSAGE)?;
+                }
+            }
             Err(BatchError::TooLarge(_)) => {
                 metrics::counter!("rokka_kafka_batches_refused_total", "reason" => "too_large").increment(1);
                 return Err(errors::MESSAGE_TOO_LARGE);
