@@ -274,6 +274,10 @@ pub struct TopicTable {
     /// Bumped on every change (the RocketMQ broker re-registers with its name
     /// server when it moves).
     version: AtomicU64,
+    /// Topic id → name as of a version of the table: made again after a
+    /// change, at the first lookup (a Fetch v13+ names each topic by id;
+    /// a scan of the table per id made many unknown ids cost ids × topics).
+    ids: std::sync::Mutex<(u64, std::collections::HashMap<[u8; 16], String>)>,
 }
 
 impl TopicTable {
@@ -295,6 +299,7 @@ impl TopicTable {
             path,
             topics: RwLock::new(topics),
             version: AtomicU64::new(1),
+            ids: std::sync::Mutex::new((0, std::collections::HashMap::new())),
         })
     }
 
@@ -334,8 +339,15 @@ impl TopicTable {
 
     /// The name of the topic with Kafka topic id `id` (no copy of the table).
     pub fn name_of_id(&self, id: &[u8; 16]) -> Option<String> {
-        let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
-        t.iter().find(|(_, i)| i.topic_id == *id).map(|(n, _)| n.clone())
+        let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+        if ids.0 != self.version.load(Ordering::Acquire) {
+            // Changes bump the version under the table's write lock: read
+            // under its read lock, the version names this content.
+            let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
+            let version = self.version.load(Ordering::Acquire);
+            *ids = (version, t.iter().map(|(n, i)| (i.topic_id, n.clone())).collect());
+        }
+        ids.1.get(id).cloned()
     }
 
     /// Every topic's name.
@@ -541,6 +553,28 @@ mod tests {
             rocketmq: None,
         }
         .local_form(own)
+    }
+
+    #[test]
+    fn topic_ids_are_looked_up_as_the_table_changes() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io(std::path::PathBuf::from("tmp"), e))?;
+        let t = TopicTable::load(dir.path())?;
+        let a = TopicTable::new_info(1, BTreeMap::new(), Vec::new());
+        let id_a = a.topic_id;
+        assert!(t.insert_new("a", a)?);
+        assert_eq!(t.name_of_id(&id_a).as_deref(), Some("a"));
+        let b = TopicTable::new_info(2, BTreeMap::new(), Vec::new());
+        let id_b = b.topic_id;
+        assert!(t.insert_new("b", b)?);
+        assert_eq!(
+            t.name_of_id(&id_b).as_deref(),
+            Some("b"),
+            "a topic made after the first lookup"
+        );
+        assert!(t.remove("a")?);
+        assert_eq!(t.name_of_id(&id_a), None, "a deleted topic's id");
+        assert_eq!(t.name_of_id(&[7; 16]), None);
+        Ok(())
     }
 
     #[test]
