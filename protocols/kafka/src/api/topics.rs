@@ -202,7 +202,7 @@ pub fn delete(k: &Kafka, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsRe
                 Some(n) => (n, None),
                 None => {
                     let id = *t.topic_id.as_bytes();
-                    let name = all.iter().find(|(_, i)| i.topic_id == id).map(|(n, _)| n.clone());
+                    let name = k.broker.topics().name_of_id(&id);
                     // An unknown id stays unnamed and is answered UNKNOWN_TOPIC_ID.
                     (TopicName(str_bytes(&name.unwrap_or_default())), Some(t.topic_id))
                 }
