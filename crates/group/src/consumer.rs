@@ -104,6 +104,12 @@ pub struct Member {
     revoke_deadline: Option<u64>,
     /// The assignment last sent, so an unchanged one is not resent.
     sent: Option<BTreeSet<Tp>>,
+    /// The topics its regular expression matched, and the version of the
+    /// topic table they were matched against (0: not yet): matched again
+    /// only when the table changed or the expression did, not on every
+    /// heartbeat of every member.
+    regex_matches: BTreeSet<String>,
+    regex_at: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -185,6 +191,11 @@ pub trait Topics {
     fn partitions(&self, topic: &str) -> Option<u32>;
     fn names(&self) -> Vec<String> {
         Vec::new()
+    }
+    /// A number that changes whenever the topics do (0: unknown — regular
+    /// expressions are then matched again at every heartbeat).
+    fn version(&self) -> u64 {
+        0
     }
 }
 
@@ -320,6 +331,8 @@ impl GroupRecord {
                     left: m.left,
                     last_heartbeat: now,
                     sent: None,
+                    regex_matches: BTreeSet::new(),
+                    regex_at: 0,
                 };
                 Some((m.id, member))
             })
@@ -639,6 +652,8 @@ impl ConsumerGroups {
                         last_heartbeat: now,
                         revoke_deadline: None,
                         sent: None,
+                        regex_matches: BTreeSet::new(),
+                        regex_at: 0,
                     },
                 );
                 if rejoin {
@@ -706,19 +721,31 @@ impl ConsumerGroups {
         // with a regular expression (it may match topics created since
         // their last heartbeat). The others' are as they were — not
         // recomputed (a copy of every member's names per heartbeat).
-        let all_names = if g.members.values().any(|mm| mm.regex.is_some()) {
+        let version = topics.version();
+        let regex_sent = req.subscribed_regex.is_some();
+        let stale = |id: &str, mm: &Member| {
+            mm.regex.is_some() && (version == 0 || mm.regex_at != version || (id == member_id && regex_sent))
+        };
+        let all_names = if g.members.iter().any(|(id, mm)| stale(id, mm)) {
             topics.names()
         } else {
             Vec::new()
         };
         for (id, mm) in g.members.iter_mut() {
-            if *id != member_id && mm.regex.is_none() {
+            let refresh = stale(id, mm);
+            if *id != member_id && !refresh {
                 continue;
             }
-            let mut subs = mm.names.clone();
-            if let Some((_, re)) = &mm.regex {
-                subs.extend(all_names.iter().filter(|n| re.is_match(n)).cloned());
+            match &mm.regex {
+                Some((_, re)) if refresh => {
+                    mm.regex_matches = all_names.iter().filter(|n| re.is_match(n)).cloned().collect();
+                    mm.regex_at = version;
+                }
+                Some(_) => {}
+                None => mm.regex_matches.clear(),
             }
+            let mut subs = mm.names.clone();
+            subs.extend(mm.regex_matches.iter().cloned());
             if subs != mm.subscribed {
                 mm.subscribed = subs;
                 bump = true;
@@ -1297,6 +1324,66 @@ mod tests {
         }
     }
 
+    /// Topics whose names are counted when asked for, at a version.
+    struct Versioned {
+        asked: std::cell::Cell<u32>,
+        version: std::cell::Cell<u64>,
+        names: std::cell::RefCell<Vec<String>>,
+    }
+    impl Topics for Versioned {
+        fn partitions(&self, t: &str) -> Option<u32> {
+            self.names.borrow().iter().any(|n| n == t).then_some(1)
+        }
+        fn names(&self) -> Vec<String> {
+            self.asked.set(self.asked.get() + 1);
+            self.names.borrow().clone()
+        }
+        fn version(&self) -> u64 {
+            self.version.get()
+        }
+    }
+
+    #[test]
+    fn regular_expressions_are_matched_again_only_when_the_topics_change() {
+        let mut c = ConsumerGroups::default();
+        let topics = Versioned {
+            asked: std::cell::Cell::new(0),
+            version: std::cell::Cell::new(1),
+            names: std::cell::RefCell::new(vec!["t1".into(), "u".into()]),
+        };
+        let req = |member: &str, regex: Option<&str>, names: Option<Vec<String>>| HeartbeatRequest {
+            group: "g".into(),
+            member_id: member.into(),
+            member_epoch: 0,
+            rebalance_timeout_ms: 30_000,
+            subscribed_regex: regex.map(String::from),
+            subscribed_topics: names,
+            owned: Some(Vec::new()),
+            ..HeartbeatRequest::default()
+        };
+        c.heartbeat(req("a", Some("t.*"), None), 0, &topics, &CFG, true);
+        assert_eq!(topics.asked.get(), 1, "the expression is matched when it comes");
+        c.heartbeat(req("b", None, Some(vec!["u".into()])), 10, &topics, &CFG, true);
+        assert_eq!(
+            topics.asked.get(),
+            1,
+            "another member's heartbeat matches nothing again"
+        );
+        // A topic is made: the next heartbeat of anyone matches again.
+        topics.names.borrow_mut().push("t2".into());
+        topics.version.set(2);
+        let mut again = req("b", None, None);
+        again.member_epoch = c.groups["g"].members["b"].epoch;
+        c.heartbeat(again, 20, &topics, &CFG, true);
+        assert_eq!(topics.asked.get(), 2);
+        let subscribed: Vec<&str> = c.groups["g"].members["a"]
+            .subscribed
+            .iter()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(subscribed, ["t1", "t2"]);
+    }
+
     #[test]
     fn a_regular_expression_subscribes_to_the_topics_it_matches_whole() {
         let mut c = ConsumerGroups::default();
@@ -1415,6 +1502,8 @@ mod tests {
                     last_heartbeat: 0,
                     revoke_deadline: None,
                     sent: None,
+                    regex_matches: BTreeSet::new(),
+                    regex_at: 0,
                 },
             );
         }

@@ -70,6 +70,10 @@ impl rokka_group::consumer::Topics for Ids<'_> {
     fn names(&self) -> Vec<String> {
         self.k.broker.topics().names()
     }
+
+    fn version(&self) -> u64 {
+        self.k.broker.topics().version()
+    }
 }
 
 pub async fn heartbeat(
