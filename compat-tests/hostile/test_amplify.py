@@ -193,3 +193,27 @@ def create_topic_if_missing(rokka):
     a = AdminClient({"bootstrap.servers": rokka.bootstrap})
     if TOPIC not in a.list_topics(timeout=10).topics:
         create_topic(rokka)
+
+
+def test_a_topic_named_twice_in_one_create_or_delete_is_an_invalid_request(rokka):
+    from confluent_kafka.admin import AdminClient
+
+    name = "named-twice"
+    # CreateTopics v2: [name, partitions, replication, assignments, configs], timeout, validate_only.
+    topic = kstr(name) + struct.pack(">ihii", 1, 1, 0, 0)
+    body = struct.pack(">i", 2) + topic + topic + struct.pack(">ib", 10000, 0)
+    with socket.create_connection(("127.0.0.1", rokka.kafka_port), timeout=30) as s:
+        resp = call(s, kafka_frame(19, 2, body))
+        # correlation, throttle, one topic: name, error 42 (INVALID_REQUEST), message.
+        count = struct.unpack(">i", resp[8:12])[0]
+        off = 12 + 2 + len(name)
+        assert (count, struct.unpack(">h", resp[off : off + 2])[0]) == (1, 42), resp[:80]
+        assert name not in AdminClient({"bootstrap.servers": rokka.bootstrap}).list_topics(timeout=10).topics
+        # DeleteTopics v1 of a topic named twice: the same answer, and the topic stays.
+        create_topic_if_missing(rokka)
+        body = struct.pack(">i", 2) + kstr(TOPIC) + kstr(TOPIC) + struct.pack(">i", 10000)
+        resp = call(s, kafka_frame(20, 1, body))
+        count = struct.unpack(">i", resp[8:12])[0]
+        off = 12 + 2 + len(TOPIC)
+        assert (count, struct.unpack(">h", resp[off : off + 2])[0]) == (1, 42), resp[:80]
+    assert TOPIC in AdminClient({"bootstrap.servers": rokka.bootstrap}).list_topics(timeout=10).topics

@@ -21,12 +21,34 @@ fn err_code(e: &BrokerError) -> i16 {
     }
 }
 
+/// Names given more than once in one request, each answered once with
+/// INVALID_REQUEST (and nothing done for it), as Kafka's controller does.
+fn duplicated<'a>(names: impl Iterator<Item = &'a str>) -> std::collections::HashSet<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut dups = std::collections::HashSet::new();
+    for n in names {
+        if !seen.insert(n) {
+            dups.insert(n.to_string());
+        }
+    }
+    dups
+}
+
 pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsResponse {
     let broker = k.broker.as_ref();
+    let dups = duplicated(r.topics.iter().map(|t| t.name.0.as_str()));
+    let mut answered_dups = std::collections::HashSet::new();
     let topics = r
         .topics
         .into_iter()
+        .filter(|t| !dups.contains(t.name.0.as_str()) || answered_dups.insert(t.name.0.to_string()))
         .map(|t| {
+            if dups.contains(t.name.0.as_str()) {
+                return CreatableTopicResult::default()
+                    .with_name(t.name)
+                    .with_error_code(errors::INVALID_REQUEST)
+                    .with_error_message(Some(str_bytes("Found multiple entries for this topic.")));
+            }
             let name = t.name.0.to_string();
             let mut res = CreatableTopicResult::default().with_name(t.name.clone());
             // A topic that exists is TOPIC_ALREADY_EXISTS before anything
@@ -211,15 +233,20 @@ pub fn delete(k: &Kafka, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsRe
     } else {
         r.topic_names.into_iter().map(|n| (n, None)).collect()
     };
+    let ids: std::collections::HashMap<&str, [u8; 16]> = all.iter().map(|(n, i)| (n.as_str(), i.topic_id)).collect();
+    let dups = duplicated(names.iter().filter(|(n, _)| !n.0.is_empty()).map(|(n, _)| n.0.as_str()));
+    let mut answered_dups = std::collections::HashSet::new();
     let responses = names
         .into_iter()
+        .filter(|(n, _)| !dups.contains(n.0.as_str()) || answered_dups.insert(n.0.to_string()))
         .map(|(n, asked)| {
             let id = asked.unwrap_or_else(|| {
-                all.iter()
-                    .find(|(name, _)| *name == n.0.as_str())
-                    .map_or(uuid::Uuid::nil(), |(_, i)| uuid::Uuid::from_bytes(i.topic_id))
+                ids.get(n.0.as_str())
+                    .map_or(uuid::Uuid::nil(), |i| uuid::Uuid::from_bytes(*i))
             });
-            let code = if n.0.is_empty() {
+            let code = if dups.contains(n.0.as_str()) {
+                errors::INVALID_REQUEST
+            } else if n.0.is_empty() {
                 errors::UNKNOWN_TOPIC_ID
             } else {
                 match k.broker.delete_topic(n.0.as_str()) {
@@ -238,12 +265,17 @@ pub fn delete(k: &Kafka, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsRe
 }
 
 pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartitionsResponse {
+    let dups = duplicated(r.topics.iter().map(|t| t.name.0.as_str()));
+    let mut answered_dups = std::collections::HashSet::new();
     let results = r
         .topics
         .into_iter()
+        .filter(|t| !dups.contains(t.name.0.as_str()) || answered_dups.insert(t.name.0.to_string()))
         .map(|t| {
             let max = k.broker.config().max_partitions;
-            let res = if t.count <= 0 {
+            let res = if dups.contains(t.name.0.as_str()) {
+                Err((errors::INVALID_REQUEST, "Duplicate topic in request.".to_string()))
+            } else if t.count <= 0 {
                 Err((errors::INVALID_PARTITIONS, "count must be positive".to_string()))
             } else if r.validate_only {
                 // What the real request would answer, without doing it.
