@@ -22,6 +22,10 @@ pub enum Mechanism {
     Sha512,
 }
 
+/// [`Users::check_rocketmq_signature`]'s answer for a signature that does
+/// not match the user's secret (the one failure that guesses a secret).
+pub const WRONG_SIGNATURE: &str = "signature mismatch: wrong SecretKey";
+
 impl Mechanism {
     pub const ALL: [Mechanism; 2] = [Mechanism::Sha256, Mechanism::Sha512];
 
@@ -500,7 +504,7 @@ impl Users {
                 return Ok(());
             }
         }
-        Err("signature mismatch: wrong SecretKey")
+        Err(WRONG_SIGNATURE)
     }
 
     /// Checks a RocketMQ 5 (gRPC) call's signature: `MQv2-HMAC-SHA1`, the

@@ -125,23 +125,41 @@ pub struct Denials {
 /// The request's principal: `User:<AccessKey>` once its Signature is
 /// verified; without an AccessKey, the connection's certificate's
 /// (`certified`) or `User:ANONYMOUS`; Err: why it is refused.
+/// Why a signed request was not authenticated, and whether it was a wrong
+/// signature for a secret the user has — a guess, which counts toward the
+/// address's hold-off. A user without a RocketMQ secret (made through
+/// Kafka's SCRAM API: the web console signs as its logged-in user), an
+/// unknown AccessKey or a missing signature guesses nothing: counted, such
+/// refusals held off every signed client of the address (the console's
+/// own, 127.0.0.1).
+struct NotAuthenticated {
+    remark: String,
+    guessed: bool,
+}
+
 fn principal<'a>(
     broker: &Broker,
     certified: Option<&'a str>,
     cmd: &'a RemotingCommand,
-) -> Result<Cow<'a, str>, String> {
+) -> Result<Cow<'a, str>, NotAuthenticated> {
     let Some(ak) = cmd.ext_fields.get("AccessKey") else {
         return Ok(Cow::Borrowed(certified.unwrap_or(ANONYMOUS)));
     };
     let Some(signature) = cmd.ext_fields.get("Signature") else {
-        return Err(format!("AccessKey {ak} without a Signature"));
+        return Err(NotAuthenticated {
+            remark: format!("AccessKey {ak} without a Signature"),
+            guessed: false,
+        });
     };
     match broker
         .users()
         .check_rocketmq_signature(ak, signed_content(cmd), signature)
     {
         Ok(()) => Ok(Cow::Owned(format!("User:{ak}"))),
-        Err(why) => Err(format!("authentication of AccessKey {ak} failed: {why}")),
+        Err(why) => Err(NotAuthenticated {
+            remark: format!("authentication of AccessKey {ak} failed: {why}"),
+            guessed: why == rokka_broker::users::WRONG_SIGNATURE,
+        }),
     }
 }
 
@@ -290,9 +308,11 @@ pub fn check(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand)
     }
     let who = match principal(broker, conn.certificate_principal.as_deref(), cmd) {
         Ok(p) => p,
-        Err(remark) => {
+        Err(NotAuthenticated { remark, guessed }) => {
             metrics::counter!("rokka_rocketmq_authentications_failed_total", "reason" => "signature").increment(1);
-            conn.auth_failures.failed(peer.ip());
+            if guessed {
+                conn.auth_failures.failed(peer.ip());
+            }
             return refused(remark, "credentials");
         }
     };
@@ -351,7 +371,7 @@ pub fn check_need(
             let (rt, name, op) = need;
             refused(format!("no permission: {who} may not {op:?} {} {name}", rt.label()))
         }
-        Err(remark) => refused(remark),
+        Err(NotAuthenticated { remark, .. }) => refused(remark),
     }
 }
 
