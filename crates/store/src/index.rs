@@ -238,6 +238,11 @@ pub struct IndexService {
     slots: u32,
     entries: u32,
     files: Vec<IndexFile>,
+    /// Set by a cut of the CommitLog (a replica truncating its log): records
+    /// from here on are indexed although the index has seen offsets past
+    /// them (the records there before the cut, whose entries stay: a query
+    /// checks what it finds).
+    accept_from: Option<u64>,
 }
 
 /// Where the index stood at a checkpoint.
@@ -281,7 +286,14 @@ impl IndexService {
             slots,
             entries,
             files,
+            accept_from: None,
         })
+    }
+
+    /// The CommitLog was cut at `phys`: what is written there from now on
+    /// is indexed again.
+    pub fn cut_at(&mut self, phys: u64) {
+        self.accept_from = Some(self.accept_from.map_or(phys, |a| a.min(phys)));
     }
 
     /// The checkpoint mark of the current state.
@@ -321,7 +333,7 @@ impl IndexService {
     /// Indexes `key` of `topic` for the record at `phys`.
     pub fn put(&mut self, topic: &str, key: &[u8], phys: u64, store_ts: i64) -> Result<()> {
         if let Some(end) = self.end_phys() {
-            if phys < end {
+            if phys < end && self.accept_from.is_none_or(|from| phys < from) {
                 return Ok(());
             }
         }

@@ -251,7 +251,17 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         log,
         writer: Mutex::new(writer),
         queues: RwLock::new(queues),
-        index: index.map(Mutex::new),
+        index: index
+            .map(|mut i| {
+                // An index that has seen offsets past the log's end: the log
+                // was cut (a replica's divergent tail) after they were
+                // indexed; what is written there from now on is indexed.
+                if i.end_phys().is_some_and(|e| e > end) {
+                    i.cut_at(end);
+                }
+                i
+            })
+            .map(Mutex::new),
         offsets,
         flush: FlushSync {
             requested: Mutex::new(FlushRequests {

@@ -437,8 +437,21 @@ impl MessageStore {
         for q in inner.all_queues() {
             q.truncate_from_phys(offset)?;
         }
+        // The records appended from the cut on are indexed again, and the
+        // last record before the cut is what a clean stop's checkpoint
+        // names (0 sent the next clean start into a full scan).
+        if let Some(index) = &inner.index {
+            index.lock().unwrap_or_else(|p| p.into_inner()).cut_at(offset);
+        }
         w.cl = writer_at(inner, offset)?;
-        w.last_record = 0;
+        w.last_record = inner
+            .all_queues()
+            .iter()
+            .filter_map(|q| q.entry_count().checked_sub(1).and_then(|i| q.entry(i)))
+            .map(|e| e.phys_offset)
+            .filter(|p| *p < offset)
+            .max()
+            .unwrap_or(0);
         {
             let mut epochs = inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
             let next: Vec<EpochStart> = epochs.iter().copied().filter(|e| e.start <= offset).collect();
