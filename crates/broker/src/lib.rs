@@ -719,8 +719,9 @@ impl Broker {
     /// tombstone is in etcd) goes here too, with its stored queues and
     /// committed offsets, so a topic made again under the name starts
     /// empty on every set, as a Kafka topic made again does.
-    pub fn drop_deleted_topic(&self, name: &str) -> Result<()> {
-        if offload(|| self.topics.remove(name))? {
+    pub fn drop_deleted_topic(&self, name: &str, id: [u8; 16]) -> Result<()> {
+        // Only that incarnation: one made anew here since is kept.
+        if offload(|| self.topics.remove_if_id(name, id))? {
             offload(|| self.drop_topic_data(name))?;
             tracing::info!(
                 topic = name,

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -123,16 +124,24 @@ pub struct ByteBudget {
     listener: &'static str,
     sem: Arc<Semaphore>,
     /// Woken when reserved bytes are returned: waiters try again.
-    freed: Arc<tokio::sync::Notify>,
+    freed: Arc<Freed>,
     /// Permits are KiB, so a u32 request of permits covers any frame.
     total_kib: usize,
+}
+
+/// The waiters of a [`ByteBudget`]: counted, so a return with none waiting
+/// (the common case) takes no lock.
+#[derive(Debug, Default)]
+struct Freed {
+    notify: tokio::sync::Notify,
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 /// Bytes reserved from a [`ByteBudget`]; returned on drop.
 #[derive(Debug)]
 pub struct Reserved {
     permit: Option<OwnedSemaphorePermit>,
-    freed: Option<Arc<tokio::sync::Notify>>,
+    freed: Option<Arc<Freed>>,
     listener: &'static str,
     kib: usize,
 }
@@ -148,7 +157,7 @@ impl ByteBudget {
         ByteBudget {
             listener,
             sem: Arc::new(Semaphore::new(total_kib)),
-            freed: Arc::new(tokio::sync::Notify::new()),
+            freed: Arc::new(Freed::default()),
             total_kib,
         }
     }
@@ -156,14 +165,26 @@ impl ByteBudget {
     /// Waits until `bytes` fit in the budget. A frame larger than the whole
     /// budget waits for the whole budget (and holds it alone).
     pub async fn reserve(&self, bytes: usize) -> Reserved {
+        if let Some(r) = self.try_reserve(bytes) {
+            return r;
+        }
+        // Counted as waiting first, then registered, then tried again: a
+        // return after the count sees it and wakes this waiter.
+        // (Uncounted when done, or when the wait is given up.)
+        struct Waiting<'a>(&'a Freed);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.waiting.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.freed.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.freed);
         loop {
-            // Registered before trying, so a return between the try and the
-            // wait is not missed.
-            let freed = self.freed.notified();
+            let freed = self.freed.notify.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
             if let Some(r) = self.try_reserve(bytes) {
-                return r;
+                break r;
             }
             freed.await;
         }
@@ -199,7 +220,9 @@ impl Drop for Reserved {
         // The bytes go back first, then every waiter tries again.
         drop(self.permit.take());
         if let Some(f) = &self.freed {
-            f.notify_waiters();
+            if f.waiting.load(Ordering::SeqCst) > 0 {
+                f.notify.notify_waiters();
+            }
         }
         crate::hot_metrics::gauge_add(
             "rokka_inflight_request_bytes",

@@ -424,8 +424,9 @@ impl TopicTable {
             return Err(BrokerError::TooManyTopics(u32::try_from(max).unwrap_or(u32::MAX)));
         }
         t.insert(name.to_string(), info);
-        self.persist(&t)?;
+        // Changed in memory whether or not the file is written.
         self.changed();
+        self.persist(&t)?;
         Ok(true)
     }
 
@@ -464,8 +465,9 @@ impl TopicTable {
                 perm: r.perm,
             })
         });
-        self.persist(&t)?;
+        // Changed in memory whether or not the file is written.
         self.changed();
+        self.persist(&t)?;
         Ok(())
     }
 
@@ -480,8 +482,9 @@ impl TopicTable {
             return Ok(());
         }
         info.rocketmq = rocketmq;
-        self.persist(&t)?;
+        // Changed in memory whether or not the file is written.
         self.changed();
+        self.persist(&t)?;
         Ok(())
     }
 
@@ -492,8 +495,9 @@ impl TopicTable {
             .get_mut(name)
             .ok_or_else(|| BrokerError::UnknownTopic(name.to_string()))?;
         info.configs = configs;
-        self.persist(&t)?;
+        // Changed in memory whether or not the file is written.
         self.changed();
+        self.persist(&t)?;
         Ok(())
     }
 
@@ -518,18 +522,32 @@ impl TopicTable {
             return Ok(false);
         }
         t.insert(name.to_string(), info);
-        self.persist(&t)?;
+        // Changed in memory whether or not the file is written.
         self.changed();
+        self.persist(&t)?;
         Ok(true)
     }
 
     /// Removes `name`; whether it existed.
+    /// Removes `name` if its topic id is `id` (not a topic made anew).
+    pub fn remove_if_id(&self, name: &str, id: [u8; 16]) -> Result<bool> {
+        let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
+        if t.get(name).is_none_or(|i| i.topic_id != id) {
+            return Ok(false);
+        }
+        t.remove(name);
+        // Changed in memory whether or not the file is written.
+        self.changed();
+        self.persist(&t)?;
+        Ok(true)
+    }
+
     pub fn remove(&self, name: &str) -> Result<bool> {
         let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
         let had = t.remove(name).is_some();
         if had {
-            self.persist(&t)?;
             self.changed();
+            self.persist(&t)?;
         }
         Ok(had)
     }

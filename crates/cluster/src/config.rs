@@ -57,12 +57,12 @@ pub struct ClusterConfig {
     /// Lease time to live in etcd (whole seconds, at least 2): a master
     /// silent this long is replaced.
     pub lease_ttl_secs: u32,
-    /// How often the controller state is read from etcd.
     /// How long a deleted topic's tombstone stays in etcd (ms): every
     /// node that holds the deleted incarnation drops its queues and
     /// committed offsets when it sees it; a node down longer starts from
     /// etcd's table, which no longer names the topic.
     pub topic_tombstone_ttl_ms: u64,
+    /// How often the controller state is read from etcd.
     pub poll_interval_ms: u64,
     /// Elect a node outside the sync state set when none in it is alive
     /// (may lose acknowledged messages). Off by default.

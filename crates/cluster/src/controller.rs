@@ -255,6 +255,8 @@ impl Controller {
         // Deleted topics' incarnations: deleted-topics/<name>/<topic id>.
         let tombstones_prefix = format!("{}deleted-topics/", self.prefix);
         let mut tombstones: std::collections::BTreeSet<(String, [u8; 16])> = Default::default();
+        // Each topic key's revision: a deletion removes only the version it saw.
+        let mut topic_revisions: BTreeMap<String, i64> = BTreeMap::new();
         // Users and their SCRAM credentials: one table for the cluster.
         let users_prefix = format!("{}users/", self.prefix);
         let mut users: BTreeMap<String, rokka_broker::users::UserRecord> = BTreeMap::new();
@@ -291,6 +293,7 @@ impl Controller {
             } else if let Some(name) = key.strip_prefix(&topics_prefix) {
                 if let Ok(t) = serde_json::from_slice::<TopicInfo>(kv.value()) {
                     topics.insert(name.to_string(), t);
+                    topic_revisions.insert(name.to_string(), kv.mod_revision());
                 }
             } else if let Some(rest) = key.strip_prefix(&tombstones_prefix) {
                 if let Some(t) = rest
@@ -463,7 +466,7 @@ impl Controller {
         self.sync_users(users).await?;
         self.sync_acls(acls).await?;
         self.sync_broker_default(broker_default).await?;
-        self.sync_topics(topics, &tombstones, revision).await
+        self.sync_topics(topics, &topic_revisions, &tombstones, revision).await
     }
 
     /// Writes this node's consumer-group members that changed (under its
@@ -605,9 +608,8 @@ impl Controller {
     /// created (if absent), changed (partitions added, configs: the last
     /// writer wins, as Kafka's controller takes the last request) and
     /// deleted; every node takes the rest from etcd, in its own set's form
-    /// (`partitions` = the queues placed on its set). Stored messages are
-    /// never deleted by this (a replica's copy of a topic another node
-    /// deleted stays until retention).
+    /// (`partitions` = the queues placed on its set). A topic merely missing
+    /// from etcd is forgotten here with its stored messages kept.
     ///
     /// A deleted topic leaves a tombstone, `deleted-topics/<name>/<topic
     /// id>` (for `cluster.topic_tombstone_ttl_ms`): every node holding that
@@ -618,6 +620,7 @@ impl Controller {
     async fn sync_topics(
         &mut self,
         in_etcd: BTreeMap<String, TopicInfo>,
+        topic_revisions: &BTreeMap<String, i64>,
         tombstones: &std::collections::BTreeSet<(String, [u8; 16])>,
         revision: i64,
     ) -> Res<()> {
@@ -648,11 +651,13 @@ impl Controller {
         if quiet && self.synced == Some(seen) {
             return Ok(());
         }
-        // Incarnations deleted elsewhere go here too, data and all.
+        // Incarnations deleted elsewhere go here too, data and all (a topic
+        // made anew has a fresh id: no tombstone names it, even when this
+        // node's own creation found the old one still here).
         for (name, info) in broker.topics().all() {
-            if tombstones.contains(&(name.clone(), info.topic_id)) && !changes.created.contains(&name) {
-                let (b, n) = (Arc::clone(&broker), name.clone());
-                tokio::task::spawn_blocking(move || b.drop_deleted_topic(&n))
+            if tombstones.contains(&(name.clone(), info.topic_id)) {
+                let (b, n, id) = (Arc::clone(&broker), name.clone(), info.topic_id);
+                tokio::task::spawn_blocking(move || b.drop_deleted_topic(&n, id))
                     .await
                     .map_err(|e| e.to_string())?
                     .map_err(|e| e.to_string())?;
@@ -666,8 +671,21 @@ impl Controller {
         let mut in_etcd = in_etcd;
         for name in &changes.deleted {
             let topic_key = format!("{}topics/{name}", self.prefix);
-            let mut ops = vec![TxnOp::delete(topic_key, None)];
-            if let Some(id) = changes.deleted_ids.get(name) {
+            // Only the incarnation deleted here, as etcd held it when read: a
+            // topic made anew under the name meanwhile (another id, a later
+            // revision) stays.
+            let deleted_id = changes.deleted_ids.get(name);
+            let seen = in_etcd
+                .get(name)
+                .filter(|t| deleted_id.is_none_or(|id| t.topic_id == *id))
+                .and_then(|_| topic_revisions.get(name));
+            let mut ops = Vec::new();
+            let mut guard = Vec::new();
+            if let Some(rev) = seen {
+                guard.push(Compare::mod_revision(topic_key.clone(), CompareOp::Equal, *rev));
+                ops.push(TxnOp::delete(topic_key, None));
+            }
+            if let Some(id) = deleted_id {
                 let lease = self
                     .client
                     .lease_grant(
@@ -684,11 +702,17 @@ impl Controller {
                     Some(PutOptions::new().with_lease(lease)),
                 ));
             }
-            self.client
-                .txn(Txn::new().and_then(ops))
-                .await
-                .map_err(err("delete topic"))?;
-            in_etcd.remove(name);
+            if !ops.is_empty() {
+                // The tombstone goes whatever the topic key became.
+                let tombstone_only: Vec<TxnOp> = ops.iter().skip(usize::from(seen.is_some())).cloned().collect();
+                self.client
+                    .txn(Txn::new().when(guard).and_then(ops).or_else(tombstone_only))
+                    .await
+                    .map_err(err("delete topic"))?;
+            }
+            if seen.is_some() {
+                in_etcd.remove(name);
+            }
         }
         let local: BTreeMap<String, TopicInfo> = broker.topics().all().into_iter().collect();
         for (name, info) in &local {

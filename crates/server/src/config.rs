@@ -301,6 +301,7 @@ impl Config {
             ("console.connection_timeout_ms", self.console.connection_timeout_ms),
             ("grpc.preface_timeout_ms", self.grpc.preface_timeout_ms),
             ("grpc.request_read_timeout_ms", self.grpc.request_read_timeout_ms),
+            ("kafka.max_fetch_wait_ms", self.kafka.max_fetch_wait_ms),
             ("broker.max_partitions", u64::from(self.broker.max_partitions)),
             ("broker.default_partitions", u64::from(self.broker.default_partitions)),
             (
@@ -563,6 +564,7 @@ mod tests {
             ("[console]\nmax_sessions = 0\n", "console.max_sessions"),
             ("[grpc]\npreface_timeout_ms = 0\n", "grpc.preface_timeout_ms"),
             ("[grpc]\nrequest_read_timeout_ms = 0\n", "grpc.request_read_timeout_ms"),
+            ("[kafka]\nmax_fetch_wait_ms = 0\n", "kafka.max_fetch_wait_ms"),
             (
                 "[group]\nconsumer_heartbeat_interval_ms = 45000\nconsumer_session_timeout_ms = 45000\n",
                 "consumer_heartbeat_interval_ms",

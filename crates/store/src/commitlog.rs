@@ -430,11 +430,18 @@ impl Drop for Allocator {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        // A segment made ahead and never handed to the writer is in no
-        // segment list: left on disk past where the log now goes (a replica
-        // restarting or cutting its log replaces its writer), the next open
-        // would find a gap before it and refuse to start. The next writer
-        // makes its own.
+    }
+}
+
+impl Allocator {
+    /// Stops the allocator and removes a segment it made ahead that was
+    /// never handed to the writer (it is in no segment list).
+    fn discard(mut self) {
+        self.lock().stop = true;
+        self.state.1.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
         if let Some((_, f)) = self.lock().ready.take() {
             let path = f.path().to_path_buf();
             drop(f);
@@ -632,6 +639,18 @@ impl CommitLogWriter {
     /// which the writer's segment is prepared ((0, 0) without preallocation).
     pub fn settle_preparation(&self) -> (u64, u64) {
         self.allocator.as_ref().map_or((0, 0), Allocator::settle)
+    }
+
+    /// Before this writer is replaced by one elsewhere in the log (a replica
+    /// restarting or cutting its log): its allocator stops, and a segment it
+    /// made ahead — in no segment list — is removed, before the new writer
+    /// may make (or reuse) a file of that name. Left on disk past where the
+    /// log now goes, the next open found a gap before it and refused to
+    /// start.
+    pub fn discard_ahead(&mut self) {
+        if let Some(a) = self.allocator.take() {
+            a.discard();
+        }
     }
 
     /// Asks the allocator to prepare up to a window ahead of the write
@@ -1114,7 +1133,7 @@ mod tests {
         let _ = w.settle_preparation();
         let count = || std::fs::read_dir(dir.path()).map(|d| d.count()).unwrap_or(0);
         assert_eq!(count(), 3, "the next segment is made ahead");
-        drop(w);
+        w.discard_ahead();
         assert_eq!(count(), 2, "the unused pre-made segment is left behind");
         Ok(())
     }

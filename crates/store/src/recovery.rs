@@ -567,6 +567,12 @@ fn recover(
     }
     if let Some(idx) = index.as_deref_mut() {
         idx.restore(cp.and_then(|c| c.index))?;
+        // A checkpoint written after the log was cut (a replica's divergent
+        // tail) may carry an index mark past its safe offset: the records
+        // re-dispatched from here are indexed all the same.
+        if idx.end_phys().is_some_and(|e| e > start) {
+            idx.cut_at(start);
+        }
     }
     let mut redispatched = 0u64;
     let mut last_record = None;

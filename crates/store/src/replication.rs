@@ -365,6 +365,7 @@ impl MessageStore {
                 let _g = inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
                 drop_clean_logs(&inner.dir)?;
             }
+            w.cl.discard_ahead();
             let mut cl = writer_at(inner, offset)?;
             // The first segment now, at `offset`: a reopen before the first
             // entry finds where the log starts.
@@ -443,6 +444,7 @@ impl MessageStore {
         if let Some(index) = &inner.index {
             index.lock().unwrap_or_else(|p| p.into_inner()).cut_at(offset);
         }
+        w.cl.discard_ahead();
         w.cl = writer_at(inner, offset)?;
         w.last_record = inner
             .all_queues()

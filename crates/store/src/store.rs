@@ -1005,11 +1005,15 @@ impl MessageStore {
         &self,
         change: impl FnOnce(&mut std::collections::BTreeMap<String, u64>) -> bool,
     ) -> Result<()> {
+        // What is on disk, read before the table's lock: the writer of a
+        // newer table holds `log_starts_written` across its fsync, which the
+        // table's readers (the replication stream) must not wait for.
+        let written_now = *self.inner.log_starts_written.lock().unwrap_or_else(|p| p.into_inner());
         let (json, version) = {
             let mut starts = self.inner.log_starts.lock().unwrap_or_else(|p| p.into_inner());
             let changed = change(&mut starts);
             let current = self.inner.log_starts_changes.load(Ordering::Acquire);
-            let unwritten = *self.inner.log_starts_written.lock().unwrap_or_else(|p| p.into_inner()) < current;
+            let unwritten = written_now < current;
             // Unchanged and on disk: nothing to write. Unchanged but a
             // change before failed to be written (ENOSPC), a retry of it
             // writes it now rather than answering success with the file

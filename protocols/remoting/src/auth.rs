@@ -122,9 +122,6 @@ pub struct Denials {
     logged: AtomicBool,
 }
 
-/// The request's principal: `User:<AccessKey>` once its Signature is
-/// verified; without an AccessKey, the connection's certificate's
-/// (`certified`) or `User:ANONYMOUS`; Err: why it is refused.
 /// Why a signed request was not authenticated, and whether it was a wrong
 /// signature for a secret the user has — a guess, which counts toward the
 /// address's hold-off. A user without a RocketMQ secret (made through
@@ -137,6 +134,9 @@ struct NotAuthenticated {
     guessed: bool,
 }
 
+/// The request's principal: `User:<AccessKey>` once its Signature is
+/// verified; without an AccessKey, the connection's certificate's
+/// (`certified`) or `User:ANONYMOUS`; Err: why it is refused.
 fn principal<'a>(
     broker: &Broker,
     certified: Option<&'a str>,
@@ -347,6 +347,50 @@ fn refuse(conn: &crate::server::Conn, cmd: &RemotingCommand, remark: String, res
 /// of the record a CommitLog offset names: VIEW_MESSAGE_BY_ID and
 /// CONSUMER_SEND_MSG_BACK carry only the offset). `check` has already
 /// verified the request's credentials; the cluster's own calls pass.
+/// [`check_need`] for several needs of one request (a heartbeat's groups
+/// and topics): the request is authenticated once — its signature covers
+/// the whole body, so verifying it per need cost the body's hash per
+/// subscription — and each distinct need checked.
+pub fn check_needs<'a>(
+    broker: &Broker,
+    conn: &crate::server::Conn,
+    cmd: &RemotingCommand,
+    needs: impl IntoIterator<Item = (Rt, &'a str, Op)>,
+) -> Option<String> {
+    if !broker.acls().enabled() {
+        return None;
+    }
+    let mut needs: Vec<(Rt, &str, Op)> = needs.into_iter().collect();
+    needs.sort_unstable_by(|a, b| (a.0 as u8, a.1, a.2 as u8).cmp(&(b.0 as u8, b.1, b.2 as u8)));
+    needs.dedup();
+    let first = needs.first().copied()?;
+    // The first need authenticates (and answers for an internal call);
+    // the rest are plain ACL look-ups for the principal it found.
+    if let Some(refusal) = check_need(broker, conn, cmd, first) {
+        return Some(refusal);
+    }
+    if cmd
+        .ext_fields
+        .get("AccessKey")
+        .is_some_and(|ak| ak.starts_with(rokka_broker::internal::ACCESS_KEY_PREFIX))
+    {
+        return None;
+    }
+    let who = principal(broker, conn.certificate_principal.as_deref(), cmd).ok()?;
+    for need in needs.into_iter().skip(1) {
+        if !allowed(broker, &who, conn.peer.ip(), need) {
+            let (rt, name, op) = need;
+            return refuse(
+                conn,
+                cmd,
+                format!("no permission: {who} may not {op:?} {} {name}", rt.label()),
+                rt.label(),
+            );
+        }
+    }
+    None
+}
+
 pub fn check_need(
     broker: &Broker,
     conn: &crate::server::Conn,

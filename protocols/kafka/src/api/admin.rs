@@ -173,7 +173,13 @@ pub fn describe_configs(k: &Kafka, r: DescribeConfigsRequest, version: i16) -> D
     let results = r
         .resources
         .into_iter()
-        .filter(|res| seen.insert((res.resource_type, res.resource_name.clone())))
+        .filter(|res| {
+            seen.insert((
+                res.resource_type,
+                res.resource_name.clone(),
+                res.configuration_keys.clone(),
+            ))
+        })
         .map(|res| {
             let name = res.resource_name.to_string();
             let mut out = DescribeConfigsResult::default()

@@ -129,7 +129,22 @@ fn partition_bytes(k: &Kafka, topic: &str, q: u32) -> i64 {
 pub fn describe_log_dirs(k: &Kafka, r: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
     let all = k.broker.topics().all();
     let wanted: Vec<(String, Vec<i32>)> = match r.topics {
-        Some(ts) => ts.into_iter().map(|t| (t.topic.0.to_string(), t.partitions)).collect(),
+        // A topic named in several entries: their partitions together.
+        Some(ts) => {
+            let mut merged: Vec<(String, Vec<i32>)> = Vec::new();
+            let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+            for t in ts {
+                let name = t.topic.0.to_string();
+                match at.get(&name) {
+                    Some(&i) => merged[i].1.extend(t.partitions),
+                    None => {
+                        at.insert(name.clone(), merged.len());
+                        merged.push((name, t.partitions));
+                    }
+                }
+            }
+            merged
+        }
         None => all
             .iter()
             .map(|(n, i)| (n.clone(), (0..i.kafka_partitions() as i32).collect()))
@@ -140,10 +155,8 @@ pub fn describe_log_dirs(k: &Kafka, r: DescribeLogDirsRequest) -> DescribeLogDir
         all.iter().map(|(n, i)| (n.as_str(), i)).collect();
     // A topic or partition named twice is sized once (each copy walked the
     // partition's entries again).
-    let mut seen_topics = std::collections::HashSet::with_capacity(wanted.len().min(1024));
     let topics = wanted
         .into_iter()
-        .filter(|(name, _)| seen_topics.insert(name.clone()))
         .filter_map(|(name, parts)| {
             let info = *by_name.get(name.as_str())?;
             let mut seen = std::collections::HashSet::with_capacity(parts.len().min(1024));

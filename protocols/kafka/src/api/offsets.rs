@@ -533,7 +533,12 @@ pub async fn fetch(k: &Kafka, r: OffsetFetchRequest, version: i16) -> OffsetFetc
         // cluster mode asked every other set for — all its offsets).
         let mut seen = std::collections::HashSet::with_capacity(r.groups.len().min(1024));
         for g in r.groups {
-            if !seen.insert(g.group_id.clone()) {
+            let topics_key: Option<Vec<(String, Vec<i32>)>> = g.topics.as_ref().map(|ts| {
+                ts.iter()
+                    .map(|t| (t.name.0.to_string(), t.partition_indexes.clone()))
+                    .collect()
+            });
+            if !seen.insert((g.group_id.clone(), topics_key)) {
                 continue;
             }
             let group = g.group_id.0.to_string();

@@ -320,11 +320,20 @@ pub fn describe_producers(k: &Kafka, r: DescribeProducersRequest) -> DescribePro
     use kafka_protocol::messages::describe_producers_response::{PartitionResponse, ProducerState, TopicResponse};
     // A partition named twice is described once (each copy scanned the
     // producer table and listed its producers again).
-    let mut seen_topics = std::collections::HashSet::with_capacity(r.topics.len().min(1024));
-    let topics = r
-        .topics
+    // A topic named in several entries: their partitions together.
+    let mut merged: Vec<kafka_protocol::messages::describe_producers_request::TopicRequest> = Vec::new();
+    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for t in r.topics {
+        match at.get(t.name.0.as_str()) {
+            Some(&i) => merged[i].partition_indexes.extend(t.partition_indexes),
+            None => {
+                at.insert(t.name.0.to_string(), merged.len());
+                merged.push(t);
+            }
+        }
+    }
+    let topics = merged
         .into_iter()
-        .filter(|t| seen_topics.insert(t.name.clone()))
         .map(|t| {
             let name = t.name.0.to_string();
             let info = k.broker.topics().get(&name);

@@ -15,24 +15,17 @@ impl RocketMq {
         // subscribes to are READ for the client (Apache 5: SUB on each, retry
         // topics aside): else anyone could join a group and be handed queues
         // no one then pulls.
-        for cd in &hb.consumers {
-            let group_need = (
-                rokka_broker::acl::ResourceType::Group,
-                cd.group.as_str(),
-                rokka_broker::acl::Operation::Read,
-            );
-            if let Some(remark) = crate::auth::check_need(&self.broker, conn, req, group_need) {
-                return self.reply(req, crate::auth::NO_PERMISSION, Some(remark));
-            }
-            for (topic, _, _) in &cd.subscriptions {
-                if topic.starts_with("%RETRY%") {
-                    continue;
-                }
-                let need = rokka_broker::acl::rocketmq_topic(topic, rokka_broker::acl::Operation::Read);
-                if let Some(remark) = crate::auth::check_need(&self.broker, conn, req, need) {
-                    return self.reply(req, crate::auth::NO_PERMISSION, Some(remark));
-                }
-            }
+        let read = rokka_broker::acl::Operation::Read;
+        let needs = hb.consumers.iter().flat_map(|cd| {
+            std::iter::once((rokka_broker::acl::ResourceType::Group, cd.group.as_str(), read)).chain(
+                cd.subscriptions
+                    .iter()
+                    .filter(|(topic, _, _)| !topic.starts_with("%RETRY%"))
+                    .map(move |(topic, _, _)| rokka_broker::acl::rocketmq_topic(topic, read)),
+            )
+        });
+        if let Some(remark) = crate::auth::check_needs(&self.broker, conn, req, needs) {
+            return self.reply(req, crate::auth::NO_PERMISSION, Some(remark));
         }
         let client_id = hb.client_id;
         let now = self.now_ms();
