@@ -58,6 +58,7 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "epochs.tmp",
     crate::replication::RESTART_MARKER,
     "restarting.tmp",
+    crate::replication::CUT_MARKER,
 ];
 
 pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
@@ -80,7 +81,28 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         }
     };
     let log = Arc::new(CommitLog::load(&dir.join("commitlog"))?);
-    let manifest = crate::manifest::Manifest::load(&dir);
+    let mut manifest = crate::manifest::Manifest::load(&dir);
+    // A cut of the log (a replica following a master whose history
+    // diverged) that a crash interrupted: finished before recovering. The
+    // checkpoint and manifest may still speak of queues past the cut.
+    let interrupted_cut = crate::replication::cut_marker(&dir)?;
+    let cp = match (interrupted_cut, cp) {
+        (Some(at), cp) => {
+            tracing::warn!(at, "finishing a cut of the CommitLog a crash interrupted");
+            crate::commitlog::zero_tail(&log, at)?;
+            log.drop_segments_after(at)?;
+            crate::replication::drop_epochs_after(&dir, at)?;
+            if let Some(m) = manifest.as_mut() {
+                m.queues.clear();
+            }
+            cp.map(|c| Checkpoint {
+                safe_offset: c.safe_offset.min(at),
+                clean: false,
+                ..c
+            })
+        }
+        (None, cp) => cp,
+    };
     let deleted = manifest.as_ref().map(|m| m.deleted.clone()).unwrap_or_default();
     let rebuild_marker = dir.join(DAMAGED).join(REBUILD_MARKER);
     let rebuild_unfinished = rebuild_marker.exists();
@@ -320,6 +342,10 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     // again, and the periodic checkpoint tries again.
     match crate::tasks::checkpoint(&inner, false) {
         Ok(_) => {
+            // An interrupted cut finished above is checkpointed.
+            if interrupted_cut.is_some() {
+                crate::replication::remove_cut_marker(&dir)?;
+            }
             // The rebuild a set-aside queue called for is checkpointed.
             match std::fs::remove_file(&rebuild_marker) {
                 Ok(()) => {}

@@ -28,6 +28,45 @@ pub(crate) const EPOCHS_FILE: &str = "epochs.json";
 /// master's start (`MessageStore::restart_log_at`).
 pub(crate) const RESTART_MARKER: &str = "restarting";
 
+/// Present while [`MessageStore::truncate_log`] cuts the log (holding the
+/// offset): a start that finds it finishes the cut before recovering
+/// ([`cut_marker`]). Written and removed directly, not as a file replaced
+/// whole, so a full disk's failing checkpoint cannot stop it.
+pub(crate) const CUT_MARKER: &str = "cutting";
+
+/// The offset a cut that a crash interrupted was cutting the log at.
+pub(crate) fn cut_marker(dir: &Path) -> Result<Option<u64>> {
+    let path = dir.join(CUT_MARKER);
+    match std::fs::read_to_string(&path) {
+        Ok(s) => s
+            .trim()
+            .parse::<u64>()
+            .map(Some)
+            .map_err(|e| StoreError::bad_file(&path, format!("not an offset: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StoreError::io("read", &path)(e)),
+    }
+}
+
+fn write_cut_marker(dir: &Path, offset: u64) -> Result<()> {
+    use std::io::Write;
+    let path = dir.join(CUT_MARKER);
+    let mut f = std::fs::File::create(&path).map_err(StoreError::io("create", &path))?;
+    f.write_all(offset.to_string().as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(StoreError::io("write", &path))?;
+    crate::sys::fsync_dir(dir)
+}
+
+pub(crate) fn remove_cut_marker(dir: &Path) -> Result<()> {
+    let path = dir.join(CUT_MARKER);
+    match std::fs::remove_file(&path) {
+        Ok(()) => crate::sys::fsync_dir(dir),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(StoreError::io("remove", &path)(e)),
+    }
+}
+
 /// A CommitLog writer continuing at `offset`, as the store's config has it.
 fn writer_at(inner: &Inner, offset: u64) -> Result<CommitLogWriter> {
     let mut cl = CommitLogWriter::new(
@@ -102,6 +141,19 @@ pub(crate) fn load_epochs(dir: &Path) -> Result<Vec<EpochStart>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(StoreError::io("read", &path)(e)),
     }
+}
+
+/// Drops the epoch history's lines that begin past `offset` (a cut finished
+/// at start).
+pub(crate) fn drop_epochs_after(dir: &Path, offset: u64) -> Result<()> {
+    let epochs = load_epochs(dir)?;
+    let kept: Vec<EpochStart> = epochs.iter().copied().filter(|e| e.start <= offset).collect();
+    if kept != epochs {
+        let path = dir.join(EPOCHS_FILE);
+        let json = serde_json::to_vec(&kept).map_err(|e| StoreError::bad_file(&path, e.to_string()))?;
+        crate::checkpoint::write_atomically(&path, &json)?;
+    }
+    Ok(())
 }
 
 fn save_epochs(inner: &Inner, epochs: &[EpochStart]) -> Result<()> {
@@ -432,6 +484,9 @@ impl MessageStore {
             *a = (*a).min(offset);
             over
         });
+        // A crash from here on is finished by the next start (the log, the
+        // queues and the checkpoint disagree until the end).
+        write_cut_marker(&inner.dir, offset)?;
         crate::commitlog::zero_tail(&inner.log, offset)?;
         inner.log.drop_segments_after(offset)?;
         inner.log.set_recovered(offset);
@@ -485,6 +540,7 @@ impl MessageStore {
         }
         drop(w);
         crate::tasks::checkpoint(inner, false)?;
+        remove_cut_marker(&inner.dir)?;
         Ok(())
     }
 

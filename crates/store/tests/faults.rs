@@ -611,3 +611,32 @@ fn a_failed_queue_or_index_write_back_is_final() -> TestResult {
     }
     Ok(())
 }
+
+/// A crash inside a cut (after the log and its queues were cut, before the
+/// checkpoint that records it): the next start finishes the cut and opens
+/// with the records before it, instead of refusing over queues shorter than
+/// the last checkpoint said.
+#[test]
+fn a_crash_inside_a_cut_finishes_it_at_the_next_start() -> TestResult {
+    let _g = serial();
+    let d = tempfile::tempdir()?;
+    let cfg = small_config(d.path());
+    let store = MessageStore::open(cfg.clone())?;
+    let mut ends = Vec::new();
+    for i in 0..10u64 {
+        ends.push(append(&store, "T", 0, 1, i)?.end_offset);
+    }
+    store.checkpoint()?;
+    store.set_leader(false);
+    // The cut's own checkpoint fails: the process dies there.
+    fault::inject("file-write", libc::ENOSPC, None);
+    let cut = store.truncate_log(ends[4]);
+    fault::clear();
+    assert!(cut.is_err(), "the cut's checkpoint was to fail");
+    drop(store);
+    let store = MessageStore::open(cfg)?;
+    let all = read_all(&store, "T", 0);
+    assert_eq!(all.len(), 5, "the records before the cut, and only those");
+    assert_eq!(store.commitlog_offsets().1, ends[4]);
+    Ok(())
+}
