@@ -233,7 +233,10 @@ impl CommitLog {
     /// after a failed write-back).
     pub(crate) fn mark_flushed(&self, pos: u64) {
         if self.failure().is_none() {
-            self.flushed_pos.fetch_max(pos, Ordering::AcqRel);
+            // Never past what is written: a sync started before a replica
+            // cut its log ends after the cut, and what is written at the
+            // cut's offsets since is not what it synced.
+            self.flushed_pos.fetch_max(pos.min(self.write_pos()), Ordering::AcqRel);
         }
     }
 

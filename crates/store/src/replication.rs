@@ -490,6 +490,13 @@ impl MessageStore {
         crate::commitlog::zero_tail(&inner.log, offset)?;
         inner.log.drop_segments_after(offset)?;
         inner.log.set_recovered(offset);
+        {
+            // Syncs are issued again from the cut: what was issued past it
+            // covers bytes that are no longer there.
+            let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+            req.issued = req.issued.min(offset);
+            req.target = req.target.min(offset);
+        }
         for q in inner.all_queues() {
             q.truncate_from_phys(offset)?;
         }

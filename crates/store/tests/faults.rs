@@ -640,3 +640,33 @@ fn a_crash_inside_a_cut_finishes_it_at_the_next_start() -> TestResult {
     assert_eq!(store.commitlog_offsets().1, ends[4]);
     Ok(())
 }
+
+/// Sync mode, a replica cutting its log: what is written at the cut's
+/// offsets since is synced before it is durable — the syncs issued before
+/// the cut covered bytes that are no longer there, and a waiter below the
+/// old end was taken as issued (no sync came: a flush timeout).
+#[test]
+fn in_sync_mode_writes_after_a_cut_are_synced() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = sync_config(dir.path());
+    cfg.sync_flush_timeout_ms = 2000;
+    let store = MessageStore::open(cfg)?;
+    let mut ends = Vec::new();
+    for i in 0..10u64 {
+        let r = append(&store, "S", 0, 3, i)?;
+        store.wait_durable(r.end_offset)?;
+        ends.push(r.end_offset);
+    }
+    store.set_leader(false);
+    store.truncate_log(ends[4])?;
+    store.set_leader(true);
+    let before = store.flush_count();
+    let r = append(&store, "S", 0, 4, 5)?;
+    store.wait_durable(r.end_offset)?;
+    assert!(
+        store.flush_count() > before,
+        "the write after the cut was taken as synced"
+    );
+    Ok(())
+}
