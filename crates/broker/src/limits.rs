@@ -165,6 +165,11 @@ impl ByteBudget {
     /// Waits until `bytes` fit in the budget. A frame larger than the whole
     /// budget waits for the whole budget (and holds it alone).
     pub async fn reserve(&self, bytes: usize) -> Reserved {
+        // A cooperative yield point, as the semaphore's own acquire was: a
+        // connection with many frames buffered does not decode them all
+        // before the tasks they start (and its other connections' readers)
+        // get to run.
+        tokio::task::consume_budget().await;
         if let Some(r) = self.try_reserve(bytes) {
             return r;
         }
