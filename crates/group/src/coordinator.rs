@@ -79,6 +79,19 @@ impl Default for GroupConfig {
     }
 }
 
+/// A JoinGroup answered at once with error `e`.
+fn join_error(token: Token, e: i16, member_id: &str) -> Vec<Reply> {
+    vec![Reply::Join(
+        token,
+        JoinResponse {
+            error: e,
+            generation: -1,
+            member_id: member_id.to_string(),
+            ..JoinResponse::default()
+        },
+    )]
+}
+
 /// How often the coordinator counts what members hold exactly.
 const RECOUNT_MS: u64 = 1000;
 
@@ -644,17 +657,7 @@ impl GroupCoordinator {
     /// JoinGroup. Accepted in every state but Dead; parks the request (its
     /// reply comes from this or a later event) unless answered at once.
     pub fn join(&mut self, mut req: JoinRequest, token: Token, now: u64) -> Vec<Reply> {
-        let error = |e: i16, member_id: &str| {
-            vec![Reply::Join(
-                token,
-                JoinResponse {
-                    error: e,
-                    generation: -1,
-                    member_id: member_id.to_string(),
-                    ..JoinResponse::default()
-                },
-            )]
-        };
+        let error = |e: i16, member_id: &str| join_error(token, e, member_id);
         if req.group.is_empty() {
             return error(code::INVALID_GROUP_ID, &req.member_id);
         }
@@ -701,17 +704,7 @@ impl GroupCoordinator {
 
     /// [`GroupCoordinator::join`] once its bytes are admitted.
     fn join_admitted(&mut self, req: JoinRequest, token: Token, now: u64) -> Vec<Reply> {
-        let error = |e: i16, member_id: &str| {
-            vec![Reply::Join(
-                token,
-                JoinResponse {
-                    error: e,
-                    generation: -1,
-                    member_id: member_id.to_string(),
-                    ..JoinResponse::default()
-                },
-            )]
-        };
+        let error = |e: i16, member_id: &str| join_error(token, e, member_id);
         if let Some(cg) = self.consumer.groups.get(&req.group) {
             // A consumer group: a classic member may only take it over empty.
             if !cg.members.is_empty() {
