@@ -277,7 +277,8 @@ pub struct TopicTable {
     /// Topic id → name as of a version of the table: made again after a
     /// change, at the first lookup (a Fetch v13+ names each topic by id;
     /// a scan of the table per id made many unknown ids cost ids × topics).
-    ids: std::sync::Mutex<(u64, std::collections::HashMap<[u8; 16], String>)>,
+    /// (Read-locked by every Fetch v13+: lookups do not wait on each other.)
+    ids: RwLock<(u64, std::collections::HashMap<[u8; 16], String>)>,
 }
 
 impl TopicTable {
@@ -299,7 +300,7 @@ impl TopicTable {
             path,
             topics: RwLock::new(topics),
             version: AtomicU64::new(1),
-            ids: std::sync::Mutex::new((0, std::collections::HashMap::new())),
+            ids: RwLock::new((0, std::collections::HashMap::new())),
         })
     }
 
@@ -339,7 +340,13 @@ impl TopicTable {
 
     /// The name of the topic with Kafka topic id `id` (no copy of the table).
     pub fn name_of_id(&self, id: &[u8; 16]) -> Option<String> {
-        let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+        {
+            let ids = self.ids.read().unwrap_or_else(|p| p.into_inner());
+            if ids.0 == self.version.load(Ordering::Acquire) {
+                return ids.1.get(id).cloned();
+            }
+        }
+        let mut ids = self.ids.write().unwrap_or_else(|p| p.into_inner());
         if ids.0 != self.version.load(Ordering::Acquire) {
             // Changes bump the version under the table's write lock: read
             // under its read lock, the version names this content.
