@@ -78,14 +78,45 @@ fn req(code: i32, ext: &[(&str, &str)]) -> RemotingCommand {
 type Served = (std::net::SocketAddr, Arc<Broker>, tokio::sync::watch::Sender<bool>);
 
 async fn serve_broker(dir: &std::path::Path, cfg: RocketMqConfig) -> Result<Served, Box<dyn std::error::Error>> {
+    let (addr, broker, _, stop) = serve_processor(dir, cfg).await?;
+    Ok((addr, broker, stop))
+}
+
+/// [`serve_broker`], with the request processor (for its periodic work).
+async fn serve_processor(
+    dir: &std::path::Path,
+    cfg: RocketMqConfig,
+) -> Result<
+    (
+        std::net::SocketAddr,
+        Arc<Broker>,
+        Arc<RocketMq>,
+        tokio::sync::watch::Sender<bool>,
+    ),
+    Box<dyn std::error::Error>,
+> {
     let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
     let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
     let l = TcpListener::bind("127.0.0.1:0").await?;
     let addr = l.local_addr()?;
     let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), cfg, addr));
     let (stop, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(serve(l, rmq, rx));
-    Ok((addr, broker, stop))
+    tokio::spawn(serve(l, Arc::clone(&rmq), rx));
+    Ok((addr, broker, rmq, stop))
+}
+
+/// A HEART_BEAT of client `id` naming clustering `groups` (no subscriptions).
+fn heartbeat_of(id: &str, groups: &[&str]) -> RemotingCommand {
+    let consumers: Vec<String> = groups
+        .iter()
+        .map(|g| format!(r#"{{"groupName":"{g}","messageModel":"CLUSTERING","subscriptionDataSet":[]}}"#))
+        .collect();
+    let mut h = req(rq::HEART_BEAT, &[]);
+    h.body = Bytes::from(format!(
+        r#"{{"clientID":"{id}","producerDataSet":[],"consumerDataSet":[{}]}}"#,
+        consumers.join(",")
+    ));
+    h
 }
 
 /// A broker and its embedded name server on free ports: (broker, name server, stop).
@@ -782,18 +813,7 @@ async fn heartbeat_clients_and_groups_are_capped() -> TestResult {
         ..RocketMqConfig::default()
     };
     let (addr, _broker, _stop) = serve_broker(dir.path(), cfg).await?;
-    let hb = |id: &str, groups: &[&str]| {
-        let consumers: Vec<String> = groups
-            .iter()
-            .map(|g| format!(r#"{{"groupName":"{g}","messageModel":"CLUSTERING","subscriptionDataSet":[]}}"#))
-            .collect();
-        let mut h = req(rq::HEART_BEAT, &[]);
-        h.body = Bytes::from(format!(
-            r#"{{"clientID":"{id}","producerDataSet":[],"consumerDataSet":[{}]}}"#,
-            consumers.join(",")
-        ));
-        h
-    };
+    let hb = heartbeat_of;
     let mut c = Client::connect(addr).await?;
     assert_eq!(c.call(hb("c1", &["g1", "g2"])).await?.code, rs::SUCCESS);
     let r = c.call(hb("c2", &["g3"])).await?;
@@ -1548,29 +1568,12 @@ async fn admin_topic_configs_connections_and_name_server_perms() -> TestResult {
 #[tokio::test]
 async fn a_group_a_live_clients_heartbeats_stop_naming_is_left() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
-    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
-    let l = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = l.local_addr()?;
     let cfg = RocketMqConfig {
         client_timeout_ms: 300,
         ..RocketMqConfig::default()
     };
-    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), cfg, addr));
-    let (_stop, rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(serve(l, Arc::clone(&rmq), rx));
-    let hb = |groups: &[&str]| {
-        let consumers: Vec<String> = groups
-            .iter()
-            .map(|g| format!(r#"{{"groupName":"{g}","messageModel":"CLUSTERING","subscriptionDataSet":[]}}"#))
-            .collect();
-        let mut h = req(rq::HEART_BEAT, &[]);
-        h.body = Bytes::from(format!(
-            r#"{{"clientID":"c1","producerDataSet":[],"consumerDataSet":[{}]}}"#,
-            consumers.join(",")
-        ));
-        h
-    };
+    let (addr, _broker, rmq, _stop) = serve_processor(dir.path(), cfg).await?;
+    let hb = |groups: &[&str]| heartbeat_of("c1", groups);
     let mut c = Client::connect(addr).await?;
     assert_eq!(c.call(hb(&["ga", "gb"])).await?.code, rs::SUCCESS);
     assert_eq!(consumer_ids(&mut c, "ga").await?, serde_json::json!(["c1"]));
