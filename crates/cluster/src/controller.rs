@@ -72,6 +72,8 @@ pub struct Controller {
     publish_all_groups: bool,
     /// The revision of this set's state last logged as unreadable.
     unreadable_logged: Option<i64>,
+    /// Publishing group members to etcd failed last step (logged once).
+    groups_failing: bool,
 }
 
 type Res<T> = Result<T, String>;
@@ -100,6 +102,7 @@ impl Controller {
             synced: None,
             publish_all_groups: true,
             unreadable_logged: None,
+            groups_failing: false,
         };
         c.register().await?;
         let secret = c.cluster_secret().await?;
@@ -345,7 +348,18 @@ impl Controller {
             return Ok(());
         }
         self.sh.broker.membership().set_remote(remote_members);
-        self.publish_groups().await?;
+        // A put etcd refuses (a group's members past its request limit)
+        // must not stop this step's election, hand-over or sync-state-set
+        // work: logged, and tried again next step.
+        if let Err(e) = self.publish_groups().await {
+            metrics::counter!("rokka_cluster_group_publish_failures_total").increment(1);
+            if !self.groups_failing {
+                tracing::warn!(error = %e, "publishing this node's group members to etcd failed; retrying each step");
+                self.groups_failing = true;
+            }
+        } else if std::mem::take(&mut self.groups_failing) {
+            tracing::info!("group members published to etcd again");
+        }
         let live: Vec<u32> = nodes.iter().filter(|n| n.set == self.me.set).map(|n| n.id).collect();
         self.sh.set_addrs(
             nodes
@@ -883,7 +897,7 @@ impl Controller {
     async fn maintain_sss(&mut self, st: &SetState, rev: i64, live: &[u32]) -> Res<()> {
         let mut want: Vec<u32> = self
             .sh
-            .in_sync_replicas()
+            .in_sync_replicas(&st.sss)
             .into_iter()
             .filter(|id| live.contains(id) && *id != self.me.id)
             .collect();
@@ -894,10 +908,34 @@ impl Controller {
                 sss: want.clone(),
                 ..st.clone()
             };
-            if self.put_state(&next, Some(rev)).await? {
-                tracing::info!(from = ?st.sss, to = ?want, "sync state set changed");
-                metrics::counter!("rokka_cluster_sss_changes_total").increment(1);
-                self.sh.set_sss(want);
+            // Growing: the acknowledgements wait for the old and the new
+            // members from before etcd names the new set (a record
+            // acknowledged meanwhile without a new member could be lost if
+            // that member were elected); shrinking: only once it is named.
+            let adds = want.iter().any(|id| !st.sss.contains(id));
+            if adds {
+                let mut union = st.sss.clone();
+                union.extend(want.iter().filter(|id| !st.sss.contains(id)));
+                union.sort_unstable();
+                self.sh.set_sss(union);
+            }
+            match self.put_state(&next, Some(rev)).await {
+                Ok(true) => {
+                    tracing::info!(from = ?st.sss, to = ?want, "sync state set changed");
+                    metrics::counter!("rokka_cluster_sss_changes_total").increment(1);
+                    self.sh.set_sss(want);
+                }
+                Ok(false) => {
+                    if adds {
+                        self.sh.set_sss(st.sss.clone());
+                    }
+                }
+                Err(e) => {
+                    if adds {
+                        self.sh.set_sss(st.sss.clone());
+                    }
+                    return Err(e);
+                }
             }
         }
         Ok(())

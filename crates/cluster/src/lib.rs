@@ -231,6 +231,11 @@ impl Shared {
         });
         e.connected = true;
         e.stream = stream;
+        // What it held and when it was caught up are the old stream's: the
+        // replica may have lost its tail (or its disk) in between. It
+        // counts again from its first fetch on this stream.
+        e.end = 0;
+        e.caught_up_at = Instant::now() - Duration::from_secs(3600);
         stream
     }
 
@@ -300,13 +305,20 @@ impl Shared {
     }
 
     /// Replicas that are connected and were caught up within
-    /// `replica_lag_max_ms`: who belongs in the sync state set.
-    pub(crate) fn in_sync_replicas(&self) -> Vec<u32> {
+    /// `replica_lag_max_ms`: who belongs in the sync state set. One not in
+    /// `current` (the set as it stands) joins only once it holds the high
+    /// watermark — everything acknowledged without it (Apache's
+    /// `maybeExpandInSyncStateSet`: its max offset at the confirm offset):
+    /// a replica back after a short absence was caught up recently but
+    /// lacks what was acknowledged meanwhile, and a set member must never
+    /// lack an acknowledged record (it may be elected).
+    pub(crate) fn in_sync_replicas(&self, current: &[u32]) -> Vec<u32> {
         let max = Duration::from_millis(self.cfg.replica_lag_max_ms);
+        let hw = self.high_watermark();
         let r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
         let mut ids: Vec<u32> = r
             .iter()
-            .filter(|(_, p)| p.connected && p.caught_up_at.elapsed() <= max)
+            .filter(|(id, p)| p.connected && p.caught_up_at.elapsed() <= max && (current.contains(id) || p.end >= hw))
             .map(|(id, _)| *id)
             .collect();
         ids.sort_unstable();
