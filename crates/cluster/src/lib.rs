@@ -171,6 +171,7 @@ impl Shared {
             Role::Replica { epoch, .. } => {
                 metrics::gauge!("rokka_cluster_epoch").set(f64::from(epoch));
                 self.store.set_leader(false);
+                self.store.follow_master();
             }
             Role::Unknown | Role::Fenced => self.store.set_leader(false),
         }

@@ -548,6 +548,10 @@ async fn fetch_loop<S: AsyncRead + AsyncWrite + Unpin>(
                 break;
             }
         }
+        // A master deposed during the long poll answers nothing more.
+        if sh.role() != (Role::Master { epoch }) {
+            return Err("no longer master".into());
+        }
         // The log's end as this answer is made: reaching it is being
         // caught up as of now.
         answered = Some((store.log_end(), Instant::now()));
@@ -803,6 +807,11 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
             welcome.epoch
         ));
     }
+    // A node elected meanwhile applies nothing of this stream (the store
+    // refuses it too once the node began its own epoch).
+    if sh.role() != (Role::Replica { master, epoch }) {
+        return Ok(());
+    }
     // Truncation and the epoch history write files (fsync): off the runtime.
     let epochs = Arc::new(welcome.epochs);
     let (st, to, ep) = (Arc::clone(store), welcome.truncate_to, Arc::clone(&epochs));
@@ -873,6 +882,12 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
         let their_epoch = body.get_u32();
         if their_epoch != welcome.epoch {
             return Err(format!("epoch changed to {their_epoch} mid-stream"));
+        }
+        // An answer that arrives after this node was elected (or told to
+        // follow another master) is not applied: not its entries, not its
+        // tables (the offsets table would go back to the old master's).
+        if sh.role() != (Role::Replica { master, epoch }) {
+            return Ok(());
         }
         let n = body.get_u32() as usize;
         let mut entries = Vec::with_capacity(n.min(4096));

@@ -317,6 +317,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         epochs: Mutex::new(crate::replication::load_epochs(&dir)?),
         hw: std::sync::atomic::AtomicU64::new(u64::MAX),
         leader: AtomicBool::new(true),
+        replica_writes_closed: AtomicBool::new(false),
         acked: watch::channel(0).0,
         ack_timeout_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
         too_few_replicas: AtomicBool::new(false),

@@ -207,6 +207,9 @@ impl MessageStore {
     /// first act after its election). Durable on return.
     pub fn begin_epoch(&self, epoch: u32) -> Result<()> {
         let _w = self.inner.writer();
+        // From here no frame of the old master is applied (under the
+        // writer: one being applied now finishes before the epoch starts).
+        self.inner.replica_writes_closed.store(true, Ordering::Release);
         let mut epochs = self.inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
         match epochs.last() {
             Some(e) if e.epoch == epoch => return Ok(()),
@@ -230,9 +233,17 @@ impl MessageStore {
         Ok(())
     }
 
+    /// This node follows a master (again): its writes are taken.
+    pub fn follow_master(&self) {
+        let _w = self.inner.writer();
+        self.inner.replica_writes_closed.store(false, Ordering::Release);
+    }
+
     /// Adopts the master's epoch history up to `end` (a replica appends what
     /// the master wrote under each epoch). Durable on return.
     pub fn adopt_epochs(&self, master: &[EpochStart]) -> Result<()> {
+        let _w = self.inner.writer();
+        self.inner.check_following()?;
         let mut epochs = self.inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
         let end = self.inner.log.write_pos();
         // Histories are ordered by start: the master's epochs this store
@@ -313,6 +324,7 @@ impl MessageStore {
         let max_entry = inner.config.max_stored_entry();
         let mut w = inner.writer();
         inner.check_open_writable()?;
+        inner.check_following()?;
         // The queues written to, for the replicated-append listener.
         let mut touched: Vec<(String, u32)> = Vec::new();
         for data in entries {
@@ -387,6 +399,7 @@ impl MessageStore {
     pub fn restart_log_at(&self, offset: u64, continue_at: &std::collections::BTreeMap<String, u64>) -> Result<()> {
         let inner = &*self.inner;
         let mut w = inner.writer();
+        inner.check_following()?;
         let end = inner.log.write_pos();
         if offset < end {
             return Err(StoreError::Config(format!(
@@ -464,6 +477,7 @@ impl MessageStore {
     pub fn truncate_log(&self, offset: u64) -> Result<()> {
         let inner = &*self.inner;
         let mut w = inner.writer();
+        inner.check_following()?;
         let end = inner.log.write_pos();
         if offset >= end {
             return Ok(());

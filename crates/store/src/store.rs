@@ -347,6 +347,11 @@ pub(crate) struct Inner {
     pub hw: std::sync::atomic::AtomicU64,
     /// Client appends are taken (cluster mode: only on the set's master).
     pub leader: AtomicBool,
+    /// A master's writes are no longer taken (cluster mode): closed by
+    /// `begin_epoch` — a node elected master must not apply a frame its
+    /// old master answered late — and opened by `follow_master` when the
+    /// node is a replica again.
+    pub replica_writes_closed: AtomicBool,
     /// Cluster mode: how far the set's replicas acknowledged (the master's
     /// high watermark); `durable` waits for it when acks are required.
     pub acked: watch::Sender<u64>,
@@ -397,6 +402,18 @@ impl Inner {
 
     /// As [`Inner::check_writable`] without the leader check (replicated
     /// appends on a replica).
+    /// For the writes only a replica makes (a master's entries, its cut
+    /// and restart points, its epoch history): refused once this node began
+    /// an epoch of its own, until it follows a master again.
+    pub(crate) fn check_following(&self) -> Result<()> {
+        if self.replica_writes_closed.load(Ordering::Acquire) {
+            return Err(StoreError::Config(
+                "this node began an epoch of its own: a master's writes are no longer taken".into(),
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_open_writable(&self) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Err(StoreError::ShutDown);

@@ -67,6 +67,9 @@ fn a_replica_holds_the_same_log_and_queues_and_an_old_master_truncates_to_follow
     let cut = divergence(&replica.epochs(), replica.log_end(), &master.epochs(), master.log_end());
     assert_eq!(cut, shared_end);
     master.set_leader(false);
+    // Its own epoch closed the old master's writes: it follows again.
+    assert!(master.truncate_log(cut).is_err());
+    master.follow_master();
     master.truncate_log(cut)?;
     assert_eq!(master.log_end(), shared_end);
     follow(&replica, &master)?;
