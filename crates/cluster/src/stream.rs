@@ -176,18 +176,60 @@ fn check_hello(secret: Option<&ClusterSecret>, hello: &Hello) -> Option<&'static
 
 type Res<T> = Result<T, String>;
 
+/// How long a frame of `len` bytes may take to cross: 30 s, and a second
+/// more per MiB (a peer that stopped reading — SIGSTOP keeps its kernel
+/// acknowledging window probes — or a black-holed link would hold the
+/// stream, its connection slot and its buffer for good).
+fn frame_deadline(len: usize) -> Duration {
+    Duration::from_secs(30 + (len >> 20) as u64)
+}
+
 async fn write_frame<S: AsyncWrite + Unpin>(s: &mut S, kind: u8, payload: &[u8]) -> Res<()> {
     let mut b = BytesMut::with_capacity(5 + payload.len());
     b.put_u32(payload.len() as u32 + 1);
     b.put_u8(kind);
     b.put_slice(payload);
-    s.write_all(&b).await.map_err(|e| format!("write: {e}"))?;
-    // Over TLS the last records may still be buffered (a no-op on TCP).
-    s.flush().await.map_err(|e| format!("write: {e}"))
+    let write = async {
+        s.write_all(&b).await.map_err(|e| format!("write: {e}"))?;
+        // Over TLS the last records may still be buffered (a no-op on TCP).
+        s.flush().await.map_err(|e| format!("write: {e}"))
+    };
+    tokio::time::timeout(frame_deadline(b.len()), write)
+        .await
+        .map_err(|_| format!("write: a {}-byte frame not taken within its deadline", b.len()))?
+}
+
+/// A frame whose first bytes must come within `first`; the rest then has
+/// the frame's own deadline (its size: a large first DATA frame, every
+/// table in it, may take longer than the answer's wait).
+async fn read_frame_within<S: AsyncRead + Unpin>(s: &mut S, max: usize, first: Duration) -> Res<(u8, Bytes)> {
+    let mut head = [0u8; 1];
+    let n = tokio::time::timeout(first, s.read(&mut head))
+        .await
+        .map_err(|_| format!("nothing within {} s", first.as_secs()))?
+        .map_err(|e| format!("read: {e}"))?;
+    if n == 0 {
+        return Err("read: the peer closed the stream".into());
+    }
+    let mut rest = [0u8; 3];
+    let len_bytes = async {
+        s.read_exact(&mut rest).await.map_err(|e| format!("read: {e}"))?;
+        Ok::<_, String>(u32::from_be_bytes([head[0], rest[0], rest[1], rest[2]]) as usize)
+    };
+    let len = tokio::time::timeout(frame_deadline(0), len_bytes)
+        .await
+        .map_err(|_| "read: a frame's length cut short".to_string())??;
+    tokio::time::timeout(frame_deadline(len), read_body(s, len, max))
+        .await
+        .map_err(|_| format!("read: a {len}-byte frame not received within its deadline"))?
 }
 
 async fn read_frame<S: AsyncRead + Unpin>(s: &mut S, max: usize) -> Res<(u8, Bytes)> {
     let len = s.read_u32().await.map_err(|e| format!("read: {e}"))? as usize;
+    read_body(s, len, max).await
+}
+
+async fn read_body<S: AsyncRead + Unpin>(s: &mut S, len: usize, max: usize) -> Res<(u8, Bytes)> {
     if len == 0 || len > max {
         return Err(format!("frame of {len} bytes"));
     }
@@ -785,9 +827,9 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
     let json = serde_json::to_vec(&hello).map_err(|e| e.to_string())?;
     write_frame(&mut s, HELLO, &json).await?;
     // (A WELCOME that restarts this log names every queue of the master.)
-    let (kind, body) = tokio::time::timeout(Duration::from_secs(30), read_frame(&mut s, MAX_WELCOME))
+    let (kind, body) = read_frame_within(&mut s, MAX_WELCOME, Duration::from_secs(30))
         .await
-        .map_err(|_| "no WELCOME within 30 s".to_string())??;
+        .map_err(|e| format!("WELCOME: {e}"))?;
     if kind == REFUSE {
         return Err(format!("refused: {}", String::from_utf8_lossy(&body)));
     }
@@ -872,9 +914,9 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
         f.put_u64(groups_applied.load(std::sync::atomic::Ordering::Acquire));
         f.put_u64(starts_applied);
         write_frame(&mut s, FETCH, &f).await?;
-        let (kind, mut body) = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut s, MAX_FRAME))
+        let (kind, mut body) = read_frame_within(&mut s, MAX_FRAME, Duration::from_secs(10))
             .await
-            .map_err(|_| "no DATA within 10 s".to_string())??;
+            .map_err(|e| format!("DATA: {e}"))?;
         if kind != DATA || body.len() < 16 {
             return Err(format!("expected DATA, got kind {kind}"));
         }
