@@ -494,14 +494,18 @@ impl Pops {
         metrics::counter!("rokka_rocketmq5_pop_rewinds_total").increment(1);
     }
 
-    /// Drops a group's state of a queue (its offsets were reset).
-    pub fn reset(&self, group: &str, topic: &str, queue: u32) {
-        let removed = lock(&self.queues).remove(&(group.to_string(), topic.to_string(), queue));
-        if let Some(st) = removed {
-            let n = lock(&st).in_flight.len() as u64;
-            self.in_flight.fetch_sub(n, Ordering::Relaxed);
-            self.changed();
-            self.publish_gauge();
+    /// Starts a group's state of a queue over at `offset` (its offset was
+    /// reset). In place, under the state's lock: a receive or ack holding
+    /// the state meanwhile sees it rewound (a state taken out of the map
+    /// while one held it had its in-flight count taken off twice — once
+    /// here, once by that holder's own rewind or ack — and the node's
+    /// budget wrapped and refused every receive).
+    pub fn reset(&self, group: &str, topic: &str, queue: u32, offset: u64) {
+        let held = lock(&self.queues)
+            .get(&(group.to_string(), topic.to_string(), queue))
+            .cloned();
+        if let Some(st) = held {
+            self.rewind(&mut lock(&st), offset);
         }
     }
 }
@@ -590,6 +594,37 @@ mod tests {
         assert_eq!(st.cursor, 2);
         assert!(again.ack(&mut st, &r).is_ok());
         assert!(again.has_room());
+    }
+
+    /// An offset reset while a receive or an ack holds the queue's state:
+    /// the in-flight count is taken off once (it was taken off twice, the
+    /// node-wide count wrapped and every receive was refused).
+    #[test]
+    fn a_reset_while_the_state_is_held_counts_its_messages_off_once() {
+        let pops = Pops::new(4, 10);
+        let st = pops.queue("g", "t", 0, || 0).expect("room");
+        let r = {
+            let mut st = lock(&st);
+            let r = pops.hand_out(&mut st, 0, 0, 10, 0).0;
+            pops.hand_out(&mut st, 0, 1, 10, 0);
+            pops.hand_out(&mut st, 0, 2, 10, 0);
+            r
+        };
+        assert_eq!(pops.in_flight(), 3);
+        pops.reset("g", "t", 0, 7);
+        assert_eq!(pops.in_flight(), 0);
+        // The holder finds it rewound: its own follow-up and its ack take
+        // nothing off again.
+        let mut held = lock(&st);
+        assert_eq!(held.cursor, 7);
+        pops.rewind(&mut held, 7);
+        assert!(pops.ack(&mut held, &r).is_err());
+        assert_eq!(pops.in_flight(), 0);
+        assert!(pops.has_room());
+        drop(held);
+        // And the state is the map's still: what is handed out later counts.
+        let again = pops.existing("g", "t", 0).expect("kept");
+        assert!(Arc::ptr_eq(&again, &st));
     }
 
     #[test]

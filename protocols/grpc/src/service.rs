@@ -1040,13 +1040,6 @@ impl Messaging {
             mq.id as u32 % partitions
         };
         loop {
-            if !self.pops.has_room() {
-                metrics::counter!("rokka_rocketmq5_receives_refused_total", "reason" => "in_flight").increment(1);
-                return fail(
-                    pb::Code::TooManyRequests,
-                    "too many messages in flight (grpc.max_in_flight_messages): ack some first".into(),
-                );
-            }
             let waiter = Arc::new(Notify::new());
             for q in 0..partitions {
                 self.broker.arrivals().register(&topic, q, &waiter);
@@ -1067,6 +1060,18 @@ impl Messaging {
                     .as_deref()
                     .filter(|a| !a.is_empty() && a.len() <= MAX_ATTEMPT_ID_BYTES),
             });
+            // The budget is full and nothing was due again: refused at
+            // once (the pass above still hands out again, or dead-letters,
+            // what has come due: with no room for new messages those are
+            // what frees it — refusing before the pass jammed the node for
+            // good once consumers held the budget and went away).
+            if popped.messages.is_empty() && !self.pops.has_room() {
+                metrics::counter!("rokka_rocketmq5_receives_refused_total", "reason" => "in_flight").increment(1);
+                return fail(
+                    pb::Code::TooManyRequests,
+                    "too many messages in flight (grpc.max_in_flight_messages): ack some first".into(),
+                );
+            }
             let now = Instant::now();
             if !popped.messages.is_empty() || now >= deadline {
                 metrics::histogram!("rokka_rocketmq5_await_time_seconds").record(started.elapsed().as_secs_f64());
@@ -1807,7 +1812,7 @@ impl pb::messaging_service_server::MessagingService for Service {
                 .offsets()
                 .commit_bounded(&group, &topic, q, req.offset as u64, "", -1)
             {
-                self.0.pops.reset(&group, &topic, q);
+                self.0.pops.reset(&group, &topic, q, req.offset as u64);
                 ok()
             } else {
                 status(
