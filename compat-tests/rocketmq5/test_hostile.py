@@ -128,3 +128,35 @@ def test_a_transaction_id_of_another_topics_message_is_refused(rokka):
     end.topic.name = secret
     resp = service_pb2.EndTransactionResponse.FromString(raw_call(rokka, "EndTransaction", end.SerializeToString()))
     assert resp.status.code == 20000, resp
+
+
+def test_the_brokers_own_topics_and_groups_are_refused(rokka):
+    """A delayed message waits in the broker's own topics until it is due;
+    a consumer of those topics would read it (and every other topic's
+    delayed and uncommitted messages) early, and one committing under the
+    broker's progress groups would move its transaction checks and delays.
+    Refused as Apache's proxy refuses them (GrpcValidator: ILLEGAL_TOPIC
+    "cannot access system topic", ILLEGAL_CONSUMER_GROUP)."""
+    topic = f"g5-sys-{uuid.uuid4().hex[:8]}"
+    c = Clients(rokka)
+    try:
+        c.producer(topic).send(message(topic, b"not-yet", deliver_at=int(time.time()) + 120))
+        for sys_topic in ("rmq_sys_wheel_timer", "SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC"):
+            got, error = [], None
+            try:
+                got = receive_all(c.consumer(f"g5-peek-{uuid.uuid4().hex[:6]}", sys_topic), 1, timeout=3)
+            except Exception as e:  # noqa: BLE001 - the client raises the refusal
+                error = str(e)
+            assert not got, f"{sys_topic}: read the broker's own records {[m.body for m in got]}"
+            assert error and ("system topic" in error or "ILLEGAL_TOPIC" in error), f"{sys_topic}: {error}"
+        for sys_group in ("CID_RMQ_SYS_TRANS", "%SCHEDULE%"):
+            error = None
+            try:
+                receive_all(c.consumer(sys_group, topic), 1, timeout=3)
+            except Exception as e:  # noqa: BLE001
+                error = str(e)
+            assert error and ("system consumer group" in error or "ILLEGAL_CONSUMER_GROUP" in error), \
+                f"{sys_group}: {error}"
+    finally:
+        c.close()
+    still_serves(rokka)

@@ -424,6 +424,24 @@ pub struct Acls {
     written: crate::watermark::Watermark,
 }
 
+/// Whether `allow_everyone_if_no_acl_found` opens `(rt, name)` that no ACL
+/// names: not the broker's own topics and groups (they hold every topic's
+/// pending and delayed messages, and the broker's progress), and a retry or
+/// dead-letter topic (copies of its group's messages) only as far as its
+/// group is open — RocketMQ checks the group for them, whichever protocol
+/// reads them.
+fn open_if_no_acl(acls: &Acls, principal: &str, host: IpAddr, rt: ResourceType, name: &str) -> bool {
+    match rt {
+        ResourceType::Topic if crate::is_system_topic(name) => false,
+        ResourceType::Group if crate::is_system_group(name) => false,
+        ResourceType::Topic => match name.strip_prefix("%RETRY%").or_else(|| name.strip_prefix("%DLQ%")) {
+            Some(g) => acls.authorize(principal, host, ResourceType::Group, g, Operation::Read),
+            None => true,
+        },
+        _ => true,
+    }
+}
+
 /// What a RocketMQ request on `topic` needs: `op` on the topic, but a
 /// retry or dead-letter topic (`%RETRY%<group>`, `%DLQ%<group>`) is its
 /// group's — READ on the group, as RocketMQ checks SUB on the group.
@@ -556,7 +574,7 @@ impl Acls {
                 }
             }
         }
-        allowed || (!any && allow_if_none)
+        allowed || (!any && allow_if_none && open_if_no_acl(self, principal, host, rt, name))
     }
 
     /// [`Acls::authorize`] of one RocketMQ need: CREATE of a topic is
@@ -810,6 +828,41 @@ mod tests {
 
     const LOCAL: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
+    /// With `allow_everyone_if_no_acl_found`, a retry or dead-letter topic
+    /// no ACL names (copies of its group's messages, from any topic the
+    /// group reads) is open only to who may read the group.
+    #[test]
+    fn retry_and_dead_letter_topics_are_as_open_as_their_group() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = on(dir.path());
+        a.configure(AclSettings {
+            enabled: true,
+            allow_everyone_if_no_acl_found: true,
+            max_acls: 5,
+            ..AclSettings::default()
+        });
+        use ResourceType::*;
+        let carol = "User:carol";
+        a.create(vec![acl(
+            Group,
+            "orders-g",
+            PatternType::Literal,
+            carol,
+            Operation::Read,
+            Permission::Allow,
+        )]);
+        for t in ["%RETRY%orders-g", "%DLQ%orders-g"] {
+            assert!(!a.authorize("User:alice", LOCAL, Topic, t, Operation::Read), "{t}");
+            assert!(a.authorize(carol, LOCAL, Topic, t, Operation::Read), "{t}");
+        }
+        // A group no ACL names is open, and so are its topics; the
+        // broker's own groups are not.
+        assert!(a.authorize("User:alice", LOCAL, Topic, "%DLQ%other", Operation::Read));
+        assert!(!a.authorize("User:alice", LOCAL, Group, "CID_RMQ_SYS_TRANS", Operation::Read));
+        assert!(!a.authorize("User:alice", LOCAL, Group, "%SCHEDULE%", Operation::Read));
+        assert!(a.authorize("User:alice", LOCAL, Topic, "plain", Operation::Read));
+    }
+
     #[test]
     fn kafka_rules_deny_wins_implied_describe_prefixes_and_super_users() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -876,6 +929,15 @@ mod tests {
             !a.authorize("User:bob", LOCAL, Topic, "orders", Read),
             "named, so not open"
         );
+        // The broker's own topics and groups are not open for it (every
+        // topic's delayed and half messages, the broker's progress) ...
+        for sys in ["SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_wheel_timer"] {
+            assert!(!a.authorize(alice, LOCAL, Topic, sys, Read), "{sys}");
+        }
+        // ... (the broker's groups are open here: a wildcard ACL names
+        // every group) and a retry or dead-letter topic no ACL names is as open as
+        // its group (every group is, here: the wildcard).
+        assert!(a.authorize(alice, LOCAL, Topic, "%DLQ%g1", Read));
         // WRITE on some topic (an idempotent producer's InitProducerId): an
         // open topic is one, as Kafka checks a hard-coded name first.
         assert!(a.authorize_any("User:bob", LOCAL, Topic, Write));

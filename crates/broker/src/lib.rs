@@ -76,6 +76,28 @@ pub fn is_send_forbidden_topic(name: &str) -> bool {
     .contains(&name)
 }
 
+/// Topics only the broker reads and writes (its own state: delay levels,
+/// the timer wheel, transactions' half and op records, and every
+/// `rmq_sys_` name, as RocketMQ's `TopicValidator.isSystemTopic`): a
+/// client of any protocol gets at them only through an ACL naming them —
+/// `allow_everyone_if_no_acl_found` does not open them (they hold other
+/// topics' pending, delayed and uncommitted messages) — and the gRPC
+/// service refuses them outright (Apache's proxy: ILLEGAL_TOPIC, "cannot
+/// access system topic").
+pub fn is_system_topic(name: &str) -> bool {
+    is_send_forbidden_topic(name) || name.starts_with("rmq_sys_")
+}
+
+/// Consumer groups the broker keeps its own progress under (the
+/// transaction check's `CID_RMQ_SYS_TRANS` and every `CID_RMQ_SYS_` name,
+/// as RocketMQ's `MixAll.isSysConsumerGroup`; the delay levels'
+/// `%SCHEDULE%`): a client committing under one would move the broker's
+/// progress (unchecked transactions, skipped delays). Treated as
+/// [`is_system_topic`] topics are.
+pub fn is_system_group(name: &str) -> bool {
+    name.starts_with("CID_RMQ_SYS_") || name == schedule::PROGRESS_GROUP
+}
+
 /// Runs `f`, which may block on the disk (file creation, fsync, a topic
 /// table write), without stalling the async tasks that share its worker
 /// thread: on a multi-threaded runtime the worker hands its other tasks

@@ -55,23 +55,41 @@ fn refusal(code: pb::Code, message: String) -> pb::Status {
     }
 }
 
-/// Longest consumer group a call may name (Apache's proxy: 255
-/// characters, ILLEGAL_CONSUMER_GROUP): what a call names the broker may
-/// keep (pop state per queue, consumers, renewals, metric labels).
-pub const MAX_GROUP_BYTES: usize = 255;
+/// Longest consumer group a call may name: its retry and dead-letter
+/// topics (`%RETRY%<group>`, `%DLQ%<group>`) must be valid topic names
+/// (Apache's clients: 120 characters, ILLEGAL_CONSUMER_GROUP); what a call
+/// names the broker may keep (pop state per queue, consumers, renewals,
+/// metric labels).
+pub const MAX_GROUP_BYTES: usize = rokka_store::MAX_TOPIC_LEN - "%RETRY%".len();
 
-/// A call naming a group or topic longer than either can be, refused before
-/// anything is looked up or kept (with or without authorization).
+/// A call naming a group or topic that cannot be, or that is the
+/// broker's own, refused before anything is looked up or kept (with or
+/// without authorization), as Apache's proxy (`GrpcValidator`): a group
+/// whose dead-letter topic could not be written would keep its messages
+/// in flight for good.
 pub fn names_refused(needs: &[Need<'_>]) -> Option<pb::Status> {
     needs.iter().find_map(|(rt, name, _)| match rt {
         Rt::Group if name.len() > MAX_GROUP_BYTES => Some(refusal(
             pb::Code::IllegalConsumerGroup,
             format!("consumer group is longer than {MAX_GROUP_BYTES} bytes"),
         )),
+        Rt::Group if !name.is_empty() && rokka_store::validate_topic(&format!("%DLQ%{name}")).is_err() => {
+            Some(refusal(
+                pb::Code::IllegalConsumerGroup,
+                "consumer group may hold only ASCII letters, digits and ._-%|".into(),
+            ))
+        }
+        Rt::Group if rokka_broker::is_system_group(name) => Some(refusal(
+            pb::Code::IllegalConsumerGroup,
+            "cannot use system consumer group".into(),
+        )),
         Rt::Topic if name.len() > rokka_store::MAX_TOPIC_LEN => Some(refusal(
             pb::Code::IllegalTopic,
             format!("topic is longer than {} bytes", rokka_store::MAX_TOPIC_LEN),
         )),
+        Rt::Topic if rokka_broker::is_system_topic(name) => {
+            Some(refusal(pb::Code::IllegalTopic, "cannot access system topic".into()))
+        }
         _ => None,
     })
 }
@@ -251,7 +269,32 @@ mod tests {
         );
         assert_eq!(code(&[(Rt::Topic, &t, Op::Write)]), Some(pb::Code::IllegalTopic as i32));
         assert_eq!(
-            code(&[(Rt::Group, &g[..255], Op::Read), (Rt::Topic, "T", Op::Read)]),
+            code(&[
+                (Rt::Group, &g[..super::MAX_GROUP_BYTES], Op::Read),
+                (Rt::Topic, "T", Op::Read)
+            ]),
+            None
+        );
+        // A group whose dead-letter topic could not be, the broker's own
+        // groups and topics (Apache's GrpcValidator).
+        for bad in ["a b", "a:b", "grüße"] {
+            assert_eq!(
+                code(&[(Rt::Group, bad, Op::Read)]),
+                Some(pb::Code::IllegalConsumerGroup as i32),
+                "{bad}"
+            );
+        }
+        for sys in ["CID_RMQ_SYS_TRANS", "%SCHEDULE%"] {
+            assert_eq!(
+                code(&[(Rt::Group, sys, Op::Read)]),
+                Some(pb::Code::IllegalConsumerGroup as i32)
+            );
+        }
+        for sys in ["RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX", "rmq_sys_wheel_timer"] {
+            assert_eq!(code(&[(Rt::Topic, sys, Op::Read)]), Some(pb::Code::IllegalTopic as i32));
+        }
+        assert_eq!(
+            code(&[(Rt::Group, "g.1_a-%b|c", Op::Read), (Rt::Topic, "%DLQ%g", Op::Read)]),
             None
         );
     }
