@@ -388,7 +388,10 @@ def test_a_batch_with_an_epoch_the_coordinator_never_gave_is_refused(rokka):
     id) is INVALID_PRODUCER_EPOCH, as Kafka's verification (KIP-890) says:
     taken, it fenced the real producer's next batches and the markers of
     its transaction, whose partition then stayed open to read_committed
-    readers for good. The real producer goes on and commits."""
+    readers for good. One with the right epoch sent under another
+    transactional id (the one its WRITE was checked on) is
+    INVALID_PRODUCER_ID_MAPPING: not a way into another principal's
+    transaction. The real producer goes on and commits."""
     import socket
     import struct
 
@@ -402,32 +405,38 @@ def test_a_batch_with_an_epoch_the_coordinator_never_gave_is_refused(rokka):
     p.send(topic, b"real-1", partition=0)
     p.flush()
     pid, epoch = p._transaction_manager.producer_id_and_epoch.producer_id, p._transaction_manager.producer_id_and_epoch.epoch
-    # The forged batch: the same producer id, its epoch plus one.
-    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=pid,
-                                  producer_epoch=epoch + 1, base_sequence=0, batch_size=1 << 20)
-    b.append(0, timestamp=int(time.time() * 1000), key=None, value=b"forged", headers=[])
-    batch = bytes(b.build())
 
     def s16(x):
         return struct.pack(">h", len(x)) + x.encode()
 
-    tid = f"forged-{topic}"
-    # Produce v3: transactional_id, acks, timeout, [topic [partition records]].
-    body = (s16(tid) + struct.pack(">hi", -1, 10000) + struct.pack(">i", 1) + s16(topic)
-            + struct.pack(">i", 1) + struct.pack(">ii", 0, len(batch)) + batch)
-    header = struct.pack(">hhi", 0, 3, 7) + s16("forger")
-    frame = struct.pack(">i", len(header) + len(body)) + header + body
-    host, port = rokka.bootstrap.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(frame)
-        n = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
-        resp = s.recv(n, socket.MSG_WAITALL)
-    # correlation, [topic: name, [partition: index, error, ...]]
-    off = 4 + 4
-    tlen = struct.unpack(">h", resp[off:off + 2])[0]
-    off += 2 + tlen + 4 + 4
-    error = struct.unpack(">h", resp[off:off + 2])[0]
+    def forge(tid, epoch, seq):
+        """The error of a Produce v3 under `tid` of one batch of `pid`."""
+        b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=True, producer_id=pid,
+                                      producer_epoch=epoch, base_sequence=seq, batch_size=1 << 20)
+        b.append(0, timestamp=int(time.time() * 1000), key=None, value=b"forged", headers=[])
+        batch = bytes(b.build())
+        # Produce v3: transactional_id, acks, timeout, [topic [partition records]].
+        body = (s16(tid) + struct.pack(">hi", -1, 10000) + struct.pack(">i", 1) + s16(topic)
+                + struct.pack(">i", 1) + struct.pack(">ii", 0, len(batch)) + batch)
+        header = struct.pack(">hhi", 0, 3, 7) + s16("forger")
+        frame = struct.pack(">i", len(header) + len(body)) + header + body
+        host, port = rokka.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(frame)
+            n = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
+            resp = s.recv(n, socket.MSG_WAITALL)
+        # correlation, [topic: name, [partition: index, error, ...]]
+        off = 4 + 4
+        tlen = struct.unpack(">h", resp[off:off + 2])[0]
+        off += 2 + tlen + 4 + 4
+        return struct.unpack(">h", resp[off:off + 2])[0]
+
+    # The same producer id, its epoch plus one.
+    error = forge(f"forged-{topic}", epoch + 1, 0)
     assert error == 47, f"the forged batch was answered {error}, not INVALID_PRODUCER_EPOCH"
+    # The right epoch and next sequence, under another transactional id.
+    error = forge(f"intruder-{topic}", epoch, 1)
+    assert error == 49, f"the batch under another id was answered {error}, not INVALID_PRODUCER_ID_MAPPING"
     # The real producer is not fenced: it sends more and commits.
     p.send(topic, b"real-2", partition=0)
     p.commit_transaction()

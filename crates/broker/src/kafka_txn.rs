@@ -1970,10 +1970,15 @@ impl Broker {
     }
 
     /// Appends a transactional batch: its producer must hold the partition
-    /// in an open transaction under its current epoch. Records the
-    /// transaction's first offset in the partition.
+    /// in an open transaction under its current epoch, and be the producer
+    /// of `transactional_id`, the request's (the one its WRITE was checked
+    /// on: Kafka's verification compares the transaction's producer id with
+    /// the batch's — a principal may not write into another's transaction
+    /// by naming its producer id). Records the transaction's first offset
+    /// in the partition.
     pub fn append_transactional_batch(
         &self,
+        transactional_id: Option<&str>,
         topic: &str,
         partition: u32,
         batch: &[u8],
@@ -1984,6 +1989,11 @@ impl Broker {
         let Some(id) = inner.by_pid.get(&producer_id) else {
             return Err(code::INVALID_PRODUCER_ID_MAPPING);
         };
+        // (Another set's part is known here by its producer id only: its
+        // coordinator checked the id when it made this set a participant.)
+        if !id.starts_with(PARTICIPATION) && transactional_id != Some(id.as_str()) {
+            return Err(code::INVALID_PRODUCER_ID_MAPPING);
+        }
         let Some(m) = inner.txns.get(id) else {
             return Err(code::INVALID_PRODUCER_ID_MAPPING);
         };
@@ -2209,7 +2219,7 @@ mod tests {
             leader_epoch: -1,
             set: None,
         };
-        let r = b.append_transactional_batch("T", 0, &batch(pid, 0, 0, &["x"])?, pid, 0);
+        let r = b.append_transactional_batch(None, "T", 0, &batch(pid, 0, 0, &["x"])?, pid, 0);
         assert_eq!(r.err(), Some(code::INVALID_PRODUCER_ID_MAPPING), "not joined yet");
         assert_eq!(
             b.txn_participate_offsets("set-b", pid, 0, vec![offset(1)]),
@@ -2223,7 +2233,7 @@ mod tests {
         b.txn_participate("set-b", pid, 0, &[("T".into(), 0)])
             .await
             .map_err(kafka_err)?;
-        let r = b.append_transactional_batch("T", 0, &batch(pid, 0, 0, &["a", "b"])?, pid, 0);
+        let r = b.append_transactional_batch(None, "T", 0, &batch(pid, 0, 0, &["a", "b"])?, pid, 0);
         assert!(matches!(r, Ok(Ok((_, Some(0), _)))), "{r:?}");
         assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 2), 0);
         b.txn_participate_offsets("set-b", pid, 0, vec![offset(2)])
@@ -2265,7 +2275,7 @@ mod tests {
             b.txn_participate("set-b", pid, 1, &[("T".into(), 0)]).await,
             Err(code::PRODUCER_FENCED)
         );
-        let r = b.append_transactional_batch("T", 0, &batch(pid, 2, 0, &["c"])?, pid, 2);
+        let r = b.append_transactional_batch(None, "T", 0, &batch(pid, 2, 0, &["c"])?, pid, 2);
         assert!(matches!(r, Ok(Ok((_, Some(3), _)))), "{r:?}");
         b.txn_participate_offsets("set-b", pid, 2, vec![offset(4)])
             .map_err(kafka_err)?;
@@ -2282,7 +2292,7 @@ mod tests {
         b.txn_participate("set-b", pid, 3, &[("T".into(), 0)])
             .await
             .map_err(kafka_err)?;
-        let r = b.append_transactional_batch("T", 0, &batch(pid, 3, 0, &["d"])?, pid, 3);
+        let r = b.append_transactional_batch(None, "T", 0, &batch(pid, 3, 0, &["d"])?, pid, 3);
         assert!(matches!(r, Ok(Ok((_, Some(5), _)))), "{r:?}");
         // A stale end (earlier epoch) leaves it; a commit under a later
         // epoch than the part's is not its transaction: it is aborted.
@@ -2301,14 +2311,20 @@ mod tests {
         assert_eq!(id.epoch, 0);
         let (pid, ep) = (id.producer_id, id.epoch);
         // Producing before AddPartitionsToTxn is refused.
-        let early = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["x"])?, pid, ep);
+        let early = b.append_transactional_batch(Some("tx"), "T", 0, &batch(pid, ep, 0, &["x"])?, pid, ep);
         assert_eq!(early.err(), Some(code::INVALID_TXN_STATE));
         assert_eq!(
             b.txn_add_partitions("tx", pid, ep, &[("T".into(), crate::Placed::Here(0))])
                 .await,
             Ok(vec![0])
         );
-        let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["a", "b"])?, pid, ep);
+        // Named under another transactional id (one the writer may WRITE),
+        // or none: not this producer's.
+        for other in [Some("not-tx"), None] {
+            let r = b.append_transactional_batch(other, "T", 0, &batch(pid, ep, 0, &["a", "b"])?, pid, ep);
+            assert_eq!(r.err(), Some(code::INVALID_PRODUCER_ID_MAPPING), "{other:?}");
+        }
+        let r = b.append_transactional_batch(Some("tx"), "T", 0, &batch(pid, ep, 0, &["a", "b"])?, pid, ep);
         assert!(matches!(r, Ok(Ok((_, Some(0), _)))));
         assert_eq!(
             b.kafka_txns().last_stable_offset("T", 0, 2),
@@ -2332,14 +2348,14 @@ mod tests {
         b.txn_add_partitions("tx", pid, ep, &[("T".into(), crate::Placed::Here(0))])
             .await
             .map_err(kafka_err)?;
-        let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 2, &["c"])?, pid, ep);
+        let r = b.append_transactional_batch(Some("tx"), "T", 0, &batch(pid, ep, 2, &["c"])?, pid, ep);
         assert!(matches!(r, Ok(Ok((_, Some(3), _)))));
         b.txn_end("tx", pid, ep, true).await.map_err(kafka_err)?;
         assert!(!b.kafka_txns().is_aborted("T", 0, pid, 3));
         b.txn_add_partitions("tx", pid, ep, &[("T".into(), crate::Placed::Here(0))])
             .await
             .map_err(kafka_err)?;
-        let r = b.append_transactional_batch("T", 0, &batch(pid, ep, 3, &["zombie"])?, pid, ep);
+        let r = b.append_transactional_batch(Some("tx"), "T", 0, &batch(pid, ep, 3, &["zombie"])?, pid, ep);
         assert!(matches!(r, Ok(Ok((_, Some(5), _)))));
         let next = b.txn_init_producer_id("tx", 60_000, None).await.map_err(kafka_err)?;
         assert!(next.epoch > ep, "a new incarnation gets a higher epoch");
@@ -2348,7 +2364,7 @@ mod tests {
             "the zombie's open transaction was aborted"
         );
         assert_eq!(b.txn_end("tx", pid, ep, true).await, Err(code::PRODUCER_FENCED));
-        let z = b.append_transactional_batch("T", 0, &batch(pid, ep, 4, &["late"])?, pid, ep);
+        let z = b.append_transactional_batch(Some("tx"), "T", 0, &batch(pid, ep, 4, &["late"])?, pid, ep);
         assert_eq!(z.err(), Some(code::INVALID_PRODUCER_EPOCH));
         // After a restart the state is as it was; an open transaction after
         // committed ones holds the stable offset at its own first batch.
@@ -2356,7 +2372,7 @@ mod tests {
         b.txn_add_partitions("tx", npid, nep, &[("T".into(), crate::Placed::Here(0))])
             .await
             .map_err(kafka_err)?;
-        let open = b.append_transactional_batch("T", 0, &batch(npid, nep, 0, &["o"])?, npid, nep);
+        let open = b.append_transactional_batch(Some("tx"), "T", 0, &batch(npid, nep, 0, &["o"])?, npid, nep);
         let Ok(Ok((_, Some(open_at), _))) = open else {
             return Err(BrokerError::InvalidPartitions(format!("{open:?}")));
         };
@@ -2381,7 +2397,7 @@ mod tests {
             b.txn_add_partitions("many", pid, ep, &[("T".into(), crate::Placed::Here(0))])
                 .await
                 .map_err(kafka_err)?;
-            let _ = b.append_transactional_batch("T", 0, &batch(pid, ep, seq, &["v"])?, pid, ep);
+            let _ = b.append_transactional_batch(Some("many"), "T", 0, &batch(pid, ep, seq, &["v"])?, pid, ep);
             b.txn_end("many", pid, ep, true).await.map_err(kafka_err)?;
         }
         let before = lines(&path)?;
@@ -2447,7 +2463,7 @@ mod tests {
         b.txn_add_partitions("slow", pid, ep, &[("T".into(), crate::Placed::Here(0))])
             .await
             .map_err(kafka_err)?;
-        let _ = b.append_transactional_batch("T", 0, &batch(pid, ep, 0, &["a"])?, pid, ep);
+        let _ = b.append_transactional_batch(Some("slow"), "T", 0, &batch(pid, ep, 0, &["a"])?, pid, ep);
         assert_eq!(b.txn_expire(rokka_store::now_ms()).await, 0);
         assert_eq!(b.txn_expire(rokka_store::now_ms() + 5_000).await, 1);
         assert!(b.kafka_txns().is_aborted("T", 0, pid, 0));
