@@ -121,6 +121,20 @@ def test_a_client_cannot_pass_for_the_cluster(cluster):
     assert "not signed by this cluster" in h.get("remark", ""), h
 
 
+def test_transaction_calls_between_sets_must_be_signed(cluster):
+    """ROKKA_TXN_JOIN / ROKKA_TXN_END (32001 / 32002) make a master take
+    part in, commit or abort another set's transaction. From a node's own
+    address (127.0.0.1 here) but unsigned, they were served: any process on
+    a node's host could end any producer's part."""
+    masters = cluster.masters(60)
+    port = cluster.nodes[masters["set-a"]].broker_port
+    for code, ext in ((32002, {"producerId": "1", "producerEpoch": "0", "commit": "true"}),
+                      (32001, {"producerId": "1", "producerEpoch": "0", "coordinator": "set-b"})):
+        h = remoting(port, code, ext)
+        assert h["code"] == 16, h  # NO_PERMISSION
+        assert "cluster's own" in h.get("remark", ""), h
+
+
 def remoting_body(port, code, ext):
     """One raw remoting request: (header, body bytes)."""
     header = json.dumps({"code": code, "language": "JAVA", "version": 475, "opaque": 1, "flag": 0,

@@ -251,7 +251,7 @@ pub fn sign_as_cluster(broker: &Broker, cmd: &mut RemotingCommand) {
 /// Whether `cmd`, whose AccessKey is the cluster's, is one of its calls,
 /// signed with this cluster's secret within the allowed clock skew; Err:
 /// why not.
-fn verify_cluster_call(broker: &Broker, cmd: &RemotingCommand) -> Result<(), &'static str> {
+pub(crate) fn verify_cluster_call(broker: &Broker, cmd: &RemotingCommand) -> Result<(), &'static str> {
     if !CLUSTER_CALLS.contains(&cmd.code) {
         return Err("not a call the cluster makes between its sets");
     }

@@ -105,11 +105,22 @@ fn producer(cmd: &RemotingCommand) -> Result<(i64, i16), Refused> {
 }
 
 /// Only a cluster-mode master takes part in another set's transaction,
-/// and only for a peer at one of the cluster's nodes' addresses.
-async fn master(broker: &Broker, peer: std::net::SocketAddr) -> Result<(), Refused> {
+/// only for a call signed with the cluster's secret (whether or not
+/// authorization is on: an address alone — any process on a node's host,
+/// traffic translated to a node's address — could commit or abort any
+/// producer's part), and only from one of the cluster's nodes' addresses.
+async fn master(broker: &Broker, cmd: &RemotingCommand, peer: std::net::SocketAddr) -> Result<(), Refused> {
     let Some(v) = broker.cluster_view() else {
         return Err(refused(rs::REQUEST_CODE_NOT_SUPPORTED, "not in cluster mode"));
     };
+    if let Err(why) = crate::auth::verify_cluster_call(broker, cmd) {
+        metrics::counter!("rokka_cluster_remote_txn_refused_total").increment(1);
+        tracing::debug!(%peer, why, "an unsigned transaction call refused");
+        return Err(refused(
+            rs::NO_PERMISSION,
+            format!("a transaction call must be the cluster's own: {why}"),
+        ));
+    }
     if !v.is_master() || !broker.store().is_leader() {
         return Err(refused(rs::SYSTEM_ERROR, "not the master of its broker set"));
     }
@@ -137,7 +148,7 @@ async fn master(broker: &Broker, peer: std::net::SocketAddr) -> Result<(), Refus
 /// ROKKA_TXN_JOIN, participant side: answered once the part is on the
 /// set's replicas.
 pub async fn join(broker: &Broker, cmd: &RemotingCommand, peer: std::net::SocketAddr) -> Result<(), Refused> {
-    master(broker, peer).await?;
+    master(broker, cmd, peer).await?;
     let (pid, epoch) = producer(cmd)?;
     let coordinator = cmd.ext_fields.get("coordinator").unwrap_or_default();
     if coordinator.is_empty() {
@@ -157,7 +168,7 @@ pub async fn join(broker: &Broker, cmd: &RemotingCommand, peer: std::net::Socket
 
 /// ROKKA_TXN_END, participant side.
 pub async fn end(broker: &Broker, cmd: &RemotingCommand, peer: std::net::SocketAddr) -> Result<(), Refused> {
-    master(broker, peer).await?;
+    master(broker, cmd, peer).await?;
     let (pid, epoch) = producer(cmd)?;
     let commit = match cmd.ext_fields.get("commit") {
         Some("true") => true,
