@@ -391,6 +391,27 @@ pub fn check_needs<'a>(
     None
 }
 
+/// With authorization on, who `cmd` is signed as (`None` with it off, or
+/// when the signature does not hold: such a request was refused already
+/// wherever it needed anything).
+pub fn principal_of(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand) -> Option<String> {
+    if !broker.acls().enabled() {
+        return None;
+    }
+    principal(broker, conn.certificate_principal.as_deref(), cmd)
+        .ok()
+        .map(Cow::into_owned)
+}
+
+/// Whether `principal` (as [`principal_of`] gave it; `None`: authorization
+/// off) may do `need` from `peer`.
+pub fn may(broker: &Broker, principal: Option<&str>, peer: std::net::IpAddr, need: (Rt, &str, Op)) -> bool {
+    match principal {
+        None => !broker.acls().enabled(),
+        Some(who) => allowed(broker, who, peer, need),
+    }
+}
+
 pub fn check_need(
     broker: &Broker,
     conn: &crate::server::Conn,

@@ -30,6 +30,10 @@ pub struct Client {
     /// unregister lost) is left after the client timeout, while the client
     /// lives on in its other groups (Apache's per-group channel expiry).
     pub group_seen_ms: std::collections::HashMap<String, u64>,
+    /// Authorization on: who its heartbeat was signed as (transaction
+    /// checks go only to a producer allowed to write the message's topic;
+    /// its client id is not taken over by another principal).
+    pub principal: Option<String>,
 }
 
 #[derive(Debug, Default)]

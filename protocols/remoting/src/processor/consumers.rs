@@ -28,6 +28,7 @@ impl RocketMq {
             return self.reply(req, crate::auth::NO_PERMISSION, Some(remark));
         }
         let client_id = hb.client_id;
+        let principal = crate::auth::principal_of(&self.broker, conn, req);
         let now = self.now_ms();
         let mut changed = Vec::new();
         let mut retry_topics = Vec::new();
@@ -47,6 +48,24 @@ impl RocketMq {
                     Some(format!("too many clients (rocketmq.max_clients = {max_clients})")),
                 );
             }
+            // A client id live on another connection as another principal
+            // is not taken over (its groups, its locks, its transaction
+            // checks would follow the newcomer; the same principal
+            // reconnecting takes it, as before).
+            if let Some(cl) = c.clients.get(&client_id) {
+                if cl.principal != principal && !cl.conn.is_closed() && cl.conn.peer != conn.peer {
+                    drop(c);
+                    metrics::counter!("rokka_rocketmq_heartbeats_refused_total", "reason" => "client_id_in_use")
+                        .increment(1);
+                    return self.reply(
+                        req,
+                        crate::auth::NO_PERMISSION,
+                        Some(format!(
+                            "client id {client_id} is live on another connection as another principal"
+                        )),
+                    );
+                }
+            }
             let entry = c.clients.entry(client_id.clone()).or_insert_with(|| Client {
                 conn: conn.clone(),
                 language: req.language,
@@ -55,8 +74,10 @@ impl RocketMq {
                 consumer_groups: Default::default(),
                 producer_groups: Default::default(),
                 group_seen_ms: Default::default(),
+                principal: principal.clone(),
             });
             entry.conn = conn.clone();
+            entry.principal = principal;
             entry.language = req.language;
             entry.version = req.version;
             entry.last_seen_ms = now;

@@ -60,6 +60,8 @@ pub struct RocketMq {
     /// a second, so a hold whose queue is never pulled again does not keep
     /// every pull and commit on the locked path.
     resets_pruned_at: std::sync::atomic::AtomicU64,
+    /// Rotates which live producer of a group a transaction check goes to.
+    check_turn: std::sync::atomic::AtomicUsize,
     epoch: Instant,
     limits: crate::server::Limits,
 }
@@ -97,6 +99,7 @@ impl RocketMq {
             resets: Mutex::new(Default::default()),
             resets_held: Default::default(),
             resets_pruned_at: Default::default(),
+            check_turn: std::sync::atomic::AtomicUsize::new(0),
             epoch: Instant::now(),
         }
     }

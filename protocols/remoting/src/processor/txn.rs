@@ -62,19 +62,45 @@ impl RocketMq {
 }
 
 /// Transaction checks to remoting producers: CHECK_TRANSACTION_STATE to a
-/// live producer of the half message's group.
+/// live producer of the half message's group — with authorization on, one
+/// signed as a principal allowed to write the message's topic (a check
+/// carries the whole half message: a client naming the group in its
+/// heartbeat, which needs no permission, would read uncommitted messages
+/// and could answer them). Candidates are tried in turn from a rotating
+/// start (Apache's ProducerManager.getAvailableChannel): a producer whose
+/// connection takes nothing does not hold every check of its group.
 impl rokka_broker::transaction::TxnCheckSink for RocketMq {
     fn check(&self, d: &rokka_broker::transaction::DueCheck) -> bool {
-        let conn = {
+        let write = (
+            rokka_broker::acl::ResourceType::Topic,
+            d.real_topic.as_str(),
+            rokka_broker::acl::Operation::Write,
+        );
+        let conns: Vec<Conn> = {
             let c = self.clients();
             c.clients
                 .values()
-                .find(|cl| cl.producer_groups.contains(&d.producer_group) && !cl.conn.is_closed())
+                .filter(|cl| {
+                    cl.producer_groups.contains(&d.producer_group)
+                        && !cl.conn.is_closed()
+                        && crate::auth::may(&self.broker, cl.principal.as_deref(), cl.conn.peer.ip(), write)
+                })
                 .map(|cl| cl.conn.clone())
+                .collect()
         };
-        let Some(conn) = conn else {
+        if conns.is_empty() {
             return false;
-        };
+        }
+        let start = self.check_turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % conns.len();
+        conns[start..]
+            .iter()
+            .chain(&conns[..start])
+            .any(|conn| self.send_check(conn, d))
+    }
+}
+
+impl RocketMq {
+    fn send_check(&self, conn: &Conn, d: &rokka_broker::transaction::DueCheck) -> bool {
         let mut n = RemotingCommand::request(rq::CHECK_TRANSACTION_STATE, conn.next_opaque());
         n.flag = FLAG_ONEWAY;
         n.version = self.config.server_version;
