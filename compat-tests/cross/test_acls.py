@@ -563,3 +563,43 @@ def test_only_the_cluster_registers_brokers_at_the_name_server(rokka):
                                                      "User:carol", "*", AclOperation.ANY,
                                                      AclPermissionType.ANY)]).values():
             f.result(15)
+
+
+def test_rocketmq_sends_make_topics_only_with_create_and_locks_need_the_topics(rokka):
+    """A RocketMQ send to a topic that does not exist makes it — only for
+    a principal with CREATE (on the topic or the cluster), as QueryRoute
+    and Kafka's Metadata make topics: a prefixed WRITE grant alone made
+    topics up to the broker's limit. LOCK_BATCH_MQ needs READ on each
+    queue's topic beside the group (Apache 5: SUB on every topic of mqSet)."""
+    import json
+
+    admin = AdminClient(sasl(rokka, "admin"))
+    create(admin, [acl(ResourceType.TOPIC, "carol-pfx-", "User:carol", AclOperation.WRITE,
+                       pattern=ResourcePatternType.PREFIXED)])
+    conn = RemotingConn(rokka.broker_port)
+    try:
+        def send(topic):
+            ext = {"producerGroup": "carol-pg", "topic": topic, "defaultTopic": "TBW102",
+                   "defaultTopicQueueNums": "4", "queueId": "0", "sysFlag": "0",
+                   "bornTimestamp": str(int(time.time() * 1000)), "flag": "0",
+                   "properties": "UNIQ_KEY\x01C0FFEE02\x02"}
+            return conn.call(SEND_MESSAGE, signed(ext, b"b", "carol", CAROL), b"b")
+
+        code, remark, _ = send("carol-pfx-new-1")
+        assert code == 17, (code, remark)  # TOPIC_NOT_EXIST: not made
+        create(admin, [acl(ResourceType.TOPIC, "carol-pfx-", "User:carol", AclOperation.CREATE,
+                           pattern=ResourcePatternType.PREFIXED)])
+        code, remark, _ = send("carol-pfx-new-1")
+        assert code == 0, (code, remark)
+        # carol reads group acl-carol-g and topic acl-carol, not acl-a1.
+        body = json.dumps({"consumerGroup": "acl-carol-g", "clientId": "carol@lock", "mqSet": [
+            {"topic": "acl-carol", "brokerName": "broker-a", "queueId": 0},
+            {"topic": "acl-a1", "brokerName": "broker-a", "queueId": 0}]}).encode()
+        code, remark, _ = conn.call(41, signed({}, body, "carol", CAROL), body)  # LOCK_BATCH_MQ
+        assert code == NO_PERMISSION and "acl-a1" in remark, (code, remark)
+        body = json.dumps({"consumerGroup": "acl-carol-g", "clientId": "carol@lock", "mqSet": [
+            {"topic": "acl-carol", "brokerName": "broker-a", "queueId": 0}]}).encode()
+        code, remark, _ = conn.call(41, signed({}, body, "carol", CAROL), body)
+        assert code == 0, (code, remark)
+    finally:
+        conn.close()

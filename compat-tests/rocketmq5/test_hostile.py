@@ -160,3 +160,30 @@ def test_the_brokers_own_topics_and_groups_are_refused(rokka):
     finally:
         c.close()
     still_serves(rokka)
+
+
+def test_a_client_id_longer_than_a_client_sends_is_refused(rokka):
+    """The broker keeps a call's x-mq-client-id with each pop consumer and
+    auto-renewed message (the clients send some tens of bytes; hyper takes
+    headers of up to 16 KiB): over 256 bytes the call is BAD_REQUEST, a
+    Telemetry stream INVALID_ARGUMENT; a real id is served."""
+    from rocketmq.grpc_protocol import service_pb2
+
+    req = service_pb2.QueryRouteRequest()
+    req.topic.name = f"g5-id-{uuid.uuid4().hex[:8]}"
+    with grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}") as ch:
+        call = ch.unary_unary(SERVICE + "QueryRoute", request_serializer=None, response_deserializer=None)
+        long_id = [("x-mq-client-id", "c" * 4096)]
+        resp = service_pb2.QueryRouteResponse.FromString(call(req.SerializeToString(), timeout=5, metadata=long_id))
+        assert resp.status.code == 40000, resp.status  # BAD_REQUEST
+        assert "x-mq-client-id" in resp.status.message
+        ok = service_pb2.QueryRouteResponse.FromString(
+            call(req.SerializeToString(), timeout=5, metadata=[("x-mq-client-id", "host@1@0@abcdef")]))
+        assert ok.status.code == 20000, ok.status  # OK
+        telemetry = ch.stream_stream(SERVICE + "Telemetry", request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as e:
+            for _ in telemetry(iter([b""]), timeout=5, metadata=long_id):
+                pass
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+    assert rokka.metric_values().get('rokka_rocketmq5_requests_refused_total{reason="client_id"}', 0) >= 1
+    still_serves(rokka)

@@ -94,6 +94,24 @@ pub fn names_refused(needs: &[Need<'_>]) -> Option<pb::Status> {
     })
 }
 
+/// Longest `x-mq-client-id` a call may carry (the clients send
+/// `host@pid@index@random`, some tens of bytes): the broker keeps the id
+/// with each pop consumer and auto-renewed message it names, and hyper
+/// would take headers of up to 16 KiB.
+pub const MAX_CLIENT_ID_BYTES: usize = 256;
+
+/// A call whose client id is longer than [`MAX_CLIENT_ID_BYTES`], refused.
+pub fn client_id_refused<T>(req: &tonic::Request<T>) -> Option<pb::Status> {
+    let len = req.metadata().get("x-mq-client-id").map_or(0, |v| v.len());
+    (len > MAX_CLIENT_ID_BYTES).then(|| {
+        metrics::counter!("rokka_rocketmq5_requests_refused_total", "reason" => "client_id").increment(1);
+        refusal(
+            pb::Code::BadRequest,
+            format!("x-mq-client-id is longer than {MAX_CLIENT_ID_BYTES} bytes"),
+        )
+    })
+}
+
 /// The parts of an `authorization` header: (AccessKey, Signature).
 fn parse(header: &str) -> Option<(&str, &str)> {
     let rest = header.trim().strip_prefix(SCHEME)?;
@@ -227,6 +245,11 @@ impl Guard {
     /// The caller's principal, `None` with authorization off (nothing is
     /// checked); Err: UNAUTHORIZED.
     pub fn who<T>(&self, broker: &Broker, req: &tonic::Request<T>) -> Result<Option<String>, pb::Status> {
+        // Every call asks who it is from first: an oversized client id is
+        // refused here, with or without authorization.
+        if let Some(s) = client_id_refused(req) {
+            return Err(s);
+        }
         if !broker.acls().enabled() {
             return Ok(None);
         }

@@ -1127,18 +1127,25 @@ impl Messaging {
 
     /// Stores the messages of a SendMessage: each one's result, and the
     /// CommitLog end that must be durable before any OK goes out.
-    fn send(&self, req: pb::SendMessageRequest, peer: Option<SocketAddr>) -> (Vec<pb::SendResultEntry>, u64) {
+    /// `sender`: with authorization on, who sends (a topic is made for the
+    /// send only with CREATE, as QueryRoute and Kafka's Metadata make one).
+    fn send(
+        &self,
+        req: pb::SendMessageRequest,
+        peer: Option<SocketAddr>,
+        sender: Option<&str>,
+    ) -> (Vec<pb::SendResultEntry>, u64) {
         let mut entries = Vec::with_capacity(req.messages.len());
         let mut end = 0;
         for m in &req.messages {
-            let (e, at) = self.send_one(m, peer);
+            let (e, at) = self.send_one(m, peer, sender);
             entries.push(e);
             end = end.max(at);
         }
         (entries, end)
     }
 
-    fn send_one(&self, m: &pb::Message, peer: Option<SocketAddr>) -> (pb::SendResultEntry, u64) {
+    fn send_one(&self, m: &pb::Message, peer: Option<SocketAddr>, sender: Option<&str>) -> (pb::SendResultEntry, u64) {
         let refused = |code: pb::Code, text: String| {
             (
                 pb::SendResultEntry {
@@ -1163,7 +1170,13 @@ impl Messaging {
                 format!("Sending message to topic[{}] is forbidden.", inc.topic),
             );
         }
-        let info = match self.broker.topic_or_create(&inc.topic, true, None) {
+        let may_create = sender.is_none_or(|who| {
+            let host = peer.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
+            self.broker
+                .acls()
+                .allows(who, host, (Rt::Topic, &inc.topic, Op::Create))
+        });
+        let info = match self.broker.topic_or_create(&inc.topic, may_create, None) {
             Ok(Some(t)) => t,
             Ok(None) => return refused(pb::Code::TopicNotFound, format!("topic {} not found", inc.topic)),
             Err(e) => return refused(pb::Code::IllegalTopic, e.to_string()),
@@ -1601,18 +1614,20 @@ impl pb::messaging_service_server::MessagingService for Service {
     ) -> Result<Response<pb::SendMessageResponse>, Status> {
         call("SendMessage");
         let m = Arc::clone(&self.0);
+        let mut sender = None;
         if m.broker.acls().enabled() {
             let mut topics: Vec<&str> = req.get_ref().messages.iter().map(|m| name(&m.topic)).collect();
             topics.sort_unstable();
             topics.dedup();
             let needs: Vec<Need<'_>> = topics.into_iter().map(|t| rocketmq_topic(t, Op::Write)).collect();
             guard!(self, req, &needs, SendMessageResponse);
+            sender = m.guard.who(&m.broker, &req).ok().flatten();
         }
         let peer = crate::peer(&req);
         let req = req.into_inner();
         // On this task: the store offloads its own steps that may block (a
         // file or segment to make), the broker its topic-table writes.
-        let (mut entries, end) = m.send(req, peer);
+        let (mut entries, end) = m.send(req, peer, sender.as_deref());
         // Sync flush (and cluster acks): an OK only once the messages are
         // durable; stored but not durable is said so, as Apache's proxy.
         if end > 0 {
@@ -1951,6 +1966,9 @@ impl pb::messaging_service_server::MessagingService for Service {
         // The stream is authenticated once, at its start; what its settings
         // ask (publishing topics: transaction checks of their messages;
         // a subscription group) is authorized as they come.
+        if let Some(s) = crate::auth::client_id_refused(&req) {
+            return Err(Status::invalid_argument(s.message));
+        }
         let who = m
             .guard
             .who(&m.broker, &req)
@@ -2059,10 +2077,17 @@ impl pb::messaging_service_server::MessagingService for Service {
         req: Request<pb::NotifyClientTerminationRequest>,
     ) -> Result<Response<pb::NotifyClientTerminationResponse>, Status> {
         call("NotifyClientTermination");
-        guard!(self, req, &[], NotifyClientTerminationResponse);
+        // READ on the group it leaves (Apache: SUB on a named group): it
+        // drops a member and hands the member's messages back.
+        let group = name(&req.get_ref().group).to_string();
+        let needs: &[Need<'_>] = if group.is_empty() {
+            &[]
+        } else {
+            &[(Rt::Group, &group, Op::Read)]
+        };
+        guard!(self, req, needs, NotifyClientTerminationResponse);
         let id = client_id(&req);
-        let req = req.into_inner();
-        let group = name(&req.group);
+        let group = group.as_str();
         if !group.is_empty() {
             self.0.broker.membership().forget_pop_consumer(group, &id);
         }
@@ -2261,7 +2286,7 @@ mod answer_tests {
                 })
                 .collect(),
         };
-        let (results, _) = m.send(send, None);
+        let (results, _) = m.send(send, None, None);
         assert!(
             results
                 .iter()

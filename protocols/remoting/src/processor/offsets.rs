@@ -430,13 +430,17 @@ impl RocketMq {
             Ok(b) => b,
             Err(why) => return self.reply(req, rs::SYSTEM_ERROR, Some(why.into())),
         };
-        // The group is in the body: READ on it, as a pull of the group needs.
-        let need = (
-            rokka_broker::acl::ResourceType::Group,
-            group.as_str(),
-            rokka_broker::acl::Operation::Read,
+        // The group is in the body: READ on it, as a pull of the group
+        // needs, and on each queue's topic (Apache 5: SUB on every topic
+        // of mqSet, retry topics aside).
+        let read = rokka_broker::acl::Operation::Read;
+        let needs = std::iter::once((rokka_broker::acl::ResourceType::Group, group.as_str(), read)).chain(
+            queues
+                .iter()
+                .filter(|(topic, _, _)| !topic.starts_with("%RETRY%"))
+                .map(|(topic, _, _)| rokka_broker::acl::rocketmq_topic(topic, read)),
         );
-        if let Some(remark) = crate::auth::check_need(&self.broker, conn, req, need) {
+        if let Some(remark) = crate::auth::check_needs(&self.broker, conn, req, needs) {
             return self.reply(req, crate::auth::NO_PERMISSION, Some(remark));
         }
         // A client id a live client registered on another connection is

@@ -73,7 +73,20 @@ impl RocketMq {
                 .unwrap_or(4)
                 .clamp(1, i64::from(self.config.max_auto_create_queues.max(1))) as u32
         };
-        let info = match self.broker.topic_or_create(&topic, true, Some(want_queues)) {
+        // Made for the send only with CREATE (on the topic or the
+        // cluster), as QueryRoute and Kafka's Metadata make a topic.
+        let may_create = !self.broker.acls().enabled()
+            || crate::auth::may(
+                &self.broker,
+                crate::auth::principal_of(&self.broker, conn, req).as_deref(),
+                conn.peer.ip(),
+                (
+                    rokka_broker::acl::ResourceType::Topic,
+                    topic.as_str(),
+                    rokka_broker::acl::Operation::Create,
+                ),
+            );
+        let info = match self.broker.topic_or_create(&topic, may_create, Some(want_queues)) {
             Ok(Some(t)) => t,
             Ok(None) => {
                 return Err(self.reply(
