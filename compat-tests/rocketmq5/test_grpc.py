@@ -122,6 +122,19 @@ def test_messages_sent_over_grpc_are_received_byte_exact(rokka, clients):
     assert metric(rokka, "rokka_rocketmq5_messages_acked_total") >= 30
 
 
+def test_a_tag_filter_tells_apart_tags_whose_hashes_collide(rokka, clients):
+    """"Aa" and "BB" have the same Java hash (the ConsumeQueue's tag code):
+    a receive filtering on one gets only it, as Apache's proxy checks the
+    tag itself after the code."""
+    topic = name("g5-collide")
+    p = clients.producer(topic)
+    for i in range(4):
+        p.send(message(topic, f"aa-{i}".encode(), tag="Aa"))
+        p.send(message(topic, f"bb-{i}".encode(), tag="BB"))
+    got = receive_all(clients.consumer(name("g5-collide-g"), topic, expr="Aa"), 8, timeout=6)
+    assert sorted(m.body for m in got) == [f"aa-{i}".encode() for i in range(4)], [m.body for m in got]
+
+
 def test_keys_with_spaces_are_taken_as_apache_takes_them_and_control_characters_refused(rokka, clients):
     # Apache's proxy takes a key holding spaces (the stored KEYS property is
     # space-separated, so it reads back as its words) and refuses only a

@@ -184,7 +184,7 @@ pub fn kafka_batch_to_rocketmq(
         let tag = header(r, TAGS_HEADER);
         if let Some(codes) = codes {
             let code = tag.map_or(0, |t| java_string_hash(t));
-            if tag.is_none() || !codes.contains(&code) {
+            if tag.is_none() || !has_code(codes, code) {
                 c.filtered += 1;
                 continue;
             }
@@ -416,18 +416,59 @@ pub fn rocketmq_to_kafka_batch(m: &MessageView, leader_epoch: i32, c: &mut Cross
 
 /// Tag codes of a TAG expression: `*`/empty = all (None); tokens are split
 /// on `||` and trimmed before hashing (some clients send untrimmed codes).
+/// Sorted and without repeats: looked up with [`has_code`] (an expression
+/// is as long as the request allows, and every message scanned asks).
 pub fn tag_codes(expr: &str) -> Option<Vec<i32>> {
+    let mut codes: Vec<i32> = tag_names(expr)?
+        .map(|t| properties::java_string_hash(t.as_bytes()))
+        .collect();
+    codes.sort_unstable();
+    codes.dedup();
+    Some(codes)
+}
+
+/// The tags of a TAG expression (`*`/empty: None), as [`tag_codes`] reads it.
+pub fn tag_names(expr: &str) -> Option<impl Iterator<Item = &str>> {
     let e = expr.trim();
     if e.is_empty() || e == "*" {
         return None;
     }
-    Some(
-        e.split("||")
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(|t| properties::java_string_hash(t.as_bytes()))
-            .collect(),
-    )
+    Some(e.split("||").map(str::trim).filter(|t| !t.is_empty()))
+}
+
+/// Whether `code` is one of [`tag_codes`]' (sorted) codes.
+pub fn has_code(codes: &[i32], code: i32) -> bool {
+    codes.binary_search(&code).is_ok()
+}
+
+/// A TAG expression as a RocketMQ 5 receive filters by it: the tag codes
+/// first (what the ConsumeQueue holds), then the tag itself — two tags
+/// whose Java hashes collide ("Aa" and "BB") are told apart, as Apache's
+/// proxy (PopMessageResultFilterImpl, FilterUtils.isTagMatched) does; a
+/// remoting client does that check itself.
+#[derive(Debug, Clone)]
+pub struct TagFilter {
+    codes: Vec<i32>,
+    tags: std::collections::HashSet<String>,
+}
+
+impl TagFilter {
+    /// None: every message (`*` or empty).
+    pub fn new(expr: &str) -> Option<TagFilter> {
+        Some(TagFilter {
+            codes: tag_codes(expr)?,
+            tags: tag_names(expr)?.map(str::to_string).collect(),
+        })
+    }
+
+    /// Whether a message with these properties passes.
+    pub fn matches(&self, props: &[u8]) -> bool {
+        let code = properties::tag_code(props) as i32;
+        has_code(&self.codes, code)
+            && properties::get(props, properties::TAGS)
+                .and_then(|t| std::str::from_utf8(t).ok())
+                .is_some_and(|t| self.tags.contains(t))
+    }
 }
 
 #[cfg(test)]
@@ -508,6 +549,25 @@ pub(crate) mod tests {
             at += total;
         }
         Ok(v)
+    }
+
+    /// A receive's tag filter tells apart tags whose Java hashes collide
+    /// ("Aa" and "BB" both hash to 2112), as Apache's proxy does; the codes
+    /// alone (a remoting pull: its client checks the tag) do not.
+    #[test]
+    fn a_tag_filter_tells_colliding_tags_apart() {
+        let aa = properties::encode([("TAGS", "Aa")]);
+        let bb = properties::encode([("TAGS", "BB")]);
+        assert_eq!(properties::tag_code(aa.as_bytes()), properties::tag_code(bb.as_bytes()));
+        let f = TagFilter::new(" Aa || C ").expect("a filter");
+        assert!(f.matches(aa.as_bytes()));
+        assert!(!f.matches(bb.as_bytes()));
+        assert!(!f.matches(properties::encode([("k", "v")]).as_bytes()), "no tag");
+        assert!(TagFilter::new("*").is_none() && TagFilter::new(" ").is_none());
+        let codes = tag_codes("Aa||BB||C||Aa").expect("codes");
+        assert_eq!(codes.len(), 2, "sorted, repeats dropped: {codes:?}");
+        assert!(has_code(&codes, properties::java_string_hash(b"C")));
+        assert!(!has_code(&codes, properties::java_string_hash(b"D")));
     }
 
     #[test]

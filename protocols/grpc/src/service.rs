@@ -366,7 +366,7 @@ struct PopAsk<'a> {
     first: u32,
     batch: usize,
     invisible_ms: i64,
-    codes: Option<&'a [i32]>,
+    codes: Option<&'a rokka_broker::convert::TagFilter>,
     /// The receive's attempt id (clients resend it when retrying a receive
     /// that timed out).
     attempt_id: Option<&'a str>,
@@ -923,8 +923,7 @@ impl Messaging {
                                 break 'entries;
                             }
                             scanned += 1;
-                            let code = rokka_store::record::properties::tag_code(&m.properties) as i32;
-                            if codes.is_some_and(|c| !c.contains(&code)) {
+                            if codes.is_some_and(|c| !c.matches(&m.properties)) {
                                 continue;
                             }
                             let (r, attempt) = self.pops.hand_out(&mut st, q, m.queue_offset, now + invisible_ms, now);
@@ -1004,7 +1003,7 @@ impl Messaging {
                 "SQL92 filters are not supported; use a TAG filter".into(),
             );
         }
-        let codes = rokka_broker::convert::tag_codes(&filter.expression);
+        let codes = rokka_broker::convert::TagFilter::new(&filter.expression);
         // auto_renew (push consumers): Apache's proxy's default invisible
         // time, renewed while the client lives (renew_due); else the
         // client's.
@@ -1051,7 +1050,7 @@ impl Messaging {
                 first,
                 batch,
                 invisible_ms,
-                codes: codes.as_deref(),
+                codes: codes.as_ref(),
                 // Remembered per FIFO queue: only ids of a sane length
                 // (clients send a UUID), so a client cannot park megabytes
                 // in every queue's state; a longer one is not retried.

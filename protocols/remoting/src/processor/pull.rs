@@ -240,7 +240,7 @@ impl RocketMq {
                     }
                     if !e.is_kafka_batch() {
                         // A stored RocketMQ message goes out as stored.
-                        if codes.is_none_or(|c| c.contains(&(e.cq.tag_code as i32))) {
+                        if codes.is_none_or(|c| rokka_broker::convert::has_code(c, e.cq.tag_code as i32)) {
                             body.put_slice(&e.data);
                             n += 1;
                         }
