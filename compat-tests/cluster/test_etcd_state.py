@@ -125,3 +125,33 @@ def test_an_unreadable_state_stops_no_node_and_elects_nobody():
         assert values(cluster) == sorted(f"g-{i}" for i in range(10))
     finally:
         cluster.close()
+
+
+def test_a_state_deleted_under_a_live_master_is_written_again_by_it():
+    """etcd loses the set's state while its nodes run: the live master
+    writes it again as it stands (its epoch, its sync state set) and stays
+    master; the replica, which has a history, waits for it instead of
+    taking the set (a replica behind the master taking it would make the
+    master cut its log). No election, no new epoch, writes go on."""
+    name = "state-gone"
+    cluster = Cluster(name, n=2, min_isr=1)
+    try:
+        assert cluster.wait_in_sync(size=2)
+        produce(cluster, "a")
+        m = cluster.master()
+        epoch = epoch_of(cluster, m)
+        etcd(cluster, "deleterange", key=state_key(name))
+        deadline = time.time() + 15
+        while time.time() < deadline and not etcd(cluster, "range", key=state_key(name)).get("kvs"):
+            time.sleep(0.2)
+        kvs = etcd(cluster, "range", key=state_key(name)).get("kvs")
+        assert kvs, "the state was not written again"
+        st = json.loads(base64.b64decode(kvs[0]["value"]))
+        assert st["master"] == m and float(st["epoch"]) == epoch, st
+        time.sleep(3)
+        assert cluster.master() == m and epoch_of(cluster, m) == epoch
+        assert cluster.wait_in_sync(size=2)
+        produce(cluster, "b")
+        assert values(cluster) == sorted(f"{t}-{i}" for t in "ab" for i in range(10))
+    finally:
+        cluster.close()

@@ -74,6 +74,9 @@ pub struct Controller {
     unreadable_logged: Option<i64>,
     /// Publishing group members to etcd failed last step (logged once).
     groups_failing: bool,
+    /// Since when this set's state has been missing from etcd (a node
+    /// with a history waits for the master to write it again).
+    state_missing_since: Option<Instant>,
 }
 
 type Res<T> = Result<T, String>;
@@ -103,6 +106,7 @@ impl Controller {
             publish_all_groups: true,
             unreadable_logged: None,
             groups_failing: false,
+            state_missing_since: None,
         };
         c.register().await?;
         let secret = c.cluster_secret().await?;
@@ -386,17 +390,47 @@ impl Controller {
             Some(_) => {}
             None => self.unreadable_logged = None,
         }
+        if state.is_some() {
+            self.state_missing_since = None;
+        }
         match state {
             None if unreadable.is_some() => {}
-            None => {
+            // The master of this process, its state gone from etcd (etcd
+            // wiped or restored from an old snapshot): it writes it again as
+            // it stands — its epoch, its sync state set — and stays master.
+            None if matches!(role, Role::Master { .. }) => {
+                let epoch = match role {
+                    Role::Master { epoch } => epoch,
+                    _ => 0,
+                };
                 let st = SetState {
                     master: Some(me),
-                    epoch: self.next_epoch(0)?,
-                    sss: vec![me],
+                    epoch,
+                    sss: self.sh.sss(),
                 };
                 if self.put_state(&st, None).await? {
-                    self.become_master(&st)?;
+                    tracing::warn!(epoch, sss = ?st.sss, "this set's state was missing from etcd: written again by its master");
                     self.publish(&nodes, &st, &others, &draining);
+                }
+            }
+            None => {
+                // A node with a history waits for a live master to write
+                // the state again (two lease lives): taking the set at once,
+                // a replica behind the master would make the master cut its
+                // log to the replica's end. A fresh node (no epoch yet: a
+                // new cluster) goes on at once.
+                let since = *self.state_missing_since.get_or_insert_with(Instant::now);
+                let wait = Duration::from_secs(2 * u64::from(self.sh.cfg.lease_ttl_secs));
+                if self.sh.store.epochs().is_empty() || since.elapsed() >= wait {
+                    let st = SetState {
+                        master: Some(me),
+                        epoch: self.next_epoch(0)?,
+                        sss: vec![me],
+                    };
+                    if self.put_state(&st, None).await? {
+                        self.become_master(&st)?;
+                        self.publish(&nodes, &st, &others, &draining);
+                    }
                 }
             }
             Some((st, rev)) => {
