@@ -107,6 +107,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     let rebuild_marker = dir.join(DAMAGED).join(REBUILD_MARKER);
     let rebuild_unfinished = rebuild_marker.exists();
     let (mut queues, set_aside) = load_queues(&dir, config.consume_queue_entries_per_file)?;
+    finish_deletes(&dir, &deleted, &mut queues)?;
     let compacted = crate::compacted::load_all(&dir, &mut queues, config.consume_queue_entries_per_file)?;
     let mut index = if config.index_enabled {
         Some(IndexService::load(
@@ -741,6 +742,49 @@ fn recover(
         last_record,
     };
     Ok((end, report))
+}
+
+/// A topic deletion a crash interrupted (its tombstone is on disk before
+/// any file goes): queue files of a deleted topic whose last entry lies
+/// below the tombstone are the deleted incarnation's, removed now (a topic
+/// made again after the delete writes a fresh directory, every entry past
+/// the tombstone).
+fn finish_deletes(dir: &Path, deleted: &std::collections::BTreeMap<String, u64>, queues: &mut QueueMap) -> Result<()> {
+    for (topic, end) in deleted {
+        let Some(qs) = queues.get_mut(topic.as_str()) else {
+            continue;
+        };
+        let old: Vec<u32> = qs
+            .iter()
+            .filter(|(_, cq)| {
+                let n = cq.entry_count();
+                n == 0 || cq.entry(n - 1).is_none_or(|e| e.phys_offset < *end)
+            })
+            .map(|(q, _)| *q)
+            .collect();
+        for q in old {
+            if let Some(cq) = qs.remove(&q) {
+                tracing::warn!(
+                    topic,
+                    queue = q,
+                    "finishing the deletion of a topic a crash interrupted"
+                );
+                cq.destroy()?;
+            }
+        }
+        if qs.is_empty() {
+            queues.remove(topic.as_str());
+            for tdir in [
+                dir.join("consumequeue").join(topic),
+                crate::compacted::topic_dir(dir, topic),
+            ] {
+                if tdir.exists() {
+                    std::fs::remove_dir_all(&tdir).map_err(StoreError::io("remove", &tdir))?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Queues that end before the manifest says they did at the last checkpoint.

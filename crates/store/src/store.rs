@@ -900,6 +900,10 @@ impl MessageStore {
     pub fn delete_topic(&self, topic: &str) -> Result<bool> {
         self.check_open()?;
         {
+            // The checkpoint's turn first (it takes the writer inside): the
+            // tombstone below goes into the queue manifest on disk, which
+            // only a checkpoint writes otherwise.
+            let turn = self.inner.checkpoint_lock.lock().unwrap_or_else(|p| p.into_inner());
             // Under the writer lock throughout: an append racing the delete
             // either lands before it (and is deleted with the topic) or
             // after it, in a queue made afresh whose files this does not
@@ -908,17 +912,35 @@ impl MessageStore {
             let Some(removed) = w.queues.remove(topic) else {
                 return Ok(false);
             };
+            let end = self.inner.log.write_pos();
+            // Records written so far stay deleted if queues are ever
+            // rebuilt — durably so before any file goes: a crash between
+            // removing the queue files and the next checkpoint rebuilt the
+            // topic from the CommitLog at the next start, records and all.
+            // The manifest on disk gets the tombstone (its queue ends stay
+            // the last checkpoint's: those are what is durable).
+            let mut manifest = crate::manifest::Manifest::load(&self.inner.dir).unwrap_or_default();
+            manifest.deleted.insert(topic.to_string(), end);
+            manifest
+                .queues
+                .retain(|key, _| crate::manifest::Manifest::parse_key(key).is_none_or(|(t, _)| t != topic));
+            if let Err(e) = manifest.store(&self.inner.dir) {
+                // Nothing removed: the topic stays as it was.
+                w.queues.insert(Arc::from(topic), removed);
+                return Err(e);
+            }
+            drop(turn);
             self.inner
                 .queues
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(topic);
-            // Records written so far stay deleted if queues are ever rebuilt.
             self.inner
                 .deleted
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(topic.to_string(), self.inner.log.write_pos());
+                .insert(topic.to_string(), end);
+            crate::fault::check("delete-topic-files").map_err(StoreError::io("remove", &self.inner.dir))?;
             for q in removed.values() {
                 q.destroy()?;
             }
