@@ -96,6 +96,8 @@ pub struct Messaging {
     /// Round robin of queues for sends without a message group.
     next_queue: AtomicU64,
     telemetry_streams: Arc<AtomicU32>,
+    /// Rotates which live producer of a topic a transaction check goes to.
+    check_turn: std::sync::atomic::AtomicUsize,
     /// Producers with a live Telemetry stream, by client id: the topics
     /// they publish and where to send them commands (transaction checks).
     producers: std::sync::Mutex<HashMap<String, ProducerStream>>,
@@ -334,16 +336,24 @@ fn parse_transaction_id(s: &str) -> Option<(u64, u64)> {
 }
 
 /// Transaction checks to RocketMQ 5 producers: a RecoverOrphanedTransaction
-/// command on the Telemetry stream of a live producer of the topic.
+/// command on the Telemetry stream of a live producer of the topic — tried
+/// in turn from a rotating start (Apache's ProducerManager): a producer
+/// whose stream takes nothing (its channel full) does not hold every check
+/// of the topic until the checks run out and the message is discarded.
 impl rokka_broker::transaction::TxnCheckSink for Messaging {
     fn check(&self, d: &rokka_broker::transaction::DueCheck) -> bool {
         let Ok(m) = rokka_store::record::message::decode(&d.record) else {
             return false;
         };
         let producers = pop::lock(&self.producers);
-        let Some(p) = producers.values().find(|p| p.topics.contains(&d.real_topic)) else {
+        let candidates: Vec<_> = producers
+            .values()
+            .filter(|p| p.topics.contains(&d.real_topic))
+            .collect();
+        if candidates.is_empty() {
             return false;
-        };
+        }
+        let start = self.check_turn.fetch_add(1, Ordering::Relaxed) % candidates.len();
         let cmd = pb::TelemetryCommand {
             status: Some(ok()),
             command: Some(pb::telemetry_command::Command::RecoverOrphanedTransactionCommand(
@@ -353,7 +363,10 @@ impl rokka_broker::transaction::TxnCheckSink for Messaging {
                 },
             )),
         };
-        p.tx.try_send(Ok(cmd)).is_ok()
+        candidates[start..]
+            .iter()
+            .chain(&candidates[..start])
+            .any(|p| p.tx.try_send(Ok(cmd.clone())).is_ok())
     }
 }
 
@@ -433,6 +446,7 @@ impl Messaging {
             store_host,
             next_queue: AtomicU64::new(0),
             telemetry_streams: Arc::new(AtomicU32::new(0)),
+            check_turn: std::sync::atomic::AtomicUsize::new(0),
             producers: std::sync::Mutex::new(HashMap::new()),
             memory_ratio,
             renewals: std::sync::Mutex::new(HashMap::new()),
