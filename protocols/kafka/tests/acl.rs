@@ -283,3 +283,56 @@ async fn refused_parts_get_their_error_and_the_rest_is_served() -> TestResult {
     assert_eq!(ca.results[0].error_code, CLUSTER_DENIED);
     Ok(())
 }
+
+/// DescribeTransactions of an id the caller may describe lists only the
+/// topics it may describe (KafkaApis filters them so): a transaction's
+/// partitions of another principal's topics are not shown.
+#[tokio::test]
+async fn a_described_transaction_lists_only_the_topics_the_caller_may_describe() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    broker.create_topic("ok-1", 1)?;
+    broker.create_topic("secret", 1)?;
+    let id = broker
+        .txn_init_producer_id("tx", 60_000, None)
+        .await
+        .map_err(|c| format!("init: {c}"))?;
+    let parts = [
+        ("ok-1".to_string(), rokka_broker::Placed::Here(0)),
+        ("secret".to_string(), rokka_broker::Placed::Here(0)),
+    ];
+    broker
+        .txn_add_partitions("tx", id.producer_id, id.epoch, &parts)
+        .await
+        .map_err(|c| format!("add: {c}"))?;
+    broker.acls().configure(AclSettings {
+        enabled: true,
+        max_acls: 100,
+        ..AclSettings::default()
+    });
+    let made = broker.acls().create(vec![
+        allow(ResourceType::Topic, "ok-", PatternType::Prefixed, Operation::Describe),
+        allow(
+            ResourceType::TransactionalId,
+            "tx",
+            PatternType::Literal,
+            Operation::Describe,
+        ),
+    ]);
+    assert!(made.iter().all(|r| r.is_ok()), "{made:?}");
+    let (addr, _stop) = common::serve(broker).await?;
+    let mut c = TcpStream::connect(addr).await?;
+    let r: DescribeTransactionsResponse = call(
+        &mut c,
+        ApiKey::DescribeTransactions,
+        0,
+        &DescribeTransactionsRequest::default().with_transactional_ids(vec![TransactionalId(s("tx"))]),
+    )
+    .await?;
+    let st = &r.transaction_states[0];
+    assert_eq!(st.error_code, 0);
+    let topics: Vec<String> = st.topics.iter().map(|t| t.topic.0.to_string()).collect();
+    assert_eq!(topics, vec!["ok-1".to_string()]);
+    Ok(())
+}

@@ -771,8 +771,20 @@ pub fn describe_transactions(k: &Kafka, who: &Caller, r: &mut DescribeTransactio
     })
 }
 
-pub fn describe_transactions_denied(resp: &mut DescribeTransactionsResponse, denied: Vec<TransactionalId>) {
+/// DescribeTransactions: denied ids answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED;
+/// a described transaction lists only the topics the caller may describe
+/// (KafkaApis.handleDescribeTransactionsRequest filters them so).
+pub fn describe_transactions_denied(
+    k: &Kafka,
+    who: &Caller,
+    resp: &mut DescribeTransactionsResponse,
+    denied: Vec<TransactionalId>,
+) {
     use kafka_protocol::messages::describe_transactions_response::TransactionState;
+    for st in &mut resp.transaction_states {
+        st.topics
+            .retain(|t| who.sees(k, Rt::Topic, t.topic.0.as_str(), Op::Describe));
+    }
     for t in denied {
         resp.transaction_states.push(
             TransactionState::default()

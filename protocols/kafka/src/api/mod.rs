@@ -211,7 +211,7 @@ async fn guarded(
         RequestKind::DescribeTransactions(mut r) => {
             let denied = guard::describe_transactions(k, who, &mut r);
             let mut resp = txn::describe(k, r);
-            guard::describe_transactions_denied(&mut resp, denied);
+            guard::describe_transactions_denied(k, who, &mut resp, denied);
             ResponseKind::DescribeTransactions(resp)
         }
         RequestKind::ListTransactions(r) => {
