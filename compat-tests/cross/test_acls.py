@@ -6,6 +6,7 @@ anonymous) may do; refusals carry each protocol's own error.
 
 RocketMQ answers are read on the wire through a RemotingTap (the client
 library does not show the response code of a refused send or pull)."""
+import json
 import time
 
 import pytest
@@ -601,5 +602,32 @@ def test_rocketmq_sends_make_topics_only_with_create_and_locks_need_the_topics(r
             {"topic": "acl-carol", "brokerName": "broker-a", "queueId": 0}]}).encode()
         code, remark, _ = conn.call(41, signed({}, body, "carol", CAROL), body)
         assert code == 0, (code, remark)
+    finally:
+        conn.close()
+
+
+def test_rocketmq_listings_show_only_what_the_caller_may_describe(rokka):
+    """QUERY_TOPIC_CONSUME_BY_WHO lists the groups of a topic, and
+    GET_CONSUME_STATS without a topic a group's topics with their offsets:
+    with authorization on, only groups and topics the caller may describe
+    (as Kafka's ListGroups and OffsetFetch of all topics filter them)."""
+    from confluent_kafka import TopicPartition
+
+    admin_conf = sasl(rokka, "admin")
+    # Offsets carol may not see: another group on her topic, and her group
+    # on a topic she may not describe (the super user commits both).
+    for group, topic in (("acl-admin-g", "acl-carol"), ("acl-carol-g", "acl-a1")):
+        c = Consumer({**admin_conf, "group.id": group, "enable.auto.commit": False})
+        c.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+        c.close()
+    conn = RemotingConn(rokka.broker_port)
+    try:
+        code, remark, body = conn.call(300, signed({"topic": "acl-carol"}, b"", "carol", CAROL))
+        assert code == 0, (code, remark)
+        groups = json.loads(body)["groupList"]
+        assert "acl-carol-g" in groups and "acl-admin-g" not in groups, groups
+        code, remark, body = conn.call(208, signed({"consumerGroup": "acl-carol-g"}, b"", "carol", CAROL))
+        assert code == 0, (code, remark)
+        assert b"acl-carol" in body and b"acl-a1" not in body, body[:300]
     finally:
         conn.close()

@@ -403,6 +403,32 @@ pub fn principal_of(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingC
         .map(Cow::into_owned)
 }
 
+/// Who a listing (groups of a topic, a group's topics) is filtered for:
+/// `None` sees everything — authorization off, or the cluster's own call
+/// (a coordinator listing a group's offsets on another set).
+pub fn lister(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand) -> Option<String> {
+    if !broker.acls().enabled() {
+        return None;
+    }
+    if cmd
+        .ext_fields
+        .get("AccessKey")
+        .is_some_and(|ak| ak.starts_with(rokka_broker::internal::ACCESS_KEY_PREFIX))
+        && verify_cluster_call(broker, cmd).is_ok()
+    {
+        return None;
+    }
+    Some(
+        principal(broker, conn.certificate_principal.as_deref(), cmd)
+            .map_or_else(|_| ANONYMOUS.to_string(), Cow::into_owned),
+    )
+}
+
+/// Whether a [`lister`] sees `need` (Kafka filters a listing by DESCRIBE).
+pub fn lists(broker: &Broker, lister: Option<&str>, peer: std::net::IpAddr, need: (Rt, &str, Op)) -> bool {
+    lister.is_none_or(|who| allowed(broker, who, peer, need))
+}
+
 /// Whether `principal` (as [`principal_of`] gave it; `None`: authorization
 /// off) may do `need` from `peer`.
 pub fn may(broker: &Broker, principal: Option<&str>, peer: std::net::IpAddr, need: (Rt, &str, Op)) -> bool {

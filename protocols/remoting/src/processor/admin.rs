@@ -238,8 +238,10 @@ impl RocketMq {
     }
 
     /// QUERY_TOPIC_CONSUME_BY_WHO (mqadmin topicList -c, the dashboard):
-    /// the groups consuming a topic — subscribed now, or holding offsets.
-    pub(super) fn consume_by_who(&self, req: &RemotingCommand) -> RemotingCommand {
+    /// the groups consuming a topic — subscribed now, or holding offsets;
+    /// with authorization on, only groups the caller may describe (as
+    /// Kafka's ListGroups).
+    pub(super) fn consume_by_who(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let topic = req.ext_fields.get("topic").unwrap_or_default();
         let mut groups: std::collections::BTreeSet<String> = {
             let c = self.clients();
@@ -250,6 +252,19 @@ impl RocketMq {
                 .collect()
         };
         groups.extend(self.broker.store().offsets().groups_of_topic(topic));
+        let who = crate::auth::lister(&self.broker, conn, req);
+        groups.retain(|g| {
+            crate::auth::lists(
+                &self.broker,
+                who.as_deref(),
+                conn.peer.ip(),
+                (
+                    rokka_broker::acl::ResourceType::Group,
+                    g.as_str(),
+                    rokka_broker::acl::Operation::Describe,
+                ),
+            )
+        });
         self.json_body(req, json!({"groupList": groups}))
     }
 

@@ -526,7 +526,7 @@ impl RocketMq {
     /// lag). With a topic: every queue of it here (0 where nothing is
     /// committed, as RocketMQ answers); without: every queue the group has
     /// committed here, over its topics.
-    pub(super) fn consume_stats(&self, req: &RemotingCommand) -> RemotingCommand {
+    pub(super) fn consume_stats(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         use crate::remote_offsets::{MessageQueue, OffsetWrapper};
         let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
         let topic = req.ext_fields.get("topic").unwrap_or_default();
@@ -534,9 +534,21 @@ impl RocketMq {
         let store = self.broker.store();
         let offsets = store.offsets();
         let queues: Vec<(String, u32, u64)> = if topic.is_empty() {
+            // Every topic the group committed on: with authorization on,
+            // only those the caller may describe (Kafka's OffsetFetch of
+            // all topics filters them so).
+            let who = crate::auth::lister(&self.broker, conn, req);
             offsets
                 .group_offsets(group)
                 .into_iter()
+                .filter(|(t, _, _)| {
+                    crate::auth::lists(
+                        &self.broker,
+                        who.as_deref(),
+                        conn.peer.ip(),
+                        rokka_broker::acl::rocketmq_topic(t, rokka_broker::acl::Operation::Describe),
+                    )
+                })
                 .map(|(t, q, o)| (t, q, o.offset))
                 .collect()
         } else {
