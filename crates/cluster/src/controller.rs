@@ -1087,7 +1087,12 @@ impl rokka_broker::remote::ClusterTopics for EtcdTopics {
 /// master fences itself).
 async fn keep_alive(client: &mut Client, sh: &Shared, id: i64) -> Res<()> {
     let sent = Instant::now();
-    let (mut keeper, mut stream) = client.lease_keep_alive(id).await.map_err(err("keep-alive"))?;
+    // Opening the stream waits for its first answer: bounded as the answer
+    // below is (a hung open would stall every renewal after it).
+    let (mut keeper, mut stream) = tokio::time::timeout(Duration::from_secs(1), client.lease_keep_alive(id))
+        .await
+        .map_err(|_| "keep-alive: the stream did not open within 1 s".to_string())?
+        .map_err(err("keep-alive"))?;
     keeper.keep_alive().await.map_err(err("keep-alive"))?;
     match tokio::time::timeout(Duration::from_secs(1), stream.message()).await {
         Ok(Ok(Some(r))) if r.ttl() > 0 => {
