@@ -77,6 +77,9 @@ pub struct Controller {
     /// Since when this set's state has been missing from etcd (a node
     /// with a history waits for the master to write it again).
     state_missing_since: Option<Instant>,
+    /// The sync state set etcd names as this master last read or wrote
+    /// it (the local one may hold replicas gated to join it).
+    named_sss: Vec<u32>,
 }
 
 type Res<T> = Result<T, String>;
@@ -107,6 +110,7 @@ impl Controller {
             unreadable_logged: None,
             groups_failing: false,
             state_missing_since: None,
+            named_sss: Vec::new(),
         };
         c.register().await?;
         let secret = c.cluster_secret().await?;
@@ -403,10 +407,15 @@ impl Controller {
                     Role::Master { epoch } => epoch,
                     _ => 0,
                 };
+                let sss = if self.named_sss.contains(&me) {
+                    self.named_sss.clone()
+                } else {
+                    vec![me]
+                };
                 let st = SetState {
                     master: Some(me),
                     epoch,
-                    sss: self.sh.sss(),
+                    sss,
                 };
                 if self.put_state(&st, None).await? {
                     tracing::warn!(epoch, sss = ?st.sss, "this set's state was missing from etcd: written again by its master");
@@ -437,7 +446,13 @@ impl Controller {
                 let master_alive = st.master.is_some_and(|m| live.contains(&m));
                 match st.master {
                     Some(m) if m == me && role == (Role::Master { epoch: st.epoch }) => {
-                        self.sh.set_sss(st.sss.clone());
+                        // etcd's set, and the replicas gated to join it
+                        // (acknowledgements keep waiting for them).
+                        let mut local = st.sss.clone();
+                        local.extend(self.sh.sss().into_iter().filter(|id| !st.sss.contains(id)));
+                        local.sort_unstable();
+                        self.sh.set_sss(local);
+                        self.named_sss = st.sss.clone();
                         if self.sh.newer_epoch() > st.epoch {
                             self.sh.set_role(Role::Fenced);
                         } else {
@@ -830,7 +845,13 @@ impl Controller {
             Role::Master { epoch } => SetState {
                 master: Some(self.me.id),
                 epoch,
-                sss: self.sh.sss(),
+                // What etcd names (a replica gated to join is not in sync
+                // for clients yet).
+                sss: if self.named_sss.contains(&self.me.id) {
+                    self.named_sss.clone()
+                } else {
+                    self.sh.sss()
+                },
             },
             _ => fallback,
         }
@@ -913,12 +934,13 @@ impl Controller {
             .ok_or_else(|| "the set's epoch numbers are exhausted".to_string())
     }
 
-    fn become_master(&self, st: &SetState) -> Res<()> {
+    fn become_master(&mut self, st: &SetState) -> Res<()> {
         let store = Arc::clone(&self.sh.store);
         let epoch = st.epoch;
         tokio::task::block_in_place(|| store.begin_epoch(epoch))
             .map_err(|e| format!("recording epoch {epoch}: {e}"))?;
         self.sh.set_sss(st.sss.clone());
+        self.named_sss = st.sss.clone();
         self.sh.set_role(Role::Master { epoch: st.epoch });
         // Members of the sync state set get replica_lag_max_ms to connect.
         for id in st.sss.iter().filter(|id| **id != self.me.id) {
@@ -927,50 +949,35 @@ impl Controller {
         Ok(())
     }
 
-    /// Master: the sync state set follows who is caught up.
+    /// Master: the sync state set follows who is caught up ([`plan_sss`]).
     async fn maintain_sss(&mut self, st: &SetState, rev: i64, live: &[u32]) -> Res<()> {
-        let mut want: Vec<u32> = self
-            .sh
-            .in_sync_replicas(&st.sss)
-            .into_iter()
-            .filter(|id| live.contains(id) && *id != self.me.id)
-            .collect();
-        want.push(self.me.id);
-        want.sort_unstable();
-        if want != st.sss {
-            let next = SetState {
-                sss: want.clone(),
-                ..st.clone()
-            };
-            // Growing: the acknowledgements wait for the old and the new
-            // members from before etcd names the new set (a record
-            // acknowledged meanwhile without a new member could be lost if
-            // that member were elected); shrinking: only once it is named.
-            let adds = want.iter().any(|id| !st.sss.contains(id));
-            if adds {
-                let mut union = st.sss.clone();
-                union.extend(want.iter().filter(|id| !st.sss.contains(id)));
-                union.sort_unstable();
-                self.sh.set_sss(union);
+        let gated = self.sh.sss();
+        let (want, local) = crate::plan_sss(
+            self.me.id,
+            &st.sss,
+            &gated,
+            live,
+            &self.sh.caught_up_replicas(),
+            self.sh.high_watermark(),
+        );
+        if want == st.sss {
+            if local != gated {
+                self.sh.set_sss(local);
             }
-            match self.put_state(&next, Some(rev)).await {
-                Ok(true) => {
-                    tracing::info!(from = ?st.sss, to = ?want, "sync state set changed");
-                    metrics::counter!("rokka_cluster_sss_changes_total").increment(1);
-                    self.sh.set_sss(want);
-                }
-                Ok(false) => {
-                    if adds {
-                        self.sh.set_sss(st.sss.clone());
-                    }
-                }
-                Err(e) => {
-                    if adds {
-                        self.sh.set_sss(st.sss.clone());
-                    }
-                    return Err(e);
-                }
-            }
+            return Ok(());
+        }
+        // Named in etcd first, then the acknowledgements follow (a member
+        // leaving is waited for until etcd no longer names it; one joining
+        // was gated already).
+        let next = SetState {
+            sss: want.clone(),
+            ..st.clone()
+        };
+        if self.put_state(&next, Some(rev)).await? {
+            tracing::info!(from = ?st.sss, to = ?want, "sync state set changed");
+            metrics::counter!("rokka_cluster_sss_changes_total").increment(1);
+            self.sh.set_sss(local);
+            self.named_sss = want;
         }
         Ok(())
     }

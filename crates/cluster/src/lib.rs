@@ -223,6 +223,8 @@ impl Shared {
     /// ending, changes nothing after this).
     pub(crate) fn replica_connected(&self, id: u32) -> u64 {
         let stream = self.streams.fetch_add(1, Ordering::AcqRel) + 1;
+        // (The set's lock before the replicas', as everywhere.)
+        let member = self.sss().contains(&id);
         let mut r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
         let e = r.entry(id).or_insert(Progress {
             end: 0,
@@ -232,11 +234,15 @@ impl Shared {
         });
         e.connected = true;
         e.stream = stream;
-        // What it held and when it was caught up are the old stream's: the
-        // replica may have lost its tail (or its disk) in between. It
-        // counts again from its first fetch on this stream.
+        // What it held is the old stream's: the replica may have lost its
+        // tail (or its disk) in between, so acknowledgements count its end
+        // again from its first fetch on this stream. A member keeps its
+        // grace (`replica_lag_max_ms` from when it was last caught up); a
+        // replica outside the set shows it is caught up on this stream.
         e.end = 0;
-        e.caught_up_at = Instant::now() - Duration::from_secs(3600);
+        if !member {
+            e.caught_up_at = Instant::now() - Duration::from_secs(3600);
+        }
         stream
     }
 
@@ -306,21 +312,15 @@ impl Shared {
     }
 
     /// Replicas that are connected and were caught up within
-    /// `replica_lag_max_ms`: who belongs in the sync state set. One not in
-    /// `current` (the set as it stands) joins only once it holds the high
-    /// watermark — everything acknowledged without it (Apache's
-    /// `maybeExpandInSyncStateSet`: its max offset at the confirm offset):
-    /// a replica back after a short absence was caught up recently but
-    /// lacks what was acknowledged meanwhile, and a set member must never
-    /// lack an acknowledged record (it may be elected).
-    pub(crate) fn in_sync_replicas(&self, current: &[u32]) -> Vec<u32> {
+    /// `replica_lag_max_ms`, with the log end their last fetch showed:
+    /// who may be in the sync state set ([`plan_sss`] decides).
+    pub(crate) fn caught_up_replicas(&self) -> Vec<(u32, u64)> {
         let max = Duration::from_millis(self.cfg.replica_lag_max_ms);
-        let hw = self.high_watermark();
         let r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
-        let mut ids: Vec<u32> = r
+        let mut ids: Vec<(u32, u64)> = r
             .iter()
-            .filter(|(id, p)| p.connected && p.caught_up_at.elapsed() <= max && (current.contains(id) || p.end >= hw))
-            .map(|(id, _)| *id)
+            .filter(|(_, p)| p.connected && p.caught_up_at.elapsed() <= max)
+            .map(|(id, p)| (*id, p.end))
             .collect();
         ids.sort_unstable();
         ids
@@ -366,6 +366,84 @@ impl Shared {
     /// Publishes the cluster view the frontends answer from.
     pub(crate) fn publish_view(&self, view: ClusterView) {
         self.broker.set_cluster_view(view);
+    }
+}
+
+/// The sync state set a master wants (`etcd`: what it writes there) and
+/// the one its acknowledgements wait for (`local`), from the set etcd
+/// names (`current`), the one acknowledgements waited for so far
+/// (`gated`), the live nodes, the caught-up replicas with their ends and
+/// the high watermark.
+///
+/// A member stays while it is caught up. A caught-up replica outside the
+/// set is gated first — acknowledgements wait for it too, so the high
+/// watermark stops moving past it — and named in etcd (where it may be
+/// elected) only once it holds the high watermark: everything acknowledged
+/// without it (Apache's `maybeExpandInSyncStateSet` with its synchronizing
+/// set). Without the gate a replica behind a busy master would chase a
+/// watermark that moves with every append and never join.
+pub(crate) fn plan_sss(
+    me: u32,
+    current: &[u32],
+    gated: &[u32],
+    live: &[u32],
+    caught_up: &[(u32, u64)],
+    hw: u64,
+) -> (Vec<u32>, Vec<u32>) {
+    let mut etcd = vec![me];
+    let mut local = vec![me];
+    for (id, end) in caught_up.iter().filter(|(id, _)| *id != me && live.contains(id)) {
+        if current.contains(id) || (gated.contains(id) && *end >= hw) {
+            etcd.push(*id);
+        }
+        local.push(*id);
+    }
+    etcd.sort_unstable();
+    local.sort_unstable();
+    (etcd, local)
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::plan_sss;
+
+    #[test]
+    fn a_replica_joins_the_named_set_only_once_it_holds_the_watermark_after_its_gate() {
+        // Caught up by time, behind the watermark, not gated yet: gated.
+        assert_eq!(
+            plan_sss(1, &[1], &[1], &[1, 2], &[(2, 900)], 1000),
+            (vec![1], vec![1, 2])
+        );
+        // Gated, still behind: not named yet.
+        assert_eq!(
+            plan_sss(1, &[1], &[1, 2], &[1, 2], &[(2, 990)], 1000),
+            (vec![1], vec![1, 2])
+        );
+        // Gated and holding the watermark: named.
+        assert_eq!(
+            plan_sss(1, &[1], &[1, 2], &[1, 2], &[(2, 1000)], 1000),
+            (vec![1, 2], vec![1, 2])
+        );
+        // At the watermark but never gated (acknowledgements did not wait
+        // for it: the watermark may have passed it meanwhile): gated first.
+        assert_eq!(
+            plan_sss(1, &[1], &[1], &[1, 2], &[(2, 1000)], 1000),
+            (vec![1], vec![1, 2])
+        );
+        // A member stays while caught up, whatever its end; one no longer
+        // caught up (or not live) leaves both sets.
+        assert_eq!(
+            plan_sss(1, &[1, 2], &[1, 2], &[1, 2], &[(2, 5)], 1000),
+            (vec![1, 2], vec![1, 2])
+        );
+        assert_eq!(
+            plan_sss(1, &[1, 2, 3], &[1, 2, 3], &[1, 2, 3], &[(3, 1000)], 1000),
+            (vec![1, 3], vec![1, 3])
+        );
+        assert_eq!(
+            plan_sss(1, &[1, 2], &[1, 2], &[1], &[(2, 1000)], 1000),
+            (vec![1], vec![1])
+        );
     }
 }
 

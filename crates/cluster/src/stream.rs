@@ -1190,7 +1190,7 @@ mod tests {
             let (_s, kind, body) = greet(&m, &h).await?;
             assert_eq!(kind, REFUSE, "{h:?}: {}", String::from_utf8_lossy(&body));
         }
-        assert!(m.sh.in_sync_replicas(&[1]).is_empty());
+        assert!(caught(&m).is_empty());
         replica(&m).await?;
         // A HELLO captured and sent again within its lifetime: refused.
         // (Another time than the HELLO just sent: a HELLO of the same
@@ -1293,16 +1293,16 @@ mod tests {
         assert!(at > 0 && at < end / 2, "{at} of {end}");
         at = fetch(&mut s, at).await?;
         assert!(at < end, "{at} of {end}");
-        assert!(m.sh.in_sync_replicas(&[1]).is_empty(), "in sync at {at} of {end}");
+        assert!(caught(&m).is_empty(), "in sync at {at} of {end}");
         while at < end {
             at = fetch(&mut s, at).await?;
             if at < end {
-                assert!(m.sh.in_sync_replicas(&[1]).is_empty(), "in sync at {at} of {end}");
+                assert!(caught(&m).is_empty(), "in sync at {at} of {end}");
             }
         }
         // The fetch from the end says it holds everything.
         let _ = tokio::time::timeout(Duration::from_secs(2), fetch(&mut s, at)).await;
-        assert_eq!(m.sh.in_sync_replicas(&[1]), vec![2]);
+        assert_eq!(caught(&m), vec![2]);
         Ok(())
     }
 
@@ -1321,7 +1321,7 @@ mod tests {
             at = fetch(&mut s, at).await?;
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), fetch(&mut s, at)).await;
-        assert_eq!(m.sh.in_sync_replicas(&[1]), vec![2]);
+        assert_eq!(caught(&m), vec![2]);
         drop(s);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let body = vec![7u8; 64 << 10];
@@ -1335,13 +1335,13 @@ mod tests {
         // Its first fetch on the new stream is from where it was.
         let next = fetch(&mut s, at).await?;
         assert!(next > at);
-        assert!(m.sh.in_sync_replicas(&[1]).is_empty(), "in sync at {at} of {end}");
+        assert!(caught(&m).is_empty(), "in sync at {at} of {end}");
         let mut at = next;
         while at < end {
             at = fetch(&mut s, at).await?;
         }
         let _ = tokio::time::timeout(Duration::from_secs(2), fetch(&mut s, at)).await;
-        assert_eq!(m.sh.in_sync_replicas(&[1]), vec![2]);
+        assert_eq!(caught(&m), vec![2]);
         Ok(())
     }
 
@@ -1367,14 +1367,14 @@ mod tests {
         // The old stream's task sees the close and ends.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let _ = tokio::time::timeout(Duration::from_secs(2), fetch(&mut new, at)).await;
-        assert_eq!(m.sh.in_sync_replicas(&[1]), vec![2]);
+        assert_eq!(caught(&m), vec![2]);
         // A newer stream that ends at once: the one still open reports
         // again with its next fetch (it takes over).
         drop(replica(&m).await?);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(m.sh.in_sync_replicas(&[1]).is_empty());
+        assert!(caught(&m).is_empty());
         let _ = tokio::time::timeout(Duration::from_secs(2), fetch(&mut new, at)).await;
-        assert_eq!(m.sh.in_sync_replicas(&[1]), vec![2]);
+        assert_eq!(caught(&m), vec![2]);
         Ok(())
     }
 
@@ -1416,6 +1416,11 @@ mod tests {
             tokio::spawn(async move { follow_stream(&sh, 1, 1, s).await })
         };
         Ok((sh, task, dir))
+    }
+
+    /// The replicas the master counts as caught up.
+    fn caught(m: &Master) -> Vec<u32> {
+        m.sh.caught_up_replicas().into_iter().map(|(id, _)| id).collect()
     }
 
     /// Waits (20 s at most) until `done`.
