@@ -155,3 +155,30 @@ def test_a_state_deleted_under_a_live_master_is_written_again_by_it():
         assert values(cluster) == sorted(f"{t}-{i}" for t in "ab" for i in range(10))
     finally:
         cluster.close()
+
+
+def test_a_fresh_node_does_not_take_a_set_whose_state_is_missing_from_a_node_with_a_history():
+    """Both nodes of a set down, etcd loses the set's state, the replica
+    (with its history) and a brand-new node start: the new node must not
+    take the set — the replica would follow it and cut its log to nothing.
+    The node with the history takes it (after two lease lives, in case a
+    live master writes the state again) and the new one follows it."""
+    name = "fresh-node"
+    cluster = Cluster(name, n=2, min_isr=1)
+    try:
+        assert cluster.wait_in_sync(size=2)
+        produce(cluster, "a")
+        m = cluster.master()
+        r = next(i for i in cluster.nodes if i != m)
+        for n in cluster.nodes.values():
+            n.stop()
+        etcd(cluster, "deleterange", key=state_key(name))
+        cluster.nodes[r].start()
+        time.sleep(0.5)
+        cluster.add_node(3)
+        first = cluster.master(timeout=30, exclude=(m,))
+        assert first == r, f"node {first} took the set, not the node with the history ({r})"
+        assert values(cluster) == sorted(f"a-{i}" for i in range(10))
+        wait_role(cluster, 3, "replica")
+    finally:
+        cluster.close()

@@ -31,6 +31,11 @@ pub struct NodeInfo {
     /// RocketMQ 5 gRPC listener, `host:port` as advertised; empty: none.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub grpc: String,
+    /// Its log has an epoch history (it was a master or followed one): a
+    /// set whose state is missing from etcd is not taken by a fresh node
+    /// while such a node lives.
+    #[serde(default)]
+    pub has_history: bool,
 }
 
 impl NodeInfo {

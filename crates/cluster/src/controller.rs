@@ -168,14 +168,22 @@ impl Controller {
         if let Some(id) = &self.lease_id {
             id.store(self.lease, std::sync::atomic::Ordering::Release);
         }
+        self.put_me().await?;
+        tracing::info!(node = self.me.id, set = %self.me.set, lease = self.lease, "registered in etcd");
+        self.publish_all_groups = true;
+        Ok(())
+    }
+
+    /// This node's registration, under its lease (whether its log has an
+    /// epoch history as of now).
+    async fn put_me(&mut self) -> Res<()> {
+        self.me.has_history = !self.sh.store.epochs().is_empty();
         let json = serde_json::to_vec(&self.me).map_err(|e| e.to_string())?;
         let key = self.node_key(self.me.id);
         self.client
             .put(key, json, Some(PutOptions::new().with_lease(self.lease)))
             .await
             .map_err(err("register"))?;
-        tracing::info!(node = self.me.id, set = %self.me.set, lease = self.lease, "registered in etcd");
-        self.publish_all_groups = true;
         Ok(())
     }
 
@@ -355,6 +363,10 @@ impl Controller {
             self.register().await?;
             return Ok(());
         }
+        // Its log gained (or lost) an epoch history since it registered.
+        if self.me.has_history == self.sh.store.epochs().is_empty() {
+            self.put_me().await?;
+        }
         self.sh.broker.membership().set_remote(remote_members);
         // A put etcd refuses (a group's members past its request limit)
         // must not stop this step's election, hand-over or sync-state-set
@@ -423,14 +435,22 @@ impl Controller {
                 }
             }
             None => {
-                // A node with a history waits for a live master to write
-                // the state again (two lease lives): taking the set at once,
-                // a replica behind the master would make the master cut its
-                // log to the replica's end. A fresh node (no epoch yet: a
-                // new cluster) goes on at once.
+                // A new set (no live node of it has an epoch history) is
+                // taken at once. Otherwise the state went missing (etcd
+                // wiped or restored): a live master writes it again, so a
+                // node waits two lease lives for that — a replica behind the
+                // master taking the set would make the master cut its log
+                // to the replica's end — and then only a node with a
+                // history takes it (a fresh one would make every other log
+                // start over).
+                let mine = !self.sh.store.epochs().is_empty();
+                let any_history = mine
+                    || nodes
+                        .iter()
+                        .any(|n| n.set == self.me.set && n.id != me && n.has_history);
                 let since = *self.state_missing_since.get_or_insert_with(Instant::now);
                 let wait = Duration::from_secs(2 * u64::from(self.sh.cfg.lease_ttl_secs));
-                if self.sh.store.epochs().is_empty() || since.elapsed() >= wait {
+                if !any_history || (mine && since.elapsed() >= wait) {
                     let st = SetState {
                         master: Some(me),
                         epoch: self.next_epoch(0)?,
@@ -452,6 +472,7 @@ impl Controller {
                         local.extend(self.sh.sss().into_iter().filter(|id| !st.sss.contains(id)));
                         local.sort_unstable();
                         self.sh.set_sss(local);
+                        named_gauge(&st.sss);
                         self.named_sss = st.sss.clone();
                         if self.sh.newer_epoch() > st.epoch {
                             self.sh.set_role(Role::Fenced);
@@ -493,6 +514,7 @@ impl Controller {
                     }
                     Some(m) if master_alive => {
                         self.sh.set_sss(st.sss.clone());
+                        named_gauge(&st.sss);
                         self.sh.set_role(Role::Replica {
                             master: m,
                             epoch: st.epoch,
@@ -940,6 +962,7 @@ impl Controller {
         tokio::task::block_in_place(|| store.begin_epoch(epoch))
             .map_err(|e| format!("recording epoch {epoch}: {e}"))?;
         self.sh.set_sss(st.sss.clone());
+        named_gauge(&st.sss);
         self.named_sss = st.sss.clone();
         self.sh.set_role(Role::Master { epoch: st.epoch });
         // Members of the sync state set get replica_lag_max_ms to connect.
@@ -963,6 +986,7 @@ impl Controller {
         if want == st.sss {
             if local != gated {
                 self.sh.set_sss(local);
+                named_gauge(&want);
             }
             return Ok(());
         }
@@ -977,6 +1001,7 @@ impl Controller {
             tracing::info!(from = ?st.sss, to = ?want, "sync state set changed");
             metrics::counter!("rokka_cluster_sss_changes_total").increment(1);
             self.sh.set_sss(local);
+            named_gauge(&want);
             self.named_sss = want;
         }
         Ok(())
@@ -995,6 +1020,12 @@ impl Controller {
         let r = self.client.txn(txn).await.map_err(err("txn"))?;
         Ok(r.succeeded())
     }
+}
+
+/// The sync state set etcd names (Kafka's ISR, what clients are shown):
+/// `rokka_cluster_sync_state_set_size`.
+fn named_gauge(sss: &[u32]) {
+    metrics::gauge!("rokka_cluster_sync_state_set_size").set(sss.len() as f64);
 }
 
 /// Marks broker set `set` as draining (no new topic or partition is

@@ -177,8 +177,9 @@ impl Shared {
         }
     }
 
+    /// The set acknowledgements wait for: etcd's, and on a master the
+    /// replicas gated to join it ([`plan_sss`]).
     pub(crate) fn set_sss(&self, sss: Vec<u32>) {
-        metrics::gauge!("rokka_cluster_sync_state_set_size").set(sss.len() as f64);
         self.alone.store(sss.len() <= 1, Ordering::Release);
         *self.sss.lock().unwrap_or_else(|p| p.into_inner()) = sss;
         self.offsets_acks.progress.notify_waiters();

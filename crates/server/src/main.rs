@@ -724,6 +724,8 @@ async fn serve(
             namesrv: host("namesrv"),
             replication: String::new(),
             rack: cfg.cluster.rack.clone(),
+            // Set as it registers.
+            has_history: false,
         };
         // Several broker sets: other sets' committed offsets are read and
         // written, and Kafka transactions reach their participants, on
