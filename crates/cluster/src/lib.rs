@@ -171,9 +171,15 @@ impl Shared {
             Role::Replica { epoch, .. } => {
                 metrics::gauge!("rokka_cluster_epoch").set(f64::from(epoch));
                 self.store.set_leader(false);
-                self.store.follow_master();
             }
             Role::Unknown | Role::Fenced => self.store.set_leader(false),
+        }
+        drop(r);
+        // A replica again: the master's writes are taken (outside the role
+        // lock: this waits for the store's writer, which a long operation
+        // may hold while others ask the role).
+        if matches!(role, Role::Replica { .. }) {
+            self.store.follow_master();
         }
     }
 

@@ -945,7 +945,7 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
         }
         if body.remaining() >= 4 {
             let len = body.get_u32() as usize;
-            if len > 0 && body.remaining() >= len {
+            if len > 0 && body.remaining() >= len && store.takes_replica_writes() {
                 store
                     .offsets()
                     .replace_with(&body.split_to(len))
@@ -1015,6 +1015,12 @@ async fn follow_stream<S: AsyncRead + AsyncWrite + Unpin>(sh: &Shared, master: u
             let applied = Arc::clone(&groups_applied);
             let pending = std::mem::take(&mut starts_pending);
             starts_pending = tokio::task::spawn_blocking(move || -> Result<_, String> {
+                // Nothing of it once this node began an epoch of its own
+                // (elected while this frame waited): not its entries (the
+                // store refuses them too), not its tables.
+                if !st.takes_replica_writes() {
+                    return Ok(pending);
+                }
                 // Not once this node has taken over: it coordinates the
                 // groups itself then.
                 if let (Some(snap), Some(g), false) = (groups, broker.replicated_groups(), st.is_leader()) {

@@ -48,6 +48,11 @@ impl Manifest {
         }
     }
 
+    /// Whether `dir` holds a manifest file (readable or not).
+    pub fn exists(dir: &Path) -> bool {
+        dir.join(FILE).exists()
+    }
+
     pub fn store(&self, dir: &Path) -> Result<()> {
         let data = serde_json::to_vec(self).map_err(|e| StoreError::Config(format!("queue manifest: {e}")))?;
         write_atomically(&dir.join(FILE), &data)

@@ -94,6 +94,11 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
             crate::replication::drop_epochs_after(&dir, at)?;
             if let Some(m) = manifest.as_mut() {
                 m.queues.clear();
+                // Tombstones past the cut: as of the cut (as the cut itself
+                // lowers them).
+                for end in m.deleted.values_mut() {
+                    *end = (*end).min(at);
+                }
             }
             cp.map(|c| Checkpoint {
                 safe_offset: c.safe_offset.min(at),
@@ -757,8 +762,9 @@ fn finish_deletes(dir: &Path, deleted: &std::collections::BTreeMap<String, u64>,
         let old: Vec<u32> = qs
             .iter()
             .filter(|(_, cq)| {
+                // (An empty queue holds nothing of either incarnation.)
                 let n = cq.entry_count();
-                n == 0 || cq.entry(n - 1).is_none_or(|e| e.phys_offset < *end)
+                n > 0 && cq.entry(n - 1).is_some_and(|e| e.phys_offset < *end)
             })
             .map(|(q, _)| *q)
             .collect();
@@ -772,7 +778,10 @@ fn finish_deletes(dir: &Path, deleted: &std::collections::BTreeMap<String, u64>,
                 cq.destroy()?;
             }
         }
-        if qs.is_empty() {
+        if qs.values().all(|cq| cq.entry_count() == 0) {
+            for cq in qs.values() {
+                cq.destroy()?;
+            }
             queues.remove(topic.as_str());
             for tdir in [
                 dir.join("consumequeue").join(topic),

@@ -233,6 +233,13 @@ impl MessageStore {
         Ok(())
     }
 
+    /// Whether a master's writes are taken (not once this node began an
+    /// epoch of its own): the tables a replica takes with the log check it
+    /// as the log's writes do.
+    pub fn takes_replica_writes(&self) -> bool {
+        !self.inner.replica_writes_closed.load(Ordering::Acquire)
+    }
+
     /// This node follows a master (again): its writes are taken.
     pub fn follow_master(&self) {
         let _w = self.inner.writer();
@@ -513,6 +520,13 @@ impl MessageStore {
         }
         for q in inner.all_queues() {
             q.truncate_from_phys(offset)?;
+        }
+        // A topic deleted past the cut was deleted as of the cut at most:
+        // records the new master wrote from there on (the topic made again,
+        // or never deleted there) are not the deleted incarnation's (a
+        // start would otherwise drop them as an interrupted deletion).
+        for end in inner.deleted.lock().unwrap_or_else(|p| p.into_inner()).values_mut() {
+            *end = (*end).min(offset);
         }
         // The records appended from the cut on are indexed again, and the
         // last record before the cut is what a clean stop's checkpoint

@@ -919,7 +919,20 @@ impl MessageStore {
             // topic from the CommitLog at the next start, records and all.
             // The manifest on disk gets the tombstone (its queue ends stay
             // the last checkpoint's: those are what is durable).
-            let mut manifest = crate::manifest::Manifest::load(&self.inner.dir).unwrap_or_default();
+            // (One that is there but cannot be read is not overwritten with
+            // only this tombstone: the delete is refused until a checkpoint
+            // writes it whole again.)
+            let mut manifest = match crate::manifest::Manifest::load(&self.inner.dir) {
+                Some(m) => m,
+                None if !crate::manifest::Manifest::exists(&self.inner.dir) => Default::default(),
+                None => {
+                    w.queues.insert(Arc::from(topic), removed);
+                    return Err(StoreError::Config(
+                        "the queue manifest cannot be read: the topic is not deleted until a checkpoint writes it again"
+                            .into(),
+                    ));
+                }
+            };
             manifest.deleted.insert(topic.to_string(), end);
             manifest
                 .queues

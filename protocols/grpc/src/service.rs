@@ -1185,9 +1185,11 @@ impl Messaging {
         }
         let may_create = sender.is_none_or(|who| {
             let host = peer.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
-            self.broker
-                .acls()
-                .allows(who, host, (Rt::Topic, &inc.topic, Op::Create))
+            !who.is_empty()
+                && self
+                    .broker
+                    .acls()
+                    .allows(who, host, (Rt::Topic, &inc.topic, Op::Create))
         });
         let info = match self.broker.topic_or_create(&inc.topic, may_create, None) {
             Ok(Some(t)) => t,
@@ -1634,7 +1636,9 @@ impl pb::messaging_service_server::MessagingService for Service {
             topics.dedup();
             let needs: Vec<Need<'_>> = topics.into_iter().map(|t| rocketmq_topic(t, Op::Write)).collect();
             guard!(self, req, &needs, SendMessageResponse);
-            sender = m.guard.who(&m.broker, &req).ok().flatten();
+            // Who sends, for a topic the send would make (CREATE): a
+            // caller not known now (held off since the guard) makes none.
+            sender = Some(m.guard.who(&m.broker, &req).ok().flatten().unwrap_or_default());
         }
         let peer = crate::peer(&req);
         let req = req.into_inner();
