@@ -409,10 +409,12 @@ def test_a_receive_without_a_long_polling_time_polls_until_its_deadline(rokka, c
 
 def test_a_consumer_group_or_topic_longer_than_a_name_can_be_is_refused(rokka, clients):
     """A group is kept per queue of its topic (pop state), per consumer and
-    per renewal: a call naming one longer than 255 bytes is refused
+    per renewal, and its retry and dead-letter topics (`%RETRY%<group>`)
+    must be topics: a call naming one longer than 248 bytes is refused
     ILLEGAL_CONSUMER_GROUP before anything is kept, as Apache's proxy
-    validates it; a topic longer than a topic can be, ILLEGAL_TOPIC. Raw,
-    with Apache's generated stubs (the Python client checks neither)."""
+    validates groups (its clients: 120 characters); a topic longer than a
+    topic can be, ILLEGAL_TOPIC. Raw, with Apache's generated stubs (the
+    Python client checks neither)."""
     import grpc
     from rocketmq.grpc_protocol import definition_pb2 as d
     from rocketmq.grpc_protocol import service_pb2 as s
@@ -439,7 +441,7 @@ def test_a_consumer_group_or_topic_longer_than_a_name_can_be_is_refused(rokka, c
             out = list(stub.ReceiveMessage(req, timeout=8, metadata=meta))
             return [r.status.code for r in out if r.HasField("status")], [r.message.body for r in out if r.HasField("message")]
 
-        assert receive("g" * 256, topic)[0] == [d.Code.ILLEGAL_CONSUMER_GROUP]
+        assert receive("g" * 249, topic)[0] == [d.Code.ILLEGAL_CONSUMER_GROUP]
         assert receive("g" * 20, "t" * 300)[0] == [d.Code.ILLEGAL_TOPIC]
         hb = stub.Heartbeat(
             s.HeartbeatRequest(group=d.Resource(name="h" * 256), client_type=d.ClientType.SIMPLE_CONSUMER),
@@ -447,8 +449,8 @@ def test_a_consumer_group_or_topic_longer_than_a_name_can_be_is_refused(rokka, c
             metadata=meta,
         )
         assert hb.status.code == d.Code.ILLEGAL_CONSUMER_GROUP, hb.status
-        # At 255 bytes the group is served: the message is received.
-        got = receive("g" * 255, topic)[1]
+        # At 248 bytes the group is served: the message is received.
+        got = receive("g" * 248, topic)[1]
         assert got == [b"x"], got
     finally:
         chan.close()
