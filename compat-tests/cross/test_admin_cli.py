@@ -477,6 +477,28 @@ def test_dlq_list_show_and_resend(rokka):
     # The group's own consumer gets each once (it stands past the originals).
     got = rocketmq_consume(rokka, "CompatRetry", group, 5)
     assert sorted(d.body for d in got) == sorted(b.encode() for b in bodies)
+    # A dead letter whose RETRY_TOPIC a client set (a send to %DLQ%<group>)
+    # naming a topic the group does not consume is not resent with the
+    # operator's rights.
+    import socket
+    import struct
+
+    kafka_produce(rokka, "cli-victim", [{"value": b"v"}])
+    ext = {"producerGroup": "pg", "topic": f"%DLQ%{group}", "defaultTopic": "TBW102", "defaultTopicQueueNums": "1",
+           "queueId": "0", "sysFlag": "0", "bornTimestamp": str(int(time.time() * 1000)), "flag": "0",
+           "properties": "RETRY_TOPIC\x01cli-victim\x02UNIQ_KEY\x01C0FFEE03\x02"}
+    header = json.dumps({"code": 10, "language": "JAVA", "version": 453, "opaque": 1, "flag": 0,
+                         "extFields": ext}).encode()
+    with socket.create_connection(("127.0.0.1", rokka.broker_port), timeout=10) as sock:
+        sock.sendall(struct.pack(">ii", 4 + len(header) + 7, len(header)) + header + b"planted")
+        n = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+        frame = sock.recv(n, socket.MSG_WAITALL)
+        hlen = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
+        sent = json.loads(frame[4:4 + hlen])
+    assert sent["code"] == 0, sent
+    planted = int(sent["extFields"]["queueOffset"])
+    out, _ = rmq_cli(rokka, "dlq", "resend", group, "--offset", str(planted), expect=1)
+    assert out["results"][0]["result"] == "failed" and "neither subscribes" in out["results"][0]["detail"], out
     # A resend that cannot be delivered says so, per message, and exits 1.
     cli(rokka, "topic", "delete", "CompatRetry")
     out, _ = rmq_cli(rokka, "dlq", "resend", group, "--offset", f"{first['offset']},99", expect=1)

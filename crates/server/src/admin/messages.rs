@@ -610,6 +610,43 @@ fn resend_properties(m: &MessageView) -> String {
     properties::encode(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
+/// Whether `group` consumes `topic` on one of `route`'s brokers
+/// (QUERY_TOPIC_CONSUME_BY_WHO: subscribed now, or holding offsets).
+fn group_consumes(
+    r: &mut Remoting,
+    route: &[BrokerQueues],
+    topic: &str,
+    group: &str,
+) -> std::result::Result<(), String> {
+    if rokka_broker::is_system_topic(topic) {
+        return Err(format!(
+            "{topic} is one of the broker's own topics: not a resend target"
+        ));
+    }
+    for b in route {
+        let fields = [("topic", topic.to_string())];
+        let Ok(resp) = r.ok(
+            &b.addr,
+            code::QUERY_TOPIC_CONSUME_BY_WHO,
+            &fields,
+            "QUERY_TOPIC_CONSUME_BY_WHO",
+        ) else {
+            continue;
+        };
+        let listed = serde_json::from_slice::<Value>(&resp.body)
+            .ok()
+            .and_then(|v| v.get("groupList").cloned())
+            .and_then(|l| l.as_array().cloned())
+            .is_some_and(|l| l.iter().any(|g| g.as_str() == Some(group)));
+        if listed {
+            return Ok(());
+        }
+    }
+    Err(format!(
+        "its RETRY_TOPIC names {topic}, which group {group} neither subscribes to nor holds offsets on (a property a client can set): not resent"
+    ))
+}
+
 pub fn dlq_resend(
     r: &mut Remoting,
     group: &str,
@@ -644,6 +681,7 @@ pub fn dlq_resend(
         &["broker", "queue", "offset", "msg_id", "topic", "result", "detail"],
     );
     let mut routes: BTreeMap<String, std::result::Result<Vec<BrokerQueues>, String>> = BTreeMap::new();
+    let mut consumers: BTreeMap<String, std::result::Result<(), String>> = BTreeMap::new();
     let mut turn = 0usize;
     let (mut ok, mut failed) = (0usize, 0usize);
     for (b, q, offset) in &wanted {
@@ -702,6 +740,20 @@ pub fn dlq_resend(
             .entry(original.clone())
             .or_insert_with(|| r.route(&original).map_err(|e| e.to_string()))
             .clone();
+        // RETRY_TOPIC is a property a client can set (a send to %DLQ%<group>
+        // needs only READ on the group): resent with the operator's rights,
+        // a planted one would write where its sender may not. Only a topic
+        // the group consumes (subscribed, or holding offsets) is a target.
+        if let Ok(t) = &target {
+            let consumed = consumers
+                .entry(original.clone())
+                .or_insert_with(|| group_consumes(r, t, &original, group))
+                .clone();
+            if let Err(why) = consumed {
+                row(id, json!(original), Err(why));
+                continue;
+            }
+        }
         let target = match target {
             Ok(t) if t.iter().any(|b| b.write_queues > 0) => t,
             Ok(_) => {

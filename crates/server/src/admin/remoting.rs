@@ -35,6 +35,7 @@ pub mod code {
     pub const GET_BROKER_CLUSTER_INFO: i32 = 106;
     pub const GET_ROUTEINFO_BY_TOPIC: i32 = 105;
     pub const INVOKE_BROKER_TO_RESET_OFFSET: i32 = 222;
+    pub const QUERY_TOPIC_CONSUME_BY_WHO: i32 = 300;
 }
 
 /// One broker (set master) serving a topic, and its queue counts.
