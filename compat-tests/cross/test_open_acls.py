@@ -14,8 +14,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
 
 from rokka_fixture import Rokka, results_dir
+from test_acls import PASSWORDS, sasl  # the same users' SCRAM logins
 
-PASSWORDS = {"admin": "admin-secret", "alice": "alice-secret"}
 
 
 def rmq_frame(code, opaque, ext, body=b""):
@@ -64,16 +64,6 @@ def rokka():
     finally:
         code = r.close()
         assert code == 0, f"rokka exited with {code}; log: {r.log_path}"
-
-
-def sasl(r, user):
-    return {
-        "bootstrap.servers": f"127.0.0.1:{r.sasl_port}",
-        "security.protocol": "sasl_plaintext",
-        "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": user,
-        "sasl.password": PASSWORDS[user],
-    }
 
 
 def read(conf, topic, partitions, n, timeout=15):

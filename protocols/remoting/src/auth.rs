@@ -403,6 +403,15 @@ pub fn principal_of(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingC
         .map(Cow::into_owned)
 }
 
+/// Whether `cmd` is the cluster's own call, verified (its AccessKey the
+/// cluster's, signed with the cluster's secret).
+fn is_cluster_call(broker: &Broker, cmd: &RemotingCommand) -> bool {
+    cmd.ext_fields
+        .get("AccessKey")
+        .is_some_and(|ak| ak.starts_with(rokka_broker::internal::ACCESS_KEY_PREFIX))
+        && verify_cluster_call(broker, cmd).is_ok()
+}
+
 /// Who a listing (groups of a topic, a group's topics) is filtered for:
 /// `None` sees everything — authorization off, or the cluster's own call
 /// (a coordinator listing a group's offsets on another set).
@@ -410,12 +419,7 @@ pub fn lister(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand
     if !broker.acls().enabled() {
         return None;
     }
-    if cmd
-        .ext_fields
-        .get("AccessKey")
-        .is_some_and(|ak| ak.starts_with(rokka_broker::internal::ACCESS_KEY_PREFIX))
-        && verify_cluster_call(broker, cmd).is_ok()
-    {
+    if is_cluster_call(broker, cmd) {
         return None;
     }
     Some(
@@ -447,12 +451,7 @@ pub fn check_need(
     if !broker.acls().enabled() {
         return None;
     }
-    if cmd
-        .ext_fields
-        .get("AccessKey")
-        .is_some_and(|ak| ak.starts_with(rokka_broker::internal::ACCESS_KEY_PREFIX))
-        && verify_cluster_call(broker, cmd).is_ok()
-    {
+    if is_cluster_call(broker, cmd) {
         return None;
     }
     let refused = |remark: String| refuse(conn, cmd, remark, need.0.label());
