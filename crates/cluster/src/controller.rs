@@ -77,9 +77,6 @@ pub struct Controller {
     /// Since when this set's state has been missing from etcd (a node
     /// with a history waits for the master to write it again).
     state_missing_since: Option<Instant>,
-    /// The sync state set etcd names as this master last read or wrote
-    /// it (the local one may hold replicas gated to join it).
-    named_sss: Vec<u32>,
 }
 
 type Res<T> = Result<T, String>;
@@ -110,7 +107,6 @@ impl Controller {
             unreadable_logged: None,
             groups_failing: false,
             state_missing_since: None,
-            named_sss: Vec::new(),
         };
         c.register().await?;
         let secret = c.cluster_secret().await?;
@@ -177,13 +173,16 @@ impl Controller {
     /// This node's registration, under its lease (whether its log has an
     /// epoch history as of now).
     async fn put_me(&mut self) -> Res<()> {
-        self.me.has_history = !self.sh.store.epochs().is_empty();
-        let json = serde_json::to_vec(&self.me).map_err(|e| e.to_string())?;
-        let key = self.node_key(self.me.id);
+        let mut me = self.me.clone();
+        me.has_history = !self.sh.store.epochs().is_empty();
+        let json = serde_json::to_vec(&me).map_err(|e| e.to_string())?;
+        let key = self.node_key(me.id);
         self.client
             .put(key, json, Some(PutOptions::new().with_lease(self.lease)))
             .await
             .map_err(err("register"))?;
+        // Only once etcd has it (a failed put is tried again next step).
+        self.me = me;
         Ok(())
     }
 
@@ -419,11 +418,8 @@ impl Controller {
                     Role::Master { epoch } => epoch,
                     _ => 0,
                 };
-                let sss = if self.named_sss.contains(&me) {
-                    self.named_sss.clone()
-                } else {
-                    vec![me]
-                };
+                let named = self.sh.named();
+                let sss = if named.contains(&me) { named } else { vec![me] };
                 let st = SetState {
                     master: Some(me),
                     epoch,
@@ -472,8 +468,7 @@ impl Controller {
                         local.extend(self.sh.sss().into_iter().filter(|id| !st.sss.contains(id)));
                         local.sort_unstable();
                         self.sh.set_sss(local);
-                        named_gauge(&st.sss);
-                        self.named_sss = st.sss.clone();
+                        self.sh.set_named(st.sss.clone());
                         if self.sh.newer_epoch() > st.epoch {
                             self.sh.set_role(Role::Fenced);
                         } else {
@@ -514,7 +509,7 @@ impl Controller {
                     }
                     Some(m) if master_alive => {
                         self.sh.set_sss(st.sss.clone());
-                        named_gauge(&st.sss);
+                        self.sh.set_named(st.sss.clone());
                         self.sh.set_role(Role::Replica {
                             master: m,
                             epoch: st.epoch,
@@ -869,10 +864,13 @@ impl Controller {
                 epoch,
                 // What etcd names (a replica gated to join is not in sync
                 // for clients yet).
-                sss: if self.named_sss.contains(&self.me.id) {
-                    self.named_sss.clone()
-                } else {
-                    self.sh.sss()
+                sss: {
+                    let named = self.sh.named();
+                    if named.contains(&self.me.id) {
+                        named
+                    } else {
+                        vec![self.me.id]
+                    }
                 },
             },
             _ => fallback,
@@ -962,8 +960,7 @@ impl Controller {
         tokio::task::block_in_place(|| store.begin_epoch(epoch))
             .map_err(|e| format!("recording epoch {epoch}: {e}"))?;
         self.sh.set_sss(st.sss.clone());
-        named_gauge(&st.sss);
-        self.named_sss = st.sss.clone();
+        self.sh.set_named(st.sss.clone());
         self.sh.set_role(Role::Master { epoch: st.epoch });
         // Members of the sync state set get replica_lag_max_ms to connect.
         for id in st.sss.iter().filter(|id| **id != self.me.id) {
@@ -982,11 +979,12 @@ impl Controller {
             live,
             &self.sh.caught_up_replicas(),
             self.sh.high_watermark(),
+            // Keeping up now: caught up within a few controller steps.
+            Duration::from_millis((3 * self.sh.cfg.poll_interval_ms).max(1000)),
         );
         if want == st.sss {
             if local != gated {
                 self.sh.set_sss(local);
-                named_gauge(&want);
             }
             return Ok(());
         }
@@ -1001,8 +999,7 @@ impl Controller {
             tracing::info!(from = ?st.sss, to = ?want, "sync state set changed");
             metrics::counter!("rokka_cluster_sss_changes_total").increment(1);
             self.sh.set_sss(local);
-            named_gauge(&want);
-            self.named_sss = want;
+            self.sh.set_named(want);
         }
         Ok(())
     }
@@ -1020,12 +1017,6 @@ impl Controller {
         let r = self.client.txn(txn).await.map_err(err("txn"))?;
         Ok(r.succeeded())
     }
-}
-
-/// The sync state set etcd names (Kafka's ISR, what clients are shown):
-/// `rokka_cluster_sync_state_set_size`.
-fn named_gauge(sss: &[u32]) {
-    metrics::gauge!("rokka_cluster_sync_state_set_size").set(sss.len() as f64);
 }
 
 /// Marks broker set `set` as draining (no new topic or partition is

@@ -75,6 +75,9 @@ pub struct Shared {
     role: Mutex<Role>,
     /// The sync state set as stored in etcd (master included).
     sss: Mutex<Vec<u32>>,
+    /// The sync state set etcd names (who may be elected; Kafka's ISR,
+    /// `min_insync_replicas`): `sss` may hold replicas gated to join it.
+    named: Mutex<Vec<u32>>,
     /// The sync state set holds this node alone (read on every append).
     alone: std::sync::atomic::AtomicBool,
     replicas: Mutex<HashMap<u32, Progress>>,
@@ -116,6 +119,7 @@ impl Shared {
             broker,
             role: Mutex::new(Role::Unknown),
             sss: Mutex::new(Vec::new()),
+            named: Mutex::new(Vec::new()),
             alone: std::sync::atomic::AtomicBool::new(true),
             replicas: Mutex::new(HashMap::new()),
             streams: AtomicU64::new(0),
@@ -217,6 +221,18 @@ impl Shared {
         self.sss.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// The set etcd names, as this node last read or wrote it
+    /// (`rokka_cluster_sync_state_set_size`).
+    pub(crate) fn set_named(&self, sss: Vec<u32>) {
+        metrics::gauge!("rokka_cluster_sync_state_set_size").set(sss.len() as f64);
+        *self.named.lock().unwrap_or_else(|p| p.into_inner()) = sss;
+        self.update_high_watermark();
+    }
+
+    pub(crate) fn named(&self) -> Vec<u32> {
+        self.named.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     pub(crate) fn set_addrs(&self, addrs: HashMap<u32, String>) {
         *self.addrs.lock().unwrap_or_else(|p| p.into_inner()) = addrs;
     }
@@ -225,30 +241,32 @@ impl Shared {
         self.addrs.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
     }
 
-    /// Replica `id` has a new stream: the token its progress and its end
-    /// are reported with (an older stream of the same replica, still
-    /// ending, changes nothing after this).
-    pub(crate) fn replica_connected(&self, id: u32) -> u64 {
+    /// Replica `id` has a new stream, its log ending at `end` once the
+    /// handshake's cut or restart is done: the token its progress and its
+    /// end are reported with (an older stream of the same replica, still
+    /// ending, changes nothing after this). A member of the named set that
+    /// holds the high watermark keeps its grace (`replica_lag_max_ms` from
+    /// when it was last caught up; from now if it had no entry, as after an
+    /// election); one that does not — it lost its tail or its disk — is
+    /// caught up no more, so the next controller step takes it out of the
+    /// set where it could be elected; a replica outside the set shows it
+    /// is caught up on this stream.
+    pub(crate) fn replica_connected(&self, id: u32, end: u64) -> u64 {
         let stream = self.streams.fetch_add(1, Ordering::AcqRel) + 1;
-        // (The set's lock before the replicas', as everywhere.)
-        let member = self.sss().contains(&id);
+        let keeps_grace = self.named().contains(&id) && end >= self.high_watermark();
+        let long_ago = Instant::now() - Duration::from_secs(3600);
         let mut r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
         let e = r.entry(id).or_insert(Progress {
-            end: 0,
-            caught_up_at: Instant::now() - Duration::from_secs(3600),
+            end,
+            caught_up_at: if keeps_grace { Instant::now() } else { long_ago },
             connected: true,
             stream,
         });
         e.connected = true;
         e.stream = stream;
-        // What it held is the old stream's: the replica may have lost its
-        // tail (or its disk) in between, so acknowledgements count its end
-        // again from its first fetch on this stream. A member keeps its
-        // grace (`replica_lag_max_ms` from when it was last caught up); a
-        // replica outside the set shows it is caught up on this stream.
-        e.end = 0;
-        if !member {
-            e.caught_up_at = Instant::now() - Duration::from_secs(3600);
+        e.end = end;
+        if !keeps_grace {
+            e.caught_up_at = long_ago;
         }
         stream
     }
@@ -319,17 +337,22 @@ impl Shared {
     }
 
     /// Replicas that are connected and were caught up within
-    /// `replica_lag_max_ms`, with the log end their last fetch showed:
-    /// who may be in the sync state set ([`plan_sss`] decides).
-    pub(crate) fn caught_up_replicas(&self) -> Vec<(u32, u64)> {
+    /// `replica_lag_max_ms`, with the log end their last fetch showed and
+    /// how long ago they were caught up: who may be in the sync state set
+    /// ([`plan_sss`] decides).
+    pub(crate) fn caught_up_replicas(&self) -> Vec<Caught> {
         let max = Duration::from_millis(self.cfg.replica_lag_max_ms);
         let r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
-        let mut ids: Vec<(u32, u64)> = r
+        let mut ids: Vec<Caught> = r
             .iter()
             .filter(|(_, p)| p.connected && p.caught_up_at.elapsed() <= max)
-            .map(|(id, p)| (*id, p.end))
+            .map(|(id, p)| Caught {
+                id: *id,
+                end: p.end,
+                age: p.caught_up_at.elapsed(),
+            })
             .collect();
-        ids.sort_unstable();
+        ids.sort_unstable_by_key(|c| c.id);
         ids
     }
 
@@ -350,13 +373,21 @@ impl Shared {
             rokka_store::FlushMode::Async => self.store.log_end(),
         };
         let mut hw = own;
+        // What counts toward min_insync_replicas is the named set (a
+        // gated replica cannot be elected yet); acknowledgements and the
+        // watermark wait for the gated ones too.
+        let named = self.named.lock().unwrap_or_else(|p| p.into_inner()).len();
         let members = {
             let sss = self.sss.lock().unwrap_or_else(|p| p.into_inner());
             let r = self.replicas.lock().unwrap_or_else(|p| p.into_inner());
             for id in sss.iter().filter(|id| **id != self.cfg.node_id) {
                 hw = hw.min(r.get(id).filter(|p| p.connected).map_or(0, |p| p.end));
             }
-            sss.len()
+            if named == 0 {
+                sss.len()
+            } else {
+                named.min(sss.len())
+            }
         };
         let too_few = (members as u32) < self.cfg.min_insync_replicas;
         self.store.set_too_few_replicas(too_few);
@@ -376,14 +407,26 @@ impl Shared {
     }
 }
 
+/// A replica the master counts as caught up: its log end as of its last
+/// fetch, and how long ago it was last caught up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Caught {
+    pub id: u32,
+    pub end: u64,
+    pub age: Duration,
+}
+
 /// The sync state set a master wants (`etcd`: what it writes there) and
 /// the one its acknowledgements wait for (`local`), from the set etcd
 /// names (`current`), the one acknowledgements waited for so far
-/// (`gated`), the live nodes, the caught-up replicas with their ends and
-/// the high watermark.
+/// (`gated`), the live nodes, the caught-up replicas and the high
+/// watermark.
 ///
-/// A member stays while it is caught up. A caught-up replica outside the
-/// set is gated first — acknowledgements wait for it too, so the high
+/// A member stays while it is caught up (within `replica_lag_max_ms`: the
+/// list holds no other). A replica outside the set must have been caught
+/// up within `fresh` (its fetches keep up now: one that fell behind since
+/// would hold acknowledgements and the read limit back while it catches
+/// up); it is gated first — acknowledgements wait for it too, so the high
 /// watermark stops moving past it — and named in etcd (where it may be
 /// elected) only once it holds the high watermark: everything acknowledged
 /// without it (Apache's `maybeExpandInSyncStateSet` with its synchronizing
@@ -394,16 +437,22 @@ pub(crate) fn plan_sss(
     current: &[u32],
     gated: &[u32],
     live: &[u32],
-    caught_up: &[(u32, u64)],
+    caught_up: &[Caught],
     hw: u64,
+    fresh: Duration,
 ) -> (Vec<u32>, Vec<u32>) {
     let mut etcd = vec![me];
     let mut local = vec![me];
-    for (id, end) in caught_up.iter().filter(|(id, _)| *id != me && live.contains(id)) {
-        if current.contains(id) || (gated.contains(id) && *end >= hw) {
-            etcd.push(*id);
+    for c in caught_up.iter().filter(|c| c.id != me && live.contains(&c.id)) {
+        if current.contains(&c.id) {
+            etcd.push(c.id);
+            local.push(c.id);
+        } else if c.age <= fresh {
+            if gated.contains(&c.id) && c.end >= hw {
+                etcd.push(c.id);
+            }
+            local.push(c.id);
         }
-        local.push(*id);
     }
     etcd.sort_unstable();
     local.sort_unstable();
@@ -412,45 +461,52 @@ pub(crate) fn plan_sss(
 
 #[cfg(test)]
 mod plan_tests {
-    use super::plan_sss;
+    use super::{plan_sss, Caught};
+    use std::time::Duration;
+
+    const FRESH: Duration = Duration::from_secs(1);
+
+    fn c(id: u32, end: u64, age_ms: u64) -> Caught {
+        Caught {
+            id,
+            end,
+            age: Duration::from_millis(age_ms),
+        }
+    }
 
     #[test]
     fn a_replica_joins_the_named_set_only_once_it_holds_the_watermark_after_its_gate() {
-        // Caught up by time, behind the watermark, not gated yet: gated.
-        assert_eq!(
-            plan_sss(1, &[1], &[1], &[1, 2], &[(2, 900)], 1000),
-            (vec![1], vec![1, 2])
-        );
+        let plan = |current: &[u32], gated: &[u32], live: &[u32], caught: &[Caught]| {
+            plan_sss(1, current, gated, live, caught, 1000, FRESH)
+        };
+        // Caught up just now, behind the watermark, not gated yet: gated.
+        assert_eq!(plan(&[1], &[1], &[1, 2], &[c(2, 900, 100)]), (vec![1], vec![1, 2]));
         // Gated, still behind: not named yet.
-        assert_eq!(
-            plan_sss(1, &[1], &[1, 2], &[1, 2], &[(2, 990)], 1000),
-            (vec![1], vec![1, 2])
-        );
+        assert_eq!(plan(&[1], &[1, 2], &[1, 2], &[c(2, 990, 100)]), (vec![1], vec![1, 2]));
         // Gated and holding the watermark: named.
         assert_eq!(
-            plan_sss(1, &[1], &[1, 2], &[1, 2], &[(2, 1000)], 1000),
+            plan(&[1], &[1, 2], &[1, 2], &[c(2, 1000, 100)]),
             (vec![1, 2], vec![1, 2])
         );
         // At the watermark but never gated (acknowledgements did not wait
         // for it: the watermark may have passed it meanwhile): gated first.
+        assert_eq!(plan(&[1], &[1], &[1, 2], &[c(2, 1000, 100)]), (vec![1], vec![1, 2]));
+        // Caught up seconds ago and no longer keeping up: neither gated
+        // nor kept gated (it would hold acknowledgements back).
+        assert_eq!(plan(&[1], &[1], &[1, 2], &[c(2, 900, 5_000)]), (vec![1], vec![1]));
+        assert_eq!(plan(&[1], &[1, 2], &[1, 2], &[c(2, 900, 5_000)]), (vec![1], vec![1]));
+        // A member stays while caught up (within replica_lag_max_ms, which
+        // is all the list holds); one no longer listed, or not live, leaves
+        // both sets.
         assert_eq!(
-            plan_sss(1, &[1], &[1], &[1, 2], &[(2, 1000)], 1000),
-            (vec![1], vec![1, 2])
-        );
-        // A member stays while caught up, whatever its end; one no longer
-        // caught up (or not live) leaves both sets.
-        assert_eq!(
-            plan_sss(1, &[1, 2], &[1, 2], &[1, 2], &[(2, 5)], 1000),
+            plan(&[1, 2], &[1, 2], &[1, 2], &[c(2, 5, 5_000)]),
             (vec![1, 2], vec![1, 2])
         );
         assert_eq!(
-            plan_sss(1, &[1, 2, 3], &[1, 2, 3], &[1, 2, 3], &[(3, 1000)], 1000),
+            plan(&[1, 2, 3], &[1, 2, 3], &[1, 2, 3], &[c(3, 1000, 10)]),
             (vec![1, 3], vec![1, 3])
         );
-        assert_eq!(
-            plan_sss(1, &[1, 2], &[1, 2], &[1], &[(2, 1000)], 1000),
-            (vec![1], vec![1])
-        );
+        assert_eq!(plan(&[1, 2], &[1, 2], &[1], &[c(2, 1000, 10)]), (vec![1], vec![1]));
     }
 }
 

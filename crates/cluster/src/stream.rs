@@ -486,7 +486,9 @@ async fn serve_replica<S: AsyncRead + AsyncWrite + Unpin>(
     sh.groups_acks.forget(replica);
     sh.txns_acks.forget(replica);
     sh.starts_acks.forget(replica);
-    let stream = sh.replica_connected(replica);
+    // Its log's end once it cut (or restarted) as told.
+    let their_end = welcome.restart_at.unwrap_or(truncate_to.min(hello.end));
+    let stream = sh.replica_connected(replica, their_end);
     let result = fetch_loop(&mut s, sh, replica, stream, epoch).await;
     sh.replica_disconnected(replica, stream);
     result
@@ -1351,6 +1353,30 @@ mod tests {
         Ok(())
     }
 
+    /// A member of the named set reconnecting: with a log holding the high
+    /// watermark it keeps its grace (from now, having had no entry, as
+    /// after an election); with a shorter one (its tail or its disk lost)
+    /// it is caught up no more, so the next step takes it out of the set
+    /// where it could be elected lacking acknowledged records.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_member_back_with_a_shorter_log_loses_its_grace() -> TestResult {
+        let m = master(1).await?;
+        let end = m.sh.store.log_end();
+        // Acknowledged up to the end while the master was alone.
+        m.sh.update_high_watermark();
+        m.sh.set_sss(vec![1, 2]);
+        m.sh.set_named(vec![1, 2]);
+        assert_eq!(m.sh.high_watermark(), end);
+        m.sh.replica_connected(2, end);
+        assert_eq!(caught(&m), vec![2]);
+        m.sh.replica_connected(2, end / 2);
+        assert!(
+            caught(&m).is_empty(),
+            "a member lacking acknowledged records kept its grace"
+        );
+        Ok(())
+    }
+
     /// A replica that reconnects while its old stream is still open: the
     /// old stream's end does not mark the new one disconnected (the replica
     /// would stay out of the sync state set, and the high watermark would
@@ -1426,7 +1452,7 @@ mod tests {
 
     /// The replicas the master counts as caught up.
     fn caught(m: &Master) -> Vec<u32> {
-        m.sh.caught_up_replicas().into_iter().map(|(id, _)| id).collect()
+        m.sh.caught_up_replicas().into_iter().map(|c| c.id).collect()
     }
 
     /// Waits (20 s at most) until `done`.
