@@ -69,13 +69,11 @@ def test_a_replica_restarted_under_load_rejoins_and_holds_every_acknowledged_rec
             time.sleep(0.05)
         assert sss_size(cluster, m) == 2.0, f"the replica did not rejoin under load ({len(acked)} acknowledged)"
         assert t.is_alive(), "the load had stopped before the replica rejoined: not the case tested"
-        before = len(acked)
         cluster.nodes[m].kill()
+        # (Alone, the new master takes no acks=all write: min ISR 2.)
         assert cluster.master(timeout=30, exclude=(m,)) == r
-        time.sleep(2)
         stop.set()
         t.join(60)
-        assert len(acked) > before, "nothing acknowledged by the new master"
         got = set(read_topic(cluster.bootstrap(), TOPIC, 2, timeout=60))
         missing = [v for v in acked if v.decode() not in got]
         assert not missing, f"{len(missing)} of {len(acked)} acknowledged records missing on the new master, e.g. {missing[:3]}"
