@@ -73,7 +73,8 @@ pub struct Shared {
     pub store: Arc<MessageStore>,
     pub broker: Arc<Broker>,
     role: Mutex<Role>,
-    /// The sync state set as stored in etcd (master included).
+    /// The sync state set acknowledgements wait for (master included):
+    /// etcd's, and on a master the replicas gated to join it.
     sss: Mutex<Vec<u32>>,
     /// The sync state set etcd names (who may be elected; Kafka's ISR,
     /// `min_insync_replicas`): `sss` may hold replicas gated to join it.
@@ -179,9 +180,7 @@ impl Shared {
             Role::Unknown | Role::Fenced => self.store.set_leader(false),
         }
         drop(r);
-        // A replica again: the master's writes are taken (outside the role
-        // lock: this waits for the store's writer, which a long operation
-        // may hold while others ask the role).
+        // A replica again: the master's writes are taken.
         if matches!(role, Role::Replica { .. }) {
             self.store.follow_master();
         }

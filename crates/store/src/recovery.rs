@@ -778,10 +778,7 @@ fn finish_deletes(dir: &Path, deleted: &std::collections::BTreeMap<String, u64>,
                 cq.destroy()?;
             }
         }
-        if qs.values().all(|cq| cq.entry_count() == 0) {
-            for cq in qs.values() {
-                cq.destroy()?;
-            }
+        if qs.is_empty() {
             queues.remove(topic.as_str());
             for tdir in [
                 dir.join("consumequeue").join(topic),

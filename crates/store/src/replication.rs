@@ -240,9 +240,11 @@ impl MessageStore {
         !self.inner.replica_writes_closed.load(Ordering::Acquire)
     }
 
-    /// This node follows a master (again): its writes are taken.
+    /// This node follows a master (again): its writes are taken. (No
+    /// writer lock: opening orders after nothing in flight — only closing,
+    /// in `begin_epoch`, must wait for a write being applied — and the
+    /// caller is the controller's async task.)
     pub fn follow_master(&self) {
-        let _w = self.inner.writer();
         self.inner.replica_writes_closed.store(false, Ordering::Release);
     }
 
