@@ -151,7 +151,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
     let mut durable_up_to = 0u64;
     let max_decompressed = broker.config().max_batch_decompressed_bytes as usize;
     let mut responses = Vec::with_capacity(r.topic_data.len());
-    let txn_id = r.transactional_id.as_ref().map(|t| t.0.to_string());
+    let txn_id = r.transactional_id.as_ref().map(|t| t.0.as_str());
     for t in r.topic_data {
         let topic = t.name.0.to_string();
         let cfg = broker.topic_config(&topic);
@@ -231,7 +231,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
                                 let pid = i64::from_be_bytes([b[43], b[44], b[45], b[46], b[47], b[48], b[49], b[50]]);
                                 let epoch = i16::from_be_bytes([b[51], b[52]]);
                                 match rokka_broker::offload(|| {
-                                    broker.append_transactional_batch(txn_id.as_deref(), &topic, q, b, pid, epoch)
+                                    broker.append_transactional_batch(txn_id, &topic, q, b, pid, epoch)
                                 }) {
                                     Ok(r) => r,
                                     Err(code) => {
