@@ -18,8 +18,16 @@ def cluster():
 
 def test_one_master_and_metadata_names_the_set(cluster):
     m = cluster.master()
-    roles = {i: cluster.role(i) for i in cluster.nodes}
+    # The other nodes follow once their next controller step reads the
+    # state the master wrote (a poll interval, more on a loaded machine).
+    deadline = time.time() + 15
+    while True:
+        roles = {i: cluster.role(i) for i in cluster.nodes}
+        if sorted(roles.values()) == ["master", "replica", "replica"] or time.time() > deadline:
+            break
+        time.sleep(0.1)
     assert sorted(roles.values()) == ["master", "replica", "replica"], roles
+    assert roles[m] == "master", roles
     a = AdminClient({"bootstrap.servers": cluster.bootstrap()})
     p = Producer({"bootstrap.servers": cluster.bootstrap(), "acks": "all", "enable.idempotence": True})
     for i in range(100):
