@@ -146,7 +146,8 @@ def signed_hello(cluster, node_id, set_name="broker-a", segment_bytes=67108864, 
 class Cluster:
     """Nodes 1..n of one broker set."""
 
-    def __init__(self, name, n=3, min_isr=2, extra="", metrics_extra="", kafka_extra="", grpc=False, store_base=None):
+    def __init__(self, name, n=3, min_isr=2, extra="", metrics_extra="", kafka_extra="", grpc=False, store_base=None,
+                 lease_ttl=2):
         """`extra`: more `[cluster]` lines, or a function of the node id
         returning them; `grpc`: each node serves RocketMQ 5 clients too;
         `store_base`: the `[store]` lines (the fixture's shared ones when
@@ -165,7 +166,7 @@ class Cluster:
             **({} if store_base is None else {"store_base": store_base}),
             cluster_extra=(
                 f'etcd_endpoints = ["{self.etcd.endpoint}"]\nname = "{name}"\nnode_id = {i}\n'
-                f'min_insync_replicas = {min_isr}\nlease_ttl_secs = 2\n'
+                f'min_insync_replicas = {min_isr}\nlease_ttl_secs = {lease_ttl}\n'
                 f'{extra(i) if callable(extra) else extra}\n{more}'
             ),
         )

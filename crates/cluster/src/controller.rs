@@ -522,7 +522,18 @@ impl Controller {
                         if candidates.is_empty() && self.sh.cfg.unclean_election {
                             candidates = live.clone();
                         }
-                        candidates.sort_unstable();
+                        // A member back with an empty log (its disk lost or
+                        // replaced while etcd still names it) is elected only
+                        // if no candidate has an epoch history: electing it
+                        // would make every other log cut to its empty one.
+                        let history = |id: u32| {
+                            if id == me {
+                                !self.sh.store.epochs().is_empty()
+                            } else {
+                                nodes.iter().any(|n| n.id == id && n.has_history)
+                            }
+                        };
+                        candidates = prefer_history(candidates, history);
                         if candidates.first() == Some(&me) {
                             let next = SetState {
                                 master: Some(me),
@@ -1172,5 +1183,29 @@ mod tombstone_tests {
         assert_eq!(topic_id_of("00"), None);
         assert_eq!(topic_id_of(&"zz".repeat(16)), None);
         assert_eq!(topic_id_of(&"é".repeat(16)), None);
+    }
+}
+
+/// The candidates sorted by id, only those with an epoch history when any
+/// has one (an empty log is elected only when every candidate's is).
+fn prefer_history(mut candidates: Vec<u32>, history: impl Fn(u32) -> bool) -> Vec<u32> {
+    candidates.sort_unstable();
+    if candidates.iter().any(|id| history(*id)) {
+        candidates.retain(|id| history(*id));
+    }
+    candidates
+}
+
+#[cfg(test)]
+mod election_tests {
+    #[test]
+    fn an_empty_log_is_elected_only_when_no_candidate_has_a_history() {
+        let with = [2u32, 3];
+        assert_eq!(
+            super::prefer_history(vec![3, 1, 2], |id| with.contains(&id)),
+            vec![2, 3]
+        );
+        assert_eq!(super::prefer_history(vec![3, 1], |_| false), vec![1, 3]);
+        assert_eq!(super::prefer_history(vec![], |_| true), Vec::<u32>::new());
     }
 }
