@@ -40,6 +40,9 @@ pub struct CommitLog {
     write_pos: AtomicU64,
     flushed_pos: AtomicU64,
     flush_lock: Mutex<()>,
+    /// Held across each msync of the segments' mappings and the failure it
+    /// records (see [`CommitLog::sync_range`]).
+    sync_lock: Mutex<()>,
     /// Number of flushes that wrote something (group commits in sync mode).
     flushes: AtomicU64,
     /// The first failed write-back, if one failed: final (see
@@ -99,6 +102,7 @@ impl CommitLog {
             write_pos: AtomicU64::new(start),
             flushed_pos: AtomicU64::new(start),
             flush_lock: Mutex::new(()),
+            sync_lock: Mutex::new(()),
             flushes: AtomicU64::new(0),
             failed: std::sync::OnceLock::new(),
         })
@@ -208,12 +212,22 @@ impl CommitLog {
     /// in flight) and without moving `flushed_pos`: the caller marks what
     /// is flushed once every range below it is ([`CommitLog::mark_flushed`]).
     /// A failure is final, as in [`CommitLog::flush_to`].
+    ///
+    /// msyncs take turns: Linux reports a write-back error to the first
+    /// fsync or msync of the open file after it, whichever range that one
+    /// covers, so an msync running beside one that takes the error would
+    /// return success for pages that were lost. Taking turns, and the
+    /// failure recorded before the turn ends, a sync that follows one that
+    /// failed sees the failure.
     pub(crate) fn sync_range(&self, from: u64, to: u64) -> Result<()> {
+        if to <= from {
+            return self
+                .failure()
+                .map_or(Ok(()), |why| Err(StoreError::StorageFailed(why.to_string())));
+        }
+        let _turn = self.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(why) = self.failure() {
             return Err(StoreError::StorageFailed(why.to_string()));
-        }
-        if to <= from {
-            return Ok(());
         }
         let segs = self.segments();
         for seg in segs.iter().filter(|s| s.end() > from && s.start < to) {
@@ -1063,9 +1077,12 @@ pub fn zero_tail(log: &CommitLog, end: u64) -> Result<()> {
         }
         at += n;
     }
-    seg.file
-        .flush_range(rel, at - rel)
-        .map_err(StoreError::io("flush", seg.file.path()))
+    // On the segment's own mapping, so in turn with the syncs, and final
+    // when it fails as theirs are (Linux reports the error once).
+    let _turn = log.sync_lock.lock().unwrap_or_else(|p| p.into_inner());
+    crate::fault::check("msync")
+        .and_then(|()| seg.file.flush_range(rel, at - rel))
+        .map_err(|e| log.fail(format!("msync {}: {e}", seg.file.path().display())))
 }
 
 #[cfg(test)]

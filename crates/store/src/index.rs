@@ -243,6 +243,10 @@ pub struct IndexService {
     /// them (the records there before the cut, whose entries stay: a query
     /// checks what it finds).
     accept_from: Option<u64>,
+    /// A full file's write-back that failed: final, as the CommitLog's
+    /// (Linux reports the error once, so flushing it again would pass);
+    /// the next checkpoint fails the store with it.
+    write_back_failed: Option<String>,
 }
 
 /// Where the index stood at a checkpoint.
@@ -287,6 +291,7 @@ impl IndexService {
             entries,
             files,
             accept_from: None,
+            write_back_failed: None,
         })
     }
 
@@ -339,12 +344,29 @@ impl IndexService {
         }
         let need_new = self.files.last().is_none_or(|f| f.is_full());
         if need_new {
+            if let Some(why) = &self.write_back_failed {
+                return Err(StoreError::StorageFailed(why.clone()));
+            }
             let f = crate::offload(|| {
                 if let Some(last) = self.files.last() {
-                    last.flush()?;
+                    if let Err(e) = crate::fault::check("index-msync")
+                        .map_err(StoreError::io("flush", last.file.path()))
+                        .and_then(|()| last.flush())
+                    {
+                        return Err((true, e));
+                    }
                 }
-                IndexFile::create(&self.dir, phys, self.slots, self.entries)
-            })?;
+                IndexFile::create(&self.dir, phys, self.slots, self.entries).map_err(|e| (false, e))
+            });
+            let f = match f {
+                Ok(f) => f,
+                Err((write_back, e)) => {
+                    if write_back {
+                        self.write_back_failed = Some(format!("IndexFile write-back: {e}"));
+                    }
+                    return Err(e);
+                }
+            };
             self.files.push(f);
         }
         if let Some(f) = self.files.last_mut() {
@@ -389,6 +411,11 @@ impl IndexService {
             last.flush()?;
         }
         Ok(())
+    }
+
+    /// Why a full file's write-back failed, if one did (final).
+    pub(crate) fn write_back_failure(&self) -> Option<&str> {
+        self.write_back_failed.as_deref()
     }
 
     /// The newest file, to flush without holding the index lock.

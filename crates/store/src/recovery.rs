@@ -207,6 +207,14 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     // checked that no valid entry starts them) are dropped; the allocator
     // makes them again.
     log.drop_segments_after(end)?;
+    // After a crash what was written past the checkpoint may still be only
+    // in the page cache the killed process left (the scan read it from
+    // there): written back now, before anything — the open's checkpoint,
+    // a sync-mode reader, a replica — takes it as on disk.
+    if !report.clean {
+        let from = cp.as_ref().map_or(0, |c| c.safe_offset).min(end);
+        log.sync_range(from, end)?;
+    }
     log.set_recovered(end);
     let min = log.min_offset();
     for q in queues.values().flat_map(|m| m.values()) {

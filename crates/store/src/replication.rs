@@ -507,52 +507,72 @@ impl MessageStore {
             *a = (*a).min(offset);
             over
         });
+        // What is kept below the cut is on disk before the cut says so
+        // (`set_recovered` marks everything below it flushed): a replica
+        // without waiting producers syncs only at checkpoints.
+        inner.log.flush_to(offset)?;
         // A crash from here on is finished by the next start (the log, the
         // queues and the checkpoint disagree until the end).
         write_cut_marker(&inner.dir, offset)?;
-        crate::commitlog::zero_tail(&inner.log, offset)?;
-        inner.log.drop_segments_after(offset)?;
+        // Readers stop at the cut before its bytes are zeroed.
         inner.log.set_recovered(offset);
-        {
-            // Syncs are issued again from the cut: what was issued past it
-            // covers bytes that are no longer there.
-            let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
-            req.issued = req.issued.min(offset);
-            req.target = req.target.min(offset);
-        }
-        for q in inner.all_queues() {
-            q.truncate_from_phys(offset)?;
-        }
-        // A topic deleted past the cut was deleted as of the cut at most:
-        // records the new master wrote from there on (the topic made again,
-        // or never deleted there) are not the deleted incarnation's (a
-        // start would otherwise drop them as an interrupted deletion).
-        for end in inner.deleted.lock().unwrap_or_else(|p| p.into_inner()).values_mut() {
-            *end = (*end).min(offset);
-        }
-        // The records appended from the cut on are indexed again, and the
-        // last record before the cut is what a clean stop's checkpoint
-        // names (0 sent the next clean start into a full scan).
-        if let Some(index) = &inner.index {
-            index.lock().unwrap_or_else(|p| p.into_inner()).cut_at(offset);
-        }
-        w.cl.discard_ahead();
-        w.cl = writer_at(inner, offset)?;
-        w.last_record = inner
-            .all_queues()
-            .iter()
-            .filter_map(|q| q.entry_count().checked_sub(1).and_then(|i| q.entry(i)))
-            .map(|e| e.phys_offset)
-            .filter(|p| *p < offset)
-            .max()
-            .unwrap_or(0);
-        {
-            let mut epochs = inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
-            let next: Vec<EpochStart> = epochs.iter().copied().filter(|e| e.start <= offset).collect();
-            if *epochs != next {
-                save_epochs(inner, &next)?;
-                *epochs = next;
+        // Half a cut is no state to serve from: a failure from here on is
+        // final (the next start finishes the cut from its marker).
+        let cut = (|| -> Result<()> {
+            crate::commitlog::zero_tail(&inner.log, offset)?;
+            inner.log.drop_segments_after(offset)?;
+            {
+                // Syncs are issued again from the cut: what was issued past it
+                // covers bytes that are no longer there.
+                let mut req = inner.flush.requested.lock().unwrap_or_else(|p| p.into_inner());
+                req.issued = req.issued.min(offset);
+                req.target = req.target.min(offset);
+                // A sync in flight since before the cut covers bytes past
+                // it that are not there any more: when it ends it marks
+                // flushed no further than the cut (what is written there
+                // since is synced by syncs issued from now on).
+                for s in req.in_flight.iter_mut() {
+                    s.mark = s.mark.min(offset);
+                }
             }
+            for q in inner.all_queues() {
+                q.truncate_from_phys(offset)?;
+            }
+            // A topic deleted past the cut was deleted as of the cut at most:
+            // records the new master wrote from there on (the topic made again,
+            // or never deleted there) are not the deleted incarnation's (a
+            // start would otherwise drop them as an interrupted deletion).
+            for end in inner.deleted.lock().unwrap_or_else(|p| p.into_inner()).values_mut() {
+                *end = (*end).min(offset);
+            }
+            // The records appended from the cut on are indexed again, and the
+            // last record before the cut is what a clean stop's checkpoint
+            // names (0 sent the next clean start into a full scan).
+            if let Some(index) = &inner.index {
+                index.lock().unwrap_or_else(|p| p.into_inner()).cut_at(offset);
+            }
+            w.cl.discard_ahead();
+            w.cl = writer_at(inner, offset)?;
+            w.last_record = inner
+                .all_queues()
+                .iter()
+                .filter_map(|q| q.entry_count().checked_sub(1).and_then(|i| q.entry(i)))
+                .map(|e| e.phys_offset)
+                .filter(|p| *p < offset)
+                .max()
+                .unwrap_or(0);
+            {
+                let mut epochs = inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
+                let next: Vec<EpochStart> = epochs.iter().copied().filter(|e| e.start <= offset).collect();
+                if *epochs != next {
+                    save_epochs(inner, &next)?;
+                    *epochs = next;
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = cut {
+            return Err(inner.log.fail(format!("cutting the CommitLog at {offset} failed: {e}")));
         }
         // Committed offsets past a queue's new end come back to it.
         for (group, topic, q, committed) in inner.offsets.all() {

@@ -239,6 +239,9 @@ const PRUNE_FLOOR: usize = 1024;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct InFlightSync {
     pub end: u64,
+    /// How far it marks flushed when it and every older one succeeded: its
+    /// end, or lower once a cut (`truncate_log`) took bytes it covered.
+    pub mark: u64,
     pub waiters: u64,
     /// Finished and succeeded (it may still wait for an older one).
     pub done: bool,

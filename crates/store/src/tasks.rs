@@ -141,6 +141,7 @@ fn sync_flusher(inner: &Inner) {
         req.issued = to;
         req.in_flight.push_back(InFlightSync {
             end: to,
+            mark: to,
             waiters,
             done: false,
         });
@@ -173,12 +174,12 @@ fn sync_flusher(inner: &Inner) {
             .metrics
             .sync_gather_window
             .set(gather_window(req.sync_micros, inner.config.sync_gather_max_us).as_secs_f64());
-        if let Some(s) = req.in_flight.iter_mut().find(|s| s.end == to) {
+        if let Some(s) = req.in_flight.iter_mut().find(|s| s.end == to && !s.done) {
             s.done = true;
         }
         let mut reached = None;
         while req.in_flight.front().is_some_and(|s| s.done) {
-            reached = req.in_flight.pop_front().map(|s| s.end);
+            reached = req.in_flight.pop_front().map(|s| s.mark);
         }
         inner.metrics.syncs_in_flight.set(req.in_flight.len() as f64);
         if let Some(end) = reached {
@@ -303,7 +304,13 @@ pub(crate) fn checkpoint(inner: &Inner, clean: bool) -> Result<Checkpoint> {
     if let Some(index) = &inner.index {
         // msync outside the index lock so appends are not held up; everything
         // up to `mark` was written before the snapshot.
-        let file = index.lock().unwrap_or_else(|p| p.into_inner()).active_file();
+        let file = {
+            let index = index.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(why) = index.write_back_failure() {
+                return Err(inner.log.fail(why.to_string()));
+            }
+            index.active_file()
+        };
         if let Some(f) = file {
             if let Err(e) = crate::fault::check("index-msync").and_then(|()| f.flush_range(0, f.len())) {
                 return Err(inner

@@ -711,3 +711,191 @@ fn a_topic_deletion_a_crash_interrupted_is_finished_at_the_next_start() -> TestR
     assert_eq!(gone[0].1, body(10, 100));
     Ok(())
 }
+
+/// A crash leaves what was written past the checkpoint in the page cache
+/// only: the next start reads it from there and must write it back before
+/// its own checkpoint calls it durable — with the write-back failing, the
+/// start fails instead of vouching for it.
+#[test]
+fn a_start_after_a_crash_writes_the_recovered_tail_back() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.flush_interval_ms = 3_600_000;
+    cfg.checkpoint_interval_ms = 3_600_000;
+    let store = MessageStore::open(cfg.clone())?;
+    append(&store, "R", 0, 1, 0)?;
+    store.checkpoint()?;
+    for i in 1..20u64 {
+        append(&store, "R", 0, 1, i)?;
+    }
+    let before = store.commitlog_offsets();
+    // A crash: no close, nothing flushed past the checkpoint.
+    drop(store);
+    fault::inject("msync", libc::EIO, None);
+    let refused = MessageStore::open(cfg.clone());
+    fault::clear();
+    match refused {
+        Err(StoreError::StorageFailed(why)) => assert!(why.contains("msync"), "{why}"),
+        other => panic!(
+            "the start vouched for a tail it could not write back: {:?}",
+            other.map(|_| ())
+        ),
+    }
+    let store = MessageStore::open(cfg)?;
+    assert!(store.flush_count() >= 1, "the recovered tail was not written back");
+    assert_eq!(store.commitlog_offsets().1, before.1);
+    assert_eq!(read_all(&store, "R", 0).len(), 20);
+    Ok(())
+}
+
+/// A cut marks everything below it flushed: what it keeps must be written
+/// back first (a replica without waiting producers syncs only at its
+/// checkpoints). A write-back that fails fails the cut.
+#[test]
+fn a_cut_writes_back_what_it_keeps_before_calling_it_flushed() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.flush_interval_ms = 3_600_000;
+    cfg.checkpoint_interval_ms = 3_600_000;
+    let store = MessageStore::open(cfg)?;
+    let mut ends = Vec::new();
+    for i in 0..10u64 {
+        ends.push(append(&store, "K", 0, 1, i)?.end_offset);
+    }
+    assert!(store.commitlog_offsets().2 < ends[6], "nothing was to be flushed yet");
+    let syncs = store.flush_count();
+    store.set_leader(false);
+    store.truncate_log(ends[6])?;
+    assert_eq!(store.commitlog_offsets().2, ends[6]);
+    assert!(
+        store.flush_count() > syncs,
+        "the cut called bytes below it flushed without a sync"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_cut_whose_write_back_fails_is_refused() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.flush_interval_ms = 3_600_000;
+    cfg.checkpoint_interval_ms = 3_600_000;
+    let store = MessageStore::open(cfg)?;
+    let mut ends = Vec::new();
+    for i in 0..10u64 {
+        ends.push(append(&store, "C", 0, 1, i)?.end_offset);
+    }
+    let flushed = store.commitlog_offsets().2;
+    assert!(flushed < ends[6], "nothing was to be flushed yet");
+    store.set_leader(false);
+    fault::inject("msync", libc::EIO, None);
+    let cut = store.truncate_log(ends[6]);
+    fault::clear();
+    assert!(cut.is_err(), "the cut called unwritten bytes flushed");
+    assert!(store.commitlog_offsets().2 < ends[6]);
+    Ok(())
+}
+
+/// Sync mode: a sync in flight across a cut (the disk slow) ends after the
+/// new master's records were written at the cut's offsets; it marks
+/// flushed no further than the cut — those records were never synced.
+#[test]
+fn a_sync_in_flight_across_a_cut_does_not_cover_what_is_written_after_it() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = sync_config(dir.path());
+    cfg.sync_flush_timeout_ms = 3000;
+    let store = Arc::new(MessageStore::open(cfg)?);
+    let mut ends = Vec::new();
+    for i in 0..5u64 {
+        let r = append(&store, "X", 0, 2, i)?;
+        store.wait_durable(r.end_offset)?;
+        ends.push(r.end_offset);
+    }
+    let cut = ends[4];
+    fault::inject_delay("msync", 800, Some(1));
+    let mut last = 0;
+    for i in 5..10u64 {
+        last = append(&store, "X", 0, 2, i)?.end_offset;
+    }
+    let waiter = {
+        let s = Arc::clone(&store);
+        std::thread::spawn(move || s.wait_durable(last))
+    };
+    // The slow sync of [cut, last) is in flight.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    store.set_leader(false);
+    store.truncate_log(cut)?;
+    store.set_leader(true);
+    // Not waited for: nothing asks a sync of these.
+    for i in 0..3u64 {
+        append(&store, "X", 0, 3, i)?;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    fault::clear();
+    let (_, end, flushed) = store.commitlog_offsets();
+    assert!(end > cut);
+    assert!(
+        flushed <= cut,
+        "flushed {flushed} covers records written after the cut at {cut}"
+    );
+    let _ = waiter.join();
+    Ok(())
+}
+
+/// A cut that fails half-way (its zeroed tail cannot be written back) is
+/// final: the store does not go on serving and taking writes from half a
+/// cut; the next start finishes it from its marker.
+#[test]
+fn a_cut_that_fails_half_way_fails_the_store() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    let mut ends = Vec::new();
+    for i in 0..10u64 {
+        ends.push(append(&store, "H", 0, 1, i)?.end_offset);
+    }
+    store.checkpoint()?;
+    store.set_leader(false);
+    fault::inject("msync", libc::EIO, Some(1));
+    let cut = store.truncate_log(ends[4]);
+    fault::clear();
+    assert!(matches!(cut, Err(StoreError::StorageFailed(_))), "{cut:?}");
+    store.set_leader(true);
+    assert!(matches!(
+        append(&store, "H", 0, 1, 99),
+        Err(StoreError::StorageFailed(_))
+    ));
+    drop(store);
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(read_all(&store, "H", 0).len(), 5, "the next start finishes the cut");
+    Ok(())
+}
+
+/// A full IndexFile is written back when the next one starts; a failure
+/// there is final as every other write-back (the retry at the next record
+/// would pass, Linux having reported the error once, and the checkpoint
+/// only flushes the newest file).
+#[test]
+fn a_failed_write_back_of_a_full_index_file_is_final() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.index_slots = 4;
+    cfg.index_entries = 4;
+    let store = MessageStore::open(cfg)?;
+    fault::inject("index-msync", libc::EIO, Some(1));
+    for i in 0..20u64 {
+        append(&store, "I", 0, 1, i)?;
+    }
+    fault::clear();
+    match store.checkpoint() {
+        Err(StoreError::StorageFailed(why)) => assert!(why.contains("IndexFile"), "{why}"),
+        other => panic!("expected StorageFailed, got {other:?}"),
+    }
+    Ok(())
+}
