@@ -228,6 +228,17 @@ impl ConsumeQueue {
                 std::fs::remove_file(f.path()).map_err(StoreError::io("remove", f.path()))?;
             }
         }
+        // Power lost just after the queue moved into its next file, the
+        // write-back having reached that file's first page but not this
+        // one's last entries: the queue ends in this file (the entries
+        // after the hole come back from the CommitLog with the recovery
+        // scan, which starts below them).
+        while list.len() > 1 && read_entry(&list[list.len() - 2], epf - 1).size == 0 {
+            if let Some(f) = list.pop() {
+                tracing::warn!(path = %f.path().display(), "ConsumeQueue file after a hole removed: its entries are dispatched again");
+                std::fs::remove_file(f.path()).map_err(StoreError::io("remove", f.path()))?;
+            }
+        }
         // Count valid entries: every file but the last is full (files are
         // only written in order); scan the last.
         let last_base = base_entry + (list.len() as u64 - 1) * epf;
