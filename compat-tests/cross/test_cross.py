@@ -521,3 +521,46 @@ def raw_join_group(rokka, group, topics):
         return client.send_and_receive(client.least_loaded_node(), req, timeout_ms=20000).error_code
     finally:
         client.close()
+
+
+def test_a_group_with_live_rocketmq_members_is_not_deleted_or_reset_by_kafka_admin(rokka):
+    """DescribeGroups shows a group's live RocketMQ consumers as members;
+    Kafka's admin operations treat it as in use the same way, as Kafka does
+    a group with members: DeleteGroups is NON_EMPTY_GROUP and an admin's
+    offset commit (generation -1) is refused — their progress is those
+    offsets. Once they leave, the group is deleted."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    topic, group = "CrossLiveAdmin", "cross-live-admin"
+    create(rokka, topic)
+    kafka_produce(rokka, topic, [{"value": f"a-{i}".encode(), "partition": i % 4} for i in range(8)])
+    # Progress the group has before its RocketMQ member starts (from
+    # outside the group: allowed while it has no members).
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group})
+    c.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+    c.close()
+    member = RocketMQMember(rokka, "live-admin", topic, group, 60)
+    try:
+        wait_for(lambda: describe_group(rokka, group)[1], "the RocketMQ member in DescribeGroups")
+        a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+        try:
+            a.delete_consumer_groups([group])[group].result(10)
+            raise AssertionError("a group with a live RocketMQ member was deleted")
+        except KafkaException as e:
+            assert e.args[0].code() == KafkaError.NON_EMPTY_GROUP, e
+        fut = a.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0, 1)])]
+        )[group]
+        try:
+            res = fut.result(10)
+            errs = [tp.error for tp in res.topic_partitions]
+            assert all(e is not None and e.code() == KafkaError.UNKNOWN_MEMBER_ID for e in errs), errs
+        except KafkaException as e:
+            assert e.args[0].code() == KafkaError.UNKNOWN_MEMBER_ID, e
+    finally:
+        member.finish(60)
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    # Its heartbeats stop with it: deleted once it has left.
+    wait_for(lambda: not describe_group(rokka, group)[1], "the member to leave")
+    a.delete_consumer_groups([group])[group].result(10)

@@ -1014,8 +1014,14 @@ impl GroupCoordinator {
                 return;
             }
         }
+        // The initial delay over (and not extended): the join completes
+        // with whoever joined, as Kafka's tryCompleteInitialRebalance —
+        // a member id handed out to a client that never came back with it
+        // does not hold the group's first generation.
+        let initial_over = g.initial_delay.is_some();
         let all_joined = g.members.values().all(|m| m.awaiting_join.is_some());
-        if !(all_joined && g.pending.is_empty()) && now < g.rebalance_deadline {
+        let ready = initial_over || (all_joined && g.pending.is_empty());
+        if !ready && now < g.rebalance_deadline {
             return;
         }
         g.initial_delay = None;
@@ -1245,11 +1251,11 @@ impl GroupCoordinator {
         now: u64,
     ) -> (i16, Vec<i16>, Vec<Reply>) {
         let Some(g) = self.groups.get_mut(group) else {
-            return (
-                code::UNKNOWN_MEMBER_ID,
-                vec![code::UNKNOWN_MEMBER_ID; members.len()],
-                Vec::new(),
-            );
+            // Kafka's GroupCoordinatorService: a group not found is each
+            // member's UNKNOWN_MEMBER_ID under a top-level NONE (the Java
+            // AdminClient's removeMembersFromConsumerGroup reads them per
+            // member; a top-level error fails its whole call).
+            return (code::NONE, vec![code::UNKNOWN_MEMBER_ID; members.len()], Vec::new());
         };
         if g.state == GroupState::Dead {
             return (

@@ -962,3 +962,36 @@ fn member_metadata_past_max_member_bytes_is_refused_until_members_go() {
     assert_eq!(join_reply(&r, 203).error, UNKNOWN_MEMBER_ID);
     assert_eq!(c.member_bytes(), before);
 }
+
+/// LeaveGroup for a group the coordinator does not hold: each member is
+/// UNKNOWN_MEMBER_ID under a top-level NONE, as Kafka answers v3+ (v0–2
+/// fold the member's code into the top level).
+#[test]
+fn leaving_an_unknown_group_is_each_members_unknown_member_id() {
+    let mut h = H::new();
+    let (top, codes, replies) =
+        h.c.leave("nowhere", &[("a".into(), None), ("b".into(), Some("i".into()))], h.now);
+    assert_eq!(top, NONE);
+    assert_eq!(codes, vec![UNKNOWN_MEMBER_ID, UNKNOWN_MEMBER_ID]);
+    assert!(replies.is_empty());
+}
+
+/// A client that died between its two JoinGroups (MEMBER_ID_REQUIRED, then
+/// nothing) does not hold the first generation of a new group: once the
+/// initial delay is over the join completes with the members that joined,
+/// as Kafka's tryCompleteInitialRebalanceElseSchedule (before: until the
+/// pending id expired, a session timeout later).
+#[test]
+fn a_pending_member_id_does_not_hold_the_initial_rebalance() {
+    let mut h = H::new();
+    let (a, t, r) = h.new_member();
+    assert!(r.is_empty(), "parked during the initial delay");
+    // Another client's first join, never followed by its second.
+    let (_, r) = h.join("");
+    assert_eq!(join_reply(&r, h.next_token).error, MEMBER_ID_REQUIRED);
+    // The delay is extended once (a member arrived during it), then ends.
+    let r = h.advance(7_000);
+    let j = join_reply(&r, t);
+    assert_eq!((j.error, j.generation, j.leader.as_str()), (NONE, 1, a.as_str()));
+    assert_eq!(j.members.len(), 1);
+}

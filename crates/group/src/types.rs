@@ -6,6 +6,7 @@ use bytes::Bytes;
 pub mod code {
     pub const NONE: i16 = 0;
     pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    pub const NOT_COORDINATOR: i16 = 16;
     pub const ILLEGAL_GENERATION: i16 = 22;
     pub const INCONSISTENT_GROUP_PROTOCOL: i16 = 23;
     pub const INVALID_GROUP_ID: i16 = 24;

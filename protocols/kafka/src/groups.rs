@@ -3,7 +3,10 @@
 //! 100 ms ticker drives session and rebalance timeouts. The coordinator
 //! answers every token it parks exactly once (a member's retried join or sync
 //! answers the one it replaces); a request dropped before its answer takes
-//! its waiter out of the table with it.
+//! its waiter out of the table with it. A node that stops coordinating (in
+//! cluster mode: no longer its set's master) answers every parked request
+//! NOT_COORDINATOR at once, as Kafka's onUnloaded, so its members find the
+//! new coordinator instead of waiting out their request timeout.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -60,7 +63,10 @@ impl rokka_broker::remote::ReplicatedGroups for Groups {
     fn load(&self, classic: &[u8], consumer: Option<&[u8]>) -> Result<usize, String> {
         let records = GroupRecords::decode(classic, consumer)?;
         let now = self.now();
-        Ok(self.with(|c| c.load_records(records, now)))
+        let n = self.with(|c| c.load_records(records, now));
+        // The groups they were parked in are gone.
+        self.unpark_all();
+        Ok(n)
     }
 }
 
@@ -99,6 +105,14 @@ impl Groups {
         }
     }
 
+    /// Every parked join and sync is answered NOT_COORDINATOR (their
+    /// waiters dropped): this node stopped coordinating, or its groups were
+    /// replaced by the master's.
+    fn unpark_all(&self) -> usize {
+        let parked = std::mem::take(&mut *self.waiters.lock().unwrap_or_else(|p| p.into_inner()));
+        parked.len()
+    }
+
     fn park(&self) -> Parked<'_> {
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -119,7 +133,7 @@ impl Groups {
         match (&mut parked.rx).await {
             Ok(Reply::Join(_, r)) => r,
             _ => JoinResponse {
-                error: code::COORDINATOR_NOT_AVAILABLE,
+                error: code::NOT_COORDINATOR,
                 generation: -1,
                 ..JoinResponse::default()
             },
@@ -135,7 +149,7 @@ impl Groups {
         match (&mut parked.rx).await {
             Ok(Reply::Sync(_, r)) => r,
             _ => SyncResponse {
-                error: code::COORDINATOR_NOT_AVAILABLE,
+                error: code::NOT_COORDINATOR,
                 ..SyncResponse::default()
             },
         }
@@ -190,7 +204,15 @@ impl Groups {
                 self.export_metrics(&mut last_gen, coordinating_now);
             }
             if !coordinating_now {
-                was_coordinating = false;
+                if std::mem::take(&mut was_coordinating) {
+                    let n = self.unpark_all();
+                    if n > 0 {
+                        tracing::info!(
+                            requests = n,
+                            "no longer coordinating: parked joins and syncs answered NOT_COORDINATOR"
+                        );
+                    }
+                }
                 continue;
             }
             if !was_coordinating {
@@ -376,5 +398,24 @@ mod tests {
             Err(_) => panic!("the superseded join was never answered"),
         }
         assert_eq!(waiting(&g), 0);
+    }
+
+    /// A node that stops coordinating answers its parked joins at once
+    /// (NOT_COORDINATOR, the client looks the coordinator up again) instead
+    /// of leaving them to the client's request timeout (~5 minutes).
+    #[tokio::test]
+    async fn parked_requests_are_answered_when_coordinating_stops() {
+        let g = Arc::new(Groups::new(GroupConfig::default()));
+        let parked = {
+            let g = Arc::clone(&g);
+            tokio::spawn(async move { g.join(join_req("")).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(waiting(&g), 1, "the first join waits out the initial delay");
+        assert_eq!(g.unpark_all(), 1);
+        match tokio::time::timeout(Duration::from_secs(1), parked).await {
+            Ok(Ok(r)) => assert_eq!(r.error, code::NOT_COORDINATOR),
+            other => panic!("the parked join was not answered: {other:?}"),
+        }
     }
 }

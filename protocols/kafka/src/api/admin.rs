@@ -614,12 +614,17 @@ pub fn offset_delete(k: &Kafka, r: OffsetDeleteRequest) -> OffsetDeleteResponse 
         .map(|v| v.members.iter().flat_map(|m| subscribed_topics(&m.metadata)).collect())
         .unwrap_or_default();
     subscribed.extend(consumer_subscribed.unwrap_or_default());
+    // RocketMQ members the Kafka coordinator does not hold: their topics
+    // are subscribed too (pop consumers name none: every topic is).
+    let others = super::groups::other_members(k, &group);
+    let every_topic = others.live && others.topics.is_none();
+    subscribed.extend(others.topics.unwrap_or_default());
     let topics = r
         .topics
         .into_iter()
         .map(|t| {
             let name = t.name.0.to_string();
-            let busy = subscribed.contains(&name);
+            let busy = every_topic || subscribed.contains(&name);
             let info = k.broker.topics().get(&name);
             let partitions = t
                 .partitions

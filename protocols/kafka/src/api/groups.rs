@@ -409,6 +409,26 @@ fn describe_pop_consumers(k: &Kafka, name: &str, d: &mut DescribedGroup) {
     }
 }
 
+/// Live members of `group` the Kafka coordinator does not hold: RocketMQ
+/// remoting consumers (with the topics they subscribe) and RocketMQ 5 pop
+/// consumers. DescribeGroups shows them; DeleteGroups, OffsetDelete and an
+/// admin's offset commit treat the group as in use while they are there.
+pub(crate) struct OtherMembers {
+    pub live: bool,
+    /// Topics they consume; None: unknown (pop consumers), so every topic.
+    pub topics: Option<std::collections::BTreeSet<String>>,
+}
+
+pub(crate) fn other_members(k: &Kafka, group: &str) -> OtherMembers {
+    let m = k.broker.membership();
+    let remoting = m.get(group);
+    let pop = !m.pop_consumers(group, rokka_store::now_ms()).is_empty();
+    OtherMembers {
+        live: pop || !remoting.rocketmq.is_empty(),
+        topics: (!pop).then_some(remoting.rocketmq_topics),
+    }
+}
+
 pub fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
     let results = r
         .groups_names
@@ -417,7 +437,13 @@ pub fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
             let name = gid.0.to_string();
             let offsets = k.broker.store().offsets();
             let has = !offsets.group_offsets(&name).is_empty();
-            let code = k.groups.with(|c| c.delete(&name, has));
+            // Kafka's validateDeleteGroup: NON_EMPTY_GROUP while it has
+            // members — RocketMQ ones count (their progress is these offsets).
+            let code = if other_members(k, &name).live {
+                rokka_group::code::NON_EMPTY_GROUP
+            } else {
+                k.groups.with(|c| c.delete(&name, has))
+            };
             if code == 0 {
                 offsets.delete_group(&name);
             }
