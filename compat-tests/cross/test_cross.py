@@ -564,3 +564,27 @@ def test_a_group_with_live_rocketmq_members_is_not_deleted_or_reset_by_kafka_adm
     # Its heartbeats stop with it: deleted once it has left.
     wait_for(lambda: not describe_group(rokka, group)[1], "the member to leave")
     a.delete_consumer_groups([group])[group].result(10)
+
+
+def test_a_large_compressed_kafka_batch_reaches_rocketmq_consumers_in_bounded_pulls(rokka):
+    """One lz4 Kafka batch of 120 000 small records (~1 MB on the wire)
+    becomes ~30 MB of RocketMQ messages: a pull answer stops inside the
+    batch at `max_pull_bytes` and the next pull goes on from the record
+    left out — one answer of the whole batch is past the 16 MiB frame the
+    RocketMQ clients accept, and its queue stood still."""
+    from confluent_kafka import Producer
+
+    topic, group = "CrossBigBatch", "cross-big-batch"
+    create(rokka, topic, partitions=1)
+    n = 120_000
+    p = Producer({
+        "bootstrap.servers": rokka.bootstrap, "compression.type": "lz4", "linger.ms": 2000,
+        "batch.size": 64 << 20, "batch.num.messages": 1_000_000, "message.max.bytes": 64 << 20,
+        "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20,
+    })
+    for i in range(n):
+        p.produce(topic, value=b"%08d" % i + bytes(92), partition=0)
+    assert p.flush(60) == 0
+    got = rocketmq_consume(rokka, topic, group, n)
+    assert len(got) == n
+    assert len({d.body for d in got}) == n, "a record delivered twice"

@@ -105,6 +105,9 @@ pub struct Crossed {
     pub dropped: u64,
     /// Records filtered out by the tag filter.
     pub filtered: u64,
+    /// The offset of the first record left out for the byte budget
+    /// ([`kafka_batch_to_rocketmq_within`]); None when the batch was done.
+    pub stopped_at: Option<u64>,
 }
 
 /// Counts conversions (callers converting message by message add up and
@@ -171,6 +174,25 @@ pub fn kafka_batch_to_rocketmq(
     max_decompressed: usize,
     out: &mut BytesMut,
 ) -> Result<Crossed, String> {
+    kafka_batch_to_rocketmq_within(view, from, codes, store_host, max_decompressed, usize::MAX, out)
+}
+
+/// As [`kafka_batch_to_rocketmq`], appending at most `budget` bytes: it
+/// stops before the first record that would pass it (`stopped_at` names
+/// that record's offset) — except when `out` is still empty, whose first
+/// record is always taken, so a pull makes progress. A compressed batch of
+/// small records grows several-fold as messages: a pull answer must stay
+/// under the clients' frame limit (the Java client's 16 MiB).
+pub fn kafka_batch_to_rocketmq_within(
+    view: &KafkaBatchView,
+    from: u64,
+    codes: Option<&[i32]>,
+    store_host: SocketAddr,
+    max_decompressed: usize,
+    budget: usize,
+    out: &mut BytesMut,
+) -> Result<Crossed, String> {
+    let start = out.len();
     let set = crate::validate::decode(&view.batch, max_decompressed)
         .map_err(|e| format!("Kafka batch at {}: {e}", view.phys_offset))?;
     let topic = view.topic_str();
@@ -238,6 +260,10 @@ pub fn kafka_batch_to_rocketmq(
             prepared_transaction_offset: 0,
         };
         let len = rmsg::encoded_len(&input, &store_host, false);
+        if !out.is_empty() && (out.len() - start).saturating_add(len) > budget {
+            c.stopped_at = Some(r.offset as u64);
+            break;
+        }
         let at = out.len();
         out.resize(at + len, 0);
         rmsg::encode(
@@ -568,6 +594,37 @@ pub(crate) mod tests {
         assert_eq!(codes.len(), 2, "sorted, repeats dropped: {codes:?}");
         assert!(has_code(&codes, properties::java_string_hash(b"C")));
         assert!(!has_code(&codes, properties::java_string_hash(b"D")));
+    }
+
+    /// A pull answer's byte budget stops the conversion inside a batch
+    /// (the next pull starts at the record left out); an empty answer
+    /// always takes the first record, however large.
+    #[test]
+    fn a_byte_budget_stops_a_batch_at_a_record() -> Result<(), String> {
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        let body = [7u8; 1000];
+        let recs: Vec<_> = (0..10i64).map(|i| record(100 + i, None, Some(&body), &[])).collect();
+        let view = stored_batch(&recs, Compression::Lz4)?;
+        let mut whole = BytesMut::new();
+        let all = kafka_batch_to_rocketmq(&view, 0, None, host, 1 << 20, &mut whole)?;
+        assert_eq!((all.messages, all.stopped_at), (10, None));
+        let one = whole.len() / 10;
+        // Room for three and a half: three taken, the fourth named (the
+        // batch's records are numbered from its base offset).
+        let mut out = BytesMut::new();
+        let c = kafka_batch_to_rocketmq_within(&view, 0, None, host, 1 << 20, one * 7 / 2, &mut out)?;
+        let Some(fourth) = c.stopped_at else {
+            return Err("no record left out".into());
+        };
+        assert_eq!((c.messages, out.len()), (3, 3 * one));
+        // From the fourth on, with something already in the answer.
+        let c = kafka_batch_to_rocketmq_within(&view, fourth, None, host, 1 << 20, one, &mut out)?;
+        assert_eq!((c.messages, c.stopped_at), (1, Some(fourth + 1)));
+        // An empty answer takes its first record even over the budget.
+        let mut out = BytesMut::new();
+        let c = kafka_batch_to_rocketmq_within(&view, fourth + 2, None, host, 1 << 20, 10, &mut out)?;
+        assert_eq!((c.messages, c.stopped_at), (1, Some(fourth + 3)));
+        Ok(())
     }
 
     #[test]

@@ -250,19 +250,28 @@ impl RocketMq {
                     // messages (docs/mapping.md), filtered by their tag header.
                     let converted = match e.decode() {
                         Ok(Entry::KafkaBatch(b)) if txns.is_aborted_batch(topic, q, &b) => Ok(Default::default()),
-                        Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq(
+                        Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq_within(
                             &b,
                             offset,
                             codes,
                             self.store_host,
                             self.broker.config().max_batch_decompressed_bytes as usize,
+                            cap.saturating_sub(body.len()),
                             &mut body,
                         ),
                         Ok(_) => Err("not a Kafka batch".to_string()),
                         Err(err) => Err(err.to_string()),
                     };
                     match converted {
-                        Ok(c) => n += c.messages,
+                        Ok(c) => {
+                            n += c.messages;
+                            // The answer is full inside the batch: the
+                            // next pull starts at the record left out.
+                            if let Some(at) = c.stopped_at {
+                                next = at.max(offset);
+                                break;
+                            }
+                        }
                         Err(err) => {
                             tracing::error!(topic, queue = q, error = err, "Kafka batch not convertible; skipped")
                         }
