@@ -12,6 +12,8 @@ use crate::server::Conn;
 pub struct Subscription {
     pub expression: String,
     pub expression_type: String,
+    /// The client's subVersion (when it subscribed, ms).
+    pub version: i64,
 }
 
 #[derive(Debug)]

@@ -1599,3 +1599,58 @@ async fn consumer_ids(c: &mut Client, group: &str) -> Result<serde_json::Value, 
     let list: serde_json::Value = serde_json::from_slice(&r.body).unwrap_or_default();
     Ok(list["consumerIdList"].clone())
 }
+
+/// Members of one group whose subscriptions differ only in their tags (a
+/// rolling deploy): the group keeps the expression of the newest
+/// subVersion and their heartbeats do not tell the members to rebalance
+/// (only a change of topics does), as Apache's ConsumerGroupInfo.
+#[tokio::test]
+async fn subscriptions_differing_in_tags_keep_the_newest_and_rebalance_no_one() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut admin = Client::connect(addr).await?;
+    let r = admin
+        .call(req(
+            rq::UPDATE_AND_CREATE_TOPIC,
+            &[
+                ("topic", "SV"),
+                ("readQueueNums", "2"),
+                ("writeQueueNums", "2"),
+                ("perm", "6"),
+            ],
+        ))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    let hb = |id: &str, tags: &str, version: i64, topics: &[&str]| {
+        let subs: Vec<String> = topics
+            .iter()
+            .map(|t| format!(r#"{{"topic":"{t}","subString":"{tags}","expressionType":"TAG","subVersion":{version}}}"#))
+            .collect();
+        let mut h = req(rq::HEART_BEAT, &[]);
+        h.body = Bytes::from(format!(
+            r#"{{"clientID":"{id}","producerDataSet":[],"consumerDataSet":[{{"groupName":"sv","messageModel":"CLUSTERING","subscriptionDataSet":[{}]}}]}}"#,
+            subs.join(",")
+        ));
+        h
+    };
+    let mut new = Client::connect(addr).await?;
+    let mut old = Client::connect(addr).await?;
+    assert_eq!(new.call(hb("new", "B", 2000, &["SV"])).await?.code, rs::SUCCESS);
+    assert_eq!(old.call(hb("old", "A", 1000, &["SV"])).await?.code, rs::SUCCESS);
+    // The old member joining is a change: the new one is told once.
+    let n = tokio::time::timeout(Duration::from_secs(5), new.recv()).await??;
+    assert_eq!(n.code, rq::NOTIFY_CONSUMER_IDS_CHANGED);
+    for _ in 0..3 {
+        assert_eq!(old.call(hb("old", "A", 1000, &["SV"])).await?.code, rs::SUCCESS);
+        assert_eq!(new.call(hb("new", "B", 2000, &["SV"])).await?.code, rs::SUCCESS);
+    }
+    let quiet = tokio::time::timeout(Duration::from_millis(500), new.recv()).await;
+    assert!(quiet.is_err(), "told to rebalance by a tag change: {quiet:?}");
+    let r = admin
+        .call(req(rq::GET_CONSUMER_CONNECTION_LIST, &[("consumerGroup", "sv")]))
+        .await?;
+    let body: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(body["subscriptionTable"]["SV"]["subString"], "B", "{body}");
+    assert_eq!(body["subscriptionTable"]["SV"]["subVersion"], 2000);
+    Ok(())
+}

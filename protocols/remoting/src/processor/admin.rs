@@ -204,7 +204,7 @@ impl RocketMq {
             .into_iter()
             .map(|(t, s)| {
                 let v = json!({"classFilterMode": false, "topic": t, "subString": s.expression,
-                               "tagsSet": [], "codeSet": [], "subVersion": 0,
+                               "tagsSet": [], "codeSet": [], "subVersion": s.version,
                                "expressionType": s.expression_type});
                 (t, v)
             })

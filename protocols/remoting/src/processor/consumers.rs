@@ -20,8 +20,8 @@ impl RocketMq {
             std::iter::once((rokka_broker::acl::ResourceType::Group, cd.group.as_str(), read)).chain(
                 cd.subscriptions
                     .iter()
-                    .filter(|(topic, _, _)| !topic.starts_with("%RETRY%"))
-                    .map(move |(topic, _, _)| rokka_broker::acl::rocketmq_topic(topic, read)),
+                    .filter(|(topic, _, _, _)| !topic.starts_with("%RETRY%"))
+                    .map(move |(topic, _, _, _)| rokka_broker::acl::rocketmq_topic(topic, read)),
             )
         });
         if let Some(remark) = crate::auth::check_needs(&self.broker, conn, req, needs) {
@@ -143,7 +143,7 @@ impl RocketMq {
                 let topics: BTreeSet<String> = cd
                     .subscriptions
                     .iter()
-                    .map(|(t, _, _)| t)
+                    .map(|(t, _, _, _)| t)
                     .filter(|t| !t.starts_with("%RETRY%"))
                     .cloned()
                     .collect();
@@ -170,26 +170,36 @@ impl RocketMq {
                 }
                 let group = c.groups.entry(g.clone()).or_default();
                 group.clustering = cd.clustering;
-                // The heartbeat's subscriptions replace the group's, as
-                // RocketMQ's ConsumerGroupInfo.updateSubscription (a topic a
-                // consumer dropped goes; the table is at most one heartbeat).
-                let subs: std::collections::BTreeMap<String, Subscription> = cd
+                // The heartbeat's subscriptions replace the group's as
+                // RocketMQ's ConsumerGroupInfo.updateSubscription does: a
+                // topic a consumer dropped goes, a new one comes, and a
+                // topic's expression is replaced only by a newer subVersion
+                // (members of a rolling deploy with other tags do not flip
+                // it at every heartbeat). Only a change of topics tells the
+                // members to rebalance.
+                let mut subs: std::collections::BTreeMap<String, Subscription> = cd
                     .subscriptions
                     .into_iter()
-                    .map(|(topic, expression, expression_type)| {
+                    .map(|(topic, expression, expression_type, version)| {
                         (
                             topic,
                             Subscription {
                                 expression,
                                 expression_type,
+                                version,
                             },
                         )
                     })
                     .collect();
-                let subs_changed = group.subscriptions != subs;
-                if subs_changed {
-                    group.subscriptions = subs;
+                for (topic, sub) in subs.iter_mut() {
+                    if let Some(old) = group.subscriptions.get(topic) {
+                        if sub.version <= old.version {
+                            *sub = old.clone();
+                        }
+                    }
                 }
+                let subs_changed = !group.subscriptions.keys().eq(subs.keys());
+                group.subscriptions = subs;
                 let joined_now = group.members.insert(client_id.clone());
                 if group.clustering {
                     retry_topics.push(format!("%RETRY%{g}"));
@@ -410,9 +420,10 @@ pub struct HeartbeatConsumer {
     pub group: String,
     /// False for BROADCASTING (by name, or ordinal 0 as C++ clients send it).
     pub clustering: bool,
-    /// (topic, expression, expression type) of each subscription naming a
-    /// topic; the expression defaults to `*`, the type to `TAG`.
-    pub subscriptions: Vec<(String, String, String)>,
+    /// (topic, expression, expression type, subVersion) of each
+    /// subscription naming a topic; the expression defaults to `*`, the type
+    /// to `TAG`, the version to 0.
+    pub subscriptions: Vec<(String, String, String, i64)>,
 }
 
 /// Parses a HEART_BEAT body; the error is the response's remark.
@@ -450,7 +461,7 @@ pub fn check_heartbeat(hb: &Heartbeat) -> Result<(), &'static str> {
         if c.subscriptions.len() > MAX_HEARTBEAT_ENTRIES {
             return Err("heartbeat group has more than 1000 subscriptions");
         }
-        for (topic, expression, kind) in &c.subscriptions {
+        for (topic, expression, kind, _) in &c.subscriptions {
             if topic.is_empty()
                 || topic.len() > MAX_HEARTBEAT_TOPIC
                 || expression.len() > MAX_EXPRESSION
@@ -580,6 +591,19 @@ mod hb_wire {
         pub expression: Option<String>,
         #[serde(rename = "expressionType")]
         pub kind: Option<String>,
+        /// When the client made the subscription (ms): the newer one wins.
+        #[serde(rename = "subVersion", default, deserialize_with = "lenient_i64")]
+        pub version: Option<i64>,
+    }
+
+    /// A number, or anything else as none (a heartbeat is not refused for it).
+    fn lenient_i64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        Ok(match v {
+            serde_json::Value::Number(n) => n.as_i64(),
+            serde_json::Value::String(s) => s.parse().ok(),
+            _ => None,
+        })
     }
 
     /// `messageModel`: "BROADCASTING" / "CLUSTERING", or the enum's ordinal
@@ -655,7 +679,7 @@ pub fn parse_heartbeat(body: &[u8]) -> Result<Heartbeat, &'static str> {
                     let topic = s.topic?;
                     let expression = s.expression.unwrap_or_else(|| "*".to_string());
                     let kind = s.kind.unwrap_or_else(|| "TAG".to_string());
-                    Some((topic, expression, kind))
+                    Some((topic, expression, kind, s.version.unwrap_or(0)))
                 })
                 .collect();
             Some(HeartbeatConsumer {

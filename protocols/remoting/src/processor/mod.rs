@@ -553,12 +553,12 @@ mod tests {
                     HeartbeatConsumer {
                         group: "g".into(),
                         clustering: false,
-                        subscriptions: vec![("t".into(), "A||B".into(), "TAG".into())],
+                        subscriptions: vec![("t".into(), "A||B".into(), "TAG".into(), 0)],
                     },
                     HeartbeatConsumer {
                         group: "h".into(),
                         clustering: true,
-                        subscriptions: vec![("u".into(), "*".into(), "SQL92".into())],
+                        subscriptions: vec![("u".into(), "*".into(), "SQL92".into(), 0)],
                     },
                 ],
             })

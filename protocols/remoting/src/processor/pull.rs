@@ -299,7 +299,12 @@ impl RocketMq {
                 (rs::PULL_RETRY_IMMEDIATELY, offset, Bytes::new())
             }
             ReadStatus::NoSuchQueue => (rs::PULL_OFFSET_MOVED, 0, Bytes::new()),
-            ReadStatus::OffsetMoved => (rs::PULL_OFFSET_MOVED, min, Bytes::new()),
+            // Retention removed the records under a read at or past the
+            // queue's start (between the read's loads): the client pulls on
+            // at once from the first record still there, as Apache answers
+            // MESSAGE_WAS_REMOVING (not moved back to a start that is gone).
+            ReadStatus::OffsetMoved if offset >= min => (rs::PULL_RETRY_IMMEDIATELY, read.next_offset, Bytes::new()),
+            ReadStatus::OffsetMoved => (rs::PULL_OFFSET_MOVED, read.next_offset, Bytes::new()),
             ReadStatus::OffsetOverflow => (rs::PULL_OFFSET_MOVED, max, Bytes::new()),
             // A damaged entry is never served: an error, which clients
             // retry after their pull back-off (3 s), not at once.

@@ -180,6 +180,7 @@ impl RocketMq {
         } else {
             vec![(flag, req.body.clone(), props)]
         };
+        let born_host = std::net::SocketAddr::new(conn.peer.ip().to_canonical(), conn.peer.port());
         let inputs: Vec<MessageInput<'_>> = parts
             .iter()
             .map(|(f, body, p)| MessageInput {
@@ -190,7 +191,10 @@ impl RocketMq {
                 properties: p.as_bytes(),
                 sys_flag: if batch { 0 } else { sys_flag },
                 born_timestamp: born,
-                born_host: conn.peer,
+                // An IPv4 client on a dual-stack listener is stored as
+                // IPv4 (8 bytes, no BORNHOST_V6 flag), as Apache's broker
+                // sees it, not as ::ffff:a.b.c.d.
+                born_host,
                 reconsume_times: reconsume,
                 prepared_transaction_offset: 0,
             })
