@@ -524,6 +524,38 @@ def test_a_groups_offsets_listed_whole_from_its_coordinator(cluster):
     ), body
 
 
+def test_a_group_deleted_from_its_coordinator_loses_its_offsets_on_every_set(cluster):
+    """Kafka DeleteGroups at the group's coordinator deletes what the group
+    committed on the other set's master too (Kafka deletes a group's
+    offsets together): listed again afterwards, the group has none, and a
+    group with offsets on the other set only is found (not
+    GROUP_ID_NOT_FOUND)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    m = masters(cluster)
+    set_of = {n: s for s, n in m.items()}
+    topic = "deleted-elsewhere"
+    a = create_topic(cluster, topic, 1, via=1)
+    topic_set = set_of[leaders(a, topic, 1)[0]]
+    group = None
+    for i in range(64):
+        g = f"deleter-{i}"
+        d = a.describe_consumer_groups([g])[g].result(15)
+        if set_of.get(d.coordinator.id) not in (None, topic_set):
+            group = g
+            break
+    assert group, "a group coordinated by the other set"
+    c = Consumer({"bootstrap.servers": cluster.bootstrap(), "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+    c.close()
+    listed = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(15)
+    assert {(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions} == {(topic, 0): 3}
+    a.delete_consumer_groups([group])[group].result(15)
+    listed = a.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group].result(15)
+    got = {(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions}
+    assert got == {}, f"offsets left on the other set after DeleteGroups: {got}"
+
+
 def test_a_draining_set_takes_no_new_placements(cluster):
     """`rokka cluster drain <set>`: new topics and new partitions go to the
     other set; what was placed stays; `undrain` lets it take them again."""

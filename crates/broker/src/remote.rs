@@ -35,6 +35,10 @@ pub trait RemoteOffsets: Send + Sync + std::fmt::Debug {
     /// with the offset (what a Kafka OffsetFetch for all topics lists).
     fn group_offsets<'a>(&'a self, set: &'a str, group: &'a str) -> RemoteCall<'a, Vec<(String, u32, u64)>>;
 
+    /// Deletes every offset `group` has committed on the master of `set`
+    /// (Kafka DeleteGroups of a group whose partitions span sets); how many.
+    fn delete_group<'a>(&'a self, set: &'a str, group: &'a str) -> RemoteCall<'a, u64>;
+
     /// What (group, topic, queue) has committed on the master of `set`.
     fn fetch<'a>(
         &'a self,

@@ -87,6 +87,7 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
         rq::END_TRANSACTION if !f("topic").is_empty() => [Some(topic_need(f("topic"), Op::Write)), None],
         rq::UPDATE_AND_CREATE_TOPIC => [Some((Rt::Topic, f("topic"), Op::Create)), None],
         rq::DELETE_TOPIC_IN_NAMESRV | rq::DELETE_TOPIC_IN_BROKER => [Some((Rt::Topic, f("topic"), Op::Delete)), None],
+        rq::DELETE_SUBSCRIPTIONGROUP => [Some((Rt::Group, f("groupName"), Op::Delete)), None],
         rq::GET_TOPIC_CONFIG | rq::GET_TOPIC_STATS_INFO | rq::QUERY_TOPIC_CONSUME_BY_WHO => {
             [Some((Rt::Topic, f("topic"), Op::Describe)), None]
         }
@@ -185,13 +186,14 @@ fn signed_content(cmd: &RemotingCommand) -> impl Iterator<Item = &[u8]> + Clone 
 /// The request codes the cluster's own calls use (a Kafka coordinator's
 /// offset commits and reads on another set's master, transaction joins and
 /// ends): a request signed as the cluster may be one of these only.
-const CLUSTER_CALLS: [i32; 7] = [
+const CLUSTER_CALLS: [i32; 8] = [
     // Each node registers with every node's name server.
     rq::REGISTER_BROKER,
     rq::UNREGISTER_BROKER,
     rq::UPDATE_CONSUMER_OFFSET,
     rq::QUERY_CONSUMER_OFFSET,
     rq::GET_CONSUME_STATS,
+    rq::DELETE_SUBSCRIPTIONGROUP,
     rq::ROKKA_TXN_JOIN,
     rq::ROKKA_TXN_END,
 ];

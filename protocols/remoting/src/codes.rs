@@ -36,6 +36,8 @@ pub mod request {
     pub const GET_PRODUCER_CONNECTION_LIST: i32 = 204;
     pub const WIPE_WRITE_PERM_OF_BROKER: i32 = 205;
     pub const GET_ALL_TOPIC_LIST_FROM_NAMESERVER: i32 = 206;
+    /// mqadmin deleteSubGroup (with cleanOffset: the group's offsets too).
+    pub const DELETE_SUBSCRIPTIONGROUP: i32 = 207;
     pub const GET_CONSUME_STATS: i32 = 208;
     pub const DELETE_TOPIC_IN_BROKER: i32 = 215;
     pub const DELETE_TOPIC_IN_NAMESRV: i32 = 216;
@@ -139,6 +141,7 @@ pub fn label(code: i32) -> &'static str {
         205 => "205",
         206 => "206",
         208 => "208",
+        207 => "207",
         215 => "215",
         216 => "216",
         219 => "219",

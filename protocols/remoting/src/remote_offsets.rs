@@ -21,6 +21,8 @@ use crate::registrar::NsConn;
 pub const EXT_METADATA: &str = "rokkaMetadata";
 /// Ext field carrying a forwarded Kafka commit's leader epoch.
 pub const EXT_LEADER_EPOCH: &str = "rokkaLeaderEpoch";
+/// Ext field of a DELETE_SUBSCRIPTIONGROUP answer: how many offsets went.
+pub const EXT_DELETED: &str = "rokkaDeleted";
 
 /// Connections kept to each other node's broker listener: a call that
 /// waits (a transaction END waiting for its markers to be durable) holds
@@ -175,6 +177,23 @@ impl RemoteOffsets for RemotingOffsets {
                 .into_iter()
                 .map(|(q, o)| (q.topic, q.queue_id, o.consumer_offset))
                 .collect())
+        })
+    }
+
+    fn delete_group<'a>(&'a self, set: &'a str, group: &'a str) -> RemoteCall<'a, u64> {
+        Box::pin(async move {
+            let mut cmd = self.command(rq::DELETE_SUBSCRIPTIONGROUP);
+            cmd.ext_fields.set("groupName", group);
+            cmd.ext_fields.set("cleanOffset", "true");
+            let r = self.call(set, cmd).await?;
+            if r.code != rs::SUCCESS {
+                return Err(format!(
+                    "{set}: DELETE_SUBSCRIPTIONGROUP answered {} {}",
+                    r.code,
+                    r.remark.unwrap_or_default()
+                ));
+            }
+            Ok(r.ext_fields.get(EXT_DELETED).and_then(|n| n.parse().ok()).unwrap_or(0))
         })
     }
 

@@ -1654,3 +1654,67 @@ async fn subscriptions_differing_in_tags_keep_the_newest_and_rebalance_no_one() 
     assert_eq!(body["subscriptionTable"]["SV"]["subVersion"], 2000);
     Ok(())
 }
+
+/// mqadmin deleteSubGroup (DELETE_SUBSCRIPTIONGROUP): with cleanOffset the
+/// group's committed offsets go; without, they stay; the broker's own
+/// groups are refused.
+#[tokio::test]
+async fn delete_subscription_group_cleans_the_groups_offsets() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut c = Client::connect(addr).await?;
+    let r = c
+        .call(req(
+            rq::UPDATE_AND_CREATE_TOPIC,
+            &[
+                ("topic", "DG"),
+                ("readQueueNums", "1"),
+                ("writeQueueNums", "1"),
+                ("perm", "6"),
+            ],
+        ))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    let commit = req(
+        rq::UPDATE_CONSUMER_OFFSET,
+        &[
+            ("consumerGroup", "dg"),
+            ("topic", "DG"),
+            ("queueId", "0"),
+            ("commitOffset", "5"),
+        ],
+    );
+    assert_eq!(c.call(commit).await?.code, rs::SUCCESS);
+    let query = || {
+        req(
+            rq::QUERY_CONSUMER_OFFSET,
+            &[
+                ("consumerGroup", "dg"),
+                ("topic", "DG"),
+                ("queueId", "0"),
+                ("setZeroIfNotFound", "false"),
+            ],
+        )
+    };
+    let r = c
+        .call(req(rq::DELETE_SUBSCRIPTIONGROUP, &[("groupName", "dg")]))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    assert_eq!(c.call(query()).await?.ext_fields.get("offset"), Some("5"));
+    let r = c
+        .call(req(
+            rq::DELETE_SUBSCRIPTIONGROUP,
+            &[("groupName", "dg"), ("cleanOffset", "true")],
+        ))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    assert_eq!(c.call(query()).await?.code, rs::QUERY_NOT_FOUND);
+    let r = c
+        .call(req(
+            rq::DELETE_SUBSCRIPTIONGROUP,
+            &[("groupName", "CID_RMQ_SYS_TRANS"), ("cleanOffset", "true")],
+        ))
+        .await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR);
+    Ok(())
+}

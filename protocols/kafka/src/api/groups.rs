@@ -429,26 +429,70 @@ pub(crate) fn other_members(k: &Kafka, group: &str) -> OtherMembers {
     }
 }
 
-pub fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
-    let results = r
-        .groups_names
-        .into_iter()
-        .map(|gid| {
-            let name = gid.0.to_string();
-            let offsets = k.broker.store().offsets();
-            let has = !offsets.group_offsets(&name).is_empty();
-            // Kafka's validateDeleteGroup: NON_EMPTY_GROUP while it has
-            // members — RocketMQ ones count (their progress is these offsets).
-            let code = if other_members(k, &name).live {
-                rokka_group::code::NON_EMPTY_GROUP
-            } else {
-                k.groups.with(|c| c.delete(&name, has))
-            };
+pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
+    let mut results = Vec::with_capacity(r.groups_names.len());
+    for gid in r.groups_names {
+        let name = gid.0.to_string();
+        let offsets = k.broker.store().offsets();
+        let has = !offsets.group_offsets(&name).is_empty();
+        // Kafka's validateDeleteGroup: NON_EMPTY_GROUP while it has
+        // members — RocketMQ ones count (their progress is these offsets).
+        let held = k
+            .groups
+            .with(|c| c.state(&name).is_some() || c.consumer.groups.contains_key(&name));
+        let mut code = if other_members(k, &name).live {
+            rokka_group::code::NON_EMPTY_GROUP
+        } else {
+            k.groups.with(|c| c.delete(&name, true))
+        };
+        if code == 0 {
+            // Several broker sets: the group's offsets of other sets'
+            // partitions live on their masters (Kafka keeps a group's
+            // offsets in one place and deletes them together).
+            let mut found = has || held;
+            match delete_on_other_sets(k, &name).await {
+                Ok(n) => found |= n > 0,
+                Err(e) => {
+                    tracing::warn!(
+                        group = name,
+                        error = e,
+                        "deleting a group's offsets on another broker set failed"
+                    );
+                    code = rokka_group::code::COORDINATOR_NOT_AVAILABLE;
+                }
+            }
             if code == 0 {
                 offsets.delete_group(&name);
+                if !found {
+                    // Neither held here nor committed anywhere.
+                    code = rokka_group::code::GROUP_ID_NOT_FOUND;
+                }
             }
-            DeletableGroupResult::default().with_group_id(gid).with_error_code(code)
-        })
-        .collect();
+        }
+        results.push(DeletableGroupResult::default().with_group_id(gid).with_error_code(code));
+    }
     DeleteGroupsResponse::default().with_results(results)
+}
+
+/// Deletes `group`'s offsets on every other broker set's master; how many
+/// went (0 with one set).
+async fn delete_on_other_sets(k: &Kafka, group: &str) -> Result<u64, String> {
+    let own = k.broker.own_set();
+    let others: Vec<String> = k
+        .broker
+        .cluster_view()
+        .map(|v| {
+            v.sets
+                .iter()
+                .filter(|s| Some(s.name.as_str()) != own)
+                .map(|s| s.name.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut n = 0;
+    for set in others {
+        let fw = k.broker.remote_offsets().ok_or("no route to other broker sets")?;
+        n += fw.delete_group(&set, group).await?;
+    }
+    Ok(n)
 }

@@ -306,7 +306,7 @@ async fn guarded(
         }
         RequestKind::DeleteGroups(mut r) => {
             let denied = guard::groups(k, who, &mut r.groups_names, Op::Delete);
-            let mut resp = groups::delete(k, r);
+            let mut resp = groups::delete(k, r).await;
             for g in denied {
                 resp.results.push(
                     delete_groups_response::DeletableGroupResult::default()

@@ -698,6 +698,10 @@ mod tests {
             Box::pin(async { Ok(Vec::new()) })
         }
 
+        fn delete_group<'a>(&'a self, _: &'a str, _: &'a str) -> RemoteCall<'a, u64> {
+            Box::pin(async { Ok(0) })
+        }
+
         /// Queue 0 has 40 committed, queue 1 nothing, queue 2 refuses;
         /// queues from 100 on answer nothing committed after 200 ms.
         fn fetch<'a>(&'a self, _: &'a str, _: &'a str, _: &'a str, queue: u32) -> RemoteCall<'a, Option<RemoteOffset>> {

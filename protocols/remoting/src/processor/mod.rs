@@ -326,6 +326,7 @@ impl RocketMq {
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
             rq::GET_TOPIC_CONFIG => self.topic_config(&cmd),
             rq::DELETE_TOPIC_IN_BROKER => rokka_broker::offload(|| self.delete_topic(&cmd)),
+            rq::DELETE_SUBSCRIPTIONGROUP => self.delete_subscription_group(&cmd),
             rq::GET_TOPIC_STATS_INFO => self.topic_stats(&cmd),
             rq::GET_CONSUMER_CONNECTION_LIST => self.consumer_connections(&cmd),
             rq::GET_PRODUCER_CONNECTION_LIST => self.producer_connections(&cmd),

@@ -58,6 +58,40 @@ impl RocketMq {
         }
     }
 
+    /// DELETE_SUBSCRIPTIONGROUP (mqadmin deleteSubGroup, Apache's
+    /// AdminBrokerProcessor.deleteSubscriptionGroup): with `cleanOffset`
+    /// the group's committed offsets on this broker go (Rokka keeps no
+    /// other subscription-group config: a group is made by its first
+    /// member). The broker's own groups are refused. The answer's
+    /// `rokkaDeleted` extField says how many offsets went (another set's
+    /// Kafka coordinator deleting a group reads it).
+    pub(super) fn delete_subscription_group(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("groupName").unwrap_or_default();
+        if group.is_empty() {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("groupName is empty".into()));
+        }
+        if rokka_broker::is_system_group(group) {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!("[{group}] is a system consumer group: not deleted")),
+            );
+        }
+        let clean = req
+            .ext_fields
+            .get("cleanOffset")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let n = if clean {
+            self.broker.store().offsets().delete_group(group)
+        } else {
+            0
+        };
+        tracing::info!(group, offsets = n, "consumer group deleted (DELETE_SUBSCRIPTIONGROUP)");
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        r.ext_fields.set(crate::remote_offsets::EXT_DELETED, n.to_string());
+        r
+    }
+
     pub(super) fn update_offset(&self, req: &RemotingCommand) -> RemotingCommand {
         let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
         let topic = req.ext_fields.get("topic").unwrap_or_default();
