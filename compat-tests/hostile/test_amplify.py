@@ -217,3 +217,46 @@ def test_a_topic_named_twice_in_one_create_or_delete_is_an_invalid_request(rokka
         off = 12 + 2 + len(TOPIC)
         assert (count, struct.unpack(">h", resp[off : off + 2])[0]) == (1, 42), resp[:80]
     assert TOPIC in AdminClient({"bootstrap.servers": rokka.bootstrap}).list_topics(timeout=10).topics
+
+
+def uvarint(n):
+    out = b""
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out += bytes([b | 0x80])
+        else:
+            return out + bytes([b])
+
+
+def test_metadata_naming_a_topic_with_many_ids_answers_it_once(rokka):
+    """Metadata v12 names a topic by name and by id: the same name with
+    REPEATS different ids is still one topic (answered by name)."""
+    create_topic_if_missing(rokka)
+    name = TOPIC.encode()
+    entry = os.urandom(16) + uvarint(len(name) + 1) + name + b"\x00"
+    body = uvarint(REPEATS + 1) + b"".join(os.urandom(16) + entry[16:] for _ in range(REPEATS)) + b"\x00\x00\x00"
+    with socket.create_connection(("127.0.0.1", rokka.kafka_port), timeout=30) as s:
+        resp = call(s, kafka_frame(3, 12, body, flexible=True))
+    assert len(resp) < 4096, f"Metadata response of {len(resp)} bytes"
+    assert resp.count(name) == 1
+    assert produce_some(rokka) == 0
+
+
+def test_an_offset_fetch_naming_a_partition_again_and_again_answers_it_once(rokka):
+    """Each answer of an OffsetFetch repeats the commit's metadata (up to
+    4 KiB): a partition named REPEATS times is answered once."""
+    from confluent_kafka import TopicPartition
+
+    create_topic_if_missing(rokka)
+    group = "amplify-offsets"
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group, "enable.auto.commit": False})
+    c.commit(offsets=[TopicPartition(TOPIC, 0, 1, metadata="m" * 4000)], asynchronous=False)
+    c.close()
+    # OffsetFetch v1: group, [topic, [partition]].
+    body = kstr(group) + struct.pack(">i", 1) + kstr(TOPIC) + struct.pack(">i", REPEATS) + struct.pack(">i", 0) * REPEATS
+    with socket.create_connection(("127.0.0.1", rokka.kafka_port), timeout=30) as s:
+        resp = call(s, kafka_frame(9, 1, body))
+    assert len(resp) < 16 * 1024, f"OffsetFetch response of {len(resp)} bytes"
+    assert resp.count(b"m" * 4000) == 1

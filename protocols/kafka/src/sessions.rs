@@ -111,6 +111,25 @@ impl FetchSessions {
         if version < 7 {
             return Ok(Mode::Sessionless);
         }
+        // A name no topic can have is not kept (each partition a session
+        // holds keeps its topic's name): a full fetch naming one gets no
+        // session, an incremental one is refused. The fetch itself answers
+        // such a topic as unknown.
+        let overlong = r.topics.iter().any(|t| t.topic.len() > rokka_store::MAX_TOPIC_LEN);
+        if overlong && r.session_epoch >= 0 {
+            metrics::counter!("rokka_kafka_fetch_sessions_refused_total").increment(1);
+            if r.session_epoch > 0 {
+                return Err(crate::errors::INVALID_REQUEST);
+            }
+            if r.session_id != 0 {
+                self.inner
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .sessions
+                    .remove(&r.session_id);
+            }
+            return Ok(Mode::New(0));
+        }
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         let idle = self.idle;
@@ -316,6 +335,9 @@ fn upsert(s: &mut Session, r: &FetchRequest, version: i16) {
     for t in &r.topics {
         let k = key(t, version);
         let topic = s.parts.entry(k.clone()).or_default();
+        // One copy of the name for all of the topic's partitions (clones
+        // share it).
+        let name = TopicName(kafka_protocol::protocol::StrBytes::from_string(t.topic.to_string()));
         for p in &t.partitions {
             // Kept apart from the request's frame (the name and any tagged
             // field would be slices of it, keeping it whole for the
@@ -328,7 +350,7 @@ fn upsert(s: &mut Session, r: &FetchRequest, version: i16) {
                     topic.insert(
                         p.partition,
                         Part {
-                            topic: TopicName(kafka_protocol::protocol::StrBytes::from_string(t.topic.to_string())),
+                            topic: name.clone(),
                             topic_id: t.topic_id,
                             request,
                             sent_hw: -2,
@@ -391,6 +413,33 @@ mod tests {
         let mut r = req(b, 2, &[1, 2]);
         assert_eq!(s.begin(&mut r, 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
         assert_eq!(s.begin(&mut req(b, 3, &[]), 12).err(), Some(FETCH_SESSION_ID_NOT_FOUND));
+    }
+
+    /// A topic name no topic can have (a 1 MiB name, each partition a
+    /// session holds keeping it) gets no session; an incremental fetch
+    /// naming one is refused.
+    #[test]
+    fn an_overlong_topic_name_is_not_kept_in_a_session() {
+        let s = FetchSessions::new(10, 100_000, Duration::from_secs(60));
+        let long = "x".repeat(rokka_store::MAX_TOPIC_LEN + 1);
+        let with_long = |id, epoch| {
+            let mut r = req(id, epoch, &[0]);
+            r.topics.push(
+                FetchTopic::default()
+                    .with_topic(TopicName(StrBytes::from_string(long.clone())))
+                    .with_partitions((0..1000).map(|p| FetchPartition::default().with_partition(p)).collect()),
+            );
+            r
+        };
+        assert!(matches!(s.begin(&mut with_long(0, 0), 12), Ok(Mode::New(0))));
+        assert_eq!(s.len(), 0);
+        let Ok(Mode::New(a)) = s.begin(&mut req(0, 0, &[0]), 12) else {
+            panic!()
+        };
+        assert_eq!(
+            s.begin(&mut with_long(a, 1), 12).err(),
+            Some(crate::errors::INVALID_REQUEST)
+        );
     }
 
     /// Kafka's eviction: a session that has had its time goes for a larger

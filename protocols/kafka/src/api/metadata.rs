@@ -153,7 +153,14 @@ pub fn handle(
             // of every partition once per repeat.
             let mut seen = std::collections::HashSet::with_capacity(list.len().min(1024));
             list.into_iter()
-                .filter(|t| seen.insert((t.name.clone(), t.topic_id)))
+                // (By name when it has one, as it is answered by name —
+                // else distinct ids would make a name count many times.)
+                .filter(|t| {
+                    seen.insert(match &t.name {
+                        Some(n) => (Some(n.clone()), uuid::Uuid::nil()),
+                        None => (None, t.topic_id),
+                    })
+                })
                 .map(|t| {
                     // v10+: a topic may be asked for by id alone (KIP-848
                     // consumers resolve their assignment's topic ids so).

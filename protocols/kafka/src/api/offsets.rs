@@ -483,7 +483,23 @@ async fn wanted(
     topics: Option<Vec<(String, Vec<i32>)>>,
 ) -> Result<Vec<(String, Vec<i32>)>, i16> {
     if let Some(t) = topics {
-        return Ok(t);
+        // Kafka reads the list as a set: a topic or partition named twice
+        // is answered once (each answer repeats the commit's metadata, up
+        // to 4 KiB: one small request must not make a huge response).
+        let mut out: Vec<(String, Vec<i32>)> = Vec::with_capacity(t.len().min(1024));
+        let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        for (name, parts) in t {
+            let i = *at.entry(name.clone()).or_insert_with(|| {
+                out.push((name, Vec::new()));
+                out.len() - 1
+            });
+            out[i].1.extend(parts);
+        }
+        for (_, ps) in &mut out {
+            let mut seen = std::collections::HashSet::with_capacity(ps.len().min(1024));
+            ps.retain(|p| seen.insert(*p));
+        }
+        return Ok(out);
     }
     let own = k.broker.own_set();
     let mut by_topic: std::collections::BTreeMap<String, Vec<i32>> = Default::default();
