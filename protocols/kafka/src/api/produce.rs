@@ -14,6 +14,28 @@ use crate::Kafka;
 /// Splits a records blob into batches, validating each completely
 /// (`rokka_broker::validate`); an error code for the first bad one.
 pub fn split_batches(records: &Bytes, max_decompressed: usize) -> Result<Vec<Bytes>, i16> {
+    split_batches_up_to(records, max_decompressed, usize::MAX)
+}
+
+/// As [`split_batches`], refusing (INVALID_RECORD) more than `most`
+/// batches before any is decompressed: from v3 a partition carries one
+/// batch (Kafka's ProduceRequest.validateRecords), and checking each of a
+/// request's many compressed batches first cost their decompression.
+pub fn split_batches_up_to(records: &Bytes, max_decompressed: usize, most: usize) -> Result<Vec<Bytes>, i16> {
+    let mut count = 0usize;
+    let mut at = 0usize;
+    while at + 12 <= records.len() {
+        let len = i32::from_be_bytes([records[at + 8], records[at + 9], records[at + 10], records[at + 11]]);
+        count += 1;
+        if count > most {
+            metrics::counter!("rokka_kafka_batches_refused_total", "reason" => "several_batches").increment(1);
+            return Err(errors::INVALID_RECORD);
+        }
+        if len < 49 {
+            break;
+        }
+        at = at.saturating_add(12 + len as usize);
+    }
     let mut out = Vec::new();
     let mut at = 0usize;
     while at < records.len() {
@@ -157,6 +179,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
         let cfg = broker.topic_config(&topic);
         let exists = cfg.is_some();
         let mut parts = Vec::with_capacity(t.partition_data.len());
+        let mut seen = std::collections::HashSet::with_capacity(t.partition_data.len().min(1024));
         for p in t.partition_data {
             let mut resp = PartitionProduceResponse::default()
                 .with_index(p.index)
@@ -172,7 +195,12 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
                 _ => Err(errors::UNKNOWN_TOPIC_OR_PARTITION),
             };
             let q = at.unwrap_or(0);
-            let result = if !matches!(r.acks, -1..=1) {
+            let result = if !seen.insert(p.index) {
+                // A partition named again in one request: its records are
+                // not looked at (each would be decompressed and checked;
+                // Kafka keeps one entry per partition).
+                Err(errors::INVALID_RECORD)
+            } else if !matches!(r.acks, -1..=1) {
                 // Kafka takes acks of -1, 0 or 1 only (nothing is stored).
                 Err(errors::INVALID_REQUIRED_ACKS)
             } else if !store.is_leader() {
@@ -203,7 +231,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
                 let shaped = p
                     .records
                     .as_ref()
-                    .map(|r| split_batches(r, max_decompressed))
+                    .map(|r| split_batches_up_to(r, max_decompressed, if version >= 3 { 1 } else { usize::MAX }))
                     .map(|r| r.and_then(|b| shape(b, cfg.as_ref(), max_decompressed, &mut append_time)));
                 match shaped {
                     None => Err(errors::CORRUPT_MESSAGE),
