@@ -556,6 +556,55 @@ def test_a_group_deleted_from_its_coordinator_loses_its_offsets_on_every_set(clu
     assert got == {}, f"offsets left on the other set after DeleteGroups: {got}"
 
 
+def send_rocketmq(port, topic, queue, body, props):
+    """A raw SEND_MESSAGE (code 10) to a broker listener: the answer's code."""
+    import socket
+    import struct
+
+    p = "".join(f"{k}\x01{v}\x02" for k, v in props.items())
+    ext = {
+        "producerGroup": "pg-sets", "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "4",
+        "queueId": str(queue), "sysFlag": "0", "bornTimestamp": str(int(time.time() * 1000)), "flag": "0",
+        "properties": p, "reconsumeTimes": "0", "unitMode": "false",
+    }
+    header = json.dumps({"code": 10, "language": "JAVA", "version": 475, "opaque": 7, "flag": 0, "extFields": ext}).encode()
+    frame = struct.pack(">I", 4 + len(header) + len(body)) + struct.pack(">I", len(header)) + header + body
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(frame)
+        n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]
+        data = s.recv(n, socket.MSG_WAITALL)
+    hlen = struct.unpack(">I", data[:4])[0] & 0xFFFFFF
+    h = json.loads(data[4 : 4 + hlen])
+    return h["code"], h.get("remark")
+
+
+def test_delayed_and_timer_messages_go_through_every_set(cluster):
+    """The broker's own topics (delay levels, the timer wheel) are each
+    set's own, as every Apache broker's: a DELAY or TIMER_DELAY_MS send
+    through either set's master is stored and delivered to its queue there
+    (with the schedule topic's 18 queues spread over the sets, every delayed
+    send failed, and the timer topic's one queue was on one set only)."""
+    m = masters(cluster)
+    topic = "delayed-sets"
+    a = create_topic(cluster, topic, 2, via=1)
+    lead = leaders(a, topic, 2)
+    set_of = {n: s for s, n in m.items()}
+    for s, node in m.items():
+        port = cluster.nodes[node].broker_port
+        for props in ({"DELAY": "1"}, {"TIMER_DELAY_MS": "1000"}):
+            code, remark = send_rocketmq(port, topic, 0, b"later", props)
+            assert code == 0, (s, props, code, remark)
+        # Both reach this set's queue 0 once due.
+        deadline = time.time() + 20
+        while True:
+            code, ext, _ = remoting(port, 30, {"topic": topic, "queueId": "0"})
+            if code == 0 and ext.get("offset") == "2":
+                break
+            assert time.time() < deadline, (s, code, ext)
+            time.sleep(0.3)
+    assert set(set_of[n] for n in lead.values()) == set(m), "the topic is on both sets"
+
+
 def test_a_draining_set_takes_no_new_placements(cluster):
     """`rokka cluster drain <set>`: new topics and new partitions go to the
     other set; what was placed stays; `undrain` lets it take them again."""

@@ -76,6 +76,16 @@ pub fn is_send_forbidden_topic(name: &str) -> bool {
     .contains(&name)
 }
 
+/// Topics each broker set holds whole for itself, as every Apache broker
+/// makes its own: the broker's own topics (delay levels, the timer wheel,
+/// transactions' half and op records) and a group's retry and dead-letter
+/// topics, written on the set that took the message. With several sets
+/// each set holds all of such a topic's queues (its Kafka partitions are
+/// every set's in turn); see [`Broker::ensure_own_topic`].
+pub fn is_per_set_topic(name: &str) -> bool {
+    is_send_forbidden_topic(name) || name.starts_with("%RETRY%") || name.starts_with("%DLQ%")
+}
+
 /// Topics only the broker reads and writes (its own state: delay levels,
 /// the timer wheel, transactions' half and op records, and every
 /// `rmq_sys_` name, as RocketMQ's `TopicValidator.isSystemTopic`): a
@@ -395,7 +405,23 @@ impl Broker {
                     ));
                 }
                 let mut placement = Vec::with_capacity(partitions as usize);
-                TopicInfo::place(name, &mut placement, partitions, &sets);
+                if is_per_set_topic(name) {
+                    // Every set holds all its queues.
+                    let mut sets = sets.clone();
+                    sets.sort();
+                    sets.dedup();
+                    if !sets.iter().any(|s| s == own) {
+                        sets.push(own.to_string());
+                    }
+                    for set in &sets {
+                        placement.extend((0..partitions).map(|queue| QueueRef {
+                            set: set.clone(),
+                            queue,
+                        }));
+                    }
+                } else {
+                    TopicInfo::place(name, &mut placement, partitions, &sets);
+                }
                 let local = placement.iter().filter(|r| r.set == own).count() as u32;
                 (local, placement)
             }
@@ -996,6 +1022,36 @@ impl Broker {
         offload(|| self.topics.set_partitions(name, partitions, self.own_set(), &sets))?;
         self.topic_changed(name);
         Ok(())
+    }
+
+    /// Makes sure `name` (see [`is_per_set_topic`]) has at least `queues`
+    /// queues on this node's set: made if missing, grown if short — with
+    /// several sets by this set's own queues only (a set that joined after
+    /// the topic was made, or a topic placed before it was per set).
+    pub fn ensure_own_topic(&self, name: &str, queues: u32) -> Result<()> {
+        let have = match self.topics.get(name) {
+            Some(t) => t,
+            None => match self.create_topic(name, queues) {
+                Ok(t) => t,
+                Err(BrokerError::TopicExists(_)) => self
+                    .topics
+                    .get(name)
+                    .ok_or_else(|| BrokerError::UnknownTopic(name.to_string()))?,
+                Err(e) => return Err(e),
+            },
+        };
+        if have.partitions >= queues {
+            return Ok(());
+        }
+        match self.own_set() {
+            Some(own) if !have.placement.is_empty() => {
+                let total = have.kafka_partitions() + (queues - have.partitions);
+                offload(|| self.topics.set_partitions(name, total, Some(own), &[own.to_string()]))?;
+                self.topic_changed(name);
+                Ok(())
+            }
+            _ => self.add_partitions(name, queues),
+        }
     }
 
     fn check_partition(&self, topic: &str, partition: u32) -> Result<()> {

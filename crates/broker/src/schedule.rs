@@ -69,14 +69,7 @@ impl Broker {
             .get(SCHEDULE_TOPIC)
             .is_none_or(|t| (t.partitions as usize) < levels)
         {
-            let made = match self.topics.get(SCHEDULE_TOPIC) {
-                None => self.create_topic(SCHEDULE_TOPIC, levels as u32).map(|_| ()),
-                Some(_) => self.add_partitions(SCHEDULE_TOPIC, levels as u32).map(|_| ()),
-            };
-            match made {
-                Ok(_) | Err(crate::BrokerError::TopicExists(_)) => {}
-                Err(e) => return Err(e),
-            }
+            self.ensure_own_topic(SCHEDULE_TOPIC, levels as u32)?;
         }
         let props = without(m.properties, &[REAL_TOPIC, REAL_QID, DELAY]);
         let props = with(props, DELAY, &level.to_string());

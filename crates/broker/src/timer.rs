@@ -143,11 +143,8 @@ impl Broker {
             return Err(BrokerError::TimerTooFar { due_in_ms, max_ms });
         }
         for t in [TIMER_TOPIC, TIMER_OP_TOPIC] {
-            if self.topics.get(t).is_none() {
-                match self.create_topic(t, 1) {
-                    Ok(_) | Err(BrokerError::TopicExists(_)) => {}
-                    Err(e) => return Err(e),
-                }
+            if self.topics.get(t).is_none_or(|i| i.partitions == 0) {
+                self.ensure_own_topic(t, 1)?;
             }
         }
         let mut props = without(

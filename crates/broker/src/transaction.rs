@@ -132,11 +132,8 @@ impl Broker {
     }
 
     fn ensure_topic(&self, topic: &str) -> Result<()> {
-        if self.topics.get(topic).is_none() {
-            match self.create_topic(topic, 1) {
-                Ok(_) | Err(BrokerError::TopicExists(_)) => {}
-                Err(e) => return Err(e),
-            }
+        if self.topics.get(topic).is_none_or(|i| i.partitions == 0) {
+            self.ensure_own_topic(topic, 1)?;
         }
         Ok(())
     }

@@ -734,11 +734,8 @@ impl Messaging {
     /// Sends a message that was delivered too often to `%DLQ%<group>`.
     fn to_dead_letters(&self, group: &str, m: &MessageView, attempts: u32) -> Result<(), String> {
         let topic = format!("%DLQ%{group}");
-        if self.broker.topics().get(&topic).is_none() {
-            match self.broker.create_topic(&topic, 1) {
-                Ok(_) | Err(rokka_broker::BrokerError::TopicExists(_)) => {}
-                Err(e) => return Err(e.to_string()),
-            }
+        if self.broker.topics().get(&topic).is_none_or(|t| t.partitions == 0) {
+            self.broker.ensure_own_topic(&topic, 1).map_err(|e| e.to_string())?;
         }
         let mut props = m.properties.to_vec();
         let mut add = |k: &str, v: &str| {

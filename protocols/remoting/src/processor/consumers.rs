@@ -212,12 +212,11 @@ impl RocketMq {
         // As RocketMQ's broker does on a consumer heartbeat: the group's retry
         // topic (one queue) exists from then on, and so is in the routes.
         for t in retry_topics {
-            if self.broker.topics().get(&t).is_none() {
-                match self.broker.create_topic(&t, 1) {
+            // (This broker set's own: every set holds a group's retry queue.)
+            if self.broker.topics().get(&t).is_none_or(|i| i.partitions == 0) {
+                match self.broker.ensure_own_topic(&t, 1) {
                     // (Past broker.max_topics: counted, not logged at every heartbeat.)
-                    Ok(_)
-                    | Err(rokka_broker::BrokerError::TopicExists(_))
-                    | Err(rokka_broker::BrokerError::TooManyTopics(_)) => {}
+                    Ok(_) | Err(rokka_broker::BrokerError::TooManyTopics(_)) => {}
                     Err(e) => tracing::warn!(topic = t, error = %e, "cannot create the retry topic"),
                 }
             }

@@ -58,12 +58,11 @@ impl RocketMq {
             Some(g) => format!("%DLQ%{g}"),
             None => topic,
         };
-        if dlq_group.is_some() && self.broker.topics().get(&topic).is_none() {
+        if dlq_group.is_some() && self.broker.topics().get(&topic).is_none_or(|t| t.partitions == 0) {
             // Made whatever auto-creation says, as send-back makes it (and
-            // RocketMQ's createTopicInSendMessageBackMethod).
-            match self.broker.create_topic(&topic, 1) {
-                Ok(_) | Err(rokka_broker::BrokerError::TopicExists(_)) => {}
-                Err(e) => return Err(self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string()))),
+            // RocketMQ's createTopicInSendMessageBackMethod), on this set.
+            if let Err(e) = self.broker.ensure_own_topic(&topic, 1) {
+                return Err(self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string())));
             }
         }
         let want_queues = if dlq_group.is_some() {
@@ -362,10 +361,11 @@ impl RocketMq {
         } else {
             format!("%RETRY%{group}")
         };
-        if self.broker.topics().get(&topic).is_none() {
-            match self.broker.create_topic(&topic, 1) {
-                Ok(_) | Err(rokka_broker::BrokerError::TopicExists(_)) => {}
-                Err(e) => return self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string())),
+        if self.broker.topics().get(&topic).is_none_or(|t| t.partitions == 0) {
+            // This set's own retry or dead-letter queue (Apache makes them
+            // on the broker that took the send-back).
+            if let Err(e) = self.broker.ensure_own_topic(&topic, 1) {
+                return self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string()));
             }
         }
         let input = MessageInput {
