@@ -216,15 +216,32 @@ impl Broker {
             };
             let op = format!("{off},");
             let props = properties::encode([(properties::TAGS, "d")]);
-            let done = self.deliver_view(&view).and_then(|_| {
-                self.append_messages(&[MessageInput::new(TIMER_OP_TOPIC, 0, op.as_bytes(), props.as_bytes())])
-            });
-            if let Err(e) = done {
+            let delivered = match self.deliver_view(&view) {
+                Ok(()) => true,
+                // Storage trouble: the heap keeps it, tried next tick.
+                Err(e) if e.is_transient() => {
+                    tracing::warn!(error = %e, "timer message not delivered yet");
+                    break;
+                }
+                // It will never go through (its topic gone, too large for
+                // it now): dropped with its op record, so it does not hold
+                // up every later timer message, now or after a restart.
+                Err(e) => {
+                    tracing::error!(offset = off, error = %e, "timer message cannot be delivered: dropped");
+                    metrics::counter!("rokka_timer_messages_dropped_total").increment(1);
+                    false
+                }
+            };
+            let op_done =
+                self.append_messages(&[MessageInput::new(TIMER_OP_TOPIC, 0, op.as_bytes(), props.as_bytes())]);
+            if let Err(e) = op_done {
                 tracing::warn!(error = %e, "timer message not delivered yet");
                 break;
             }
             st.heap.pop();
-            n += 1;
+            if delivered {
+                n += 1;
+            }
         }
         metrics::gauge!("rokka_timer_messages_pending").set(st.heap.len() as f64);
         n
@@ -238,6 +255,32 @@ mod tests {
     use super::*;
     use crate::BrokerConfig;
     use rokka_store::{MessageStore, StoreConfig};
+
+    /// A timer message that can never be delivered (its topic deleted,
+    /// auto-creation off) is dropped, not left at the head of the wheel
+    /// holding up every later one.
+    #[test]
+    fn an_undeliverable_timer_message_holds_up_no_other() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(
+            store,
+            BrokerConfig {
+                auto_create_topics: false,
+                ..BrokerConfig::default()
+            },
+        )?;
+        b.create_topic("gone", 1)?;
+        b.create_topic("kept", 1)?;
+        let now = rokka_store::now_ms();
+        b.append_timer(&MessageInput::new("gone", 0, b"a", b""), now + 1_000)?;
+        b.append_timer(&MessageInput::new("kept", 0, b"b", b""), now + 2_000)?;
+        b.delete_topic("gone")?;
+        assert_eq!(b.deliver_due_timers(now + 3_000), 1);
+        assert_eq!(b.store().max_offset("kept", 0), 1, "the later message was delivered");
+        assert_eq!(b.deliver_due_timers(now + 4_000), 0, "nothing left");
+        Ok(())
+    }
 
     #[test]
     fn timer_messages_due_past_retention_are_refused() -> Result<()> {
