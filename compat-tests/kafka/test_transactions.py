@@ -442,3 +442,46 @@ def test_a_batch_with_an_epoch_the_coordinator_never_gave_is_refused(rokka):
     p.commit_transaction()
     p.close()
     assert read_all(rokka, topic, 1, "read_committed", expect=2) == ["real-1", "real-2"]
+
+
+def test_a_fenced_end_txn_is_answered_as_its_version_knows_it(rokka):
+    """A zombie's EndTxn (an epoch a newer incarnation replaced) is
+    PRODUCER_FENCED (90) from v2 on and INVALID_PRODUCER_EPOCH (47) before
+    it, as Kafka answers (KIP-588): older clients took 90 for an unknown,
+    fatal error."""
+    import socket
+    import struct
+
+    from kafka import KafkaProducer
+
+    topic = new_topic(rokka, partitions=1)
+    tid = f"fenced-versions-{topic}"
+    old = KafkaProducer(bootstrap_servers=rokka.bootstrap, transactional_id=tid)
+    old.init_transactions()
+    pe = old._transaction_manager.producer_id_and_epoch
+    pid, epoch = pe.producer_id, pe.epoch
+    new = KafkaProducer(bootstrap_servers=rokka.bootstrap, transactional_id=tid)
+    new.init_transactions()
+
+    def end_txn(version):
+        host, port = rokka.bootstrap.rsplit(":", 1)
+        client = b"fenced"
+        if version >= 3:
+            t = tid.encode()
+            body = bytes([len(t) + 1]) + t + struct.pack(">qh?", pid, epoch, True) + b"\x00"
+            header = struct.pack(">hhih", 26, version, 9, len(client)) + client + b"\x00"
+        else:
+            body = struct.pack(">h", len(tid)) + tid.encode() + struct.pack(">qh?", pid, epoch, True)
+            header = struct.pack(">hhih", 26, version, 9, len(client)) + client
+        frame = struct.pack(">i", len(header) + len(body)) + header + body
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(frame)
+            n = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
+            resp = s.recv(n, socket.MSG_WAITALL)
+        off = 4 + (1 if version >= 3 else 0) + 4  # correlation, tagged fields, throttle
+        return struct.unpack(">h", resp[off:off + 2])[0]
+
+    assert end_txn(1) == 47
+    assert end_txn(3) == 90
+    new.close()
+    old.close(timeout=1)

@@ -177,15 +177,31 @@ async fn guarded(
                     .with_producer_id(ProducerId(-1))
                     .with_producer_epoch(-1),
             ),
-            None => ResponseKind::InitProducerId(init_producer_id::handle(k, r).await),
+            None => {
+                let mut resp = init_producer_id::handle(k, r).await;
+                resp.error_code = fenced_as(resp.error_code, version < 4);
+                ResponseKind::InitProducerId(resp)
+            }
         },
         RequestKind::AddPartitionsToTxn(r) => match guard::add_partitions_to_txn(k, who, &r) {
             Some(resp) => ResponseKind::AddPartitionsToTxn(resp),
-            None => ResponseKind::AddPartitionsToTxn(txn::add_partitions(k, r).await),
+            None => {
+                let mut resp = txn::add_partitions(k, r).await;
+                for t in &mut resp.results_by_topic_v3_and_below {
+                    for p in &mut t.results_by_partition {
+                        p.partition_error_code = fenced_as(p.partition_error_code, version < 2);
+                    }
+                }
+                ResponseKind::AddPartitionsToTxn(resp)
+            }
         },
         RequestKind::AddOffsetsToTxn(r) => match guard::add_offsets_to_txn(k, who, &r) {
             Some(code) => ResponseKind::AddOffsetsToTxn(AddOffsetsToTxnResponse::default().with_error_code(code)),
-            None => ResponseKind::AddOffsetsToTxn(txn::add_offsets(k, r).await),
+            None => {
+                let mut resp = txn::add_offsets(k, r).await;
+                resp.error_code = fenced_as(resp.error_code, version < 2);
+                ResponseKind::AddOffsetsToTxn(resp)
+            }
         },
         RequestKind::TxnOffsetCommit(mut r) => {
             let denied = guard::txn_offset_commit(k, who, &mut r);
@@ -204,7 +220,11 @@ async fn guarded(
                 r.transactional_id.0.as_str(),
                 Op::Write,
             ) {
-                true => ResponseKind::EndTxn(txn::end(k, r).await),
+                true => {
+                    let mut resp = txn::end(k, r).await;
+                    resp.error_code = fenced_as(resp.error_code, version < 2);
+                    ResponseKind::EndTxn(resp)
+                }
                 false => ResponseKind::EndTxn(EndTxnResponse::default().with_error_code(guard::TXN_DENIED)),
             }
         }
@@ -518,4 +538,16 @@ pub fn unsupported_version_response(key: ApiKey, version: i16) -> Option<Respons
         }
         _ => return None,
     })
+}
+
+/// PRODUCER_FENCED (90, KIP-588) as the versions before it knew it:
+/// INVALID_PRODUCER_EPOCH, as Kafka answers InitProducerId < 4 and
+/// EndTxn, AddPartitionsToTxn, AddOffsetsToTxn < 2 (older clients take 90
+/// for an unknown, fatal error instead of a fenced producer).
+fn fenced_as(code: i16, old_version: bool) -> i16 {
+    if old_version && code == rokka_broker::kafka_txn::code::PRODUCER_FENCED {
+        crate::errors::INVALID_PRODUCER_EPOCH
+    } else {
+        code
+    }
 }
