@@ -644,7 +644,14 @@ impl KafkaTxns {
             }
         }
         let mut unresolved = Vec::new();
-        for m in txns.values().filter(|m| m.state == TxnState::Ongoing) {
+        // Prepared ones too: a crash or failover between the decision and
+        // its markers leaves them to be ended, and an abort records its
+        // aborted entries from these first offsets (without them the
+        // aborted records reached read_committed readers).
+        for m in txns
+            .values()
+            .filter(|m| m.state == TxnState::Ongoing || m.state.is_prepare())
+        {
             for (topic, partition) in &m.partitions {
                 match first(m, topic, *partition) {
                     Some(offset) => {
@@ -652,6 +659,9 @@ impl KafkaTxns {
                             pt.ongoing.insert(m.producer_id, offset);
                         }
                     }
+                    // (A prepared one's partition without a batch after its
+                    // last marker is ended there already.)
+                    None if m.state.is_prepare() => {}
                     None => unresolved.push(Unresolved {
                         producer_id: m.producer_id,
                         topic: topic.clone(),
@@ -955,10 +965,12 @@ impl Broker {
     /// After a restart: finds the first offsets of transactions still open
     /// (scanning each of their partitions from the transaction's start).
     pub(crate) fn rebuild_open_transactions(&self) {
+        // Prepared ones too (see `replace_with`): their markers are still
+        // to be written, an abort's aborted entries from these offsets.
         let open: Vec<TxnMeta> = lock(&self.kafka_txns.inner)
             .txns
             .values()
-            .filter(|m| m.state == TxnState::Ongoing)
+            .filter(|m| m.state == TxnState::Ongoing || m.state.is_prepare())
             .cloned()
             .collect();
         let mut unresolved = Vec::new();
@@ -970,7 +982,7 @@ impl Broker {
                     partition: *partition,
                     start_ms: m.start_ms,
                 };
-                if !self.resolve(&pending) {
+                if !self.resolve(&pending) && m.state == TxnState::Ongoing {
                     unresolved.push(pending);
                 }
             }
@@ -2008,13 +2020,20 @@ impl Broker {
             return Err(code::INVALID_TXN_STATE);
         }
         // Under the coordinator's lock: an EndTxn cannot slip its marker
-        // in between the check and the append.
+        // in between the check and the append. And under the partitions'
+        // lock, which a read_committed fetch takes for its last stable
+        // offset after its read: the batch is readable (and long polls are
+        // woken) when appended, and a fetch must not compute the LSO
+        // before the transaction's first offset is known — it served the
+        // open transaction's records.
+        let mut parts = lock(&self.kafka_txns.parts);
         let r = self.append_kafka_batch_checked(topic, partition, batch);
         if let Ok((crate::SequenceCheck::Append, Some(base), _)) = &r {
-            if let Some(pt) = lock(&self.kafka_txns.parts).entry(topic, partition) {
+            if let Some(pt) = parts.entry(topic, partition) {
                 pt.ongoing.entry(producer_id).or_insert(*base);
             }
         }
+        drop(parts);
         drop(inner);
         Ok(r)
     }
@@ -2301,6 +2320,37 @@ mod tests {
         b.txn_participant_end(pid, 4, true).await?;
         assert!(b.kafka_txns().is_aborted("T", 0, pid, 5));
         assert!(b.kafka_txns().participation(pid).is_none());
+        Ok(())
+    }
+
+    /// A crash after an abort was decided (PrepareAbort on disk) and
+    /// before its aborted entries and markers: the restart ends it with
+    /// the aborted entry recorded from the transaction's first batch, so
+    /// read_committed readers skip its records (they were served before).
+    #[tokio::test]
+    async fn an_abort_decided_before_a_crash_is_recorded_at_the_restart() -> Result<()> {
+        let (dir, b) = fresh()?;
+        let id = b.txn_init_producer_id("tx", 60_000, None).await.map_err(kafka_err)?;
+        let (pid, ep) = (id.producer_id, id.epoch);
+        b.txn_add_partitions("tx", pid, ep, &[("T".into(), crate::Placed::Here(0))])
+            .await
+            .map_err(kafka_err)?;
+        let r = b.append_transactional_batch(Some("tx"), "T", 0, &batch(pid, ep, 0, &["a", "b"])?, pid, ep);
+        assert!(matches!(r, Ok(Ok((_, Some(0), _)))), "{r:?}");
+        let Some(mut m) = b.kafka_txns().get("tx") else {
+            return Err(BrokerError::InvalidPartitions("no transaction".into()));
+        };
+        m.state = TxnState::PrepareAbort;
+        b.kafka_txns().persist(&[Line::T(m)])?;
+        drop(b);
+        let b = broker(dir.path())?;
+        b.complete_prepared_transactions(0).await?;
+        assert_eq!(b.store().max_offset("T", 0), 3, "two records and the ABORT marker");
+        assert!(
+            b.kafka_txns().is_aborted("T", 0, pid, 0),
+            "the aborted records are marked aborted"
+        );
+        assert_eq!(b.kafka_txns().last_stable_offset("T", 0, 3), 3);
         Ok(())
     }
 
