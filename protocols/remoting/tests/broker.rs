@@ -1718,3 +1718,33 @@ async fn delete_subscription_group_cleans_the_groups_offsets() -> TestResult {
     assert_eq!(r.code, rs::SYSTEM_ERROR);
     Ok(())
 }
+
+/// UNREGISTER_CLIENT for a client live on another connection is refused:
+/// anyone could otherwise take members out of a group (and rebalance it)
+/// by the ids GET_CONSUMER_LIST_BY_GROUP lists. The client itself leaves.
+#[tokio::test]
+async fn a_client_is_not_unregistered_from_another_connection() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut member = Client::connect(addr).await?;
+    let mut other = Client::connect(addr).await?;
+    let mut hb = req(rq::HEART_BEAT, &[]);
+    hb.body = Bytes::from(
+        r#"{"clientID":"victim","producerDataSet":[],"consumerDataSet":[{"groupName":"ug","messageModel":"CLUSTERING","subscriptionDataSet":[]}]}"#,
+    );
+    assert_eq!(member.call(hb).await?.code, rs::SUCCESS);
+    let leave = || {
+        req(
+            rq::UNREGISTER_CLIENT,
+            &[("clientID", "victim"), ("consumerGroup", "ug")],
+        )
+    };
+    assert_eq!(other.call(leave()).await?.code, rs::NO_PERMISSION);
+    let r = other
+        .call(req(rq::GET_CONSUMER_LIST_BY_GROUP, &[("consumerGroup", "ug")]))
+        .await?;
+    let list: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(list["consumerIdList"], serde_json::json!(["victim"]));
+    assert_eq!(member.call(leave()).await?.code, rs::SUCCESS);
+    Ok(())
+}

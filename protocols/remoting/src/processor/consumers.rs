@@ -280,12 +280,27 @@ impl RocketMq {
         }
     }
 
-    pub(super) fn unregister(&self, req: &RemotingCommand) -> RemotingCommand {
+    pub(super) fn unregister(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let Some(client_id) = req.ext_fields.get("clientID") else {
             return self.reply(req, rs::SYSTEM_ERROR, Some("clientID missing".into()));
         };
         let changed = {
             let mut c = self.clients();
+            // A client live on another connection is not this one's to
+            // take out of its group (any client could otherwise rebalance
+            // a group at will by the ids GET_CONSUMER_LIST_BY_GROUP lists),
+            // as LOCK_BATCH_MQ and HEART_BEAT hold.
+            if c.clients
+                .get(client_id)
+                .is_some_and(|cl| cl.conn.peer != conn.peer && !cl.conn.is_closed())
+            {
+                drop(c);
+                return self.reply(
+                    req,
+                    crate::auth::NO_PERMISSION,
+                    Some(format!("client {client_id} is registered on another connection")),
+                );
+            }
             match req.ext_fields.get("consumerGroup") {
                 Some(g) if !g.is_empty() => {
                     let mut changed = Vec::new();

@@ -282,7 +282,7 @@ impl RocketMq {
         }
         let resp = match code {
             rq::HEART_BEAT => self.heartbeat(&cmd, conn),
-            rq::UNREGISTER_CLIENT => self.unregister(&cmd),
+            rq::UNREGISTER_CLIENT => self.unregister(&cmd, conn),
             rq::GET_CONSUMER_LIST_BY_GROUP => self.consumer_list(&cmd),
             rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => {
                 // Inline on the connection's task: the store offloads its
