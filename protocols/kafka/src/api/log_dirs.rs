@@ -35,15 +35,18 @@ pub fn describe_topic_partitions(k: &Kafka, r: DescribeTopicPartitionsRequest) -
         Some(c) => (c.topic_name.0.to_string(), c.partition_index.max(0)),
         None => (String::new(), 0),
     };
+    // Kafka's limit: the request's, at most 2000 (max.request.partition.size.limit).
     let mut left = if r.response_partition_limit > 0 {
-        r.response_partition_limit as usize
+        (r.response_partition_limit as usize).min(2000)
     } else {
         2000
     };
+    let by_name: std::collections::HashMap<&str, &rokka_broker::TopicInfo> =
+        all.iter().map(|(n, i)| (n.as_str(), i)).collect();
     let mut topics = Vec::new();
     let mut next = None;
     for name in names.into_iter().filter(|n| *n >= from_topic) {
-        let Some((_, info)) = all.iter().find(|(n, _)| *n == name) else {
+        let Some(info) = by_name.get(name.as_str()).copied() else {
             topics.push(
                 DescribeTopicPartitionsResponseTopic::default()
                     .with_error_code(errors::UNKNOWN_TOPIC_OR_PARTITION)
