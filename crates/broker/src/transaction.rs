@@ -34,6 +34,9 @@ pub struct Transactions {
     state: Mutex<TxState>,
 }
 
+/// The op record body's mark of a half discarded after its last check.
+const DISCARDED: &str = "discarded";
+
 #[derive(Debug, Default)]
 struct TxState {
     loaded: bool,
@@ -42,6 +45,11 @@ struct TxState {
     /// Half-queue offsets at or above `floor` resolved (committed, rolled
     /// back or discarded); pruned as the floor rises.
     resolved: BTreeSet<u64>,
+    /// Half-queue offsets discarded after their last check (copied to
+    /// `TRANS_CHECK_MAX_TIME_TOPIC`): no longer checked, but a producer's
+    /// late END_TRANSACTION still ends them, as Apache's (it finds the
+    /// half by its offset). Kept while the half queue holds them.
+    discarded: BTreeSet<u64>,
     /// Checks sent per half-queue offset (since start).
     checks: HashMap<u64, u32>,
     /// A scan cut at its budget: the next hands out checks from this
@@ -165,8 +173,16 @@ impl Broker {
                 }
                 for e in &read.entries {
                     if let Ok(Entry::Message(m)) = e.decode() {
+                        let discard = m.body.split(|b| *b == b',').any(|p| p == DISCARDED.as_bytes());
                         for o in m.body.split(|b| *b == b',') {
-                            if let Some(o) = std::str::from_utf8(o).ok().and_then(|s| s.trim().parse().ok()) {
+                            if let Some(o) = std::str::from_utf8(o).ok().and_then(|s| s.trim().parse::<u64>().ok()) {
+                                if discard {
+                                    // No more checks; still to be ended.
+                                    st.discarded.insert(o);
+                                } else {
+                                    // (In order: a late end after a discard.)
+                                    st.discarded.remove(&o);
+                                }
                                 if o >= st.floor {
                                     st.resolved.insert(o);
                                 }
@@ -220,8 +236,11 @@ impl Broker {
     }
 
     fn write_op(&self, half_offset: u64) -> Result<()> {
+        self.write_op_body(format!("{half_offset},"))
+    }
+
+    fn write_op_body(&self, body: String) -> Result<()> {
         self.ensure_topic(OP_TOPIC)?;
-        let body = format!("{half_offset},");
         let props = properties::encode([(properties::TAGS, "d")]);
         let op = MessageInput::new(OP_TOPIC, 0, body.as_bytes(), props.as_bytes());
         self.append_messages(std::slice::from_ref(&op))?;
@@ -243,7 +262,8 @@ impl Broker {
     /// (`half_offset`, `half_phys`) of producer group `group`.
     pub fn end_transaction(&self, group: &str, half_offset: u64, half_phys: u64, commit: bool) -> Result<Ended> {
         let mut st = self.tx_state();
-        if half_offset < st.floor || st.resolved.contains(&half_offset) {
+        let discarded = st.discarded.contains(&half_offset);
+        if !discarded && (half_offset < st.floor || st.resolved.contains(&half_offset)) {
             return Ok(Ended::AlreadyResolved);
         }
         let m = match self.store.read_at(half_phys).map(|b| rokka_store::decode_entry(&b)) {
@@ -274,7 +294,10 @@ impl Broker {
             self.append_messages(std::slice::from_ref(&input))?;
         }
         self.write_op(half_offset)?;
-        st.resolved.insert(half_offset);
+        st.discarded.remove(&half_offset);
+        if half_offset >= st.floor {
+            st.resolved.insert(half_offset);
+        }
         st.checks.remove(&half_offset);
         self.publish_pending(&st);
         let outcome = if commit { "commit" } else { "rollback" };
@@ -401,14 +424,17 @@ impl Broker {
         for (off, m) in discard {
             let props = m.user_properties();
             let input = m.as_input(CHECK_MAX_TOPIC, 0, &props);
+            // Its op record says discarded: no more checks, but a late
+            // END_TRANSACTION still ends it.
             let kept = self
                 .ensure_topic(CHECK_MAX_TOPIC)
                 .and_then(|_| self.append_messages(std::slice::from_ref(&input)))
-                .and_then(|_| self.write_op(off));
+                .and_then(|_| self.write_op_body(format!("{off},{DISCARDED}")));
             match kept {
                 Ok(()) => {
                     let mut st = self.tx_state();
                     st.resolved.insert(off);
+                    st.discarded.insert(off);
                     st.checks.remove(&off);
                     self.publish_pending(&st);
                     metrics::counter!("rokka_rocketmq_transactions_total", "outcome" => "discarded").increment(1);
@@ -426,6 +452,9 @@ impl Broker {
             st.floor = st.floor.max(progress);
             let floor = st.floor;
             st.resolved = st.resolved.split_off(&floor);
+            // Discarded halves retention removed cannot be ended any more.
+            let min = self.store.min_offset(HALF_TOPIC, 0);
+            st.discarded = st.discarded.split_off(&min);
         }
         due
     }
@@ -508,10 +537,54 @@ mod tests {
         assert!(b.due_checks(later, 60_000, 2).is_empty());
         assert_eq!(store.max_offset(CHECK_MAX_TOPIC, 0), 1);
         assert!(b.due_checks(later, 60_000, 2).is_empty());
+        // A late commit still commits it (Apache finds the half by its
+        // offset; it was answered OK and dropped before), once.
+        assert_eq!(
+            b.end_transaction("pg", u.queue_offset, u.phys_offset, true)?,
+            Ended::Committed
+        );
+        assert_eq!(store.max_offset("Real", 1), 2);
         assert_eq!(
             b.end_transaction("pg", u.queue_offset, u.phys_offset, true)?,
             Ended::AlreadyResolved
         );
+        Ok(())
+    }
+
+    /// A half discarded before a restart can still be ended after it; one
+    /// ended after its discard is not ended twice.
+    #[test]
+    fn a_discarded_half_is_still_ended_after_a_restart() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let cfg = StoreConfig::for_tests(dir.path());
+        let later = rokka_store::now_ms() + 61_000;
+        let (a, c) = {
+            let store = Arc::new(MessageStore::open(cfg.clone())?);
+            let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+            b.create_topic("Real", 2)?;
+            let a = half(&b, b"ended-late")?;
+            let c = half(&b, b"ended-before-restart")?;
+            assert_eq!(b.due_checks(later, 60_000, 1).len(), 2);
+            assert!(b.due_checks(later, 60_000, 1).is_empty(), "both discarded");
+            assert_eq!(
+                b.end_transaction("pg", c.queue_offset, c.phys_offset, false)?,
+                Ended::RolledBack
+            );
+            store.close()?;
+            (a, c)
+        };
+        let store = Arc::new(MessageStore::open(cfg)?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        assert!(b.due_checks(later, 60_000, 1).is_empty(), "not checked again");
+        assert_eq!(
+            b.end_transaction("pg", c.queue_offset, c.phys_offset, true)?,
+            Ended::AlreadyResolved
+        );
+        assert_eq!(
+            b.end_transaction("pg", a.queue_offset, a.phys_offset, true)?,
+            Ended::Committed
+        );
+        assert_eq!(store.max_offset("Real", 1), 1);
         Ok(())
     }
 
