@@ -291,7 +291,18 @@ impl Broker {
                 prepared_transaction_offset: half_phys as i64,
                 ..m.as_input(&real, if qid < partitions { qid } else { 0 }, &props)
             };
-            self.append_messages(std::slice::from_ref(&input))?;
+            // A committed message with a delivery time waits for it (Apache's
+            // HookUtils turns it into a timer message when it is put; a
+            // relative delay counts from the commit).
+            let now = rokka_store::now_ms();
+            match crate::timer::deliver_at(&props, now).filter(|due| *due > now) {
+                Some(due) => {
+                    self.append_timer(&input, due)?;
+                }
+                None => {
+                    self.append_messages(std::slice::from_ref(&input))?;
+                }
+            }
         }
         self.write_op(half_offset)?;
         st.discarded.remove(&half_offset);
@@ -584,6 +595,28 @@ mod tests {
             b.end_transaction("pg", a.queue_offset, a.phys_offset, true)?,
             Ended::Committed
         );
+        assert_eq!(store.max_offset("Real", 1), 1);
+        Ok(())
+    }
+
+    /// A committed transactional message with a delivery time is
+    /// delivered then, not at the commit.
+    #[test]
+    fn a_committed_message_with_a_delivery_time_waits_for_it() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        b.create_topic("Real", 2)?;
+        let props = properties::encode([("TRAN_MSG", "true"), ("PGROUP", "pg"), ("TIMER_DELAY_SEC", "10")]);
+        let mut m = MessageInput::new("Real", 1, b"later", props.as_bytes());
+        m.sys_flag = sysflag::TRANSACTION_PREPARED;
+        let h = b.append_half(&m)?;
+        assert_eq!(
+            b.end_transaction("pg", h.queue_offset, h.phys_offset, true)?,
+            Ended::Committed
+        );
+        assert_eq!(store.max_offset("Real", 1), 0, "not before its time");
+        b.deliver_due_timers(rokka_store::now_ms() + 11_000);
         assert_eq!(store.max_offset("Real", 1), 1);
         Ok(())
     }
