@@ -117,6 +117,19 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
             (Some(start), Some(hw)) => start > hw,
             _ => false,
         };
+    // A partition asked for more than once is INVALID_REQUEST, every time,
+    // as Kafka's duplicatePartitions (each lookup by time may decode the
+    // partition's batches: one small request must not repeat that).
+    let mut seen = std::collections::HashSet::new();
+    let mut twice = std::collections::HashSet::new();
+    for t in &r.topics {
+        for p in &t.partitions {
+            if !seen.insert((t.name.0.as_str(), p.partition_index)) {
+                twice.insert((t.name.0.to_string(), p.partition_index));
+            }
+        }
+    }
+    drop(seen);
     let topics = r
         .topics
         .into_iter()
@@ -131,6 +144,9 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                         .with_partition_index(p.partition_index)
                         .with_timestamp(-1)
                         .with_offset(-1);
+                    if !twice.is_empty() && twice.contains(&(name.clone(), p.partition_index)) {
+                        return resp.with_error_code(errors::INVALID_REQUEST);
+                    }
                     let q = match super::queue_of(k, info.as_ref(), p.partition_index) {
                         Ok(q) => q,
                         Err(code) => return resp.with_error_code(code),
