@@ -213,12 +213,25 @@ pub fn set_max_timestamp(batch: &Bytes, max_timestamp: i64) -> Result<Bytes, Bat
     Ok(Bytes::from(b))
 }
 
+/// Most records one batch may carry (librdkafka's largest
+/// `batch.num.messages`; the Java client's batches are bounded by
+/// `batch.size`, far below it for any record size).
+pub const MAX_BATCH_RECORDS: u32 = 1_000_000;
+
 /// The records of a batch whose header and CRC passed (see [`validate`]);
 /// the largest timestamp delta among them.
 fn check_records(batch: &[u8], info: &BatchInfo, max_decompressed: usize) -> Result<i64, BatchError> {
     let count = info.record_count;
     if count == 0 || count > i32::MAX as u32 {
         return Err(corrupt(format!("record count {count} out of range")));
+    }
+    // Every read that crosses it (a RocketMQ pull, a gRPC receive, a
+    // lookup by time) holds its records decoded: a few KB of compressed
+    // tiny records must not make millions of them.
+    if count > MAX_BATCH_RECORDS {
+        return Err(corrupt(format!(
+            "{count} records in one batch: more than {MAX_BATCH_RECORDS}"
+        )));
     }
     if info.last_offset_delta + 1 != count {
         return Err(corrupt(format!(
