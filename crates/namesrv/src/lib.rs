@@ -503,6 +503,17 @@ impl RouteTable {
             .is_some_and(|e| e.members.contains_key(&broker_id))
     }
 
+    /// (topic, broker name) route entries held: what the registrations cost.
+    pub fn route_entries(&self) -> usize {
+        self.topics.values().map(BTreeMap::len).sum()
+    }
+
+    /// The route entries of broker `broker_name` (a registration of it
+    /// replaces them).
+    pub fn route_entries_of(&self, broker_name: &str) -> usize {
+        self.topics.values().filter(|b| b.contains_key(broker_name)).count()
+    }
+
     /// Live registrations: (broker name, id) pairs.
     pub fn broker_count(&self) -> usize {
         self.brokers.values().map(|e| e.members.len()).sum()

@@ -355,3 +355,29 @@ fn kv_configs_are_kept_per_namespace_within_a_budget() {
     assert!(t.delete_kv("n", "0001"));
     assert_eq!(t.put_kv("n", "again", &big[..MAX_KV_BYTES - 10]), Ok(()));
 }
+
+/// Route entries are counted per (topic, broker name): what a name
+/// server's budget holds registrations to; a broker's registration
+/// replaces its own entries.
+#[test]
+fn route_entries_are_counted_per_topic_and_broker() {
+    let mut t = RouteTable::default();
+    t.register(
+        &reg("a", "1.1.1.1:1", 0, &[("t1", 4), ("t2", 4)]),
+        0,
+        DEFAULT_TIMEOUT,
+        None,
+    );
+    t.register(&reg("b", "1.1.1.2:1", 0, &[("t1", 4)]), 0, DEFAULT_TIMEOUT, None);
+    // A replica of "a" shares its entries.
+    t.register(
+        &reg("a", "1.1.1.3:1", 1, &[("t1", 4), ("t2", 4)]),
+        0,
+        DEFAULT_TIMEOUT,
+        None,
+    );
+    assert_eq!(t.route_entries(), 3);
+    assert_eq!(t.route_entries_of("a"), 2);
+    assert_eq!(t.route_entries_of("b"), 1);
+    assert_eq!(t.route_entries_of("c"), 0);
+}

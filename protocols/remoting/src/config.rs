@@ -94,6 +94,9 @@ pub struct RocketMqConfig {
     /// Registrations (broker name, id) a name server holds at most; a new
     /// one beyond it is refused.
     pub namesrv_max_brokers: u32,
+    /// (topic, broker name) route entries all registrations together may
+    /// hold (0 = no limit); a registration that would pass it is refused.
+    pub namesrv_max_route_entries: u32,
     /// Requests the broker sends a client (NOTIFY_CONSUMER_IDS_CHANGED,
     /// CHECK_TRANSACTION_STATE, RESET_CONSUMER_CLIENT_OFFSET) queued to one
     /// connection and not yet written at most; more are dropped.
@@ -180,6 +183,7 @@ impl Default for RocketMqConfig {
             max_consumer_groups: 100_000,
             max_groups_per_client: 1_000,
             namesrv_max_brokers: 1_024,
+            namesrv_max_route_entries: 2_000_000,
             max_unwritten_pushes_per_connection: 1_024,
             max_unwritten_bytes_per_connection: 64 << 20,
             access_message_in_memory_max_ratio: 40,

@@ -306,7 +306,13 @@ impl NameServer {
     fn full_for(&self, r: &Registration) -> bool {
         let max = self.config.namesrv_max_brokers as usize;
         let t = self.table();
-        max > 0 && t.broker_count() >= max && !t.is_registered(&r.broker_name, r.broker_id)
+        if max > 0 && t.broker_count() >= max && !t.is_registered(&r.broker_name, r.broker_id) {
+            return true;
+        }
+        // Route entries over all registrations (each may list 100 000
+        // topics): what a registration adds beyond what it replaces.
+        let most = self.config.namesrv_max_route_entries as usize;
+        most > 0 && t.route_entries() - t.route_entries_of(&r.broker_name) + r.topics.len() > most
     }
 
     fn apply(&self, r: &Registration, peer: Option<SocketAddr>) {
@@ -321,6 +327,7 @@ impl NameServer {
             );
         }
         metrics::gauge!("rokka_rocketmq_namesrv_brokers").set(t.broker_count() as f64);
+        metrics::gauge!("rokka_rocketmq_namesrv_route_entries").set(t.route_entries() as f64);
     }
 
     /// The embedded broker's registration (periodic, and whenever its topics
@@ -367,10 +374,12 @@ impl NameServer {
         if t.unregister(&key) {
             tracing::info!(%key, "broker unregistered");
         } else {
-            tracing::info!(%key, "UNREGISTER_BROKER names no live registration; ignored");
+            // (Counted; not logged above debug: anyone may send these.)
+            tracing::debug!(%key, "UNREGISTER_BROKER names no live registration; ignored");
             metrics::counter!("rokka_rocketmq_namesrv_unregisters_ignored_total").increment(1);
         }
         metrics::gauge!("rokka_rocketmq_namesrv_brokers").set(t.broker_count() as f64);
+        metrics::gauge!("rokka_rocketmq_namesrv_route_entries").set(t.route_entries() as f64);
     }
 
     fn reply(&self, req: &RemotingCommand, code: i32, remark: Option<String>) -> RemotingCommand {
@@ -522,12 +531,12 @@ impl NameServer {
                 match wire::from_command(cmd) {
                     Ok(r) if self.full_for(&r) => {
                         metrics::counter!("rokka_rocketmq_namesrv_registrations_refused_total").increment(1);
-                        let max = self.config.namesrv_max_brokers;
+                        let (max, most) = (self.config.namesrv_max_brokers, self.config.namesrv_max_route_entries);
                         self.reply(
                             cmd,
                             rs::SYSTEM_ERROR,
                             Some(format!(
-                                "too many brokers registered (rocketmq.namesrv_max_brokers = {max})"
+                                "too many brokers or routes registered (rocketmq.namesrv_max_brokers = {max}, namesrv_max_route_entries = {most})"
                             )),
                         )
                     }
@@ -539,7 +548,10 @@ impl NameServer {
                         resp
                     }
                     Err(e) => {
-                        tracing::warn!(peer = %conn.peer, error = e, "bad REGISTER_BROKER");
+                        // (Counted; the remark tells the sender. Not logged
+                        // above debug: anyone reaching the port may send these.)
+                        tracing::debug!(peer = %conn.peer, error = e, "bad REGISTER_BROKER");
+                        metrics::counter!("rokka_rocketmq_namesrv_registrations_malformed_total").increment(1);
                         self.reply(cmd, rs::SYSTEM_ERROR, Some(e))
                     }
                 }
