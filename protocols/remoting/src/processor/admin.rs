@@ -329,8 +329,14 @@ impl RocketMq {
                 )),
             );
         }
+        // At most a pull's bytes (`max_pull_bytes`; one message at least):
+        // 64 messages of the largest size were 256 MiB in one answer.
+        let cap = self.config.max_pull_bytes.max(1) as usize;
         let mut body = BytesMut::new();
         for rec in &found {
+            if !body.is_empty() && body.len() + rec.len() > cap {
+                break;
+            }
             body.put_slice(rec);
         }
         let mut r = self.reply(req, rs::SUCCESS, None);
