@@ -2323,6 +2323,26 @@ mod tests {
         Ok(())
     }
 
+    /// An idempotent producer's retry after a restart is known as a
+    /// duplicate however many other producers' batches landed since it was
+    /// written (within the rebuild window): only the newest 256 entries
+    /// were scanned, and a retry behind them was appended twice.
+    #[test]
+    fn a_retry_after_a_restart_is_a_duplicate_behind_many_batches() -> Result<()> {
+        let (dir, b) = fresh()?;
+        let (v, base, _) = b.append_kafka_batch_checked("T", 0, &batch(77, 0, 0, &["x"])?)?;
+        assert_eq!((v, base), (crate::SequenceCheck::Append, Some(0)));
+        for i in 0..300 {
+            b.append_kafka_batch_checked("T", 0, &batch(1000 + i, 0, 0, &["y"])?)?;
+        }
+        drop(b);
+        let b = broker(dir.path())?;
+        let (v, _, _) = b.append_kafka_batch_checked("T", 0, &batch(77, 0, 0, &["x"])?)?;
+        assert_eq!(v, crate::SequenceCheck::Duplicate(0));
+        assert_eq!(b.store().max_offset("T", 0), 301, "not appended again");
+        Ok(())
+    }
+
     /// A crash after an abort was decided (PrepareAbort on disk) and
     /// before its aborted entries and markers: the restart ends it with
     /// the aborted entry recorded from the transaction's first batch, so

@@ -24,8 +24,15 @@ use rokka_store::{Entry, MessageStore};
 
 /// Batches remembered per producer and partition (as Kafka).
 const CACHED_BATCHES: usize = 5;
-/// Newest entries scanned to rebuild a producer's state after a restart.
+/// Newest entries always scanned to rebuild a producer's state after a
+/// restart (or once it was evicted from the table).
 const REBUILD_SCAN: u64 = 256;
+/// Further back, entries stored within this long are scanned too: a
+/// producer retries a batch within its delivery timeout (Java 2 min,
+/// librdkafka 5 min), however many other producers' batches landed since.
+const REBUILD_WINDOW_MS: i64 = 10 * 60_000;
+/// The most entries one rebuild scans.
+const REBUILD_SCAN_MAX: u64 = 65_536;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct CachedBatch {
@@ -393,28 +400,29 @@ fn rebuild(store: &MessageStore, topic: &str, partition: u32, producer_id: i64) 
         return st;
     };
     let end = cq.entry_count();
-    let start = end.saturating_sub(REBUILD_SCAN);
+    let floor = end.saturating_sub(REBUILD_SCAN_MAX);
+    let mut start = end.saturating_sub(REBUILD_SCAN);
+    let since = rokka_store::now_ms().saturating_sub(REBUILD_WINDOW_MS);
+    while start > floor && cq.entry(start - 1).is_some_and(|e| e.store_timestamp >= since) {
+        start -= 1;
+    }
     let mut found = Vec::new();
-    for idx in start..end {
-        let Some(e) = cq.entry(idx) else { continue };
-        // Everything written, not only what consumers may see: a batch past
-        // the high watermark (a failover's new master has it, the old one
-        // never acknowledged it) is still a batch a retry must not repeat.
-        let r = store.read_written(topic, partition, e.base_offset.max(cq.min_offset()), 1, 1);
-        let Some(entry) = r.entries.first() else { continue };
-        if let Ok(Entry::KafkaBatch(b)) = entry.decode() {
-            if let Ok(i) = b.info() {
-                if i.producer_id == producer_id && i.base_sequence >= 0 {
-                    found.push((
-                        i.producer_epoch,
-                        i.base_sequence,
-                        // The last offset, not the record count: a
-                        // compacted batch keeps its sequence span.
-                        next_seq(i.base_sequence, i.last_offset_delta),
-                        b.queue_offset,
-                    ));
-                }
-            }
+    let Some(first) = (start..end).find_map(|i| cq.entry(i)) else {
+        return st;
+    };
+    // Everything written, not only what consumers may see: a batch past
+    // the high watermark (a failover's new master has it, the old one
+    // never acknowledged it) is still a batch a retry must not repeat.
+    let mut offset = first.base_offset.max(cq.min_offset());
+    let stop = cq.max_offset();
+    while offset < stop {
+        let r = store.read_written(topic, partition, offset, 256, 4 << 20);
+        if r.entries.is_empty() || r.next_offset <= offset {
+            break;
+        }
+        offset = r.next_offset;
+        for entry in &r.entries {
+            scan_entry(entry, producer_id, &mut found);
         }
     }
     if let Some(&(epoch, ..)) = found.last() {
@@ -433,6 +441,27 @@ fn rebuild(store: &MessageStore, topic: &str, partition: u32, producer_id: i64) 
         }
     }
     st
+}
+
+/// `producer_id`'s batch in `entry`, if it is one: (epoch, first and last
+/// sequence, base offset) pushed to `found`.
+fn scan_entry(entry: &rokka_store::ReadEntry, producer_id: i64, found: &mut Vec<(i16, i32, i32, u64)>) {
+    let Ok(Entry::KafkaBatch(b)) = entry.decode() else {
+        return;
+    };
+    let Ok(i) = b.info() else {
+        return;
+    };
+    if i.producer_id == producer_id && i.base_sequence >= 0 {
+        found.push((
+            i.producer_epoch,
+            i.base_sequence,
+            // The last offset, not the record count: a compacted batch
+            // keeps its sequence span.
+            next_seq(i.base_sequence, i.last_offset_delta),
+            b.queue_offset,
+        ));
+    }
 }
 
 #[cfg(test)]
