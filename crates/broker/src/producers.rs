@@ -266,13 +266,24 @@ impl ProducerStates {
         if info.producer_id < 0 || info.base_sequence < 0 {
             return append().map(|o| (SequenceCheck::Append, Some(o)));
         }
+        let key = (info.producer_id, topic.to_string(), partition);
+        // A producer this table does not hold is rebuilt from the log
+        // before the table's lock is taken (a scan of up to minutes of
+        // entries must not hold up every other produce); a batch of the
+        // same producer that got there first wins.
+        let known = self
+            .table
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .states
+            .contains_key(&key);
+        let mut rebuilt = (!known).then(|| rebuild(store, topic, partition, info.producer_id));
         let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let table = &mut *guard;
         let expired = table.expire(now_ms, self.limits.expiration_ms);
         if expired > 0 {
             metrics::counter!("rokka_kafka_producer_states_dropped_total", "reason" => "expired").increment(expired);
         }
-        let key = (info.producer_id, topic.to_string(), partition);
         if !table.states.contains_key(&key) {
             let mut evicted = 0;
             while table.states.len() >= self.limits.max_states && table.pop_oldest() {
@@ -282,8 +293,11 @@ impl ProducerStates {
                 metrics::counter!("rokka_kafka_producer_states_dropped_total", "reason" => "capacity")
                     .increment(evicted);
             }
-            let rebuilt = rebuild(store, topic, partition, info.producer_id);
-            table.insert(key.clone(), rebuilt, now_ms);
+            // (Expired or evicted since the look above: rebuilt here.)
+            let st = rebuilt
+                .take()
+                .unwrap_or_else(|| rebuild(store, topic, partition, info.producer_id));
+            table.insert(key.clone(), st, now_ms);
         }
         metrics::gauge!("rokka_kafka_producer_states").set(table.states.len() as f64);
         let Some(st) = table.states.get_mut(&key) else {
