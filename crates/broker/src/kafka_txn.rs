@@ -643,6 +643,27 @@ impl KafkaTxns {
                 pt.aborted = list;
             }
         }
+        // First offsets the previous copy found for the same transaction
+        // (producer, epoch, start) are kept: a scan of the log for every
+        // partition of every open transaction at every shipped table held
+        // replication up (the master's transactional calls wait for it).
+        let known: std::collections::HashMap<(i64, i16, i64, String, u32), u64> = {
+            let inner = lock(&self.inner);
+            let old = lock(&self.parts);
+            inner
+                .txns
+                .values()
+                .filter(|m| m.state == TxnState::Ongoing || m.state.is_prepare())
+                .flat_map(|m| {
+                    let old = &old;
+                    m.partitions.iter().filter_map(move |(t, p)| {
+                        old.get(t, *p)
+                            .and_then(|pt| pt.ongoing.get(&m.producer_id))
+                            .map(|o| ((m.producer_id, m.epoch, m.start_ms, t.clone(), *p), *o))
+                    })
+                })
+                .collect()
+        };
         let mut unresolved = Vec::new();
         // Prepared ones too: a crash or failover between the decision and
         // its markers leaves them to be ended, and an abort records its
@@ -653,7 +674,8 @@ impl KafkaTxns {
             .filter(|m| m.state == TxnState::Ongoing || m.state.is_prepare())
         {
             for (topic, partition) in &m.partitions {
-                match first(m, topic, *partition) {
+                let was = known.get(&(m.producer_id, m.epoch, m.start_ms, topic.clone(), *partition));
+                match was.copied().or_else(|| first(m, topic, *partition)) {
                     Some(offset) => {
                         if let Some(pt) = parts.entry(topic, *partition) {
                             pt.ongoing.insert(m.producer_id, offset);
@@ -2320,6 +2342,34 @@ mod tests {
         b.txn_participant_end(pid, 4, true).await?;
         assert!(b.kafka_txns().is_aborted("T", 0, pid, 5));
         assert!(b.kafka_txns().participation(pid).is_none());
+        Ok(())
+    }
+
+    /// A replica taking the master's table again and again finds an open
+    /// transaction's first offsets once, not at every table (each a scan
+    /// of the partition's log).
+    #[tokio::test]
+    async fn a_replica_finds_an_open_transactions_first_offset_once() -> Result<()> {
+        let (_dir, b) = fresh()?;
+        let id = b.txn_init_producer_id("tx", 60_000, None).await.map_err(kafka_err)?;
+        let (pid, ep) = (id.producer_id, id.epoch);
+        b.txn_add_partitions("tx", pid, ep, &[("T".into(), crate::Placed::Here(0))])
+            .await
+            .map_err(kafka_err)?;
+        let r = b.append_transactional_batch(Some("tx"), "T", 0, &batch(pid, ep, 0, &["a"])?, pid, ep);
+        assert!(matches!(r, Ok(Ok((_, Some(0), _)))), "{r:?}");
+        let snap = b.kafka_txns().snapshot()?;
+        let (_dir2, replica) = fresh()?;
+        let scans = std::sync::atomic::AtomicUsize::new(0);
+        let first = |_: &TxnMeta, _: &str, _: u32| {
+            scans.fetch_add(1, Ordering::Relaxed);
+            Some(0)
+        };
+        replica.kafka_txns().replace_with(&snap, first)?;
+        replica.kafka_txns().replace_with(&snap, first)?;
+        replica.kafka_txns().replace_with(&snap, first)?;
+        assert_eq!(scans.load(Ordering::Relaxed), 1);
+        assert_eq!(replica.kafka_txns().last_stable_offset("T", 0, 1), 0);
         Ok(())
     }
 
