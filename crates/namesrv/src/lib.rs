@@ -58,6 +58,13 @@ pub struct Registration {
     pub timeout_ms: Option<u64>,
     pub data_version: u64,
     pub topics: Vec<TopicConf>,
+    /// Whether `topics` is every topic the broker holds (Rokka's own
+    /// registrations say so): then a topic it no longer lists leaves its
+    /// routes. An Apache broker also registers single new topics
+    /// (registerIncrementBrokerData): those only add, as Apache's name
+    /// server keeps routes by default (deleteTopicWithBrokerRegistration
+    /// off), and a deleted topic goes with DELETE_TOPIC_IN_NAMESRV.
+    pub full: bool,
 }
 
 impl Registration {
@@ -222,12 +229,14 @@ impl RouteTable {
                 changed = true;
             }
         }
-        self.topics.retain(|name, per| {
-            if !listed.contains(name.as_str()) && per.remove(&r.broker_name).is_some() {
-                changed = true;
-            }
-            !per.is_empty()
-        });
+        if r.full {
+            self.topics.retain(|name, per| {
+                if !listed.contains(name.as_str()) && per.remove(&r.broker_name).is_some() {
+                    changed = true;
+                }
+                !per.is_empty()
+            });
+        }
         changed
     }
 

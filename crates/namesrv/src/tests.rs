@@ -27,6 +27,7 @@ fn reg(name: &str, addr: &str, id: i64, topics: &[(&str, u32)]) -> Registration 
                 sys_flag: 0,
             })
             .collect(),
+        full: true,
     }
 }
 
@@ -380,4 +381,24 @@ fn route_entries_are_counted_per_topic_and_broker() {
     assert_eq!(t.route_entries_of("a"), 2);
     assert_eq!(t.route_entries_of("b"), 1);
     assert_eq!(t.route_entries_of("c"), 0);
+}
+
+/// An Apache broker's registration of a single new topic (not flagged as
+/// its full table) adds that topic and removes none of its others.
+#[test]
+fn a_registration_not_of_the_full_table_removes_no_topic() {
+    let mut t = RouteTable::default();
+    t.register(
+        &reg("a", "1.1.1.1:1", 0, &[("t1", 4), ("t2", 4)]),
+        0,
+        DEFAULT_TIMEOUT,
+        None,
+    );
+    let mut one = reg("a", "1.1.1.1:1", 0, &[("t3", 4)]);
+    one.full = false;
+    t.register(&one, 1, DEFAULT_TIMEOUT, None);
+    assert_eq!(t.route_entries_of("a"), 3);
+    // A full one does.
+    t.register(&reg("a", "1.1.1.1:1", 0, &[("t3", 4)]), 2, DEFAULT_TIMEOUT, None);
+    assert_eq!(t.route_entries_of("a"), 1);
 }

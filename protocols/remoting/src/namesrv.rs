@@ -104,6 +104,10 @@ const MAX_HEARTBEAT_TIMEOUT_MS: u64 = 3_600_000;
 pub mod wire {
     use super::*;
 
+    /// Ext field of a registration listing every topic the broker holds
+    /// (Rokka's): only such a one removes the topics it no longer lists.
+    pub const EXT_FULL: &str = "rokkaFullRegistration";
+
     /// The REGISTER_BROKER request a broker sends to an external name server.
     pub fn to_command(reg: &Registration, opaque: i32, version: i32) -> RemotingCommand {
         let mut table = serde_json::Map::new();
@@ -134,6 +138,9 @@ pub mod wire {
             c.ext_fields.set("heartbeatTimeoutMillis", t.to_string());
         }
         c.ext_fields.set("compressed", "false");
+        if reg.full {
+            c.ext_fields.set(EXT_FULL, "true");
+        }
         c.ext_fields.set(
             "bodyCrc32",
             (crc32fast::hash(body.as_bytes()) & 0x7FFF_FFFF).to_string(),
@@ -187,6 +194,7 @@ pub mod wire {
                 .map(|t| t.clamp(1_000, MAX_HEARTBEAT_TIMEOUT_MS)),
             data_version,
             topics,
+            full: f(EXT_FULL) == Some("true"),
         };
         // What the route table keeps is bounded: names as RocketMQ bounds
         // them, the topics a broker may hold.
@@ -698,6 +706,7 @@ mod tests {
             timeout_ms: Some(5000),
             data_version: 7,
             topics: vec![topic("T", 4), topic("U", 2)],
+            full: true,
         };
         let cmd = wire::to_command(&r, 1, 479);
         let mut back = wire::from_command(&cmd)?;

@@ -68,6 +68,7 @@ fn registration(name: &str, addr: &str, topic: &str) -> Registration {
             perm: 6,
             sys_flag: 0,
         }],
+        full: true,
     }
 }
 

@@ -219,6 +219,7 @@ impl RocketMq {
             timeout_ms: Some(self.config.broker_timeout_ms),
             data_version: version,
             topics,
+            full: true,
         }
     }
 
