@@ -1198,7 +1198,10 @@ impl Broker {
                 let ending = if m.state == TxnState::Ongoing {
                     // The earlier incarnation's transaction is aborted
                     // under the new epoch, which fences it.
-                    next.epoch = m.epoch.saturating_add(1).min(i16::MAX - 1);
+                    // (A producer at the last epoch handed out is fenced
+                    // with i16::MAX, as Kafka's prepareFenceProducerEpoch;
+                    // its next initialisation gets a new producer id.)
+                    next.epoch = m.epoch.saturating_add(1);
                     next.state = TxnState::PrepareAbort;
                     next.update_ms = now;
                     Some(Ending {
@@ -1948,7 +1951,8 @@ impl Broker {
                     && m.start_ms >= 0
                     && now_ms - m.start_ms > m.timeout_ms
                 {
-                    m.epoch = m.epoch.saturating_add(1).min(i16::MAX - 1);
+                    // (i16::MAX fences the last epoch handed out, as Kafka.)
+                    m.epoch = m.epoch.saturating_add(1);
                     // A fence: no earlier epoch may re-initialise.
                     m.last_epoch = None;
                     m.state = TxnState::PrepareAbort;
@@ -2342,6 +2346,32 @@ mod tests {
         b.txn_participant_end(pid, 4, true).await?;
         assert!(b.kafka_txns().is_aborted("T", 0, pid, 5));
         assert!(b.kafka_txns().participation(pid).is_none());
+        Ok(())
+    }
+
+    /// A transaction at the last epoch handed out that times out is fenced
+    /// all the same (with i16::MAX): the zombie's next call is refused,
+    /// not a new transaction whose commit hides the aborted part.
+    #[tokio::test]
+    async fn the_last_epoch_is_fenced_on_a_timeout() -> Result<()> {
+        let (_dir, b) = fresh()?;
+        let id = b.txn_init_producer_id("tx", 1_000, None).await.map_err(kafka_err)?;
+        let pid = id.producer_id;
+        let last = i16::MAX - 1;
+        if let Some(m) = lock(&b.kafka_txns().inner).txns.get_mut("tx") {
+            m.epoch = last;
+        }
+        b.txn_add_partitions("tx", pid, last, &[("T".into(), crate::Placed::Here(0))])
+            .await
+            .map_err(kafka_err)?;
+        let r = b.append_transactional_batch(Some("tx"), "T", 0, &batch(pid, last, 0, &["a"])?, pid, last);
+        assert!(matches!(r, Ok(Ok((_, Some(0), _)))), "{r:?}");
+        assert_eq!(b.txn_expire(rokka_store::now_ms() + 60_000).await, 1);
+        assert!(b.kafka_txns().is_aborted("T", 0, pid, 0));
+        let again = b
+            .txn_add_partitions("tx", pid, last, &[("T".into(), crate::Placed::Here(0))])
+            .await;
+        assert_eq!(again, Err(code::PRODUCER_FENCED));
         Ok(())
     }
 
