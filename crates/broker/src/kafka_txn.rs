@@ -2046,20 +2046,39 @@ impl Broker {
             return Err(code::INVALID_TXN_STATE);
         }
         // Under the coordinator's lock: an EndTxn cannot slip its marker
-        // in between the check and the append. And under the partitions'
-        // lock, which a read_committed fetch takes for its last stable
-        // offset after its read: the batch is readable (and long polls are
-        // woken) when appended, and a fetch must not compute the LSO
-        // before the transaction's first offset is known — it served the
-        // open transaction's records.
-        let mut parts = lock(&self.kafka_txns.parts);
+        // in between the check and the append. The transaction's first
+        // batch here is readable (and long polls are woken) once appended,
+        // and a read_committed fetch takes the last stable offset after
+        // its read: before appending, the partition's next offset stands
+        // in for the first batch's (the batch lands there or later, so the
+        // LSO is held back, never ahead), then the real offset replaces it
+        // (or it goes, when nothing was appended). Not held across the
+        // append: every fetch takes this lock.
+        let placeholder = {
+            let mut parts = lock(&self.kafka_txns.parts);
+            match parts.entry(topic, partition) {
+                Some(pt) if !pt.ongoing.contains_key(&producer_id) => {
+                    pt.ongoing
+                        .insert(producer_id, self.store.written_max_offset(topic, partition));
+                    true
+                }
+                _ => false,
+            }
+        };
         let r = self.append_kafka_batch_checked(topic, partition, batch);
-        if let Ok((crate::SequenceCheck::Append, Some(base), _)) = &r {
+        if placeholder {
+            let mut parts = lock(&self.kafka_txns.parts);
             if let Some(pt) = parts.entry(topic, partition) {
-                pt.ongoing.entry(producer_id).or_insert(*base);
+                match &r {
+                    Ok((crate::SequenceCheck::Append, Some(base), _)) => {
+                        pt.ongoing.insert(producer_id, *base);
+                    }
+                    _ => {
+                        pt.ongoing.remove(&producer_id);
+                    }
+                }
             }
         }
-        drop(parts);
         drop(inner);
         Ok(r)
     }

@@ -76,6 +76,9 @@ impl Default for ProducerLimits {
 #[derive(Debug, Default)]
 struct Table {
     states: HashMap<Key, PartitionState>,
+    /// Partitions whose recent entries were read for every producer's
+    /// state since the start (see `rebuild_all`).
+    scanned: std::collections::HashSet<(String, u32)>,
     /// Every state's stamp → its key, oldest first: expiry and eviction
     /// take from the front without scanning the table.
     by_age: BTreeMap<(u64, u64), Key>,
@@ -271,18 +274,39 @@ impl ProducerStates {
         // before the table's lock is taken (a scan of up to minutes of
         // entries must not hold up every other produce); a batch of the
         // same producer that got there first wins.
-        let known = self
-            .table
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .states
-            .contains_key(&key);
-        let mut rebuilt = (!known).then(|| rebuild(store, topic, partition, info.producer_id));
+        let (known, scanned) = {
+            let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+            (
+                t.states.contains_key(&key),
+                t.scanned.contains(&(topic.to_string(), partition)),
+            )
+        };
+        // The first write to a partition since the start reads every
+        // producer's state from the entries of the last minutes, once;
+        // after it an unknown producer is looked for in the newest entries.
+        let all = (!known && !scanned).then(|| rebuild_all(store, topic, partition));
+        let mut rebuilt = if known || all.is_some() {
+            None
+        } else {
+            Some(rebuild(store, topic, partition, info.producer_id))
+        };
         let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let table = &mut *guard;
         let expired = table.expire(now_ms, self.limits.expiration_ms);
         if expired > 0 {
             metrics::counter!("rokka_kafka_producer_states_dropped_total", "reason" => "expired").increment(expired);
+        }
+        if let Some(mut all) = all {
+            if table.scanned.insert((topic.to_string(), partition)) {
+                rebuilt = Some(all.remove(&info.producer_id).unwrap_or_default());
+                // The others found, as room allows (none evicted for them).
+                for (pid, st) in all {
+                    let k = (pid, topic.to_string(), partition);
+                    if table.states.len() < self.limits.max_states && !table.states.contains_key(&k) {
+                        table.insert(k, st, now_ms);
+                    }
+                }
+            }
         }
         if !table.states.contains_key(&key) {
             let mut evicted = 0;
@@ -407,23 +431,48 @@ impl ProducerStates {
     }
 }
 
-/// The producer's last batches on this partition, from the newest entries.
+/// The producer's last batches on this partition, from the newest
+/// [`REBUILD_SCAN`] entries (a producer this table lost, or a new one).
 fn rebuild(store: &MessageStore, topic: &str, partition: u32, producer_id: i64) -> PartitionState {
-    let mut st = PartitionState::default();
+    scan(store, topic, partition, false, Some(producer_id))
+        .remove(&producer_id)
+        .unwrap_or_default()
+}
+
+/// Every producer's last batches on this partition from the entries stored
+/// within [`REBUILD_WINDOW_MS`] (at least the newest [`REBUILD_SCAN`], at
+/// most [`REBUILD_SCAN_MAX`]): the first time a partition is written after
+/// a start, so a retry of a batch written before the restart is known
+/// however many other producers' batches landed since.
+fn rebuild_all(store: &MessageStore, topic: &str, partition: u32) -> HashMap<i64, PartitionState> {
+    scan(store, topic, partition, true, None)
+}
+
+fn scan(
+    store: &MessageStore,
+    topic: &str,
+    partition: u32,
+    window: bool,
+    only: Option<i64>,
+) -> HashMap<i64, PartitionState> {
+    let mut out = HashMap::new();
     let Some(cq) = store.queue(topic, partition) else {
-        return st;
+        return out;
     };
     let end = cq.entry_count();
-    let floor = end.saturating_sub(REBUILD_SCAN_MAX);
     let mut start = end.saturating_sub(REBUILD_SCAN);
-    let since = rokka_store::now_ms().saturating_sub(REBUILD_WINDOW_MS);
-    while start > floor && cq.entry(start - 1).is_some_and(|e| e.store_timestamp >= since) {
-        start -= 1;
+    if window {
+        let floor = end.saturating_sub(REBUILD_SCAN_MAX);
+        let since = rokka_store::now_ms().saturating_sub(REBUILD_WINDOW_MS);
+        while start > floor && cq.entry(start - 1).is_some_and(|e| e.store_timestamp >= since) {
+            start -= 1;
+        }
     }
-    let mut found = Vec::new();
     let Some(first) = (start..end).find_map(|i| cq.entry(i)) else {
-        return st;
+        return out;
     };
+    // (producer id → (epoch, first and last sequence, base offset)), in log order.
+    let mut found: HashMap<i64, Vec<(i16, i32, i32, u64)>> = HashMap::new();
     // Everything written, not only what consumers may see: a batch past
     // the high watermark (a failover's new master has it, the old one
     // never acknowledged it) is still a batch a retry must not repeat.
@@ -436,46 +485,50 @@ fn rebuild(store: &MessageStore, topic: &str, partition: u32, producer_id: i64) 
         }
         offset = r.next_offset;
         for entry in &r.entries {
-            scan_entry(entry, producer_id, &mut found);
-        }
-    }
-    if let Some(&(epoch, ..)) = found.last() {
-        st.epoch = epoch;
-        for (e, first_seq, last_seq, base_offset) in found {
-            if e == epoch {
-                st.batches.push_back(CachedBatch {
-                    first_seq,
-                    last_seq,
-                    base_offset,
-                });
+            let Ok(Entry::KafkaBatch(b)) = entry.decode() else {
+                continue;
+            };
+            let Ok(i) = b.info() else {
+                continue;
+            };
+            if i.producer_id < 0 || i.base_sequence < 0 || only.is_some_and(|p| p != i.producer_id) {
+                continue;
+            }
+            let list = found.entry(i.producer_id).or_default();
+            list.push((
+                i.producer_epoch,
+                i.base_sequence,
+                // The last offset, not the record count: a compacted batch
+                // keeps its sequence span.
+                next_seq(i.base_sequence, i.last_offset_delta),
+                b.queue_offset,
+            ));
+            // Only the newest few are kept.
+            if list.len() > 4 * CACHED_BATCHES {
+                list.drain(..list.len() - CACHED_BATCHES);
             }
         }
-        while st.batches.len() > CACHED_BATCHES {
-            st.batches.pop_front();
+    }
+    for (pid, list) in found {
+        let mut st = PartitionState::default();
+        if let Some(&(epoch, ..)) = list.last() {
+            st.epoch = epoch;
+            for (e, first_seq, last_seq, base_offset) in list {
+                if e == epoch {
+                    st.batches.push_back(CachedBatch {
+                        first_seq,
+                        last_seq,
+                        base_offset,
+                    });
+                }
+            }
+            while st.batches.len() > CACHED_BATCHES {
+                st.batches.pop_front();
+            }
         }
+        out.insert(pid, st);
     }
-    st
-}
-
-/// `producer_id`'s batch in `entry`, if it is one: (epoch, first and last
-/// sequence, base offset) pushed to `found`.
-fn scan_entry(entry: &rokka_store::ReadEntry, producer_id: i64, found: &mut Vec<(i16, i32, i32, u64)>) {
-    let Ok(Entry::KafkaBatch(b)) = entry.decode() else {
-        return;
-    };
-    let Ok(i) = b.info() else {
-        return;
-    };
-    if i.producer_id == producer_id && i.base_sequence >= 0 {
-        found.push((
-            i.producer_epoch,
-            i.base_sequence,
-            // The last offset, not the record count: a compacted batch
-            // keeps its sequence span.
-            next_seq(i.base_sequence, i.last_offset_delta),
-            b.queue_offset,
-        ));
-    }
+    out
 }
 
 #[cfg(test)]
