@@ -71,6 +71,19 @@ pub fn deliver_at(props: &[u8], now_ms: i64) -> Option<i64> {
     requested_time(props, now_ms).ok().flatten()
 }
 
+/// Whether a delivery failed for good: its topic gone (auto-creation off)
+/// or without the queue, the message too large for it now, its topic name
+/// invalid. Anything else may clear up and is tried again.
+fn never_deliverable(e: &BrokerError) -> bool {
+    use rokka_store::StoreError as S;
+    matches!(
+        e,
+        BrokerError::UnknownTopic(_)
+            | BrokerError::UnknownPartition { .. }
+            | BrokerError::Store(S::MessageTooLarge { .. } | S::PropertiesTooLarge(_) | S::InvalidTopic(_))
+    )
+}
+
 impl Broker {
     /// Cluster mode, a new master: the timer state is loaded again from
     /// everything its log holds (as a replica it may have loaded early).
@@ -218,8 +231,9 @@ impl Broker {
             let props = properties::encode([(properties::TAGS, "d")]);
             let delivered = match self.deliver_view(&view) {
                 Ok(()) => true,
-                // Storage trouble: the heap keeps it, tried next tick.
-                Err(e) if e.is_transient() => {
+                // Storage trouble, the topic limit reached for now, every
+                // set draining: the heap keeps it, tried next tick.
+                Err(e) if !never_deliverable(&e) => {
                     tracing::warn!(error = %e, "timer message not delivered yet");
                     break;
                 }

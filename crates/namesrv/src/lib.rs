@@ -119,6 +119,8 @@ struct BrokerEntry {
     cluster: String,
     /// broker id → its registration (0 = master).
     members: BTreeMap<i64, Member>,
+    /// Topics its master's last full registration listed.
+    listed: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,7 +188,11 @@ impl RouteTable {
             .or_insert_with(|| BrokerEntry {
                 cluster: r.cluster.clone(),
                 members: BTreeMap::new(),
+                listed: 0,
             });
+        if r.broker_id == 0 && r.full {
+            entry.listed = r.topics.len();
+        }
         entry.cluster = r.cluster.clone();
         // Within one broker name an address holds one id: a slave turned
         // master (or back) leaves its old id.
@@ -510,6 +516,12 @@ impl RouteTable {
         self.brokers
             .get(broker_name)
             .is_some_and(|e| e.members.contains_key(&broker_id))
+    }
+
+    /// Topics the last full registration of `broker_name`'s master listed
+    /// (one that lists no more cannot grow the routes).
+    pub fn listed_by(&self, broker_name: &str) -> usize {
+        self.brokers.get(broker_name).map_or(0, |e| e.listed)
     }
 
     /// (topic, broker name) route entries held: what the registrations cost.

@@ -318,24 +318,31 @@ impl NameServer {
             return true;
         }
         // Route entries over all registrations (each may list 100 000
-        // topics): what a registration adds beyond what it replaces.
+        // topics): what a registration adds beyond what it replaces —
+        // counted only when it may add (a periodic registration listing
+        // no more than the last one does not: the count walks every topic).
         let most = self.config.namesrv_max_route_entries as usize;
-        most > 0 && t.route_entries() - t.route_entries_of(&r.broker_name) + r.topics.len() > most
+        if most == 0 || (r.full && r.topics.len() <= t.listed_by(&r.broker_name)) {
+            return false;
+        }
+        let replaced = if r.full { t.route_entries_of(&r.broker_name) } else { 0 };
+        t.route_entries() - replaced + r.topics.len() > most
     }
 
     fn apply(&self, r: &Registration, peer: Option<SocketAddr>) {
         let now = self.now_ms();
         let mut t = self.table();
-        if t.register(r, now, self.config.broker_timeout_ms, peer) {
+        let changed = t.register(r, now, self.config.broker_timeout_ms, peer);
+        if changed {
             tracing::info!(
                 broker = r.broker_name,
                 addr = r.broker_addr,
                 topics = r.topics.len(),
                 "broker registered"
             );
+            metrics::gauge!("rokka_rocketmq_namesrv_route_entries").set(t.route_entries() as f64);
         }
         metrics::gauge!("rokka_rocketmq_namesrv_brokers").set(t.broker_count() as f64);
-        metrics::gauge!("rokka_rocketmq_namesrv_route_entries").set(t.route_entries() as f64);
     }
 
     /// The embedded broker's registration (periodic, and whenever its topics

@@ -437,18 +437,25 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
         let has = !offsets.group_offsets(&name).is_empty();
         // Kafka's validateDeleteGroup: NON_EMPTY_GROUP while it has
         // members — RocketMQ ones count (their progress is these offsets).
-        let held = k
-            .groups
-            .with(|c| c.state(&name).is_some() || c.consumer.groups.contains_key(&name));
-        let mut code = if other_members(k, &name).live {
+        let (held, busy) = k.groups.with(|c| {
+            let consumer = c.consumer.groups.get(&name);
+            (
+                c.state(&name).is_some() || consumer.is_some(),
+                consumer.is_some_and(|g| !g.members.is_empty())
+                    || c.state(&name)
+                        .is_some_and(|s| !matches!(s, GroupState::Empty | GroupState::Dead)),
+            )
+        });
+        let mut code = if busy || other_members(k, &name).live {
             rokka_group::code::NON_EMPTY_GROUP
         } else {
-            k.groups.with(|c| c.delete(&name, true))
+            rokka_group::code::NONE
         };
         if code == 0 {
             // Several broker sets: the group's offsets of other sets'
             // partitions live on their masters (Kafka keeps a group's
-            // offsets in one place and deletes them together).
+            // offsets in one place and deletes them together). Those
+            // first: a set not reached leaves the group as it was here.
             let mut found = has || held;
             match delete_on_other_sets(k, &name).await {
                 Ok(n) => found |= n > 0,
@@ -460,6 +467,10 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
                     );
                     code = rokka_group::code::COORDINATOR_NOT_AVAILABLE;
                 }
+            }
+            if code == 0 {
+                // (A member that joined meanwhile: NON_EMPTY_GROUP.)
+                code = k.groups.with(|c| c.delete(&name, true));
             }
             if code == 0 {
                 offsets.delete_group(&name);

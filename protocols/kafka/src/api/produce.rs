@@ -174,12 +174,14 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
     let max_decompressed = broker.config().max_batch_decompressed_bytes as usize;
     let mut responses = Vec::with_capacity(r.topic_data.len());
     let txn_id = r.transactional_id.as_ref().map(|t| t.0.as_str());
+    // (topic, partition) named so far: across topic entries too (a topic
+    // named again is the same partitions).
+    let mut seen = std::collections::HashSet::new();
     for t in r.topic_data {
         let topic = t.name.0.to_string();
         let cfg = broker.topic_config(&topic);
         let exists = cfg.is_some();
         let mut parts = Vec::with_capacity(t.partition_data.len());
-        let mut seen = std::collections::HashSet::with_capacity(t.partition_data.len().min(1024));
         for p in t.partition_data {
             let mut resp = PartitionProduceResponse::default()
                 .with_index(p.index)
@@ -195,7 +197,7 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
                 _ => Err(errors::UNKNOWN_TOPIC_OR_PARTITION),
             };
             let q = at.unwrap_or(0);
-            let result = if !seen.insert(p.index) {
+            let result = if !seen.insert((topic.clone(), p.index)) {
                 // A partition named again in one request: its records are
                 // not looked at (each would be decompressed and checked;
                 // Kafka keeps one entry per partition).
