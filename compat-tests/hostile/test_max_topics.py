@@ -46,3 +46,25 @@ def test_auto_created_topics_stop_at_max_topics(rokka):
     p.produce(ok[0], value=b"again", on_delivery=lambda err, msg: again.setdefault("err", err))
     p.flush(30)
     assert again.get("err", "unset") is None, again
+
+
+def test_a_validate_only_create_is_held_to_max_topics(rokka):
+    """CreateTopics with validate_only names many topics: only as many as
+    could be made pass (each answer lists the topic's configs, so the
+    response stays bounded); the rest are POLICY_VIOLATION, as a real
+    create past broker.max_topics."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    names = [f"vo-{i}" for i in range(3 * MAX)]
+    fs = a.create_topics([NewTopic(n, 1, 1) for n in names], validate_only=True, request_timeout=30)
+    ok, refused = 0, 0
+    for f in fs.values():
+        try:
+            f.result(30)
+            ok += 1
+        except Exception as e:  # noqa: BLE001 (the refusal is the point)
+            assert "POLICY_VIOLATION" in str(e) or "max_topics" in str(e), e
+            refused += 1
+    assert ok <= MAX and refused >= 2 * MAX, (ok, refused)
+    assert not any(n in a.list_topics(timeout=10).topics for n in names), "validate_only made a topic"

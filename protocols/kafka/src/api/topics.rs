@@ -38,6 +38,16 @@ pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsRe
     let broker = k.broker.as_ref();
     let dups = duplicated(r.topics.iter().map(|t| t.name.0.as_str()));
     let mut answered_dups = std::collections::HashSet::new();
+    // A validate-only request is held to the topics that could be made,
+    // as a real one is by `broker.max_topics` (each answer lists the
+    // topic's configs: a request of many names must not make a response
+    // of hundreds of times its size).
+    let max = broker.config().max_topics;
+    let mut room = if max > 0 {
+        (max as usize).saturating_sub(broker.topics().count())
+    } else {
+        usize::MAX
+    };
     let topics = r
         .topics
         .into_iter()
@@ -85,7 +95,14 @@ pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsRe
                     match (rokka_store::validate_topic(&name), broker.topics().get(&name)) {
                         (Err(e), _) => Err((errors::INVALID_TOPIC_EXCEPTION, e.to_string())),
                         (_, Some(_)) => Err((errors::TOPIC_ALREADY_EXISTS, format!("Topic '{name}' already exists."))),
-                        _ => Ok(None),
+                        _ if room == 0 => {
+                            let e = rokka_broker::BrokerError::TooManyTopics(max);
+                            Err((err_code(&e), e.to_string()))
+                        }
+                        _ => {
+                            room -= 1;
+                            Ok(None)
+                        }
                     }
                 } else {
                     broker
