@@ -819,8 +819,25 @@ impl Controller {
                     in_etcd.insert(name.clone(), cluster);
                 }
             } else if changes.changed.contains(name) && in_etcd.get(name) != Some(&cluster) {
-                self.client.put(key, json, None).await.map_err(err("put topic"))?;
-                in_etcd.insert(name.clone(), cluster);
+                match topic_revisions.get(name) {
+                    // A set growing its own queues of a per-set topic
+                    // (rokka_broker::is_per_set_topic) may race another set
+                    // doing the same: only over the record this step read,
+                    // else etcd's is taken below and the growth is made
+                    // again on the next use (a plain put lost the other's).
+                    Some(rev) if rokka_broker::is_per_set_topic(name) => {
+                        let txn = Txn::new()
+                            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, *rev)])
+                            .and_then([TxnOp::put(key, json, None)]);
+                        if self.client.txn(txn).await.map_err(err("put topic"))?.succeeded() {
+                            in_etcd.insert(name.clone(), cluster);
+                        }
+                    }
+                    _ => {
+                        self.client.put(key, json, None).await.map_err(err("put topic"))?;
+                        in_etcd.insert(name.clone(), cluster);
+                    }
+                }
             }
         }
         for (name, info) in in_etcd.iter() {
