@@ -107,7 +107,7 @@ verdict() {
 }
 
 # One scenario on a fresh embedded name server + broker.
-for scenario in send-consume tag-filter send-kinds ordered group lite-pull broadcast delay timer retry-dlq query orderly-group; do
+for scenario in send-consume tag-filter send-kinds ordered group lite-pull broadcast delay timer retry-dlq query request-reply orderly-group; do
   new_case "$scenario"; write_config; rc=0; start_rokka || rc=1
   if [[ $rc == 0 ]]; then
     run_client "$scenario" env "rocketmq.client.localOffsetStoreDir=$dir/offsets" \

@@ -57,9 +57,11 @@ fn group_field(cmd: &RemotingCommand) -> &str {
 fn needs(cmd: &RemotingCommand) -> Needs<'_> {
     let f = |k: &str| cmd.ext_fields.get(k).unwrap_or_default();
     match cmd.code {
-        rq::SEND_MESSAGE | rq::SEND_MESSAGE_V2 | rq::SEND_BATCH_MESSAGE => {
-            [Some(topic_need(ext(cmd, "topic", "b"), Op::Write)), None]
-        }
+        rq::SEND_MESSAGE
+        | rq::SEND_MESSAGE_V2
+        | rq::SEND_BATCH_MESSAGE
+        | rq::SEND_REPLY_MESSAGE
+        | rq::SEND_REPLY_MESSAGE_V2 => [Some(topic_need(ext(cmd, "topic", "b"), Op::Write)), None],
         rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => [
             Some(topic_need(f("topic"), Op::Read)),
             Some((Rt::Group, f("consumerGroup"), Op::Read)),

@@ -53,6 +53,11 @@ pub mod request {
     pub const GET_TOPIC_CONFIG: i32 = 351;
     pub const SEND_MESSAGE_V2: i32 = 310;
     pub const SEND_BATCH_MESSAGE: i32 = 320;
+    /// Request/reply: a responder's reply (V2: the short header names).
+    pub const SEND_REPLY_MESSAGE: i32 = 324;
+    pub const SEND_REPLY_MESSAGE_V2: i32 = 325;
+    /// Broker to client: a reply to the request it sent.
+    pub const PUSH_REPLY_MESSAGE_TO_CLIENT: i32 = 326;
     pub const LITE_PULL_MESSAGE: i32 = 361;
     /// RocketMQ 5's user admin (mqadmin createUser, updateUser, ...).
     pub const AUTH_CREATE_USER: i32 = 3001;
@@ -151,6 +156,8 @@ pub fn label(code: i32) -> &'static str {
         300 => "300",
         310 => "310",
         320 => "320",
+        324 => "324",
+        325 => "325",
         327 => "327",
         351 => "351",
         361 => "361",

@@ -366,6 +366,7 @@ async fn main() -> ClientResult<()> {
         "delay" => delay(&rt, &namesrv).await?,
         "timer" => timer(&rt, &namesrv).await?,
         "query" => query(&rt, &namesrv).await?,
+        "request-reply" => request_reply(&rt, &namesrv).await?,
         "orderly-group" => orderly_group(&rt, &namesrv).await?,
         "transactions" => transactions(&rt, &namesrv).await?,
         "tx-restart-1" => tx_restart(&rt, &namesrv, 1).await?,
@@ -1525,6 +1526,90 @@ async fn query(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
     println!("compat: by id {}: {}", ids[5], String::from_utf8_lossy(&body));
     ok &= body == b"q-5";
     p.shutdown().await;
+    Ok(ok)
+}
+
+/// Passes each delivery on to a task (a listener cannot await a send).
+struct Forward(tokio::sync::mpsc::UnboundedSender<MessageExt>);
+
+impl MessageListenerConcurrently for Forward {
+    fn consume_message(
+        &self,
+        msgs: &[&MessageExt],
+        _c: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        for m in msgs {
+            let _ = self.0.send((*m).clone());
+        }
+        Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+    }
+}
+
+/// Request/reply: a requester's `request()` gets the reply a responder (a
+/// push consumer of the request topic) makes with
+/// MessageUtil::create_reply_message and sends — the broker stamps the
+/// request with its CLUSTER, takes the reply (SEND_REPLY_MESSAGE_V2) and
+/// pushes it to the requester's connection (PUSH_REPLY_MESSAGE_TO_CLIENT).
+async fn request_reply(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool> {
+    let topic = "CompatRequestReply";
+    let mut requester = producer(rt, namesrv, "compat-pg-rr", 4).await?;
+    // The topic made before the responder subscribes (its route is there).
+    let first = Message::builder()
+        .topic(topic)
+        .body_slice(b"not-a-request")
+        .build_unchecked();
+    requester.send_with_timeout(first, 5000).await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<MessageExt>();
+    let mut consumer = DefaultMQPushConsumer::builder(Arc::clone(rt))
+        .client_config(client_config())
+        .consumer_group("compat-cg-rr".to_string())
+        .name_server_addr(namesrv.to_string())
+        .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
+        .build();
+    consumer.subscribe(topic, "*").await?;
+    consumer.register_message_listener_concurrently(Forward(tx));
+    consumer.start().await?;
+    let responder = Arc::new(producer(rt, namesrv, "compat-pg-rr-responder", 4).await?);
+    let replier = {
+        let responder = Arc::clone(&responder);
+        tokio::spawn(async move {
+            while let Some(m) = rx.recv().await {
+                let asked = m.body().map(|b| b.to_vec()).unwrap_or_default();
+                let body = [b"reply:".as_slice(), &asked].concat();
+                match rocketmq_client_rust::MessageUtil::create_reply_message(&m.message, &body) {
+                    Ok(reply) => {
+                        if let Err(e) = responder.send_with_timeout(reply, 5000).await {
+                            println!("compat: reply to {} not sent: {e}", String::from_utf8_lossy(&asked));
+                        }
+                    }
+                    // (The first message is no request: no CLUSTER on it.)
+                    Err(e) => println!("compat: no reply to {}: {e}", String::from_utf8_lossy(&asked)),
+                }
+            }
+        })
+    };
+    let mut ok = true;
+    for i in 0..3 {
+        let ask = format!("ask-{i}");
+        let msg = Message::builder()
+            .topic(topic)
+            .body_slice(ask.as_bytes())
+            .build_unchecked();
+        match requester.request(msg, 20_000).await {
+            Ok(reply) => {
+                let body = reply.get_body().map(|b| b.to_vec()).unwrap_or_default();
+                println!("compat: {ask} -> {}", String::from_utf8_lossy(&body));
+                ok &= body == format!("reply:{ask}").into_bytes();
+            }
+            Err(e) => {
+                println!("compat: request {ask} failed: {e}");
+                ok = false;
+            }
+        }
+    }
+    replier.abort();
+    consumer.shutdown().await;
+    requester.shutdown().await;
     Ok(ok)
 }
 

@@ -302,6 +302,7 @@ impl RocketMq {
                 }
                 r
             }
+            rq::SEND_REPLY_MESSAGE | rq::SEND_REPLY_MESSAGE_V2 => self.send_reply(&cmd, conn),
             rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => self.pull(&cmd, conn).await,
             rq::QUERY_CONSUMER_OFFSET => self.query_offset(&cmd),
             rq::UPDATE_CONSUMER_OFFSET => {

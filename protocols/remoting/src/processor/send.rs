@@ -2,7 +2,77 @@
 
 use super::*;
 
+/// The requester's client id a request of request/reply carries.
+const REPLY_TO_CLIENT: &str = "REPLY_TO_CLIENT";
+
 impl RocketMq {
+    /// SEND_REPLY_MESSAGE(_V2), request/reply: the responder's reply goes to
+    /// the requester's connection (PUSH_REPLY_MESSAGE_TO_CLIENT, found by
+    /// the REPLY_TO_CLIENT client id the request carried), as Apache's
+    /// ReplyMessageProcessor does. It is not stored (Apache's
+    /// storeReplyMessageEnable off): nothing reads `<cluster>_REPLY_TOPIC`.
+    pub(super) fn send_reply(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
+        let props = ext(req, "properties", "i").unwrap_or_default();
+        let Some(to) = rokka_store::record::properties::get(props.as_bytes(), REPLY_TO_CLIENT)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map(String::from)
+        else {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!("reply message properties[{REPLY_TO_CLIENT}] is null")),
+            );
+        };
+        let target = self
+            .clients()
+            .clients
+            .get(&to)
+            .filter(|cl| !cl.conn.is_closed())
+            .map(|cl| cl.conn.clone());
+        let Some(target) = target else {
+            metrics::counter!("rokka_rocketmq_replies_total", "result" => "no_requester").increment(1);
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!("push reply message fail, channel of <{to}> not found.")),
+            );
+        };
+        let field = |long: &str, short: &str, default: &str| ext(req, long, short).unwrap_or(default).to_string();
+        let queue = ext_i64(req, "queueId", "e").unwrap_or(0).max(0);
+        let mut n = RemotingCommand::request(rq::PUSH_REPLY_MESSAGE_TO_CLIENT, target.next_opaque());
+        n.version = self.config.server_version;
+        n.ext_fields.set("producerGroup", field("producerGroup", "a", ""));
+        n.ext_fields.set("topic", field("topic", "b", ""));
+        n.ext_fields.set("defaultTopic", field("defaultTopic", "c", "TBW102"));
+        n.ext_fields
+            .set("defaultTopicQueueNums", field("defaultTopicQueueNums", "d", "4"));
+        n.ext_fields.set("queueId", queue.to_string());
+        n.ext_fields.set("sysFlag", field("sysFlag", "f", "0"));
+        n.ext_fields.set("bornTimestamp", field("bornTimestamp", "g", "0"));
+        n.ext_fields.set("flag", field("flag", "h", "0"));
+        let now = rokka_store::now_ms();
+        n.ext_fields
+            .set("properties", format!("{props}PUSH_REPLY_TIME\u{1}{now}\u{2}"));
+        n.ext_fields.set("reconsumeTimes", field("reconsumeTimes", "j", "0"));
+        n.ext_fields.set("unitMode", field("unitMode", "k", "false"));
+        let born = std::net::SocketAddr::new(conn.peer.ip().to_canonical(), conn.peer.port());
+        n.ext_fields.set("bornHost", born.to_string());
+        n.ext_fields.set("storeHost", self.store_host.to_string());
+        n.ext_fields.set("storeTimestamp", now.to_string());
+        n.body = req.body.clone();
+        if !target.send(n) {
+            metrics::counter!("rokka_rocketmq_replies_total", "result" => "push_failed").increment(1);
+            return self.reply(req, rs::SYSTEM_ERROR, Some(format!("push reply message to {to} fail.")));
+        }
+        metrics::counter!("rokka_rocketmq_replies_total", "result" => "pushed").increment(1);
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        // As Apache: zeros, so clients decode the answer.
+        r.ext_fields.set("msgId", "0");
+        r.ext_fields.set("queueId", queue.to_string());
+        r.ext_fields.set("queueOffset", "0");
+        r
+    }
+
     /// Stores the messages of a send; the response and the CommitLog end to
     /// be durable before it goes out (0 on error).
     pub(super) fn send(&self, req: &RemotingCommand, conn: &Conn) -> (RemotingCommand, u64) {
@@ -139,6 +209,17 @@ impl RocketMq {
         let born = ext_i64(req, "bornTimestamp", "g").unwrap_or_else(rokka_store::now_ms);
         let flag = ext_i64(req, "flag", "h").unwrap_or(0) as i32;
         let mut props = ext(req, "properties", "i").unwrap_or_default().to_string();
+        // A request of request/reply: its responder's reply names the
+        // cluster it came through (Apache stamps CLUSTER on every message;
+        // only a request's is ever read, by MessageUtil.createReplyMessage).
+        if !batch
+            && rokka_store::record::properties::get(props.as_bytes(), REPLY_TO_CLIENT).is_some()
+            && rokka_store::record::properties::get(props.as_bytes(), "CLUSTER").is_none()
+        {
+            props.push_str("CLUSTER\u{1}");
+            props.push_str(&self.config.cluster_name);
+            props.push('\u{2}');
+        }
         if let Some(g) = &dlq_group {
             // Dead letters wait for no one: no delay level, no timer.
             let kept = rokka_broker::schedule::without(
