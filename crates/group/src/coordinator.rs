@@ -1393,15 +1393,30 @@ impl GroupCoordinator {
     /// Groups that have been Empty longer than the offsets retention: the
     /// caller deletes their offsets; they are forgotten here.
     pub fn expire_empty_groups(&mut self, now: u64) -> Vec<String> {
+        self.expire_empty_groups_unless(now, |_| false)
+    }
+
+    /// [`GroupCoordinator::expire_empty_groups`], but a group `in_use` says
+    /// is used elsewhere (members of another protocol, recent commits) is
+    /// kept, its retention starting again now.
+    pub fn expire_empty_groups_unless(&mut self, now: u64, in_use: impl Fn(&str) -> bool) -> Vec<String> {
         let retention = self.config.offsets_retention_ms;
-        let gone: Vec<String> = self
+        let due: Vec<String> = self
             .groups
             .values()
             .filter(|g| g.state == GroupState::Empty && g.empty_since + retention <= now)
             .map(|g| g.name.clone())
             .collect();
-        for n in &gone {
-            self.groups.remove(n);
+        let mut gone = Vec::with_capacity(due.len());
+        for n in due {
+            if in_use(&n) {
+                if let Some(g) = self.groups.get_mut(&n) {
+                    g.empty_since = now;
+                }
+            } else {
+                self.groups.remove(&n);
+                gone.push(n);
+            }
         }
         if !gone.is_empty() {
             records_changed();

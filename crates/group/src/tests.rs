@@ -599,6 +599,22 @@ fn empty_groups_expire_after_retention() {
     assert_eq!(h.c.expire_empty_groups(later), vec!["g".to_string()]);
 }
 
+/// An Empty group another protocol's members use (a group moved from Kafka
+/// to RocketMQ clients) is not expired; its retention starts again.
+#[test]
+fn an_empty_group_used_elsewhere_is_kept() {
+    let (mut h, a) = stable_one();
+    h.c.leave("g", &[(a, None)], h.now);
+    let retention = GroupConfig::default().offsets_retention_ms;
+    let later = h.now + retention;
+    assert!(h.c.expire_empty_groups_unless(later, |g| g == "g").is_empty());
+    assert!(
+        h.c.expire_empty_groups(later + retention - 1).is_empty(),
+        "retention restarted"
+    );
+    assert_eq!(h.c.expire_empty_groups(later + retention), vec!["g".to_string()]);
+}
+
 #[test]
 fn a_group_beyond_max_group_size_refuses_new_members_only() {
     let mut h = H::new();

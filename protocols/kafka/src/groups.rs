@@ -181,11 +181,15 @@ impl Groups {
     /// cluster mode: is its set's master); while it does not, no session
     /// expires (a replica holds the master's groups to take over with),
     /// and when it starts to, every member's session starts then.
+    /// `elsewhere` says whether a group has live members of another
+    /// protocol (RocketMQ consumers, RocketMQ 5 pop consumers): an Empty
+    /// Kafka group is not expired from under them.
     pub async fn run_ticker(
         self: Arc<Self>,
         offsets: Arc<dyn OffsetsHandle>,
         consumer_groups: impl Fn(std::collections::BTreeSet<String>) + Send + 'static,
         coordinating: impl Fn() -> bool + Send + 'static,
+        elsewhere: impl Fn(&str) -> bool + Send + 'static,
         mut shutdown: watch::Receiver<bool>,
     ) {
         let mut interval = tokio::time::interval(Duration::from_millis(100));
@@ -242,7 +246,21 @@ impl Groups {
                 }
             }
             if ticks.is_multiple_of(600) {
-                let gone = self.with(|c| c.expire_empty_groups(now));
+                // Kept while another protocol's members use the group or
+                // anything was committed within the retention (a group
+                // moved from Kafka to RocketMQ clients commits through
+                // them: its offsets were deleted from under them).
+                let wall = rokka_store::now_ms();
+                let retention = self.with(|c| c.config().offsets_retention_ms) as i64;
+                let table = offsets.offsets();
+                let in_use = |g: &str| {
+                    elsewhere(g)
+                        || table
+                            .group_offsets(g)
+                            .iter()
+                            .any(|(_, _, o)| o.commit_timestamp.saturating_add(retention) > wall)
+                };
+                let gone = self.with(|c| c.expire_empty_groups_unless(now, in_use));
                 for g in gone {
                     let n = offsets.offsets().delete_group(&g);
                     tracing::info!(group = g, offsets = n, "expired offsets of an empty group");

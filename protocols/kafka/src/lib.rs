@@ -133,7 +133,18 @@ pub fn spawn_background(kafka: &Arc<Kafka>, shutdown: &watch::Receiver<bool>) {
     let consumer_groups = move |live| broker.membership().set_consumer_protocol_groups(live);
     let broker = Arc::clone(&kafka.broker);
     let coordinating = move || broker.cluster_view().is_none_or(|v| v.is_master());
-    tokio::spawn(Arc::clone(&kafka.groups).run_ticker(offsets, consumer_groups, coordinating, shutdown.clone()));
+    let broker = Arc::clone(&kafka.broker);
+    let elsewhere = move |g: &str| {
+        let m = broker.membership();
+        !m.get(g).rocketmq.is_empty() || !m.pop_consumers(g, rokka_store::now_ms()).is_empty()
+    };
+    tokio::spawn(Arc::clone(&kafka.groups).run_ticker(
+        offsets,
+        consumer_groups,
+        coordinating,
+        elsewhere,
+        shutdown.clone(),
+    ));
     tokio::spawn(mixed::run(Arc::clone(kafka), shutdown.clone()));
     tokio::spawn(run_transactions(Arc::clone(&kafka.broker), shutdown.clone()));
 }
