@@ -588,3 +588,35 @@ def test_a_large_compressed_kafka_batch_reaches_rocketmq_consumers_in_bounded_pu
     got = rocketmq_consume(rokka, topic, group, n)
     assert len(got) == n
     assert len({d.body for d in got}) == n, "a record delivered twice"
+
+
+def test_a_rocketmq_offset_reset_is_refused_while_kafka_members_would_undo_it(rokka):
+    """mqadmin resetOffsetByTime (INVOKE_BROKER_TO_RESET_OFFSET) of a group
+    with a live Kafka member: refused, as Kafka refuses resetting a group
+    with members — the member would commit its old position back within
+    seconds, after a SUCCESS answer."""
+    import json
+    import socket
+    import struct
+
+    topic, group = "CrossResetKafka", "cross-reset-kafka"
+    create(rokka, topic)
+    kafka_produce(rokka, topic, [{"value": f"r-{i}".encode(), "partition": 0} for i in range(5)])
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    try:
+        wait_for(lambda: c.poll(0.5) is not None, "a record")
+        header = json.dumps({
+            "code": 222, "language": "JAVA", "version": 453, "opaque": 3, "flag": 0,
+            "extFields": {"topic": topic, "group": group, "timestamp": "0", "isForce": "true"},
+        }).encode()
+        frame = struct.pack(">ii", 4 + len(header), len(header)) + header
+        with socket.create_connection(("127.0.0.1", rokka.broker_port), timeout=10) as s:
+            s.sendall(frame)
+            n = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
+            data = s.recv(n, socket.MSG_WAITALL)
+        hlen = struct.unpack(">i", data[:4])[0] & 0xFFFFFF
+        h = json.loads(data[4:4 + hlen])
+        assert h["code"] == 1 and "Kafka members" in (h.get("remark") or ""), h
+    finally:
+        c.close()

@@ -212,6 +212,25 @@ impl RocketMq {
                 )),
             );
         }
+        // Live Kafka members keep their positions and commit them again
+        // (every few seconds, at every rebalance): the reset would be
+        // undone with SUCCESS answered. Refused, as Kafka refuses an
+        // offset reset of a group with members (and `rokka group
+        // reset-offsets` does without --force); the announcement of
+        // what is committed (`rokkaCommitted`) moves nothing.
+        if !committed_only {
+            let kafka = self.broker.membership().get(group).kafka;
+            if !kafka.is_empty() || self.broker.membership().is_consumer_protocol_group(group) {
+                return self.reply(
+                    req,
+                    rs::SYSTEM_ERROR,
+                    Some(format!(
+                        "consumer group {group} has live Kafka members ({}): stop them before resetting its offsets",
+                        kafka.len()
+                    )),
+                );
+            }
+        }
         let store = self.broker.store();
         let offsets = store.offsets();
         let mut table: Vec<(u32, u64)> = Vec::new();
