@@ -179,19 +179,6 @@ pub async fn commit(k: &Kafka, r: OffsetCommitRequest, version: i16) -> OffsetCo
             code
         }
     });
-    // Kafka's validateOffsetCommit: a commit from outside the group (no
-    // member, generation -1: an admin's alterConsumerGroupOffsets, an
-    // assign()-only consumer) into a group with members is UNKNOWN_MEMBER_ID
-    // — RocketMQ members count (they would write their own progress over it).
-    let member_check = if member_check == rokka_group::code::NONE
-        && r.generation_id_or_member_epoch < 0
-        && r.member_id.is_empty()
-        && super::groups::other_members(k, &group).live
-    {
-        rokka_group::code::UNKNOWN_MEMBER_ID
-    } else {
-        member_check
-    };
     let offsets = k.broker.store().offsets();
     let offsets_asked: std::collections::HashMap<(String, i32), i64> = if tracing::enabled!(tracing::Level::DEBUG) {
         r.topics
