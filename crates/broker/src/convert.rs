@@ -198,7 +198,7 @@ pub fn kafka_batch_to_rocketmq_within(
     let topic = view.topic_str();
     let mut c = Crossed::default();
     let mut props = Vec::with_capacity(256);
-    for (i, r) in set.records.iter().enumerate() {
+    for r in set.records.iter() {
         if r.control || r.offset < 0 || (r.offset as u64) < from {
             continue;
         }
@@ -224,11 +224,13 @@ pub fn kafka_batch_to_rocketmq_within(
             None => {}
         }
         // A unique id per record: the batch's CommitLog offset and the
-        // record's index (the batch shares one physical offset).
+        // record's offset (the batch shares one physical offset). Not its
+        // index in the batch: compaction rewrites a batch at the same
+        // physical offset with fewer records, and a record's index (so an
+        // id a consumer deduplicated by) would move to another record.
         let mut uniq = [0u8; 16];
         uniq[..8].copy_from_slice(&view.phys_offset.to_be_bytes());
-        uniq[8..12].copy_from_slice(&(i as u32).to_be_bytes());
-        uniq[12..].copy_from_slice(b"KAFK");
+        uniq[8..].copy_from_slice(&(r.offset as u64).to_be_bytes());
         push_prop(
             &mut props,
             properties::UNIQ_KEY.as_bytes(),
@@ -536,6 +538,15 @@ pub(crate) mod tests {
     }
 
     fn stored_batch(records: &[Record], compression: Compression) -> Result<KafkaBatchView, String> {
+        stored_batch_at(records, compression, 10)
+    }
+
+    /// The batch stored at queue offset `queue_offset` (its first record's).
+    fn stored_batch_at(
+        records: &[Record],
+        compression: Compression,
+        queue_offset: u64,
+    ) -> Result<KafkaBatchView, String> {
         let mut raw = BytesMut::new();
         RecordBatchEncoder::encode(
             &mut raw,
@@ -555,7 +566,7 @@ pub(crate) mod tests {
             &raw,
             rokka_store::record::kafka::KafkaPlacement {
                 queue_id: 2,
-                queue_offset: 10,
+                queue_offset,
                 phys_offset: 4096,
                 store_timestamp: 1_700_000_009_999,
                 count: records.len() as u32,
@@ -594,6 +605,39 @@ pub(crate) mod tests {
         assert_eq!(codes.len(), 2, "sorted, repeats dropped: {codes:?}");
         assert!(has_code(&codes, properties::java_string_hash(b"C")));
         assert!(!has_code(&codes, properties::java_string_hash(b"D")));
+    }
+
+    /// A record's UNIQ_KEY is its own through compaction: the batch
+    /// rewritten at the same physical offset with fewer records keeps each
+    /// survivor's id (by its offset; by its index it took another's).
+    #[test]
+    fn a_records_unique_key_survives_compaction() -> Result<(), String> {
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        let body = b"v".as_slice();
+        let ids = |recs: &[Record], at: u64| -> Result<Vec<String>, String> {
+            let view = stored_batch_at(recs, Compression::None, at)?;
+            let mut out = BytesMut::new();
+            kafka_batch_to_rocketmq(&view, 0, None, host, 1 << 20, &mut out)?;
+            Ok(pulled(&out)?
+                .iter()
+                .map(|m| {
+                    let p = m.user_properties();
+                    String::from_utf8_lossy(properties::get(&p, properties::UNIQ_KEY).unwrap_or_default()).into_owned()
+                })
+                .collect())
+        };
+        let whole: Vec<Record> = (0..10i64).map(|i| record(i, Some(b"k"), Some(body), &[])).collect();
+        let kept: Vec<Record> = [5i64, 8]
+            .iter()
+            .map(|i| record(*i, Some(b"k"), Some(body), &[]))
+            .collect();
+        // (Compaction keeps the survivors' offsets: the rewritten batch's
+        // first record is offset 15 of the queue.)
+        let before = ids(&whole, 10)?;
+        let after = ids(&kept, 15)?;
+        assert_eq!(after.len(), 2);
+        assert_eq!(after, vec![before[5].clone(), before[8].clone()]);
+        Ok(())
     }
 
     /// A pull answer's byte budget stops the conversion inside a batch
