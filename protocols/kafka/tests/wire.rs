@@ -489,3 +489,47 @@ async fn delete_records_naming_a_partition_again_is_one_deletion() -> TestResult
     assert!(started.elapsed() < std::time::Duration::from_secs(5));
     Ok(())
 }
+
+/// A partition named again in one Produce (under the same topic entry or a
+/// repeated one) is refused INVALID_RECORD without its records being looked
+/// at; the first occurrence is stored.
+#[tokio::test]
+async fn a_partition_named_twice_in_one_produce_is_stored_once() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut s = TcpStream::connect(addr).await?;
+    let _: MetadataResponse = call(
+        &mut s,
+        ApiKey::Metadata,
+        9,
+        &MetadataRequest::default()
+            .with_topics(Some(vec![
+                kafka_protocol::messages::metadata_request::MetadataRequestTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_static_str("twice")))),
+            ]))
+            .with_allow_auto_topic_creation(true),
+    )
+    .await?;
+    let part = |v: &'static [u8]| {
+        PartitionProduceData::default()
+            .with_index(0)
+            .with_records(Some(batch(-1, -1, -1, &[v])))
+    };
+    let topic = |parts| {
+        TopicProduceData::default()
+            .with_name(TopicName(StrBytes::from_static_str("twice")))
+            .with_partition_data(parts)
+    };
+    let req = ProduceRequest::default()
+        .with_acks(1)
+        .with_timeout_ms(5000)
+        .with_topic_data(vec![topic(vec![part(b"a"), part(b"b")]), topic(vec![part(b"c")])]);
+    let r: ProduceResponse = call(&mut s, ApiKey::Produce, 9, &req).await?;
+    let codes: Vec<i16> = r
+        .responses
+        .iter()
+        .flat_map(|t| t.partition_responses.iter().map(|p| p.error_code))
+        .collect();
+    assert_eq!(codes, vec![0, 87, 87]);
+    Ok(())
+}

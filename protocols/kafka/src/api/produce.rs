@@ -174,9 +174,23 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
     let max_decompressed = broker.config().max_batch_decompressed_bytes as usize;
     let mut responses = Vec::with_capacity(r.topic_data.len());
     let txn_id = r.transactional_id.as_ref().map(|t| t.0.as_str());
-    // (topic, partition) named so far: across topic entries too (a topic
-    // named again is the same partitions).
-    let mut seen = std::collections::HashSet::new();
+    // (topic, partition) pairs named more than once in the request (across
+    // topic entries too): looked for only when there are several pairs,
+    // without copying a name (the common request names each once).
+    let pairs: usize = r.topic_data.iter().map(|t| t.partition_data.len()).sum();
+    let repeated: std::collections::HashSet<(String, i32)> = if pairs > 1 {
+        let mut seen = std::collections::HashSet::with_capacity(pairs.min(1024));
+        r.topic_data
+            .iter()
+            .flat_map(|t| t.partition_data.iter().map(move |p| (t.name.0.as_str(), p.index)))
+            .filter(|k| !seen.insert(*k))
+            .map(|(t, p)| (t.to_string(), p))
+            .collect()
+    } else {
+        std::collections::HashSet::new()
+    };
+    // A repeated pair: every occurrence after the first is refused.
+    let mut answered = std::collections::HashSet::new();
     for t in r.topic_data {
         let topic = t.name.0.to_string();
         let cfg = broker.topic_config(&topic);
@@ -197,7 +211,10 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
                 _ => Err(errors::UNKNOWN_TOPIC_OR_PARTITION),
             };
             let q = at.unwrap_or(0);
-            let result = if !seen.insert((topic.clone(), p.index)) {
+            let result = if !repeated.is_empty()
+                && repeated.contains(&(topic.clone(), p.index))
+                && !answered.insert((topic.clone(), p.index))
+            {
                 // A partition named again in one request: its records are
                 // not looked at (each would be decompressed and checked;
                 // Kafka keeps one entry per partition).
