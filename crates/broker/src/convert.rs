@@ -192,6 +192,29 @@ pub fn kafka_batch_to_rocketmq_within(
     budget: usize,
     out: &mut BytesMut,
 ) -> Result<Crossed, String> {
+    kafka_batch_to_rocketmq_limited(
+        view,
+        from,
+        codes,
+        store_host,
+        max_decompressed,
+        (budget, usize::MAX),
+        out,
+    )
+}
+
+/// As [`kafka_batch_to_rocketmq_within`], also stopping after `most`
+/// messages (`stopped_at` names the next record): a reader that takes a
+/// few messages at a time converts no more of a large batch than it takes.
+pub fn kafka_batch_to_rocketmq_limited(
+    view: &KafkaBatchView,
+    from: u64,
+    codes: Option<&[i32]>,
+    store_host: SocketAddr,
+    max_decompressed: usize,
+    (budget, most): (usize, usize),
+    out: &mut BytesMut,
+) -> Result<Crossed, String> {
     let start = out.len();
     let set = crate::validate::decode(&view.batch, max_decompressed)
         .map_err(|e| format!("Kafka batch at {}: {e}", view.phys_offset))?;
@@ -262,7 +285,9 @@ pub fn kafka_batch_to_rocketmq_within(
             prepared_transaction_offset: 0,
         };
         let len = rmsg::encoded_len(&input, &store_host, false);
-        if !out.is_empty() && (out.len() - start).saturating_add(len) > budget {
+        let full =
+            c.messages as usize >= most.max(1) || (!out.is_empty() && (out.len() - start).saturating_add(len) > budget);
+        if full {
             c.stopped_at = Some(r.offset as u64);
             break;
         }

@@ -259,7 +259,9 @@ fn name(r: &Option<pb::Resource>) -> &str {
 }
 
 /// A stored entry as the RocketMQ messages it holds from `from` on (a
-/// Kafka batch becomes one message per record, as remoting pulls see it).
+/// Kafka batch becomes one message per record, as remoting pulls see it),
+/// at most `most` of them, and the offset of the record a Kafka batch
+/// stopped at when it held more (the caller goes on from there).
 fn messages_of(
     broker: &Broker,
     store_host: SocketAddr,
@@ -267,31 +269,38 @@ fn messages_of(
     q: u32,
     e: &rokka_store::ReadEntry,
     from: u64,
-) -> Vec<MessageView> {
+    most: usize,
+) -> (Vec<MessageView>, Option<u64>) {
     if !e.is_kafka_batch() {
         return match e.decode() {
-            Ok(Entry::Message(m)) => vec![m],
-            _ => Vec::new(),
+            Ok(Entry::Message(m)) => (vec![m], None),
+            _ => (Vec::new(), None),
         };
     }
     let mut buf = BytesMut::new();
     let converted = match e.decode() {
-        Ok(Entry::KafkaBatch(b)) if broker.kafka_txns().is_aborted_batch(topic, q, &b) => return Vec::new(),
-        Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq(
+        Ok(Entry::KafkaBatch(b)) if broker.kafka_txns().is_aborted_batch(topic, q, &b) => return (Vec::new(), None),
+        // (At most the messages the caller takes: each receive converting
+        // the rest of a large batch again made draining it quadratic.)
+        Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq_limited(
             &b,
             from,
             None,
             store_host,
             broker.config().max_batch_decompressed_bytes as usize,
+            (POP_BODY_BYTES, most),
             &mut buf,
         ),
         Ok(_) => Err("not a Kafka batch".into()),
         Err(err) => Err(err.to_string()),
     };
-    if let Err(err) = converted {
-        tracing::error!(topic, queue = q, error = err, "Kafka batch not convertible; skipped");
-        return Vec::new();
-    }
+    let stopped_at = match converted {
+        Ok(c) => c.stopped_at,
+        Err(err) => {
+            tracing::error!(topic, queue = q, error = err, "Kafka batch not convertible; skipped");
+            return (Vec::new(), None);
+        }
+    };
     let mut out = Vec::new();
     let mut all: Bytes = buf.freeze();
     while all.len() >= 4 {
@@ -304,7 +313,7 @@ fn messages_of(
             out.push(m);
         }
     }
-    out
+    (out, stopped_at)
 }
 
 /// A producer's Telemetry stream.
@@ -769,7 +778,7 @@ impl Messaging {
         let read = self.broker.store().read(topic, q, offset, 1, 1 << 20);
         read.entries
             .iter()
-            .flat_map(|e| messages_of(&self.broker, self.store_host, topic, q, e, offset))
+            .flat_map(|e| messages_of(&self.broker, self.store_host, topic, q, e, offset, 1).0)
             .find(|m| m.queue_offset == offset)
     }
 
@@ -924,7 +933,9 @@ impl Messaging {
                     }
                     let mut next = read.next_offset.min(lso);
                     'entries: for e in &read.entries {
-                        for m in messages_of(&self.broker, self.store_host, topic, q, e, from) {
+                        let (messages, stopped_at) =
+                            messages_of(&self.broker, self.store_host, topic, q, e, from, want);
+                        for m in messages {
                             if m.queue_offset >= lso
                                 || out.messages.len() >= batch
                                 || out.bytes >= POP_BODY_BYTES
@@ -941,6 +952,12 @@ impl Messaging {
                             let msg = message::outgoing(&m, self.store_host, Some(&handout(r, attempt)));
                             out.bytes += msg.body.len();
                             out.messages.push(msg);
+                        }
+                        // A Kafka batch converted only in part: the next
+                        // read starts at the first record not converted.
+                        if let Some(at) = stopped_at {
+                            next = at.min(next);
+                            break 'entries;
                         }
                     }
                     if next <= st.cursor {
@@ -2265,6 +2282,35 @@ mod answer_tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// A Kafka batch of many records is received a few at a time, each
+    /// receive converting only what it takes, none skipped: the next goes
+    /// on at the first record the last one left.
+    #[tokio::test]
+    async fn a_kafka_batch_is_received_a_few_records_at_a_time() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(rokka_store::MessageStore::open(rokka_store::StoreConfig::for_tests(
+            dir.path(),
+        ))?);
+        let broker = Arc::new(Broker::new(store, rokka_broker::BrokerConfig::default())?);
+        broker.create_topic("t", 1)?;
+        let values: Vec<Vec<u8>> = (0..7).map(|i| format!("k{i}").into_bytes()).collect();
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        broker.append_kafka_batch("t", 0, &rokka_store::record::kafka::build_test_batch(&refs, 1_000))?;
+        let m = Arc::new(Messaging::new(
+            broker,
+            GrpcConfig::default(),
+            "broker-a".into(),
+            "127.0.0.1:8081".into(),
+            90,
+        ));
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            got.extend(bodies(&m.receive(receive_req("g"), "c").await));
+        }
+        assert_eq!(got, values);
+        Ok(())
     }
 
     /// Messages of an answer the transport did not take before dropping it
