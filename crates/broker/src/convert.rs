@@ -216,6 +216,13 @@ pub fn kafka_batch_to_rocketmq_limited(
     out: &mut BytesMut,
 ) -> Result<Crossed, String> {
     let start = out.len();
+    // A LogAppendTime batch: its records' time is the broker's append time
+    // (the header's max timestamp), not the create time they carry, as
+    // Kafka consumers see it.
+    let append_time = rokka_store::record::kafka::BatchInfo::parse(&view.batch)
+        .ok()
+        .filter(|i| i.attributes & 0x08 != 0)
+        .map(|i| i.max_timestamp);
     let set = crate::validate::decode(&view.batch, max_decompressed)
         .map_err(|e| format!("Kafka batch at {}: {e}", view.phys_offset))?;
     let topic = view.topic_str();
@@ -279,7 +286,7 @@ pub fn kafka_batch_to_rocketmq_limited(
             body,
             properties: &props,
             sys_flag: 0,
-            born_timestamp: r.timestamp,
+            born_timestamp: append_time.unwrap_or(r.timestamp),
             born_host: store_host,
             reconsume_times: 0,
             prepared_transaction_offset: 0,
@@ -630,6 +637,45 @@ pub(crate) mod tests {
         assert_eq!(codes.len(), 2, "sorted, repeats dropped: {codes:?}");
         assert!(has_code(&codes, properties::java_string_hash(b"C")));
         assert!(!has_code(&codes, properties::java_string_hash(b"D")));
+    }
+
+    /// A LogAppendTime batch's records cross with the append time (the
+    /// header's max timestamp), not the create time they carry.
+    #[test]
+    fn log_append_time_records_cross_with_the_append_time() -> Result<(), String> {
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        let mut raw = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut raw,
+            &[record(0, None, Some(b"v"), &[])],
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::None,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let stamped =
+            crate::validate::stamp_log_append_time(&raw.freeze(), 1_700_000_123_456).map_err(|e| e.to_string())?;
+        let len = rokka_store::record::kafka::encoded_len("T", stamped.len());
+        let mut entry = vec![0u8; len];
+        rokka_store::record::kafka::encode(
+            &mut entry,
+            "T",
+            &stamped,
+            rokka_store::record::kafka::KafkaPlacement {
+                queue_id: 0,
+                queue_offset: 0,
+                phys_offset: 0,
+                store_timestamp: 1_700_000_123_456,
+                count: 1,
+            },
+        );
+        let view = rokka_store::record::kafka::decode(&Bytes::from(entry)).map_err(|e| e.to_string())?;
+        let mut out = BytesMut::new();
+        kafka_batch_to_rocketmq(&view, 0, None, host, 1 << 20, &mut out)?;
+        let m = pulled(&out)?;
+        assert_eq!(m[0].born_timestamp, 1_700_000_123_456);
+        Ok(())
     }
 
     /// A record's UNIQ_KEY is its own through compaction: the batch
