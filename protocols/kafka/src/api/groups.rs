@@ -488,18 +488,7 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
 /// Deletes `group`'s offsets on every other broker set's master; how many
 /// went (0 with one set).
 async fn delete_on_other_sets(k: &Kafka, group: &str) -> Result<u64, String> {
-    let own = k.broker.own_set();
-    let others: Vec<String> = k
-        .broker
-        .cluster_view()
-        .map(|v| {
-            v.sets
-                .iter()
-                .filter(|s| Some(s.name.as_str()) != own)
-                .map(|s| s.name.clone())
-                .collect()
-        })
-        .unwrap_or_default();
+    let others = super::offsets::other_sets(k);
     let mut n = 0;
     for set in others {
         let fw = k.broker.remote_offsets().ok_or("no route to other broker sets")?;

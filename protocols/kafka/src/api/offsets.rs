@@ -446,6 +446,22 @@ fn unstable(k: &Kafka, group: &str, wanted: &[(String, Vec<i32>)]) -> Vec<Vec<bo
         .collect()
 }
 
+/// The other broker sets of the cluster (none with one set or outside
+/// cluster mode).
+pub(crate) fn other_sets(k: &Kafka) -> Vec<String> {
+    let own = k.broker.own_set();
+    k.broker
+        .cluster_view()
+        .map(|v| {
+            v.sets
+                .iter()
+                .filter(|s| Some(s.name.as_str()) != own)
+                .map(|s| s.name.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// [`unstable`] when the request requires stable offsets, else none.
 fn stability(k: &Kafka, require_stable: bool, group: &str, wanted: &[(String, Vec<i32>)]) -> Vec<Vec<bool>> {
     if require_stable {
@@ -502,17 +518,7 @@ async fn wanted(
     for (t, q, _) in k.broker.store().offsets().group_offsets(group) {
         add(own, t, q);
     }
-    let others: Vec<String> = k
-        .broker
-        .cluster_view()
-        .map(|v| {
-            v.sets
-                .iter()
-                .filter(|s| Some(s.name.as_str()) != own)
-                .map(|s| s.name.clone())
-                .collect()
-        })
-        .unwrap_or_default();
+    let others = other_sets(k);
     for set in others {
         let started = std::time::Instant::now();
         let res = match k.broker.remote_offsets() {
