@@ -117,9 +117,14 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
             (Some(start), Some(hw)) => start > hw,
             _ => false,
         };
-    // A partition asked for more than once is INVALID_REQUEST, every time,
-    // as Kafka's duplicatePartitions (each lookup by time may decode the
-    // partition's batches: one small request must not repeat that).
+    // A partition asked for more than once (librdkafka does, validating a
+    // fetch from a follower) is looked up once per timestamp and the answer
+    // repeated: each lookup by time may decode the partition's batches, and
+    // one small request must not repeat that. (Kafka answers such repeats
+    // INVALID_REQUEST; librdkafka's replica reads then started over from the
+    // earliest offset.)
+    let mut cache: std::collections::HashMap<(String, i32, i64, i32), ListOffsetsPartitionResponse> =
+        std::collections::HashMap::new();
     let mut seen = std::collections::HashSet::new();
     let mut twice = std::collections::HashSet::new();
     for t in &r.topics {
@@ -140,70 +145,80 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                 .partitions
                 .into_iter()
                 .map(|p| {
-                    let resp = ListOffsetsPartitionResponse::default()
-                        .with_partition_index(p.partition_index)
-                        .with_timestamp(-1)
-                        .with_offset(-1);
-                    if !twice.is_empty() && twice.contains(&(name.clone(), p.partition_index)) {
-                        return resp.with_error_code(errors::INVALID_REQUEST);
-                    }
-                    let q = match super::queue_of(k, info.as_ref(), p.partition_index) {
-                        Ok(q) => q,
-                        Err(code) => return resp.with_error_code(code),
-                    };
-                    if let Some(code) = errors::check_leader_epoch(epoch, p.current_leader_epoch) {
-                        return resp.with_error_code(code);
-                    }
-                    // Answered by the partition's leader only (Kafka's
-                    // fetchOnlyFromLeader; replica id -2 is a debugging
-                    // tool's, answered anywhere): a replica's view may lag,
-                    // and a restarted node's may hold an untaken tail.
-                    if r.replica_id.0 != -2 && !leads {
-                        return resp.with_error_code(errors::NOT_LEADER_OR_FOLLOWER);
-                    }
-                    if behind_epoch && !matches!(p.timestamp, EARLIEST | EARLIEST_LOCAL | LATEST_TIERED) {
-                        // OFFSET_NOT_AVAILABLE is defined from v5 on; older
-                        // versions get LEADER_NOT_AVAILABLE (Kafka's choice).
-                        return resp.with_error_code(if version >= 5 {
-                            errors::OFFSET_NOT_AVAILABLE
-                        } else {
-                            errors::LEADER_NOT_AVAILABLE
-                        });
-                    }
-                    // What the isolation level may read: READ_COMMITTED up
-                    // to the last stable offset, else the high watermark.
-                    let fetchable = || {
-                        let hw = store.max_offset(&name, q);
-                        match r.isolation_level {
-                            1 => broker.kafka_txns().last_stable_offset(&name, q, hw) as i64,
-                            _ => hw as i64,
+                    let repeated = !twice.is_empty() && twice.contains(&(name.clone(), p.partition_index));
+                    let key = (name.clone(), p.partition_index, p.timestamp, p.current_leader_epoch);
+                    if repeated {
+                        if let Some(done) = cache.get(&key) {
+                            return done.clone();
                         }
-                    };
-                    let (offset, ts) = match p.timestamp {
-                        LATEST => (fetchable(), -1),
-                        EARLIEST | EARLIEST_LOCAL => (store.min_offset(&name, q) as i64, -1),
-                        LATEST_TIERED => (-1, -1),
-                        MAX_TIMESTAMP => {
-                            max_timestamp(store, &name, q, k.broker.config().max_batch_decompressed_bytes as usize)
-                        }
-                        ts => by_time(
-                            store,
-                            &name,
-                            q,
-                            ts,
-                            k.broker.config().max_batch_decompressed_bytes as usize,
-                        ),
-                    };
-                    // A record found by time past what the isolation level
-                    // reads is not found (Kafka's fetchOffsetForTimestamp):
-                    // offset, timestamp and leader epoch -1.
-                    let searched = p.timestamp >= 0 || p.timestamp == MAX_TIMESTAMP;
-                    if offset < 0 || (searched && offset >= fetchable()) {
-                        return resp;
                     }
-                    resp.with_offset(offset)
-                        .with_timestamp(ts)
-                        .with_leader_epoch(if version >= 4 { epoch } else { -1 })
+                    let answer = (|| {
+                        let resp = ListOffsetsPartitionResponse::default()
+                            .with_partition_index(p.partition_index)
+                            .with_timestamp(-1)
+                            .with_offset(-1);
+                        let q = match super::queue_of(k, info.as_ref(), p.partition_index) {
+                            Ok(q) => q,
+                            Err(code) => return resp.with_error_code(code),
+                        };
+                        if let Some(code) = errors::check_leader_epoch(epoch, p.current_leader_epoch) {
+                            return resp.with_error_code(code);
+                        }
+                        // Answered by the partition's leader only (Kafka's
+                        // fetchOnlyFromLeader; replica id -2 is a debugging
+                        // tool's, answered anywhere): a replica's view may lag,
+                        // and a restarted node's may hold an untaken tail.
+                        if r.replica_id.0 != -2 && !leads {
+                            return resp.with_error_code(errors::NOT_LEADER_OR_FOLLOWER);
+                        }
+                        if behind_epoch && !matches!(p.timestamp, EARLIEST | EARLIEST_LOCAL | LATEST_TIERED) {
+                            // OFFSET_NOT_AVAILABLE is defined from v5 on; older
+                            // versions get LEADER_NOT_AVAILABLE (Kafka's choice).
+                            return resp.with_error_code(if version >= 5 {
+                                errors::OFFSET_NOT_AVAILABLE
+                            } else {
+                                errors::LEADER_NOT_AVAILABLE
+                            });
+                        }
+                        // What the isolation level may read: READ_COMMITTED up
+                        // to the last stable offset, else the high watermark.
+                        let fetchable = || {
+                            let hw = store.max_offset(&name, q);
+                            match r.isolation_level {
+                                1 => broker.kafka_txns().last_stable_offset(&name, q, hw) as i64,
+                                _ => hw as i64,
+                            }
+                        };
+                        let (offset, ts) = match p.timestamp {
+                            LATEST => (fetchable(), -1),
+                            EARLIEST | EARLIEST_LOCAL => (store.min_offset(&name, q) as i64, -1),
+                            LATEST_TIERED => (-1, -1),
+                            MAX_TIMESTAMP => {
+                                max_timestamp(store, &name, q, k.broker.config().max_batch_decompressed_bytes as usize)
+                            }
+                            ts => by_time(
+                                store,
+                                &name,
+                                q,
+                                ts,
+                                k.broker.config().max_batch_decompressed_bytes as usize,
+                            ),
+                        };
+                        // A record found by time past what the isolation level
+                        // reads is not found (Kafka's fetchOffsetForTimestamp):
+                        // offset, timestamp and leader epoch -1.
+                        let searched = p.timestamp >= 0 || p.timestamp == MAX_TIMESTAMP;
+                        if offset < 0 || (searched && offset >= fetchable()) {
+                            return resp;
+                        }
+                        resp.with_offset(offset)
+                            .with_timestamp(ts)
+                            .with_leader_epoch(if version >= 4 { epoch } else { -1 })
+                    })();
+                    if repeated {
+                        cache.insert(key, answer.clone());
+                    }
+                    answer
                 })
                 .collect();
             ListOffsetsTopicResponse::default()
