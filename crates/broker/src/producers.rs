@@ -76,9 +76,9 @@ impl Default for ProducerLimits {
 #[derive(Debug, Default)]
 struct Table {
     states: HashMap<Key, PartitionState>,
-    /// Partitions whose recent entries were read for every producer's
-    /// state since the start (see `rebuild_all`).
-    scanned: std::collections::HashSet<(String, u32)>,
+    /// Partitions (by topic) whose recent entries were read for every
+    /// producer's state since the start (see `rebuild_all`).
+    scanned: HashMap<String, std::collections::HashSet<u32>>,
     /// Every state's stamp → its key, oldest first: expiry and eviction
     /// take from the front without scanning the table.
     by_age: BTreeMap<(u64, u64), Key>,
@@ -270,34 +270,35 @@ impl ProducerStates {
             return append().map(|o| (SequenceCheck::Append, Some(o)));
         }
         let key = (info.producer_id, topic.to_string(), partition);
-        // A producer this table does not hold is rebuilt from the log
-        // before the table's lock is taken (a scan of up to minutes of
-        // entries must not hold up every other produce); a batch of the
-        // same producer that got there first wins.
-        let (known, scanned) = {
-            let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-            (
-                t.states.contains_key(&key),
-                t.scanned.contains(&(topic.to_string(), partition)),
-            )
-        };
-        // The first write to a partition since the start reads every
-        // producer's state from the entries of the last minutes, once;
-        // after it an unknown producer is looked for in the newest entries.
-        let all = (!known && !scanned).then(|| rebuild_all(store, topic, partition));
-        let mut rebuilt = if known || all.is_some() {
-            None
-        } else {
-            Some(rebuild(store, topic, partition, info.producer_id))
-        };
+        // A producer this table does not hold is rebuilt from the log with
+        // the table's lock let go (a scan of up to minutes of entries must
+        // not hold up every other produce); a batch of the same producer
+        // that got there first wins. A known one (nearly every batch) takes
+        // the lock once.
         let mut guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = None;
+        let mut rebuilt = None;
+        if !guard.states.contains_key(&key) {
+            let scanned = guard.scanned.get(topic).is_some_and(|ps| ps.contains(&partition));
+            drop(guard);
+            // The first write to a partition since the start reads every
+            // producer's state from the entries of the last minutes, once;
+            // after it an unknown producer is looked for in the newest
+            // entries.
+            if scanned {
+                rebuilt = Some(rebuild(store, topic, partition, info.producer_id));
+            } else {
+                all = Some(rebuild_all(store, topic, partition));
+            }
+            guard = self.table.lock().unwrap_or_else(|p| p.into_inner());
+        }
         let table = &mut *guard;
         let expired = table.expire(now_ms, self.limits.expiration_ms);
         if expired > 0 {
             metrics::counter!("rokka_kafka_producer_states_dropped_total", "reason" => "expired").increment(expired);
         }
         if let Some(mut all) = all {
-            if table.scanned.insert((topic.to_string(), partition)) {
+            if table.scanned.entry(topic.to_string()).or_default().insert(partition) {
                 rebuilt = Some(all.remove(&info.producer_id).unwrap_or_default());
                 // The others found, as room allows (none evicted for them).
                 for (pid, st) in all {
