@@ -52,6 +52,15 @@ pub struct Clients {
     pub groups: BTreeMap<String, Group>,
 }
 
+impl Client {
+    /// Whether the client is live on a connection other than `conn`: such
+    /// a client id is not `conn`'s to act for (lock or unlock its queues,
+    /// take it out of its groups, take it over as another principal).
+    pub fn live_elsewhere(&self, conn: &Conn) -> bool {
+        self.conn.peer != conn.peer && !self.conn.is_closed()
+    }
+}
+
 impl Clients {
     /// Groups whose membership changed when `client_id` left (a group left
     /// without members is forgotten: its name came from a client).

@@ -53,7 +53,7 @@ impl RocketMq {
             // checks would follow the newcomer; the same principal
             // reconnecting takes it, as before).
             if let Some(cl) = c.clients.get(&client_id) {
-                if cl.principal != principal && !cl.conn.is_closed() && cl.conn.peer != conn.peer {
+                if cl.principal != principal && cl.live_elsewhere(conn) {
                     drop(c);
                     metrics::counter!("rokka_rocketmq_heartbeats_refused_total", "reason" => "client_id_in_use")
                         .increment(1);
@@ -290,10 +290,7 @@ impl RocketMq {
             // take out of its group (any client could otherwise rebalance
             // a group at will by the ids GET_CONSUMER_LIST_BY_GROUP lists),
             // as LOCK_BATCH_MQ and HEART_BEAT hold.
-            if c.clients
-                .get(client_id)
-                .is_some_and(|cl| cl.conn.peer != conn.peer && !cl.conn.is_closed())
-            {
+            if c.clients.get(client_id).is_some_and(|cl| cl.live_elsewhere(conn)) {
                 drop(c);
                 return self.reply(
                     req,

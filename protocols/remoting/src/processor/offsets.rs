@@ -503,7 +503,7 @@ impl RocketMq {
             .clients()
             .clients
             .get(&client)
-            .is_some_and(|cl| cl.conn.peer != conn.peer && !cl.conn.is_closed());
+            .is_some_and(|cl| cl.live_elsewhere(conn));
         if elsewhere {
             return self.reply(
                 req,
