@@ -406,9 +406,29 @@ impl ConsumerOffsets {
         had
     }
 
-    /// Deletes every offset of `group`; returns how many.
+    /// Deletes every offset of `group`; returns how many. (Keys sort by
+    /// group first: the group's rows only, not a pass over the table — a
+    /// client's DeleteGroups or DELETE_SUBSCRIPTIONGROUP runs it.)
     pub fn delete_group(&self, group: &str) -> usize {
-        self.delete_where(|k| k.group == group)
+        let mut t = self.lock();
+        let keys: Vec<Key> = t
+            .range(Self::key(group, "", 0)..)
+            .take_while(|(k, _)| k.group == group)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut freed = 0;
+        for k in &keys {
+            if let Some(v) = t.remove(k) {
+                freed += cost(k, &v.metadata);
+            }
+        }
+        self.resize(freed, 0);
+        self.gauges(&t);
+        drop(t);
+        if !keys.is_empty() {
+            self.touch();
+        }
+        keys.len()
     }
 
     /// Deletes every group's offsets of `topic` (the topic was deleted, as
