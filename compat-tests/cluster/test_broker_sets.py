@@ -486,6 +486,17 @@ def test_a_transaction_across_sets_commits_through_a_master_kill(cluster):
         set_in_sync(cluster, s)
 
 
+def group_coordinated_off(admin, set_of, topic_set, prefix):
+    """A group name `<prefix>-<i>` whose coordinator is on another set than
+    `topic_set`."""
+    for i in range(64):
+        g = f"{prefix}-{i}"
+        d = admin.describe_consumer_groups([g])[g].result(15)
+        if set_of.get(d.coordinator.id) not in (None, topic_set):
+            return g
+    raise AssertionError("no group coordinated by the other set")
+
+
 def test_a_groups_offsets_listed_whole_from_its_coordinator(cluster):
     """An OffsetFetch for all of a group's topics (the admin API's
     list_consumer_group_offsets without partitions) lists what the group
@@ -499,14 +510,7 @@ def test_a_groups_offsets_listed_whole_from_its_coordinator(cluster):
     topic = "listed-elsewhere"
     a = create_topic(cluster, topic, 1, via=1)
     topic_set = set_of[leaders(a, topic, 1)[0]]
-    group = None
-    for i in range(64):
-        g = f"lister-{i}"
-        d = a.describe_consumer_groups([g])[g].result(15)
-        if set_of.get(d.coordinator.id) not in (None, topic_set):
-            group = g
-            break
-    assert group, "a group coordinated by the other set"
+    group = group_coordinated_off(a, set_of, topic_set, "lister")
     p = Producer({"bootstrap.servers": cluster.bootstrap()})
     for i in range(9):
         p.produce(topic, value=f"l-{i}".encode(), partition=0)
@@ -537,14 +541,7 @@ def test_a_group_deleted_from_its_coordinator_loses_its_offsets_on_every_set(clu
     topic = "deleted-elsewhere"
     a = create_topic(cluster, topic, 1, via=1)
     topic_set = set_of[leaders(a, topic, 1)[0]]
-    group = None
-    for i in range(64):
-        g = f"deleter-{i}"
-        d = a.describe_consumer_groups([g])[g].result(15)
-        if set_of.get(d.coordinator.id) not in (None, topic_set):
-            group = g
-            break
-    assert group, "a group coordinated by the other set"
+    group = group_coordinated_off(a, set_of, topic_set, "deleter")
     c = Consumer({"bootstrap.servers": cluster.bootstrap(), "group.id": group, "enable.auto.commit": False})
     c.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
     c.close()

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, Producer
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "common"))
 from rokka_fixture import running  # noqa: E402
-from test_hostile import kafka_frame  # noqa: E402
+from test_hostile import kafka_frame, uvarint  # noqa: E402
 from test_names import call, kstr  # noqa: E402
 
 TOPIC = "amplify"
@@ -217,17 +217,6 @@ def test_a_topic_named_twice_in_one_create_or_delete_is_an_invalid_request(rokka
         off = 12 + 2 + len(TOPIC)
         assert (count, struct.unpack(">h", resp[off : off + 2])[0]) == (1, 42), resp[:80]
     assert TOPIC in AdminClient({"bootstrap.servers": rokka.bootstrap}).list_topics(timeout=10).topics
-
-
-def uvarint(n):
-    out = b""
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out += bytes([b | 0x80])
-        else:
-            return out + bytes([b])
 
 
 def test_metadata_naming_a_topic_with_many_ids_answers_it_once(rokka):

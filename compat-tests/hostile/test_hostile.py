@@ -74,8 +74,7 @@ def crc32c(data):
     return crc ^ 0xFFFFFFFF
 
 
-def varint(n):
-    n = (n << 1) ^ (n >> 63)
+def uvarint(n):
     out = b""
     while True:
         b = n & 0x7F
@@ -84,6 +83,11 @@ def varint(n):
             out += bytes([b | 0x80])
         else:
             return out + bytes([b])
+
+
+def varint(n):
+    """Kafka's signed (zigzag) varint."""
+    return uvarint((n << 1) ^ (n >> 63))
 
 
 def lying_batch(records=1, claim=None, last_delta=None):
