@@ -32,6 +32,9 @@ def route(node, topic):
 
 
 def test_routes_and_send_consume_through_a_replica_name_server(cluster):
+    # Sends wait for the set's replicas (min_insync_replicas 2): below it
+    # they are refused before they are stored, as Apache's controller mode.
+    assert cluster.wait_in_sync()
     m = cluster.master()
     replica = next(i for i in cluster.nodes if i != m)
     # Registrations reach every name server within a registration round.

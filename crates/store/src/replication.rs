@@ -660,6 +660,15 @@ impl MessageStore {
         });
     }
 
+    /// A write that will wait for the set's replicas cannot be acknowledged
+    /// now: the sync state set is below `min_insync_replicas`. Asked before
+    /// appending (RocketMQ's IN_SYNC_REPLICAS_NOT_ENOUGH, Kafka's
+    /// NOT_ENOUGH_REPLICAS): appended first, the write would be refused
+    /// after it was stored, and a client's retry would store it again.
+    pub fn too_few_replicas(&self) -> bool {
+        self.waits_for_replicas() && self.inner.too_few_replicas.load(Ordering::Acquire)
+    }
+
     /// The sync state set is below `min_insync_replicas` (waits fail at once).
     pub fn set_too_few_replicas(&self, too_few: bool) {
         self.inner.too_few_replicas.store(too_few, Ordering::Release);

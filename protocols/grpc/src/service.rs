@@ -1245,6 +1245,12 @@ impl Messaging {
             reconsume_times: 0,
             prepared_transaction_offset: 0,
         };
+        // Below `cluster.min_insync_replicas`: refused before the append
+        // (Apache's IN_SYNC_REPLICAS_NOT_ENOUGH), not stored and then
+        // refused — a client's retry would store it twice.
+        if self.broker.store().too_few_replicas() {
+            return refused(pb::Code::HaNotAvailable, "in-sync replicas not enough".into());
+        }
         let now = rokka_store::now_ms();
         let appended = match inc.deliver_at_ms {
             _ if inc.transactional => self.broker.append_half(&input),

@@ -238,13 +238,18 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
             } else if let Err(code) = at {
                 Err(code)
             } else if r.acks == -1
-                && cfg
-                    .as_ref()
-                    .is_some_and(|c| c.min_insync_replicas > store.in_sync_replicas() as i32)
+                && (store.too_few_replicas()
+                    || cfg
+                        .as_ref()
+                        .is_some_and(|c| c.min_insync_replicas > store.in_sync_replicas() as i32))
             {
                 // acks=all needs the topic's min.insync.replicas in sync
-                // (the set's sync state set; one replica on a single node),
-                // refused before appending as Kafka's appendRecordsToLeader.
+                // (the set's sync state set; one replica on a single node)
+                // and the set's own `cluster.min_insync_replicas`, refused
+                // before appending as Kafka's appendRecordsToLeader: a
+                // refusal after the append (NOT_ENOUGH_REPLICAS_AFTER_APPEND)
+                // is retried by a producer without idempotence, which then
+                // stores the records twice.
                 Err(errors::NOT_ENOUGH_REPLICAS)
             } else {
                 let shaped = p

@@ -320,6 +320,13 @@ impl RocketMq {
                 }
             }
         };
+        // Below `cluster.min_insync_replicas`: refused before the append,
+        // as Apache's CommitLog (IN_SYNC_REPLICAS_NOT_ENOUGH, answered
+        // SYSTEM_ERROR, which clients retry) — stored first and then
+        // refused, a client's retry would store the message twice.
+        if self.broker.store().too_few_replicas() {
+            return Err(self.reply(req, rs::SYSTEM_ERROR, Some("in-sync replicas not enough".into())));
+        }
         let appended = match delay {
             _ if prepared => self.broker.append_half(&inputs[0]).map(|r| vec![r]),
             _ if timer.is_some() => self
