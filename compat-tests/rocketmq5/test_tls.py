@@ -82,7 +82,11 @@ def query_route(r, topic, cert, key):
         private_key=open(key, "rb").read() if key else None,
         certificate_chain=open(cert, "rb").read() if cert else None,
     )
-    with grpc.secure_channel(f"127.0.0.1:{r.grpc_port}", creds) as ch:
+    # A channel of its own subchannels: gRPC core shares connections
+    # between channels of equal arguments, and credentials are compared by
+    # address — a freed one's address reused would send this call over
+    # the previous call's TLS session, under the other certificate.
+    with grpc.secure_channel(f"127.0.0.1:{r.grpc_port}", creds, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
         stub = service_pb2_grpc.MessagingServiceStub(ch)
         req = service_pb2.QueryRouteRequest(
             topic=definition_pb2.Resource(name=topic),
@@ -105,11 +109,14 @@ def test_a_client_certificate_names_the_caller_the_acls_decide_for(mtls_rokka):
     for f in admin.create_topics([NewTopic("g5-mtls", 2, 1)]).values():
         f.result(15)
     pki = mtls_rokka.pki
-    # CN=alice is a super user; CN=node, signed by the same CA, has no ACL.
-    assert query_route(mtls_rokka, "g5-mtls", pki["client.pem"], pki["client.key"]) == 20000  # OK
-    assert query_route(mtls_rokka, "g5-mtls", pki["node.pem"], pki["node.key"]) == 40300  # FORBIDDEN
-    # No certificate: no TLS session at all.
-    assert query_route(mtls_rokka, "g5-mtls", None, None) == grpc.StatusCode.UNAVAILABLE
+    # CN=alice is a super user; CN=node, signed by the same CA, has no ACL;
+    # no certificate: no TLS session at all.
+    got = [
+        query_route(mtls_rokka, "g5-mtls", pki["client.pem"], pki["client.key"]),
+        query_route(mtls_rokka, "g5-mtls", pki["node.pem"], pki["node.key"]),
+        query_route(mtls_rokka, "g5-mtls", None, None),
+    ]
+    assert got == [20000, 40300, grpc.StatusCode.UNAVAILABLE], got  # OK, FORBIDDEN, no session
     denied = sum(v for k, v in mtls_rokka.metric_values().items()
                  if k.startswith("rokka_authorization_denied_total{") and 'protocol="rocketmq5"' in k)
     assert denied >= 1
