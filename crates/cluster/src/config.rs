@@ -47,7 +47,8 @@ pub struct ClusterConfig {
     pub advertised_host: String,
     /// Members of the sync state set (master included) a write must reach
     /// before `acks=all` / a sync send is answered; below it such writes
-    /// fail (NOT_ENOUGH_REPLICAS, SLAVE_NOT_AVAILABLE).
+    /// are refused before they are stored (NOT_ENOUGH_REPLICAS; RocketMQ's
+    /// IN_SYNC_REPLICAS_NOT_ENOUGH, SYSTEM_ERROR).
     pub min_insync_replicas: u32,
     /// A replica not caught up for this long leaves the sync state set.
     pub replica_lag_max_ms: u64,
