@@ -62,6 +62,13 @@ pub struct RocketMqConfig {
     /// answer has gone out (a client that never reads its answers stops
     /// being read, instead of growing the broker).
     pub max_inflight_requests_per_connection: u32,
+    /// Long-polling pulls one connection may hold open at once (each
+    /// waits for messages up to its suspend time, 15 s by default): not
+    /// counted in `max_inflight_requests_per_connection` — a client
+    /// instance pulls every queue it consumes on a broker over one
+    /// connection, so parked pulls would starve its heartbeats and sends.
+    /// At the limit the connection is not read until one is answered.
+    pub max_held_pulls_per_connection: u32,
     /// Request bytes held in memory at once over all connections of each
     /// listener (Kafka's `queued.max.request.bytes`; 0 = no limit): before
     /// reading a frame a connection reserves its declared length and waits,
@@ -174,6 +181,7 @@ impl Default for RocketMqConfig {
             max_connections_per_ip: 2_000,
             idle_timeout_ms: 120_000,
             max_inflight_requests_per_connection: 1024,
+            max_held_pulls_per_connection: 8192,
             max_inflight_request_bytes: 256 * 1024 * 1024,
             max_pull_bytes: 4 * 1024 * 1024,
             max_queue_locks: 100_000,

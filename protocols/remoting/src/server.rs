@@ -49,6 +49,9 @@ pub struct Limits {
     pub conns: Arc<ConnLimits>,
     pub idle: Duration,
     pub max_inflight: usize,
+    /// `max_held_pulls_per_connection`: long-polling pulls, counted apart
+    /// from `max_inflight`.
+    pub max_held_pulls: usize,
     /// Request bytes in memory over the listener.
     pub bytes: ByteBudget,
     /// Answers queued to connections and not yet written, over the listener.
@@ -75,6 +78,7 @@ impl Limits {
             ),
             idle: Duration::from_millis(config.idle_timeout_ms.max(1)),
             max_inflight: config.max_inflight_requests_per_connection.max(1) as usize,
+            max_held_pulls: config.max_held_pulls_per_connection.max(1) as usize,
             bytes: ByteBudget::new(listener, config.max_inflight_request_bytes),
             unwritten: Arc::default(),
             max_pushes: config.max_unwritten_pushes_per_connection.max(1) as usize,
@@ -545,6 +549,11 @@ async fn run<S: Service, T: Halves>(
         drop(gone);
     });
     let inflight = Arc::new(Semaphore::new(limits.max_inflight));
+    // Long-polling pulls wait apart: a client instance pulls every queue it
+    // consumes here over this one connection, each pull held up to its
+    // suspend time — counted with the other requests, a consumer of more
+    // queues than `max_inflight` stopped its own heartbeats and sends.
+    let held_pulls = Arc::new(Semaphore::new(limits.max_held_pulls));
     let max = rmq.max_frame_bytes();
     let mut buf = BytesMut::with_capacity(64 * 1024);
     let mut deadline = tokio::time::Instant::now() + limits.idle;
@@ -590,17 +599,17 @@ async fn run<S: Service, T: Halves>(
                     rokka_broker::hot_metrics::count("rokka_rocketmq_frames_total", "serialize", serialize, 1);
                     // At the in-flight limit, wait (reading nothing) until an
                     // answer has been written.
-                    let permit = match Arc::clone(&inflight).try_acquire_owned() {
+                    let (budget, waits) = if long_poll(&cmd) {
+                        (&held_pulls, "rokka_rocketmq_held_pull_waits_total")
+                    } else {
+                        (&inflight, "rokka_rocketmq_inflight_waits_total")
+                    };
+                    let permit = match Arc::clone(budget).try_acquire_owned() {
                         Ok(p) => p,
                         Err(_) => {
-                            rokka_broker::hot_metrics::count(
-                                "rokka_rocketmq_inflight_waits_total",
-                                "listener",
-                                listener,
-                                1,
-                            );
+                            rokka_broker::hot_metrics::count(waits, "listener", listener, 1);
                             tokio::select! {
-                                p = Arc::clone(&inflight).acquire_owned() => match p {
+                                p = Arc::clone(budget).acquire_owned() => match p {
                                     Ok(p) => p,
                                     Err(_) => break 'conn,
                                 },
@@ -683,6 +692,17 @@ async fn run<S: Service, T: Halves>(
     rmq.connection_closed(&conn);
     drop(conn);
     metrics::gauge!("rokka_rocketmq_connections").decrement(1.0);
+}
+
+/// A pull that may be held open (long polling: PULL_MESSAGE with the
+/// suspend flag), counted in `max_held_pulls_per_connection`.
+fn long_poll(cmd: &RemotingCommand) -> bool {
+    cmd.code == crate::codes::request::PULL_MESSAGE
+        && cmd
+            .ext_fields
+            .get("sysFlag")
+            .and_then(|f| f.trim().parse::<i64>().ok())
+            .is_some_and(|f| f & 0x2 != 0)
 }
 
 #[cfg(test)]

@@ -295,3 +295,85 @@ async fn request_bytes_in_flight_are_capped_over_the_listener() -> TestResult {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn pulls_held_by_long_polling_do_not_stop_a_connections_other_requests() -> TestResult {
+    // A client instance pulls every queue it consumes on a broker over one
+    // connection, each pull held until messages come (15 s by default):
+    // more queues than max_inflight_requests_per_connection must not stop
+    // its heartbeats, sends and commits. Held pulls have a budget of their
+    // own (max_held_pulls_per_connection).
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    broker.create_topic("Held", 16)?;
+    let l = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = l.local_addr()?;
+    let cfg = RocketMqConfig {
+        max_inflight_requests_per_connection: 4,
+        max_held_pulls_per_connection: 12,
+        ..RocketMqConfig::default()
+    };
+    let rmq = Arc::new(RocketMq::new(Arc::clone(&broker), cfg, addr));
+    let (_tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(serve(l, Arc::clone(&rmq), rx));
+    let pull = |queue: u32, opaque: i32| {
+        let mut c = RemotingCommand::request(rq::PULL_MESSAGE, 0);
+        c.opaque = opaque;
+        c.version = 453;
+        for (k, v) in [
+            ("consumerGroup", "held-g".to_string()),
+            ("topic", "Held".to_string()),
+            ("queueId", queue.to_string()),
+            ("queueOffset", "0".to_string()),
+            ("maxMsgNums", "32".to_string()),
+            ("sysFlag", "2".to_string()),
+            ("commitOffset", "0".to_string()),
+            ("suspendTimeoutMillis", "20000".to_string()),
+            ("subscription", "*".to_string()),
+            ("subVersion", "0".to_string()),
+        ] {
+            c.ext_fields.set(k, v);
+        }
+        let mut out = BytesMut::new();
+        encode(&c, &mut out);
+        out
+    };
+    let mut s = TcpStream::connect(addr).await?;
+    // Eight held pulls (twice the in-flight limit), then a plain request.
+    for q in 0..8 {
+        s.write_all(&pull(q, 100 + q as i32)).await?;
+    }
+    s.write_all(&frame(rq::GET_ALL_TOPIC_CONFIG, 7)).await?;
+    let mut buf = BytesMut::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let answer = loop {
+        if let Some(c) = decode(&mut buf, DEFAULT_MAX_FRAME)? {
+            break c;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let n = tokio::time::timeout(left, s.read_buf(&mut buf))
+            .await
+            .map_err(|_| "the request behind held pulls was not answered within 5 s")??;
+        if n == 0 {
+            return Err("closed".into());
+        }
+    };
+    assert_eq!(answer.opaque, 7, "a pull was answered first: it was not held");
+    // A message for one queue answers its held pull at once.
+    let m = rokka_store::MessageInput::new("Held", 3, b"hello", b"");
+    broker.append_messages(std::slice::from_ref(&m))?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let answer = loop {
+        if let Some(c) = decode(&mut buf, DEFAULT_MAX_FRAME)? {
+            break c;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if tokio::time::timeout(left, s.read_buf(&mut buf)).await?? == 0 {
+            return Err("closed".into());
+        }
+    };
+    assert_eq!(answer.opaque, 103, "the pull of queue 3 answered when its message came");
+    assert_eq!(answer.code, 0);
+    Ok(())
+}
