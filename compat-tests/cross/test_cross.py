@@ -151,6 +151,31 @@ def test_rocketmq_messages_reach_kafka_consumers(rokka):
         assert ts_type == 1 and started - 1000 <= ts <= int(time.time() * 1000)
 
 
+def test_rocketmq_messages_on_a_log_append_time_topic_reach_kafka_consumers_with_their_append_time(rokka):
+    """A topic whose message.timestamp.type is LogAppendTime: Kafka stamps
+    every batch appended there, and consumers read the append time as
+    each record's (TIMESTAMP_LOG_APPEND_TIME); RocketMQ messages there carry
+    their store time the same way."""
+    from kafka.admin import NewTopic as KNewTopic
+
+    topic = "CrossR2KAppendTime"
+    admin = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
+    admin.create_topics([KNewTopic(topic, 2, 1, topic_configs={"message.timestamp.type": "LogAppendTime"})])
+    admin.close()
+    started = int(time.time() * 1000)
+    harness(rokka, "cross-produce", topic, 6)
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": "cross-r2k-append", "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False})
+    c.subscribe([topic])
+    got = poll_n(c, 6)
+    c.close()
+    assert len(got) == 6
+    for m in got:
+        ts_type, ts = m.timestamp()
+        assert ts_type == 2, f"timestamp type {ts_type} (2: LogAppendTime)"
+        assert started - 1000 <= ts <= int(time.time() * 1000)
+
+
 def expected_padded_body(i, pad):
     """The body the harness's `cross-produce <topic> <n> <pad>` sends."""
     body = f"rmq-{i}-é".encode()

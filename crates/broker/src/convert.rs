@@ -408,6 +408,19 @@ pub fn plain_body(m: &MessageView) -> Option<std::borrow::Cow<'_, [u8]>> {
 /// carries `leader_epoch`, the epoch the message was written in (Kafka
 /// consumers check their position against it after a leader change).
 pub fn rocketmq_to_kafka_batch(m: &MessageView, leader_epoch: i32, c: &mut Crossed) -> Bytes {
+    rocketmq_to_kafka_batch_timed(m, leader_epoch, false, c)
+}
+
+/// [`rocketmq_to_kafka_batch`] for a topic whose `message.timestamp.type`
+/// is LogAppendTime when `log_append_time`: the batch says so and carries
+/// the message's store time as its max timestamp (what Kafka consumers
+/// read as the record's time), as Kafka stamps every batch appended there.
+pub fn rocketmq_to_kafka_batch_timed(
+    m: &MessageView,
+    leader_epoch: i32,
+    log_append_time: bool,
+    c: &mut Crossed,
+) -> Bytes {
     let mut key: Option<Vec<u8>> = None;
     let mut headers: Vec<(&[u8], &[u8])> = Vec::new();
     for (k, v) in properties::iter(&m.properties) {
@@ -455,10 +468,15 @@ pub fn rocketmq_to_kafka_batch(m: &MessageView, leader_epoch: i32, c: &mut Cross
     b.put_i32(leader_epoch);
     b.put_u8(2);
     b.put_u32(0); // CRC, set below
-    b.put_i16(0); // attributes: no compression, CreateTime
+                  // Attributes: no compression; CreateTime, or LogAppendTime (bit 3).
+    b.put_i16(if log_append_time { 0x08 } else { 0 });
     b.put_i32(0); // last offset delta
     b.put_i64(m.born_timestamp);
-    b.put_i64(m.born_timestamp);
+    b.put_i64(if log_append_time {
+        m.store_timestamp
+    } else {
+        m.born_timestamp
+    });
     b.put_i64(-1); // producer id
     b.put_i16(-1);
     b.put_i32(-1);

@@ -276,9 +276,14 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                         } else {
                             &read.entries[..]
                         };
+                        let append_time = std::cell::OnceCell::new();
                         pieces = batches(
                             entries,
                             || epochs.get_or_init(|| store.epochs()),
+                            || {
+                                *append_time
+                                    .get_or_init(|| broker.topic_config(name).is_some_and(|c| c.log_append_time))
+                            },
                             part_max.max(1),
                             total == 0,
                         );
@@ -353,11 +358,13 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
 
 /// The stored batches to send (RocketMQ messages converted to one-record
 /// batches stamped with the leader epoch they were written in, from the
-/// set's epoch history, which `epochs` gives when one is), up to `limit`
+/// set's epoch history, which `epochs` gives when one is, and with their
+/// store time when `log_append_time` says the topic's records carry it), up to `limit`
 /// bytes; the first always goes in when `first`.
 fn batches<'a>(
     entries: &[rokka_store::ReadEntry],
     epochs: impl Fn() -> &'a [rokka_store::replication::EpochStart],
+    log_append_time: impl Fn() -> bool,
     limit: usize,
     first: bool,
 ) -> Vec<Bytes> {
@@ -373,7 +380,7 @@ fn batches<'a>(
                     .rev()
                     .find(|h| h.start <= e.cq.phys_offset)
                     .map_or(0, |h| h.epoch as i32);
-                rokka_broker::convert::rocketmq_to_kafka_batch(&m, epoch, &mut crossed)
+                rokka_broker::convert::rocketmq_to_kafka_batch_timed(&m, epoch, log_append_time(), &mut crossed)
             }
             Err(err) => {
                 tracing::error!(phys = e.cq.phys_offset, error = %err, "undecodable entry in fetch");
