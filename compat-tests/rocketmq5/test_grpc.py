@@ -667,6 +667,85 @@ def test_a_fifo_receive_retried_with_its_attempt_id_gets_the_same_batch(rokka, c
         chan.close()
 
 
+def test_a_waiting_fifo_receive_is_answered_when_the_queue_is_acked_or_nacked(rokka, clients):
+    """A push consumer asks for its next batch while it still consumes the
+    last one: on a FIFO queue that receive waits. The ack that unblocks
+    the queue, or a nack (its retry backoff) that makes a message due
+    sooner, answers it at once (Apache's ackOrderly wakes the pop's long
+    polling) — not when its 20 s long poll ends. Raw, with grpcio and
+    Apache's generated stubs."""
+    import threading
+
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as d
+    from rocketmq.grpc_protocol import service_pb2 as s
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+    topic, group = name("g5-wake"), "g5-fifo-ordered"
+    p = clients.producer(topic)
+    for i in range(3):
+        p.send(message(topic, f"w-{i}".encode(), group="one-order"))
+    meta = [("x-mq-client-id", "raw-wake-client"), ("x-mq-language", "JAVA"), ("x-mq-protocol", "v2")]
+    chan = grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}")
+    stub = MessagingServiceStub(chan)
+
+    def receive(attempt, wait):
+        req = s.ReceiveMessageRequest(
+            group=d.Resource(name=group),
+            message_queue=d.MessageQueue(topic=d.Resource(name=topic), id=-1),
+            filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"),
+            batch_size=1,
+            auto_renew=False,
+            attempt_id=attempt,
+        )
+        req.invisible_duration.seconds = 60
+        req.long_polling_timeout.seconds = wait
+        return [r.message for r in stub.ReceiveMessage(req, timeout=40, metadata=meta) if r.HasField("message")]
+
+    def waiting(attempt):
+        """A 20 s receive started now: (thread, result list, start time)."""
+        out = []
+        t = threading.Thread(target=lambda: out.extend(receive(attempt, 20)))
+        t.start()
+        return t, out, time.time()
+
+    try:
+        first = []
+        deadline = time.time() + 10
+        while not first and time.time() < deadline:
+            first = receive("wake-1", 2)
+        assert [m.body for m in first] == [b"w-0"]
+        # Acked while the next receive waits.
+        t, out, started = waiting("wake-2")
+        time.sleep(1.5)
+        ack = s.AckMessageRequest(
+            group=d.Resource(name=group),
+            topic=d.Resource(name=topic),
+            entries=[s.AckMessageEntry(message_id=first[0].system_properties.message_id,
+                                       receipt_handle=first[0].system_properties.receipt_handle)],
+        )
+        assert [e.status.code for e in stub.AckMessage(ack, timeout=10, metadata=meta).entries] == [d.Code.OK]
+        t.join(30)
+        assert [m.body for m in out] == [b"w-1"]
+        assert time.time() - started < 10, f"answered {time.time() - started:.1f} s after it began, not at the ack"
+        # Nacked (due again in 1 s) while the next receive waits.
+        t, again, started = waiting("wake-3")
+        time.sleep(1.5)
+        nack = s.ChangeInvisibleDurationRequest(
+            group=d.Resource(name=group),
+            topic=d.Resource(name=topic),
+            receipt_handle=out[0].system_properties.receipt_handle,
+            message_id=out[0].system_properties.message_id,
+        )
+        nack.invisible_duration.seconds = 1
+        assert stub.ChangeInvisibleDuration(nack, timeout=10, metadata=meta).status.code == d.Code.OK
+        t.join(30)
+        assert [(m.body, m.system_properties.delivery_attempt) for m in again] == [(b"w-1", 2)]
+        assert time.time() - started < 10, f"answered {time.time() - started:.1f} s after it began, not at the nack"
+    finally:
+        chan.close()
+
+
 def test_a_group_is_consumed_by_pop_or_by_queue_owners_never_both(rokka, clients):
     """docs/rocketmq5.md: while a group has live Kafka (or remoting)
     members, pops of it are refused; while it has live pop consumers,

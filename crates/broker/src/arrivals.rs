@@ -112,6 +112,15 @@ impl Arrivals {
         self.wake(topic, queue);
     }
 
+    /// Wakes the waiters of (topic, queue) at once — not for a new record
+    /// (those go through [`Arrivals::notify`], after the flush when one is
+    /// awaited) but when what a waiting reader may take changed without
+    /// one: a RocketMQ 5 ack that unblocks a FIFO queue, a nack that makes
+    /// a message due sooner than the waiter's timer.
+    pub fn wake_now(&self, topic: &str, queue: u32) {
+        self.wake(topic, queue);
+    }
+
     fn wake(&self, topic: &str, queue: u32) {
         let list = {
             let mut t = self.waiters.lock().unwrap_or_else(|p| p.into_inner());

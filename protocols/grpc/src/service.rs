@@ -1356,6 +1356,10 @@ impl Messaging {
         }
         for (q, st) in touched {
             self.commit_watermark(&group, &topic, q, &mut pop::lock(&st));
+            // A receive waiting on the queue looks again: an ack may have
+            // unblocked a FIFO queue (Apache's ackOrderly notifies the
+            // pop's long polling) — else it slept until its poll ended.
+            self.broker.arrivals().wake_now(&topic, q);
         }
         let overall = overall(entries.iter().map(|e| e.status.as_ref()), "no entry to ack");
         pb::AckMessageResponse {
@@ -1388,6 +1392,12 @@ impl Messaging {
         self.follow_reset(&group, &topic, r.queue, &mut locked);
         let res = self.pops.change_invisible(&mut locked, &r, rokka_store::now_ms() + ms);
         drop(locked);
+        if res.is_ok() {
+            // A receive waiting on the queue times its wait by the next
+            // message due: a nack (a client's retry backoff, 1 s, 5 s...)
+            // may make one due sooner than it counted on.
+            self.broker.arrivals().wake_now(&topic, r.queue);
+        }
         match res {
             Ok(n) => pb::ChangeInvisibleDurationResponse {
                 status: Some(ok()),
@@ -1432,6 +1442,9 @@ impl Messaging {
         }
         self.pops.forget(&mut st, r.offset);
         self.commit_watermark(&group, &topic, r.queue, &mut st);
+        drop(st);
+        // Gone to its dead letters: a FIFO queue it held is free.
+        self.broker.arrivals().wake_now(&topic, r.queue);
         ok()
     }
 
