@@ -509,6 +509,35 @@ def test_transactions_commit_roll_back_and_are_checked_when_left_open(rokka, cli
     assert len(checker.asked) >= 2, "both open transactions were checked"
 
 
+def test_a_transactional_message_due_past_the_timer_limit_is_refused_at_its_send(rokka, clients):
+    """The Java client sends a transactional message's delivery time with
+    it: one the timer wheel cannot take (past timer_max_delay_ms) is
+    ILLEGAL_DELIVERY_TIME at the send, as Apache's proxy validates every
+    message — accepted, its commit could never be stored. Raw, with grpcio
+    and Apache's generated stubs (the Python client refuses the pair)."""
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as d
+    from rocketmq.grpc_protocol import service_pb2 as s
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+    topic = name("g5-tx-far")
+    clients.producer(topic)  # makes the topic
+    meta = [("x-mq-client-id", "raw-tx-far"), ("x-mq-language", "JAVA"), ("x-mq-protocol", "v2")]
+
+    def send(due_s):
+        m = d.Message(topic=d.Resource(name=topic), body=b"later")
+        m.system_properties.message_id = uuid.uuid4().hex.upper()
+        m.system_properties.body_encoding = d.Encoding.IDENTITY
+        m.system_properties.message_type = d.MessageType.TRANSACTION
+        m.system_properties.delivery_timestamp.seconds = due_s
+        with grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}") as ch:
+            res = MessagingServiceStub(ch).SendMessage(s.SendMessageRequest(messages=[m]), timeout=10, metadata=meta)
+        return res.status.code
+
+    assert send(int(time.time()) + 400 * 86400) == d.Code.ILLEGAL_DELIVERY_TIME
+    assert send(int(time.time()) + 60) == d.Code.OK
+
+
 class Collect(MessageListener):
     def __init__(self, who, seen, lock):
         self.who, self.seen, self.lock = who, seen, lock

@@ -141,10 +141,13 @@ impl Broker {
         st
     }
 
-    /// Stores `m` to be delivered to its topic at `due` (ms since the epoch).
-    pub fn append_timer(&self, m: &MessageInput<'_>, due: i64) -> Result<rokka_store::AppendResult> {
-        // Retention deletes whole segments by age: a timer message waiting
-        // past it would be deleted before its delivery. Refuse it instead.
+    /// Whether a message may wait in the timer wheel until `due` (ms since
+    /// the epoch): TimerTooFar past `timer_max_delay_ms` or the log's
+    /// retention (retention deletes whole segments by age: a timer message
+    /// waiting past it would be deleted before its delivery). Asked at the
+    /// send of a transactional message with a delivery time too, which
+    /// waits in the wheel only once committed.
+    pub fn check_timer_due(&self, due: i64) -> Result<()> {
         let retention_ms = self.store.config().retention_hours.saturating_mul(3_600_000);
         let max_ms = self
             .config
@@ -155,6 +158,12 @@ impl Broker {
             metrics::counter!("rokka_timer_messages_refused_total").increment(1);
             return Err(BrokerError::TimerTooFar { due_in_ms, max_ms });
         }
+        Ok(())
+    }
+
+    /// Stores `m` to be delivered to its topic at `due` (ms since the epoch).
+    pub fn append_timer(&self, m: &MessageInput<'_>, due: i64) -> Result<rokka_store::AppendResult> {
+        self.check_timer_due(due)?;
         for t in [TIMER_TOPIC, TIMER_OP_TOPIC] {
             if self.topics.get(t).is_none_or(|i| i.partitions == 0) {
                 self.ensure_own_topic(t, 1)?;

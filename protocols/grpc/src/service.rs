@@ -1252,6 +1252,15 @@ impl Messaging {
             return refused(pb::Code::HaNotAvailable, "in-sync replicas not enough".into());
         }
         let now = rokka_store::now_ms();
+        // A transactional message with a delivery time waits in the timer
+        // wheel once committed: one the wheel cannot take is refused now
+        // (Apache's proxy validates every message's delivery time), not
+        // accepted and then never committable.
+        if let (true, Some(at)) = (inc.transactional, inc.deliver_at_ms) {
+            if let Err(e) = self.broker.check_timer_due(at) {
+                return refused(pb::Code::IllegalDeliveryTime, e.to_string());
+            }
+        }
         let appended = match inc.deliver_at_ms {
             _ if inc.transactional => self.broker.append_half(&input),
             Some(at) if at > now => self.broker.append_timer(&input, at),
