@@ -112,6 +112,13 @@ pub struct Membership {
 /// A pop consumer not heard from this long (ms) is gone (clients heartbeat
 /// every 10 s).
 pub const POP_CONSUMER_LIVE_MS: i64 = 30_000;
+/// A pop consumer's auto-renewed messages are renewed while it was heard
+/// from within this long (ms): Apache's proxy keeps renewing until the
+/// broker expires the client's channel (120 s). Longer than
+/// [`POP_CONSUMER_LIVE_MS`]: a push consumer consuming a batch sends
+/// nothing but heartbeats, every 30 s from some clients (the Rust one),
+/// and one late or lost heartbeat must not hand its batch to another.
+pub const POP_CONSUMER_RENEW_MS: i64 = 120_000;
 /// Pop consumers tracked at most (over every group) unless
 /// `grpc.max_pop_consumers` says otherwise.
 pub const MAX_POP_CONSUMERS: usize = 100_000;
@@ -173,12 +180,18 @@ impl Membership {
 
     /// The pop consumers of `group` heard from lately, by client id.
     pub fn pop_consumers(&self, group: &str, now_ms: i64) -> Vec<String> {
+        self.pop_consumers_within(group, now_ms, POP_CONSUMER_LIVE_MS)
+    }
+
+    /// The pop consumers of `group` heard from within `window_ms`, by
+    /// client id (not said they left).
+    pub fn pop_consumers_within(&self, group: &str, now_ms: i64, window_ms: i64) -> Vec<String> {
         let p = self.pop_consumers.lock().unwrap_or_else(|p| p.into_inner());
         let mut ids: Vec<String> = p
             .get(group)
             .map(|c| {
                 c.iter()
-                    .filter(|(_, at)| now_ms - **at < POP_CONSUMER_LIVE_MS)
+                    .filter(|(_, at)| now_ms - **at < window_ms)
                     .map(|(id, _)| id.clone())
                     .collect()
             })
@@ -456,6 +469,23 @@ mod tests {
         m.note_pop_consumer("h", "c", later);
         assert!(m.has_pop_consumers("h", later));
         assert_eq!(m.pop_consumers("g", later), ["a"]);
+    }
+
+    /// A consumer silent longer than the live time (a push consumer busy
+    /// with its batch, heartbeating every 30 s) still has its messages
+    /// renewed up to the renewal window; not past it, nor once it left.
+    #[test]
+    fn renewals_outlive_the_live_time_up_to_their_own_window() {
+        let m = Membership::default();
+        m.note_pop_consumer("g", "busy", 0);
+        let late = POP_CONSUMER_LIVE_MS + 5_000;
+        assert!(m.pop_consumers("g", late).is_empty());
+        assert_eq!(m.pop_consumers_within("g", late, POP_CONSUMER_RENEW_MS), ["busy"]);
+        assert!(m
+            .pop_consumers_within("g", POP_CONSUMER_RENEW_MS, POP_CONSUMER_RENEW_MS)
+            .is_empty());
+        m.forget_pop_consumer("g", "busy");
+        assert!(m.pop_consumers_within("g", late, POP_CONSUMER_RENEW_MS).is_empty());
     }
 
     /// Without a controller (one node) no change is kept for it: group

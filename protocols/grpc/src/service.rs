@@ -496,8 +496,8 @@ impl Messaging {
     }
 
     /// Renews the auto-renewed messages whose invisible time ends within
-    /// half a renewal, while their client lives (a heartbeat
-    /// or receive within the last 30 s) and within `auto_renew_max_ms`;
+    /// half a renewal, while their client lives (a heartbeat or receive
+    /// within `POP_CONSUMER_RENEW_MS`, 120 s) and within `auto_renew_max_ms`;
     /// forgets those acked, delivered again, or past renewing. A client
     /// that said it is leaving (`released`) has its messages made visible
     /// at once, as Apache's proxy releases an offline client's handles.
@@ -541,7 +541,13 @@ impl Messaging {
             }
             let alive = live
                 .entry(group.clone())
-                .or_insert_with(|| self.broker.membership().pop_consumers(&group, now_ms))
+                .or_insert_with(|| {
+                    self.broker.membership().pop_consumers_within(
+                        &group,
+                        now_ms,
+                        rokka_broker::membership::POP_CONSUMER_RENEW_MS,
+                    )
+                })
                 .contains(&rn.client);
             if !alive || now_ms >= rn.until_ms {
                 // Left to its invisible time: delivered again after it.
