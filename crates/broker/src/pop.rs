@@ -151,6 +151,9 @@ struct Saved {
     committed: Option<u64>,
 }
 
+/// How far delivery numbers move on past the saved ones at a restart.
+const RESTART_GAP: u64 = 1 << 32;
+
 impl Pops {
     pub fn new(max_in_flight: u64, max_queues: usize) -> Pops {
         Pops {
@@ -475,7 +478,13 @@ impl Pops {
             self.in_flight.fetch_add(n, Ordering::Relaxed);
             q.insert((g, t, queue), Arc::new(Mutex::new(st)));
         }
-        self.next_delivery.fetch_max(max_delivery + 1, Ordering::Relaxed);
+        // Past the saved numbers by more than could have been handed out
+        // after the last save (it runs every second): numbering resumed at
+        // the saved maximum gave a crash's lost handouts' numbers again —
+        // the same offsets in the same order, so a handle from before the
+        // crash matched another consumer's delivery after it.
+        self.next_delivery
+            .fetch_max(max_delivery.saturating_add(RESTART_GAP), Ordering::Relaxed);
         drop(q);
         self.publish_gauge();
     }
@@ -530,6 +539,38 @@ mod tests {
         assert_eq!(Receipt::decode(&r.encode()), Some(r));
         for bad in ["", "r1_", "r1_1_2", "r1_1_2_3_4", "r2_1_2_3", "r1_x_2_3"] {
             assert_eq!(Receipt::decode(bad), None, "{bad}");
+        }
+    }
+
+    /// A crash loses the handouts after the last save: after the restart
+    /// no delivery number handed out then comes again (their handles
+    /// would match other consumers' deliveries of the same offsets).
+    #[test]
+    fn delivery_numbers_after_a_restart_pass_everything_handed_out_before() {
+        let before = Pops::new(100, 10);
+        let st = before.queue("g", "t", 0, || 0).expect("room");
+        let (a, _) = before.hand_out(&mut lock(&st), 0, 0, 60_000, 0);
+        let saved = before.snapshot();
+        // Handed out after the save, then the crash.
+        let lost: Vec<Receipt> = {
+            let mut st = lock(&st);
+            (1..20).map(|o| before.hand_out(&mut st, 0, o, 60_000, 0).0).collect()
+        };
+        assert!(lost.iter().all(|r| r.delivery > a.delivery));
+        for _ in 0..50 {
+            // A fresh start draws its own random first number.
+            let after = Pops::new(100, 10);
+            after.restore(saved.clone());
+            let st = after.queue("g", "t", 0, || 0).expect("restored");
+            let mut st = lock(&st);
+            for o in 1..20 {
+                let (r, _) = after.hand_out(&mut st, 0, o, 60_000, 0);
+                assert!(
+                    lost.iter().all(|l| l.delivery != r.delivery),
+                    "delivery {} of offset {o} was handed out before the crash",
+                    r.delivery
+                );
+            }
         }
     }
 
