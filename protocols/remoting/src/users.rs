@@ -18,6 +18,8 @@ use crate::command::RemotingCommand;
 struct UserInfo {
     username: Option<String>,
     password: Option<String>,
+    user_type: Option<String>,
+    user_status: Option<String>,
 }
 
 use rokka_broker::watermark::{CLUSTER_WAIT, NOT_IN_CLUSTER};
@@ -74,12 +76,38 @@ fn answer(broker: &Broker, cmd: &RemotingCommand) -> (i32, Option<String>, Bytes
     match cmd.code {
         rq::AUTH_CREATE_USER | rq::AUTH_UPDATE_USER => {
             let update = cmd.code == rq::AUTH_UPDATE_USER;
+            // What Rokka does not keep is refused, not answered SUCCESS and
+            // dropped: an admin disabling a compromised user (`mqadmin
+            // updateUser -s disable`) would be told it worked while the
+            // user goes on signing. Super users come from the config.
+            if let Some(s) = info
+                .user_status
+                .as_deref()
+                .filter(|s| !s.eq_ignore_ascii_case("enable"))
+            {
+                return (
+                    rs::SYSTEM_ERROR,
+                    Some(format!(
+                        "user status {s:?} is not supported: delete the user (deleteUser) or change its password"
+                    )),
+                    Bytes::new(),
+                );
+            }
+            if let Some(t) = info.user_type.as_deref().filter(|t| !t.eq_ignore_ascii_case("normal")) {
+                return (
+                    rs::SYSTEM_ERROR,
+                    Some(format!(
+                        "user type {t:?} is not supported: super users are named by security.super_users"
+                    )),
+                    Bytes::new(),
+                );
+            }
             match info.password.as_deref().filter(|p| !p.is_empty()) {
                 Some(p) => {
                     let r = rokka_broker::offload(|| users.set_password(&name, p, update));
                     done(r, if update { "updated" } else { "created" })
                 }
-                // An update of type or status only: nothing Rokka keeps.
+                // An update naming the status or type it has already.
                 None if update && users.exists(&name) => (rs::SUCCESS, None, Bytes::new()),
                 None => (rs::SYSTEM_ERROR, Some("a password is required".into()), Bytes::new()),
             }
@@ -99,5 +127,53 @@ fn answer(broker: &Broker, cmd: &RemotingCommand) -> (i32, Option<String>, Bytes
                 .collect();
             (rs::SUCCESS, None, Bytes::from(Value::Array(list).to_string()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn request(code: i32, body: Value) -> RemotingCommand {
+        let mut c = RemotingCommand::request(code, 0);
+        c.body = Bytes::from(body.to_string());
+        c
+    }
+
+    /// `mqadmin updateUser -s disable` (and a Super user type) is refused,
+    /// the user and its password left as they were — not answered
+    /// SUCCESS with the disable dropped.
+    #[test]
+    fn a_status_or_type_rokka_does_not_keep_is_refused() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(rokka_store::MessageStore::open(rokka_store::StoreConfig::for_tests(
+            dir.path(),
+        ))?);
+        let broker = Broker::new(store, rokka_broker::BrokerConfig::default())?;
+        let create = request(
+            rq::AUTH_CREATE_USER,
+            json!({"username": "mallory", "password": "pw-1", "userType": "Normal"}),
+        );
+        assert_eq!(answer(&broker, &create).0, rs::SUCCESS);
+        for body in [
+            json!({"username": "mallory", "userStatus": "disable"}),
+            json!({"username": "mallory", "password": "pw-2", "userStatus": "DISABLE"}),
+            json!({"username": "mallory", "password": "pw-2", "userType": "Super"}),
+        ] {
+            let (code, remark, _) = answer(&broker, &request(rq::AUTH_UPDATE_USER, body.clone()));
+            assert_eq!(code, rs::SYSTEM_ERROR, "{body}");
+            assert!(remark.is_some_and(|r| r.contains("not supported")));
+        }
+        assert!(
+            broker.users().check_password("mallory", b"pw-1"),
+            "the password was left as it was"
+        );
+        let enable = request(
+            rq::AUTH_UPDATE_USER,
+            json!({"username": "mallory", "userStatus": "enable"}),
+        );
+        assert_eq!(answer(&broker, &enable).0, rs::SUCCESS);
+        Ok(())
     }
 }
