@@ -631,3 +631,36 @@ def test_rocketmq_listings_show_only_what_the_caller_may_describe(rokka):
         assert b"acl-carol" in body and b"acl-a1" not in body, body[:300]
     finally:
         conn.close()
+
+
+def test_grants_on_every_group_and_topic_do_not_reach_the_brokers_own(rokka):
+    """READ on every group and topic (`*`: a mirror's, a backup's) does not
+    let a client commit under the broker's own groups — `%SCHEDULE%` is
+    the delay levels' progress: committed to the queue end, every pending
+    delayed message and retry would be skipped. Only an ACL naming such a
+    group or topic literally grants it (super users aside)."""
+    from confluent_kafka import TopicPartition
+
+    admin = AdminClient(sasl(rokka, "admin"))
+    wide = [acl(ResourceType.GROUP, "*", "User:bob", AclOperation.READ),
+            acl(ResourceType.TOPIC, "*", "User:bob", AclOperation.READ)]
+    create(admin, wide)
+    try:
+        # An ordinary group and topic: the grant works.
+        admin.create_topics([NewTopic("acl-wide", 1, 1)])["acl-wide"].result(15)
+        c = Consumer({**sasl(rokka, "bob"), "group.id": "bob-wide"})
+        c.commit(offsets=[TopicPartition("acl-wide", 0, 0)], asynchronous=False)
+        c.close()
+        from confluent_kafka import ConsumerGroupTopicPartitions
+
+        bob = AdminClient(sasl(rokka, "bob"))
+        for group, topic in (("%SCHEDULE%", "SCHEDULE_TOPIC_XXXX"), ("CID_RMQ_SYS_TRANS", "RMQ_SYS_TRANS_HALF_TOPIC")):
+            fs = bob.alter_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0, 1_000_000)])], request_timeout=15)
+            with pytest.raises(KafkaException) as e:
+                fs[group].result(20)
+            assert e.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED, (group, e.value)
+    finally:
+        for f in admin.delete_acls([AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal,
+                                                     b.host, b.operation, b.permission_type) for b in wide]).values():
+            f.result(15)

@@ -385,17 +385,22 @@ impl Index {
         ix
     }
 
-    /// Every group of ACLs whose pattern matches `(rt, name)`.
-    fn matching<'a>(&'a self, rt: ResourceType, name: &'a str) -> impl Iterator<Item = &'a [Compiled]> + 'a {
+    /// Every group of ACLs whose pattern matches `(rt, name)`, each with
+    /// whether it names the resource literally (not by `*` or a prefix).
+    fn matching<'a>(&'a self, rt: ResourceType, name: &'a str) -> impl Iterator<Item = (bool, &'a [Compiled])> + 'a {
         let literal = self.literal.get(&rt);
-        let exact = literal.and_then(|m| m.get(name));
-        let wildcard = literal.and_then(|m| m.get(WILDCARD)).filter(|_| name != WILDCARD);
+        let exact = literal.and_then(|m| m.get(name)).map(|g| (true, g.as_slice()));
+        let wildcard = literal
+            .and_then(|m| m.get(WILDCARD))
+            .filter(|_| name != WILDCARD)
+            .map(|g| (false, g.as_slice()));
         let prefixed = self.prefixed.get(&rt).into_iter().flat_map(move |(lens, by_name)| {
             lens.iter()
                 .take_while(move |l| **l <= name.len())
                 .filter_map(move |l| name.get(..*l).and_then(|p| by_name.get(p)))
+                .map(|g| (false, g.as_slice()))
         });
-        exact.into_iter().chain(wildcard).chain(prefixed).map(Vec::as_slice)
+        exact.into_iter().chain(wildcard).chain(prefixed)
     }
 }
 
@@ -561,15 +566,27 @@ impl Acls {
         }
         let allow_if_none = s.allow_everyone_if_no_acl_found;
         drop(s);
+        // The broker's own topics and groups (its pending, delayed and
+        // uncommitted messages, its delay and transaction-check progress)
+        // are allowed only by an ACL naming them: a `*` or a prefix grant
+        // (a mirror's READ on every group and topic) would let a client
+        // commit the delay levels' progress past every pending delayed
+        // message. A DENY of any pattern still counts.
+        let own = match rt {
+            ResourceType::Topic => crate::is_system_topic(name),
+            ResourceType::Group => crate::is_system_group(name),
+            _ => false,
+        };
         let t = self.read();
         let mut any = false;
         let mut allowed = false;
-        for group in t.index.matching(rt, name) {
+        for (literal, group) in t.index.matching(rt, name) {
             any |= !group.is_empty();
             for a in group.iter().filter(|a| a.applies_to(principal, host)) {
                 match a.permission {
                     Permission::Deny if a.operation == Operation::All || a.operation == op => return false,
                     Permission::Deny => {}
+                    Permission::Allow if own && !literal => {}
                     Permission::Allow => allowed |= a.operation.allows(op),
                 }
             }
@@ -861,6 +878,42 @@ mod tests {
         assert!(!a.authorize("User:alice", LOCAL, Group, "CID_RMQ_SYS_TRANS", Operation::Read));
         assert!(!a.authorize("User:alice", LOCAL, Group, "%SCHEDULE%", Operation::Read));
         assert!(a.authorize("User:alice", LOCAL, Topic, "plain", Operation::Read));
+    }
+
+    /// A grant on every group and topic (`*`, or a prefix) does not reach
+    /// the broker's own: a principal reading everything cannot commit the
+    /// delay levels' progress (`%SCHEDULE%`) or write the half topic. An
+    /// ACL naming one literally does; a DENY of any pattern still counts.
+    #[test]
+    fn wildcard_and_prefix_grants_do_not_reach_the_brokers_own_groups_and_topics() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = on(dir.path());
+        use Operation::*;
+        use PatternType::*;
+        use Permission::*;
+        use ResourceType::*;
+        let mirror = "User:mirror";
+        let r = a.create(vec![
+            acl(Group, "*", Literal, "User:*", Read, Allow),
+            acl(Topic, "*", Literal, mirror, All, Allow),
+            acl(Group, "CID_", Prefixed, mirror, Read, Allow),
+        ]);
+        assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+        assert!(a.authorize(mirror, LOCAL, Group, "orders-g", Read));
+        assert!(a.authorize(mirror, LOCAL, Topic, "orders", Write));
+        assert!(!a.authorize(mirror, LOCAL, Group, "%SCHEDULE%", Read));
+        assert!(!a.authorize(mirror, LOCAL, Group, "CID_RMQ_SYS_TRANS", Read));
+        assert!(!a.authorize(mirror, LOCAL, Topic, "SCHEDULE_TOPIC_XXXX", Write));
+        assert!(!a.authorize(mirror, LOCAL, Topic, "RMQ_SYS_TRANS_HALF_TOPIC", Write));
+        let r = a.create(vec![acl(Group, "%SCHEDULE%", Literal, mirror, Read, Allow)]);
+        assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+        assert!(a.authorize(mirror, LOCAL, Group, "%SCHEDULE%", Read), "named literally");
+        let r = a.create(vec![acl(Group, "*", Literal, mirror, Read, Deny)]);
+        assert!(r.iter().all(|r| r.is_ok()), "{r:?}");
+        assert!(
+            !a.authorize(mirror, LOCAL, Group, "%SCHEDULE%", Read),
+            "a DENY of `*` wins"
+        );
     }
 
     #[test]
