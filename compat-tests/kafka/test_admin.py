@@ -33,6 +33,25 @@ def test_describe_configs_and_cluster(rokka, topic):
     assert [n.id for n in cluster.nodes] == [0]
 
 
+def test_the_brokers_own_topics_are_not_created_or_deleted_by_clients(rokka):
+    """SCHEDULE_TOPIC_XXXX, the half topic, the timer wheel: the broker
+    makes them, lazily, with its own configs — one made first by a client
+    with retention.ms=1000 would lose every delayed message, one deleted
+    every pending one. Refused (INVALID_TOPIC_EXCEPTION), as Apache's
+    updateAndCreateTopic and deleteTopic refuse system topics."""
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    own = ["SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_wheel_timer"]
+    fs = a.create_topics([NewTopic(t, num_partitions=1, config={"retention.ms": "1000"}) for t in own])
+    for t, f in fs.items():
+        with pytest.raises(KafkaException) as e:
+            f.result(10)
+        assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, (t, e.value)
+    for t, f in a.delete_topics(own, operation_timeout=10).items():
+        with pytest.raises(KafkaException) as e:
+            f.result(10)
+        assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, (t, e.value)
+
+
 def test_a_replication_factor_past_the_brokers_is_refused(rokka, topic):
     """One node: a partition has one replica; 2 is more than there are
     (INVALID_REPLICATION_FACTOR, as Kafka), -1 is the broker's (1)."""

@@ -68,6 +68,16 @@ pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsRe
             let exists = broker.topics().get(&name).is_some();
             let outcome = if exists {
                 Err((errors::TOPIC_ALREADY_EXISTS, format!("Topic '{name}' already exists.")))
+            } else if rokka_broker::is_system_topic(&name) {
+                // The broker's own (delay levels, the timer wheel, half and
+                // op records): made by the broker alone, with its configs —
+                // one a client made first (retention.ms=1000, say) would
+                // lose every delayed and uncommitted message. Apache's
+                // updateAndCreateTopic refuses system topics too.
+                Err((
+                    errors::INVALID_TOPIC_EXCEPTION,
+                    format!("Topic '{name}' is the broker's own: it is not created by clients."),
+                ))
             } else {
                 plan(k, &t)
             };
@@ -265,6 +275,10 @@ pub fn delete(k: &Kafka, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsRe
                 errors::INVALID_REQUEST
             } else if n.0.is_empty() {
                 errors::UNKNOWN_TOPIC_ID
+            } else if rokka_broker::is_system_topic(n.0.as_str()) {
+                // The broker's own topics hold other topics' delayed and
+                // uncommitted messages (Apache's deleteTopic refuses them).
+                errors::INVALID_TOPIC_EXCEPTION
             } else {
                 match k.broker.delete_topic(n.0.as_str()) {
                     Ok(()) => errors::NONE,
