@@ -46,6 +46,15 @@ pub struct GrpcConfig {
     /// The largest message body a producer may send (told to producers in
     /// their settings; larger ones are refused MESSAGE_BODY_TOO_LARGE).
     pub max_body_bytes: u32,
+    /// User properties one message may carry at most (Apache's proxy
+    /// `userPropertyMaxNum`); more: MESSAGE_PROPERTIES_TOO_LARGE.
+    pub max_user_properties: u32,
+    /// Bytes of a message's user properties, tag and keys together at most
+    /// (Apache's `maxUserPropertySize`); more: MESSAGE_PROPERTIES_TOO_LARGE.
+    pub max_user_property_bytes: u32,
+    /// A message group (FIFO) must be shorter than this many bytes
+    /// (Apache's `maxMessageGroupSize`); else ILLEGAL_MESSAGE_GROUP.
+    pub max_message_group_bytes: u32,
     /// At most this many messages per ReceiveMessage (larger batch sizes
     /// are lowered to it).
     pub max_receive_batch: u32,
@@ -122,6 +131,9 @@ impl Default for GrpcConfig {
             max_inflight_request_bytes: 256 << 20,
             request_read_timeout_ms: 30_000,
             max_body_bytes: 4 << 20,
+            max_user_properties: 128,
+            max_user_property_bytes: 16 * 1024,
+            max_message_group_bytes: 64,
             max_receive_batch: 32,
             max_long_polling_ms: 30_000,
             max_delivery_attempts: 17,

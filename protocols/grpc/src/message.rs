@@ -46,8 +46,29 @@ fn legal_property(k: &str, v: &str) -> bool {
     !k.is_empty() && !bad(k) && !bad(v)
 }
 
+/// What one message of a SendMessage may carry (`grpc.max_*` keys).
+#[derive(Debug, Clone, Copy)]
+pub struct SendLimits {
+    pub max_body: usize,
+    pub max_user_properties: usize,
+    pub max_user_property_bytes: usize,
+    pub max_message_group_bytes: usize,
+}
+
+impl SendLimits {
+    pub fn of(c: &crate::GrpcConfig) -> SendLimits {
+        SendLimits {
+            max_body: c.max_body_bytes as usize,
+            max_user_properties: c.max_user_properties as usize,
+            max_user_property_bytes: c.max_user_property_bytes as usize,
+            max_message_group_bytes: c.max_message_group_bytes as usize,
+        }
+    }
+}
+
 /// Checks and converts one message of a SendMessage.
-pub fn incoming(m: &pb::Message, max_body: usize) -> Result<Incoming, Refused> {
+pub fn incoming(m: &pb::Message, limits: &SendLimits) -> Result<Incoming, Refused> {
+    let max_body = limits.max_body;
     let topic = m.topic.as_ref().map(|t| t.name.clone()).unwrap_or_default();
     if topic.is_empty() {
         return Err(Refused(pb::Code::IllegalTopic, "topic is required".into()));
@@ -73,6 +94,18 @@ pub fn incoming(m: &pb::Message, max_body: usize) -> Result<Incoming, Refused> {
             format!("message body of {} bytes is over the limit of {max_body}", body.len()),
         ));
     }
+    // As Apache's proxy (SendMessageActivity.buildMessageProperty,
+    // GrpcValidator): at most so many user properties, no control
+    // character in them, their bytes with the tag's and keys' at most so
+    // many — a producer that works here works there.
+    if m.user_properties.len() > limits.max_user_properties {
+        return Err(Refused(
+            pb::Code::MessagePropertiesTooLarge,
+            format!("too many user properties, max is {}", limits.max_user_properties),
+        ));
+    }
+    let control = |s: &str| s.chars().any(char::is_control);
+    let mut user_bytes = 0usize;
     let mut pairs: Vec<(String, String)> = Vec::new();
     for (k, v) in &m.user_properties {
         if !legal_property(k, v) || rokka_broker::convert::SYSTEM_PROPERTIES.contains(&k.as_str()) {
@@ -81,14 +114,25 @@ pub fn incoming(m: &pb::Message, max_body: usize) -> Result<Incoming, Refused> {
                 format!("user property {k:?} is reserved or holds a separator byte"),
             ));
         }
+        if control(k) || control(v) {
+            return Err(Refused(
+                pb::Code::IllegalMessagePropertyKey,
+                format!("user property {k:?} holds a control character"),
+            ));
+        }
+        user_bytes += k.len() + v.len();
         pairs.push((k.clone(), v.clone()));
     }
     // Stable order for the stored block (a map has none).
     pairs.sort();
     if let Some(tag) = sys.tag.as_deref().filter(|t| !t.is_empty()) {
-        if !legal_property("TAGS", tag) || tag.contains("||") {
+        // No `|` (a tag expression splits on `||`: "a|b" matched neither
+        // a nor b), not whitespace only (a filter of spaces means `*`), no
+        // control character: Apache's GrpcValidator.validateTag.
+        if !legal_property("TAGS", tag) || tag.contains('|') || tag.trim().is_empty() || control(tag) {
             return Err(Refused(pb::Code::IllegalMessageTag, format!("illegal tag {tag:?}")));
         }
+        user_bytes += tag.len();
         pairs.push((properties::TAGS.into(), tag.to_string()));
     }
     if !sys.keys.is_empty() {
@@ -106,7 +150,17 @@ pub fn incoming(m: &pb::Message, max_body: usize) -> Result<Incoming, Refused> {
                 format!("key {k:?} is whitespace only or holds a control character"),
             ));
         }
+        user_bytes += sys.keys.iter().map(String::len).sum::<usize>();
         pairs.push((properties::KEYS.into(), sys.keys.join(" ")));
+    }
+    if user_bytes > limits.max_user_property_bytes {
+        return Err(Refused(
+            pb::Code::MessagePropertiesTooLarge,
+            format!(
+                "the total size of user properties, tag and keys is too large, max is {}",
+                limits.max_user_property_bytes
+            ),
+        ));
     }
     let message_id = if sys.message_id.is_empty() {
         new_message_id()
@@ -118,8 +172,19 @@ pub fn incoming(m: &pb::Message, max_body: usize) -> Result<Incoming, Refused> {
     pairs.push((properties::UNIQ_KEY.into(), message_id.clone()));
     let message_group = sys.message_group.clone().filter(|g| !g.is_empty());
     if let Some(g) = &message_group {
-        if !legal_property(SHARDING_KEY, g) {
-            return Err(Refused(pb::Code::IllegalMessageGroup, "illegal message group".into()));
+        // Apache's SendMessageActivity.validateMessageGroup.
+        if !legal_property(SHARDING_KEY, g)
+            || g.trim().is_empty()
+            || g.len() >= limits.max_message_group_bytes
+            || control(g)
+        {
+            return Err(Refused(
+                pb::Code::IllegalMessageGroup,
+                format!(
+                    "illegal message group: whitespace only, a control character, or {} bytes or more",
+                    limits.max_message_group_bytes
+                ),
+            ));
         }
         pairs.push((SHARDING_KEY.into(), g.clone()));
     }
@@ -306,6 +371,13 @@ pub fn outgoing(m: &MessageView, store_host: SocketAddr, h: Option<&Handout>) ->
 mod tests {
     use super::*;
 
+    fn limits(max_body: usize) -> SendLimits {
+        SendLimits {
+            max_body,
+            ..SendLimits::of(&crate::GrpcConfig::default())
+        }
+    }
+
     fn msg(sys: pb::SystemProperties, user: &[(&str, &str)]) -> pb::Message {
         pb::Message {
             topic: Some(pb::Resource {
@@ -327,7 +399,7 @@ mod tests {
             message_group: Some("g1".into()),
             ..Default::default()
         };
-        let i = incoming(&msg(sys, &[("color", "red")]), 1024).expect("legal");
+        let i = incoming(&msg(sys, &[("color", "red")]), &limits(1024)).expect("legal");
         let p = i.properties.as_bytes();
         assert_eq!(properties::get(p, "TAGS"), Some(&b"TagA"[..]));
         assert_eq!(properties::get(p, "KEYS"), Some(&b"k1 k2"[..]));
@@ -338,7 +410,7 @@ mod tests {
 
     #[test]
     fn illegal_messages_are_refused_with_their_code() {
-        let code = |m: pb::Message, max| incoming(&m, max).map(|_| ()).map_err(|r| r.0);
+        let code = |m: pb::Message, max| incoming(&m, &limits(max)).map(|_| ()).map_err(|r| r.0);
         assert_eq!(
             code(msg(Default::default(), &[("KEYS", "x")]), 1024),
             Err(pb::Code::IllegalMessagePropertyKey)
@@ -362,5 +434,47 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(code(msg(bad_tag, &[]), 1024), Err(pb::Code::IllegalMessageTag));
+        // Apache's proxy checks: a tag without `|`, not blank, no control
+        // character; a message group under 64 bytes, not blank; at most
+        // 128 user properties of 16 KiB with the tag and keys.
+        for tag in ["a|b", "  ", "a\tb"] {
+            let sys = pb::SystemProperties {
+                tag: Some(tag.into()),
+                ..Default::default()
+            };
+            assert_eq!(code(msg(sys, &[]), 1024), Err(pb::Code::IllegalMessageTag), "{tag:?}");
+        }
+        for group in [" ".repeat(3), "g".repeat(64), "a\u{7f}".into()] {
+            let sys = pb::SystemProperties {
+                message_group: Some(group.clone()),
+                ..Default::default()
+            };
+            assert_eq!(
+                code(msg(sys, &[]), 1024),
+                Err(pb::Code::IllegalMessageGroup),
+                "{group:?}"
+            );
+        }
+        let ok_group = pb::SystemProperties {
+            message_group: Some("g".repeat(63)),
+            ..Default::default()
+        };
+        assert_eq!(code(msg(ok_group, &[]), 1024), Ok(()));
+        assert_eq!(
+            code(msg(Default::default(), &[("k", "line\nbreak")]), 1024),
+            Err(pb::Code::IllegalMessagePropertyKey)
+        );
+        let names: Vec<String> = (0..129).map(|i| format!("p{i}")).collect();
+        let many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+        assert_eq!(
+            code(msg(Default::default(), &many), 1024),
+            Err(pb::Code::MessagePropertiesTooLarge)
+        );
+        assert_eq!(code(msg(Default::default(), &many[..128]), 1024), Ok(()));
+        let big = "v".repeat(16 * 1024);
+        assert_eq!(
+            code(msg(Default::default(), &[("k", big.as_str())]), 1024),
+            Err(pb::Code::MessagePropertiesTooLarge)
+        );
     }
 }

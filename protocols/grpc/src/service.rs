@@ -1188,7 +1188,7 @@ impl Messaging {
                 0,
             )
         };
-        let inc = match message::incoming(m, self.config.max_body_bytes as usize) {
+        let inc = match message::incoming(m, &message::SendLimits::of(&self.config)) {
             Ok(i) => i,
             Err(message::Refused(code, text)) => {
                 metrics::counter!("rokka_rocketmq5_messages_refused_total", "reason" => code.as_str_name())
