@@ -538,6 +538,40 @@ def test_a_transactional_message_due_past_the_timer_limit_is_refused_at_its_send
     assert send(int(time.time()) + 60) == d.Code.OK
 
 
+def test_sends_are_checked_as_apaches_proxy_checks_them(rokka, clients):
+    """A tag holding '|' (matched by no filter), a message group of 64
+    bytes or more, more than 128 user properties: refused with Apache's
+    codes, so a producer that works here works against Apache. Raw, with
+    grpcio and Apache's generated stubs."""
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as d
+    from rocketmq.grpc_protocol import service_pb2 as s
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+    topic = name("g5-checked")
+    clients.producer(topic)
+    meta = [("x-mq-client-id", "raw-checked"), ("x-mq-language", "JAVA"), ("x-mq-protocol", "v2")]
+
+    def send(tag="", group="", props=None):
+        m = d.Message(topic=d.Resource(name=topic), body=b"x")
+        m.system_properties.message_id = uuid.uuid4().hex.upper()
+        m.system_properties.body_encoding = d.Encoding.IDENTITY
+        m.system_properties.message_type = d.MessageType.FIFO if group else d.MessageType.NORMAL
+        if tag:
+            m.system_properties.tag = tag
+        if group:
+            m.system_properties.message_group = group
+        for k, v in (props or {}).items():
+            m.user_properties[k] = v
+        with grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}") as ch:
+            return MessagingServiceStub(ch).SendMessage(s.SendMessageRequest(messages=[m]), timeout=10, metadata=meta).status.code
+
+    assert send(tag="a|b") == d.Code.ILLEGAL_MESSAGE_TAG
+    assert send(group="g" * 64) == d.Code.ILLEGAL_MESSAGE_GROUP
+    assert send(props={f"p{i}": "v" for i in range(129)}) == d.Code.MESSAGE_PROPERTIES_TOO_LARGE
+    assert send(tag="ok", group="g" * 63, props={f"p{i}": "v" for i in range(128)}) == d.Code.OK
+
+
 class Collect(MessageListener):
     def __init__(self, who, seen, lock):
         self.who, self.seen, self.lock = who, seen, lock
