@@ -572,6 +572,34 @@ def test_sends_are_checked_as_apaches_proxy_checks_them(rokka, clients):
     assert send(tag="ok", group="g" * 63, props={f"p{i}": "v" for i in range(128)}) == d.Code.OK
 
 
+def test_an_ack_repeated_is_ok_and_a_handle_never_handed_out_is_not(rokka, clients):
+    """A client that lost an ack's answer acks again: OK, as Apache's ack
+    (the Python client raised for a message it had acked); a handle for an
+    offset never handed out is still INVALID_RECEIPT_HANDLE."""
+    topic, group = name("g5-reack"), name("g5-reack-g")
+    p = clients.producer(topic)
+    p.send(message(topic, b"once"))
+    c = clients.consumer(group, topic)
+    got = receive_all(c, 1, ack=False)
+    assert [m.body for m in got] == [b"once"]
+    c.ack(got[0])
+    c.ack(got[0])
+    forged = got[0].receipt_handle.split("_")
+    forged[2] = format(int(forged[2], 16) + 1000, "x")
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as d
+    from rocketmq.grpc_protocol import service_pb2 as s
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+    meta = [("x-mq-client-id", "raw-reack"), ("x-mq-language", "JAVA"), ("x-mq-protocol", "v2")]
+    with grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}") as ch:
+        res = MessagingServiceStub(ch).AckMessage(s.AckMessageRequest(
+            group=d.Resource(name=group), topic=d.Resource(name=topic),
+            entries=[s.AckMessageEntry(message_id=got[0].message_id, receipt_handle="_".join(forged))]),
+            timeout=10, metadata=meta)
+    assert [e.status.code for e in res.entries] == [d.Code.INVALID_RECEIPT_HANDLE]
+
+
 class Collect(MessageListener):
     def __init__(self, who, seen, lock):
         self.who, self.seen, self.lock = who, seen, lock

@@ -121,6 +121,9 @@ pub enum HandleError {
     NotInFlight,
     /// The handle is from an earlier handout of the offset.
     Stale,
+    /// Not in flight, but handed out before (below the queue's cursor):
+    /// acked already, as far as the caller can tell (an ack answers it OK).
+    Acked,
 }
 
 pub type Key = (String, String, u32);

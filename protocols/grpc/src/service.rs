@@ -1332,6 +1332,16 @@ impl Messaging {
                             self.follow_reset(&group, &topic, r.queue, &mut locked);
                         }
                         let res = self.pops.ack(&mut locked, &r);
+                        // An ack of an offset handed out before and no
+                        // longer in flight (acked already: a client's
+                        // retry of an ack whose answer it lost) is OK, as
+                        // Apache's ack, which does not look for an earlier
+                        // one; the client would throw for a message it did
+                        // ack. Offsets never handed out stay refused.
+                        let res = match res {
+                            Err(HandleError::NotInFlight) if r.offset < locked.cursor => Err(HandleError::Acked),
+                            other => other,
+                        };
                         drop(locked);
                         if res.is_ok() {
                             // Acked: nothing to renew (its slot in the
@@ -1348,6 +1358,7 @@ impl Messaging {
                 },
             };
             let s = match st {
+                Err(HandleError::Acked) => ok(),
                 Ok(f) => {
                     self.broker.traffic().rocketmq5_acked.add(&group, "", 1);
                     let took = (rokka_store::now_ms() - f.first_handed_ms).max(0) as f64 / 1000.0;
@@ -1422,7 +1433,9 @@ impl Messaging {
                 pb::Code::InvalidReceiptHandle,
                 "the receipt handle is from an earlier delivery",
             ),
-            Err(HandleError::NotInFlight) => fail(pb::Code::InvalidReceiptHandle, "the message is not in flight"),
+            Err(HandleError::NotInFlight | HandleError::Acked) => {
+                fail(pb::Code::InvalidReceiptHandle, "the message is not in flight")
+            }
         }
     }
 
