@@ -373,10 +373,15 @@ impl Users {
                 ));
             }
             let entry = users.entry(user.to_string()).or_default();
-            entry.scram.insert(m.name().to_string(), cred);
             // A password set through Kafka is not the RocketMQ secret any
-            // more (only its salted form is known here).
-            entry.rocketmq_secret = None;
+            // more (only its salted form is known here) — and the other
+            // mechanism derived from that secret goes with it: rotating
+            // SCRAM-SHA-512 left SCRAM-SHA-256 (and PLAIN) taking the old
+            // password.
+            if entry.rocketmq_secret.take().is_some() {
+                entry.scram.clear();
+            }
+            entry.scram.insert(m.name().to_string(), cred);
             Ok(())
         })
     }
@@ -392,6 +397,13 @@ impl Users {
                     code::RESOURCE_NOT_FOUND,
                     format!("no {} credential of {user}", m.name()),
                 ));
+            }
+            // A credential derived from a RocketMQ secret (mqadmin
+            // createUser) deleted through Kafka revokes that password: the
+            // secret and the other mechanism derived from it go too — left,
+            // the user went on signing RocketMQ requests and logging in.
+            if c.rocketmq_secret.take().is_some() {
+                c.scram.clear();
             }
             if c.is_empty() {
                 users.remove(user);
@@ -761,6 +773,17 @@ mod tests {
             .upsert("carol", m, 4096, b"salt".to_vec(), &salted)
             .expect("upsert");
         assert_eq!(reopened.rocketmq_secret("carol"), None);
+        // ... and the other mechanism derived from the old password.
+        assert!(reopened.get("carol", Mechanism::Sha512).is_none());
+        assert!(!reopened.check_password("carol", b"carol-secret"), "the old password is gone");
+        assert!(reopened.check_password("carol", b"new"));
+        // A credential of a RocketMQ-made user deleted through Kafka
+        // revokes the password: secret and both mechanisms.
+        reopened.set_password("erin", "erin-secret", false).expect("created");
+        reopened.delete("erin", Mechanism::Sha256).expect("deleted");
+        assert!(!reopened.exists("erin"));
+        assert_eq!(reopened.rocketmq_secret("erin"), None);
+        assert!(!reopened.check_password("erin", b"erin-secret"));
         // A change that cannot be stored (a directory where its temporary
         // file goes) is refused and changes nothing.
         let blocker = dir.path().join("config").join("users.tmp");
