@@ -664,3 +664,24 @@ def test_grants_on_every_group_and_topic_do_not_reach_the_brokers_own(rokka):
         for f in admin.delete_acls([AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal,
                                                      b.host, b.operation, b.permission_type) for b in wide]).values():
             f.result(15)
+
+
+def test_a_scram_credential_deleted_through_kafka_revokes_a_rocketmq_users_password(rokka):
+    """carol was made by RocketMQ's user admin: one password, her RocketMQ
+    secret and both SCRAM credentials. An admin revoking her through Kafka
+    (deleting SCRAM-SHA-512) revokes the password everywhere: her signed
+    RocketMQ sends and her SCRAM-SHA-256 login stop working too."""
+    from confluent_kafka.admin import UserScramCredentialDeletion
+
+    admin = AdminClient(sasl(rokka, "admin"))
+    carol = signed_as("carol", CAROL)
+    run_harness(rokka, "carol-before", "cross-produce", "acl-carol", 1, env=carol)
+    for f in admin.alter_user_scram_credentials([UserScramCredentialDeletion("carol", ScramMechanism.SCRAM_SHA_512)]).values():
+        f.result(15)
+    mark = rokka.tap.mark()
+    h = Harness(rokka, "carol-revoked", "cross-produce", "acl-carol", 1, env=carol)
+    assert h.wait(60) != 0, h.lines()[-5:]
+    assert any("unknown AccessKey" in r or "signature" in r for r in refusals(rokka.tap, mark)), refusals(rokka.tap, mark)
+    kc = {**sasl(rokka, "admin"), "sasl.username": "carol", "sasl.password": CAROL, "sasl.mechanism": "SCRAM-SHA-256"}
+    errs = produce(kc, "acl-carol", 1, "carol-revoked")
+    assert errs and errs[0] is not None, errs
