@@ -92,6 +92,42 @@ def metric(rokka, name, **labels):
     return total
 
 
+def raw_meta(client_id, language="JAVA"):
+    """Metadata of a raw call (grpcio with Apache's generated stubs)."""
+    return [("x-mq-client-id", client_id), ("x-mq-language", language), ("x-mq-protocol", "v2")]
+
+
+def receive_request(group, topic, batch=1, invisible=30, wait=None, attempt=None):
+    """A raw ReceiveMessageRequest: a pop from any queue of `topic`, TAG *."""
+    from rocketmq.grpc_protocol import definition_pb2 as d
+    from rocketmq.grpc_protocol import service_pb2 as s
+
+    req = s.ReceiveMessageRequest(
+        group=d.Resource(name=group),
+        message_queue=d.MessageQueue(topic=d.Resource(name=topic), id=-1),
+        filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"),
+        batch_size=batch,
+        auto_renew=False,
+    )
+    if attempt is not None:
+        req.attempt_id = attempt
+    req.invisible_duration.seconds = invisible
+    if wait is not None:
+        req.long_polling_timeout.seconds = wait
+    return req
+
+
+def raw_message(topic, body=b"x", kind=None):
+    """A raw message to send: a fresh id, plain body, NORMAL unless `kind`."""
+    from rocketmq.grpc_protocol import definition_pb2 as d
+
+    m = d.Message(topic=d.Resource(name=topic), body=body)
+    m.system_properties.message_id = uuid.uuid4().hex.upper()
+    m.system_properties.body_encoding = d.Encoding.IDENTITY
+    m.system_properties.message_type = d.MessageType.NORMAL if kind is None else kind
+    return m
+
+
 def test_messages_sent_over_grpc_are_received_byte_exact(rokka, clients):
     topic, group = name("g5-basic"), name("g5-basic-g")
     p = clients.producer(topic)
@@ -368,8 +404,6 @@ def test_a_receive_without_a_long_polling_time_polls_until_its_deadline(rokka, c
     import threading
 
     import grpc
-    from rocketmq.grpc_protocol import definition_pb2 as d
-    from rocketmq.grpc_protocol import service_pb2 as s
     from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
     topic, group = name("g5-deadline"), name("g5-deadline-g")
@@ -382,15 +416,8 @@ def test_a_receive_without_a_long_polling_time_polls_until_its_deadline(rokka, c
     chan = grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}")
     try:
         stub = MessagingServiceStub(chan)
-        req = s.ReceiveMessageRequest(
-            group=d.Resource(name=group),
-            message_queue=d.MessageQueue(topic=d.Resource(name=topic), id=-1),
-            filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"),
-            batch_size=1,
-            auto_renew=False,
-        )
-        req.invisible_duration.seconds = 30
-        meta = [("x-mq-client-id", "raw-deadline-client"), ("x-mq-language", "GOLANG"), ("x-mq-protocol", "v2")]
+        req = receive_request(group, topic)
+        meta = raw_meta("raw-deadline-client", "GOLANG")
         t0 = time.time()
         later.start()
         bodies, codes = [], []
@@ -422,22 +449,14 @@ def test_a_consumer_group_or_topic_longer_than_a_name_can_be_is_refused(rokka, c
 
     topic = name("g5-longnames")
     clients.producer(topic).send(message(topic, b"x"))
-    meta = [("x-mq-client-id", "raw-longnames-client"), ("x-mq-language", "PYTHON"), ("x-mq-protocol", "v2")]
+    meta = raw_meta("raw-longnames-client", "PYTHON")
     chan = grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}")
     try:
         stub = MessagingServiceStub(chan)
 
         def receive(group, t):
             """(status codes, message bodies) of one ReceiveMessage."""
-            req = s.ReceiveMessageRequest(
-                group=d.Resource(name=group),
-                message_queue=d.MessageQueue(topic=d.Resource(name=t), id=-1),
-                filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"),
-                batch_size=1,
-                auto_renew=False,
-            )
-            req.invisible_duration.seconds = 30
-            req.long_polling_timeout.seconds = 1
+            req = receive_request(group, t, wait=1)
             out = list(stub.ReceiveMessage(req, timeout=8, metadata=meta))
             return [r.status.code for r in out if r.HasField("status")], [r.message.body for r in out if r.HasField("message")]
 
@@ -522,13 +541,10 @@ def test_a_transactional_message_due_past_the_timer_limit_is_refused_at_its_send
 
     topic = name("g5-tx-far")
     clients.producer(topic)  # makes the topic
-    meta = [("x-mq-client-id", "raw-tx-far"), ("x-mq-language", "JAVA"), ("x-mq-protocol", "v2")]
+    meta = raw_meta("raw-tx-far")
 
     def send(due_s):
-        m = d.Message(topic=d.Resource(name=topic), body=b"later")
-        m.system_properties.message_id = uuid.uuid4().hex.upper()
-        m.system_properties.body_encoding = d.Encoding.IDENTITY
-        m.system_properties.message_type = d.MessageType.TRANSACTION
+        m = raw_message(topic, b"later", d.MessageType.TRANSACTION)
         m.system_properties.delivery_timestamp.seconds = due_s
         with grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}") as ch:
             res = MessagingServiceStub(ch).SendMessage(s.SendMessageRequest(messages=[m]), timeout=10, metadata=meta)
@@ -550,13 +566,10 @@ def test_sends_are_checked_as_apaches_proxy_checks_them(rokka, clients):
 
     topic = name("g5-checked")
     clients.producer(topic)
-    meta = [("x-mq-client-id", "raw-checked"), ("x-mq-language", "JAVA"), ("x-mq-protocol", "v2")]
+    meta = raw_meta("raw-checked")
 
     def send(tag="", group="", props=None):
-        m = d.Message(topic=d.Resource(name=topic), body=b"x")
-        m.system_properties.message_id = uuid.uuid4().hex.upper()
-        m.system_properties.body_encoding = d.Encoding.IDENTITY
-        m.system_properties.message_type = d.MessageType.FIFO if group else d.MessageType.NORMAL
+        m = raw_message(topic, kind=d.MessageType.FIFO if group else d.MessageType.NORMAL)
         if tag:
             m.system_properties.tag = tag
         if group:
@@ -591,7 +604,7 @@ def test_an_ack_repeated_is_ok_and_a_handle_never_handed_out_is_not(rokka, clien
     from rocketmq.grpc_protocol import service_pb2 as s
     from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-    meta = [("x-mq-client-id", "raw-reack"), ("x-mq-language", "JAVA"), ("x-mq-protocol", "v2")]
+    meta = raw_meta("raw-reack")
     with grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}") as ch:
         res = MessagingServiceStub(ch).AckMessage(s.AckMessageRequest(
             group=d.Resource(name=group), topic=d.Resource(name=topic),
@@ -716,20 +729,11 @@ def test_a_fifo_receive_retried_with_its_attempt_id_gets_the_same_batch(rokka, c
     p = clients.producer(topic)
     for i in range(3):
         p.send(message(topic, f"a-{i}".encode(), group="one-order"))
-    meta = [("x-mq-client-id", "raw-attempt-client"), ("x-mq-language", "JAVA"), ("x-mq-protocol", "v2")]
+    meta = raw_meta("raw-attempt-client")
     chan = grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}")
 
     def receive(attempt, batch=2, wait=1):
-        req = s.ReceiveMessageRequest(
-            group=d.Resource(name=group),
-            message_queue=d.MessageQueue(topic=d.Resource(name=topic), id=-1),
-            filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"),
-            batch_size=batch,
-            auto_renew=False,
-            attempt_id=attempt,
-        )
-        req.invisible_duration.seconds = 60
-        req.long_polling_timeout.seconds = wait
+        req = receive_request(group, topic, batch=batch, invisible=60, wait=wait, attempt=attempt)
         return [r.message for r in stub.ReceiveMessage(req, timeout=10, metadata=meta) if r.HasField("message")]
 
     try:
@@ -776,21 +780,12 @@ def test_a_waiting_fifo_receive_is_answered_when_the_queue_is_acked_or_nacked(ro
     p = clients.producer(topic)
     for i in range(3):
         p.send(message(topic, f"w-{i}".encode(), group="one-order"))
-    meta = [("x-mq-client-id", "raw-wake-client"), ("x-mq-language", "JAVA"), ("x-mq-protocol", "v2")]
+    meta = raw_meta("raw-wake-client")
     chan = grpc.insecure_channel(f"127.0.0.1:{rokka.grpc_port}")
     stub = MessagingServiceStub(chan)
 
     def receive(attempt, wait):
-        req = s.ReceiveMessageRequest(
-            group=d.Resource(name=group),
-            message_queue=d.MessageQueue(topic=d.Resource(name=topic), id=-1),
-            filter_expression=d.FilterExpression(type=d.FilterType.TAG, expression="*"),
-            batch_size=1,
-            auto_renew=False,
-            attempt_id=attempt,
-        )
-        req.invisible_duration.seconds = 60
-        req.long_polling_timeout.seconds = wait
+        req = receive_request(group, topic, invisible=60, wait=wait, attempt=attempt)
         return [r.message for r in stub.ReceiveMessage(req, timeout=40, metadata=meta) if r.HasField("message")]
 
     def waiting(attempt):
