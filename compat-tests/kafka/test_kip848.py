@@ -264,6 +264,22 @@ def test_describe_and_list_consumer_groups(rokka):
         assert len(d.members) == 1, d
         assert sorted(tp.partition for tp in d.members[0].assignment.topic_partitions) == [0, 1], d
         assert "STABLE" in str(d.state).upper(), d
+        # A classic-protocol describe below v6 (kafkajs' DescribeGroups
+        # v0-2) answers a KIP-848 group Dead without an error, as Kafka
+        # does: kafkajs throws for the whole call on any group's error.
+        js = os.path.join(os.path.dirname(__file__), "js")
+        script = (
+            "import { Kafka } from 'kafkajs';"
+            "const k = new Kafka({ brokers: [process.argv[1]], logLevel: 0 });"
+            "const a = k.admin(); await a.connect();"
+            "const r = await a.describeGroups([process.argv[2]]);"
+            "console.log(JSON.stringify(r.groups.map(g => [g.groupId, g.state, g.members.length])));"
+            "await a.disconnect();"
+        )
+        out = subprocess.run(["node", "--input-type=module", "-e", script, rokka.bootstrap, group],
+                             cwd=js, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == [[group, "Dead", 0]], out.stdout
     finally:
         m.leave()
     # Left and nothing committed yet may remain: the group empties.

@@ -294,10 +294,14 @@ pub fn describe(k: &Kafka, r: DescribeGroupsRequest, version: i16) -> DescribeGr
                 .with(|c| (c.describe(&name), c.consumer.groups.contains_key(&name)));
             let mut d = DescribedGroup::default().with_group_id(gid);
             if consumer {
-                // A KIP-848 group is described by ConsumerGroupDescribe.
-                d.error_code = rokka_group::code::GROUP_ID_NOT_FOUND;
+                // A KIP-848 group is described by ConsumerGroupDescribe:
+                // here Dead, and from v6 on GROUP_ID_NOT_FOUND (KIP-1043);
+                // before v6 without an error, as Kafka answers them — the
+                // older clients throw for the whole call on any group's
+                // error (kafkajs' DescribeGroups v0-2 parse).
                 d.group_state = str_bytes("Dead");
                 if version >= 6 {
+                    d.error_code = rokka_group::code::GROUP_ID_NOT_FOUND;
                     d.error_message = Some(str_bytes(&format!("Group {name} is not a classic group.")));
                 }
                 // RocketMQ clients of the group (it may be theirs again once
