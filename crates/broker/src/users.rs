@@ -775,7 +775,10 @@ mod tests {
         assert_eq!(reopened.rocketmq_secret("carol"), None);
         // ... and the other mechanism derived from the old password.
         assert!(reopened.get("carol", Mechanism::Sha512).is_none());
-        assert!(!reopened.check_password("carol", b"carol-secret"), "the old password is gone");
+        assert!(
+            !reopened.check_password("carol", b"carol-secret"),
+            "the old password is gone"
+        );
         assert!(reopened.check_password("carol", b"new"));
         // A credential of a RocketMQ-made user deleted through Kafka
         // revokes the password: secret and both mechanisms.

@@ -558,7 +558,11 @@ impl GroupCoordinator {
         topics: &dyn crate::consumer::Topics,
     ) -> crate::consumer::HeartbeatResponse {
         if let Some(g) = self.groups.get(&req.group) {
-            if g.members.is_empty() && g.pending.is_empty() {
+            // Only a member joining (epoch 0) converts it, as Kafka's
+            // getOrMaybeCreateConsumerGroup with createIfNotExists: a
+            // leave or a stale heartbeat naming an empty classic group
+            // took the group away and left its offsets untracked.
+            if g.members.is_empty() && g.pending.is_empty() && req.member_epoch == 0 {
                 self.groups.remove(&req.group);
                 records_changed();
             } else {

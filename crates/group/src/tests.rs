@@ -866,6 +866,51 @@ fn consumer_groups_go_to_a_coordinator_taking_over_with_the_classic_ones() -> Re
     Ok(())
 }
 
+/// Only a member joining (epoch 0) turns an empty classic group into a
+/// consumer group: a leave (-1) or a stale heartbeat naming it leaves it
+/// as it is (it took the group away, its offsets then tracked by none).
+#[test]
+fn only_a_joining_heartbeat_converts_an_empty_classic_group() {
+    let (mut h, a) = stable_one();
+    h.c.leave("g", &[(a.clone(), None)], h.now);
+    h.advance(REBALANCE + 1_000);
+    assert_eq!(h.state(), GroupState::Empty);
+    let topics = |t: &str| (t == "t").then_some(4u32);
+    for epoch in [-1, -2, 5] {
+        let r = h.c.consumer_heartbeat(
+            crate::consumer::HeartbeatRequest {
+                group: "g".into(),
+                member_id: "m1".into(),
+                member_epoch: epoch,
+                ..Default::default()
+            },
+            h.now,
+            &topics,
+        );
+        assert_ne!(r.error, NONE, "epoch {epoch}");
+        assert_eq!(
+            h.c.state("g"),
+            Some(GroupState::Empty),
+            "epoch {epoch} took the classic group away"
+        );
+    }
+    let r = h.c.consumer_heartbeat(
+        crate::consumer::HeartbeatRequest {
+            group: "g".into(),
+            member_id: "m1".into(),
+            member_epoch: 0,
+            rebalance_timeout_ms: 30_000,
+            subscribed_topics: Some(vec!["t".into()]),
+            owned: Some(Vec::new()),
+            ..Default::default()
+        },
+        h.now,
+        &topics,
+    );
+    assert_eq!((r.error, r.member_epoch), (NONE, 1));
+    assert_eq!(h.c.state("g"), None, "now a consumer group");
+}
+
 #[test]
 fn a_join_listing_too_many_protocols_is_refused_and_a_repeated_one_counts_once() {
     let mut c = GroupCoordinator::new(GroupConfig {
