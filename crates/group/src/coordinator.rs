@@ -1402,16 +1402,36 @@ impl GroupCoordinator {
 
     /// [`GroupCoordinator::expire_empty_groups`], but a group `in_use` says
     /// is used elsewhere (members of another protocol, recent commits) is
-    /// kept, its retention starting again now.
+    /// kept, its retention starting again now. KIP-848 groups without
+    /// members go as soon as `in_use` does not keep them (their offsets
+    /// expire by commit time).
     pub fn expire_empty_groups_unless(&mut self, now: u64, in_use: impl Fn(&str) -> bool) -> Vec<String> {
         let retention = self.config.offsets_retention_ms;
+        // KIP-848 groups without members: expired once `in_use` says
+        // nothing was committed within the retention (Kafka's
+        // ConsumerGroup.offsetExpirationCondition goes by commit time for
+        // topics no member subscribes to: all of them, once empty) — they
+        // were kept, with their offsets, for ever.
+        let empty: Vec<String> = self
+            .consumer
+            .groups
+            .iter()
+            .filter(|(_, g)| g.members.is_empty())
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut gone: Vec<String> = Vec::new();
+        for n in empty {
+            if !in_use(&n) {
+                self.consumer.groups.remove(&n);
+                gone.push(n);
+            }
+        }
         let due: Vec<String> = self
             .groups
             .values()
             .filter(|g| g.state == GroupState::Empty && g.empty_since + retention <= now)
             .map(|g| g.name.clone())
             .collect();
-        let mut gone = Vec::with_capacity(due.len());
         for n in due {
             if in_use(&n) {
                 if let Some(g) = self.groups.get_mut(&n) {

@@ -911,6 +911,41 @@ fn only_a_joining_heartbeat_converts_an_empty_classic_group() {
     assert_eq!(h.c.state("g"), None, "now a consumer group");
 }
 
+/// An empty KIP-848 group is expired (the caller deletes its offsets)
+/// once nothing keeps it — no recent commit, no member elsewhere — not kept
+/// with its offsets for ever; one with members is never.
+#[test]
+fn empty_consumer_groups_expire_when_nothing_keeps_them() {
+    let mut c = GroupCoordinator::new(GroupConfig::default());
+    let topics = |t: &str| (t == "t").then_some(2u32);
+    let beat = |c: &mut GroupCoordinator, group: &str, epoch: i32| {
+        c.consumer_heartbeat(
+            crate::consumer::HeartbeatRequest {
+                group: group.into(),
+                member_id: "m1".into(),
+                member_epoch: epoch,
+                rebalance_timeout_ms: 30_000,
+                subscribed_topics: (epoch == 0).then(|| vec!["t".into()]),
+                owned: (epoch == 0).then(Vec::new),
+                ..Default::default()
+            },
+            1_000,
+            &topics,
+        )
+    };
+    assert_eq!(beat(&mut c, "left", 0).error, NONE);
+    assert_eq!(beat(&mut c, "live", 0).error, NONE);
+    assert_eq!(beat(&mut c, "left", -1).error, NONE);
+    assert!(
+        c.expire_empty_groups_unless(2_000, |_| true).is_empty(),
+        "kept while in use"
+    );
+    assert!(c.consumer.groups.contains_key("left"));
+    assert_eq!(c.expire_empty_groups_unless(3_000, |_| false), vec!["left".to_string()]);
+    assert!(!c.consumer.groups.contains_key("left"));
+    assert!(c.consumer.groups.contains_key("live"), "a group with members stays");
+}
+
 #[test]
 fn a_join_listing_too_many_protocols_is_refused_and_a_repeated_one_counts_once() {
     let mut c = GroupCoordinator::new(GroupConfig {
