@@ -381,6 +381,8 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         Err(e) => return Err(e),
     }
 
+    // The epoch history goes no further than the log recovered.
+    crate::replication::trim_epochs_past(&inner, inner.log.write_pos())?;
     let threads = crate::tasks::spawn(&inner)?;
     let secs = started.elapsed().as_secs_f64();
     inner.metrics.recovery_seconds.set(secs);

@@ -156,6 +156,27 @@ pub(crate) fn drop_epochs_after(dir: &Path, offset: u64) -> Result<()> {
     Ok(())
 }
 
+/// At open: drops the epochs that start past the recovered log end `end`.
+/// An epoch is recorded (and made durable) before the log is flushed that
+/// far, so a crash can leave a history claiming records the log lost:
+/// kept, a replica comparing histories with this node would keep records
+/// that differ from its own at the same offsets. Kafka trims its
+/// leader-epoch cache to the recovered end the same way.
+pub(crate) fn trim_epochs_past(inner: &Inner, end: u64) -> Result<()> {
+    let mut epochs = inner.epochs.lock().unwrap_or_else(|p| p.into_inner());
+    let kept: Vec<EpochStart> = epochs.iter().copied().filter(|e| e.start <= end).collect();
+    if kept != *epochs {
+        tracing::warn!(
+            end,
+            dropped = epochs.len() - kept.len(),
+            "epochs starting past the recovered log end dropped from the history"
+        );
+        save_epochs(inner, &kept)?;
+        *epochs = kept;
+    }
+    Ok(())
+}
+
 fn save_epochs(inner: &Inner, epochs: &[EpochStart]) -> Result<()> {
     let path = inner.dir.join(EPOCHS_FILE);
     let json = serde_json::to_vec(epochs).map_err(|e| StoreError::bad_file(&path, e.to_string()))?;
@@ -223,11 +244,13 @@ impl MessageStore {
             }
             _ => {}
         }
-        let mut next = epochs.clone();
-        next.push(EpochStart {
-            epoch,
-            start: self.inner.log.write_pos(),
-        });
+        let start = self.inner.log.write_pos();
+        // Entries starting past where this one starts describe no record
+        // of this log (Kafka's maybeTruncateNonMonotonicEntries): a history
+        // out of order would point a rejoining replica at the wrong place
+        // to cut. (One starting here is an epoch without records: kept.)
+        let mut next: Vec<EpochStart> = epochs.iter().copied().filter(|e| e.start <= start).collect();
+        next.push(EpochStart { epoch, start });
         save_epochs(&self.inner, &next)?;
         *epochs = next;
         Ok(())

@@ -196,6 +196,45 @@ fn an_epoch_below_the_history_is_refused() -> TestResult {
     Ok(())
 }
 
+/// An epoch recorded before the log was flushed that far (power lost with
+/// the tail): at the next open the history goes no further than the log
+/// recovered, and an epoch begun then follows on in order — not a history
+/// claiming records the log does not hold, which a rejoining replica's
+/// comparison would read as shared.
+#[test]
+fn epochs_past_the_recovered_log_end_are_dropped_at_open() -> TestResult {
+    let d = tempfile::tempdir()?;
+    {
+        let s = MessageStore::open(small_config(d.path()))?;
+        s.begin_epoch(1)?;
+        for i in 0..10u64 {
+            append(&s, "T", 0, 1, i)?;
+        }
+    }
+    let end = {
+        let s = MessageStore::open(small_config(d.path()))?;
+        s.log_end()
+    };
+    // As after a power loss: epoch 2 was recorded at a position the log
+    // never reached on disk.
+    let ahead = format!(r#"[{{"epoch":1,"start":0}},{{"epoch":2,"start":{}}}]"#, end + 4096);
+    std::fs::write(d.path().join("epochs.json"), ahead)?;
+    let s = MessageStore::open(small_config(d.path()))?;
+    assert_eq!(
+        s.epochs().iter().map(|e| (e.epoch, e.start)).collect::<Vec<_>>(),
+        vec![(1, 0)]
+    );
+    s.begin_epoch(3)?;
+    assert_eq!(
+        s.epochs().iter().map(|e| (e.epoch, e.start)).collect::<Vec<_>>(),
+        vec![(1, 0), (3, end)]
+    );
+    drop(s);
+    let reopened = MessageStore::open(small_config(d.path()))?;
+    assert_eq!(reopened.epochs().len(), 2, "the trimmed history is what is on disk");
+    Ok(())
+}
+
 fn age_all_but_newest(dir: &std::path::Path, keep: usize) -> std::io::Result<()> {
     let mut segs: Vec<_> = std::fs::read_dir(dir.join("commitlog"))?
         .filter_map(|e| e.ok().map(|e| e.path()))
