@@ -1846,6 +1846,16 @@ impl Broker {
                     offsets.commit_acknowledged(&o.group, &o.topic, o.partition, o.offset, &o.metadata, o.leader_epoch);
                 }
                 crate::offload(|| offsets.persist())?;
+                // ... and held by the set's in-sync replicas before the
+                // transaction forgets them: the transaction state ships at
+                // once, the offset table every 200 ms — a failover between
+                // the two left a completed commit whose input offsets the
+                // new master never had (exactly-once reprocessed). Kafka
+                // writes them to __consumer_offsets with acks=all first.
+                // Not confirmed: retried (the transaction stays prepared).
+                self.offsets_durable(None)
+                    .await
+                    .map_err(|e| BrokerError::Remote(format!("transaction offsets not replicated: {e}")))?;
                 m = self.progress(&m, |c| c.offsets.retain(|o| o.set.is_some()))?;
             }
             for o in m.offsets.clone() {
