@@ -138,9 +138,17 @@ impl Broker {
                     done = next;
                 }
                 // Progress moves only past deliveries that are durable (sync
-                // flush), so a crash never skips a message it did not deliver.
+                // flush) and, in cluster mode, held by the set's replicas
+                // (the offset table ships apart from the log: progress a
+                // new master had without the delivered records lost them),
+                // so neither a crash nor a failover skips a message.
                 if done > at {
-                    if let Err(err) = self.store.wait_durable(self.store.commitlog_offsets().1) {
+                    let end = self.store.commitlog_offsets().1;
+                    if let Err(err) = self
+                        .store
+                        .wait_durable(end)
+                        .and_then(|_| self.store.wait_replicated(end))
+                    {
                         tracing::warn!(error = %err, "delayed deliveries not durable yet");
                         break;
                     }
@@ -216,6 +224,32 @@ mod tests {
     use super::*;
     use crate::BrokerConfig;
     use rokka_store::{MessageStore, StoreConfig};
+
+    /// Cluster mode: the delay level's progress moves only once the set's
+    /// replicas hold the delivered message (the offset table ships apart
+    /// from the log: progress ahead of the records lost the message at a
+    /// failover).
+    #[test]
+    fn progress_waits_for_the_replicas_to_hold_the_delivery() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| crate::BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        b.create_topic("T", 1)?;
+        let props = properties::encode([("DELAY", "1")]);
+        let m = MessageInput::new("T", 0, b"later", props.as_bytes());
+        let r = b.append_delayed(&m, 1)?;
+        store.require_replica_acks(Some(50));
+        store.set_acked(store.log_end());
+        let progress = || store.offsets().get(PROGRESS_GROUP, SCHEDULE_TOPIC, 0).map(|o| o.offset);
+        assert_eq!(b.deliver_due(r.store_timestamp + 1_000), 1);
+        assert_eq!(progress(), None, "progress moved past a delivery the replicas do not hold");
+        // The replicas keep up: the next pass (delivering it again, as after
+        // any wait that failed: at least once) moves the progress.
+        store.set_acked(u64::MAX);
+        b.deliver_due(r.store_timestamp + 1_000);
+        assert_eq!(progress(), Some(1));
+        Ok(())
+    }
 
     #[test]
     fn delayed_messages_reach_their_topic_after_their_level() -> Result<()> {

@@ -334,6 +334,10 @@ impl Broker {
             return Vec::new();
         }
         let mut st = self.tx_state();
+        // What was written before this scan took the state: the op records
+        // of every half it finds resolved lie below (each is written
+        // before its half is marked resolved under the state's lock).
+        let written = self.store.log_end();
         let offsets = self.store.offsets();
         let min = self.store.min_offset(HALF_TOPIC, 0);
         let start = offsets
@@ -457,7 +461,12 @@ impl Broker {
                 Err(e) => tracing::warn!(half_offset = off, error = %e, "cannot discard a half message"),
             }
         }
-        if progress > start {
+        // The op records resolving what the progress passes are held by
+        // the set's replicas first (the offset table ships apart from the
+        // log: a new master with the progress but not the records would
+        // never check those halves again — a committed message lost);
+        // else the progress waits for a later scan.
+        if progress > start && self.store.is_replicated(written) {
             offsets.commit(PROGRESS_GROUP, HALF_TOPIC, 0, progress, "");
             let mut st = self.tx_state();
             st.floor = st.floor.max(progress);
