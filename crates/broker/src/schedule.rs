@@ -242,7 +242,11 @@ mod tests {
         store.set_acked(store.log_end());
         let progress = || store.offsets().get(PROGRESS_GROUP, SCHEDULE_TOPIC, 0).map(|o| o.offset);
         assert_eq!(b.deliver_due(r.store_timestamp + 1_000), 1);
-        assert_eq!(progress(), None, "progress moved past a delivery the replicas do not hold");
+        assert_eq!(
+            progress(),
+            None,
+            "progress moved past a delivery the replicas do not hold"
+        );
         // The replicas keep up: the next pass (delivering it again, as after
         // any wait that failed: at least once) moves the progress.
         store.set_acked(u64::MAX);

@@ -184,6 +184,16 @@ impl Shared {
         if matches!(role, Role::Replica { .. }) {
             self.store.follow_master();
         }
+        if !matches!(role, Role::Master { .. }) {
+            // Waits for the replicas to hold a table end now (no longer
+            // master): a commit or a group change in flight is refused at
+            // once, as Kafka's coordinator completes pending writes on
+            // resignation, not after its whole timeout.
+            self.offsets_acks.progress.notify_waiters();
+            self.groups_acks.progress.notify_waiters();
+            self.txns_acks.progress.notify_waiters();
+            self.starts_acks.progress.notify_waiters();
+        }
     }
 
     /// The set acknowledgements wait for: etcd's, and on a master the
@@ -762,6 +772,19 @@ mod tests {
         });
         assert!(dropped.is_err(), "{dropped:?}");
         assert!(!sh.offsets_acks.awaited(), "a dropped wait left its waiter");
+        // Deposed while a wait runs: it ends then, refused.
+        let depose = {
+            let sh = Arc::clone(&sh);
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                sh.set_role(Role::Fenced);
+            })
+        };
+        let t = std::time::Instant::now();
+        let r = rt.block_on(tables.replicated(Table::Offsets, 3, Some(Duration::from_secs(10))));
+        let took = t.elapsed();
+        depose.join().map_err(|_| "deposing thread panicked")?;
+        assert!(r.is_err() && took < Duration::from_secs(5), "{r:?} after {took:?}");
         Ok(())
     }
 }
