@@ -135,8 +135,10 @@ impl ConsumerGroup {
         } else if self
             .members
             .values()
-            .any(|m| m.epoch != self.assignment_epoch || m.state != MemberState::Stable)
+            .any(|m| m.left || m.epoch != self.assignment_epoch || m.state != MemberState::Stable)
         {
+            // (A static member away — left with epoch -2, its place kept —
+            // is not reconciled to the target: Kafka's isReconciledTo.)
             "Reconciling"
         } else {
             "Stable"
@@ -1157,6 +1159,7 @@ mod tests {
         let left = beat_static(&mut c, "a1", "inst-a", -2, 50);
         assert_eq!((left.error, left.member_epoch), (0, -2));
         assert_eq!(c.groups["g"].members.len(), 2);
+        assert_eq!(c.groups["g"].state(), "Reconciling", "a static member away is not reconciled");
         assert_eq!(c.groups["g"].epoch, epoch, "no rebalance for a static leave");
         // Its old id may not heartbeat on.
         assert_eq!(
