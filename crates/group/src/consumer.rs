@@ -1159,7 +1159,11 @@ mod tests {
         let left = beat_static(&mut c, "a1", "inst-a", -2, 50);
         assert_eq!((left.error, left.member_epoch), (0, -2));
         assert_eq!(c.groups["g"].members.len(), 2);
-        assert_eq!(c.groups["g"].state(), "Reconciling", "a static member away is not reconciled");
+        assert_eq!(
+            c.groups["g"].state(),
+            "Reconciling",
+            "a static member away is not reconciled"
+        );
         assert_eq!(c.groups["g"].epoch, epoch, "no rebalance for a static leave");
         // Its old id may not heartbeat on.
         assert_eq!(

@@ -145,12 +145,12 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                 .partitions
                 .into_iter()
                 .map(|p| {
-                    let repeated = !twice.is_empty() && twice.contains(&(name.clone(), p.partition_index));
-                    let key = (name.clone(), p.partition_index, p.timestamp, p.current_leader_epoch);
-                    if repeated {
-                        if let Some(done) = cache.get(&key) {
-                            return done.clone();
-                        }
+                    // (The topic name copied only for a partition named more
+                    // than once: the common request names each once.)
+                    let key = (!twice.is_empty() && twice.contains(&(name.clone(), p.partition_index)))
+                        .then(|| (name.clone(), p.partition_index, p.timestamp, p.current_leader_epoch));
+                    if let Some(done) = key.as_ref().and_then(|k| cache.get(k)) {
+                        return done.clone();
                     }
                     let answer = (|| {
                         let resp = ListOffsetsPartitionResponse::default()
@@ -215,7 +215,7 @@ pub fn handle(k: &Kafka, r: ListOffsetsRequest, version: i16) -> ListOffsetsResp
                             .with_timestamp(ts)
                             .with_leader_epoch(if version >= 4 { epoch } else { -1 })
                     })();
-                    if repeated {
+                    if let Some(key) = key {
                         cache.insert(key, answer.clone());
                     }
                     answer
