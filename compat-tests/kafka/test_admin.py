@@ -50,6 +50,12 @@ def test_the_brokers_own_topics_are_not_created_or_deleted_by_clients(rokka):
         with pytest.raises(KafkaException) as e:
             f.result(10)
         assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, (t, e.value)
+    # Nor are their configs altered (nor their records deleted: DeleteRecords
+    # is refused too, which librdkafka cannot send for a topic not made yet).
+    res = ConfigResource(ResourceType.TOPIC, own[0], set_config={"retention.ms": "1000"})
+    with pytest.raises(KafkaException) as e:
+        a.alter_configs([res])[res].result(10)
+    assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, e.value
 
 
 def test_a_replication_factor_past_the_brokers_is_refused(rokka, topic):

@@ -209,6 +209,10 @@ pub struct Broker {
     replicated_tables: std::sync::OnceLock<Arc<dyn remote::ReplicatedTables>>,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
     lag: std::sync::Mutex<Vec<(String, String, u32, u64)>>,
+    /// Delay levels delivered past their committed progress, waiting for
+    /// the set's replicas to hold the deliveries: level -> (delivered up
+    /// to, log end the deliveries reach). See `Broker::deliver_due`.
+    delay_pending: std::sync::Mutex<std::collections::HashMap<u32, (u64, u64)>>,
     config: BrokerConfig,
 }
 
@@ -307,6 +311,7 @@ impl Broker {
             transactions: transaction::Transactions::default(),
             timers: timer::Timers::default(),
             lag: std::sync::Mutex::new(Vec::new()),
+            delay_pending: std::sync::Mutex::default(),
             traffic: traffic::Traffic::new(config.max_topic_metric_handles as usize),
             config,
         };

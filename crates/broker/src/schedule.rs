@@ -93,16 +93,42 @@ impl Broker {
         if self.topics.get(SCHEDULE_TOPIC).is_none() {
             return 0;
         }
+        let mut pending = self.delay_pending.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.store.is_leader() {
+            // Deliveries of an earlier term are the new master's business
+            // (a cut may have taken them): nothing is carried over.
+            pending.clear();
+            return 0;
+        }
+        // Below cluster.min_insync_replicas nothing is delivered (client
+        // writes are refused too, as Apache's puts): a delivery its
+        // replicas cannot hold would wait unconfirmed.
+        if self.store.too_few_replicas() {
+            return 0;
+        }
         let mut delivered = 0;
         for (level, delay) in self.config.delay_levels_ms.iter().enumerate() {
             let delay = *delay as i64;
             let q = level as u32;
             let offsets = self.store.offsets();
             let min = self.store.min_offset(SCHEDULE_TOPIC, q);
-            let mut at = offsets
+            let committed = offsets
                 .get(PROGRESS_GROUP, SCHEDULE_TOPIC, q)
                 .map_or(min, |o| o.offset)
                 .max(min);
+            // Deliveries made past the committed progress wait for the
+            // set's replicas (cluster mode: the offset table ships apart
+            // from the log, and progress a new master had without the
+            // delivered records lost them); meanwhile delivering goes on
+            // after them, never delivering them again.
+            let mut at = committed;
+            if let Some(&(done, end)) = pending.get(&q) {
+                if self.store.is_replicated(end) {
+                    offsets.commit(PROGRESS_GROUP, SCHEDULE_TOPIC, q, done, "");
+                    pending.remove(&q);
+                }
+                at = at.max(done);
+            }
             let max = self.store.max_offset(SCHEDULE_TOPIC, q);
             while at < max {
                 let read = self.store.read(SCHEDULE_TOPIC, q, at, 64, 1 << 20);
@@ -138,22 +164,21 @@ impl Broker {
                     done = next;
                 }
                 // Progress moves only past deliveries that are durable (sync
-                // flush) and, in cluster mode, held by the set's replicas
-                // (the offset table ships apart from the log: progress a
-                // new master had without the delivered records lost them),
-                // so neither a crash nor a failover skips a message.
+                // flush) and held by the set's replicas (cluster mode; else
+                // they wait in `delay_pending` for a later pass), so
+                // neither a crash nor a failover skips a message.
                 if done > at {
                     let end = self.store.commitlog_offsets().1;
-                    if let Err(err) = self
-                        .store
-                        .wait_durable(end)
-                        .and_then(|_| self.store.wait_replicated(end))
-                    {
+                    if let Err(err) = self.store.wait_durable(end) {
                         tracing::warn!(error = %err, "delayed deliveries not durable yet");
                         break;
                     }
                     at = done;
-                    offsets.commit(PROGRESS_GROUP, SCHEDULE_TOPIC, q, at, "");
+                    if !pending.contains_key(&q) && self.store.is_replicated(end) {
+                        offsets.commit(PROGRESS_GROUP, SCHEDULE_TOPIC, q, at, "");
+                    } else {
+                        pending.insert(q, (at, end));
+                    }
                 }
                 if stop {
                     break;
@@ -247,11 +272,20 @@ mod tests {
             None,
             "progress moved past a delivery the replicas do not hold"
         );
-        // The replicas keep up: the next pass (delivering it again, as after
-        // any wait that failed: at least once) moves the progress.
-        store.set_acked(u64::MAX);
-        b.deliver_due(r.store_timestamp + 1_000);
+        // Not delivered again while it waits.
+        assert_eq!(b.deliver_due(r.store_timestamp + 1_000), 0);
+        assert_eq!(store.max_offset("T", 0), 1, "delivered once");
+        // The replicas hold it: the next pass moves the progress.
+        store.set_acked(store.log_end());
+        assert_eq!(b.deliver_due(r.store_timestamp + 1_000), 0);
         assert_eq!(progress(), Some(1));
+        // Below min_insync_replicas nothing is delivered.
+        b.append_delayed(&m, 1)?;
+        store.set_too_few_replicas(true);
+        assert_eq!(b.deliver_due(rokka_store::now_ms() + 2_000), 0);
+        store.set_too_few_replicas(false);
+        store.set_acked(u64::MAX);
+        assert_eq!(b.deliver_due(rokka_store::now_ms() + 2_000), 1);
         Ok(())
     }
 

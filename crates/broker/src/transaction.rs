@@ -55,6 +55,9 @@ struct TxState {
     /// A scan cut at its budget: the next hands out checks from this
     /// half on (the ones before it were just checked), then starts over.
     resume_from: Option<u64>,
+    /// Scan progress not committed yet: (progress, log end its op records
+    /// lie below), committed once the set's replicas hold that much.
+    unconfirmed: Option<(u64, u64)>,
 }
 
 /// What END_TRANSACTION did.
@@ -331,6 +334,13 @@ impl Broker {
         // The master checks (a replica's resolved set is not refreshed
         // from what the master resolves).
         if self.topics.get(HALF_TOPIC).is_none() || !self.leads_here() {
+            // Progress of an earlier term is not confirmed later (a cut
+            // may have taken what it passed).
+            self.transactions
+                .state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .unconfirmed = None;
             return Vec::new();
         }
         let mut st = self.tx_state();
@@ -339,6 +349,13 @@ impl Broker {
         // before its half is marked resolved under the state's lock).
         let written = self.store.log_end();
         let offsets = self.store.offsets();
+        // A last scan's progress the replicas hold now.
+        if let Some((p, w)) = st.unconfirmed {
+            if self.store.is_replicated(w) {
+                offsets.commit(PROGRESS_GROUP, HALF_TOPIC, 0, p, "");
+                st.unconfirmed = None;
+            }
+        }
         let min = self.store.min_offset(HALF_TOPIC, 0);
         let start = offsets
             .get(PROGRESS_GROUP, HALF_TOPIC, 0)
@@ -466,9 +483,15 @@ impl Broker {
         // log: a new master with the progress but not the records would
         // never check those halves again — a committed message lost);
         // else the progress waits for a later scan.
-        if progress > start && self.store.is_replicated(written) {
-            offsets.commit(PROGRESS_GROUP, HALF_TOPIC, 0, progress, "");
+        if progress > start {
             let mut st = self.tx_state();
+            if self.store.is_replicated(written) {
+                offsets.commit(PROGRESS_GROUP, HALF_TOPIC, 0, progress, "");
+                st.unconfirmed = None;
+            } else {
+                // Committed by a later scan once the replicas hold it.
+                st.unconfirmed = Some((progress, written));
+            }
             st.floor = st.floor.max(progress);
             let floor = st.floor;
             st.resolved = st.resolved.split_off(&floor);

@@ -689,7 +689,9 @@ impl MessageStore {
     /// NOT_ENOUGH_REPLICAS): appended first, the write would be refused
     /// after it was stored, and a client's retry would store it again.
     pub fn too_few_replicas(&self) -> bool {
-        self.waits_for_replicas() && self.inner.too_few_replicas.load(Ordering::Acquire)
+        // (Not the set's master: NotLeader says so, not a flag left from
+        // when it was.)
+        self.is_leader() && self.waits_for_replicas() && self.inner.too_few_replicas.load(Ordering::Acquire)
     }
 
     /// The sync state set is below `min_insync_replicas` (waits fail at once).

@@ -869,37 +869,6 @@ impl MessageStore {
         inner.ack_timeout_ms.load(Ordering::Acquire) == u64::MAX || *inner.acked.borrow() >= end_offset
     }
 
-    /// Blocking form of [`MessageStore::replicated`], for the broker's
-    /// background passes (delay levels) that move progress past what they
-    /// wrote: progress shipped to the replicas ahead of the records it
-    /// covers would skip them after a failover.
-    pub fn wait_replicated(&self, end_offset: u64) -> Result<()> {
-        let inner = &*self.inner;
-        let timeout_ms = inner.ack_timeout_ms.load(Ordering::Acquire);
-        if timeout_ms == u64::MAX {
-            return Ok(());
-        }
-        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
-        loop {
-            if *inner.acked.borrow() >= end_offset {
-                return Ok(());
-            }
-            if !inner.leader.load(Ordering::Acquire) {
-                return Err(StoreError::NotLeader);
-            }
-            if inner.too_few_replicas.load(Ordering::Acquire) {
-                return Err(StoreError::NotEnoughReplicas);
-            }
-            if inner.stop.load(Ordering::Acquire) {
-                return Err(StoreError::ShutDown);
-            }
-            if Instant::now() >= deadline {
-                return Err(StoreError::ReplicationTimeout(timeout_ms));
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-    }
-
     /// Sync flush mode: waits until the CommitLog is on disk up to
     /// `end_offset`; at once in async mode.
     pub async fn flushed(&self, end_offset: u64) -> Result<()> {

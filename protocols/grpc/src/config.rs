@@ -47,13 +47,13 @@ pub struct GrpcConfig {
     /// their settings; larger ones are refused MESSAGE_BODY_TOO_LARGE).
     pub max_body_bytes: u32,
     /// User properties one message may carry at most (Apache's proxy
-    /// `userPropertyMaxNum`); more: MESSAGE_PROPERTIES_TOO_LARGE.
+    /// `userPropertyMaxNum`); more: MESSAGE_PROPERTIES_TOO_LARGE (0: no limit).
     pub max_user_properties: u32,
     /// Bytes of a message's user properties, tag and keys together at most
-    /// (Apache's `maxUserPropertySize`); more: MESSAGE_PROPERTIES_TOO_LARGE.
+    /// (Apache's `maxUserPropertySize`); more: MESSAGE_PROPERTIES_TOO_LARGE (0: no limit).
     pub max_user_property_bytes: u32,
     /// A message group (FIFO) must be shorter than this many bytes
-    /// (Apache's `maxMessageGroupSize`); else ILLEGAL_MESSAGE_GROUP.
+    /// (Apache's `maxMessageGroupSize`); else ILLEGAL_MESSAGE_GROUP (0: no limit).
     pub max_message_group_bytes: u32,
     /// At most this many messages per ReceiveMessage (larger batch sizes
     /// are lowered to it).

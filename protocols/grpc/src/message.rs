@@ -57,11 +57,13 @@ pub struct SendLimits {
 
 impl SendLimits {
     pub fn of(c: &crate::GrpcConfig) -> SendLimits {
+        // 0: no limit, as in Apache's proxy config these keys mirror.
+        let limit = |v: u32| if v == 0 { usize::MAX } else { v as usize };
         SendLimits {
             max_body: c.max_body_bytes as usize,
-            max_user_properties: c.max_user_properties as usize,
-            max_user_property_bytes: c.max_user_property_bytes as usize,
-            max_message_group_bytes: c.max_message_group_bytes as usize,
+            max_user_properties: limit(c.max_user_properties),
+            max_user_property_bytes: limit(c.max_user_property_bytes),
+            max_message_group_bytes: limit(c.max_message_group_bytes),
         }
     }
 }

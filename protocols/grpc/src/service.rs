@@ -1380,12 +1380,17 @@ impl Messaging {
                 status: Some(s),
             });
         }
+        let fifo = self.is_fifo(&group);
         for (q, st) in touched {
             self.commit_watermark(&group, &topic, q, &mut pop::lock(&st));
-            // A receive waiting on the queue looks again: an ack may have
-            // unblocked a FIFO queue (Apache's ackOrderly notifies the
-            // pop's long polling) — else it slept until its poll ended.
-            self.broker.arrivals().wake_now(&topic, q);
+            // A receive waiting on a FIFO queue looks again: an ack may have
+            // unblocked it (Apache's ackOrderly notifies the pop's long
+            // polling) — else it slept until its poll ended. (Only then:
+            // every waiter of the queue, Kafka fetches and remoting pulls
+            // too, would read again for each ack.)
+            if fifo {
+                self.broker.arrivals().wake_now(&topic, q);
+            }
         }
         let overall = overall(entries.iter().map(|e| e.status.as_ref()), "no entry to ack");
         pb::AckMessageResponse {
@@ -1472,7 +1477,9 @@ impl Messaging {
         self.commit_watermark(&group, &topic, r.queue, &mut st);
         drop(st);
         // Gone to its dead letters: a FIFO queue it held is free.
-        self.broker.arrivals().wake_now(&topic, r.queue);
+        if self.is_fifo(&group) {
+            self.broker.arrivals().wake_now(&topic, r.queue);
+        }
         ok()
     }
 

@@ -284,6 +284,12 @@ fn alter_target(
     name: &str,
 ) -> Result<(Target, std::collections::BTreeMap<String, String>), (i16, String)> {
     match resource_type {
+        // The broker's own topics keep the broker's configs (a client's
+        // retention.ms=1000 on SCHEDULE_TOPIC_XXXX lost every delayed message).
+        RESOURCE_TOPIC if rokka_broker::is_system_topic(name) => Err((
+            errors::INVALID_TOPIC_EXCEPTION,
+            format!("Topic {name} is the broker's own: its configs are not altered by clients."),
+        )),
         RESOURCE_TOPIC => k
             .broker
             .topics()
@@ -511,6 +517,11 @@ pub fn delete_records(k: &Kafka, r: DeleteRecordsRequest) -> DeleteRecordsRespon
                         .with_low_watermark(-1);
                     if compact_only {
                         return res.with_error_code(errors::POLICY_VIOLATION);
+                    }
+                    // The broker's own topics hold other topics' pending
+                    // delayed and uncommitted messages.
+                    if rokka_broker::is_system_topic(&name) {
+                        return res.with_error_code(errors::INVALID_TOPIC_EXCEPTION);
                     }
                     if !store.is_leader() {
                         // Cluster mode: the set's master deletes (a replica
