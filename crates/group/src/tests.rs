@@ -823,6 +823,19 @@ fn a_coordinator_taking_over_keeps_members_generation_and_assignment() {
     assert!(GroupRecords::decode(bad.as_bytes(), None).is_err(), "{bad}");
 }
 
+/// A KIP-848 member "m1" joining `group` (epoch 0), subscribed to "t".
+fn joining(group: &str) -> crate::consumer::HeartbeatRequest {
+    crate::consumer::HeartbeatRequest {
+        group: group.into(),
+        member_id: "m1".into(),
+        member_epoch: 0,
+        rebalance_timeout_ms: 30_000,
+        subscribed_topics: Some(vec!["t".into()]),
+        owned: Some(Vec::new()),
+        ..Default::default()
+    }
+}
+
 #[test]
 fn consumer_groups_go_to_a_coordinator_taking_over_with_the_classic_ones() -> Result<(), String> {
     let (mut h, _a) = stable_one();
@@ -830,19 +843,7 @@ fn consumer_groups_go_to_a_coordinator_taking_over_with_the_classic_ones() -> Re
     assert!(none.is_empty(), "without consumer groups, no second part");
     let v = h.c.record_changes();
     let topics = |t: &str| (t == "t").then_some(4u32);
-    let r = h.c.consumer_heartbeat(
-        crate::consumer::HeartbeatRequest {
-            group: "cg".into(),
-            member_id: "m1".into(),
-            member_epoch: 0,
-            rebalance_timeout_ms: 30_000,
-            subscribed_topics: Some(vec!["t".into()]),
-            owned: Some(Vec::new()),
-            ..Default::default()
-        },
-        h.now,
-        &topics,
-    );
+    let r = h.c.consumer_heartbeat(joining("cg"), h.now, &topics);
     assert_eq!((r.error, r.member_epoch), (NONE, 1));
     assert!(h.c.record_changes() > v, "a member joining is a change to ship");
     let records = h.c.records();
@@ -894,19 +895,7 @@ fn only_a_joining_heartbeat_converts_an_empty_classic_group() {
             "epoch {epoch} took the classic group away"
         );
     }
-    let r = h.c.consumer_heartbeat(
-        crate::consumer::HeartbeatRequest {
-            group: "g".into(),
-            member_id: "m1".into(),
-            member_epoch: 0,
-            rebalance_timeout_ms: 30_000,
-            subscribed_topics: Some(vec!["t".into()]),
-            owned: Some(Vec::new()),
-            ..Default::default()
-        },
-        h.now,
-        &topics,
-    );
+    let r = h.c.consumer_heartbeat(joining("g"), h.now, &topics);
     assert_eq!((r.error, r.member_epoch), (NONE, 1));
     assert_eq!(h.c.state("g"), None, "now a consumer group");
 }
@@ -919,19 +908,16 @@ fn empty_consumer_groups_expire_when_nothing_keeps_them() {
     let mut c = GroupCoordinator::new(GroupConfig::default());
     let topics = |t: &str| (t == "t").then_some(2u32);
     let beat = |c: &mut GroupCoordinator, group: &str, epoch: i32| {
-        c.consumer_heartbeat(
-            crate::consumer::HeartbeatRequest {
+        let req = match epoch {
+            0 => joining(group),
+            _ => crate::consumer::HeartbeatRequest {
                 group: group.into(),
                 member_id: "m1".into(),
                 member_epoch: epoch,
-                rebalance_timeout_ms: 30_000,
-                subscribed_topics: (epoch == 0).then(|| vec!["t".into()]),
-                owned: (epoch == 0).then(Vec::new),
                 ..Default::default()
             },
-            1_000,
-            &topics,
-        )
+        };
+        c.consumer_heartbeat(req, 1_000, &topics)
     };
     assert_eq!(beat(&mut c, "left", 0).error, NONE);
     assert_eq!(beat(&mut c, "live", 0).error, NONE);
