@@ -826,17 +826,18 @@ fn view(c: &mut Client, group: &str) -> Result<GroupView> {
         .next()
         .ok_or_else(|| AdminError::Protocol("DescribeGroups answered no group".into()))?;
     // A KIP-848 group (group.protocol=consumer) is not a classic one:
-    // described by ConsumerGroupDescribe instead.
-    let kip848 = described.error_code == GROUP_ID_NOT_FOUND;
-    let described = match consumer_group(c, &coordinator, group, &described)? {
-        Some(d) => d,
+    // DescribeGroups answers it GROUP_ID_NOT_FOUND (v6+, KIP-1043) or Dead
+    // (before v6, as Kafka): described by ConsumerGroupDescribe instead, as
+    // Kafka's Admin does.
+    let (described, kip848) = match consumer_group(c, &coordinator, group, &described)? {
+        Some(d) => (d, true),
         None => {
             check(
                 described.error_code,
                 described.error_message.as_ref(),
                 &format!("group {group}"),
             )?;
-            described
+            (described, false)
         }
     };
     let req = OffsetFetchRequest::default().with_groups(vec![OffsetFetchRequestGroup::default()
@@ -866,8 +867,8 @@ fn view(c: &mut Client, group: &str) -> Result<GroupView> {
 
 /// A KIP-848 group as DescribeGroups would show it (members with their
 /// assignments in the consumer protocol's form), when DescribeGroups says
-/// it is not a classic group (GROUP_ID_NOT_FOUND) and ConsumerGroupDescribe
-/// knows it; None otherwise.
+/// it is not a classic group (GROUP_ID_NOT_FOUND, or Dead) and
+/// ConsumerGroupDescribe knows it; None otherwise.
 /// Kafka's GROUP_ID_NOT_FOUND: what DescribeGroups answers for a KIP-848
 /// group.
 const GROUP_ID_NOT_FOUND: i16 = kafka_protocol::ResponseError::GroupIdNotFound.code();
@@ -879,7 +880,9 @@ fn consumer_group(
     classic: &DescribedGroup,
 ) -> Result<Option<DescribedGroup>> {
     use kafka_protocol::messages::consumer_group_describe_response as cgd;
-    if classic.error_code != GROUP_ID_NOT_FOUND {
+    let maybe =
+        classic.error_code == GROUP_ID_NOT_FOUND || (classic.error_code == 0 && &*classic.group_state == "Dead");
+    if !maybe {
         return Ok(None);
     }
     let req = ConsumerGroupDescribeRequest::default().with_group_ids(vec![GroupId(s(group))]);
