@@ -250,15 +250,21 @@ mod tests {
     use crate::BrokerConfig;
     use rokka_store::{MessageStore, StoreConfig};
 
+    /// A broker on a fresh test store (the directory lives as long as it).
+    fn broker() -> Result<(tempfile::TempDir, Arc<MessageStore>, Broker)> {
+        let dir = tempfile::tempdir().map_err(|e| crate::BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        Ok((dir, store, b))
+    }
+
     /// Cluster mode: the delay level's progress moves only once the set's
     /// replicas hold the delivered message (the offset table ships apart
     /// from the log: progress ahead of the records lost the message at a
     /// failover).
     #[test]
     fn progress_waits_for_the_replicas_to_hold_the_delivery() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(|e| crate::BrokerError::Io("tmp".into(), e))?;
-        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
-        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        let (_dir, store, b) = broker()?;
         b.create_topic("T", 1)?;
         let props = properties::encode([("DELAY", "1")]);
         let m = MessageInput::new("T", 0, b"later", props.as_bytes());
@@ -291,9 +297,7 @@ mod tests {
 
     #[test]
     fn delayed_messages_reach_their_topic_after_their_level() -> Result<()> {
-        let dir = tempfile::tempdir().map_err(|e| crate::BrokerError::Io("tmp".into(), e))?;
-        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
-        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        let (_dir, store, b) = broker()?;
         b.create_topic("T", 2)?;
         let props = properties::encode([("DELAY", "2"), ("KEYS", "k"), ("user", "u")]);
         let mut m = MessageInput::new("T", 1, b"later", props.as_bytes());
