@@ -54,6 +54,10 @@ pub struct BrokerConfig {
     /// Most topics whose per-topic traffic counters (messages and bytes in
     /// and out) keep cached handles; past it the cache starts over.
     pub max_topic_metric_handles: u32,
+    /// Most bytes of Kafka batches kept decoded for RocketMQ readers that
+    /// took only part of one (a pull's byte cap, a receive's message
+    /// count), so the next read does not decode the batch again (0 = none).
+    pub crossing_cache_bytes: u64,
 }
 
 impl Default for BrokerConfig {
@@ -76,6 +80,7 @@ impl Default for BrokerConfig {
             compaction_max_keys: 4_000_000,
             max_users: 10_000,
             max_topic_metric_handles: 65_536,
+            crossing_cache_bytes: 32 * 1024 * 1024,
         }
     }
 }

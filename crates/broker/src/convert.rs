@@ -16,6 +16,7 @@
 use std::net::SocketAddr;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::records::RecordSet;
 use rokka_store::record::message::{self as rmsg, MessageInput, Placement};
 use rokka_store::record::properties::{self, java_string_hash};
 use rokka_store::{KafkaBatchView, MessageView};
@@ -215,6 +216,180 @@ pub fn kafka_batch_to_rocketmq_limited(
     (budget, most): (usize, usize),
     out: &mut BytesMut,
 ) -> Result<Crossed, String> {
+    let set = crate::validate::decode(&view.batch, max_decompressed)
+        .map_err(|e| format!("Kafka batch at {}: {e}", view.phys_offset))?;
+    Ok(convert_set(view, &set, from, codes, store_host, (budget, most), out))
+}
+
+/// As [`kafka_batch_to_rocketmq_limited`], keeping in `cache` a batch the
+/// conversion stopped inside (a byte budget or a message count), so the
+/// reads that take the rest of it decode it once, not once per read: a
+/// 10 000-record batch drained 32 messages at a time was decoded whole
+/// ~300 times.
+#[allow(clippy::too_many_arguments)]
+pub fn kafka_batch_to_rocketmq_cached(
+    cache: &DecodedBatches,
+    view: &KafkaBatchView,
+    from: u64,
+    codes: Option<&[i32]>,
+    store_host: SocketAddr,
+    max_decompressed: usize,
+    limits: (usize, usize),
+    out: &mut BytesMut,
+) -> Result<Crossed, String> {
+    let key = BatchKey::of(view);
+    if let Some(set) = cache.get(key) {
+        crate::hot_metrics::count("rokka_cross_decoded_batch_hits_total", "", "", 1);
+        return Ok(convert_set(view, &set, from, codes, store_host, limits, out));
+    }
+    let decode = |batch: &Bytes| {
+        crate::validate::decode(batch, max_decompressed)
+            .map_err(|e| format!("Kafka batch at {}: {e}", view.phys_offset))
+    };
+    let set = decode(&view.batch)?;
+    let c = convert_set(view, &set, from, codes, store_host, limits, out);
+    if c.stopped_at.is_some() && cache.enabled() {
+        // An uncompressed batch's records are views of the mapped segment:
+        // kept, they would keep the segment mapped (and its disk space
+        // taken after retention deletes it) — decoded again from a copy.
+        let set = if set.compression == kafka_protocol::records::Compression::None {
+            decode(&Bytes::copy_from_slice(&view.batch))?
+        } else {
+            set
+        };
+        cache.put(key, set);
+    }
+    Ok(c)
+}
+
+/// Which stored batch a decode is of: its CommitLog offset, length and
+/// CRC (compaction rewrites a batch at the same offset with fewer records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct BatchKey {
+    phys: u64,
+    len: usize,
+    crc: u32,
+}
+
+impl BatchKey {
+    fn of(view: &KafkaBatchView) -> BatchKey {
+        let crc = view
+            .batch
+            .get(17..21)
+            .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+        BatchKey {
+            phys: view.phys_offset,
+            len: view.batch.len(),
+            crc,
+        }
+    }
+}
+
+/// Most batches [`DecodedBatches`] holds, whatever their size (a lookup
+/// scans them).
+const MAX_DECODED_BATCHES: usize = 64;
+
+/// Bytes a decoded record costs besides its key, value and headers.
+const DECODED_RECORD_OVERHEAD: usize = 192;
+
+/// Kafka batches decoded for cross reads that took only part of them,
+/// most recently used last, at most `broker.crossing_cache_bytes` of them
+/// (their records' bytes and per-record overhead) and 64 batches.
+/// Concurrency: one mutex, held for a lookup or an insert (a scan of at
+/// most 64 keys), never while decoding or converting.
+#[derive(Debug)]
+pub struct DecodedBatches {
+    max_bytes: usize,
+    inner: std::sync::Mutex<DecodedInner>,
+}
+
+#[derive(Debug, Default)]
+struct DecodedInner {
+    entries: std::collections::VecDeque<(BatchKey, std::sync::Arc<RecordSet>, usize)>,
+    bytes: usize,
+}
+
+impl DecodedBatches {
+    /// A cache of at most `max_bytes` (0 = none kept).
+    pub fn new(max_bytes: u64) -> DecodedBatches {
+        DecodedBatches {
+            max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
+            inner: Default::default(),
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        self.max_bytes > 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, DecodedInner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, key: BatchKey) -> Option<std::sync::Arc<RecordSet>> {
+        if !self.enabled() {
+            return None;
+        }
+        let mut g = self.lock();
+        let at = g.entries.iter().position(|(k, _, _)| *k == key)?;
+        let hit = g.entries.remove(at)?;
+        let set = hit.1.clone();
+        g.entries.push_back(hit);
+        Some(set)
+    }
+
+    fn put(&self, key: BatchKey, set: RecordSet) {
+        let cost = set
+            .records
+            .iter()
+            .map(|r| {
+                DECODED_RECORD_OVERHEAD
+                    + r.key.as_ref().map_or(0, |k| k.len())
+                    + r.value.as_ref().map_or(0, |v| v.len())
+                    + r.headers
+                        .iter()
+                        .map(|(n, v)| n.len() + v.as_ref().map_or(0, |v| v.len()) + 32)
+                        .sum::<usize>()
+            })
+            .sum::<usize>();
+        if cost > self.max_bytes {
+            return;
+        }
+        let bytes = {
+            let mut g = self.lock();
+            if g.entries.iter().any(|(k, _, _)| *k == key) {
+                return;
+            }
+            g.entries.push_back((key, std::sync::Arc::new(set), cost));
+            g.bytes += cost;
+            while g.bytes > self.max_bytes || g.entries.len() > MAX_DECODED_BATCHES {
+                match g.entries.pop_front() {
+                    Some((_, _, c)) => g.bytes -= c,
+                    None => break,
+                }
+            }
+            g.bytes
+        };
+        crate::hot_metrics::count("rokka_cross_decoded_batches_kept_total", "", "", 1);
+        crate::hot_metrics::gauge_set("rokka_cross_decoded_batch_bytes", "", "", bytes as f64);
+    }
+
+    /// Bytes held (the gauge's value).
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+}
+
+/// Converts the decoded records of `view` (see [`kafka_batch_to_rocketmq`]).
+fn convert_set(
+    view: &KafkaBatchView,
+    set: &RecordSet,
+    from: u64,
+    codes: Option<&[i32]>,
+    store_host: SocketAddr,
+    (budget, most): (usize, usize),
+    out: &mut BytesMut,
+) -> Crossed {
     let start = out.len();
     // A LogAppendTime batch: its records' time is the broker's append time
     // (the header's max timestamp), not the create time they carry, as
@@ -223,12 +398,16 @@ pub fn kafka_batch_to_rocketmq_limited(
         .ok()
         .filter(|i| i.attributes & 0x08 != 0)
         .map(|i| i.max_timestamp);
-    let set = crate::validate::decode(&view.batch, max_decompressed)
-        .map_err(|e| format!("Kafka batch at {}: {e}", view.phys_offset))?;
     let topic = view.topic_str();
     let mut c = Crossed::default();
     let mut props = Vec::with_capacity(256);
-    for r in set.records.iter() {
+    // Offsets ascend in a stored batch (deltas 0..n-1 checked at produce,
+    // compaction keeps a subset in order): the records before `from` are
+    // skipped by a search, not one by one (a batch drained in parts).
+    let first = set
+        .records
+        .partition_point(|r| r.offset < 0 || (r.offset as u64) < from);
+    for r in set.records[first..].iter() {
         if r.control || r.offset < 0 || (r.offset as u64) < from {
             continue;
         }
@@ -316,7 +495,7 @@ pub fn kafka_batch_to_rocketmq_limited(
         c.bytes += len as u64;
     }
     record_metrics("kafka_to_rocketmq", &c);
-    Ok(c)
+    c
 }
 
 fn varint(out: &mut BytesMut, v: i64) {
@@ -636,6 +815,103 @@ pub(crate) mod tests {
             at += total;
         }
         Ok(v)
+    }
+
+    /// A batch drained a few messages at a time through the cache gives
+    /// exactly the messages one whole conversion gives, and is decoded
+    /// once: kept after the first read that stopped inside it, and its
+    /// records no view of the stored entry (an uncompressed batch's are).
+    #[test]
+    fn a_batch_drained_in_parts_is_decoded_once_and_converted_alike() -> Result<(), String> {
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        for compression in [Compression::None, Compression::Lz4] {
+            let records: Vec<Record> = (0..50)
+                .map(|i| {
+                    record(
+                        i,
+                        Some(format!("k{i}").as_bytes()),
+                        Some(&[b'v'; 40]),
+                        &[("h", Some(b"x"))],
+                    )
+                })
+                .collect();
+            let view = stored_batch(&records, compression)?;
+            let mut whole = BytesMut::new();
+            kafka_batch_to_rocketmq(&view, 10, None, host, 1 << 20, &mut whole)?;
+            let cache = DecodedBatches::new(1 << 20);
+            let mut parts = BytesMut::new();
+            let mut from = 10;
+            let mut reads = 0;
+            loop {
+                let c = kafka_batch_to_rocketmq_cached(
+                    &cache,
+                    &view,
+                    from,
+                    None,
+                    host,
+                    1 << 20,
+                    (usize::MAX, 7),
+                    &mut parts,
+                )?;
+                reads += 1;
+                assert!(cache.bytes() > 0, "kept after the first partial read ({compression:?})");
+                match c.stopped_at {
+                    Some(at) => from = at,
+                    None => break,
+                }
+            }
+            assert_eq!(reads, 8, "50 records, 7 a time");
+            assert_eq!(pulled(&parts)?, pulled(&whole)?, "{compression:?}");
+            let kept = cache.get(BatchKey::of(&view)).ok_or("kept")?;
+            for r in &kept.records {
+                let v = r.value.as_ref().ok_or("a value")?;
+                let inside = view.batch.as_ptr_range().contains(&v.as_ptr());
+                assert!(!inside, "a kept record is a view of the stored entry ({compression:?})");
+            }
+        }
+        Ok(())
+    }
+
+    /// A batch compaction rewrote at the same CommitLog offset is not the
+    /// one kept; a cache of 0 bytes keeps nothing; the budget evicts the
+    /// least recently used first.
+    #[test]
+    fn the_decoded_batch_cache_tells_rewrites_apart_and_keeps_its_budget() -> Result<(), String> {
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        let all: Vec<Record> = (0..20).map(|i| record(i, Some(b"k"), Some(b"old"), &[])).collect();
+        let view = stored_batch_at(&all, Compression::None, 0)?;
+        let cache = DecodedBatches::new(1 << 20);
+        let mut out = BytesMut::new();
+        kafka_batch_to_rocketmq_cached(&cache, &view, 0, None, host, 1 << 20, (usize::MAX, 1), &mut out)?;
+        assert!(cache.bytes() > 0);
+        // The rewrite: every other record, new values, same place.
+        let fewer: Vec<Record> = (0..20)
+            .step_by(2)
+            .map(|i| record(i, Some(b"k"), Some(b"new"), &[]))
+            .collect();
+        let rewritten = stored_batch_at(&fewer, Compression::None, 0)?;
+        assert_eq!(rewritten.phys_offset, view.phys_offset);
+        out.clear();
+        kafka_batch_to_rocketmq_cached(&cache, &rewritten, 1, None, host, 1 << 20, (usize::MAX, 100), &mut out)?;
+        let got = pulled(&out)?;
+        assert_eq!(got.len(), 9, "records 2, 4 … 18");
+        assert!(got.iter().all(|m| &m.body[..] == b"new"), "the rewrite's records");
+
+        let none = DecodedBatches::new(0);
+        out.clear();
+        kafka_batch_to_rocketmq_cached(&none, &view, 0, None, host, 1 << 20, (usize::MAX, 1), &mut out)?;
+        assert_eq!(none.bytes(), 0, "0 keeps nothing");
+
+        // Room for about one batch: the second evicts the first.
+        let one = cache.bytes() + 8;
+        let small = DecodedBatches::new(one as u64);
+        kafka_batch_to_rocketmq_cached(&small, &view, 0, None, host, 1 << 20, (usize::MAX, 1), &mut out)?;
+        let other = stored_batch_at(&all, Compression::Lz4, 0)?;
+        kafka_batch_to_rocketmq_cached(&small, &other, 0, None, host, 1 << 20, (usize::MAX, 1), &mut out)?;
+        assert!(small.bytes() <= one, "{} held of {one}", small.bytes());
+        assert!(small.get(BatchKey::of(&view)).is_none(), "the older one evicted");
+        assert!(small.get(BatchKey::of(&other)).is_some());
+        Ok(())
     }
 
     /// A receive's tag filter tells apart tags whose Java hashes collide

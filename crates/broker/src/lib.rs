@@ -213,6 +213,8 @@ pub struct Broker {
     /// the set's replicas to hold the deliveries: level -> (delivered up
     /// to, log end the deliveries reach). See `Broker::deliver_due`.
     delay_pending: std::sync::Mutex<std::collections::HashMap<u32, (u64, u64)>>,
+    /// Kafka batches decoded for RocketMQ readers that took part of them.
+    decoded_batches: convert::DecodedBatches,
     config: BrokerConfig,
 }
 
@@ -312,6 +314,7 @@ impl Broker {
             timers: timer::Timers::default(),
             lag: std::sync::Mutex::new(Vec::new()),
             delay_pending: std::sync::Mutex::default(),
+            decoded_batches: convert::DecodedBatches::new(config.crossing_cache_bytes),
             traffic: traffic::Traffic::new(config.max_topic_metric_handles as usize),
             config,
         };
@@ -340,6 +343,12 @@ impl Broker {
     }
 
     /// Per-topic traffic counters (cached handles) for the frontends.
+    /// Kafka batches decoded for RocketMQ readers that took part of them
+    /// ([`convert::kafka_batch_to_rocketmq_cached`]).
+    pub fn decoded_batches(&self) -> &convert::DecodedBatches {
+        &self.decoded_batches
+    }
+
     pub fn traffic(&self) -> &traffic::Traffic {
         &self.traffic
     }

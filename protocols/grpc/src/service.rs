@@ -280,9 +280,11 @@ fn messages_of(
     let mut buf = BytesMut::new();
     let converted = match e.decode() {
         Ok(Entry::KafkaBatch(b)) if broker.kafka_txns().is_aborted_batch(topic, q, &b) => return (Vec::new(), None),
-        // (At most the messages the caller takes: each receive converting
-        // the rest of a large batch again made draining it quadratic.)
-        Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq_limited(
+        // (At most the messages the caller takes, the batch kept decoded
+        // for the next receive: converting, or decoding, the rest of a
+        // large batch at each receive made draining it quadratic.)
+        Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq_cached(
+            broker.decoded_batches(),
             &b,
             from,
             None,

@@ -250,13 +250,14 @@ impl RocketMq {
                     // messages (docs/mapping.md), filtered by their tag header.
                     let converted = match e.decode() {
                         Ok(Entry::KafkaBatch(b)) if txns.is_aborted_batch(topic, q, &b) => Ok(Default::default()),
-                        Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq_within(
+                        Ok(Entry::KafkaBatch(b)) => rokka_broker::convert::kafka_batch_to_rocketmq_cached(
+                            self.broker.decoded_batches(),
                             &b,
                             offset,
                             codes,
                             self.store_host,
                             self.broker.config().max_batch_decompressed_bytes as usize,
-                            cap.saturating_sub(body.len()),
+                            (cap.saturating_sub(body.len()), usize::MAX),
                             &mut body,
                         ),
                         Ok(_) => Err("not a Kafka batch".to_string()),
