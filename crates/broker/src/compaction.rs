@@ -239,7 +239,12 @@ impl Broker {
     }
 
     /// Visits the stored entries of `[from, bound)` in order until `visit`
-    /// answers false.
+    /// answers false. A read that cannot go on before `bound` (a damaged
+    /// entry, the queue gone) fails the pass: a clean log installed up to
+    /// `bound` over a scan that stopped short would hide every record
+    /// between (Kafka's cleaner gives such a partition up, it never
+    /// installs part of a pass). A start moved by DeleteRecords or
+    /// retention meanwhile: the scan goes on from the new start.
     fn scan_range(
         &self,
         topic: &str,
@@ -251,8 +256,15 @@ impl Broker {
         let mut at = from;
         while at < bound {
             let r = self.store.read(topic, partition, at, 4096, 8 << 20);
+            if r.status == ReadStatus::OffsetMoved && r.next_offset > at {
+                at = r.next_offset;
+                continue;
+            }
             if r.status != ReadStatus::Found {
-                break;
+                return Err(crate::BrokerError::Corrupt(format!(
+                    "compaction read of {topic}/{partition} at {at} (cleaning up to {bound}): {:?}; the pass is given up",
+                    r.status
+                )));
             }
             for e in &r.entries {
                 if e.cq.base_offset >= bound || !visit(e)? {
@@ -474,6 +486,39 @@ mod tests {
             }
             at = r.next_offset;
         }
+    }
+
+    /// A damaged entry in the dirty range fails the pass and installs
+    /// nothing: the records after it stay readable (a scan that stopped
+    /// there installed a clean log up to its bound and hid them all).
+    #[test]
+    fn a_pass_that_cannot_read_its_whole_range_installs_nothing() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        let mut cfg = std::collections::BTreeMap::new();
+        cfg.insert("cleanup.policy".to_string(), "compact".to_string());
+        b.create_topic_with("D", 1, cfg)?;
+        let mut at = Vec::new();
+        for i in 0..8 {
+            let v = format!("{i}");
+            at.push(b.append_kafka_batch("D", 0, &batch(&[(&format!("k{i}"), Some(v.as_str()))], Compression::None)?)?);
+        }
+        // Record 3's last byte flips on disk (a bad sector read back).
+        let seg = dir.path().join("commitlog").join(format!("{:020}", 0));
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&seg)?;
+        let pos = at[3].phys_offset + u64::from(at[3].size) - 1;
+        let mut byte = [0u8; 1];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut byte, pos)?;
+        std::os::unix::fs::FileExt::write_all_at(&f, &[byte[0] ^ 0x5a], pos)?;
+        let cfg = b.topic_config("D").ok_or("no config")?;
+        assert!(b.compact_partition("D", 0, &cfg, rokka_store::now_ms() + 10).is_err());
+        let d = store.dirty_range("D", 0).ok_or("no range")?;
+        assert_eq!(d.clean_end, 0, "nothing installed");
+        let after = b.store.read("D", 0, 4, 100, 1 << 20);
+        assert_eq!(after.status, ReadStatus::Found);
+        assert_eq!(after.entries.len(), 4, "records 4..8 still served");
+        Ok(())
     }
 
     #[test]
