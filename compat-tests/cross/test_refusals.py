@@ -287,3 +287,39 @@ def test_unknown_topic_route_and_wrong_port_answers(rokka):
         assert answers and all(c == REQUEST_CODE_NOT_SUPPORTED for c, _ in answers), answers
     finally:
         ns.close()
+
+
+def test_the_brokers_own_groups_offsets_are_no_clients_to_move(rokka):
+    """`%SCHEDULE%`'s offsets are the delay levels' progress and
+    `CID_RMQ_SYS_TRANS`'s the transaction check's: with authorization off
+    (the default) a client committed them — to the queue end, every pending
+    delayed message and retry was skipped. Kafka commits and group deletes
+    under them are refused, whatever the ACLs (RocketMQ's commits and resets:
+    hostile/test_internal_topics.py — rocketmq-client-rust refuses such a
+    group name itself)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    # A delayed message (level 1): the level's queue 0 exists, with progress.
+    run_harness(rokka, "own-delayed", "dur-delayed", "RefOwnDelayed", "d:1:0:1")
+    admin = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    for group, topic in (("%SCHEDULE%", "SCHEDULE_TOPIC_XXXX"), ("CID_RMQ_SYS_TRANS", "RMQ_SYS_TRANS_HALF_TOPIC")):
+        fs = admin.alter_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0, 1_000_000)])], request_timeout=15)
+        parts = fs[group].result(20).topic_partitions
+        assert [tp.error and tp.error.code() for tp in parts] == [KafkaError.INVALID_GROUP_ID], (group, parts)
+        with pytest.raises(KafkaException) as e:
+            admin.delete_consumer_groups([group], request_timeout=15)[group].result(20)
+        assert e.value.args[0].code() == KafkaError.INVALID_GROUP_ID, (group, e.value)
+        # A Kafka consumer joining as one is refused too.
+        c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group, "enable.auto.commit": False})
+        try:
+            try:
+                parts = c.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+                codes = [tp.error and tp.error.code() for tp in parts]
+            except KafkaException as e:
+                codes = [e.args[0].code()]
+            assert codes == [KafkaError.INVALID_GROUP_ID], (group, codes)
+        finally:
+            c.close()
+    assert metric(rokka, "rokka_kafka_ids_refused_total", id="group_id") >= 4
+

@@ -89,3 +89,46 @@ def test_the_brokers_own_topics_are_internal_and_acks0_writes_to_them_close(rokk
     while time.time() < deadline and rokka.metric_values().get("rokka_kafka_acks0_failures_closed_total", 0) < before + 1:
         time.sleep(0.1)
     assert rokka.metric_values().get("rokka_kafka_acks0_failures_closed_total", 0) >= before + 1
+
+
+def test_rocketmq_commits_and_resets_under_the_brokers_own_groups_are_refused(rokka):
+    """`%SCHEDULE%`'s offsets are the delay levels' progress: a raw
+    UPDATE_CONSUMER_OFFSET to the queue end (authorization off, the default)
+    skipped every pending delayed message. It, an offset reset and a pull's
+    piggy-backed commit under it are refused or ignored; an ordinary group's
+    commit goes through."""
+    def call(s, code, opaque, ext, body=b""):
+        s.sendall(rmq_frame(code, opaque, ext, body))
+        while True:
+            n = struct.unpack(">i", recv_exact(s, 4))[0]
+            frame = recv_exact(s, n)
+            hlen = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
+            r = json.loads(frame[4 : 4 + hlen])
+            if r.get("opaque") == opaque:
+                return r
+
+    topic = "SCHEDULE_TOPIC_XXXX"
+    with socket.create_connection(("127.0.0.1", rokka.broker_port), timeout=10) as s:
+        # A message delayed by level 3: the level's queue 2 exists.
+        props = "DELAY\x013\x02UNIQ_KEY\x01AC\x02"
+        sent = call(s, 10, 99, {"producerGroup": "pg", "topic": "user-delayed", "defaultTopic": "TBW102",
+                                "defaultTopicQueueNums": "4", "queueId": "0", "sysFlag": "0",
+                                "bornTimestamp": "1700000000000", "flag": "0", "properties": props}, b"later")
+        assert sent["code"] == 0, sent
+        query = {"consumerGroup": "%SCHEDULE%", "topic": topic, "queueId": "2"}
+        before = call(s, 14, 1, query)
+        for i, group in enumerate(("%SCHEDULE%", "CID_RMQ_SYS_TRANS")):
+            r = call(s, 15, 10 + i, {"consumerGroup": group, "topic": topic, "queueId": "2", "commitOffset": "1000000"})
+            assert r["code"] == 16 and "system consumer group" in r.get("remark", ""), r
+        r = call(s, 222, 20, {"topic": topic, "group": "%SCHEDULE%", "timestamp": "-1", "isForce": "true"})
+        assert r["code"] == 16, r
+        # A pull under it with the commit flag: served (nothing there), the commit not taken.
+        call(s, 11, 30, {"consumerGroup": "%SCHEDULE%", "topic": topic, "queueId": "2", "queueOffset": "0",
+                         "maxMsgNums": "1", "sysFlag": "1", "commitOffset": "1000000", "suspendTimeoutMillis": "0",
+                         "subscription": "*", "subVersion": "0"})
+        after = call(s, 14, 31, query)
+        assert (after["code"], after.get("extFields", {}).get("offset")) == (
+            before["code"], before.get("extFields", {}).get("offset")), (before, after)
+        # An ordinary group's commit: taken.
+        r = call(s, 15, 40, {"consumerGroup": "own-ok", "topic": topic, "queueId": "2", "commitOffset": "0"})
+        assert r["code"] == 0, r

@@ -502,7 +502,11 @@ mod tests {
         let mut at = Vec::new();
         for i in 0..8 {
             let v = format!("{i}");
-            at.push(b.append_kafka_batch("D", 0, &batch(&[(&format!("k{i}"), Some(v.as_str()))], Compression::None)?)?);
+            at.push(b.append_kafka_batch(
+                "D",
+                0,
+                &batch(&[(&format!("k{i}"), Some(v.as_str()))], Compression::None)?,
+            )?);
         }
         // Record 3's last byte flips on disk (a bad sector read back).
         let seg = dir.path().join("commitlog").join(format!("{:020}", 0));

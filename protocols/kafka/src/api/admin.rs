@@ -608,6 +608,10 @@ fn subscribed_topics(metadata: &[u8]) -> Vec<String> {
 
 pub fn offset_delete(k: &Kafka, r: OffsetDeleteRequest) -> OffsetDeleteResponse {
     let group = r.group_id.0.to_string();
+    if rokka_broker::is_system_group(&group) {
+        // The broker's own progress (id_len.rs).
+        return OffsetDeleteResponse::default().with_error_code(errors::INVALID_GROUP_ID);
+    }
     let offsets = k.broker.store().offsets();
     let view = k.groups.with(|c| c.describe(&group));
     // A KIP-848 group's members' subscriptions (Kafka's

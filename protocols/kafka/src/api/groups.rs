@@ -450,7 +450,10 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
                         .is_some_and(|s| !matches!(s, GroupState::Empty | GroupState::Dead)),
             )
         });
-        let mut code = if busy || other_members(k, &name).live {
+        let mut code = if rokka_broker::is_system_group(&name) {
+            // The broker's own progress (id_len.rs).
+            crate::errors::INVALID_GROUP_ID
+        } else if busy || other_members(k, &name).live {
             rokka_group::code::NON_EMPTY_GROUP
         } else {
             rokka_group::code::NONE

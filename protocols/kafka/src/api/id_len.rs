@@ -6,6 +6,9 @@
 //! (INVALID_GROUP_ID; for a transactional id INVALID_REQUEST), counted in
 //! `rokka_kafka_ids_refused_total`. Requests that only read (OffsetFetch,
 //! DescribeGroups, ...) keep nothing and are answered as for an unknown id.
+//! The broker's own groups (`%SCHEDULE%`, `CID_RMQ_SYS_*`: their offsets
+//! are its delay-level and transaction-check progress) are refused alike,
+//! and DeleteGroups / OffsetDelete refuse them too.
 
 use kafka_protocol::messages::*;
 
@@ -14,6 +17,14 @@ use crate::Kafka;
 
 fn too_long(k: &Kafka, id: &str) -> bool {
     k.config.max_id_bytes > 0 && id.len() > k.config.max_id_bytes as usize
+}
+
+/// A group id no client may keep state under: too long, or one of the
+/// broker's own groups (`%SCHEDULE%`, `CID_RMQ_SYS_*`), whose offsets are
+/// its delay-level and transaction-check progress — a Kafka consumer
+/// joining or committing as one would move it, whatever the ACLs.
+fn bad_group(k: &Kafka, id: &str) -> bool {
+    too_long(k, id) || rokka_broker::is_system_group(id)
 }
 
 fn refused(kind: &'static str) {
@@ -26,7 +37,7 @@ fn refused(kind: &'static str) {
 pub fn check(k: &Kafka, req: &RequestKind) -> Option<ResponseKind> {
     let g = errors::INVALID_GROUP_ID;
     let resp = match req {
-        RequestKind::JoinGroup(r) if too_long(k, &r.group_id) => {
+        RequestKind::JoinGroup(r) if bad_group(k, &r.group_id) => {
             ResponseKind::JoinGroup(JoinGroupResponse::default().with_error_code(g).with_generation_id(-1))
         }
         // A member's ids are kept with it (its instance id, and a KIP-848
@@ -40,11 +51,11 @@ pub fn check(k: &Kafka, req: &RequestKind) -> Option<ResponseKind> {
                     .with_generation_id(-1),
             )
         }
-        RequestKind::ConsumerGroupHeartbeat(r) if too_long(k, &r.group_id) => ResponseKind::ConsumerGroupHeartbeat(
+        RequestKind::ConsumerGroupHeartbeat(r) if bad_group(k, &r.group_id) => ResponseKind::ConsumerGroupHeartbeat(
             ConsumerGroupHeartbeatResponse::default()
                 .with_error_code(g)
                 .with_error_message(Some(crate::api::str_bytes(
-                    "the group id is longer than kafka.max_id_bytes",
+                    "the group id is longer than kafka.max_id_bytes or is one of the broker's own",
                 ))),
         ),
         RequestKind::ConsumerGroupHeartbeat(r)
@@ -60,19 +71,19 @@ pub fn check(k: &Kafka, req: &RequestKind) -> Option<ResponseKind> {
                     ))),
             )
         }
-        RequestKind::OffsetCommit(r) if too_long(k, &r.group_id) => {
+        RequestKind::OffsetCommit(r) if bad_group(k, &r.group_id) => {
             ResponseKind::OffsetCommit(super::not_coordinator::offset_commit_refused(r, g))
         }
-        RequestKind::TxnOffsetCommit(r) if too_long(k, &r.group_id) || too_long(k, &r.transactional_id) => {
-            let code = if too_long(k, &r.group_id) {
+        RequestKind::TxnOffsetCommit(r) if bad_group(k, &r.group_id) || too_long(k, &r.transactional_id) => {
+            let code = if bad_group(k, &r.group_id) {
                 g
             } else {
                 errors::INVALID_REQUEST
             };
             ResponseKind::TxnOffsetCommit(super::not_coordinator::txn_offset_commit_refused(r, code))
         }
-        RequestKind::AddOffsetsToTxn(r) if too_long(k, &r.group_id) || too_long(k, &r.transactional_id) => {
-            let code = if too_long(k, &r.group_id) {
+        RequestKind::AddOffsetsToTxn(r) if bad_group(k, &r.group_id) || too_long(k, &r.transactional_id) => {
+            let code = if bad_group(k, &r.group_id) {
                 g
             } else {
                 errors::INVALID_REQUEST

@@ -92,6 +92,23 @@ impl RocketMq {
         r
     }
 
+    /// The broker's own groups' offsets (`%SCHEDULE%`, `CID_RMQ_SYS_*`)
+    /// are its delay-level and transaction-check progress: no client
+    /// commits or resets them, whatever the ACLs (with authorization off
+    /// anyone could skip every pending delayed message or transaction
+    /// check; Apache keeps that progress where no request reaches it).
+    fn system_group_refused(&self, req: &RemotingCommand, group: &str) -> Option<RemotingCommand> {
+        rokka_broker::is_system_group(group).then(|| {
+            self.reply(
+                req,
+                rs::NO_PERMISSION,
+                Some(format!(
+                    "[{group}] is a system consumer group: its offsets are the broker's own"
+                )),
+            )
+        })
+    }
+
     pub(super) fn update_offset(&self, req: &RemotingCommand) -> RemotingCommand {
         let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
         let topic = req.ext_fields.get("topic").unwrap_or_default();
@@ -99,6 +116,9 @@ impl RocketMq {
         let offset = ext_i64(req, "commitOffset", "commitOffset").unwrap_or(-1);
         if group.is_empty() || queue < 0 || offset < 0 {
             return self.reply(req, rs::SYSTEM_ERROR, Some("bad offset update".into()));
+        }
+        if let Some(r) = self.system_group_refused(req, group) {
+            return r;
         }
         // A Kafka commit forwarded by another broker set's coordinator.
         let metadata = req
@@ -173,6 +193,9 @@ impl RocketMq {
         let topic = req.ext_fields.get("topic").unwrap_or_default();
         if group.is_empty() || topic.is_empty() {
             return self.reply(req, rs::SYSTEM_ERROR, Some("group and topic are required".into()));
+        }
+        if let Some(r) = self.system_group_refused(req, group) {
+            return r;
         }
         if !self.broker.leads_here() {
             return self.reply(

@@ -54,7 +54,9 @@ impl RocketMq {
         let replica = self.broker.cluster_view().is_some_and(|v| !v.is_master());
         // A pull at a reset queue's new offset: its consumer moved.
         let _ = self.stale_after_reset(&group, &topic, q, offset, true);
-        if sys_flag & 0x1 != 0 && !replica {
+        // (Never under the broker's own groups: their offsets are its
+        // delay-level and transaction-check progress.)
+        if sys_flag & 0x1 != 0 && !replica && !rokka_broker::is_system_group(&group) {
             if let Some(c) = ext_i64(req, "commitOffset", "commitOffset")
                 .filter(|c| *c >= 0 && !self.stale_after_reset(&group, &topic, q, *c as u64, false))
             {
