@@ -1748,3 +1748,43 @@ async fn a_client_is_not_unregistered_from_another_connection() -> TestResult {
     assert_eq!(member.call(leave()).await?.code, rs::SUCCESS);
     Ok(())
 }
+
+/// A prepared transaction message whose delivery time the timer wheel
+/// cannot take is refused at its send (MESSAGE_ILLEGAL), as the gRPC
+/// service refuses it: accepted, every commit of it failed until the check
+/// gave the half message up. One due within the limit is taken.
+#[tokio::test]
+async fn a_prepared_message_due_past_the_timer_limit_is_refused_at_its_send() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    let mut c = Client::connect(addr).await?;
+    let prepared = |secs: &str| {
+        let props = properties::encode([
+            ("TRAN_MSG", "true"),
+            ("PGROUP", "pg"),
+            ("TIMER_DELAY_SEC", secs),
+            ("UNIQ_KEY", "ABCDEF0123"),
+        ]);
+        let mut c = req(
+            rq::SEND_MESSAGE,
+            &[
+                ("producerGroup", "pg"),
+                ("topic", "TxTimer"),
+                ("defaultTopic", "TBW102"),
+                ("defaultTopicQueueNums", "4"),
+                ("queueId", "0"),
+                ("sysFlag", "4"),
+                ("bornTimestamp", "1700000000000"),
+                ("flag", "0"),
+                ("properties", &props),
+            ],
+        );
+        c.body = Bytes::from_static(b"later");
+        c
+    };
+    let far = c.call(prepared(&(30 * 24 * 3600).to_string())).await?;
+    assert_eq!(far.code, rs::MESSAGE_ILLEGAL, "{:?}", far.remark);
+    let near = c.call(prepared("10")).await?;
+    assert_eq!(near.code, rs::SUCCESS, "{:?}", near.remark);
+    Ok(())
+}

@@ -170,12 +170,14 @@ impl RocketMq {
             }
             // Apache: a topic that cannot be made is TOPIC_NOT_EXIST, a bad
             // name INVALID_PARAMETER; passing conditions (a cluster not
-            // ready, another set's master unreachable) are SYSTEM_BUSY —
-            // each of them retried by clients, MESSAGE_ILLEGAL is not.
+            // ready, another set's master unreachable) are SYSTEM_ERROR —
+            // each of them retried by clients, MESSAGE_ILLEGAL is not (nor
+            // SYSTEM_BUSY by the Java client before 5.3: its
+            // retryResponseCodes are 17, 14, 1, 16, 204, 205).
             Err(e) => {
                 let code = match &e {
                     rokka_broker::BrokerError::Store(rokka_store::StoreError::InvalidTopic(_)) => rs::INVALID_PARAMETER,
-                    e if e.is_transient() => rs::SYSTEM_BUSY,
+                    e if e.is_transient() => rs::SYSTEM_ERROR,
                     _ => rs::TOPIC_NOT_EXIST,
                 };
                 return Err(self.reply(req, code, Some(e.to_string())));
@@ -305,7 +307,19 @@ impl RocketMq {
         // Timer messages (TIMER_DELAY_SEC / _MS, TIMER_DELIVER_MS,
         // __STARTDELIVERTIME); one that is not a number is refused (as
         // Apache, which checks only what is not a prepared transaction).
-        let timer = if batch || prepared {
+        let timer = if batch {
+            None
+        } else if prepared {
+            // A prepared message with a delivery time waits in the timer
+            // wheel once committed: one the wheel cannot take is refused
+            // now (as the gRPC service does), not accepted and then never
+            // committable (each commit failed until the check gave it up).
+            let due = rokka_broker::timer::requested_time(parts[0].2.as_bytes(), rokka_store::now_ms());
+            if let Ok(Some(due)) = due {
+                if let Err(e) = self.broker.check_timer_due(due) {
+                    return Err(self.reply(req, rs::MESSAGE_ILLEGAL, Some(e.to_string())));
+                }
+            }
             None
         } else {
             let now = rokka_store::now_ms();
