@@ -514,3 +514,29 @@ def test_authorized_operations_are_answered_when_asked(rokka, topic):
     c.close()
     g = admin.describe_consumer_groups([group], include_authorized_operations=True)[group].result(10)
     assert set(g.authorized_operations or []) == {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}, g
+
+
+def test_a_time_lookup_never_answers_below_the_log_start(rokka, topic):
+    """DeleteRecords may move the log start into the middle of a batch: a
+    lookup by a time before it, or of the highest time, answers the first
+    record still there, never a deleted one (a consumer seeking there got
+    OFFSET_OUT_OF_RANGE and, with auto.offset.reset=latest, skipped the
+    partition's records)."""
+    admin = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    base = int(time.time() * 1000) - 60_000
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "linger.ms": 200})
+    for i in range(10):
+        # Times fall, so the highest is the first (deleted) record's.
+        p.produce(topic, f"r-{i}".encode(), partition=0, timestamp=base + 1000 - i)
+    assert p.flush(10) == 0
+    admin.delete_records([TopicPartition(topic, 0, 5)])[TopicPartition(topic, 0)].result(10)
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": f"ls-{topic}"})
+    try:
+        assert c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10) == (5, 10)
+        found = c.offsets_for_times([TopicPartition(topic, 0, base)], timeout=10)
+        assert found[0].offset == 5, found
+        found = c.offsets_for_times([TopicPartition(topic, 0, -3)], timeout=10)  # MAX_TIMESTAMP
+        assert found[0].offset == 5, found
+    finally:
+        c.close()

@@ -43,12 +43,15 @@ fn by_time(store: &MessageStore, topic: &str, q: u32, ts: i64, limit: usize) -> 
             {
                 let at = rokka_store::record::kafka::BatchInfo::parse(&b.batch).map_or(-1, |i| i.max_timestamp);
                 if at >= ts {
-                    return (b.queue_offset as i64, at);
+                    return (b.queue_offset.max(min) as i64, at);
                 }
             }
+            // (Only records at or past the log start: DeleteRecords may
+            // have moved it into the middle of this batch — Kafka's
+            // searchForTimestamp starts at the log start offset too.)
             Ok(Entry::KafkaBatch(b)) => {
                 if let Ok(set) = rokka_broker::validate::decode(&b.batch, limit) {
-                    if let Some(r) = set.records.iter().find(|r| r.timestamp >= ts) {
+                    if let Some(r) = set.records.iter().find(|r| r.timestamp >= ts && r.offset >= min as i64) {
                         return (r.offset, r.timestamp);
                     }
                 }
@@ -86,12 +89,15 @@ fn max_timestamp(store: &MessageStore, topic: &str, q: u32, limit: usize) -> (i6
             if rokka_store::record::kafka::BatchInfo::parse(&b.batch).is_ok_and(|i| i.is_log_append_time()) =>
         {
             let ts = rokka_store::record::kafka::BatchInfo::parse(&b.batch).map_or(max, |i| i.max_timestamp);
-            (b.queue_offset as i64, ts)
+            (b.queue_offset.max(min) as i64, ts)
         }
+        // (Records below a log start DeleteRecords moved into the batch
+        // are gone: not the answer.)
         Some(Ok(Entry::KafkaBatch(b))) => match rokka_broker::validate::decode(&b.batch, limit) {
             Ok(set) => {
-                let best = set.records.iter().map(|r| r.timestamp).max();
-                match set.records.iter().find(|r| Some(r.timestamp) == best) {
+                let live = || set.records.iter().filter(|r| r.offset >= min as i64);
+                let best = live().map(|r| r.timestamp).max();
+                match live().find(|r| Some(r.timestamp) == best) {
                     Some(r) => (r.offset, r.timestamp),
                     None => (-1, -1),
                 }
