@@ -283,3 +283,31 @@ def test_a_fetch_session_takes_turns_among_partitions_with_a_backlog(rokka, topi
     # A full answer does not reorder; then each incremental answer serves
     # the partition that waited longest.
     assert turns == [[0], [1], [2], [0], [1], [2]], turns
+
+
+def test_a_zstd_topic_is_refused_to_a_fetch_version_without_zstd(rokka, topic):
+    """A topic whose compression.type is zstd, fetched by a client speaking
+    Kafka 2.0's versions (Fetch v8, before zstd): UNSUPPORTED_COMPRESSION_TYPE,
+    as Kafka answers; the same client at its own versions reads it."""
+    from kafka.errors import UnsupportedCompressionTypeError
+
+    admin = KafkaAdminClient(bootstrap_servers=rokka.bootstrap)
+    admin.create_topics([NewTopic(topic, 1, 1, topic_configs={"compression.type": "zstd"})])
+    admin.close()
+    p = KafkaProducer(bootstrap_servers=rokka.bootstrap)
+    p.send(topic, b"z").get(10)
+    p.close()
+    old = KafkaConsumer(bootstrap_servers=rokka.bootstrap, api_version=(2, 0, 0))
+    try:
+        old.assign([TopicPartition(topic, 0)])
+        old.seek(TopicPartition(topic, 0), 0)
+        with pytest.raises(UnsupportedCompressionTypeError):
+            deadline = time.time() + 10
+            while time.time() < deadline:
+                old.poll(500)
+    finally:
+        old.close()
+    new = KafkaConsumer(bootstrap_servers=rokka.bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    new.assign([TopicPartition(topic, 0)])
+    assert [m.value for m in new] == [b"z"]
+    new.close()

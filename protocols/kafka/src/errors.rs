@@ -14,6 +14,8 @@ pub const OFFSET_OUT_OF_RANGE: i16 = 1;
 pub const CORRUPT_MESSAGE: i16 = 2;
 pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
 pub const MESSAGE_TOO_LARGE: i16 = 10;
+/// A compression the request's version cannot carry (zstd before Produce v7 / Fetch v10).
+pub const UNSUPPORTED_COMPRESSION_TYPE: i16 = 76;
 pub const OFFSET_METADATA_TOO_LARGE: i16 = 12;
 pub const REQUEST_TIMED_OUT: i16 = 7;
 pub const INVALID_TOPIC_EXCEPTION: i16 = 17;

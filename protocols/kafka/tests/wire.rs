@@ -533,3 +533,90 @@ async fn a_partition_named_twice_in_one_produce_is_stored_once() -> TestResult {
     assert_eq!(codes, vec![0, 87, 87]);
     Ok(())
 }
+
+/// zstd before the versions that carry it is refused as Kafka refuses it:
+/// a Produce below v7 holding a zstd batch, and a Fetch below v10 of a
+/// topic whose compression.type is zstd, UNSUPPORTED_COMPRESSION_TYPE (76).
+/// A damaged record is KAFKA_STORAGE_ERROR from Fetch v6 and
+/// NOT_LEADER_OR_FOLLOWER before (a client that may not know error 56
+/// retries that one; Kafka's maybeDownConvertStorageError).
+#[tokio::test]
+async fn zstd_and_storage_errors_follow_the_request_version() -> TestResult {
+    use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+    use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(Arc::clone(&store), BrokerConfig::default())?);
+    let mut zcfg = std::collections::BTreeMap::new();
+    zcfg.insert("compression.type".to_string(), "zstd".to_string());
+    broker.create_topic_with("z", 1, zcfg)?;
+    broker.create_topic_with("plain", 1, Default::default())?;
+    let (addr, _stop) = common::serve(Arc::clone(&broker)).await?;
+    let mut s = TcpStream::connect(addr).await?;
+
+    let record = Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: 0,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: TimestampType::Creation,
+        offset: 0,
+        sequence: -1,
+        timestamp: 1_000,
+        key: None,
+        value: Some(Bytes::from_static(b"zz")),
+        headers: Default::default(),
+    };
+    let mut zstd = bytes::BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut zstd,
+        [&record],
+        &RecordEncodeOptions {
+            version: 2,
+            compression: Compression::Zstd,
+        },
+    )?;
+    let zstd = zstd.freeze();
+    for (version, want) in [(6, 76), (7, 0)] {
+        let r: ProduceResponse = call(&mut s, ApiKey::Produce, version, &produce_req("plain", zstd.clone())).await?;
+        assert_eq!(partition(&r).0, want, "Produce v{version}");
+    }
+    let r: ProduceResponse = call(&mut s, ApiKey::Produce, 9, &produce_req("z", zstd.clone())).await?;
+    assert_eq!(partition(&r).0, 0);
+
+    let fetch = |topic: &'static str| {
+        FetchRequest::default()
+            .with_replica_id(BrokerId(-1))
+            .with_max_wait_ms(0)
+            .with_max_bytes(1 << 20)
+            .with_topics(vec![FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_static_str(topic)))
+                .with_partitions(vec![FetchPartition::default()
+                    .with_partition(0)
+                    .with_fetch_offset(0)
+                    .with_partition_max_bytes(1 << 20)])])
+    };
+    let code = |r: &FetchResponse| r.responses[0].partitions[0].error_code;
+    for (version, want) in [(9, 76), (10, 0)] {
+        let r: FetchResponse = call(&mut s, ApiKey::Fetch, version, &fetch("z")).await?;
+        assert_eq!(code(&r), want, "Fetch v{version} of a zstd topic");
+    }
+
+    // The plain topic's record, damaged on disk (a bad sector read back).
+    let read = store.read("plain", 0, 0, 1, 1 << 20);
+    let e = read.entries.first().ok_or("no record")?;
+    let seg = dir.path().join("commitlog").join(format!("{:020}", 0));
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&seg)?;
+    let pos = e.cq.phys_offset + u64::from(e.cq.size) - 1;
+    let mut b = [0u8; 1];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut b, pos)?;
+    std::os::unix::fs::FileExt::write_all_at(&f, &[b[0] ^ 0x5a], pos)?;
+    for (version, want) in [(5, 6), (6, 56)] {
+        let r: FetchResponse = call(&mut s, ApiKey::Fetch, version, &fetch("plain")).await?;
+        assert_eq!(code(&r), want, "Fetch v{version} of a damaged record");
+    }
+    Ok(())
+}

@@ -180,6 +180,11 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
         let id_unknown = name.is_none();
         let name = name.as_deref().unwrap_or("");
         let info = if id_unknown { None } else { broker.topics().get(name) };
+        // A topic whose compression.type is zstd, to a fetch before v10
+        // (which cannot carry zstd): UNSUPPORTED_COMPRESSION_TYPE, as
+        // Kafka's maybeConvertFetchedData answers.
+        let zstd_too_new =
+            version < 10 && info.is_some() && broker.topic_config(name).is_some_and(|c| c.compression == Some(4));
         let mut parts = Vec::with_capacity(t.partitions.len());
         for p in &t.partitions {
             let mut pd = PartitionData::default()
@@ -213,8 +218,12 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
             let Located::Here(q) = at else {
                 continue;
             };
-            if not_leader {
-                pd.error_code = errors::NOT_LEADER_OR_FOLLOWER;
+            if not_leader || zstd_too_new {
+                pd.error_code = if not_leader {
+                    errors::NOT_LEADER_OR_FOLLOWER
+                } else {
+                    errors::UNSUPPORTED_COMPRESSION_TYPE
+                };
                 any_error = true;
                 parts.push(pd);
                 all_records.push(Vec::new());
@@ -330,8 +339,16 @@ fn collect(k: &Kafka, r: &FetchRequest, version: i16, names: &[Option<String>]) 
                     }
                     // Never served; the client retries (as on a broker
                     // whose log directory failed) while operators repair.
+                    // (Before v6 a client may not know KAFKA_STORAGE_ERROR
+                    // and take it as fatal: NOT_LEADER_OR_FOLLOWER, which
+                    // it retries after a metadata refresh — Kafka's
+                    // maybeDownConvertStorageError.)
                     ReadStatus::Damaged => {
-                        pd.error_code = errors::KAFKA_STORAGE_ERROR;
+                        pd.error_code = if version <= 5 {
+                            errors::NOT_LEADER_OR_FOLLOWER
+                        } else {
+                            errors::KAFKA_STORAGE_ERROR
+                        };
                         any_error = true;
                     }
                 },

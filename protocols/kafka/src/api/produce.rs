@@ -167,6 +167,23 @@ fn shape(
 
 /// The answer to a Produce; for acks=0 it is not sent (the caller closes
 /// the connection when it carries an error, as Kafka does).
+/// Whether any v2 batch in `records` is zstd-compressed (codec 4 in its
+/// attributes), read off the batch headers.
+fn has_zstd_batch(records: &[u8]) -> bool {
+    let mut at = 0usize;
+    while let Some(head) = records.get(at..at + 23) {
+        let len = i32::from_be_bytes([head[8], head[9], head[10], head[11]]);
+        if head[16] == 2 && u16::from_be_bytes([head[21], head[22]]) & 0x07 == 4 {
+            return true;
+        }
+        let Ok(len) = usize::try_from(len) else {
+            return false;
+        };
+        at = at.saturating_add(12).saturating_add(len);
+    }
+    false
+}
+
 pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceResponse {
     let broker = k.broker.as_ref();
     let store = broker.store();
@@ -257,7 +274,12 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
                     .as_ref()
                     .map(|r| split_batches_up_to(r, max_decompressed, if version >= 3 { 1 } else { usize::MAX }))
                     .map(|r| r.and_then(|b| shape(b, cfg.as_ref(), max_decompressed, &mut append_time)));
+                // zstd before v7 (the client could not have asked for it
+                // there): UNSUPPORTED_COMPRESSION_TYPE, as Kafka's
+                // ProduceRequest.validateRecords.
+                let zstd_too_new = version < 7 && p.records.as_ref().is_some_and(|r| has_zstd_batch(r));
                 match shaped {
+                    _ if zstd_too_new => Err(errors::UNSUPPORTED_COMPRESSION_TYPE),
                     None => Err(errors::CORRUPT_MESSAGE),
                     Some(Err(code)) => Err(code),
                     // One batch per partition from v3 on, refused before
