@@ -1556,10 +1556,26 @@ impl MessageStore {
         self.read_entry_within(phys, self.inner.config.max_stored_entry())
     }
 
-    /// The stored entry at CommitLog offset `phys` (VIEW_MESSAGE_BY_ID), if
-    /// an entry really starts there: within today's `max_message_bytes`
-    /// (a client names the offset).
+    /// The stored entry at CommitLog offset `phys` (VIEW_MESSAGE_BY_ID, a
+    /// send-back, a query by key), if an entry really starts there: within
+    /// today's `max_message_bytes` (a client names the offset) and wholly
+    /// where consumers may read — in sync mode on disk, in cluster mode
+    /// below the high watermark, as [`MessageStore::read`] serves: a crash
+    /// or a failover could still take an entry past it.
     pub fn read_at(&self, phys: u64) -> Option<Bytes> {
+        let b = self.read_entry_within(phys, self.inner.max_entry())?;
+        let limit = match self.inner.config.flush_mode {
+            FlushMode::Async => u64::MAX,
+            FlushMode::Sync => self.inner.log.flushed_pos(),
+        }
+        .min(self.inner.hw.load(Ordering::Acquire));
+        (phys.saturating_add(b.len() as u64) <= limit).then_some(b)
+    }
+
+    /// As [`MessageStore::read_at`], up to everything written: for the
+    /// broker's own lookups of entries it wrote (a half message a producer
+    /// ends, whose send was answered).
+    pub fn read_written_at(&self, phys: u64) -> Option<Bytes> {
         self.read_entry_within(phys, self.inner.max_entry())
     }
 

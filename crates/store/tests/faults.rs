@@ -414,9 +414,15 @@ fn in_sync_mode_readers_see_only_what_is_on_disk() -> TestResult {
     store.wait_durable(a.end_offset)?;
     // Nothing more reaches the disk: B is appended but never durable.
     fault::inject("msync", libc::EIO, None);
-    let _b = append(&store, "V", 0, 12, 1)?;
+    let b = append(&store, "V", 0, 12, 1)?;
     let _ = store.wait_durable(u64::MAX);
     assert_eq!(store.max_offset("V", 0), 1, "the end consumers see");
+    // Named by its CommitLog offset (a message id, a query by key): the
+    // same — only the broker's own lookups reach past it.
+    assert!(store.read_at(a.phys_offset).is_some());
+    assert!(store.read_at(b.phys_offset).is_none(), "not durable");
+    assert!(store.read_written_at(b.phys_offset).is_some());
+    assert_eq!(store.query_by_key("V", "all", 10, 0, i64::MAX).len(), 1, "only the durable one by key");
     let r = store.read("V", 0, 0, 10, 1 << 20);
     assert_eq!(r.entries.len(), 1, "only the durable message");
     assert_eq!(r.next_offset, 1);
