@@ -255,7 +255,11 @@ impl Broker {
     /// ending it writes to, so what an ACL check of the end must name (the
     /// request's own topic field is the client's to fill).
     pub fn half_message_topic(&self, half_phys: u64) -> Option<String> {
-        match self.store.read_written_at(half_phys).map(|b| rokka_store::decode_entry(&b)) {
+        match self
+            .store
+            .read_written_at(half_phys)
+            .map(|b| rokka_store::decode_entry(&b))
+        {
             Some(Ok(Entry::Message(m))) if m.topic_str() == HALF_TOPIC => Some(prop_str(&m, REAL_TOPIC)),
             _ => None,
         }
@@ -269,7 +273,11 @@ impl Broker {
         if !discarded && (half_offset < st.floor || st.resolved.contains(&half_offset)) {
             return Ok(Ended::AlreadyResolved);
         }
-        let m = match self.store.read_written_at(half_phys).map(|b| rokka_store::decode_entry(&b)) {
+        let m = match self
+            .store
+            .read_written_at(half_phys)
+            .map(|b| rokka_store::decode_entry(&b))
+        {
             Some(Ok(Entry::Message(m))) if m.topic_str() == HALF_TOPIC && m.queue_offset == half_offset => m,
             _ => {
                 return Err(BrokerError::InvalidPartitions(format!(

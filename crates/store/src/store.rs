@@ -1056,6 +1056,11 @@ impl MessageStore {
             let _w = self.inner.writer();
             q.raise_min_offset(offset)
         };
+        // The records up to the new start are on disk before the start is
+        // (async mode may not have flushed them yet): kept past what a
+        // power loss leaves of the log, the start would later hide records
+        // appended again below it.
+        self.inner.log.flush_to(self.inner.log.write_pos())?;
         // Nothing moved (asked again): no rewrite and fsync of the file.
         self.change_log_starts(|starts| starts.insert(format!("{topic}/{queue_id}"), start) != Some(start))?;
         Ok(start)
@@ -1208,6 +1213,11 @@ impl MessageStore {
         // append ever waits for a clean log's fsync.
         let start = w.start();
         let sealed = w.seal()?;
+        // The log the clean generation was made from is on disk first
+        // (async mode may not have flushed its newest entries): a clean
+        // log durable past what a power loss leaves of the log would hide
+        // the records appended again at those offsets.
+        self.inner.log.flush_to(self.inner.log.write_pos())?;
         let _g = self.inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
         let Some(q) = self.queue(topic, queue_id) else {
             // Deleted during the pass.

@@ -259,3 +259,42 @@ fn store_check_verifies_clean_logs_and_a_damaged_one_refuses_to_open() -> TestRe
     }
     Ok(())
 }
+
+/// Async mode, the flusher far off: a clean generation and a DeleteRecords
+/// start are made durable only over a log flushed at least as far — either
+/// kept past what a power loss leaves of the log would hide the records
+/// appended again at those offsets.
+#[test]
+fn a_clean_log_and_a_moved_start_are_never_durable_past_the_log() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.flush_mode = rokka_store::FlushMode::Async;
+    cfg.flush_interval_ms = 3_600_000;
+    let store = MessageStore::open(cfg)?;
+    store.set_compacted("C", true)?;
+    for i in 0..30 {
+        put(&store, "C", i, 5)?;
+    }
+    let (_, written, flushed) = store.commitlog_offsets();
+    assert!(
+        flushed < written,
+        "the test needs an unflushed tail ({flushed} of {written})"
+    );
+    compact(&store, "C", 29)?;
+    let (_, written, flushed) = store.commitlog_offsets();
+    assert!(
+        flushed >= written,
+        "installed over an unflushed log ({flushed} of {written})"
+    );
+    for i in 30..40 {
+        put(&store, "D", i, 5)?;
+    }
+    store.delete_records("D", 0, 5)?;
+    let (_, written, flushed) = store.commitlog_offsets();
+    assert!(
+        flushed >= written,
+        "a start persisted over an unflushed log ({flushed} of {written})"
+    );
+    Ok(())
+}

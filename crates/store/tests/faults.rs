@@ -422,7 +422,11 @@ fn in_sync_mode_readers_see_only_what_is_on_disk() -> TestResult {
     assert!(store.read_at(a.phys_offset).is_some());
     assert!(store.read_at(b.phys_offset).is_none(), "not durable");
     assert!(store.read_written_at(b.phys_offset).is_some());
-    assert_eq!(store.query_by_key("V", "all", 10, 0, i64::MAX).len(), 1, "only the durable one by key");
+    assert_eq!(
+        store.query_by_key("V", "all", 10, 0, i64::MAX).len(),
+        1,
+        "only the durable one by key"
+    );
     let r = store.read("V", 0, 0, 10, 1 << 20);
     assert_eq!(r.entries.len(), 1, "only the durable message");
     assert_eq!(r.next_offset, 1);
