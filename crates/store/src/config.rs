@@ -35,6 +35,10 @@ pub struct StoreConfig {
     pub index_slots: u32,
     /// Index entries per IndexFile.
     pub index_entries: u32,
+    /// Most KEYS tokens of one message indexed (space-separated; the rest
+    /// are not found by key): a client's KEYS of thousands of tokens made
+    /// thousands of index writes under the writer lock per message.
+    pub index_max_keys_per_message: u32,
     /// `async` or `sync`.
     pub flush_mode: FlushMode,
     /// Async mode: how often the CommitLog is flushed.
@@ -102,6 +106,7 @@ impl Default for StoreConfig {
             index_enabled: true,
             index_slots: 5_000_000,
             index_entries: 20_000_000,
+            index_max_keys_per_message: 64,
             flush_mode: FlushMode::Async,
             flush_interval_ms: 500,
             sync_flush_timeout_ms: 5_000,
@@ -164,6 +169,9 @@ impl StoreConfig {
             return Err(StoreError::Config(
                 "consume_queue_entries_per_file must be at least 2".into(),
             ));
+        }
+        if self.index_enabled && self.index_max_keys_per_message == 0 {
+            return Err(StoreError::Config("index_max_keys_per_message must be > 0".into()));
         }
         if self.index_enabled && (self.index_slots == 0 || self.index_entries < 2) {
             return Err(StoreError::Config(

@@ -247,6 +247,9 @@ pub struct IndexService {
     /// (Linux reports the error once, so flushing it again would pass);
     /// the next checkpoint fails the store with it.
     write_back_failed: Option<String>,
+    /// Most KEYS tokens of one message indexed
+    /// (`store.index_max_keys_per_message`).
+    max_keys: usize,
 }
 
 /// Where the index stood at a checkpoint.
@@ -292,7 +295,19 @@ impl IndexService {
             files,
             accept_from: None,
             write_back_failed: None,
+            max_keys: usize::MAX,
         })
+    }
+
+    /// At most `n` KEYS tokens of one message are indexed.
+    pub fn with_max_keys(mut self, n: u32) -> IndexService {
+        self.max_keys = n.max(1) as usize;
+        self
+    }
+
+    /// Most KEYS tokens of one message indexed.
+    pub fn max_keys(&self) -> usize {
+        self.max_keys
     }
 
     /// The CommitLog was cut at `phys`: what is written there from now on

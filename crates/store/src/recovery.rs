@@ -115,11 +115,10 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
     finish_deletes(&dir, &deleted, &mut queues)?;
     let compacted = crate::compacted::load_all(&dir, &mut queues, config.consume_queue_entries_per_file)?;
     let mut index = if config.index_enabled {
-        Some(IndexService::load(
-            &dir.join("index"),
-            config.index_slots,
-            config.index_entries,
-        )?)
+        Some(
+            IndexService::load(&dir.join("index"), config.index_slots, config.index_entries)?
+                .with_max_keys(config.index_max_keys_per_message),
+        )
     } else {
         None
     };
@@ -675,7 +674,8 @@ fn recover(
             })?;
         }
         if let (Some(idx), Some(props), true) = (index.as_deref_mut(), props, info.indexable) {
-            for (t, key) in crate::record::index_keys(topic, props) {
+            let max_keys = idx.max_keys();
+            for (t, key) in crate::record::index_keys(topic, props, max_keys) {
                 idx.put(t, key, info.phys_offset, info.store_timestamp)?;
             }
         }

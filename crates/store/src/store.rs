@@ -526,7 +526,10 @@ impl Inner {
         }
         if let (Some(index), Some(props), true) = (&self.index, props, info.indexable) {
             let mut idx = index.lock().unwrap_or_else(|p| p.into_inner());
-            for (t, key) in record::index_keys(topic, props) {
+            let max_keys = idx.max_keys();
+            let mut n = 0;
+            for (t, key) in record::index_keys(topic, props, max_keys) {
+                n += 1;
                 // The record is published and its offset given: an index
                 // that cannot take the key (a new index file that cannot be
                 // made) costs the key lookup, not the append. Counted and
@@ -540,6 +543,12 @@ impl Inner {
                         tracing::error!(error = %e, "index entry not written: key lookups miss this message");
                     }
                     break;
+                }
+            }
+            if n >= max_keys {
+                let beyond = record::keys_beyond(props, max_keys);
+                if beyond > 0 {
+                    metrics::counter!("rokka_store_index_keys_dropped_total").increment(beyond as u64);
                 }
             }
         }
@@ -1605,9 +1614,9 @@ impl MessageStore {
         let Some(index) = &self.inner.index else {
             return Vec::new();
         };
-        let mut candidates = {
+        let (mut candidates, max_keys) = {
             let idx = index.lock().unwrap_or_else(|p| p.into_inner());
-            idx.query(topic, key.as_bytes(), max, begin_ts, end_ts)
+            (idx.query(topic, key.as_bytes(), max, begin_ts, end_ts), idx.max_keys())
         };
         candidates.sort_unstable();
         candidates.dedup();
@@ -1619,8 +1628,8 @@ impl MessageStore {
             let Ok(Entry::Message(m)) = record::decode_entry(&b) else {
                 continue;
             };
-            let matches =
-                m.topic_str() == topic && record::index_keys(topic, &m.properties).any(|(_, k)| k == key.as_bytes());
+            let matches = m.topic_str() == topic
+                && record::index_keys(topic, &m.properties, max_keys).any(|(_, k)| k == key.as_bytes());
             if matches {
                 out.push(b);
             }

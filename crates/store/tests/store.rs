@@ -443,3 +443,29 @@ fn appends_on_runtime_tasks_roll_segments_and_make_files() -> TestResult {
     }
     Ok(())
 }
+
+/// A message's KEYS tokens past `index_max_keys_per_message` are not
+/// indexed (a client's thousands of tokens were thousands of index writes
+/// per message under the writer lock); the first ones are found.
+#[test]
+fn keys_past_the_per_message_cap_are_not_indexed() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let mut cfg = small_config(dir.path());
+    cfg.index_max_keys_per_message = 8;
+    let store = MessageStore::open(cfg)?;
+    let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    let props = rokka_store::record::properties::encode([("KEYS", keys.join(" ").as_str()), ("UNIQ_KEY", "U1")]);
+    store.append_message(&rokka_store::MessageInput::new("K", 0, b"body", props.as_bytes()))?;
+    assert_eq!(store.query_by_key("K", "k0", 10, 0, i64::MAX).len(), 1);
+    assert_eq!(store.query_by_key("K", "k7", 10, 0, i64::MAX).len(), 1);
+    assert!(
+        store.query_by_key("K", "k8", 10, 0, i64::MAX).is_empty(),
+        "past the cap"
+    );
+    assert_eq!(
+        store.query_by_key("K", "U1", 10, 0, i64::MAX).len(),
+        1,
+        "the unique id always"
+    );
+    Ok(())
+}

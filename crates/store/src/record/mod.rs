@@ -168,12 +168,30 @@ pub(crate) fn kafka_msg_timestamp(info: Option<&BatchInfo>, store_timestamp: i64
     }
 }
 
-/// Index keys of a message: `topic#UNIQ_KEY` and `topic#k` for each token of
-/// KEYS.
-pub(crate) fn index_keys<'a>(topic: &'a str, props: &'a [u8]) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
-    let uniq = properties::get(props, properties::UNIQ_KEY).into_iter();
+/// Index keys of a message: `topic#UNIQ_KEY` and `topic#k` for each of the
+/// first `max_keys` tokens of KEYS.
+pub(crate) fn index_keys<'a>(
+    topic: &'a str,
+    props: &'a [u8],
+    max_keys: usize,
+) -> impl Iterator<Item = (&'a str, &'a [u8])> + 'a {
+    let uniq = properties::get(props, properties::UNIQ_KEY)
+        .into_iter()
+        .filter(|k| !k.is_empty());
     let keys = properties::get(props, properties::KEYS)
         .into_iter()
-        .flat_map(|k| k.split(|b| *b == b' '));
-    uniq.chain(keys).filter(|k| !k.is_empty()).map(move |k| (topic, k))
+        .flat_map(|k| k.split(|b| *b == b' '))
+        .filter(|k| !k.is_empty())
+        .take(max_keys);
+    uniq.chain(keys).map(move |k| (topic, k))
+}
+
+/// KEYS tokens of a message past the first `max_keys` (not indexed).
+pub(crate) fn keys_beyond(props: &[u8], max_keys: usize) -> usize {
+    properties::get(props, properties::KEYS).map_or(0, |k| {
+        k.split(|b| *b == b' ')
+            .filter(|k| !k.is_empty())
+            .count()
+            .saturating_sub(max_keys)
+    })
 }
