@@ -132,6 +132,20 @@ const SECONDS_BUCKETS: &[f64] = &[
     0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 
+/// `--namesrv-only`: a RocketMQ name server and nothing else — no store,
+/// so neither the brokers' listeners nor the gRPC service and the console
+/// (which read the store; the embedded defaults turn those on, and
+/// `--namesrv-only` without a config failed with "grpc.enabled needs the
+/// store").
+fn namesrv_only(cfg: &mut Config) {
+    cfg.kafka.enabled = false;
+    cfg.rocketmq.enabled = true;
+    cfg.rocketmq.broker_enabled = false;
+    cfg.rocketmq.namesrv_enabled = true;
+    cfg.grpc.enabled = false;
+    cfg.console.enabled = false;
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
     // Admin commands speak to a running node: no config of their own.
@@ -165,10 +179,7 @@ fn main() -> ExitCode {
         cfg.store.data_dir = dir;
     }
     if args.namesrv_only {
-        cfg.kafka.enabled = false;
-        cfg.rocketmq.enabled = true;
-        cfg.rocketmq.broker_enabled = false;
-        cfg.rocketmq.namesrv_enabled = true;
+        namesrv_only(&mut cfg);
     }
     if cfg.rocketmq.enabled
         && cfg.rocketmq.broker_enabled

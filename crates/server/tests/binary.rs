@@ -274,3 +274,46 @@ fn store_check_finds_damage_and_reappends_lost_found() -> TestResult {
     assert_eq!(rs.len(), 40);
     Ok(())
 }
+
+/// `--namesrv-only` serves a name server alone, whatever else the config
+/// (or the embedded defaults) turn on: the gRPC service and the console
+/// need the store, and with them on it exited 1 ("grpc.enabled needs the
+/// store") — the embedded defaults turn both on.
+#[test]
+fn namesrv_only_runs_a_name_server_whatever_else_is_on() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = node_config(
+        dir.path(),
+        "[grpc]\nenabled = true\nlisten = \"127.0.0.1:0\"\n[console]\nenabled = true\nlisten = \"127.0.0.1:0\"",
+        "127.0.0.1:0",
+    )?;
+    let ports = dir.path().join("ports.json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rokka"))
+        .arg("--config")
+        .arg(&cfg)
+        .arg("--namesrv-only")
+        .arg("--ports-file")
+        .arg(&ports)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while reported_port(&ports, "namesrv").is_none() {
+        if let Some(status) = child.try_wait()? {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                e.read_to_string(&mut err)?;
+            }
+            return Err(format!("rokka --namesrv-only exited {status}: {err}").into());
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err("no name server port reported".into());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(reported_port(&ports, "grpc").is_none() && reported_port(&ports, "kafka").is_none());
+    assert!(!dir.path().join("data").exists(), "no store opened");
+    assert!(stop(&mut child)?.success());
+    Ok(())
+}
