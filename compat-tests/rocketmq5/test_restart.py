@@ -42,3 +42,24 @@ def test_a_restart_in_the_middle_of_pop_consumption_keeps_acks(rokka):
     assert sorted(bodies) == sorted(set(sent) - acked), "every unacked message, once"
     unacked_before = {m.body for m in handed[0::2]}
     assert all(m.delivery_attempt == 2 for m in got if m.body in unacked_before), "handed out before: attempt 2"
+
+
+def test_sigterm_stops_rokka_promptly_with_a_client_still_connected(rokka):
+    """A live client's Telemetry stream held the gRPC listener's graceful
+    shutdown open until the stream went idle (grpc.idle_timeout_ms, ten
+    minutes): SIGTERM did not stop rokka, and a supervisor's SIGKILL then
+    left the store to recover as after a crash. Connections now get a
+    short grace; the store closes cleanly (exit 0)."""
+    topic = f"g5-term-{uuid.uuid4().hex[:8]}"
+    clients = Clients(rokka)
+    try:
+        p = clients.producer(topic)
+        p.send(message(topic, b"before the stop"))
+        started = time.time()
+        code = rokka.stop()
+        took = time.time() - started
+    finally:
+        clients.close()
+    assert code == 0, f"rokka exited with {code} after {took:.1f} s; log: {rokka.log_path}"
+    assert took < 15, f"SIGTERM took {took:.1f} s"
+    rokka.start()

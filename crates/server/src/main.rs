@@ -132,6 +132,10 @@ const SECONDS_BUCKETS: &[f64] = &[
     0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 
+/// How long the listeners may take to finish their connections after a
+/// SIGTERM before the store is closed anyway.
+const SHUTDOWN_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// `--namesrv-only`: a RocketMQ name server and nothing else — no store,
 /// so neither the brokers' listeners nor the gRPC service and the console
 /// (which read the store; the embedded defaults turn those on, and
@@ -817,8 +821,16 @@ async fn serve(
     shutdown_signal().await?;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
+    // Every listener finishes its connections within a bound (a stuck one
+    // must not keep the store from its clean close: the next start would
+    // recover as after a crash).
+    let deadline = tokio::time::Instant::now() + SHUTDOWN_LIMIT;
     for l in listeners {
-        let _ = l.await;
+        let abort = l.abort_handle();
+        if tokio::time::timeout_at(deadline, l).await.is_err() {
+            tracing::warn!("a listener did not stop within {} s: stopped", SHUTDOWN_LIMIT.as_secs());
+            abort.abort();
+        }
     }
     if let Some(s) = store {
         tokio::task::spawn_blocking(move || s.close()).await??;

@@ -155,6 +155,10 @@ pub struct Tls {
 }
 
 /// Serves the MessagingService on `listener` until `stop` turns true.
+/// How long open gRPC connections (streams) may take to finish once the
+/// listener stops.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 pub async fn serve(
     listener: TcpListener,
     messaging: Arc<Messaging>,
@@ -292,7 +296,12 @@ pub async fn serve(
         Duration::from_millis(config.request_read_timeout_ms.max(1)),
     );
     let incoming = tokio_stream::wrappers::ReceiverStream::new(rx);
-    let result = tonic::transport::Server::builder()
+    // After the stop, connections get SHUTDOWN_GRACE to finish: tonic's
+    // graceful shutdown waits for every connection without a limit, and a
+    // client's Telemetry stream stays open as long as it talks (SIGTERM
+    // hung until the stream went idle, grpc.idle_timeout_ms, or for ever).
+    let mut grace = stop.clone();
+    let server = tonic::transport::Server::builder()
         .max_concurrent_streams(config.max_concurrent_streams.max(1))
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
@@ -301,10 +310,22 @@ pub async fn serve(
         .add_service(svc)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = stop.changed().await;
-        })
-        .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "gRPC listener stopped");
+        });
+    tokio::pin!(server);
+    let result = tokio::select! {
+        r = &mut server => Some(r),
+        _ = async {
+            let _ = grace.changed().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => None,
+    };
+    match result {
+        Some(Err(e)) => tracing::error!(error = %e, "gRPC listener stopped"),
+        Some(Ok(())) => {}
+        None => tracing::info!(
+            grace_ms = SHUTDOWN_GRACE.as_millis() as u64,
+            "gRPC connections still open at the stop's grace: closed"
+        ),
     }
     acceptor.abort();
     flusher.abort();
