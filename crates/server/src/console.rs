@@ -651,12 +651,21 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
 }
 
 /// Runs a page's blocking admin calls off the async workers.
+/// Most bytes of a message body a console page shows.
+const CONSOLE_BODY_BYTES: usize = 4096;
+
 async fn render<F>(c: Ctx, f: F) -> String
 where
     F: FnOnce(&Ctx) -> String + Send + 'static,
 {
     let started = Instant::now();
-    let out = tokio::task::spawn_blocking(move || f(&c)).await;
+    // Bodies shown by their first CONSOLE_BODY_BYTES: the console runs in
+    // the broker, and a client's compressed bodies inflate to 64 MiB each.
+    let out = tokio::task::spawn_blocking(move || {
+        let _preview = admin::preview_bodies(CONSOLE_BODY_BYTES);
+        f(&c)
+    })
+    .await;
     metrics::histogram!("rokka_console_page_seconds").record(started.elapsed().as_secs_f64());
     match out {
         Ok(html) => {

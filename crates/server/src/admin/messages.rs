@@ -205,22 +205,47 @@ fn text(b: Option<&[u8]>) -> Value {
     }
 }
 
+thread_local! {
+    /// Most body bytes a message row holds on this thread (see [`preview_bodies`]).
+    static BODY_LIMIT: std::cell::Cell<usize> = const { std::cell::Cell::new(64 << 20) };
+}
+
+/// While the guard lives, message rows made on this thread hold at most
+/// `n` bytes of each body (the console, which runs in the broker: a page of
+/// 1000 zlib bodies that each inflate to 64 MiB took gigabytes).
+pub struct BodyPreview(usize);
+
+/// See [`BodyPreview`].
+pub fn preview_bodies(n: usize) -> BodyPreview {
+    BodyPreview(BODY_LIMIT.replace(n))
+}
+
+impl Drop for BodyPreview {
+    fn drop(&mut self) {
+        BODY_LIMIT.set(self.0);
+    }
+}
+
 /// The body as stored, uncompressed when it was (zlib, RocketMQ 4's and 5's
-/// default); None when compressed otherwise.
-fn body(m: &MessageView) -> Option<Vec<u8>> {
+/// default), at most the thread's body limit, and whether it was cut there;
+/// None when compressed otherwise.
+fn body(m: &MessageView) -> Option<(Vec<u8>, bool)> {
+    let limit = BODY_LIMIT.get();
     if m.sys_flag & COMPRESSED == 0 {
-        return Some(m.body.to_vec());
+        return Some((m.body[..m.body.len().min(limit)].to_vec(), m.body.len() > limit));
     }
     match (m.sys_flag & COMPRESSION_TYPE) >> 8 {
         0 | 3 => {
             use std::io::Read;
             let mut out = Vec::new();
-            // At most 64 MiB out of a hostile body.
+            // At most the limit (64 MiB by default) out of a hostile body.
             flate2::read::ZlibDecoder::new(&m.body[..])
-                .take(64 << 20)
+                .take(limit as u64 + 1)
                 .read_to_end(&mut out)
                 .ok()?;
-            Some(out)
+            let cut = out.len() > limit;
+            out.truncate(limit);
+            Some((out, cut))
         }
         _ => None,
     }
@@ -248,14 +273,22 @@ fn message_row(broker: &str, m: &MessageView) -> Vec<Value> {
     let props: serde_json::Map<String, Value> = properties::iter(&m.user_properties())
         .map(|(k, v)| (String::from_utf8_lossy(k).into_owned(), text(Some(v))))
         .collect();
+    let limit = BODY_LIMIT.get();
     let (body, encoding) = match body(m) {
-        Some(b) => match String::from_utf8(b) {
+        Some((b, cut)) => match String::from_utf8(b) {
+            Ok(s) if cut => (json!(s), "utf8, cut"),
             Ok(s) => (json!(s), "utf8"),
+            // (A cut may split a character: the text up to it.)
+            Err(e) if cut => (json!(String::from_utf8_lossy(e.as_bytes())), "utf8, cut"),
             Err(e) => (
                 json!(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
                 "base64",
             ),
         },
+        None if m.body.len() > limit => (
+            json!(base64::engine::general_purpose::STANDARD.encode(&m.body[..limit])),
+            "compressed-base64, cut",
+        ),
         None => (
             json!(base64::engine::general_purpose::STANDARD.encode(&m.body)),
             "compressed-base64",
@@ -876,5 +909,46 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    /// Under a preview (the console's pages), a row holds at most the
+    /// preview's bytes of a body — a zlib body inflating to megabytes too —
+    /// and says it was cut; the CLI's rows hold the whole body.
+    #[test]
+    fn a_body_preview_cuts_plain_and_inflated_bodies() {
+        use std::io::Write;
+        let big = vec![b'<'; 1 << 20];
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(&big).expect("deflate");
+        let zipped = z.finish().expect("deflate");
+        let view = |body: Vec<u8>, sys_flag: i32| MessageView {
+            total_size: 0,
+            magic: 0,
+            body_crc: 0,
+            queue_id: 0,
+            flag: 0,
+            queue_offset: 0,
+            phys_offset: 0,
+            sys_flag,
+            born_timestamp: 0,
+            born_host: "127.0.0.1:1".parse().expect("addr"),
+            store_timestamp: 0,
+            store_host: "127.0.0.1:10911".parse().expect("addr"),
+            reconsume_times: 0,
+            prepared_transaction_offset: 0,
+            body: bytes::Bytes::from(body),
+            topic: bytes::Bytes::from_static(b"T"),
+            properties: bytes::Bytes::new(),
+        };
+        let body_col = MESSAGE_COLUMNS.iter().position(|c| *c == "body").expect("body column");
+        for m in [view(big.clone(), 0), view(zipped, COMPRESSED)] {
+            let whole = message_row("b", &m);
+            assert_eq!(whole[body_col].as_str().map(str::len), Some(1 << 20));
+            let _g = preview_bodies(4096);
+            let row = message_row("b", &m);
+            assert_eq!(row[body_col].as_str().map(str::len), Some(4096));
+            assert_eq!(row[body_col + 1], json!("utf8, cut"));
+        }
+        assert_eq!(BODY_LIMIT.get(), 64 << 20, "the guard put the limit back");
     }
 }

@@ -14,7 +14,9 @@ mod messages;
 mod remoting;
 
 pub use kafka::{AdminError, Client as KafkaClient, Credentials};
-pub use messages::{dlq, dlq_list, dlq_resend, get as message_get, message, DlqAction, MessageAction, RmqConn};
+pub use messages::{
+    dlq, dlq_list, dlq_resend, get as message_get, message, preview_bodies, DlqAction, MessageAction, RmqConn,
+};
 pub use remoting::Remoting as RemotingClient;
 
 use std::collections::{BTreeMap, BTreeSet};
