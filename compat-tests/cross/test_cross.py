@@ -634,3 +634,40 @@ def test_a_rocketmq_offset_reset_is_refused_while_kafka_members_would_undo_it(ro
         assert h["code"] == 1 and "Kafka members" in (h.get("remark") or ""), h
     finally:
         c.close()
+
+
+def test_kafka_records_with_oversized_headers_or_values_do_not_stall_rocketmq_consumers(rokka):
+    """A record whose headers (a stack trace a dead-letter publisher adds)
+    are past what RocketMQ's properties hold crosses without them, and one
+    larger than any RocketMQ client's frame is skipped for them: the Java
+    layout's 16-bit properties length had made the client drop the rest of
+    the pull, and a frame past 16 MiB had it pull the same offset for ever.
+    The records after them arrive; Kafka consumers read all of them."""
+    from confluent_kafka import Producer
+
+    topic, group = "CrossOversized", "cross-oversized"
+    create(rokka, topic, partitions=1)
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "compression.type": "zstd", "message.max.bytes": 32 << 20})
+    p.produce(topic, value=b"with-big-header", partition=0,
+              headers=[("rocketmq.tags", b"T"), ("trace", b"x" * 40_000), ("small", b"s")])
+    p.produce(topic, value=b"z" * (17 << 20), partition=0)
+    for i in range(10):
+        p.produce(topic, value=f"after-{i}".encode(), partition=0)
+    assert p.flush(30) == 0
+    got = rocketmq_consume(rokka, topic, group, 11)
+    bodies = [d.body for d in got]
+    assert bodies == [b"with-big-header"] + [f"after-{i}".encode() for i in range(10)], [b[:20] for b in bodies]
+    first = got[0]
+    assert first.tags == "T" and first.props.get("small") == "s" and "trace" not in first.props
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": "cross-oversized-k",
+                  "auto.offset.reset": "earliest", "fetch.max.bytes": 64 << 20,
+                  "max.partition.fetch.bytes": 64 << 20})
+    c.subscribe([topic])
+    seen = []
+    deadline = time.time() + 30
+    while len(seen) < 12 and time.time() < deadline:
+        m = c.poll(0.5)
+        if m is not None and m.error() is None:
+            seen.append(len(m.value()))
+    c.close()
+    assert len(seen) == 12 and seen[1] == 17 << 20, seen[:3]

@@ -88,6 +88,7 @@ pub const SYSTEM_PROPERTIES: &[&str] = &[
     "DLQ_ORIGIN_TOPIC",
     "DLQ_ORIGIN_MESSAGE_ID",
     "__STARTDELIVERTIME",
+    "__SHARDINGKEY",
     KAFKA_KEY_HEX,
 ];
 
@@ -106,6 +107,8 @@ pub struct Crossed {
     pub dropped: u64,
     /// Records filtered out by the tag filter.
     pub filtered: u64,
+    /// Records too large to cross ([`MAX_CROSSED_MESSAGE`]): skipped.
+    pub too_large: u64,
     /// The offset of the first record left out for the byte budget
     /// ([`kafka_batch_to_rocketmq_within`]); None when the batch was done.
     pub stopped_at: Option<u64>,
@@ -120,6 +123,55 @@ pub fn record_metrics(direction: &'static str, c: &Crossed) {
     }
     if c.dropped > 0 {
         crate::hot_metrics::count("rokka_cross_dropped_fields_total", "direction", direction, c.dropped);
+    }
+    if c.too_large > 0 {
+        crate::hot_metrics::count(
+            "rokka_cross_records_too_large_total",
+            "direction",
+            direction,
+            c.too_large,
+        );
+    }
+}
+
+/// Most bytes of properties a crossed message carries (RocketMQ's message
+/// layout: a 16-bit length, read as signed by the Java client).
+pub const MAX_CROSSED_PROPERTIES: usize = 32767;
+
+/// Room kept for `UNIQ_KEY` (32 hex digits) and its separators.
+const UNIQ_KEY_ROOM: usize = 8 + 32 + 2;
+
+/// Largest message a Kafka record crosses as: what a RocketMQ client's
+/// frame (16 MiB in the Java client) holds with the pull answer's header.
+pub const MAX_CROSSED_MESSAGE: usize = (16 << 20) - (64 << 10);
+
+/// Whether `name`=`value` fits in `props` leaving `reserve` bytes.
+fn fits(props: &[u8], name: &[u8], value: &[u8], reserve: usize) -> bool {
+    props.len() + name.len() + value.len() + 2 + reserve <= MAX_CROSSED_PROPERTIES
+}
+
+/// A record too large to cross, logged at most once a minute.
+fn too_large_logged(topic: &str, queue: u32, offset: i64, len: usize) {
+    static LAST: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(i64::MIN);
+    let now = rokka_store::now_ms();
+    let last = LAST.load(std::sync::atomic::Ordering::Relaxed);
+    if now.saturating_sub(last) >= 60_000
+        && LAST
+            .compare_exchange(
+                last,
+                now,
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+    {
+        tracing::warn!(
+            topic,
+            queue,
+            offset,
+            bytes = len,
+            "a Kafka record too large for RocketMQ clients is skipped for them (rokka_cross_records_too_large_total)"
+        );
     }
 }
 
@@ -420,15 +472,29 @@ fn convert_set(
                 continue;
             }
         }
+        // The properties stay within what RocketMQ's message layout holds
+        // (a length the Java client reads as a signed short: past 32767 it
+        // dropped the properties and misread the rest of the pull, and
+        // past 65535 the length wrapped): room kept for the tag and the
+        // unique id; a key or header that does not fit is dropped, counted.
+        let tag_room = tag.map_or(0, |t| t.len() + properties::TAGS.len() + 2);
+        let reserve = UNIQ_KEY_ROOM + tag_room;
         if let Some(k) = &r.key {
-            if prop_safe(k) && !k.is_empty() {
-                push_prop(&mut props, properties::KEYS.as_bytes(), k);
+            let (name, value) = if prop_safe(k) && !k.is_empty() {
+                (properties::KEYS.as_bytes(), std::borrow::Cow::Borrowed(&k[..]))
             } else {
-                push_prop(&mut props, KAFKA_KEY_HEX.as_bytes(), hex(k).as_bytes());
+                (KAFKA_KEY_HEX.as_bytes(), std::borrow::Cow::Owned(hex(k).into_bytes()))
+            };
+            if fits(&props, name, &value, reserve) {
+                push_prop(&mut props, name, &value);
+            } else {
+                c.dropped += 1;
             }
         }
         match tag {
-            Some(t) if prop_safe(t) && !t.is_empty() => push_prop(&mut props, properties::TAGS.as_bytes(), t),
+            Some(t) if prop_safe(t) && !t.is_empty() && fits(&props, properties::TAGS.as_bytes(), t, UNIQ_KEY_ROOM) => {
+                push_prop(&mut props, properties::TAGS.as_bytes(), t)
+            }
             Some(_) => c.dropped += 1,
             None => {}
         }
@@ -451,7 +517,14 @@ fn convert_set(
                 continue;
             }
             match value {
-                Some(v) if !n.is_empty() && !v.is_empty() && prop_safe(n) && prop_safe(v) && !is_system(n) => {
+                Some(v)
+                    if !n.is_empty()
+                        && !v.is_empty()
+                        && prop_safe(n)
+                        && prop_safe(v)
+                        && !is_system(n)
+                        && fits(&props, n, v, 0) =>
+                {
                     push_prop(&mut props, n, v)
                 }
                 _ => c.dropped += 1,
@@ -471,6 +544,15 @@ fn convert_set(
             prepared_transaction_offset: 0,
         };
         let len = rmsg::encoded_len(&input, &store_host, false);
+        if len > MAX_CROSSED_MESSAGE {
+            // No RocketMQ client takes a frame this large (the Java client's
+            // limit is 16 MiB: it closed the connection and pulled the same
+            // offset again, for ever): skipped, counted and logged — Kafka
+            // consumers still read it.
+            c.too_large += 1;
+            too_large_logged(topic, view.queue_id, r.offset, len);
+            continue;
+        }
         let full =
             c.messages as usize >= most.max(1) || (!out.is_empty() && (out.len() - start).saturating_add(len) > budget);
         if full {
@@ -911,6 +993,50 @@ pub(crate) mod tests {
         assert!(small.bytes() <= one, "{} held of {one}", small.bytes());
         assert!(small.get(BatchKey::of(&view)).is_none(), "the older one evicted");
         assert!(small.get(BatchKey::of(&other)).is_some());
+        Ok(())
+    }
+
+    /// Headers and a key larger than RocketMQ's properties can hold cross
+    /// without them (dropped, counted): the properties stay within 32767
+    /// bytes with the tag and the unique id kept, and the records after it
+    /// cross too. A record larger than any RocketMQ client's frame is
+    /// skipped (counted), the rest of the batch not.
+    #[test]
+    fn oversized_fields_and_records_do_not_break_a_crossing() -> Result<(), String> {
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        let big = vec![b'h'; 40_000];
+        let huge = vec![b'v'; MAX_CROSSED_MESSAGE + 1];
+        let records = vec![
+            record(
+                0,
+                Some(&big),
+                Some(b"v0"),
+                &[
+                    ("big", Some(&big)),
+                    ("rocketmq.tags", Some(b"T")),
+                    ("small", Some(b"s")),
+                ],
+            ),
+            record(1, Some(b"k1"), Some(&huge), &[]),
+            record(2, Some(b"k2"), Some(b"v2"), &[]),
+        ];
+        let view = stored_batch(&records, Compression::None)?;
+        let mut out = BytesMut::new();
+        let c = kafka_batch_to_rocketmq(&view, 0, None, host, 64 << 20, &mut out)?;
+        assert_eq!((c.messages, c.too_large), (2, 1), "{c:?}");
+        assert_eq!(c.dropped, 2, "the key and the big header");
+        let got = pulled(&out)?;
+        assert_eq!(
+            got.iter().map(|m| m.queue_offset).collect::<Vec<_>>(),
+            vec![10, 12],
+            "the batch sits at 10"
+        );
+        let m = &got[0];
+        assert!(m.properties.len() <= MAX_CROSSED_PROPERTIES);
+        assert_eq!(m.property(properties::TAGS), Some(&b"T"[..]));
+        assert!(m.property(properties::UNIQ_KEY).is_some());
+        assert_eq!(m.property("small"), Some(&b"s"[..]));
+        assert!(m.property(properties::KEYS).is_none() && m.property("big").is_none());
         Ok(())
     }
 
