@@ -152,19 +152,8 @@ fn fits(props: &[u8], name: &[u8], value: &[u8], reserve: usize) -> bool {
 
 /// A record too large to cross, logged at most once a minute.
 fn too_large_logged(topic: &str, queue: u32, offset: i64, len: usize) {
-    static LAST: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(i64::MIN);
-    let now = rokka_store::now_ms();
-    let last = LAST.load(std::sync::atomic::Ordering::Relaxed);
-    if now.saturating_sub(last) >= 60_000
-        && LAST
-            .compare_exchange(
-                last,
-                now,
-                std::sync::atomic::Ordering::Relaxed,
-                std::sync::atomic::Ordering::Relaxed,
-            )
-            .is_ok()
-    {
+    static LOG: crate::limits::LogEvery = crate::limits::LogEvery::new(60_000);
+    if LOG.ready() {
         tracing::warn!(
             topic,
             queue,

@@ -76,7 +76,12 @@ pub async fn run<S: AsyncRead + AsyncWrite + Send + 'static>(
         // length up to the pre-authentication cap, even empty).
         let raw = sasl.raw_tokens();
         if len < if raw { 0 } else { 8 } || len as usize > max {
-            tracing::warn!(%peer, len, max, "Kafka frame length out of range: closing connection");
+            // (Anyone can open connections: counted, logged at most every 10 s.)
+            metrics::counter!("rokka_kafka_bad_frames_total").increment(1);
+            static LOG: rokka_broker::limits::LogEvery = rokka_broker::limits::LogEvery::new(10_000);
+            if LOG.ready() {
+                tracing::warn!(%peer, len, max, "Kafka frame length out of range: closing connection");
+            }
             break;
         }
         // Reserve the frame's bytes from the listener's budget first; while

@@ -70,10 +70,12 @@ pub fn conflicts(k: &Kafka, group: &str, topics: &BTreeSet<String>) -> bool {
         // owning partitions would get their messages again.
         metrics::counter!("rokka_mixed_group_conflicts_total", "group" => group.to_string(), "side" => "kafka")
             .increment(1);
-        tracing::warn!(
-            group,
-            "Kafka member refused: the group is consumed by pop (RocketMQ 5 gRPC clients)"
-        );
+        if CONFLICT_LOG.ready() {
+            tracing::warn!(
+                group,
+                "Kafka member refused: the group is consumed by pop (RocketMQ 5 gRPC clients)"
+            );
+        }
         return true;
     }
     let m = k.broker.membership().get(group);
@@ -81,15 +83,21 @@ pub fn conflicts(k: &Kafka, group: &str, topics: &BTreeSet<String>) -> bool {
     if conflict {
         metrics::counter!("rokka_mixed_group_conflicts_total", "group" => group.to_string(), "side" => "kafka")
             .increment(1);
-        tracing::warn!(
-            group,
-            kafka = ?topics,
-            rocketmq = ?m.rocketmq_topics,
-            "Kafka member refused: its subscription differs from the group's RocketMQ members'"
-        );
+        if CONFLICT_LOG.ready() {
+            tracing::warn!(
+                group,
+                kafka = ?topics,
+                rocketmq = ?m.rocketmq_topics,
+                "Kafka member refused: its subscription differs from the group's RocketMQ members'"
+            );
+        }
     }
     conflict
 }
+
+/// The refusals above, logged at most once a minute (a client's JoinGroup
+/// loop would log one each; all are counted).
+static CONFLICT_LOG: rokka_broker::limits::LogEvery = rokka_broker::limits::LogEvery::new(60_000);
 
 /// A ConsumerProtocolAssignment (version 0) of `parts`.
 pub fn encode_assignment(parts: &BTreeMap<String, Vec<i32>>) -> Bytes {

@@ -661,7 +661,12 @@ async fn run<S: Service, T: Halves>(
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(%peer, error = %e, "bad RocketMQ frame: closing connection");
+                    // (Anyone can open connections: counted, logged at most every 10 s.)
+                    metrics::counter!("rokka_rocketmq_bad_frames_total").increment(1);
+                    static LOG: rokka_broker::limits::LogEvery = rokka_broker::limits::LogEvery::new(10_000);
+                    if LOG.ready() {
+                        tracing::warn!(%peer, error = %e, "bad RocketMQ frame: closing connection");
+                    }
                     break 'conn;
                 }
             }

@@ -54,7 +54,13 @@ impl RocketMq {
         {
             Ok(_) => self.reply(req, rs::SUCCESS, None),
             Err(e) => {
-                tracing::warn!(group, half_offset, error = %e, "END_TRANSACTION refused");
+                // (Any client may send these, oneway too: counted, logged
+                // at most once a minute.)
+                metrics::counter!("rokka_rocketmq_end_transaction_refused_total").increment(1);
+                static LOG: rokka_broker::limits::LogEvery = rokka_broker::limits::LogEvery::new(60_000);
+                if LOG.ready() {
+                    tracing::warn!(group, half_offset, error = %e, "END_TRANSACTION refused");
+                }
                 self.reply(req, rs::SYSTEM_ERROR, Some(e.to_string()))
             }
         }
