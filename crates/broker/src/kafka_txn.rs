@@ -234,6 +234,11 @@ struct AbortedList {
     /// No closed entry spans more offsets than this (last - first): a
     /// range query starts this far before its range.
     max_span: u64,
+    /// The log start the last prune dropped everything below: until the
+    /// start moves past it there is nothing more to drop (an entry closes
+    /// at the log's end), so the once-a-second prune does not walk every
+    /// entry again under the lock fetches take.
+    pruned_at: u64,
 }
 
 impl AbortedList {
@@ -258,6 +263,10 @@ impl AbortedList {
     /// Adds `a`, or replaces the entry of its producer starting at its
     /// first offset.
     fn upsert(&mut self, a: AbortedTxn) {
+        if a.last_offset.is_some_and(|l| l < self.pruned_at) {
+            // (An old entry, replayed: the next prune looks at all again.)
+            self.pruned_at = 0;
+        }
         let v = self.by_producer.entry(a.producer_id).or_default();
         match v.binary_search_by_key(&a.first_offset, |x| x.first_offset) {
             Ok(i) => v[i] = a,
@@ -328,6 +337,10 @@ impl AbortedList {
 
     /// Drops entries wholly below `start`; how many.
     fn prune(&mut self, start: u64) -> usize {
+        if start <= self.pruned_at {
+            return 0;
+        }
+        self.pruned_at = start;
         let before = self.len();
         let mut dropped = Vec::new();
         // The longest span is taken again over what stays (one long
