@@ -191,17 +191,39 @@ impl ProducerStates {
     /// The producers with state on (topic, partition): (producer id,
     /// epoch, last sequence, last write in ms), by producer id.
     pub fn on_partition(&self, topic: &str, partition: u32) -> Vec<(i64, i16, i32, u64)> {
-        let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<(i64, i16, i32, u64)> = t
-            .states
-            .iter()
-            .filter(|((_, tp, q), _)| tp == topic && *q == partition)
-            .map(|((pid, _, _), st)| {
+        let wanted = HashMap::from([(topic.to_string(), std::collections::HashSet::from([partition]))]);
+        self.on_partitions(&wanted)
+            .remove(&(topic.to_string(), partition))
+            .unwrap_or_default()
+    }
+
+    /// [`ProducerStates::on_partition`] of every partition in `wanted`
+    /// (topic -> partitions) in one walk of the table: a DescribeProducers
+    /// naming a thousand partitions walked it a thousand times under the
+    /// lock every idempotent produce takes.
+    pub fn on_partitions(
+        &self,
+        wanted: &HashMap<String, std::collections::HashSet<u32>>,
+    ) -> HashMap<(String, u32), Vec<(i64, i16, i32, u64)>> {
+        let mut out: HashMap<(String, u32), Vec<(i64, i16, i32, u64)>> = HashMap::new();
+        if wanted.is_empty() {
+            return out;
+        }
+        {
+            let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+            for ((pid, tp, q), st) in t.states.iter() {
+                if !wanted.get(tp).is_some_and(|ps| ps.contains(q)) {
+                    continue;
+                }
                 let last = st.batches.back().map_or(-1, |b| b.last_seq);
-                (*pid, st.epoch, last, st.stamp.0)
-            })
-            .collect();
-        out.sort_unstable();
+                out.entry((tp.clone(), *q))
+                    .or_default()
+                    .push((*pid, st.epoch, last, st.stamp.0));
+            }
+        }
+        for v in out.values_mut() {
+            v.sort_unstable();
+        }
         out
     }
 

@@ -332,6 +332,17 @@ pub fn describe_producers(k: &Kafka, r: DescribeProducersRequest) -> DescribePro
             }
         }
     }
+    // The producer table walked once for every partition asked for.
+    let mut wanted: std::collections::HashMap<String, std::collections::HashSet<u32>> = Default::default();
+    for t in &merged {
+        let info = k.broker.topics().get(t.name.0.as_str());
+        for p in &t.partition_indexes {
+            if let Ok(q) = super::queue_of(k, info.as_ref(), *p) {
+                wanted.entry(t.name.0.to_string()).or_default().insert(q);
+            }
+        }
+    }
+    let mut states = k.broker.producers().on_partitions(&wanted);
     let topics = merged
         .into_iter()
         .map(|t| {
@@ -351,10 +362,9 @@ pub fn describe_producers(k: &Kafka, r: DescribeProducersRequest) -> DescribePro
                                 .with_error_code(code)
                         }
                     };
-                    let active = k
-                        .broker
-                        .producers()
-                        .on_partition(&name, q)
+                    let active = states
+                        .remove(&(name.clone(), q))
+                        .unwrap_or_default()
                         .into_iter()
                         .map(|(pid, epoch, last_seq, last_ms)| {
                             let open = k.broker.kafka_txns().open_first_offset(&name, q, pid);
