@@ -52,6 +52,10 @@ struct PartitionState {
 /// (producer id, topic, partition).
 type Key = (i64, String, u32);
 
+/// A producer with state on a partition: (producer id, epoch, last
+/// sequence, last write in ms).
+pub type ProducerRow = (i64, i16, i32, u64);
+
 /// The budget of the producer-state table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProducerLimits {
@@ -190,7 +194,7 @@ impl ProducerStates {
 
     /// The producers with state on (topic, partition): (producer id,
     /// epoch, last sequence, last write in ms), by producer id.
-    pub fn on_partition(&self, topic: &str, partition: u32) -> Vec<(i64, i16, i32, u64)> {
+    pub fn on_partition(&self, topic: &str, partition: u32) -> Vec<ProducerRow> {
         let wanted = HashMap::from([(topic.to_string(), std::collections::HashSet::from([partition]))]);
         self.on_partitions(&wanted)
             .remove(&(topic.to_string(), partition))
@@ -204,8 +208,8 @@ impl ProducerStates {
     pub fn on_partitions(
         &self,
         wanted: &HashMap<String, std::collections::HashSet<u32>>,
-    ) -> HashMap<(String, u32), Vec<(i64, i16, i32, u64)>> {
-        let mut out: HashMap<(String, u32), Vec<(i64, i16, i32, u64)>> = HashMap::new();
+    ) -> HashMap<(String, u32), Vec<ProducerRow>> {
+        let mut out: HashMap<(String, u32), Vec<ProducerRow>> = HashMap::new();
         if wanted.is_empty() {
             return out;
         }
