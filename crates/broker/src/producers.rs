@@ -239,6 +239,11 @@ impl ProducerStates {
         let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
         t.states.clear();
         t.by_age.clear();
+        // The next write to each partition reads every producer's state
+        // from the log's last minutes again: rebuilt one by one from the
+        // newest entries only, a retry of a batch written further back
+        // (by the old master, before a failover) was taken as new.
+        t.scanned.clear();
         metrics::gauge!("rokka_kafka_producer_states").set(0.0);
     }
 
@@ -710,6 +715,37 @@ mod tests {
         assert_eq!(h.send(12, 1, 1), SequenceCheck::Duplicate(3));
         assert_eq!(h.send(13, 3, 7), SequenceCheck::OutOfOrder, "producer 3 was kept");
         assert_eq!(h.send(14, 2, 9), SequenceCheck::Append, "producer 2 was not evicted");
+        Ok(())
+    }
+
+    /// After `clear` (a node becoming master), the first write to a
+    /// partition reads the producers' states from the log's last minutes:
+    /// a retry of a batch 300 entries back is still a duplicate (rebuilt
+    /// alone from the newest 256 entries, it was stored again).
+    #[test]
+    fn after_a_clear_a_retry_from_far_back_is_still_a_duplicate() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = MessageStore::open(StoreConfig::for_tests(dir.path()))?;
+        let p = ProducerStates::new(ProducerLimits::default());
+        let send = |pid: i64, seq: i32| -> Result<SequenceCheck, Box<dyn std::error::Error>> {
+            let mut b = rokka_store::record::kafka::build_test_batch(&[b"v"], 1_000);
+            b[43..51].copy_from_slice(&pid.to_be_bytes());
+            b[51..53].copy_from_slice(&0i16.to_be_bytes());
+            b[53..57].copy_from_slice(&seq.to_be_bytes());
+            let crc = crc32c::crc32c(&b[21..]);
+            b[17..21].copy_from_slice(&crc.to_be_bytes());
+            let info = BatchInfo::parse(&b)?;
+            let (v, _) = p.check_and_append(&store, "T", 0, &info, || {
+                store.append_kafka_batch("T", 0, &b).map(|r| r.queue_offset)
+            })?;
+            Ok(v)
+        };
+        assert_eq!(send(7, 0)?, SequenceCheck::Append);
+        for pid in 1000..1300 {
+            assert_eq!(send(pid, 0)?, SequenceCheck::Append);
+        }
+        p.clear();
+        assert_eq!(send(7, 0)?, SequenceCheck::Duplicate(0));
         Ok(())
     }
 }
