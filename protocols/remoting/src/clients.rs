@@ -50,6 +50,17 @@ pub struct Group {
 pub struct Clients {
     pub clients: HashMap<String, Client>,
     pub groups: BTreeMap<String, Group>,
+    /// Bytes of every group's subscriptions ([`subscription_bytes`]),
+    /// within `rocketmq.max_subscription_bytes`.
+    pub subscription_bytes: usize,
+}
+
+/// What a group's subscriptions cost to keep: their topics, expressions
+/// and kinds, and a little for each entry.
+pub fn subscription_bytes(subs: &BTreeMap<String, Subscription>) -> usize {
+    subs.iter()
+        .map(|(t, s)| t.len() + s.expression.len() + s.expression_type.len() + 64)
+        .sum()
 }
 
 impl Client {
@@ -84,7 +95,12 @@ impl Clients {
         };
         let was = g.members.remove(client_id);
         if g.members.is_empty() {
-            self.groups.remove(group);
+            if let Some(g) = self.groups.remove(group) {
+                self.subscription_bytes = self
+                    .subscription_bytes
+                    .saturating_sub(subscription_bytes(&g.subscriptions));
+                metrics::gauge!("rokka_rocketmq_subscription_bytes").set(self.subscription_bytes as f64);
+            }
         }
         was
     }

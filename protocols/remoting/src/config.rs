@@ -98,6 +98,10 @@ pub struct RocketMqConfig {
     /// Most consumer groups one client is a member of (0 = no limit); a
     /// heartbeat naming a new group beyond it is refused for that group.
     pub max_groups_per_client: u32,
+    /// Most bytes of subscriptions (topics and expressions of every live
+    /// consumer group) kept at once (0 = no limit): a group whose
+    /// heartbeat would take more is refused for that group.
+    pub max_subscription_bytes: u64,
     /// Registrations (broker name, id) a name server holds at most; a new
     /// one beyond it is refused.
     pub namesrv_max_brokers: u32,
@@ -190,6 +194,7 @@ impl Default for RocketMqConfig {
             max_clients: 100_000,
             max_consumer_groups: 100_000,
             max_groups_per_client: 1_000,
+            max_subscription_bytes: 64 << 20,
             namesrv_max_brokers: 1_024,
             namesrv_max_route_entries: 2_000_000,
             max_unwritten_pushes_per_connection: 1_024,

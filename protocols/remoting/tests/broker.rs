@@ -1788,3 +1788,50 @@ async fn a_prepared_message_due_past_the_timer_limit_is_refused_at_its_send() ->
     assert_eq!(near.code, rs::SUCCESS, "{:?}", near.remark);
     Ok(())
 }
+
+/// The subscriptions kept for live groups have a byte budget
+/// (`rocketmq.max_subscription_bytes`): a group whose heartbeat would pass
+/// it is refused for that group (each group kept its last heartbeat's
+/// topics and expressions of up to 64 KiB); a group that leaves gives its
+/// bytes back.
+#[tokio::test]
+async fn subscriptions_kept_have_a_byte_budget() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = RocketMqConfig {
+        max_subscription_bytes: 8_000,
+        ..RocketMqConfig::default()
+    };
+    let (addr, _broker, _stop) = serve_broker(dir.path(), cfg).await?;
+    let expr = "T".repeat(3_000);
+    let hb = |id: &str, group: &str| {
+        let mut h = req(rq::HEART_BEAT, &[]);
+        h.body = Bytes::from(format!(
+            r#"{{"clientID":"{id}","producerDataSet":[],"consumerDataSet":[{{"groupName":"{group}","messageModel":"CLUSTERING","subscriptionDataSet":[{{"topic":"t","subString":"{expr}","expressionType":"TAG","subVersion":1}}]}}]}}"#
+        ));
+        h
+    };
+    let mut c = Client::connect(addr).await?;
+    assert_eq!(c.call(hb("c1", "g1")).await?.code, rs::SUCCESS);
+    assert_eq!(c.call(hb("c2", "g2")).await?.code, rs::SUCCESS);
+    assert_eq!(c.call(hb("c2", "g2")).await?.code, rs::SUCCESS, "the same again fits");
+    let r = c.call(hb("c3", "g3")).await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR, "a third group's 3 000 bytes");
+    assert!(r
+        .remark
+        .as_deref()
+        .unwrap_or_default()
+        .contains("max_subscription_bytes"));
+    let r = c
+        .call(req(rq::GET_CONSUMER_LIST_BY_GROUP, &[("consumerGroup", "g3")]))
+        .await?;
+    assert_ne!(r.code, rs::SUCCESS, "g3 not kept: {:?}", r.remark);
+    let r = c
+        .call(req(
+            rq::UNREGISTER_CLIENT,
+            &[("clientID", "c1"), ("consumerGroup", "g1")],
+        ))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS);
+    assert_eq!(c.call(hb("c3", "g3")).await?.code, rs::SUCCESS, "g1's bytes given back");
+    Ok(())
+}

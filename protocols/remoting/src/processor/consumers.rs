@@ -36,11 +36,13 @@ impl RocketMq {
         let max_clients = self.config.max_clients as usize;
         let max_groups = self.config.max_consumer_groups as usize;
         let max_per_client = self.config.max_groups_per_client as usize;
+        let max_sub_bytes = usize::try_from(self.config.max_subscription_bytes).unwrap_or(usize::MAX);
         let mut refused: Option<String> = None;
         {
-            let mut c = self.clients();
+            let mut guard = self.clients();
+            let c = &mut *guard;
             if max_clients > 0 && c.clients.len() >= max_clients && !c.clients.contains_key(&client_id) {
-                drop(c);
+                drop(guard);
                 metrics::counter!("rokka_rocketmq_heartbeats_refused_total", "reason" => "max_clients").increment(1);
                 return self.reply(
                     req,
@@ -54,7 +56,7 @@ impl RocketMq {
             // reconnecting takes it, as before).
             if let Some(cl) = c.clients.get(&client_id) {
                 if cl.principal != principal && cl.live_elsewhere(conn) {
-                    drop(c);
+                    drop(guard);
                     metrics::counter!("rokka_rocketmq_heartbeats_refused_total", "reason" => "client_id_in_use")
                         .increment(1);
                     return self.reply(
@@ -169,7 +171,6 @@ impl RocketMq {
                     continue;
                 }
                 let group = c.groups.entry(g.clone()).or_default();
-                group.clustering = cd.clustering;
                 // The heartbeat's subscriptions replace the group's as
                 // RocketMQ's ConsumerGroupInfo.updateSubscription does: a
                 // topic a consumer dropped goes, a new one comes, and a
@@ -198,6 +199,34 @@ impl RocketMq {
                         }
                     }
                 }
+                // Within the subscriptions' byte budget (names and
+                // expressions are the client's: each group kept its last
+                // heartbeat's, 64 KiB an expression).
+                let (old_bytes, new_bytes) = (
+                    crate::clients::subscription_bytes(&group.subscriptions),
+                    crate::clients::subscription_bytes(&subs),
+                );
+                let total = c.subscription_bytes.saturating_sub(old_bytes).saturating_add(new_bytes);
+                if max_sub_bytes > 0 && new_bytes > old_bytes && total > max_sub_bytes {
+                    if group.members.is_empty() {
+                        c.groups.remove(&g);
+                    }
+                    if let Some(cl) = c.clients.get_mut(&client_id) {
+                        if !c.groups.get(&g).is_some_and(|gr| gr.members.contains(&client_id)) {
+                            cl.consumer_groups.remove(&g);
+                            cl.group_seen_ms.remove(&g);
+                        }
+                    }
+                    metrics::counter!("rokka_rocketmq_heartbeats_refused_total", "reason" => "max_subscription_bytes")
+                        .increment(1);
+                    refused = Some(format!(
+                        "consumer group {g} refused: its subscriptions would pass rocketmq.max_subscription_bytes = {max_sub_bytes}"
+                    ));
+                    continue;
+                }
+                c.subscription_bytes = total;
+                metrics::gauge!("rokka_rocketmq_subscription_bytes").set(total as f64);
+                group.clustering = cd.clustering;
                 let subs_changed = !group.subscriptions.keys().eq(subs.keys());
                 group.subscriptions = subs;
                 let joined_now = group.members.insert(client_id.clone());
