@@ -1165,8 +1165,19 @@ impl Broker {
     /// Recomputes [`Broker::consumer_lag`] for the next scrapes
     /// (`rokka_consumer_lag`, `rokka_consumer_group_lag`): a deleted group
     /// or topic leaves no series behind.
-    pub fn refresh_lag(&self) {
-        let lag = self.consumer_lag();
+    /// At most `max_series` of them (0 = all): the largest lags (groups
+    /// and their commits come from clients; every one a series, a million
+    /// committed offsets made scrapes of hundreds of MB).
+    pub fn refresh_lag(&self, max_series: usize) {
+        let mut lag = self.consumer_lag();
+        let mut dropped = 0;
+        if max_series > 0 && lag.len() > max_series {
+            lag.select_nth_unstable_by(max_series - 1, |a, b| b.3.cmp(&a.3));
+            dropped = lag.len() - max_series;
+            lag.truncate(max_series);
+            lag.sort_unstable();
+        }
+        metrics::gauge!("rokka_consumer_lag_series_dropped").set(dropped as f64);
         *self.lag.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = lag;
     }
 
@@ -1467,7 +1478,7 @@ mod lag_tests {
             lag,
             vec![("kafka-g".into(), "L".into(), 0, 3), ("rmq-g".into(), "L".into(), 1, 0)]
         );
-        b.refresh_lag();
+        b.refresh_lag(0);
         let mut fams = Vec::new();
         scrape::Collect::collect(&b, &mut fams);
         let per_queue: Vec<_> = fams[0].samples.iter().map(|(l, v)| (l[0].1.clone(), *v)).collect();
@@ -1476,11 +1487,36 @@ mod lag_tests {
         assert!(per_queue.contains(&("kafka-g".to_string(), 3.0)));
         // A deleted group's series are gone at the next refresh.
         store.offsets().delete_group("kafka-g");
-        b.refresh_lag();
+        b.refresh_lag(0);
         let mut fams = Vec::new();
         scrape::Collect::collect(&b, &mut fams);
         assert_eq!(fams[0].samples.len(), 1);
         assert_eq!(fams[1].samples.len(), 1, "per-topic sums follow");
+        Ok(())
+    }
+
+    /// Past `max_series` only the largest lags are exported.
+    #[test]
+    fn lag_series_past_the_cap_keep_the_largest() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        b.create_topic("L", 1)?;
+        for i in 0..50u8 {
+            b.append_messages(&[MessageInput::new("L", 0, &[i], b"")])?;
+        }
+        for g in 0..40u64 {
+            store.offsets().commit(&format!("g{g:02}"), "L", 0, g, "");
+        }
+        b.refresh_lag(3);
+        let mut fams = Vec::new();
+        scrape::Collect::collect(&b, &mut fams);
+        let mut groups: Vec<_> = fams[0].samples.iter().map(|(l, v)| (l[0].1.clone(), *v)).collect();
+        groups.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            groups,
+            vec![("g00".into(), 50.0), ("g01".into(), 49.0), ("g02".into(), 48.0)]
+        );
         Ok(())
     }
 }

@@ -158,6 +158,9 @@ pub struct MetricsConfig {
     pub listen: SocketAddr,
     /// How often consumer lag (`rokka_consumer_lag`) is recomputed.
     pub lag_interval_ms: u64,
+    /// Most (group, topic, queue) series of `rokka_consumer_lag` exported
+    /// (0 = no limit): the largest lags are kept.
+    pub max_lag_series: u32,
     /// A counter or histogram series not updated for this long is dropped
     /// from /metrics (0 = never). Labels carry client-chosen names (topics,
     /// groups), so without it every name ever seen stays a series.
@@ -180,6 +183,7 @@ impl Default for MetricsConfig {
             enabled: true,
             listen: SocketAddr::from(([127, 0, 0, 1], 9100)),
             lag_interval_ms: 10_000,
+            max_lag_series: 10_000,
             idle_timeout_ms: 3_600_000,
             tls_certificate: String::new(),
             tls_key: String::new(),

@@ -444,11 +444,12 @@ async fn serve(
         let b = Arc::clone(broker);
         let mut sd = stop_rx.clone();
         let every = std::time::Duration::from_millis(cfg.metrics.lag_interval_ms.max(100));
+        let max_lag_series = cfg.metrics.max_lag_series as usize;
         listeners.push(tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
                 tokio::select! {
-                    _ = tick.tick() => rokka_broker::offload(|| b.refresh_lag()),
+                    _ = tick.tick() => rokka_broker::offload(|| b.refresh_lag(max_lag_series)),
                     _ = sd.changed() => return,
                 }
             }
