@@ -684,14 +684,28 @@ fn recover(
     })?;
     let end = scan_end.end;
     // Data past the end in a later segment means a hole, not a torn tail.
+    // Without a checkpoint that cannot be told from damage: refused. Past
+    // the checkpoint those entries were never known durable (write-back is
+    // not in order, and a group commit's msync of two segments is not one
+    // write), so the log is cut as within a segment, the later segments'
+    // entries kept in lost+found.
+    let mut later_intact = Vec::new();
     for seg in log.segments().iter().filter(|s| s.start > end) {
         if commitlog::valid_entry_at(log, seg.start, max_entry) {
-            return Err(StoreError::bad_file(
-                seg.file.path(),
-                format!(
-                    "valid entries follow damaged or missing data at CommitLog offset {end}; refusing to drop them"
-                ),
-            ));
+            if safe.is_none() {
+                return Err(StoreError::bad_file(
+                    seg.file.path(),
+                    format!(
+                        "valid entries follow damaged or missing data at CommitLog offset {end}; refusing to drop them"
+                    ),
+                ));
+            }
+            tracing::error!(
+                path = %seg.file.path().display(),
+                offset = end,
+                "valid entries in a later segment follow a torn tail past the checkpoint: cutting the log there"
+            );
+            later_intact.push(seg.start);
         }
     }
     if let Some((path, pos, why)) = &scan_end.stopped_by {
@@ -730,6 +744,15 @@ fn recover(
         .stopped_by
         .as_ref()
         .is_some_and(|(_, pos, _)| commitlog::valid_entry_follows(log, *pos, max_entry));
+    for start in later_intact {
+        if let Some(saved) = commitlog::save_tail(log, start, &log.dir().join("../lost+found"))? {
+            tracing::error!(
+                offset = start,
+                saved = %saved.display(),
+                "a later segment's entries past the recovered end were cut; a copy is kept"
+            );
+        }
+    }
     match commitlog::save_tail(log, end, &log.dir().join("../lost+found")) {
         Ok(Some(saved)) => tracing::error!(
             offset = end,

@@ -442,3 +442,46 @@ fn a_lowered_message_limit_does_not_cut_larger_records_already_written() -> Test
     assert_eq!(store.max_offset("Big", 0), 5);
     Ok(())
 }
+
+/// A torn tail at the end of one segment with the next segment's first
+/// entries on disk (write-back is not in order; a group commit's msync of
+/// two files is not atomic), past the checkpoint: the log is cut at the
+/// torn entry and the later segment's entries kept in lost+found, as one
+/// segment's are — the store refused to start ("valid entries follow").
+#[test]
+fn a_torn_tail_before_a_later_segments_entries_past_the_checkpoint_is_cut() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    let mut rs = Vec::new();
+    let mut i = 0;
+    while rs
+        .last()
+        .is_none_or(|r: &AppendResult| r.phys_offset < cfg.commitlog_segment_bytes + 10_000)
+    {
+        rs.push(append(&store, "R", 0, 7, i)?);
+        i += 1;
+    }
+    drop(store);
+    let last_in_first = rs
+        .iter()
+        .rposition(|r| r.phys_offset < cfg.commitlog_segment_bytes)
+        .ok_or("no record in the first segment")?;
+    let r = &rs[last_in_first];
+    let (seg, pos) = segment_of(dir.path(), &cfg, r.phys_offset);
+    let half = u64::from(r.size) / 2;
+    write_at(&seg, pos + half, &vec![0u8; half as usize])?;
+    let store = MessageStore::open(cfg.clone())?;
+    assert_eq!(store.max_offset("R", 0), last_in_first as u64);
+    drop(store);
+    let saved = dir
+        .path()
+        .join("lost+found")
+        .join(format!("{:020}", cfg.commitlog_segment_bytes));
+    let kept = std::fs::read(&saved)?;
+    let first_after = &rs[last_in_first + 1];
+    assert_eq!(first_after.phys_offset, cfg.commitlog_segment_bytes);
+    let expect = rs.last().map_or(0, |l| l.phys_offset + u64::from(l.size)) - cfg.commitlog_segment_bytes;
+    assert_eq!(kept.len() as u64, expect, "the later segment's entries are kept");
+    assert_recovered_to(dir.path(), last_in_first as u64)
+}
