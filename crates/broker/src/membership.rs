@@ -20,8 +20,13 @@ pub struct GroupMembers {
     pub kafka: BTreeSet<String>,
     /// Topics the RocketMQ members subscribe to (retry topics excluded).
     pub rocketmq_topics: BTreeSet<String>,
-    /// Topics the Kafka members subscribe to.
+    /// Topics the Kafka members subscribe to (all of them together).
     pub kafka_topics: BTreeSet<String>,
+    /// The Kafka members do not all subscribe to the same topics (legal in
+    /// Kafka): no RocketMQ client can join such a group — its members'
+    /// rejoins would be refused for differing from it.
+    #[serde(default)]
+    pub kafka_subscriptions_differ: bool,
 }
 
 impl GroupMembers {
@@ -34,6 +39,10 @@ impl GroupMembers {
     }
 
     fn merge(&mut self, other: &GroupMembers) {
+        self.kafka_subscriptions_differ |= other.kafka_subscriptions_differ
+            || (!self.kafka_topics.is_empty()
+                && !other.kafka_topics.is_empty()
+                && self.kafka_topics != other.kafka_topics);
         self.rocketmq.extend(other.rocketmq.iter().cloned());
         self.kafka.extend(other.kafka.iter().cloned());
         self.rocketmq_topics.extend(other.rocketmq_topics.iter().cloned());
@@ -245,24 +254,35 @@ impl Membership {
 
     /// The RocketMQ side of `group` now; the Kafka side is told if it changed.
     pub fn set_rocketmq(&self, group: &str, members: BTreeSet<String>, topics: BTreeSet<String>) {
-        self.set(group, Side::RocketMq, members, topics);
+        self.set(group, Side::RocketMq, members, topics, false);
     }
 
     /// The Kafka side of `group` now; the RocketMQ side is told if it changed.
     pub fn set_kafka(&self, group: &str, members: BTreeSet<String>, topics: BTreeSet<String>) {
-        self.set(group, Side::Kafka, members, topics);
+        self.set(group, Side::Kafka, members, topics, false);
     }
 
-    fn set(&self, group: &str, side: Side, members: BTreeSet<String>, topics: BTreeSet<String>) {
+    /// [`Membership::set_kafka`], saying whether the members' own
+    /// subscriptions differ (`topics` is then their union).
+    pub fn set_kafka_differing(&self, group: &str, members: BTreeSet<String>, topics: BTreeSet<String>, differ: bool) {
+        self.set(group, Side::Kafka, members, topics, differ);
+    }
+
+    fn set(&self, group: &str, side: Side, members: BTreeSet<String>, topics: BTreeSet<String>, differ: bool) {
         let (to_kafka, to_rocketmq) = {
             let mut g = self.lock();
             let before = g.effective(group).unwrap_or_default();
             let e = g.local.entry(group.to_string()).or_default();
+            let mut changed = false;
+            if let Side::Kafka = side {
+                changed |= e.kafka_subscriptions_differ != differ;
+                e.kafka_subscriptions_differ = differ;
+            }
             let (mine, my_topics) = match side {
                 Side::RocketMq => (&mut e.rocketmq, &mut e.rocketmq_topics),
                 Side::Kafka => (&mut e.kafka, &mut e.kafka_topics),
             };
-            let changed = *mine != members || *my_topics != topics;
+            changed |= *mine != members || *my_topics != topics;
             *mine = members;
             *my_topics = topics;
             if e.is_empty() {

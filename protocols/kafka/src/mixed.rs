@@ -183,10 +183,21 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
             if known.get(&v.name).is_some_and(|(k, t)| *k == ids && !t.is_empty()) {
                 continue;
             }
-            let topics: BTreeSet<String> = v.members.iter().flat_map(|m| subscribed_topics(&m.metadata)).collect();
+            let each: Vec<BTreeSet<String>> = v
+                .members
+                .iter()
+                .map(|m| subscribed_topics(&m.metadata))
+                .filter(|t| !t.is_empty())
+                .collect();
+            // (Members subscribing to different topics — legal in Kafka —
+            // keep RocketMQ clients out: their union is no one's.)
+            let differ = each.windows(2).any(|w| w[0] != w[1]);
+            let topics: BTreeSet<String> = each.into_iter().flatten().collect();
             let now = (ids, topics);
             if known.get(&v.name) != Some(&now) {
-                k.broker.membership().set_kafka(&v.name, now.0.clone(), now.1.clone());
+                k.broker
+                    .membership()
+                    .set_kafka_differing(&v.name, now.0.clone(), now.1.clone(), differ);
                 known.insert(v.name, now);
             }
         }

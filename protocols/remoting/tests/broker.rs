@@ -799,6 +799,16 @@ async fn mixed_group_lists_kafka_members_and_refuses_conflicts() -> TestResult {
         .remark
         .unwrap_or_default()
         .contains("conflicts with its Kafka members"));
+    // Kafka members subscribing to different topics (legal in Kafka): a
+    // RocketMQ client whose topics are their union is refused too — let
+    // in, each Kafka member's rejoin was refused for differing from it.
+    broker
+        .membership()
+        .set_kafka_differing("mg", set(&["zz-kafka", "zz-kafka2"]), set(&["MX"]), true);
+    let mut c = Client::connect(addr).await?;
+    let r = c.call(hb("c-rmq", "MX")).await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR, "{:?}", r.remark);
+    assert!(r.remark.unwrap_or_default().contains("subscribe to different topics"));
     Ok(())
 }
 

@@ -151,7 +151,10 @@ impl RocketMq {
                     .collect();
                 let kafka = self.broker.membership().get(&g);
                 // (Kafka members' topics are unknown until their first join completes.)
-                if !kafka.kafka.is_empty() && !kafka.kafka_topics.is_empty() && topics != kafka.kafka_topics {
+                if !kafka.kafka.is_empty()
+                    && (kafka.kafka_subscriptions_differ
+                        || (!kafka.kafka_topics.is_empty() && topics != kafka.kafka_topics))
+                {
                     metrics::counter!("rokka_mixed_group_conflicts_total", "group" => g.clone(), "side" => "rocketmq")
                         .increment(1);
                     let was = c.leave_group(&g, &client_id);
@@ -164,10 +167,14 @@ impl RocketMq {
                         tracing::warn!(group = g, client = client_id, rocketmq = ?topics, kafka = ?kafka.kafka_topics,
                             "RocketMQ consumer refused: its subscription differs from the group's Kafka members'");
                     }
-                    conflict = Some(format!(
-                        "consumer group {g}: subscription {topics:?} conflicts with its Kafka members' {:?}",
-                        kafka.kafka_topics
-                    ));
+                    conflict = Some(if kafka.kafka_subscriptions_differ {
+                        format!("consumer group {g}: its Kafka members subscribe to different topics; RocketMQ clients cannot join it")
+                    } else {
+                        format!(
+                            "consumer group {g}: subscription {topics:?} conflicts with its Kafka members' {:?}",
+                            kafka.kafka_topics
+                        )
+                    });
                     continue;
                 }
                 let group = c.groups.entry(g.clone()).or_default();
