@@ -1270,8 +1270,10 @@ impl Messaging {
             }
         }
         let appended = match inc.deliver_at_ms {
-            _ if inc.transactional => self.broker.append_half(&input),
-            Some(at) if at > now => self.broker.append_timer(&input, at),
+            // (The transaction / timer state's lock may be held long by a
+            // check scan or a due delivery: waited for off the async workers.)
+            _ if inc.transactional => rokka_broker::offload(|| self.broker.append_half(&input)),
+            Some(at) if at > now => rokka_broker::offload(|| self.broker.append_timer(&input, at)),
             _ => self
                 .broker
                 .append_messages(std::slice::from_ref(&input))

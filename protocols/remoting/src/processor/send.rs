@@ -342,11 +342,14 @@ impl RocketMq {
             return Err(self.reply(req, rs::SYSTEM_ERROR, Some("in-sync replicas not enough".into())));
         }
         let appended = match delay {
-            _ if prepared => self.broker.append_half(&inputs[0]).map(|r| vec![r]),
-            _ if timer.is_some() => self
-                .broker
-                .append_timer(&inputs[0], timer.unwrap_or_default())
-                .map(|r| vec![r]),
+            // (Half and timer messages take the transaction / timer state's
+            // lock, which a check scan or a due delivery may hold for long:
+            // waited for off the async workers, as Apache's service threads.)
+            _ if prepared => rokka_broker::offload(|| self.broker.append_half(&inputs[0])).map(|r| vec![r]),
+            _ if timer.is_some() => {
+                rokka_broker::offload(|| self.broker.append_timer(&inputs[0], timer.unwrap_or_default()))
+                    .map(|r| vec![r])
+            }
             Some(level) => self.broker.append_delayed(&inputs[0], level).map(|r| vec![r]),
             None => self.broker.append_messages(&inputs),
         };
