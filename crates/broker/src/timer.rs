@@ -209,6 +209,8 @@ impl Broker {
 
     /// Delivers the timer messages due at `now_ms`; how many.
     pub fn deliver_due_timers(&self, now_ms: i64) -> usize {
+        /// Due timer messages one pass (every 100 ms) delivers at most.
+        const MAX_DELIVERIES_PER_PASS: usize = 4096;
         // Only where appends are taken (cluster mode: the set's master; a
         // node that becomes master loads the state then): a replica would
         // retry every due timer at every tick, its state never refreshed.
@@ -217,10 +219,15 @@ impl Broker {
         }
         let mut st = self.timer_state();
         let mut n = 0;
+        let mut handled = 0;
         while let Some(Reverse((due, off, phys))) = st.heap.peek().copied() {
-            if due > now_ms {
+            // At most a pass's worth under the state's lock (after a long
+            // stop millions may be due; sends of timer messages wait for
+            // the lock): the rest at the next tick.
+            if due > now_ms || handled >= MAX_DELIVERIES_PER_PASS {
                 break;
             }
+            handled += 1;
             // (Bounded as stored entries are: it may predate a lower
             // max_message_bytes.)
             let m = match self.store.read_stored_at(phys).map(|b| rokka_store::decode_entry(&b)) {
@@ -302,6 +309,24 @@ mod tests {
         assert_eq!(b.deliver_due_timers(now + 3_000), 1);
         assert_eq!(b.store().max_offset("kept", 0), 1, "the later message was delivered");
         assert_eq!(b.deliver_due_timers(now + 4_000), 0, "nothing left");
+        Ok(())
+    }
+
+    /// A pass delivers at most 4096 due messages under the state's lock;
+    /// the rest at the next.
+    #[test]
+    fn a_pass_delivers_a_bounded_number_of_due_messages() -> Result<()> {
+        let dir = tempfile::tempdir().map_err(|e| BrokerError::Io("tmp".into(), e))?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        b.create_topic("many", 1)?;
+        let now = rokka_store::now_ms();
+        for i in 0..4100 {
+            b.append_timer(&MessageInput::new("many", 0, b"x", b""), now + 1_000 + i)?;
+        }
+        assert_eq!(b.deliver_due_timers(now + 10_000), 4096);
+        assert_eq!(b.deliver_due_timers(now + 10_000), 4);
+        assert_eq!(store.max_offset("many", 0), 4100);
         Ok(())
     }
 
