@@ -287,6 +287,21 @@ impl Users {
         self.read().users.get(user).and_then(|c| c.scram.get(m.name())).cloned()
     }
 
+    /// What `user`'s credentials are now, to tell a change (a new
+    /// password, a mechanism deleted, the user gone): their stored keys by
+    /// mechanism; None for no such user.
+    pub fn fingerprint(&self, user: &str) -> Option<Vec<u8>> {
+        let t = self.read();
+        let c = t.users.get(user)?;
+        let mut out = Vec::new();
+        for (name, cred) in c.scram.iter() {
+            out.extend_from_slice(name.as_bytes());
+            out.push(0);
+            out.extend_from_slice(&cred.stored_key);
+        }
+        Some(out)
+    }
+
     /// Whether `password` is one of `user`'s credentials (SASL PLAIN).
     pub fn check_password(&self, user: &str, password: &[u8]) -> bool {
         let creds: Option<Vec<(Mechanism, ScramCredential)>> = {

@@ -73,6 +73,9 @@ pub struct Login {
 struct Session {
     credentials: admin::Credentials,
     last_seen: Instant,
+    /// The user's credentials when the session began
+    /// ([`rokka_broker::users::Users::fingerprint`]): a change ends it.
+    fingerprint: Option<Vec<u8>>,
 }
 
 const COOKIE: &str = "rokka_session";
@@ -108,6 +111,15 @@ impl Login {
             return None;
         }
         let x = s.get_mut(token)?;
+        // The user's password changed or the user went: the session ends
+        // (its pages sign in with the password it began with, and each
+        // failure counted toward the SASL hold-off of the console's own
+        // address, which then locked every console user out).
+        if self.broker.users().fingerprint(&x.credentials.user) != x.fingerprint {
+            s.remove(token);
+            metrics::gauge!("rokka_console_sessions").set(s.len() as f64);
+            return None;
+        }
         x.last_seen = Instant::now();
         Some(x.credentials.clone())
     }
@@ -131,11 +143,13 @@ impl Login {
             return None;
         }
         let token = random_hex(32)?;
+        let fingerprint = self.broker.users().fingerprint(&credentials.user);
         s.insert(
             token.clone(),
             Session {
                 credentials,
                 last_seen: Instant::now(),
+                fingerprint,
             },
         );
         metrics::gauge!("rokka_console_sessions").set(s.len() as f64);
@@ -904,6 +918,43 @@ mod tests {
         // Others still log in.
         let alice = login.open(who("alice")).ok_or("alice refused")?;
         assert!(login.visit(&alice).is_some());
+        Ok(())
+    }
+
+    /// A session ends when its user's password changes or the user goes:
+    /// its pages signed in with the old password, and their failures held
+    /// the console's own address off every SASL login.
+    #[test]
+    fn a_changed_password_ends_the_users_sessions() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(rokka_store::MessageStore::open(rokka_store::StoreConfig::for_tests(
+            dir.path(),
+        ))?);
+        let broker = Arc::new(rokka_broker::Broker::new(store, rokka_broker::BrokerConfig::default())?);
+        broker
+            .users()
+            .set_password("carol", "old", false)
+            .map_err(|e| format!("{e:?}"))?;
+        broker
+            .users()
+            .set_password("dave", "d", false)
+            .map_err(|e| format!("{e:?}"))?;
+        let login = Login::new(&crate::config::ConsoleConfig::default(), Arc::clone(&broker));
+        let who = |u: &str, p: &str| admin::Credentials {
+            user: u.into(),
+            password: p.into(),
+        };
+        let carol = login.open(who("carol", "old")).ok_or("no session")?;
+        let dave = login.open(who("dave", "d")).ok_or("no session")?;
+        assert!(login.visit(&carol).is_some());
+        broker
+            .users()
+            .set_password("carol", "new", true)
+            .map_err(|e| format!("{e:?}"))?;
+        assert!(login.visit(&carol).is_none(), "the old password's session ended");
+        assert!(login.visit(&dave).is_some(), "others' go on");
+        broker.users().delete_user("dave").map_err(|e| format!("{e:?}"))?;
+        assert!(login.visit(&dave).is_none(), "a deleted user's session ended");
         Ok(())
     }
 
