@@ -7,7 +7,7 @@
 //! RocketMQ's averaging strategy over all member ids, which is what RocketMQ
 //! clients compute locally by default.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -27,6 +27,10 @@ pub struct GroupMembers {
     /// rejoins would be refused for differing from it.
     #[serde(default)]
     pub kafka_subscriptions_differ: bool,
+    /// Kafka partitions the Kafka members hold by their last SyncGroup,
+    /// by topic: not a RocketMQ member's to pull until they give them up.
+    #[serde(default)]
+    pub kafka_held: BTreeMap<String, BTreeSet<i32>>,
 }
 
 impl GroupMembers {
@@ -45,6 +49,9 @@ impl GroupMembers {
                 && self.kafka_topics != other.kafka_topics);
         self.rocketmq.extend(other.rocketmq.iter().cloned());
         self.kafka.extend(other.kafka.iter().cloned());
+        for (t, ps) in &other.kafka_held {
+            self.kafka_held.entry(t.clone()).or_default().extend(ps.iter().copied());
+        }
         self.rocketmq_topics.extend(other.rocketmq_topics.iter().cloned());
         self.kafka_topics.extend(other.kafka_topics.iter().cloned());
     }
@@ -268,6 +275,21 @@ impl Membership {
         self.set(group, Side::Kafka, members, topics, differ);
     }
 
+    /// The partitions `group`'s Kafka members hold now (their last
+    /// SyncGroup's assignments); kept only for a group with Kafka members.
+    pub fn set_kafka_held(&self, group: &str, held: BTreeMap<String, BTreeSet<i32>>) {
+        let mut g = self.lock();
+        let Some(e) = g.local.get_mut(group) else {
+            return;
+        };
+        if e.kafka_held != held {
+            e.kafka_held = held;
+            if self.published.load(std::sync::atomic::Ordering::Acquire) {
+                g.dirty.insert(group.to_string());
+            }
+        }
+    }
+
     fn set(&self, group: &str, side: Side, members: BTreeSet<String>, topics: BTreeSet<String>, differ: bool) {
         let (to_kafka, to_rocketmq) = {
             let mut g = self.lock();
@@ -277,6 +299,9 @@ impl Membership {
             if let Side::Kafka = side {
                 changed |= e.kafka_subscriptions_differ != differ;
                 e.kafka_subscriptions_differ = differ;
+                if members.is_empty() {
+                    e.kafka_held.clear();
+                }
             }
             let (mine, my_topics) = match side {
                 Side::RocketMq => (&mut e.rocketmq, &mut e.rocketmq_topics),

@@ -99,6 +99,35 @@ pub fn conflicts(k: &Kafka, group: &str, topics: &BTreeSet<String>) -> bool {
 /// loop would log one each; all are counted).
 static CONFLICT_LOG: rokka_broker::limits::LogEvery = rokka_broker::limits::LogEvery::new(60_000);
 
+/// The partitions a ConsumerProtocolAssignment gives, by topic (empty
+/// when it cannot be read).
+pub fn assigned_partitions(assignment: &Bytes) -> BTreeMap<String, BTreeSet<i32>> {
+    let mut out: BTreeMap<String, BTreeSet<i32>> = BTreeMap::new();
+    let mut b = assignment.clone();
+    if b.len() < 2 {
+        return out;
+    }
+    let version = i16::from_be_bytes([b[0], b[1]]);
+    let _ = bytes::Buf::get_i16(&mut b);
+    if let Ok(a) = ConsumerProtocolAssignment::decode(&mut b, version.clamp(0, 3)) {
+        for tp in a.assigned_partitions {
+            out.entry(tp.topic.0.to_string()).or_default().extend(tp.partitions);
+        }
+    }
+    out
+}
+
+/// Every partition the members' assignments give.
+fn held_partitions(members: &[rokka_group::MemberView]) -> BTreeMap<String, BTreeSet<i32>> {
+    let mut out: BTreeMap<String, BTreeSet<i32>> = BTreeMap::new();
+    for m in members {
+        for (t, ps) in assigned_partitions(&m.assignment) {
+            out.entry(t).or_default().extend(ps);
+        }
+    }
+    out
+}
+
 /// A ConsumerProtocolAssignment (version 0) of `parts`.
 pub fn encode_assignment(parts: &BTreeMap<String, Vec<i32>>) -> Bytes {
     let a = ConsumerProtocolAssignment::default().with_assigned_partitions(
@@ -157,6 +186,8 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
     // Per group: member ids and their topics (known once the coordinator has
     // selected the group's protocol; empty while the first join is pending).
     let mut known: HashMap<String, (BTreeSet<String>, BTreeSet<String>)> = HashMap::new();
+    // Per group: the generation whose assignments were last published.
+    let mut held: HashMap<String, i32> = HashMap::new();
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -178,6 +209,15 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
         for v in views {
             let ids: BTreeSet<String> = v.members.iter().map(|m| m.member_id.clone()).collect();
             seen.insert(v.name.clone());
+            // The partitions the Kafka members hold by their last SyncGroup
+            // (read again at each new generation): a RocketMQ client
+            // joining takes its share only once they have given it up —
+            // until their rebalance completes they go on consuming it.
+            if held.get(&v.name) != Some(&v.generation) {
+                let parts = held_partitions(&v.members);
+                k.broker.membership().set_kafka_held(&v.name, parts);
+                held.insert(v.name.clone(), v.generation);
+            }
             // Subscriptions are parsed only while they are unknown or the
             // members changed (the ids are cheap to compare every tick).
             if known.get(&v.name).is_some_and(|(k, t)| *k == ids && !t.is_empty()) {
@@ -208,5 +248,26 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
             }
             keep
         });
+        held.retain(|g, _| seen.contains(g));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An assignment reads back as the partitions it gives.
+    #[test]
+    fn an_assignment_reads_back_as_its_partitions() {
+        let parts = BTreeMap::from([("a".to_string(), vec![2, 0]), ("b".to_string(), vec![5])]);
+        let got = assigned_partitions(&encode_assignment(&parts));
+        assert_eq!(
+            got,
+            BTreeMap::from([
+                ("a".to_string(), BTreeSet::from([0, 2])),
+                ("b".to_string(), BTreeSet::from([5])),
+            ])
+        );
+        assert!(assigned_partitions(&Bytes::from_static(b"\x00")).is_empty());
     }
 }

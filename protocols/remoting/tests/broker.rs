@@ -812,6 +812,77 @@ async fn mixed_group_lists_kafka_members_and_refuses_conflicts() -> TestResult {
     Ok(())
 }
 
+/// A RocketMQ client joining a group whose Kafka member still holds its
+/// share (by the member's last SyncGroup) does not pull it, nor commit it,
+/// until the Kafka member's rebalance has given it up: both read it, and
+/// each side's commits undid the other's.
+#[tokio::test]
+async fn a_partition_a_kafka_member_still_holds_is_not_a_joining_clients_yet() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    broker.create_topic("HX", 2)?;
+    let set = |v: &[&str]| {
+        v.iter()
+            .map(|s| s.to_string())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let held = |ps: &[i32]| {
+        std::collections::BTreeMap::from([(
+            "HX".to_string(),
+            ps.iter().copied().collect::<std::collections::BTreeSet<_>>(),
+        )])
+    };
+    broker.membership().set_kafka("hg", set(&["zz-kafka"]), set(&["HX"]));
+    // The Kafka member holds both partitions (its assignment before the
+    // RocketMQ client came).
+    broker.membership().set_kafka_held("hg", held(&[0, 1]));
+    let mut h = req(rq::HEART_BEAT, &[]);
+    h.body = Bytes::from(
+        r#"{"clientID":"a-rmq","producerDataSet":[],"consumerDataSet":[{"groupName":"hg","messageModel":"CLUSTERING","subscriptionDataSet":[{"topic":"HX","subString":"*"}]}]}"#,
+    );
+    let mut c = Client::connect(addr).await?;
+    assert_eq!(c.call(h).await?.code, rs::SUCCESS);
+    // Over [a-rmq, zz-kafka] queue 0 is a-rmq's share.
+    broker.append_messages(&[MessageInput::new("HX", 0, b"m0", b"")])?;
+    let pull = || {
+        let mut p = pull_req("HX", 0, 0, "*", 0);
+        p.ext_fields.set("consumerGroup", "hg");
+        p
+    };
+    let r = c.call(pull()).await?;
+    assert_eq!(bodies(&r).len(), 0, "the Kafka member still holds it");
+    let commit = req(
+        rq::UPDATE_CONSUMER_OFFSET,
+        &[
+            ("consumerGroup", "hg"),
+            ("topic", "HX"),
+            ("queueId", "0"),
+            ("commitOffset", "1"),
+        ],
+    );
+    assert_eq!(c.call(commit).await?.code, rs::SUCCESS);
+    assert!(
+        broker.store().offsets().get("hg", "HX", 0).is_none(),
+        "the commit was not taken"
+    );
+    // Its rebalance done, the Kafka member holds partition 1 only.
+    broker.membership().set_kafka_held("hg", held(&[1]));
+    let r = c.call(pull()).await?;
+    assert_eq!(bodies(&r), vec!["m0".to_string()]);
+    let commit = req(
+        rq::UPDATE_CONSUMER_OFFSET,
+        &[
+            ("consumerGroup", "hg"),
+            ("topic", "HX"),
+            ("queueId", "0"),
+            ("commitOffset", "1"),
+        ],
+    );
+    assert_eq!(c.call(commit).await?.code, rs::SUCCESS);
+    assert_eq!(broker.store().offsets().get("hg", "HX", 0).map(|o| o.offset), Some(1));
+    Ok(())
+}
+
 /// Heartbeats name clients and groups; both are capped, and a group whose
 /// last member left is forgotten (so its slot comes back).
 #[tokio::test]

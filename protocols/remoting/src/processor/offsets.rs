@@ -109,7 +109,7 @@ impl RocketMq {
         })
     }
 
-    pub(super) fn update_offset(&self, req: &RemotingCommand) -> RemotingCommand {
+    pub(super) fn update_offset(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
         let topic = req.ext_fields.get("topic").unwrap_or_default();
         let queue = ext_i64(req, "queueId", "queueId").unwrap_or(-1);
@@ -147,6 +147,18 @@ impl RocketMq {
                     info.partitions
                 )),
             );
+        }
+        // A mixed group's RocketMQ member committing a queue it does not
+        // own (its client persists every queue it ever held, every 5 s;
+        // a Kafka member holds the queue now) is acknowledged and ignored:
+        // taken, it moved the Kafka member's commit back.
+        if leader_epoch < 0
+            && metadata.is_empty()
+            && self.broker.membership().mixed(group).is_some()
+            && !self.owns(group, topic, queue as u32, info.partitions, conn)
+        {
+            metrics::counter!("rokka_mixed_group_commits_ignored_total").increment(1);
+            return self.reply(req, rs::SUCCESS, None);
         }
         // A RocketMQ client's commit of its old position after a reset is
         // acknowledged and ignored (RocketMQ 5 does the same).

@@ -163,13 +163,25 @@ impl RocketMq {
         let ids = m.all_ids();
         // The unit list is the whole topic's queues over every broker set,
         // as the clients sort them (one set: this set's queues).
-        let (index, units) = match self.broker.topics().get(topic) {
+        let info = self.broker.topics().get(topic);
+        let (index, units) = match &info {
             Some(info) => match info.rocketmq_index(self.broker.own_set(), queue) {
                 Some(i) => (i, info.kafka_partitions() as usize),
                 None => return false,
             },
             None => (queue as usize, partitions as usize),
         };
+        // A partition a Kafka member still holds (it has not rejoined
+        // since this client came: it goes on consuming it until its
+        // rebalance completes) is not this client's yet — both would read
+        // it, and each side's commits undo the other's.
+        let partition = info
+            .as_ref()
+            .and_then(|i| i.kafka_partition_of(self.broker.own_set(), queue))
+            .unwrap_or(queue as i32);
+        if m.kafka_held.get(topic).is_some_and(|ps| ps.contains(&partition)) {
+            return false;
+        }
         let c = self.clients();
         c.clients
             .iter()
