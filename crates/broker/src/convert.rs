@@ -88,7 +88,6 @@ pub const SYSTEM_PROPERTIES: &[&str] = &[
     "DLQ_ORIGIN_TOPIC",
     "DLQ_ORIGIN_MESSAGE_ID",
     "__STARTDELIVERTIME",
-    "__SHARDINGKEY",
     KAFKA_KEY_HEX,
 ];
 
@@ -512,6 +511,10 @@ fn convert_set(
                         && prop_safe(n)
                         && prop_safe(v)
                         && !is_system(n)
+                        // (A header cannot make a message FIFO: the message
+                        // group is RocketMQ 5's own property. The other way
+                        // a message group crosses as a header.)
+                        && n != b"__SHARDINGKEY"
                         && fits(&props, n, v, 0) =>
                 {
                     push_prop(&mut props, n, v)

@@ -342,13 +342,13 @@ impl Broker {
         &self.store
     }
 
-    /// Per-topic traffic counters (cached handles) for the frontends.
     /// Kafka batches decoded for RocketMQ readers that took part of them
     /// ([`convert::kafka_batch_to_rocketmq_cached`]).
     pub fn decoded_batches(&self) -> &convert::DecodedBatches {
         &self.decoded_batches
     }
 
+    /// Per-topic traffic counters (cached handles) for the frontends.
     pub fn traffic(&self) -> &traffic::Traffic {
         &self.traffic
     }

@@ -276,11 +276,12 @@ impl Membership {
     }
 
     /// The partitions `group`'s Kafka members hold now (their last
-    /// SyncGroup's assignments); kept only for a group with Kafka members.
-    pub fn set_kafka_held(&self, group: &str, held: BTreeMap<String, BTreeSet<i32>>) {
+    /// SyncGroup's assignments); kept only for a group with Kafka members
+    /// (false, nothing kept, for one without).
+    pub fn set_kafka_held(&self, group: &str, held: BTreeMap<String, BTreeSet<i32>>) -> bool {
         let mut g = self.lock();
-        let Some(e) = g.local.get_mut(group) else {
-            return;
+        let Some(e) = g.local.get_mut(group).filter(|e| !e.kafka.is_empty()) else {
+            return false;
         };
         if e.kafka_held != held {
             e.kafka_held = held;
@@ -288,6 +289,7 @@ impl Membership {
                 g.dirty.insert(group.to_string());
             }
         }
+        true
     }
 
     fn set(&self, group: &str, side: Side, members: BTreeSet<String>, topics: BTreeSet<String>, differ: bool) {

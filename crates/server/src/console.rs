@@ -664,10 +664,10 @@ fn plain(status: StatusCode, text: &'static str) -> Response<Full<Bytes>> {
     r
 }
 
-/// Runs a page's blocking admin calls off the async workers.
 /// Most bytes of a message body a console page shows.
 const CONSOLE_BODY_BYTES: usize = 4096;
 
+/// Runs a page's blocking admin calls off the async workers.
 async fn render<F>(c: Ctx, f: F) -> String
 where
     F: FnOnce(&Ctx) -> String + Send + 'static,

@@ -1061,17 +1061,38 @@ impl MessageStore {
         let Some(q) = self.queue(topic, queue_id) else {
             return Ok(0);
         };
-        let start = {
+        let (start, below) = {
             let _w = self.inner.writer();
-            q.raise_min_offset(offset)
+            // Where the records below the new start end in the log (read
+            // before the start moves past them).
+            let below = offset
+                .min(q.max_offset())
+                .checked_sub(1)
+                .and_then(|o| q.find(o))
+                .and_then(|i| q.entry(i))
+                .map(|e| e.phys_offset + u64::from(e.size));
+            (q.raise_min_offset(offset), below)
         };
-        // The records up to the new start are on disk before the start is
-        // (async mode may not have flushed them yet): kept past what a
-        // power loss leaves of the log, the start would later hide records
-        // appended again below it.
-        self.inner.log.flush_to(self.inner.log.write_pos())?;
         // Nothing moved (asked again): no rewrite and fsync of the file.
-        self.change_log_starts(|starts| starts.insert(format!("{topic}/{queue_id}"), start) != Some(start))?;
+        let key = format!("{topic}/{queue_id}");
+        let moved = self
+            .inner
+            .log_starts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            != Some(&start);
+        if moved {
+            // The records below the new start are on disk before the start
+            // is (async mode may not have flushed them yet): kept past what
+            // a power loss leaves of the log, the start would later hide
+            // records appended again below it. (Only as far as they reach:
+            // usually flushed already.)
+            if let Some(end) = below {
+                self.inner.log.flush_to(end)?;
+            }
+        }
+        self.change_log_starts(|starts| starts.insert(key, start) != Some(start))?;
         Ok(start)
     }
 

@@ -154,11 +154,11 @@ pub struct Tls {
     pub handshake_timeout: Duration,
 }
 
-/// Serves the MessagingService on `listener` until `stop` turns true.
 /// How long open gRPC connections (streams) may take to finish once the
 /// listener stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
+/// Serves the MessagingService on `listener` until `stop` turns true.
 pub async fn serve(
     listener: TcpListener,
     messaging: Arc<Messaging>,
@@ -308,8 +308,12 @@ pub async fn serve(
         .http2_max_pending_accept_reset_streams(Some(64))
         .tcp_nodelay(true)
         .add_service(svc)
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = stop.changed().await;
+        .serve_with_incoming_shutdown(incoming, {
+            let m = Arc::clone(&messaging);
+            async move {
+                let _ = stop.changed().await;
+                m.stop();
+            }
         });
     tokio::pin!(server);
     let result = tokio::select! {

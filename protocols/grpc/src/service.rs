@@ -109,6 +109,10 @@ pub struct Messaging {
     /// Messages handed out to `auto_renew` receives, kept invisible while
     /// their client lives: (group, topic, queue, offset) → the renewal.
     renewals: std::sync::Mutex<HashMap<(String, String, u32, u64), Renewal>>,
+    /// True once the listener stops: Telemetry streams end and waiting
+    /// receives answer, so the server's graceful shutdown finishes (a live
+    /// client's stream otherwise held it open until it went idle).
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 /// An auto-renewed handout: its client, the delivery its handle names, and
@@ -461,6 +465,7 @@ impl Messaging {
             producers: std::sync::Mutex::new(HashMap::new()),
             memory_ratio,
             renewals: std::sync::Mutex::new(HashMap::new()),
+            stopping: tokio::sync::watch::channel(false).0,
         }
     }
 
@@ -1154,10 +1159,24 @@ impl Messaging {
                 let until = if v > now_ms { (v - now_ms) as u64 } else { 100 };
                 wait = wait.min(Duration::from_millis(until));
             }
+            if *self.stopping.borrow() {
+                // Stopping: answered now, as at its deadline.
+                return fail(pb::Code::MessageNotFound, "no new message".into());
+            }
             metrics::gauge!("rokka_rocketmq5_receives_held").increment(1.0);
-            let _ = tokio::time::timeout(wait, waiter.notified()).await;
+            let mut stop = self.stopping.subscribe();
+            tokio::select! {
+                _ = tokio::time::timeout(wait, waiter.notified()) => {}
+                _ = stop.wait_for(|s| *s) => {}
+            }
             metrics::gauge!("rokka_rocketmq5_receives_held").decrement(1.0);
         }
+    }
+
+    /// The listener stops: Telemetry streams end and waiting receives are
+    /// answered at once.
+    pub fn stop(&self) {
+        self.stopping.send_replace(true);
     }
 
     /// Stores the messages of a SendMessage: each one's result, and the
@@ -2083,6 +2102,7 @@ impl pb::messaging_service_server::MessagingService for Service {
         let mut input = req.into_inner();
         let (tx, rx) = mpsc::channel::<Result<pb::TelemetryCommand, Status>>(8);
         let idle = Duration::from_millis(m.config.idle_timeout_ms.max(1000));
+        let mut stop = m.stopping.subscribe();
         tokio::spawn(async move {
             let _slot = slot;
             let _gone = Unregister {
@@ -2091,7 +2111,13 @@ impl pb::messaging_service_server::MessagingService for Service {
                 stream,
             };
             loop {
-                let next = match tokio::time::timeout(idle, input.message()).await {
+                let next = tokio::select! {
+                    n = tokio::time::timeout(idle, input.message()) => n,
+                    // The listener stops: the stream ends (the client
+                    // opens a new one wherever it reconnects).
+                    _ = stop.wait_for(|s| *s) => return,
+                };
+                let next = match next {
                     Err(_) => {
                         let _ = tx.send(Err(Status::deadline_exceeded("telemetry stream idle"))).await;
                         return;

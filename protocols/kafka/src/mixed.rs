@@ -185,7 +185,7 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     // Per group: member ids and their topics (known once the coordinator has
     // selected the group's protocol; empty while the first join is pending).
-    let mut known: HashMap<String, (BTreeSet<String>, BTreeSet<String>)> = HashMap::new();
+    let mut known: HashMap<String, (BTreeSet<String>, BTreeSet<String>, i32)> = HashMap::new();
     // Per group: the generation whose assignments were last published.
     let mut held: HashMap<String, i32> = HashMap::new();
     loop {
@@ -209,36 +209,49 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
         for v in views {
             let ids: BTreeSet<String> = v.members.iter().map(|m| m.member_id.clone()).collect();
             seen.insert(v.name.clone());
-            // The partitions the Kafka members hold by their last SyncGroup
-            // (read again at each new generation): a RocketMQ client
-            // joining takes its share only once they have given it up —
-            // until their rebalance completes they go on consuming it.
-            if held.get(&v.name) != Some(&v.generation) {
-                let parts = held_partitions(&v.members);
-                k.broker.membership().set_kafka_held(&v.name, parts);
-                held.insert(v.name.clone(), v.generation);
-            }
-            // Subscriptions are parsed only while they are unknown or the
-            // members changed (the ids are cheap to compare every tick).
-            if known.get(&v.name).is_some_and(|(k, t)| *k == ids && !t.is_empty()) {
-                continue;
-            }
-            let each: Vec<BTreeSet<String>> = v
-                .members
-                .iter()
-                .map(|m| subscribed_topics(&m.metadata))
-                .filter(|t| !t.is_empty())
-                .collect();
-            // (Members subscribing to different topics — legal in Kafka —
-            // keep RocketMQ clients out: their union is no one's.)
-            let differ = each.windows(2).any(|w| w[0] != w[1]);
-            let topics: BTreeSet<String> = each.into_iter().flatten().collect();
-            let now = (ids, topics);
-            if known.get(&v.name) != Some(&now) {
+            // Subscriptions are parsed while they are unknown, the members
+            // changed or a new generation came (a member changing its
+            // subscription rejoins under its own id); the ids and the
+            // generation are cheap to compare every tick.
+            let fresh = known
+                .get(&v.name)
+                .is_some_and(|(k, t, g)| *k == ids && !t.is_empty() && *g == v.generation);
+            if !fresh {
+                let each: Vec<BTreeSet<String>> = v
+                    .members
+                    .iter()
+                    .map(|m| subscribed_topics(&m.metadata))
+                    .filter(|t| !t.is_empty())
+                    .collect();
+                // (Members subscribing to different topics — legal in
+                // Kafka — keep RocketMQ clients out: their union is no one's.)
+                let differ = each.windows(2).any(|w| w[0] != w[1]);
+                let topics: BTreeSet<String> = each.into_iter().flatten().collect();
                 k.broker
                     .membership()
-                    .set_kafka_differing(&v.name, now.0.clone(), now.1.clone(), differ);
-                known.insert(v.name, now);
+                    .set_kafka_differing(&v.name, ids, topics.clone(), differ);
+                known.insert(
+                    v.name.clone(),
+                    (
+                        v.members.iter().map(|m| m.member_id.clone()).collect(),
+                        topics,
+                        v.generation,
+                    ),
+                );
+            }
+            // The partitions the Kafka members hold by their last SyncGroup,
+            // read once per generation when it is Stable (while a rebalance
+            // completes the assignments are being replaced: the last ones
+            // stand): a RocketMQ client joining takes its share only once
+            // they have given it up — until their rebalance completes they
+            // go on consuming it.
+            if v.state == rokka_group::GroupState::Stable
+                && held.get(&v.name) != Some(&v.generation)
+                && k.broker
+                    .membership()
+                    .set_kafka_held(&v.name, held_partitions(&v.members))
+            {
+                held.insert(v.name.clone(), v.generation);
             }
         }
         known.retain(|g, _| {

@@ -278,8 +278,16 @@ fn message_row(broker: &str, m: &MessageView) -> Vec<Value> {
         Some((b, cut)) => match String::from_utf8(b) {
             Ok(s) if cut => (json!(s), "utf8, cut"),
             Ok(s) => (json!(s), "utf8"),
-            // (A cut may split a character: the text up to it.)
-            Err(e) if cut => (json!(String::from_utf8_lossy(e.as_bytes())), "utf8, cut"),
+            // (A cut may split a character: the text up to it. Bytes that
+            // are not UTF-8 before the cut are shown as base64.)
+            Err(e) if cut && e.utf8_error().error_len().is_none() => {
+                let valid = e.utf8_error().valid_up_to();
+                (json!(String::from_utf8_lossy(&e.as_bytes()[..valid])), "utf8, cut")
+            }
+            Err(e) if cut => (
+                json!(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
+                "base64, cut",
+            ),
             Err(e) => (
                 json!(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
                 "base64",

@@ -227,8 +227,9 @@ fn all_groups(k: &Kafka) -> Vec<(String, String, String, &'static str)> {
     });
     let live: std::collections::HashSet<String> = out.iter().map(|(n, _, _, _)| n.clone()).collect();
     for g in k.broker.store().offsets().groups() {
-        // The delay levels' delivery progress is the broker's, not a group.
-        if g == rokka_broker::schedule::PROGRESS_GROUP {
+        // The delay levels' and the transaction check's progress is the
+        // broker's, not a group (and no client may move or delete it).
+        if rokka_broker::is_system_group(&g) {
             continue;
         }
         if !live.contains(&g) {

@@ -165,8 +165,6 @@ fn shape(
     Ok(out)
 }
 
-/// The answer to a Produce; for acks=0 it is not sent (the caller closes
-/// the connection when it carries an error, as Kafka does).
 /// Whether any v2 batch in `records` is zstd-compressed (codec 4 in its
 /// attributes), read off the batch headers.
 fn has_zstd_batch(records: &[u8]) -> bool {
@@ -184,6 +182,8 @@ fn has_zstd_batch(records: &[u8]) -> bool {
     false
 }
 
+/// The answer to a Produce; for acks=0 it is not sent (the caller closes
+/// the connection when it carries an error, as Kafka does).
 pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceResponse {
     let broker = k.broker.as_ref();
     let store = broker.store();

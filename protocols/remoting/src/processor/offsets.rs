@@ -148,17 +148,23 @@ impl RocketMq {
                 )),
             );
         }
-        // A mixed group's RocketMQ member committing a queue it does not
-        // own (its client persists every queue it ever held, every 5 s;
-        // a Kafka member holds the queue now) is acknowledged and ignored:
-        // taken, it moved the Kafka member's commit back.
-        if leader_epoch < 0
-            && metadata.is_empty()
-            && self.broker.membership().mixed(group).is_some()
-            && !self.owns(group, topic, queue as u32, info.partitions, conn)
-        {
-            metrics::counter!("rokka_mixed_group_commits_ignored_total").increment(1);
-            return self.reply(req, rs::SUCCESS, None);
+        // A mixed group's RocketMQ member committing a queue a Kafka member
+        // holds now (its client persists every queue it ever held, every
+        // 5 s) is acknowledged and ignored: taken, it moved the Kafka
+        // member's commit back. (A queue it just gave up, not yet the Kafka
+        // member's, is taken: its last position.)
+        if leader_epoch < 0 && metadata.is_empty() {
+            if let Some(m) = self.broker.membership().mixed(group) {
+                let partition = info
+                    .kafka_partition_of(self.broker.own_set(), queue as u32)
+                    .unwrap_or(queue as i32);
+                if m.kafka_held.get(topic).is_some_and(|ps| ps.contains(&partition))
+                    && !self.owns(group, topic, queue as u32, info.partitions, conn)
+                {
+                    metrics::counter!("rokka_mixed_group_commits_ignored_total").increment(1);
+                    return self.reply(req, rs::SUCCESS, None);
+                }
+            }
         }
         // A RocketMQ client's commit of its old position after a reset is
         // acknowledged and ignored (RocketMQ 5 does the same).
