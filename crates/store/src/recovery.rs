@@ -650,7 +650,26 @@ fn recover(
                     ))
                 }),
         );
-        if info.consumable && q.entry_count() > 0 && info.queue_offset != q.max_offset() {
+        // A queue whose entries all point below the log's first segment
+        // (retention deleted what they name, and a power loss took the
+        // entries written after them, past the checkpoint) is continued
+        // past the gap: those records are gone, a reader moves on from the
+        // queue's new start (as Apache's ConsumeQueue only warns).
+        let gap_past_retention = info.queue_offset > q.max_offset()
+            && q.entry_count()
+                .checked_sub(1)
+                .and_then(|i| q.entry(i))
+                .is_some_and(|e| e.phys_offset < first.start);
+        if gap_past_retention {
+            tracing::warn!(
+                topic,
+                queue = info.queue_id,
+                from = q.max_offset(),
+                to = info.queue_offset,
+                "queue entries lost past records retention deleted: the queue continues past the gap"
+            );
+        }
+        if info.consumable && q.entry_count() > 0 && info.queue_offset != q.max_offset() && !gap_past_retention {
             return Err(StoreError::bad_file(
                 log.dir(),
                 format!(

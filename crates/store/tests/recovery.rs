@@ -485,3 +485,47 @@ fn a_torn_tail_before_a_later_segments_entries_past_the_checkpoint_is_cut() -> T
     assert_eq!(kept.len() as u64, expect, "the later segment's entries are kept");
     assert_recovered_to(dir.path(), last_in_first as u64)
 }
+
+/// Retention deleted the segment the checkpoint pointed into, and a power
+/// loss took the queue's entries written after it: the queue's surviving
+/// entries all name deleted records, and the first record left carries a
+/// later offset. The queue continues past the gap (those records are
+/// gone) — the store refused to start ("its ConsumeQueue ends at").
+#[test]
+fn a_queue_gap_behind_retention_is_continued_not_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path());
+    let store = MessageStore::open(cfg.clone())?;
+    let mut rs = Vec::new();
+    let mut i = 0;
+    while rs
+        .last()
+        .is_none_or(|r: &AppendResult| r.phys_offset < 2 * cfg.commitlog_segment_bytes + 10_000)
+    {
+        rs.push(append(&store, "R", 0, 7, i)?);
+        i += 1;
+    }
+    drop(store);
+    // Retention took segment 0 ...
+    std::fs::remove_file(dir.path().join("commitlog").join(format!("{:020}", 0)))?;
+    // ... and the queue kept only the first half of the entries naming it
+    // (the rest lost with the power).
+    let in_first = rs
+        .iter()
+        .filter(|r| r.phys_offset < cfg.commitlog_segment_bytes)
+        .count();
+    let cq = dir.path().join("consumequeue/R/0").join(format!("{:020}", 0));
+    let len = std::fs::metadata(&cq)?.len() as usize;
+    let kept = in_first / 2;
+    write_at(&cq, (kept * 48) as u64, &vec![0u8; len - kept * 48])?;
+    let store = MessageStore::open(cfg)?;
+    assert_eq!(
+        store.min_offset("R", 0),
+        in_first as u64,
+        "the queue starts past the gap"
+    );
+    assert_eq!(store.max_offset("R", 0), rs.len() as u64);
+    let r = store.read("R", 0, in_first as u64, 1, 1 << 20);
+    assert_eq!(r.entries.first().map(|e| e.cq.base_offset), Some(in_first as u64));
+    Ok(())
+}
