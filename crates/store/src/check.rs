@@ -396,6 +396,9 @@ pub fn reappend_lost_found(store: &MessageStore) -> Result<Reappended> {
             p += size;
         }
         out.skipped_bytes += (data.len() - p) as u64;
+        // What was appended is on disk before the file is marked done (a
+        // power loss after the rename lost the entries for good).
+        store.checkpoint()?;
         let done = path.with_file_name(format!("{}.reappended", crate::file_name(base)));
         std::fs::rename(&path, &done).map_err(StoreError::io("rename", &path))?;
         out.files += 1;
