@@ -8,8 +8,9 @@
 //! `*` = every call). Unarmed, a check is one relaxed atomic load.
 //!
 //! Steps: `msync` (CommitLog write-back), `create` (creating or extending a
-//! CommitLog segment, ConsumeQueue or index file), `file-write` (a small
-//! file replaced whole: the checkpoint, offsets, manifest, config tables).
+//! CommitLog segment, ConsumeQueue or index file), `dir-fsync` (making a
+//! new file's name durable), `file-write` (a small file replaced whole: the
+//! checkpoint, offsets, manifest, config tables).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};

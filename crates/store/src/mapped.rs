@@ -70,7 +70,14 @@ impl MappedFile {
         }
         if !existed {
             if let Some(dir) = path.parent() {
-                File::open(dir)?.sync_all()?;
+                // A new name not made durable is not left behind: a retry
+                // would find the file, take it as existing and never sync
+                // its directory entry (records acknowledged in sync mode
+                // under a name a power loss may drop).
+                if let Err(e) = crate::fault::check("dir-fsync").and_then(|()| File::open(dir)?.sync_all()) {
+                    let _ = std::fs::remove_file(path);
+                    return Err(e);
+                }
             }
         }
         Self::map(path.to_path_buf(), file, len)

@@ -909,3 +909,22 @@ fn a_failed_write_back_of_a_full_index_file_is_final() -> TestResult {
     }
     Ok(())
 }
+
+/// A new file whose directory entry could not be made durable is not left
+/// behind: the append fails, and the retry makes the file again (and syncs
+/// its name) instead of taking the half-made one as existing.
+#[test]
+fn a_failed_directory_sync_leaves_no_file_behind() -> TestResult {
+    let _g = serial();
+    let dir = tempfile::tempdir()?;
+    let store = MessageStore::open(small_config(dir.path()))?;
+    fault::inject("dir-fsync", libc::EIO, Some(1));
+    let first = append(&store, "NewQ", 0, 3, 0);
+    fault::clear();
+    assert!(first.is_err(), "the queue's first file could not be made durable");
+    let cq = dir.path().join("consumequeue/NewQ/0").join(format!("{:020}", 0));
+    assert!(!cq.exists(), "no half-made file left");
+    assert_eq!(append(&store, "NewQ", 0, 3, 0)?.queue_offset, 0);
+    assert!(cq.exists());
+    Ok(())
+}
