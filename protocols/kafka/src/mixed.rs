@@ -217,6 +217,22 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
                 .get(&v.name)
                 .is_some_and(|(k, t, g)| *k == ids && !t.is_empty() && *g == v.generation);
             if !fresh {
+                // A static member back under a new member id keeps its
+                // assignment without a rebalance (KIP-345), but RocketMQ
+                // members allocate by the sorted ids: in a mixed group the
+                // Kafka side is made to rebalance too, or the two sides'
+                // shares drift apart (queues read twice or by no one).
+                if known
+                    .get(&v.name)
+                    .is_some_and(|(before, _, g)| *g == v.generation && *before != ids && before.len() == ids.len())
+                    && k.broker.membership().mixed(&v.name).is_some()
+                {
+                    tracing::info!(
+                        group = v.name,
+                        "a static member's id changed in a mixed group: rebalancing"
+                    );
+                    k.groups.force_rebalance(&v.name, k.groups.now());
+                }
                 let each: Vec<BTreeSet<String>> = v
                     .members
                     .iter()
