@@ -110,6 +110,47 @@ async fn refused_parts_get_their_error_and_the_rest_is_served() -> TestResult {
     .await?;
     assert_eq!(m.topics[0].error_code, TOPIC_DENIED);
 
+    // DescribeTopicPartitions (the Java Admin's describeTopics): a topic
+    // named but not describable is answered TOPIC_AUTHORIZATION_FAILED,
+    // not left out (the Admin asked again until its timeout); listing all
+    // leaves it out.
+    let d: DescribeTopicPartitionsResponse = call(
+        &mut c,
+        ApiKey::DescribeTopicPartitions,
+        0,
+        &DescribeTopicPartitionsRequest::default()
+            .with_topics(vec![
+                describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("secret"))),
+                describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("ok-1"))),
+            ])
+            .with_response_partition_limit(100),
+    )
+    .await?;
+    let got: Vec<(String, i16, usize)> = d
+        .topics
+        .iter()
+        .map(|t| {
+            (
+                t.name.as_ref().map_or(String::new(), |n| n.0.to_string()),
+                t.error_code,
+                t.partitions.len(),
+            )
+        })
+        .collect();
+    assert!(got.contains(&("secret".into(), TOPIC_DENIED, 0)), "{got:?}");
+    assert!(got.contains(&("ok-1".into(), 0, 1)), "{got:?}");
+    let all: DescribeTopicPartitionsResponse = call(
+        &mut c,
+        ApiKey::DescribeTopicPartitions,
+        0,
+        &DescribeTopicPartitionsRequest::default().with_response_partition_limit(100),
+    )
+    .await?;
+    assert!(all
+        .topics
+        .iter()
+        .all(|t| t.name.as_ref().is_none_or(|n| n.0.as_str() != "secret")));
+
     // Produce to an allowed and a refused topic: one stored, one refused.
     let batch = bytes::Bytes::from(rokka_store::record::kafka::build_test_batch(&[b"v"], 1_000));
     let td = |name: &str| {

@@ -355,8 +355,9 @@ async fn guarded(
             ResponseKind::IncrementalAlterConfigs(resp)
         }
         RequestKind::DescribeTopicPartitions(r) => {
+            let named = !r.topics.is_empty();
             let mut resp = log_dirs::describe_topic_partitions(k, r);
-            guard::describe_topic_partitions(k, who, &mut resp);
+            guard::describe_topic_partitions(k, who, &mut resp, named);
             // No flag in this request: always answered, as Kafka does.
             for t in resp.topics.iter_mut().filter(|t| t.error_code == 0) {
                 if let Some(n) = &t.name {
