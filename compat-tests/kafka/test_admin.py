@@ -56,6 +56,29 @@ def test_the_brokers_own_topics_are_not_created_or_deleted_by_clients(rokka):
     with pytest.raises(KafkaException) as e:
         a.alter_configs([res])[res].result(10)
     assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, e.value
+    # Nor grown (CreatePartitions).
+    from confluent_kafka.admin import NewPartitions
+
+    for t, f in a.create_partitions([NewPartitions(t, 8) for t in own[:2]]).items():
+        with pytest.raises(KafkaException) as e:
+            f.result(10)
+        assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, (t, e.value)
+
+
+def test_create_partitions_checks_its_replica_assignments(rokka, topic):
+    """One assignment per partition added, naming the broker (set) holding
+    it, as Kafka's createPartitions checks (they were ignored)."""
+    from confluent_kafka.admin import NewPartitions
+
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    for assignment in ([[5]], [[0]]):  # an unknown broker; one assignment for two partitions
+        with pytest.raises(KafkaException) as e:
+            a.create_partitions([NewPartitions(topic, 3, replica_assignment=assignment)])[topic].result(10)
+        assert e.value.args[0].code() == KafkaError.INVALID_REPLICA_ASSIGNMENT, (assignment, e.value)
+    a.create_partitions([NewPartitions(topic, 3, replica_assignment=[[0], [0]])])[topic].result(10)
+    md = a.list_topics(topic, timeout=10)
+    assert len(md.topics[topic].partitions) == 3
 
 
 def test_a_replication_factor_past_the_brokers_is_refused(rokka, topic):

@@ -304,10 +304,42 @@ pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartiti
         .filter(|t| !dups.contains(t.name.0.as_str()) || answered_dups.insert(t.name.0.to_string()))
         .map(|t| {
             let max = k.broker.config().max_partitions;
-            let res = if dups.contains(t.name.0.as_str()) {
+            let name = t.name.0.as_str();
+            let res = if dups.contains(name) {
                 Err((errors::INVALID_REQUEST, "Duplicate topic in request.".to_string()))
+            } else if rokka_broker::is_system_topic(name) || rokka_broker::is_per_set_topic(name) {
+                // The broker's own topics, and a group's retry and
+                // dead-letter topics (every broker set holds all of their
+                // queues), as CreateTopics and DeleteTopics refuse them.
+                Err((
+                    errors::INVALID_TOPIC_EXCEPTION,
+                    format!("{name} is one of the broker's own topics"),
+                ))
             } else if t.count <= 0 {
                 Err((errors::INVALID_PARTITIONS, "count must be positive".to_string()))
+            } else if let Some(bad) = t.assignments.as_ref().and_then(|a| {
+                // Kafka's createPartitions: one assignment per partition
+                // added, each naming brokers that hold it (here: the broker
+                // set's members), each once.
+                let now = k.broker.topics().get(name).map_or(0, |i| i.kafka_partitions()) as i64;
+                let added = i64::from(t.count) - now;
+                let members = set_members(k);
+                if added > 0 && a.len() as i64 != added {
+                    return Some(format!(
+                        "Attempted to add {added} additional partition(s), but only {} assignment(s) were specified.",
+                        a.len()
+                    ));
+                }
+                a.iter().find_map(|x| {
+                    let ids: Vec<i32> = x.broker_ids.iter().map(|b| b.0).collect();
+                    let mut distinct = ids.clone();
+                    distinct.sort_unstable();
+                    distinct.dedup();
+                    (ids.is_empty() || distinct.len() != ids.len() || !ids.iter().all(|id| members.contains(id)))
+                        .then(|| format!("assignment {ids:?}; this broker set's brokers are {members:?}"))
+                })
+            }) {
+                Err((errors::INVALID_REPLICA_ASSIGNMENT, bad))
             } else if r.validate_only {
                 // What the real request would answer, without doing it.
                 match k.broker.topics().get(t.name.0.as_str()) {
