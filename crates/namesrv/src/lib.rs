@@ -415,6 +415,16 @@ impl RouteTable {
         json!({"brokerAddrTable": brokers, "clusterAddrTable": self.clusters})
     }
 
+    /// What Apache's name server lists as its "system topics": every
+    /// cluster's and every broker's name (GET_SYSTEM_TOPIC_LIST_FROM_NS).
+    pub fn system_topic_list(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.clusters.keys().cloned().collect();
+        out.extend(self.brokers.keys().cloned());
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Topic names, optionally of one cluster's brokers.
     pub fn topic_list(&self, cluster: Option<&str>) -> Vec<String> {
         let members = cluster.map(|c| self.clusters.get(c).cloned().unwrap_or_default());

@@ -36,6 +36,13 @@ pub mod request {
     pub const GET_PRODUCER_CONNECTION_LIST: i32 = 204;
     pub const WIPE_WRITE_PERM_OF_BROKER: i32 = 205;
     pub const GET_ALL_TOPIC_LIST_FROM_NAMESERVER: i32 = 206;
+    /// mqadmin updateSubGroup, RocketMQ Connect's worker start.
+    pub const UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: i32 = 200;
+    /// The dashboard's consumer list (every broker's groups).
+    pub const GET_ALL_SUBSCRIPTIONGROUP_CONFIG: i32 = 201;
+    /// The dashboard's topic list: cluster and broker names (Apache lists
+    /// them as "system topics").
+    pub const GET_SYSTEM_TOPIC_LIST_FROM_NS: i32 = 304;
     /// mqadmin deleteSubGroup (with cleanOffset: the group's offsets too).
     pub const DELETE_SUBSCRIPTIONGROUP: i32 = 207;
     pub const GET_CONSUME_STATS: i32 = 208;

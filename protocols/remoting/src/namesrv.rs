@@ -450,6 +450,12 @@ impl NameServer {
                 let v = self.table().topic_list(None);
                 self.json_body(cmd, json!({"topicList": v}))
             }
+            // (No brokerAddr: given one, clients go on to ask the broker
+            // for its own system topics, which it does not list.)
+            rq::GET_SYSTEM_TOPIC_LIST_FROM_NS => {
+                let v = self.table().system_topic_list();
+                self.json_body(cmd, json!({"topicList": v}))
+            }
             rq::GET_TOPICS_BY_CLUSTER => {
                 let v = self
                     .table()

@@ -1916,3 +1916,45 @@ async fn subscriptions_kept_have_a_byte_budget() -> TestResult {
     assert_eq!(c.call(hb("c3", "g3")).await?.code, rs::SUCCESS, "g1's bytes given back");
     Ok(())
 }
+
+/// What the RocketMQ dashboard's topic and consumer pages ask: the name
+/// server's "system topics" (cluster and broker names, code 304) and a
+/// broker's subscription groups (201); mqadmin updateSubGroup (200) is
+/// accepted. All three were answered "not supported", failing both pages.
+#[tokio::test]
+async fn the_dashboards_topic_and_consumer_lists_are_answered() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    broker.create_topic("DT", 1)?;
+    broker.store().offsets().commit("dash-g", "DT", 0, 3, "");
+    let mut c = Client::connect(addr).await?;
+    let r = c.call(req(rq::GET_ALL_SUBSCRIPTIONGROUP_CONFIG, &[])).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(v["subscriptionGroupTable"]["dash-g"]["groupName"], "dash-g");
+    assert_eq!(v["subscriptionGroupTable"]["dash-g"]["retryMaxTimes"], 16);
+    let mut u = req(rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[]);
+    u.body = Bytes::from_static(br#"{"groupName":"new-g","retryMaxTimes":3}"#);
+    assert_eq!(c.call(u).await?.code, rs::SUCCESS);
+    let mut sys = req(rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[]);
+    sys.body = Bytes::from_static(br#"{"groupName":"%SCHEDULE%"}"#);
+    assert_eq!(c.call(sys).await?.code, rs::SYSTEM_ERROR);
+
+    let dir2 = tempfile::tempdir()?;
+    let (_b, ns, _stop2) = start_both(dir2.path()).await?;
+    let mut n = Client::connect(ns).await?;
+    // The broker registers with its name server once started: wait for it.
+    let mut names = serde_json::Value::Null;
+    for _ in 0..50 {
+        let r = n.call(req(rq::GET_SYSTEM_TOPIC_LIST_FROM_NS, &[])).await?;
+        assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+        names = serde_json::from_slice(&r.body)?;
+        if names["topicList"].as_array().is_some_and(|a| a.len() >= 2) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let list = names["topicList"].as_array().ok_or("no topicList")?;
+    assert!(list.len() >= 2, "a cluster and a broker name: {names}");
+    Ok(())
+}

@@ -397,6 +397,70 @@ impl RocketMq {
         r
     }
 
+    /// GET_ALL_SUBSCRIPTIONGROUP_CONFIG (the dashboard's consumer list,
+    /// Apache's SubscriptionGroupWrapper): Rokka keeps no subscription-group
+    /// config — a group is made by its first member — so every group with
+    /// committed offsets or live RocketMQ members is listed with Apache's
+    /// defaults (the broker's own groups left out).
+    pub(super) fn all_subscription_groups(&self, req: &RemotingCommand) -> RemotingCommand {
+        let mut groups: std::collections::BTreeSet<String> =
+            self.broker.store().offsets().groups().into_iter().collect();
+        groups.extend(self.clients().groups.keys().cloned());
+        let mut table = serde_json::Map::new();
+        for g in groups.into_iter().filter(|g| !rokka_broker::is_system_group(g)) {
+            let v = json!({
+                "groupName": g,
+                "consumeEnable": true,
+                "consumeFromMinEnable": true,
+                "consumeBroadcastEnable": true,
+                "consumeMessageOrderly": false,
+                "retryQueueNums": 1,
+                "retryMaxTimes": 16,
+                "brokerId": 0,
+                "whichBrokerWhenConsumeSlowly": 1,
+                "notifyConsumerIdsChangedEnable": true,
+                "groupSysFlag": 0,
+                "consumeTimeoutMinute": 15,
+                "subscriptionDataSet": [],
+                "attributes": {}
+            });
+            table.insert(g, v);
+        }
+        self.json_body(
+            req,
+            json!({"subscriptionGroupTable": table, "forbiddenTable": {}, "dataVersion": {"counter": 0, "stateVersion": 0, "timestamp": 0}}),
+        )
+    }
+
+    /// UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (mqadmin updateSubGroup,
+    /// RocketMQ Connect's worker start): accepted — a group needs no
+    /// creating here (its first member makes it), and retries follow each
+    /// consumer's own maxReconsumeTimes. The broker's own groups refused.
+    pub(super) fn update_subscription_group(&self, req: &RemotingCommand) -> RemotingCommand {
+        let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap_or(serde_json::Value::Null);
+        let group = body
+            .get("groupName")
+            .and_then(|g| g.as_str())
+            .or_else(|| req.ext_fields.get("groupName"))
+            .unwrap_or_default()
+            .to_string();
+        if group.is_empty() {
+            return self.reply(req, rs::SYSTEM_ERROR, Some("groupName is empty".into()));
+        }
+        if rokka_broker::is_system_group(&group) {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!("[{group}] is a system consumer group")),
+            );
+        }
+        tracing::info!(
+            group,
+            "subscription group updated (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP; nothing to keep)"
+        );
+        self.reply(req, rs::SUCCESS, None)
+    }
+
     pub(super) fn all_topic_config(&self, req: &RemotingCommand) -> RemotingCommand {
         let mut table = serde_json::Map::new();
         for (name, t) in self.broker.topics().all() {

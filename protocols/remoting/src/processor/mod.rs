@@ -326,6 +326,8 @@ impl RocketMq {
             | rq::GET_EARLIEST_MSG_STORETIME => self.offset_queries(&cmd),
             rq::UPDATE_AND_CREATE_TOPIC => rokka_broker::offload(|| self.create_topic(&cmd)),
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
+            rq::GET_ALL_SUBSCRIPTIONGROUP_CONFIG => self.all_subscription_groups(&cmd),
+            rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => self.update_subscription_group(&cmd),
             rq::GET_TOPIC_CONFIG => self.topic_config(&cmd),
             rq::DELETE_TOPIC_IN_BROKER => rokka_broker::offload(|| self.delete_topic(&cmd)),
             rq::DELETE_SUBSCRIPTIONGROUP => self.delete_subscription_group(&cmd),
