@@ -36,48 +36,60 @@ impl NsConn {
         }
     }
 
-    /// Sends one request and waits for its response. The connection is
-    /// taken for the exchange and kept only after a whole one: a call
-    /// dropped midway (its caller gave up) or failed leaves no half-written
-    /// request or unread answer on a connection used again — it is closed.
+    /// Sends one request and waits for its response. A connection whose
+    /// request could not be written whole (or that failed) is closed; one
+    /// whose request went out whole is kept even when no answer comes in
+    /// time — a late answer is skipped by its opaque, and closing it made
+    /// a name server (Rokka's, Apache's onChannelDestroy) drop this
+    /// broker's routes at once, for a name server only slow to answer.
     pub async fn call(&mut self, cmd: RemotingCommand, timeout: Duration) -> Result<RemotingCommand, String> {
-        let stream = self.stream.take();
-        let res = tokio::time::timeout(timeout, exchange(&self.addr, stream, &mut self.buf, &cmd))
+        let deadline = tokio::time::Instant::now() + timeout;
+        let addr = self.addr.clone();
+        let late = || format!("{addr}: no answer within {timeout:?}");
+        let mut s = match self.stream.take() {
+            Some(s) => s,
+            None => {
+                let s = tokio::time::timeout_at(deadline, TcpStream::connect(&self.addr))
+                    .await
+                    .map_err(|_| late())?
+                    .map_err(|e| format!("connect {}: {e}", self.addr))?;
+                let _ = s.set_nodelay(true);
+                self.buf.clear();
+                s
+            }
+        };
+        let mut out = BytesMut::new();
+        encode(&cmd, &mut out);
+        tokio::time::timeout_at(deadline, s.write_all(&out))
             .await
-            .unwrap_or_else(|_| Err(format!("{}: no answer within {timeout:?}", self.addr)));
-        res.map(|(stream, answer)| {
-            self.stream = Some(stream);
-            answer
-        })
+            .map_err(|_| late())?
+            .map_err(|e| format!("write to {}: {e}", self.addr))?;
+        match tokio::time::timeout_at(deadline, read_answer(&self.addr, &mut s, &mut self.buf, cmd.opaque)).await {
+            Ok(Ok(r)) => {
+                self.stream = Some(s);
+                Ok(r)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => {
+                self.stream = Some(s);
+                Err(late())
+            }
+        }
     }
 }
 
-/// One request on `stream` (a new connection to `addr` when `None`) and
-/// its answer; the stream back with it.
-async fn exchange(
+/// Reads until the answer to `opaque` (earlier, late answers skipped).
+/// Cancel-safe: what was read stays in `buf`.
+async fn read_answer(
     addr: &str,
-    stream: Option<TcpStream>,
+    s: &mut TcpStream,
     buf: &mut BytesMut,
-    cmd: &RemotingCommand,
-) -> Result<(TcpStream, RemotingCommand), String> {
-    let mut s = match stream {
-        Some(s) => s,
-        None => {
-            let s = TcpStream::connect(addr)
-                .await
-                .map_err(|e| format!("connect {addr}: {e}"))?;
-            let _ = s.set_nodelay(true);
-            buf.clear();
-            s
-        }
-    };
-    let mut out = BytesMut::new();
-    encode(cmd, &mut out);
-    s.write_all(&out).await.map_err(|e| format!("write to {addr}: {e}"))?;
+    opaque: i32,
+) -> Result<RemotingCommand, String> {
     loop {
         while let Some(r) = decode(buf, crate::DEFAULT_MAX_FRAME).map_err(|e| format!("{addr}: {e}"))? {
-            if r.is_response() && r.opaque == cmd.opaque {
-                return Ok((s, r));
+            if r.is_response() && r.opaque == opaque {
+                return Ok(r);
             }
         }
         if s.read_buf(buf).await.map_err(|e| format!("read from {addr}: {e}"))? == 0 {
@@ -227,6 +239,31 @@ mod tests {
             .await?;
         assert_eq!((answer.opaque, answer.code), (2, rs::SUCCESS));
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+        Ok(())
+    }
+
+    /// A request written whole but not answered in time keeps its
+    /// connection (closing it made the name server drop this broker's
+    /// routes at once): the next call goes on the same one.
+    #[tokio::test]
+    async fn an_unanswered_call_keeps_its_connection() -> Result<(), Box<dyn std::error::Error>> {
+        let (addr, accepted) = peer().await?;
+        let mut conn = NsConn::new(&addr);
+        for opaque in [1, 2] {
+            let late = conn
+                .call(
+                    RemotingCommand::request(rq::HEART_BEAT, opaque),
+                    Duration::from_millis(200),
+                )
+                .await;
+            assert!(late.is_err(), "the first connection never answers");
+            assert!(conn.stream.is_some(), "kept");
+        }
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "one connection for both"
+        );
         Ok(())
     }
 }
