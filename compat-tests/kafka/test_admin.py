@@ -186,3 +186,16 @@ def test_validate_only_answers_what_creating_would(rokka, topic):
     # Within it, validate_only says yes and changes nothing.
     a.create_partitions([NewPartitions(topic, 3)], validate_only=True)[topic].result(10)
     assert len(a.list_topics(timeout=10).topics[topic].partitions) == 1
+
+
+def test_topic_names_kafka_refuses_are_refused(rokka):
+    """Through the Kafka API a topic is named as Kafka names one (its
+    Topic.validate): at most 249 characters of [A-Za-z0-9._-], and no name
+    colliding with an existing one once '.' and '_' are taken as one."""
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic("names_a.b", 1, 1)])["names_a.b"].result(10)
+    for bad in ["x" * 250, "has%percent", "has|bar", "names.a_b"]:
+        with pytest.raises(KafkaException) as e:
+            a.create_topics([NewTopic(bad, 1, 1)])[bad].result(10)
+        assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, (bad[:20], e.value)
+    a.create_topics([NewTopic("x" * 249, 1, 1)])["x" * 249].result(10)

@@ -183,6 +183,18 @@ pub fn handle(
                     if let Some(info) = learned.get(&name) {
                         return topic_entry(k, &name, info, version);
                     }
+                    // A name Kafka would not make is not auto-created by a
+                    // Kafka client: INVALID_TOPIC_EXCEPTION, as Kafka's
+                    // auto-creation answers (one that exists, made by
+                    // RocketMQ, is answered as it is).
+                    if allow_create
+                        && broker.topics().get(&name).is_none()
+                        && super::topics::kafka_name_refused(k, &name).is_some()
+                    {
+                        return MetadataResponseTopic::default()
+                            .with_error_code(errors::INVALID_TOPIC_EXCEPTION)
+                            .with_name(Some(TopicName(str_bytes(&name))));
+                    }
                     match rokka_broker::offload(|| broker.topic_or_create(&name, allow_create, None)) {
                         Ok(Some(info)) => topic_entry(k, &name, &info, version),
                         Ok(None) => MetadataResponseTopic::default()

@@ -68,6 +68,8 @@ pub fn create(k: &Kafka, r: CreateTopicsRequest, version: i16) -> CreateTopicsRe
             let exists = broker.topics().get(&name).is_some();
             let outcome = if exists {
                 Err((errors::TOPIC_ALREADY_EXISTS, format!("Topic '{name}' already exists.")))
+            } else if let Some(why) = kafka_name_refused(k, &name) {
+                Err((errors::INVALID_TOPIC_EXCEPTION, why))
             } else if rokka_broker::is_system_topic(&name) {
                 // The broker's own (delay levels, the timer wheel, half and
                 // op records): made by the broker alone, with its configs —
@@ -293,6 +295,45 @@ pub fn delete(k: &Kafka, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsRe
         })
         .collect();
     DeleteTopicsResponse::default().with_responses(responses)
+}
+
+/// Why Kafka would refuse to create topic `name` (its Topic.validate:
+/// at most 249 characters of `[A-Za-z0-9._-]`, not "." or "..", and no
+/// collision with an existing topic once '.' and '_' are taken as one),
+/// or None. RocketMQ clients may make other names (`%RETRY%g`, up to 255
+/// bytes); through the Kafka API a topic is named as Kafka names one.
+pub fn kafka_name_refused(k: &Kafka, name: &str) -> Option<String> {
+    if name.is_empty() || name == "." || name == ".." {
+        return Some(format!("Topic name '{name}' is illegal"));
+    }
+    if name.len() > 249 {
+        return Some(format!(
+            "Topic name is illegal, it can't be longer than 249 characters, topic name: {name}"
+        ));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    {
+        return Some(format!(
+            "Topic name '{name}' is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'"
+        ));
+    }
+    if name.contains('.') || name.contains('_') {
+        let norm = |n: &str| n.replace('.', "_");
+        let mine = norm(name);
+        if let Some(other) = k
+            .broker
+            .topics()
+            .all()
+            .into_iter()
+            .map(|(n, _)| n)
+            .find(|n| n != name && norm(n) == mine)
+        {
+            return Some(format!("Topic '{name}' collides with existing topic: {other}"));
+        }
+    }
+    None
 }
 
 pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartitionsResponse {
