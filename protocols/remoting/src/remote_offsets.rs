@@ -164,6 +164,9 @@ impl RemoteOffsets for RemotingOffsets {
             let opaque = self.opaque.fetch_add(1, Ordering::Relaxed) & i32::MAX;
             let mut cmd = RemotingCommand::request(rq::GET_CONSUME_STATS, opaque);
             cmd.ext_fields.set("consumerGroup", group);
+            // Every topic the group committed on, subscribed or not (the
+            // Kafka coordinator's view of the group's offsets).
+            cmd.ext_fields.set("rokkaAllTopics", "true");
             let r = self.call(set, cmd).await?;
             if r.code != rs::SUCCESS {
                 return Err(format!(

@@ -1958,3 +1958,39 @@ async fn the_dashboards_topic_and_consumer_lists_are_answered() -> TestResult {
     assert!(list.len() >= 2, "a cluster and a broker name: {names}");
     Ok(())
 }
+
+/// GET_CONSUME_STATS as Apache answers it: a group with live subscriptions
+/// shows only the topics it subscribes to (a topic it left, or one the
+/// same group name once consumed through Kafka, is not its lag now); a
+/// `topicList` is taken as it is.
+#[tokio::test]
+async fn consume_stats_follow_the_groups_subscriptions() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    broker.create_topic("CS1", 1)?;
+    broker.create_topic("CS2", 1)?;
+    broker.store().offsets().commit("csg", "CS1", 0, 0, "");
+    broker.store().offsets().commit("csg", "CS2", 0, 0, "");
+    let mut c = Client::connect(addr).await?;
+    let stats = |extra: &[(&str, &str)]| {
+        let mut ext = vec![("consumerGroup", "csg")];
+        ext.extend_from_slice(extra);
+        req(rq::GET_CONSUME_STATS, &ext)
+    };
+    let body = |r: &RemotingCommand| String::from_utf8_lossy(&r.body).into_owned();
+    let r = c.call(stats(&[])).await?;
+    assert!(
+        body(&r).contains("CS1") && body(&r).contains("CS2"),
+        "no member: every topic"
+    );
+    let mut h = req(rq::HEART_BEAT, &[]);
+    h.body = Bytes::from(
+        r#"{"clientID":"cs-1","producerDataSet":[],"consumerDataSet":[{"groupName":"csg","messageModel":"CLUSTERING","subscriptionDataSet":[{"topic":"CS1","subString":"*"}]}]}"#,
+    );
+    assert_eq!(c.call(h).await?.code, rs::SUCCESS);
+    let r = c.call(stats(&[])).await?;
+    assert!(body(&r).contains("CS1") && !body(&r).contains("CS2"), "{}", body(&r));
+    let r = c.call(stats(&[("topicList", "CS2")])).await?;
+    assert!(!body(&r).contains("CS1") && body(&r).contains("CS2"), "{}", body(&r));
+    Ok(())
+}

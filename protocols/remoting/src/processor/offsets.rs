@@ -627,25 +627,33 @@ impl RocketMq {
         let broker_name = self.broker_name();
         let store = self.broker.store();
         let offsets = store.offsets();
-        let queues: Vec<(String, u32, u64)> = if topic.is_empty() {
-            // Every topic the group committed on: with authorization on,
-            // only those the caller may describe (Kafka's OffsetFetch of
-            // all topics filters them so).
-            let who = crate::auth::lister(&self.broker, conn, req);
-            offsets
-                .group_offsets(group)
-                .into_iter()
-                .filter(|(t, _, _)| {
-                    crate::auth::lists(
-                        &self.broker,
-                        who.as_deref(),
-                        conn.peer.ip(),
-                        rokka_broker::acl::rocketmq_topic(t, rokka_broker::acl::Operation::Describe),
-                    )
-                })
-                .map(|(t, q, o)| (t, q, o.offset))
-                .collect()
+        // Apache's getTopicsForCollectingConsumeStats: a `topicList` given
+        // is taken as it is; otherwise (the topic given, or every topic the
+        // group committed on) a group with live subscriptions keeps only
+        // the topics it subscribes to (a topic it left, or one the same
+        // group name once consumed through Kafka, is not its progress now).
+        let topic_list: Vec<String> = req
+            .ext_fields
+            .get("topicList")
+            .unwrap_or_default()
+            .split(';')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .take(1000)
+            .map(String::from)
+            .collect();
+        let all_topics = req.ext_fields.get("rokkaAllTopics") == Some("true");
+        let subscribed: Option<std::collections::BTreeSet<String>> = if topic_list.is_empty() && !all_topics {
+            self.clients()
+                .groups
+                .get(group)
+                .filter(|g| !g.subscriptions.is_empty())
+                .map(|g| g.subscriptions.keys().cloned().collect())
         } else {
+            None
+        };
+        let kept = |t: &str| subscribed.as_ref().is_none_or(|s| s.contains(t));
+        let all_queues = |topic: &str| -> Vec<(String, u32, u64)> {
             let n = self
                 .broker
                 .topics()
@@ -663,6 +671,44 @@ impl RocketMq {
                     )
                 })
                 .collect()
+        };
+        let queues: Vec<(String, u32, u64)> = if !topic_list.is_empty() {
+            let who = crate::auth::lister(&self.broker, conn, req);
+            topic_list
+                .iter()
+                .filter(|t| {
+                    crate::auth::lists(
+                        &self.broker,
+                        who.as_deref(),
+                        conn.peer.ip(),
+                        rokka_broker::acl::rocketmq_topic(t, rokka_broker::acl::Operation::Describe),
+                    )
+                })
+                .flat_map(|t| all_queues(t))
+                .collect()
+        } else if !topic.is_empty() && !kept(topic) {
+            Vec::new()
+        } else if topic.is_empty() {
+            // Every topic the group committed on: with authorization on,
+            // only those the caller may describe (Kafka's OffsetFetch of
+            // all topics filters them so).
+            let who = crate::auth::lister(&self.broker, conn, req);
+            offsets
+                .group_offsets(group)
+                .into_iter()
+                .filter(|(t, _, _)| {
+                    crate::auth::lists(
+                        &self.broker,
+                        who.as_deref(),
+                        conn.peer.ip(),
+                        rokka_broker::acl::rocketmq_topic(t, rokka_broker::acl::Operation::Describe),
+                    )
+                })
+                .filter(|(t, _, _)| kept(t))
+                .map(|(t, q, o)| (t, q, o.offset))
+                .collect()
+        } else {
+            all_queues(topic)
         };
         let table: Vec<(MessageQueue, OffsetWrapper)> = queues
             .into_iter()
