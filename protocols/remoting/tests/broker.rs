@@ -1994,3 +1994,37 @@ async fn consume_stats_follow_the_groups_subscriptions() -> TestResult {
     assert!(!body(&r).contains("CS1") && body(&r).contains("CS2"), "{}", body(&r));
     Ok(())
 }
+
+/// UPDATE_AND_CREATE_TOPIC (mqadmin updateTopic) holds names to Apache's
+/// TopicValidator: [%|a-zA-Z0-9_-], at most 127 characters (255 for retry
+/// and dead-letter topics), none of RocketMQ's system topic names — a '.'
+/// the Java producer refuses client-side, TBW102 made a second "TBW102"
+/// in the broker's registration.
+#[tokio::test]
+async fn created_topic_names_follow_apaches_topic_validator() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut admin = Client::connect(addr).await?;
+    let create = |t: &str| {
+        req(
+            rq::UPDATE_AND_CREATE_TOPIC,
+            &[
+                ("topic", t),
+                ("readQueueNums", "1"),
+                ("writeQueueNums", "1"),
+                ("perm", "6"),
+            ],
+        )
+    };
+    let long = "x".repeat(128);
+    for bad in ["orders.v1", "TBW102", "RMQ_SYS_TRACE_TOPIC", "rmq_sys_x", long.as_str()] {
+        let r = admin.call(create(bad)).await?;
+        assert_eq!(r.code, rs::INVALID_PARAMETER, "{bad}: {:?}", r.remark);
+    }
+    let retry = format!("%RETRY%{}", "g".repeat(200));
+    for good in ["orders-v1|x", "x".repeat(127).as_str(), retry.as_str()] {
+        let r = admin.call(create(good)).await?;
+        assert_eq!(r.code, rs::SUCCESS, "{good}: {:?}", r.remark);
+    }
+    Ok(())
+}

@@ -19,7 +19,44 @@ impl RocketMq {
                 Some(format!("The specified topic[{topic}] is invalid.")),
             );
         }
-        if rokka_broker::is_send_forbidden_topic(topic) {
+        // Apache's TopicValidator on top (what mqadmin updateTopic makes,
+        // its clients take): [%|a-zA-Z0-9_-], at most 127 characters (255
+        // for retry and dead-letter topics) — a '.' the Java producer then
+        // refuses client-side — and none of RocketMQ's system topic names.
+        let most = if topic.starts_with("%RETRY%") || topic.starts_with("%DLQ%") {
+            255
+        } else {
+            127
+        };
+        if topic.len() > most
+            || !topic
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'%' | b'|' | b'_' | b'-'))
+        {
+            return self.reply(
+                req,
+                rs::INVALID_PARAMETER,
+                Some(format!(
+                    "The specified topic[{topic}] contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$, or is longer than {most}"
+                )),
+            );
+        }
+        const SYSTEM_TOPICS: [&str; 10] = [
+            "TBW102",
+            "SCHEDULE_TOPIC_XXXX",
+            "BenchmarkTest",
+            "RMQ_SYS_TRANS_HALF_TOPIC",
+            "RMQ_SYS_TRACE_TOPIC",
+            "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+            "TRANS_CHECK_MAX_TIME_TOPIC",
+            "SELF_TEST_TOPIC",
+            "OFFSET_MOVED_EVENT",
+            "CHECKPOINT_TOPIC",
+        ];
+        if rokka_broker::is_send_forbidden_topic(topic)
+            || SYSTEM_TOPICS.contains(&topic)
+            || topic.starts_with("rmq_sys_")
+        {
             return self.reply(
                 req,
                 rs::INVALID_PARAMETER,
