@@ -195,6 +195,20 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    // A broker on a wildcard address with nothing advertised would route
+    // clients to 0.0.0.0 (and put it in every message id): they would dial
+    // themselves. Kafka refuses the same for its advertised listeners.
+    if cfg.rocketmq.enabled
+        && cfg.rocketmq.broker_enabled
+        && cfg.rocketmq.broker_listen.ip().is_unspecified()
+        && cfg.rocketmq.advertised_addr.trim().is_empty()
+    {
+        eprintln!(
+            "rokka: rocketmq.broker_listen = {} is a wildcard address: set rocketmq.advertised_addr to the address clients reach this broker at",
+            cfg.rocketmq.broker_listen
+        );
+        return ExitCode::from(2);
+    }
     if cfg.cluster.enabled {
         if let Err(e) = cfg.cluster.validate() {
             eprintln!("rokka: {e}");
