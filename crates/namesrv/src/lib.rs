@@ -436,8 +436,32 @@ impl RouteTable {
     }
 
     /// Removes a topic from the routes (DELETE_TOPIC_IN_NAMESRV).
+    /// With `cluster` (5.x mqadmin deleteTopic -c), only that cluster's
+    /// brokers' queues go, as Apache's RouteInfoManager.deleteTopic: another
+    /// cluster holding the topic keeps its route.
     pub fn delete_topic(&mut self, topic: &str) -> bool {
         self.topics.remove(topic).is_some()
+    }
+
+    /// [`RouteTable::delete_topic`] of `cluster`'s brokers only (all of
+    /// them for an empty name).
+    pub fn delete_topic_in(&mut self, topic: &str, cluster: &str) -> bool {
+        if cluster.is_empty() {
+            return self.delete_topic(topic);
+        }
+        let Some(brokers) = self.clusters.get(cluster) else {
+            return false;
+        };
+        let Some(per) = self.topics.get_mut(topic) else {
+            return false;
+        };
+        let before = per.len();
+        per.retain(|b, _| !brokers.contains(b));
+        let removed = per.len() != before;
+        if per.is_empty() {
+            self.topics.remove(topic);
+        }
+        removed
     }
 
     /// WIPE_WRITE_PERM_OF_BROKER (mqadmin wipeWritePerm, before taking a

@@ -402,3 +402,25 @@ fn a_registration_not_of_the_full_table_removes_no_topic() {
     t.register(&reg("a", "1.1.1.1:1", 0, &[("t3", 4)]), 2, DEFAULT_TIMEOUT, None);
     assert_eq!(t.route_entries_of("a"), 1);
 }
+
+/// DELETE_TOPIC_IN_NAMESRV with a cluster name (5.x mqadmin deleteTopic
+/// -c A) removes only that cluster's brokers' queues: another cluster
+/// holding the topic keeps its route (it lost it until its next
+/// registration). Without a name, the whole topic goes. The dashboard's
+/// "system topics" are the cluster and broker names.
+#[test]
+fn deleting_a_topic_in_one_cluster_keeps_the_others_route() {
+    let mut t = RouteTable::default();
+    let mut b = reg("b", "h:2", 0, &[("T", 2)]);
+    b.cluster = "D".into();
+    t.register(&reg("a", "h:1", 0, &[("T", 4)]), 0, DEFAULT_TIMEOUT, None);
+    t.register(&b, 0, DEFAULT_TIMEOUT, None);
+    assert_eq!(t.system_topic_list(), vec!["C", "D", "a", "b"]);
+    assert!(t.delete_topic_in("T", "C"));
+    let route = t.route("T").unwrap_or_default();
+    assert_eq!(route["queueDatas"].as_array().map(Vec::len), Some(1));
+    assert_eq!(route["queueDatas"][0]["brokerName"], "b");
+    assert!(!t.delete_topic_in("T", "nope"));
+    assert!(t.delete_topic_in("T", ""));
+    assert!(t.route("T").is_none());
+}

@@ -466,8 +466,10 @@ impl NameServer {
                 if let Some(remark) = self.refuses(conn, cmd) {
                     return self.reply(cmd, crate::auth::NO_PERMISSION, Some(remark));
                 }
-                self.table()
-                    .delete_topic(cmd.ext_fields.get("topic").unwrap_or_default());
+                self.table().delete_topic_in(
+                    cmd.ext_fields.get("topic").unwrap_or_default(),
+                    cmd.ext_fields.get("clusterName").unwrap_or_default(),
+                );
                 self.reply(cmd, rs::SUCCESS, None)
             }
             rq::GET_KVLIST_BY_NAMESPACE => {
