@@ -58,6 +58,10 @@ pub struct Kafka {
     pub sasl_failures: rokka_broker::limits::AuthFailures,
     /// Cluster mode: Metadata's reads of etcd's topic table running now.
     pub topic_lookups: tokio::sync::Semaphore,
+    /// DescribeLogDirs' partition sizes as last summed: (queue identity,
+    /// first entry, end entry, bytes) by (topic, queue), so a request adds
+    /// only the entries appended since (it summed every entry each time).
+    pub log_dir_sizes: std::sync::Mutex<std::collections::HashMap<(String, u32), (usize, u64, u64, i64)>>,
 }
 
 impl Kafka {
@@ -98,6 +102,7 @@ impl Kafka {
         );
         let topic_lookups = tokio::sync::Semaphore::new(config.metadata_topic_lookups as usize);
         Kafka {
+            log_dir_sizes: Default::default(),
             topic_lookups,
             sasl_failures,
             sasl_checks,

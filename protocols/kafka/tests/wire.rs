@@ -620,3 +620,41 @@ async fn zstd_and_storage_errors_follow_the_request_version() -> TestResult {
     }
     Ok(())
 }
+
+/// DescribeLogDirs' partition sizes are kept between requests and only the
+/// entries appended since are added (each request summed every entry of
+/// every partition): the sizes stay exact across appends and a new topic.
+#[tokio::test]
+async fn log_dir_sizes_follow_appends() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(Arc::clone(&store), BrokerConfig::default())?);
+    broker.create_topic("ld", 1)?;
+    let (addr, _stop) = common::serve(Arc::clone(&broker)).await?;
+    let mut s = TcpStream::connect(addr).await?;
+    let size = |r: &DescribeLogDirsResponse| -> i64 {
+        r.results
+            .iter()
+            .flat_map(|d| d.topics.iter())
+            .filter(|t| t.name.0.as_str() == "ld")
+            .flat_map(|t| t.partitions.iter())
+            .map(|p| p.partition_size)
+            .sum()
+    };
+    let mut want = 0i64;
+    for round in 0..3 {
+        for _ in 0..=round {
+            let r = store.append_kafka_batch("ld", 0, &batch(-1, -1, -1, &[b"some value"]))?;
+            want += i64::from(r.size);
+        }
+        let r: DescribeLogDirsResponse = call(
+            &mut s,
+            ApiKey::DescribeLogDirs,
+            1,
+            &DescribeLogDirsRequest::default().with_topics(None),
+        )
+        .await?;
+        assert_eq!(size(&r), want, "round {round}");
+    }
+    Ok(())
+}

@@ -115,7 +115,9 @@ fn log_dir(k: &Kafka) -> String {
         .to_string()
 }
 
-/// Bytes a partition's entries take in the CommitLog.
+/// Bytes a partition's entries take in the CommitLog: the sum kept from
+/// the last request plus the entries appended since (summed whole again
+/// when the queue's start moved, or it is another queue of the name).
 fn partition_bytes(k: &Kafka, topic: &str, q: u32) -> i64 {
     let Some(cq) = k.broker.store().queue(topic, q) else {
         return 0;
@@ -123,14 +125,33 @@ fn partition_bytes(k: &Kafka, topic: &str, q: u32) -> i64 {
     let Some(first) = cq.find(cq.min_offset()) else {
         return 0;
     };
-    (first..cq.entry_count())
-        .filter_map(|i| cq.entry(i))
-        .map(|e| i64::from(e.size))
-        .sum()
+    let end = cq.entry_count();
+    let id = std::sync::Arc::as_ptr(&cq) as usize;
+    let key = (topic.to_string(), q);
+    let mut sizes = k.log_dir_sizes.lock().unwrap_or_else(|p| p.into_inner());
+    let (from, base) = match sizes.get(&key) {
+        Some(&(i, f, e, sum)) if i == id && f == first && e <= end => (e, sum),
+        _ => (first, 0),
+    };
+    let sum = base
+        + (from..end)
+            .filter_map(|i| cq.entry(i))
+            .map(|e| i64::from(e.size))
+            .sum::<i64>();
+    sizes.insert(key, (id, first, end, sum));
+    sum
 }
 
 pub fn describe_log_dirs(k: &Kafka, r: DescribeLogDirsRequest) -> DescribeLogDirsResponse {
     let all = k.broker.topics().all();
+    {
+        // Sizes kept only for topics that still exist.
+        let names: std::collections::HashSet<&str> = all.iter().map(|(n, _)| n.as_str()).collect();
+        k.log_dir_sizes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(t, _), _| names.contains(t.as_str()));
+    }
     let wanted: Vec<(String, Vec<i32>)> = match r.topics {
         // A topic named in several entries: their partitions together.
         Some(ts) => {
