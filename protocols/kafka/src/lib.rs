@@ -61,8 +61,12 @@ pub struct Kafka {
     /// DescribeLogDirs' partition sizes as last summed: (queue identity,
     /// first entry, end entry, bytes) by (topic, queue), so a request adds
     /// only the entries appended since (it summed every entry each time).
-    pub log_dir_sizes: std::sync::Mutex<std::collections::HashMap<(String, u32), (usize, u64, u64, i64)>>,
+    pub log_dir_sizes: std::sync::Mutex<std::collections::HashMap<(String, u32), LogDirSize>>,
 }
+
+/// A partition's size as DescribeLogDirs last summed it: (queue identity,
+/// first entry, end entry, bytes).
+pub type LogDirSize = (usize, u64, u64, i64);
 
 impl Kafka {
     pub fn new(
