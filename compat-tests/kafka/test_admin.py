@@ -199,3 +199,25 @@ def test_topic_names_kafka_refuses_are_refused(rokka):
             a.create_topics([NewTopic(bad, 1, 1)])[bad].result(10)
         assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, (bad[:20], e.value)
     a.create_topics([NewTopic("x" * 249, 1, 1)])["x" * 249].result(10)
+
+
+def test_altered_configs_are_checked_together(rokka, topic):
+    """Each key alone may pass while the result does not: a topic created
+    with min.compaction.lag.ms=60000 given max.compaction.lag.ms=1000 is
+    INVALID_CONFIG, as Kafka checks the merged config."""
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry
+
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    a.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "compact", "min.compaction.lag.ms": "60000"})])[
+        topic
+    ].result(10)
+    res = ConfigResource(
+        ResourceType.TOPIC,
+        topic,
+        incremental_configs=[ConfigEntry("max.compaction.lag.ms", "1000", incremental_operation=AlterConfigOpType.SET)],
+    )
+    with pytest.raises(KafkaException) as e:
+        a.incremental_alter_configs([res])[res].result(10)
+    assert e.value.args[0].code() == KafkaError.INVALID_CONFIG, e.value
+    d = ConfigResource(ResourceType.TOPIC, topic)
+    assert a.describe_configs([d])[d].result(10)["max.compaction.lag.ms"].value != "1000"

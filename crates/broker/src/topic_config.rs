@@ -277,7 +277,14 @@ pub fn validate_all<'a>(
         };
         out.insert(name.to_string(), validate(name, value)?);
     }
-    let lag = |k: &str| out.get(k).and_then(|v| v.parse::<i64>().ok());
+    check_together(&out)?;
+    Ok(out)
+}
+
+/// The checks of a topic's configs as a whole (each value already
+/// checked alone): min.compaction.lag.ms not above max.compaction.lag.ms.
+pub fn check_together(configs: &BTreeMap<String, String>) -> Result<(), String> {
+    let lag = |k: &str| configs.get(k).and_then(|v| v.parse::<i64>().ok());
     if let (Some(min), Some(max)) = (lag("min.compaction.lag.ms"), lag("max.compaction.lag.ms")) {
         if min > max {
             return Err(format!(
@@ -285,7 +292,7 @@ pub fn validate_all<'a>(
             ));
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The value and source of `name` for a topic without an override:

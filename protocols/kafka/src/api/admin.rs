@@ -313,6 +313,12 @@ fn alter_result(
     next: Result<(Target, std::collections::BTreeMap<String, String>), (i16, String)>,
 ) -> (i16, Option<String>) {
     let stored = next.and_then(|(target, configs)| {
+        // The resulting overrides as a whole (Kafka's LogConfig.validate of
+        // the merged config): each key alone passed, together they may not
+        // (min.compaction.lag.ms above max.compaction.lag.ms).
+        if let Target::Topic(_) = target {
+            topic_config::check_together(&configs).map_err(|e| (errors::INVALID_CONFIG, e))?;
+        }
         if validate_only {
             return Ok(());
         }
