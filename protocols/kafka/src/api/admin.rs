@@ -211,9 +211,10 @@ pub fn describe_configs(k: &Kafka, r: DescribeConfigsRequest, version: i16) -> D
             out.configs = entries
                 .into_iter()
                 .filter(|e| {
+                    // Null or empty: every config (Kafka's ConfigHelper).
                     res.configuration_keys
                         .as_ref()
-                        .is_none_or(|keys| keys.iter().any(|key| key.as_str() == e.name))
+                        .is_none_or(|keys| keys.is_empty() || keys.iter().any(|key| key.as_str() == e.name))
                 })
                 .map(|e| {
                     let mut c = DescribeConfigsResourceResult::default()
