@@ -658,3 +658,28 @@ async fn log_dir_sizes_follow_appends() -> TestResult {
     }
     Ok(())
 }
+
+/// DescribeConfigs with an empty key list answers every config, as with
+/// none (Kafka's ConfigHelper takes null or empty as "all").
+#[tokio::test]
+async fn describe_configs_with_an_empty_key_list_answers_every_config() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+    let broker = Arc::new(Broker::new(store, BrokerConfig::default())?);
+    broker.create_topic("dc", 1)?;
+    let (addr, _stop) = common::serve(broker).await?;
+    let mut s = TcpStream::connect(addr).await?;
+    let ask = |keys: Option<Vec<StrBytes>>| {
+        DescribeConfigsRequest::default().with_resources(vec![
+            kafka_protocol::messages::describe_configs_request::DescribeConfigsResource::default()
+                .with_resource_type(2)
+                .with_resource_name(StrBytes::from_static_str("dc"))
+                .with_configuration_keys(keys),
+        ])
+    };
+    let all: DescribeConfigsResponse = call(&mut s, ApiKey::DescribeConfigs, 1, &ask(None)).await?;
+    let empty: DescribeConfigsResponse = call(&mut s, ApiKey::DescribeConfigs, 1, &ask(Some(Vec::new()))).await?;
+    assert!(all.results[0].configs.len() > 10);
+    assert_eq!(empty.results[0].configs.len(), all.results[0].configs.len());
+    Ok(())
+}
