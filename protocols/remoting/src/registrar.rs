@@ -25,7 +25,14 @@ pub struct NsConn {
     addr: String,
     stream: Option<TcpStream>,
     buf: BytesMut,
+    /// Calls in a row that got no answer in time on the kept connection.
+    unanswered: u32,
 }
+
+/// A kept connection is given up after this many unanswered calls in a row
+/// (a peer gone silent without a reset — a blackholed route, a replaced
+/// pod — would otherwise hold it until the kernel gives up, minutes).
+const MAX_UNANSWERED: u32 = 2;
 
 impl NsConn {
     pub fn new(addr: &str) -> NsConn {
@@ -33,6 +40,7 @@ impl NsConn {
             addr: addr.to_string(),
             stream: None,
             buf: BytesMut::new(),
+            unanswered: 0,
         }
     }
 
@@ -66,12 +74,20 @@ impl NsConn {
             .map_err(|e| format!("write to {}: {e}", self.addr))?;
         match tokio::time::timeout_at(deadline, read_answer(&self.addr, &mut s, &mut self.buf, cmd.opaque)).await {
             Ok(Ok(r)) => {
+                self.unanswered = 0;
                 self.stream = Some(s);
                 Ok(r)
             }
             Ok(Err(e)) => Err(e),
             Err(_) => {
-                self.stream = Some(s);
+                // Kept for a late answer, unless the peer has not answered
+                // several calls in a row (then the next call reconnects).
+                self.unanswered += 1;
+                if self.unanswered < MAX_UNANSWERED {
+                    self.stream = Some(s);
+                } else {
+                    self.unanswered = 0;
+                }
                 Err(late())
             }
         }
@@ -243,27 +259,34 @@ mod tests {
     }
 
     /// A request written whole but not answered in time keeps its
-    /// connection (closing it made the name server drop this broker's
-    /// routes at once): the next call goes on the same one.
+    /// connection once (closing it made the name server drop this broker's
+    /// routes at once): the next call goes on the same one. A second call
+    /// unanswered in a row gives it up, and the next call reconnects (to a
+    /// peer that answers).
     #[tokio::test]
-    async fn an_unanswered_call_keeps_its_connection() -> Result<(), Box<dyn std::error::Error>> {
+    async fn an_unanswered_call_keeps_its_connection_once() -> Result<(), Box<dyn std::error::Error>> {
         let (addr, accepted) = peer().await?;
         let mut conn = NsConn::new(&addr);
-        for opaque in [1, 2] {
-            let late = conn
-                .call(
-                    RemotingCommand::request(rq::HEART_BEAT, opaque),
-                    Duration::from_millis(200),
-                )
-                .await;
-            assert!(late.is_err(), "the first connection never answers");
-            assert!(conn.stream.is_some(), "kept");
-        }
+        let late = conn
+            .call(RemotingCommand::request(rq::HEART_BEAT, 1), Duration::from_millis(200))
+            .await;
+        assert!(late.is_err(), "the first connection never answers");
+        assert!(conn.stream.is_some(), "kept");
+        let late = conn
+            .call(RemotingCommand::request(rq::HEART_BEAT, 2), Duration::from_millis(200))
+            .await;
+        assert!(late.is_err());
+        assert!(conn.stream.is_none(), "given up after two unanswered calls");
         assert_eq!(
             accepted.load(std::sync::atomic::Ordering::SeqCst),
             1,
             "one connection for both"
         );
+        let answer = conn
+            .call(RemotingCommand::request(rq::HEART_BEAT, 3), Duration::from_secs(5))
+            .await?;
+        assert_eq!((answer.opaque, answer.code), (3, rs::SUCCESS));
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
         Ok(())
     }
 }
