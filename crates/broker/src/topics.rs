@@ -367,6 +367,18 @@ impl TopicTable {
             .collect()
     }
 
+    /// A topic other than `name` whose name is the same once '.' and '_'
+    /// are taken as one (Kafka's collision rule), looked for among the
+    /// names without copying the table.
+    pub fn colliding(&self, name: &str) -> Option<String> {
+        let norm = |n: &str| n.bytes().map(|b| if b == b'.' { b'_' } else { b }).collect::<Vec<u8>>();
+        let mine = norm(name);
+        let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
+        t.keys()
+            .find(|n| n.as_str() != name && n.len() == name.len() && norm(n) == mine)
+            .cloned()
+    }
+
     pub fn all(&self) -> Vec<(String, TopicInfo)> {
         let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
         t.iter().map(|(k, v)| (k.clone(), v.clone())).collect()

@@ -436,15 +436,14 @@ impl RouteTable {
     }
 
     /// Removes a topic from the routes (DELETE_TOPIC_IN_NAMESRV).
-    /// With `cluster` (5.x mqadmin deleteTopic -c), only that cluster's
-    /// brokers' queues go, as Apache's RouteInfoManager.deleteTopic: another
-    /// cluster holding the topic keeps its route.
     pub fn delete_topic(&mut self, topic: &str) -> bool {
         self.topics.remove(topic).is_some()
     }
 
-    /// [`RouteTable::delete_topic`] of `cluster`'s brokers only (all of
-    /// them for an empty name).
+    /// [`RouteTable::delete_topic`] of `cluster`'s brokers only (5.x
+    /// mqadmin deleteTopic -c; all of them for an empty name), as Apache's
+    /// RouteInfoManager.deleteTopic: another cluster holding the topic
+    /// keeps its route.
     pub fn delete_topic_in(&mut self, topic: &str, cluster: &str) -> bool {
         if cluster.is_empty() {
             return self.delete_topic(topic);

@@ -195,19 +195,21 @@ fn main() -> ExitCode {
         );
         return ExitCode::from(2);
     }
-    // A broker on a wildcard address with nothing advertised would route
-    // clients to 0.0.0.0 (and put it in every message id): they would dial
-    // themselves. Kafka refuses the same for its advertised listeners.
-    if cfg.rocketmq.enabled
+    // A broker on a wildcard address with nothing advertised routes
+    // clients to 0.0.0.0 (and puts it in every message id): they would
+    // dial themselves. Said loudly at start (not refused: a node whose
+    // clients speak Kafka or gRPC only does not need the remoting address,
+    // and cluster mode advertises cluster.advertised_host).
+    let wildcard_broker = cfg.rocketmq.enabled
         && cfg.rocketmq.broker_enabled
         && cfg.rocketmq.broker_listen.ip().is_unspecified()
         && cfg.rocketmq.advertised_addr.trim().is_empty()
-    {
+        && (!cfg.cluster.enabled || cfg.cluster.advertised_host.trim().is_empty());
+    if wildcard_broker {
         eprintln!(
-            "rokka: rocketmq.broker_listen = {} is a wildcard address: set rocketmq.advertised_addr to the address clients reach this broker at",
+            "rokka: warning: rocketmq.broker_listen = {} is a wildcard address and rocketmq.advertised_addr is empty: RocketMQ routes and message ids will name it; set rocketmq.advertised_addr to the address clients reach this broker at",
             cfg.rocketmq.broker_listen
         );
-        return ExitCode::from(2);
     }
     if cfg.cluster.enabled {
         if let Err(e) = cfg.cluster.validate() {

@@ -317,28 +317,3 @@ fn namesrv_only_runs_a_name_server_whatever_else_is_on() -> TestResult {
     assert!(stop(&mut child)?.success());
     Ok(())
 }
-
-/// A RocketMQ broker on a wildcard address with nothing advertised is
-/// refused at start: its routes and message ids would name 0.0.0.0, which
-/// clients then dial (themselves), as Kafka refuses a 0.0.0.0 advertised
-/// listener.
-#[test]
-fn a_wildcard_broker_address_needs_an_advertised_one() -> TestResult {
-    let dir = tempfile::tempdir()?;
-    let cfg = dir.path().join("rokka.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "[rocketmq]\nbroker_listen = \"0.0.0.0:0\"\nnamesrv_listen = \"127.0.0.1:0\"\n[store]\ndata_dir = \"{}\"\n",
-            dir.path().join("data").display()
-        ),
-    )?;
-    let out = Command::new(env!("CARGO_BIN_EXE_rokka"))
-        .arg("--config")
-        .arg(&cfg)
-        .output()?;
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("rocketmq.advertised_addr"), "{err}");
-    Ok(())
-}

@@ -64,9 +64,17 @@ pub struct Kafka {
     pub log_dir_sizes: std::sync::Mutex<std::collections::HashMap<(String, u32), LogDirSize>>,
 }
 
-/// A partition's size as DescribeLogDirs last summed it: (queue identity,
-/// first entry, end entry, bytes).
-pub type LogDirSize = (usize, u64, u64, i64);
+/// A partition's size as DescribeLogDirs last summed it: the queue (held
+/// weakly: a queue made again under the name is another), its first and
+/// end entry, the last entry's CommitLog offset (a cut and re-append is
+/// told by it), and the bytes.
+pub type LogDirSize = (
+    std::sync::Weak<rokka_store::consume_queue::ConsumeQueue>,
+    u64,
+    u64,
+    u64,
+    i64,
+);
 
 impl Kafka {
     pub fn new(

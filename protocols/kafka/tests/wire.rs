@@ -656,6 +656,18 @@ async fn log_dir_sizes_follow_appends() -> TestResult {
         .await?;
         assert_eq!(size(&r), want, "round {round}");
     }
+    // The topic deleted and made again, one batch in it: that batch only.
+    broker.delete_topic("ld")?;
+    broker.create_topic("ld", 1)?;
+    let one = store.append_kafka_batch("ld", 0, &batch(-1, -1, -1, &[b"some value"]))?;
+    let r: DescribeLogDirsResponse = call(
+        &mut s,
+        ApiKey::DescribeLogDirs,
+        1,
+        &DescribeLogDirsRequest::default().with_topics(None),
+    )
+    .await?;
+    assert_eq!(size(&r), i64::from(one.size), "the new queue's bytes only");
     Ok(())
 }
 

@@ -126,11 +126,22 @@ fn partition_bytes(k: &Kafka, topic: &str, q: u32) -> i64 {
         return 0;
     };
     let end = cq.entry_count();
-    let id = std::sync::Arc::as_ptr(&cq) as usize;
     let key = (topic.to_string(), q);
+    let phys_at = |i: u64| {
+        i.checked_sub(1)
+            .and_then(|i| cq.entry(i))
+            .map_or(u64::MAX, |e| e.phys_offset)
+    };
     let mut sizes = k.log_dir_sizes.lock().unwrap_or_else(|p| p.into_inner());
     let (from, base) = match sizes.get(&key) {
-        Some(&(i, f, e, sum)) if i == id && f == first && e <= end => (e, sum),
+        Some((q, f, e, last, sum))
+            if q.upgrade().is_some_and(|q| std::sync::Arc::ptr_eq(&q, &cq))
+                && *f == first
+                && *e <= end
+                && phys_at(*e) == *last =>
+        {
+            (*e, *sum)
+        }
         _ => (first, 0),
     };
     let sum = base
@@ -138,7 +149,7 @@ fn partition_bytes(k: &Kafka, topic: &str, q: u32) -> i64 {
             .filter_map(|i| cq.entry(i))
             .map(|e| i64::from(e.size))
             .sum::<i64>();
-    sizes.insert(key, (id, first, end, sum));
+    sizes.insert(key, (std::sync::Arc::downgrade(&cq), first, end, phys_at(end), sum));
     sum
 }
 

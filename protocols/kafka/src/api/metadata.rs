@@ -185,11 +185,13 @@ pub fn handle(
                     }
                     // A name Kafka would not make is not auto-created by a
                     // Kafka client: INVALID_TOPIC_EXCEPTION, as Kafka's
-                    // auto-creation answers (one that exists, made by
-                    // RocketMQ, is answered as it is).
+                    // auto-creation answers (Topic.isValid only; one that
+                    // exists, made by RocketMQ, is answered as it is; with
+                    // auto-creation off, unknown as ever).
                     if allow_create
+                        && broker.config().auto_create_topics
+                        && super::topics::kafka_name_invalid(&name).is_some()
                         && broker.topics().get(&name).is_none()
-                        && super::topics::kafka_name_refused(k, &name).is_some()
                     {
                         return MetadataResponseTopic::default()
                             .with_error_code(errors::INVALID_TOPIC_EXCEPTION)

@@ -303,6 +303,20 @@ pub fn delete(k: &Kafka, r: DeleteTopicsRequest, version: i16) -> DeleteTopicsRe
 /// or None. RocketMQ clients may make other names (`%RETRY%g`, up to 255
 /// bytes); through the Kafka API a topic is named as Kafka names one.
 pub fn kafka_name_refused(k: &Kafka, name: &str) -> Option<String> {
+    if let Some(why) = kafka_name_invalid(name) {
+        return Some(why);
+    }
+    if name.contains('.') || name.contains('_') {
+        if let Some(other) = k.broker.topics().colliding(name) {
+            return Some(format!("Topic '{name}' collides with existing topic: {other}"));
+        }
+    }
+    None
+}
+
+/// Kafka's Topic.isValid alone (no collision check): what its automatic
+/// topic creation checks.
+pub fn kafka_name_invalid(name: &str) -> Option<String> {
     if name.is_empty() || name == "." || name == ".." {
         return Some(format!("Topic name '{name}' is illegal"));
     }
@@ -318,20 +332,6 @@ pub fn kafka_name_refused(k: &Kafka, name: &str) -> Option<String> {
         return Some(format!(
             "Topic name '{name}' is illegal, it contains a character other than ASCII alphanumerics, '.', '_' and '-'"
         ));
-    }
-    if name.contains('.') || name.contains('_') {
-        let norm = |n: &str| n.replace('.', "_");
-        let mine = norm(name);
-        if let Some(other) = k
-            .broker
-            .topics()
-            .all()
-            .into_iter()
-            .map(|(n, _)| n)
-            .find(|n| n != name && norm(n) == mine)
-        {
-            return Some(format!("Topic '{name}' collides with existing topic: {other}"));
-        }
     }
     None
 }
@@ -358,6 +358,17 @@ pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartiti
                 ))
             } else if t.count <= 0 {
                 Err((errors::INVALID_PARTITIONS, "count must be positive".to_string()))
+            } else if k.broker.topics().get(name).is_none() {
+                // (Existence and the count first, as Kafka checks them
+                // before the assignments.)
+                Err((errors::UNKNOWN_TOPIC_OR_PARTITION, "unknown topic".to_string()))
+            } else if k
+                .broker
+                .topics()
+                .get(name)
+                .is_some_and(|i| t.count as u32 <= i.kafka_partitions())
+            {
+                Err((errors::INVALID_PARTITIONS, "the new count must be larger".to_string()))
             } else if let Some(bad) = t.assignments.as_ref().and_then(|a| {
                 // Kafka's createPartitions: one assignment per partition
                 // added, each naming brokers that hold it (here: the broker

@@ -685,6 +685,8 @@ impl RocketMq {
                     )
                 })
                 .flat_map(|t| all_queues(t))
+                // (A list of many topics of many queues: bounded.)
+                .take(65_536)
                 .collect()
         } else if !topic.is_empty() && !kept(topic) {
             Vec::new()
