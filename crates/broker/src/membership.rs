@@ -443,13 +443,20 @@ impl Membership {
             .contains(group)
     }
 
-    /// The group's members when it has both kinds (cloned only then: pulls ask).
+    /// The group's members when it has both kinds (cloned only then).
     pub fn mixed(&self, group: &str) -> Option<GroupMembers> {
+        self.with_mixed(group, GroupMembers::clone)
+    }
+
+    /// `f` of the group's members when it has both kinds, without a copy
+    /// on a single node (every remoting pull and commit asks; the lock is
+    /// held while `f` runs).
+    pub fn with_mixed<R>(&self, group: &str, f: impl FnOnce(&GroupMembers) -> R) -> Option<R> {
         let g = self.lock();
         if g.remote.is_empty() {
-            return g.local.get(group).filter(|m| m.is_mixed()).cloned();
+            return g.local.get(group).filter(|m| m.is_mixed()).map(f);
         }
-        g.effective(group).filter(|m| m.is_mixed())
+        g.effective(group).filter(|m| m.is_mixed()).as_ref().map(f)
     }
 
     pub fn get(&self, group: &str) -> GroupMembers {

@@ -306,7 +306,7 @@ impl RocketMq {
             rq::PULL_MESSAGE | rq::LITE_PULL_MESSAGE => self.pull(&cmd, conn).await,
             rq::QUERY_CONSUMER_OFFSET => self.query_offset(&cmd),
             rq::UPDATE_CONSUMER_OFFSET => {
-                let mut r = self.update_offset(&cmd, conn);
+                let mut r = self.update_offset(&cmd);
                 // A Kafka commit another set's coordinator forwarded is
                 // answered once this set's replicas hold it, as the
                 // coordinator answers its own (RocketMQ clients' commits

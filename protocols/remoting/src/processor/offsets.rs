@@ -109,7 +109,7 @@ impl RocketMq {
         })
     }
 
-    pub(super) fn update_offset(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
+    pub(super) fn update_offset(&self, req: &RemotingCommand) -> RemotingCommand {
         let group = req.ext_fields.get("consumerGroup").unwrap_or_default();
         let topic = req.ext_fields.get("topic").unwrap_or_default();
         let queue = ext_i64(req, "queueId", "queueId").unwrap_or(-1);
@@ -154,16 +154,16 @@ impl RocketMq {
         // member's commit back. (A queue it just gave up, not yet the Kafka
         // member's, is taken: its last position.)
         if leader_epoch < 0 && metadata.is_empty() {
-            if let Some(m) = self.broker.membership().mixed(group) {
-                let partition = info
-                    .kafka_partition_of(self.broker.own_set(), queue as u32)
-                    .unwrap_or(queue as i32);
-                if m.kafka_held.get(topic).is_some_and(|ps| ps.contains(&partition))
-                    && !self.owns(group, topic, queue as u32, info.partitions, conn)
-                {
-                    metrics::counter!("rokka_mixed_group_commits_ignored_total").increment(1);
-                    return self.reply(req, rs::SUCCESS, None);
-                }
+            let partition = || {
+                info.kafka_partition_of(self.broker.own_set(), queue as u32)
+                    .unwrap_or(queue as i32)
+            };
+            let held = self.broker.membership().with_mixed(group, |m| {
+                m.kafka_held.get(topic).is_some_and(|ps| ps.contains(&partition()))
+            });
+            if held == Some(true) {
+                metrics::counter!("rokka_mixed_group_commits_ignored_total").increment(1);
+                return self.reply(req, rs::SUCCESS, None);
             }
         }
         // A RocketMQ client's commit of its old position after a reset is

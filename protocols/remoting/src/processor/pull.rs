@@ -157,10 +157,13 @@ impl RocketMq {
         if topic.starts_with("%RETRY%") || topic.starts_with("%DLQ%") {
             return true;
         }
-        let Some(m) = self.broker.membership().mixed(group) else {
+        // What this needs of the members, copied (not the Kafka side's
+        // topics and holdings): the lock is not held across the others.
+        let Some((ids, rocketmq, held)) = self.broker.membership().with_mixed(group, |m| {
+            (m.all_ids(), m.rocketmq.clone(), m.kafka_held.get(topic).cloned())
+        }) else {
             return true;
         };
-        let ids = m.all_ids();
         // The unit list is the whole topic's queues over every broker set,
         // as the clients sort them (one set: this set's queues).
         let info = self.broker.topics().get(topic);
@@ -179,13 +182,13 @@ impl RocketMq {
             .as_ref()
             .and_then(|i| i.kafka_partition_of(self.broker.own_set(), queue))
             .unwrap_or(queue as i32);
-        if m.kafka_held.get(topic).is_some_and(|ps| ps.contains(&partition)) {
+        if held.is_some_and(|ps| ps.contains(&partition)) {
             return false;
         }
         let c = self.clients();
         c.clients
             .iter()
-            .filter(|(id, cl)| cl.conn.peer == conn.peer && m.rocketmq.contains(*id))
+            .filter(|(id, cl)| cl.conn.peer == conn.peer && rocketmq.contains(*id))
             .any(|(id, _)| rokka_broker::membership::allocate_averagely(units, &ids, id).contains(&index))
     }
 
