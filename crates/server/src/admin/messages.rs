@@ -880,27 +880,38 @@ mod tests {
         assert!(names("[0:0:0:0:0:0:0:1]:10911", v6));
     }
 
-    #[test]
-    fn resends_drop_where_the_broker_parked_it() {
-        let props = properties::encode([("RETRY_TOPIC", "orders"), ("KEYS", "k1"), ("REAL_QID", "3"), ("a", "b")]);
-        let m = MessageView {
+    /// A message of topic "T" with `body` and `sys_flag`, zero elsewhere.
+    fn view(body: Vec<u8>, sys_flag: i32) -> MessageView {
+        MessageView {
             total_size: 0,
             magic: 0,
             body_crc: 0,
             queue_id: 0,
             flag: 0,
             queue_offset: 0,
-            phys_offset: 42,
-            sys_flag: 0,
+            phys_offset: 0,
+            sys_flag,
             born_timestamp: 0,
             born_host: "127.0.0.1:1".parse().expect("addr"),
             store_timestamp: 0,
             store_host: "127.0.0.1:10911".parse().expect("addr"),
-            reconsume_times: 3,
+            reconsume_times: 0,
             prepared_transaction_offset: 0,
-            body: bytes::Bytes::new(),
+            body: bytes::Bytes::from(body),
+            topic: bytes::Bytes::from_static(b"T"),
+            properties: bytes::Bytes::new(),
+        }
+    }
+
+    #[test]
+    fn resends_drop_where_the_broker_parked_it() {
+        let props = properties::encode([("RETRY_TOPIC", "orders"), ("KEYS", "k1"), ("REAL_QID", "3"), ("a", "b")]);
+        let m = MessageView {
+            phys_offset: 42,
+            reconsume_times: 3,
             topic: bytes::Bytes::from_static(b"%DLQ%g"),
             properties: bytes::Bytes::from(props.into_bytes()),
+            ..view(Vec::new(), 0)
         };
         let out = resend_properties(&m);
         let got: Vec<(String, String)> = properties::iter(out.as_bytes())
@@ -929,25 +940,6 @@ mod tests {
         let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
         z.write_all(&big).expect("deflate");
         let zipped = z.finish().expect("deflate");
-        let view = |body: Vec<u8>, sys_flag: i32| MessageView {
-            total_size: 0,
-            magic: 0,
-            body_crc: 0,
-            queue_id: 0,
-            flag: 0,
-            queue_offset: 0,
-            phys_offset: 0,
-            sys_flag,
-            born_timestamp: 0,
-            born_host: "127.0.0.1:1".parse().expect("addr"),
-            store_timestamp: 0,
-            store_host: "127.0.0.1:10911".parse().expect("addr"),
-            reconsume_times: 0,
-            prepared_transaction_offset: 0,
-            body: bytes::Bytes::from(body),
-            topic: bytes::Bytes::from_static(b"T"),
-            properties: bytes::Bytes::new(),
-        };
         let body_col = MESSAGE_COLUMNS.iter().position(|c| *c == "body").expect("body column");
         for m in [view(big.clone(), 0), view(zipped, COMPRESSED)] {
             let whole = message_row("b", &m);
