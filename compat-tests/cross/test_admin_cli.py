@@ -342,6 +342,41 @@ def test_the_rocketmq_admin_client_updates_inspects_and_deletes_a_topic(rokka):
     assert topic not in listed, listed
 
 
+def test_the_rocketmq_admin_client_updates_lists_and_deletes_subscription_groups(rokka):
+    """mqadmin's updateSubGroup, the dashboard's consumer list and
+    deleteSubGroup through rocketmq-client-rust's admin: a group is
+    accepted, the broker's own transaction-check group refused; the list
+    holds the group a Kafka consumer committed for and none of the broker's
+    own groups (whose progress the broker keeps as offsets); deleting the
+    group with its offsets takes it off the list."""
+    topic, group = "CliSubGroups", "cli-subgroups"
+    cli(rokka, "topic", "create", topic, "--partitions", "2")
+    p = Producer({"bootstrap.servers": rokka.bootstrap})
+    p.produce(topic, value=b"v", partition=0)
+    assert p.flush(30) == 0
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group, "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, 0)])
+    m = c.poll(30)
+    assert m is not None and m.error() is None, m
+    c.commit(message=m, asynchronous=False)
+    c.close()
+    broker = f"127.0.0.1:{rokka.broker_port}"
+    lines = harness(rokka, "admin-groups", broker, group)
+    assert "update group: ok" in lines, lines
+    assert any(l.startswith("update system group: refused") for l in lines), lines
+    listed = [l for l in lines if l.startswith("groups: ")]
+    assert len(listed) == 1 and f"{group} listed, 0 of the broker's own" in listed[0], lines
+    assert "delete group: ok" in lines, lines
+    after = [l for l in lines if l.startswith("groups after delete: ")]
+    assert len(after) == 1 and f"{group} not listed, 0 of the broker's own" in after[0], lines
+    c = Consumer({"bootstrap.servers": rokka.bootstrap, "group.id": group})
+    try:
+        (tp,) = c.committed([TopicPartition(topic, 0)], timeout=30)
+    finally:
+        c.close()
+    assert tp.offset < 0, f"the group's offset survived its deletion: {tp}"
+
+
 def test_a_kip848_group_is_described_with_its_members_and_lag(rokka):
     """`group describe` of a KIP-848 group (librdkafka, group.protocol =
     consumer): DescribeGroups says it is not a classic group, so the CLI

@@ -201,6 +201,72 @@ async fn admin_topic(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) ->
     Ok(created.is_ok() && removed.is_ok() && gone)
 }
 
+/// `admin-groups <broker> <group>`: mqadmin's updateSubGroup
+/// (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP) for `group` and for the broker's
+/// own transaction-check group, the dashboard's consumer list
+/// (GET_ALL_SUBSCRIPTIONGROUP_CONFIG) and deleteSubGroup with its offsets
+/// (DELETE_SUBSCRIPTIONGROUP), through the admin client.
+async fn admin_groups(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    use rocketmq_client_rust::{ConsumerAdmin, MQAdminMutationExt};
+    use rocketmq_protocol::protocol::subscription::subscription_group_config::SubscriptionGroupConfig;
+    let (Some(broker), Some(group)) = (args.first(), args.get(1)) else {
+        eprintln!("compat: admin-groups <broker> <group>");
+        return Ok(false);
+    };
+    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
+    admin.set_namesrv_addr(namesrv.to_string());
+    admin.start().await?;
+    let outcome = |r: &ClientResult<()>| match r {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("refused ({e})"),
+    };
+    let upsert = admin
+        .upsert_subscription_group(
+            broker.as_str().into(),
+            SubscriptionGroupConfig::new(group.as_str().into()),
+        )
+        .await;
+    println!("compat: update group: {}", outcome(&upsert));
+    let system = admin
+        .upsert_subscription_group(
+            broker.as_str().into(),
+            SubscriptionGroupConfig::new("CID_RMQ_SYS_TRANS".into()),
+        )
+        .await;
+    println!("compat: update system group: {}", outcome(&system));
+    let listed = |all: &ClientResult<
+        rocketmq_protocol::protocol::body::subscription_group_wrapper::SubscriptionGroupWrapper,
+    >| match all {
+        Ok(w) => {
+            let names: BTreeSet<String> = w.subscription_group_table.keys().map(|k| k.to_string()).collect();
+            let system = names
+                .iter()
+                .filter(|n| n.starts_with("CID_RMQ_SYS_") || n.starts_with('%'))
+                .count();
+            format!(
+                "{} groups, {group} {}, {system} of the broker's own",
+                names.len(),
+                if names.contains(group.as_str()) {
+                    "listed"
+                } else {
+                    "not listed"
+                }
+            )
+        }
+        Err(e) => format!("failed ({e})"),
+    };
+    let before = admin.get_all_subscription_group(broker.as_str().into(), 5_000).await;
+    println!("compat: groups: {}", listed(&before));
+    let removed = admin
+        .remove_subscription_group(broker.as_str().into(), group.as_str().into(), Some(true))
+        .await;
+    println!("compat: delete group: {}", outcome(&removed));
+    let after = admin.get_all_subscription_group(broker.as_str().into(), 5_000).await;
+    println!("compat: groups after delete: {}", listed(&after));
+    admin.shutdown().await;
+    Ok(upsert.is_ok() && before.is_ok() && removed.is_ok() && after.is_ok())
+}
+
 /// `reset-offset <topic> <group> <timestamp ms> <force>`: mqadmin
 /// resetOffsetByTime through the admin client (INVOKE_BROKER_TO_RESET_OFFSET
 /// to each master of the topic); prints each queue's new offset.
@@ -382,6 +448,7 @@ async fn main() -> ClientResult<()> {
         "create-user" => create_user(&rt, &namesrv, &args[3..]).await?,
         "reset-offset" => reset_offset(&rt, &namesrv, &args[3..]).await?,
         "admin-topic" => admin_topic(&rt, &namesrv, &args[3..]).await?,
+        "admin-groups" => admin_groups(&rt, &namesrv, &args[3..]).await?,
         "dur-send" => durability::send(&rt, &namesrv, &args[3..]).await?,
         "dur-delayed" => durability::delayed(&rt, &namesrv, &args[3..]).await?,
         "dur-consume" => durability::consume(&rt, &namesrv, &args[3..]).await?,
