@@ -153,7 +153,7 @@ impl Broker {
             .config
             .timer_max_delay_ms
             .min(retention_ms.saturating_sub(3_600_000).max(60_000)) as i64;
-        let due_in_ms = due - rokka_store::now_ms();
+        let due_in_ms = due.saturating_sub(rokka_store::now_ms());
         if due_in_ms > max_ms {
             metrics::counter!("rokka_timer_messages_refused_total").increment(1);
             return Err(BrokerError::TimerTooFar { due_in_ms, max_ms });
@@ -358,6 +358,10 @@ mod tests {
             b.append_timer(&m, now + 4 * 24 * 3_600_000),
             Err(BrokerError::TimerTooFar { .. })
         ));
+        // A client's time in the far past (i64::MIN) is due now, not an
+        // overflow (a prepared message's check takes it unfiltered).
+        b.check_timer_due(i64::MIN)?;
+        assert!(b.check_timer_due(i64::MAX).is_err());
         Ok(())
     }
 
