@@ -63,6 +63,9 @@ impl NsConn {
                     .map_err(|e| format!("connect {}: {e}", self.addr))?;
                 let _ = s.set_nodelay(true);
                 self.buf.clear();
+                // The count is the kept connection's: a new one starts
+                // with none unanswered.
+                self.unanswered = 0;
                 s
             }
         };
@@ -287,6 +290,30 @@ mod tests {
             .await?;
         assert_eq!((answer.opaque, answer.code), (3, rs::SUCCESS));
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
+        Ok(())
+    }
+
+    /// The unanswered count is the kept connection's: after a connection
+    /// is dropped (a reset, a read error), a new one's first late answer
+    /// keeps it.
+    #[tokio::test]
+    async fn a_new_connection_starts_with_nothing_unanswered() -> Result<(), Box<dyn std::error::Error>> {
+        let (addr, _accepted) = peer().await?;
+        let mut conn = NsConn::new(&addr);
+        let late = conn
+            .call(RemotingCommand::request(rq::HEART_BEAT, 1), Duration::from_millis(200))
+            .await;
+        assert!(late.is_err() && conn.stream.is_some(), "kept once");
+        // Dropped, as a read error drops it; the next peer is slow too
+        // (its backlog takes the connection, nothing ever answers).
+        conn.stream = None;
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        conn.addr = silent.local_addr()?.to_string();
+        let late = conn
+            .call(RemotingCommand::request(rq::HEART_BEAT, 2), Duration::from_millis(200))
+            .await;
+        assert!(late.is_err());
+        assert!(conn.stream.is_some(), "a new connection's first late answer keeps it");
         Ok(())
     }
 }
