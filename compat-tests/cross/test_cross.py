@@ -672,3 +672,63 @@ def test_kafka_records_with_oversized_headers_or_values_do_not_stall_rocketmq_co
             seen.append(len(m.value()))
     c.close()
     assert len(seen) == 12 and seen[1] == 17 << 20, seen[:3]
+
+
+def raw_pull(rokka, topic, queue, offset, max_msgs, opaque=1):
+    """One PULL_MESSAGE (code 11) in RocketMQ's JSON header layout: the
+    response's code, extFields and the stored messages' sizes in its body."""
+    import json
+    import socket
+    import struct
+
+    ext = {"consumerGroup": "raw-pull", "topic": topic, "queueId": str(queue), "queueOffset": str(offset),
+           "maxMsgNums": str(max_msgs), "sysFlag": "0", "commitOffset": "0", "suspendTimeoutMillis": "0",
+           "subscription": "*", "subVersion": "0"}
+    header = json.dumps({"code": 11, "language": "JAVA", "version": 453, "opaque": opaque, "flag": 0,
+                         "extFields": ext}).encode()
+    with socket.create_connection(("127.0.0.1", rokka.broker_port), timeout=10) as s:
+        s.sendall(struct.pack(">ii", 4 + len(header), len(header)) + header)
+
+        def exact(n):
+            b = b""
+            while len(b) < n:
+                chunk = s.recv(n - len(b))
+                assert chunk, "closed"
+                b += chunk
+            return b
+
+        frame = exact(struct.unpack(">i", exact(4))[0])
+    hlen = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
+    r = json.loads(frame[4:4 + hlen])
+    body = frame[4 + hlen:]
+    sizes, at = [], 0
+    while at + 4 <= len(body):
+        n = struct.unpack(">i", body[at:at + 4])[0]
+        assert n > 0, n
+        sizes.append(n)
+        at += n
+    return r["code"], r.get("extFields", {}), sizes
+
+
+def test_a_pull_of_a_kafka_batch_answers_at_most_max_msg_nums(rokka):
+    """One Kafka batch of 100 records (librdkafka) pulled with maxMsgNums 8
+    answers 8 messages and a nextBeginOffset inside the batch, as Apache
+    never answers more than maxMsgNums (the whole batch came back, every
+    pull)."""
+    from confluent_kafka import Producer
+
+    topic = "CrossPullCount"
+    create(rokka, topic, partitions=1)
+    p = Producer({"bootstrap.servers": rokka.bootstrap, "linger.ms": 500, "compression.type": "none"})
+    for i in range(100):
+        p.produce(topic, value=b"v%03d" % i, partition=0)
+    assert p.flush(30) == 0
+    offset, pulls = 0, 0
+    while offset < 100:
+        code, ext, sizes = raw_pull(rokka, topic, 0, offset, 8, opaque=pulls + 1)
+        assert code == 0, (code, ext)
+        assert 1 <= len(sizes) <= 8, (offset, len(sizes))
+        nxt = int(ext["nextBeginOffset"])
+        assert nxt == offset + len(sizes), (offset, len(sizes), ext)
+        offset, pulls = nxt, pulls + 1
+    assert pulls >= 13, f"100 records in {pulls} pulls of at most 8"

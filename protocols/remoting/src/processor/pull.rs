@@ -250,8 +250,9 @@ impl RocketMq {
                     }
                     // Kafka batches grow when they cross (decompressed, one
                     // message each): stop once the answer holds the cap
-                    // (always at least one entry).
-                    if !body.is_empty() && body.len() >= cap {
+                    // (always at least one entry) or maxMsgNums messages
+                    // (Apache never answers more).
+                    if !body.is_empty() && (body.len() >= cap || n >= u64::from(max_msgs)) {
                         next = e.cq.base_offset.max(offset);
                         break;
                     }
@@ -274,7 +275,10 @@ impl RocketMq {
                             codes,
                             self.store_host,
                             self.broker.config().max_batch_decompressed_bytes as usize,
-                            (cap.saturating_sub(body.len()), usize::MAX),
+                            (
+                                cap.saturating_sub(body.len()),
+                                (max_msgs as usize).saturating_sub(n as usize),
+                            ),
                             &mut body,
                         ),
                         Ok(_) => Err("not a Kafka batch".to_string()),
