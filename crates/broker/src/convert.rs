@@ -179,6 +179,18 @@ fn hex(b: &[u8]) -> String {
     s
 }
 
+/// The 16 bytes of a unique id in upper-case hex, on the stack (one per
+/// crossed record).
+fn hex_upper(b: &[u8; 16]) -> [u8; 32] {
+    const D: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = [0u8; 32];
+    for (i, x) in b.iter().enumerate() {
+        out[2 * i] = D[(x >> 4) as usize];
+        out[2 * i + 1] = D[(x & 15) as usize];
+    }
+    out
+}
+
 fn unhex(s: &[u8]) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
@@ -280,6 +292,8 @@ pub fn kafka_batch_to_rocketmq_cached(
     let key = BatchKey::of(view);
     if let Some(set) = cache.get(key) {
         crate::hot_metrics::count("rokka_cross_decoded_batch_hits_total", "", "", 1);
+        #[cfg(test)]
+        cache.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return Ok(convert_set(view, &set, from, codes, store_host, limits, out));
     }
     let decode = |batch: &Bytes| {
@@ -292,12 +306,15 @@ pub fn kafka_batch_to_rocketmq_cached(
         // An uncompressed batch's records are views of the mapped segment:
         // kept, they would keep the segment mapped (and its disk space
         // taken after retention deletes it) — decoded again from a copy.
+        // (Kept at best: the messages are in `out` already.)
         let set = if set.compression == kafka_protocol::records::Compression::None {
-            decode(&Bytes::copy_from_slice(&view.batch))?
+            decode(&Bytes::copy_from_slice(&view.batch)).ok()
         } else {
-            set
+            Some(set)
         };
-        cache.put(key, set);
+        if let Some(set) = set {
+            cache.put(key, set);
+        }
     }
     Ok(c)
 }
@@ -341,6 +358,9 @@ const DECODED_RECORD_OVERHEAD: usize = 192;
 pub struct DecodedBatches {
     max_bytes: usize,
     inner: std::sync::Mutex<DecodedInner>,
+    /// Reads answered from the cache (the tests count them).
+    #[cfg(test)]
+    hits: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -355,6 +375,8 @@ impl DecodedBatches {
         DecodedBatches {
             max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX),
             inner: Default::default(),
+            #[cfg(test)]
+            hits: Default::default(),
         }
     }
 
@@ -468,13 +490,16 @@ fn convert_set(
         let tag_room = tag.map_or(0, |t| t.len() + properties::TAGS.len() + 2);
         let reserve = UNIQ_KEY_ROOM + tag_room;
         if let Some(k) = &r.key {
-            let (name, value) = if prop_safe(k) && !k.is_empty() {
-                (properties::KEYS.as_bytes(), std::borrow::Cow::Borrowed(&k[..]))
-            } else {
-                (KAFKA_KEY_HEX.as_bytes(), std::borrow::Cow::Owned(hex(k).into_bytes()))
-            };
-            if fits(&props, name, &value, reserve) {
-                push_prop(&mut props, name, &value);
+            if prop_safe(k) && !k.is_empty() {
+                if fits(&props, properties::KEYS.as_bytes(), k, reserve) {
+                    push_prop(&mut props, properties::KEYS.as_bytes(), k);
+                } else {
+                    c.dropped += 1;
+                }
+            } else if props.len() + KAFKA_KEY_HEX.len() + 2 * k.len() + 2 + reserve <= MAX_CROSSED_PROPERTIES {
+                // (Sized before it is written out: a key too large to
+                // cross is not hex-encoded only to be dropped.)
+                push_prop(&mut props, KAFKA_KEY_HEX.as_bytes(), hex(k).as_bytes());
             } else {
                 c.dropped += 1;
             }
@@ -494,11 +519,7 @@ fn convert_set(
         let mut uniq = [0u8; 16];
         uniq[..8].copy_from_slice(&view.phys_offset.to_be_bytes());
         uniq[8..].copy_from_slice(&(r.offset as u64).to_be_bytes());
-        push_prop(
-            &mut props,
-            properties::UNIQ_KEY.as_bytes(),
-            hex(&uniq).to_uppercase().as_bytes(),
-        );
+        push_prop(&mut props, properties::UNIQ_KEY.as_bytes(), &hex_upper(&uniq));
         for (name, value) in &r.headers {
             let n = name.as_bytes();
             if n == TAGS_HEADER.as_bytes() {
@@ -935,6 +956,11 @@ pub(crate) mod tests {
                 }
             }
             assert_eq!(reads, 8, "50 records, 7 a time");
+            assert_eq!(
+                cache.hits.load(std::sync::atomic::Ordering::Relaxed),
+                7,
+                "decoded once, then answered from the cache ({compression:?})"
+            );
             assert_eq!(pulled(&parts)?, pulled(&whole)?, "{compression:?}");
             let kept = cache.get(BatchKey::of(&view)).ok_or("kept")?;
             for r in &kept.records {
