@@ -414,6 +414,14 @@ impl ConsumeQueue {
             .map_or(max, |e| e.base_offset.max(self.raw_min_offset()))
     }
 
+    /// Where the live entries below `offset` end in the CommitLog (the end
+    /// of the entry holding `offset - 1`): what must be on disk before a
+    /// bound at `offset` is made durable.
+    pub fn log_end_below(&self, offset: u64) -> Option<u64> {
+        let e = self.entry(self.find(offset.min(self.max_offset()).checked_sub(1)?)?)?;
+        Some(e.phys_offset + u64::from(e.size))
+    }
+
     /// Index of the entry that holds logical offset `offset`, if live.
     pub fn find(&self, offset: u64) -> Option<u64> {
         if offset < self.raw_min_offset() || offset >= self.max_offset() {

@@ -1065,12 +1065,7 @@ impl MessageStore {
             let _w = self.inner.writer();
             // Where the records below the new start end in the log (read
             // before the start moves past them).
-            let below = offset
-                .min(q.max_offset())
-                .checked_sub(1)
-                .and_then(|o| q.find(o))
-                .and_then(|i| q.entry(i))
-                .map(|e| e.phys_offset + u64::from(e.size));
+            let below = q.log_end_below(offset);
             (q.raise_min_offset(offset), below)
         };
         // Nothing moved (asked again): no rewrite and fsync of the file.
@@ -1246,8 +1241,13 @@ impl MessageStore {
         // The log the clean generation was made from is on disk first
         // (async mode may not have flushed its newest entries): a clean
         // log durable past what a power loss leaves of the log would hide
-        // the records appended again at those offsets.
-        self.inner.log.flush_to(self.inner.log.write_pos())?;
+        // the records appended again at those offsets. (As far as the
+        // entries below `end` reach: not the other topics' newest writes.)
+        let covered = self
+            .queue(topic, queue_id)
+            .and_then(|q| q.log_end_below(end))
+            .unwrap_or_else(|| self.inner.log.write_pos());
+        self.inner.log.flush_to(covered)?;
         let _g = self.inner.compaction_lock.lock().unwrap_or_else(|p| p.into_inner());
         let Some(q) = self.queue(topic, queue_id) else {
             // Deleted during the pass.
@@ -1635,9 +1635,9 @@ impl MessageStore {
         let Some(index) = &self.inner.index else {
             return Vec::new();
         };
-        let (mut candidates, max_keys) = {
+        let mut candidates = {
             let idx = index.lock().unwrap_or_else(|p| p.into_inner());
-            (idx.query(topic, key.as_bytes(), max, begin_ts, end_ts), idx.max_keys())
+            idx.query(topic, key.as_bytes(), max, begin_ts, end_ts)
         };
         candidates.sort_unstable();
         candidates.dedup();
@@ -1650,7 +1650,9 @@ impl MessageStore {
                 continue;
             };
             let matches = m.topic_str() == topic
-                && record::index_keys(topic, &m.properties, max_keys).any(|(_, k)| k == key.as_bytes());
+                // (Every token: the index holds what the cap let in when
+                // the message was written, whatever the cap is now.)
+                && record::index_keys(topic, &m.properties, usize::MAX).any(|(_, k)| k == key.as_bytes());
             if matches {
                 out.push(b);
             }
