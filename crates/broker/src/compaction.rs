@@ -172,8 +172,8 @@ impl Broker {
         // whose key is not in the map is already the latest of its key).
         let mut last: HashMap<Bytes, u64> = HashMap::new();
         let mut map_full_at = None;
-        self.scan_range(topic, partition, d.clean_end, bound, |e| {
-            if let Parts::Records(recs, _) = self.parts(topic, partition, e)? {
+        self.scan_range(topic, partition, d.clean_end, bound, false, |e| {
+            if let Parts::Records(recs, _) = self.parts(topic, partition, e, false)? {
                 if last.len() + recs.len() > max_keys && e.cq.base_offset > d.clean_end {
                     // Clean up to here; the rest in the next pass.
                     map_full_at = Some(e.cq.base_offset);
@@ -204,9 +204,9 @@ impl Broker {
         // Pass 2: write the survivors.
         let mut w = store.clean_writer(topic, partition)?;
         let deleted_before = now_ms.saturating_sub(cfg.delete_retention_ms);
-        self.scan_range(topic, partition, w.start(), bound, |e| {
+        self.scan_range(topic, partition, w.start(), bound, true, |e| {
             stats.bytes_read += e.data.len() as u64;
-            match self.parts(topic, partition, e)? {
+            match self.parts(topic, partition, e, true)? {
                 Parts::Keep => w.push(&e.data, &e.cq)?,
                 Parts::Drop => {}
                 Parts::Records(recs, batch) => {
@@ -239,18 +239,24 @@ impl Broker {
     }
 
     /// Visits the stored entries of `[from, bound)` in order until `visit`
-    /// answers false. A read that cannot go on before `bound` (a damaged
-    /// entry, the queue gone) fails the pass: a clean log installed up to
-    /// `bound` over a scan that stopped short would hide every record
-    /// between (Kafka's cleaner gives such a partition up, it never
-    /// installs part of a pass). A start moved by DeleteRecords or
-    /// retention meanwhile: the scan goes on from the new start.
+    /// answers false. A start moved by DeleteRecords or retention
+    /// meanwhile: the scan goes on from the new start. An entry that fails
+    /// its checksum (no reader is ever served it) is stepped over, counted
+    /// and logged: the clean log goes on without it. (Failing the pass
+    /// instead left the dirty range where it was, and a compacted queue's
+    /// dirty range holds back the shared CommitLog's retention — one bad
+    /// sector would have filled the disk for every topic.) Any other read
+    /// that cannot go on before `bound` (the queue gone) fails the pass: a
+    /// clean log installed up to `bound` over a scan that stopped short
+    /// would hide every record between. `report`: a damaged entry is
+    /// counted and logged (the pass's second scan; not twice).
     fn scan_range(
         &self,
         topic: &str,
         partition: u32,
         from: u64,
         bound: u64,
+        report: bool,
         mut visit: impl FnMut(&ReadEntry) -> Result<bool>,
     ) -> Result<()> {
         let mut at = from;
@@ -259,6 +265,28 @@ impl Broker {
             if r.status == ReadStatus::OffsetMoved && r.next_offset > at {
                 at = r.next_offset;
                 continue;
+            }
+            if r.status == ReadStatus::Damaged {
+                let next = self.store.queue(topic, partition).and_then(|q| {
+                    let i = q.find(at)?;
+                    Some(q.entry(i + 1).map_or(q.max_offset(), |e| e.base_offset))
+                });
+                if let Some(next) = next.filter(|n| *n > at) {
+                    if !report {
+                        at = next;
+                        continue;
+                    }
+                    metrics::counter!("rokka_compaction_damaged_entries_total", "action" => "dropped").increment(1);
+                    tracing::error!(
+                        topic,
+                        partition,
+                        offset = at,
+                        next,
+                        "compaction: a damaged entry (checksum) is left out of the clean log"
+                    );
+                    at = next;
+                    continue;
+                }
             }
             if r.status != ReadStatus::Found {
                 return Err(crate::BrokerError::Corrupt(format!(
@@ -276,8 +304,34 @@ impl Broker {
         Ok(())
     }
 
-    /// Splits a stored entry into what compaction decides on.
-    fn parts(&self, topic: &str, partition: u32, e: &ReadEntry) -> Result<Parts> {
+    /// Splits a stored entry into what compaction decides on. An entry
+    /// whose records cannot be read (past `max_batch_decompressed_bytes`
+    /// now, or damaged inside where no checksum looks) is kept whole, as
+    /// stored: its readers get what they got before, and the pass goes on
+    /// (failing it would hold back the CommitLog's retention for good).
+    /// `report`: counted and logged (the second scan; not twice).
+    fn parts(&self, topic: &str, partition: u32, e: &ReadEntry, report: bool) -> Result<Parts> {
+        match self.split(topic, partition, e) {
+            Err(crate::BrokerError::Corrupt(_)) if !report => Ok(Parts::Keep),
+            Err(crate::BrokerError::Corrupt(why)) => {
+                static LOG: crate::limits::LogEvery = crate::limits::LogEvery::new(60_000);
+                if LOG.ready() {
+                    tracing::warn!(
+                        topic,
+                        partition,
+                        offset = e.cq.base_offset,
+                        error = why,
+                        "compaction: an entry whose records cannot be read is kept whole"
+                    );
+                }
+                metrics::counter!("rokka_compaction_damaged_entries_total", "action" => "kept").increment(1);
+                Ok(Parts::Keep)
+            }
+            other => other,
+        }
+    }
+
+    fn split(&self, topic: &str, partition: u32, e: &ReadEntry) -> Result<Parts> {
         match e.decode() {
             Ok(Entry::Message(m)) => Ok(Parts::Records(
                 vec![Rec {
@@ -488,11 +542,13 @@ mod tests {
         }
     }
 
-    /// A damaged entry in the dirty range fails the pass and installs
-    /// nothing: the records after it stay readable (a scan that stopped
-    /// there installed a clean log up to its bound and hid them all).
+    /// A damaged entry (its checksum fails) in the dirty range is left
+    /// out of the clean log and the pass goes on: the records after it
+    /// stay readable and the dirty range moves past it. (A pass that
+    /// stopped there and installed anyway hid every record after it; one
+    /// that failed there held the CommitLog's retention back for good.)
     #[test]
-    fn a_pass_that_cannot_read_its_whole_range_installs_nothing() -> TestResult {
+    fn a_damaged_entry_is_left_out_and_the_pass_goes_on() -> TestResult {
         let dir = tempfile::tempdir()?;
         let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
         let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
@@ -516,12 +572,17 @@ mod tests {
         std::os::unix::fs::FileExt::read_exact_at(&f, &mut byte, pos)?;
         std::os::unix::fs::FileExt::write_all_at(&f, &[byte[0] ^ 0x5a], pos)?;
         let cfg = b.topic_config("D").ok_or("no config")?;
-        assert!(b.compact_partition("D", 0, &cfg, rokka_store::now_ms() + 10).is_err());
+        assert_eq!(b.store.read("D", 0, 3, 1, 1 << 20).status, ReadStatus::Damaged);
+        b.compact_partition("D", 0, &cfg, rokka_store::now_ms() + 10)?
+            .ok_or("a pass")?;
         let d = store.dirty_range("D", 0).ok_or("no range")?;
-        assert_eq!(d.clean_end, 0, "nothing installed");
-        let after = b.store.read("D", 0, 4, 100, 1 << 20);
+        assert_eq!(d.clean_end, 7, "cleaned up to the last entry");
+        let after = b.store.read("D", 0, 0, 100, 1 << 20);
         assert_eq!(after.status, ReadStatus::Found);
-        assert_eq!(after.entries.len(), 4, "records 4..8 still served");
+        let offsets: Vec<u64> = after.entries.iter().map(|e| e.cq.base_offset).collect();
+        assert_eq!(offsets, vec![0, 1, 2, 4, 5, 6], "all but the damaged record served");
+        let dirty = b.store.read("D", 0, 7, 100, 1 << 20);
+        assert_eq!(dirty.entries.first().map(|e| e.cq.base_offset), Some(7));
         Ok(())
     }
 
