@@ -164,6 +164,13 @@ impl LookupMiss {
 }
 
 /// The broker: store + topic table + wake-ups.
+/// What the lag scrapes show: per queue and summed per (group, topic).
+#[derive(Debug, Default)]
+struct LagSeries {
+    queues: Vec<(String, String, u32, u64)>,
+    sums: Vec<(String, String, u64)>,
+}
+
 #[derive(Debug)]
 pub struct Broker {
     store: Arc<MessageStore>,
@@ -208,7 +215,7 @@ pub struct Broker {
     /// Cluster mode: committed offsets' replication to the set's replicas.
     replicated_tables: std::sync::OnceLock<Arc<dyn remote::ReplicatedTables>>,
     /// The last [`Broker::consumer_lag`], rendered at each scrape.
-    lag: std::sync::Mutex<Vec<(String, String, u32, u64)>>,
+    lag: std::sync::Mutex<LagSeries>,
     /// Delay levels delivered past their committed progress, waiting for
     /// the set's replicas to hold the deliveries: level -> (delivered up
     /// to, log end the deliveries reach). See `Broker::deliver_due`.
@@ -312,7 +319,7 @@ impl Broker {
             membership: membership::Membership::default(),
             transactions: transaction::Transactions::default(),
             timers: timer::Timers::default(),
-            lag: std::sync::Mutex::new(Vec::new()),
+            lag: std::sync::Mutex::new(LagSeries::default()),
             delay_pending: std::sync::Mutex::default(),
             decoded_batches: convert::DecodedBatches::new(config.crossing_cache_bytes),
             traffic: traffic::Traffic::new(config.max_topic_metric_handles as usize),
@@ -1168,17 +1175,33 @@ impl Broker {
     /// At most `max_series` of them (0 = all): the largest lags (groups
     /// and their commits come from clients; every one a series, a million
     /// committed offsets made scrapes of hundreds of MB).
+    /// The per-topic sums are taken over every queue, before the cut (and
+    /// cut to the largest `max_series` themselves).
     pub fn refresh_lag(&self, max_series: usize) {
-        let mut lag = self.consumer_lag();
+        let mut queues = self.consumer_lag();
+        let mut per_topic: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
+        for (g, t, _, n) in &queues {
+            *per_topic.entry((g, t)).or_default() += n;
+        }
+        let mut sums: Vec<(String, String, u64)> = per_topic
+            .into_iter()
+            .map(|((g, t), n)| (g.to_string(), t.to_string(), n))
+            .collect();
         let mut dropped = 0;
-        if max_series > 0 && lag.len() > max_series {
-            lag.select_nth_unstable_by(max_series - 1, |a, b| b.3.cmp(&a.3));
-            dropped = lag.len() - max_series;
-            lag.truncate(max_series);
-            lag.sort_unstable();
+        if max_series > 0 && queues.len() > max_series {
+            queues.select_nth_unstable_by(max_series - 1, |a, b| b.3.cmp(&a.3));
+            dropped += queues.len() - max_series;
+            queues.truncate(max_series);
+            queues.sort_unstable();
+        }
+        if max_series > 0 && sums.len() > max_series {
+            sums.select_nth_unstable_by(max_series - 1, |a, b| b.2.cmp(&a.2));
+            dropped += sums.len() - max_series;
+            sums.truncate(max_series);
+            sums.sort_unstable();
         }
         metrics::gauge!("rokka_consumer_lag_series_dropped").set(dropped as f64);
-        *self.lag.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = lag;
+        *self.lag.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = LagSeries { queues, sums };
     }
 
     pub fn append_messages(&self, msgs: &[MessageInput<'_>]) -> Result<Vec<AppendResult>> {
@@ -1438,17 +1461,15 @@ impl scrape::Collect for Broker {
             "rokka_consumer_lag",
             "queue end offset minus the group's committed offset (Kafka and RocketMQ groups)",
         );
-        let mut per_topic: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
-        for (g, t, q, n) in lag.iter() {
+        for (g, t, q, n) in lag.queues.iter() {
             per_queue.push(
                 vec![("group", g.clone()), ("topic", t.clone()), ("queue", q.to_string())],
                 *n as f64,
             );
-            *per_topic.entry((g, t)).or_default() += n;
         }
         let mut sums = scrape::Family::gauge("rokka_consumer_group_lag", "consumer lag summed over a topic's queues");
-        for ((g, t), n) in per_topic {
-            sums.push(vec![("group", g.to_string()), ("topic", t.to_string())], n as f64);
+        for (g, t, n) in lag.sums.iter() {
+            sums.push(vec![("group", g.clone()), ("topic", t.clone())], *n as f64);
         }
         out.push(per_queue);
         out.push(sums);
@@ -1516,6 +1537,28 @@ mod lag_tests {
         assert_eq!(
             groups,
             vec![("g00".into(), 50.0), ("g01".into(), 49.0), ("g02".into(), 48.0)]
+        );
+        // The sums over every queue of a topic, cut to the largest too.
+        b.create_topic("M", 4)?;
+        for q in 0..4 {
+            for i in 0..20u8 {
+                b.append_messages(&[MessageInput::new("M", q, &[i], b"")])?;
+            }
+            store.offsets().commit("m", "M", q, 0, "");
+        }
+        b.refresh_lag(3);
+        let mut fams = Vec::new();
+        scrape::Collect::collect(&b, &mut fams);
+        let sums: Vec<_> = fams[1].samples.iter().map(|(l, v)| (l[0].1.clone(), *v)).collect();
+        assert_eq!(sums.len(), 3, "{sums:?}");
+        let queues: Vec<_> = fams[0].samples.iter().map(|(l, _)| l[0].1.clone()).collect();
+        assert!(
+            !queues.contains(&"m".to_string()),
+            "no queue of m among the largest: {queues:?}"
+        );
+        assert!(
+            sums.contains(&("m".to_string(), 80.0)),
+            "all four queues summed: {sums:?}"
         );
         Ok(())
     }
