@@ -295,6 +295,18 @@ impl Membership {
     fn set(&self, group: &str, side: Side, members: BTreeSet<String>, topics: BTreeSet<String>, differ: bool) {
         let (to_kafka, to_rocketmq) = {
             let mut g = self.lock();
+            // Nothing moved (reported again): no copies of the group, no
+            // recount of the mixed groups.
+            let same = match (g.local.get(group), side) {
+                (None, _) => members.is_empty() && topics.is_empty() && !differ,
+                (Some(e), Side::RocketMq) => e.rocketmq == members && e.rocketmq_topics == topics,
+                (Some(e), Side::Kafka) => {
+                    e.kafka == members && e.kafka_topics == topics && e.kafka_subscriptions_differ == differ
+                }
+            };
+            if same {
+                return;
+            }
             let before = g.effective(group).unwrap_or_default();
             let e = g.local.entry(group.to_string()).or_default();
             let mut changed = false;
@@ -460,7 +472,20 @@ impl Membership {
     }
 
     pub fn get(&self, group: &str) -> GroupMembers {
-        self.lock().effective(group).unwrap_or_default()
+        self.with_group(group, GroupMembers::clone)
+    }
+
+    /// `f` of the group's members (empty when it has none), without a
+    /// copy on a single node (the lock is held while `f` runs).
+    pub fn with_group<R>(&self, group: &str, f: impl FnOnce(&GroupMembers) -> R) -> R {
+        let g = self.lock();
+        if g.remote.is_empty() {
+            return match g.local.get(group) {
+                Some(m) => f(m),
+                None => f(&GroupMembers::default()),
+            };
+        }
+        f(&g.effective(group).unwrap_or_default())
     }
 
     /// Groups with members on both sides.

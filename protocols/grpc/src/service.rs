@@ -1022,15 +1022,20 @@ impl Messaging {
         // A group is consumed by pop or by queue owners (remoting
         // consumers, Kafka members), never both at once: either would
         // deliver the other's messages again.
-        let members = self.broker.membership().get(&group);
-        if !members.rocketmq.is_empty() || !members.kafka.is_empty() {
+        let owner = self.broker.membership().with_group(&group, |m| {
+            if !m.kafka.is_empty() {
+                Some("Kafka")
+            } else {
+                (!m.rocketmq.is_empty()).then_some("remoting")
+            }
+        });
+        if let Some(owner) = owner {
             metrics::counter!("rokka_mixed_group_conflicts_total", "group" => group.clone(), "side" => "rocketmq5")
                 .increment(1);
             return fail(
                 pb::Code::PreconditionFailed,
                 format!(
-                    "consumer group {group} has live {} consumers that own its queues; RocketMQ 5 pop consumers can take it over once they are gone",
-                    if members.kafka.is_empty() { "remoting" } else { "Kafka" }
+                    "consumer group {group} has live {owner} consumers that own its queues; RocketMQ 5 pop consumers can take it over once they are gone"
                 ),
             );
         }
@@ -1079,6 +1084,7 @@ impl Messaging {
         } else {
             mq.id as u32 % partitions
         };
+        let mut stop = self.stopping.subscribe();
         loop {
             let waiter = Arc::new(Notify::new());
             for q in 0..partitions {
@@ -1159,12 +1165,11 @@ impl Messaging {
                 let until = if v > now_ms { (v - now_ms) as u64 } else { 100 };
                 wait = wait.min(Duration::from_millis(until));
             }
-            if *self.stopping.borrow() {
+            if *stop.borrow() {
                 // Stopping: answered now, as at its deadline.
                 return fail(pb::Code::MessageNotFound, "no new message".into());
             }
             metrics::gauge!("rokka_rocketmq5_receives_held").increment(1.0);
-            let mut stop = self.stopping.subscribe();
             tokio::select! {
                 _ = tokio::time::timeout(wait, waiter.notified()) => {}
                 _ = stop.wait_for(|s| *s) => {}

@@ -78,21 +78,23 @@ pub fn conflicts(k: &Kafka, group: &str, topics: &BTreeSet<String>) -> bool {
         }
         return true;
     }
-    let m = k.broker.membership().get(group);
-    let conflict = !m.rocketmq.is_empty() && !topics.is_empty() && *topics != m.rocketmq_topics;
-    if conflict {
+    let conflict = k.broker.membership().with_group(group, |m| {
+        (!m.rocketmq.is_empty() && !topics.is_empty() && *topics != m.rocketmq_topics)
+            .then(|| m.rocketmq_topics.clone())
+    });
+    if let Some(rocketmq_topics) = &conflict {
         metrics::counter!("rokka_mixed_group_conflicts_total", "group" => group.to_string(), "side" => "kafka")
             .increment(1);
         if CONFLICT_LOG.ready() {
             tracing::warn!(
                 group,
                 kafka = ?topics,
-                rocketmq = ?m.rocketmq_topics,
+                rocketmq = ?rocketmq_topics,
                 "Kafka member refused: its subscription differs from the group's RocketMQ members'"
             );
         }
     }
-    conflict
+    conflict.is_some()
 }
 
 /// The refusals above, logged at most once a minute (a client's JoinGroup
@@ -151,7 +153,7 @@ pub fn encode_assignment(parts: &BTreeMap<String, Vec<i32>>) -> Bytes {
 /// Rokka's assignment for the Kafka members of a mixed group, or `None` when
 /// the group has no RocketMQ members (the leader's assignment stands).
 pub fn assignments(k: &Kafka, group: &str) -> Option<Vec<(String, Bytes)>> {
-    let rmq = k.broker.membership().get(group).rocketmq;
+    let rmq = k.broker.membership().with_group(group, |m| m.rocketmq.clone());
     if rmq.is_empty() {
         return None;
     }
@@ -211,11 +213,14 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
             seen.insert(v.name.clone());
             // Subscriptions are parsed while they are unknown, the members
             // changed or a new generation came (a member changing its
-            // subscription rejoins under its own id); the ids and the
-            // generation are cheap to compare every tick.
+            // subscription rejoins under its own id; a first join pending
+            // ends in a new generation); the ids and the generation are
+            // cheap to compare every tick. (An Empty group, or one whose
+            // subscriptions are not the consumer protocol's, is not parsed
+            // and set again every tick.)
             let fresh = known
                 .get(&v.name)
-                .is_some_and(|(k, t, g)| *k == ids && !t.is_empty() && *g == v.generation);
+                .is_some_and(|(k, _, g)| *k == ids && *g == v.generation);
             if !fresh {
                 // A static member back under a new member id keeps its
                 // assignment without a rebalance (KIP-345), but RocketMQ
@@ -225,7 +230,7 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
                 if known
                     .get(&v.name)
                     .is_some_and(|(before, _, g)| *g == v.generation && *before != ids && before.len() == ids.len())
-                    && k.broker.membership().mixed(&v.name).is_some()
+                    && k.broker.membership().with_mixed(&v.name, |_| ()).is_some()
                 {
                     tracing::info!(
                         group = v.name,
@@ -245,15 +250,8 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
                 let topics: BTreeSet<String> = each.into_iter().flatten().collect();
                 k.broker
                     .membership()
-                    .set_kafka_differing(&v.name, ids, topics.clone(), differ);
-                known.insert(
-                    v.name.clone(),
-                    (
-                        v.members.iter().map(|m| m.member_id.clone()).collect(),
-                        topics,
-                        v.generation,
-                    ),
-                );
+                    .set_kafka_differing(&v.name, ids.clone(), topics.clone(), differ);
+                known.insert(v.name.clone(), (ids, topics, v.generation));
             }
             // The partitions the Kafka members hold by their last SyncGroup,
             // read once per generation when it is Stable (while a rebalance

@@ -110,7 +110,7 @@ pub async fn heartbeat(
     let group = req.group.clone();
     // RocketMQ clients allocate queues themselves; the consumer protocol
     // has the broker assign them: the two cannot share a group.
-    if req.member_epoch == 0 && !k.broker.membership().get(&group).rocketmq.is_empty() {
+    if req.member_epoch == 0 && k.broker.membership().with_group(&group, |m| !m.rocketmq.is_empty()) {
         metrics::counter!("rokka_mixed_group_conflicts_total", "group" => group.clone(), "side" => "kafka")
             .increment(1);
         return ConsumerGroupHeartbeatResponse::default()

@@ -438,7 +438,9 @@ impl RocketMq {
             .map(|g| g.members.iter().cloned().collect())
             .unwrap_or_default();
         if !ids.is_empty() {
-            ids.extend(self.broker.membership().get(group).kafka);
+            self.broker
+                .membership()
+                .with_group(group, |m| ids.extend(m.kafka.iter().cloned()));
         }
         if ids.is_empty() {
             return self.reply(

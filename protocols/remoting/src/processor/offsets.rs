@@ -260,14 +260,14 @@ impl RocketMq {
         // reset-offsets` does without --force); the announcement of
         // what is committed (`rokkaCommitted`) moves nothing.
         if !committed_only {
-            let kafka = self.broker.membership().get(group).kafka;
-            if !kafka.is_empty() || self.broker.membership().is_consumer_protocol_group(group) {
+            let kafka = self.broker.membership().with_group(group, |m| m.kafka.len());
+            if kafka > 0 || self.broker.membership().is_consumer_protocol_group(group) {
                 return self.reply(
                     req,
                     rs::SYSTEM_ERROR,
                     Some(format!(
                         "consumer group {group} has live Kafka members ({}): stop them before resetting its offsets",
-                        kafka.len()
+                        kafka
                     )),
                 );
             }
