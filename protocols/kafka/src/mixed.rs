@@ -119,14 +119,30 @@ pub fn assigned_partitions(assignment: &Bytes) -> BTreeMap<String, BTreeSet<i32>
     out
 }
 
-/// Every partition the members' assignments give.
-fn held_partitions(members: &[rokka_group::MemberView]) -> BTreeMap<String, BTreeSet<i32>> {
+/// Every partition the members' assignments give, of the topics they
+/// subscribe to that exist and within their partitions: what a leader's
+/// assignment names is the client's (kept per group, and published to
+/// every node in cluster mode).
+fn held_partitions(
+    k: &Kafka,
+    members: &[rokka_group::MemberView],
+    subscribed: &BTreeSet<String>,
+) -> BTreeMap<String, BTreeSet<i32>> {
     let mut out: BTreeMap<String, BTreeSet<i32>> = BTreeMap::new();
     for m in members {
         for (t, ps) in assigned_partitions(&m.assignment) {
-            out.entry(t).or_default().extend(ps);
+            if !subscribed.contains(&t) {
+                continue;
+            }
+            let Some(n) = k.broker.topics().get(&t).map(|i| i.kafka_partitions() as i32) else {
+                continue;
+            };
+            out.entry(t)
+                .or_default()
+                .extend(ps.into_iter().filter(|p| (0..n).contains(p)));
         }
     }
+    out.retain(|_, ps| !ps.is_empty());
     out
 }
 
@@ -261,9 +277,14 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
             // go on consuming it.
             if v.state == rokka_group::GroupState::Stable
                 && held.get(&v.name) != Some(&v.generation)
-                && k.broker
-                    .membership()
-                    .set_kafka_held(&v.name, held_partitions(&v.members))
+                && k.broker.membership().set_kafka_held(
+                    &v.name,
+                    held_partitions(
+                        &k,
+                        &v.members,
+                        known.get(&v.name).map(|e| &e.1).unwrap_or(&BTreeSet::new()),
+                    ),
+                )
             {
                 held.insert(v.name.clone(), v.generation);
             }
@@ -296,5 +317,44 @@ mod tests {
             ])
         );
         assert!(assigned_partitions(&Bytes::from_static(b"\x00")).is_empty());
+    }
+
+    /// What the members hold is kept of the topics they subscribe to that
+    /// exist, within their partitions: a leader's assignment naming other
+    /// topics or partitions is not kept (nor published to every node).
+    #[test]
+    fn held_partitions_are_the_subscribed_topics_real_partitions() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = std::sync::Arc::new(rokka_store::MessageStore::open(rokka_store::StoreConfig::for_tests(
+            dir.path(),
+        ))?);
+        let broker = std::sync::Arc::new(rokka_broker::Broker::new(store, Default::default())?);
+        broker.create_topic("a", 3)?;
+        broker.create_topic("other", 3)?;
+        let k = crate::Kafka::new(
+            broker,
+            Default::default(),
+            Default::default(),
+            "127.0.0.1:9092".parse()?,
+        );
+        let member = |parts: &BTreeMap<String, Vec<i32>>| rokka_group::MemberView {
+            member_id: "m".into(),
+            instance_id: None,
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            metadata: Bytes::new(),
+            assignment: encode_assignment(parts),
+        };
+        let members = [
+            member(&BTreeMap::from([("a".to_string(), vec![0, 2, 3, -1, 1 << 30])])),
+            member(&BTreeMap::from([
+                ("other".to_string(), vec![0]),
+                ("ghost".to_string(), vec![0]),
+            ])),
+        ];
+        let subscribed = BTreeSet::from(["a".to_string(), "ghost".to_string()]);
+        let held = held_partitions(&k, &members, &subscribed);
+        assert_eq!(held, BTreeMap::from([("a".to_string(), BTreeSet::from([0, 2]))]));
+        Ok(())
     }
 }
