@@ -199,6 +199,16 @@ def test_topic_names_kafka_refuses_are_refused(rokka):
             a.create_topics([NewTopic(bad, 1, 1)])[bad].result(10)
         assert e.value.args[0].code() == KafkaError.TOPIC_EXCEPTION, (bad[:20], e.value)
     a.create_topics([NewTopic("x" * 249, 1, 1)])["x" * 249].result(10)
+    # Metadata: an invalid name is TOPIC_EXCEPTION whether or not the client
+    # asks for auto-creation (as Kafka's Topic.validate there), and a
+    # producer's auto-creation of a colliding name is refused the same way.
+    p = Producer({"bootstrap.servers": rokka.bootstrap})
+    for name in ["has%percent", "names.a_b"]:
+        md = p.list_topics(topic=name, timeout=10).topics[name]
+        assert md.error is not None and md.error.code() == KafkaError.TOPIC_EXCEPTION, (name, md.error)
+        md = a.list_topics(topic=name, timeout=10).topics[name]
+        assert md.error is not None, (name, md.error)
+    assert "names.a_b" not in a.list_topics(timeout=10).topics
 
 
 def test_altered_configs_are_checked_together(rokka, topic):

@@ -183,16 +183,18 @@ pub fn handle(
                     if let Some(info) = learned.get(&name) {
                         return topic_entry(k, &name, info, version);
                     }
-                    // A name Kafka would not make is not auto-created by a
-                    // Kafka client: INVALID_TOPIC_EXCEPTION, as Kafka's
-                    // auto-creation answers (Topic.isValid only; one that
-                    // exists, made by RocketMQ, is answered as it is; with
-                    // auto-creation off, unknown as ever).
-                    if allow_create
-                        && broker.config().auto_create_topics
-                        && super::topics::kafka_name_invalid(&name).is_some()
-                        && broker.topics().get(&name).is_none()
-                    {
+                    // A name Kafka would not make: INVALID_TOPIC_EXCEPTION,
+                    // as Kafka answers whether or not it auto-creates
+                    // (Topic.validate), and when it would auto-create one
+                    // colliding with an existing topic ('.' against '_'),
+                    // which its controller refuses. One that exists, made by
+                    // RocketMQ with a wider name, is answered as it is.
+                    let creating = allow_create && broker.config().auto_create_topics;
+                    let refused = |name: &str| match creating {
+                        true => super::topics::kafka_name_refused(k, name),
+                        false => super::topics::kafka_name_invalid(name),
+                    };
+                    if broker.topics().get(&name).is_none() && refused(&name).is_some() {
                         return MetadataResponseTopic::default()
                             .with_error_code(errors::INVALID_TOPIC_EXCEPTION)
                             .with_name(Some(TopicName(str_bytes(&name))));
