@@ -139,6 +139,22 @@ async fn refused_parts_get_their_error_and_the_rest_is_served() -> TestResult {
         .collect();
     assert!(got.contains(&("secret".into(), TOPIC_DENIED, 0)), "{got:?}");
     assert!(got.contains(&("ok-1".into(), 0, 1)), "{got:?}");
+    // A page filled before it: no cursor names the refused topic (its
+    // existence and partition count were told, and the Admin walked it).
+    let paged: DescribeTopicPartitionsResponse = call(
+        &mut c,
+        ApiKey::DescribeTopicPartitions,
+        0,
+        &DescribeTopicPartitionsRequest::default()
+            .with_topics(vec![
+                describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("secret"))),
+                describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("ok-1"))),
+            ])
+            .with_response_partition_limit(1),
+    )
+    .await?;
+    assert!(paged.next_cursor.is_none(), "{:?}", paged.next_cursor);
+    assert_eq!(paged.topics.len(), 2, "{:?}", paged.topics);
     let all: DescribeTopicPartitionsResponse = call(
         &mut c,
         ApiKey::DescribeTopicPartitions,

@@ -823,30 +823,3 @@ pub fn describe_producers_denied(resp: &mut DescribeProducersResponse, denied: P
         },
     );
 }
-
-/// DescribeTopicPartitions: only topics the caller may describe. A topic
-/// the request named is answered TOPIC_AUTHORIZATION_FAILED (with no id or
-/// partitions), as Kafka's handler does: left out, the Java Admin asked
-/// again for it until its timeout (60 s) and then failed with a timeout.
-/// Topics listed because the request named none are left out.
-pub fn describe_topic_partitions(k: &Kafka, who: &Caller, resp: &mut DescribeTopicPartitionsResponse, named: bool) {
-    if !named {
-        resp.topics.retain(|t| {
-            t.name
-                .as_ref()
-                .is_none_or(|n| who.sees(k, Rt::Topic, n.0.as_str(), Op::Describe))
-        });
-        return;
-    }
-    for t in resp.topics.iter_mut() {
-        let refused = t
-            .name
-            .as_ref()
-            .is_some_and(|n| !who.sees(k, Rt::Topic, n.0.as_str(), Op::Describe));
-        if refused {
-            *t = describe_topic_partitions_response::DescribeTopicPartitionsResponseTopic::default()
-                .with_name(t.name.take())
-                .with_error_code(TOPIC);
-        }
-    }
-}

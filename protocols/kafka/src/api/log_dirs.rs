@@ -20,17 +20,35 @@ use crate::Kafka;
 /// Kafka's LOG_DIR_NOT_FOUND.
 const LOG_DIR_NOT_FOUND: i16 = 57;
 
-pub fn describe_topic_partitions(k: &Kafka, r: DescribeTopicPartitionsRequest) -> DescribeTopicPartitionsResponse {
+/// DescribeTopicPartitions. `visible`: whether the caller may describe a
+/// topic — one it may not is left out before the page is cut (it takes no
+/// room and no cursor names it, as Kafka's handler filters first), and a
+/// named one is answered TOPIC_AUTHORIZATION_FAILED after the page (left
+/// out, the Java Admin asked again for it until its 60 s timeout).
+pub fn describe_topic_partitions(
+    k: &Kafka,
+    r: DescribeTopicPartitionsRequest,
+    visible: impl Fn(&str) -> bool,
+) -> DescribeTopicPartitionsResponse {
     let node = BrokerId(k.config.node_id);
     let all = k.broker.topics().all();
+    let named = !r.topics.is_empty();
     // The topics asked for (all when none), by name, from the cursor on.
-    let mut names: Vec<String> = if r.topics.is_empty() {
-        all.iter().map(|(n, _)| n.clone()).collect()
-    } else {
+    let mut names: Vec<String> = if named {
         r.topics.iter().map(|t| t.name.0.to_string()).collect()
+    } else {
+        all.iter().map(|(n, _)| n.clone()).collect()
     };
     names.sort();
     names.dedup();
+    let mut denied = Vec::new();
+    names.retain(|n| {
+        let seen = visible(n);
+        if !seen && named {
+            denied.push(n.clone());
+        }
+        seen
+    });
     let (from_topic, from_partition) = match &r.cursor {
         Some(c) => (c.topic_name.0.to_string(), c.partition_index.max(0)),
         None => (String::new(), 0),
@@ -101,6 +119,12 @@ pub fn describe_topic_partitions(k: &Kafka, r: DescribeTopicPartitionsRequest) -
             break;
         }
     }
+    topics.extend(denied.into_iter().map(|n| {
+        DescribeTopicPartitionsResponseTopic::default()
+            .with_error_code(crate::authz::TOPIC_AUTHORIZATION_FAILED)
+            .with_name(Some(TopicName(str_bytes(&n))))
+            .with_topic_authorized_operations(i32::MIN)
+    }));
     DescribeTopicPartitionsResponse::default()
         .with_topics(topics)
         .with_next_cursor(next)

@@ -355,9 +355,9 @@ async fn guarded(
             ResponseKind::IncrementalAlterConfigs(resp)
         }
         RequestKind::DescribeTopicPartitions(r) => {
-            let named = !r.topics.is_empty();
-            let mut resp = log_dirs::describe_topic_partitions(k, r);
-            guard::describe_topic_partitions(k, who, &mut resp, named);
+            let mut resp = log_dirs::describe_topic_partitions(k, r, |n| {
+                who.sees(k, rokka_broker::acl::ResourceType::Topic, n, Op::Describe)
+            });
             // No flag in this request: always answered, as Kafka does.
             for t in resp.topics.iter_mut().filter(|t| t.error_code == 0) {
                 if let Some(n) = &t.name {
