@@ -192,17 +192,9 @@ impl ProducerStates {
         self.len() == 0
     }
 
-    /// The producers with state on (topic, partition): (producer id,
-    /// epoch, last sequence, last write in ms), by producer id.
-    pub fn on_partition(&self, topic: &str, partition: u32) -> Vec<ProducerRow> {
-        let wanted = HashMap::from([(topic.to_string(), std::collections::HashSet::from([partition]))]);
-        self.on_partitions(&wanted)
-            .remove(&(topic.to_string(), partition))
-            .unwrap_or_default()
-    }
-
-    /// [`ProducerStates::on_partition`] of every partition in `wanted`
-    /// (topic -> partitions) in one walk of the table: a DescribeProducers
+    /// The producers with state on every partition in `wanted` (topic ->
+    /// partitions): (producer id, epoch, last sequence, last write in ms),
+    /// by producer id, in one walk of the table: a DescribeProducers
     /// naming a thousand partitions walked it a thousand times under the
     /// lock every idempotent produce takes.
     pub fn on_partitions(

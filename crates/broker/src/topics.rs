@@ -371,11 +371,15 @@ impl TopicTable {
     /// are taken as one (Kafka's collision rule), looked for among the
     /// names without copying the table.
     pub fn colliding(&self, name: &str) -> Option<String> {
-        let norm = |n: &str| n.bytes().map(|b| if b == b'.' { b'_' } else { b }).collect::<Vec<u8>>();
-        let mine = norm(name);
+        if !name.contains(['.', '_']) {
+            return None;
+        }
+        let same = |a: u8, b: u8| a == b || (matches!(a, b'.' | b'_') && matches!(b, b'.' | b'_'));
         let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
         t.keys()
-            .find(|n| n.as_str() != name && n.len() == name.len() && norm(n) == mine)
+            .find(|n| {
+                n.as_str() != name && n.len() == name.len() && n.bytes().zip(name.bytes()).all(|(a, b)| same(a, b))
+            })
             .cloned()
     }
 

@@ -268,18 +268,19 @@ pub async fn handle(k: &Kafka, r: ProduceRequest, version: i16) -> ProduceRespon
                 // is retried by a producer without idempotence, which then
                 // stores the records twice.
                 Err(errors::NOT_ENOUGH_REPLICAS)
+            } else if version < 7 && p.records.as_ref().is_some_and(|r| has_zstd_batch(r)) {
+                // zstd before v7 (the client could not have asked for it
+                // there): UNSUPPORTED_COMPRESSION_TYPE, as Kafka's
+                // ProduceRequest.validateRecords — before anything is
+                // decompressed.
+                Err(errors::UNSUPPORTED_COMPRESSION_TYPE)
             } else {
                 let shaped = p
                     .records
                     .as_ref()
                     .map(|r| split_batches_up_to(r, max_decompressed, if version >= 3 { 1 } else { usize::MAX }))
                     .map(|r| r.and_then(|b| shape(b, cfg.as_ref(), max_decompressed, &mut append_time)));
-                // zstd before v7 (the client could not have asked for it
-                // there): UNSUPPORTED_COMPRESSION_TYPE, as Kafka's
-                // ProduceRequest.validateRecords.
-                let zstd_too_new = version < 7 && p.records.as_ref().is_some_and(|r| has_zstd_batch(r));
                 match shaped {
-                    _ if zstd_too_new => Err(errors::UNSUPPORTED_COMPRESSION_TYPE),
                     None => Err(errors::CORRUPT_MESSAGE),
                     Some(Err(code)) => Err(code),
                     // One batch per partition from v3 on, refused before

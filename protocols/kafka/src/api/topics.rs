@@ -346,6 +346,8 @@ pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartiti
         .map(|t| {
             let max = k.broker.config().max_partitions;
             let name = t.name.0.as_str();
+            // The partitions it has now (None: no such topic), looked up once.
+            let now = k.broker.topics().get(name).map(|i| i.kafka_partitions());
             let res = if dups.contains(name) {
                 Err((errors::INVALID_REQUEST, "Duplicate topic in request.".to_string()))
             } else if rokka_broker::is_system_topic(name) || rokka_broker::is_per_set_topic(name) {
@@ -358,25 +360,19 @@ pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartiti
                 ))
             } else if t.count <= 0 {
                 Err((errors::INVALID_PARTITIONS, "count must be positive".to_string()))
-            } else if k.broker.topics().get(name).is_none() {
+            } else if now.is_none() {
                 // (Existence and the count first, as Kafka checks them
                 // before the assignments.)
                 Err((errors::UNKNOWN_TOPIC_OR_PARTITION, "unknown topic".to_string()))
-            } else if k
-                .broker
-                .topics()
-                .get(name)
-                .is_some_and(|i| t.count as u32 <= i.kafka_partitions())
-            {
+            } else if now.is_some_and(|n| t.count as u32 <= n) {
                 Err((errors::INVALID_PARTITIONS, "the new count must be larger".to_string()))
             } else if let Some(bad) = t.assignments.as_ref().and_then(|a| {
                 // Kafka's createPartitions: one assignment per partition
                 // added, each naming brokers that hold it (here: the broker
                 // set's members), each once.
-                let now = k.broker.topics().get(name).map_or(0, |i| i.kafka_partitions()) as i64;
-                let added = i64::from(t.count) - now;
+                let added = i64::from(t.count) - i64::from(now.unwrap_or(0));
                 let members = set_members(k);
-                if added > 0 && a.len() as i64 != added {
+                if a.len() as i64 != added {
                     return Some(format!(
                         "Attempted to add {added} additional partition(s), but only {} assignment(s) were specified.",
                         a.len()
@@ -393,21 +389,19 @@ pub fn create_partitions(k: &Kafka, r: CreatePartitionsRequest) -> CreatePartiti
             }) {
                 Err((errors::INVALID_REPLICA_ASSIGNMENT, bad))
             } else if r.validate_only {
-                // What the real request would answer, without doing it.
-                match k.broker.topics().get(t.name.0.as_str()) {
-                    None => Err((errors::UNKNOWN_TOPIC_OR_PARTITION, "unknown topic".to_string())),
-                    Some(i) if t.count as u32 <= i.kafka_partitions() => {
-                        Err((errors::INVALID_PARTITIONS, "the new count must be larger".to_string()))
-                    }
-                    Some(_) if t.count as u32 > max => Err((
+                // What the real request would answer, without doing it
+                // (existence and the count are checked above).
+                if t.count as u32 > max {
+                    Err((
                         errors::INVALID_PARTITIONS,
                         format!("at most {max} partitions (broker.max_partitions)"),
-                    )),
-                    Some(_) => Ok(()),
+                    ))
+                } else {
+                    Ok(())
                 }
             } else {
                 k.broker
-                    .add_partitions(t.name.0.as_str(), t.count as u32)
+                    .add_partitions(name, t.count as u32)
                     .map_err(|e| (err_code(&e), e.to_string()))
             };
             let out = CreatePartitionsTopicResult::default().with_name(t.name);
