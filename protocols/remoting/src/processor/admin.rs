@@ -12,41 +12,38 @@ impl RocketMq {
     pub(super) fn create_topic(&self, req: &RemotingCommand) -> RemotingCommand {
         use rokka_broker::topics::{RocketMqTopic, PERM_RW};
         let topic = req.ext_fields.get("topic").unwrap_or_default();
+        // Names refused with SYSTEM_ERROR and TopicValidator's remarks, as
+        // Apache's AdminBrokerProcessor.updateAndCreateTopic.
         if rokka_store::validate_topic(topic).is_err() {
             return self.reply(
                 req,
-                rs::INVALID_PARAMETER,
+                rs::SYSTEM_ERROR,
                 Some(format!("The specified topic[{topic}] is invalid.")),
             );
         }
         // Apache's TopicValidator on top for a topic made here (what mqadmin
         // updateTopic makes, its clients take): [%|a-zA-Z0-9_-], at most 127
-        // characters (255 for retry and dead-letter topics) — a '.' the
-        // Java producer then refuses client-side. A topic that exists (a
-        // Kafka-made "orders.v1") may still have its queues and perm
-        // changed. And none of the broker's own topics, nor TBW102.
-        let most = if topic.starts_with("%RETRY%") || topic.starts_with("%DLQ%") {
-            255
-        } else {
-            127
-        };
-        let illegal = topic.len() > most
+        // characters — a '.' the Java producer then refuses client-side. A
+        // topic that exists (a Kafka-made "orders.v1", a group's long retry
+        // topic) may still have its queues and perm changed. And none of
+        // the broker's own topics, nor TBW102.
+        let illegal = topic.len() > 127
             || !topic
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'%' | b'|' | b'_' | b'-'));
         if illegal && self.broker.topics().get(topic).is_none() {
             return self.reply(
                 req,
-                rs::INVALID_PARAMETER,
+                rs::SYSTEM_ERROR,
                 Some(format!(
-                    "The specified topic[{topic}] contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$, or is longer than {most}"
+                    "The specified topic[{topic}] contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$, or is longer than 127"
                 )),
             );
         }
-        if rokka_broker::is_send_forbidden_topic(topic) || rokka_broker::is_system_topic(topic) || topic == "TBW102" {
+        if rokka_broker::is_system_topic(topic) || topic == "TBW102" {
             return self.reply(
                 req,
-                rs::INVALID_PARAMETER,
+                rs::SYSTEM_ERROR,
                 Some(format!("The topic[{topic}] is conflict with system topic.")),
             );
         }
@@ -459,7 +456,10 @@ impl RocketMq {
     /// UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (mqadmin updateSubGroup,
     /// RocketMQ Connect's worker start): accepted — a group needs no
     /// creating here (its first member makes it), and retries follow each
-    /// consumer's own maxReconsumeTimes. The broker's own groups refused.
+    /// consumer's own maxReconsumeTimes. The broker's own groups refused,
+    /// and so is a setting Rokka would not honour (consumption or
+    /// broadcasting turned off, another retryMaxTimes): answered SUCCESS,
+    /// the operator would believe a group stopped that goes on consuming.
     pub(super) fn update_subscription_group(&self, req: &RemotingCommand) -> RemotingCommand {
         let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap_or(serde_json::Value::Null);
         let group = body
@@ -478,7 +478,25 @@ impl RocketMq {
                 Some(format!("[{group}] is a system consumer group")),
             );
         }
-        tracing::info!(
+        let off = |key: &str| body.get(key).and_then(|v| v.as_bool()) == Some(false);
+        let retries = body.get("retryMaxTimes").and_then(|v| v.as_i64());
+        let unsupported = [
+            off("consumeEnable").then_some("consumeEnable=false"),
+            off("consumeBroadcastEnable").then_some("consumeBroadcastEnable=false"),
+            retries.filter(|r| *r != 16).map(|_| "retryMaxTimes other than 16"),
+        ];
+        let unsupported: Vec<&str> = unsupported.into_iter().flatten().collect();
+        if !unsupported.is_empty() {
+            return self.reply(
+                req,
+                rs::SYSTEM_ERROR,
+                Some(format!(
+                    "subscription group {group}: {} not supported by Rokka (retries follow each consumer's maxReconsumeTimes, or grpc.max_delivery_attempts)",
+                    unsupported.join(", ")
+                )),
+            );
+        }
+        tracing::debug!(
             group,
             "subscription group updated (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP; nothing to keep)"
         );
