@@ -129,7 +129,10 @@ impl Login {
     /// [`SESSIONS_PER_USER`]: logging in again past it ends that user's
     /// least recently used session, so one user's logins cannot fill the
     /// table and lock every other user out.
-    fn open(&self, credentials: admin::Credentials) -> Option<String> {
+    /// `fingerprint`: the user's credentials as read before its password
+    /// was checked (read after, a change between would pair the old
+    /// password with the new credentials and the session live on).
+    fn open(&self, credentials: admin::Credentials, fingerprint: Option<Vec<u8>>) -> Option<String> {
         let mut s = self.lock();
         let timeout = self.timeout;
         s.retain(|_, x| x.last_seen.elapsed() < timeout);
@@ -143,7 +146,6 @@ impl Login {
             return None;
         }
         let token = random_hex(32)?;
-        let fingerprint = self.broker.users().fingerprint(&credentials.user);
         s.insert(
             token.clone(),
             Session {
@@ -622,12 +624,15 @@ async fn log_in(c: Arc<Console>, creds: admin::Credentials, peer: std::net::IpAd
     let broker = Arc::clone(&login.broker);
     let tried = creds.clone();
     // Salted-password checks are CPU work: off the async workers.
-    let ok = tokio::task::spawn_blocking(move || {
-        !tried.user.is_empty() && broker.users().check_password(&tried.user, tried.password.as_bytes())
+    let checked = tokio::task::spawn_blocking(move || {
+        let fingerprint = broker.users().fingerprint(&tried.user);
+        let ok = !tried.user.is_empty() && broker.users().check_password(&tried.user, tried.password.as_bytes());
+        ok.then_some(fingerprint)
     })
     .await
-    .unwrap_or(false);
-    if !ok {
+    .ok()
+    .flatten();
+    let Some(fingerprint) = checked else {
         login.failures.failed(peer);
         metrics::counter!("rokka_console_logins_total", "result" => "failed").increment(1);
         tracing::info!(user = creds.user, %peer, "console: login failed");
@@ -636,9 +641,9 @@ async fn log_in(c: Arc<Console>, creds: admin::Credentials, peer: std::net::IpAd
             login_page(&c, Some("login failed: unknown user or wrong password")),
             None,
         );
-    }
+    };
     let user = creds.user.clone();
-    match login.open(creds) {
+    match login.open(creds, fingerprint) {
         Some(token) => {
             metrics::counter!("rokka_console_logins_total", "result" => "ok").increment(1);
             tracing::info!(user, "console: logged in");
@@ -908,15 +913,15 @@ mod tests {
             user: u.into(),
             password: "p".into(),
         };
-        let first = login.open(who("mallory")).ok_or("no session")?;
+        let first = login.open(who("mallory"), None).ok_or("no session")?;
         for _ in 0..100 {
-            login.open(who("mallory")).ok_or("no session")?;
+            login.open(who("mallory"), None).ok_or("no session")?;
         }
         // Mallory holds her 32 newest sessions; the oldest went.
         assert!(login.visit(&first).is_none());
         assert_eq!(login.lock().len(), SESSIONS_PER_USER);
         // Others still log in.
-        let alice = login.open(who("alice")).ok_or("alice refused")?;
+        let alice = login.open(who("alice"), None).ok_or("alice refused")?;
         assert!(login.visit(&alice).is_some());
         Ok(())
     }
@@ -944,14 +949,20 @@ mod tests {
             user: u.into(),
             password: p.into(),
         };
-        let carol = login.open(who("carol", "old")).ok_or("no session")?;
-        let dave = login.open(who("dave", "d")).ok_or("no session")?;
+        let print = |u: &str| broker.users().fingerprint(u);
+        let carol = login.open(who("carol", "old"), print("carol")).ok_or("no session")?;
+        let dave = login.open(who("dave", "d"), print("dave")).ok_or("no session")?;
         assert!(login.visit(&carol).is_some());
+        // A login whose password was checked just before the change opens
+        // with the credentials read then: it ends too.
+        let before = print("carol");
         broker
             .users()
             .set_password("carol", "new", true)
             .map_err(|e| format!("{e:?}"))?;
+        let late = login.open(who("carol", "old"), before).ok_or("no session")?;
         assert!(login.visit(&carol).is_none(), "the old password's session ended");
+        assert!(login.visit(&late).is_none(), "a session opened across the change ended");
         assert!(login.visit(&dave).is_some(), "others' go on");
         broker.users().delete_user("dave").map_err(|e| format!("{e:?}"))?;
         assert!(login.visit(&dave).is_none(), "a deleted user's session ended");
