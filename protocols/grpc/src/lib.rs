@@ -326,9 +326,11 @@ pub async fn serve(
     match result {
         Some(Err(e)) => tracing::error!(error = %e, "gRPC listener stopped"),
         Some(Ok(())) => {}
+        // (Their tasks are tonic's own: they end with the runtime; a call
+        // still running meets a closed store, which refuses it.)
         None => tracing::info!(
             grace_ms = SHUTDOWN_GRACE.as_millis() as u64,
-            "gRPC connections still open at the stop's grace: closed"
+            "gRPC connections still open at the stop's grace: the listener stops without waiting for them"
         ),
     }
     acceptor.abort();
