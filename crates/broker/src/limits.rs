@@ -10,33 +10,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A log line a client can cause on every request or connection, written
-/// at most once per `every_ms` (all threads together; what was not logged
-/// is counted by the caller's metric).
-#[derive(Debug)]
-pub struct LogEvery {
-    last: std::sync::atomic::AtomicI64,
-    every_ms: i64,
-}
-
-impl LogEvery {
-    pub const fn new(every_ms: i64) -> LogEvery {
-        LogEvery {
-            last: std::sync::atomic::AtomicI64::new(i64::MIN),
-            every_ms,
-        }
-    }
-
-    /// Whether the line may be written now (then not again for `every_ms`).
-    pub fn ready(&self) -> bool {
-        let now = rokka_store::now_ms();
-        let last = self.last.load(Ordering::Relaxed);
-        now.saturating_sub(last) >= self.every_ms
-            && self
-                .last
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-    }
-}
+/// at most once per period (the store's, shared).
+pub use rokka_store::LogEvery;
 
 /// Why a connection was refused at accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -323,7 +323,7 @@ pub(crate) fn open(config: StoreConfig) -> Result<MessageStore> {
         replicated_listener: std::sync::OnceLock::new(),
         watermark_listener: std::sync::OnceLock::new(),
         checkpoint_lock: Mutex::new(()),
-        damage_logged_ms: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
+        damage_log: crate::LogEvery::new(1000),
         compacted: RwLock::new(compacted),
         compaction_wanted: Mutex::new(Default::default()),
         compaction_lock: Mutex::new(()),

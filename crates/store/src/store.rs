@@ -335,8 +335,8 @@ pub(crate) struct Inner {
     pub replicated_listener: std::sync::OnceLock<ReplicatedListener>,
     /// Told when the high watermark rises (see `set_watermark_listener`).
     pub watermark_listener: std::sync::OnceLock<Box<dyn Fn(u64) + Send + Sync>>,
-    /// When a damaged read was last logged (ms).
-    pub damage_logged_ms: std::sync::atomic::AtomicI64,
+    /// Damaged reads and index failures, logged at most once a second.
+    pub damage_log: crate::LogEvery,
     /// Compacted topics (`compacted/<topic>/COMPACT`).
     pub compacted: RwLock<std::collections::BTreeSet<String>>,
     /// Compacted queues whose dirty range held back a CommitLog segment
@@ -536,10 +536,7 @@ impl Inner {
                 // logged at most once a second.
                 if let Err(e) = idx.put(t, key, info.phys_offset, info.store_timestamp) {
                     metrics::counter!("rokka_store_index_failures_total").increment(1);
-                    let now = now_ms();
-                    let last = self.damage_logged_ms.load(Ordering::Relaxed);
-                    if now - last >= 1000 {
-                        self.damage_logged_ms.store(now, Ordering::Relaxed);
+                    if self.damage_log.ready() {
                         tracing::error!(error = %e, "index entry not written: key lookups miss this message");
                     }
                     break;
@@ -1530,15 +1527,7 @@ impl MessageStore {
             Ok(_) => return false,
         };
         self.inner.metrics.damaged_entries.increment(1);
-        let now = now_ms();
-        let last = self.inner.damage_logged_ms.load(Ordering::Relaxed);
-        if now - last >= 1000
-            && self
-                .inner
-                .damage_logged_ms
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+        if self.inner.damage_log.ready() {
             tracing::error!(
                 topic,
                 queue = queue_id,
