@@ -206,7 +206,10 @@ impl Broker {
         let deleted_before = now_ms.saturating_sub(cfg.delete_retention_ms);
         self.scan_range(topic, partition, w.start(), bound, true, |e| {
             stats.bytes_read += e.data.len() as u64;
-            match self.parts(topic, partition, e, true)? {
+            // (An entry kept whole is counted once: when it is first
+            // cleaned, not at every pass over the clean log after.)
+            let report = e.cq.base_offset >= d.clean_end;
+            match self.parts(topic, partition, e, report)? {
                 Parts::Keep => w.push(&e.data, &e.cq)?,
                 Parts::Drop => {}
                 Parts::Records(recs, batch) => {
@@ -225,8 +228,18 @@ impl Broker {
                     if kept == recs.len() {
                         w.push(&e.data, &e.cq)?;
                     } else if let (true, Some(batch)) = (kept > 0, batch) {
-                        let (data, cq) = self.filtered_batch(topic, partition, e, *batch, &keep)?;
-                        w.push(&data, &cq)?;
+                        match self.filtered_batch(topic, partition, e, *batch, &keep) {
+                            Ok((data, cq)) => w.push(&data, &cq)?,
+                            // A batch that decodes but is inconsistent
+                            // inside: kept whole, as an undecodable one.
+                            Err(crate::BrokerError::Corrupt(why)) => {
+                                if report {
+                                    kept_whole(topic, partition, e, &why);
+                                }
+                                w.push(&e.data, &e.cq)?
+                            }
+                            Err(other) => return Err(other),
+                        }
                     }
                 }
             }
@@ -267,10 +280,14 @@ impl Broker {
                 continue;
             }
             if r.status == ReadStatus::Damaged {
-                let next = self.store.queue(topic, partition).and_then(|q| {
-                    let i = q.find(at)?;
-                    Some(q.entry(i + 1).map_or(q.max_offset(), |e| e.base_offset))
-                });
+                // Only a record whose own bytes fail their checksum; a
+                // ConsumeQueue entry pointing wrong over an intact record
+                // fails the pass (a queue rebuild repairs it: dropped, the
+                // record would be lost for good once retention freed it).
+                let next = match self.store.damaged_entry(topic, partition, at) {
+                    Some((end, true)) => Some(end),
+                    _ => None,
+                };
                 if let Some(next) = next.filter(|n| *n > at) {
                     if !report {
                         at = next;
@@ -309,22 +326,14 @@ impl Broker {
     /// now, or damaged inside where no checksum looks) is kept whole, as
     /// stored: its readers get what they got before, and the pass goes on
     /// (failing it would hold back the CommitLog's retention for good).
-    /// `report`: counted and logged (the second scan; not twice).
+    /// `report`: counted and logged (once: the second scan, of the dirty
+    /// range).
     fn parts(&self, topic: &str, partition: u32, e: &ReadEntry, report: bool) -> Result<Parts> {
         match self.split(topic, partition, e) {
-            Err(crate::BrokerError::Corrupt(_)) if !report => Ok(Parts::Keep),
             Err(crate::BrokerError::Corrupt(why)) => {
-                static LOG: crate::limits::LogEvery = crate::limits::LogEvery::new(60_000);
-                if LOG.ready() {
-                    tracing::warn!(
-                        topic,
-                        partition,
-                        offset = e.cq.base_offset,
-                        error = why,
-                        "compaction: an entry whose records cannot be read is kept whole"
-                    );
+                if report {
+                    kept_whole(topic, partition, e, &why);
                 }
-                metrics::counter!("rokka_compaction_damaged_entries_total", "action" => "kept").increment(1);
                 Ok(Parts::Keep)
             }
             other => other,
@@ -444,6 +453,22 @@ impl Broker {
         };
         Ok((data, cq))
     }
+}
+
+/// An entry whose records cannot be read (or rewritten) is kept whole:
+/// counted and logged (at most once a minute).
+fn kept_whole(topic: &str, partition: u32, e: &ReadEntry, why: &str) {
+    static LOG: crate::limits::LogEvery = crate::limits::LogEvery::new(60_000);
+    if LOG.ready() {
+        tracing::warn!(
+            topic,
+            partition,
+            offset = e.cq.base_offset,
+            error = why,
+            "compaction: an entry whose records cannot be read is kept whole"
+        );
+    }
+    metrics::counter!("rokka_compaction_damaged_entries_total", "action" => "kept").increment(1);
 }
 
 /// Runs due compaction passes every `broker.compaction_interval_ms` until
@@ -583,6 +608,87 @@ mod tests {
         assert_eq!(offsets, vec![0, 1, 2, 4, 5, 6], "all but the damaged record served");
         let dirty = b.store.read("D", 0, 7, 100, 1 << 20);
         assert_eq!(dirty.entries.first().map(|e| e.cq.base_offset), Some(7));
+
+        // Then record 5's copy in the clean log goes bad: the next pass,
+        // which reads the clean log again, leaves it out and goes on.
+        let mut entry5 = vec![0u8; at[5].size as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&f, &mut entry5, at[5].phys_offset)?;
+        let clean_dir = dir.path().join("compacted/D/0");
+        let clean_file = std::fs::read_dir(&clean_dir)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("clean.")))
+            .ok_or("no clean log file")?;
+        let bytes = std::fs::read(&clean_file)?;
+        let pos = bytes
+            .windows(entry5.len())
+            .position(|w| w == entry5.as_slice())
+            .ok_or("record 5 not in the clean log")?;
+        let cf = std::fs::OpenOptions::new().read(true).write(true).open(&clean_file)?;
+        let last = (pos + entry5.len() - 1) as u64;
+        std::os::unix::fs::FileExt::write_all_at(&cf, &[entry5[entry5.len() - 1] ^ 0x5a], last)?;
+        drop(cf);
+        drop(b);
+        store.close()?;
+        drop(store);
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        // Retention has moved the queue's own entries past the clean
+        // range (what it does to a compacted queue's freed segments).
+        store.queue("D", 0).ok_or("no queue")?.advance_min(at[7].phys_offset)?;
+        assert_eq!(b.store.read("D", 0, 5, 1, 1 << 20).status, ReadStatus::Damaged);
+        for i in 8..10 {
+            let v = format!("{i}");
+            b.append_kafka_batch(
+                "D",
+                0,
+                &batch(&[(&format!("k{i}"), Some(v.as_str()))], Compression::None)?,
+            )?;
+        }
+        let cfg = b.topic_config("D").ok_or("no config")?;
+        b.compact_partition("D", 0, &cfg, rokka_store::now_ms() + 10)?
+            .ok_or("a second pass")?;
+        let d = store.dirty_range("D", 0).ok_or("no range")?;
+        assert_eq!(d.clean_end, 9);
+        let after = b.store.read("D", 0, 0, 100, 1 << 20);
+        let offsets: Vec<u64> = after.entries.iter().map(|e| e.cq.base_offset).collect();
+        assert_eq!(
+            offsets,
+            vec![0, 1, 2, 4, 6, 7, 8],
+            "the clean log's damaged copy left out"
+        );
+        Ok(())
+    }
+
+    /// A ConsumeQueue entry pointing at another, intact record is Damaged
+    /// to readers too, but its own record is whole in the CommitLog (a
+    /// queue rebuild repairs it): the pass fails and installs nothing,
+    /// rather than drop a record that can be had back.
+    #[test]
+    fn a_misdirected_queue_entry_fails_the_pass_and_drops_nothing() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        let mut cfg = std::collections::BTreeMap::new();
+        cfg.insert("cleanup.policy".to_string(), "compact".to_string());
+        b.create_topic_with("M", 1, cfg)?;
+        let mut at = Vec::new();
+        for i in 0..8 {
+            let v = format!("{i}");
+            at.push(b.append_kafka_batch(
+                "M",
+                0,
+                &batch(&[(&format!("k{i}"), Some(v.as_str()))], Compression::None)?,
+            )?);
+        }
+        let cq = dir.path().join("consumequeue/M/0/00000000000000000000");
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&cq)?;
+        std::os::unix::fs::FileExt::write_all_at(&f, &at[2].phys_offset.to_be_bytes(), 3 * 48)?;
+        drop(f);
+        assert_eq!(b.store.read("M", 0, 3, 1, 1 << 20).status, ReadStatus::Damaged);
+        let cfg = b.topic_config("M").ok_or("no config")?;
+        assert!(b.compact_partition("M", 0, &cfg, rokka_store::now_ms() + 10).is_err());
+        let d = store.dirty_range("M", 0).ok_or("no range")?;
+        assert_eq!(d.clean_end, 0, "nothing installed");
         Ok(())
     }
 

@@ -1512,6 +1512,26 @@ impl MessageStore {
         }
     }
 
+    /// Of an entry a read of `offset` answered Damaged for: where it ends
+    /// in the queue, and whether its own stored bytes fail their check (no
+    /// copy of that record can be served again) — false when the record is
+    /// intact and the ConsumeQueue entry points wrong or nowhere (a rebuild
+    /// of the queue from the CommitLog repairs that). The clean log's own
+    /// entry where it holds `offset`. None: no such entry.
+    pub fn damaged_entry(&self, topic: &str, queue_id: u32, offset: u64) -> Option<(u64, bool)> {
+        let q = self.queue(topic, queue_id)?;
+        if let Some(clean) = q.clean().filter(|c| offset < c.end()) {
+            let e = clean.read(offset, 1, usize::MAX).into_iter().next()?;
+            return Some((e.cq.end_offset(), record::verify_entry(&e.data).is_err()));
+        }
+        let cq = q.entry(q.find(offset)?)?;
+        let data_bad = self
+            .views(&[cq])
+            .first()
+            .is_some_and(|e| record::verify_entry(&e.data).is_err());
+        Some((cq.end_offset(), data_bad))
+    }
+
     /// Whether a read entry fails its check: its CRC(s), or its own header
     /// says it is another record than its ConsumeQueue entry points at.
     /// Logged at most once a second (a client re-reading a damaged offset
