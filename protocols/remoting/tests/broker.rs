@@ -1937,11 +1937,17 @@ async fn the_dashboards_topic_and_consumer_lists_are_answered() -> TestResult {
     let mut u = req(rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[]);
     u.body = Bytes::from_static(br#"{"groupName":"new-g","retryMaxTimes":16,"consumeEnable":true}"#);
     assert_eq!(c.call(u).await?.code, rs::SUCCESS);
+    // What `mqadmin updateSubGroup -g new-g` sends by default: accepted.
+    let mut u = req(rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[]);
+    u.body = Bytes::from_static(
+        br#"{"groupName":"new-g","consumeEnable":true,"consumeFromMinEnable":false,"consumeBroadcastEnable":false,"consumeMessageOrderly":false,"retryQueueNums":1,"retryMaxTimes":16,"brokerId":0,"whichBrokerWhenConsumeSlowly":1,"notifyConsumerIdsChangedEnable":true}"#,
+    );
+    let r = c.call(u).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
     // A setting not honoured is refused, not answered SUCCESS (a group
     // "stopped" that goes on consuming).
     for body in [
         &br#"{"groupName":"new-g","consumeEnable":false}"#[..],
-        br#"{"groupName":"new-g","consumeBroadcastEnable":false}"#,
         br#"{"groupName":"new-g","retryMaxTimes":3}"#,
     ] {
         let mut u = req(rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[]);

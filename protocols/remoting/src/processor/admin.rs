@@ -457,9 +457,11 @@ impl RocketMq {
     /// RocketMQ Connect's worker start): accepted — a group needs no
     /// creating here (its first member makes it), and retries follow each
     /// consumer's own maxReconsumeTimes. The broker's own groups refused,
-    /// and so is a setting Rokka would not honour (consumption or
-    /// broadcasting turned off, another retryMaxTimes): answered SUCCESS,
-    /// the operator would believe a group stopped that goes on consuming.
+    /// and so is a setting Rokka would not honour (consumption turned off,
+    /// another retryMaxTimes): answered SUCCESS, the operator would believe
+    /// a group stopped that goes on consuming. (consumeBroadcastEnable=false
+    /// is what `mqadmin updateSubGroup` sends unless told otherwise:
+    /// accepted, broadcasting consumers go on.)
     pub(super) fn update_subscription_group(&self, req: &RemotingCommand) -> RemotingCommand {
         let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap_or(serde_json::Value::Null);
         let group = body
@@ -482,7 +484,6 @@ impl RocketMq {
         let retries = body.get("retryMaxTimes").and_then(|v| v.as_i64());
         let unsupported = [
             off("consumeEnable").then_some("consumeEnable=false"),
-            off("consumeBroadcastEnable").then_some("consumeBroadcastEnable=false"),
             retries.filter(|r| *r != 16).map(|_| "retryMaxTimes other than 16"),
         ];
         let unsupported: Vec<&str> = unsupported.into_iter().flatten().collect();
