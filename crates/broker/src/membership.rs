@@ -628,6 +628,10 @@ mod tests {
         assert_eq!(m.get("g").all_ids(), vec!["k1".to_string(), "r1".to_string()]);
         m.set_rocketmq("g", set(&["r1", "r2"]), set(&["T"]));
         assert_eq!(to_kafka.try_recv().ok().as_deref(), Some("g"));
+        // Reported again unchanged (every tick, every heartbeat): no one told.
+        m.set_rocketmq("g", set(&["r1", "r2"]), set(&["T"]));
+        m.set_kafka("g", set(&["k1"]), set(&["T"]));
+        assert!(to_kafka.try_recv().is_err() && to_rmq.try_recv().is_err());
         m.set_kafka("g", set(&[]), set(&[]));
         m.set_rocketmq("g", set(&[]), set(&[]));
         assert_eq!(m.get("g"), GroupMembers::default());

@@ -123,18 +123,23 @@ pub fn assigned_partitions(assignment: &Bytes) -> BTreeMap<String, BTreeSet<i32>
 /// subscribe to that exist and within their partitions: what a leader's
 /// assignment names is the client's (kept per group, and published to
 /// every node in cluster mode).
+/// Also whether every subscribed topic assigned is known here (in cluster
+/// mode a topic made on another node may be assigned before this node's
+/// table has it: its partitions are read again at the next tick).
 fn held_partitions(
     k: &Kafka,
     members: &[rokka_group::MemberView],
     subscribed: &BTreeSet<String>,
-) -> BTreeMap<String, BTreeSet<i32>> {
+) -> (BTreeMap<String, BTreeSet<i32>>, bool) {
     let mut out: BTreeMap<String, BTreeSet<i32>> = BTreeMap::new();
+    let mut complete = true;
     for m in members {
         for (t, ps) in assigned_partitions(&m.assignment) {
             if !subscribed.contains(&t) {
                 continue;
             }
             let Some(n) = k.broker.topics().get(&t).map(|i| i.kafka_partitions() as i32) else {
+                complete = false;
                 continue;
             };
             out.entry(t)
@@ -143,7 +148,7 @@ fn held_partitions(
         }
     }
     out.retain(|_, ps| !ps.is_empty());
-    out
+    (out, complete)
 }
 
 /// A ConsumerProtocolAssignment (version 0) of `parts`.
@@ -275,18 +280,13 @@ pub async fn run(k: Arc<Kafka>, mut shutdown: watch::Receiver<bool>) {
             // stand): a RocketMQ client joining takes its share only once
             // they have given it up — until their rebalance completes they
             // go on consuming it.
-            if v.state == rokka_group::GroupState::Stable
-                && held.get(&v.name) != Some(&v.generation)
-                && k.broker.membership().set_kafka_held(
-                    &v.name,
-                    held_partitions(
-                        &k,
-                        &v.members,
-                        known.get(&v.name).map(|e| &e.1).unwrap_or(&BTreeSet::new()),
-                    ),
-                )
-            {
-                held.insert(v.name.clone(), v.generation);
+            if v.state == rokka_group::GroupState::Stable && held.get(&v.name) != Some(&v.generation) {
+                let subscribed = known.get(&v.name).map(|e| &e.1);
+                let (parts, complete) = held_partitions(&k, &v.members, subscribed.unwrap_or(&BTreeSet::new()));
+                // (Read again at the next tick while a topic is unknown here.)
+                if k.broker.membership().set_kafka_held(&v.name, parts) && complete {
+                    held.insert(v.name.clone(), v.generation);
+                }
             }
         }
         known.retain(|g, _| {
@@ -353,8 +353,11 @@ mod tests {
             ])),
         ];
         let subscribed = BTreeSet::from(["a".to_string(), "ghost".to_string()]);
-        let held = held_partitions(&k, &members, &subscribed);
+        let (held, complete) = held_partitions(&k, &members, &subscribed);
         assert_eq!(held, BTreeMap::from([("a".to_string(), BTreeSet::from([0, 2]))]));
+        assert!(!complete, "ghost is subscribed, assigned and unknown here: read again");
+        let (_, complete) = held_partitions(&k, &members[..1], &subscribed);
+        assert!(complete);
         Ok(())
     }
 }

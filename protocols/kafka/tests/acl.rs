@@ -155,6 +155,23 @@ async fn refused_parts_get_their_error_and_the_rest_is_served() -> TestResult {
     .await?;
     assert!(paged.next_cursor.is_none(), "{:?}", paged.next_cursor);
     assert_eq!(paged.topics.len(), 2, "{:?}", paged.topics);
+    // A later page (its cursor past both names) answers neither again.
+    let later: DescribeTopicPartitionsResponse = call(
+        &mut c,
+        ApiKey::DescribeTopicPartitions,
+        0,
+        &DescribeTopicPartitionsRequest::default()
+            .with_topics(vec![
+                describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("secret"))),
+                describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("ok-1"))),
+            ])
+            .with_cursor(Some(
+                describe_topic_partitions_request::Cursor::default().with_topic_name(TopicName(s("t"))),
+            ))
+            .with_response_partition_limit(1),
+    )
+    .await?;
+    assert!(later.topics.is_empty(), "{:?}", later.topics);
     let all: DescribeTopicPartitionsResponse = call(
         &mut c,
         ApiKey::DescribeTopicPartitions,

@@ -41,6 +41,13 @@ pub fn describe_topic_partitions(
     };
     names.sort();
     names.dedup();
+    let (from_topic, from_partition) = match &r.cursor {
+        Some(c) => (c.topic_name.0.to_string(), c.partition_index.max(0)),
+        None => (String::new(), 0),
+    };
+    // From the cursor on, then only what the caller may see (a refused
+    // name below the cursor was answered on an earlier page).
+    names.retain(|n| *n >= from_topic);
     let mut denied = Vec::new();
     names.retain(|n| {
         let seen = visible(n);
@@ -49,10 +56,6 @@ pub fn describe_topic_partitions(
         }
         seen
     });
-    let (from_topic, from_partition) = match &r.cursor {
-        Some(c) => (c.topic_name.0.to_string(), c.partition_index.max(0)),
-        None => (String::new(), 0),
-    };
     // Kafka's limit: the request's, at most 2000 (max.request.partition.size.limit).
     let mut left = if r.response_partition_limit > 0 {
         (r.response_partition_limit as usize).min(2000)
@@ -63,7 +66,7 @@ pub fn describe_topic_partitions(
         all.iter().map(|(n, i)| (n.as_str(), i)).collect();
     let mut topics = Vec::new();
     let mut next = None;
-    for name in names.into_iter().filter(|n| *n >= from_topic) {
+    for name in names {
         let Some(info) = by_name.get(name.as_str()).copied() else {
             topics.push(
                 DescribeTopicPartitionsResponseTopic::default()

@@ -192,6 +192,11 @@ pub fn handle(
                     let creating = allow_create && broker.config().auto_create_topics;
                     let refused = |name: &str| match creating {
                         true => super::topics::kafka_name_refused(k, name),
+                        // (In cluster mode a RocketMQ-made topic with such a
+                        // name may exist on another set, its lookup not
+                        // answered in time: unknown for now, retried, not
+                        // the fatal invalid-topic answer.)
+                        false if broker.own_set().is_some() && rokka_store::validate_topic(name).is_ok() => None,
                         false => super::topics::kafka_name_invalid(name),
                     };
                     if broker.topics().get(&name).is_none() && refused(&name).is_some() {
