@@ -22,14 +22,12 @@ pub use remoting::Remoting as RemotingClient;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
 
-use bytes::Buf;
 use kafka_protocol::messages::*;
 use kafka_protocol::messages::{
     create_partitions_request::*, create_topics_request::*, delete_topics_request::*, describe_configs_request::*,
     describe_groups_response::*, incremental_alter_configs_request::*, leave_group_request, metadata_response::*,
     offset_commit_request::*, offset_fetch_request::*,
 };
-use kafka_protocol::protocol::Decodable;
 use serde_json::{json, Value};
 
 use self::kafka::{check, s, Client, Result};
@@ -788,21 +786,13 @@ pub fn group_list(c: &mut Client) -> Result<Report> {
     })
 }
 
-/// The partitions of a consumer-protocol assignment.
+/// The partitions of a consumer-protocol assignment, in order (the
+/// broker's own reading of one).
 fn assigned(b: &bytes::Bytes) -> Vec<(String, i32)> {
-    let mut b = b.clone();
-    if b.remaining() < 2 {
-        return Vec::new();
-    }
-    let version = b.get_i16();
-    match ConsumerProtocolAssignment::decode(&mut b, version.clamp(0, 3)) {
-        Ok(a) => a
-            .assigned_partitions
-            .iter()
-            .flat_map(|t| t.partitions.iter().map(move |p| (t.topic.0.to_string(), *p)))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+    rokka_kafka::mixed::assigned_partitions(b)
+        .into_iter()
+        .flat_map(|(t, ps)| ps.into_iter().map(move |p| (t.clone(), p)))
+        .collect()
 }
 
 struct GroupView {
