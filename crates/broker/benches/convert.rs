@@ -144,6 +144,7 @@ fn drain_bench(host: SocketAddr) -> Result<(), String> {
                     host,
                     64 << 20,
                     (usize::MAX, 32),
+                    false,
                     &mut out,
                 )?;
                 reads += 1;

@@ -277,7 +277,10 @@ pub fn kafka_batch_to_rocketmq_limited(
 /// conversion stopped inside (a byte budget or a message count), so the
 /// reads that take the rest of it decode it once, not once per read: a
 /// 10 000-record batch drained 32 messages at a time was decoded whole
-/// ~300 times.
+/// ~300 times. `soft_most`: the count binds only over a batch kept decoded
+/// (a remoting pull, whose client takes more than it asked for): one too
+/// large to keep is converted as far as the byte budget reaches rather
+/// than decoded whole again for every few messages.
 #[allow(clippy::too_many_arguments)]
 pub fn kafka_batch_to_rocketmq_cached(
     cache: &DecodedBatches,
@@ -287,6 +290,7 @@ pub fn kafka_batch_to_rocketmq_cached(
     store_host: SocketAddr,
     max_decompressed: usize,
     limits: (usize, usize),
+    soft_most: bool,
     out: &mut BytesMut,
 ) -> Result<Crossed, String> {
     let key = BatchKey::of(view);
@@ -301,8 +305,16 @@ pub fn kafka_batch_to_rocketmq_cached(
             .map_err(|e| format!("Kafka batch at {}: {e}", view.phys_offset))
     };
     let set = decode(&view.batch)?;
+    let cost = cache
+        .enabled()
+        .then(|| DecodedBatches::cost(&set))
+        .filter(|c| *c <= cache.max_bytes);
+    let limits = match (cost, soft_most) {
+        (None, true) => (limits.0, usize::MAX),
+        _ => limits,
+    };
     let c = convert_set(view, &set, from, codes, store_host, limits, out);
-    if c.stopped_at.is_some() && cache.enabled() {
+    if let (Some(cost), Some(_)) = (cost, c.stopped_at) {
         // An uncompressed batch's records are views of the mapped segment:
         // kept, they would keep the segment mapped (and its disk space
         // taken after retention deletes it) — decoded again from a copy.
@@ -313,7 +325,7 @@ pub fn kafka_batch_to_rocketmq_cached(
             Some(set)
         };
         if let Some(set) = set {
-            cache.put(key, set);
+            cache.put(key, set, cost);
         }
     }
     Ok(c)
@@ -400,9 +412,9 @@ impl DecodedBatches {
         Some(set)
     }
 
-    fn put(&self, key: BatchKey, set: RecordSet) {
-        let cost = set
-            .records
+    /// The memory a decoded batch is counted for.
+    fn cost(set: &RecordSet) -> usize {
+        set.records
             .iter()
             .map(|r| {
                 DECODED_RECORD_OVERHEAD
@@ -413,7 +425,11 @@ impl DecodedBatches {
                         .map(|(n, v)| n.len() + v.as_ref().map_or(0, |v| v.len()) + 32)
                         .sum::<usize>()
             })
-            .sum::<usize>();
+            .sum::<usize>()
+    }
+
+    /// Keeps `set` (its [`DecodedBatches::cost`] within the cache's size).
+    fn put(&self, key: BatchKey, set: RecordSet, cost: usize) {
         if cost > self.max_bytes {
             return;
         }
@@ -946,6 +962,7 @@ pub(crate) mod tests {
                     host,
                     1 << 20,
                     (usize::MAX, 7),
+                    false,
                     &mut parts,
                 )?;
                 reads += 1;
@@ -982,7 +999,7 @@ pub(crate) mod tests {
         let view = stored_batch_at(&all, Compression::None, 0)?;
         let cache = DecodedBatches::new(1 << 20);
         let mut out = BytesMut::new();
-        kafka_batch_to_rocketmq_cached(&cache, &view, 0, None, host, 1 << 20, (usize::MAX, 1), &mut out)?;
+        kafka_batch_to_rocketmq_cached(&cache, &view, 0, None, host, 1 << 20, (usize::MAX, 1), false, &mut out)?;
         assert!(cache.bytes() > 0);
         // The rewrite: every other record, new values, same place.
         let fewer: Vec<Record> = (0..20)
@@ -992,22 +1009,42 @@ pub(crate) mod tests {
         let rewritten = stored_batch_at(&fewer, Compression::None, 0)?;
         assert_eq!(rewritten.phys_offset, view.phys_offset);
         out.clear();
-        kafka_batch_to_rocketmq_cached(&cache, &rewritten, 1, None, host, 1 << 20, (usize::MAX, 100), &mut out)?;
+        kafka_batch_to_rocketmq_cached(
+            &cache,
+            &rewritten,
+            1,
+            None,
+            host,
+            1 << 20,
+            (usize::MAX, 100),
+            false,
+            &mut out,
+        )?;
         let got = pulled(&out)?;
         assert_eq!(got.len(), 9, "records 2, 4 … 18");
         assert!(got.iter().all(|m| &m.body[..] == b"new"), "the rewrite's records");
 
         let none = DecodedBatches::new(0);
         out.clear();
-        kafka_batch_to_rocketmq_cached(&none, &view, 0, None, host, 1 << 20, (usize::MAX, 1), &mut out)?;
+        kafka_batch_to_rocketmq_cached(&none, &view, 0, None, host, 1 << 20, (usize::MAX, 1), false, &mut out)?;
         assert_eq!(none.bytes(), 0, "0 keeps nothing");
+        // A soft count (a remoting pull) binds over a batch kept, not over
+        // one that cannot be: that one fills the answer instead of being
+        // decoded again for every message.
+        out.clear();
+        let c = kafka_batch_to_rocketmq_cached(&none, &view, 0, None, host, 1 << 20, (usize::MAX, 1), true, &mut out)?;
+        assert_eq!((c.messages, c.stopped_at), (20, None), "not kept: the whole batch");
+        out.clear();
+        let keeps = DecodedBatches::new(1 << 20);
+        let c = kafka_batch_to_rocketmq_cached(&keeps, &view, 0, None, host, 1 << 20, (usize::MAX, 1), true, &mut out)?;
+        assert_eq!((c.messages, c.stopped_at), (1, Some(1)), "kept: one");
 
         // Room for about one batch: the second evicts the first.
         let one = cache.bytes() + 8;
         let small = DecodedBatches::new(one as u64);
-        kafka_batch_to_rocketmq_cached(&small, &view, 0, None, host, 1 << 20, (usize::MAX, 1), &mut out)?;
+        kafka_batch_to_rocketmq_cached(&small, &view, 0, None, host, 1 << 20, (usize::MAX, 1), false, &mut out)?;
         let other = stored_batch_at(&all, Compression::Lz4, 0)?;
-        kafka_batch_to_rocketmq_cached(&small, &other, 0, None, host, 1 << 20, (usize::MAX, 1), &mut out)?;
+        kafka_batch_to_rocketmq_cached(&small, &other, 0, None, host, 1 << 20, (usize::MAX, 1), false, &mut out)?;
         assert!(small.bytes() <= one, "{} held of {one}", small.bytes());
         assert!(small.get(BatchKey::of(&view)).is_none(), "the older one evicted");
         assert!(small.get(BatchKey::of(&other)).is_some());

@@ -295,6 +295,7 @@ fn messages_of(
             store_host,
             broker.config().max_batch_decompressed_bytes as usize,
             (POP_BODY_BYTES, most),
+            false,
             &mut buf,
         ),
         Ok(_) => Err("not a Kafka batch".into()),

@@ -279,6 +279,10 @@ impl RocketMq {
                                 cap.saturating_sub(body.len()),
                                 (max_msgs as usize).saturating_sub(n as usize),
                             ),
+                            // (maxMsgNums binds over a batch kept decoded;
+                            // one too large to keep fills the answer
+                            // instead of being decoded again per 32.)
+                            true,
                             &mut body,
                         ),
                         Ok(_) => Err("not a Kafka batch".to_string()),
