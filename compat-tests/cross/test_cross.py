@@ -681,23 +681,14 @@ def raw_pull(rokka, topic, queue, offset, max_msgs, opaque=1):
     import socket
     import struct
 
+    from test_open_acls import recv_exact, rmq_frame
+
     ext = {"consumerGroup": "raw-pull", "topic": topic, "queueId": str(queue), "queueOffset": str(offset),
            "maxMsgNums": str(max_msgs), "sysFlag": "0", "commitOffset": "0", "suspendTimeoutMillis": "0",
            "subscription": "*", "subVersion": "0"}
-    header = json.dumps({"code": 11, "language": "JAVA", "version": 453, "opaque": opaque, "flag": 0,
-                         "extFields": ext}).encode()
     with socket.create_connection(("127.0.0.1", rokka.broker_port), timeout=10) as s:
-        s.sendall(struct.pack(">ii", 4 + len(header), len(header)) + header)
-
-        def exact(n):
-            b = b""
-            while len(b) < n:
-                chunk = s.recv(n - len(b))
-                assert chunk, "closed"
-                b += chunk
-            return b
-
-        frame = exact(struct.unpack(">i", exact(4))[0])
+        s.sendall(rmq_frame(11, opaque, ext))
+        frame = recv_exact(s, struct.unpack(">i", recv_exact(s, 4))[0])
     hlen = struct.unpack(">i", frame[:4])[0] & 0xFFFFFF
     r = json.loads(frame[4:4 + hlen])
     body = frame[4 + hlen:]

@@ -567,6 +567,31 @@ mod tests {
         }
     }
 
+    /// A broker over a store in `dir` with compacted topic `t` of eight
+    /// one-record batches (keys k0..k7): the batches' places.
+    #[allow(clippy::type_complexity)]
+    fn eight_batches(
+        dir: &std::path::Path,
+        t: &str,
+    ) -> std::result::Result<(Arc<MessageStore>, Broker, Vec<rokka_store::AppendResult>), Box<dyn std::error::Error>>
+    {
+        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir))?);
+        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
+        let mut cfg = std::collections::BTreeMap::new();
+        cfg.insert("cleanup.policy".to_string(), "compact".to_string());
+        b.create_topic_with(t, 1, cfg)?;
+        let mut at = Vec::new();
+        for i in 0..8 {
+            let v = format!("{i}");
+            at.push(b.append_kafka_batch(
+                t,
+                0,
+                &batch(&[(&format!("k{i}"), Some(v.as_str()))], Compression::None)?,
+            )?);
+        }
+        Ok((store, b, at))
+    }
+
     /// A damaged entry (its checksum fails) in the dirty range is left
     /// out of the clean log and the pass goes on: the records after it
     /// stay readable and the dirty range moves past it. (A pass that
@@ -575,20 +600,7 @@ mod tests {
     #[test]
     fn a_damaged_entry_is_left_out_and_the_pass_goes_on() -> TestResult {
         let dir = tempfile::tempdir()?;
-        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
-        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
-        let mut cfg = std::collections::BTreeMap::new();
-        cfg.insert("cleanup.policy".to_string(), "compact".to_string());
-        b.create_topic_with("D", 1, cfg)?;
-        let mut at = Vec::new();
-        for i in 0..8 {
-            let v = format!("{i}");
-            at.push(b.append_kafka_batch(
-                "D",
-                0,
-                &batch(&[(&format!("k{i}"), Some(v.as_str()))], Compression::None)?,
-            )?);
-        }
+        let (store, b, at) = eight_batches(dir.path(), "D")?;
         // Record 3's last byte flips on disk (a bad sector read back).
         let seg = dir.path().join("commitlog").join(format!("{:020}", 0));
         let f = std::fs::OpenOptions::new().read(true).write(true).open(&seg)?;
@@ -666,20 +678,7 @@ mod tests {
     #[test]
     fn a_misdirected_queue_entry_fails_the_pass_and_drops_nothing() -> TestResult {
         let dir = tempfile::tempdir()?;
-        let store = Arc::new(MessageStore::open(StoreConfig::for_tests(dir.path()))?);
-        let b = Broker::new(Arc::clone(&store), BrokerConfig::default())?;
-        let mut cfg = std::collections::BTreeMap::new();
-        cfg.insert("cleanup.policy".to_string(), "compact".to_string());
-        b.create_topic_with("M", 1, cfg)?;
-        let mut at = Vec::new();
-        for i in 0..8 {
-            let v = format!("{i}");
-            at.push(b.append_kafka_batch(
-                "M",
-                0,
-                &batch(&[(&format!("k{i}"), Some(v.as_str()))], Compression::None)?,
-            )?);
-        }
+        let (store, b, at) = eight_batches(dir.path(), "M")?;
         let cq = dir.path().join("consumequeue/M/0/00000000000000000000");
         let f = std::fs::OpenOptions::new().read(true).write(true).open(&cq)?;
         std::os::unix::fs::FileExt::write_all_at(&f, &at[2].phys_offset.to_be_bytes(), 3 * 48)?;

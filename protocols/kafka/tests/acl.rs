@@ -114,18 +114,20 @@ async fn refused_parts_get_their_error_and_the_rest_is_served() -> TestResult {
     // named but not describable is answered TOPIC_AUTHORIZATION_FAILED,
     // not left out (the Admin asked again until its timeout); listing all
     // leaves it out.
-    let d: DescribeTopicPartitionsResponse = call(
-        &mut c,
-        ApiKey::DescribeTopicPartitions,
-        0,
-        &DescribeTopicPartitionsRequest::default()
+    // Both names, a page of `limit` partitions, from `cursor` on.
+    let named = |limit: i32, cursor: Option<&str>| {
+        DescribeTopicPartitionsRequest::default()
             .with_topics(vec![
                 describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("secret"))),
                 describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("ok-1"))),
             ])
-            .with_response_partition_limit(100),
-    )
-    .await?;
+            .with_cursor(
+                cursor.map(|t| describe_topic_partitions_request::Cursor::default().with_topic_name(TopicName(s(t)))),
+            )
+            .with_response_partition_limit(limit)
+    };
+    let d: DescribeTopicPartitionsResponse =
+        call(&mut c, ApiKey::DescribeTopicPartitions, 0, &named(100, None)).await?;
     let got: Vec<(String, i16, usize)> = d
         .topics
         .iter()
@@ -141,36 +143,13 @@ async fn refused_parts_get_their_error_and_the_rest_is_served() -> TestResult {
     assert!(got.contains(&("ok-1".into(), 0, 1)), "{got:?}");
     // A page filled before it: no cursor names the refused topic (its
     // existence and partition count were told, and the Admin walked it).
-    let paged: DescribeTopicPartitionsResponse = call(
-        &mut c,
-        ApiKey::DescribeTopicPartitions,
-        0,
-        &DescribeTopicPartitionsRequest::default()
-            .with_topics(vec![
-                describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("secret"))),
-                describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("ok-1"))),
-            ])
-            .with_response_partition_limit(1),
-    )
-    .await?;
+    let paged: DescribeTopicPartitionsResponse =
+        call(&mut c, ApiKey::DescribeTopicPartitions, 0, &named(1, None)).await?;
     assert!(paged.next_cursor.is_none(), "{:?}", paged.next_cursor);
     assert_eq!(paged.topics.len(), 2, "{:?}", paged.topics);
     // A later page (its cursor past both names) answers neither again.
-    let later: DescribeTopicPartitionsResponse = call(
-        &mut c,
-        ApiKey::DescribeTopicPartitions,
-        0,
-        &DescribeTopicPartitionsRequest::default()
-            .with_topics(vec![
-                describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("secret"))),
-                describe_topic_partitions_request::TopicRequest::default().with_name(TopicName(s("ok-1"))),
-            ])
-            .with_cursor(Some(
-                describe_topic_partitions_request::Cursor::default().with_topic_name(TopicName(s("t"))),
-            ))
-            .with_response_partition_limit(1),
-    )
-    .await?;
+    let later: DescribeTopicPartitionsResponse =
+        call(&mut c, ApiKey::DescribeTopicPartitions, 0, &named(1, Some("t"))).await?;
     assert!(later.topics.is_empty(), "{:?}", later.topics);
     let all: DescribeTopicPartitionsResponse = call(
         &mut c,
