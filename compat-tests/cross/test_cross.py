@@ -464,6 +464,88 @@ def test_rocketmq_consumers_replaced_one_by_one_by_kafka_consumers(rokka):
     assert metric_delta(before, metric_values(rokka), "rokka_mixed_group_assignments_total{", f'group="{group}"') >= 2
 
 
+def test_a_rocketmq_consumer_joining_a_live_kafka_group_takes_only_what_kafka_gave_up(rokka):
+    """The other direction of a live hand-over: a Kafka member consumes all
+    four partitions while a producer keeps sending; a RocketMQ consumer
+    joins the group. Its share is not its to pull until the Kafka member's
+    rebalance has given it up (kafka-python hears of the rebalance at its
+    next heartbeat, up to 3 s later: pulled at once, both read those queues
+    meanwhile and each side's commits undid the other's) — so nothing is
+    delivered twice beyond the at-least-once margin, and nothing is lost."""
+    import threading
+
+    from kafka import KafkaConsumer as KC
+
+    topic, group = "CrossKafkaFirst", "cross-kafka-first"
+    create(rokka, topic)
+    sent, errors, got = [], [], []
+    stop, kafka_stop = threading.Event(), threading.Event()
+
+    def produce():
+        try:
+            p = KafkaProducer(bootstrap_servers=rokka.bootstrap, linger_ms=0)
+            i = 0
+            while not stop.is_set():
+                v = f"kf-{i}".encode()
+                p.send(topic, value=v, partition=i % 4).get(timeout=10)
+                sent.append(v)
+                i += 1
+                stop.wait(0.02)
+            p.close()
+        except Exception as e:  # noqa: BLE001 (reported by the test)
+            errors.append(f"producer: {e!r}")
+
+    def kafka_member():
+        try:
+            c = KC(topic, bootstrap_servers=rokka.bootstrap, group_id=group, auto_offset_reset="earliest",
+                   enable_auto_commit=True, auto_commit_interval_ms=500, client_id="kafka-first")
+            while not kafka_stop.is_set():
+                for recs in c.poll(timeout_ms=200).values():
+                    got.extend(r.value for r in recs)
+            c.close()
+        except Exception as e:  # noqa: BLE001 (reported by the test)
+            errors.append(f"kafka member: {e!r}")
+
+    producer, member = threading.Thread(target=produce), threading.Thread(target=kafka_member)
+    rmq, rmq_got = None, []
+    try:
+        producer.start()
+        member.start()
+        wait_for(lambda: len(got) > 20, "the Kafka member to consume", timeout=30)
+        rmq = RocketMQMember(rokka, "kafka-first-r", topic, group, 20)
+        seen = [None]
+
+        def shared():
+            seen[0] = describe_group(rokka, group)
+            state, members = seen[0]
+            return state == "STABLE" and len(members) == 2 and splits(members, 4)
+
+        wait_for(shared, lambda: f"the queues to be shared; last seen {seen[0]}", timeout=60)
+        stop.wait(4)
+        assert rmq.running(), "the RocketMQ member was in the group throughout"
+        stop.set()
+        producer.join()
+        rmq_got = rmq.finish(timeout=60, now=False)
+        wait_for(lambda: set(sent) <= set(got) | set(rmq_got), "everything sent to be consumed", timeout=30)
+    finally:
+        stop.set()
+        producer.join()
+        kafka_stop.set()
+        member.join(timeout=60)
+        if rmq is not None:
+            rmq.kill()
+    assert not errors, errors
+    counts = collections.Counter(got + rmq_got)
+    dups = sum(c - 1 for c in counts.values() if c > 1)
+    print(f"sent {len(sent)}; kafka {len(got)}, rocketmq {len(rmq_got)}; duplicates {dups}")
+    assert rmq_got, "the RocketMQ member consumed its share"
+    assert set(counts) == set(sent), "only what was sent"
+    for one in (got, rmq_got):
+        twice = [v for v, c in collections.Counter(one).items() if c > 1]
+        assert not twice, f"delivered twice to one member: {twice[:5]}"
+    assert dups <= max(5, len(sent) // 100), f"{dups} delivered to both sides across the hand-over"
+
+
 def test_kafka_tools_see_rocketmq_members_and_conflicts_are_refused(rokka):
     from kafka.errors import InconsistentGroupProtocolError
 

@@ -42,9 +42,15 @@ impl RocketMq {
             metrics::counter!("rokka_mixed_group_foreign_pulls_total", "group" => group.clone()).increment(1);
             tokio::time::sleep(Duration::from_millis(suspend_ms.min(1000))).await;
             let store = self.broker.store();
+            // The pull goes on from what its owner has committed since (a
+            // client reads a queue's offset when its rebalance gives it the
+            // queue — while a Kafka member still consumed it — and would
+            // start there, reading again what the Kafka member consumed
+            // until it gave the queue up). Never backwards.
+            let committed = store.offsets().get(&group, &topic, q).map_or(0, |o| o.offset);
             let mut r = self.reply(req, rs::PULL_NOT_FOUND, None);
             r.ext_fields.set("suggestWhichBrokerId", "0");
-            r.ext_fields.set("nextBeginOffset", offset.to_string());
+            r.ext_fields.set("nextBeginOffset", offset.max(committed).to_string());
             r.ext_fields.set("minOffset", store.min_offset(&topic, q).to_string());
             r.ext_fields.set("maxOffset", store.max_offset(&topic, q).to_string());
             return r;
