@@ -278,6 +278,24 @@ def test_a_kafka_offset_reset_is_where_rocketmq_pulls_from(rokka):
     assert sorted(d.body for d in got) == [b"m-7", b"m-8", b"m-9"]
 
 
+def produce_until(rokka, topic, prefix, sent, stop, errors):
+    """Sends `<prefix>-<i>` to the topic's four partitions in turn, one every
+    20 ms, each acknowledged before the next, until `stop` is set; what was
+    acknowledged goes to `sent`, a failure to `errors`."""
+    try:
+        p = KafkaProducer(bootstrap_servers=rokka.bootstrap, linger_ms=0)
+        i = 0
+        while not stop.is_set():
+            v = f"{prefix}-{i}".encode()
+            p.send(topic, value=v, partition=i % 4).get(timeout=10)
+            sent.append(v)
+            i += 1
+            stop.wait(0.02)
+        p.close()
+    except Exception as e:  # noqa: BLE001 (reported by the test)
+        errors.append(f"producer: {e!r}")
+
+
 class RocketMQMember:
     """A harness `cross-member`: a clustering push consumer of rocketmq-client-rust
     that shuts down cleanly after `secs` seconds, or when `finish` is called if
@@ -338,18 +356,7 @@ def test_rocketmq_consumers_replaced_one_by_one_by_kafka_consumers(rokka):
     errors = []
 
     def produce():
-        try:
-            p = KafkaProducer(bootstrap_servers=rokka.bootstrap, linger_ms=0)
-            i = 0
-            while not stop.is_set():
-                v = f"mix-{i}".encode()
-                p.send(topic, value=v, partition=i % 4).get(timeout=10)
-                sent.append(v)
-                i += 1
-                stop.wait(0.02)
-            p.close()
-        except Exception as e:  # noqa: BLE001 (reported by the test)
-            errors.append(f"producer: {e!r}")
+        produce_until(rokka, topic, "mix", sent, stop, errors)
 
     kafka_got = {1: [], 2: []}
     kafka_stop = {1: threading.Event(), 2: threading.Event()}
@@ -482,18 +489,7 @@ def test_a_rocketmq_consumer_joining_a_live_kafka_group_takes_only_what_kafka_ga
     stop, kafka_stop = threading.Event(), threading.Event()
 
     def produce():
-        try:
-            p = KafkaProducer(bootstrap_servers=rokka.bootstrap, linger_ms=0)
-            i = 0
-            while not stop.is_set():
-                v = f"kf-{i}".encode()
-                p.send(topic, value=v, partition=i % 4).get(timeout=10)
-                sent.append(v)
-                i += 1
-                stop.wait(0.02)
-            p.close()
-        except Exception as e:  # noqa: BLE001 (reported by the test)
-            errors.append(f"producer: {e!r}")
+        produce_until(rokka, topic, "kf", sent, stop, errors)
 
     def kafka_member():
         try:
