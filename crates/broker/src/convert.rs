@@ -305,16 +305,35 @@ pub fn kafka_batch_to_rocketmq_cached(
             .map_err(|e| format!("Kafka batch at {}: {e}", view.phys_offset))
     };
     let set = decode(&view.batch)?;
-    let cost = cache
-        .enabled()
-        .then(|| DecodedBatches::cost(&set))
-        .filter(|c| *c <= cache.max_bytes);
-    let limits = match (cost, soft_most) {
-        (None, true) => (limits.0, usize::MAX),
-        _ => limits,
+    // What keeping it would cost, if it fits (walked at most once, and
+    // only when needed: a soft count to decide on, or a read that stopped
+    // inside the batch).
+    let mut kept_cost: Option<Option<usize>> = None;
+    let mut fits = |set: &RecordSet| {
+        *kept_cost
+            .get_or_insert_with(|| Some(DecodedBatches::cost(set)).filter(|c| cache.enabled() && *c <= cache.max_bytes))
+    };
+    // A soft count binds only where the rest will be read from the cache:
+    // the batch fits it and this read starts the batch (a miss resuming
+    // one means it was kept and evicted since — queues drained in turn, or
+    // batches larger together than the cache: counted, each would be
+    // decoded whole again for every few messages).
+    let limits = if soft_most {
+        let resumed = set
+            .records
+            .first()
+            .is_some_and(|r| r.offset >= 0 && (r.offset as u64) < from);
+        if resumed || fits(&set).is_none() {
+            (limits.0, usize::MAX)
+        } else {
+            limits
+        }
+    } else {
+        limits
     };
     let c = convert_set(view, &set, from, codes, store_host, limits, out);
-    if let (Some(cost), Some(_)) = (cost, c.stopped_at) {
+    let cost = c.stopped_at.and_then(|_| fits(&set));
+    if let Some(cost) = cost {
         // An uncompressed batch's records are views of the mapped segment:
         // kept, they would keep the segment mapped (and its disk space
         // taken after retention deletes it) — decoded again from a copy.
@@ -986,6 +1005,34 @@ pub(crate) mod tests {
                 assert!(!inside, "a kept record is a view of the stored entry ({compression:?})");
             }
         }
+        Ok(())
+    }
+
+    /// A soft count over batches read in turn that the cache cannot hold
+    /// together: a read resuming a batch evicted since fills the answer
+    /// instead of decoding the whole batch again for every few messages.
+    #[test]
+    fn a_soft_count_does_not_bind_over_a_batch_evicted_since() -> Result<(), String> {
+        let host: SocketAddr = ([127, 0, 0, 1], 10911).into();
+        let all: Vec<Record> = (0..20).map(|i| record(i, Some(b"k"), Some(b"v"), &[])).collect();
+        let a = stored_batch_at(&all, Compression::None, 0)?;
+        let b = stored_batch_at(&all, Compression::Lz4, 0)?;
+        let mut out = BytesMut::new();
+        let probe = DecodedBatches::new(1 << 20);
+        kafka_batch_to_rocketmq_cached(&probe, &a, 0, None, host, 1 << 20, (usize::MAX, 1), true, &mut out)?;
+        let one = DecodedBatches::new((probe.bytes() + 8) as u64);
+        let read = |batch: &KafkaBatchView, from: u64, out: &mut BytesMut| {
+            kafka_batch_to_rocketmq_cached(&one, batch, from, None, host, 1 << 20, (usize::MAX, 1), true, out)
+                .map(|c| (c.messages, c.stopped_at))
+        };
+        assert_eq!(read(&a, 0, &mut out)?, (1, Some(1)), "a kept: the count binds");
+        assert_eq!(read(&b, 0, &mut out)?, (1, Some(1)), "b kept, a evicted");
+        assert_eq!(
+            read(&a, 1, &mut out)?,
+            (19, None),
+            "a resumed from a miss: the rest at once"
+        );
+        assert_eq!(read(&b, 1, &mut out)?, (1, Some(2)), "b still kept: the count binds");
         Ok(())
     }
 
