@@ -42,12 +42,19 @@ impl RocketMq {
             metrics::counter!("rokka_mixed_group_foreign_pulls_total", "group" => group.clone()).increment(1);
             tokio::time::sleep(Duration::from_millis(suspend_ms.min(1000))).await;
             let store = self.broker.store();
-            // The pull goes on from what its owner has committed since (a
-            // client reads a queue's offset when its rebalance gives it the
-            // queue — while a Kafka member still consumed it — and would
-            // start there, reading again what the Kafka member consumed
-            // until it gave the queue up). Never backwards.
-            let committed = store.offsets().get(&group, &topic, q).map_or(0, |o| o.offset);
+            // Pulled by one of the group's (clustering) RocketMQ members:
+            // the pull goes on from what the queue's owner has committed
+            // since (a client reads a queue's offset when its rebalance
+            // gives it the queue — while a Kafka member still consumes it
+            // until its own rebalance — and would start there, reading
+            // again what the Kafka member consumed). Never backwards; never
+            // for a client outside the group's members (a broadcasting one
+            // keeps its own place).
+            let committed = if self.is_member(&group, conn) {
+                store.offsets().get(&group, &topic, q).map_or(0, |o| o.offset)
+            } else {
+                0
+            };
             let mut r = self.reply(req, rs::PULL_NOT_FOUND, None);
             r.ext_fields.set("suggestWhichBrokerId", "0");
             r.ext_fields.set("nextBeginOffset", offset.max(committed).to_string());
@@ -152,6 +159,23 @@ impl RocketMq {
             let _ = tokio::time::timeout(deadline - now, waiter.notified()).await;
             metrics::gauge!("rokka_rocketmq_pulls_held").decrement(1.0);
         }
+    }
+
+    /// Whether a client on `conn` is one of `group`'s clustering RocketMQ
+    /// members. (The clients' lock is let go before the members' is taken:
+    /// a heartbeat takes them the other way round.)
+    fn is_member(&self, group: &str, conn: &Conn) -> bool {
+        let mine: Vec<String> = {
+            let c = self.clients();
+            c.clients
+                .iter()
+                .filter(|(_, cl)| cl.conn.peer == conn.peer)
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
+        self.broker
+            .membership()
+            .with_group(group, |m| mine.iter().any(|id| m.rocketmq.contains(id)))
     }
 
     /// Whether the client on `conn` may pull `queue` of `topic` for `group`:
