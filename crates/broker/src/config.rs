@@ -51,6 +51,10 @@ pub struct BrokerConfig {
     /// Most users with credentials (AlterUserScramCredentials beyond it is
     /// POLICY_VIOLATION).
     pub max_users: u32,
+    /// Most RocketMQ subscription-group configs kept
+    /// (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP of a new group beyond it is
+    /// refused; groups without a config need no entry).
+    pub max_subscription_groups: u32,
     /// Most topics whose per-topic traffic counters (messages and bytes in
     /// and out) keep cached handles; past it the cache starts over.
     pub max_topic_metric_handles: u32,
@@ -79,6 +83,7 @@ impl Default for BrokerConfig {
             compaction_interval_ms: 15_000,
             compaction_max_keys: 4_000_000,
             max_users: 10_000,
+            max_subscription_groups: 10_000,
             max_topic_metric_handles: 65_536,
             crossing_cache_bytes: 32 * 1024 * 1024,
         }

@@ -23,6 +23,7 @@ pub mod producers;
 pub mod remote;
 pub mod schedule;
 pub mod scrape;
+pub mod sub_groups;
 pub mod timer;
 pub mod tls;
 pub mod topic_config;
@@ -185,6 +186,8 @@ pub struct Broker {
     txn_sinks: std::sync::RwLock<Vec<Arc<dyn transaction::TxnCheckSink>>>,
     users: users::Users,
     acls: acl::Acls,
+    /// RocketMQ subscription-group configs an operator set.
+    sub_groups: sub_groups::SubscriptionGroups,
     /// The configs of a topic without overrides.
     default_topic_config: std::sync::RwLock<topic_config::Effective>,
     /// Dynamic broker configs (defaults of topic configs).
@@ -288,7 +291,10 @@ impl Broker {
         let dynamic = dynamic::DynamicConfigs::load(&store.config().data_dir)?;
         let users = users::Users::open(&store.config().data_dir, config.max_users as usize)?;
         let acls = acl::Acls::open(&store.config().data_dir)?;
+        let sub_groups =
+            sub_groups::SubscriptionGroups::open(&store.config().data_dir, config.max_subscription_groups as usize)?;
         let b = Broker {
+            sub_groups,
             kafka_txns,
             txn_sinks: std::sync::RwLock::new(Vec::new()),
             users,
@@ -676,6 +682,11 @@ impl Broker {
     }
 
     /// The ACL table both protocols are authorized against.
+    /// RocketMQ subscription-group configs.
+    pub fn sub_groups(&self) -> &sub_groups::SubscriptionGroups {
+        &self.sub_groups
+    }
+
     pub fn acls(&self) -> &acl::Acls {
         &self.acls
     }

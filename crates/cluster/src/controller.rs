@@ -281,6 +281,9 @@ impl Controller {
         // ACLs: one table for the cluster (acls/<digest of the ACL>).
         let acls_prefix = format!("{}acls/", self.prefix);
         let mut acls: BTreeMap<String, rokka_broker::acl::Acl> = BTreeMap::new();
+        // RocketMQ subscription-group configs: one table for the cluster.
+        let sub_groups_prefix = format!("{}subscription-groups/", self.prefix);
+        let mut sub_groups: BTreeMap<String, rokka_broker::sub_groups::GroupConfig> = BTreeMap::new();
         let default_key = self.broker_default_key();
         // None: absent; Some(None): there but unreadable.
         let mut broker_default: Option<Option<BTreeMap<String, String>>> = None;
@@ -300,6 +303,13 @@ impl Controller {
                         acls.insert(digest.to_string(), a);
                     }
                     Err(e) => tracing::warn!(key, error = %e, "unreadable ACL in etcd; not applied"),
+                }
+            } else if let Some(name) = key.strip_prefix(&sub_groups_prefix) {
+                match serde_json::from_slice(kv.value()) {
+                    Ok(c) => {
+                        sub_groups.insert(name.to_string(), c);
+                    }
+                    Err(e) => tracing::warn!(key, error = %e, "unreadable subscription group in etcd; not applied"),
                 }
             } else if let Some(name) = key.strip_prefix(&users_prefix) {
                 match serde_json::from_slice(kv.value()) {
@@ -556,6 +566,7 @@ impl Controller {
         let revision = resp.header().map_or(0, |h| h.revision());
         self.sync_users(users).await?;
         self.sync_acls(acls).await?;
+        self.sync_sub_groups(sub_groups).await?;
         self.sync_broker_default(broker_default).await?;
         self.sync_topics(topics, &topic_revisions, &tombstones, revision).await
     }
@@ -614,6 +625,40 @@ impl Controller {
         users.written_up_to(upto);
         // Writes (and fsyncs) users.json when it changed: off the runtime.
         rokka_broker::offload(|| users.replace_from_cluster(in_etcd)).map_err(|e| format!("users table: {e}"))
+    }
+
+    /// Subscription-group configs changed on this node go to etcd (per
+    /// group: the last writer wins, as each Apache broker takes the
+    /// admin's last update); then etcd's table is this node's.
+    async fn sync_sub_groups(
+        &mut self,
+        mut in_etcd: BTreeMap<String, rokka_broker::sub_groups::GroupConfig>,
+    ) -> Res<()> {
+        let table = self.sh.broker.sub_groups();
+        let (changes, upto) = table.take_changes();
+        for (i, (group, config)) in changes.iter().enumerate() {
+            let key = format!("{}subscription-groups/{group}", self.prefix);
+            let res = match config {
+                Some(c) => {
+                    let json = serde_json::to_vec(c).map_err(|e| e.to_string())?;
+                    self.client.put(key, json, None).await.map(|_| ())
+                }
+                None => self.client.delete(key, None).await.map(|_| ()),
+            };
+            if let Err(e) = res {
+                table.rechange(changes[i..].iter().map(|(g, _)| g.clone()));
+                return Err(format!("etcd put subscription group: {e}"));
+            }
+            match config {
+                Some(c) => in_etcd.insert(group.clone(), c.clone()),
+                None => in_etcd.remove(group),
+            };
+        }
+        // UPDATE_AND_CREATE_SUBSCRIPTIONGROUP waiting on these is answered now.
+        table.written_up_to(upto);
+        // Writes (and fsyncs) subscription-groups.json when it changed: off the runtime.
+        rokka_broker::offload(|| table.replace_from_cluster(in_etcd))
+            .map_err(|e| format!("subscription groups table: {e}"))
     }
 
     /// ACLs created or deleted on this node go to etcd (one key each);

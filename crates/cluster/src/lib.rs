@@ -684,6 +684,7 @@ pub async fn start(
     shared.broker.set_cluster_topics(Arc::new(controller.topic_creator()));
     shared.broker.users().join_cluster();
     shared.broker.acls().join_cluster();
+    shared.broker.sub_groups().join_cluster();
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(stream::serve(
         listener,

@@ -359,6 +359,14 @@ impl ConsumerOffsets {
             .collect()
     }
 
+    /// Whether `group` has any committed offset (one look, no copy).
+    pub fn group_exists(&self, group: &str) -> bool {
+        self.lock()
+            .range(Self::key(group, "", 0)..)
+            .next()
+            .is_some_and(|(k, _)| k.group == group)
+    }
+
     /// Every committed offset: (group, topic, queue, offset).
     pub fn all(&self) -> Vec<(String, String, u32, u64)> {
         self.lock()

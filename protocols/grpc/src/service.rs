@@ -706,8 +706,21 @@ impl Messaging {
     }
 
     /// Whether the group consumes in order (grpc.fifo_groups).
+    /// FIFO delivery: a group of `grpc.fifo_groups`, or one whose config
+    /// says consumeMessageOrderly (Apache's proxy's fifo setting).
     fn is_fifo(&self, group: &str) -> bool {
-        self.config.fifo_groups.iter().any(|g| g == group)
+        self.config.fifo_groups.iter().any(|g| g == group) || self.broker.sub_groups().honoured(group).orderly
+    }
+
+    /// Deliveries of a message before it goes to the dead letters: the
+    /// group's config's retryMaxTimes + 1 where an operator set one (as
+    /// Apache's proxy), else `grpc.max_delivery_attempts`.
+    fn max_delivery_attempts(&self, group: &str) -> u32 {
+        let h = self.broker.sub_groups().honoured(group);
+        match h.kept {
+            true => (h.retry_max_times.max(0) as u32).saturating_add(1),
+            false => self.config.max_delivery_attempts.max(1),
+        }
     }
 
     /// Commits the group's lowest unacked offset when it moved.
@@ -887,7 +900,7 @@ impl Messaging {
                     self.pops.forget(&mut st, off);
                     continue;
                 };
-                if f.attempt >= self.config.max_delivery_attempts.max(1) {
+                if f.attempt >= self.max_delivery_attempts(group) {
                     // Creates the topic's files at first: off the async workers.
                     match rokka_broker::offload(|| self.to_dead_letters(group, &m, f.attempt)) {
                         Ok(()) => self.pops.forget(&mut st, off),
@@ -1001,6 +1014,16 @@ impl Messaging {
         let topic = name(&mq.topic).to_string();
         if group.is_empty() {
             return fail(pb::Code::IllegalConsumerGroup, "consumer group is required".into());
+        }
+        // The group's config (mqadmin updateSubGroup): consumption turned
+        // off is FORBIDDEN, as Apache's proxy answers the broker's
+        // NO_PERMISSION.
+        if !self.broker.sub_groups().honoured(&group).consume_enable {
+            metrics::counter!("rokka_rocketmq_group_refusals_total", "reason" => "consume_disabled").increment(1);
+            return fail(
+                pb::Code::Forbidden,
+                format!("subscription group no permission, {group}"),
+            );
         }
         let Some(info) = self.broker.topics().get(&topic) else {
             return fail(pb::Code::TopicNotFound, format!("topic {topic} not found"));
@@ -1561,7 +1584,7 @@ impl Messaging {
                     480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
                 ];
                 s.backoff_policy = Some(pb::RetryPolicy {
-                    max_attempts: self.config.max_delivery_attempts as i32,
+                    max_attempts: self.max_delivery_attempts(group) as i32,
                     strategy: Some(pb::retry_policy::Strategy::CustomizedBackoff(pb::CustomizedBackoff {
                         next: next.iter().map(|ms| message::duration(*ms)).collect(),
                     })),

@@ -94,6 +94,7 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
             [Some((Rt::Topic, f("topic"), Op::Describe)), None]
         }
         rq::GET_CONSUMER_CONNECTION_LIST => [Some((Rt::Group, f("consumerGroup"), Op::Describe)), None],
+        rq::GET_SUBSCRIPTIONGROUP_CONFIG => [Some((Rt::Group, f("group"), Op::Describe)), None],
         rq::GET_PRODUCER_CONNECTION_LIST
         | rq::GET_BROKER_RUNTIME_INFO
         | rq::GET_KV_CONFIG

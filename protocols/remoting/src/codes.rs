@@ -40,6 +40,8 @@ pub mod request {
     pub const UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: i32 = 200;
     /// The dashboard's consumer list (every broker's groups).
     pub const GET_ALL_SUBSCRIPTIONGROUP_CONFIG: i32 = 201;
+    /// One group's config (an admin's examineSubscriptionGroupConfig).
+    pub const GET_SUBSCRIPTIONGROUP_CONFIG: i32 = 352;
     /// The dashboard's topic list: cluster and broker names (Apache lists
     /// them as "system topics").
     pub const GET_SYSTEM_TOPIC_LIST_FROM_NS: i32 = 304;

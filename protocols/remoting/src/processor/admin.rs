@@ -419,32 +419,20 @@ impl RocketMq {
     }
 
     /// GET_ALL_SUBSCRIPTIONGROUP_CONFIG (the dashboard's consumer list,
-    /// Apache's SubscriptionGroupWrapper): Rokka keeps no subscription-group
-    /// config — a group is made by its first member — so every group with
-    /// committed offsets or live RocketMQ members is listed with Apache's
-    /// defaults (the broker's own groups left out).
+    /// Apache's SubscriptionGroupWrapper): the configs an operator set,
+    /// and every other group with committed offsets or live RocketMQ
+    /// members with Apache's defaults (Apache makes a group's config at
+    /// its first pull), the broker's own groups left out.
     pub(super) fn all_subscription_groups(&self, req: &RemotingCommand) -> RemotingCommand {
+        let kept = self.broker.sub_groups().all();
         let mut groups: std::collections::BTreeSet<String> =
             self.broker.store().offsets().groups().into_iter().collect();
         groups.extend(self.clients().groups.keys().cloned());
+        groups.extend(kept.keys().cloned());
+        let default = rokka_broker::sub_groups::GroupConfig::default();
         let mut table = serde_json::Map::new();
         for g in groups.into_iter().filter(|g| !rokka_broker::is_system_group(g)) {
-            let v = json!({
-                "groupName": g,
-                "consumeEnable": true,
-                "consumeFromMinEnable": true,
-                "consumeBroadcastEnable": true,
-                "consumeMessageOrderly": false,
-                "retryQueueNums": 1,
-                "retryMaxTimes": 16,
-                "brokerId": 0,
-                "whichBrokerWhenConsumeSlowly": 1,
-                "notifyConsumerIdsChangedEnable": true,
-                "groupSysFlag": 0,
-                "consumeTimeoutMinute": 15,
-                "subscriptionDataSet": [],
-                "attributes": {}
-            });
+            let v = kept.get(&g).unwrap_or(&default).to_json(&g);
             table.insert(g, v);
         }
         self.json_body(
@@ -453,23 +441,38 @@ impl RocketMq {
         )
     }
 
+    /// GET_SUBSCRIPTIONGROUP_CONFIG (the admin's examineSubscriptionGroupConfig,
+    /// Apache's AdminBrokerProcessor.getSubscriptionGroup): the group's
+    /// config — set by an operator, or Apache's defaults for a group this
+    /// broker knows (committed offsets, live members); SYSTEM_ERROR "No
+    /// group in this broker" for any other.
+    pub(super) fn subscription_group(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("group").unwrap_or_default();
+        let config = self.broker.sub_groups().get(group).or_else(|| {
+            let known = !group.is_empty()
+                && !rokka_broker::is_system_group(group)
+                && (self.clients().groups.contains_key(group) || self.broker.store().offsets().group_exists(group));
+            known.then(rokka_broker::sub_groups::GroupConfig::default)
+        });
+        match config {
+            Some(c) => self.json_body(req, c.to_json(group)),
+            None => self.reply(req, rs::SYSTEM_ERROR, Some("No group in this broker".into())),
+        }
+    }
+
     /// UPDATE_AND_CREATE_SUBSCRIPTIONGROUP (mqadmin updateSubGroup,
-    /// RocketMQ Connect's worker start): accepted — a group needs no
-    /// creating here (its first member makes it), and retries follow each
-    /// consumer's own maxReconsumeTimes. The broker's own groups refused,
-    /// and so is a setting Rokka would not honour (consumption turned off,
-    /// another retryMaxTimes): answered SUCCESS, the operator would believe
-    /// a group stopped that goes on consuming. (consumeBroadcastEnable=false
-    /// is what `mqadmin updateSubGroup` sends unless told otherwise:
-    /// accepted, broadcasting consumers go on.)
+    /// RocketMQ Connect's worker start): the group's config is kept (on
+    /// disk before the answer; cluster mode: in etcd within a tick) and
+    /// honoured — consumeEnable, consumeBroadcastEnable, retryMaxTimes
+    /// (see `rokka_broker::sub_groups`). The broker's own groups are
+    /// refused, and so is what Apache refuses (an attribute: none is
+    /// defined), a wrong type, a config past 16 KiB, a new group past
+    /// `broker.max_subscription_groups`.
     pub(super) fn update_subscription_group(&self, req: &RemotingCommand) -> RemotingCommand {
-        let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap_or(serde_json::Value::Null);
-        let group = body
-            .get("groupName")
-            .and_then(|g| g.as_str())
-            .or_else(|| req.ext_fields.get("groupName"))
-            .unwrap_or_default()
-            .to_string();
+        let (group, config) = match rokka_broker::sub_groups::GroupConfig::from_request(&req.body) {
+            Ok(p) => p,
+            Err(why) => return self.reply(req, rs::SYSTEM_ERROR, Some(why)),
+        };
         if group.is_empty() {
             return self.reply(req, rs::SYSTEM_ERROR, Some("groupName is empty".into()));
         }
@@ -480,28 +483,25 @@ impl RocketMq {
                 Some(format!("[{group}] is a system consumer group")),
             );
         }
-        let off = |key: &str| body.get(key).and_then(|v| v.as_bool()) == Some(false);
-        let retries = body.get("retryMaxTimes").and_then(|v| v.as_i64());
-        let unsupported = [
-            off("consumeEnable").then_some("consumeEnable=false"),
-            retries.filter(|r| *r != 16).map(|_| "retryMaxTimes other than 16"),
-        ];
-        let unsupported: Vec<&str> = unsupported.into_iter().flatten().collect();
-        if !unsupported.is_empty() {
-            return self.reply(
-                req,
-                rs::SYSTEM_ERROR,
-                Some(format!(
-                    "subscription group {group}: {} not supported by Rokka (retries follow each consumer's maxReconsumeTimes, or grpc.max_delivery_attempts)",
-                    unsupported.join(", ")
-                )),
-            );
-        }
-        tracing::debug!(
-            group,
-            "subscription group updated (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP; nothing to keep)"
+        let honoured = (
+            config.consume_enable,
+            config.consume_broadcast_enable,
+            config.retry_max_times,
         );
-        self.reply(req, rs::SUCCESS, None)
+        // Written and fsynced: off the async workers.
+        match rokka_broker::offload(|| self.broker.sub_groups().upsert(&group, config)) {
+            Ok(()) => {
+                tracing::info!(
+                    group,
+                    consume_enable = honoured.0,
+                    consume_broadcast_enable = honoured.1,
+                    retry_max_times = honoured.2,
+                    "subscription group updated (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP)"
+                );
+                self.reply(req, rs::SUCCESS, None)
+            }
+            Err(refused) => self.reply(req, rs::SYSTEM_ERROR, Some(refused.0)),
+        }
     }
 
     pub(super) fn all_topic_config(&self, req: &RemotingCommand) -> RemotingCommand {

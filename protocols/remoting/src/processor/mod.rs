@@ -327,7 +327,26 @@ impl RocketMq {
             rq::UPDATE_AND_CREATE_TOPIC => rokka_broker::offload(|| self.create_topic(&cmd)),
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
             rq::GET_ALL_SUBSCRIPTIONGROUP_CONFIG => self.all_subscription_groups(&cmd),
-            rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => self.update_subscription_group(&cmd),
+            rq::GET_SUBSCRIPTIONGROUP_CONFIG => self.subscription_group(&cmd),
+            rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => {
+                let r = self.update_subscription_group(&cmd);
+                // Cluster mode: answered once etcd holds it (every node
+                // honours it within a tick), as a user or ACL change.
+                let groups = self.broker.sub_groups();
+                if r.code == rs::SUCCESS
+                    && !groups
+                        .replicated(groups.last_change(), rokka_broker::watermark::CLUSTER_WAIT)
+                        .await
+                {
+                    self.reply(
+                        &cmd,
+                        rs::SYSTEM_ERROR,
+                        Some(rokka_broker::watermark::NOT_IN_CLUSTER.into()),
+                    )
+                } else {
+                    r
+                }
+            }
             rq::GET_TOPIC_CONFIG => self.topic_config(&cmd),
             rq::DELETE_TOPIC_IN_BROKER => rokka_broker::offload(|| self.delete_topic(&cmd)),
             rq::DELETE_SUBSCRIPTIONGROUP => self.delete_subscription_group(&cmd),

@@ -59,10 +59,10 @@ impl RocketMq {
     }
 
     /// DELETE_SUBSCRIPTIONGROUP (mqadmin deleteSubGroup, Apache's
-    /// AdminBrokerProcessor.deleteSubscriptionGroup): with `cleanOffset`
-    /// the group's committed offsets on this broker go (Rokka keeps no
-    /// other subscription-group config: a group is made by its first
-    /// member). The broker's own groups are refused. The answer's
+    /// AdminBrokerProcessor.deleteSubscriptionGroup): the group's kept
+    /// config goes (it behaves as the defaults again), and with
+    /// `cleanOffset` its committed offsets on this broker. The broker's
+    /// own groups are refused. The answer's
     /// `rokkaDeleted` extField says how many offsets went (another set's
     /// Kafka coordinator deleting a group reads it).
     pub(super) fn delete_subscription_group(&self, req: &RemotingCommand) -> RemotingCommand {
@@ -81,6 +81,10 @@ impl RocketMq {
             .ext_fields
             .get("cleanOffset")
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        // Written and fsynced: off the async workers.
+        if let Err(refused) = rokka_broker::offload(|| self.broker.sub_groups().remove(group)) {
+            return self.reply(req, rs::SYSTEM_ERROR, Some(refused.0));
+        }
         let n = if clean {
             self.broker.store().offsets().delete_group(group)
         } else {

@@ -17,6 +17,16 @@ impl RocketMq {
         let suspend_ms = ext_i64(req, "suspendTimeoutMillis", "suspendTimeoutMillis")
             .unwrap_or(15_000)
             .clamp(0, 60_000) as u64;
+        // The group's config (mqadmin updateSubGroup), checked first as
+        // Apache's PullMessageProcessor does.
+        let honoured = self.broker.sub_groups().honoured(&group);
+        if !honoured.consume_enable {
+            return self.group_forbidden(
+                req,
+                "consume_disabled",
+                format!("subscription group no permission, {group}"),
+            );
+        }
         let Some(info) = self.broker.topics().get(&topic) else {
             return self.reply(req, rs::TOPIC_NOT_EXIST, Some(format!("topic[{topic}] not exist")));
         };
@@ -97,6 +107,19 @@ impl RocketMq {
                     |s| (s.expression.clone(), s.expression_type.clone()),
                 )
         };
+        // A group configured not to be consumed by broadcast: its
+        // broadcasting push consumers' pulls (those without their own
+        // subscription, as Apache checks) are refused.
+        if sys_flag & 0x4 == 0
+            && !honoured.consume_broadcast_enable
+            && self.clients().groups.get(&group).is_some_and(|g| !g.clustering)
+        {
+            return self.group_forbidden(
+                req,
+                "broadcast_disabled",
+                format!("the consumer group[{group}] can not consume by broadcast way"),
+            );
+        }
         // Tags only: a SQL92 filter read as a tag expression would match
         // nothing, silently. RocketMQ's broker without property filtering
         // answers so.
@@ -164,6 +187,16 @@ impl RocketMq {
     /// Whether a client on `conn` is one of `group`'s clustering RocketMQ
     /// members. (The clients' lock is let go before the members' is taken:
     /// a heartbeat takes them the other way round.)
+    /// A pull refused by its group's config: NO_PERMISSION with Apache's
+    /// forbiddenType (2: the group, 4: broadcasting), counted.
+    fn group_forbidden(&self, req: &RemotingCommand, reason: &'static str, remark: String) -> RemotingCommand {
+        metrics::counter!("rokka_rocketmq_group_refusals_total", "reason" => reason).increment(1);
+        let mut r = self.reply(req, rs::NO_PERMISSION, Some(remark));
+        let kind = if reason == "broadcast_disabled" { "4" } else { "2" };
+        r.ext_fields.set("forbiddenType", kind);
+        r
+    }
+
     fn is_member(&self, group: &str, conn: &Conn) -> bool {
         let mine: Vec<String> = {
             let c = self.clients();

@@ -119,7 +119,9 @@ impl RocketMq {
                     Some(format!("batch request does not support retry group {topic}")),
                 ));
             }
-            let max = ext_i64(req, "maxReconsumeTimes", "l").unwrap_or(16);
+            // The client's limit; else the group's retryMaxTimes (Apache's order).
+            let max = ext_i64(req, "maxReconsumeTimes", "l")
+                .unwrap_or_else(|| i64::from(self.broker.sub_groups().honoured(g).retry_max_times));
             if i64::from(reconsume) > max || self.group_holds_locks(g) {
                 dlq_group = Some(g.to_string());
             }
@@ -401,14 +403,17 @@ impl RocketMq {
     /// CONSUMER_SEND_MSG_BACK: a message the consumer failed goes to
     /// `%RETRY%<group>` with the delay level its reconsume count selects
     /// (3 + times, or the level the consumer asked for), or to `%DLQ%<group>`
-    /// once it was reconsumed `maxReconsumeTimes` (default 16) times or the
+    /// once it was reconsumed `maxReconsumeTimes` (the client's, else the
+    /// group's retryMaxTimes, default 16) times or the
     /// consumer asked for a negative level. Both are ordinary topics.
     pub(super) fn send_back(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         use rokka_broker::schedule::{without, DELAY, REAL_QID, REAL_TOPIC};
         let group = req.ext_fields.get("group").unwrap_or_default().to_string();
         let phys = ext_i64(req, "offset", "offset").unwrap_or(-1);
         let delay_level = ext_i64(req, "delayLevel", "delayLevel").unwrap_or(0);
-        let max_times = ext_i64(req, "maxReconsumeTimes", "maxReconsumeTimes").unwrap_or(16);
+        // The client's limit; else the group's retryMaxTimes (Apache's order).
+        let max_times = ext_i64(req, "maxReconsumeTimes", "maxReconsumeTimes")
+            .unwrap_or_else(|| i64::from(self.broker.sub_groups().honoured(&group).retry_max_times));
         let origin_id = req.ext_fields.get("originMsgId").unwrap_or_default().to_string();
         if group.is_empty() || phys < 0 {
             return self.reply(req, rs::SYSTEM_ERROR, Some("group and offset are required".into()));
