@@ -377,6 +377,21 @@ def test_the_rocketmq_admin_client_updates_lists_and_deletes_subscription_groups
     assert tp.offset < 0, f"the group's offset survived its deletion: {tp}"
 
 
+def test_a_subscription_group_turned_off_is_not_consumed_until_turned_on(rokka):
+    """mqadmin updateSubGroup with consumeEnable=false through
+    rocketmq-client-rust's admin: examineSubscriptionGroupConfig (code 352)
+    reads the config back, a push consumer of the group gets none of the
+    topic's messages while it is off, and all of them once it is on again.
+    (Before: the update was refused as not supported and 352 unanswered.)"""
+    topic, group = "CliSubGroupOff", "cli-subgroup-off"
+    cli(rokka, "topic", "create", topic, "--partitions", "2")
+    broker = f"127.0.0.1:{rokka.broker_port}"
+    lines = harness(rokka, "subgroup-honoured", broker, topic, group)
+    assert "examined: consumeEnable=false retryMaxTimes=3" in lines, lines
+    assert "consumed while off: 0" in lines, lines
+    assert "consumed once on: 20" in lines, lines
+
+
 def test_a_kip848_group_is_described_with_its_members_and_lag(rokka):
     """`group describe` of a KIP-848 group (librdkafka, group.protocol =
     consumer): DescribeGroups says it is not a classic group, so the CLI

@@ -253,6 +253,45 @@ def test_after_max_attempts_a_message_goes_to_the_dead_letter_queue(rokka, clien
     assert metric(rokka, "rokka_rocketmq5_dlq_messages_total", group=group) == 1
 
 
+def test_a_groups_config_sets_its_attempts_and_turns_its_consumption_off(rokka, clients):
+    """mqadmin updateSubGroup (rocketmq-client-rust's admin) of a gRPC
+    consumer's group, as Apache's proxy reads it: retryMaxTimes 1 means two
+    deliveries before the dead letters (the node's own
+    grpc.max_delivery_attempts is 3), and consumption turned off is
+    FORBIDDEN until turned on again. (Before: both settings refused as not
+    supported.)"""
+    topic, group = name("g5-subgroup"), name("g5-subgroup-g")
+    broker = f"127.0.0.1:{rokka.broker_port}"
+    assert harness(rokka, "subgroup-set", broker, group, "true", 1) == ["set: ok", "RESULT subgroup-set ok"]
+    p = clients.producer(topic)
+    p.send(message(topic, b"poison"))
+    c = clients.consumer(group, topic)
+    attempts = []
+    deadline = time.time() + 30
+    while time.time() < deadline and len(attempts) < 3:
+        for m in c.receive(4, 1):
+            attempts.append(m.delivery_attempt)
+        time.sleep(0.2)
+        if len(attempts) == 2:
+            time.sleep(1.5)
+            assert receive_all(c, 1, invisible=1, timeout=3, ack=False) == []
+            break
+    assert attempts == [1, 2], attempts
+    dead = receive_all(clients.consumer(name("g5-subgroup-dlq"), f"%DLQ%{group}"), 1)
+    assert [m.body for m in dead] == [b"poison"]
+
+    assert harness(rokka, "subgroup-set", broker, group, "false", 1) == ["set: ok", "RESULT subgroup-set ok"]
+    p.send(message(topic, b"later"))
+    err = None
+    try:
+        c.receive(4, 10)
+    except Exception as e:  # noqa: BLE001
+        err = e
+    assert type(err).__name__ == "ForbiddenException" and "no permission" in str(err), repr(err)
+    assert harness(rokka, "subgroup-set", broker, group, "true", 16) == ["set: ok", "RESULT subgroup-set ok"]
+    assert [m.body for m in receive_all(c, 1)] == [b"later"]
+
+
 def test_a_delay_message_arrives_after_its_delivery_time(rokka, clients):
     topic, group = name("g5-delay"), name("g5-delay-g")
     p = clients.producer(topic)

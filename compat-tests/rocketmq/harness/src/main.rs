@@ -267,6 +267,82 @@ async fn admin_groups(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -
     Ok(upsert.is_ok() && before.is_ok() && removed.is_ok() && after.is_ok())
 }
 
+/// `subgroup-honoured <broker> <topic> <group>`: mqadmin updateSubGroup
+/// with consumption turned off (and retryMaxTimes 3) through the admin
+/// client, read back with examineSubscriptionGroupConfig
+/// (GET_SUBSCRIPTIONGROUP_CONFIG); then a push consumer of the group,
+/// started while it is off and kept running, and the group turned on
+/// again. Prints what was read back and how many of the topic's messages
+/// the consumer had while off and once on.
+async fn subgroup_honoured(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    use rocketmq_client_rust::{ConsumerAdmin, MQAdminMutationExt};
+    use rocketmq_protocol::protocol::subscription::subscription_group_config::SubscriptionGroupConfig;
+    const N: usize = 20;
+    let (Some(broker), Some(topic), Some(group)) = (args.first(), args.get(1), args.get(2)) else {
+        eprintln!("compat: subgroup-honoured <broker> <topic> <group>");
+        return Ok(false);
+    };
+    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
+    admin.set_namesrv_addr(namesrv.to_string());
+    admin.start().await?;
+    let mut off = SubscriptionGroupConfig::new(group.as_str().into());
+    off.set_consume_enable(false);
+    off.set_retry_max_times(3);
+    admin.upsert_subscription_group(broker.as_str().into(), off).await?;
+    let read = admin
+        .examine_subscription_group_config(broker.as_str().into(), group.as_str().into())
+        .await?;
+    println!(
+        "compat: examined: consumeEnable={} retryMaxTimes={}",
+        read.consume_enable(),
+        read.retry_max_times()
+    );
+    let p = producer(rt, namesrv, "compat-pg-subgroup", 2).await?;
+    send_all(&p, topic, &bodies("subgroup", N)).await?;
+    let (mut consumer, got) = member(rt, namesrv, group, topic).await?;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    println!("compat: consumed while off: {}", lock(&got).len());
+    admin
+        .upsert_subscription_group(broker.as_str().into(), SubscriptionGroupConfig::new(group.as_str().into()))
+        .await?;
+    let all = wait_union(&[&got], N).await;
+    println!("compat: consumed once on: {}", all.len());
+    consumer.shutdown().await;
+    let mut p = p;
+    p.shutdown().await;
+    admin.shutdown().await;
+    Ok(true)
+}
+
+/// `subgroup-set <broker> <group> <consumeEnable> <retryMaxTimes>`:
+/// mqadmin updateSubGroup of those two settings through the admin client
+/// (the rest Apache's defaults); prints the outcome.
+async fn subgroup_set(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    use rocketmq_client_rust::MQAdminMutationExt;
+    use rocketmq_protocol::protocol::subscription::subscription_group_config::SubscriptionGroupConfig;
+    let (Some(broker), Some(group), Some(enable), Some(retries)) = (args.first(), args.get(1), args.get(2), args.get(3))
+    else {
+        eprintln!("compat: subgroup-set <broker> <group> <consumeEnable> <retryMaxTimes>");
+        return Ok(false);
+    };
+    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
+    admin.set_namesrv_addr(namesrv.to_string());
+    admin.start().await?;
+    let mut config = SubscriptionGroupConfig::new(group.as_str().into());
+    config.set_consume_enable(enable == "true");
+    config.set_retry_max_times(retries.parse().unwrap_or(16));
+    let r = admin.upsert_subscription_group(broker.as_str().into(), config).await;
+    println!(
+        "compat: set: {}",
+        match &r {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("refused ({e})"),
+        }
+    );
+    admin.shutdown().await;
+    Ok(r.is_ok())
+}
+
 /// `reset-offset <topic> <group> <timestamp ms> <force>`: mqadmin
 /// resetOffsetByTime through the admin client (INVOKE_BROKER_TO_RESET_OFFSET
 /// to each master of the topic); prints each queue's new offset.
@@ -449,6 +525,8 @@ async fn main() -> ClientResult<()> {
         "reset-offset" => reset_offset(&rt, &namesrv, &args[3..]).await?,
         "admin-topic" => admin_topic(&rt, &namesrv, &args[3..]).await?,
         "admin-groups" => admin_groups(&rt, &namesrv, &args[3..]).await?,
+        "subgroup-honoured" => subgroup_honoured(&rt, &namesrv, &args[3..]).await?,
+        "subgroup-set" => subgroup_set(&rt, &namesrv, &args[3..]).await?,
         "dur-send" => durability::send(&rt, &namesrv, &args[3..]).await?,
         "dur-delayed" => durability::delayed(&rt, &namesrv, &args[3..]).await?,
         "dur-consume" => durability::consume(&rt, &namesrv, &args[3..]).await?,
