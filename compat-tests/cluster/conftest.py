@@ -100,12 +100,12 @@ def read_topic(bootstrap, topic, partitions, timeout=60, **conf):
     return values
 
 
-def remoting(port, code, ext, timeout=5, version=475):
+def remoting(port, code, ext, timeout=5, version=475, body=b""):
     """One raw RocketMQ remoting call: (response code, ext fields, body)."""
     header = json.dumps(
         {"code": code, "language": "JAVA", "version": version, "opaque": 1, "flag": 0, "extFields": ext}
     ).encode()
-    frame = struct.pack(">I", 4 + len(header)) + struct.pack(">I", len(header)) + header
+    frame = struct.pack(">I", 4 + len(header) + len(body)) + struct.pack(">I", len(header)) + header + body
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(frame)
         n = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))[0]

@@ -3,11 +3,12 @@ the set's broker name to its master as brokerId 0 and the replicas under
 their own ids; the real client (rocketmq-client-rust) sends and consumes
 through a replica's name server; a failover moves brokerId 0 to the new
 master in every name server within seconds."""
+import json
 import subprocess
 import time
 
 import pytest
-from conftest import Cluster, remoting
+from conftest import Cluster, etcd_get, remoting
 
 from rokka_fixture import HARNESS
 
@@ -72,3 +73,39 @@ def test_routes_and_send_consume_through_a_replica_name_server(cluster):
         time.sleep(0.2)
     assert ok, {i: route(n, "CompatSendConsume") for i, n in cluster.nodes.items() if i != m}
     cluster.nodes[m].start()
+
+
+def test_a_subscription_group_config_set_on_one_node_holds_on_every_node(cluster):
+    """mqadmin updateSubGroup at the master (code 200): answered once etcd
+    holds the config; every node answers it (352) within a tick and refuses
+    the group's pulls (16, NO_PERMISSION); deleted at a replica (207), it
+    goes from every node."""
+    assert cluster.wait_in_sync()
+    m = cluster.master()
+    replica = next(i for i in cluster.nodes if i != m)
+    group = "cluster-subgroup"
+    body = json.dumps({"groupName": group, "consumeEnable": False, "retryMaxTimes": 5}).encode()
+    code, _, _ = remoting(cluster.nodes[m].broker_port, 200, {}, body=body)
+    assert code == 0
+    stored = etcd_get(cluster.etcd.endpoint, f"/rokka/{cluster.name}/subscription-groups/{group}")
+    assert stored is not None and json.loads(stored)["consumeEnable"] is False, stored
+
+    def config_at(node):
+        code, _, b = remoting(node.broker_port, 352, {"group": group})
+        return json.loads(b) if code == 0 else None
+
+    def everywhere(check):
+        deadline = time.time() + 15
+        while time.time() < deadline and not all(check(config_at(n)) for n in cluster.nodes.values()):
+            time.sleep(0.2)
+        return [config_at(n) for n in cluster.nodes.values()]
+
+    seen = everywhere(lambda c: c is not None and c["retryMaxTimes"] == 5)
+    assert all(c is not None and c["consumeEnable"] is False and c["retryMaxTimes"] == 5 for c in seen), seen
+    pull = {"consumerGroup": group, "topic": "TBW102", "queueId": "0", "queueOffset": "0", "maxMsgNums": "1",
+            "sysFlag": "0", "suspendTimeoutMillis": "0"}
+    for i, n in cluster.nodes.items():
+        assert remoting(n.broker_port, 11, pull)[0] == 16, i
+    code, _, _ = remoting(cluster.nodes[replica].broker_port, 207, {"groupName": group})
+    assert code == 0
+    assert everywhere(lambda c: c is None) == [None] * len(cluster.nodes)
