@@ -390,6 +390,15 @@ def test_a_subscription_group_turned_off_is_not_consumed_until_turned_on(rokka):
     assert "examined: consumeEnable=false retryMaxTimes=3" in lines, lines
     assert "consumed while off: 0" in lines, lines
     assert "consumed once on: 20" in lines, lines
+    # A Kafka DeleteGroups deletes the group whole, its RocketMQ config
+    # with its offsets (one set of groups): the admin finds none after.
+    harness(rokka, "subgroup-set", broker, group, "false", 7)
+    assert harness(rokka, "subgroup-get", broker, group)[0] == "config: consumeEnable=false retryMaxTimes=7"
+    a = AdminClient({"bootstrap.servers": rokka.bootstrap})
+    for f in a.delete_consumer_groups([group], request_timeout=30).values():
+        f.result(timeout=30)
+    got = harness(rokka, "subgroup-get", broker, group)[0]
+    assert got.startswith("config: none"), got
 
 
 def test_a_kip848_group_is_described_with_its_members_and_lag(rokka):

@@ -292,6 +292,30 @@ def test_a_groups_config_sets_its_attempts_and_turns_its_consumption_off(rokka, 
     assert [m.body for m in receive_all(c, 1)] == [b"later"]
 
 
+def test_a_group_configured_orderly_is_served_fifo(rokka, clients):
+    """consumeMessageOrderly set with mqadmin updateSubGroup
+    (rocketmq-client-rust's admin), as Apache's proxy reads it: the group
+    is served FIFO without being in grpc.fifo_groups — a queue hands it one
+    batch at a time, the next once it is acked."""
+    topic, group = name("g5-sub-ordered"), name("g5-sub-ordered-g")
+    broker = f"127.0.0.1:{rokka.broker_port}"
+    set_ = harness(rokka, "subgroup-set", broker, group, "true", 16, "true")
+    assert set_ == ["set: ok", "RESULT subgroup-set ok"], set_
+    p = clients.producer(topic)
+    for i in range(4):
+        p.send(message(topic, f"o-{i}".encode(), group="one-order"))
+    c = clients.consumer(group, topic)
+    first = []
+    deadline = time.time() + 10
+    while len(first) < 2 and time.time() < deadline:
+        first += c.receive(2 - len(first), 5)
+    assert [m.body for m in first] == [b"o-0", b"o-1"]
+    assert c.receive(4, 5) == [], "held back until the batch is acked"
+    for m in first:
+        c.ack(m)
+    assert [m.body for m in receive_all(c, 2)] == [b"o-2", b"o-3"]
+
+
 def test_a_delay_message_arrives_after_its_delivery_time(rokka, clients):
     topic, group = name("g5-delay"), name("g5-delay-g")
     p = clients.producer(topic)

@@ -681,12 +681,12 @@ impl Broker {
         &self.users
     }
 
-    /// The ACL table both protocols are authorized against.
     /// RocketMQ subscription-group configs.
     pub fn sub_groups(&self) -> &sub_groups::SubscriptionGroups {
         &self.sub_groups
     }
 
+    /// The ACL table both protocols are authorized against.
     pub fn acls(&self) -> &acl::Acls {
         &self.acls
     }

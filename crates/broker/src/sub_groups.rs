@@ -16,18 +16,19 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
+use crate::watermark::{KeyedChanges, KeyedClusterTable};
 
 /// Apache's default reconsume limit.
 pub const DEFAULT_RETRY_MAX_TIMES: i32 = 16;
-/// Most bytes of one group's config as sent (the table's budget is
-/// `broker.max_subscription_groups` of these).
-pub const MAX_RECORD_BYTES: usize = 16 * 1024;
+/// Most bytes of one group's config as sent (Apache's are well under
+/// 1 KiB; the table's budget is `broker.max_subscription_groups` of these,
+/// and the cluster's copy is read whole every controller tick).
+pub const MAX_RECORD_BYTES: usize = 4 * 1024;
 
 /// One group's config, Apache's fields and defaults; anything else the
 /// admin sent (`groupRetryPolicy`, `subscriptionDataSet`) kept as sent.
@@ -77,6 +78,9 @@ pub struct Honoured {
     pub retry_max_times: i32,
     /// consumeMessageOrderly: gRPC consumers are served FIFO.
     pub orderly: bool,
+    /// retryQueueNums: none (0 or less) means a failed message is not
+    /// retried (Apache answers its send-back SUCCESS and drops it).
+    pub retry_queue_nums: i32,
     /// Whether the group has a kept config at all.
     pub kept: bool,
 }
@@ -88,6 +92,7 @@ impl Default for Honoured {
             consume_broadcast_enable: true,
             retry_max_times: DEFAULT_RETRY_MAX_TIMES,
             orderly: false,
+            retry_queue_nums: 1,
             kept: false,
         }
     }
@@ -95,10 +100,14 @@ impl Default for Honoured {
 
 impl GroupConfig {
     /// An UPDATE_AND_CREATE_SUBSCRIPTIONGROUP body: the group's name and
-    /// its config, or why it is refused (Apache's message where it has
-    /// one: a subscription-group attribute is an "unsupported key", none
-    /// being defined).
-    pub fn from_request(body: &[u8]) -> std::result::Result<(String, GroupConfig), String> {
+    /// its config, or why it is refused — with Apache's messages where it
+    /// has them: no subscription-group attribute is defined, so an
+    /// attribute is refused as AttributeUtil refuses it (`exists`: whether
+    /// the group has a config already, which decides the message).
+    pub fn from_request(
+        body: &[u8],
+        exists: impl FnOnce(&str) -> bool,
+    ) -> std::result::Result<(String, GroupConfig), String> {
         if body.len() > MAX_RECORD_BYTES {
             return Err(format!(
                 "subscription group config of {} bytes: at most {MAX_RECORD_BYTES}",
@@ -114,7 +123,13 @@ impl GroupConfig {
         match map.remove("attributes") {
             Some(serde_json::Value::Object(a)) => {
                 if let Some(k) = a.keys().next() {
-                    return Err(format!("unsupported key: {k}"));
+                    let real = k.strip_prefix(['+', '-']).unwrap_or(k);
+                    return Err(match (exists(&group), k.chars().next()) {
+                        (_, Some('+')) => format!("unsupported key: {real}"),
+                        (false, _) => format!("only add attribute is supported while creating topic. key: {real}"),
+                        (true, Some('-')) => format!("attempt to delete a nonexistent key: {real}"),
+                        (true, _) => format!("wrong format key: {real}"),
+                    });
                 }
             }
             None | Some(serde_json::Value::Null) => {}
@@ -145,7 +160,56 @@ impl GroupConfig {
             consume_broadcast_enable: self.consume_broadcast_enable,
             retry_max_times: self.retry_max_times,
             orderly: self.consume_message_orderly,
+            retry_queue_nums: self.retry_queue_nums,
             kept: true,
+        }
+    }
+}
+
+/// A group's retry back-off for gRPC consumers (Apache's
+/// GroupRetryPolicy, as its proxy sends it in the settings).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Backoff {
+    Exponential {
+        initial_ms: u64,
+        max_ms: u64,
+        multiplier: f32,
+    },
+    /// The delay before each next attempt.
+    Customized(Vec<u64>),
+}
+
+impl GroupConfig {
+    /// The config's groupRetryPolicy, if it sets one other than Apache's
+    /// default (a customized policy without its own delays).
+    pub fn backoff(&self) -> Option<Backoff> {
+        use serde_json::Value;
+        let p = self.rest.get("groupRetryPolicy")?;
+        let ms = |v: Option<&Value>, key: &str, default: u64| {
+            v.and_then(|v| v.get(key)).and_then(Value::as_u64).unwrap_or(default)
+        };
+        match p.get("type").and_then(Value::as_str) {
+            Some("EXPONENTIAL") => {
+                let e = p.get("exponentialRetryPolicy");
+                Some(Backoff::Exponential {
+                    initial_ms: ms(e, "initial", 5_000),
+                    max_ms: ms(e, "max", 7_200_000),
+                    multiplier: e
+                        .and_then(|e| e.get("multiplier"))
+                        .and_then(Value::as_f64)
+                        .unwrap_or(2.0) as f32,
+                })
+            }
+            _ => {
+                let next: Vec<u64> = p
+                    .get("customizedRetryPolicy")?
+                    .get("next")?
+                    .as_array()?
+                    .iter()
+                    .filter_map(Value::as_u64)
+                    .collect();
+                (!next.is_empty()).then_some(Backoff::Customized(next))
+            }
         }
     }
 }
@@ -160,14 +224,6 @@ struct File {
     groups: BTreeMap<String, GroupConfig>,
 }
 
-/// Cluster mode: groups changed here and not yet in etcd, and how many
-/// changes were ever made here (each change's sequence number).
-#[derive(Debug, Default)]
-struct Changed {
-    names: std::collections::BTreeSet<String>,
-    queued: u64,
-}
-
 #[derive(Debug)]
 pub struct SubscriptionGroups {
     path: PathBuf,
@@ -175,9 +231,8 @@ pub struct SubscriptionGroups {
     /// Writers take turns (the file is written whole).
     writing: Mutex<()>,
     max: usize,
-    changed: Mutex<Changed>,
-    in_cluster: AtomicBool,
-    written: crate::watermark::Watermark,
+    /// Cluster mode: groups changed here and not yet in etcd.
+    changes: KeyedChanges,
 }
 
 impl SubscriptionGroups {
@@ -191,9 +246,7 @@ impl SubscriptionGroups {
             table: RwLock::new(table),
             writing: Mutex::new(()),
             max: max.max(1),
-            changed: Mutex::default(),
-            in_cluster: AtomicBool::new(false),
-            written: Default::default(),
+            changes: KeyedChanges::default(),
         })
     }
 
@@ -211,9 +264,19 @@ impl SubscriptionGroups {
             .unwrap_or_default()
     }
 
+    /// `group`'s retry back-off for gRPC consumers, if its config sets one.
+    pub fn backoff(&self, group: &str) -> Option<Backoff> {
+        self.read().groups.get(group).and_then(GroupConfig::backoff)
+    }
+
     /// `group`'s kept config.
     pub fn get(&self, group: &str) -> Option<GroupConfig> {
         self.read().groups.get(group).cloned()
+    }
+
+    /// Whether `group` has a kept config.
+    pub fn contains(&self, group: &str) -> bool {
+        self.read().groups.contains_key(group)
     }
 
     /// Every kept config, by name.
@@ -229,11 +292,22 @@ impl SubscriptionGroups {
         self.len() == 0
     }
 
+    /// Cluster mode: the changes made here (one table for the whole
+    /// cluster, in etcd).
+    pub fn changes(&self) -> &KeyedChanges {
+        &self.changes
+    }
+
     /// Keeps `group`'s config (made or replaced), written to disk before
     /// it is in force; a new group beyond `broker.max_subscription_groups`
-    /// is refused.
+    /// is refused. (Cluster mode: written to etcd even when this node's
+    /// copy is the same — it may be a tick behind the cluster's.)
     pub fn upsert(&self, group: &str, config: GroupConfig) -> std::result::Result<(), Refused> {
         let _turn = self.turn();
+        if self.read().groups.get(group) == Some(&config) {
+            self.changes.note(group);
+            return Ok(());
+        }
         let mut next = File {
             groups: self.read().groups.clone(),
         };
@@ -244,17 +318,17 @@ impl SubscriptionGroups {
                 self.max
             )));
         }
-        if next.groups.get(group) == Some(&config) {
-            return Ok(());
-        }
         next.groups.insert(group.to_string(), config);
         self.install(next, group)
     }
 
-    /// Forgets `group`'s config (true if there was one).
+    /// Forgets `group`'s config (true if this node had one). (Cluster
+    /// mode: the deletion is written to etcd even when this node has no
+    /// copy yet — the cluster's may have come since its last tick.)
     pub fn remove(&self, group: &str) -> std::result::Result<bool, Refused> {
         let _turn = self.turn();
         if !self.read().groups.contains_key(group) {
+            self.changes.note(group);
             return Ok(false);
         }
         let mut next = File {
@@ -276,79 +350,28 @@ impl SubscriptionGroups {
         })?;
         metrics::gauge!("rokka_subscription_groups").set(next.groups.len() as f64);
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = next;
-        if self.in_cluster.load(Ordering::Acquire) {
-            let mut c = self.lock_changed();
-            c.names.insert(group.to_string());
-            c.queued += 1;
-        }
+        self.changes.note(group);
         Ok(())
     }
+}
 
-    fn lock_changed(&self) -> std::sync::MutexGuard<'_, Changed> {
-        self.changed.lock().unwrap_or_else(|p| p.into_inner())
+impl KeyedClusterTable for SubscriptionGroups {
+    type Record = GroupConfig;
+    const PREFIX: &'static str = "subscription-groups/";
+    const WHAT: &'static str = "subscription group";
+
+    fn changes(&self) -> &KeyedChanges {
+        &self.changes
     }
 
-    /// Cluster mode: the table is the cluster's (etcd); changes made here
-    /// are handed to the controller from now on.
-    pub fn join_cluster(&self) {
-        self.in_cluster.store(true, Ordering::Release);
+    fn record(&self, name: &str) -> Option<GroupConfig> {
+        self.get(name)
     }
 
-    /// Cluster mode: groups changed here since the last call, with their
-    /// config now (None: removed), and the last change's sequence number.
-    pub fn take_changes(&self) -> (Vec<(String, Option<GroupConfig>)>, u64) {
-        let (names, upto) = {
-            let mut c = self.lock_changed();
-            (std::mem::take(&mut c.names), c.queued)
-        };
-        let t = self.read();
-        let changes = names
-            .into_iter()
-            .map(|n| {
-                let c = t.groups.get(&n).cloned();
-                (n, c)
-            })
-            .collect();
-        (changes, upto)
-    }
-
-    /// Cluster mode: groups whose write to etcd failed, to try again.
-    pub fn rechange(&self, names: impl IntoIterator<Item = String>) {
-        self.lock_changed().names.extend(names);
-    }
-
-    /// Cluster mode: etcd holds every change up to sequence number `seq`.
-    pub fn written_up_to(&self, seq: u64) {
-        self.written.advance(seq);
-    }
-
-    /// The sequence number of the last change made here (0 on a single
-    /// node): what [`SubscriptionGroups::replicated`] waits for.
-    pub fn last_change(&self) -> u64 {
-        match self.in_cluster.load(Ordering::Acquire) {
-            true => self.lock_changed().queued,
-            false => 0,
-        }
-    }
-
-    /// Whether etcd holds every change up to `seq` within `within` (at
-    /// once on a single node).
-    pub async fn replicated(&self, seq: u64, within: std::time::Duration) -> bool {
-        self.written.reached(seq, within).await
-    }
-
-    /// Cluster mode: the cluster's table replaces this node's (but for
-    /// groups changed here and not written yet), and is kept on disk.
-    pub fn replace_from_cluster(&self, mut cluster: BTreeMap<String, GroupConfig>) -> Result<()> {
+    fn replace_from_cluster(&self, cluster: BTreeMap<String, GroupConfig>) -> Result<()> {
         let _turn = self.turn();
-        let pending = self.lock_changed().names.clone();
         let mine = self.read().groups.clone();
-        for g in &pending {
-            match mine.get(g) {
-                Some(c) => cluster.insert(g.clone(), c.clone()),
-                None => cluster.remove(g),
-            };
-        }
+        let cluster = crate::watermark::with_pending(cluster, &mine, &self.changes.pending());
         if mine == cluster {
             return Ok(());
         }
@@ -383,7 +406,7 @@ mod tests {
             "consumeBroadcastEnable":false,"retryMaxTimes":3,"brokerId":0,"attributes":{},
             "groupRetryPolicy":{"type":"CUSTOMIZED","customizedRetryPolicy":{"next":[1000]}},
             "subscriptionDataSet":null}"#;
-        let (group, config) = GroupConfig::from_request(body).map_err(fail)?;
+        let (group, config) = GroupConfig::from_request(body, |_| false).map_err(fail)?;
         assert_eq!(group, "g1");
         let t = SubscriptionGroups::open(&d, 10)?;
         assert_eq!(t.honoured("g1"), Honoured::default());
@@ -393,6 +416,7 @@ mod tests {
             consume_broadcast_enable: false,
             retry_max_times: 3,
             orderly: false,
+            retry_queue_nums: 1,
             kept: true,
         };
         assert_eq!(t.honoured("g1"), want);
@@ -413,11 +437,20 @@ mod tests {
 
     #[test]
     fn bodies_apache_would_refuse_are_refused() {
-        let refused = |b: &[u8]| GroupConfig::from_request(b).err().unwrap_or_default();
+        let refused = |b: &[u8]| GroupConfig::from_request(b, |g| g == "old").err().unwrap_or_default();
+        // Apache's AttributeUtil, no attribute being defined.
+        let attrs = |g: &str, k: &str| format!(r#"{{"groupName":"{g}","attributes":{{"{k}":"1"}}}}"#);
+        assert_eq!(refused(attrs("g", "+x").as_bytes()), "unsupported key: x");
         assert_eq!(
-            refused(br#"{"groupName":"g","attributes":{"+x":"1"}}"#),
-            "unsupported key: +x"
+            refused(attrs("g", "x").as_bytes()),
+            "only add attribute is supported while creating topic. key: x"
         );
+        assert_eq!(refused(attrs("old", "+x").as_bytes()), "unsupported key: x");
+        assert_eq!(
+            refused(attrs("old", "-x").as_bytes()),
+            "attempt to delete a nonexistent key: x"
+        );
+        assert_eq!(refused(attrs("old", "x").as_bytes()), "wrong format key: x");
         assert!(refused(br#"{"groupName":"g","consumeEnable":"no"}"#).contains("invalid type"));
         assert!(refused(b"[1]").contains("subscription group config"));
         let big = format!(r#"{{"groupName":"g","x":"{}"}}"#, "y".repeat(MAX_RECORD_BYTES));
@@ -449,25 +482,45 @@ mod tests {
     fn cluster_changes_are_handed_out_and_the_cluster_table_wins_after() -> Result<()> {
         let d = dir("cluster");
         let t = SubscriptionGroups::open(&d, 10)?;
-        t.join_cluster();
+        t.changes().join_cluster();
         let off = GroupConfig {
             consume_enable: false,
             ..GroupConfig::default()
         };
         t.upsert("mine", off.clone()).map_err(|r| fail(r.0))?;
-        assert_eq!(t.last_change(), 1);
+        assert_eq!(t.changes().last_change(), 1);
         // The cluster's table does not have it yet: kept.
         t.replace_from_cluster(BTreeMap::new())?;
         assert!(!t.honoured("mine").consume_enable);
         let (changes, upto) = t.take_changes();
         assert_eq!((changes, upto), (vec![("mine".to_string(), Some(off.clone()))], 1));
-        t.written_up_to(upto);
+        t.changes().written_up_to(upto);
         // Written: the cluster's table (another node removed it) wins.
         let mut theirs = BTreeMap::new();
         theirs.insert("other".to_string(), off);
-        t.replace_from_cluster(theirs)?;
+        t.replace_from_cluster(theirs.clone())?;
         assert!(t.honoured("mine").consume_enable);
         assert!(!t.honoured("other").consume_enable);
+        // A deletion here, pending: the cluster's copy does not bring the
+        // config back until etcd has the deletion.
+        assert!(t.remove("other").map_err(|r| fail(r.0))?);
+        t.replace_from_cluster(theirs.clone())?;
+        assert!(t.get("other").is_none(), "a pending deletion holds");
+        // A node a tick behind (no copy yet) deleting, or setting what it
+        // already has: still written to etcd.
+        let _ = t.take_changes();
+        assert!(!t.remove("not-here-yet").map_err(|r| fail(r.0))?);
+        let (changes, _) = t.take_changes();
+        assert_eq!(changes, vec![("not-here-yet".to_string(), None)]);
+        t.upsert("same", GroupConfig::default()).map_err(|r| fail(r.0))?;
+        let _ = t.take_changes();
+        t.upsert("same", GroupConfig::default()).map_err(|r| fail(r.0))?;
+        let (changes, _) = t.take_changes();
+        assert_eq!(
+            changes,
+            vec![("same".to_string(), Some(GroupConfig::default()))],
+            "an unchanged upsert is written again"
+        );
         let _ = std::fs::remove_dir_all(&d);
         Ok(())
     }

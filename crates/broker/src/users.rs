@@ -203,18 +203,7 @@ pub struct Users {
     /// Cluster mode: users changed here and not yet written to the
     /// cluster's table (etcd); the cluster's older record is not applied
     /// over them meanwhile.
-    changed: Mutex<Changed>,
-    in_cluster: std::sync::atomic::AtomicBool,
-    /// Cluster mode: how many of `Changed::queued` etcd holds.
-    written: crate::watermark::Watermark,
-}
-
-/// Cluster mode: users changed here and not yet in etcd, and how many
-/// changes were ever made here (each change's sequence number).
-#[derive(Debug, Default)]
-struct Changed {
-    names: std::collections::BTreeSet<String>,
-    queued: u64,
+    changes: crate::watermark::KeyedChanges,
 }
 
 /// One user's credentials: SCRAM by mechanism name, and the secret RocketMQ
@@ -265,9 +254,7 @@ impl Users {
             table: std::sync::RwLock::new(table),
             writing: Mutex::new(()),
             max_users: max_users.max(1),
-            changed: Mutex::default(),
-            written: Default::default(),
-            in_cluster: std::sync::atomic::AtomicBool::new(false),
+            changes: Default::default(),
         })
     }
 
@@ -497,7 +484,7 @@ impl Users {
             .map_err(|e| refused(-1, format!("storing the change failed: {e}")))?;
         metrics::gauge!("rokka_users").set(next.users.len() as f64);
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = next;
-        self.changed(user);
+        self.changes.note(user);
         Ok(())
     }
 
@@ -567,84 +554,35 @@ impl Users {
         self.read().users.keys().cloned().collect()
     }
 
-    fn changed(&self, user: &str) {
-        if self.in_cluster.load(std::sync::atomic::Ordering::Acquire) {
-            let mut c = self.lock_changed();
-            c.names.insert(user.to_string());
-            c.queued += 1;
-        }
+    /// Cluster mode: the changes made here (users are one table for the
+    /// whole cluster, in etcd).
+    pub fn changes(&self) -> &crate::watermark::KeyedChanges {
+        &self.changes
     }
 
-    fn lock_changed(&self) -> std::sync::MutexGuard<'_, Changed> {
-        self.changed.lock().unwrap_or_else(|p| p.into_inner())
+    fn persist(&self, t: &File) -> Result<()> {
+        // Credentials: readable by the broker's user only.
+        crate::json_file::write(&self.path, t, true)
+    }
+}
+
+impl crate::watermark::KeyedClusterTable for Users {
+    type Record = UserRecord;
+    const PREFIX: &'static str = "users/";
+    const WHAT: &'static str = "user";
+
+    fn changes(&self) -> &crate::watermark::KeyedChanges {
+        &self.changes
     }
 
-    /// Cluster mode: users are one table for the whole cluster (etcd);
-    /// changes made here are handed to the controller from now on.
-    pub fn join_cluster(&self) {
-        self.in_cluster.store(true, std::sync::atomic::Ordering::Release);
+    fn record(&self, name: &str) -> Option<UserRecord> {
+        self.read().users.get(name).cloned()
     }
 
-    /// Cluster mode: users changed here since the last call, with their
-    /// record now (None: deleted), for the controller to write, and the
-    /// sequence number of the last change (for [`Users::written_up_to`]).
-    pub fn take_changes(&self) -> (Vec<(String, Option<UserRecord>)>, u64) {
-        let (names, upto) = {
-            let mut c = self.lock_changed();
-            (std::mem::take(&mut c.names), c.queued)
-        };
-        let t = self.read();
-        let changes = names
-            .into_iter()
-            .map(|n| {
-                let r = t.users.get(&n).cloned();
-                (n, r)
-            })
-            .collect();
-        (changes, upto)
-    }
-
-    /// Cluster mode: etcd holds every change up to sequence number `seq`.
-    pub fn written_up_to(&self, seq: u64) {
-        self.written.advance(seq);
-    }
-
-    /// The sequence number of the last change made here (0 on a single
-    /// node): what [`Users::replicated`] waits for.
-    pub fn last_change(&self) -> u64 {
-        match self.in_cluster.load(std::sync::atomic::Ordering::Acquire) {
-            true => self.lock_changed().queued,
-            false => 0,
-        }
-    }
-
-    /// Whether etcd holds every change up to `seq` within `within` (at
-    /// once on a single node).
-    pub async fn replicated(&self, seq: u64, within: std::time::Duration) -> bool {
-        self.written.reached(seq, within).await
-    }
-
-    /// Cluster mode: users whose write to the cluster failed, to try again.
-    pub fn rechange(&self, names: impl IntoIterator<Item = String>) {
-        self.lock_changed().names.extend(names);
-    }
-
-    /// Cluster mode: the cluster's table replaces this node's (but for
-    /// users changed here and not written yet), and is kept on disk.
-    pub fn replace_from_cluster(&self, mut cluster: BTreeMap<String, UserRecord>) -> Result<()> {
+    fn replace_from_cluster(&self, cluster: BTreeMap<String, UserRecord>) -> Result<()> {
         let _turn = self.writing.lock().unwrap_or_else(|p| p.into_inner());
-        let pending = self.lock_changed().names.clone();
         let mine = self.read().users.clone();
-        for user in &pending {
-            match mine.get(user) {
-                Some(r) => {
-                    cluster.insert(user.clone(), r.clone());
-                }
-                None => {
-                    cluster.remove(user);
-                }
-            }
-        }
+        let mut cluster = crate::watermark::with_pending(cluster, &mine, &self.changes.pending());
         // Only what AlterUserScramCredentials would accept.
         for creds in cluster.values_mut() {
             creds.scram.retain(|name, c| acceptable(name, c));
@@ -658,11 +596,6 @@ impl Users {
         metrics::gauge!("rokka_users").set(next.users.len() as f64);
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = next;
         Ok(())
-    }
-
-    fn persist(&self, t: &File) -> Result<()> {
-        // Credentials: readable by the broker's user only.
-        crate::json_file::write(&self.path, t, true)
     }
 }
 
@@ -692,6 +625,7 @@ pub fn unb64(s: &str) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
     use crate::error::BrokerError;
+    use crate::watermark::KeyedClusterTable;
 
     /// Cluster mode: a change is numbered; waiters see it once the
     /// controller says etcd holds it; a failed write is handed out again
@@ -705,24 +639,24 @@ mod tests {
         };
         let wait = std::time::Duration::from_millis(20);
         users.set_password("solo", "pw", false).expect("created");
-        assert_eq!(users.last_change(), 0, "a single node waits for nothing");
-        assert!(rt.block_on(users.replicated(users.last_change(), wait)));
-        users.join_cluster();
+        assert_eq!(users.changes().last_change(), 0, "a single node waits for nothing");
+        assert!(rt.block_on(users.changes().replicated(users.changes().last_change(), wait)));
+        users.changes().join_cluster();
         users.set_password("erin", "pw", false).expect("created");
-        let seq = users.last_change();
+        let seq = users.changes().last_change();
         assert_eq!(seq, 1);
-        assert!(!rt.block_on(users.replicated(seq, wait)), "not in etcd yet");
+        assert!(!rt.block_on(users.changes().replicated(seq, wait)), "not in etcd yet");
         let (taken, upto) = users.take_changes();
         assert_eq!((taken.len(), taken[0].0.as_str(), upto), (1, "erin", 1));
-        users.rechange(["erin".to_string()]);
+        users.changes().rechange(["erin".to_string()]);
         users.delete_user("solo").expect("deleted");
         let (taken, upto) = users.take_changes();
         let names: Vec<&str> = taken.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!((names, upto), (vec!["erin", "solo"], 2));
         assert!(taken[1].1.is_none(), "a deletion is written as one");
-        users.written_up_to(upto);
-        assert!(rt.block_on(users.replicated(seq, wait)));
-        assert!(rt.block_on(users.replicated(users.last_change(), wait)));
+        users.changes().written_up_to(upto);
+        assert!(rt.block_on(users.changes().replicated(seq, wait)));
+        assert!(rt.block_on(users.changes().replicated(users.changes().last_change(), wait)));
         Ok(())
     }
 

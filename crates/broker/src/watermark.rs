@@ -44,6 +44,141 @@ impl Watermark {
     }
 }
 
+/// Cluster mode: the changes this node made to a cluster-wide table keyed
+/// by name (users, subscription-group configs) that etcd may not hold yet:
+/// the names changed since the controller last took them, each change's
+/// sequence number, and how far etcd holds them. On a single node nothing
+/// is queued and nothing waits.
+#[derive(Debug, Default)]
+pub struct KeyedChanges {
+    changed: std::sync::Mutex<Changed>,
+    in_cluster: std::sync::atomic::AtomicBool,
+    written: Watermark,
+}
+
+#[derive(Debug, Default)]
+struct Changed {
+    names: std::collections::BTreeSet<String>,
+    queued: u64,
+}
+
+impl KeyedChanges {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Changed> {
+        self.changed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The table is the cluster's from now on: changes are queued.
+    pub fn join_cluster(&self) {
+        self.in_cluster.store(true, Ordering::Release);
+    }
+
+    pub fn in_cluster(&self) -> bool {
+        self.in_cluster.load(Ordering::Acquire)
+    }
+
+    /// `name` changed here (cluster mode: queued for etcd, numbered).
+    pub fn note(&self, name: &str) {
+        if self.in_cluster() {
+            let mut c = self.lock();
+            c.names.insert(name.to_string());
+            c.queued += 1;
+        }
+    }
+
+    /// The names changed since the last call, and the sequence number of
+    /// the last change (for [`KeyedChanges::written_up_to`]).
+    pub fn take(&self) -> (std::collections::BTreeSet<String>, u64) {
+        let mut c = self.lock();
+        (std::mem::take(&mut c.names), c.queued)
+    }
+
+    /// Names whose write to etcd failed, to try again.
+    pub fn rechange(&self, names: impl IntoIterator<Item = String>) {
+        self.lock().names.extend(names);
+    }
+
+    /// Names changed here and not taken yet (the cluster's copy does not
+    /// replace them meanwhile).
+    pub fn pending(&self) -> std::collections::BTreeSet<String> {
+        self.lock().names.clone()
+    }
+
+    /// Etcd holds every change up to sequence number `seq`.
+    pub fn written_up_to(&self, seq: u64) {
+        self.written.advance(seq);
+    }
+
+    /// The sequence number of the last change made here (0 on a single
+    /// node): what [`KeyedChanges::replicated`] waits for.
+    pub fn last_change(&self) -> u64 {
+        match self.in_cluster() {
+            true => self.lock().queued,
+            false => 0,
+        }
+    }
+
+    /// Whether etcd holds every change up to `seq` within `within` (at
+    /// once on a single node).
+    pub async fn replicated(&self, seq: u64, within: Duration) -> bool {
+        self.written.reached(seq, within).await
+    }
+}
+
+/// Names changed and their records now (None: deleted).
+pub type Changes<R> = Vec<(String, Option<R>)>;
+
+/// A cluster-wide table keyed by name, kept on each node and in etcd
+/// (`<cluster prefix><PREFIX><name>`, one JSON record per name; the last
+/// writer wins per name), which the controller syncs each tick: the
+/// changes made here go to etcd, then etcd's table replaces this node's.
+pub trait KeyedClusterTable {
+    type Record: serde::Serialize + serde::de::DeserializeOwned + Clone + Send;
+    /// The etcd key prefix under the cluster's (`users/`).
+    const PREFIX: &'static str;
+    /// What a record is, for logs and errors (`user`).
+    const WHAT: &'static str;
+    fn changes(&self) -> &KeyedChanges;
+    /// `name`'s record now (None: deleted).
+    fn record(&self, name: &str) -> Option<Self::Record>;
+    /// The cluster's table replaces this node's, but for names changed
+    /// here and not written yet ([`KeyedChanges::pending`]); kept on disk.
+    fn replace_from_cluster(
+        &self,
+        cluster: std::collections::BTreeMap<String, Self::Record>,
+    ) -> crate::error::Result<()>;
+
+    /// The names changed here since the last call, with their record now,
+    /// for the controller to write, and the last change's sequence number.
+    fn take_changes(&self) -> (Changes<Self::Record>, u64) {
+        let (names, upto) = self.changes().take();
+        let changes = names
+            .into_iter()
+            .map(|n| {
+                let r = self.record(&n);
+                (n, r)
+            })
+            .collect();
+        (changes, upto)
+    }
+}
+
+/// `cluster` with this node's own unwritten changes (`pending`, looked up
+/// in `mine`) laid over it: what [`KeyedClusterTable::replace_from_cluster`]
+/// installs.
+pub fn with_pending<R: Clone>(
+    mut cluster: std::collections::BTreeMap<String, R>,
+    mine: &std::collections::BTreeMap<String, R>,
+    pending: &std::collections::BTreeSet<String>,
+) -> std::collections::BTreeMap<String, R> {
+    for name in pending {
+        match mine.get(name) {
+            Some(r) => cluster.insert(name.clone(), r.clone()),
+            None => cluster.remove(name),
+        };
+    }
+    cluster
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

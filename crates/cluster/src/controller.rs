@@ -30,10 +30,14 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
 use rokka_broker::cluster_view::{ClusterView, NodeInfo, SetView};
+use rokka_broker::watermark::KeyedClusterTable;
 use rokka_broker::TopicInfo;
 use serde::{Deserialize, Serialize};
 
 use crate::{Role, Shared};
+
+/// Most bytes of the cluster's table one controller read takes from etcd.
+const ETCD_MAX_READ_BYTES: usize = 256 * 1024 * 1024;
 
 /// One set's controller state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -251,8 +255,13 @@ impl Controller {
 
     /// One controller step.
     async fn tick(&mut self) -> Res<()> {
+        // The cluster's whole table in one read: past the client's 4 MiB
+        // default (topics, users, ACLs, subscription-group configs at
+        // their budgets) every tick would fail on every node.
         let resp = self
             .client
+            .kv_client()
+            .max_decoding_message_size(ETCD_MAX_READ_BYTES)
             .get(self.prefix.clone(), Some(GetOptions::new().with_prefix()))
             .await
             .map_err(err("get"))?;
@@ -276,14 +285,12 @@ impl Controller {
         // Each topic key's revision: a deletion removes only the version it saw.
         let mut topic_revisions: BTreeMap<String, i64> = BTreeMap::new();
         // Users and their SCRAM credentials: one table for the cluster.
-        let users_prefix = format!("{}users/", self.prefix);
-        let mut users: BTreeMap<String, rokka_broker::users::UserRecord> = BTreeMap::new();
+        let mut users = Keyed::<rokka_broker::users::Users>::default();
         // ACLs: one table for the cluster (acls/<digest of the ACL>).
         let acls_prefix = format!("{}acls/", self.prefix);
         let mut acls: BTreeMap<String, rokka_broker::acl::Acl> = BTreeMap::new();
         // RocketMQ subscription-group configs: one table for the cluster.
-        let sub_groups_prefix = format!("{}subscription-groups/", self.prefix);
-        let mut sub_groups: BTreeMap<String, rokka_broker::sub_groups::GroupConfig> = BTreeMap::new();
+        let mut sub_groups = Keyed::<rokka_broker::sub_groups::SubscriptionGroups>::default();
         let default_key = self.broker_default_key();
         // None: absent; Some(None): there but unreadable.
         let mut broker_default: Option<Option<BTreeMap<String, String>>> = None;
@@ -304,20 +311,9 @@ impl Controller {
                     }
                     Err(e) => tracing::warn!(key, error = %e, "unreadable ACL in etcd; not applied"),
                 }
-            } else if let Some(name) = key.strip_prefix(&sub_groups_prefix) {
-                match serde_json::from_slice(kv.value()) {
-                    Ok(c) => {
-                        sub_groups.insert(name.to_string(), c);
-                    }
-                    Err(e) => tracing::warn!(key, error = %e, "unreadable subscription group in etcd; not applied"),
-                }
-            } else if let Some(name) = key.strip_prefix(&users_prefix) {
-                match serde_json::from_slice(kv.value()) {
-                    Ok(r) => {
-                        users.insert(name.to_string(), r);
-                    }
-                    Err(e) => tracing::warn!(key, error = %e, "unreadable user in etcd; not applied"),
-                }
+            } else if keyed(&self.prefix, key, kv.value(), &mut users)
+                || keyed(&self.prefix, key, kv.value(), &mut sub_groups)
+            {
             } else if let Some(name) = key.strip_prefix(&topics_prefix) {
                 if let Ok(t) = serde_json::from_slice::<TopicInfo>(kv.value()) {
                     topics.insert(name.to_string(), t);
@@ -564,9 +560,10 @@ impl Controller {
             }
         }
         let revision = resp.header().map_or(0, |h| h.revision());
-        self.sync_users(users).await?;
+        let sh = Arc::clone(&self.sh);
+        self.sync_keyed(sh.broker.users(), users.0).await?;
         self.sync_acls(acls).await?;
-        self.sync_sub_groups(sub_groups).await?;
+        self.sync_keyed(sh.broker.sub_groups(), sub_groups.0).await?;
         self.sync_broker_default(broker_default).await?;
         self.sync_topics(topics, &topic_revisions, &tombstones, revision).await
     }
@@ -597,14 +594,18 @@ impl Controller {
         Ok(())
     }
 
-    /// Users changed on this node go to etcd (per user: the last writer
-    /// wins, as Kafka's credentials in its metadata log); then etcd's table
-    /// is this node's.
-    async fn sync_users(&mut self, mut in_etcd: BTreeMap<String, rokka_broker::users::UserRecord>) -> Res<()> {
-        let users = self.sh.broker.users();
-        let (changes, upto) = users.take_changes();
-        for (i, (user, record)) in changes.iter().enumerate() {
-            let key = format!("{}users/{user}", self.prefix);
+    /// A keyed cluster table's records changed on this node go to etcd
+    /// (users, subscription-group configs; per name the last writer wins,
+    /// as Kafka's credentials in its metadata log, as each Apache broker
+    /// takes an admin's last update); then etcd's table is this node's.
+    async fn sync_keyed<T: KeyedClusterTable>(
+        &mut self,
+        table: &T,
+        mut in_etcd: BTreeMap<String, T::Record>,
+    ) -> Res<()> {
+        let (changes, upto) = table.take_changes();
+        for (i, (name, record)) in changes.iter().enumerate() {
+            let key = format!("{}{}{name}", self.prefix, T::PREFIX);
             let res = match record {
                 Some(r) => {
                     let json = serde_json::to_vec(r).map_err(|e| e.to_string())?;
@@ -613,52 +614,19 @@ impl Controller {
                 None => self.client.delete(key, None).await.map(|_| ()),
             };
             if let Err(e) = res {
-                users.rechange(changes[i..].iter().map(|(u, _)| u.clone()));
-                return Err(format!("etcd put user: {e}"));
+                table.changes().rechange(changes[i..].iter().map(|(n, _)| n.clone()));
+                return Err(format!("etcd put {}: {e}", T::WHAT));
             }
             match record {
-                Some(r) => in_etcd.insert(user.clone(), r.clone()),
-                None => in_etcd.remove(user),
+                Some(r) => in_etcd.insert(name.clone(), r.clone()),
+                None => in_etcd.remove(name),
             };
         }
-        // AlterUserScramCredentials / AUTH_* waiting on these are answered now.
-        users.written_up_to(upto);
-        // Writes (and fsyncs) users.json when it changed: off the runtime.
-        rokka_broker::offload(|| users.replace_from_cluster(in_etcd)).map_err(|e| format!("users table: {e}"))
-    }
-
-    /// Subscription-group configs changed on this node go to etcd (per
-    /// group: the last writer wins, as each Apache broker takes the
-    /// admin's last update); then etcd's table is this node's.
-    async fn sync_sub_groups(
-        &mut self,
-        mut in_etcd: BTreeMap<String, rokka_broker::sub_groups::GroupConfig>,
-    ) -> Res<()> {
-        let table = self.sh.broker.sub_groups();
-        let (changes, upto) = table.take_changes();
-        for (i, (group, config)) in changes.iter().enumerate() {
-            let key = format!("{}subscription-groups/{group}", self.prefix);
-            let res = match config {
-                Some(c) => {
-                    let json = serde_json::to_vec(c).map_err(|e| e.to_string())?;
-                    self.client.put(key, json, None).await.map(|_| ())
-                }
-                None => self.client.delete(key, None).await.map(|_| ()),
-            };
-            if let Err(e) = res {
-                table.rechange(changes[i..].iter().map(|(g, _)| g.clone()));
-                return Err(format!("etcd put subscription group: {e}"));
-            }
-            match config {
-                Some(c) => in_etcd.insert(group.clone(), c.clone()),
-                None => in_etcd.remove(group),
-            };
-        }
-        // UPDATE_AND_CREATE_SUBSCRIPTIONGROUP waiting on these is answered now.
-        table.written_up_to(upto);
-        // Writes (and fsyncs) subscription-groups.json when it changed: off the runtime.
-        rokka_broker::offload(|| table.replace_from_cluster(in_etcd))
-            .map_err(|e| format!("subscription groups table: {e}"))
+        // Requests waiting on these (AlterUserScramCredentials, AUTH_*,
+        // UPDATE_AND_CREATE_SUBSCRIPTIONGROUP) are answered now.
+        table.changes().written_up_to(upto);
+        // Writes (and fsyncs) the table's file when it changed: off the runtime.
+        rokka_broker::offload(|| table.replace_from_cluster(in_etcd)).map_err(|e| format!("{} table: {e}", T::WHAT))
     }
 
     /// ACLs created or deleted on this node go to etcd (one key each);
@@ -1187,6 +1155,30 @@ impl rokka_broker::remote::ClusterTopics for EtcdTopics {
 /// One keep-alive of lease `id`: renews this node's lease validity, or, when
 /// the lease is gone, clears it (the controller registers again and a
 /// master fences itself).
+/// A keyed cluster table's records as read from etcd this tick.
+struct Keyed<T: KeyedClusterTable>(BTreeMap<String, T::Record>);
+
+impl<T: KeyedClusterTable> Default for Keyed<T> {
+    fn default() -> Self {
+        Keyed(BTreeMap::new())
+    }
+}
+
+/// Takes `key`'s record into `into` if the key is under its table's
+/// prefix (an unreadable record is logged, not applied); false if not.
+fn keyed<T: KeyedClusterTable>(prefix: &str, key: &str, value: &[u8], into: &mut Keyed<T>) -> bool {
+    let Some(name) = key.strip_prefix(prefix).and_then(|k| k.strip_prefix(T::PREFIX)) else {
+        return false;
+    };
+    match serde_json::from_slice(value) {
+        Ok(r) => {
+            into.0.insert(name.to_string(), r);
+        }
+        Err(e) => tracing::warn!(key, error = %e, what = T::WHAT, "unreadable record in etcd; not applied"),
+    }
+    true
+}
+
 async fn keep_alive(client: &mut Client, sh: &Shared, id: i64) -> Res<()> {
     let sent = Instant::now();
     // Opening the stream waits for its first answer: bounded as the answer

@@ -682,9 +682,9 @@ pub async fn start(
     });
     let controller = controller::Controller::connect(Arc::clone(&shared), me).await?;
     shared.broker.set_cluster_topics(Arc::new(controller.topic_creator()));
-    shared.broker.users().join_cluster();
+    shared.broker.users().changes().join_cluster();
     shared.broker.acls().join_cluster();
-    shared.broker.sub_groups().join_cluster();
+    shared.broker.sub_groups().changes().join_cluster();
     let mut tasks = Vec::new();
     tasks.push(tokio::spawn(stream::serve(
         listener,

@@ -1015,16 +1015,6 @@ impl Messaging {
         if group.is_empty() {
             return fail(pb::Code::IllegalConsumerGroup, "consumer group is required".into());
         }
-        // The group's config (mqadmin updateSubGroup): consumption turned
-        // off is FORBIDDEN, as Apache's proxy answers the broker's
-        // NO_PERMISSION.
-        if !self.broker.sub_groups().honoured(&group).consume_enable {
-            metrics::counter!("rokka_rocketmq_group_refusals_total", "reason" => "consume_disabled").increment(1);
-            return fail(
-                pb::Code::Forbidden,
-                format!("subscription group no permission, {group}"),
-            );
-        }
         let Some(info) = self.broker.topics().get(&topic) else {
             return fail(pb::Code::TopicNotFound, format!("topic {topic} not found"));
         };
@@ -1032,6 +1022,16 @@ impl Messaging {
             return fail(
                 pb::Code::Forbidden,
                 format!("the topic[{topic}] pulling message is forbidden"),
+            );
+        }
+        // The group's config (mqadmin updateSubGroup): consumption turned
+        // off is FORBIDDEN, as Apache's proxy answers the broker's
+        // NO_PERMISSION (its pop checks the topic first).
+        if !self.broker.sub_groups().honoured(&group).consume_enable {
+            metrics::counter!("rokka_rocketmq_group_refusals_total", "reason" => "consume_disabled").increment(1);
+            return fail(
+                pb::Code::Forbidden,
+                format!("subscription group no permission, {group}"),
             );
         }
         // Cluster mode: pop state and the offsets it commits live on the
@@ -1577,17 +1577,39 @@ impl Messaging {
                     .map_or(20_000, message::duration_ms)
                     .clamp(0, self.config.max_long_polling_ms as i64);
                 sub.long_polling_timeout = Some(message::duration(poll));
-                // Redelivery back-off of push consumers (Apache's delay
-                // levels from 1 s); attempts as the broker counts them.
-                let next = [
-                    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000, 420_000,
-                    480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
-                ];
+                // Redelivery back-off of push consumers: the group's
+                // groupRetryPolicy where its config sets one, else Apache's
+                // delay levels from 1 s; attempts as the broker counts them.
+                use rokka_broker::sub_groups::Backoff;
+                let strategy = match self.broker.sub_groups().backoff(group) {
+                    Some(Backoff::Exponential {
+                        initial_ms,
+                        max_ms,
+                        multiplier,
+                    }) => pb::retry_policy::Strategy::ExponentialBackoff(pb::ExponentialBackoff {
+                        initial: Some(message::duration(initial_ms.min(i64::MAX as u64) as i64)),
+                        max: Some(message::duration(max_ms.min(i64::MAX as u64) as i64)),
+                        multiplier,
+                    }),
+                    custom => {
+                        let next = match custom {
+                            Some(Backoff::Customized(next)) => next,
+                            _ => vec![
+                                1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000,
+                                420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
+                            ],
+                        };
+                        pb::retry_policy::Strategy::CustomizedBackoff(pb::CustomizedBackoff {
+                            next: next
+                                .iter()
+                                .map(|ms| message::duration((*ms).min(i64::MAX as u64) as i64))
+                                .collect(),
+                        })
+                    }
+                };
                 s.backoff_policy = Some(pb::RetryPolicy {
                     max_attempts: self.max_delivery_attempts(group) as i32,
-                    strategy: Some(pb::retry_policy::Strategy::CustomizedBackoff(pb::CustomizedBackoff {
-                        next: next.iter().map(|ms| message::duration(*ms)).collect(),
-                    })),
+                    strategy: Some(strategy),
                 });
             }
             None => {}

@@ -37,7 +37,13 @@ pub async fn handle(broker: &Broker, cmd: &RemotingCommand) -> (i32, Option<Stri
         cmd.code,
         rq::AUTH_CREATE_USER | rq::AUTH_UPDATE_USER | rq::AUTH_DELETE_USER
     );
-    if changes && answer.0 == rs::SUCCESS && !users.replicated(users.last_change(), CLUSTER_WAIT).await {
+    if changes
+        && answer.0 == rs::SUCCESS
+        && !users
+            .changes()
+            .replicated(users.changes().last_change(), CLUSTER_WAIT)
+            .await
+    {
         return (rs::SYSTEM_ERROR, Some(NOT_IN_CLUSTER.into()), Bytes::new());
     }
     answer

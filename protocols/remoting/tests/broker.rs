@@ -1988,6 +1988,44 @@ async fn a_subscription_group_config_is_kept_and_honoured() -> TestResult {
     assert_eq!(broker.store().max_offset("%RETRY%cg", 0), 1, "the group's limit");
     assert_eq!(broker.store().max_offset("%DLQ%cg", 0), 1);
 
+    // A send-back without the client's limit: the group's retryMaxTimes
+    // (0: straight to the dead letters); a group without retry queues
+    // drops the message, answered SUCCESS (Apache's answers).
+    for body in [
+        r#"{"groupName":"sb","retryMaxTimes":0}"#,
+        r#"{"groupName":"rq0","retryQueueNums":0}"#,
+    ] {
+        assert_eq!(c.call(sub_group_update(body)).await?.code, rs::SUCCESS);
+    }
+    let phys = broker.append_messages(&[MessageInput::new("SG", 0, b"failed", b"")])?[0].phys_offset;
+    let back = |group: &str| {
+        req(
+            rq::CONSUMER_SEND_MSG_BACK,
+            &[
+                ("group", group),
+                ("offset", &phys.to_string()),
+                ("delayLevel", "0"),
+                ("originMsgId", "X"),
+            ],
+        )
+    };
+    assert_eq!(c.call(back("sb")).await?.code, rs::SUCCESS);
+    assert_eq!(
+        broker.store().max_offset("%DLQ%sb", 0),
+        1,
+        "the group's retryMaxTimes 0"
+    );
+    assert_eq!(broker.store().max_offset("%RETRY%sb", 0), 0);
+    assert_eq!(c.call(back("rq0")).await?.code, rs::SUCCESS);
+    assert_eq!(broker.store().max_offset("%RETRY%rq0", 0), 0, "no retry queue: dropped");
+    assert_eq!(broker.store().max_offset("%DLQ%rq0", 0), 0);
+    assert_eq!(c.call(back("cg")).await?.code, rs::SUCCESS);
+    assert_eq!(
+        broker.store().max_offset("%DLQ%cg", 0),
+        1,
+        "retried later, 0 of 2 reconsumes"
+    );
+
     // Turned on again: served.
     let r = c
         .call(sub_group_update(r#"{"groupName":"cg","consumeEnable":true}"#))
@@ -1995,7 +2033,7 @@ async fn a_subscription_group_config_is_kept_and_honoured() -> TestResult {
     assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
     let r = c.call(pull_req("SG", 0, 0, "*", 0)).await?;
     assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
-    assert_eq!(bodies(&r), vec!["m0".to_string()]);
+    assert_eq!(bodies(&r), vec!["m0".to_string(), "failed".to_string()]);
 
     // Broadcasting off (mqadmin's default): a broadcasting push consumer
     // (no subscription in its pull) is refused; a clustering one is not.
@@ -2025,7 +2063,7 @@ async fn a_subscription_group_config_is_kept_and_honoured() -> TestResult {
 
     // Refused as Apache refuses them; the broker's own groups too.
     for (body, why) in [
-        (r#"{"groupName":"cg","attributes":{"+k":"v"}}"#, "unsupported key: +k"),
+        (r#"{"groupName":"cg","attributes":{"+k":"v"}}"#, "unsupported key: k"),
         (r#"{"groupName":"cg","retryMaxTimes":"many"}"#, "invalid type"),
         (r#"{"groupName":"CID_RMQ_SYS_TRANS"}"#, "system consumer group"),
     ] {

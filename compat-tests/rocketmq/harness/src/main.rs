@@ -314,15 +314,15 @@ async fn subgroup_honoured(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[Strin
     Ok(true)
 }
 
-/// `subgroup-set <broker> <group> <consumeEnable> <retryMaxTimes>`:
-/// mqadmin updateSubGroup of those two settings through the admin client
-/// (the rest Apache's defaults); prints the outcome.
+/// `subgroup-set <broker> <group> <consumeEnable> <retryMaxTimes> [orderly]`:
+/// mqadmin updateSubGroup of those settings through the admin client (the
+/// rest Apache's defaults); prints the outcome.
 async fn subgroup_set(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
     use rocketmq_client_rust::MQAdminMutationExt;
     use rocketmq_protocol::protocol::subscription::subscription_group_config::SubscriptionGroupConfig;
     let (Some(broker), Some(group), Some(enable), Some(retries)) = (args.first(), args.get(1), args.get(2), args.get(3))
     else {
-        eprintln!("compat: subgroup-set <broker> <group> <consumeEnable> <retryMaxTimes>");
+        eprintln!("compat: subgroup-set <broker> <group> <consumeEnable> <retryMaxTimes> [orderly]");
         return Ok(false);
     };
     let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
@@ -331,6 +331,7 @@ async fn subgroup_set(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -
     let mut config = SubscriptionGroupConfig::new(group.as_str().into());
     config.set_consume_enable(enable == "true");
     config.set_retry_max_times(retries.parse().unwrap_or(16));
+    config.set_consume_message_orderly(args.get(4).is_some_and(|o| o == "true"));
     let r = admin.upsert_subscription_group(broker.as_str().into(), config).await;
     println!(
         "compat: set: {}",
@@ -341,6 +342,33 @@ async fn subgroup_set(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -
     );
     admin.shutdown().await;
     Ok(r.is_ok())
+}
+
+/// `subgroup-get <broker> <group>`: examineSubscriptionGroupConfig
+/// (GET_SUBSCRIPTIONGROUP_CONFIG) through the admin client; prints the two
+/// settings read back, or that there is none.
+async fn subgroup_get(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    use rocketmq_client_rust::ConsumerAdmin;
+    let (Some(broker), Some(group)) = (args.first(), args.get(1)) else {
+        eprintln!("compat: subgroup-get <broker> <group>");
+        return Ok(false);
+    };
+    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
+    admin.set_namesrv_addr(namesrv.to_string());
+    admin.start().await?;
+    match admin
+        .examine_subscription_group_config(broker.as_str().into(), group.as_str().into())
+        .await
+    {
+        Ok(c) => println!(
+            "compat: config: consumeEnable={} retryMaxTimes={}",
+            c.consume_enable(),
+            c.retry_max_times()
+        ),
+        Err(e) => println!("compat: config: none ({e})"),
+    }
+    admin.shutdown().await;
+    Ok(true)
 }
 
 /// `reset-offset <topic> <group> <timestamp ms> <force>`: mqadmin
@@ -527,6 +555,7 @@ async fn main() -> ClientResult<()> {
         "admin-groups" => admin_groups(&rt, &namesrv, &args[3..]).await?,
         "subgroup-honoured" => subgroup_honoured(&rt, &namesrv, &args[3..]).await?,
         "subgroup-set" => subgroup_set(&rt, &namesrv, &args[3..]).await?,
+        "subgroup-get" => subgroup_get(&rt, &namesrv, &args[3..]).await?,
         "dur-send" => durability::send(&rt, &namesrv, &args[3..]).await?,
         "dur-delayed" => durability::delayed(&rt, &namesrv, &args[3..]).await?,
         "dur-consume" => durability::consume(&rt, &namesrv, &args[3..]).await?,

@@ -482,6 +482,16 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
             }
             if code == 0 {
                 offsets.delete_group(&name);
+                // Its RocketMQ subscription-group config too: one set of
+                // groups (written and fsynced: off the async workers).
+                match rokka_broker::offload(|| k.broker.sub_groups().remove(&name)) {
+                    Ok(had) => found |= had,
+                    Err(r) => tracing::warn!(
+                        group = name,
+                        error = r.0,
+                        "a deleted group's subscription-group config stays"
+                    ),
+                }
                 if !found {
                     // Neither held here nor committed anywhere.
                     code = rokka_group::code::GROUP_ID_NOT_FOUND;

@@ -113,7 +113,7 @@ pub async fn altered_in_cluster(
     k: &crate::Kafka,
     mut resp: AlterUserScramCredentialsResponse,
 ) -> AlterUserScramCredentialsResponse {
-    let users = k.broker.users();
+    let users = k.broker.users().changes();
     if resp.results.iter().any(|r| r.error_code == 0)
         && !users
             .replicated(users.last_change(), rokka_broker::watermark::CLUSTER_WAIT)

@@ -449,9 +449,11 @@ impl RocketMq {
     pub(super) fn subscription_group(&self, req: &RemotingCommand) -> RemotingCommand {
         let group = req.ext_fields.get("group").unwrap_or_default();
         let config = self.broker.sub_groups().get(group).or_else(|| {
-            let known = !group.is_empty()
-                && !rokka_broker::is_system_group(group)
-                && (self.clients().groups.contains_key(group) || self.broker.store().offsets().group_exists(group));
+            if group.is_empty() || rokka_broker::is_system_group(group) {
+                return None;
+            }
+            let live = self.clients().groups.contains_key(group);
+            let known = live || self.broker.store().offsets().group_exists(group);
             known.then(rokka_broker::sub_groups::GroupConfig::default)
         });
         match config {
@@ -466,13 +468,15 @@ impl RocketMq {
     /// honoured — consumeEnable, consumeBroadcastEnable, retryMaxTimes
     /// (see `rokka_broker::sub_groups`). The broker's own groups are
     /// refused, and so is what Apache refuses (an attribute: none is
-    /// defined), a wrong type, a config past 16 KiB, a new group past
+    /// defined), a wrong type, a config past 4 KiB, a new group past
     /// `broker.max_subscription_groups`.
     pub(super) fn update_subscription_group(&self, req: &RemotingCommand) -> RemotingCommand {
-        let (group, config) = match rokka_broker::sub_groups::GroupConfig::from_request(&req.body) {
-            Ok(p) => p,
-            Err(why) => return self.reply(req, rs::SYSTEM_ERROR, Some(why)),
-        };
+        let groups = self.broker.sub_groups();
+        let (group, config) =
+            match rokka_broker::sub_groups::GroupConfig::from_request(&req.body, |g| groups.contains(g)) {
+                Ok(p) => p,
+                Err(why) => return self.reply(req, rs::SYSTEM_ERROR, Some(why)),
+            };
         if group.is_empty() {
             return self.reply(req, rs::SYSTEM_ERROR, Some("groupName is empty".into()));
         }
@@ -489,7 +493,7 @@ impl RocketMq {
             config.retry_max_times,
         );
         // Written and fsynced: off the async workers.
-        match rokka_broker::offload(|| self.broker.sub_groups().upsert(&group, config)) {
+        match rokka_broker::offload(|| groups.upsert(&group, config)) {
             Ok(()) => {
                 tracing::info!(
                     group,

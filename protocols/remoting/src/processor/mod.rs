@@ -225,6 +225,25 @@ impl RocketMq {
 
     /// `r` once everything appended so far is durable (sync flush); a
     /// successful answer becomes FLUSH_DISK_TIMEOUT when it is not.
+    /// A subscription-group change answered once etcd holds it (cluster
+    /// mode: every node honours it within a tick), as a user or ACL
+    /// change; at once on a single node.
+    async fn sub_groups_replicated(&self, cmd: &RemotingCommand, r: RemotingCommand) -> RemotingCommand {
+        let changes = self.broker.sub_groups().changes();
+        if r.code == rs::SUCCESS
+            && !changes
+                .replicated(changes.last_change(), rokka_broker::watermark::CLUSTER_WAIT)
+                .await
+        {
+            return self.reply(
+                cmd,
+                rs::SYSTEM_ERROR,
+                Some(rokka_broker::watermark::NOT_IN_CLUSTER.into()),
+            );
+        }
+        r
+    }
+
     async fn durable_then(&self, mut r: RemotingCommand) -> RemotingCommand {
         if r.code == rs::SUCCESS {
             let end = self.broker.store().commitlog_offsets().1;
@@ -330,26 +349,14 @@ impl RocketMq {
             rq::GET_SUBSCRIPTIONGROUP_CONFIG => self.subscription_group(&cmd),
             rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => {
                 let r = self.update_subscription_group(&cmd);
-                // Cluster mode: answered once etcd holds it (every node
-                // honours it within a tick), as a user or ACL change.
-                let groups = self.broker.sub_groups();
-                if r.code == rs::SUCCESS
-                    && !groups
-                        .replicated(groups.last_change(), rokka_broker::watermark::CLUSTER_WAIT)
-                        .await
-                {
-                    self.reply(
-                        &cmd,
-                        rs::SYSTEM_ERROR,
-                        Some(rokka_broker::watermark::NOT_IN_CLUSTER.into()),
-                    )
-                } else {
-                    r
-                }
+                self.sub_groups_replicated(&cmd, r).await
             }
             rq::GET_TOPIC_CONFIG => self.topic_config(&cmd),
             rq::DELETE_TOPIC_IN_BROKER => rokka_broker::offload(|| self.delete_topic(&cmd)),
-            rq::DELETE_SUBSCRIPTIONGROUP => self.delete_subscription_group(&cmd),
+            rq::DELETE_SUBSCRIPTIONGROUP => {
+                let r = self.delete_subscription_group(&cmd);
+                self.sub_groups_replicated(&cmd, r).await
+            }
             rq::GET_TOPIC_STATS_INFO => self.topic_stats(&cmd),
             rq::GET_CONSUMER_CONNECTION_LIST => self.consumer_connections(&cmd),
             rq::GET_PRODUCER_CONNECTION_LIST => self.producer_connections(&cmd),

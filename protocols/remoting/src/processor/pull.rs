@@ -184,9 +184,6 @@ impl RocketMq {
         }
     }
 
-    /// Whether a client on `conn` is one of `group`'s clustering RocketMQ
-    /// members. (The clients' lock is let go before the members' is taken:
-    /// a heartbeat takes them the other way round.)
     /// A pull refused by its group's config: NO_PERMISSION with Apache's
     /// forbiddenType (2: the group, 4: broadcasting), counted.
     fn group_forbidden(&self, req: &RemotingCommand, reason: &'static str, remark: String) -> RemotingCommand {
@@ -197,6 +194,9 @@ impl RocketMq {
         r
     }
 
+    /// Whether a client on `conn` is one of `group`'s clustering RocketMQ
+    /// members. (The clients' lock is let go before the members' is taken:
+    /// a heartbeat takes them the other way round.)
     fn is_member(&self, group: &str, conn: &Conn) -> bool {
         let mine: Vec<String> = {
             let c = self.clients();

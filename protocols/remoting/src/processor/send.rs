@@ -411,12 +411,18 @@ impl RocketMq {
         let group = req.ext_fields.get("group").unwrap_or_default().to_string();
         let phys = ext_i64(req, "offset", "offset").unwrap_or(-1);
         let delay_level = ext_i64(req, "delayLevel", "delayLevel").unwrap_or(0);
+        let config = self.broker.sub_groups().honoured(&group);
         // The client's limit; else the group's retryMaxTimes (Apache's order).
-        let max_times = ext_i64(req, "maxReconsumeTimes", "maxReconsumeTimes")
-            .unwrap_or_else(|| i64::from(self.broker.sub_groups().honoured(&group).retry_max_times));
+        let max_times =
+            ext_i64(req, "maxReconsumeTimes", "maxReconsumeTimes").unwrap_or(i64::from(config.retry_max_times));
         let origin_id = req.ext_fields.get("originMsgId").unwrap_or_default().to_string();
         if group.is_empty() || phys < 0 {
             return self.reply(req, rs::SYSTEM_ERROR, Some("group and offset are required".into()));
+        }
+        // A group configured with no retry queue: the failed message is
+        // not retried, and the send-back succeeds (Apache's answer).
+        if config.retry_queue_nums <= 0 {
+            return self.reply(req, rs::SUCCESS, None);
         }
         let Some(m) = self
             .broker
