@@ -166,6 +166,10 @@ impl GroupConfig {
     }
 }
 
+/// The longest back-off delay told to a client (about what a protobuf
+/// Duration holds, 10 000 years).
+pub const MAX_BACKOFF_MS: u64 = 315_576_000_000_000;
+
 /// A group's retry back-off for gRPC consumers (Apache's
 /// GroupRetryPolicy, as its proxy sends it in the settings).
 #[derive(Debug, Clone, PartialEq)]
@@ -185,9 +189,11 @@ impl GroupConfig {
     pub fn backoff(&self) -> Option<Backoff> {
         use serde_json::Value;
         let p = self.rest.get("groupRetryPolicy")?;
-        let ms = |v: Option<&Value>, key: &str, default: u64| {
-            v.and_then(|v| v.get(key)).and_then(Value::as_u64).unwrap_or(default)
-        };
+        // A delay in ms as a protobuf Duration can hold it (a negative one
+        // is none; a fraction is cut).
+        let delay = |v: &Value| v.as_f64().map(|ms| ms.clamp(0.0, MAX_BACKOFF_MS as f64) as u64);
+        let ms =
+            |v: Option<&Value>, key: &str, default: u64| v.and_then(|v| v.get(key)).and_then(delay).unwrap_or(default);
         match p.get("type").and_then(Value::as_str) {
             Some("EXPONENTIAL") => {
                 let e = p.get("exponentialRetryPolicy");
@@ -206,7 +212,7 @@ impl GroupConfig {
                     .get("next")?
                     .as_array()?
                     .iter()
-                    .filter_map(Value::as_u64)
+                    .map(|v| delay(v).unwrap_or(0))
                     .collect();
                 (!next.is_empty()).then_some(Backoff::Customized(next))
             }
@@ -433,6 +439,34 @@ mod tests {
         assert_eq!(SubscriptionGroups::open(&d, 10)?.honoured("g1"), Honoured::default());
         let _ = std::fs::remove_dir_all(&d);
         Ok(())
+    }
+
+    /// groupRetryPolicy as Apache's proxy reads it: exponential with its
+    /// defaults for what is missing, customized with each delay in place
+    /// (a negative one as none, a huge one bounded); none for Apache's
+    /// default policy.
+    #[test]
+    fn the_group_retry_policy_is_read_as_the_proxy_reads_it() {
+        let policy = |p: &str| {
+            let body = format!(r#"{{"groupName":"g","groupRetryPolicy":{p}}}"#);
+            GroupConfig::from_request(body.as_bytes(), |_| false)
+                .ok()
+                .and_then(|(_, c)| c.backoff())
+        };
+        assert_eq!(
+            policy(r#"{"type":"EXPONENTIAL","exponentialRetryPolicy":{"initial":1000,"multiplier":3}}"#),
+            Some(Backoff::Exponential {
+                initial_ms: 1000,
+                max_ms: 7_200_000,
+                multiplier: 3.0
+            })
+        );
+        assert_eq!(
+            policy(r#"{"type":"CUSTOMIZED","customizedRetryPolicy":{"next":[1000,-5,1e30]}}"#),
+            Some(Backoff::Customized(vec![1000, 0, MAX_BACKOFF_MS]))
+        );
+        assert_eq!(policy(r#"{"type":"CUSTOMIZED"}"#), None);
+        assert_eq!(GroupConfig::default().backoff(), None);
     }
 
     #[test]

@@ -1152,9 +1152,6 @@ impl rokka_broker::remote::ClusterTopics for EtcdTopics {
     }
 }
 
-/// One keep-alive of lease `id`: renews this node's lease validity, or, when
-/// the lease is gone, clears it (the controller registers again and a
-/// master fences itself).
 /// A keyed cluster table's records as read from etcd this tick.
 struct Keyed<T: KeyedClusterTable>(BTreeMap<String, T::Record>);
 
@@ -1179,6 +1176,9 @@ fn keyed<T: KeyedClusterTable>(prefix: &str, key: &str, value: &[u8], into: &mut
     true
 }
 
+/// One keep-alive of lease `id`: renews this node's lease validity, or, when
+/// the lease is gone, clears it (the controller registers again and a
+/// master fences itself).
 async fn keep_alive(client: &mut Client, sh: &Shared, id: i64) -> Res<()> {
     let sent = Instant::now();
     // Opening the stream waits for its first answer: bounded as the answer

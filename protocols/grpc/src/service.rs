@@ -718,7 +718,7 @@ impl Messaging {
     fn max_delivery_attempts(&self, group: &str) -> u32 {
         let h = self.broker.sub_groups().honoured(group);
         match h.kept {
-            true => (h.retry_max_times.max(0) as u32).saturating_add(1),
+            true => (h.retry_max_times.clamp(0, i32::MAX - 1) as u32) + 1,
             false => self.config.max_delivery_attempts.max(1),
         }
     }
@@ -1578,8 +1578,9 @@ impl Messaging {
                     .clamp(0, self.config.max_long_polling_ms as i64);
                 sub.long_polling_timeout = Some(message::duration(poll));
                 // Redelivery back-off of push consumers: the group's
-                // groupRetryPolicy where its config sets one, else Apache's
-                // delay levels from 1 s; attempts as the broker counts them.
+                // groupRetryPolicy where its config sets one (delays bounded
+                // by sub_groups::MAX_BACKOFF_MS), else Apache's delay levels
+                // from 1 s; attempts as the broker counts them.
                 use rokka_broker::sub_groups::Backoff;
                 let strategy = match self.broker.sub_groups().backoff(group) {
                     Some(Backoff::Exponential {
@@ -1587,8 +1588,8 @@ impl Messaging {
                         max_ms,
                         multiplier,
                     }) => pb::retry_policy::Strategy::ExponentialBackoff(pb::ExponentialBackoff {
-                        initial: Some(message::duration(initial_ms.min(i64::MAX as u64) as i64)),
-                        max: Some(message::duration(max_ms.min(i64::MAX as u64) as i64)),
+                        initial: Some(message::duration(initial_ms as i64)),
+                        max: Some(message::duration(max_ms as i64)),
                         multiplier,
                     }),
                     custom => {
@@ -1600,15 +1601,12 @@ impl Messaging {
                             ],
                         };
                         pb::retry_policy::Strategy::CustomizedBackoff(pb::CustomizedBackoff {
-                            next: next
-                                .iter()
-                                .map(|ms| message::duration((*ms).min(i64::MAX as u64) as i64))
-                                .collect(),
+                            next: next.iter().map(|ms| message::duration(*ms as i64)).collect(),
                         })
                     }
                 };
                 s.backoff_policy = Some(pb::RetryPolicy {
-                    max_attempts: self.max_delivery_attempts(group) as i32,
+                    max_attempts: self.max_delivery_attempts(group).min(i32::MAX as u32) as i32,
                     strategy: Some(strategy),
                 });
             }

@@ -21,6 +21,11 @@ use crate::registrar::NsConn;
 pub const EXT_METADATA: &str = "rokkaMetadata";
 /// Ext field carrying a forwarded Kafka commit's leader epoch.
 pub const EXT_LEADER_EPOCH: &str = "rokkaLeaderEpoch";
+/// Ext field of a DELETE_SUBSCRIPTIONGROUP a Kafka coordinator forwards:
+/// only the group's offsets on this set go (the coordinator deletes the
+/// group's subscription-group config itself: one table for the cluster).
+pub const EXT_OFFSETS_ONLY: &str = "rokkaOffsetsOnly";
+
 /// Ext field of a DELETE_SUBSCRIPTIONGROUP answer: how many offsets went.
 pub const EXT_DELETED: &str = "rokkaDeleted";
 
@@ -188,6 +193,7 @@ impl RemoteOffsets for RemotingOffsets {
             let mut cmd = self.command(rq::DELETE_SUBSCRIPTIONGROUP);
             cmd.ext_fields.set("groupName", group);
             cmd.ext_fields.set("cleanOffset", "true");
+            cmd.ext_fields.set(EXT_OFFSETS_ONLY, "true");
             let r = self.call(set, cmd).await?;
             if r.code != rs::SUCCESS {
                 return Err(format!(

@@ -483,16 +483,31 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
             if code == 0 {
                 offsets.delete_group(&name);
                 // Its RocketMQ subscription-group config too: one set of
-                // groups (written and fsynced: off the async workers).
-                match rokka_broker::offload(|| k.broker.sub_groups().remove(&name)) {
-                    Ok(had) => found |= had,
-                    Err(r) => tracing::warn!(
-                        group = name,
-                        error = r.0,
-                        "a deleted group's subscription-group config stays"
-                    ),
+                // groups (written and fsynced: off the async workers; in
+                // cluster mode answered once etcd holds the deletion).
+                let configs = k.broker.sub_groups();
+                match rokka_broker::offload(|| configs.remove(&name)) {
+                    Ok(had) => {
+                        found |= had;
+                        let changes = configs.changes();
+                        let wait = rokka_broker::watermark::CLUSTER_WAIT;
+                        if !changes.replicated(changes.last_change(), wait).await {
+                            tracing::warn!(
+                                group = name,
+                                "a deleted group's subscription-group config: etcd does not hold the deletion yet (retried)"
+                            );
+                        }
+                    }
+                    Err(r) => {
+                        tracing::warn!(
+                            group = name,
+                            error = r.0,
+                            "a deleted group's subscription-group config stays"
+                        );
+                        code = rokka_group::code::COORDINATOR_NOT_AVAILABLE;
+                    }
                 }
-                if !found {
+                if code == 0 && !found {
                     // Neither held here nor committed anywhere.
                     code = rokka_group::code::GROUP_ID_NOT_FOUND;
                 }

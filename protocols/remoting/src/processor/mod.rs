@@ -223,8 +223,6 @@ impl RocketMq {
         }
     }
 
-    /// `r` once everything appended so far is durable (sync flush); a
-    /// successful answer becomes FLUSH_DISK_TIMEOUT when it is not.
     /// A subscription-group change answered once etcd holds it (cluster
     /// mode: every node honours it within a tick), as a user or ACL
     /// change; at once on a single node.
@@ -244,6 +242,8 @@ impl RocketMq {
         r
     }
 
+    /// `r` once everything appended so far is durable (sync flush); a
+    /// successful answer becomes FLUSH_DISK_TIMEOUT when it is not.
     async fn durable_then(&self, mut r: RemotingCommand) -> RemotingCommand {
         if r.code == rs::SUCCESS {
             let end = self.broker.store().commitlog_offsets().1;
@@ -355,7 +355,10 @@ impl RocketMq {
             rq::DELETE_TOPIC_IN_BROKER => rokka_broker::offload(|| self.delete_topic(&cmd)),
             rq::DELETE_SUBSCRIPTIONGROUP => {
                 let r = self.delete_subscription_group(&cmd);
-                self.sub_groups_replicated(&cmd, r).await
+                match cmd.ext_fields.get(crate::remote_offsets::EXT_OFFSETS_ONLY) {
+                    Some(_) => r,
+                    None => self.sub_groups_replicated(&cmd, r).await,
+                }
             }
             rq::GET_TOPIC_STATS_INFO => self.topic_stats(&cmd),
             rq::GET_CONSUMER_CONNECTION_LIST => self.consumer_connections(&cmd),
@@ -465,14 +468,17 @@ impl Service for RocketMq {
     /// behind it.
     fn inline(&self, cmd: &RemotingCommand) -> bool {
         match cmd.code {
-            // User changes fsync users.json and, in cluster mode, wait for etcd.
+            // User and subscription-group changes fsync their file and, in
+            // cluster mode, wait for etcd: not in the connection's read loop.
             rq::PULL_MESSAGE
             | rq::LITE_PULL_MESSAGE
             | rq::ROKKA_TXN_JOIN
             | rq::ROKKA_TXN_END
             | rq::AUTH_CREATE_USER
             | rq::AUTH_UPDATE_USER
-            | rq::AUTH_DELETE_USER => false,
+            | rq::AUTH_DELETE_USER
+            | rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
+            | rq::DELETE_SUBSCRIPTIONGROUP => false,
             rq::SEND_MESSAGE
             | rq::SEND_MESSAGE_V2
             | rq::SEND_BATCH_MESSAGE

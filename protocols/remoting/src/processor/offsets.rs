@@ -81,9 +81,13 @@ impl RocketMq {
             .ext_fields
             .get("cleanOffset")
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        // Written and fsynced: off the async workers.
-        if let Err(refused) = rokka_broker::offload(|| self.broker.sub_groups().remove(group)) {
-            return self.reply(req, rs::SYSTEM_ERROR, Some(refused.0));
+        // Written and fsynced: off the async workers. (Not for a Kafka
+        // coordinator's forwarded delete: it deletes the config itself.)
+        let offsets_only = req.ext_fields.get(crate::remote_offsets::EXT_OFFSETS_ONLY).is_some();
+        if !offsets_only {
+            if let Err(refused) = rokka_broker::offload(|| self.broker.sub_groups().remove(group)) {
+                return self.reply(req, rs::SYSTEM_ERROR, Some(refused.0));
+            }
         }
         let n = if clean {
             self.broker.store().offsets().delete_group(group)
