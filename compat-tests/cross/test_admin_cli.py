@@ -381,7 +381,8 @@ def test_a_subscription_group_turned_off_is_not_consumed_until_turned_on(rokka):
     """mqadmin updateSubGroup with consumeEnable=false through
     rocketmq-client-rust's admin: examineSubscriptionGroupConfig (code 352)
     reads the config back, a push consumer of the group gets none of the
-    topic's messages while it is off, and all of them once it is on again.
+    topic's messages while it is off, and all of them once it is on again;
+    getBrokerConfig and queryTopicsByConsumer answer as Apache's.
     (Before: the update was refused as not supported and 352 unanswered.)"""
     topic, group = "CliSubGroupOff", "cli-subgroup-off"
     cli(rokka, "topic", "create", topic, "--partitions", "2")
@@ -390,6 +391,14 @@ def test_a_subscription_group_turned_off_is_not_consumed_until_turned_on(rokka):
     assert "examined: consumeEnable=false retryMaxTimes=3" in lines, lines
     assert "consumed while off: 0" in lines, lines
     assert "consumed once on: 20" in lines, lines
+    # mqadmin getBrokerConfig and queryTopicsByConsumer (codes 26, 343):
+    # Apache's property names, and the topics the group committed on.
+    info = harness(rokka, "broker-info", broker, group)
+    assert "config brokerRole=ASYNC_MASTER" in info and "config flushDiskType=ASYNC_FLUSH" in info, info
+    assert f"config listenPort={rokka.broker_port}" in info, info
+    assert "config messageDelayLevel=1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h" in info, info
+    (topics,) = [l.split(": ", 1)[1] for l in info if l.startswith(f"topics of {group}: ")]
+    assert topic in topics.split(","), info
     # A Kafka DeleteGroups deletes the group whole, its RocketMQ config
     # with its offsets (one set of groups): the admin finds none after.
     harness(rokka, "subgroup-set", broker, group, "false", 7)

@@ -94,9 +94,16 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
             [Some((Rt::Topic, f("topic"), Op::Describe)), None]
         }
         rq::GET_CONSUMER_CONNECTION_LIST => [Some((Rt::Group, f("consumerGroup"), Op::Describe)), None],
-        rq::GET_SUBSCRIPTIONGROUP_CONFIG => [Some((Rt::Group, f("group"), Op::Describe)), None],
+        rq::GET_SUBSCRIPTIONGROUP_CONFIG | rq::QUERY_TOPICS_BY_CONSUMER => {
+            [Some((Rt::Group, f("group"), Op::Describe)), None]
+        }
+        rq::QUERY_SUBSCRIPTION_BY_CONSUMER => [
+            Some((Rt::Group, f("group"), Op::Describe)),
+            Some(topic_need(f("topic"), Op::Describe)),
+        ],
         rq::GET_PRODUCER_CONNECTION_LIST
         | rq::GET_BROKER_RUNTIME_INFO
+        | rq::GET_BROKER_CONFIG
         | rq::GET_KV_CONFIG
         | rq::GET_KVLIST_BY_NAMESPACE => [Some((Rt::Cluster, CLUSTER_NAME, Op::Describe)), None],
         rq::PUT_KV_CONFIG | rq::DELETE_KV_CONFIG | rq::WIPE_WRITE_PERM_OF_BROKER | rq::ADD_WRITE_PERM_OF_BROKER => {

@@ -9,6 +9,8 @@ pub mod request {
     pub const UPDATE_CONSUMER_OFFSET: i32 = 15;
     pub const UPDATE_AND_CREATE_TOPIC: i32 = 17;
     pub const GET_ALL_TOPIC_CONFIG: i32 = 21;
+    /// mqadmin getBrokerConfig, the dashboard's broker config view.
+    pub const GET_BROKER_CONFIG: i32 = 26;
     pub const GET_BROKER_RUNTIME_INFO: i32 = 28;
     pub const SEARCH_OFFSET_BY_TIMESTAMP: i32 = 29;
     pub const GET_MAX_OFFSET: i32 = 30;
@@ -42,6 +44,11 @@ pub mod request {
     pub const GET_ALL_SUBSCRIPTIONGROUP_CONFIG: i32 = 201;
     /// One group's config (an admin's examineSubscriptionGroupConfig).
     pub const GET_SUBSCRIPTIONGROUP_CONFIG: i32 = 352;
+    /// The topics a group has committed offsets on (an admin's
+    /// queryTopicsByConsumer, mqadmin consumerProgress).
+    pub const QUERY_TOPICS_BY_CONSUMER: i32 = 343;
+    /// A group's subscription to a topic, from its members' heartbeats.
+    pub const QUERY_SUBSCRIPTION_BY_CONSUMER: i32 = 345;
     /// The dashboard's topic list: cluster and broker names (Apache lists
     /// them as "system topics").
     pub const GET_SYSTEM_TOPIC_LIST_FROM_NS: i32 = 304;

@@ -2083,6 +2083,54 @@ async fn a_subscription_group_config_is_kept_and_honoured() -> TestResult {
     Ok(())
 }
 
+/// The admin's other group and broker views: QUERY_TOPICS_BY_CONSUMER
+/// (343, the topics a group committed on, whichever protocol),
+/// QUERY_SUBSCRIPTION_BY_CONSUMER (345, from the members' heartbeats) and
+/// GET_BROKER_CONFIG (26, Apache's property names). All three were
+/// REQUEST_CODE_NOT_SUPPORTED.
+#[tokio::test]
+async fn the_admins_group_and_broker_views_are_answered() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    broker.store().offsets().commit("vg", "A", 0, 1, "");
+    broker.store().offsets().commit("vg", "A", 1, 1, "");
+    broker.store().offsets().commit("vg", "B", 0, 1, "");
+    broker.store().offsets().commit("vh", "C", 0, 1, "");
+    let mut c = Client::connect(addr).await?;
+    let r = c.call(req(rq::QUERY_TOPICS_BY_CONSUMER, &[("group", "vg")])).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(v["topicList"], serde_json::json!(["A", "B"]));
+    assert_eq!(v["brokerAddr"], addr.to_string());
+
+    let mut h = req(rq::HEART_BEAT, &[]);
+    h.body = Bytes::from_static(
+        br#"{"clientID":"v1","producerDataSet":[],"consumerDataSet":[{"groupName":"vg","messageModel":"CLUSTERING","subscriptionDataSet":[{"topic":"A","subString":"t1 || t2","expressionType":"TAG"}]}]}"#,
+    );
+    assert_eq!(c.call(h).await?.code, rs::SUCCESS);
+    let sub = |g: &str, t: &str| req(rq::QUERY_SUBSCRIPTION_BY_CONSUMER, &[("group", g), ("topic", t)]);
+    let r = c.call(sub("vg", "A")).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(v["subscriptionData"]["subString"], "t1 || t2");
+    assert_eq!(v["subscriptionData"]["tagsSet"], serde_json::json!(["t1", "t2"]));
+    let v: serde_json::Value = serde_json::from_slice(&c.call(sub("vg", "B")).await?.body)?;
+    assert!(v["subscriptionData"].is_null(), "{v}");
+
+    let r = c.call(req(rq::GET_BROKER_CONFIG, &[])).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    let props: std::collections::HashMap<String, String> = std::str::from_utf8(&r.body)?
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    assert_eq!(props.get("listenPort"), Some(&addr.port().to_string()));
+    assert_eq!(props.get("brokerRole").map(String::as_str), Some("ASYNC_MASTER"));
+    assert_eq!(props.get("autoCreateTopicEnable").map(String::as_str), Some("true"));
+    assert!(r.ext_fields.get("version").is_some());
+    Ok(())
+}
+
 /// What the RocketMQ dashboard's topic and consumer pages ask: the name
 /// server's "system topics" (cluster and broker names, code 304) and a
 /// broker's subscription groups (201); mqadmin updateSubGroup (200) is

@@ -371,6 +371,32 @@ async fn subgroup_get(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -
     Ok(true)
 }
 
+/// `broker-info <broker> <group>`: mqadmin getBrokerConfig
+/// (GET_BROKER_CONFIG) and queryTopicsByConsumer (QUERY_TOPICS_BY_CONSUMER,
+/// through the route of the group's retry topic) through the admin client;
+/// prints a few of the broker's properties and the group's topics.
+async fn broker_info(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    use rocketmq_client_rust::{BrokerAdmin, TopicAdmin};
+    let (Some(broker), Some(group)) = (args.first(), args.get(1)) else {
+        eprintln!("compat: broker-info <broker> <group>");
+        return Ok(false);
+    };
+    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
+    admin.set_namesrv_addr(namesrv.to_string());
+    admin.start().await?;
+    let props = admin.get_broker_config(broker.as_str().into()).await?;
+    for key in ["brokerName", "brokerRole", "flushDiskType", "messageDelayLevel", "listenPort"] {
+        let v = props.iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v.to_string());
+        println!("compat: config {key}={}", v.unwrap_or_else(|| "<none>".into()));
+    }
+    let topics = admin.query_topics_by_consumer(group.as_str().into()).await?;
+    let mut names: Vec<String> = topics.topic_list.iter().map(|t| t.to_string()).collect();
+    names.sort();
+    println!("compat: topics of {group}: {}", names.join(","));
+    admin.shutdown().await;
+    Ok(true)
+}
+
 /// `reset-offset <topic> <group> <timestamp ms> <force>`: mqadmin
 /// resetOffsetByTime through the admin client (INVOKE_BROKER_TO_RESET_OFFSET
 /// to each master of the topic); prints each queue's new offset.
@@ -556,6 +582,7 @@ async fn main() -> ClientResult<()> {
         "subgroup-honoured" => subgroup_honoured(&rt, &namesrv, &args[3..]).await?,
         "subgroup-set" => subgroup_set(&rt, &namesrv, &args[3..]).await?,
         "subgroup-get" => subgroup_get(&rt, &namesrv, &args[3..]).await?,
+        "broker-info" => broker_info(&rt, &namesrv, &args[3..]).await?,
         "dur-send" => durability::send(&rt, &namesrv, &args[3..]).await?,
         "dur-delayed" => durability::delayed(&rt, &namesrv, &args[3..]).await?,
         "dur-consume" => durability::consume(&rt, &namesrv, &args[3..]).await?,

@@ -325,6 +325,140 @@ impl RocketMq {
         self.json_body(req, json!({"table": table}))
     }
 
+    /// GET_BROKER_CONFIG (mqadmin getBrokerConfig, the dashboard's broker
+    /// config view): this broker's settings under Apache's property names
+    /// (`key=value` lines, as Apache's Configuration writes them), mapped
+    /// from Rokka's config where Rokka has the setting; the `version`
+    /// header a DataVersion.
+    pub(super) fn broker_config(&self, req: &RemotingCommand) -> RemotingCommand {
+        let store = self.broker.store().config();
+        let broker = self.broker.config();
+        let (role, id) = match self.broker.cluster_view() {
+            Some(c) if !c.is_master() => ("SLAVE", i64::from(c.self_id) + 1),
+            _ if self.broker.store().waits_for_replicas() => ("SYNC_MASTER", 0),
+            _ => ("ASYNC_MASTER", 0),
+        };
+        let flush = match store.flush_mode {
+            rokka_store::FlushMode::Sync => "SYNC_FLUSH",
+            rokka_store::FlushMode::Async => "ASYNC_FLUSH",
+        };
+        // Apache's messageDelayLevel units (s, m, h, d; ms where none fits).
+        let unit = |ms: u64| {
+            let units = [(86_400_000, "d"), (3_600_000, "h"), (60_000, "m"), (1000, "s")];
+            match units.into_iter().find(|(u, _)| ms > 0 && ms.is_multiple_of(*u)) {
+                Some((u, name)) => format!("{}{name}", ms / u),
+                None => format!("{ms}ms"),
+            }
+        };
+        let delay_levels: Vec<String> = broker.delay_levels_ms.iter().map(|ms| unit(*ms)).collect();
+        let host = self
+            .advertised
+            .rsplit_once(':')
+            .map_or(self.advertised.as_str(), |(h, _)| h);
+        let props: Vec<(&str, String)> = vec![
+            ("brokerClusterName", self.config.cluster_name.clone()),
+            ("brokerName", self.broker_name()),
+            ("brokerId", id.to_string()),
+            ("brokerRole", role.into()),
+            ("brokerIP1", host.to_string()),
+            ("listenPort", self.bound.port().to_string()),
+            ("namesrvAddr", self.namesrv_targets().join(";")),
+            ("storePathRootDir", store.data_dir.display().to_string()),
+            (
+                "storePathCommitLog",
+                store.data_dir.join("commitlog").display().to_string(),
+            ),
+            ("mappedFileSizeCommitLog", store.commitlog_segment_bytes.to_string()),
+            (
+                "mappedFileSizeConsumeQueue",
+                (u64::from(store.consume_queue_entries_per_file) * 20).to_string(),
+            ),
+            ("flushDiskType", flush.into()),
+            ("flushIntervalCommitLog", store.flush_interval_ms.to_string()),
+            ("syncFlushTimeout", store.sync_flush_timeout_ms.to_string()),
+            ("maxMessageSize", store.max_message_bytes.to_string()),
+            ("fileReservedTime", store.retention_hours.to_string()),
+            ("diskMaxUsedSpaceRatio", store.disk_max_used_percent.to_string()),
+            ("messageIndexEnable", store.index_enabled.to_string()),
+            ("maxHashSlotNum", store.index_slots.to_string()),
+            ("maxIndexNum", store.index_entries.to_string()),
+            ("autoCreateTopicEnable", broker.auto_create_topics.to_string()),
+            ("defaultTopicQueueNums", broker.default_partitions.to_string()),
+            ("autoCreateSubscriptionGroup", "true".into()),
+            ("messageDelayLevel", delay_levels.join(" ")),
+            ("timerMaxDelaySec", (broker.timer_max_delay_ms / 1000).to_string()),
+            ("transactionTimeOut", self.config.transaction_timeout_ms.to_string()),
+            (
+                "transactionCheckInterval",
+                self.config.transaction_check_interval_ms.to_string(),
+            ),
+            ("transactionCheckMax", self.config.transaction_check_max.to_string()),
+            ("authorizationEnabled", self.broker.acls().enabled().to_string()),
+            ("enableControllerMode", self.broker.cluster_view().is_some().to_string()),
+        ];
+        let mut body = String::new();
+        for (k, v) in props {
+            body.push_str(k);
+            body.push('=');
+            body.push_str(&v);
+            body.push('\n');
+        }
+        let mut r = self.reply(req, rs::SUCCESS, None);
+        r.ext_fields.set(
+            "version",
+            json!({"counter": 0, "stateVersion": 0, "timestamp": 0}).to_string(),
+        );
+        r.body = Bytes::from(body);
+        r
+    }
+
+    /// QUERY_TOPICS_BY_CONSUMER (an admin's queryTopicsByConsumer): the
+    /// topics `group` has committed offsets on here, whichever protocol
+    /// committed them (Apache's whichTopicByConsumer).
+    pub(super) fn topics_by_consumer(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("group").unwrap_or_default();
+        let mut topics: Vec<String> = self
+            .broker
+            .store()
+            .offsets()
+            .group_offsets(group)
+            .into_iter()
+            .map(|(t, _, _)| t)
+            .collect();
+        topics.dedup();
+        self.json_body(req, json!({"topicList": topics, "brokerAddr": self.advertised}))
+    }
+
+    /// QUERY_SUBSCRIPTION_BY_CONSUMER: `group`'s subscription to `topic` as
+    /// its live RocketMQ members' heartbeats gave it (null when none).
+    pub(super) fn subscription_by_consumer(&self, req: &RemotingCommand) -> RemotingCommand {
+        let group = req.ext_fields.get("group").unwrap_or_default();
+        let topic = req.ext_fields.get("topic").unwrap_or_default();
+        let sub = self
+            .clients()
+            .groups
+            .get(group)
+            .and_then(|g| g.subscriptions.get(topic))
+            .map(|s| (s.expression.clone(), s.expression_type.clone()));
+        let data = sub.map(|(expr, kind)| {
+            let tags: Vec<&str> = expr
+                .split("||")
+                .map(str::trim)
+                .filter(|t| !t.is_empty() && *t != "*")
+                .collect();
+            json!({
+                "topic": topic,
+                "subString": expr,
+                "expressionType": kind,
+                "tagsSet": tags,
+                "codeSet": [],
+                "subVersion": 0,
+                "classFilterMode": false,
+            })
+        });
+        self.json_body(req, json!({"group": group, "topic": topic, "subscriptionData": data}))
+    }
+
     /// QUERY_MESSAGE: messages of `topic` by key (a KEYS token, or the
     /// client's unique id), stored within [beginTimestamp, endTimestamp],
     /// from the IndexFile; QUERY_NOT_FOUND when none.

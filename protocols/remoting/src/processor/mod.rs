@@ -47,6 +47,8 @@ pub struct RocketMq {
     broker: Arc<Broker>,
     config: RocketMqConfig,
     advertised: String,
+    /// The address the broker listener is bound to.
+    bound: SocketAddr,
     /// The host in message ids and converted messages.
     store_host: SocketAddr,
     clients: Mutex<Clients>,
@@ -93,6 +95,7 @@ impl RocketMq {
             broker,
             config,
             advertised,
+            bound: broker_bound,
             store_host,
             clients: Mutex::new(Clients::default()),
             locks: Mutex::new(Default::default()),
@@ -347,6 +350,9 @@ impl RocketMq {
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
             rq::GET_ALL_SUBSCRIPTIONGROUP_CONFIG => self.all_subscription_groups(&cmd),
             rq::GET_SUBSCRIPTIONGROUP_CONFIG => self.subscription_group(&cmd),
+            rq::QUERY_TOPICS_BY_CONSUMER => self.topics_by_consumer(&cmd),
+            rq::QUERY_SUBSCRIPTION_BY_CONSUMER => self.subscription_by_consumer(&cmd),
+            rq::GET_BROKER_CONFIG => self.broker_config(&cmd),
             rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => {
                 let r = self.update_subscription_group(&cmd);
                 self.sub_groups_replicated(&cmd, r).await
