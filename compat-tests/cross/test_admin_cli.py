@@ -410,6 +410,18 @@ def test_a_subscription_group_turned_off_is_not_consumed_until_turned_on(rokka):
     assert got.startswith("config: none"), got
 
 
+def test_subscription_groups_set_in_one_list_are_kept(rokka):
+    """mqadmin updateSubGroupList through rocketmq-client-rust's admin
+    (code 225): every group of the list is kept with its settings, read
+    back with examineSubscriptionGroupConfig."""
+    broker = f"127.0.0.1:{rokka.broker_port}"
+    groups = ["cli-subgroup-list-a", "cli-subgroup-list-b"]
+    assert harness(rokka, "subgroup-set-list", broker, 5, *groups)[0] == "set list: ok"
+    for g in groups:
+        got = harness(rokka, "subgroup-get", broker, g)[0]
+        assert got == "config: consumeEnable=false retryMaxTimes=5", (g, got)
+
+
 def test_a_kip848_group_is_described_with_its_members_and_lag(rokka):
     """`group describe` of a KIP-848 group (librdkafka, group.protocol =
     consumer): DescribeGroups says it is not a classic group, so the CLI

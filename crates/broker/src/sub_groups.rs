@@ -309,23 +309,32 @@ impl SubscriptionGroups {
     /// is refused. (Cluster mode: written to etcd even when this node's
     /// copy is the same — it may be a tick behind the cluster's.)
     pub fn upsert(&self, group: &str, config: GroupConfig) -> std::result::Result<(), Refused> {
+        self.upsert_all(vec![(group.to_string(), config)])
+    }
+
+    /// [`SubscriptionGroups::upsert`] of several groups at once: all kept,
+    /// in one write, or none (the budget counts every new one).
+    pub fn upsert_all(&self, configs: Vec<(String, GroupConfig)>) -> std::result::Result<(), Refused> {
         let _turn = self.turn();
-        if self.read().groups.get(group) == Some(&config) {
-            self.changes.note(group);
+        let names: Vec<String> = configs.iter().map(|(g, _)| g.clone()).collect();
+        if configs.iter().all(|(g, c)| self.read().groups.get(g) == Some(c)) {
+            names.iter().for_each(|g| self.changes.note(g));
             return Ok(());
         }
         let mut next = File {
             groups: self.read().groups.clone(),
         };
-        if !next.groups.contains_key(group) && next.groups.len() >= self.max {
-            metrics::counter!("rokka_subscription_groups_refused_total").increment(1);
-            return Err(Refused(format!(
-                "subscription group {group}: the broker keeps at most {} group configs (broker.max_subscription_groups)",
-                self.max
-            )));
+        for (group, config) in configs {
+            if !next.groups.contains_key(&group) && next.groups.len() >= self.max {
+                metrics::counter!("rokka_subscription_groups_refused_total").increment(1);
+                return Err(Refused(format!(
+                    "subscription group {group}: the broker keeps at most {} group configs (broker.max_subscription_groups)",
+                    self.max
+                )));
+            }
+            next.groups.insert(group, config);
         }
-        next.groups.insert(group.to_string(), config);
-        self.install(next, group)
+        self.install(next, &names)
     }
 
     /// Forgets `group`'s config (true if this node had one). (Cluster
@@ -341,22 +350,23 @@ impl SubscriptionGroups {
             groups: self.read().groups.clone(),
         };
         next.groups.remove(group);
-        self.install(next, group).map(|()| true)
+        self.install(next, &[group.to_string()]).map(|()| true)
     }
 
     fn turn(&self) -> std::sync::MutexGuard<'_, ()> {
         self.writing.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Writes `next` (the caller holds the turn) and puts it in force.
-    fn install(&self, next: File, group: &str) -> std::result::Result<(), Refused> {
+    /// Writes `next` (the caller holds the turn) and puts it in force;
+    /// `changed`: the groups it changed.
+    fn install(&self, next: File, changed: &[String]) -> std::result::Result<(), Refused> {
         crate::json_file::write(&self.path, &next, false).map_err(|e| {
             tracing::error!(path = %self.path.display(), error = %e, "subscription groups not written");
-            Refused(format!("subscription group {group} not stored: {e}"))
+            Refused(format!("subscription groups {} not stored: {e}", changed.join(", ")))
         })?;
         metrics::gauge!("rokka_subscription_groups").set(next.groups.len() as f64);
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = next;
-        self.changes.note(group);
+        changed.iter().for_each(|g| self.changes.note(g));
         Ok(())
     }
 }
@@ -505,6 +515,13 @@ mod tests {
         assert!(ok(t.upsert("b", off)));
         assert!(!ok(t.upsert("c", GroupConfig::default())));
         assert_eq!(t.len(), 2);
+        // A list is kept whole or not at all.
+        let t = SubscriptionGroups::open(&d, 3)?;
+        let list = |names: &[&str]| names.iter().map(|n| (n.to_string(), GroupConfig::default())).collect();
+        assert!(!ok(t.upsert_all(list(&["a", "c", "d"]))), "two new past 3");
+        assert_eq!((t.len(), t.contains("c")), (2, false));
+        assert!(ok(t.upsert_all(list(&["a", "c"]))));
+        assert_eq!(t.len(), 3);
         let _ = std::fs::remove_dir_all(&d);
         Ok(())
     }

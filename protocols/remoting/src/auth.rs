@@ -114,7 +114,9 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
         // controller need.
         rq::REGISTER_BROKER | rq::UNREGISTER_BROKER => [Some((Rt::Cluster, CLUSTER_NAME, Op::ClusterAction)), None],
         // (The group is named in the body: an admin's call on the cluster.)
-        rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => [Some((Rt::Cluster, CLUSTER_NAME, Op::Alter)), None],
+        rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP | rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST => {
+            [Some((Rt::Cluster, CLUSTER_NAME, Op::Alter)), None]
+        }
         rq::GET_ALL_TOPIC_CONFIG | rq::GET_ALL_SUBSCRIPTIONGROUP_CONFIG | rq::AUTH_GET_USER | rq::AUTH_LIST_USERS => {
             [Some((Rt::Cluster, CLUSTER_NAME, Op::Describe)), None]
         }

@@ -42,6 +42,9 @@ pub mod request {
     pub const UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: i32 = 200;
     /// The dashboard's consumer list (every broker's groups).
     pub const GET_ALL_SUBSCRIPTIONGROUP_CONFIG: i32 = 201;
+    /// Several groups' configs at once (mqadmin updateSubGroupList, an
+    /// admin's createAndUpdateSubscriptionGroupConfigList).
+    pub const UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST: i32 = 225;
     /// One group's config (an admin's examineSubscriptionGroupConfig).
     pub const GET_SUBSCRIPTIONGROUP_CONFIG: i32 = 352;
     /// The topics a group has committed offsets on (an admin's

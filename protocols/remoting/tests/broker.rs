@@ -2071,6 +2071,21 @@ async fn a_subscription_group_config_is_kept_and_honoured() -> TestResult {
         assert!(r.remark.as_deref().unwrap_or_default().contains(why), "{:?}", r.remark);
     }
 
+    // A list (225): kept whole, or nothing of it.
+    let mut list = req(rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST, &[]);
+    list.body = Bytes::from_static(
+        br#"{"groupConfigList":[{"groupName":"l1","retryMaxTimes":4},{"groupName":"l2","consumeEnable":false}]}"#,
+    );
+    let r = c.call(list).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert_eq!(broker.sub_groups().honoured("l1").retry_max_times, 4);
+    assert!(!broker.sub_groups().honoured("l2").consume_enable);
+    let mut list = req(rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST, &[]);
+    list.body = Bytes::from_static(br#"{"groupConfigList":[{"groupName":"l3"},{"groupName":"%SCHEDULE%"}]}"#);
+    let r = c.call(list).await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR, "{:?}", r.remark);
+    assert!(broker.sub_groups().get("l3").is_none(), "nothing of a refused list");
+
     // Deleted: the defaults again (the group still has its offsets here).
     let r = c
         .call(req(rq::DELETE_SUBSCRIPTIONGROUP, &[("groupName", "bg")]))

@@ -314,6 +314,43 @@ async fn subgroup_honoured(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[Strin
     Ok(true)
 }
 
+/// `subgroup-set-list <broker> <retryMaxTimes> <group>...`: mqadmin
+/// updateSubGroupList (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST) of the
+/// groups, each with consumption off and that retryMaxTimes, through the
+/// admin client; prints the outcome.
+async fn subgroup_set_list(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    use rocketmq_client_rust::ConsumerAdmin;
+    use rocketmq_protocol::protocol::subscription::subscription_group_config::SubscriptionGroupConfig;
+    let (Some(broker), Some(retries)) = (args.first(), args.get(1)) else {
+        eprintln!("compat: subgroup-set-list <broker> <retryMaxTimes> <group>...");
+        return Ok(false);
+    };
+    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
+    admin.set_namesrv_addr(namesrv.to_string());
+    admin.start().await?;
+    let configs = args[2..]
+        .iter()
+        .map(|g| {
+            let mut c = SubscriptionGroupConfig::new(g.as_str().into());
+            c.set_consume_enable(false);
+            c.set_retry_max_times(retries.parse().unwrap_or(16));
+            c
+        })
+        .collect();
+    let r = admin
+        .create_and_update_subscription_group_config_list(broker.as_str().into(), configs)
+        .await;
+    println!(
+        "compat: set list: {}",
+        match &r {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("refused ({e})"),
+        }
+    );
+    admin.shutdown().await;
+    Ok(r.is_ok())
+}
+
 /// `subgroup-set <broker> <group> <consumeEnable> <retryMaxTimes> [orderly]`:
 /// mqadmin updateSubGroup of those settings through the admin client (the
 /// rest Apache's defaults); prints the outcome.
@@ -582,6 +619,7 @@ async fn main() -> ClientResult<()> {
         "subgroup-honoured" => subgroup_honoured(&rt, &namesrv, &args[3..]).await?,
         "subgroup-set" => subgroup_set(&rt, &namesrv, &args[3..]).await?,
         "subgroup-get" => subgroup_get(&rt, &namesrv, &args[3..]).await?,
+        "subgroup-set-list" => subgroup_set_list(&rt, &namesrv, &args[3..]).await?,
         "broker-info" => broker_info(&rt, &namesrv, &args[3..]).await?,
         "dur-send" => durability::send(&rt, &namesrv, &args[3..]).await?,
         "dur-delayed" => durability::delayed(&rt, &namesrv, &args[3..]).await?,

@@ -605,37 +605,68 @@ impl RocketMq {
     /// defined), a wrong type, a config past 4 KiB, a new group past
     /// `broker.max_subscription_groups`.
     pub(super) fn update_subscription_group(&self, req: &RemotingCommand) -> RemotingCommand {
-        let groups = self.broker.sub_groups();
-        let (group, config) =
-            match rokka_broker::sub_groups::GroupConfig::from_request(&req.body, |g| groups.contains(g)) {
-                Ok(p) => p,
+        match self.sub_group_config(&req.body) {
+            Ok(one) => self.keep_sub_groups(req, vec![one]),
+            Err(why) => self.reply(req, rs::SYSTEM_ERROR, Some(why)),
+        }
+    }
+
+    /// UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST (mqadmin
+    /// updateSubGroupList; a body `{"groupConfigList": [...]}`): each
+    /// config as one UPDATE_AND_CREATE_SUBSCRIPTIONGROUP takes it, all
+    /// kept in one write or none (Apache persists the list once).
+    pub(super) fn update_subscription_group_list(&self, req: &RemotingCommand) -> RemotingCommand {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct List<'a> {
+            #[serde(borrow)]
+            group_config_list: Vec<&'a serde_json::value::RawValue>,
+        }
+        let list: List<'_> = match serde_json::from_slice(&req.body) {
+            Ok(l) => l,
+            Err(e) => return self.reply(req, rs::SYSTEM_ERROR, Some(format!("subscription group list: {e}"))),
+        };
+        let mut configs = Vec::with_capacity(list.group_config_list.len().min(1024));
+        for raw in list.group_config_list {
+            match self.sub_group_config(raw.get().as_bytes()) {
+                Ok(one) => configs.push(one),
                 Err(why) => return self.reply(req, rs::SYSTEM_ERROR, Some(why)),
-            };
+            }
+        }
+        self.keep_sub_groups(req, configs)
+    }
+
+    /// One config of an update: its group and config, or why refused.
+    fn sub_group_config(&self, body: &[u8]) -> Result<(String, rokka_broker::sub_groups::GroupConfig), String> {
+        let groups = self.broker.sub_groups();
+        let (group, config) = rokka_broker::sub_groups::GroupConfig::from_request(body, |g| groups.contains(g))?;
         if group.is_empty() {
-            return self.reply(req, rs::SYSTEM_ERROR, Some("groupName is empty".into()));
+            return Err("groupName is empty".into());
         }
         if rokka_broker::is_system_group(&group) {
-            return self.reply(
-                req,
-                rs::SYSTEM_ERROR,
-                Some(format!("[{group}] is a system consumer group")),
-            );
+            return Err(format!("[{group}] is a system consumer group"));
         }
-        let honoured = (
-            config.consume_enable,
-            config.consume_broadcast_enable,
-            config.retry_max_times,
-        );
-        // Written and fsynced: off the async workers.
-        match rokka_broker::offload(|| groups.upsert(&group, config)) {
+        Ok((group, config))
+    }
+
+    /// Keeps `configs` (written and fsynced off the async workers), logged.
+    fn keep_sub_groups(
+        &self,
+        req: &RemotingCommand,
+        configs: Vec<(String, rokka_broker::sub_groups::GroupConfig)>,
+    ) -> RemotingCommand {
+        let changed: Vec<String> = configs
+            .iter()
+            .map(|(g, c)| {
+                format!(
+                    "{g} (consumeEnable={} consumeBroadcastEnable={} retryMaxTimes={})",
+                    c.consume_enable, c.consume_broadcast_enable, c.retry_max_times
+                )
+            })
+            .collect();
+        match rokka_broker::offload(|| self.broker.sub_groups().upsert_all(configs)) {
             Ok(()) => {
-                tracing::info!(
-                    group,
-                    consume_enable = honoured.0,
-                    consume_broadcast_enable = honoured.1,
-                    retry_max_times = honoured.2,
-                    "subscription group updated (UPDATE_AND_CREATE_SUBSCRIPTIONGROUP)"
-                );
+                tracing::info!(groups = changed.join(", "), "subscription groups updated");
                 self.reply(req, rs::SUCCESS, None)
             }
             Err(refused) => self.reply(req, rs::SYSTEM_ERROR, Some(refused.0)),

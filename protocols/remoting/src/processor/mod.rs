@@ -357,6 +357,10 @@ impl RocketMq {
                 let r = self.update_subscription_group(&cmd);
                 self.sub_groups_replicated(&cmd, r).await
             }
+            rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST => {
+                let r = self.update_subscription_group_list(&cmd);
+                self.sub_groups_replicated(&cmd, r).await
+            }
             rq::GET_TOPIC_CONFIG => self.topic_config(&cmd),
             rq::DELETE_TOPIC_IN_BROKER => rokka_broker::offload(|| self.delete_topic(&cmd)),
             rq::DELETE_SUBSCRIPTIONGROUP => {
@@ -484,6 +488,7 @@ impl Service for RocketMq {
             | rq::AUTH_UPDATE_USER
             | rq::AUTH_DELETE_USER
             | rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP
+            | rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST
             | rq::DELETE_SUBSCRIPTIONGROUP => false,
             rq::SEND_MESSAGE
             | rq::SEND_MESSAGE_V2
