@@ -362,7 +362,11 @@ impl SubscriptionGroups {
     fn install(&self, next: File, changed: &[String]) -> std::result::Result<(), Refused> {
         crate::json_file::write(&self.path, &next, false).map_err(|e| {
             tracing::error!(path = %self.path.display(), error = %e, "subscription groups not written");
-            Refused(format!("subscription groups {} not stored: {e}", changed.join(", ")))
+            let first = changed.first().map_or("", String::as_str);
+            Refused(format!(
+                "subscription groups ({} from {first}) not stored: {e}",
+                changed.len()
+            ))
         })?;
         metrics::gauge!("rokka_subscription_groups").set(next.groups.len() as f64);
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = next;

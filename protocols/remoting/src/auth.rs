@@ -421,7 +421,7 @@ pub fn principal_of(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingC
 
 /// Whether `cmd` is the cluster's own call, verified (its AccessKey the
 /// cluster's, signed with the cluster's secret).
-fn is_cluster_call(broker: &Broker, cmd: &RemotingCommand) -> bool {
+pub(crate) fn is_cluster_call(broker: &Broker, cmd: &RemotingCommand) -> bool {
     cmd.ext_fields
         .get("AccessKey")
         .is_some_and(|ak| ak.starts_with(rokka_broker::internal::ACCESS_KEY_PREFIX))

@@ -2085,6 +2085,20 @@ async fn a_subscription_group_config_is_kept_and_honoured() -> TestResult {
     let r = c.call(list).await?;
     assert_eq!(r.code, rs::SYSTEM_ERROR, "{:?}", r.remark);
     assert!(broker.sub_groups().get("l3").is_none(), "nothing of a refused list");
+    // A list is counted as it is read (10 001 tiny values: refused before
+    // they are held); no list is nothing to do (Apache's answer).
+    let mut long = req(rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST, &[]);
+    long.body = Bytes::from(format!(r#"{{"groupConfigList":[{}0]}}"#, "0,".repeat(10_000)));
+    let r = c.call(long).await?;
+    assert_eq!(r.code, rs::SYSTEM_ERROR);
+    assert!(
+        r.remark.as_deref().unwrap_or_default().contains("more than 10000"),
+        "{:?}",
+        r.remark
+    );
+    let mut none = req(rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST, &[]);
+    none.body = Bytes::from_static(br#"{"groupConfigList":null}"#);
+    assert_eq!(c.call(none).await?.code, rs::SUCCESS);
 
     // Deleted: the defaults again (the group still has its offsets here).
     let r = c
@@ -2120,7 +2134,7 @@ async fn the_admins_group_and_broker_views_are_answered() -> TestResult {
 
     let mut h = req(rq::HEART_BEAT, &[]);
     h.body = Bytes::from_static(
-        br#"{"clientID":"v1","producerDataSet":[],"consumerDataSet":[{"groupName":"vg","messageModel":"CLUSTERING","subscriptionDataSet":[{"topic":"A","subString":"t1 || t2","expressionType":"TAG"}]}]}"#,
+        br#"{"clientID":"v1","producerDataSet":[],"consumerDataSet":[{"groupName":"vg","messageModel":"CLUSTERING","subscriptionDataSet":[{"topic":"A","subString":"t1 || t2","expressionType":"TAG","subVersion":77},{"topic":"B","subString":"a > 1","expressionType":"SQL92"}]}]}"#,
     );
     assert_eq!(c.call(h).await?.code, rs::SUCCESS);
     let sub = |g: &str, t: &str| req(rq::QUERY_SUBSCRIPTION_BY_CONSUMER, &[("group", g), ("topic", t)]);
@@ -2129,7 +2143,10 @@ async fn the_admins_group_and_broker_views_are_answered() -> TestResult {
     let v: serde_json::Value = serde_json::from_slice(&r.body)?;
     assert_eq!(v["subscriptionData"]["subString"], "t1 || t2");
     assert_eq!(v["subscriptionData"]["tagsSet"], serde_json::json!(["t1", "t2"]));
-    let v: serde_json::Value = serde_json::from_slice(&c.call(sub("vg", "B")).await?.body)?;
+    // Java's String.hashCode of each tag, as Apache's FilterAPI.
+    assert_eq!(v["subscriptionData"]["codeSet"], serde_json::json!([3645, 3646]));
+    assert_eq!(v["subscriptionData"]["subVersion"], 77);
+    let v: serde_json::Value = serde_json::from_slice(&c.call(sub("vg", "C")).await?.body)?;
     assert!(v["subscriptionData"].is_null(), "{v}");
 
     let r = c.call(req(rq::GET_BROKER_CONFIG, &[])).await?;
@@ -2143,6 +2160,36 @@ async fn the_admins_group_and_broker_views_are_answered() -> TestResult {
     assert_eq!(props.get("brokerRole").map(String::as_str), Some("ASYNC_MASTER"));
     assert_eq!(props.get("autoCreateTopicEnable").map(String::as_str), Some("true"));
     assert!(r.ext_fields.get("version").is_some());
+
+    // With ACLs on, a group's topics are those the caller may describe
+    // (as Kafka's OffsetFetch filters the same table).
+    use rokka_broker::acl::{Acl, AclSettings, Operation, PatternType, Permission, ResourceType};
+    broker.acls().configure(AclSettings {
+        enabled: true,
+        max_acls: 100,
+        ..AclSettings::default()
+    });
+    let allow = |rt, name: &str| Acl {
+        resource_type: rt,
+        name: name.into(),
+        pattern: PatternType::Literal,
+        principal: "User:ANONYMOUS".into(),
+        host: "*".into(),
+        operation: Operation::Describe,
+        permission: Permission::Allow,
+    };
+    let made = broker
+        .acls()
+        .create(vec![allow(ResourceType::Group, "vg"), allow(ResourceType::Topic, "B")]);
+    assert!(made.iter().all(|r| r.is_ok()), "{made:?}");
+    let r = c.call(req(rq::QUERY_TOPICS_BY_CONSUMER, &[("group", "vg")])).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+    assert_eq!(
+        v["topicList"],
+        serde_json::json!(["B"]),
+        "A is not described to this caller"
+    );
     Ok(())
 }
 

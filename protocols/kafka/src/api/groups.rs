@@ -484,20 +484,10 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
                 offsets.delete_group(&name);
                 // Its RocketMQ subscription-group config too: one set of
                 // groups (written and fsynced: off the async workers; in
-                // cluster mode answered once etcd holds the deletion).
-                let configs = k.broker.sub_groups();
-                match rokka_broker::offload(|| configs.remove(&name)) {
-                    Ok(had) => {
-                        found |= had;
-                        let changes = configs.changes();
-                        let wait = rokka_broker::watermark::CLUSTER_WAIT;
-                        if !changes.replicated(changes.last_change(), wait).await {
-                            tracing::warn!(
-                                group = name,
-                                "a deleted group's subscription-group config: etcd does not hold the deletion yet (retried)"
-                            );
-                        }
-                    }
+                // cluster mode answered once etcd holds the deletions,
+                // waited for once after every group).
+                match rokka_broker::offload(|| k.broker.sub_groups().remove(&name)) {
+                    Ok(had) => found |= had,
                     Err(r) => {
                         tracing::warn!(
                             group = name,
@@ -514,6 +504,13 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
             }
         }
         results.push(DeletableGroupResult::default().with_group_id(gid).with_error_code(code));
+    }
+    let changes = k.broker.sub_groups().changes();
+    if !changes
+        .replicated(changes.last_change(), rokka_broker::watermark::CLUSTER_WAIT)
+        .await
+    {
+        tracing::warn!("deleted groups' subscription-group configs: etcd does not hold the deletions yet (retried)");
     }
     DeleteGroupsResponse::default().with_results(results)
 }

@@ -361,7 +361,15 @@ impl RocketMq {
             ("brokerId", id.to_string()),
             ("brokerRole", role.into()),
             ("brokerIP1", host.to_string()),
-            ("listenPort", self.bound.port().to_string()),
+            // brokerIP1:listenPort is the address clients are given.
+            (
+                "listenPort",
+                self.advertised
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| p.parse::<u16>().ok())
+                    .unwrap_or(self.bound.port())
+                    .to_string(),
+            ),
             ("namesrvAddr", self.namesrv_targets().join(";")),
             ("storePathRootDir", store.data_dir.display().to_string()),
             (
@@ -414,8 +422,9 @@ impl RocketMq {
 
     /// QUERY_TOPICS_BY_CONSUMER (an admin's queryTopicsByConsumer): the
     /// topics `group` has committed offsets on here, whichever protocol
-    /// committed them (Apache's whichTopicByConsumer).
-    pub(super) fn topics_by_consumer(&self, req: &RemotingCommand) -> RemotingCommand {
+    /// committed them (Apache's whichTopicByConsumer), those the caller
+    /// may describe.
+    pub(super) fn topics_by_consumer(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let group = req.ext_fields.get("group").unwrap_or_default();
         let mut topics: Vec<String> = self
             .broker
@@ -426,6 +435,17 @@ impl RocketMq {
             .map(|(t, _, _)| t)
             .collect();
         topics.dedup();
+        // Only the topics the caller may describe (as Kafka's OffsetFetch
+        // leaves out the rest of the same table).
+        let who = crate::auth::lister(&self.broker, conn, req);
+        topics.retain(|t| {
+            crate::auth::lists(
+                &self.broker,
+                who.as_deref(),
+                conn.peer.ip(),
+                rokka_broker::acl::rocketmq_topic(t, rokka_broker::acl::Operation::Describe),
+            )
+        });
         self.json_body(req, json!({"topicList": topics, "brokerAddr": self.advertised}))
     }
 
@@ -439,20 +459,26 @@ impl RocketMq {
             .groups
             .get(group)
             .and_then(|g| g.subscriptions.get(topic))
-            .map(|s| (s.expression.clone(), s.expression_type.clone()));
-        let data = sub.map(|(expr, kind)| {
-            let tags: Vec<&str> = expr
-                .split("||")
-                .map(str::trim)
-                .filter(|t| !t.is_empty() && *t != "*")
+            .map(|s| (s.expression.clone(), s.expression_type.clone(), s.version));
+        let data = sub.map(|(expr, kind, version)| {
+            // Apache's FilterAPI: a tag expression's tags and their hash
+            // codes (Java's String.hashCode); none for SQL92 or "*".
+            let tag = kind.is_empty() || kind.eq_ignore_ascii_case("TAG");
+            let tags: Vec<&str> = match tag {
+                true => rokka_broker::convert::tag_names(&expr).map_or_else(Vec::new, Iterator::collect),
+                false => Vec::new(),
+            };
+            let codes: Vec<i32> = tags
+                .iter()
+                .map(|t| rokka_store::record::properties::java_string_hash(t.as_bytes()))
                 .collect();
             json!({
                 "topic": topic,
                 "subString": expr,
                 "expressionType": kind,
                 "tagsSet": tags,
-                "codeSet": [],
-                "subVersion": 0,
+                "codeSet": codes,
+                "subVersion": version,
                 "classFilterMode": false,
             })
         });
@@ -619,15 +645,20 @@ impl RocketMq {
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct List<'a> {
-            #[serde(borrow)]
-            group_config_list: Vec<&'a serde_json::value::RawValue>,
+            #[serde(borrow, default)]
+            group_config_list: Option<Bounded<'a>>,
         }
         let list: List<'_> = match serde_json::from_slice(&req.body) {
             Ok(l) => l,
             Err(e) => return self.reply(req, rs::SYSTEM_ERROR, Some(format!("subscription group list: {e}"))),
         };
-        let mut configs = Vec::with_capacity(list.group_config_list.len().min(1024));
-        for raw in list.group_config_list {
+        // No list: nothing to do (Apache answers so).
+        let items = list.group_config_list.map_or_else(Vec::new, |b| b.0);
+        if items.is_empty() {
+            return self.reply(req, rs::SUCCESS, None);
+        }
+        let mut configs = Vec::with_capacity(items.len());
+        for raw in items {
             match self.sub_group_config(raw.get().as_bytes()) {
                 Ok(one) => configs.push(one),
                 Err(why) => return self.reply(req, rs::SYSTEM_ERROR, Some(why)),
@@ -655,8 +686,11 @@ impl RocketMq {
         req: &RemotingCommand,
         configs: Vec<(String, rokka_broker::sub_groups::GroupConfig)>,
     ) -> RemotingCommand {
-        let changed: Vec<String> = configs
+        // The log names a few (a list may hold thousands).
+        let n = configs.len();
+        let shown: Vec<String> = configs
             .iter()
+            .take(3)
             .map(|(g, c)| {
                 format!(
                     "{g} (consumeEnable={} consumeBroadcastEnable={} retryMaxTimes={})",
@@ -666,13 +700,49 @@ impl RocketMq {
             .collect();
         match rokka_broker::offload(|| self.broker.sub_groups().upsert_all(configs)) {
             Ok(()) => {
-                tracing::info!(groups = changed.join(", "), "subscription groups updated");
+                tracing::info!(groups = n, first = shown.join(", "), "subscription groups updated");
                 self.reply(req, rs::SUCCESS, None)
             }
             Err(refused) => self.reply(req, rs::SYSTEM_ERROR, Some(refused.0)),
         }
     }
+}
 
+/// The configs of an UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST, each left
+/// unparsed, at most [`MAX_LIST_CONFIGS`] of them: counted while the list
+/// is read, so a long list of tiny values is refused before it is held.
+struct Bounded<'a>(Vec<&'a serde_json::value::RawValue>);
+
+/// Most configs one UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST carries (the
+/// default budget of kept configs).
+const MAX_LIST_CONFIGS: usize = 10_000;
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Bounded<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Bounded<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "a list of at most {MAX_LIST_CONFIGS} subscription group configs")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Bounded<'a>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(v) = seq.next_element::<&'de serde_json::value::RawValue>()? {
+                    if out.len() == MAX_LIST_CONFIGS {
+                        return Err(serde::de::Error::custom(format!(
+                            "more than {MAX_LIST_CONFIGS} subscription group configs in one list"
+                        )));
+                    }
+                    out.push(v);
+                }
+                Ok(Bounded(out))
+            }
+        }
+        d.deserialize_seq(Visit(std::marker::PhantomData))
+    }
+}
+
+impl RocketMq {
     pub(super) fn all_topic_config(&self, req: &RemotingCommand) -> RemotingCommand {
         let mut table = serde_json::Map::new();
         for (name, t) in self.broker.topics().all() {

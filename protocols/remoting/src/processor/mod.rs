@@ -350,7 +350,7 @@ impl RocketMq {
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
             rq::GET_ALL_SUBSCRIPTIONGROUP_CONFIG => self.all_subscription_groups(&cmd),
             rq::GET_SUBSCRIPTIONGROUP_CONFIG => self.subscription_group(&cmd),
-            rq::QUERY_TOPICS_BY_CONSUMER => self.topics_by_consumer(&cmd),
+            rq::QUERY_TOPICS_BY_CONSUMER => self.topics_by_consumer(&cmd, conn),
             rq::QUERY_SUBSCRIPTION_BY_CONSUMER => self.subscription_by_consumer(&cmd),
             rq::GET_BROKER_CONFIG => self.broker_config(&cmd),
             rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => {
@@ -365,9 +365,9 @@ impl RocketMq {
             rq::DELETE_TOPIC_IN_BROKER => rokka_broker::offload(|| self.delete_topic(&cmd)),
             rq::DELETE_SUBSCRIPTIONGROUP => {
                 let r = self.delete_subscription_group(&cmd);
-                match cmd.ext_fields.get(crate::remote_offsets::EXT_OFFSETS_ONLY) {
-                    Some(_) => r,
-                    None => self.sub_groups_replicated(&cmd, r).await,
+                match self.offsets_only(&cmd) {
+                    true => r,
+                    false => self.sub_groups_replicated(&cmd, r).await,
                 }
             }
             rq::GET_TOPIC_STATS_INFO => self.topic_stats(&cmd),

@@ -83,8 +83,7 @@ impl RocketMq {
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         // Written and fsynced: off the async workers. (Not for a Kafka
         // coordinator's forwarded delete: it deletes the config itself.)
-        let offsets_only = req.ext_fields.get(crate::remote_offsets::EXT_OFFSETS_ONLY).is_some();
-        if !offsets_only {
+        if !self.offsets_only(req) {
             if let Err(refused) = rokka_broker::offload(|| self.broker.sub_groups().remove(group)) {
                 return self.reply(req, rs::SYSTEM_ERROR, Some(refused.0));
             }
@@ -98,6 +97,13 @@ impl RocketMq {
         let mut r = self.reply(req, rs::SUCCESS, None);
         r.ext_fields.set(crate::remote_offsets::EXT_DELETED, n.to_string());
         r
+    }
+
+    /// A Kafka coordinator's forwarded DELETE_SUBSCRIPTIONGROUP: the
+    /// cluster's own signed call asking for the offsets only.
+    pub(super) fn offsets_only(&self, req: &RemotingCommand) -> bool {
+        req.ext_fields.get(crate::remote_offsets::EXT_OFFSETS_ONLY) == Some("true")
+            && crate::auth::is_cluster_call(&self.broker, req)
     }
 
     /// The broker's own groups' offsets (`%SCHEDULE%`, `CID_RMQ_SYS_*`)
