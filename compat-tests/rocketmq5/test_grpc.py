@@ -227,23 +227,30 @@ def test_change_invisible_duration_keeps_a_message_hidden_longer(rokka, clients)
     c.ack(m)  # with the new handle
 
 
+def attempts_until_dead(c, n):
+    """Receives the one message sent, never acked, until it came n times;
+    checks the next pop after its last invisible time (the one that moves
+    it to the dead letters) gets nothing; the delivery attempts seen."""
+    attempts = []
+    deadline = time.time() + 30
+    while time.time() < deadline and len(attempts) < n + 1:
+        for m in c.receive(4, 1):
+            attempts.append(m.delivery_attempt)
+        time.sleep(0.2)
+        if len(attempts) == n:
+            time.sleep(1.5)
+            assert receive_all(c, 1, invisible=1, timeout=3, ack=False) == []
+            break
+    return attempts
+
+
 def test_after_max_attempts_a_message_goes_to_the_dead_letter_queue(rokka, clients):
     # The fixture sets grpc.max_delivery_attempts = 3.
     topic, group = name("g5-dlq"), name("g5-dlq-g")
     p = clients.producer(topic)
     mid = p.send(message(topic, b"poison", keys="poison-key", props={"why": "fails"})).message_id
     c = clients.consumer(group, topic)
-    attempts = []
-    deadline = time.time() + 30
-    while time.time() < deadline and len(attempts) < 4:
-        for m in c.receive(4, 1):
-            attempts.append(m.delivery_attempt)
-        time.sleep(0.2)
-        if len(attempts) == 3:
-            # The next pop after the third invisible time moves it.
-            time.sleep(1.5)
-            assert receive_all(c, 1, invisible=1, timeout=3, ack=False) == []
-            break
+    attempts = attempts_until_dead(c, 3)
     assert attempts == [1, 2, 3], attempts
     dlq = clients.consumer(name("g5-dlq-reader"), f"%DLQ%{group}")
     dead = receive_all(dlq, 1)
@@ -266,16 +273,7 @@ def test_a_groups_config_sets_its_attempts_and_turns_its_consumption_off(rokka, 
     p = clients.producer(topic)
     p.send(message(topic, b"poison"))
     c = clients.consumer(group, topic)
-    attempts = []
-    deadline = time.time() + 30
-    while time.time() < deadline and len(attempts) < 3:
-        for m in c.receive(4, 1):
-            attempts.append(m.delivery_attempt)
-        time.sleep(0.2)
-        if len(attempts) == 2:
-            time.sleep(1.5)
-            assert receive_all(c, 1, invisible=1, timeout=3, ack=False) == []
-            break
+    attempts = attempts_until_dead(c, 2)
     assert attempts == [1, 2], attempts
     dead = receive_all(clients.consumer(name("g5-subgroup-dlq"), f"%DLQ%{group}"), 1)
     assert [m.body for m in dead] == [b"poison"]

@@ -124,9 +124,7 @@ async fn admin_topic(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) ->
         return Ok(false);
     };
     let n = |s: &String| s.parse::<u32>().unwrap_or(0);
-    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
-    admin.set_namesrv_addr(namesrv.to_string());
-    admin.start().await?;
+    let mut admin = admin_client(rt, namesrv).await?;
     let mut config = rocketmq_model::topic::TopicConfig::new(topic.as_str());
     config.read_queue_nums = n(read);
     config.write_queue_nums = n(write);
@@ -213,13 +211,7 @@ async fn admin_groups(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -
         eprintln!("compat: admin-groups <broker> <group>");
         return Ok(false);
     };
-    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
-    admin.set_namesrv_addr(namesrv.to_string());
-    admin.start().await?;
-    let outcome = |r: &ClientResult<()>| match r {
-        Ok(()) => "ok".to_string(),
-        Err(e) => format!("refused ({e})"),
-    };
+    let mut admin = admin_client(rt, namesrv).await?;
     let upsert = admin
         .upsert_subscription_group(
             broker.as_str().into(),
@@ -282,9 +274,7 @@ async fn subgroup_honoured(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[Strin
         eprintln!("compat: subgroup-honoured <broker> <topic> <group>");
         return Ok(false);
     };
-    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
-    admin.set_namesrv_addr(namesrv.to_string());
-    admin.start().await?;
+    let mut admin = admin_client(rt, namesrv).await?;
     let mut off = SubscriptionGroupConfig::new(group.as_str().into());
     off.set_consume_enable(false);
     off.set_retry_max_times(3);
@@ -303,7 +293,10 @@ async fn subgroup_honoured(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[Strin
     tokio::time::sleep(Duration::from_secs(8)).await;
     println!("compat: consumed while off: {}", lock(&got).len());
     admin
-        .upsert_subscription_group(broker.as_str().into(), SubscriptionGroupConfig::new(group.as_str().into()))
+        .upsert_subscription_group(
+            broker.as_str().into(),
+            SubscriptionGroupConfig::new(group.as_str().into()),
+        )
         .await?;
     let all = wait_union(&[&got], N).await;
     println!("compat: consumed once on: {}", all.len());
@@ -312,6 +305,22 @@ async fn subgroup_honoured(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[Strin
     p.shutdown().await;
     admin.shutdown().await;
     Ok(true)
+}
+
+/// The admin client (DefaultMQAdminExt), started against `namesrv`.
+async fn admin_client(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<rocketmq_client_rust::DefaultMQAdminExt> {
+    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
+    admin.set_namesrv_addr(namesrv.to_string());
+    admin.start().await?;
+    Ok(admin)
+}
+
+/// "ok", or why the admin's change was refused.
+fn outcome(r: &ClientResult<()>) -> String {
+    match r {
+        Ok(()) => "ok".to_string(),
+        Err(e) => format!("refused ({e})"),
+    }
 }
 
 /// `subgroup-set-list <broker> <retryMaxTimes> <group>...`: mqadmin
@@ -325,9 +334,7 @@ async fn subgroup_set_list(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[Strin
         eprintln!("compat: subgroup-set-list <broker> <retryMaxTimes> <group>...");
         return Ok(false);
     };
-    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
-    admin.set_namesrv_addr(namesrv.to_string());
-    admin.start().await?;
+    let mut admin = admin_client(rt, namesrv).await?;
     let configs = args[2..]
         .iter()
         .map(|g| {
@@ -340,13 +347,7 @@ async fn subgroup_set_list(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[Strin
     let r = admin
         .create_and_update_subscription_group_config_list(broker.as_str().into(), configs)
         .await;
-    println!(
-        "compat: set list: {}",
-        match &r {
-            Ok(()) => "ok".to_string(),
-            Err(e) => format!("refused ({e})"),
-        }
-    );
+    println!("compat: set list: {}", outcome(&r));
     admin.shutdown().await;
     Ok(r.is_ok())
 }
@@ -357,26 +358,19 @@ async fn subgroup_set_list(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[Strin
 async fn subgroup_set(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
     use rocketmq_client_rust::MQAdminMutationExt;
     use rocketmq_protocol::protocol::subscription::subscription_group_config::SubscriptionGroupConfig;
-    let (Some(broker), Some(group), Some(enable), Some(retries)) = (args.first(), args.get(1), args.get(2), args.get(3))
+    let (Some(broker), Some(group), Some(enable), Some(retries)) =
+        (args.first(), args.get(1), args.get(2), args.get(3))
     else {
         eprintln!("compat: subgroup-set <broker> <group> <consumeEnable> <retryMaxTimes> [orderly]");
         return Ok(false);
     };
-    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
-    admin.set_namesrv_addr(namesrv.to_string());
-    admin.start().await?;
+    let mut admin = admin_client(rt, namesrv).await?;
     let mut config = SubscriptionGroupConfig::new(group.as_str().into());
     config.set_consume_enable(enable == "true");
     config.set_retry_max_times(retries.parse().unwrap_or(16));
     config.set_consume_message_orderly(args.get(4).is_some_and(|o| o == "true"));
     let r = admin.upsert_subscription_group(broker.as_str().into(), config).await;
-    println!(
-        "compat: set: {}",
-        match &r {
-            Ok(()) => "ok".to_string(),
-            Err(e) => format!("refused ({e})"),
-        }
-    );
+    println!("compat: set: {}", outcome(&r));
     admin.shutdown().await;
     Ok(r.is_ok())
 }
@@ -390,9 +384,7 @@ async fn subgroup_get(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -
         eprintln!("compat: subgroup-get <broker> <group>");
         return Ok(false);
     };
-    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
-    admin.set_namesrv_addr(namesrv.to_string());
-    admin.start().await?;
+    let mut admin = admin_client(rt, namesrv).await?;
     match admin
         .examine_subscription_group_config(broker.as_str().into(), group.as_str().into())
         .await
@@ -418,12 +410,19 @@ async fn broker_info(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) ->
         eprintln!("compat: broker-info <broker> <group>");
         return Ok(false);
     };
-    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
-    admin.set_namesrv_addr(namesrv.to_string());
-    admin.start().await?;
+    let mut admin = admin_client(rt, namesrv).await?;
     let props = admin.get_broker_config(broker.as_str().into()).await?;
-    for key in ["brokerName", "brokerRole", "flushDiskType", "messageDelayLevel", "listenPort"] {
-        let v = props.iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v.to_string());
+    for key in [
+        "brokerName",
+        "brokerRole",
+        "flushDiskType",
+        "messageDelayLevel",
+        "listenPort",
+    ] {
+        let v = props
+            .iter()
+            .find(|(k, _)| k.as_str() == key)
+            .map(|(_, v)| v.to_string());
         println!("compat: config {key}={}", v.unwrap_or_else(|| "<none>".into()));
     }
     let topics = admin.query_topics_by_consumer(group.as_str().into()).await?;
@@ -444,9 +443,7 @@ async fn reset_offset(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -
         eprintln!("compat: reset-offset <topic> <group> <timestamp ms> <force>");
         return Ok(false);
     };
-    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
-    admin.set_namesrv_addr(namesrv.to_string());
-    admin.start().await?;
+    let mut admin = admin_client(rt, namesrv).await?;
     let r = admin
         .reset_offset_by_timestamp(
             None,
