@@ -273,20 +273,27 @@ impl RocketMq {
                 .collect()
         };
         groups.extend(self.broker.store().offsets().groups_of_topic(topic));
-        let who = crate::auth::lister(&self.broker, conn, req);
+        let listed = self.listed(req, conn);
         groups.retain(|g| {
-            crate::auth::lists(
-                &self.broker,
-                who.as_deref(),
-                conn.peer.ip(),
-                (
-                    rokka_broker::acl::ResourceType::Group,
-                    g.as_str(),
-                    rokka_broker::acl::Operation::Describe,
-                ),
-            )
+            listed((
+                rokka_broker::acl::ResourceType::Group,
+                g,
+                rokka_broker::acl::Operation::Describe,
+            ))
         });
         self.json_body(req, json!({"groupList": groups}))
+    }
+
+    /// Whether the caller of `req` sees a resource in a listing (Kafka
+    /// filters a listing by DESCRIBE): always with authorization off or
+    /// for the cluster's own call.
+    fn listed<'s>(
+        &'s self,
+        req: &RemotingCommand,
+        conn: &'s Conn,
+    ) -> impl Fn((rokka_broker::acl::ResourceType, &str, rokka_broker::acl::Operation)) -> bool + 's {
+        let who = crate::auth::lister(&self.broker, conn, req);
+        move |need| crate::auth::lists(&self.broker, who.as_deref(), conn.peer.ip(), need)
     }
 
     /// GET_BROKER_RUNTIME_INFO (mqadmin brokerStatus, clusterList, the
@@ -437,14 +444,12 @@ impl RocketMq {
         topics.dedup();
         // Only the topics the caller may describe (as Kafka's OffsetFetch
         // leaves out the rest of the same table).
-        let who = crate::auth::lister(&self.broker, conn, req);
+        let listed = self.listed(req, conn);
         topics.retain(|t| {
-            crate::auth::lists(
-                &self.broker,
-                who.as_deref(),
-                conn.peer.ip(),
-                rokka_broker::acl::rocketmq_topic(t, rokka_broker::acl::Operation::Describe),
-            )
+            listed(rokka_broker::acl::rocketmq_topic(
+                t,
+                rokka_broker::acl::Operation::Describe,
+            ))
         });
         self.json_body(req, json!({"topicList": topics, "brokerAddr": self.advertised}))
     }
