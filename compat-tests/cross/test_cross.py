@@ -299,8 +299,8 @@ def produce_until(rokka, topic, prefix, sent, stop, errors):
 class RocketMQMember:
     """A harness `cross-member`: a clustering push consumer of rocketmq-client-rust
     that shuts down cleanly after `secs` seconds, or when `finish` is called if
-    sooner, and then prints what it consumed. Its output goes to a file next
-    to rokka.log."""
+    sooner (or is killed -9), printing what it consumes as it goes. Its output
+    goes to a file next to rokka.log."""
 
     def __init__(self, rokka, name, topic, group, secs):
         import subprocess
@@ -339,6 +339,13 @@ class RocketMQMember:
             self.proc.kill()
             self.proc.wait()
         self._out.close()
+
+    def killed(self):
+        """kill -9 of the member (no shutdown: its connections just drop);
+        the bodies it had consumed (printed as it consumed them)."""
+        self.kill()
+        out = open(self.path, errors="replace").read()
+        return [bytes.fromhex(l.split()[2]) for l in out.splitlines() if l.startswith("compat: got ")]
 
 
 def test_rocketmq_consumers_replaced_one_by_one_by_kafka_consumers(rokka):
@@ -540,6 +547,86 @@ def test_a_rocketmq_consumer_joining_a_live_kafka_group_takes_only_what_kafka_ga
         twice = [v for v, c in collections.Counter(one).items() if c > 1]
         assert not twice, f"delivered twice to one member: {twice[:5]}"
     assert dups <= max(5, len(sent) // 100), f"{dups} delivered to both sides across the hand-over"
+
+
+def test_a_rocketmq_member_killed_mid_consumption_leaves_its_queues_to_the_kafka_member(rokka):
+    """A failure during a mixed group's life: a Kafka member and a RocketMQ
+    member share four partitions while a producer keeps sending; the
+    RocketMQ client is killed -9 (no unregister, no last commit). Its
+    connections drop, it leaves the group, and the Kafka member's next
+    rebalance gives it every partition: nothing is lost, and only what the
+    killed member had consumed past its last commit comes again."""
+    import threading
+
+    from kafka import KafkaConsumer as KC
+
+    topic, group = "CrossKilledMember", "cross-killed-member"
+    create(rokka, topic)
+    sent, errors, got = [], [], []
+    stop, kafka_stop = threading.Event(), threading.Event()
+
+    def kafka_member():
+        try:
+            c = KC(topic, bootstrap_servers=rokka.bootstrap, group_id=group, auto_offset_reset="earliest",
+                   enable_auto_commit=True, auto_commit_interval_ms=500, client_id="kafka-survivor")
+            while not kafka_stop.is_set():
+                for recs in c.poll(timeout_ms=200).values():
+                    got.extend(r.value for r in recs)
+            c.close()
+        except Exception as e:  # noqa: BLE001 (reported by the test)
+            errors.append(f"kafka member: {e!r}")
+
+    producer = threading.Thread(target=produce_until, args=(rokka, topic, "km", sent, stop, errors))
+    member = threading.Thread(target=kafka_member)
+    rmq, rmq_got = None, []
+    seen = [None]
+    try:
+        producer.start()
+        member.start()
+        rmq = RocketMQMember(rokka, "killed", topic, group, 120)
+
+        def shared():
+            seen[0] = describe_group(rokka, group)
+            state, members = seen[0]
+            return state == "STABLE" and len(members) == 2 and splits(members, 4)
+
+        wait_for(shared, lambda: f"the queues to be shared; last seen {seen[0]}", timeout=60)
+        wait_for(lambda: rmq_consumed(rmq) > 10, "the RocketMQ member to consume", timeout=30)
+        rmq_got = rmq.killed()
+
+        def kafka_holds_all():
+            seen[0] = describe_group(rokka, group)
+            state, members = seen[0]
+            return state == "STABLE" and len(members) == 1 and members[0][2] == [0, 1, 2, 3]
+
+        wait_for(kafka_holds_all, lambda: f"the Kafka member to hold every partition; last seen {seen[0]}",
+                 timeout=60)
+        stop.wait(2)
+        stop.set()
+        producer.join()
+        wait_for(lambda: set(sent) <= set(got) | set(rmq_got), "everything sent to be consumed", timeout=30)
+    finally:
+        stop.set()
+        producer.join()
+        kafka_stop.set()
+        member.join(timeout=60)
+        if rmq is not None:
+            rmq.kill()
+    assert not errors, errors
+    counts = collections.Counter(got + rmq_got)
+    again = [v for v, c in counts.items() if c > 1]
+    print(f"sent {len(sent)}; kafka {len(got)}, killed rocketmq member {len(rmq_got)}; again {len(again)}")
+    assert rmq_got, "the RocketMQ member consumed its share before it was killed"
+    assert set(counts) == set(sent), "only what was sent"
+    twice = [v for v, c in collections.Counter(got).items() if c > 1]
+    assert not twice, f"delivered twice to the Kafka member: {twice[:5]}"
+    assert set(again) <= set(rmq_got), "only what the killed member had consumed comes again"
+
+
+def rmq_consumed(member):
+    """How many bodies a running RocketMQMember has printed so far."""
+    with open(member.path, errors="replace") as f:
+        return sum(1 for l in f if l.startswith("compat: got "))
 
 
 def test_kafka_tools_see_rocketmq_members_and_conflicts_are_refused(rokka):

@@ -927,6 +927,18 @@ async fn member(
     group: &str,
     topic: &str,
 ) -> ClientResult<(DefaultMQPushConsumer, Arc<Mutex<Vec<Vec<u8>>>>)> {
+    member_with(rt, namesrv, group, topic, false).await
+}
+
+/// [`member`]; `stream`: each message consumed is printed at once
+/// (`compat: got <hex>`), so what a member killed -9 had is known.
+async fn member_with(
+    rt: &Arc<ClientRuntime>,
+    namesrv: &str,
+    group: &str,
+    topic: &str,
+    stream: bool,
+) -> ClientResult<(DefaultMQPushConsumer, Arc<Mutex<Vec<Vec<u8>>>>)> {
     let got = Arc::new(Mutex::new(Vec::new()));
     let mut cfg = ClientConfig::default();
     cfg.set_persist_consumer_offset_interval(1000);
@@ -938,12 +950,37 @@ async fn member(
         .await_termination_millis_when_shutdown(5000)
         .build();
     c.subscribe(topic, "*").await?;
-    c.register_message_listener_concurrently(Record(Arc::clone(&got)));
+    match stream {
+        true => c.register_message_listener_concurrently(Streamed(Arc::clone(&got))),
+        false => c.register_message_listener_concurrently(Record(Arc::clone(&got))),
+    }
     c.start().await?;
     Ok((c, got))
 }
 
 struct Record(Arc<Mutex<Vec<Vec<u8>>>>);
+
+/// [`Record`], each body printed as it is consumed.
+struct Streamed(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl MessageListenerConcurrently for Streamed {
+    fn consume_message(
+        &self,
+        msgs: &[&MessageExt],
+        _c: &ConsumeConcurrentlyContext,
+    ) -> ClientResult<ConsumeConcurrentlyStatus> {
+        let mut g = lock(&self.0);
+        for m in msgs {
+            // As recorded (an injected fault included).
+            let before = g.len();
+            record(&mut g, m.body().map(|b| b.to_vec()).unwrap_or_default());
+            for b in &g[before..] {
+                println!("compat: got {}", hexs(b));
+            }
+        }
+        Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
+    }
+}
 
 impl MessageListenerConcurrently for Record {
     fn consume_message(
@@ -1500,14 +1537,15 @@ async fn cross_consume(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) 
 /// `cross-member <topic> <group> <seconds> [stdin]`: a clustering push
 /// consumer (offsets persisted every second) that runs for `seconds` — or,
 /// with `stdin`, until its standard input ends, if sooner (a test closes it
-/// once it has what it waited for) — then shuts down cleanly and prints
-/// every body it consumed (`compat: got <hex>`).
+/// once it has what it waited for) — then shuts down cleanly. Every body
+/// it consumes is printed as it is consumed (`compat: got <hex>`).
 async fn cross_member(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
     let topic = args.first().map_or("Cross", String::as_str);
     let group = args.get(1).map_or("cross-cg", String::as_str);
     let secs: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
     let until_stdin_ends = args.get(3).is_some_and(|a| a == "stdin");
-    let (mut c, got) = member(rt, namesrv, group, topic).await?;
+    // What it consumes is printed as it goes (a member killed -9 too).
+    let (mut c, got) = member_with(rt, namesrv, group, topic, true).await?;
     let stdin_ended = async {
         if !until_stdin_ends {
             return std::future::pending().await;
@@ -1526,11 +1564,7 @@ async fn cross_member(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -
         _ = stdin_ended => {}
     }
     c.shutdown().await;
-    let got = lock(&got).clone();
-    for b in &got {
-        println!("compat: got {}", hexs(b));
-    }
-    println!("compat: member consumed {}", got.len());
+    println!("compat: member consumed {}", lock(&got).len());
     Ok(true)
 }
 
