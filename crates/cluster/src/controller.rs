@@ -605,6 +605,11 @@ impl Controller {
     ) -> Res<()> {
         let (changes, upto) = table.take_changes();
         for (i, (name, record)) in changes.iter().enumerate() {
+            // A deletion of what etcd does not hold (a name deleted where
+            // it never was): nothing to write.
+            if record.is_none() && !in_etcd.contains_key(name) {
+                continue;
+            }
             let key = format!("{}{}{name}", self.prefix, T::PREFIX);
             let res = match record {
                 Some(r) => {

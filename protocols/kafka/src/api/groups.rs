@@ -436,6 +436,8 @@ pub(crate) fn other_members(k: &Kafka, group: &str) -> OtherMembers {
 
 pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
     let mut results = Vec::with_capacity(r.groups_names.len());
+    // Results of groups whose subscription-group config was removed here.
+    let mut removed = Vec::new();
     for gid in r.groups_names {
         let name = gid.0.to_string();
         let offsets = k.broker.store().offsets();
@@ -487,7 +489,12 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
                 // cluster mode answered once etcd holds the deletions,
                 // waited for once after every group).
                 match rokka_broker::offload(|| k.broker.sub_groups().remove(&name)) {
-                    Ok(had) => found |= had,
+                    Ok(had) => {
+                        found |= had;
+                        if had {
+                            removed.push(results.len());
+                        }
+                    }
                     Err(r) => {
                         tracing::warn!(
                             group = name,
@@ -505,12 +512,19 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
         }
         results.push(DeletableGroupResult::default().with_group_id(gid).with_error_code(code));
     }
+    // Cluster mode: the groups whose config went are answered once etcd
+    // holds the deletions (else a restart would bring the config back):
+    // COORDINATOR_NOT_AVAILABLE (retriable) when it does not in time.
     let changes = k.broker.sub_groups().changes();
-    if !changes
-        .replicated(changes.last_change(), rokka_broker::watermark::CLUSTER_WAIT)
-        .await
+    if !removed.is_empty()
+        && !changes
+            .replicated(changes.last_change(), rokka_broker::watermark::CLUSTER_WAIT)
+            .await
     {
         tracing::warn!("deleted groups' subscription-group configs: etcd does not hold the deletions yet (retried)");
+        for i in removed {
+            results[i].error_code = rokka_group::code::COORDINATOR_NOT_AVAILABLE;
+        }
     }
     DeleteGroupsResponse::default().with_results(results)
 }
