@@ -296,6 +296,22 @@ def produce_until(rokka, topic, prefix, sent, stop, errors):
         errors.append(f"producer: {e!r}")
 
 
+def kafka_member(rokka, topic, group, client_id, got, stop, errors):
+    """A kafka-python member of `group` (auto-commit every 500 ms) polling
+    `topic` into `got` until `stop` is set; a failure goes to `errors`."""
+    from kafka import KafkaConsumer as KC
+
+    try:
+        c = KC(topic, bootstrap_servers=rokka.bootstrap, group_id=group, auto_offset_reset="earliest",
+               enable_auto_commit=True, auto_commit_interval_ms=500, client_id=client_id)
+        while not stop.is_set():
+            for recs in c.poll(timeout_ms=200).values():
+                got.extend(r.value for r in recs)
+        c.close()
+    except Exception as e:  # noqa: BLE001 (reported by the test)
+        errors.append(f"kafka member: {e!r}")
+
+
 class RocketMQMember:
     """A harness `cross-member`: a clustering push consumer of rocketmq-client-rust
     that shuts down cleanly after `secs` seconds, or when `finish` is called if
@@ -488,8 +504,6 @@ def test_a_rocketmq_consumer_joining_a_live_kafka_group_takes_only_what_kafka_ga
     delivered twice beyond the at-least-once margin, and nothing is lost."""
     import threading
 
-    from kafka import KafkaConsumer as KC
-
     topic, group = "CrossKafkaFirst", "cross-kafka-first"
     create(rokka, topic)
     sent, errors, got = [], [], []
@@ -498,18 +512,8 @@ def test_a_rocketmq_consumer_joining_a_live_kafka_group_takes_only_what_kafka_ga
     def produce():
         produce_until(rokka, topic, "kf", sent, stop, errors)
 
-    def kafka_member():
-        try:
-            c = KC(topic, bootstrap_servers=rokka.bootstrap, group_id=group, auto_offset_reset="earliest",
-                   enable_auto_commit=True, auto_commit_interval_ms=500, client_id="kafka-first")
-            while not kafka_stop.is_set():
-                for recs in c.poll(timeout_ms=200).values():
-                    got.extend(r.value for r in recs)
-            c.close()
-        except Exception as e:  # noqa: BLE001 (reported by the test)
-            errors.append(f"kafka member: {e!r}")
-
-    producer, member = threading.Thread(target=produce), threading.Thread(target=kafka_member)
+    producer = threading.Thread(target=produce)
+    member = threading.Thread(target=kafka_member, args=(rokka, topic, group, "kafka-first", got, kafka_stop, errors))
     rmq, rmq_got = None, []
     try:
         producer.start()
@@ -558,26 +562,13 @@ def test_a_rocketmq_member_killed_mid_consumption_leaves_its_queues_to_the_kafka
     killed member had consumed past its last commit comes again."""
     import threading
 
-    from kafka import KafkaConsumer as KC
-
     topic, group = "CrossKilledMember", "cross-killed-member"
     create(rokka, topic)
     sent, errors, got = [], [], []
     stop, kafka_stop = threading.Event(), threading.Event()
 
-    def kafka_member():
-        try:
-            c = KC(topic, bootstrap_servers=rokka.bootstrap, group_id=group, auto_offset_reset="earliest",
-                   enable_auto_commit=True, auto_commit_interval_ms=500, client_id="kafka-survivor")
-            while not kafka_stop.is_set():
-                for recs in c.poll(timeout_ms=200).values():
-                    got.extend(r.value for r in recs)
-            c.close()
-        except Exception as e:  # noqa: BLE001 (reported by the test)
-            errors.append(f"kafka member: {e!r}")
-
     producer = threading.Thread(target=produce_until, args=(rokka, topic, "km", sent, stop, errors))
-    member = threading.Thread(target=kafka_member)
+    member = threading.Thread(target=kafka_member, args=(rokka, topic, group, "kafka-survivor", got, kafka_stop, errors))
     rmq, rmq_got = None, []
     seen = [None]
     try:

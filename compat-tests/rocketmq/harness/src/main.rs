@@ -710,7 +710,7 @@ async fn consume_all(
         .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
         .build();
     consumer.subscribe(topic, expr).await?;
-    consumer.register_message_listener_concurrently(Record(Arc::clone(&seen)));
+    consumer.register_message_listener_concurrently(Record(Arc::clone(&seen), false));
     consumer.start().await?;
     wait_union(&[&seen], want).await;
     tokio::time::sleep(SETTLE).await;
@@ -950,37 +950,13 @@ async fn member_with(
         .await_termination_millis_when_shutdown(5000)
         .build();
     c.subscribe(topic, "*").await?;
-    match stream {
-        true => c.register_message_listener_concurrently(Streamed(Arc::clone(&got))),
-        false => c.register_message_listener_concurrently(Record(Arc::clone(&got))),
-    }
+    c.register_message_listener_concurrently(Record(Arc::clone(&got), stream));
     c.start().await?;
     Ok((c, got))
 }
 
-struct Record(Arc<Mutex<Vec<Vec<u8>>>>);
-
-/// [`Record`], each body printed as it is consumed.
-struct Streamed(Arc<Mutex<Vec<Vec<u8>>>>);
-
-impl MessageListenerConcurrently for Streamed {
-    fn consume_message(
-        &self,
-        msgs: &[&MessageExt],
-        _c: &ConsumeConcurrentlyContext,
-    ) -> ClientResult<ConsumeConcurrentlyStatus> {
-        let mut g = lock(&self.0);
-        for m in msgs {
-            // As recorded (an injected fault included).
-            let before = g.len();
-            record(&mut g, m.body().map(|b| b.to_vec()).unwrap_or_default());
-            for b in &g[before..] {
-                println!("compat: got {}", hexs(b));
-            }
-        }
-        Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
-    }
-}
+/// Records each body consumed; with `.1`, prints it too.
+struct Record(Arc<Mutex<Vec<Vec<u8>>>>, bool);
 
 impl MessageListenerConcurrently for Record {
     fn consume_message(
@@ -990,7 +966,15 @@ impl MessageListenerConcurrently for Record {
     ) -> ClientResult<ConsumeConcurrentlyStatus> {
         let mut g = lock(&self.0);
         for m in msgs {
+            let before = g.len();
             record(&mut g, m.body().map(|b| b.to_vec()).unwrap_or_default());
+            // Streamed: each body printed as recorded (an injected fault
+            // included), so what a member killed -9 had is known.
+            if self.1 {
+                for b in &g[before..] {
+                    println!("compat: got {}", hexs(b));
+                }
+            }
         }
         Ok(ConsumeConcurrentlyStatus::ConsumeSuccess)
     }
@@ -1193,7 +1177,7 @@ async fn broadcast(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<bool>
             .consume_from_where(ConsumeFromWhere::ConsumeFromFirstOffset)
             .build();
         c.subscribe(topic, "*").await?;
-        c.register_message_listener_concurrently(Record(Arc::clone(&got)));
+        c.register_message_listener_concurrently(Record(Arc::clone(&got), false));
         c.start().await?;
         consumers.push((c, got));
     }
