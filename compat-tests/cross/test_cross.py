@@ -312,6 +312,17 @@ def kafka_member(rokka, topic, group, client_id, got, stop, errors):
         errors.append(f"kafka member: {e!r}")
 
 
+def stop_hand_over(stop, producer, kafka_stop, member, rmq):
+    """Ends a live hand-over test's clients: the producer, the Kafka
+    member, and the RocketMQ member if it is still there."""
+    stop.set()
+    producer.join()
+    kafka_stop.set()
+    member.join(timeout=60)
+    if rmq is not None:
+        rmq.kill()
+
+
 class RocketMQMember:
     """A harness `cross-member`: a clustering push consumer of rocketmq-client-rust
     that shuts down cleanly after `secs` seconds, or when `finish` is called if
@@ -535,12 +546,7 @@ def test_a_rocketmq_consumer_joining_a_live_kafka_group_takes_only_what_kafka_ga
         rmq_got = rmq.finish(timeout=60, now=False)
         wait_for(lambda: set(sent) <= set(got) | set(rmq_got), "everything sent to be consumed", timeout=30)
     finally:
-        stop.set()
-        producer.join()
-        kafka_stop.set()
-        member.join(timeout=60)
-        if rmq is not None:
-            rmq.kill()
+        stop_hand_over(stop, producer, kafka_stop, member, rmq)
     assert not errors, errors
     counts = collections.Counter(got + rmq_got)
     dups = sum(c - 1 for c in counts.values() if c > 1)
@@ -597,12 +603,7 @@ def test_a_rocketmq_member_killed_mid_consumption_leaves_its_queues_to_the_kafka
         producer.join()
         wait_for(lambda: set(sent) <= set(got) | set(rmq_got), "everything sent to be consumed", timeout=30)
     finally:
-        stop.set()
-        producer.join()
-        kafka_stop.set()
-        member.join(timeout=60)
-        if rmq is not None:
-            rmq.kill()
+        stop_hand_over(stop, producer, kafka_stop, member, rmq)
     assert not errors, errors
     counts = collections.Counter(got + rmq_got)
     again = [v for v, c in counts.items() if c > 1]
