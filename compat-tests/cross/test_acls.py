@@ -666,6 +666,74 @@ def test_grants_on_every_group_and_topic_do_not_reach_the_brokers_own(rokka):
             f.result(15)
 
 
+def test_deleting_a_group_does_not_lift_an_operators_subscription_group_config(rokka):
+    """A subscription-group config is set with ALTER on the cluster
+    (mqadmin updateSubGroup); deleting the group takes DELETE on it. An
+    application allowed to delete its own group must not lift an operator's
+    consumeEnable=false that way: mqadmin deleteSubGroup
+    (rocketmq-client-rust's admin, signed) is refused without ALTER on the
+    cluster, and a Kafka DeleteGroups (confluent-kafka) deletes the group's
+    offsets but leaves the config — or, when the config is all there is,
+    answers GROUP_AUTHORIZATION_FAILED. A super user's DeleteGroups takes
+    it."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
+
+    admin = AdminClient(sasl(rokka, "admin"))
+    broker = f"127.0.0.1:{rokka.broker_port}"
+    group = "acl-op-g"
+    carol = signed_as("carol", CAROL)
+    topic = "acl-op-t"
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(15)
+
+    def config():
+        return run_harness(rokka, "carol-subgroup-get", "subgroup-get", broker, group, env=carol).lines("config: ")[0]
+
+    alter = acl(ResourceType.BROKER, "kafka-cluster", "User:carol", AclOperation.ALTER)
+    grants = [acl(ResourceType.GROUP, group, "User:carol", AclOperation.DELETE),
+              acl(ResourceType.GROUP, group, "User:carol", AclOperation.DESCRIBE),
+              acl(ResourceType.GROUP, group, "User:bob", AclOperation.DELETE),
+              acl(ResourceType.GROUP, group, "User:bob", AclOperation.READ),
+              acl(ResourceType.TOPIC, topic, "User:bob", AclOperation.READ)]
+    create(admin, [alter, *grants])
+    try:
+        h = run_harness(rokka, "carol-subgroup-set", "subgroup-set", broker, group, "false", 5, env=carol)
+        assert h.lines("set: ") == ["set: ok"], h.lines()
+        for f in admin.delete_acls([AclBindingFilter(alter.restype, alter.name, alter.resource_pattern_type,
+                                                     alter.principal, alter.host, alter.operation,
+                                                     alter.permission_type)]).values():
+            f.result(15)
+        # DELETE on the group is not enough to take the config away.
+        mark = rokka.tap.mark()
+        # (through the tap, which shows the refusal the client's error hides)
+        h = Harness(rokka, "carol-subgroup-delete", "subgroup-delete", f"127.0.0.1:{rokka.tap.port}", group, env=carol)
+        assert h.wait(60) != 0, h.lines()
+        assert any("User:carol may not Alter cluster" in r for r in refusals(rokka.tap, mark)), \
+            refusals(rokka.tap, mark)
+        assert config() == "config: consumeEnable=false retryMaxTimes=5"
+        # A Kafka DeleteGroups by bob: the offsets go, the config stays.
+        c = Consumer({**sasl(rokka, "bob"), "group.id": group, "enable.auto.commit": False})
+        c.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+        c.close()
+        bob = AdminClient(sasl(rokka, "bob"))
+        bob.delete_consumer_groups([group], request_timeout=30)[group].result(30)
+        fs = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0)])])
+        assert fs[group].result(15).topic_partitions[0].offset < 0, "the offsets went"
+        assert config() == "config: consumeEnable=false retryMaxTimes=5"
+        # Nothing but the config left: bob may not delete it.
+        with pytest.raises(KafkaException) as e:
+            bob.delete_consumer_groups([group], request_timeout=30)[group].result(30)
+        assert e.value.args[0].code() == KafkaError.GROUP_AUTHORIZATION_FAILED, e.value
+        assert config() == "config: consumeEnable=false retryMaxTimes=5"
+        # A super user's DeleteGroups takes it.
+        admin.delete_consumer_groups([group], request_timeout=30)[group].result(30)
+        assert config().startswith("config: none"), config()
+    finally:
+        for f in admin.delete_acls([AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal,
+                                                     b.host, b.operation, b.permission_type)
+                                    for b in [alter, *grants]]).values():
+            f.result(15)
+
+
 def test_a_scram_credential_deleted_through_kafka_revokes_a_rocketmq_users_password(rokka):
     """carol was made by RocketMQ's user admin: one password, her RocketMQ
     secret and both SCRAM credentials. An admin revoking her through Kafka

@@ -127,6 +127,18 @@ fn needs(cmd: &RemotingCommand) -> Needs<'_> {
     }
 }
 
+/// Deleting a group whose subscription-group config is kept also takes
+/// away that config, which only ALTER on the cluster sets (an application
+/// allowed to delete its own group must not lift an operator's
+/// `consumeEnable=false` that way).
+fn config_need<'a>(broker: &Broker, cmd: &'a RemotingCommand) -> Option<(Rt, &'a str, Op)> {
+    (cmd.code == rq::DELETE_SUBSCRIPTIONGROUP
+        && broker
+            .sub_groups()
+            .contains(cmd.ext_fields.get("groupName").unwrap_or_default()))
+    .then_some((Rt::Cluster, CLUSTER_NAME, Op::Alter))
+}
+
 fn allowed(broker: &Broker, principal: &str, host: std::net::IpAddr, need: (Rt, &str, Op)) -> bool {
     broker.acls().allows(principal, host, need)
 }
@@ -332,7 +344,7 @@ pub fn check(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand)
             return refused(remark, "credentials");
         }
     };
-    for need in needs(cmd).into_iter().flatten() {
+    for need in needs(cmd).into_iter().chain([config_need(broker, cmd)]).flatten() {
         if !allowed(broker, &who, peer.ip(), need) {
             let (rt, name, op) = need;
             let what = match (rt, op) {

@@ -83,12 +83,7 @@ async fn create_user(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) ->
         eprintln!("compat: create-user <broker> <name> <password>");
         return Ok(false);
     };
-    let mut admin = match acl_hook() {
-        Some(h) => rocketmq_client_rust::DefaultMQAdminExt::with_rpc_hook(Arc::clone(rt), h),
-        None => rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt)),
-    };
-    admin.set_namesrv_addr(namesrv.to_string());
-    admin.start().await?;
+    let mut admin = admin_client(rt, namesrv).await?;
     let r = admin
         .create_user(
             broker.as_str().into(),
@@ -307,9 +302,13 @@ async fn subgroup_honoured(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[Strin
     Ok(true)
 }
 
-/// The admin client (DefaultMQAdminExt), started against `namesrv`.
+/// The admin client (DefaultMQAdminExt), started against `namesrv`; its
+/// requests signed with the `COMPAT_ACCESS_KEY` credentials, if any.
 async fn admin_client(rt: &Arc<ClientRuntime>, namesrv: &str) -> ClientResult<rocketmq_client_rust::DefaultMQAdminExt> {
-    let mut admin = rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt));
+    let mut admin = match acl_hook() {
+        Some(h) => rocketmq_client_rust::DefaultMQAdminExt::with_rpc_hook(Arc::clone(rt), h),
+        None => rocketmq_client_rust::DefaultMQAdminExt::new(Arc::clone(rt)),
+    };
     admin.set_namesrv_addr(namesrv.to_string());
     admin.start().await?;
     Ok(admin)
@@ -371,6 +370,24 @@ async fn subgroup_set(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -
     config.set_consume_message_orderly(args.get(4).is_some_and(|o| o == "true"));
     let r = admin.upsert_subscription_group(broker.as_str().into(), config).await;
     println!("compat: set: {}", outcome(&r));
+    admin.shutdown().await;
+    Ok(r.is_ok())
+}
+
+/// `subgroup-delete <broker> <group>`: mqadmin deleteSubGroup
+/// (DELETE_SUBSCRIPTIONGROUP, offsets kept) through the admin client;
+/// prints the outcome.
+async fn subgroup_delete(rt: &Arc<ClientRuntime>, namesrv: &str, args: &[String]) -> ClientResult<bool> {
+    use rocketmq_client_rust::MQAdminMutationExt;
+    let (Some(broker), Some(group)) = (args.first(), args.get(1)) else {
+        eprintln!("compat: subgroup-delete <broker> <group>");
+        return Ok(false);
+    };
+    let mut admin = admin_client(rt, namesrv).await?;
+    let r = admin
+        .remove_subscription_group(broker.as_str().into(), group.as_str().into(), Some(false))
+        .await;
+    println!("compat: delete: {}", outcome(&r));
     admin.shutdown().await;
     Ok(r.is_ok())
 }
@@ -616,6 +633,7 @@ async fn main() -> ClientResult<()> {
         "subgroup-honoured" => subgroup_honoured(&rt, &namesrv, &args[3..]).await?,
         "subgroup-set" => subgroup_set(&rt, &namesrv, &args[3..]).await?,
         "subgroup-get" => subgroup_get(&rt, &namesrv, &args[3..]).await?,
+        "subgroup-delete" => subgroup_delete(&rt, &namesrv, &args[3..]).await?,
         "subgroup-set-list" => subgroup_set_list(&rt, &namesrv, &args[3..]).await?,
         "broker-info" => broker_info(&rt, &namesrv, &args[3..]).await?,
         "dur-send" => durability::send(&rt, &namesrv, &args[3..]).await?,

@@ -434,7 +434,12 @@ pub(crate) fn other_members(k: &Kafka, group: &str) -> OtherMembers {
     }
 }
 
-pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
+/// `drops_configs`: whether the caller may also take away a group's kept
+/// RocketMQ subscription-group config (ALTER on the cluster, what setting
+/// one takes). Without it a group's offsets and membership go, as Kafka's
+/// DeleteGroups defines, and an operator's config stays; a group that is
+/// nothing but such a config is answered GROUP_AUTHORIZATION_FAILED.
+pub async fn delete(k: &Kafka, r: DeleteGroupsRequest, drops_configs: bool) -> DeleteGroupsResponse {
     let mut results = Vec::with_capacity(r.groups_names.len());
     // Results of groups whose subscription-group config was removed here.
     let mut removed = Vec::new();
@@ -488,7 +493,19 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
                 // groups (written and fsynced: off the async workers; in
                 // cluster mode answered once etcd holds the deletions,
                 // waited for once after every group).
-                match rokka_broker::offload(|| k.broker.sub_groups().remove(&name)) {
+                let kept = !drops_configs && k.broker.sub_groups().contains(&name);
+                if kept {
+                    tracing::info!(
+                        group = name,
+                        "a deleted group's subscription-group config stays: the caller may not alter the cluster"
+                    );
+                }
+                let went = if kept {
+                    Ok(false)
+                } else {
+                    rokka_broker::offload(|| k.broker.sub_groups().remove(&name))
+                };
+                match went {
                     Ok(had) => {
                         found |= had;
                         if had {
@@ -505,8 +522,13 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest) -> DeleteGroupsResponse {
                     }
                 }
                 if code == 0 && !found {
-                    // Neither held here nor committed anywhere.
-                    code = rokka_group::code::GROUP_ID_NOT_FOUND;
+                    code = if kept {
+                        // Nothing but a config the caller may not drop.
+                        super::guard::GROUP_DENIED
+                    } else {
+                        // Neither held here nor committed anywhere.
+                        rokka_group::code::GROUP_ID_NOT_FOUND
+                    };
                 }
             }
         }

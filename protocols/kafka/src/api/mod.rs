@@ -326,7 +326,13 @@ async fn guarded(
         }
         RequestKind::DeleteGroups(mut r) => {
             let denied = guard::groups(k, who, &mut r.groups_names, Op::Delete);
-            let mut resp = groups::delete(k, r).await;
+            let drops_configs = who.sees(
+                k,
+                rokka_broker::acl::ResourceType::Cluster,
+                rokka_broker::acl::CLUSTER_NAME,
+                Op::Alter,
+            );
+            let mut resp = groups::delete(k, r, drops_configs).await;
             for g in denied {
                 resp.results.push(
                     delete_groups_response::DeletableGroupResult::default()
