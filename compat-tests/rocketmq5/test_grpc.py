@@ -3,6 +3,7 @@ rokka: sends, pop consumption (receive, ack, invisible durations,
 redelivery, dead letters), delay and FIFO messages, and crossings with
 remoting (rocketmq-client-rust) and Kafka (kafka-python) clients."""
 import os
+import threading
 import time
 import uuid
 
@@ -288,6 +289,26 @@ def test_a_groups_config_sets_its_attempts_and_turns_its_consumption_off(rokka, 
     assert type(err).__name__ == "ForbiddenException" and "no permission" in str(err), repr(err)
     assert harness(rokka, "subgroup-set", broker, group, "true", 16) == ["set: ok", "RESULT subgroup-set ok"]
     assert [m.body for m in receive_all(c, 1)] == [b"later"]
+
+    # A receive held in its long poll when consumption is turned off is
+    # refused when it wakes, not handed what woke it.
+    held = clients.consumer(group, topic, wait=20)
+    out = {}
+
+    def receive_held():
+        try:
+            out["got"] = [m.body for m in held.receive(4, 10)]
+        except Exception as e:  # noqa: BLE001
+            out["err"] = e
+
+    t = threading.Thread(target=receive_held)
+    t.start()
+    time.sleep(1)
+    assert harness(rokka, "subgroup-set", broker, group, "false", 16) == ["set: ok", "RESULT subgroup-set ok"]
+    assert t.is_alive(), f"the receive was not held: {out}"
+    p.send(message(topic, b"while-off"))
+    t.join(30)
+    assert type(out.get("err")).__name__ == "ForbiddenException", out
 
 
 def test_a_group_configured_orderly_is_served_fifo(rokka, clients):

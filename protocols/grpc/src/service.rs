@@ -1010,6 +1010,18 @@ impl Messaging {
             }]
         };
         let group = name(&req.group).to_string();
+        // The group's config (mqadmin updateSubGroup): consumption turned
+        // off is FORBIDDEN, as Apache's proxy answers the broker's
+        // NO_PERMISSION.
+        let forbidden = || {
+            (!self.broker.sub_groups().honoured(&group).consume_enable).then(|| {
+                metrics::counter!("rokka_rocketmq_group_refusals_total", "reason" => "consume_disabled").increment(1);
+                fail(
+                    pb::Code::Forbidden,
+                    format!("subscription group no permission, {group}"),
+                )
+            })
+        };
         let mq = req.message_queue.clone().unwrap_or_default();
         let topic = name(&mq.topic).to_string();
         if group.is_empty() {
@@ -1024,15 +1036,9 @@ impl Messaging {
                 format!("the topic[{topic}] pulling message is forbidden"),
             );
         }
-        // The group's config (mqadmin updateSubGroup): consumption turned
-        // off is FORBIDDEN, as Apache's proxy answers the broker's
-        // NO_PERMISSION (its pop checks the topic first).
-        if !self.broker.sub_groups().honoured(&group).consume_enable {
-            metrics::counter!("rokka_rocketmq_group_refusals_total", "reason" => "consume_disabled").increment(1);
-            return fail(
-                pb::Code::Forbidden,
-                format!("subscription group no permission, {group}"),
-            );
+        // (Apache's pop checks the topic first.)
+        if let Some(refused) = forbidden() {
+            return refused;
         }
         // Cluster mode: pop state and the offsets it commits live on the
         // set's master (a replica takes no commits, as remoting's).
@@ -1109,7 +1115,14 @@ impl Messaging {
             mq.id as u32 % partitions
         };
         let mut stop = self.stopping.subscribe();
+        let mut woken = false;
         loop {
+            // Consumption turned off while this receive was held: refused
+            // now, not served what arrives (Apache checks a woken pop again).
+            if let Some(refused) = woken.then(forbidden).flatten() {
+                return refused;
+            }
+            woken = true;
             let waiter = Arc::new(Notify::new());
             for q in 0..partitions {
                 self.broker.arrivals().register(&topic, q, &waiter);

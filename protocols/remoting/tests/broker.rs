@@ -2033,6 +2033,27 @@ async fn a_subscription_group_config_is_kept_and_honoured() -> TestResult {
     let r = c.call(pull_req("SG", 0, 0, "*", 0)).await?;
     assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
     assert_eq!(bodies(&r), vec!["m0".to_string(), "failed".to_string()]);
+    // A pull held when consumption is turned off is refused when it wakes,
+    // not served what woke it.
+    let mut held = Client::connect(addr).await?;
+    let op = held.send(pull_req("SG", 0, 2, "*", 10_000)).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = c
+        .call(sub_group_update(r#"{"groupName":"cg","consumeEnable":false}"#))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert_eq!(
+        c.call(send_req("SG", 0, "while-off", "T", true)).await?.code,
+        rs::SUCCESS
+    );
+    let resp = loop {
+        let r = tokio::time::timeout(Duration::from_secs(5), held.recv()).await??;
+        if r.is_response() && r.opaque == op {
+            break r;
+        }
+    };
+    assert_eq!(resp.code, rs::NO_PERMISSION, "{:?} {:?}", resp.remark, bodies(&resp));
+    assert_eq!(resp.ext_fields.get("forbiddenType"), Some("2"));
 
     // Broadcasting off (mqadmin's default): a broadcasting push consumer
     // (no subscription in its pull) is refused; a clustering one is not.

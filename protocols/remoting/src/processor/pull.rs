@@ -21,11 +21,7 @@ impl RocketMq {
         // Apache's PullMessageProcessor does.
         let honoured = self.broker.sub_groups().honoured(&group);
         if !honoured.consume_enable {
-            return self.group_forbidden(
-                req,
-                "consume_disabled",
-                format!("subscription group no permission, {group}"),
-            );
+            return self.consume_disabled(req, &group);
         }
         let Some(info) = self.broker.topics().get(&topic) else {
             return self.reply(req, rs::TOPIC_NOT_EXIST, Some(format!("topic[{topic}] not exist")));
@@ -140,7 +136,15 @@ impl RocketMq {
         // RocketMQ's maxFilterMessageCount), yielding between rounds, and
         // then answered PULL_RETRY_IMMEDIATELY from where the scan got to.
         let mut filtered_rounds = 0;
+        let mut woken = false;
         loop {
+            // Consumption turned off while this pull was held: refused now,
+            // not served what arrives (Apache runs a woken pull's checks
+            // again).
+            if woken && !self.broker.sub_groups().honoured(&group).consume_enable {
+                return self.consume_disabled(req, &group);
+            }
+            woken = true;
             let waiter = Arc::new(Notify::new());
             if sys_flag & 0x2 != 0 {
                 self.broker.arrivals().register(&topic, q, &waiter);
@@ -182,6 +186,15 @@ impl RocketMq {
             let _ = tokio::time::timeout(deadline - now, waiter.notified()).await;
             metrics::gauge!("rokka_rocketmq_pulls_held").decrement(1.0);
         }
+    }
+
+    /// A pull of a group whose consumption is turned off (consumeEnable=false).
+    fn consume_disabled(&self, req: &RemotingCommand, group: &str) -> RemotingCommand {
+        self.group_forbidden(
+            req,
+            "consume_disabled",
+            format!("subscription group no permission, {group}"),
+        )
     }
 
     /// A pull refused by its group's config: NO_PERMISSION with Apache's
