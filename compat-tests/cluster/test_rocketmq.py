@@ -109,3 +109,25 @@ def test_a_subscription_group_config_set_on_one_node_holds_on_every_node(cluster
     code, _, _ = remoting(cluster.nodes[replica].broker_port, 207, {"groupName": group})
     assert code == 0
     assert everywhere(lambda c: c is None) == [None] * len(cluster.nodes)
+
+    # A list of 300 (mqadmin updateSubGroupList, code 225) goes to etcd in
+    # several transactions: answered once etcd holds them all, every one
+    # read back at the replica; deleted, each goes.
+    names = [f"cluster-subgroup-list-{i}" for i in range(300)]
+    body = json.dumps({"groupConfigList": [{"groupName": g, "retryMaxTimes": 3} for g in names]}).encode()
+    code, remark, _ = remoting(cluster.nodes[m].broker_port, 225, {}, body=body)
+    assert code == 0, remark
+    for g in (names[0], names[150], names[-1]):
+        assert etcd_get(cluster.etcd.endpoint, f"/rokka/{cluster.name}/subscription-groups/{g}") is not None, g
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        code, _, b = remoting(cluster.nodes[replica].broker_port, 201, {})
+        table = json.loads(b)["subscriptionGroupTable"] if code == 0 else {}
+        if all(table.get(g, {}).get("retryMaxTimes") == 3 for g in names):
+            break
+        time.sleep(0.2)
+    missing = [g for g in names if table.get(g, {}).get("retryMaxTimes") != 3]
+    assert not missing, missing[:5]
+    for g in names[:100]:
+        assert remoting(cluster.nodes[replica].broker_port, 207, {"groupName": g})[0] == 0, g
+    assert etcd_get(cluster.etcd.endpoint, f"/rokka/{cluster.name}/subscription-groups/{names[99]}") is None

@@ -317,6 +317,7 @@ impl SubscriptionGroups {
     pub fn upsert_all(&self, configs: Vec<(String, GroupConfig)>) -> std::result::Result<(), Refused> {
         let _turn = self.turn();
         let names: Vec<String> = configs.iter().map(|(g, _)| g.clone()).collect();
+        self.room_for(&names)?;
         if configs.iter().all(|(g, c)| self.read().groups.get(g) == Some(c)) {
             names.iter().for_each(|g| self.changes.note(g));
             return Ok(());
@@ -342,6 +343,7 @@ impl SubscriptionGroups {
     /// copy yet — the cluster's may have come since its last tick.)
     pub fn remove(&self, group: &str) -> std::result::Result<bool, Refused> {
         let _turn = self.turn();
+        self.room_for(&[group.to_string()])?;
         if !self.read().groups.contains_key(group) {
             self.changes.note(group);
             return Ok(false);
@@ -351,6 +353,19 @@ impl SubscriptionGroups {
         };
         next.groups.remove(group);
         self.install(next, &[group.to_string()]).map(|()| true)
+    }
+
+    /// Cluster mode: refused while more than `broker.max_subscription_groups`
+    /// changed names wait for etcd (etcd away, say).
+    fn room_for(&self, names: &[String]) -> std::result::Result<(), Refused> {
+        if self.changes.has_room(names, self.max) {
+            return Ok(());
+        }
+        metrics::counter!("rokka_subscription_groups_refused_total").increment(1);
+        Err(Refused(format!(
+            "subscription groups: {} changes made here wait for etcd (broker.max_subscription_groups): try again once it holds them",
+            self.max
+        )))
     }
 
     fn turn(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -576,6 +591,33 @@ mod tests {
             vec![("same".to_string(), Some(GroupConfig::default()))],
             "an unchanged upsert is written again"
         );
+        let _ = std::fs::remove_dir_all(&d);
+        Ok(())
+    }
+
+    /// Cluster mode with etcd away: the changed names waiting for it are
+    /// bounded by the table's budget (deletions of names never held are
+    /// queued too, so a client deleting random names would otherwise grow
+    /// the queue without end); once taken, there is room again.
+    #[test]
+    fn changes_waiting_for_etcd_are_bounded() -> Result<()> {
+        let d = dir("backlog");
+        let t = SubscriptionGroups::open(&d, 3)?;
+        t.changes().join_cluster();
+        for g in ["x1", "x2", "x3"] {
+            assert!(!t.remove(g).map_err(|r| fail(r.0))?);
+        }
+        let refused = t.remove("x4").err().map(|r| r.0).unwrap_or_default();
+        assert!(refused.contains("wait for etcd"), "{refused}");
+        assert!(t.upsert("x4", GroupConfig::default()).is_err());
+        // A name already waiting is no more to wait for.
+        assert!(t.upsert("x1", GroupConfig::default()).is_ok());
+        // etcd away: the controller hands them back; still bounded.
+        let (changes, _) = t.take_changes();
+        assert_eq!(changes.len(), 3);
+        assert!(t.remove("x5").is_ok(), "room once taken");
+        t.changes().rechange(changes.into_iter().map(|(n, _)| n));
+        assert!(t.remove("x6").is_err());
         let _ = std::fs::remove_dir_all(&d);
         Ok(())
     }

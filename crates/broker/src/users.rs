@@ -478,6 +478,17 @@ impl Users {
         f: impl FnOnce(&mut BTreeMap<String, UserRecord>) -> std::result::Result<(), Refused>,
     ) -> std::result::Result<(), Refused> {
         let _turn = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+        // Cluster mode: at most broker.max_users changes wait for etcd.
+        if !self.changes.has_room(&[user.to_string()], self.max_users) {
+            metrics::counter!("rokka_users_refused_total").increment(1);
+            return Err(refused(
+                code::POLICY_VIOLATION,
+                format!(
+                    "{} user changes made here wait for etcd (broker.max_users): try again once it holds them",
+                    self.max_users
+                ),
+            ));
+        }
         let mut next = self.read().clone();
         f(&mut next.users)?;
         self.persist(&next)

@@ -39,6 +39,11 @@ use crate::{Role, Shared};
 /// Most bytes of the cluster's table one controller read takes from etcd.
 const ETCD_MAX_READ_BYTES: usize = 256 * 1024 * 1024;
 
+/// Most writes of a keyed table (users, subscription-group configs) in one
+/// etcd transaction: under etcd's default `--max-txn-ops` (128), and at
+/// 4 KiB per record under its 1.5 MiB request limit.
+const KEYED_TXN_OPS: usize = 64;
+
 /// One set's controller state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SetState {
@@ -561,11 +566,20 @@ impl Controller {
         }
         let revision = resp.header().map_or(0, |h| h.revision());
         let sh = Arc::clone(&self.sh);
-        self.sync_keyed(sh.broker.users(), users.0).await?;
-        self.sync_acls(acls).await?;
-        self.sync_keyed(sh.broker.sub_groups(), sub_groups.0).await?;
-        self.sync_broker_default(broker_default).await?;
-        self.sync_topics(topics, &topic_revisions, &tombstones, revision).await
+        // Each table on its own: one that fails (etcd refusing a write,
+        // a table's file not written here) does not hold back the others.
+        let synced = [
+            self.sync_keyed(sh.broker.users(), users.0).await,
+            self.sync_acls(acls).await,
+            self.sync_keyed(sh.broker.sub_groups(), sub_groups.0).await,
+            self.sync_broker_default(broker_default).await,
+            self.sync_topics(topics, &topic_revisions, &tombstones, revision).await,
+        ];
+        let failed: Vec<String> = synced.into_iter().filter_map(Result::err).collect();
+        match failed.is_empty() {
+            true => Ok(()),
+            false => Err(failed.join("; ")),
+        }
     }
 
     /// Writes this node's consumer-group members that changed (under its
@@ -604,28 +618,35 @@ impl Controller {
         mut in_etcd: BTreeMap<String, T::Record>,
     ) -> Res<()> {
         let (changes, upto) = table.take_changes();
-        for (i, (name, record)) in changes.iter().enumerate() {
-            // A deletion of what etcd does not hold (a name deleted where
-            // it never was): nothing to write.
-            if record.is_none() && !in_etcd.contains_key(name) {
-                continue;
+        // What etcd does not hold already: a deletion of a name it does not
+        // hold, or a record it holds as is, is nothing to write.
+        let writes: Vec<&(String, Option<T::Record>)> = changes
+            .iter()
+            .filter(|(name, record)| in_etcd.get(name) != record.as_ref())
+            .collect();
+        // In transactions of up to KEYED_TXN_OPS (one round trip each, not
+        // one per name: a 10 000-group list is ~160 of them); each is
+        // applied whole or not at all.
+        for (i, chunk) in writes.chunks(KEYED_TXN_OPS).enumerate() {
+            let mut ops = Vec::with_capacity(chunk.len());
+            for (name, record) in chunk {
+                let key = format!("{}{}{name}", self.prefix, T::PREFIX);
+                ops.push(match record {
+                    Some(r) => TxnOp::put(key, serde_json::to_vec(r).map_err(|e| e.to_string())?, None),
+                    None => TxnOp::delete(key, None),
+                });
             }
-            let key = format!("{}{}{name}", self.prefix, T::PREFIX);
-            let res = match record {
-                Some(r) => {
-                    let json = serde_json::to_vec(r).map_err(|e| e.to_string())?;
-                    self.client.put(key, json, None).await.map(|_| ())
-                }
-                None => self.client.delete(key, None).await.map(|_| ()),
-            };
-            if let Err(e) = res {
-                table.changes().rechange(changes[i..].iter().map(|(n, _)| n.clone()));
+            if let Err(e) = self.client.txn(Txn::new().and_then(ops)).await {
+                let left = writes[i * KEYED_TXN_OPS..].iter().map(|(n, _)| n.clone());
+                table.changes().rechange(left);
                 return Err(format!("etcd put {}: {e}", T::WHAT));
             }
-            match record {
-                Some(r) => in_etcd.insert(name.clone(), r.clone()),
-                None => in_etcd.remove(name),
-            };
+            for (name, record) in chunk {
+                match record {
+                    Some(r) => in_etcd.insert(name.clone(), r.clone()),
+                    None => in_etcd.remove(name),
+                };
+            }
         }
         // Requests waiting on these (AlterUserScramCredentials, AUTH_*,
         // UPDATE_AND_CREATE_SUBSCRIPTIONGROUP) are answered now.
