@@ -81,6 +81,9 @@ pub struct Honoured {
     /// retryQueueNums: none (0 or less) means a failed message is not
     /// retried (Apache answers its send-back SUCCESS and drops it).
     pub retry_queue_nums: i32,
+    /// notifyConsumerIdsChangedEnable: members told to rebalance when one
+    /// joins or leaves by its own request (a heartbeat, an unregister).
+    pub notify_ids_changed: bool,
     /// Whether the group has a kept config at all.
     pub kept: bool,
 }
@@ -93,6 +96,7 @@ impl Default for Honoured {
             retry_max_times: DEFAULT_RETRY_MAX_TIMES,
             orderly: false,
             retry_queue_nums: 1,
+            notify_ids_changed: true,
             kept: false,
         }
     }
@@ -161,6 +165,7 @@ impl GroupConfig {
             retry_max_times: self.retry_max_times,
             orderly: self.consume_message_orderly,
             retry_queue_nums: self.retry_queue_nums,
+            notify_ids_changed: self.notify_consumer_ids_changed_enable,
             kept: true,
         }
     }
@@ -439,6 +444,7 @@ mod tests {
         let d = dir("kept");
         let body = br#"{"groupName":"g1","consumeEnable":false,"consumeFromMinEnable":false,
             "consumeBroadcastEnable":false,"retryMaxTimes":3,"brokerId":0,"attributes":{},
+            "notifyConsumerIdsChangedEnable":false,
             "groupRetryPolicy":{"type":"CUSTOMIZED","customizedRetryPolicy":{"next":[1000]}},
             "subscriptionDataSet":null}"#;
         let (group, config) = GroupConfig::from_request(body, |_| false).map_err(fail)?;
@@ -452,6 +458,7 @@ mod tests {
             retry_max_times: 3,
             orderly: false,
             retry_queue_nums: 1,
+            notify_ids_changed: false,
             kept: true,
         };
         assert_eq!(t.honoured("g1"), want);

@@ -1918,6 +1918,68 @@ async fn subscriptions_kept_have_a_byte_budget() -> TestResult {
     Ok(())
 }
 
+/// notifyConsumerIdsChangedEnable=false (mqadmin updateSubGroup -a false),
+/// as Apache's ConsumerManager honours it: members are not told when one
+/// joins by a heartbeat or leaves by unregistering (they rebalance on
+/// their own timer); a connection that goes is still told.
+#[tokio::test]
+async fn a_group_without_id_change_notices_is_told_only_when_a_connection_goes() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, _stop) = start(dir.path()).await?;
+    let mut admin = Client::connect(addr).await?;
+    let topic = [
+        ("topic", "NQ"),
+        ("readQueueNums", "2"),
+        ("writeQueueNums", "2"),
+        ("perm", "6"),
+    ];
+    assert_eq!(
+        admin.call(req(rq::UPDATE_AND_CREATE_TOPIC, &topic)).await?.code,
+        rs::SUCCESS
+    );
+    let r = admin
+        .call(sub_group_update(
+            r#"{"groupName":"quiet","notifyConsumerIdsChangedEnable":false}"#,
+        ))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    let hb = |id: &str| {
+        let mut h = req(rq::HEART_BEAT, &[]);
+        h.body = Bytes::from(format!(
+            r#"{{"clientID":"{id}","producerDataSet":[],"consumerDataSet":[{{"groupName":"quiet","consumeType":"CONSUME_PASSIVELY","messageModel":"CLUSTERING","consumeFromWhere":"CONSUME_FROM_LAST_OFFSET","subscriptionDataSet":[{{"topic":"NQ","subString":"*","expressionType":"TAG"}}]}}]}}"#
+        ));
+        h
+    };
+    let mut first = Client::connect(addr).await?;
+    assert_eq!(first.call(hb("q1")).await?.code, rs::SUCCESS);
+    let mut second = Client::connect(addr).await?;
+    assert_eq!(second.call(hb("q2")).await?.code, rs::SUCCESS);
+    let members = admin
+        .call(req(rq::GET_CONSUMER_LIST_BY_GROUP, &[("consumerGroup", "quiet")]))
+        .await?;
+    let list: serde_json::Value = serde_json::from_slice(&members.body)?;
+    assert_eq!(list["consumerIdList"], serde_json::json!(["q1", "q2"]));
+    let quiet = Duration::from_millis(500);
+    assert!(
+        tokio::time::timeout(quiet, first.recv()).await.is_err(),
+        "not told of a member joining"
+    );
+    let leave = req(rq::UNREGISTER_CLIENT, &[("clientID", "q2"), ("consumerGroup", "quiet")]);
+    assert_eq!(second.call(leave).await?.code, rs::SUCCESS);
+    assert!(
+        tokio::time::timeout(quiet, first.recv()).await.is_err(),
+        "not told of a member unregistering"
+    );
+    // A member whose connection goes: told.
+    let mut third = Client::connect(addr).await?;
+    assert_eq!(third.call(hb("q3")).await?.code, rs::SUCCESS);
+    drop(third);
+    let notice = tokio::time::timeout(Duration::from_secs(5), first.recv()).await??;
+    assert_eq!(notice.code, rq::NOTIFY_CONSUMER_IDS_CHANGED);
+    assert_eq!(notice.ext_fields.get("consumerGroup"), Some("quiet"));
+    Ok(())
+}
+
 fn sub_group_update(body: &'static str) -> RemotingCommand {
     let mut u = req(rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, &[]);
     u.body = Bytes::from_static(body.as_bytes());

@@ -258,7 +258,7 @@ impl RocketMq {
             }
         }
         for g in changed {
-            self.notify_ids_changed(&g);
+            self.members_changed(&g, true);
         }
         if let Some(remark) = conflict.or(refused) {
             return self.reply(req, rs::SYSTEM_ERROR, Some(remark));
@@ -302,8 +302,21 @@ impl RocketMq {
     /// connection), after reporting the group's RocketMQ side to the shared
     /// membership (which rebalances its Kafka members, if any).
     pub(super) fn notify_ids_changed(&self, group: &str) {
+        self.members_changed(group, false);
+    }
+
+    /// [`Self::notify_ids_changed`]; `by_request`: a member joined or left
+    /// by its own request (a heartbeat, an unregister) — then, as Apache's
+    /// ConsumerManager, the members are told only if the group's config
+    /// leaves notifyConsumerIdsChangedEnable on (they rebalance on their
+    /// own timer anyway). A closed or expired connection, or a change on the
+    /// Kafka side of a mixed group, is always told.
+    fn members_changed(&self, group: &str, by_request: bool) {
         let (members, topics) = self.rocketmq_side(group);
         self.broker.membership().set_rocketmq(group, members, topics);
+        if by_request && !self.broker.sub_groups().honoured(group).notify_ids_changed {
+            return;
+        }
         let conns = self.clients().member_conns(group);
         for c in conns {
             let mut n = RemotingCommand::request(rq::NOTIFY_CONSUMER_IDS_CHANGED, c.next_opaque());
@@ -350,7 +363,7 @@ impl RocketMq {
             }
         };
         for g in changed {
-            self.notify_ids_changed(&g);
+            self.members_changed(&g, true);
         }
         self.reply(req, rs::SUCCESS, None)
     }
