@@ -24,7 +24,8 @@ ETCD = os.environ.get("ROKKA_ETCD_BIN", shutil.which("etcd") or "/usr/bin/etcd")
 class Etcd:
     """One etcd member with a temporary data directory."""
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, args=()):
+        """`args`: more etcd flags."""
         self.workdir = workdir
         self.client_port = free_port()
         self.peer_port = free_port()
@@ -42,6 +43,7 @@ class Etcd:
                 "--listen-peer-urls", peer,
                 "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"e0={peer}",
+                *args,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -147,14 +149,14 @@ class Cluster:
     """Nodes 1..n of one broker set."""
 
     def __init__(self, name, n=3, min_isr=2, extra="", metrics_extra="", kafka_extra="", grpc=False, store_base=None,
-                 lease_ttl=2):
+                 lease_ttl=2, etcd_args=()):
         """`extra`: more `[cluster]` lines, or a function of the node id
         returning them; `grpc`: each node serves RocketMQ 5 clients too;
         `store_base`: the `[store]` lines (the fixture's shared ones when
-        None)."""
+        None); `etcd_args`: more etcd flags."""
         self.name = name
         self.dir = results_dir("cluster", name)
-        self.etcd = Etcd(self.dir)
+        self.etcd = Etcd(self.dir, etcd_args)
         self.nodes = {}
         self._make = lambda i, more="": Rokka(
             os.path.join(self.dir, f"node{i}"),

@@ -191,6 +191,8 @@ pub mod code {
     pub const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
     pub const UNACCEPTABLE_CREDENTIAL: i16 = 93;
     pub const POLICY_VIOLATION: i16 = 44;
+    /// Retriable: what the cluster mode's wait for etcd answers.
+    pub const REQUEST_TIMED_OUT: i16 = 7;
 }
 
 #[derive(Debug)]
@@ -479,10 +481,10 @@ impl Users {
     ) -> std::result::Result<(), Refused> {
         let _turn = self.writing.lock().unwrap_or_else(|p| p.into_inner());
         // Cluster mode: at most broker.max_users changes wait for etcd.
-        if !self.changes.has_room(&[user.to_string()], self.max_users) {
+        if !self.changes.has_room(self.max_users) {
             metrics::counter!("rokka_users_refused_total").increment(1);
             return Err(refused(
-                code::POLICY_VIOLATION,
+                code::REQUEST_TIMED_OUT,
                 format!(
                     "{} user changes made here wait for etcd (broker.max_users): try again once it holds them",
                     self.max_users

@@ -85,16 +85,13 @@ impl KeyedChanges {
         }
     }
 
-    /// Whether `names` may be queued too with at most `limit` names waiting
+    /// Whether more changes may be queued: fewer than `limit` names wait
     /// for etcd (while etcd is away changes pile up here: a deletion of any
-    /// name is queued, held here or not); always on a single node.
-    pub fn has_room(&self, names: &[String], limit: usize) -> bool {
-        if !self.in_cluster() {
-            return true;
-        }
-        let c = self.lock();
-        let new = names.iter().filter(|n| !c.names.contains(*n)).count();
-        c.names.len() + new <= limit
+    /// name is queued, held here or not). One change of many names is let
+    /// in whole below the limit, so the queue stays under twice it; always
+    /// true on a single node.
+    pub fn has_room(&self, limit: usize) -> bool {
+        !self.in_cluster() || self.lock().names.len() < limit
     }
 
     /// The names changed since the last call, and the sequence number of
@@ -144,7 +141,7 @@ pub type Changes<R> = Vec<(String, Option<R>)>;
 /// writer wins per name), which the controller syncs each tick: the
 /// changes made here go to etcd, then etcd's table replaces this node's.
 pub trait KeyedClusterTable {
-    type Record: serde::Serialize + serde::de::DeserializeOwned + Clone + PartialEq + Send + Sync;
+    type Record: serde::Serialize + serde::de::DeserializeOwned + Clone + Send;
     /// The etcd key prefix under the cluster's (`users/`).
     const PREFIX: &'static str;
     /// What a record is, for logs and errors (`user`).

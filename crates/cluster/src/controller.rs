@@ -618,16 +618,16 @@ impl Controller {
         mut in_etcd: BTreeMap<String, T::Record>,
     ) -> Res<()> {
         let (changes, upto) = table.take_changes();
-        // What etcd does not hold already: a deletion of a name it does not
-        // hold, or a record it holds as is, is nothing to write.
-        let writes: Vec<&(String, Option<T::Record>)> = changes
-            .iter()
-            .filter(|(name, record)| in_etcd.get(name) != record.as_ref())
-            .collect();
+        // Every change is written, even one etcd seemed to hold as is (or a
+        // deletion of a name it seemed not to hold): `in_etcd` was read
+        // before this node's changes were taken, and another node may have
+        // written the name since — skipping would leave its record in
+        // force and tell this node's client its change is held.
         // In transactions of up to KEYED_TXN_OPS (one round trip each, not
-        // one per name: a 10 000-group list is ~160 of them); each is
-        // applied whole or not at all.
-        for (i, chunk) in writes.chunks(KEYED_TXN_OPS).enumerate() {
+        // one per name: a 10 000-group list is ~160 of them), each applied
+        // whole or not at all; one etcd refuses (it was started with a
+        // smaller --max-txn-ops or request size) is written a name at a time.
+        for (i, chunk) in changes.chunks(KEYED_TXN_OPS).enumerate() {
             let mut ops = Vec::with_capacity(chunk.len());
             for (name, record) in chunk {
                 let key = format!("{}{}{name}", self.prefix, T::PREFIX);
@@ -636,8 +636,18 @@ impl Controller {
                     None => TxnOp::delete(key, None),
                 });
             }
-            if let Err(e) = self.client.txn(Txn::new().and_then(ops)).await {
-                let left = writes[i * KEYED_TXN_OPS..].iter().map(|(n, _)| n.clone());
+            let mut written = self.client.txn(Txn::new().and_then(ops.clone())).await.map(|_| ());
+            if written.is_err() && ops.len() > 1 {
+                written = Ok(());
+                for op in ops {
+                    if let Err(e) = self.client.txn(Txn::new().and_then([op])).await {
+                        written = Err(e);
+                        break;
+                    }
+                }
+            }
+            if let Err(e) = written {
+                let left = changes[i * KEYED_TXN_OPS..].iter().map(|(n, _)| n.clone());
                 table.changes().rechange(left);
                 return Err(format!("etcd put {}: {e}", T::WHAT));
             }

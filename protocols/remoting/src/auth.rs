@@ -139,6 +139,19 @@ fn config_need<'a>(broker: &Broker, cmd: &'a RemotingCommand) -> Option<(Rt, &'a
     .then_some((Rt::Cluster, CLUSTER_NAME, Op::Alter))
 }
 
+/// Whether `cmd`'s caller may take a subscription-group config away (ALTER
+/// on the cluster, what setting one takes): always with authorization off.
+/// DELETE_SUBSCRIPTIONGROUP of a group without a config here queues the
+/// deletion for the cluster only then — in cluster mode another node may
+/// have set one this node has not seen yet.
+pub fn may_drop_config(broker: &Broker, conn: &crate::server::Conn, cmd: &RemotingCommand) -> bool {
+    if !broker.acls().enabled() {
+        return true;
+    }
+    principal_of(broker, conn, cmd)
+        .is_some_and(|who| allowed(broker, &who, conn.peer.ip(), (Rt::Cluster, CLUSTER_NAME, Op::Alter)))
+}
+
 fn allowed(broker: &Broker, principal: &str, host: std::net::IpAddr, need: (Rt, &str, Op)) -> bool {
     broker.acls().allows(principal, host, need)
 }

@@ -493,6 +493,10 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest, drops_configs: bool) -> D
                 // groups (written and fsynced: off the async workers; in
                 // cluster mode answered once etcd holds the deletions,
                 // waited for once after every group).
+                // Without ALTER on the cluster nothing is asked of the
+                // config at all (in cluster mode a removal here would also
+                // take away one set on another node this node has not
+                // seen yet).
                 let kept = !drops_configs && k.broker.sub_groups().contains(&name);
                 if kept {
                     tracing::info!(
@@ -500,10 +504,10 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest, drops_configs: bool) -> D
                         "a deleted group's subscription-group config stays: the caller may not alter the cluster"
                     );
                 }
-                let went = if kept {
-                    Ok(false)
-                } else {
+                let went = if drops_configs {
                     rokka_broker::offload(|| k.broker.sub_groups().remove(&name))
+                } else {
+                    Ok(false)
                 };
                 match went {
                     Ok(had) => {

@@ -364,7 +364,7 @@ impl RocketMq {
             rq::GET_TOPIC_CONFIG => self.topic_config(&cmd),
             rq::DELETE_TOPIC_IN_BROKER => rokka_broker::offload(|| self.delete_topic(&cmd)),
             rq::DELETE_SUBSCRIPTIONGROUP => {
-                let r = self.delete_subscription_group(&cmd);
+                let r = self.delete_subscription_group(&cmd, conn);
                 match self.offsets_only(&cmd) {
                     true => r,
                     false => self.sub_groups_replicated(&cmd, r).await,

@@ -65,7 +65,7 @@ impl RocketMq {
     /// own groups are refused. The answer's
     /// `rokkaDeleted` extField says how many offsets went (another set's
     /// Kafka coordinator deleting a group reads it).
-    pub(super) fn delete_subscription_group(&self, req: &RemotingCommand) -> RemotingCommand {
+    pub(super) fn delete_subscription_group(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let group = req.ext_fields.get("groupName").unwrap_or_default();
         if group.is_empty() {
             return self.reply(req, rs::SYSTEM_ERROR, Some("groupName is empty".into()));
@@ -83,7 +83,9 @@ impl RocketMq {
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         // Written and fsynced: off the async workers. (Not for a Kafka
         // coordinator's forwarded delete: it deletes the config itself.)
-        if !self.offsets_only(req) {
+        // (A config held here needed ALTER on the cluster to get this far,
+        // crate::auth; one not held here is asked for only with it too.)
+        if !self.offsets_only(req) && crate::auth::may_drop_config(&self.broker, conn, req) {
             if let Err(refused) = rokka_broker::offload(|| self.broker.sub_groups().remove(group)) {
                 return self.reply(req, rs::SYSTEM_ERROR, Some(refused.0));
             }

@@ -103,18 +103,8 @@ impl RocketMq {
                     |s| (s.expression.clone(), s.expression_type.clone()),
                 )
         };
-        // A group configured not to be consumed by broadcast: its
-        // broadcasting push consumers' pulls (those without their own
-        // subscription, as Apache checks) are refused.
-        if sys_flag & 0x4 == 0
-            && !honoured.consume_broadcast_enable
-            && self.clients().groups.get(&group).is_some_and(|g| !g.clustering)
-        {
-            return self.group_forbidden(
-                req,
-                "broadcast_disabled",
-                format!("the consumer group[{group}] can not consume by broadcast way"),
-            );
+        if let Some(refused) = self.broadcast_refused(req, &group, sys_flag, &honoured) {
+            return refused;
         }
         // Tags only: a SQL92 filter read as a tag expression would match
         // nothing, silently. RocketMQ's broker without property filtering
@@ -141,8 +131,14 @@ impl RocketMq {
             // Consumption turned off while this pull was held: refused now,
             // not served what arrives (Apache runs a woken pull's checks
             // again).
-            if woken && !self.broker.sub_groups().honoured(&group).consume_enable {
-                return self.consume_disabled(req, &group);
+            if woken {
+                let honoured = self.broker.sub_groups().honoured(&group);
+                if !honoured.consume_enable {
+                    return self.consume_disabled(req, &group);
+                }
+                if let Some(refused) = self.broadcast_refused(req, &group, sys_flag, &honoured) {
+                    return refused;
+                }
             }
             woken = true;
             let waiter = Arc::new(Notify::new());
@@ -186,6 +182,28 @@ impl RocketMq {
             let _ = tokio::time::timeout(deadline - now, waiter.notified()).await;
             metrics::gauge!("rokka_rocketmq_pulls_held").decrement(1.0);
         }
+    }
+
+    /// A group configured not to be consumed by broadcast: its
+    /// broadcasting push consumers' pulls (those without their own
+    /// subscription, as Apache checks) are refused.
+    fn broadcast_refused(
+        &self,
+        req: &RemotingCommand,
+        group: &str,
+        sys_flag: i64,
+        honoured: &rokka_broker::sub_groups::Honoured,
+    ) -> Option<RemotingCommand> {
+        (sys_flag & 0x4 == 0
+            && !honoured.consume_broadcast_enable
+            && self.clients().groups.get(group).is_some_and(|g| !g.clustering))
+        .then(|| {
+            self.group_forbidden(
+                req,
+                "broadcast_disabled",
+                format!("the consumer group[{group}] can not consume by broadcast way"),
+            )
+        })
     }
 
     /// A pull of a group whose consumption is turned off (consumeEnable=false).
