@@ -2195,6 +2195,32 @@ async fn a_subscription_group_config_is_kept_and_honoured() -> TestResult {
     Ok(())
 }
 
+/// GET_ALL_SUBSCRIPTIONGROUP_CONFIG lists every group with offsets: a
+/// large offsets table would make an answer no RocketMQ client reads (their
+/// frames stop at 16 MiB). It stops at 15 MiB, the kept configs first.
+#[tokio::test]
+async fn the_group_listing_stays_under_a_clients_frame() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
+    let long = "g".repeat(200);
+    for i in 0..40_000 {
+        broker.store().offsets().commit(&format!("{long}-{i}"), "T", 0, 1, "");
+    }
+    let mut c = Client::connect(addr).await?;
+    let r = c
+        .call(sub_group_update(r#"{"groupName":"zz-kept","retryMaxTimes":2}"#))
+        .await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    let r = c.call(req(rq::GET_ALL_SUBSCRIPTIONGROUP_CONFIG, &[])).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert!(r.body.len() < 16 << 20, "{} bytes", r.body.len());
+    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+    let table = v["subscriptionGroupTable"].as_object().ok_or("no table")?;
+    assert!(table.len() > 10_000 && table.len() < 40_000, "{} groups", table.len());
+    assert_eq!(table["zz-kept"]["retryMaxTimes"], 2, "the kept config first");
+    Ok(())
+}
+
 /// The admin's other group and broker views: QUERY_TOPICS_BY_CONSUMER
 /// (343, the topics a group committed on, whichever protocol),
 /// QUERY_SUBSCRIPTION_BY_CONSUMER (345, from the members' heartbeats) and

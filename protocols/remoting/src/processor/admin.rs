@@ -588,17 +588,38 @@ impl RocketMq {
     /// and every other group with committed offsets or live RocketMQ
     /// members with Apache's defaults (Apache makes a group's config at
     /// its first pull), the broker's own groups left out.
+    /// The answer stops at [`MAX_GROUP_LISTING_BYTES`]: the kept configs
+    /// first, then the other groups; those left out are counted
+    /// (`rokka_rocketmq_group_listing_left_out_total`).
     pub(super) fn all_subscription_groups(&self, req: &RemotingCommand) -> RemotingCommand {
         let kept = self.broker.sub_groups().all();
-        let mut groups: std::collections::BTreeSet<String> =
+        let mut others: std::collections::BTreeSet<String> =
             self.broker.store().offsets().groups().into_iter().collect();
-        groups.extend(self.clients().groups.keys().cloned());
-        groups.extend(kept.keys().cloned());
+        others.extend(self.clients().groups.keys().cloned());
         let default = rokka_broker::sub_groups::GroupConfig::default();
         let mut table = serde_json::Map::new();
-        for g in groups.into_iter().filter(|g| !rokka_broker::is_system_group(g)) {
-            let v = kept.get(&g).unwrap_or(&default).to_json(&g);
-            table.insert(g, v);
+        let (mut bytes, mut left_out) = (0usize, 0u64);
+        let listed = kept
+            .iter()
+            .chain(others.iter().filter(|g| !kept.contains_key(*g)).map(|g| (g, &default)));
+        for (g, config) in listed.filter(|(g, _)| !rokka_broker::is_system_group(g)) {
+            let v = config.to_json(g);
+            // (The entry's JSON: its name twice, quotes, the config.)
+            let size = 2 * g.len() + 8 + v.to_string().len();
+            if bytes + size > MAX_GROUP_LISTING_BYTES {
+                left_out += 1;
+                continue;
+            }
+            bytes += size;
+            table.insert(g.clone(), v);
+        }
+        if left_out > 0 {
+            metrics::counter!("rokka_rocketmq_group_listing_left_out_total").increment(left_out);
+            tracing::warn!(
+                listed = table.len(),
+                left_out,
+                "GET_ALL_SUBSCRIPTIONGROUP_CONFIG: groups past the answer's 15 MiB left out"
+            );
         }
         self.json_body(
             req,
@@ -721,6 +742,12 @@ struct Bounded<'a>(Vec<&'a serde_json::value::RawValue>);
 /// Most configs one UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST carries (the
 /// default budget of kept configs).
 const MAX_LIST_CONFIGS: usize = 10_000;
+
+/// Most bytes of the groups a GET_ALL_SUBSCRIPTIONGROUP_CONFIG answer
+/// lists: under the 16 MiB frame RocketMQ's clients read (NettyDecoder's
+/// frameMaxLength), which every committed group of a large offsets table
+/// would pass (a client that cannot read the answer drops the connection).
+const MAX_GROUP_LISTING_BYTES: usize = 15 << 20;
 
 impl<'de: 'a, 'a> serde::Deserialize<'de> for Bounded<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -348,7 +348,8 @@ impl RocketMq {
             | rq::GET_EARLIEST_MSG_STORETIME => self.offset_queries(&cmd),
             rq::UPDATE_AND_CREATE_TOPIC => rokka_broker::offload(|| self.create_topic(&cmd)),
             rq::GET_ALL_TOPIC_CONFIG => self.all_topic_config(&cmd),
-            rq::GET_ALL_SUBSCRIPTIONGROUP_CONFIG => self.all_subscription_groups(&cmd),
+            // (Every group with offsets: built off the async workers.)
+            rq::GET_ALL_SUBSCRIPTIONGROUP_CONFIG => rokka_broker::offload(|| self.all_subscription_groups(&cmd)),
             rq::GET_SUBSCRIPTIONGROUP_CONFIG => self.subscription_group(&cmd),
             rq::QUERY_TOPICS_BY_CONSUMER => self.topics_by_consumer(&cmd, conn),
             rq::QUERY_SUBSCRIPTION_BY_CONSUMER => self.subscription_by_consumer(&cmd),
