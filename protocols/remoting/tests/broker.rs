@@ -2195,14 +2195,15 @@ async fn a_subscription_group_config_is_kept_and_honoured() -> TestResult {
     Ok(())
 }
 
-/// GET_ALL_SUBSCRIPTIONGROUP_CONFIG lists every group with offsets: a
-/// large offsets table would make an answer no RocketMQ client reads (their
-/// frames stop at 16 MiB). It stops at 15 MiB, the kept configs first.
+/// GET_ALL_SUBSCRIPTIONGROUP_CONFIG lists every group with offsets, and
+/// QUERY_TOPIC_CONSUME_BY_WHO every group of a topic: a large offsets table
+/// would make answers no RocketMQ client reads (their frames stop at
+/// 16 MiB). They stop at 15 MiB, the kept configs first.
 #[tokio::test]
 async fn the_group_listing_stays_under_a_clients_frame() -> TestResult {
     let dir = tempfile::tempdir()?;
     let (addr, broker, _stop) = serve_broker(dir.path(), RocketMqConfig::default()).await?;
-    let long = "g".repeat(200);
+    let long = "g".repeat(400);
     for i in 0..40_000 {
         broker.store().offsets().commit(&format!("{long}-{i}"), "T", 0, 1, "");
     }
@@ -2218,6 +2219,13 @@ async fn the_group_listing_stays_under_a_clients_frame() -> TestResult {
     let table = v["subscriptionGroupTable"].as_object().ok_or("no table")?;
     assert!(table.len() > 10_000 && table.len() < 40_000, "{} groups", table.len());
     assert_eq!(table["zz-kept"]["retryMaxTimes"], 2, "the kept config first");
+    // QUERY_TOPIC_CONSUME_BY_WHO: the topic's groups, as far.
+    let r = c.call(req(rq::QUERY_TOPIC_CONSUME_BY_WHO, &[("topic", "T")])).await?;
+    assert_eq!(r.code, rs::SUCCESS, "{:?}", r.remark);
+    assert!(r.body.len() < 16 << 20, "{} bytes", r.body.len());
+    let v: serde_json::Value = serde_json::from_slice(&r.body)?;
+    let n = v["groupList"].as_array().map_or(0, Vec::len);
+    assert!(n > 30_000 && n < 40_000, "{n} groups");
     Ok(())
 }
 

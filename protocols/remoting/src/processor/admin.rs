@@ -281,6 +281,14 @@ impl RocketMq {
                 rokka_broker::acl::Operation::Describe,
             ))
         });
+        // (Up to MAX_GROUP_LISTING_BYTES of names, as 201's listing.)
+        let mut bytes = 0;
+        let before = groups.len();
+        groups.retain(|g| {
+            bytes += g.len() + 3;
+            bytes <= MAX_GROUP_LISTING_BYTES
+        });
+        left_out("consume_by_who", (before - groups.len()) as u64);
         self.json_body(req, json!({"groupList": groups}))
     }
 
@@ -598,7 +606,7 @@ impl RocketMq {
         others.extend(self.clients().groups.keys().cloned());
         let default = rokka_broker::sub_groups::GroupConfig::default();
         let mut table = serde_json::Map::new();
-        let (mut bytes, mut left_out) = (0usize, 0u64);
+        let (mut bytes, mut dropped) = (0usize, 0u64);
         let listed = kept
             .iter()
             .chain(others.iter().filter(|g| !kept.contains_key(*g)).map(|g| (g, &default)));
@@ -607,20 +615,13 @@ impl RocketMq {
             // (The entry's JSON: its name twice, quotes, the config.)
             let size = 2 * g.len() + 8 + v.to_string().len();
             if bytes + size > MAX_GROUP_LISTING_BYTES {
-                left_out += 1;
+                dropped += 1;
                 continue;
             }
             bytes += size;
             table.insert(g.clone(), v);
         }
-        if left_out > 0 {
-            metrics::counter!("rokka_rocketmq_group_listing_left_out_total").increment(left_out);
-            tracing::warn!(
-                listed = table.len(),
-                left_out,
-                "GET_ALL_SUBSCRIPTIONGROUP_CONFIG: groups past the answer's 15 MiB left out"
-            );
-        }
+        left_out("subscription_groups", dropped);
         self.json_body(
             req,
             json!({"subscriptionGroupTable": table, "forbiddenTable": {}, "dataVersion": {"counter": 0, "stateVersion": 0, "timestamp": 0}}),
@@ -748,6 +749,15 @@ const MAX_LIST_CONFIGS: usize = 10_000;
 /// frameMaxLength), which every committed group of a large offsets table
 /// would pass (a client that cannot read the answer drops the connection).
 const MAX_GROUP_LISTING_BYTES: usize = 15 << 20;
+
+/// Groups a listing left out past [`MAX_GROUP_LISTING_BYTES`]: counted, and
+/// logged (an operator's rare call).
+fn left_out(listing: &'static str, n: u64) {
+    if n > 0 {
+        metrics::counter!("rokka_rocketmq_group_listing_left_out_total", "listing" => listing).increment(n);
+        tracing::warn!(listing, left_out = n, "groups past a listing's 15 MiB left out");
+    }
+}
 
 impl<'de: 'a, 'a> serde::Deserialize<'de> for Bounded<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

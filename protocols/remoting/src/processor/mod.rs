@@ -374,7 +374,7 @@ impl RocketMq {
             rq::GET_TOPIC_STATS_INFO => self.topic_stats(&cmd),
             rq::GET_CONSUMER_CONNECTION_LIST => self.consumer_connections(&cmd),
             rq::GET_PRODUCER_CONNECTION_LIST => self.producer_connections(&cmd),
-            rq::QUERY_TOPIC_CONSUME_BY_WHO => self.consume_by_who(&cmd, conn),
+            rq::QUERY_TOPIC_CONSUME_BY_WHO => rokka_broker::offload(|| self.consume_by_who(&cmd, conn)),
             rq::GET_BROKER_RUNTIME_INFO => self.runtime_info(&cmd),
             rq::GET_CONSUME_STATS => self.consume_stats(&cmd, conn),
             rq::INVOKE_BROKER_TO_RESET_OFFSET => self.reset_offset(&cmd).await,
