@@ -322,7 +322,7 @@ impl SubscriptionGroups {
     pub fn upsert_all(&self, configs: Vec<(String, GroupConfig)>) -> std::result::Result<(), Refused> {
         let _turn = self.turn();
         let names: Vec<String> = configs.iter().map(|(g, _)| g.clone()).collect();
-        self.room()?;
+        self.room(&names)?;
         if configs.iter().all(|(g, c)| self.read().groups.get(g) == Some(c)) {
             names.iter().for_each(|g| self.changes.note(g));
             return Ok(());
@@ -348,7 +348,7 @@ impl SubscriptionGroups {
     /// copy yet — the cluster's may have come since its last tick.)
     pub fn remove(&self, group: &str) -> std::result::Result<bool, Refused> {
         let _turn = self.turn();
-        self.room()?;
+        self.room(&[group.to_string()])?;
         if !self.read().groups.contains_key(group) {
             self.changes.note(group);
             return Ok(false);
@@ -360,10 +360,10 @@ impl SubscriptionGroups {
         self.install(next, &[group.to_string()]).map(|()| true)
     }
 
-    /// Cluster mode: refused while more than `broker.max_subscription_groups`
-    /// changed names wait for etcd (etcd away, say).
-    fn room(&self) -> std::result::Result<(), Refused> {
-        if self.changes.has_room(self.max) {
+    /// Cluster mode: refused while `broker.max_subscription_groups` changed
+    /// names wait for etcd (etcd away, say), unless `names` are among them.
+    fn room(&self, names: &[String]) -> std::result::Result<(), Refused> {
+        if self.changes.has_room(names, self.max) {
             return Ok(());
         }
         metrics::counter!("rokka_subscription_groups_refused_total").increment(1);
@@ -617,11 +617,14 @@ mod tests {
         let refused = t.remove("x4").err().map(|r| r.0).unwrap_or_default();
         assert!(refused.contains("wait for etcd"), "{refused}");
         assert!(t.upsert("x4", GroupConfig::default()).is_err());
+        // A name already waiting is no more to wait for: an operator can
+        // still correct it.
+        assert!(t.upsert("x1", GroupConfig::default()).is_ok());
         // etcd away: the controller hands them back; still bounded.
         let (changes, _) = t.take_changes();
         assert_eq!(changes.len(), 3);
         // A list is let in whole below the limit (never refused on its own).
-        let list = ["y1", "y2", "y3"].map(|g| (g.to_string(), GroupConfig::default()));
+        let list = ["y1", "y2"].map(|g| (g.to_string(), GroupConfig::default()));
         assert!(t.upsert_all(list.to_vec()).is_ok(), "room once taken");
         t.changes().rechange(changes.into_iter().map(|(n, _)| n));
         assert!(t.remove("x6").is_err());

@@ -481,7 +481,7 @@ impl Users {
     ) -> std::result::Result<(), Refused> {
         let _turn = self.writing.lock().unwrap_or_else(|p| p.into_inner());
         // Cluster mode: at most broker.max_users changes wait for etcd.
-        if !self.changes.has_room(self.max_users) {
+        if !self.changes.has_room(&[user.to_string()], self.max_users) {
             metrics::counter!("rokka_users_refused_total").increment(1);
             return Err(refused(
                 code::REQUEST_TIMED_OUT,

@@ -85,13 +85,17 @@ impl KeyedChanges {
         }
     }
 
-    /// Whether more changes may be queued: fewer than `limit` names wait
-    /// for etcd (while etcd is away changes pile up here: a deletion of any
-    /// name is queued, held here or not). One change of many names is let
-    /// in whole below the limit, so the queue stays under twice it; always
-    /// true on a single node.
-    pub fn has_room(&self, limit: usize) -> bool {
-        !self.in_cluster() || self.lock().names.len() < limit
+    /// Whether a change of `names` may be queued: fewer than `limit` names
+    /// wait for etcd, or all of these already do (while etcd is away changes
+    /// pile up here: a deletion of any name is queued, held here or not).
+    /// One change of many names is let in whole below the limit, so the
+    /// queue stays under twice it; always true on a single node.
+    pub fn has_room(&self, names: &[String], limit: usize) -> bool {
+        if !self.in_cluster() {
+            return true;
+        }
+        let c = self.lock();
+        c.names.len() < limit || names.iter().all(|n| c.names.contains(n))
     }
 
     /// The names changed since the last call, and the sequence number of

@@ -86,6 +86,10 @@ pub struct Controller {
     /// Since when this set's state has been missing from etcd (a node
     /// with a history waits for the master to write it again).
     state_missing_since: Option<Instant>,
+    /// Most writes of a keyed table in one etcd transaction: KEYED_TXN_OPS,
+    /// halved each time etcd refuses a transaction as too large (it was
+    /// started with a smaller --max-txn-ops or request size).
+    keyed_txn_ops: usize,
 }
 
 type Res<T> = Result<T, String>;
@@ -116,6 +120,7 @@ impl Controller {
             unreadable_logged: None,
             groups_failing: false,
             state_missing_since: None,
+            keyed_txn_ops: KEYED_TXN_OPS,
         };
         c.register().await?;
         let secret = c.cluster_secret().await?;
@@ -623,11 +628,12 @@ impl Controller {
         // before this node's changes were taken, and another node may have
         // written the name since — skipping would leave its record in
         // force and tell this node's client its change is held.
-        // In transactions of up to KEYED_TXN_OPS (one round trip each, not
+        // In transactions of up to `keyed_txn_ops` (one round trip each, not
         // one per name: a 10 000-group list is ~160 of them), each applied
-        // whole or not at all; one etcd refuses (it was started with a
-        // smaller --max-txn-ops or request size) is written a name at a time.
-        for (i, chunk) in changes.chunks(KEYED_TXN_OPS).enumerate() {
+        // whole or not at all.
+        let mut at = 0;
+        while at < changes.len() {
+            let chunk = &changes[at..(at + self.keyed_txn_ops).min(changes.len())];
             let mut ops = Vec::with_capacity(chunk.len());
             for (name, record) in chunk {
                 let key = format!("{}{}{name}", self.prefix, T::PREFIX);
@@ -636,20 +642,26 @@ impl Controller {
                     None => TxnOp::delete(key, None),
                 });
             }
-            let mut written = self.client.txn(Txn::new().and_then(ops.clone())).await.map(|_| ());
-            if written.is_err() && ops.len() > 1 {
-                written = Ok(());
-                for op in ops {
-                    if let Err(e) = self.client.txn(Txn::new().and_then([op])).await {
-                        written = Err(e);
-                        break;
-                    }
+            match self.client.txn(Txn::new().and_then(ops)).await {
+                Ok(_) => {}
+                // Too many operations, or too large, for this etcd: smaller
+                // transactions from now on.
+                Err(etcd_client::Error::GRpcStatus(st))
+                    if st.code() == tonic::Code::InvalidArgument && chunk.len() > 1 =>
+                {
+                    self.keyed_txn_ops = (chunk.len() / 2).max(1);
+                    tracing::warn!(
+                        ops = self.keyed_txn_ops,
+                        error = st.message(),
+                        "etcd refused a transaction as too large: writing {} in smaller ones",
+                        T::WHAT
+                    );
+                    continue;
                 }
-            }
-            if let Err(e) = written {
-                let left = changes[i * KEYED_TXN_OPS..].iter().map(|(n, _)| n.clone());
-                table.changes().rechange(left);
-                return Err(format!("etcd put {}: {e}", T::WHAT));
+                Err(e) => {
+                    table.changes().rechange(changes[at..].iter().map(|(n, _)| n.clone()));
+                    return Err(format!("etcd put {}: {e}", T::WHAT));
+                }
             }
             for (name, record) in chunk {
                 match record {
@@ -657,6 +669,7 @@ impl Controller {
                     None => in_etcd.remove(name),
                 };
             }
+            at += chunk.len();
         }
         // Requests waiting on these (AlterUserScramCredentials, AUTH_*,
         // UPDATE_AND_CREATE_SUBSCRIPTIONGROUP) are answered now.

@@ -281,11 +281,11 @@ impl RocketMq {
                 rokka_broker::acl::Operation::Describe,
             ))
         });
-        // (Up to MAX_GROUP_LISTING_BYTES of names, as 201's listing.)
+        // (Up to MAX_GROUP_LISTING_BYTES of names as JSON, as 201's listing.)
         let mut bytes = 0;
         let before = groups.len();
         groups.retain(|g| {
-            bytes += g.len() + 3;
+            bytes += json_len(g) + 1;
             bytes <= MAX_GROUP_LISTING_BYTES
         });
         left_out("consume_by_who", (before - groups.len()) as u64);
@@ -606,22 +606,24 @@ impl RocketMq {
         others.extend(self.clients().groups.keys().cloned());
         let default = rokka_broker::sub_groups::GroupConfig::default();
         let mut table = serde_json::Map::new();
-        let (mut bytes, mut dropped) = (0usize, 0u64);
-        let listed = kept
+        let mut bytes = 0usize;
+        let listed: Vec<(&String, &rokka_broker::sub_groups::GroupConfig)> = kept
             .iter()
-            .chain(others.iter().filter(|g| !kept.contains_key(*g)).map(|g| (g, &default)));
-        for (g, config) in listed.filter(|(g, _)| !rokka_broker::is_system_group(g)) {
+            .chain(others.iter().filter(|g| !kept.contains_key(*g)).map(|g| (g, &default)))
+            .filter(|(g, _)| !rokka_broker::is_system_group(g))
+            .collect();
+        for (i, (g, config)) in listed.iter().enumerate() {
             let v = config.to_json(g);
-            // (The entry's JSON: its name twice, quotes, the config.)
-            let size = 2 * g.len() + 8 + v.to_string().len();
+            // (The entry's JSON: its escaped name, a colon, the config, a comma.)
+            let size = json_len(g) + 2 + json_len(&v);
             if bytes + size > MAX_GROUP_LISTING_BYTES {
-                dropped += 1;
-                continue;
+                // The rest left out, in their order (kept configs first).
+                left_out("subscription_groups", (listed.len() - i) as u64);
+                break;
             }
             bytes += size;
-            table.insert(g.clone(), v);
+            table.insert((*g).clone(), v);
         }
-        left_out("subscription_groups", dropped);
         self.json_body(
             req,
             json!({"subscriptionGroupTable": table, "forbiddenTable": {}, "dataVersion": {"counter": 0, "stateVersion": 0, "timestamp": 0}}),
@@ -749,6 +751,11 @@ const MAX_LIST_CONFIGS: usize = 10_000;
 /// frameMaxLength), which every committed group of a large offsets table
 /// would pass (a client that cannot read the answer drops the connection).
 const MAX_GROUP_LISTING_BYTES: usize = 15 << 20;
+
+/// The length of `v` as JSON (escapes included).
+fn json_len(v: &impl serde::Serialize) -> usize {
+    serde_json::to_string(v).map_or(0, |s| s.len())
+}
 
 /// Groups a listing left out past [`MAX_GROUP_LISTING_BYTES`]: counted, and
 /// logged (an operator's rare call).

@@ -309,12 +309,18 @@ impl RocketMq {
     /// by its own request (a heartbeat, an unregister) — then, as Apache's
     /// ConsumerManager, the members are told only if the group's config
     /// leaves notifyConsumerIdsChangedEnable on (they rebalance on their
-    /// own timer anyway). A closed or expired connection, or a change on the
-    /// Kafka side of a mixed group, is always told.
+    /// own timer anyway). A closed connection (as Apache's
+    /// doChannelCloseEvent), an expired client (Apache tells none) or a
+    /// change on the Kafka side of a mixed group is always told.
     fn members_changed(&self, group: &str, by_request: bool) {
         let (members, topics) = self.rocketmq_side(group);
         self.broker.membership().set_rocketmq(group, members, topics);
         if by_request && !self.broker.sub_groups().honoured(group).notify_ids_changed {
+            return;
+        }
+        // Broadcasting consumers each read everything: nothing to
+        // rebalance (Apache tells only clustering groups).
+        if self.clients().groups.get(group).is_some_and(|g| !g.clustering) {
             return;
         }
         let conns = self.clients().member_conns(group);
