@@ -620,14 +620,19 @@ mod tests {
         // A name already waiting is no more to wait for: an operator can
         // still correct it.
         assert!(t.upsert("x1", GroupConfig::default()).is_ok());
-        // etcd away: the controller hands them back; still bounded.
-        let (changes, _) = t.take_changes();
+        // Taken by the controller and not written yet: still counted.
+        let (changes, upto) = t.take_changes();
         assert_eq!(changes.len(), 3);
-        // A list is let in whole below the limit (never refused on its own).
-        let list = ["y1", "y2"].map(|g| (g.to_string(), GroupConfig::default()));
-        assert!(t.upsert_all(list.to_vec()).is_ok(), "room once taken");
-        t.changes().rechange(changes.into_iter().map(|(n, _)| n));
+        assert!(t.remove("x5").is_err(), "taken, not written: no room yet");
+        // etcd away: the controller hands them back; still bounded.
+        t.changes().rechange(changes.iter().map(|(n, _)| n.clone()));
         assert!(t.remove("x6").is_err());
+        // Written: room again, and a list is let in whole below the limit
+        // (never refused on its own).
+        let _ = t.take_changes();
+        t.changes().written_up_to(upto);
+        let list = ["y1", "y2"].map(|g| (g.to_string(), GroupConfig::default()));
+        assert!(t.upsert_all(list.to_vec()).is_ok(), "room once written");
         let _ = std::fs::remove_dir_all(&d);
         Ok(())
     }

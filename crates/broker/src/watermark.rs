@@ -60,6 +60,9 @@ pub struct KeyedChanges {
 struct Changed {
     names: std::collections::BTreeSet<String>,
     queued: u64,
+    /// Names the controller took and has not written yet (counted against
+    /// the limit: a write that keeps failing hands them back).
+    taken: usize,
 }
 
 impl KeyedChanges {
@@ -95,19 +98,22 @@ impl KeyedChanges {
             return true;
         }
         let c = self.lock();
-        c.names.len() < limit || names.iter().all(|n| c.names.contains(n))
+        c.names.len() + c.taken < limit || names.iter().all(|n| c.names.contains(n))
     }
 
     /// The names changed since the last call, and the sequence number of
     /// the last change (for [`KeyedChanges::written_up_to`]).
     pub fn take(&self) -> (std::collections::BTreeSet<String>, u64) {
         let mut c = self.lock();
+        c.taken = c.names.len();
         (std::mem::take(&mut c.names), c.queued)
     }
 
     /// Names whose write to etcd failed, to try again.
     pub fn rechange(&self, names: impl IntoIterator<Item = String>) {
-        self.lock().names.extend(names);
+        let mut c = self.lock();
+        c.names.extend(names);
+        c.taken = 0;
     }
 
     /// Names changed here and not taken yet (the cluster's copy does not
@@ -118,6 +124,7 @@ impl KeyedChanges {
 
     /// Etcd holds every change up to sequence number `seq`.
     pub fn written_up_to(&self, seq: u64) {
+        self.lock().taken = 0;
         self.written.advance(seq);
     }
 

@@ -516,6 +516,15 @@ pub async fn delete(k: &Kafka, r: DeleteGroupsRequest, drops_configs: bool) -> D
                             removed.push(results.len());
                         }
                     }
+                    // (Refused with no config here — cluster mode, etcd
+                    // behind — the group's own deletion stands.)
+                    Err(r) if !k.broker.sub_groups().contains(&name) => {
+                        tracing::debug!(
+                            group = name,
+                            error = r.0,
+                            "no config deletion queued for a deleted group"
+                        );
+                    }
                     Err(r) => {
                         tracing::warn!(
                             group = name,

@@ -228,15 +228,13 @@ impl RocketMq {
 
     /// A subscription-group change answered once etcd holds it (cluster
     /// mode: every node honours it within a tick), as a user or ACL
-    /// change; at once on a single node, or when the request changed
-    /// nothing (the table's last change still `before`: a Kafka
-    /// coordinator's forwarded delete, one without ALTER on the cluster).
-    async fn sub_groups_replicated(&self, cmd: &RemotingCommand, r: RemotingCommand, before: u64) -> RemotingCommand {
+    /// change; at once on a single node.
+    async fn sub_groups_replicated(&self, cmd: &RemotingCommand, r: RemotingCommand) -> RemotingCommand {
         let changes = self.broker.sub_groups().changes();
-        let last = changes.last_change();
         if r.code == rs::SUCCESS
-            && last != before
-            && !changes.replicated(last, rokka_broker::watermark::CLUSTER_WAIT).await
+            && !changes
+                .replicated(changes.last_change(), rokka_broker::watermark::CLUSTER_WAIT)
+                .await
         {
             return self.reply(
                 cmd,
@@ -357,21 +355,21 @@ impl RocketMq {
             rq::QUERY_SUBSCRIPTION_BY_CONSUMER => self.subscription_by_consumer(&cmd),
             rq::GET_BROKER_CONFIG => self.broker_config(&cmd),
             rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP => {
-                let before = self.broker.sub_groups().changes().last_change();
                 let r = self.update_subscription_group(&cmd);
-                self.sub_groups_replicated(&cmd, r, before).await
+                self.sub_groups_replicated(&cmd, r).await
             }
             rq::UPDATE_AND_CREATE_SUBSCRIPTIONGROUP_LIST => {
-                let before = self.broker.sub_groups().changes().last_change();
                 let r = self.update_subscription_group_list(&cmd);
-                self.sub_groups_replicated(&cmd, r, before).await
+                self.sub_groups_replicated(&cmd, r).await
             }
             rq::GET_TOPIC_CONFIG => self.topic_config(&cmd),
             rq::DELETE_TOPIC_IN_BROKER => rokka_broker::offload(|| self.delete_topic(&cmd)),
             rq::DELETE_SUBSCRIPTIONGROUP => {
-                let before = self.broker.sub_groups().changes().last_change();
                 let r = self.delete_subscription_group(&cmd, conn);
-                self.sub_groups_replicated(&cmd, r, before).await
+                match self.drops_config(&cmd, conn) {
+                    true => self.sub_groups_replicated(&cmd, r).await,
+                    false => r,
+                }
             }
             rq::GET_TOPIC_STATS_INFO => self.topic_stats(&cmd),
             rq::GET_CONSUMER_CONNECTION_LIST => self.consumer_connections(&cmd),

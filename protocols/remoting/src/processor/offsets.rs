@@ -64,7 +64,8 @@ impl RocketMq {
     /// `cleanOffset` its committed offsets on this broker. The broker's
     /// own groups are refused. The answer's
     /// `rokkaDeleted` extField says how many offsets went (another set's
-    /// Kafka coordinator deleting a group reads it).
+    /// Kafka coordinator deleting a group reads it). The caller waits for
+    /// etcd only when [`Self::drops_config`] says the config was asked for.
     pub(super) fn delete_subscription_group(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let group = req.ext_fields.get("groupName").unwrap_or_default();
         if group.is_empty() {
@@ -81,11 +82,8 @@ impl RocketMq {
             .ext_fields
             .get("cleanOffset")
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        // Written and fsynced: off the async workers. (Not for a Kafka
-        // coordinator's forwarded delete: it deletes the config itself.)
-        // (A config held here needed ALTER on the cluster to get this far,
-        // crate::auth; one not held here is asked for only with it too.)
-        if !self.offsets_only(req) && crate::auth::may_drop_config(&self.broker, conn, req) {
+        // Written and fsynced: off the async workers.
+        if self.drops_config(req, conn) {
             if let Err(refused) = rokka_broker::offload(|| self.broker.sub_groups().remove(group)) {
                 return self.reply(req, rs::SYSTEM_ERROR, Some(refused.0));
             }
@@ -99,6 +97,16 @@ impl RocketMq {
         let mut r = self.reply(req, rs::SUCCESS, None);
         r.ext_fields.set(crate::remote_offsets::EXT_DELETED, n.to_string());
         r
+    }
+
+    /// Whether a DELETE_SUBSCRIPTIONGROUP takes the group's config away
+    /// too: not a Kafka coordinator's forwarded delete (it deletes the
+    /// config itself), and only with ALTER on the cluster (a config held
+    /// here needed it to get this far, crate::auth; one not held here —
+    /// cluster mode: set on another node this one has not seen yet — is
+    /// asked for only with it too).
+    pub(super) fn drops_config(&self, req: &RemotingCommand, conn: &Conn) -> bool {
+        !self.offsets_only(req) && crate::auth::may_drop_config(&self.broker, conn, req)
     }
 
     /// A Kafka coordinator's forwarded DELETE_SUBSCRIPTIONGROUP: the
