@@ -229,7 +229,7 @@ impl RocketMq {
     /// A subscription-group change answered once etcd holds it (cluster
     /// mode: every node honours it within a tick), as a user or ACL
     /// change; at once on a single node.
-    async fn sub_groups_replicated(&self, cmd: &RemotingCommand, r: RemotingCommand) -> RemotingCommand {
+    pub(super) async fn sub_groups_replicated(&self, cmd: &RemotingCommand, r: RemotingCommand) -> RemotingCommand {
         let changes = self.broker.sub_groups().changes();
         if r.code == rs::SUCCESS
             && !changes
@@ -364,13 +364,7 @@ impl RocketMq {
             }
             rq::GET_TOPIC_CONFIG => self.topic_config(&cmd),
             rq::DELETE_TOPIC_IN_BROKER => rokka_broker::offload(|| self.delete_topic(&cmd)),
-            rq::DELETE_SUBSCRIPTIONGROUP => {
-                let r = self.delete_subscription_group(&cmd, conn);
-                match self.drops_config(&cmd, conn) {
-                    true => self.sub_groups_replicated(&cmd, r).await,
-                    false => r,
-                }
-            }
+            rq::DELETE_SUBSCRIPTIONGROUP => self.delete_subscription_group(&cmd, conn).await,
             rq::GET_TOPIC_STATS_INFO => self.topic_stats(&cmd),
             rq::GET_CONSUMER_CONNECTION_LIST => self.consumer_connections(&cmd),
             rq::GET_PRODUCER_CONNECTION_LIST => self.producer_connections(&cmd),

@@ -64,9 +64,9 @@ impl RocketMq {
     /// `cleanOffset` its committed offsets on this broker. The broker's
     /// own groups are refused. The answer's
     /// `rokkaDeleted` extField says how many offsets went (another set's
-    /// Kafka coordinator deleting a group reads it). The caller waits for
-    /// etcd only when [`Self::drops_config`] says the config was asked for.
-    pub(super) fn delete_subscription_group(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
+    /// Kafka coordinator deleting a group reads it). Answered once etcd
+    /// holds the config's deletion (cluster mode), when it asked for one.
+    pub(super) async fn delete_subscription_group(&self, req: &RemotingCommand, conn: &Conn) -> RemotingCommand {
         let group = req.ext_fields.get("groupName").unwrap_or_default();
         if group.is_empty() {
             return self.reply(req, rs::SYSTEM_ERROR, Some("groupName is empty".into()));
@@ -82,8 +82,10 @@ impl RocketMq {
             .ext_fields
             .get("cleanOffset")
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        // (Decided once: it checks the request's signature again.)
+        let drops = self.drops_config(req, conn);
         // Written and fsynced: off the async workers.
-        if self.drops_config(req, conn) {
+        if drops {
             if let Err(refused) = rokka_broker::offload(|| self.broker.sub_groups().remove(group)) {
                 return self.reply(req, rs::SYSTEM_ERROR, Some(refused.0));
             }
@@ -96,7 +98,10 @@ impl RocketMq {
         tracing::info!(group, offsets = n, "consumer group deleted (DELETE_SUBSCRIPTIONGROUP)");
         let mut r = self.reply(req, rs::SUCCESS, None);
         r.ext_fields.set(crate::remote_offsets::EXT_DELETED, n.to_string());
-        r
+        match drops {
+            true => self.sub_groups_replicated(req, r).await,
+            false => r,
+        }
     }
 
     /// Whether a DELETE_SUBSCRIPTIONGROUP takes the group's config away
@@ -105,7 +110,7 @@ impl RocketMq {
     /// here needed it to get this far, crate::auth; one not held here —
     /// cluster mode: set on another node this one has not seen yet — is
     /// asked for only with it too).
-    pub(super) fn drops_config(&self, req: &RemotingCommand, conn: &Conn) -> bool {
+    fn drops_config(&self, req: &RemotingCommand, conn: &Conn) -> bool {
         !self.offsets_only(req) && crate::auth::may_drop_config(&self.broker, conn, req)
     }
 
